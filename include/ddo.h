@@ -1,0 +1,570 @@
+/*
+ * ddo.h - the one public header of libddo.
+ *
+ * ddo streams the weights of a safetensors checkpoint into device memory just
+ * before a host program needs them, inside hard budgets for device memory,
+ * retained host memory and registered (pinned) host memory.
+ *
+ * Conventions (see STYLE.md):
+ *   - Every fallible function returns int: 0 or a negative DDO_E_* code.
+ *     Out-parameters are written only on success; handles are set to NULL on
+ *     failure.
+ *   - The one-line detail of the most recent failure is kept on the handle
+ *     that failed (ddo_<object>_error()) and, for every call, on the calling
+ *     thread (ddo_last_error()), readable until the next failing call.
+ *   - Lifecycles are _create / _destroy; _destroy(NULL) is a no-op.
+ *   - The library never prints, aborts or reads the environment by itself.
+ *   - Sizes are bytes, durations nanoseconds, "gb" values GiB (bytes / 2^30).
+ *
+ * Thread-safety: unless a comment says otherwise, one thread at a time per
+ * handle; distinct handles may be used from distinct threads.
+ */
+#ifndef DDO_H
+#define DDO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Export macro and version                                                  */
+/* ------------------------------------------------------------------------ */
+
+#if defined(_WIN32) && defined(DDO_SHARED_BUILD)
+#    define DDO_API __declspec(dllexport)
+#elif defined(_WIN32) && defined(DDO_SHARED)
+#    define DDO_API __declspec(dllimport)
+#elif defined(__GNUC__)
+#    define DDO_API __attribute__((visibility("default")))
+#else
+#    define DDO_API
+#endif
+
+#define DDO_VERSION_MAJOR  0
+#define DDO_VERSION_MINOR  1
+#define DDO_VERSION_PATCH  0
+#define DDO_VERSION_NUMBER (DDO_VERSION_MAJOR * 10000 + DDO_VERSION_MINOR * 100 + DDO_VERSION_PATCH)
+#define DDO_VERSION_STRING "0.1.0"
+
+/* The library's version, "MAJOR.MINOR.PATCH"; never NULL. */
+DDO_API const char *ddo_version_string(void);
+/* DDO_VERSION_NUMBER of the library actually linked. */
+DDO_API unsigned ddo_version_number(void);
+
+/* ------------------------------------------------------------------------ */
+/* Errors. Values never change once released; new codes go at the end.      */
+/* ------------------------------------------------------------------------ */
+
+#define DDO_ERRORS(X)                                                                   \
+    X(DDO_E_INVALID_ARGUMENT, -1, "invalid argument")                                   \
+    X(DDO_E_NO_MEMORY, -2, "out of host memory")                                        \
+    X(DDO_E_IO, -3, "input/output error")                                               \
+    X(DDO_E_FORMAT, -4, "malformed checkpoint")                                         \
+    X(DDO_E_FILE_CHANGED, -5, "checkpoint file changed after it was opened")            \
+    X(DDO_E_NOT_FOUND, -6, "not found")                                                 \
+    X(DDO_E_UNSUPPORTED, -7, "not supported")                                           \
+    X(DDO_E_CONFIG, -8, "invalid configuration")                                        \
+    X(DDO_E_BUDGET, -9, "budget exceeded")                                              \
+    X(DDO_E_DEVICE, -10, "device operation failed")                                     \
+    X(DDO_E_NO_DEVICE, -11, "no usable device (no CUDA driver or no GPU)")              \
+    X(DDO_E_DEVICE_MEMORY, -12, "out of device memory")                                 \
+    X(DDO_E_STATE, -13, "operation not valid in the current state")                     \
+    X(DDO_E_BUSY, -14, "resource busy")                                                 \
+    X(DDO_E_UNSAFE, -15, "resource left in an unsafe state by an earlier failure")      \
+    X(DDO_E_OVERFLOW, -16, "size overflow")                                             \
+    X(DDO_E_TIMEOUT, -17, "timed out")                                                  \
+    X(DDO_E_CANCELLED, -18, "cancelled")                                                \
+    X(DDO_E_INTERNAL, -19, "internal error")
+
+enum ddo_error {
+    DDO_OK = 0,
+#define DDO_ERROR_ENUM_(name, value, text) name = value,
+    DDO_ERRORS(DDO_ERROR_ENUM_)
+#undef DDO_ERROR_ENUM_
+};
+
+/* A short English description of an error code ("unknown error" if none). */
+DDO_API const char *ddo_strerror(int code);
+/* The code's name, e.g. "DDO_E_FORMAT" ("DDO_OK" for 0, "DDO_E_UNKNOWN" if none). */
+DDO_API const char *ddo_errname(int code);
+/* The detail of the most recent failed call on this thread ("" if none). */
+DDO_API const char *ddo_last_error(void);
+
+/* Frees memory the library returned to the caller (JSON text and the like). */
+DDO_API void ddo_free(void *p);
+
+/* ------------------------------------------------------------------------ */
+/* Data types                                                                */
+/* ------------------------------------------------------------------------ */
+
+typedef enum ddo_dtype {
+    DDO_DTYPE_BOOL,
+    DDO_DTYPE_U8,
+    DDO_DTYPE_I8,
+    DDO_DTYPE_F8_E5M2,
+    DDO_DTYPE_F8_E4M3,
+    DDO_DTYPE_F8_E8M0,
+    DDO_DTYPE_I16,
+    DDO_DTYPE_U16,
+    DDO_DTYPE_F16,
+    DDO_DTYPE_BF16,
+    DDO_DTYPE_I32,
+    DDO_DTYPE_U32,
+    DDO_DTYPE_F32,
+    DDO_DTYPE_F64,
+    DDO_DTYPE_I64,
+    DDO_DTYPE_U64,
+    DDO_DTYPE_COUNT
+} ddo_dtype;
+
+/* The safetensors name of a dtype ("BF16"), or NULL when out of range. */
+DDO_API const char *ddo_dtype_name(ddo_dtype dtype);
+/* Bytes per element (1 for BOOL and the F8 types), 0 when out of range. */
+DDO_API size_t ddo_dtype_size(ddo_dtype dtype);
+/* Parses a safetensors dtype name (exact, case-sensitive). DDO_E_NOT_FOUND if unknown. */
+DDO_API int ddo_dtype_from_name(const char *name, ddo_dtype *out);
+
+/* ------------------------------------------------------------------------ */
+/* Checkpoint: safetensors files, sharded sets, or host memory               */
+/* ------------------------------------------------------------------------ */
+
+typedef struct ddo_checkpoint ddo_checkpoint;
+
+typedef enum ddo_read_backend {
+    DDO_READ_DEFAULT = 0, /* "" : the library default, which is pread */
+    DDO_READ_PREAD,       /* "pread" */
+    DDO_READ_MMAP         /* "mmap" */
+} ddo_read_backend;
+
+#define DDO_MAX_DIMS 8
+
+typedef struct ddo_tensor_info {
+    const char *name;
+    ddo_dtype dtype;
+    uint32_t ndim;
+    uint64_t shape[DDO_MAX_DIMS];
+    uint32_t file_index; /* index into the checkpoint's files; UINT32_MAX for host memory */
+    uint64_t offset;     /* absolute offset of the first byte in its file */
+    uint64_t nbytes;
+    const void *host_data; /* host-memory tensors only, else NULL */
+} ddo_tensor_info;
+
+typedef struct ddo_file_info {
+    const char *path;
+    uint64_t size;         /* bytes */
+    uint64_t header_bytes; /* the JSON header's length (without the 8-byte prefix) */
+    uint64_t data_offset;  /* 8 + header_bytes */
+} ddo_file_info;
+
+typedef struct ddo_block_group {
+    const char *prefix;       /* e.g. "transformer_blocks" */
+    size_t count;             /* number of blocks prefix.0 .. prefix.N */
+    uint64_t bytes_per_block; /* the largest block's bytes */
+    uint64_t total_bytes;
+} ddo_block_group;
+
+/*
+ * Opens a checkpoint: a .safetensors file, a *.safetensors.index.json sharded
+ * set, or a directory holding either in the Diffusers/Transformers layout.
+ * Every file is validated strictly before any tensor is used. Tensors are in
+ * checkpoint order (file order, then data offset). On failure *out is NULL and
+ * ddo_last_error() names the file, the tensor and the rule broken.
+ * Errors: DDO_E_INVALID_ARGUMENT, DDO_E_NOT_FOUND, DDO_E_IO, DDO_E_FORMAT,
+ * DDO_E_NO_MEMORY.
+ */
+DDO_API int ddo_checkpoint_create(const char *path, ddo_read_backend backend,
+                                  ddo_checkpoint **out);
+
+/* Describes one tensor held in host memory by the caller (see below). */
+typedef struct ddo_tensor_desc {
+    const char *name;
+    ddo_dtype dtype;
+    uint32_t ndim;
+    const uint64_t *shape;
+    const void *data; /* may be NULL for planning only */
+} ddo_tensor_desc;
+
+/*
+ * Builds a checkpoint whose tensors live in host memory the caller owns and
+ * keeps immutable and alive until the checkpoint is destroyed (a PyTorch host
+ * passing its CPU tensors; tests and fuzzers building tables). Names are
+ * copied. Duplicate names are rejected.
+ */
+DDO_API int ddo_checkpoint_create_from_memory(const ddo_tensor_desc *tensors, size_t count,
+                                              ddo_checkpoint **out);
+
+DDO_API void ddo_checkpoint_destroy(ddo_checkpoint *ck);
+
+DDO_API size_t ddo_checkpoint_tensor_count(const ddo_checkpoint *ck);
+/* The i-th tensor; NULL when out of range. Valid until destroy. */
+DDO_API const ddo_tensor_info *ddo_checkpoint_tensor(const ddo_checkpoint *ck, size_t i);
+/* Index of the tensor named name. DDO_E_NOT_FOUND if absent. */
+DDO_API int ddo_checkpoint_find(const ddo_checkpoint *ck, const char *name, size_t *index);
+DDO_API size_t ddo_checkpoint_file_count(const ddo_checkpoint *ck);
+DDO_API const ddo_file_info *ddo_checkpoint_file(const ddo_checkpoint *ck, size_t i);
+DDO_API uint64_t ddo_checkpoint_total_bytes(const ddo_checkpoint *ck);
+/* __metadata__ entries of all files (sharded: the index's "metadata" strings first). */
+DDO_API size_t ddo_checkpoint_metadata_count(const ddo_checkpoint *ck);
+DDO_API int ddo_checkpoint_metadata(const ddo_checkpoint *ck, size_t i, const char **key,
+                                    const char **value);
+/* Block groups: outermost numbered groups prefix.N with >= 2 members holding bytes. */
+DDO_API size_t ddo_checkpoint_block_group_count(const ddo_checkpoint *ck);
+DDO_API const ddo_block_group *ddo_checkpoint_block_group(const ddo_checkpoint *ck, size_t i);
+
+/*
+ * Copies len bytes of tensor i starting at byte offset into dst. The file's
+ * identity (device, inode, size, mtime ns) is checked first: a changed file
+ * fails with DDO_E_FILE_CHANGED and nothing is read. Short reads and EINTR are
+ * retried; large reads are split. Safe to call from several threads at once.
+ * Errors: DDO_E_INVALID_ARGUMENT, DDO_E_FILE_CHANGED, DDO_E_IO.
+ */
+DDO_API int ddo_checkpoint_read(const ddo_checkpoint *ck, size_t i, uint64_t offset, void *dst,
+                                size_t len);
+/* Re-checks every file's identity. DDO_E_FILE_CHANGED names the first changed file. */
+DDO_API int ddo_checkpoint_check(const ddo_checkpoint *ck);
+/* The checkpoint as JSON (the `ddo inspect --json` document). Free with ddo_free. */
+DDO_API int ddo_checkpoint_to_json(const ddo_checkpoint *ck, char **json);
+/* The detail of the last failure on this handle ("" if none). */
+DDO_API const char *ddo_checkpoint_error(const ddo_checkpoint *ck);
+
+/* ------------------------------------------------------------------------ */
+/* Configuration: the option catalog, presets, environment and --ddo-* flags */
+/* ------------------------------------------------------------------------ */
+
+typedef struct ddo_config ddo_config;
+
+typedef enum ddo_option_type {
+    DDO_OPTION_BOOL,
+    DDO_OPTION_INT,
+    DDO_OPTION_SIZE_GB, /* float GiB */
+    DDO_OPTION_SIZE_MB, /* float or integer MiB */
+    DDO_OPTION_FLOAT,
+    DDO_OPTION_STRING,
+    DDO_OPTION_ENUM,
+    DDO_OPTION_LIST /* regex list, split on ',' or ';' */
+} ddo_option_type;
+
+/* One resolved option, as iterated by ddo_config_entry(). */
+typedef struct ddo_config_item {
+    const char *key;    /* "vmm_source_cache_gb" */
+    const char *env;    /* "DDO_VMM_SOURCE_CACHE_GB" */
+    const char *flag;   /* "--ddo-vmm-source-cache-gb" */
+    ddo_option_type type;
+    const char *value;  /* canonical text of the resolved value */
+    const char *source; /* "default", "preset:NAME", "env:DDO_X", "flag", "api" */
+    const char *help;
+} ddo_config_item;
+
+/* A config holding the dataclass defaults of DynamicOffloadConfig. */
+DDO_API int ddo_config_create(ddo_config **out);
+DDO_API void ddo_config_destroy(ddo_config *cfg);
+/* A deep copy. */
+DDO_API int ddo_config_clone(const ddo_config *cfg, ddo_config **out);
+
+/*
+ * Applies a preset for a route family: backend "linear" (or NULL) or "vmm";
+ * preset "auto", "one_shot_fast", ..., "nvme_baseline". Values it sets get
+ * source "preset:NAME". Unknown names: DDO_E_CONFIG naming DDO_PRESET.
+ */
+DDO_API int ddo_config_apply_preset(ddo_config *cfg, const char *backend, const char *preset);
+/* Sets a value from text, source "api". DDO_E_NOT_FOUND for unknown keys, DDO_E_CONFIG for bad values. */
+DDO_API int ddo_config_set(ddo_config *cfg, const char *key, const char *value);
+DDO_API int ddo_config_set_bool(ddo_config *cfg, const char *key, bool value);
+DDO_API int ddo_config_set_int(ddo_config *cfg, const char *key, int64_t value);
+DDO_API int ddo_config_set_double(ddo_config *cfg, const char *key, double value);
+/* Reads a value (text form valid until the next change of cfg). */
+DDO_API int ddo_config_get(const ddo_config *cfg, const char *key, const char **value);
+DDO_API int ddo_config_get_bool(const ddo_config *cfg, const char *key, bool *value);
+DDO_API int ddo_config_get_int(const ddo_config *cfg, const char *key, int64_t *value);
+DDO_API int ddo_config_get_double(const ddo_config *cfg, const char *key, double *value);
+/* Where the value came from ("default", "preset:one_shot_fast", "env:DDO_X", "flag", "api"). */
+DDO_API int ddo_config_source(const ddo_config *cfg, const char *key, const char **source);
+
+/*
+ * Applies a NULL-terminated "NAME=VALUE" environment block (pass environ to
+ * use the process environment). DDO_PRESET and DDO_BACKEND select the preset
+ * first; recognised DDO_* variables then override it (set, even to "", wins).
+ * Unknown DDO_* variables produce warnings (see ddo_config_warning_*).
+ * Errors: DDO_E_CONFIG naming the variable.
+ */
+DDO_API int ddo_config_apply_env(ddo_config *cfg, const char *const *envp);
+
+/*
+ * Parses and removes --ddo-* flags from argv (leaving the host's arguments in
+ * order, argv[*argc] = NULL). Accepts "--ddo-key value" and "--ddo-key=value";
+ * boolean flags may omit the value. --ddo-backend and --ddo-preset select the
+ * route. Flags do not merge the environment. Errors: DDO_E_CONFIG.
+ */
+DDO_API int ddo_config_parse_args(ddo_config *cfg, int *argc, char **argv);
+/* The help text for the --ddo-* flags, generated from the catalog. Static, never NULL. */
+DDO_API const char *ddo_config_flags_help(void);
+
+/* Validates and normalises (clamps ratios, worker counts). DDO_E_CONFIG with a one-line detail. */
+DDO_API int ddo_config_validate(ddo_config *cfg);
+
+/* Iterates the catalog with resolved values. */
+DDO_API size_t ddo_config_count(void);
+DDO_API int ddo_config_entry(const ddo_config *cfg, size_t i, ddo_config_item *out);
+/* Warnings gathered while applying the environment (unknown DDO_* variables, ...). */
+DDO_API size_t ddo_config_warning_count(const ddo_config *cfg);
+DDO_API const char *ddo_config_warning(const ddo_config *cfg, size_t i);
+/* The resolved settings (with sources and the settings object) as JSON. Free with ddo_free. */
+DDO_API int ddo_config_to_json(const ddo_config *cfg, char **json);
+/* Settings object of the seed: requested/effective preset, enabled, plan, pinning, WSL. */
+typedef struct ddo_settings {
+    const char *requested_preset;
+    const char *effective_preset;
+    const char *backend; /* "linear" or "vmm" */
+    const char *route;   /* "one_shot_fast", "vmm_fast_runtime", "vmm_runtime", ... */
+    bool enabled;
+    bool plan;
+    bool requested_pin_cpu_memory;
+    bool effective_pin_cpu_memory;
+    bool disable_pin_on_wsl;
+    bool running_on_wsl;
+} ddo_settings;
+DDO_API int ddo_config_settings(const ddo_config *cfg, ddo_settings *out);
+/* Tells the config it runs on WSL (the tool detects it from the kernel release). */
+DDO_API void ddo_config_set_running_on_wsl(ddo_config *cfg, bool running_on_wsl);
+DDO_API const char *ddo_config_error(const ddo_config *cfg);
+
+/* ------------------------------------------------------------------------ */
+/* Devices                                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct ddo_device ddo_device;
+typedef struct ddo_stream ddo_stream;
+
+typedef struct ddo_device_caps {
+    char name[128];
+    uint64_t total_bytes; /* device memory; 0 = unknown */
+    uint64_t free_bytes;  /* at the time of the query */
+    size_t granularity;   /* physical allocation granularity (VMM), bytes */
+    bool vmm_supported;
+    bool is_cpu;
+    double bus_bytes_per_s; /* measured or configured host->device bandwidth; 0 = unknown */
+    double flops_per_s;     /* measured or configured compute rate; 0 = unknown */
+} ddo_device_caps;
+
+/* Options of the cpu device (ignored by cuda). Zero means "unthrottled" / defaults. */
+typedef struct ddo_device_options {
+    uint64_t cpu_memory_bytes;      /* the "device" size; 0 = 64 GiB */
+    size_t cpu_granularity;         /* 0 = 2 MiB */
+    double cpu_bytes_per_s;         /* copy throttle; 0 = unthrottled */
+    uint64_t cpu_copy_latency_ns;   /* added per copy */
+    double cpu_flops_per_s;         /* reference host compute throttle; 0 = as fast as it runs */
+    const char *cuda_library_path;  /* explicit libcuda path (bootstrap order: this, then
+                                       DDO_VMM_LIBRARY_PATH passed by the host, then discovery) */
+    const char *cuda_library_env;   /* the value of DDO_VMM_LIBRARY_PATH, if the host honours it */
+} ddo_device_options;
+
+/*
+ * Opens the device named by spec: "cpu", "cuda", "cuda:N". A cuda device
+ * without a driver fails with DDO_E_NO_DEVICE ("no CUDA driver: ...").
+ */
+DDO_API int ddo_device_create(const char *spec, const ddo_device_options *opts,
+                              ddo_device **out);
+DDO_API void ddo_device_destroy(ddo_device *dev);
+DDO_API int ddo_device_caps_get(ddo_device *dev, ddo_device_caps *out);
+/* A stream for host work (priority 0 = normal; the copy stream is below). */
+DDO_API int ddo_stream_create(ddo_device *dev, ddo_stream **out);
+DDO_API void ddo_stream_destroy(ddo_stream *s);
+/* Blocks until all work queued on s is done. */
+DDO_API int ddo_stream_synchronize(ddo_stream *s);
+/* The native handle (a CUstream on cuda, NULL on cpu). */
+DDO_API void *ddo_stream_native(ddo_stream *s);
+DDO_API const char *ddo_device_error(const ddo_device *dev);
+
+/* ------------------------------------------------------------------------ */
+/* Plan                                                                      */
+/* ------------------------------------------------------------------------ */
+
+typedef struct ddo_plan ddo_plan;
+
+/* What the planner knows about the machine. Zero fields mean "unknown". */
+typedef struct ddo_plan_inputs {
+    uint64_t device_total_bytes;  /* device memory; 0 = no device limit known */
+    uint64_t device_free_bytes;
+    size_t device_granularity;    /* 0 = 2 MiB */
+    bool device_is_cpu;
+    bool device_vmm_supported;
+    uint64_t host_available_bytes; /* available system RAM; 0 = unknown */
+    double bus_bytes_per_s;        /* for the cost model; 0 = no cost columns */
+    double flops_per_s;
+    uint64_t tokens; /* activation rows for the cost model; 0 = 4096 */
+} ddo_plan_inputs;
+
+typedef enum ddo_placement {
+    DDO_PLACEMENT_RESIDENT,
+    DDO_PLACEMENT_STREAMED,
+    DDO_PLACEMENT_SKIPPED
+} ddo_placement;
+
+/* Why a tensor is resident (DDO_REASON_NONE for streamed/skipped). */
+typedef enum ddo_reason {
+    DDO_REASON_NONE,
+    DDO_REASON_ALWAYS_RESIDENT, /* always_resident_modules_pattern */
+    DDO_REASON_SMALL,           /* <= small_tensor_threshold_bytes */
+    DDO_REASON_BUDGET,          /* selected under resident_module_budget_gb */
+    DDO_REASON_SKIP_PATTERN     /* skipped: skip_modules_pattern */
+} ddo_reason;
+
+typedef struct ddo_unit_info {
+    const char *name;      /* block ("transformer_blocks.3") or module name */
+    size_t first_tensor;   /* tensors of a unit are listed by ddo_plan_unit_tensors */
+    size_t tensor_count;
+    uint64_t bytes;        /* streamed bytes of the unit */
+    uint64_t flops_per_token; /* 2 * sum(out*in) of its 2-D weights */
+    bool resident;         /* the whole unit was made resident (budget selection) */
+    bool retained;         /* bytes kept in the retained store */
+    bool registered;       /* retained bytes registered (copy engine reads directly) */
+    double transfer_s;     /* predicted; 0 when the cost model is off */
+    double compute_s;
+    bool hidden;           /* transfer hidden behind the previous unit's compute */
+} ddo_unit_info;
+
+/* Predicted peaks and limits of every budget, bytes. */
+typedef struct ddo_plan_budgets {
+    uint64_t device_weights_peak;  /* resident + slots */
+    uint64_t device_weights_limit; /* 0 = none */
+    uint64_t resident_bytes;
+    uint64_t slot_bytes;
+    size_t slot_count;
+    uint64_t retained_peak;
+    uint64_t retained_limit;
+    uint64_t registered_peak;
+    uint64_t registered_limit;
+    uint64_t staging_peak;
+    uint64_t staging_window_bytes;
+    size_t staging_windows;
+    double predicted_step_s; /* 0 when the cost model is off */
+} ddo_plan_budgets;
+
+/*
+ * Builds a plan: pure (no I/O, no device), deterministic. A plan whose
+ * predicted peak exceeds a budget is refused with DDO_E_BUDGET naming the
+ * budget, the need, the limit and the option to raise.
+ */
+DDO_API int ddo_plan_build(const ddo_checkpoint *ck, const ddo_config *cfg,
+                           const ddo_plan_inputs *inputs, ddo_plan **out);
+DDO_API void ddo_plan_destroy(ddo_plan *plan);
+
+DDO_API size_t ddo_plan_unit_count(const ddo_plan *plan);
+DDO_API int ddo_plan_unit(const ddo_plan *plan, size_t unit, ddo_unit_info *out);
+/* Checkpoint tensor indices of a unit, in order. Valid until destroy. */
+DDO_API const size_t *ddo_plan_unit_tensors(const ddo_plan *plan, size_t unit, size_t *count);
+DDO_API ddo_placement ddo_plan_tensor_placement(const ddo_plan *plan, size_t tensor,
+                                                ddo_reason *reason);
+/* The unit holding a streamed tensor; SIZE_MAX for resident/skipped ones. */
+DDO_API size_t ddo_plan_tensor_unit(const ddo_plan *plan, size_t tensor);
+DDO_API int ddo_plan_budgets_get(const ddo_plan *plan, ddo_plan_budgets *out);
+/* Planner decision labels (key/value), e.g. auto_pin_weight_decision=budgeted. */
+DDO_API size_t ddo_plan_decision_count(const ddo_plan *plan);
+DDO_API int ddo_plan_decision(const ddo_plan *plan, size_t i, const char **key, const char **value);
+/* The route the plan executes: "one_shot_fast", "vmm_fast_runtime", "vmm_runtime", "off", ... */
+DDO_API const char *ddo_plan_route(const ddo_plan *plan);
+/* JSON (documented in docs/plan.md). Free with ddo_free. */
+DDO_API int ddo_plan_to_json(const ddo_plan *plan, char **json);
+DDO_API const char *ddo_plan_error(const ddo_plan *plan);
+
+/* Resident selection of ddo-upstream.md section 3.5, exposed for hosts and tests:
+ * fills order[0..count) with the indices of the chosen items (greedy, skip on
+ * overflow, in the selection's order) and returns their number in *chosen. */
+typedef enum ddo_selection {
+    DDO_SELECTION_FIRST,
+    DDO_SELECTION_SPREAD,
+    DDO_SELECTION_LARGEST,
+    DDO_SELECTION_COST
+} ddo_selection;
+DDO_API int ddo_select_under_budget(const uint64_t *sizes, size_t count, uint64_t budget,
+                                    ddo_selection how, size_t *chosen_idx, size_t *chosen);
+
+/* ------------------------------------------------------------------------ */
+/* Session: executing a plan                                                 */
+/* ------------------------------------------------------------------------ */
+
+typedef struct ddo_session ddo_session;
+typedef struct ddo_metrics ddo_metrics;
+
+/* Setup progress: phase ("read", "register", "allocate", "resident"), done/total bytes. */
+typedef void (*ddo_progress_fn)(void *user, const char *phase, uint64_t done, uint64_t total);
+
+typedef struct ddo_session_options {
+    ddo_progress_fn progress;
+    void *progress_user;
+} ddo_session_options;
+
+/*
+ * Creates a session executing plan on dev, reading bytes from ck. Allocates
+ * exactly what the plan predicted (every byte through a budget account), reads
+ * the retained store, registers the planned share, creates staging windows and
+ * execution slots, and uploads resident tensors. The plan, checkpoint and
+ * device are borrowed and must outlive the session.
+ */
+DDO_API int ddo_session_create(const ddo_plan *plan, const ddo_checkpoint *ck, ddo_device *dev,
+                               const ddo_session_options *opts, ddo_session **out);
+/* Releases everything safe to release; budget accounts return to zero. */
+DDO_API void ddo_session_destroy(ddo_session *s);
+
+/*
+ * Leases unit for work on stream: the stream waits for the unit's upload (a
+ * hit when a ready slot still holds it). Tensor addresses stay valid until
+ * ddo_session_release. Errors: DDO_E_STATE (unloaded), DDO_E_BUSY (every
+ * slot leased), DDO_E_FILE_CHANGED, DDO_E_DEVICE, ...
+ */
+DDO_API int ddo_session_acquire(ddo_session *s, size_t unit, ddo_stream *stream);
+/* Records that stream's work on unit has been queued; the slot is reusable once it completes. */
+DDO_API int ddo_session_release(ddo_session *s, size_t unit, ddo_stream *stream);
+/* Device address of a tensor (resident, or streamed and currently leased). */
+DDO_API int ddo_session_tensor_address(ddo_session *s, size_t tensor, void **device_ptr);
+/* Declares the execution order (unit indices); otherwise learned on the first pass. */
+DDO_API int ddo_session_declare_order(ddo_session *s, const size_t *units, size_t count);
+/* Explicit reclaim: releases at most one completed idle slot's backing. *released = bytes. */
+DDO_API int ddo_session_reclaim(ddo_session *s, uint64_t *released);
+/* Unload: device weights invalidated; acquire fails with DDO_E_STATE until reload. */
+DDO_API int ddo_session_unload(ddo_session *s);
+DDO_API int ddo_session_reload(ddo_session *s);
+/*
+ * Error boundary: runs phase(user). On failure attempts cleanup (unload) once
+ * and returns the phase's original error; a cleanup failure is attached as a
+ * diagnostic (ddo_session_error). Success does no implicit unload or wait.
+ */
+DDO_API int ddo_session_run_phase(ddo_session *s, int (*phase)(void *user), void *user);
+/* Waits for all outstanding uploads (tests, benchmarks, shutdown). */
+DDO_API int ddo_session_synchronize(ddo_session *s);
+/* A versioned metrics snapshot; collect_completed retires finished upload tickets. */
+DDO_API int ddo_session_metrics(ddo_session *s, bool collect_completed, ddo_metrics **out);
+DDO_API const char *ddo_session_error(const ddo_session *s);
+
+/* ------------------------------------------------------------------------ */
+/* Metrics                                                                   */
+/* ------------------------------------------------------------------------ */
+
+#define DDO_METRICS_SCHEMA_VERSION 1
+
+DDO_API void ddo_metrics_destroy(ddo_metrics *m);
+/* Value of a numeric metric by catalog name (docs/metrics.md). DDO_E_NOT_FOUND if unknown. */
+DDO_API int ddo_metrics_get(const ddo_metrics *m, const char *name, double *value);
+/* JSON (as_dict), free with ddo_free. component may be NULL; it tags the snapshot. */
+DDO_API int ddo_metrics_to_json(const ddo_metrics *m, const char *component, char **json);
+/* The short human profile table. Free with ddo_free. */
+DDO_API int ddo_metrics_format_profile(const ddo_metrics *m, char **text);
+/* Appends the JSON snapshot tagged with component as one line to path (record_ddo_metrics). */
+DDO_API int ddo_metrics_record(const ddo_metrics *m, const char *component, const char *path);
+
+/* ------------------------------------------------------------------------ */
+/* Capacity profiles                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* Filled in by the profiles module; see docs/profiles.md. */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DDO_H */

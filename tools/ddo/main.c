@@ -1,0 +1,54 @@
+/*
+ * main.c - the ddo tool's entry point: dispatches to one command per file.
+ */
+#include "tool.h"
+
+#include <stdio.h>
+#include <string.h>
+
+struct command {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+};
+
+static const struct command commands[] = {
+#define DDO_TOOL_ROW_(name, help) { #name, ddo_cmd_##name, help },
+    DDO_TOOL_COMMANDS(DDO_TOOL_ROW_)
+#undef DDO_TOOL_ROW_
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: ddo COMMAND [ARGS]\n\n"
+                 "ddo streams the weights of a safetensors checkpoint into device memory\n"
+                 "just before they are needed, inside hard memory budgets.\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        fprintf(out, "  %s\n", commands[i].help);
+    fprintf(out, "  version: print the version\n\n"
+                 "Run `ddo COMMAND --help` for a command's options and `ddo config --list`\n"
+                 "for every --ddo-* option.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return DDO_EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        usage(stdout);
+        return DDO_EXIT_OK;
+    }
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        printf("ddo %s\n", ddo_version_string());
+        return DDO_EXIT_OK;
+    }
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (strcmp(cmd, commands[i].name) == 0)
+            return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "ddo: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return DDO_EXIT_USAGE;
+}
