@@ -462,6 +462,19 @@ DDO_API ddo_placement ddo_plan_tensor_placement(const ddo_plan *plan, size_t ten
                                                 ddo_reason *reason);
 /* The unit holding a streamed tensor; SIZE_MAX for resident/skipped ones. */
 DDO_API size_t ddo_plan_tensor_unit(const ddo_plan *plan, size_t tensor);
+/* Where a tensor lives on the device: streamed tensors at `offset` inside their unit's slot
+ * (VMM: inside the unit's own virtual range), resident tensors at `offset` inside the
+ * resident arena. Offsets are aligned to DDO_TENSOR_ALIGN. */
+#define DDO_TENSOR_ALIGN 256
+typedef struct ddo_tensor_location {
+    ddo_placement placement;
+    ddo_reason reason;
+    size_t unit;     /* SIZE_MAX unless streamed */
+    uint64_t offset; /* bytes, within the unit's slot or the resident arena */
+    uint64_t nbytes;
+} ddo_tensor_location;
+DDO_API int ddo_plan_tensor_location(const ddo_plan *plan, size_t tensor,
+                                     ddo_tensor_location *out);
 DDO_API int ddo_plan_budgets_get(const ddo_plan *plan, ddo_plan_budgets *out);
 /* Planner decision labels (key/value), e.g. auto_pin_weight_decision=budgeted. */
 DDO_API size_t ddo_plan_decision_count(const ddo_plan *plan);

@@ -85,7 +85,8 @@ typedef struct ddo__device_ops {
     int (*va_release)(void *st, uint64_t va, uint64_t size, ddo__errbuf *eb);
     int (*phys_create)(void *st, uint64_t size, uint64_t *handle, ddo__errbuf *eb);
     int (*phys_release)(void *st, uint64_t handle, ddo__errbuf *eb);
-    int (*map)(void *st, uint64_t va, uint64_t size, uint64_t handle, ddo__errbuf *eb);
+    int (*map)(void *st, uint64_t va, uint64_t size, uint64_t handle, uint64_t handle_offset,
+               ddo__errbuf *eb);
     int (*unmap)(void *st, uint64_t va, uint64_t size, ddo__errbuf *eb);
     int (*set_access)(void *st, uint64_t va, uint64_t size, ddo__errbuf *eb);
 
@@ -142,7 +143,8 @@ int ddo__dev_va_reserve(ddo_device *dev, uint64_t size, uint64_t *va);
 int ddo__dev_va_release(ddo_device *dev, uint64_t va, uint64_t size);
 int ddo__dev_phys_create(ddo_device *dev, uint64_t size, uint64_t *handle);
 int ddo__dev_phys_release(ddo_device *dev, uint64_t handle);
-int ddo__dev_map(ddo_device *dev, uint64_t va, uint64_t size, uint64_t handle);
+int ddo__dev_map(ddo_device *dev, uint64_t va, uint64_t size, uint64_t handle,
+                 uint64_t handle_offset);
 int ddo__dev_unmap(ddo_device *dev, uint64_t va, uint64_t size);
 int ddo__dev_set_access(ddo_device *dev, uint64_t va, uint64_t size);
 int ddo__dev_mem_alloc(ddo_device *dev, uint64_t size, uint64_t *ptr);

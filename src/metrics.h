@@ -1,0 +1,51 @@
+/*
+ * metrics.h - the running metric accumulator a session updates, and the
+ * snapshot built from it. The catalog is metrics.def.
+ */
+#ifndef DDO_METRICS_H
+#define DDO_METRICS_H
+
+#include "common.h"
+
+#include <pthread.h>
+
+typedef enum ddo__metric_id {
+#define DDO_METRIC(name, kind, unit, help) DDO_M_##name,
+#include "metrics.def"
+#undef DDO_METRIC
+    DDO_M_COUNT
+} ddo__metric_id;
+
+typedef enum ddo__metric_kind {
+    DDO__METRIC_COUNTER,
+    DDO__METRIC_GAUGE,
+    DDO__METRIC_PEAK,
+    DDO__METRIC_CAPACITY
+} ddo__metric_kind;
+
+/* Thread-safe accumulator (the session's threads update it). */
+typedef struct ddo__metrics_acc {
+    pthread_mutex_t lock;
+    double v[DDO_M_COUNT];
+} ddo__metrics_acc;
+
+void ddo__metrics_init(ddo__metrics_acc *m);
+void ddo__metrics_fini(ddo__metrics_acc *m);
+void ddo__metrics_add(ddo__metrics_acc *m, ddo__metric_id id, double delta);
+void ddo__metrics_set(ddo__metrics_acc *m, ddo__metric_id id, double value); /* GAUGE/CAPACITY */
+void ddo__metrics_max(ddo__metrics_acc *m, ddo__metric_id id, double value); /* PEAK */
+double ddo__metrics_value(ddo__metrics_acc *m, ddo__metric_id id);
+
+const char *ddo__metric_name(ddo__metric_id id);
+ddo__metric_kind ddo__metric_kind_of(ddo__metric_id id);
+const char *ddo__metric_unit(ddo__metric_id id);
+
+/*
+ * Builds the public snapshot: copies the values, adds derived figures
+ * (achieved bandwidth, mean prefetch depth), the plan's decision labels and
+ * route, and the session's descriptive strings (key/value pairs, may be NULL).
+ */
+int ddo__metrics_snapshot(ddo__metrics_acc *m, const ddo_plan *plan, const char *const *labels,
+                          size_t label_count, ddo_metrics **out);
+
+#endif /* DDO_METRICS_H */

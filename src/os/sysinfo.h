@@ -1,0 +1,23 @@
+/*
+ * sysinfo.h - what the host machine offers: RAM, cgroup limit, WSL. The only
+ * module that knows where Linux keeps these figures.
+ */
+#ifndef DDO_OS_SYSINFO_H
+#define DDO_OS_SYSINFO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* True when the kernel release (or /proc/version) names Microsoft or WSL. */
+bool ddo__os_running_on_wsl(void);
+/* MemAvailable (bytes); falls back to free pages; 0 when unknown. */
+uint64_t ddo__os_available_ram_bytes(void);
+/* MemTotal (bytes); 0 when unknown. */
+uint64_t ddo__os_total_ram_bytes(void);
+/* The memory limit of this process's cgroup (v2 memory.max or v1 limit_in_bytes); 0 = none. */
+uint64_t ddo__os_cgroup_memory_limit(void);
+/* Kernel release string into buf (empty when unknown). */
+void ddo__os_kernel_release(char *buf, size_t len);
+
+#endif /* DDO_OS_SYSINFO_H */

@@ -1,0 +1,79 @@
+/*
+ * source.h - where a tensor's bytes come from: the retained source store
+ * (host RAM capped by vmm_source_cache_gb, its registered part in whole
+ * 64 MiB segments capped by vmm_source_registered_gb) or the checkpoint file,
+ * re-read on every use and identity-checked.
+ *
+ * The session decides WHAT is retained and registered (from the plan); this
+ * module reads it (pin_cpu_workers threads; io_uring + O_DIRECT where
+ * available, pread otherwise), lays it out in segments, registers segments
+ * with the device, and serves byte ranges to the session's uploader.
+ */
+#ifndef DDO_SOURCE_H
+#define DDO_SOURCE_H
+
+#include "budget.h"
+#include "common.h"
+#include "metrics.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ddo__source ddo__source;
+
+typedef enum ddo__read_engine {
+    DDO__READ_ENGINE_AUTO,     /* io_uring + O_DIRECT when available, else pread */
+    DDO__READ_ENGINE_IO_URING,
+    DDO__READ_ENGINE_PREAD
+} ddo__read_engine;
+
+/* What to keep for one tensor. */
+typedef struct ddo__source_request {
+    size_t tensor;   /* checkpoint tensor index */
+    bool retain;     /* keep its bytes in host RAM */
+    bool register_;  /* and register them (only with retain) */
+} ddo__source_request;
+
+typedef struct ddo__source_params {
+    const ddo_checkpoint *ck;
+    ddo_device *dev;
+    size_t workers;                 /* pin_cpu_workers, >= 1 */
+    ddo__read_engine engine;
+    bool allow_register_fallback;   /* allow_pin_memory_fallback */
+    ddo__account *retained;         /* "retained host" account */
+    ddo__account *registered;       /* "registered host" account */
+    ddo__metrics_acc *metrics;      /* setup_read_*, setup_register_ns, registration_fallback_bytes */
+    ddo_progress_fn progress;       /* phases "read" and "register" */
+    void *progress_user;
+} ddo__source_params;
+
+/*
+ * Creates the store and fills it: every retained tensor's bytes are read
+ * (in parallel) into segment memory; segments holding registered tensors are
+ * registered with the device (tensors are packed so that registered tensors
+ * share segments only with registered ones). Every byte taken through the
+ * accounts. On failure nothing is left allocated or registered.
+ */
+int ddo__source_create(const ddo__source_params *p, const ddo__source_request *req, size_t count,
+                       ddo__source **out, ddo__errbuf *eb);
+/* Unregisters and frees everything; accounts back to what they were. */
+void ddo__source_destroy(ddo__source *src);
+
+/* Where tensor's retained bytes are (NULL when not retained) and whether they are registered. */
+const void *ddo__source_host_ptr(const ddo__source *src, size_t tensor, bool *registered);
+
+/*
+ * Reads len bytes of tensor (from byte offset `offset` inside the tensor)
+ * from its file into dst (a staging window, page aligned, dst_cap bytes). The
+ * file's identity is checked first (DDO_E_FILE_CHANGED). May use O_DIRECT, in
+ * which case the bytes start at *data inside dst (alignment shift); otherwise
+ * *data == dst. Thread-safe.
+ */
+int ddo__source_read_file(ddo__source *src, size_t tensor, uint64_t offset, size_t len, void *dst,
+                          size_t dst_cap, const void **data, ddo__errbuf *eb);
+
+/* Bytes needed in a staging window to read len bytes with O_DIRECT alignment (len + 2 pages). */
+size_t ddo__source_window_need(size_t len);
+
+#endif /* DDO_SOURCE_H */

@@ -1,0 +1,25 @@
+/*
+ * synth.h - writes synthetic checkpoints with the exact tensor names, shapes
+ * and dtypes of a real architecture layout (data/layouts/*.json), filled
+ * with deterministic pseudo-random finite values.
+ */
+#ifndef DDO_TOOL_SYNTH_H
+#define DDO_TOOL_SYNTH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/*
+ * Writes one .safetensors file at out_path from the layout JSON at layout_path.
+ * scale (0 < scale <= 1) shrinks every dimension proportionally: d -> max(1, round(d*scale)).
+ * The same (layout, scale, seed) always gives the same bytes. *bytes_written may be NULL.
+ * Returns 0 or a negative DDO_E_* code; the message is printed to stderr by the caller
+ * from the text written into err (err may be NULL).
+ */
+int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, uint64_t seed,
+                   uint64_t *bytes_written, char *err, size_t err_len);
+
+/* The layout file the demo uses, resolved against the install/source tree; NULL if absent. */
+const char *ddo_tool_default_layout(void);
+
+#endif /* DDO_TOOL_SYNTH_H */
