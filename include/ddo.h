@@ -510,6 +510,11 @@ typedef void (*ddo_progress_fn)(void *user, const char *phase, uint64_t done, ui
 typedef struct ddo_session_options {
     ddo_progress_fn progress;
     void *progress_user;
+    /* The configuration the plan was built from (borrowed during create only; may be
+     * NULL): pin_cpu_workers, read_engine, allow_pin_memory_fallback and
+     * vmm_execution_backing_reclaim come from it. NULL means 1 worker, the automatic
+     * read engine, registration fallback allowed and no automatic reclaim. */
+    const ddo_config *config;
 } ddo_session_options;
 
 /*
@@ -574,7 +579,103 @@ DDO_API int ddo_metrics_record(const ddo_metrics *m, const char *component, cons
 /* Capacity profiles                                                         */
 /* ------------------------------------------------------------------------ */
 
-/* Filled in by the profiles module; see docs/profiles.md. */
+/*
+ * A capacity profile is a JSON file named by the SHA-256 of a workload
+ * identity ("context"), holding the last 20 observations, merged capacity
+ * limits and the next run's recommendation (docs/profiles.md). Directory:
+ * explicit, else DDO_PROFILE_DIR, else ~/.ddo/profiles (ddo_profile_dir
+ * encodes that rule; the library never reads the environment itself).
+ * A corrupt or foreign file is reported (DDO_E_FORMAT / DDO_E_NOT_FOUND with
+ * a detail) and treated as absent: never fatal to a run.
+ */
+typedef struct ddo_profile ddo_profile;
+
+#define DDO_PROFILE_SCHEMA_VERSION   1
+#define DDO_PROFILE_MAX_OBSERVATIONS 20
+#define DDO_PROFILE_KEY_BYTES        41 /* "ddo-capacity-v1-" + 24 hex + NUL */
+
+/* Resolves the profile directory: explicit (non-empty) > env_value (non-empty) > home/.ddo/profiles. */
+DDO_API int ddo_profile_dir(const char *explicit_dir, const char *env_value, const char *home,
+                            char **dir);
+/* The key of a context (a JSON object): "ddo-capacity-v1-" + the first 24 hex digits of the
+ * SHA-256 of its canonical JSON (sorted keys, no spaces, ASCII escapes). */
+DDO_API int ddo_profile_key(const char *context_json, char key[DDO_PROFILE_KEY_BYTES]);
+/* <dir>/<key>.json. Free with ddo_free. */
+DDO_API int ddo_profile_path(const char *dir, const char *context_json, char **path);
+/* Loads the profile of context. DDO_E_NOT_FOUND when missing; DDO_E_FORMAT when unreadable,
+ * not JSON, of another schema_version, another key or another context (detail says which). */
+DDO_API int ddo_profile_load(const char *dir, const char *context_json, ddo_profile **out);
+/* Loads any profile file (for listing); the same checks except the context comparison. */
+DDO_API int ddo_profile_load_file(const char *path, ddo_profile **out);
+/*
+ * Appends observation (a JSON object) to the profile of context, merging its capacity
+ * ({"capacity":{"metric":M,"value":V},"status":"success"|"failure"}) into the limits; keeps
+ * the last 20; replaces the recommendation when recommendation_json is non-NULL, else keeps the
+ * previous one. Written atomically (temporary file + rename). *path_out may be NULL.
+ */
+DDO_API int ddo_profile_record(const char *dir, const char *context_json,
+                               const char *observation_json, const char *recommendation_json,
+                               char **path_out);
+DDO_API void ddo_profile_destroy(ddo_profile *p);
+DDO_API int ddo_profile_to_json(const ddo_profile *p, char **json);
+/* The stored context (canonical JSON). Free with ddo_free. */
+DDO_API int ddo_profile_context(const ddo_profile *p, char **context_json);
+DDO_API size_t ddo_profile_observation_count(const ddo_profile *p);
+/* Capacity limits of metric; has_* tell which are present. DDO_E_NOT_FOUND if neither. */
+DDO_API int ddo_profile_capacity(const ddo_profile *p, const char *metric, double *max_success,
+                                 bool *has_max_success, double *min_failure,
+                                 bool *has_min_failure);
+/* A numeric field of the recommendation. DDO_E_NOT_FOUND if absent or not a finite number. */
+DDO_API int ddo_profile_recommendation(const ddo_profile *p, const char *key, double *value);
+
+/* round(max(0, total - peak - headroom), 4): the next run's resident budget, GiB. */
+DDO_API double ddo_profile_recommend_resident_budget(double total_gb, double peak_gb,
+                                                     double headroom_gb);
+/* Peak device use of a calibration, GiB: max(total - free_start, total - free_end,
+ * external + held_peak, sampled_peak) with external = max(0, total - free_start - held_start). */
+typedef struct ddo_profile_sample {
+    uint64_t total_bytes;
+    uint64_t free_start_bytes;
+    uint64_t free_end_bytes;
+    uint64_t held_start_bytes; /* bytes ddo (or the host's allocator) held at the start */
+    uint64_t held_peak_bytes;  /* its peak during the region */
+    uint64_t sampled_used_peak_bytes; /* max(total - free) sampled during the region, 0 if none */
+} ddo_profile_sample;
+DDO_API double ddo_profile_peak_gb(const ddo_profile_sample *s);
+
+/* The identity of a named workload: {"identity_version":2,"model_class":SIG,"name":NAME}
+ * where SIG names the checkpoint's tensor table (names, dtypes, shapes). Free with ddo_free. */
+DDO_API int ddo_profile_workload_context(const char *name, const ddo_checkpoint *ck,
+                                         char **context_json);
+
+/* What ddo_profile_apply did (upstream's prepare()). */
+typedef enum ddo_profile_status {
+    DDO_PROFILE_DISABLED,    /* no profile_name */
+    DDO_PROFILE_CALIBRATING, /* build_profile: resident budget forced to 0 */
+    DDO_PROFILE_MANUAL,      /* a positive manual resident_module_budget_gb wins */
+    DDO_PROFILE_MISSING,     /* no usable recommendation */
+    DDO_PROFILE_APPLIED
+} ddo_profile_status;
+DDO_API const char *ddo_profile_status_name(ddo_profile_status status);
+
+/*
+ * Applies the named workload profile (cfg's profile_name / build_profile) to cfg before
+ * planning: calibration forces a zero resident budget (and clears always-resident patterns);
+ * a manual positive resident budget wins; otherwise the recommendation
+ * profile_resident_module_budget_gb, capped by max_resident_module_budget_gb, becomes
+ * resident_module_budget_gb (auto policy off) or profile_resident_module_budget_gb (balanced),
+ * with source "profile:NAME". Also copies measured bus_bytes_per_s / flops_per_s / file read
+ * speed into *measured when the profile has them (may be NULL). A corrupt profile counts as
+ * missing (the detail is kept in ddo_last_error()).
+ */
+typedef struct ddo_profile_measured {
+    double bus_bytes_per_s;
+    double flops_per_s;
+    double file_read_bytes_per_s;
+} ddo_profile_measured;
+DDO_API int ddo_profile_apply(ddo_config *cfg, const char *dir, const char *context_json,
+                              ddo_profile_status *status, double *budget_gb,
+                              ddo_profile_measured *measured);
 
 #ifdef __cplusplus
 }

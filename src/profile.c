@@ -1,0 +1,704 @@
+/*
+ * profile.c - capacity profiles: named workload records under
+ * DDO_PROFILE_DIR (default ~/.ddo/profiles) from which the next run's
+ * resident budget and the cost model's measured figures are derived.
+ *
+ * The file format and the arithmetic follow the upstream Python DDO
+ * (schema_version 1, "ddo-capacity-v1-" keys from a SHA-256 of the canonical
+ * context JSON, 20 observations kept, capacity limits merged per metric,
+ * atomic replacement by temporary file + rename).
+ */
+#define _GNU_SOURCE
+#include "common.h"
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+struct ddo_profile {
+    json_t *doc; /* the whole document */
+};
+
+/* Test hook: when set, ddo_profile_record stops after writing the temporary
+ * file and before the rename, as a crash would (see tests/test_profile.c). */
+bool ddo__profile_crash_before_rename = false;
+
+#define KEY_PREFIX "ddo-capacity-v1-"
+
+static const size_t canon_flags = JSON_SORT_KEYS | JSON_COMPACT | JSON_ENSURE_ASCII;
+
+/* Parses a JSON object; DDO_E_INVALID_ARGUMENT naming what when it is not one. */
+static int parse_object(const char *text, const char *what, json_t **out)
+{
+    if (text == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "profile: %s is NULL", what);
+    json_error_t jerr;
+    json_t *j = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
+    if (j == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "profile: %s is not JSON: %s", what,
+                         jerr.text);
+    if (!json_is_object(j)) {
+        json_decref(j);
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "profile: %s must be a JSON object", what);
+    }
+    *out = j;
+    return 0;
+}
+
+static int context_canonical(const char *context_json, json_t **ctx, char **canon)
+{
+    json_t *j;
+    int rc = parse_object(context_json, "context", &j);
+    if (rc != 0)
+        return rc;
+    if (json_object_size(j) == 0) {
+        json_decref(j);
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "profile: context must not be empty");
+    }
+    char *c = json_dumps(j, canon_flags);
+    if (c == NULL) {
+        json_decref(j);
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "profile: out of memory");
+    }
+    *ctx = j;
+    *canon = c;
+    return 0;
+}
+
+int ddo_profile_dir(const char *explicit_dir, const char *env_value, const char *home, char **dir)
+{
+    char *d;
+    if (explicit_dir != NULL && explicit_dir[0] != '\0')
+        d = ddo__strdup(explicit_dir);
+    else if (env_value != NULL && env_value[0] != '\0')
+        d = ddo__strdup(env_value);
+    else if (home != NULL && home[0] != '\0')
+        d = ddo__asprintf("%s/.ddo/profiles", home);
+    else
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
+                         "profile directory unknown: no explicit directory, DDO_PROFILE_DIR "
+                         "or home directory");
+    if (d == NULL)
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "profile: out of memory");
+    /* "~/..." in an explicit value or DDO_PROFILE_DIR is expanded like upstream. */
+    if (d[0] == '~' && (d[1] == '/' || d[1] == '\0') && home != NULL && home[0] != '\0') {
+        char *x = ddo__asprintf("%s%s", home, d + 1);
+        free(d);
+        if (x == NULL)
+            return ddo__fail(NULL, DDO_E_NO_MEMORY, "profile: out of memory");
+        d = x;
+    }
+    *dir = d;
+    return 0;
+}
+
+static void key_of_canonical(const char *canon, char key[DDO_PROFILE_KEY_BYTES])
+{
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int mdlen = 0;
+    EVP_Digest(canon, strlen(canon), md, &mdlen, EVP_sha256(), NULL);
+    static const char hex[] = "0123456789abcdef";
+    size_t n = strlen(KEY_PREFIX);
+    memcpy(key, KEY_PREFIX, n);
+    for (size_t i = 0; i < 12; i++) {
+        key[n + 2 * i] = hex[md[i] >> 4];
+        key[n + 2 * i + 1] = hex[md[i] & 15];
+    }
+    key[n + 24] = '\0';
+}
+
+int ddo_profile_key(const char *context_json, char key[DDO_PROFILE_KEY_BYTES])
+{
+    json_t *ctx;
+    char *canon;
+    int rc = context_canonical(context_json, &ctx, &canon);
+    if (rc != 0)
+        return rc;
+    key_of_canonical(canon, key);
+    free(canon);
+    json_decref(ctx);
+    return 0;
+}
+
+int ddo_profile_path(const char *dir, const char *context_json, char **path)
+{
+    if (dir == NULL || path == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "profile: directory or path is NULL");
+    char key[DDO_PROFILE_KEY_BYTES];
+    int rc = ddo_profile_key(context_json, key);
+    if (rc != 0)
+        return rc;
+    char *p = ddo__asprintf("%s/%s.json", dir, key);
+    if (p == NULL)
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "profile: out of memory");
+    *path = p;
+    return 0;
+}
+
+/* Checks the document's shape; fills the detail and returns DDO_E_FORMAT when foreign. */
+static int check_doc(const char *path, json_t *doc, const char *want_key)
+{
+    if (!json_is_object(doc))
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: not a profile (not a JSON object); ignored",
+                         path);
+    json_t *v = json_object_get(doc, "schema_version");
+    if (!json_is_integer(v) || json_integer_value(v) != DDO_PROFILE_SCHEMA_VERSION)
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: schema_version is not %d; ignored", path,
+                         DDO_PROFILE_SCHEMA_VERSION);
+    json_t *k = json_object_get(doc, "profile_key");
+    if (!json_is_string(k) || (want_key != NULL && strcmp(json_string_value(k), want_key) != 0))
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: profile_key does not match; ignored", path);
+    if (!json_is_object(json_object_get(doc, "context")))
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: context missing; ignored", path);
+    json_t *obs = json_object_get(doc, "observations");
+    if (obs != NULL && !json_is_array(obs))
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: observations is not a list; ignored", path);
+    json_t *lim = json_object_get(doc, "capacity_limits");
+    if (lim != NULL && !json_is_object(lim))
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: capacity_limits is not an object; ignored", path);
+    json_t *rec = json_object_get(doc, "recommendation");
+    if (rec != NULL && !json_is_object(rec) && !json_is_null(rec))
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: recommendation is not an object; ignored", path);
+    return 0;
+}
+
+static int load_path(const char *path, const char *want_key, ddo_profile **out)
+{
+    if (access(path, F_OK) != 0)
+        return ddo__fail(NULL, DDO_E_NOT_FOUND, "%s: no profile", path);
+    json_error_t jerr;
+    json_t *doc = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (doc == NULL)
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: corrupt profile (%s at line %d); ignored", path,
+                         jerr.text, jerr.line);
+    int rc = check_doc(path, doc, want_key);
+    if (rc != 0) {
+        json_decref(doc);
+        return rc;
+    }
+    ddo_profile *p = ddo__calloc(1, sizeof(*p));
+    if (p == NULL) {
+        json_decref(doc);
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "profile: out of memory");
+    }
+    p->doc = doc;
+    *out = p;
+    return 0;
+}
+
+int ddo_profile_load_file(const char *path, ddo_profile **out)
+{
+    if (out != NULL)
+        *out = NULL;
+    if (path == NULL || out == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "profile: path or out is NULL");
+    return load_path(path, NULL, out);
+}
+
+int ddo_profile_load(const char *dir, const char *context_json, ddo_profile **out)
+{
+    if (out != NULL)
+        *out = NULL;
+    if (dir == NULL || out == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "profile: directory or out is NULL");
+    json_t *ctx;
+    char *canon;
+    int rc = context_canonical(context_json, &ctx, &canon);
+    if (rc != 0)
+        return rc;
+    char key[DDO_PROFILE_KEY_BYTES];
+    key_of_canonical(canon, key);
+    char *path = ddo__asprintf("%s/%s.json", dir, key);
+    ddo_profile *p = NULL;
+    if (path == NULL) {
+        rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "profile: out of memory");
+        goto out;
+    }
+    rc = load_path(path, key, &p);
+    if (rc != 0)
+        goto out;
+    /* A stored context different from the requested one is a foreign file (a key clash or a
+     * hand edit): ignored like upstream. */
+    if (!json_equal(json_object_get(p->doc, "context"), ctx)) {
+        rc = ddo__fail(NULL, DDO_E_FORMAT, "%s: stored context differs from the workload; ignored",
+                       path);
+        ddo_profile_destroy(p);
+        goto out;
+    }
+    *out = p;
+out:
+    free(path);
+    free(canon);
+    json_decref(ctx);
+    return rc;
+}
+
+void ddo_profile_destroy(ddo_profile *p)
+{
+    if (p == NULL)
+        return;
+    json_decref(p->doc);
+    free(p);
+}
+
+int ddo_profile_to_json(const ddo_profile *p, char **json)
+{
+    if (p == NULL || json == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "profile: NULL argument");
+    char *s = json_dumps(p->doc, JSON_SORT_KEYS | JSON_INDENT(2));
+    if (s == NULL)
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "profile: out of memory");
+    *json = s;
+    return 0;
+}
+
+int ddo_profile_context(const ddo_profile *p, char **context_json)
+{
+    if (p == NULL || context_json == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "profile: NULL argument");
+    char *s = json_dumps(json_object_get(p->doc, "context"), canon_flags);
+    if (s == NULL)
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "profile: out of memory");
+    *context_json = s;
+    return 0;
+}
+
+size_t ddo_profile_observation_count(const ddo_profile *p)
+{
+    if (p == NULL)
+        return 0;
+    return json_array_size(json_object_get(p->doc, "observations"));
+}
+
+int ddo_profile_capacity(const ddo_profile *p, const char *metric, double *max_success,
+                         bool *has_max_success, double *min_failure, bool *has_min_failure)
+{
+    if (p == NULL || metric == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "profile: NULL argument");
+    json_t *lim = json_object_get(json_object_get(p->doc, "capacity_limits"), metric);
+    json_t *ms = json_object_get(lim, "max_success");
+    json_t *mf = json_object_get(lim, "min_failure");
+    bool hm = json_is_number(ms), hf = json_is_number(mf);
+    if (!hm && !hf)
+        return ddo__fail(NULL, DDO_E_NOT_FOUND, "profile: no capacity limits for metric \"%s\"",
+                         metric);
+    if (has_max_success != NULL)
+        *has_max_success = hm;
+    if (has_min_failure != NULL)
+        *has_min_failure = hf;
+    if (max_success != NULL && hm)
+        *max_success = json_number_value(ms);
+    if (min_failure != NULL && hf)
+        *min_failure = json_number_value(mf);
+    return 0;
+}
+
+int ddo_profile_recommendation(const ddo_profile *p, const char *key, double *value)
+{
+    if (p == NULL || key == NULL || value == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "profile: NULL argument");
+    json_t *v = json_object_get(json_object_get(p->doc, "recommendation"), key);
+    if (!json_is_number(v) || !isfinite(json_number_value(v)))
+        return ddo__fail(NULL, DDO_E_NOT_FOUND, "profile: recommendation has no number \"%s\"",
+                         key);
+    *value = json_number_value(v);
+    return 0;
+}
+
+/* Python's round(x, 4) for the values profiles hold (half to even at the 4th decimal). */
+static double round4(double x)
+{
+    double scaled = x * 10000.0;
+    double r = nearbyint(scaled); /* default rounding mode: half to even */
+    return r / 10000.0;
+}
+
+double ddo_profile_recommend_resident_budget(double total_gb, double peak_gb, double headroom_gb)
+{
+    double v = total_gb - peak_gb - headroom_gb;
+    return round4(v > 0.0 ? v : 0.0);
+}
+
+double ddo_profile_peak_gb(const ddo_profile_sample *s)
+{
+    if (s == NULL)
+        return 0.0;
+    uint64_t a = s->total_bytes > s->free_start_bytes ? s->total_bytes - s->free_start_bytes : 0;
+    uint64_t b = s->total_bytes > s->free_end_bytes ? s->total_bytes - s->free_end_bytes : 0;
+    uint64_t external = a > s->held_start_bytes ? a - s->held_start_bytes : 0;
+    uint64_t c = external + s->held_peak_bytes;
+    uint64_t peak = a;
+    if (b > peak)
+        peak = b;
+    if (c > peak)
+        peak = c;
+    if (s->sampled_used_peak_bytes > peak)
+        peak = s->sampled_used_peak_bytes;
+    return (double)peak / (double)DDO_GIB;
+}
+
+/* Creates dir and its parents (mode 0755). */
+static int make_dirs(const char *dir)
+{
+    char *d = ddo__strdup(dir);
+    if (d == NULL)
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "profile: out of memory");
+    for (char *p = d + 1;; p++) {
+        if (*p == '/' || *p == '\0') {
+            char c = *p;
+            *p = '\0';
+            if (mkdir(d, 0755) != 0 && errno != EEXIST) {
+                int e = errno;
+                free(d);
+                return ddo__fail(NULL, DDO_E_IO, "%s: cannot create profile directory: %s", dir,
+                                 strerror(e));
+            }
+            *p = c;
+            if (c == '\0')
+                break;
+        }
+    }
+    free(d);
+    return 0;
+}
+
+/* Merges one observation's capacity into limits (upstream's rule). */
+static void merge_capacity(json_t *limits, json_t *obs)
+{
+    json_t *cap = json_object_get(obs, "capacity");
+    json_t *metric = json_object_get(cap, "metric");
+    json_t *value = json_object_get(cap, "value");
+    if (!json_is_string(metric) || json_string_length(metric) == 0 || !json_is_number(value))
+        return;
+    const char *status = json_string_value(json_object_get(obs, "status"));
+    if (status == NULL)
+        return;
+    const char *field;
+    bool want_max;
+    if (strcmp(status, "success") == 0) {
+        field = "max_success";
+        want_max = true;
+    } else if (strcmp(status, "failure") == 0) {
+        field = "min_failure";
+        want_max = false;
+    } else {
+        return;
+    }
+    json_t *entry = json_object_get(limits, json_string_value(metric));
+    if (!json_is_object(entry)) {
+        entry = json_object();
+        json_object_set_new(limits, json_string_value(metric), entry);
+    }
+    double v = json_number_value(value);
+    json_t *prev = json_object_get(entry, field);
+    if (json_is_number(prev)) {
+        double pv = json_number_value(prev);
+        v = want_max ? (v > pv ? v : pv) : (v < pv ? v : pv);
+    }
+    json_object_set_new(entry, field, json_real(v));
+}
+
+static void utc_now(char *buf, size_t len)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    char base[32];
+    strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(buf, len, "%s.%06ld+00:00", base, ts.tv_nsec / 1000);
+}
+
+/* Writes text to path atomically: <path>.<random>.tmp, fsync, rename. */
+static int write_atomic(const char *path, const char *text)
+{
+    unsigned char rnd[8] = { 0 };
+    FILE *ur = fopen("/dev/urandom", "rb");
+    if (ur != NULL) {
+        if (fread(rnd, 1, sizeof(rnd), ur) != sizeof(rnd))
+            memset(rnd, 0, sizeof(rnd));
+        fclose(ur);
+    }
+    uint64_t r = ddo__now_ns() ^ ((uint64_t)getpid() << 32);
+    for (size_t i = 0; i < sizeof(rnd); i++)
+        r ^= (uint64_t)rnd[i] << (8 * i);
+    char *tmp = ddo__asprintf("%s.%016llx.tmp", path, (unsigned long long)r);
+    if (tmp == NULL)
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "profile: out of memory");
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int e = errno;
+        int rc = ddo__fail(NULL, DDO_E_IO, "%s: cannot write profile: %s", tmp, strerror(e));
+        free(tmp);
+        return rc;
+    }
+    size_t len = strlen(text), done = 0;
+    while (done < len) {
+        ssize_t n = write(fd, text + done, len - done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            int e = n < 0 ? errno : EIO;
+            close(fd);
+            unlink(tmp);
+            int rc = ddo__fail(NULL, DDO_E_IO, "%s: cannot write profile: %s", tmp, strerror(e));
+            free(tmp);
+            return rc;
+        }
+        done += (size_t)n;
+    }
+    if (fsync(fd) != 0 || close(fd) != 0) {
+        int e = errno;
+        unlink(tmp);
+        int rc = ddo__fail(NULL, DDO_E_IO, "%s: cannot write profile: %s", tmp, strerror(e));
+        free(tmp);
+        return rc;
+    }
+    if (ddo__profile_crash_before_rename) {
+        /* Simulated crash: the temporary file stays, the profile is untouched. */
+        free(tmp);
+        return ddo__fail(NULL, DDO_E_IO, "%s: simulated crash before rename", path);
+    }
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        int rc = ddo__fail(NULL, DDO_E_IO, "%s: cannot replace profile: %s", path, strerror(e));
+        free(tmp);
+        return rc;
+    }
+    free(tmp);
+    return 0;
+}
+
+int ddo_profile_record(const char *dir, const char *context_json, const char *observation_json,
+                       const char *recommendation_json, char **path_out)
+{
+    if (dir == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "profile: directory is NULL");
+    json_t *ctx = NULL, *obs = NULL, *rec = NULL, *doc = NULL;
+    char *canon = NULL, *path = NULL, *text = NULL;
+    ddo_profile *old = NULL;
+    int rc = context_canonical(context_json, &ctx, &canon);
+    if (rc != 0)
+        return rc;
+    if ((rc = parse_object(observation_json, "observation", &obs)) != 0)
+        goto out;
+    if (recommendation_json != NULL &&
+        (rc = parse_object(recommendation_json, "recommendation", &rec)) != 0)
+        goto out;
+    char key[DDO_PROFILE_KEY_BYTES];
+    key_of_canonical(canon, key);
+    if ((rc = make_dirs(dir)) != 0)
+        goto out;
+    path = ddo__asprintf("%s/%s.json", dir, key);
+    if (path == NULL) {
+        rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "profile: out of memory");
+        goto out;
+    }
+    /* A missing, corrupt or foreign previous file starts a fresh profile. */
+    if (ddo_profile_load(dir, context_json, &old) != 0)
+        old = NULL;
+    json_t *limits = old ? json_deep_copy(json_object_get(old->doc, "capacity_limits")) : NULL;
+    if (limits == NULL)
+        limits = json_object();
+    json_t *observations = old ? json_deep_copy(json_object_get(old->doc, "observations")) : NULL;
+    if (observations == NULL)
+        observations = json_array();
+    merge_capacity(limits, obs);
+    json_array_append(observations, obs);
+    while (json_array_size(observations) > DDO_PROFILE_MAX_OBSERVATIONS)
+        json_array_remove(observations, 0);
+    json_t *recommendation = rec ? json_incref(rec) : NULL;
+    if (recommendation == NULL && old != NULL) {
+        json_t *prev = json_object_get(old->doc, "recommendation");
+        if (json_is_object(prev))
+            recommendation = json_deep_copy(prev);
+    }
+    char stamp[64];
+    utc_now(stamp, sizeof(stamp));
+    doc = json_object();
+    json_object_set_new(doc, "schema_version", json_integer(DDO_PROFILE_SCHEMA_VERSION));
+    json_object_set_new(doc, "profile_key", json_string(key));
+    json_object_set_new(doc, "updated_at", json_string(stamp));
+    json_object_set(doc, "context", ctx);
+    json_object_set_new(doc, "capacity_limits", limits);
+    json_object_set_new(doc, "observations", observations);
+    if (recommendation != NULL)
+        json_object_set_new(doc, "recommendation", recommendation);
+    char *body = json_dumps(doc, JSON_SORT_KEYS | JSON_INDENT(2));
+    if (body == NULL) {
+        rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "profile: out of memory");
+        goto out;
+    }
+    text = ddo__asprintf("%s\n", body);
+    free(body);
+    if (text == NULL) {
+        rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "profile: out of memory");
+        goto out;
+    }
+    if ((rc = write_atomic(path, text)) != 0)
+        goto out;
+    if (path_out != NULL) {
+        *path_out = path;
+        path = NULL;
+    }
+out:
+    ddo_profile_destroy(old);
+    free(text);
+    free(path);
+    free(canon);
+    json_decref(doc);
+    json_decref(rec);
+    json_decref(obs);
+    json_decref(ctx);
+    return rc;
+}
+
+int ddo_profile_workload_context(const char *name, const ddo_checkpoint *ck, char **context_json)
+{
+    if (name == NULL || name[0] == '\0' || context_json == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "profile: a workload needs a name");
+    /* The model's identity is its tensor table (names, dtypes, shapes), not its path: the
+     * same model moved or re-downloaded keeps its profile. */
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    if (md == NULL)
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "profile: out of memory");
+    EVP_DigestInit_ex(md, EVP_sha256(), NULL);
+    size_t n = ck ? ddo_checkpoint_tensor_count(ck) : 0;
+    for (size_t i = 0; i < n; i++) {
+        const ddo_tensor_info *t = ddo_checkpoint_tensor(ck, i);
+        char line[96];
+        EVP_DigestUpdate(md, t->name, strlen(t->name) + 1);
+        int len = snprintf(line, sizeof(line), "%d:%u", (int)t->dtype, t->ndim);
+        EVP_DigestUpdate(md, line, (size_t)len);
+        for (uint32_t d = 0; d < t->ndim; d++) {
+            len = snprintf(line, sizeof(line), ",%llu", (unsigned long long)t->shape[d]);
+            EVP_DigestUpdate(md, line, (size_t)len);
+        }
+        EVP_DigestUpdate(md, ";", 1);
+    }
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int dlen = 0;
+    EVP_DigestFinal_ex(md, digest, &dlen);
+    EVP_MD_CTX_free(md);
+    char sig[64] = "ddo-tensors-";
+    static const char hex[] = "0123456789abcdef";
+    size_t off = strlen(sig);
+    for (size_t i = 0; i < 12; i++) {
+        sig[off + 2 * i] = hex[digest[i] >> 4];
+        sig[off + 2 * i + 1] = hex[digest[i] & 15];
+    }
+    sig[off + 24] = '\0';
+    json_t *ctx =
+        json_pack("{s:s, s:s, s:i}", "name", name, "model_class", sig, "identity_version", 2);
+    char *s = ctx ? json_dumps(ctx, canon_flags) : NULL;
+    json_decref(ctx);
+    if (s == NULL)
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "profile: out of memory");
+    *context_json = s;
+    return 0;
+}
+
+const char *ddo_profile_status_name(ddo_profile_status status)
+{
+    switch (status) {
+    case DDO_PROFILE_DISABLED:
+        return "disabled";
+    case DDO_PROFILE_CALIBRATING:
+        return "calibrating";
+    case DDO_PROFILE_MANUAL:
+        return "manual";
+    case DDO_PROFILE_MISSING:
+        return "missing";
+    case DDO_PROFILE_APPLIED:
+        return "applied";
+    }
+    return "unknown";
+}
+
+static int set_gb(ddo_config *cfg, const char *key, double v)
+{
+    return ddo_config_set_double(cfg, key, v);
+}
+
+int ddo_profile_apply(ddo_config *cfg, const char *dir, const char *context_json,
+                      ddo_profile_status *status, double *budget_gb, ddo_profile_measured *measured)
+{
+    if (cfg == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "profile: config is NULL");
+    const ddo__options *o = ddo__config_options(cfg);
+    ddo_profile_status st = DDO_PROFILE_DISABLED;
+    double budget = 0.0;
+    int rc = 0;
+    if (measured != NULL)
+        memset(measured, 0, sizeof(*measured));
+    bool named = o->profile_name != NULL && o->profile_name[0] != '\0';
+    if (o->build_profile) {
+        if (!named)
+            return ddo__fail(NULL, DDO_E_CONFIG,
+                             "build_profile: calibration requires profile_name (got an empty "
+                             "name)");
+        if (!(o->profile_vram_headroom_gb >= 0.0) || !isfinite(o->profile_vram_headroom_gb))
+            return ddo__fail(NULL, DDO_E_CONFIG,
+                             "profile_vram_headroom_gb: must be finite and >= 0");
+        /* Calibration measures the zero-resident peak: a manual budget is overridden. */
+        if ((rc = set_gb(cfg, "resident_module_budget_gb", 0.0)) != 0 ||
+            (rc = set_gb(cfg, "profile_resident_module_budget_gb", 0.0)) != 0 ||
+            (rc = ddo_config_set(cfg, "always_resident_modules_pattern", "")) != 0)
+            return rc;
+        st = DDO_PROFILE_CALIBRATING;
+        goto done;
+    }
+    if (!named)
+        goto done;
+    if (o->resident_module_budget_gb > 0.0) {
+        st = DDO_PROFILE_MANUAL;
+        budget = o->resident_module_budget_gb;
+        goto done;
+    }
+    ddo_profile *p = NULL;
+    if (dir == NULL || context_json == NULL || ddo_profile_load(dir, context_json, &p) != 0) {
+        st = DDO_PROFILE_MISSING;
+        goto done;
+    }
+    if (measured != NULL) {
+        double v;
+        if (ddo_profile_recommendation(p, "bus_bytes_per_s", &v) == 0 && v > 0)
+            measured->bus_bytes_per_s = v;
+        if (ddo_profile_recommendation(p, "flops_per_s", &v) == 0 && v > 0)
+            measured->flops_per_s = v;
+        if (ddo_profile_recommendation(p, "file_read_bytes_per_s", &v) == 0 && v > 0)
+            measured->file_read_bytes_per_s = v;
+    }
+    if (ddo_profile_recommendation(p, "profile_resident_module_budget_gb", &budget) != 0 ||
+        budget < 0.0) {
+        ddo_profile_destroy(p);
+        st = DDO_PROFILE_MISSING;
+        budget = 0.0;
+        goto done;
+    }
+    ddo_profile_destroy(p);
+    if (o->max_resident_module_budget_gb > 0.0 && budget > o->max_resident_module_budget_gb)
+        budget = o->max_resident_module_budget_gb;
+    bool policy_off = o->auto_budget_policy == NULL || strcmp(o->auto_budget_policy, "off") == 0;
+    rc = set_gb(cfg, policy_off ? "resident_module_budget_gb" : "profile_resident_module_budget_gb",
+                budget);
+    if (rc != 0)
+        return rc;
+    st = DDO_PROFILE_APPLIED;
+done:
+    if (status != NULL)
+        *status = st;
+    if (budget_gb != NULL)
+        *budget_gb = budget;
+    return 0;
+}
