@@ -333,6 +333,52 @@ DDO_API int ddo_config_settings(const ddo_config *cfg, ddo_settings *out);
 DDO_API void ddo_config_set_running_on_wsl(ddo_config *cfg, bool running_on_wsl);
 DDO_API const char *ddo_config_error(const ddo_config *cfg);
 
+/*
+ * Component policies: how a pipeline component (text_encoder, transformer,
+ * vae, ...) is run. Routes: "dynamic_offload" (streamed by ddo),
+ * "diffusers_group_offload" (group/leaf offload compatibility: ddo streams it
+ * as leaf units, or block units for offload_type block_level) and "none"
+ * (unmanaged, resident on the execution device); "auto" picks one. Component
+ * names are normalised (uppercase, runs of non [A-Z0-9] become '_'; empty is
+ * MODEL). Lookup order per option: API policy, then DDO_<COMPONENT>_<OPTION>
+ * (environment, then preset), then DDO_RUNNER_<COMPONENT>_<OPTION>; the
+ * environment only when captured by ddo_config_apply_env with use_environment.
+ * Options: route, group_offload, dynamic_offload, offload_stream,
+ * offload_record_stream, offload_type, offload_low_cpu_mem_usage,
+ * num_blocks_per_group. DDO_E_NOT_FOUND for other names.
+ */
+DDO_API int ddo_config_set_component_policy(ddo_config *cfg, const char *component,
+                                            const char *option, const char *value);
+/* The resolved text of a component option (DDO_E_NOT_FOUND when nothing sets it); source
+ * (may be NULL) receives "api", "env:DDO_X", "preset:NAME". Valid until cfg changes. */
+DDO_API int ddo_config_component_value(const ddo_config *cfg, const char *component,
+                                       const char *option, const char **value, char *source,
+                                       size_t source_len);
+typedef struct ddo_component_policy {
+    const char *route;            /* "dynamic_offload", "diffusers_group_offload", "none" */
+    char route_source[96];        /* "argument", "api", "env:DDO_VAE_ROUTE", "preset:X", "auto" */
+    const char *offload_type;     /* group route: "leaf_level" (default) or "block_level" */
+    const char *unit_granularity; /* what ddo streams: "block" or "leaf"; "" for none */
+    bool use_stream;              /* forced false on WSL with disable_pin_on_wsl */
+    bool record_stream;
+    bool low_cpu_mem_usage;
+    int64_t num_blocks_per_group;
+} ddo_component_policy;
+/* Resolves a component's route and group options. explicit_route (may be NULL) wins over
+ * every policy; quantized_backend routes auto to group offload when dynamic is enabled.
+ * Errors: DDO_E_CONFIG (unknown route word, build_profile off the dynamic route). */
+DDO_API int ddo_config_component_policy(const ddo_config *cfg, const char *component,
+                                        const char *explicit_route, bool quantized_backend,
+                                        ddo_component_policy *out);
+/* Shorthand: the component's route (static string). */
+DDO_API int ddo_config_component_route(const ddo_config *cfg, const char *component,
+                                       const char **route);
+
+/* The catalog, presets, routes and resolution rules as text (`ddo config --list`) or as
+ * Markdown (docs/options.md). Free with ddo_free. */
+typedef enum ddo_config_doc { DDO_CONFIG_DOC_LIST, DDO_CONFIG_DOC_MARKDOWN } ddo_config_doc;
+DDO_API int ddo_config_describe(ddo_config_doc format, char **text);
+
 /* ------------------------------------------------------------------------ */
 /* Devices                                                                   */
 /* ------------------------------------------------------------------------ */
@@ -349,6 +395,8 @@ typedef struct ddo_device_caps {
     bool is_cpu;
     double bus_bytes_per_s; /* measured or configured host->device bandwidth; 0 = unknown */
     double flops_per_s;     /* measured or configured compute rate; 0 = unknown */
+    int driver_version;     /* cuDriverGetVersion (13000 = 13.0); 0 on cpu */
+    int ordinal;            /* N of cuda:N; 0 on cpu */
 } ddo_device_caps;
 
 /* Options of the cpu device (ignored by cuda). Zero means "unthrottled" / defaults. */
@@ -379,6 +427,31 @@ DDO_API int ddo_stream_synchronize(ddo_stream *s);
 /* The native handle (a CUstream on cuda, NULL on cpu). */
 DDO_API void *ddo_stream_native(ddo_stream *s);
 DDO_API const char *ddo_device_error(const ddo_device *dev);
+
+/* Host->device figures measured on a device (ddo doctor, ddo bench). 0 = not measured. */
+typedef struct ddo_device_bandwidth {
+    double pinned_bytes_per_s;      /* from pinned memory, 16 MiB pieces: the bus limit */
+    double pinned_2mib_bytes_per_s; /* from pinned memory, 2 MiB pieces */
+    double pageable_bytes_per_s;    /* from ordinary (pageable) memory */
+    double register_s_per_gib;      /* registering existing pages (cuMemHostRegister) */
+    double pinned_alloc_s_per_gib;  /* allocating pinned pages (cuMemHostAlloc) */
+    uint64_t bytes;                 /* bytes moved per measurement */
+} ddo_device_bandwidth;
+/*
+ * Measures dev's host->device paths with `bytes` per measurement (0 = 1 GiB; the median of
+ * 3 passes each). Takes bytes of pinned host memory and of device memory for the duration.
+ */
+DDO_API int ddo_device_measure(ddo_device *dev, uint64_t bytes, ddo_device_bandwidth *out);
+
+/* Read speed of a file: from the page cache (after warming it) and with O_DIRECT. */
+typedef struct ddo_file_speed {
+    double page_cache_bytes_per_s; /* 0 = not measured */
+    double direct_bytes_per_s;     /* 0 = O_DIRECT not supported here */
+    uint64_t bytes;                /* bytes read per pass */
+} ddo_file_speed;
+/* Reads up to max_bytes (0 = whole file) of path; direct = also measure O_DIRECT reads. */
+DDO_API int ddo_measure_file_read(const char *path, uint64_t max_bytes, bool direct,
+                                  ddo_file_speed *out);
 
 /* ------------------------------------------------------------------------ */
 /* Plan                                                                      */
@@ -484,6 +557,14 @@ DDO_API const char *ddo_plan_route(const ddo_plan *plan);
 /* JSON (documented in docs/plan.md). Free with ddo_free. */
 DDO_API int ddo_plan_to_json(const ddo_plan *plan, char **json);
 DDO_API const char *ddo_plan_error(const ddo_plan *plan);
+/* Number of tensors the plan places (the checkpoint's tensor count). */
+DDO_API size_t ddo_plan_tensor_count(const ddo_plan *plan);
+/* The value of the planner decision key, or NULL when the plan did not record it. */
+DDO_API const char *ddo_plan_decision_get(const ddo_plan *plan, const char *key);
+/* Rebuilds a plan from the text of ddo_plan_to_json (a saved plan); ddo_plan_to_json of the
+ * result reproduces that text exactly. In ddo_plan_budgets a limit of 0 means "no limit".
+ * Errors: DDO_E_FORMAT naming the field at fault, DDO_E_NO_MEMORY. */
+DDO_API int ddo_plan_from_json(const char *json, ddo_plan **out);
 
 /* Resident selection of ddo-upstream.md section 3.5, exposed for hosts and tests:
  * fills order[0..count) with the indices of the chosen items (greedy, skip on
@@ -574,6 +655,37 @@ DDO_API int ddo_metrics_to_json(const ddo_metrics *m, const char *component, cha
 DDO_API int ddo_metrics_format_profile(const ddo_metrics *m, char **text);
 /* Appends the JSON snapshot tagged with component as one line to path (record_ddo_metrics). */
 DDO_API int ddo_metrics_record(const ddo_metrics *m, const char *component, const char *path);
+
+/* ------------------------------------------------------------------------ */
+/* Host machine and phase helpers                                            */
+/* ------------------------------------------------------------------------ */
+
+typedef struct ddo_host_info {
+    uint64_t ram_total_bytes;
+    uint64_t ram_available_bytes; /* MemAvailable */
+    uint64_t cgroup_limit_bytes;  /* 0 = no limit */
+    bool running_on_wsl;          /* from the kernel release (or /proc/version) */
+    char kernel_release[128];
+} ddo_host_info;
+DDO_API int ddo_host_info_get(ddo_host_info *out);
+
+/* What a standby purge did for a phase (the seed's maybe_purge_windows_standby_cache). */
+typedef struct ddo_purge_result {
+    bool purged;
+    const char *reason; /* "purged", "disabled", "non_windows", or the failure's class */
+    char phase[64];     /* the phase as given, stripped */
+    char variable[96];  /* DDO_PURGE_WINDOWS_STANDBY_<PHASE> */
+} ddo_purge_result;
+/*
+ * Windows standby-list purge for a named phase ("before_transformer"). enabled: -1 inherits
+ * the environment block (a set DDO_PURGE_WINDOWS_STANDBY_<PHASE>, even "", wins) and then the
+ * config's effective preset (one_shot_fast enables BEFORE_RUN, AFTER_TEXT_ENCODER and
+ * BEFORE_TRANSFORMER); 0 / 1 are explicit and leave the environment alone. The enable check
+ * comes first; on other platforms an enabled purge returns purged=false, reason "non_windows"
+ * and does nothing. cfg and envp may be NULL. Errors: DDO_E_INVALID_ARGUMENT (empty phase).
+ */
+DDO_API int ddo_purge_standby(const ddo_config *cfg, const char *phase, int enabled,
+                              const char *const *envp, ddo_purge_result *out);
 
 /* ------------------------------------------------------------------------ */
 /* Capacity profiles                                                         */

@@ -119,3 +119,14 @@ uint64_t ddo__os_cgroup_memory_limit(void)
         return 0;
     return v;
 }
+
+const char *ddo__os_purge_standby_list(void)
+{
+#if defined(_WIN32)
+    /* NtSetSystemInformation(SystemMemoryListInformation, MemoryPurgeStandbyList) needs
+     * SeProfileSingleProcessPrivilege; ddo has no Windows build yet, so report it. */
+    return "unsupported_build";
+#else
+    return "non_windows";
+#endif
+}

@@ -17,6 +17,8 @@ uint64_t ddo__os_available_ram_bytes(void);
 uint64_t ddo__os_total_ram_bytes(void);
 /* The memory limit of this process's cgroup (v2 memory.max or v1 limit_in_bytes); 0 = none. */
 uint64_t ddo__os_cgroup_memory_limit(void);
+/* Purges the Windows standby list: "purged", or why not ("non_windows" elsewhere). */
+const char *ddo__os_purge_standby_list(void);
 /* Kernel release string into buf (empty when unknown). */
 void ddo__os_kernel_release(char *buf, size_t len);
 

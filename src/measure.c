@@ -1,0 +1,197 @@
+/*
+ * measure.c - measured host->device and file read figures: the bus limit a
+ * benchmark compares against, and what `ddo doctor` reports.
+ */
+#define _GNU_SOURCE
+#include "common.h"
+#include "device/device.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define PIECE_BYTES ((size_t)16 << 20)
+#define SMALL_PIECE ((size_t)2 << 20)
+#define PASSES      3
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median3(double v[PASSES])
+{
+    qsort(v, PASSES, sizeof(double), cmp_double);
+    return v[PASSES / 2];
+}
+
+/* Times copies of `bytes` from src to dst in pieces of `piece`, on stream; bytes/s. */
+static int time_copies(ddo_device *dev, void *stream, uint64_t dst, const unsigned char *src,
+                       uint64_t bytes, size_t piece, double *rate)
+{
+    uint64_t t0 = ddo__now_ns();
+    for (uint64_t off = 0; off < bytes; off += piece) {
+        size_t n = (size_t)(bytes - off < piece ? bytes - off : piece);
+        int rc = ddo__dev_copy_h2d(dev, dst + off, src + off, n, stream);
+        if (rc != 0)
+            return rc;
+    }
+    int rc = ddo__dev_stream_synchronize(dev, stream);
+    if (rc != 0)
+        return rc;
+    uint64_t dt = ddo__now_ns() - t0;
+    *rate = dt ? (double)bytes * 1e9 / (double)dt : 0.0;
+    return 0;
+}
+
+int ddo_device_measure(ddo_device *dev, uint64_t bytes, ddo_device_bandwidth *out)
+{
+    if (dev == NULL || out == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_device_measure: NULL argument");
+    if (bytes == 0)
+        bytes = DDO_GIB;
+    bytes = ddo__round_up(bytes, PIECE_BYTES);
+    ddo_device_bandwidth r;
+    memset(&r, 0, sizeof(r));
+    r.bytes = bytes;
+    void *stream = NULL, *pinned = NULL;
+    unsigned char *pageable = NULL;
+    uint64_t dptr = 0;
+    int rc;
+    if ((rc = ddo__dev_stream_create(dev, 1, &stream)) != 0)
+        goto out;
+    if ((rc = ddo__dev_mem_alloc(dev, bytes, &dptr)) != 0)
+        goto out;
+    uint64_t t0 = ddo__now_ns();
+    if ((rc = ddo__dev_host_alloc(dev, (size_t)bytes, &pinned)) != 0)
+        goto out;
+    r.pinned_alloc_s_per_gib =
+        (double)(ddo__now_ns() - t0) / 1e9 / ((double)bytes / (double)DDO_GIB);
+    memset(pinned, 0x5a, (size_t)bytes);
+    double v[PASSES];
+    /* One warm-up pass, then the median of three. */
+    if ((rc = time_copies(dev, stream, dptr, pinned, bytes, PIECE_BYTES, &v[0])) != 0)
+        goto out;
+    for (int i = 0; i < PASSES; i++)
+        if ((rc = time_copies(dev, stream, dptr, pinned, bytes, PIECE_BYTES, &v[i])) != 0)
+            goto out;
+    r.pinned_bytes_per_s = median3(v);
+    for (int i = 0; i < PASSES; i++)
+        if ((rc = time_copies(dev, stream, dptr, pinned, bytes, SMALL_PIECE, &v[i])) != 0)
+            goto out;
+    r.pinned_2mib_bytes_per_s = median3(v);
+    ddo__dev_host_free(dev, pinned);
+    pinned = NULL;
+
+    pageable = aligned_alloc(4096, (size_t)bytes);
+    if (pageable == NULL) {
+        rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "ddo_device_measure: out of host memory");
+        goto out;
+    }
+    memset(pageable, 0xa5, (size_t)bytes);
+    for (int i = 0; i < PASSES; i++)
+        if ((rc = time_copies(dev, stream, dptr, pageable, bytes, PIECE_BYTES, &v[i])) != 0)
+            goto out;
+    r.pageable_bytes_per_s = median3(v);
+    /* Registration of existing pages, in the 64 MiB segments the retained store uses. */
+    t0 = ddo__now_ns();
+    uint64_t done = 0;
+    for (; done < bytes; done += DDO_SEGMENT_BYTES) {
+        size_t n = (size_t)(bytes - done < DDO_SEGMENT_BYTES ? bytes - done : DDO_SEGMENT_BYTES);
+        if ((rc = ddo__dev_host_register(dev, pageable + done, n)) != 0)
+            break;
+    }
+    uint64_t dt = ddo__now_ns() - t0;
+    for (uint64_t off = 0; off < done; off += DDO_SEGMENT_BYTES)
+        ddo__dev_host_unregister(dev, pageable + off);
+    if (rc != 0)
+        goto out;
+    r.register_s_per_gib = (double)dt / 1e9 / ((double)bytes / (double)DDO_GIB);
+    *out = r;
+out:
+    free(pageable);
+    if (pinned != NULL)
+        ddo__dev_host_free(dev, pinned);
+    if (dptr != 0)
+        ddo__dev_mem_free(dev, dptr);
+    if (stream != NULL)
+        ddo__dev_stream_destroy(dev, stream);
+    return rc;
+}
+
+/* Reads [0, len) of fd into buf in pieces; bytes/s, or an error. */
+static int time_reads(int fd, unsigned char *buf, size_t piece, uint64_t len, const char *path,
+                      double *rate)
+{
+    uint64_t t0 = ddo__now_ns();
+    uint64_t off = 0;
+    while (off < len) {
+        size_t want = (size_t)(len - off < piece ? len - off : piece);
+        ssize_t n = pread(fd, buf, want, (off_t)off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return ddo__fail(NULL, DDO_E_IO, "%s: read: %s", path, strerror(errno));
+        if (n == 0)
+            break;
+        off += (uint64_t)n;
+    }
+    uint64_t dt = ddo__now_ns() - t0;
+    *rate = dt ? (double)off * 1e9 / (double)dt : 0.0;
+    return 0;
+}
+
+int ddo_measure_file_read(const char *path, uint64_t max_bytes, bool direct, ddo_file_speed *out)
+{
+    if (path == NULL || out == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_measure_file_read: NULL argument");
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return ddo__fail(NULL, errno == ENOENT ? DDO_E_NOT_FOUND : DDO_E_IO, "%s: open: %s",
+                         path, strerror(errno));
+    struct stat stbuf;
+    if (fstat(fd, &stbuf) != 0 || !S_ISREG(stbuf.st_mode)) {
+        close(fd);
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "%s: not a regular file", path);
+    }
+    uint64_t len = (uint64_t)stbuf.st_size;
+    if (max_bytes != 0 && len > max_bytes)
+        len = max_bytes;
+    ddo_file_speed r;
+    memset(&r, 0, sizeof(r));
+    r.bytes = len;
+    unsigned char *buf = aligned_alloc(4096, PIECE_BYTES);
+    int rc = 0;
+    if (buf == NULL) {
+        close(fd);
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "ddo_measure_file_read: out of memory");
+    }
+    double warm, v[PASSES];
+    /* The first pass warms the page cache; then the median of three cached passes. */
+    if ((rc = time_reads(fd, buf, PIECE_BYTES, len, path, &warm)) != 0)
+        goto out;
+    for (int i = 0; i < PASSES; i++)
+        if ((rc = time_reads(fd, buf, PIECE_BYTES, len, path, &v[i])) != 0)
+            goto out;
+    r.page_cache_bytes_per_s = median3(v);
+    if (direct) {
+        int dfd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+        if (dfd >= 0) {
+            uint64_t dlen = len / 4096 * 4096;
+            double d = 0;
+            /* O_DIRECT bypasses the cache: one pass measures the device. */
+            if (dlen > 0 && time_reads(dfd, buf, PIECE_BYTES, dlen, path, &d) == 0)
+                r.direct_bytes_per_s = d;
+            close(dfd);
+        }
+    }
+    *out = r;
+out:
+    free(buf);
+    close(fd);
+    return rc;
+}
