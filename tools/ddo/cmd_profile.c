@@ -1,14 +1,177 @@
 /*
- * cmd_profile.c - `ddo profile`. PLACEHOLDER: not implemented yet (owned by the issue that builds it).
+ * cmd_profile.c - `ddo profile list | show NAME | build NAME PATH [run options] | rm NAME`:
+ * named capacity profiles under DDO_PROFILE_DIR (default ~/.ddo/profiles).
  */
+#define _POSIX_C_SOURCE 200809L
 #include "tool.h"
 
+#include <dirent.h>
+#include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: ddo profile [--dir DIR] list\n"
+            "       ddo profile [--dir DIR] show NAME\n"
+            "       ddo profile [--dir DIR] build NAME PATH [ddo run options]\n"
+            "       ddo profile [--dir DIR] rm NAME\n"
+            "Profiles live in --dir, else DDO_PROFILE_DIR, else ~/.ddo/profiles.\n"
+            "build runs a calibration (`ddo run PATH --ddo-profile-name NAME --ddo-build-profile`):\n"
+            "zero resident weights, the peak device memory measured, and the next run's resident\n"
+            "budget (total - peak - profile_vram_headroom_gb) saved with the measured bus\n"
+            "bandwidth, file read speed and compute rate.\n");
+}
+
+/* Calls fn(path, profile, user) for each readable profile of dir; returns how many. */
+typedef void (*visit_fn)(const char *path, const ddo_profile *p, json_t *doc, void *user);
+
+static int visit(const char *dir, visit_fn fn, void *user, int *corrupt)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        size_t len = strlen(e->d_name);
+        if (len < 6 || strcmp(e->d_name + len - 5, ".json") != 0 ||
+            strncmp(e->d_name, "ddo-capacity-", 13) != 0)
+            continue;
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        ddo_profile *p = NULL;
+        if (ddo_profile_load_file(path, &p) != 0) {
+            fprintf(stderr, "ddo profile: %s\n", ddo_last_error());
+            if (corrupt != NULL)
+                (*corrupt)++;
+            continue;
+        }
+        char *text = NULL;
+        json_t *doc = NULL;
+        if (ddo_profile_to_json(p, &text) == 0)
+            doc = json_loads(text, 0, NULL);
+        ddo_free(text);
+        if (doc != NULL)
+            fn(path, p, doc, user);
+        json_decref(doc);
+        ddo_profile_destroy(p);
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static const char *ctx_name(json_t *doc)
+{
+    const char *n = json_string_value(json_object_get(json_object_get(doc, "context"), "name"));
+    return n ? n : "(unnamed)";
+}
+
+static void print_row(const char *path, const ddo_profile *p, json_t *doc, void *user)
+{
+    (void)path;
+    (void)user;
+    double budget = 0;
+    char b[32] = "-";
+    if (ddo_profile_recommendation(p, "profile_resident_module_budget_gb", &budget) == 0)
+        snprintf(b, sizeof(b), "%.4f", budget);
+    printf("%-24s %-20s %-32s %4zu  %s\n", ctx_name(doc),
+           json_string_value(json_object_get(doc, "profile_key")),
+           json_string_value(json_object_get(doc, "updated_at")),
+           ddo_profile_observation_count(p), b);
+}
+
+struct match {
+    const char *name;
+    int found;
+    int remove;
+};
+
+static void show_or_rm(const char *path, const ddo_profile *p, json_t *doc, void *user)
+{
+    (void)p;
+    struct match *m = user;
+    if (strcmp(ctx_name(doc), m->name) != 0)
+        return;
+    m->found++;
+    if (m->remove) {
+        if (unlink(path) == 0)
+            printf("removed %s\n", path);
+        else
+            perror(path);
+        return;
+    }
+    char *text = json_dumps(doc, JSON_INDENT(2) | JSON_SORT_KEYS);
+    printf("# %s\n%s\n", path, text ? text : "");
+    free(text);
+}
 
 int ddo_cmd_profile(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "ddo profile: not implemented yet\n");
-    return DDO_EXIT_FAILURE;
+    int i = 1;
+    const char *explicit_dir = NULL;
+    if (i + 1 < argc && strcmp(argv[i], "--dir") == 0) {
+        explicit_dir = argv[i + 1];
+        i += 2;
+    }
+    if (i >= argc) {
+        usage(stderr);
+        return DDO_EXIT_USAGE;
+    }
+    const char *verb = argv[i++];
+    if (strcmp(verb, "--help") == 0 || strcmp(verb, "-h") == 0) {
+        usage(stdout);
+        return DDO_EXIT_OK;
+    }
+    char *dir = NULL;
+    if (ddo_profile_dir(explicit_dir, getenv("DDO_PROFILE_DIR"), getenv("HOME"), &dir) != 0) {
+        fprintf(stderr, "ddo profile: %s\n", ddo_last_error());
+        return DDO_EXIT_FAILURE;
+    }
+    int status = DDO_EXIT_OK;
+    if (strcmp(verb, "list") == 0 && i == argc) {
+        printf("%-24s %-20s %-32s %4s  %s\n", "NAME", "KEY", "UPDATED", "OBS", "RESIDENT_GB");
+        int corrupt = 0;
+        int n = visit(dir, print_row, NULL, &corrupt);
+        if (n == 0)
+            printf("(no profiles in %s)\n", dir);
+        (void)corrupt;
+    } else if ((strcmp(verb, "show") == 0 || strcmp(verb, "rm") == 0) && i + 1 == argc) {
+        struct match m = { argv[i], 0, strcmp(verb, "rm") == 0 };
+        visit(dir, show_or_rm, &m, NULL);
+        if (m.found == 0) {
+            fprintf(stderr, "ddo profile: no profile named \"%s\" in %s\n", argv[i], dir);
+            status = DDO_EXIT_FAILURE;
+        }
+    } else if (strcmp(verb, "build") == 0 && i + 2 <= argc) {
+        const char *name = argv[i];
+        /* ddo run PATH [options] --ddo-profile-name NAME --ddo-build-profile --ddo-profile-dir DIR */
+        int rargc = argc - i + 6;
+        char **rargv = calloc((size_t)rargc + 1, sizeof(char *));
+        if (rargv == NULL) {
+            free(dir);
+            return DDO_EXIT_FAILURE;
+        }
+        int k = 0;
+        rargv[k++] = "run";
+        for (int j = i + 1; j < argc; j++)
+            rargv[k++] = argv[j];
+        rargv[k++] = "--ddo-profile-name";
+        rargv[k++] = (char *)name;
+        rargv[k++] = "--ddo-build-profile";
+        rargv[k++] = "--ddo-profile-dir";
+        rargv[k++] = dir;
+        rargv[k] = NULL;
+        status = ddo_cmd_run(k, rargv);
+        free(rargv);
+    } else {
+        usage(stderr);
+        status = DDO_EXIT_USAGE;
+    }
+    free(dir);
+    return status;
 }
