@@ -36,7 +36,7 @@ typedef struct ddo__options {
 const ddo__options *ddo__config_options(const ddo_config *cfg);
 
 /* The upstream default always-resident regex (ddo-upstream.md section 1.1a). */
-#define DDO_DEFAULT_ALWAYS_RESIDENT_PATTERN                                                       \
+#define DDO_DEFAULT_ALWAYS_RESIDENT_PATTERN \
     "(^|\\.)(proj_in|time_embed|prompt_adaln|norm_out|proj_out)(\\.|$)"
 
 #endif /* DDO_CONFIG_H */

@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include "common.h"
 #include "config.h"
+#include "config_priv.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -625,9 +626,24 @@ const char *ddo_profile_status_name(ddo_profile_status status)
     return "unknown";
 }
 
+/* A profile's decision outranks every other source (it is applied last, at setup, like
+ * upstream's prepare()); its source names the profile. */
+static int set_profile_value(ddo_config *cfg, const char *key, const char *text)
+{
+    int id = ddo__config_find(key);
+    if (id < 0)
+        return ddo__fail(NULL, DDO_E_INTERNAL, "profile: unknown option %s", key);
+    const ddo__options *o = ddo__config_options(cfg);
+    char source[160];
+    snprintf(source, sizeof(source), "profile:%s", o->profile_name ? o->profile_name : "");
+    return ddo__config_store(cfg, id, text, DDO__RANK_FLAG, source, key, false, false);
+}
+
 static int set_gb(ddo_config *cfg, const char *key, double v)
 {
-    return ddo_config_set_double(cfg, key, v);
+    char text[64];
+    snprintf(text, sizeof(text), "%.17g", v);
+    return set_profile_value(cfg, key, text);
 }
 
 int ddo_profile_apply(ddo_config *cfg, const char *dir, const char *context_json,
@@ -653,7 +669,7 @@ int ddo_profile_apply(ddo_config *cfg, const char *dir, const char *context_json
         /* Calibration measures the zero-resident peak: a manual budget is overridden. */
         if ((rc = set_gb(cfg, "resident_module_budget_gb", 0.0)) != 0 ||
             (rc = set_gb(cfg, "profile_resident_module_budget_gb", 0.0)) != 0 ||
-            (rc = ddo_config_set(cfg, "always_resident_modules_pattern", "")) != 0)
+            (rc = set_profile_value(cfg, "always_resident_modules_pattern", "")) != 0)
             return rc;
         st = DDO_PROFILE_CALIBRATING;
         goto done;

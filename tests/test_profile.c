@@ -331,6 +331,20 @@ static void test_named_profile_cycle(void)
     T_EQ_INT(ddo_config_get_double(cfg, "resident_module_budget_gb", &v), 0);
     T_NEAR(v, 0.0, 0);
     ddo_config_destroy(cfg);
+    /* The same with the budget from the environment: calibration still wins, and says so. */
+    cfg = config_with("example", true);
+    T_REQUIRE(cfg != NULL);
+    const char *env[] = { "DDO_RESIDENT_MODULE_BUDGET_GB=4", NULL };
+    T_EQ_INT(ddo_config_apply_env(cfg, env), 0);
+    T_EQ_INT(ddo_config_set(cfg, "profile_name", "example"), 0);
+    T_EQ_INT(ddo_config_set_bool(cfg, "build_profile", true), 0);
+    T_EQ_INT(ddo_profile_apply(cfg, dir, ctx, &st, &budget, NULL), 0);
+    T_EQ_INT(ddo_config_get_double(cfg, "resident_module_budget_gb", &v), 0);
+    T_NEAR(v, 0.0, 0);
+    const char *src = NULL;
+    T_EQ_INT(ddo_config_source(cfg, "resident_module_budget_gb", &src), 0);
+    T_EQ_STR(src, "profile:example");
+    ddo_config_destroy(cfg);
     /* The calibration's measurement: 8 GiB total, peak 6 -> recommendation 1.0. */
     double rec = ddo_profile_recommend_resident_budget(8.0, 6.0, 1.0);
     char recj[96];
