@@ -42,10 +42,21 @@ const char *ddo__metric_unit(ddo__metric_id id);
 
 /*
  * Builds the public snapshot: copies the values, adds derived figures
- * (achieved bandwidth, mean prefetch depth), the plan's decision labels and
- * route, and the session's descriptive strings (key/value pairs, may be NULL).
+ * (achieved bandwidth, mean prefetch depth, hit rate), the plan's decision
+ * labels, route and planned capacities (plan may be NULL: the accumulator's
+ * planned_* values are kept and the route is "none"), and the session's
+ * descriptive strings: labels[2*i] is a key and labels[2*i+1] its value,
+ * label_count is the number of pairs (labels may be NULL when it is 0).
+ * Everything is copied. Errors: DDO_E_INVALID_ARGUMENT, DDO_E_NO_MEMORY.
  */
 int ddo__metrics_snapshot(ddo__metrics_acc *m, const ddo_plan *plan, const char *const *labels,
                           size_t label_count, ddo_metrics **out);
+
+/*
+ * The metric catalog as Markdown: exactly the text of docs/metrics.md
+ * (tests/test_metrics.c fails when the committed file differs). Free with
+ * free(). Errors: DDO_E_NO_MEMORY.
+ */
+int ddo__metrics_catalog_markdown(char **out);
 
 #endif /* DDO_METRICS_H */

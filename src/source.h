@@ -23,37 +23,46 @@
 typedef struct ddo__source ddo__source;
 
 typedef enum ddo__read_engine {
-    DDO__READ_ENGINE_AUTO,     /* io_uring + O_DIRECT when available, else pread */
+    DDO__READ_ENGINE_AUTO, /* io_uring + O_DIRECT when available, else pread */
     DDO__READ_ENGINE_IO_URING,
     DDO__READ_ENGINE_PREAD
 } ddo__read_engine;
 
 /* What to keep for one tensor. */
 typedef struct ddo__source_request {
-    size_t tensor;   /* checkpoint tensor index */
-    bool retain;     /* keep its bytes in host RAM */
-    bool register_;  /* and register them (only with retain) */
+    size_t tensor;  /* checkpoint tensor index */
+    bool retain;    /* keep its bytes in host RAM */
+    bool register_; /* and register them (only with retain) */
 } ddo__source_request;
 
 typedef struct ddo__source_params {
     const ddo_checkpoint *ck;
     ddo_device *dev;
-    size_t workers;                 /* pin_cpu_workers, >= 1 */
+    size_t workers; /* pin_cpu_workers, >= 1 */
     ddo__read_engine engine;
-    bool allow_register_fallback;   /* allow_pin_memory_fallback */
-    ddo__account *retained;         /* "retained host" account */
-    ddo__account *registered;       /* "registered host" account */
-    ddo__metrics_acc *metrics;      /* setup_read_*, setup_register_ns, registration_fallback_bytes */
-    ddo_progress_fn progress;       /* phases "read" and "register" */
+    bool allow_register_fallback; /* allow_pin_memory_fallback */
+    ddo__account *retained;       /* "retained host" account */
+    ddo__account *registered;     /* "registered host" account */
+    ddo__metrics_acc *metrics;    /* setup_read_*, setup_register_ns, registration_fallback_bytes */
+    ddo_progress_fn progress;     /* phases "read" and "register" */
     void *progress_user;
 } ddo__source_params;
 
 /*
- * Creates the store and fills it: every retained tensor's bytes are read
- * (in parallel) into segment memory; segments holding registered tensors are
- * registered with the device (tensors are packed so that registered tensors
- * share segments only with registered ones). Every byte taken through the
- * accounts. On failure nothing is left allocated or registered.
+ * Creates the store and fills it: every retained file tensor's bytes are
+ * read (in parallel) into one allocation of whole 64 MiB segments, the
+ * tensors to register first; the segments covering them are registered with
+ * the device (pageable tensors sharing the last such segment become
+ * registered too, which ddo__source_host_ptr reports). Takes exactly
+ * round_up(retained bytes, 64 MiB) from p->retained and round_up(registered
+ * bytes, 64 MiB) from p->registered, before allocating. A failed
+ * registration: with allow_register_fallback the segment stays pageable
+ * (registration_fallback_bytes, and its bytes go back to p->registered),
+ * else the create fails with the device's code. Progress ("read", then
+ * "register") is reported on the calling thread. On failure nothing is left
+ * allocated or registered and *out is not written. Errors: DDO_E_BUDGET,
+ * DDO_E_FILE_CHANGED, DDO_E_IO, DDO_E_DEVICE..., DDO_E_NO_MEMORY,
+ * DDO_E_INVALID_ARGUMENT.
  */
 int ddo__source_create(const ddo__source_params *p, const ddo__source_request *req, size_t count,
                        ddo__source **out, ddo__errbuf *eb);
@@ -75,5 +84,23 @@ int ddo__source_read_file(ddo__source *src, size_t tensor, uint64_t offset, size
 
 /* Bytes needed in a staging window to read len bytes with O_DIRECT alignment (len + 2 pages). */
 size_t ddo__source_window_need(size_t len);
+
+/*
+ * What ddo__source_create takes from the accounts for these requests, without
+ * reading or allocating anything: *retained = round_up(sum of retained file
+ * tensor bytes, 64 MiB), *registered = round_up(sum of registered ones,
+ * 64 MiB) - the planner's formula. (Tensors are placed at offsets congruent to
+ * their file offsets modulo 4 KiB for in-place O_DIRECT reads only within the
+ * slack this rounding leaves, so padding never changes these figures.)
+ * Host-memory tensors take nothing (served from the caller's memory, never
+ * registered). Errors: DDO_E_INVALID_ARGUMENT (bad index, duplicate,
+ * register_ without retain), DDO_E_OVERFLOW.
+ */
+int ddo__source_bytes(const ddo_checkpoint *ck, const ddo__source_request *req, size_t count,
+                      uint64_t *retained, uint64_t *registered, ddo__errbuf *eb);
+
+/* The engine the store actually uses (AUTO resolved; IO_URING falls back to PREAD when
+ * io_uring or O_DIRECT is unavailable). */
+ddo__read_engine ddo__source_engine(const ddo__source *src);
 
 #endif /* DDO_SOURCE_H */

@@ -16,8 +16,8 @@
 typedef struct ddo__staging ddo__staging;
 
 /* Allocates `windows` pinned windows of window_bytes through the "staging" account. */
-int ddo__staging_create(ddo_device *dev, size_t windows, size_t window_bytes,
-                        ddo__account *account, ddo__staging **out, ddo__errbuf *eb);
+int ddo__staging_create(ddo_device *dev, size_t windows, size_t window_bytes, ddo__account *account,
+                        ddo__staging **out, ddo__errbuf *eb);
 void ddo__staging_destroy(ddo__staging *st);
 
 size_t ddo__staging_window_bytes(const ddo__staging *st);
