@@ -139,7 +139,10 @@ int ddo_cmd_doctor(int argc, char **argv)
         return DDO_EXIT_FAILURE;
     }
     ddo_config_set_running_on_wsl(cfg, host.running_on_wsl);
-    int cfg_rc = ddo_config_apply_env(cfg, (const char *const *)environ);
+    /* Like the other commands, the tool's default preset is auto (DDO_PRESET overrides). */
+    int cfg_rc = ddo_config_apply_preset(cfg, NULL, "auto");
+    if (cfg_rc == 0)
+        cfg_rc = ddo_config_apply_env(cfg, (const char *const *)environ);
     if (cfg_rc == 0 && ngpu == 0)
         cfg_rc = ddo_config_set(cfg, "execution_device", "cpu");
     ddo_settings st;
