@@ -1,14 +1,174 @@
 /*
- * cmd_inspect.c - `ddo inspect`. PLACEHOLDER: not implemented yet (owned by the issue that builds it).
+ * cmd_inspect.c - `ddo inspect PATH [--json]`: the tensors, dtypes and block
+ * groups of a checkpoint (docs/inspect.md). Exit 0 on success, 1 when the
+ * checkpoint is rejected (one line on stderr, nothing on stdout), 2 on a
+ * usage error.
  */
 #include "tool.h"
 
+#include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
+
+#define NAME_COLUMN_MAX 64
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: ddo inspect PATH [--json]\n"
+                 "  PATH    a .safetensors file, a *.safetensors.index.json sharded set, or a\n"
+                 "          directory holding either (Diffusers/Transformers layout)\n"
+                 "  --json  print the checkpoint as JSON (see docs/inspect.md)\n");
+}
+
+/* "[4, 3, 3, 3]" */
+static void format_shape(char *buf, size_t len, const ddo_tensor_info *t)
+{
+    size_t at = 0;
+    int w = snprintf(buf, len, "[");
+    at = w > 0 ? (size_t)w : 0;
+    for (uint32_t d = 0; d < t->ndim && at < len; d++) {
+        w = snprintf(buf + at, len - at, "%s%" PRIu64, d ? ", " : "", t->shape[d]);
+        if (w < 0)
+            return;
+        at += (size_t)w;
+    }
+    if (at < len)
+        snprintf(buf + at, len - at, "]");
+}
+
+/* "1.5 GiB" */
+static void format_size(char *buf, size_t len, uint64_t bytes)
+{
+    static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB" };
+    double v = (double)bytes;
+    size_t u = 0;
+    while (v >= 1024.0 && u + 1 < sizeof(units) / sizeof(units[0])) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, len, "%" PRIu64 " B", bytes);
+    else
+        snprintf(buf, len, "%.1f %s", v, units[u]);
+}
+
+static void print_human(const ddo_checkpoint *ck, const char *path)
+{
+    size_t nt = ddo_checkpoint_tensor_count(ck);
+    size_t nf = ddo_checkpoint_file_count(ck);
+    char size_text[32];
+    format_size(size_text, sizeof(size_text), ddo_checkpoint_total_bytes(ck));
+    printf("%s: %zu tensor%s, %" PRIu64 " bytes (%s) in %zu file%s\n", path, nt, nt == 1 ? "" : "s",
+           ddo_checkpoint_total_bytes(ck), size_text, nf, nf == 1 ? "" : "s");
+    for (size_t i = 0; i < nf; i++) {
+        const ddo_file_info *f = ddo_checkpoint_file(ck, i);
+        printf("  file %zu: %s (%" PRIu64 " bytes, header %" PRIu64 " bytes)\n", i, f->path,
+               f->size, f->header_bytes);
+    }
+    size_t nm = ddo_checkpoint_metadata_count(ck);
+    for (size_t i = 0; i < nm; i++) {
+        const char *k, *v;
+        if (ddo_checkpoint_metadata(ck, i, &k, &v) == 0)
+            printf("  metadata: %s = %s\n", k, v);
+    }
+
+    int name_w = 4;
+    for (size_t i = 0; i < nt; i++) {
+        size_t n = strlen(ddo_checkpoint_tensor(ck, i)->name);
+        if (n > (size_t)name_w)
+            name_w = n > NAME_COLUMN_MAX ? NAME_COLUMN_MAX : (int)n;
+    }
+    printf("\n%-*s  %-7s  %-20s  %12s\n", name_w, "NAME", "DTYPE", "SHAPE", "BYTES");
+    uint64_t dtype_bytes[DDO_DTYPE_COUNT] = { 0 };
+    size_t dtype_count[DDO_DTYPE_COUNT] = { 0 };
+    for (size_t i = 0; i < nt; i++) {
+        const ddo_tensor_info *t = ddo_checkpoint_tensor(ck, i);
+        char shape[256];
+        format_shape(shape, sizeof(shape), t);
+        printf("%-*s  %-7s  %-20s  %12" PRIu64 "\n", name_w, t->name, ddo_dtype_name(t->dtype),
+               shape, t->nbytes);
+        dtype_bytes[t->dtype] += t->nbytes;
+        dtype_count[t->dtype]++;
+    }
+
+    printf("\n%-7s  %8s  %14s\n", "DTYPE", "TENSORS", "BYTES");
+    for (int d = 0; d < DDO_DTYPE_COUNT; d++)
+        if (dtype_count[d] > 0)
+            printf("%-7s  %8zu  %14" PRIu64 "\n", ddo_dtype_name((ddo_dtype)d), dtype_count[d],
+                   dtype_bytes[d]);
+    printf("%-7s  %8zu  %14" PRIu64 "\n", "total", nt, ddo_checkpoint_total_bytes(ck));
+
+    size_t ng = ddo_checkpoint_block_group_count(ck);
+    if (ng == 0) {
+        printf("\nblock groups: none\n");
+        return;
+    }
+    int prefix_w = 6;
+    for (size_t i = 0; i < ng; i++) {
+        size_t n = strlen(ddo_checkpoint_block_group(ck, i)->prefix);
+        if (n > (size_t)prefix_w)
+            prefix_w = n > NAME_COLUMN_MAX ? NAME_COLUMN_MAX : (int)n;
+    }
+    printf("\n%-*s  %6s  %15s  %14s\n", prefix_w, "BLOCKS", "COUNT", "BYTES/BLOCK", "TOTAL");
+    for (size_t i = 0; i < ng; i++) {
+        const ddo_block_group *g = ddo_checkpoint_block_group(ck, i);
+        printf("%-*s  %6zu  %15" PRIu64 "  %14" PRIu64 "\n", prefix_w, g->prefix, g->count,
+               g->bytes_per_block, g->total_bytes);
+    }
+}
 
 int ddo_cmd_inspect(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "ddo inspect: not implemented yet\n");
-    return DDO_EXIT_FAILURE;
+    const char *path = NULL;
+    int json = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--json") == 0) {
+            json = 1;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return DDO_EXIT_OK;
+        } else if (a[0] == '-' && a[1] != '\0') {
+            fprintf(stderr, "ddo inspect: unknown option '%s'\n", a);
+            usage(stderr);
+            return DDO_EXIT_USAGE;
+        } else if (path != NULL) {
+            fprintf(stderr, "ddo inspect: more than one PATH ('%s' and '%s')\n", path, a);
+            usage(stderr);
+            return DDO_EXIT_USAGE;
+        } else {
+            path = a;
+        }
+    }
+    if (path == NULL) {
+        fprintf(stderr, "ddo inspect: missing PATH\n");
+        usage(stderr);
+        return DDO_EXIT_USAGE;
+    }
+
+    ddo_checkpoint *ck = NULL;
+    int rc = ddo_checkpoint_create(path, DDO_READ_DEFAULT, &ck);
+    if (rc != 0) {
+        fprintf(stderr, "ddo inspect: %s\n", ddo_last_error());
+        return DDO_EXIT_FAILURE;
+    }
+    if (json) {
+        char *text = NULL;
+        rc = ddo_checkpoint_to_json(ck, &text);
+        if (rc != 0) {
+            fprintf(stderr, "ddo inspect: %s\n", ddo_checkpoint_error(ck));
+            ddo_checkpoint_destroy(ck);
+            return DDO_EXIT_FAILURE;
+        }
+        printf("%s\n", text);
+        ddo_free(text);
+    } else {
+        print_human(ck, path);
+    }
+    ddo_checkpoint_destroy(ck);
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "ddo inspect: cannot write the output\n");
+        return DDO_EXIT_FAILURE;
+    }
+    return DDO_EXIT_OK;
 }

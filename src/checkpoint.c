@@ -1,0 +1,839 @@
+/*
+ * checkpoint.c - the checkpoint: opening safetensors files, Diffusers /
+ * Transformers directories and host-memory tables, and validating headers
+ * strictly before any tensor is used (sharded sets: checkpoint_index.c; block
+ * groups: checkpoint_blocks.c; reads: checkpoint_io.c; queries and JSON:
+ * checkpoint_query.c). Each file's identity is recorded at open.
+ *
+ * Messages name the file by its basename (the path as given only for errors
+ * of the file system: cannot open, not found), then the tensor, then the rule.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "checkpoint_internal.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------ */
+/* The checkpoint                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* Copies the thread's last detail (set by an internal call) onto the handle. */
+int ddo__checkpoint_record(const ddo_checkpoint *ck, int code)
+{
+    ddo_checkpoint *m = (ddo_checkpoint *)(uintptr_t)ck;
+    pthread_mutex_lock(&m->err_lock);
+    ddo__fail_from_last(&m->err, code);
+    pthread_mutex_unlock(&m->err_lock);
+    return code;
+}
+
+/* Records a failure on a handle other threads may read from (reads are
+ * concurrent): the detail goes to the thread and, under a lock, the handle. */
+int ddo__checkpoint_fail(const ddo_checkpoint *ck, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ddo__vfail(NULL, code, fmt, ap);
+    va_end(ap);
+    return ddo__checkpoint_record(ck, code);
+}
+
+static ddo_checkpoint *ck_new(ddo_read_backend backend)
+{
+    ddo_checkpoint *ck = ddo__calloc(1, sizeof(*ck));
+    if (ck == NULL)
+        return NULL;
+    if (pthread_mutex_init(&ck->err_lock, NULL) != 0) {
+        free(ck);
+        return NULL;
+    }
+    ck->backend = backend;
+    return ck;
+}
+
+void ddo_checkpoint_destroy(ddo_checkpoint *ck)
+{
+    if (ck == NULL)
+        return;
+    for (size_t i = 0; i < ck->file_count; i++) {
+        ddo__checkpoint_file *f = &ck->files[i];
+        if (f->mapped)
+            ddo__os_unmap_file(f->data, f->info.size);
+        ddo__os_file_close(f->fd);
+        free((char *)(uintptr_t)f->info.path);
+        free(f->real_path);
+    }
+    free(ck->files);
+    for (size_t i = 0; i < ck->tensor_count; i++)
+        free((char *)(uintptr_t)ck->tensors[i].name);
+    free(ck->tensors);
+    ddo__checkpoint_map_free(&ck->by_name);
+    for (size_t i = 0; i < ck->meta_count; i++) {
+        free(ck->meta_keys[i]);
+        free(ck->meta_values[i]);
+    }
+    free(ck->meta_keys);
+    free(ck->meta_values);
+    ddo__checkpoint_map_free(&ck->meta_by_key);
+    for (size_t i = 0; i < ck->group_count; i++)
+        free((char *)(uintptr_t)ck->groups[i].prefix);
+    free(ck->groups);
+    pthread_mutex_destroy(&ck->err_lock);
+    free(ck);
+}
+
+const char *ddo__checkpoint_base_name(const char *path)
+{
+    const char *s = strrchr(path, '/');
+    return s == NULL ? path : s + 1;
+}
+
+/* Adds a file slot (path copied); returns its index or -1 (out of memory). */
+int ddo__checkpoint_add_file(ddo_checkpoint *ck, const char *path, uint32_t *index)
+{
+    if (ck->file_count >= UINT32_MAX - 1)
+        return DDO_E_OVERFLOW;
+    ddo__checkpoint_file *files = ddo__reallocarray(ck->files, ck->file_count + 1, sizeof(*files));
+    if (files == NULL)
+        return DDO_E_NO_MEMORY;
+    ck->files = files;
+    ddo__checkpoint_file *f = &files[ck->file_count];
+    memset(f, 0, sizeof(*f));
+    f->fd = -1;
+    char *p = ddo__strdup(path);
+    if (p == NULL)
+        return DDO_E_NO_MEMORY;
+    f->info.path = p;
+    f->name = ddo__checkpoint_base_name(p);
+    *index = (uint32_t)ck->file_count++;
+    return 0;
+}
+
+int ddo__checkpoint_add_metadata(ddo_checkpoint *ck, const char *key, const char *value)
+{
+    if (ddo__checkpoint_map_get(&ck->meta_by_key, key) != SIZE_MAX)
+        return 0; /* the first value of a key wins (shards repeat theirs) */
+    if (ck->meta_count == ck->meta_cap) {
+        size_t cap = ck->meta_cap == 0 ? 8 : ck->meta_cap * 2;
+        char **k = ddo__reallocarray(ck->meta_keys, cap, sizeof(*k));
+        if (k == NULL)
+            return DDO_E_NO_MEMORY;
+        ck->meta_keys = k;
+        char **v = ddo__reallocarray(ck->meta_values, cap, sizeof(*v));
+        if (v == NULL)
+            return DDO_E_NO_MEMORY;
+        ck->meta_values = v;
+        ck->meta_cap = cap;
+    }
+    char *k = ddo__strdup(key);
+    char *v = ddo__strdup(value);
+    if (k == NULL || v == NULL) {
+        free(k);
+        free(v);
+        return DDO_E_NO_MEMORY;
+    }
+    if (ddo__checkpoint_map_put(&ck->meta_by_key, k, ck->meta_count) == SIZE_MAX) {
+        free(k);
+        free(v);
+        return DDO_E_NO_MEMORY;
+    }
+    ck->meta_keys[ck->meta_count] = k;
+    ck->meta_values[ck->meta_count] = v;
+    ck->meta_count++;
+    return 0;
+}
+
+/* Appends a tensor (name copied); the caller fills the rest. */
+static ddo_tensor_info *add_tensor(ddo_checkpoint *ck, const char *name)
+{
+    if (ck->tensor_count == ck->tensor_cap) {
+        size_t cap = ck->tensor_cap == 0 ? 64 : ck->tensor_cap * 2;
+        ddo_tensor_info *t = ddo__reallocarray(ck->tensors, cap, sizeof(*t));
+        if (t == NULL)
+            return NULL;
+        ck->tensors = t;
+        ck->tensor_cap = cap;
+    }
+    char *n = ddo__strdup(name);
+    if (n == NULL)
+        return NULL;
+    ddo_tensor_info *t = &ck->tensors[ck->tensor_count++];
+    memset(t, 0, sizeof(*t));
+    t->name = n;
+    return t;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Header validation                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* "[4, 3, 3, 3]" from dims. */
+static void format_dims(char *buf, size_t len, const uint64_t *dims, size_t n)
+{
+    size_t at = 0;
+    int w = snprintf(buf, len, "[");
+    at = w > 0 ? (size_t)w : 0;
+    for (size_t i = 0; i < n && at < len; i++) {
+        w = snprintf(buf + at, len - at, "%s%" PRIu64, i ? ", " : "", dims[i]);
+        if (w < 0)
+            return;
+        at += (size_t)w;
+    }
+    if (at < len)
+        snprintf(buf + at, len - at, "]");
+}
+
+/* "[-4, 3, 3, 3]" from a JSON array as written (non-integers as their type). */
+static void format_json_array(char *buf, size_t len, const json_t *arr)
+{
+    size_t at = 0;
+    int w = snprintf(buf, len, "[");
+    at = w > 0 ? (size_t)w : 0;
+    for (size_t i = 0; i < json_array_size(arr) && at < len; i++) {
+        const json_t *v = json_array_get(arr, i);
+        const char *sep = i ? ", " : "";
+        if (json_is_integer(v))
+            w = snprintf(buf + at, len - at, "%s%" JSON_INTEGER_FORMAT, sep, json_integer_value(v));
+        else if (json_is_real(v))
+            w = snprintf(buf + at, len - at, "%s%g", sep, json_real_value(v));
+        else if (json_is_string(v))
+            w = snprintf(buf + at, len - at, "%s\"%s\"", sep, json_string_value(v));
+        else
+            w = snprintf(buf + at, len - at, "%s%s", sep,
+                         json_is_null(v)      ? "null"
+                         : json_is_boolean(v) ? "a boolean"
+                                              : "...");
+        if (w < 0)
+            return;
+        at += (size_t)w;
+    }
+    if (at < len)
+        snprintf(buf + at, len - at, "]");
+}
+
+const char *ddo__checkpoint_json_type(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        return "an object";
+    case JSON_ARRAY:
+        return "an array";
+    case JSON_STRING:
+        return "a string";
+    case JSON_INTEGER:
+        return "an integer";
+    case JSON_REAL:
+        return "a real number";
+    case JSON_TRUE:
+    case JSON_FALSE:
+        return "a boolean";
+    case JSON_NULL:
+    default:
+        return "null";
+    }
+}
+
+/* Maps a jansson error to the broken rule. */
+int ddo__checkpoint_json_failure(const char *fname, const json_error_t *jerr)
+{
+    if (json_error_code(jerr) == json_error_duplicate_key) {
+        const char *near = strstr(jerr->text, "near '");
+        const char *key = near != NULL ? near + 6 : "?";
+        size_t klen = strlen(key);
+        if (klen > 0 && key[klen - 1] == '\'')
+            klen--;
+        return ddo__fail(NULL, DDO_E_FORMAT,
+                         "%s: duplicate key %.*s in the header at line %d, column %d (rejected: "
+                         "stricter than the official library, which keeps the last)",
+                         fname, (int)klen, key, jerr->line, jerr->column);
+    }
+    if (json_error_code(jerr) == json_error_premature_end_of_input && jerr->position == 0)
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: header is empty, not a JSON object", fname);
+    return ddo__fail(NULL, DDO_E_FORMAT, "%s: header is not valid JSON: %s at line %d, column %d",
+                     fname, jerr->text, jerr->line, jerr->column);
+}
+
+/* A non-negative JSON integer, or false. */
+bool ddo__checkpoint_json_u64(const json_t *v, uint64_t *out)
+{
+    if (!json_is_integer(v) || json_integer_value(v) < 0)
+        return false;
+    *out = (uint64_t)json_integer_value(v);
+    return true;
+}
+
+/* Validates one tensor entry and appends it with its relative begin in offset. */
+static int parse_entry(ddo_checkpoint *ck, const char *fname, uint32_t file_index, const char *name,
+                       const json_t *entry, uint64_t data_len)
+{
+    if (!json_is_object(entry))
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\": entry is %s, not an object", fname,
+                         name, ddo__checkpoint_json_type(entry));
+    const json_t *jdtype = json_object_get(entry, "dtype");
+    const json_t *jshape = json_object_get(entry, "shape");
+    const json_t *joffs = json_object_get(entry, "data_offsets");
+    if (jdtype == NULL)
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\": missing \"dtype\"", fname, name);
+    if (!json_is_string(jdtype))
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\": \"dtype\" is %s, not a string",
+                         fname, name, ddo__checkpoint_json_type(jdtype));
+    ddo_dtype dtype;
+    if (ddo_dtype_from_name(json_string_value(jdtype), &dtype) != 0)
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\": unknown dtype \"%s\"", fname, name,
+                         json_string_value(jdtype));
+    if (jshape == NULL)
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\": missing \"shape\"", fname, name);
+    if (!json_is_array(jshape))
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\": \"shape\" is %s, not an array",
+                         fname, name, ddo__checkpoint_json_type(jshape));
+    char shape_text[256];
+    size_t ndim = json_array_size(jshape);
+    uint64_t dims[DDO_MAX_DIMS] = { 0 };
+    for (size_t i = 0; i < ndim; i++) {
+        const json_t *d = json_array_get(jshape, i);
+        uint64_t v;
+        if (!ddo__checkpoint_json_u64(d, &v)) {
+            format_json_array(shape_text, sizeof(shape_text), jshape);
+            return ddo__fail(NULL, DDO_E_FORMAT,
+                             "%s: tensor \"%s\": shape %s: dimension %zu is not a non-negative "
+                             "integer",
+                             fname, name, shape_text, i);
+        }
+        if (i < DDO_MAX_DIMS)
+            dims[i] = v;
+    }
+    if (ndim > DDO_MAX_DIMS) {
+        format_json_array(shape_text, sizeof(shape_text), jshape);
+        return ddo__fail(NULL, DDO_E_UNSUPPORTED,
+                         "%s: tensor \"%s\": shape %s has %zu dimensions; at most %d are supported",
+                         fname, name, shape_text, ndim, DDO_MAX_DIMS);
+    }
+    /* The true byte size: zero when any dimension is zero. */
+    uint64_t nbytes = ddo_dtype_size(dtype);
+    bool zero = false;
+    for (size_t i = 0; i < ndim; i++)
+        zero = zero || dims[i] == 0;
+    if (zero) {
+        nbytes = 0;
+    } else {
+        for (size_t i = 0; i < ndim; i++) {
+            if (!ddo__mul_u64(nbytes, dims[i], &nbytes)) {
+                format_dims(shape_text, sizeof(shape_text), dims, ndim);
+                return ddo__fail(NULL, DDO_E_FORMAT,
+                                 "%s: tensor \"%s\": %s %s: byte size overflows 64 bits", fname,
+                                 name, ddo_dtype_name(dtype), shape_text);
+            }
+        }
+    }
+    if (joffs == NULL)
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\": missing \"data_offsets\"", fname,
+                         name);
+    if (!json_is_array(joffs))
+        return ddo__fail(NULL, DDO_E_FORMAT,
+                         "%s: tensor \"%s\": \"data_offsets\" is %s, not [begin, end]", fname, name,
+                         ddo__checkpoint_json_type(joffs));
+    if (json_array_size(joffs) != 2)
+        return ddo__fail(NULL, DDO_E_FORMAT,
+                         "%s: tensor \"%s\": \"data_offsets\" must be [begin, end], got %zu "
+                         "element(s)",
+                         fname, name, json_array_size(joffs));
+    uint64_t begin, end;
+    if (!ddo__checkpoint_json_u64(json_array_get(joffs, 0), &begin) ||
+        !ddo__checkpoint_json_u64(json_array_get(joffs, 1), &end)) {
+        char offs_text[128];
+        format_json_array(offs_text, sizeof(offs_text), joffs);
+        return ddo__fail(NULL, DDO_E_FORMAT,
+                         "%s: tensor \"%s\": data_offsets %s are not non-negative integers", fname,
+                         name, offs_text);
+    }
+    if (begin > end)
+        return ddo__fail(NULL, DDO_E_FORMAT,
+                         "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64
+                         "] are reversed (begin > end)",
+                         fname, name, begin, end);
+    if (end > data_len)
+        return ddo__fail(NULL, DDO_E_FORMAT,
+                         "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64
+                         "] run past the end of the data area (%" PRIu64 " bytes)",
+                         fname, name, begin, end, data_len);
+    if (end - begin != nbytes) {
+        format_dims(shape_text, sizeof(shape_text), dims, ndim);
+        return ddo__fail(NULL, DDO_E_FORMAT,
+                         "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64 "] hold %" PRIu64
+                         " bytes but %s %s needs %" PRIu64,
+                         fname, name, begin, end, end - begin, ddo_dtype_name(dtype), shape_text,
+                         nbytes);
+    }
+    ddo_tensor_info *t = add_tensor(ck, name);
+    if (t == NULL)
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory reading the header", fname);
+    t->dtype = dtype;
+    t->ndim = (uint32_t)ndim;
+    memcpy(t->shape, dims, ndim * sizeof(dims[0]));
+    t->file_index = file_index;
+    t->offset = begin; /* made absolute once the layout is checked */
+    t->nbytes = nbytes;
+    return 0;
+}
+
+static int cmp_by_offset(const void *a, const void *b)
+{
+    const ddo_tensor_info *x = a, *y = b;
+    if (x->offset != y->offset)
+        return x->offset < y->offset ? -1 : 1;
+    if (x->nbytes != y->nbytes)
+        return x->nbytes < y->nbytes ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+/* Sorts t[0..n) by data offset and checks that the non-empty ranges tile the
+ * data area exactly: no overlap, no gap, nothing after the last tensor. */
+static int check_layout(const char *fname, ddo_tensor_info *t, size_t n, uint64_t data_len)
+{
+    if (n > 1)
+        qsort(t, n, sizeof(*t), cmp_by_offset);
+    const ddo_tensor_info *prev = NULL; /* the non-empty tensor ending last so far */
+    for (size_t i = 0; i < n; i++) {
+        if (prev != NULL && t[i].offset < prev->offset + prev->nbytes) {
+            if (t[i].nbytes == 0)
+                return ddo__fail(NULL, DDO_E_FORMAT,
+                                 "%s: tensor \"%s\": empty data_offsets [%" PRIu64 ", %" PRIu64
+                                 "] lie inside tensor \"%s\" [%" PRIu64 ", %" PRIu64 "]",
+                                 fname, t[i].name, t[i].offset, t[i].offset, prev->name,
+                                 prev->offset, prev->offset + prev->nbytes);
+            return ddo__fail(NULL, DDO_E_FORMAT,
+                             "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64
+                             "] overlap tensor \"%s\" [%" PRIu64 ", %" PRIu64 "]",
+                             fname, t[i].name, t[i].offset, t[i].offset + t[i].nbytes, prev->name,
+                             prev->offset, prev->offset + prev->nbytes);
+        }
+        if (t[i].nbytes > 0)
+            prev = &t[i];
+    }
+    uint64_t covered = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (t[i].offset > covered)
+            return ddo__fail(NULL, DDO_E_FORMAT,
+                             "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64
+                             "] leave a gap: bytes [%" PRIu64 ", %" PRIu64
+                             ") of the data area belong to no tensor",
+                             fname, t[i].name, t[i].offset, t[i].offset + t[i].nbytes, covered,
+                             t[i].offset);
+        if (t[i].offset + t[i].nbytes > covered)
+            covered = t[i].offset + t[i].nbytes;
+    }
+    if (covered != data_len)
+        return ddo__fail(NULL, DDO_E_FORMAT,
+                         "%s: %" PRIu64
+                         " bytes follow the last tensor (the data area holds %" PRIu64
+                         " bytes, the tensors end at %" PRIu64 ")",
+                         fname, data_len - covered, data_len, covered);
+    return 0;
+}
+
+/*
+ * Validates the header hdr[0..hdr_len) of file `file_index` whose data area
+ * holds data_len bytes, and appends its tensors (absolute offsets, sorted)
+ * and metadata to ck. On failure ck may hold a partial table (it is
+ * destroyed by the caller).
+ */
+static int parse_header(ddo_checkpoint *ck, uint32_t file_index, const char *fname,
+                        const uint8_t *hdr, size_t hdr_len, uint64_t data_len)
+{
+    if (hdr_len >= 3 && hdr[0] == 0xEF && hdr[1] == 0xBB && hdr[2] == 0xBF)
+        return ddo__fail(NULL, DDO_E_FORMAT,
+                         "%s: header starts with a UTF-8 byte-order mark (not allowed)", fname);
+    const uint8_t *nul = memchr(hdr, 0, hdr_len);
+    if (nul != NULL) {
+        size_t at = (size_t)(nul - hdr);
+        bool padding = true;
+        for (size_t i = at; i < hdr_len && padding; i++)
+            padding = hdr[i] == 0 || hdr[i] == ' ';
+        if (padding)
+            return ddo__fail(NULL, DDO_E_FORMAT,
+                             "%s: header is padded with NUL bytes from byte %zu (only trailing "
+                             "spaces are allowed)",
+                             fname, at);
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: header contains a NUL byte at byte %zu", fname,
+                         at);
+    }
+    json_error_t jerr;
+    json_t *root = json_loadb((const char *)hdr, hdr_len, JSON_REJECT_DUPLICATES, &jerr);
+    if (root == NULL)
+        return ddo__checkpoint_json_failure(fname, &jerr);
+    int rc = 0;
+    size_t first = ck->tensor_count;
+    if (!json_is_object(root)) {
+        rc = ddo__fail(NULL, DDO_E_FORMAT, "%s: header is %s, not a JSON object", fname,
+                       ddo__checkpoint_json_type(root));
+        goto out;
+    }
+    const char *key;
+    json_t *value;
+    json_object_foreach(root, key, value)
+    {
+        if (strcmp(key, "__metadata__") == 0) {
+            if (json_is_null(value))
+                continue;
+            if (!json_is_object(value)) {
+                rc = ddo__fail(NULL, DDO_E_FORMAT, "%s: __metadata__ is %s, not an object", fname,
+                               ddo__checkpoint_json_type(value));
+                goto out;
+            }
+            const char *mkey;
+            json_t *mval;
+            json_object_foreach(value, mkey, mval)
+            {
+                if (!json_is_string(mval)) {
+                    rc = ddo__fail(NULL, DDO_E_FORMAT,
+                                   "%s: __metadata__: value of \"%s\" is %s, not a string", fname,
+                                   mkey, ddo__checkpoint_json_type(mval));
+                    goto out;
+                }
+            }
+            continue;
+        }
+        rc = parse_entry(ck, fname, file_index, key, value, data_len);
+        if (rc != 0)
+            goto out;
+    }
+    rc = check_layout(fname, ck->tensor_count > first ? ck->tensors + first : NULL,
+                      ck->tensor_count - first, data_len);
+    if (rc != 0)
+        goto out;
+    /* Metadata only once the file is known to be valid. */
+    const json_t *meta = json_object_get(root, "__metadata__");
+    if (json_is_object(meta)) {
+        const char *mkey;
+        json_t *mval;
+        json_object_foreach((json_t *)(uintptr_t)meta, mkey, mval)
+        {
+            if (ddo__checkpoint_add_metadata(ck, mkey, json_string_value(mval)) != 0) {
+                rc =
+                    ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory reading the header", fname);
+                goto out;
+            }
+        }
+    }
+out:
+    json_decref(root);
+    return rc;
+}
+
+/* Checks the 8-byte prefix of a file of file_size bytes; *hdr_len on success. */
+static int check_prefix(const char *fname, const uint8_t prefix[8], uint64_t file_size,
+                        uint64_t *hdr_len)
+{
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--)
+        n = (n << 8) | prefix[i];
+    if (n > DDO__CHECKPOINT_MAX_HEADER_BYTES)
+        return ddo__fail(NULL, DDO_E_FORMAT,
+                         "%s: header length %" PRIu64 " exceeds the limit of %" PRIu64
+                         " bytes (100 MiB)",
+                         fname, n, (uint64_t)DDO__CHECKPOINT_MAX_HEADER_BYTES);
+    if (n > file_size - 8)
+        return ddo__fail(NULL, DDO_E_FORMAT,
+                         "%s: header length %" PRIu64 " runs past the end of the file (%" PRIu64
+                         " bytes)",
+                         fname, n, file_size);
+    *hdr_len = n;
+    return 0;
+}
+
+static int too_small(const char *fname, uint64_t size)
+{
+    return ddo__fail(NULL, DDO_E_FORMAT,
+                     "%s: file is %" PRIu64 " bytes, too short for the 8-byte header length", fname,
+                     size);
+}
+
+/* Validates an image already in memory as file `fi` of ck. */
+static int parse_image(ddo_checkpoint *ck, uint32_t fi, const uint8_t *data, uint64_t size)
+{
+    ddo__checkpoint_file *f = &ck->files[fi];
+    if (size < 8)
+        return too_small(f->name, size);
+    uint64_t hdr_len;
+    int rc = check_prefix(f->name, data, size, &hdr_len);
+    if (rc != 0)
+        return rc;
+    f->info.size = size;
+    f->info.header_bytes = hdr_len;
+    f->info.data_offset = 8 + hdr_len;
+    return parse_header(ck, fi, f->name, data + 8, (size_t)hdr_len, size - 8 - hdr_len);
+}
+
+int ddo__checkpoint_os_failure(const char *path, const char *what, int e)
+{
+    if (e == DDO__OS_EOF)
+        return ddo__fail(NULL, DDO_E_IO, "%s: %s: unexpected end of file", path, what);
+    return ddo__fail(NULL, e == ENOENT ? DDO_E_NOT_FOUND : DDO_E_IO, "%s: %s: %s", path, what,
+                     strerror(e));
+}
+
+/* Opens, identifies and validates one safetensors file as file `fi`. */
+int ddo__checkpoint_open_file(ddo_checkpoint *ck, uint32_t fi)
+{
+    ddo__checkpoint_file *f = &ck->files[fi];
+    int e = ddo__os_file_open(f->info.path, &f->fd);
+    if (e != 0)
+        return ddo__checkpoint_os_failure(f->info.path, "cannot open", e);
+    e = ddo__os_file_identity(f->fd, &f->id);
+    if (e != 0)
+        return ddo__checkpoint_os_failure(f->info.path, "cannot stat", e);
+    if (!f->id.regular)
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: not a regular file", f->info.path);
+    f->real_path = ddo__os_realpath(f->info.path);
+    if (f->real_path == NULL)
+        return ddo__checkpoint_os_failure(f->info.path, "cannot resolve the path", errno);
+    uint64_t size = f->id.size;
+    if (size < 8)
+        return too_small(f->name, size);
+    uint8_t prefix[8];
+    e = ddo__os_pread_full(f->fd, prefix, 8, 0);
+    if (e != 0)
+        return ddo__checkpoint_os_failure(f->info.path, "read", e);
+    uint64_t hdr_len;
+    int rc = check_prefix(f->name, prefix, size, &hdr_len);
+    if (rc != 0)
+        return rc;
+    f->info.size = size;
+    f->info.header_bytes = hdr_len;
+    f->info.data_offset = 8 + hdr_len;
+    uint8_t *hdr = ddo__malloc((size_t)hdr_len);
+    if (hdr == NULL)
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory for a %" PRIu64 "-byte header",
+                         f->name, hdr_len);
+    e = ddo__os_pread_full(f->fd, hdr, (size_t)hdr_len, 8);
+    if (e != 0) {
+        free(hdr);
+        return ddo__checkpoint_os_failure(f->info.path, "read", e);
+    }
+    rc = parse_header(ck, fi, f->name, hdr, (size_t)hdr_len, size - 8 - hdr_len);
+    free(hdr);
+    if (rc != 0)
+        return rc;
+    rc = ddo__checkpoint_check_file(ck, fi); /* changed while we read it? */
+    if (rc != 0)
+        return rc;
+    if (ck->backend == DDO_READ_MMAP) {
+        const void *map;
+        e = ddo__os_map_file(f->fd, size, &map);
+        if (e != 0)
+            return ddo__checkpoint_os_failure(f->info.path, "mmap", e);
+        f->data = map;
+        f->mapped = true;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Finishing a table                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* Absolute offsets, the name index, the total and the block groups. */
+int ddo__checkpoint_finish(ddo_checkpoint *ck, const char *what)
+{
+    uint64_t total = 0;
+    for (size_t i = 0; i < ck->tensor_count; i++) {
+        ddo_tensor_info *t = &ck->tensors[i];
+        if (t->file_index != UINT32_MAX)
+            t->offset += ck->files[t->file_index].info.data_offset;
+        if (!ddo__add_u64(total, t->nbytes, &total))
+            return ddo__fail(NULL, DDO_E_OVERFLOW, "%s: the tensors' total size overflows", what);
+        size_t at = ddo__checkpoint_map_put(&ck->by_name, t->name, i);
+        if (at == SIZE_MAX)
+            return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory indexing tensors", what);
+        if (at != i) {
+            const ddo_tensor_info *o = &ck->tensors[at];
+            if (t->file_index != UINT32_MAX && o->file_index != UINT32_MAX)
+                return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\" appears in both %s and %s",
+                                 what, t->name, ck->files[o->file_index].name,
+                                 ck->files[t->file_index].name);
+            return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "%s: duplicate tensor name \"%s\"", what,
+                             t->name);
+        }
+    }
+    ck->total_bytes = total;
+    if (ddo__checkpoint_block_groups(ck) != 0)
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory computing block groups", what);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Opening                                                                   */
+/* ------------------------------------------------------------------------ */
+
+static int open_single(ddo_checkpoint *ck, const char *path)
+{
+    uint32_t fi;
+    int rc = ddo__checkpoint_add_file(ck, path, &fi);
+    if (rc != 0)
+        return ddo__fail(NULL, rc, "%s: out of memory", path);
+    rc = ddo__checkpoint_open_file(ck, fi);
+    if (rc != 0)
+        return rc;
+    return ddo__checkpoint_finish(ck, ck->files[fi].name);
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* The checkpoint file a directory holds (Diffusers first, an index first). */
+static int open_directory(ddo_checkpoint *ck, const char *path)
+{
+    static const char *const candidates[] = {
+        "diffusion_pytorch_model.safetensors.index.json",
+        "diffusion_pytorch_model.safetensors",
+        "model.safetensors.index.json",
+        "model.safetensors",
+    };
+    const char *sep = ends_with(path, "/") ? "" : "/";
+    for (size_t i = 0; i < DDO_ARRAY_LEN(candidates); i++) {
+        char *p = ddo__asprintf("%s%s%s", path, sep, candidates[i]);
+        if (p == NULL)
+            return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", path);
+        ddo__file_id id;
+        if (ddo__os_path_identity(p, &id) == 0) {
+            int rc = ends_with(p, ".json") ? ddo__checkpoint_open_index(ck, p) : open_single(ck, p);
+            free(p);
+            return rc;
+        }
+        free(p);
+    }
+    return ddo__fail(NULL, DDO_E_NOT_FOUND,
+                     "%s: directory holds no diffusion_pytorch_model.safetensors[.index.json] or "
+                     "model.safetensors[.index.json]",
+                     path);
+}
+
+int ddo_checkpoint_create(const char *path, ddo_read_backend backend, ddo_checkpoint **out)
+{
+    if (path == NULL || out == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_checkpoint_create: NULL argument");
+    if (backend != DDO_READ_DEFAULT && backend != DDO_READ_PREAD && backend != DDO_READ_MMAP)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo_checkpoint_create: unknown read backend %d", (int)backend);
+    if (path[0] == '\0')
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_checkpoint_create: empty path");
+    ddo_checkpoint *ck = ck_new(backend == DDO_READ_DEFAULT ? DDO_READ_PREAD : backend);
+    if (ck == NULL)
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", path);
+    int rc;
+    if (ddo__os_is_directory(path))
+        rc = open_directory(ck, path);
+    else if (ends_with(path, ".json"))
+        rc = ddo__checkpoint_open_index(ck, path);
+    else
+        rc = open_single(ck, path);
+    if (rc != 0) {
+        ddo_checkpoint_destroy(ck);
+        return rc;
+    }
+    *out = ck;
+    return 0;
+}
+
+int ddo__checkpoint_parse_buffer(const uint8_t *data, size_t size, const char *name,
+                                 ddo_checkpoint **out)
+{
+    if ((data == NULL && size > 0) || name == NULL || out == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo__checkpoint_parse_buffer: NULL argument");
+    ddo_checkpoint *ck = ck_new(DDO_READ_MMAP);
+    if (ck == NULL)
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", name);
+    uint32_t fi;
+    int rc = ddo__checkpoint_add_file(ck, name, &fi);
+    if (rc != 0) {
+        ddo_checkpoint_destroy(ck);
+        return ddo__fail(NULL, rc, "%s: out of memory", name);
+    }
+    ck->files[fi].data = data;
+    ck->files[fi].id.size = size;
+    rc = parse_image(ck, fi, data, size);
+    if (rc == 0)
+        rc = ddo__checkpoint_finish(ck, ck->files[fi].name);
+    if (rc != 0) {
+        ddo_checkpoint_destroy(ck);
+        return rc;
+    }
+    *out = ck;
+    return 0;
+}
+
+int ddo_checkpoint_create_from_memory(const ddo_tensor_desc *tensors, size_t count,
+                                      ddo_checkpoint **out)
+{
+    if ((tensors == NULL && count > 0) || out == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo_checkpoint_create_from_memory: NULL argument");
+    ddo_checkpoint *ck = ck_new(DDO_READ_DEFAULT);
+    if (ck == NULL)
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "host tensors: out of memory");
+    int rc = 0;
+    for (size_t i = 0; i < count && rc == 0; i++) {
+        const ddo_tensor_desc *d = &tensors[i];
+        if (d->name == NULL) {
+            rc = ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "host tensors: tensor %zu has no name", i);
+            break;
+        }
+        if ((unsigned)d->dtype >= DDO_DTYPE_COUNT) {
+            rc = ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
+                           "host tensors: tensor \"%s\": unknown dtype %d", d->name, (int)d->dtype);
+            break;
+        }
+        if (d->ndim > DDO_MAX_DIMS || (d->ndim > 0 && d->shape == NULL)) {
+            rc = ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
+                           "host tensors: tensor \"%s\": %u dimensions (at most %d, with a shape)",
+                           d->name, d->ndim, DDO_MAX_DIMS);
+            break;
+        }
+        uint64_t nbytes = ddo_dtype_size(d->dtype);
+        bool zero = false;
+        for (uint32_t k = 0; k < d->ndim; k++)
+            zero = zero || d->shape[k] == 0;
+        for (uint32_t k = 0; k < d->ndim && !zero; k++) {
+            if (!ddo__mul_u64(nbytes, d->shape[k], &nbytes)) {
+                char shape_text[256];
+                format_dims(shape_text, sizeof(shape_text), d->shape, d->ndim);
+                rc = ddo__fail(NULL, DDO_E_OVERFLOW,
+                               "host tensors: tensor \"%s\": %s %s: byte size overflows 64 bits",
+                               d->name, ddo_dtype_name(d->dtype), shape_text);
+                break;
+            }
+        }
+        if (rc != 0)
+            break;
+        ddo_tensor_info *t = add_tensor(ck, d->name);
+        if (t == NULL) {
+            rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "host tensors: out of memory");
+            break;
+        }
+        t->dtype = d->dtype;
+        t->ndim = d->ndim;
+        if (d->ndim > 0)
+            memcpy(t->shape, d->shape, d->ndim * sizeof(uint64_t));
+        t->file_index = UINT32_MAX;
+        t->offset = 0;
+        t->nbytes = zero ? 0 : nbytes;
+        t->host_data = d->data;
+    }
+    if (rc == 0)
+        rc = ddo__checkpoint_finish(ck, "host tensors");
+    if (rc != 0) {
+        ddo_checkpoint_destroy(ck);
+        return rc;
+    }
+    *out = ck;
+    return 0;
+}

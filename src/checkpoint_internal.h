@@ -1,0 +1,103 @@
+/*
+ * checkpoint_internal.h - what the files of the checkpoint module share: the
+ * handle's layout, the name index and the helpers used across
+ * checkpoint.c (validation, opening), checkpoint_index.c (sharded sets),
+ * checkpoint_blocks.c (block groups), checkpoint_io.c (identity, reads) and
+ * checkpoint_query.c (queries, JSON). Private to those files.
+ */
+#ifndef DDO_CHECKPOINT_INTERNAL_H
+#define DDO_CHECKPOINT_INTERNAL_H
+
+#include "checkpoint.h"
+#include "os/file.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* A string -> index hash table (open addressing); keys are borrowed and
+ * must outlive the table. A zeroed table is empty and valid. */
+typedef struct ddo__checkpoint_map_slot {
+    const char *key;
+    size_t value;
+} ddo__checkpoint_map_slot;
+
+typedef struct ddo__checkpoint_map {
+    ddo__checkpoint_map_slot *slots;
+    size_t cap; /* power of two, or 0 */
+    size_t count;
+} ddo__checkpoint_map;
+
+/* The value stored for key, or SIZE_MAX. */
+size_t ddo__checkpoint_map_get(const ddo__checkpoint_map *m, const char *key);
+/* Inserts key -> value unless key is present. Returns the value now stored
+ * (the earlier one when present), or SIZE_MAX when out of memory. */
+size_t ddo__checkpoint_map_put(ddo__checkpoint_map *m, const char *key, size_t value);
+void ddo__checkpoint_map_free(ddo__checkpoint_map *m);
+
+typedef struct ddo__checkpoint_file {
+    ddo_file_info info;  /* info.path is owned */
+    const char *name;    /* basename, inside info.path */
+    char *real_path;     /* resolved path for the path identity check; NULL for images */
+    int fd;              /* -1 for images */
+    ddo__file_id id;     /* identity at open */
+    const uint8_t *data; /* mapping (mmap backend) or memory image; NULL otherwise */
+    bool mapped;         /* data came from mmap */
+} ddo__checkpoint_file;
+
+struct ddo_checkpoint {
+    ddo__errbuf err;
+    pthread_mutex_t err_lock;
+    ddo_read_backend backend;
+
+    ddo__checkpoint_file *files;
+    size_t file_count;
+
+    ddo_tensor_info *tensors; /* names owned */
+    size_t tensor_count;
+    size_t tensor_cap;
+    ddo__checkpoint_map by_name;
+    uint64_t total_bytes;
+
+    char **meta_keys;
+    char **meta_values;
+    size_t meta_count;
+    size_t meta_cap;
+    ddo__checkpoint_map meta_by_key;
+
+    ddo_block_group *groups; /* prefixes owned */
+    size_t group_count;
+};
+
+/* Copies the thread's last detail onto the handle (under its lock: reads may
+ * fail on several threads at once). Returns code. */
+int ddo__checkpoint_record(const ddo_checkpoint *ck, int code);
+/* Formats a detail for the thread and the handle. Returns code. */
+int ddo__checkpoint_fail(const ddo_checkpoint *ck, int code, const char *fmt, ...) DDO_PRINTF(3, 4);
+/* "PATH: WHAT: strerror" (DDO_E_NOT_FOUND for ENOENT, else DDO_E_IO). */
+int ddo__checkpoint_os_failure(const char *path, const char *what, int e);
+/* The part of path after its last '/'. */
+const char *ddo__checkpoint_base_name(const char *path);
+
+/* Adds a file slot for path (copied); *index is its number. */
+int ddo__checkpoint_add_file(ddo_checkpoint *ck, const char *path, uint32_t *index);
+/* Adds a metadata entry unless its key is present (the first value wins). */
+int ddo__checkpoint_add_metadata(ddo_checkpoint *ck, const char *key, const char *value);
+/* Opens, identifies and validates file fi, appending its tensors and metadata. */
+int ddo__checkpoint_open_file(ddo_checkpoint *ck, uint32_t fi);
+/* Absolute offsets, the name index, the total and the block groups. */
+int ddo__checkpoint_finish(ddo_checkpoint *ck, const char *what);
+
+/* JSON helpers shared with the index parser. */
+int ddo__checkpoint_json_failure(const char *fname, const json_error_t *jerr);
+bool ddo__checkpoint_json_u64(const json_t *v, uint64_t *out);
+const char *ddo__checkpoint_json_type(const json_t *v);
+
+/* Opens a sharded set through its *.safetensors.index.json (checkpoint_index.c). */
+int ddo__checkpoint_open_index(ddo_checkpoint *ck, const char *path);
+/* Computes ck->groups from the tensor names (checkpoint_blocks.c). */
+int ddo__checkpoint_block_groups(ddo_checkpoint *ck);
+
+#endif /* DDO_CHECKPOINT_INTERNAL_H */

@@ -1,0 +1,142 @@
+/*
+ * file.c - checkpoint file access for POSIX systems: open, identity via
+ * fstat/stat (st_dev, st_ino, st_size, st_mtim), pread loops, read-only
+ * mappings and O_DIRECT opens (Linux).
+ */
+#if defined(__linux__)
+#    define _GNU_SOURCE
+#else
+#    define _POSIX_C_SOURCE 200809L
+#endif
+#include "file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+/* Largest single read: Linux transfers at most 0x7ffff000 bytes per call. */
+#define PIECE_BYTES ((size_t)1 << 30)
+
+int ddo__os_file_open(const char *path, int *fd)
+{
+    int f;
+    do {
+        f = open(path, O_RDONLY | O_CLOEXEC);
+    } while (f < 0 && errno == EINTR);
+    if (f < 0)
+        return errno;
+    *fd = f;
+    return 0;
+}
+
+int ddo__os_file_open_direct(const char *path, int *fd)
+{
+#if defined(__linux__)
+    int f;
+    do {
+        f = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    } while (f < 0 && errno == EINTR);
+    if (f < 0)
+        return errno;
+    *fd = f;
+    return 0;
+#else
+    (void)path;
+    (void)fd;
+    return ENOTSUP;
+#endif
+}
+
+void ddo__os_file_close(int fd)
+{
+    if (fd >= 0)
+        close(fd);
+}
+
+static void fill_id(const struct stat *st, ddo__file_id *id)
+{
+    id->dev = (uint64_t)st->st_dev;
+    id->ino = (uint64_t)st->st_ino;
+    id->size = st->st_size < 0 ? 0 : (uint64_t)st->st_size;
+    id->mtime_ns = (uint64_t)st->st_mtim.tv_sec * 1000000000u + (uint64_t)st->st_mtim.tv_nsec;
+    id->regular = S_ISREG(st->st_mode);
+}
+
+int ddo__os_file_identity(int fd, ddo__file_id *id)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return errno;
+    fill_id(&st, id);
+    return 0;
+}
+
+int ddo__os_path_identity(const char *path, ddo__file_id *id)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return errno;
+    fill_id(&st, id);
+    return 0;
+}
+
+bool ddo__os_file_id_equal(const ddo__file_id *a, const ddo__file_id *b)
+{
+    return a->dev == b->dev && a->ino == b->ino && a->size == b->size &&
+           a->mtime_ns == b->mtime_ns && a->regular == b->regular;
+}
+
+int ddo__os_pread_full(int fd, void *dst, size_t len, uint64_t offset)
+{
+    unsigned char *p = dst;
+    while (len > 0) {
+        if (offset > (uint64_t)INT64_MAX)
+            return EOVERFLOW;
+        size_t piece = len < PIECE_BYTES ? len : PIECE_BYTES;
+        ssize_t n = pread(fd, p, piece, (off_t)offset);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;
+        }
+        if (n == 0)
+            return DDO__OS_EOF;
+        p += n;
+        len -= (size_t)n;
+        offset += (uint64_t)n;
+    }
+    return 0;
+}
+
+int ddo__os_map_file(int fd, uint64_t size, const void **map)
+{
+    if (size == 0 || size > (uint64_t)SIZE_MAX)
+        return EINVAL;
+    void *m = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED)
+        return errno;
+    *map = m;
+    return 0;
+}
+
+void ddo__os_unmap_file(const void *map, uint64_t size)
+{
+    if (map != NULL && size > 0)
+        munmap((void *)(uintptr_t)map, (size_t)size);
+}
+
+bool ddo__os_is_directory(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+char *ddo__os_realpath(const char *path)
+{
+    return realpath(path, NULL);
+}

@@ -1,0 +1,57 @@
+/*
+ * file.h - the operating system's view of a checkpoint file: open, identity
+ * (device, inode, size, modification time), exact positioned reads, mappings
+ * and direct (uncached) opens. The only place that knows how a platform spells
+ * these.
+ */
+#ifndef DDO_OS_FILE_H
+#define DDO_OS_FILE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* A file's identity; two equal identities mean "the same, unchanged file". */
+typedef struct ddo__file_id {
+    uint64_t dev;
+    uint64_t ino;
+    uint64_t size;
+    uint64_t mtime_ns;
+    bool regular; /* a regular file (not a directory, FIFO or device) */
+} ddo__file_id;
+
+/* Returned by ddo__os_pread_full when the file ends before len bytes. */
+#define DDO__OS_EOF (-1)
+
+/* Opens path read-only and close-on-exec. 0 or an errno value. */
+int ddo__os_file_open(const char *path, int *fd);
+/*
+ * Opens path read-only for direct (uncached) I/O. 0, or an errno value;
+ * EINVAL or EOPNOTSUPP mean the file system refuses direct I/O, and ENOTSUP
+ * that the platform has none.
+ */
+int ddo__os_file_open_direct(const char *path, int *fd);
+void ddo__os_file_close(int fd);
+
+/* Identity of an open file / of the file a path names now. 0 or an errno value. */
+int ddo__os_file_identity(int fd, ddo__file_id *id);
+int ddo__os_path_identity(const char *path, ddo__file_id *id);
+bool ddo__os_file_id_equal(const ddo__file_id *a, const ddo__file_id *b);
+
+/*
+ * Reads exactly len bytes at offset into dst: short reads are continued,
+ * EINTR retried, and large reads split. Thread-safe (no shared file offset).
+ * 0, an errno value, or DDO__OS_EOF when the file ends first.
+ */
+int ddo__os_pread_full(int fd, void *dst, size_t len, uint64_t offset);
+
+/* Maps size bytes of fd read-only (size > 0). 0 or an errno value. */
+int ddo__os_map_file(int fd, uint64_t size, const void **map);
+void ddo__os_unmap_file(const void *map, uint64_t size);
+
+/* Whether path names a directory (false when it does not exist). */
+bool ddo__os_is_directory(const char *path);
+/* The absolute, resolved path (free with free()); NULL with errno set on failure. */
+char *ddo__os_realpath(const char *path);
+
+#endif /* DDO_OS_FILE_H */
