@@ -604,6 +604,8 @@ typedef struct ddo_session_options {
  * the retained store, registers the planned share, creates staging windows and
  * execution slots, and uploads resident tensors. The plan, checkpoint and
  * device are borrowed and must outlive the session.
+ * Thread-safety: one host thread at a time per session (every ddo_session_*
+ * call); the session's own loader thread issues uploads on a copy stream.
  */
 DDO_API int ddo_session_create(const ddo_plan *plan, const ddo_checkpoint *ck, ddo_device *dev,
                                const ddo_session_options *opts, ddo_session **out);

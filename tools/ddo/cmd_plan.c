@@ -1,14 +1,331 @@
 /*
- * cmd_plan.c - `ddo plan`. PLACEHOLDER: not implemented yet (owned by the issue that builds it).
+ * cmd_plan.c - `ddo plan PATH [--ddo-* flags] [--device-memory-gb N]
+ * [--host-memory-gb N] [--bandwidth-gbps B] [--tflops T] [--tokens N] [--json]`:
+ * what will be resident, streamed, retained and registered, the predicted
+ * peak of every budget and the planner's decisions, before anything is
+ * allocated. `--from-json FILE` prints a saved plan again.
  */
+#define _POSIX_C_SOURCE 200809L
 #include "tool.h"
 
+#include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern char **environ;
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: ddo plan PATH [--ddo-* flags] [--device-memory-gb N] [--host-memory-gb N]\n"
+            "                [--bandwidth-gbps B] [--tflops T] [--tokens N] [--json]\n"
+            "       ddo plan --from-json FILE [--json]\n\n"
+            "Prints the plan for a checkpoint: units in execution order with their bytes,\n"
+            "placement, retention and predicted transfer/compute time; the predicted peak of\n"
+            "every budget; the planner's decisions. Nothing is allocated.\n"
+            "  --device-memory-gb N  device memory in GiB (default: the GPU's, when one opens)\n"
+            "  --host-memory-gb N    available host RAM in GiB (default: MemAvailable)\n"
+            "  --bandwidth-gbps B    host->device bus bandwidth, GB/s (1e9 bytes/s)\n"
+            "  --tflops T            compute rate, TFLOP/s\n"
+            "  --tokens N            activation rows per unit for the cost model (default 4096)\n"
+            "  --json                the plan as JSON (docs/plan.md)\n"
+            "  --from-json FILE      print a plan saved with --json\n\n%s",
+            ddo_config_flags_help());
+}
+
+static uint64_t meminfo_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f == NULL)
+        return 0;
+    char line[256];
+    uint64_t kb = 0;
+    while (fgets(line, sizeof(line), f) != NULL)
+        if (sscanf(line, "MemAvailable: %" SCNu64 " kB", &kb) == 1)
+            break;
+    fclose(f);
+    return kb * 1024;
+}
+
+static int parse_double(const char *flag, const char *v, double *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double d = v != NULL ? strtod(v, &end) : 0.0;
+    if (v == NULL || errno != 0 || end == v || *end != '\0' || !(d >= 0.0)) {
+        fprintf(stderr, "ddo plan: %s \"%s\": expected a non-negative number\n", flag, v ? v : "");
+        return -1;
+    }
+    *out = d;
+    return 0;
+}
+
+static const char *gib(uint64_t bytes, char *buf, size_t len)
+{
+    snprintf(buf, len, "%.2f GiB", (double)bytes / 1073741824.0);
+    return buf;
+}
+
+static void print_table(const ddo_plan *plan, const char *path)
+{
+    char a[32], b[32], c[32], d[32];
+    ddo_plan_budgets bg;
+    ddo_plan_budgets_get(plan, &bg);
+    size_t nt = ddo_plan_tensor_count(plan);
+    uint64_t by_reason[5] = { 0 }, streamed = 0, skipped = 0, total = 0;
+    size_t cnt_reason[5] = { 0 }, cnt_streamed = 0, cnt_skipped = 0;
+    for (size_t i = 0; i < nt; i++) {
+        ddo_tensor_location loc;
+        if (ddo_plan_tensor_location(plan, i, &loc) != 0)
+            continue;
+        total += loc.nbytes;
+        if (loc.placement == DDO_PLACEMENT_STREAMED) {
+            streamed += loc.nbytes;
+            cnt_streamed++;
+        } else if (loc.placement == DDO_PLACEMENT_SKIPPED) {
+            skipped += loc.nbytes;
+            cnt_skipped++;
+        } else if ((int)loc.reason >= 0 && loc.reason < 5) {
+            by_reason[loc.reason] += loc.nbytes;
+            cnt_reason[loc.reason]++;
+        }
+    }
+    printf("plan: %s\n", path);
+    printf("route: %s, unit granularity: %s\n", ddo_plan_route(plan),
+           ddo_plan_decision_get(plan, "unit_granularity")
+               ? ddo_plan_decision_get(plan, "unit_granularity")
+               : "?");
+    printf("tensors: %zu (%s)\n", nt, gib(total, a, sizeof(a)));
+    printf("  resident  always %zu (%s), small %zu (%s), budget %zu (%s)\n",
+           cnt_reason[DDO_REASON_ALWAYS_RESIDENT],
+           gib(by_reason[DDO_REASON_ALWAYS_RESIDENT], a, sizeof(a)), cnt_reason[DDO_REASON_SMALL],
+           gib(by_reason[DDO_REASON_SMALL], b, sizeof(b)), cnt_reason[DDO_REASON_BUDGET],
+           gib(by_reason[DDO_REASON_BUDGET], c, sizeof(c)));
+    printf("  streamed  %zu (%s)\n", cnt_streamed, gib(streamed, a, sizeof(a)));
+    printf("  skipped   %zu (%s)\n", cnt_skipped, gib(skipped, a, sizeof(a)));
+
+    size_t nu = ddo_plan_unit_count(plan);
+    bool cost_on = bg.predicted_step_s > 0.0;
+    for (size_t u = 0; u < nu && !cost_on; u++) {
+        ddo_unit_info ui;
+        if (ddo_plan_unit(plan, u, &ui) == 0 && (ui.transfer_s > 0.0 || ui.compute_s > 0.0))
+            cost_on = true;
+    }
+    printf("\nunits: %zu (execution order)\n", nu);
+    printf("  %4s  %-44s %10s  %-9s %-9s", "#", "unit", "MiB", "placement", "host");
+    if (cost_on)
+        printf(" %11s %11s  %s", "transfer ms", "compute ms", "hidden");
+    printf("\n");
+    for (size_t u = 0; u < nu; u++) {
+        ddo_unit_info ui;
+        if (ddo_plan_unit(plan, u, &ui) != 0)
+            continue;
+        const char *host = ui.resident     ? "-"
+                           : ui.registered ? "registered"
+                           : ui.retained   ? "retained"
+                                           : "file";
+        printf("  %4zu  %-44s %10.2f  %-9s %-9s", u, ui.name[0] ? ui.name : "(root)",
+               (double)ui.bytes / 1048576.0, ui.resident ? "resident" : "streamed", host);
+        if (cost_on)
+            printf(" %11.3f %11.3f  %s", ui.transfer_s * 1e3, ui.compute_s * 1e3,
+                   ui.hidden ? "yes" : "no");
+        printf("\n");
+    }
+
+    printf("\nbudgets (predicted peak / limit):\n");
+    const char *src = ddo_plan_decision_get(plan, "device_weights_limit_source");
+    printf("  device weights   %s / %s  (resident %s + %zu slots x %s)%s%s\n",
+           gib(bg.device_weights_peak, a, sizeof(a)),
+           bg.device_weights_limit ? gib(bg.device_weights_limit, b, sizeof(b)) : "no limit",
+           gib(bg.resident_bytes, c, sizeof(c)), bg.slot_count, gib(bg.slot_bytes, d, sizeof(d)),
+           bg.device_weights_limit ? "; limit: " : "; no device limit known",
+           bg.device_weights_limit && src ? src : "");
+    printf("  retained host    %s / %s\n", gib(bg.retained_peak, a, sizeof(a)),
+           bg.retained_limit ? gib(bg.retained_limit, b, sizeof(b)) : "no limit");
+    printf("  registered host  %s / %s\n", gib(bg.registered_peak, a, sizeof(a)),
+           bg.registered_limit ? gib(bg.registered_limit, b, sizeof(b)) : "no limit");
+    printf("  staging          %s  (%zu windows x %.0f MiB)\n", gib(bg.staging_peak, a, sizeof(a)),
+           bg.staging_windows, (double)bg.staging_window_bytes / 1048576.0);
+    if (cost_on)
+        printf("  predicted step   %.3f s\n", bg.predicted_step_s);
+    else
+        printf("  predicted step   (cost model off: give --bandwidth-gbps and --tflops)\n");
+
+    printf("\ndecisions:\n");
+    for (size_t i = 0; i < ddo_plan_decision_count(plan); i++) {
+        const char *k, *v;
+        if (ddo_plan_decision(plan, i, &k, &v) == 0)
+            printf("  %-46s %s\n", k, v);
+    }
+}
+
+static char *read_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return NULL;
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    size_t n;
+    while (buf != NULL && (n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += n;
+        if (len + 1 == cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (nb == NULL) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    if (buf != NULL)
+        buf[len] = '\0';
+    return buf;
+}
+
+static int emit(const ddo_plan *plan, bool json, const char *path)
+{
+    if (!json) {
+        print_table(plan, path);
+        return DDO_EXIT_OK;
+    }
+    char *text = NULL;
+    if (ddo_plan_to_json(plan, &text) != 0) {
+        fprintf(stderr, "ddo plan: %s\n", ddo_last_error());
+        return DDO_EXIT_FAILURE;
+    }
+    printf("%s\n", text);
+    ddo_free(text);
+    return DDO_EXIT_OK;
+}
 
 int ddo_cmd_plan(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "ddo plan: not implemented yet\n");
-    return DDO_EXIT_FAILURE;
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            return DDO_EXIT_OK;
+        }
+    ddo_config *cfg = NULL;
+    ddo_checkpoint *ck = NULL;
+    ddo_plan *plan = NULL;
+    ddo_device *dev = NULL;
+    char *saved = NULL;
+    int status = DDO_EXIT_FAILURE;
+    if (ddo_config_create(&cfg) != 0) {
+        fprintf(stderr, "ddo plan: %s\n", ddo_last_error());
+        return DDO_EXIT_FAILURE;
+    }
+    ddo_config_set_running_on_wsl(cfg, ddo_tool_running_on_wsl() != 0);
+    if (ddo_config_apply_env(cfg, (const char *const *)environ) != 0 ||
+        ddo_config_parse_args(cfg, &argc, argv) != 0) {
+        fprintf(stderr, "ddo plan: %s\n", ddo_config_error(cfg));
+        goto out;
+    }
+    const char *path = NULL, *from_json = NULL;
+    bool json = false;
+    double device_gb = -1.0, host_gb = -1.0, gbps = 0.0, tflops = 0.0, tokens = 0.0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (strcmp(a, "--json") == 0)
+            json = true;
+        else if (strcmp(a, "--device-memory-gb") == 0)
+            bad = parse_double(a, v, &device_gb), i++;
+        else if (strcmp(a, "--host-memory-gb") == 0)
+            bad = parse_double(a, v, &host_gb), i++;
+        else if (strcmp(a, "--bandwidth-gbps") == 0)
+            bad = parse_double(a, v, &gbps), i++;
+        else if (strcmp(a, "--tflops") == 0)
+            bad = parse_double(a, v, &tflops), i++;
+        else if (strcmp(a, "--tokens") == 0)
+            bad = parse_double(a, v, &tokens), i++;
+        else if (strcmp(a, "--from-json") == 0 && v != NULL)
+            from_json = v, i++;
+        else if (a[0] != '-' && path == NULL)
+            path = a;
+        else {
+            fprintf(stderr, "ddo plan: unknown or incomplete argument '%s'\n", a);
+            bad = -1;
+        }
+        if (bad != 0) {
+            status = DDO_EXIT_USAGE;
+            goto out;
+        }
+    }
+    if (from_json != NULL) {
+        saved = read_file(from_json);
+        if (saved == NULL) {
+            fprintf(stderr, "ddo plan: %s: %s\n", from_json, strerror(errno));
+            goto out;
+        }
+        if (ddo_plan_from_json(saved, &plan) != 0) {
+            fprintf(stderr, "ddo plan: %s: %s\n", from_json, ddo_last_error());
+            goto out;
+        }
+        status = emit(plan, json, from_json);
+        goto out;
+    }
+    if (path == NULL) {
+        fprintf(stderr, "ddo plan: a checkpoint PATH is required\n");
+        usage(stderr);
+        status = DDO_EXIT_USAGE;
+        goto out;
+    }
+    if (ddo_checkpoint_create(path, DDO_READ_DEFAULT, &ck) != 0) {
+        fprintf(stderr, "ddo plan: %s\n", ddo_last_error());
+        goto out;
+    }
+    ddo_plan_inputs in;
+    memset(&in, 0, sizeof(in));
+    const char *spec = "cpu";
+    if (ddo_config_get(cfg, "execution_device", &spec) != 0 || spec == NULL)
+        spec = "cpu";
+    in.device_is_cpu = strncmp(spec, "cuda", 4) != 0;
+    if (device_gb >= 0.0) {
+        in.device_total_bytes = (uint64_t)(device_gb * 1073741824.0);
+        in.device_free_bytes = in.device_total_bytes;
+    } else if (!in.device_is_cpu && ddo_device_create(spec, NULL, &dev) == 0) {
+        ddo_device_caps caps;
+        if (ddo_device_caps_get(dev, &caps) == 0) {
+            in.device_total_bytes = caps.total_bytes;
+            in.device_free_bytes = caps.free_bytes;
+            in.device_granularity = caps.granularity;
+            in.device_vmm_supported = caps.vmm_supported;
+            in.bus_bytes_per_s = caps.bus_bytes_per_s;
+            in.flops_per_s = caps.flops_per_s;
+        }
+    }
+    if (host_gb >= 0.0) {
+        in.host_available_bytes = (uint64_t)(host_gb * 1073741824.0);
+        if (ddo_config_set_double(cfg, "available_system_ram_gb", host_gb) != 0) {
+            fprintf(stderr, "ddo plan: %s\n", ddo_config_error(cfg));
+            goto out;
+        }
+    } else {
+        in.host_available_bytes = meminfo_available();
+    }
+    if (gbps > 0.0)
+        in.bus_bytes_per_s = gbps * 1e9;
+    if (tflops > 0.0)
+        in.flops_per_s = tflops * 1e12;
+    if (tokens > 0.0)
+        in.tokens = (uint64_t)tokens;
+    if (ddo_plan_build(ck, cfg, &in, &plan) != 0) {
+        fprintf(stderr, "ddo plan: %s\n", ddo_last_error());
+        goto out;
+    }
+    status = emit(plan, json, path);
+out:
+    free(saved);
+    ddo_plan_destroy(plan);
+    ddo_device_destroy(dev);
+    ddo_checkpoint_destroy(ck);
+    ddo_config_destroy(cfg);
+    return status;
 }

@@ -1,6 +1,6 @@
 /*
  * synth.h - writes synthetic checkpoints with the exact tensor names, shapes
- * and dtypes of a real architecture layout (data/layouts/*.json), filled
+ * and dtypes of a real architecture layout (data/layouts/NAME.json), filled
  * with deterministic pseudo-random finite values.
  */
 #ifndef DDO_TOOL_SYNTH_H

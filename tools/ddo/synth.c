@@ -1,0 +1,297 @@
+/*
+ * synth.c - synthetic checkpoints with the exact tensor names, shapes and
+ * dtypes of a real architecture layout (data/layouts/<name>.json), filled with
+ * deterministic finite pseudo-random values from splitmix64, generated into a
+ * large buffer and written with large write() calls.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "synth.h"
+
+#include "ddo.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define SYNTH_BUFFER_BYTES ((size_t)64 << 20)
+
+static int fail(char *err, size_t len, int code, const char *fmt, ...)
+{
+    if (err != NULL && len > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, len, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+static uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* One random word turned into finite values of dtype (little-endian lanes). */
+static uint64_t shape_word(uint64_t r, ddo_dtype dt)
+{
+    switch (dt) {
+    case DDO_DTYPE_BF16: /* sign, 7 mantissa bits, exponent 120..123: |v| < 0.125 */
+        return (r & 0x81FF81FF81FF81FFull) | 0x3C003C003C003C00ull;
+    case DDO_DTYPE_F16: /* exponent 8..11 of bias 15 */
+        return (r & 0x8FFF8FFF8FFF8FFFull) | 0x2000200020002000ull;
+    case DDO_DTYPE_F32:
+        return (r & 0x81FFFFFF81FFFFFFull) | 0x3C0000003C000000ull;
+    case DDO_DTYPE_F64:
+        return (r & 0x801FFFFFFFFFFFFFull) | 0x3F80000000000000ull;
+    case DDO_DTYPE_BOOL:
+        return r & 0x0101010101010101ull;
+    case DDO_DTYPE_F8_E4M3:
+    case DDO_DTYPE_F8_E5M2:
+    case DDO_DTYPE_F8_E8M0: {
+        uint64_t w = 0;
+        for (int i = 0; i < 8; i++) {
+            uint8_t b = (uint8_t)(r >> (8 * i));
+            if (dt == DDO_DTYPE_F8_E4M3 && (b & 0x7F) == 0x7F)
+                b ^= 1; /* 0x7F / 0xFF are NaN */
+            else if (dt == DDO_DTYPE_F8_E5M2 && (b & 0x7C) == 0x7C)
+                b &= 0xFB; /* exponent 31 is inf/NaN */
+            else if (dt == DDO_DTYPE_F8_E8M0 && b == 0xFF)
+                b = 0xFE;
+            w |= (uint64_t)b << (8 * i);
+        }
+        return w;
+    }
+    default: /* integers: any bits */
+        return r;
+    }
+}
+
+static void fill(uint8_t *dst, size_t n, ddo_dtype dt, uint64_t *state)
+{
+    size_t words = n / 8;
+    for (size_t i = 0; i < words; i++) {
+        uint64_t w = shape_word(splitmix64(state), dt);
+        memcpy(dst + 8 * i, &w, 8);
+    }
+    if (n % 8 != 0) {
+        uint64_t w = shape_word(splitmix64(state), dt);
+        memcpy(dst + 8 * words, &w, n % 8);
+    }
+}
+
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+typedef struct lt {
+    const char *name;
+    ddo_dtype dtype;
+    size_t esize;
+    uint64_t nbytes;
+} lt;
+
+int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, uint64_t seed,
+                   uint64_t *bytes_written, char *err, size_t err_len)
+{
+    if (layout_path == NULL || out_path == NULL || !(scale > 0.0) || scale > 1.0)
+        return fail(err, err_len, DDO_E_INVALID_ARGUMENT,
+                    "synth: a layout, an output path and 0 < scale <= 1 are required");
+    json_error_t jerr;
+    json_t *root = json_load_file(layout_path, JSON_REJECT_DUPLICATES, &jerr);
+    if (root == NULL)
+        return fail(err, err_len, DDO_E_FORMAT, "%s: line %d: %s", layout_path, jerr.line,
+                    jerr.text);
+    int rc = 0, fd = -1;
+    bool created = false;
+    uint8_t *buf = NULL;
+    char *header = NULL;
+    lt *ts = NULL;
+    json_t *hdr = json_object(), *meta = json_object();
+    json_t *tensors = json_object_get(root, "tensors");
+    json_t *arch = json_object_get(root, "architecture");
+    size_t n = json_array_size(tensors);
+    if (!json_is_array(tensors) || n == 0) {
+        rc = fail(err, err_len, DDO_E_FORMAT, "%s: \"tensors\" must be a non-empty array",
+                  layout_path);
+        goto out;
+    }
+    ts = calloc(n, sizeof(*ts));
+    if (ts == NULL || hdr == NULL || meta == NULL) {
+        rc = fail(err, err_len, DDO_E_NO_MEMORY, "synth: out of memory");
+        goto out;
+    }
+    char desc[256];
+    snprintf(desc, sizeof(desc), "layout=%s scale=%g seed=%llu",
+             json_is_string(arch) ? json_string_value(arch) : "?", scale, (unsigned long long)seed);
+    json_object_set_new(meta, "format", json_string("pt"));
+    json_object_set_new(meta, "ddo_synth", json_string(desc));
+    json_object_set(hdr, "__metadata__", meta);
+    uint64_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        json_t *t = json_array_get(tensors, i);
+        json_t *jn = json_object_get(t, "name"), *js = json_object_get(t, "shape"),
+               *jd = json_object_get(t, "dtype");
+        if (!json_is_string(jn) || !json_is_array(js) || !json_is_string(jd)) {
+            rc = fail(err, err_len, DDO_E_FORMAT,
+                      "%s: tensor %zu: needs \"name\", \"shape\" and \"dtype\"", layout_path, i);
+            goto out;
+        }
+        const char *name = json_string_value(jn);
+        if (strcmp(name, "__metadata__") == 0 || json_object_get(hdr, name) != NULL) {
+            rc = fail(err, err_len, DDO_E_FORMAT, "%s: tensor \"%s\": duplicate name", layout_path,
+                      name);
+            goto out;
+        }
+        ddo_dtype dt;
+        if (ddo_dtype_from_name(json_string_value(jd), &dt) != 0) {
+            rc = fail(err, err_len, DDO_E_FORMAT, "%s: tensor \"%s\": unknown dtype \"%s\"",
+                      layout_path, name, json_string_value(jd));
+            goto out;
+        }
+        json_t *shape = json_array();
+        uint64_t numel = 1;
+        for (size_t k = 0; k < json_array_size(js); k++) {
+            json_t *d = json_array_get(js, k);
+            if (!json_is_integer(d) || json_integer_value(d) < 0) {
+                json_decref(shape);
+                rc = fail(err, err_len, DDO_E_FORMAT,
+                          "%s: tensor \"%s\": shape entries must be non-negative integers",
+                          layout_path, name);
+                goto out;
+            }
+            uint64_t v = (uint64_t)json_integer_value(d);
+            if (scale < 1.0 && v > 0) {
+                double s = nearbyint((double)v * scale);
+                v = s < 1.0 ? 1 : (uint64_t)s;
+            }
+            numel *= v;
+            json_array_append_new(shape, json_integer((json_int_t)v));
+        }
+        uint64_t nb = numel * ddo_dtype_size(dt);
+        json_t *e = json_object();
+        json_object_set_new(e, "dtype", json_string(ddo_dtype_name(dt)));
+        json_object_set_new(e, "shape", shape);
+        json_t *offs = json_array();
+        json_array_append_new(offs, json_integer((json_int_t)off));
+        json_array_append_new(offs, json_integer((json_int_t)(off + nb)));
+        json_object_set_new(e, "data_offsets", offs);
+        json_object_set_new(hdr, name, e);
+        ts[i] = (lt){ name, dt, ddo_dtype_size(dt), nb };
+        off += nb;
+    }
+    header = json_dumps(hdr, JSON_COMPACT);
+    if (header == NULL) {
+        rc = fail(err, err_len, DDO_E_NO_MEMORY, "synth: out of memory");
+        goto out;
+    }
+    size_t hlen = strlen(header), padded = (hlen + 7) / 8 * 8;
+    buf = malloc(SYNTH_BUFFER_BYTES);
+    if (buf == NULL) {
+        rc = fail(err, err_len, DDO_E_NO_MEMORY, "synth: out of memory");
+        goto out;
+    }
+    fd = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        rc = fail(err, err_len, DDO_E_IO, "%s: %s", out_path, strerror(errno));
+        goto out;
+    }
+    created = true;
+    uint64_t hl = padded;
+    for (int i = 0; i < 8; i++)
+        buf[i] = (uint8_t)(hl >> (8 * i));
+    size_t used = 8;
+    if (padded + 8 > SYNTH_BUFFER_BYTES) {
+        /* A header bigger than the buffer: write it straight out. */
+        if (write_all(fd, buf, 8) != 0 || write_all(fd, (const uint8_t *)header, hlen) != 0)
+            goto io_fail;
+        memset(buf, ' ', padded - hlen);
+        if (write_all(fd, buf, padded - hlen) != 0)
+            goto io_fail;
+        used = 0;
+    } else {
+        memcpy(buf + used, header, hlen);
+        memset(buf + used + hlen, ' ', padded - hlen);
+        used += padded;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint64_t state = seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(i + 1));
+        splitmix64(&state);
+        uint64_t left = ts[i].nbytes;
+        while (left > 0) {
+            if (used == SYNTH_BUFFER_BYTES) {
+                if (write_all(fd, buf, used) != 0)
+                    goto io_fail;
+                used = 0;
+            }
+            size_t room = SYNTH_BUFFER_BYTES - used;
+            size_t chunk = left < room ? (size_t)left : room;
+            /* Keep chunks whole words so values do not depend on buffer boundaries. */
+            if (chunk < left && chunk >= 8)
+                chunk -= chunk % 8;
+            else if (chunk < left) {
+                if (write_all(fd, buf, used) != 0)
+                    goto io_fail;
+                used = 0;
+                continue;
+            }
+            fill(buf + used, chunk, ts[i].dtype, &state);
+            used += chunk;
+            left -= chunk;
+        }
+    }
+    if (used > 0 && write_all(fd, buf, used) != 0)
+        goto io_fail;
+    if (close(fd) != 0) {
+        fd = -1;
+        goto io_fail;
+    }
+    fd = -1;
+    if (bytes_written != NULL)
+        *bytes_written = 8 + padded + off;
+    goto out;
+io_fail:
+    rc = fail(err, err_len, DDO_E_IO, "%s: write: %s", out_path, strerror(errno));
+out:
+    if (fd >= 0)
+        close(fd);
+    if (rc != 0 && created)
+        unlink(out_path);
+    free(buf);
+    free(header);
+    free(ts);
+    json_decref(meta);
+    json_decref(hdr);
+    json_decref(root);
+    return rc;
+}
+
+const char *ddo_tool_default_layout(void)
+{
+#ifdef DDO_SOURCE_DIR
+    static const char path[] = DDO_SOURCE_DIR "/data/layouts/flux1-dev.json";
+    if (access(path, R_OK) == 0)
+        return path;
+#endif
+    return NULL;
+}
