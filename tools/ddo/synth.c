@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -76,17 +77,77 @@ static uint64_t shape_word(uint64_t r, ddo_dtype dt)
     }
 }
 
-static void fill(uint8_t *dst, size_t n, ddo_dtype dt, uint64_t *state)
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* splitmix64 is counter based: word k of a tensor is mix(state + (k + 1) * golden), so
+ * any range can be filled independently (and so in parallel) with the same bytes. */
+static void fill_at(uint8_t *dst, size_t n, ddo_dtype dt, uint64_t state, uint64_t word0)
 {
     size_t words = n / 8;
     for (size_t i = 0; i < words; i++) {
-        uint64_t w = shape_word(splitmix64(state), dt);
+        uint64_t w = shape_word(mix64(state + (word0 + i + 1) * 0x9E3779B97F4A7C15ull), dt);
         memcpy(dst + 8 * i, &w, 8);
     }
     if (n % 8 != 0) {
-        uint64_t w = shape_word(splitmix64(state), dt);
+        uint64_t w = shape_word(mix64(state + (word0 + words + 1) * 0x9E3779B97F4A7C15ull), dt);
         memcpy(dst + 8 * words, &w, n % 8);
     }
+}
+
+typedef struct fill_job {
+    uint8_t *dst;
+    size_t n;
+    ddo_dtype dt;
+    uint64_t state, word0;
+} fill_job;
+
+static void *fill_thread(void *arg)
+{
+    fill_job *j = arg;
+    fill_at(j->dst, j->n, j->dt, j->state, j->word0);
+    return NULL;
+}
+
+#define FILL_THREADS_MAX  16
+#define FILL_PARALLEL_MIN ((size_t)8 << 20)
+
+/* Fills n bytes starting at word `word0` of a tensor, on several threads when it is large.
+ * *state advances as if splitmix64 had been called once per word written. */
+static void fill(uint8_t *dst, size_t n, ddo_dtype dt, uint64_t *state, uint64_t word0)
+{
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t threads = ncpu > 1 ? (size_t)ncpu : 1;
+    if (threads > FILL_THREADS_MAX)
+        threads = FILL_THREADS_MAX;
+    if (n < FILL_PARALLEL_MIN || threads == 1) {
+        fill_at(dst, n, dt, *state, word0);
+        return;
+    }
+    fill_job jobs[FILL_THREADS_MAX];
+    pthread_t tid[FILL_THREADS_MAX];
+    size_t per = (n / threads) & ~(size_t)7, off = 0;
+    size_t started = 0;
+    for (size_t t = 0; t < threads; t++) {
+        size_t len = t + 1 == threads ? n - off : per;
+        jobs[t] = (fill_job){ dst + off, len, dt, *state, word0 + off / 8 };
+        if (t + 1 < threads && pthread_create(&tid[t], NULL, fill_thread, &jobs[t]) == 0)
+            started = t + 1;
+        else
+            fill_thread(&jobs[t]);
+        off += len;
+        if (started != t + 1 && t + 1 < threads) {
+            /* Thread creation failed: do the rest here. */
+            fill_at(dst + off, n - off, dt, *state, word0 + off / 8);
+            break;
+        }
+    }
+    for (size_t t = 0; t < started; t++)
+        pthread_join(tid[t], NULL);
 }
 
 static int write_all(int fd, const uint8_t *p, size_t n)
@@ -238,6 +299,7 @@ int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, 
         uint64_t state = seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(i + 1));
         splitmix64(&state);
         uint64_t left = ts[i].nbytes;
+        uint64_t word = 0;
         while (left > 0) {
             if (used == SYNTH_BUFFER_BYTES) {
                 if (write_all(fd, buf, used) != 0)
@@ -255,7 +317,8 @@ int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, 
                 used = 0;
                 continue;
             }
-            fill(buf + used, chunk, ts[i].dtype, &state);
+            fill(buf + used, chunk, ts[i].dtype, &state, word);
+            word += chunk / 8;
             used += chunk;
             left -= chunk;
         }

@@ -1,0 +1,1014 @@
+/*
+ * session_slots.c - execution slots, leases, the loader thread, prefetch and
+ * reclaim of the session runtime.
+ *
+ * Slot states: free -> loading -> ready -> leased -> retiring -> ready/free.
+ * The host thread decides which slot holds which unit (under mu) and queues
+ * a job; the loader thread performs it in ticket order without holding mu:
+ * it waits for the slot's previous consumer (the release event: stream-
+ * ordered on the linear route, a host wait on the VMM route where the handle
+ * must be remapped), remaps the handle into the unit's own virtual range
+ * (VMM), issues the copies on the copy stream (registered memory directly,
+ * pageable retained memory and file reads through staging windows), and
+ * records the upload event. acquire makes the host stream wait on that event.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "session.h"
+
+#include "device/device.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------ */
+/* Errors                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* Records "<context>: <the thread's last detail>" with code rc. */
+static int DDO_PRINTF(3, 4) fail_ctx(ddo__errbuf *eb, int rc, const char *fmt, ...)
+{
+    char last[DDO_ERRBUF_BYTES];
+    char ctx[512];
+    snprintf(last, sizeof(last), "%s", ddo_last_error());
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx, sizeof(ctx), fmt, ap);
+    va_end(ap);
+    if (last[0] == '\0')
+        return ddo__fail(eb, rc, "%s: %s", ctx, ddo_strerror(rc));
+    return ddo__fail(eb, rc, "%s: %s", ctx, last);
+}
+
+static const char *tensor_name(const ddo_session *s, size_t tensor)
+{
+    const ddo_tensor_info *ti = ddo_checkpoint_tensor(s->ck, tensor);
+    return ti != NULL && ti->name != NULL ? ti->name : "?";
+}
+
+/* ------------------------------------------------------------------------ */
+/* Uploading bytes                                                           */
+/* ------------------------------------------------------------------------ */
+
+typedef enum upload_kind {
+    UPLOAD_REGISTERED, /* copy engine reads retained memory directly */
+    UPLOAD_PAGEABLE,   /* memcpy retained bytes into a window, then copy */
+    UPLOAD_FILE,       /* ddo__source_read_file into a window (re-read) */
+    UPLOAD_CHECKPOINT  /* ddo_checkpoint_read into a window (resident tensors) */
+} upload_kind;
+
+typedef struct window {
+    void *p;
+    size_t cap;
+    size_t index;
+    bool ring; /* a staging ring window (else the bounce buffer) */
+} window;
+
+static int window_get(ddo_session *s, window *w, ddo__errbuf *eb)
+{
+    if (s->staging != NULL) {
+        uint64_t waited = 0;
+        int rc = ddo__staging_acquire(s->staging, &w->index, &w->p, &waited, eb);
+        if (rc != 0)
+            return rc;
+        w->cap = ddo__staging_window_bytes(s->staging);
+        w->ring = true;
+        return 0;
+    }
+    w->p = s->bounce;
+    w->cap = DDO__BOUNCE_BYTES;
+    w->index = 0;
+    w->ring = false;
+    return 0;
+}
+
+/* After the copy that reads the window was queued on the copy stream. */
+static int window_put(ddo_session *s, window *w, ddo__errbuf *eb)
+{
+    if (w->ring)
+        return ddo__staging_submit(s->staging, w->index, s->copy_stream, eb);
+    int rc = ddo__dev_stream_synchronize(s->dev, s->copy_stream);
+    if (rc != 0)
+        return fail_ctx(eb, rc, "copy stream");
+    return 0;
+}
+
+/* The largest piece a file read may use in a window of cap bytes. */
+static size_t file_piece(size_t cap)
+{
+    size_t need = ddo__source_window_need(cap);
+    size_t slack = need > cap ? need - cap : 0;
+    return cap > slack ? cap - slack : 0;
+}
+
+/* Uploads nbytes of tensor to dst on the copy stream from the given tier. */
+static int upload_tensor(ddo_session *s, size_t tensor, uint64_t dst, uint64_t nbytes,
+                         upload_kind kind, const unsigned char *host, ddo__errbuf *eb)
+{
+    static const ddo__metric_id tier[] = { DDO_M_bytes_from_registered,
+                                           DDO_M_bytes_staged_from_retained,
+                                           DDO_M_bytes_staged_from_file,
+                                           DDO_M_bytes_resident_uploaded };
+    uint64_t pos = 0;
+    while (pos < nbytes) {
+        int rc;
+        size_t len;
+        if (kind == UPLOAD_REGISTERED) {
+            uint64_t left = nbytes - pos;
+            len = (size_t)(left < DDO__COPY_PIECE_BYTES ? left : DDO__COPY_PIECE_BYTES);
+            rc = ddo__dev_copy_h2d(s->dev, dst + pos, host + pos, len, s->copy_stream);
+            if (rc != 0)
+                return fail_ctx(eb, rc, "tensor \"%s\": upload", tensor_name(s, tensor));
+        } else {
+            window w;
+            rc = window_get(s, &w, eb);
+            if (rc != 0)
+                return rc;
+            size_t cap = kind == UPLOAD_FILE ? file_piece(w.cap) : w.cap;
+            if (cap == 0)
+                return ddo__fail(eb, DDO_E_INTERNAL, "staging window of %zu bytes is too small",
+                                 w.cap);
+            uint64_t left = nbytes - pos;
+            len = (size_t)(left < cap ? left : cap);
+            const void *data = w.p;
+            if (kind == UPLOAD_PAGEABLE) {
+                memcpy(w.p, host + pos, len);
+            } else if (kind == UPLOAD_FILE) {
+                rc = ddo__source_read_file(s->source, tensor, pos, len, w.p, w.cap, &data, eb);
+                if (rc != 0)
+                    return rc;
+            } else {
+                rc = ddo_checkpoint_read(s->ck, tensor, pos, w.p, len);
+                if (rc != 0)
+                    return ddo__fail_from_last(eb, rc);
+            }
+            rc = ddo__dev_copy_h2d(s->dev, dst + pos, data, len, s->copy_stream);
+            if (rc != 0)
+                return fail_ctx(eb, rc, "tensor \"%s\": upload", tensor_name(s, tensor));
+            rc = window_put(s, &w, eb);
+            if (rc != 0)
+                return rc;
+        }
+        ddo__metrics_add(&s->metrics, tier[kind], (double)len);
+        ddo__metrics_add(&s->metrics, DDO_M_copy_bytes, (double)len);
+        pos += len;
+    }
+    return 0;
+}
+
+int ddo__session_upload_residents(ddo_session *s)
+{
+    uint64_t total = s->b.resident_bytes, done = 0;
+    for (size_t i = 0; i < s->resident_count; i++) {
+        size_t t = s->resident[i];
+        ddo_tensor_location loc;
+        if (ddo_plan_tensor_location(s->plan, t, &loc) != 0)
+            return ddo__fail_from_last(&s->err, DDO_E_INTERNAL);
+        int rc = upload_tensor(s, t, s->arena + loc.offset, loc.nbytes, UPLOAD_CHECKPOINT, NULL,
+                               &s->err);
+        if (rc != 0)
+            return rc;
+        done += loc.nbytes;
+        if (s->opts.progress != NULL)
+            s->opts.progress(s->opts.progress_user, "resident", done, total);
+    }
+    if (s->staging != NULL) {
+        int rc = ddo__staging_drain(s->staging, &s->err);
+        if (rc != 0)
+            return rc;
+    }
+    int rc = ddo__dev_stream_synchronize(s->dev, s->copy_stream);
+    if (rc != 0)
+        return fail_ctx(&s->err, rc, "resident upload");
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The loader thread                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* Runs on the copy stream's host thread when an upload's copies completed. */
+static void upload_done(void *user)
+{
+    ddo__slot *slot = user;
+    ddo_session *s = slot->owner;
+    uint64_t now = ddo__now_ns();
+    pthread_mutex_lock(&s->busy_mu);
+    uint64_t start = slot->issue_ns > s->busy_last_done ? slot->issue_ns : s->busy_last_done;
+    if (now > start)
+        ddo__metrics_add(&s->metrics, DDO_M_copy_busy_ns, (double)(now - start));
+    s->busy_last_done = now;
+    pthread_mutex_unlock(&s->busy_mu);
+}
+
+/* Performs one job (no lock held). */
+static int run_job(ddo_session *s, ddo__job *job, ddo__errbuf *eb)
+{
+    ddo__slot *slot = &s->slots[job->slot];
+    ddo__unit_rt *u = &s->units[job->unit];
+    int rc;
+    job->mapped_after = job->prev_mapped;
+    job->unsafe_after = false;
+
+    if (job->wait_release != NULL) {
+        if (s->vmm)
+            rc = ddo__dev_event_synchronize(s->dev, job->wait_release);
+        else
+            rc = ddo__dev_stream_wait_event(s->dev, s->copy_stream, job->wait_release);
+        if (rc != 0)
+            return fail_ctx(eb, rc, "unit \"%s\": waiting for the slot's previous consumer",
+                            u->name);
+    }
+    uint64_t dst = slot->ptr;
+    if (s->vmm) {
+        dst = u->va;
+        if (job->prev_mapped != job->unit) {
+            if (job->prev_mapped != DDO__NONE) {
+                /* The handle's previous upload must be complete before it moves. */
+                if (slot->upload_recorded) {
+                    rc = ddo__dev_event_synchronize(s->dev, slot->upload_event);
+                    if (rc != 0)
+                        return fail_ctx(eb, rc, "unit \"%s\": previous upload", u->name);
+                }
+                rc = ddo__dev_unmap(s->dev, s->units[job->prev_mapped].va, s->slot_bytes);
+                if (rc != 0) {
+                    job->unsafe_after = true;
+                    return fail_ctx(eb, rc, "unit \"%s\": unmapping slot %zu", u->name, job->slot);
+                }
+                job->mapped_after = DDO__NONE;
+            }
+            rc = ddo__dev_map(s->dev, u->va, s->slot_bytes, slot->handle, 0);
+            if (rc != 0)
+                return fail_ctx(eb, rc, "unit \"%s\": mapping slot %zu", u->name, job->slot);
+            rc = ddo__dev_set_access(s->dev, u->va, s->slot_bytes);
+            if (rc != 0) {
+                int rc2 = ddo__dev_unmap(s->dev, u->va, s->slot_bytes);
+                if (rc2 != 0)
+                    job->unsafe_after = true;
+                return fail_ctx(eb, rc, "unit \"%s\": set access", u->name);
+            }
+            job->mapped_after = job->unit;
+        }
+    }
+
+    pthread_mutex_lock(&s->busy_mu);
+    slot->issue_ns = ddo__now_ns();
+    pthread_mutex_unlock(&s->busy_mu);
+    size_t count = 0;
+    const size_t *tensors = ddo_plan_unit_tensors(s->plan, job->unit, &count);
+    bool reread = false;
+    for (size_t i = 0; i < count; i++) {
+        size_t t = tensors[i];
+        ddo_tensor_location loc;
+        if (ddo_plan_tensor_location(s->plan, t, &loc) != 0)
+            return ddo__fail_from_last(eb, DDO_E_INTERNAL);
+        if (loc.placement != DDO_PLACEMENT_STREAMED || loc.nbytes == 0)
+            continue;
+        bool registered = false;
+        const unsigned char *host = ddo__source_host_ptr(s->source, t, &registered);
+        upload_kind kind = host == NULL ? UPLOAD_FILE
+                           : registered ? UPLOAD_REGISTERED
+                                        : UPLOAD_PAGEABLE;
+        reread = reread || kind == UPLOAD_FILE;
+        rc = upload_tensor(s, t, dst + loc.offset, loc.nbytes, kind, host, eb);
+        if (rc != 0)
+            return rc;
+    }
+    if (reread)
+        ddo__metrics_add(&s->metrics, DDO_M_file_rereads, 1);
+    rc = ddo__dev_event_record(s->dev, slot->upload_event, s->copy_stream);
+    if (rc != 0)
+        return fail_ctx(eb, rc, "unit \"%s\": upload event", u->name);
+    slot->upload_recorded = true;
+    ddo__metrics_add(&s->metrics, DDO_M_uploads, 1);
+    /* Copy-engine busy time only; a failure here costs a metric, not the upload. */
+    (void)ddo__dev_host_fn(s->dev, s->copy_stream, upload_done, slot);
+    return 0;
+}
+
+static void *loader_main(void *arg)
+{
+    ddo_session *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->quit && s->job_count == 0)
+            pthread_cond_wait(&s->cv, &s->mu);
+        if (s->job_count == 0)
+            break;
+        ddo__job job = s->jobs[s->job_head];
+        s->loader_busy = true;
+        pthread_mutex_unlock(&s->mu);
+
+        ddo__errbuf eb;
+        ddo__errbuf_clear(&eb);
+        int rc = run_job(s, &job, &eb);
+        bool unsafe = job.unsafe_after;
+        if (rc != 0) {
+            /* Copies of a failed job may still be in flight into the slot. */
+            if (ddo__dev_stream_synchronize(s->dev, s->copy_stream) != 0)
+                unsafe = true;
+            /* A failed load leaves no mapping behind: the unit may load elsewhere. */
+            if (!unsafe && s->vmm && job.mapped_after != DDO__NONE) {
+                if (ddo__dev_unmap(s->dev, s->units[job.mapped_after].va, s->slot_bytes) == 0)
+                    job.mapped_after = DDO__NONE;
+                else
+                    unsafe = true;
+            }
+        }
+
+        pthread_mutex_lock(&s->mu);
+        s->job_head = (s->job_head + 1) % s->slot_count;
+        s->job_count--;
+        ddo__slot *slot = &s->slots[job.slot];
+        slot->mapped_unit = job.mapped_after;
+        slot->issued = true;
+        slot->load_rc = rc;
+        if (rc != 0)
+            slot->load_err = eb;
+        if (unsafe && !slot->unsafe) {
+            slot->unsafe = true;
+            ddo__metrics_add(&s->metrics, DDO_M_reclaim_failures, 1);
+            s->unsafe_count++;
+            ddo__metrics_set(&s->metrics, DDO_M_unsafe_slots, (double)s->unsafe_count);
+        }
+        s->loader_busy = false;
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+int ddo__session_loader_start(ddo_session *s)
+{
+    int e = pthread_create(&s->loader, NULL, loader_main, s);
+    if (e != 0)
+        return ddo__fail(&s->err, DDO_E_NO_MEMORY, "session: starting the loader thread failed");
+    s->loader_started = true;
+    return 0;
+}
+
+void ddo__session_loader_stop(ddo_session *s)
+{
+    if (!s->loader_started)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->quit = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->loader, NULL);
+    s->loader_started = false;
+}
+
+void ddo__session_wait_idle(ddo_session *s)
+{
+    pthread_mutex_lock(&s->mu);
+    while (s->job_count > 0 || s->loader_busy)
+        pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Slot backing and reclaim                                                  */
+/* ------------------------------------------------------------------------ */
+
+static void set_unsafe(ddo_session *s, ddo__slot *slot)
+{
+    if (!slot->unsafe) {
+        slot->unsafe = true;
+        ddo__metrics_add(&s->metrics, DDO_M_reclaim_failures, 1);
+        s->unsafe_count++;
+        ddo__metrics_set(&s->metrics, DDO_M_unsafe_slots, (double)s->unsafe_count);
+    }
+    if (slot->unit != DDO__NONE && s->units[slot->unit].slot == (size_t)(slot - s->slots))
+        s->units[slot->unit].slot = DDO__NONE;
+    slot->unit = DDO__NONE;
+    slot->state = DDO__SLOT_FREE;
+}
+
+int ddo__session_slot_unback(ddo_session *s, ddo__slot *slot)
+{
+    if (!slot->backed || slot->unsafe)
+        return 0;
+    int rc = 0;
+    if (s->vmm) {
+        if (slot->mapped_unit != DDO__NONE) {
+            rc = ddo__dev_unmap(s->dev, s->units[slot->mapped_unit].va, s->slot_bytes);
+            if (rc != 0) {
+                set_unsafe(s, slot);
+                return fail_ctx(&s->err, rc, "slot %zu: unmapping unit \"%s\"",
+                                (size_t)(slot - s->slots), s->units[slot->mapped_unit].name);
+            }
+            slot->mapped_unit = DDO__NONE;
+        }
+        rc = ddo__dev_phys_release(s->dev, slot->handle);
+    } else {
+        rc = ddo__dev_mem_free(s->dev, slot->ptr);
+    }
+    if (rc != 0) {
+        set_unsafe(s, slot);
+        return fail_ctx(&s->err, rc, "slot %zu: releasing its backing (slot kept as unsafe)",
+                        (size_t)(slot - s->slots));
+    }
+    ddo__account_give(&s->acc_device, s->slot_bytes);
+    slot->backed = false;
+    slot->handle = 0;
+    slot->ptr = 0;
+    slot->upload_recorded = false;
+    if (slot->unit != DDO__NONE && s->units[slot->unit].slot == (size_t)(slot - s->slots))
+        s->units[slot->unit].slot = DDO__NONE;
+    slot->unit = DDO__NONE;
+    slot->state = DDO__SLOT_FREE;
+    slot->prefetched = false;
+    return 0;
+}
+
+/* An idle slot whose backing may go: ready (not prefetched, release complete) or free. */
+static size_t idle_slot(ddo_session *s, const ddo__slot *except)
+{
+    size_t best = DDO__NONE;
+    for (size_t i = 0; i < s->slot_count; i++) {
+        ddo__slot *sl = &s->slots[i];
+        if (sl == except || !sl->backed || sl->unsafe)
+            continue;
+        bool idle =
+            sl->state == DDO__SLOT_FREE || (sl->state == DDO__SLOT_READY && !sl->prefetched);
+        if (!idle)
+            continue;
+        /* Prefer a free slot (nothing to re-upload), then the least recently used. */
+        if (best == DDO__NONE ||
+            (sl->state == DDO__SLOT_FREE && s->slots[best].state != DDO__SLOT_FREE) ||
+            (sl->state == s->slots[best].state && sl->last_use < s->slots[best].last_use))
+            best = i;
+    }
+    return best;
+}
+
+/* Releases one idle slot's backing (mu held). *released = bytes (0 if none idle). */
+static int reclaim_one(ddo_session *s, const ddo__slot *except, uint64_t *released)
+{
+    *released = 0;
+    ddo__session_reap(s);
+    size_t i = idle_slot(s, except);
+    if (i == DDO__NONE)
+        return 0;
+    int rc = ddo__session_slot_unback(s, &s->slots[i]);
+    if (rc != 0)
+        return rc;
+    ddo__metrics_add(&s->metrics, DDO_M_reclaim_events, 1);
+    ddo__metrics_add(&s->metrics, DDO_M_reclaim_bytes, (double)s->slot_bytes);
+    *released = s->slot_bytes;
+    return 0;
+}
+
+int ddo__session_slot_back(ddo_session *s, ddo__slot *slot, bool allow_pressure)
+{
+    if (slot->backed)
+        return 0;
+    int rc;
+    if (allow_pressure && s->set.pressure_reclaim) {
+        uint64_t free_bytes = 0, total = 0;
+        rc = ddo__dev_mem_info(s->dev, &free_bytes, &total);
+        if (rc != 0)
+            return fail_ctx(&s->err, rc, "slot %zu: device memory query",
+                            (size_t)(slot - s->slots));
+        if (free_bytes < s->slot_bytes + DDO__RECLAIM_MARGIN_BYTES) {
+            uint64_t released = 0;
+            rc = reclaim_one(s, slot, &released);
+            if (rc != 0)
+                return rc;
+            if (released > 0)
+                ddo__metrics_add(&s->metrics, DDO_M_reclaim_pressure_events, 1);
+        }
+    }
+    rc = ddo__account_take(&s->acc_device, s->slot_bytes, &s->err);
+    if (rc != 0)
+        return rc;
+    if (s->vmm)
+        rc = ddo__dev_phys_create(s->dev, s->slot_bytes, &slot->handle);
+    else
+        rc = ddo__dev_mem_alloc(s->dev, s->slot_bytes, &slot->ptr);
+    if (rc != 0) {
+        ddo__account_give(&s->acc_device, s->slot_bytes);
+        char b[32];
+        return fail_ctx(&s->err, rc, "slot %zu: creating %s of backing", (size_t)(slot - s->slots),
+                        ddo__format_bytes(s->slot_bytes, b, sizeof(b)));
+    }
+    slot->backed = true;
+    slot->mapped_unit = DDO__NONE;
+    slot->upload_recorded = false;
+    slot->state = DDO__SLOT_FREE;
+    slot->unit = DDO__NONE;
+    return 0;
+}
+
+int ddo_session_reclaim(ddo_session *s, uint64_t *released)
+{
+    if (s == NULL || released == NULL)
+        return ddo__fail(s != NULL ? &s->err : NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_reclaim: session and released are required");
+    if (s->unloaded) {
+        *released = 0;
+        return 0;
+    }
+    pthread_mutex_lock(&s->mu);
+    uint64_t bytes = 0;
+    int rc = reclaim_one(s, NULL, &bytes);
+    pthread_mutex_unlock(&s->mu);
+    if (rc != 0)
+        return rc;
+    *released = bytes;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Slot selection                                                            */
+/* ------------------------------------------------------------------------ */
+
+size_t ddo__session_reap(ddo_session *s)
+{
+    size_t retired = 0;
+    for (size_t i = 0; i < s->slot_count; i++) {
+        ddo__slot *sl = &s->slots[i];
+        if (sl->unsafe)
+            continue;
+        if (sl->state == DDO__SLOT_LOADING && sl->issued) {
+            if (sl->load_rc != 0) {
+                /* A failed prefetch: the unit is loaded again on demand. */
+                if (sl->unit != DDO__NONE && s->units[sl->unit].slot == i)
+                    s->units[sl->unit].slot = DDO__NONE;
+                sl->unit = DDO__NONE;
+                sl->state = DDO__SLOT_FREE;
+                sl->prefetched = false;
+                sl->load_rc = 0;
+                continue;
+            }
+            if (ddo__dev_event_query(s->dev, sl->upload_event) == 0) {
+                sl->state = DDO__SLOT_READY;
+                retired++;
+                s->retired_total++;
+            }
+        } else if (sl->state == DDO__SLOT_RETIRING) {
+            if (!sl->release_recorded || ddo__dev_event_query(s->dev, sl->release_event) == 0) {
+                sl->state = DDO__SLOT_READY;
+                sl->release_recorded = false;
+            }
+        }
+    }
+    return retired;
+}
+
+static bool in_list(const size_t *list, size_t n, size_t v)
+{
+    for (size_t i = 0; i < n; i++)
+        if (list[i] == v)
+            return true;
+    return false;
+}
+
+enum pick { PICK_FOUND, PICK_WAIT, PICK_NONE };
+
+/*
+ * Chooses the slot for a new load (mu held). Demand loads take, in order: a
+ * free slot, the least recently used ready slot, the oldest retiring slot
+ * (the loader waits for its release event), a prefetched ready slot, a
+ * prefetched loading slot whose copies are issued; PICK_WAIT when only
+ * unissued loads remain; PICK_NONE when every slot is leased or unsafe.
+ * Prefetch takes only the first three and never a slot holding a unit in
+ * `keep` (the current unit and the prefetch window).
+ */
+static enum pick pick_slot(ddo_session *s, bool prefetch, const size_t *keep, size_t keep_count,
+                           size_t *out)
+{
+    size_t best[5] = { DDO__NONE, DDO__NONE, DDO__NONE, DDO__NONE, DDO__NONE };
+    bool unissued = false;
+    for (size_t i = 0; i < s->slot_count; i++) {
+        ddo__slot *sl = &s->slots[i];
+        if (sl->unsafe || sl->state == DDO__SLOT_LEASED)
+            continue;
+        if (prefetch && sl->unit != DDO__NONE && in_list(keep, keep_count, sl->unit))
+            continue;
+        int cls;
+        uint64_t key;
+        switch (sl->state) {
+        case DDO__SLOT_FREE:
+            cls = 0;
+            key = sl->backed ? 0 : 1; /* backed first */
+            break;
+        case DDO__SLOT_READY:
+            cls = sl->prefetched ? 3 : 1;
+            key = sl->last_use;
+            break;
+        case DDO__SLOT_RETIRING:
+            cls = 2;
+            key = sl->release_tick;
+            break;
+        case DDO__SLOT_LOADING:
+            if (!sl->issued) {
+                unissued = true;
+                continue;
+            }
+            cls = 4;
+            key = sl->ticket;
+            break;
+        default:
+            continue;
+        }
+        if (prefetch && cls > 2)
+            continue;
+        size_t b = best[cls];
+        if (b == DDO__NONE) {
+            best[cls] = i;
+            continue;
+        }
+        const ddo__slot *bs = &s->slots[b];
+        uint64_t bkey = cls == 0   ? (bs->backed ? 0u : 1u)
+                        : cls == 2 ? bs->release_tick
+                        : cls == 4 ? bs->ticket
+                                   : bs->last_use;
+        if (key < bkey)
+            best[cls] = i;
+    }
+    for (int c = 0; c < 5; c++) {
+        if (best[c] != DDO__NONE) {
+            *out = best[c];
+            return PICK_FOUND;
+        }
+    }
+    return unissued && !prefetch ? PICK_WAIT : PICK_NONE;
+}
+
+/* VMM: frees the unit's range if an idle slot other than `keep` still maps it (mu held). */
+static int free_range(ddo_session *s, size_t unit, size_t keep)
+{
+    for (size_t k = 0; k < s->slot_count; k++) {
+        ddo__slot *o = &s->slots[k];
+        if (k == keep || o->mapped_unit != unit)
+            continue;
+        if (o->unsafe)
+            return ddo__fail(&s->err, DDO_E_UNSAFE,
+                             "unit \"%s\": its range is still mapped by slot %zu, left unsafe "
+                             "by a failed release",
+                             s->units[unit].name, k);
+        if (o->state == DDO__SLOT_LOADING && !o->issued)
+            continue; /* its queued job unmaps the range before this one maps it */
+        int rc = ddo__dev_unmap(s->dev, s->units[unit].va, s->slot_bytes);
+        if (rc != 0) {
+            set_unsafe(s, o);
+            return fail_ctx(&s->err, rc, "unit \"%s\": unmapping slot %zu", s->units[unit].name, k);
+        }
+        o->mapped_unit = DDO__NONE;
+    }
+    return 0;
+}
+
+/* Assigns slot i to unit and queues its upload (mu held). */
+static int start_load(ddo_session *s, size_t i, size_t unit, bool prefetch)
+{
+    ddo__slot *sl = &s->slots[i];
+    if (s->vmm) {
+        int rc = free_range(s, unit, i);
+        if (rc != 0)
+            return rc;
+    }
+    if (!sl->backed) {
+        int rc = ddo__session_slot_back(s, sl, true);
+        if (rc != 0)
+            return rc;
+    }
+    void *wait_release = NULL;
+    if (sl->state == DDO__SLOT_RETIRING && sl->release_recorded)
+        wait_release = sl->release_event;
+    if (sl->unit != DDO__NONE && s->units[sl->unit].slot == i)
+        s->units[sl->unit].slot = DDO__NONE;
+    sl->state = DDO__SLOT_LOADING;
+    sl->unit = unit;
+    sl->prefetched = prefetch;
+    sl->issued = false;
+    sl->load_rc = 0;
+    sl->release_recorded = false;
+    sl->ticket = s->next_ticket++;
+    sl->last_use = s->tick++;
+    s->units[unit].slot = i;
+
+    DDO_ASSERT(s->job_count < s->slot_count);
+    ddo__job *job = &s->jobs[(s->job_head + s->job_count) % s->slot_count];
+    job->slot = i;
+    job->unit = unit;
+    job->ticket = sl->ticket;
+    job->wait_release = wait_release;
+    job->prev_mapped = sl->mapped_unit;
+    s->job_count++;
+    pthread_cond_broadcast(&s->cv);
+    if (prefetch)
+        ddo__metrics_add(&s->metrics, DDO_M_prefetch_issued, 1);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Execution order and prefetch                                              */
+/* ------------------------------------------------------------------------ */
+
+static void set_order(ddo_session *s, const size_t *units, size_t count)
+{
+    memcpy(s->order, units, count * sizeof(*units));
+    s->order_count = count;
+    for (size_t u = 0; u < s->unit_count; u++)
+        s->order_pos[u] = DDO__NONE;
+    for (size_t i = 0; i < count; i++)
+        if (s->order_pos[units[i]] == DDO__NONE)
+            s->order_pos[units[i]] = i;
+    s->order_known = true;
+}
+
+static void learn(ddo_session *s, size_t unit)
+{
+    if (s->order_known)
+        return;
+    if (s->learn_seen[unit]) {
+        set_order(s, s->learn, s->learn_count);
+        return;
+    }
+    s->learn_seen[unit] = true;
+    s->learn[s->learn_count++] = unit;
+}
+
+/* The next units after `unit` (wrapping), skipping resident ones, at most max. */
+static size_t window_after(ddo_session *s, size_t unit, size_t *out, size_t max)
+{
+    size_t n = 0;
+    if (max == 0)
+        return 0;
+    bool use_order = s->order_known && s->order_pos[unit] != DDO__NONE;
+    size_t len = use_order ? s->order_count : s->unit_count;
+    size_t pos = use_order ? s->order_pos[unit] : unit;
+    for (size_t k = 1; k < len && n < max; k++) {
+        size_t w = use_order ? s->order[(pos + k) % len] : (pos + k) % len;
+        if (w == unit || s->units[w].resident || in_list(out, n, w))
+            continue;
+        out[n++] = w;
+    }
+    return n;
+}
+
+static void prefetch(ddo_session *s, size_t unit)
+{
+    if (s->slot_count < 2)
+        return;
+    size_t max = s->slot_count - 1;
+    size_t *keep = s->learn + s->unit_count; /* scratch after the learn list */
+    keep[0] = unit;
+    size_t n = window_after(s, unit, keep + 1, max);
+    size_t depth = 0;
+    for (size_t k = 0; k < n; k++) {
+        size_t w = keep[1 + k];
+        if (s->units[w].slot == DDO__NONE) {
+            size_t i;
+            if (pick_slot(s, true, keep, n + 1, &i) != PICK_FOUND)
+                break;
+            /* A prefetch failure is not the acquire's: the unit loads on demand. */
+            ddo__errbuf saved = s->err;
+            int rc = start_load(s, i, w, true);
+            if (rc != 0) {
+                s->err = saved;
+                ddo__fail(NULL, saved.code, "%s", saved.msg);
+                break;
+            }
+        }
+        size_t i = s->units[w].slot;
+        if (s->slots[i].state == DDO__SLOT_LOADING || s->slots[i].state == DDO__SLOT_READY ||
+            s->slots[i].state == DDO__SLOT_RETIRING)
+            depth++;
+    }
+    ddo__metrics_add(&s->metrics, DDO_M_prefetch_depth_sum, (double)depth);
+    ddo__metrics_max(&s->metrics, DDO_M_prefetch_depth_max, (double)depth);
+}
+
+int ddo_session_declare_order(ddo_session *s, const size_t *units, size_t count)
+{
+    if (s == NULL || units == NULL || count == 0)
+        return ddo__fail(s != NULL ? &s->err : NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_declare_order: a non-empty list of units is required");
+    if (count > s->unit_count)
+        return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_declare_order: %zu units declared but the plan has %zu",
+                         count, s->unit_count);
+    for (size_t i = 0; i < count; i++) {
+        if (units[i] >= s->unit_count)
+            return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
+                             "ddo_session_declare_order: unit %zu out of range (the plan has "
+                             "%zu units)",
+                             units[i], s->unit_count);
+        if (in_list(units, i, units[i]))
+            return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
+                             "ddo_session_declare_order: unit %zu (\"%s\") listed twice", units[i],
+                             s->units[units[i]].name);
+    }
+    pthread_mutex_lock(&s->mu);
+    set_order(s, units, count);
+    s->order_declared = true;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Leases                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* Waits for the slot's job to be issued (mu held); adds the wait to *stall. */
+static void wait_issued(ddo_session *s, size_t i, uint64_t *stall)
+{
+    if (s->slots[i].issued)
+        return;
+    uint64_t t0 = ddo__now_ns();
+    while (!s->slots[i].issued)
+        pthread_cond_wait(&s->cv, &s->mu);
+    *stall += ddo__now_ns() - t0;
+}
+
+static int acquire_locked(ddo_session *s, size_t unit, void *stream, uint64_t *stall)
+{
+    ddo__unit_rt *u = &s->units[unit];
+    ddo__metrics_add(&s->metrics, DDO_M_acquires, 1);
+    learn(s, unit);
+    if (u->resident) {
+        u->leased = true;
+        ddo__metrics_add(&s->metrics, DDO_M_hits, 1);
+        return 0;
+    }
+    bool retried = false;
+again:
+    ddo__session_reap(s);
+    size_t i = u->slot;
+    if (i != DDO__NONE) {
+        ddo__slot *sl = &s->slots[i];
+        if (sl->prefetched)
+            ddo__metrics_add(&s->metrics, DDO_M_prefetch_hits, 1);
+        if (sl->state == DDO__SLOT_READY || sl->state == DDO__SLOT_RETIRING)
+            ddo__metrics_add(&s->metrics, DDO_M_hits, 1);
+    } else {
+        ddo__metrics_add(&s->metrics, DDO_M_misses, 1);
+        for (;;) {
+            enum pick p = pick_slot(s, false, NULL, 0, &i);
+            if (p == PICK_FOUND)
+                break;
+            if (p == PICK_NONE) {
+                size_t leased = 0, unsafe = 0;
+                for (size_t k = 0; k < s->slot_count; k++) {
+                    leased += s->slots[k].state == DDO__SLOT_LEASED ? 1 : 0;
+                    unsafe += s->slots[k].unsafe ? 1 : 0;
+                }
+                if (unsafe > 0)
+                    return ddo__fail(&s->err, DDO_E_BUSY,
+                                     "acquire \"%s\": no execution slot available (%zu of %zu "
+                                     "leased, %zu unsafe after a failed release); release a unit "
+                                     "first",
+                                     u->name, leased, s->slot_count, unsafe);
+                return ddo__fail(&s->err, DDO_E_BUSY,
+                                 "acquire \"%s\": all %zu execution slots are leased; release a "
+                                 "unit first or raise execution_slots",
+                                 u->name, s->slot_count);
+            }
+            uint64_t t0 = ddo__now_ns();
+            pthread_cond_wait(&s->cv, &s->mu);
+            *stall += ddo__now_ns() - t0;
+            ddo__session_reap(s);
+        }
+        int rc = start_load(s, i, unit, false);
+        if (rc != 0)
+            return rc;
+    }
+    ddo__slot *sl = &s->slots[i];
+    if (sl->state == DDO__SLOT_LOADING) {
+        wait_issued(s, i, stall);
+        if (sl->load_rc != 0 && sl->prefetched && !retried) {
+            /* A failed prefetch is not this acquire's error: load on demand instead. */
+            if (!sl->unsafe)
+                sl->state = DDO__SLOT_FREE;
+            sl->unit = DDO__NONE;
+            sl->prefetched = false;
+            sl->load_rc = 0;
+            u->slot = DDO__NONE;
+            retried = true;
+            goto again;
+        }
+        if (sl->load_rc != 0) {
+            int rc = sl->load_rc;
+            ddo__fail(&s->err, rc, "acquire \"%s\": %s", u->name, sl->load_err.msg);
+            if (!sl->unsafe) {
+                sl->state = DDO__SLOT_FREE;
+                sl->unit = DDO__NONE;
+                sl->prefetched = false;
+                sl->load_rc = 0;
+            }
+            u->slot = DDO__NONE;
+            return rc;
+        }
+        int rc = ddo__dev_stream_wait_event(s->dev, stream, sl->upload_event);
+        if (rc != 0)
+            return fail_ctx(&s->err, rc, "acquire \"%s\": waiting for its upload", u->name);
+    }
+    sl->state = DDO__SLOT_LEASED;
+    sl->prefetched = false;
+    sl->release_recorded = false;
+    sl->last_use = s->tick++;
+    u->leased = true;
+    return 0;
+}
+
+int ddo_session_acquire(ddo_session *s, size_t unit, ddo_stream *stream)
+{
+    if (s == NULL || stream == NULL)
+        return ddo__fail(s != NULL ? &s->err : NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_acquire: session and stream are required");
+    if (unit >= s->unit_count)
+        return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_acquire: unit %zu out of range (the plan has %zu units)",
+                         unit, s->unit_count);
+    if (s->unloaded)
+        return ddo__fail(&s->err, DDO_E_STATE,
+                         "acquire \"%s\": session unloaded: call ddo_session_reload",
+                         s->units[unit].name);
+    if (s->units[unit].leased)
+        return ddo__fail(&s->err, DDO_E_STATE, "acquire \"%s\": unit is already leased",
+                         s->units[unit].name);
+    void *native = ddo__stream_handle(stream);
+    uint64_t stall = 0;
+    pthread_mutex_lock(&s->mu);
+    int rc = acquire_locked(s, unit, native, &stall);
+    if (rc == 0)
+        prefetch(s, unit);
+    pthread_mutex_unlock(&s->mu);
+    if (stall > 0)
+        ddo__metrics_add(&s->metrics, DDO_M_stall_ns, (double)stall);
+    return rc;
+}
+
+int ddo_session_release(ddo_session *s, size_t unit, ddo_stream *stream)
+{
+    if (s == NULL || stream == NULL)
+        return ddo__fail(s != NULL ? &s->err : NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_release: session and stream are required");
+    if (unit >= s->unit_count)
+        return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_release: unit %zu out of range (the plan has %zu units)",
+                         unit, s->unit_count);
+    ddo__unit_rt *u = &s->units[unit];
+    if (!u->leased)
+        return ddo__fail(&s->err, DDO_E_STATE, "release \"%s\": unit is not leased", u->name);
+    ddo__metrics_add(&s->metrics, DDO_M_releases, 1);
+    if (u->resident) {
+        u->leased = false;
+        return 0;
+    }
+    pthread_mutex_lock(&s->mu);
+    ddo__slot *sl = &s->slots[u->slot];
+    int rc = ddo__dev_event_record(s->dev, sl->release_event, ddo__stream_handle(stream));
+    if (rc != 0) {
+        pthread_mutex_unlock(&s->mu);
+        /* The lease stays: nothing says when the stream's work on it ends. */
+        return fail_ctx(&s->err, rc, "release \"%s\": recording the release event", u->name);
+    }
+    sl->state = DDO__SLOT_RETIRING;
+    sl->release_recorded = true;
+    sl->release_tick = s->tick++;
+    u->leased = false;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+int ddo_session_tensor_address(ddo_session *s, size_t tensor, void **device_ptr)
+{
+    if (s == NULL || device_ptr == NULL)
+        return ddo__fail(s != NULL ? &s->err : NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_tensor_address: session and device_ptr are required");
+    ddo_tensor_location loc;
+    if (tensor >= ddo_checkpoint_tensor_count(s->ck) ||
+        ddo_plan_tensor_location(s->plan, tensor, &loc) != 0)
+        return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_tensor_address: tensor %zu out of range", tensor);
+    const char *name = tensor_name(s, tensor);
+    if (loc.placement == DDO_PLACEMENT_SKIPPED)
+        return ddo__fail(&s->err, DDO_E_NOT_FOUND,
+                         "tensor \"%s\" is skipped (skip_modules_pattern): it has no device "
+                         "address",
+                         name);
+    if (s->unloaded)
+        return ddo__fail(&s->err, DDO_E_STATE,
+                         "tensor \"%s\": session unloaded: call ddo_session_reload", name);
+    uint64_t addr;
+    if (loc.placement == DDO_PLACEMENT_RESIDENT) {
+        addr = s->arena + loc.offset;
+    } else {
+        if (loc.unit >= s->unit_count)
+            return ddo__fail(&s->err, DDO_E_INTERNAL, "tensor \"%s\": no unit", name);
+        ddo__unit_rt *u = &s->units[loc.unit];
+        if (!u->leased || u->slot == DDO__NONE)
+            return ddo__fail(&s->err, DDO_E_STATE,
+                             "tensor \"%s\": unit \"%s\" is not leased: acquire it first", name,
+                             u->name);
+        addr = (s->vmm ? u->va : s->slots[u->slot].ptr) + loc.offset;
+    }
+    *device_ptr = (void *)(uintptr_t)addr;
+    return 0;
+}
