@@ -27,32 +27,32 @@
 #include <stdint.h>
 
 /* Every operation, for counters and fault injection. */
-#define DDO_DEVICE_OPS(X)                                                                      \
-    X(MEM_INFO, mem_info)                                                                      \
-    X(VA_RESERVE, va_reserve)                                                                  \
-    X(VA_RELEASE, va_release)                                                                  \
-    X(PHYS_CREATE, phys_create)                                                                \
-    X(PHYS_RELEASE, phys_release)                                                              \
-    X(MAP, map)                                                                                \
-    X(UNMAP, unmap)                                                                            \
-    X(SET_ACCESS, set_access)                                                                  \
-    X(MEM_ALLOC, mem_alloc)                                                                    \
-    X(MEM_FREE, mem_free)                                                                      \
-    X(HOST_REGISTER, host_register)                                                            \
-    X(HOST_UNREGISTER, host_unregister)                                                        \
-    X(HOST_ALLOC, host_alloc)                                                                  \
-    X(HOST_FREE, host_free)                                                                    \
-    X(STREAM_CREATE, stream_create)                                                            \
-    X(STREAM_DESTROY, stream_destroy)                                                          \
-    X(STREAM_SYNCHRONIZE, stream_synchronize)                                                  \
-    X(COPY_H2D, copy_h2d)                                                                      \
-    X(COPY_D2H, copy_d2h)                                                                      \
-    X(EVENT_CREATE, event_create)                                                              \
-    X(EVENT_DESTROY, event_destroy)                                                            \
-    X(EVENT_RECORD, event_record)                                                              \
-    X(EVENT_QUERY, event_query)                                                                \
-    X(EVENT_SYNCHRONIZE, event_synchronize)                                                    \
-    X(STREAM_WAIT_EVENT, stream_wait_event)                                                    \
+#define DDO_DEVICE_OPS(X)                     \
+    X(MEM_INFO, mem_info)                     \
+    X(VA_RESERVE, va_reserve)                 \
+    X(VA_RELEASE, va_release)                 \
+    X(PHYS_CREATE, phys_create)               \
+    X(PHYS_RELEASE, phys_release)             \
+    X(MAP, map)                               \
+    X(UNMAP, unmap)                           \
+    X(SET_ACCESS, set_access)                 \
+    X(MEM_ALLOC, mem_alloc)                   \
+    X(MEM_FREE, mem_free)                     \
+    X(HOST_REGISTER, host_register)           \
+    X(HOST_UNREGISTER, host_unregister)       \
+    X(HOST_ALLOC, host_alloc)                 \
+    X(HOST_FREE, host_free)                   \
+    X(STREAM_CREATE, stream_create)           \
+    X(STREAM_DESTROY, stream_destroy)         \
+    X(STREAM_SYNCHRONIZE, stream_synchronize) \
+    X(COPY_H2D, copy_h2d)                     \
+    X(COPY_D2H, copy_d2h)                     \
+    X(EVENT_CREATE, event_create)             \
+    X(EVENT_DESTROY, event_destroy)           \
+    X(EVENT_RECORD, event_record)             \
+    X(EVENT_QUERY, event_query)               \
+    X(EVENT_SYNCHRONIZE, event_synchronize)   \
+    X(STREAM_WAIT_EVENT, stream_wait_event)   \
     X(HOST_FN, host_fn)
 
 typedef enum ddo__devop {
@@ -188,5 +188,47 @@ void ddo__device_clear_faults(ddo_device *dev);
 
 /* cpu device only: change the copy throttle at run time (bytes/s, 0 = off; latency ns). */
 int ddo__device_cpu_throttle(ddo_device *dev, double bytes_per_s, uint64_t latency_ns);
+
+/*
+ * What the device holds right now through the wrappers, with peaks since
+ * creation: device bytes (phys_create + mem_alloc - their releases), pinned
+ * host bytes (host_alloc - host_free), registered host bytes, reserved
+ * virtual bytes and mapped bytes. Every figure returns to zero when everything
+ * taken has been given back. Thread-safe.
+ */
+typedef struct ddo__device_usage_t {
+    uint64_t device_bytes, device_peak_bytes;
+    uint64_t pinned_bytes, pinned_peak_bytes;
+    uint64_t registered_bytes, registered_peak_bytes;
+    uint64_t va_bytes, va_peak_bytes;
+    uint64_t mapped_bytes, mapped_peak_bytes;
+} ddo__device_usage_t;
+void ddo__device_usage(const ddo_device *dev, ddo__device_usage_t *out);
+
+/* cpu device hook behind ddo__device_cpu_throttle (device_cpu.c). */
+int ddo__cpu_set_throttle(void *st, double bytes_per_s, uint64_t latency_ns, ddo__errbuf *eb);
+
+/*
+ * A small table of (key, size, obj) kept sorted by key, shared by the device
+ * files: exact lookup, floor lookup (the entry containing an address) and
+ * ordered insertion. Not thread-safe by itself.
+ */
+typedef struct ddo__devtab_entry {
+    uint64_t key;
+    uint64_t size;
+    void *obj;
+} ddo__devtab_entry;
+typedef struct ddo__devtab {
+    ddo__devtab_entry *v;
+    size_t len, cap;
+} ddo__devtab;
+/* Index of the entry with key, or SIZE_MAX. */
+size_t ddo__devtab_find(const ddo__devtab *t, uint64_t key);
+/* Index of the entry with the greatest key <= key, or SIZE_MAX. */
+size_t ddo__devtab_floor(const ddo__devtab *t, uint64_t key);
+/* Inserts in order; DDO_E_NO_MEMORY, or DDO_E_INVALID_ARGUMENT if key exists (eb untouched). */
+int ddo__devtab_insert(ddo__devtab *t, uint64_t key, uint64_t size, void *obj);
+void ddo__devtab_remove_at(ddo__devtab *t, size_t i);
+void ddo__devtab_free(ddo__devtab *t);
 
 #endif /* DDO_DEVICE_H */

@@ -1,7 +1,792 @@
 /*
- * device_cuda.c - the cuda device (CUDA driver API, loaded at run time).
- * PLACEHOLDER until the cuda device lands: reports "not available".
+ * device_cuda.c - the cuda device: the operation table of device.h on the
+ * CUDA driver API, loaded at run time.
+ *
+ * Bootstrap (docs/cuda.md): the driver library is the explicit path
+ * (ddo_device_options.cuda_library_path), else the value of
+ * DDO_VMM_LIBRARY_PATH the host passed (cuda_library_env; the library never
+ * reads the environment), else dlopen("libcuda.so.1"). A missing or invalid
+ * library fails with DDO_E_NO_DEVICE and nothing else is tried. Only
+ * cuGetProcAddress is taken with dlsym; every other entry point comes through
+ * it at one pinned ABI version (DDO_CU_ABI), typed with the PFN_ typedefs of
+ * cudaTypedefs.h, so the build needs only the CUDA headers.
+ *
+ * The device works in the device's primary context (shared with a PyTorch
+ * host in the same process) and makes it current on every thread that calls
+ * in. Every CUresult becomes a ddo error code in cu_code()/cu_fail() only.
+ *
+ * Thread-safety: after open the state is read-only; every operation may be
+ * called from any thread.
  */
+#define _POSIX_C_SOURCE 200809L
 #include "device.h"
 
+#if DDO_HAVE_CUDA_H
+
+#    include <cuda.h>
+#    include <cudaTypedefs.h>
+#    include <dlfcn.h>
+#    include <stdarg.h>
+#    include <stdio.h>
+#    include <stdlib.h>
+#    include <string.h>
+
+/* Every entry point is requested as the ABI of CUDA 12.0 (the PFN_ types below match it). */
+#    define DDO_CU_ABI 12000
+
+/* The default driver library name (discovery). */
+#    define DDO_CU_LIBRARY "libcuda.so.1"
+
+typedef struct cu_api {
+    PFN_cuGetErrorName_v6000 GetErrorName;
+    PFN_cuInit_v2000 Init;
+    PFN_cuDriverGetVersion_v2020 DriverGetVersion;
+    PFN_cuDeviceGetCount_v2000 DeviceGetCount;
+    PFN_cuDeviceGet_v2000 DeviceGet;
+    PFN_cuDeviceGetName_v2000 DeviceGetName;
+    PFN_cuDeviceGetAttribute_v2000 DeviceGetAttribute;
+    PFN_cuDeviceTotalMem_v3020 DeviceTotalMem;
+    PFN_cuDevicePrimaryCtxRetain_v7000 DevicePrimaryCtxRetain;
+    PFN_cuDevicePrimaryCtxRelease_v11000 DevicePrimaryCtxRelease;
+    PFN_cuCtxGetCurrent_v4000 CtxGetCurrent;
+    PFN_cuCtxSetCurrent_v4000 CtxSetCurrent;
+    PFN_cuCtxGetStreamPriorityRange_v5050 CtxGetStreamPriorityRange;
+    PFN_cuMemGetInfo_v3020 MemGetInfo;
+    PFN_cuMemGetAllocationGranularity_v10020 MemGetAllocationGranularity;
+    PFN_cuMemAddressReserve_v10020 MemAddressReserve;
+    PFN_cuMemAddressFree_v10020 MemAddressFree;
+    PFN_cuMemCreate_v10020 MemCreate;
+    PFN_cuMemRelease_v10020 MemRelease;
+    PFN_cuMemMap_v10020 MemMap;
+    PFN_cuMemUnmap_v10020 MemUnmap;
+    PFN_cuMemSetAccess_v10020 MemSetAccess;
+    PFN_cuMemAlloc_v3020 MemAlloc;
+    PFN_cuMemFree_v3020 MemFree;
+    PFN_cuMemHostRegister_v6050 MemHostRegister;
+    PFN_cuMemHostUnregister_v4000 MemHostUnregister;
+    PFN_cuMemHostAlloc_v2020 MemHostAlloc;
+    PFN_cuMemFreeHost_v2000 MemFreeHost;
+    PFN_cuStreamCreateWithPriority_v5050 StreamCreateWithPriority;
+    PFN_cuStreamDestroy_v4000 StreamDestroy;
+    PFN_cuStreamSynchronize_v2000 StreamSynchronize;
+    PFN_cuMemcpyHtoDAsync_v3020 MemcpyHtoDAsync;
+    PFN_cuMemcpyDtoH_v3020 MemcpyDtoH;
+    PFN_cuEventCreate_v2000 EventCreate;
+    PFN_cuEventDestroy_v4000 EventDestroy;
+    PFN_cuEventRecord_v2000 EventRecord;
+    PFN_cuEventQuery_v2000 EventQuery;
+    PFN_cuEventSynchronize_v2000 EventSynchronize;
+    PFN_cuStreamWaitEvent_v3020 StreamWaitEvent;
+    PFN_cuLaunchHostFunc_v10000 LaunchHostFunc;
+} cu_api;
+
+/* The symbol table: driver name and the field it fills (all at DDO_CU_ABI). */
+static const struct {
+    const char *symbol;
+    size_t offset;
+} cu_symbols[] = {
+#    define CU_SYM_(field)                       \
+        {                                        \
+            "cu" #field, offsetof(cu_api, field) \
+        }
+    CU_SYM_(GetErrorName),
+    CU_SYM_(Init),
+    CU_SYM_(DriverGetVersion),
+    CU_SYM_(DeviceGetCount),
+    CU_SYM_(DeviceGet),
+    CU_SYM_(DeviceGetName),
+    CU_SYM_(DeviceGetAttribute),
+    CU_SYM_(DeviceTotalMem),
+    CU_SYM_(DevicePrimaryCtxRetain),
+    CU_SYM_(DevicePrimaryCtxRelease),
+    CU_SYM_(CtxGetCurrent),
+    CU_SYM_(CtxSetCurrent),
+    CU_SYM_(CtxGetStreamPriorityRange),
+    CU_SYM_(MemGetInfo),
+    CU_SYM_(MemGetAllocationGranularity),
+    CU_SYM_(MemAddressReserve),
+    CU_SYM_(MemAddressFree),
+    CU_SYM_(MemCreate),
+    CU_SYM_(MemRelease),
+    CU_SYM_(MemMap),
+    CU_SYM_(MemUnmap),
+    CU_SYM_(MemSetAccess),
+    CU_SYM_(MemAlloc),
+    CU_SYM_(MemFree),
+    CU_SYM_(MemHostRegister),
+    CU_SYM_(MemHostUnregister),
+    CU_SYM_(MemHostAlloc),
+    CU_SYM_(MemFreeHost),
+    CU_SYM_(StreamCreateWithPriority),
+    CU_SYM_(StreamDestroy),
+    CU_SYM_(StreamSynchronize),
+    CU_SYM_(MemcpyHtoDAsync),
+    CU_SYM_(MemcpyDtoH),
+    CU_SYM_(EventCreate),
+    CU_SYM_(EventDestroy),
+    CU_SYM_(EventRecord),
+    CU_SYM_(EventQuery),
+    CU_SYM_(EventSynchronize),
+    CU_SYM_(StreamWaitEvent),
+    CU_SYM_(LaunchHostFunc),
+#    undef CU_SYM_
+};
+
+typedef struct cuda_dev {
+    cu_api api;
+    void *lib;
+    char lib_path[512];
+    int ordinal;
+    CUdevice device;
+    CUcontext ctx;
+    bool ctx_retained;
+    bool vmm;
+    size_t granularity;
+    int prio_least;    /* numerically largest: the lowest priority */
+    int prio_greatest; /* numerically smallest: the highest priority */
+    int driver_version;
+    char name[128];
+} cuda_dev;
+
+static double mib(uint64_t bytes)
+{
+    return (double)bytes / (double)DDO_MIB;
+}
+
+/* The one mapping from CUresult to a ddo error code. */
+static int cu_code(CUresult r)
+{
+    switch (r) {
+    case CUDA_SUCCESS:
+        return 0;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+        return DDO_E_DEVICE_MEMORY;
+    case CUDA_ERROR_NOT_READY:
+        return DDO_E_BUSY;
+    case CUDA_ERROR_NO_DEVICE:
+    case CUDA_ERROR_INVALID_DEVICE:
+    case CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER:
+    case CUDA_ERROR_STUB_LIBRARY:
+    case CUDA_ERROR_SYSTEM_DRIVER_MISMATCH:
+    case CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE:
+        return DDO_E_NO_DEVICE;
+    default:
+        return DDO_E_DEVICE;
+    }
+}
+
+/* The driver's name of r ("CUDA_ERROR_OUT_OF_MEMORY"), or "CUresult N" when it has none. */
+static const char *cu_name(const cuda_dev *d, CUresult r, char *buf, size_t len)
+{
+    const char *s = NULL;
+    if (d != NULL && d->api.GetErrorName != NULL && d->api.GetErrorName(r, &s) == CUDA_SUCCESS &&
+        s != NULL)
+        return s;
+    snprintf(buf, len, "CUresult %d", (int)r);
+    return buf;
+}
+
+/*
+ * Records a failed driver call: "cuMemMap: CUDA_ERROR_OUT_OF_MEMORY mapping 512.00 MiB".
+ * Returns the ddo code of r.
+ */
+static int cu_fail(const cuda_dev *d, ddo__errbuf *eb, CUresult r, const char *call,
+                   const char *fmt, ...) DDO_PRINTF(5, 6);
+static int cu_fail(const cuda_dev *d, ddo__errbuf *eb, CUresult r, const char *call,
+                   const char *fmt, ...)
+{
+    char what[384] = "";
+    if (fmt != NULL && fmt[0] != '\0') {
+        va_list ap;
+        va_start(ap, fmt);
+        what[0] = ' ';
+        vsnprintf(what + 1, sizeof(what) - 1, fmt, ap);
+        va_end(ap);
+        if (what[1] == '\0')
+            what[0] = '\0';
+    }
+    char nbuf[32];
+    int code = cu_code(r);
+    if (code == 0)
+        code = DDO_E_INTERNAL;
+    return ddo__fail(eb, code, "%s: %s%s", call, cu_name(d, r, nbuf, sizeof(nbuf)), what);
+}
+
+/* Makes the device's primary context current on the calling thread. */
+static int bind_ctx(const cuda_dev *d, ddo__errbuf *eb)
+{
+    CUcontext cur = NULL;
+    if (d->api.CtxGetCurrent(&cur) == CUDA_SUCCESS && cur == d->ctx)
+        return 0;
+    CUresult r = d->api.CtxSetCurrent(d->ctx);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuCtxSetCurrent", "(primary context of cuda:%d)", d->ordinal);
+    return 0;
+}
+
+#    define BIND(d, eb)                         \
+        do {                                    \
+            int bind_rc_ = bind_ctx((d), (eb)); \
+            if (bind_rc_ != 0)                  \
+                return bind_rc_;                \
+        } while (0)
+
+/* "cuda" -> 0, "cuda:N" -> N; -1 when malformed. */
+static int parse_ordinal(const char *spec)
+{
+    if (spec == NULL || strncmp(spec, "cuda", 4) != 0)
+        return -1;
+    if (spec[4] == '\0')
+        return 0;
+    if (spec[4] != ':' || spec[5] < '0' || spec[5] > '9')
+        return -1;
+    long v = 0;
+    for (const char *p = spec + 5; *p != '\0'; p++) {
+        if (*p < '0' || *p > '9' || v > 1000000)
+            return -1;
+        v = v * 10 + (*p - '0');
+    }
+    return (int)v;
+}
+
+/* dlopen + cuGetProcAddress: fills d->api or fails with DDO_E_NO_DEVICE (no fallback). */
+static int load_driver(cuda_dev *d, const char *path, ddo__errbuf *eb)
+{
+    snprintf(d->lib_path, sizeof(d->lib_path), "%s", path);
+    dlerror();
+    d->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (d->lib == NULL) {
+        const char *e = dlerror();
+        return ddo__fail(eb, DDO_E_NO_DEVICE, "no CUDA driver: dlopen(%s): %s", path,
+                         e != NULL ? e : "unknown error");
+    }
+    void *sym = dlsym(d->lib, "cuGetProcAddress_v2");
+    PFN_cuGetProcAddress_v12000 gpa2 = NULL;
+    PFN_cuGetProcAddress_v11030 gpa1 = NULL;
+    if (sym != NULL) {
+        memcpy(&gpa2, &sym, sizeof(sym));
+    } else {
+        sym = dlsym(d->lib, "cuGetProcAddress");
+        if (sym == NULL) {
+            dlclose(d->lib);
+            d->lib = NULL;
+            return ddo__fail(eb, DDO_E_NO_DEVICE,
+                             "no CUDA driver: %s: no cuGetProcAddress_v2 or cuGetProcAddress "
+                             "(not a CUDA driver library, or a driver older than CUDA 11.3)",
+                             path);
+        }
+        memcpy(&gpa1, &sym, sizeof(sym));
+    }
+    for (size_t i = 0; i < DDO_ARRAY_LEN(cu_symbols); i++) {
+        void *fn = NULL;
+        CUresult r;
+        CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SUCCESS;
+        if (gpa2 != NULL)
+            r = gpa2(cu_symbols[i].symbol, &fn, DDO_CU_ABI, CU_GET_PROC_ADDRESS_LEGACY_STREAM,
+                     &status);
+        else
+            r = gpa1(cu_symbols[i].symbol, &fn, DDO_CU_ABI, CU_GET_PROC_ADDRESS_LEGACY_STREAM);
+        if (r != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS || fn == NULL) {
+            char nbuf[32];
+            dlclose(d->lib);
+            d->lib = NULL;
+            memset(&d->api, 0, sizeof(d->api));
+            return ddo__fail(eb, DDO_E_NO_DEVICE,
+                             "no CUDA driver: %s: cuGetProcAddress(%s, %d): %s (status %d); "
+                             "the driver is older than CUDA %d.%d",
+                             path, cu_symbols[i].symbol, DDO_CU_ABI,
+                             r != CUDA_SUCCESS ? cu_name(NULL, r, nbuf, sizeof(nbuf)) : "not found",
+                             (int)status, DDO_CU_ABI / 1000, DDO_CU_ABI % 1000 / 10);
+        }
+        memcpy((char *)&d->api + cu_symbols[i].offset, &fn, sizeof(fn));
+    }
+    return 0;
+}
+
+static void cuda_close(void *st)
+{
+    cuda_dev *d = st;
+    if (d == NULL)
+        return;
+    if (d->ctx_retained)
+        d->api.DevicePrimaryCtxRelease(d->device);
+    /* libcuda stays loaded for the life of the process (as the CUDA runtime does): its
+     * threads and exit handlers must not lose their code under them. */
+    free(d);
+}
+
+static int cuda_open(const char *spec, const ddo_device_options *opts, void **st, ddo__errbuf *eb)
+{
+    int ordinal = parse_ordinal(spec);
+    if (ordinal < 0)
+        return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
+                         "execution_device \"%s\": expected cuda or cuda:N", spec ? spec : "");
+    const char *path = DDO_CU_LIBRARY;
+    if (opts != NULL && opts->cuda_library_path != NULL && opts->cuda_library_path[0] != '\0')
+        path = opts->cuda_library_path;
+    else if (opts != NULL && opts->cuda_library_env != NULL && opts->cuda_library_env[0] != '\0')
+        path = opts->cuda_library_env;
+
+    cuda_dev *d = ddo__calloc(1, sizeof(*d));
+    if (d == NULL)
+        return ddo__fail(eb, DDO_E_NO_MEMORY, "cuda:%d: out of host memory", ordinal);
+    d->ordinal = ordinal;
+    int rc = load_driver(d, path, eb);
+    if (rc != 0) {
+        free(d);
+        return rc;
+    }
+    const cu_api *a = &d->api;
+    CUresult r = a->Init(0);
+    if (r != CUDA_SUCCESS) {
+        rc = cu_fail(d, eb, r, "cuInit", "(driver %s)", path);
+        goto fail;
+    }
+    a->DriverGetVersion(&d->driver_version);
+    int count = 0;
+    r = a->DeviceGetCount(&count);
+    if (r != CUDA_SUCCESS) {
+        rc = cu_fail(d, eb, r, "cuDeviceGetCount", "(driver %s)", path);
+        goto fail;
+    }
+    if (ordinal >= count) {
+        rc = ddo__fail(eb, DDO_E_NO_DEVICE, "%s: no such device (%d CUDA device%s visible)", spec,
+                       count, count == 1 ? "" : "s");
+        goto fail;
+    }
+    r = a->DeviceGet(&d->device, ordinal);
+    if (r != CUDA_SUCCESS) {
+        rc = cu_fail(d, eb, r, "cuDeviceGet", "for %s", spec);
+        goto fail;
+    }
+    r = a->DeviceGetName(d->name, (int)sizeof(d->name), d->device);
+    if (r != CUDA_SUCCESS)
+        snprintf(d->name, sizeof(d->name), "cuda:%d", ordinal);
+    int vmm = 0;
+    r = a->DeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                              d->device);
+    if (r != CUDA_SUCCESS) {
+        rc = cu_fail(d, eb, r, "cuDeviceGetAttribute", "(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)");
+        goto fail;
+    }
+    d->vmm = vmm != 0;
+    r = a->DevicePrimaryCtxRetain(&d->ctx, d->device);
+    if (r != CUDA_SUCCESS) {
+        rc = cu_fail(d, eb, r, "cuDevicePrimaryCtxRetain", "for %s", spec);
+        goto fail;
+    }
+    d->ctx_retained = true;
+    rc = bind_ctx(d, eb);
+    if (rc != 0)
+        goto fail;
+    d->granularity = 2 * DDO_MIB; /* nominal when VMM is unsupported (the planner's unit) */
+    if (d->vmm) {
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof(prop));
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = ordinal;
+        size_t g = 0;
+        r = a->MemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+        if (r != CUDA_SUCCESS) {
+            rc = cu_fail(d, eb, r, "cuMemGetAllocationGranularity", "for %s", spec);
+            goto fail;
+        }
+        if (g != 0)
+            d->granularity = g;
+    }
+    r = a->CtxGetStreamPriorityRange(&d->prio_least, &d->prio_greatest);
+    if (r != CUDA_SUCCESS) {
+        rc = cu_fail(d, eb, r, "cuCtxGetStreamPriorityRange", "for %s", spec);
+        goto fail;
+    }
+    *st = d;
+    return 0;
+fail:
+    /* cuInit ran: the driver stays loaded (see cuda_close). */
+    cuda_close(d);
+    return rc;
+}
+
+static int cuda_mem_info(void *st, uint64_t *free_bytes, uint64_t *total_bytes, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    size_t f = 0, t = 0;
+    CUresult r = d->api.MemGetInfo(&f, &t);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuMemGetInfo", "on cuda:%d", d->ordinal);
+    *free_bytes = f;
+    *total_bytes = t;
+    return 0;
+}
+
+static int cuda_caps(void *st, ddo_device_caps *out, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    uint64_t f = 0, t = 0;
+    int rc = cuda_mem_info(st, &f, &t, eb);
+    if (rc != 0)
+        return rc;
+    memset(out, 0, sizeof(*out));
+    snprintf(out->name, sizeof(out->name), "%s", d->name);
+    out->total_bytes = t;
+    out->free_bytes = f;
+    out->granularity = d->granularity;
+    out->vmm_supported = d->vmm;
+    out->is_cpu = false;
+    return 0;
+}
+
+static int need_vmm(const cuda_dev *d, ddo__errbuf *eb, const char *call)
+{
+    if (d->vmm)
+        return 0;
+    return ddo__fail(eb, DDO_E_UNSUPPORTED,
+                     "%s: cuda:%d (%s) does not support virtual memory management; use "
+                     "--ddo-backend linear",
+                     call, d->ordinal, d->name);
+}
+
+static int cuda_va_reserve(void *st, uint64_t size, uint64_t *va, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    int rc = need_vmm(d, eb, "cuMemAddressReserve");
+    if (rc != 0)
+        return rc;
+    BIND(d, eb);
+    CUdeviceptr p = 0;
+    CUresult r = d->api.MemAddressReserve(&p, (size_t)size, 0, 0, 0);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuMemAddressReserve", "reserving %.2f MiB", mib(size));
+    *va = (uint64_t)p;
+    return 0;
+}
+
+static int cuda_va_release(void *st, uint64_t va, uint64_t size, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    CUresult r = d->api.MemAddressFree((CUdeviceptr)va, (size_t)size);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuMemAddressFree", "freeing %.2f MiB at 0x%llx", mib(size),
+                       (unsigned long long)va);
+    return 0;
+}
+
+static int cuda_phys_create(void *st, uint64_t size, uint64_t *handle, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    int rc = need_vmm(d, eb, "cuMemCreate");
+    if (rc != 0)
+        return rc;
+    if (size == 0 || size % d->granularity != 0)
+        return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
+                         "cuMemCreate: %llu bytes is not a positive multiple of the granularity "
+                         "(%zu bytes) of cuda:%d",
+                         (unsigned long long)size, d->granularity, d->ordinal);
+    BIND(d, eb);
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof(prop));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = d->ordinal;
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = d->api.MemCreate(&h, (size_t)size, &prop, 0);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuMemCreate", "creating %.2f MiB", mib(size));
+    *handle = (uint64_t)h;
+    return 0;
+}
+
+static int cuda_phys_release(void *st, uint64_t handle, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    CUresult r = d->api.MemRelease((CUmemGenericAllocationHandle)handle);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuMemRelease", "releasing handle 0x%llx",
+                       (unsigned long long)handle);
+    return 0;
+}
+
+static int cuda_map(void *st, uint64_t va, uint64_t size, uint64_t handle, uint64_t handle_offset,
+                    ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    CUresult r = d->api.MemMap((CUdeviceptr)va, (size_t)size, (size_t)handle_offset,
+                               (CUmemGenericAllocationHandle)handle, 0);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuMemMap", "mapping %.2f MiB at 0x%llx (handle offset %llu)",
+                       mib(size), (unsigned long long)va, (unsigned long long)handle_offset);
+    return 0;
+}
+
+static int cuda_unmap(void *st, uint64_t va, uint64_t size, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    CUresult r = d->api.MemUnmap((CUdeviceptr)va, (size_t)size);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuMemUnmap", "unmapping %.2f MiB at 0x%llx", mib(size),
+                       (unsigned long long)va);
+    return 0;
+}
+
+static int cuda_set_access(void *st, uint64_t va, uint64_t size, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    CUmemAccessDesc acc;
+    memset(&acc, 0, sizeof(acc));
+    acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    acc.location.id = d->ordinal;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CUresult r = d->api.MemSetAccess((CUdeviceptr)va, (size_t)size, &acc, 1);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuMemSetAccess", "granting read-write on %.2f MiB at 0x%llx",
+                       mib(size), (unsigned long long)va);
+    return 0;
+}
+
+static int cuda_mem_alloc(void *st, uint64_t size, uint64_t *ptr, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    CUdeviceptr p = 0;
+    CUresult r = d->api.MemAlloc(&p, (size_t)size);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuMemAlloc", "allocating %.2f MiB", mib(size));
+    *ptr = (uint64_t)p;
+    return 0;
+}
+
+static int cuda_mem_free(void *st, uint64_t ptr, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    CUresult r = d->api.MemFree((CUdeviceptr)ptr);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuMemFree", "freeing 0x%llx", (unsigned long long)ptr);
+    return 0;
+}
+
+static int cuda_host_register(void *st, void *p, size_t size, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    CUresult r = d->api.MemHostRegister(p, size, CU_MEMHOSTREGISTER_PORTABLE);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuMemHostRegister", "registering %.2f MiB at %p", mib(size), p);
+    return 0;
+}
+
+static int cuda_host_unregister(void *st, void *p, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    CUresult r = d->api.MemHostUnregister(p);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuMemHostUnregister", "unregistering %p", p);
+    return 0;
+}
+
+static int cuda_host_alloc(void *st, size_t size, void **p, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    void *q = NULL;
+    CUresult r = d->api.MemHostAlloc(&q, size, CU_MEMHOSTALLOC_PORTABLE);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuMemHostAlloc", "allocating %.2f MiB of pinned host memory",
+                       mib(size));
+    *p = q;
+    return 0;
+}
+
+static int cuda_host_free(void *st, void *p, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    CUresult r = d->api.MemFreeHost(p);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuMemFreeHost", "freeing %p", p);
+    return 0;
+}
+
+/* Priority 0 (host compute) gets the context's highest priority, 1 (ddo's copy stream)
+ * the lowest: CUDA's default priority 0 is already the lowest, so a copy stream cannot go
+ * below a host stream created at the default. */
+static int cuda_stream_create(void *st, int priority, void **stream, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    int prio = priority <= 0 ? d->prio_greatest : d->prio_least;
+    CUstream s = NULL;
+    CUresult r = d->api.StreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, prio);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuStreamCreateWithPriority", "(priority %d)", prio);
+    *stream = s;
+    return 0;
+}
+
+static int cuda_stream_destroy(void *st, void *stream, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    CUresult r = d->api.StreamDestroy((CUstream)stream);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuStreamDestroy", "on cuda:%d", d->ordinal);
+    return 0;
+}
+
+static int cuda_stream_synchronize(void *st, void *stream, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    CUresult r = d->api.StreamSynchronize((CUstream)stream);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuStreamSynchronize", "on cuda:%d", d->ordinal);
+    return 0;
+}
+
+static int cuda_copy_h2d(void *st, uint64_t dst, const void *src, size_t size, void *stream,
+                         ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    CUresult r = d->api.MemcpyHtoDAsync((CUdeviceptr)dst, src, size, (CUstream)stream);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuMemcpyHtoDAsync", "copying %.2f MiB to 0x%llx", mib(size),
+                       (unsigned long long)dst);
+    return 0;
+}
+
+/* Synchronous on the legacy stream; ddo's streams are non-blocking, so the caller waits for
+ * the work that produced src (stream or event synchronize) before calling. */
+static int cuda_copy_d2h(void *st, void *dst, uint64_t src, size_t size, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    CUresult r = d->api.MemcpyDtoH(dst, (CUdeviceptr)src, size);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuMemcpyDtoH", "copying %.2f MiB from 0x%llx", mib(size),
+                       (unsigned long long)src);
+    return 0;
+}
+
+static int cuda_event_create(void *st, void **event, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    CUevent e = NULL;
+    CUresult r = d->api.EventCreate(&e, CU_EVENT_DISABLE_TIMING);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuEventCreate", "on cuda:%d", d->ordinal);
+    *event = e;
+    return 0;
+}
+
+static int cuda_event_destroy(void *st, void *event, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    CUresult r = d->api.EventDestroy((CUevent)event);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuEventDestroy", "on cuda:%d", d->ordinal);
+    return 0;
+}
+
+static int cuda_event_record(void *st, void *event, void *stream, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    CUresult r = d->api.EventRecord((CUevent)event, (CUstream)stream);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuEventRecord", "on cuda:%d", d->ordinal);
+    return 0;
+}
+
+static int cuda_event_query(void *st, void *event, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    CUresult r = d->api.EventQuery((CUevent)event);
+    if (r == CUDA_SUCCESS)
+        return 0;
+    if (r == CUDA_ERROR_NOT_READY)
+        return cu_code(r); /* not a failure: no detail recorded */
+    return cu_fail(d, eb, r, "cuEventQuery", "on cuda:%d", d->ordinal);
+}
+
+static int cuda_event_synchronize(void *st, void *event, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    CUresult r = d->api.EventSynchronize((CUevent)event);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuEventSynchronize", "on cuda:%d", d->ordinal);
+    return 0;
+}
+
+static int cuda_stream_wait_event(void *st, void *stream, void *event, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    CUresult r = d->api.StreamWaitEvent((CUstream)stream, (CUevent)event, 0);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuStreamWaitEvent", "on cuda:%d", d->ordinal);
+    return 0;
+}
+
+static int cuda_host_fn(void *st, void *stream, ddo__host_fn fn, void *user, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    CUresult r = d->api.LaunchHostFunc((CUstream)stream, fn, user);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuLaunchHostFunc", "on cuda:%d", d->ordinal);
+    return 0;
+}
+
+static const ddo__device_ops cuda_ops = {
+    .name = "cuda",
+    .open = cuda_open,
+    .close = cuda_close,
+    .caps = cuda_caps,
+    .mem_info = cuda_mem_info,
+    .va_reserve = cuda_va_reserve,
+    .va_release = cuda_va_release,
+    .phys_create = cuda_phys_create,
+    .phys_release = cuda_phys_release,
+    .map = cuda_map,
+    .unmap = cuda_unmap,
+    .set_access = cuda_set_access,
+    .mem_alloc = cuda_mem_alloc,
+    .mem_free = cuda_mem_free,
+    .host_register = cuda_host_register,
+    .host_unregister = cuda_host_unregister,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
+    .stream_synchronize = cuda_stream_synchronize,
+    .copy_h2d = cuda_copy_h2d,
+    .copy_d2h = cuda_copy_d2h,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .event_query = cuda_event_query,
+    .event_synchronize = cuda_event_synchronize,
+    .stream_wait_event = cuda_stream_wait_event,
+    .host_fn = cuda_host_fn,
+};
+
+const ddo__device_ops *const ddo__device_cuda_ops = &cuda_ops;
+
+#else /* !DDO_HAVE_CUDA_H */
+
 const ddo__device_ops *const ddo__device_cuda_ops = NULL;
+
+#endif

@@ -1,14 +1,1372 @@
 /*
- * cmd_bench.c - `ddo bench`. PLACEHOLDER: not implemented yet (owned by the issue that builds it).
+ * cmd_bench.c - `ddo bench`: measures, in one run, the physical limits of the
+ * machine and how close each requested route gets to them.
+ *
+ *   1. the bus limit: pinned host->device copies in 16 MiB pieces (cuda), or
+ *      the cpu device's configured throttle / a memcpy;
+ *   2. the page-cache read speed of the checkpoint (every file read once
+ *      with pread in 16 MiB pieces), and a sample of O_DIRECT reads;
+ *   3. the resident step time (every tensor resident, when it fits): the
+ *      compute time of a step;
+ *   4. each requested case (--case "NAME --ddo-flag value ..."): setup time,
+ *      a warm-up step, N timed steps, one checksum step, the peaks.
+ *
+ * A step runs every unit in plan order: acquire, the unit's products on the
+ * host stream (host.h), release; it ends when the stream is synchronized.
+ * The bound of a step is max(compute, bus-fed bytes / bus bandwidth,
+ * file-fed bytes / file read speed); the table prints step / bound.
+ *
+ * --trace FILE writes a Chrome/Perfetto trace (JSON trace-event format) of
+ * the trace steps run after the timed steps: acquire waits, host compute
+ * (issue, and on cuda the span the stream spent on the unit, via host
+ * callbacks), releases, and counters of bytes copied, hits and free device
+ * memory. The public API has no per-upload timestamps yet; the session's
+ * upload spans need a trace hook (see docs/cuda.md).
  */
+#define _GNU_SOURCE /* O_DIRECT */
+#include "host.h"
+#include "synth.h"
 #include "tool.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+/* host_cuda.c (bench helpers; DDO_E_NO_DEVICE without CUDA). */
+int ref_host_cuda_bus_bandwidth(ddo_stream *stream, uint64_t total_bytes, size_t piece_bytes,
+                                double *bytes_per_s, char *err, size_t err_len);
+int ref_host_cuda_stream_callback(ddo_stream *stream, void (*fn)(void *), void *user, char *err,
+                                  size_t err_len);
+
+#define MIB_D       (1024.0 * 1024.0)
+#define GIB_D       (1024.0 * 1024.0 * 1024.0)
+#define PIECE_BYTES ((size_t)16 << 20)
+#define MAX_CASES   16
+
+/* ---- small helpers ----------------------------------------------------------------- */
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int parse_u64(const char *s, uint64_t *out)
+{
+    if (s == NULL || *s == '\0' || s[0] == '-')
+        return -1;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno != 0 || *end != '\0')
+        return -1;
+    *out = (uint64_t)v;
+    return 0;
+}
+
+static int parse_double(const char *s, double *out)
+{
+    if (s == NULL || *s == '\0')
+        return -1;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno != 0 || *end != '\0' || !(v >= 0))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static double metric(const ddo_metrics *m, const char *name)
+{
+    double v = 0;
+    if (m == NULL || ddo_metrics_get(m, name, &v) != 0)
+        return 0;
+    return v;
+}
+
+static uint64_t device_free(ddo_device *dev)
+{
+    ddo_device_caps caps;
+    if (ddo_device_caps_get(dev, &caps) != 0)
+        return 0;
+    return caps.free_bytes;
+}
+
+static uint64_t host_available_bytes(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f != NULL) {
+        char line[256];
+        while (fgets(line, sizeof line, f) != NULL) {
+            unsigned long long kb;
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+                fclose(f);
+                return (uint64_t)kb * 1024u;
+            }
+        }
+        fclose(f);
+    }
+    return 0;
+}
+
+/* ---- the trace --------------------------------------------------------------------- */
+
+enum { TID_ACQUIRE = 1, TID_COMPUTE = 2, TID_GPU = 3, TID_RELEASE = 4, TID_STEP = 5 };
+
+typedef struct trace_ev {
+    const char *name; /* copied into text by trace_add (unit names die with their plan) */
+    char text[64];
+    const char *cat;
+    char ph; /* 'X' span, 'C' counter */
+    int tid;
+    uint64_t ts_ns, dur_ns;
+    double value; /* counters */
+    int pid;      /* one process per case */
+} trace_ev;
+
+/* Filled by a host callback on the compute stream (cuda): when the stream reached it. */
+typedef struct gpu_mark {
+    uint64_t ns;
+} gpu_mark;
+
+typedef struct trace {
+    trace_ev *ev;
+    size_t len, cap;
+    gpu_mark *marks; /* 2 per group of a trace step */
+    size_t marks_cap;
+    char **pid_names;
+    size_t pids;
+    uint64_t t0;
+    bool ok;
+} trace;
+
+static void trace_add(trace *t, trace_ev e)
+{
+    if (t == NULL || !t->ok)
+        return;
+    if (t->len == t->cap) {
+        size_t cap = t->cap ? 2 * t->cap : 1024;
+        trace_ev *p = realloc(t->ev, cap * sizeof(*p));
+        if (p == NULL) {
+            t->ok = false;
+            return;
+        }
+        t->ev = p;
+        t->cap = cap;
+    }
+    e.pid = (int)t->pids;
+    snprintf(e.text, sizeof(e.text), "%s", e.name != NULL ? e.name : "?");
+    e.name = NULL;
+    t->ev[t->len++] = e;
+}
+
+/* A span on track tid of the current case. */
+static void trace_span(trace *t, const char *name, const char *cat, int tid, uint64_t ts_ns,
+                       uint64_t dur_ns)
+{
+    trace_ev e;
+    memset(&e, 0, sizeof(e));
+    e.name = name;
+    e.cat = cat;
+    e.ph = 'X';
+    e.tid = tid;
+    e.ts_ns = ts_ns;
+    e.dur_ns = dur_ns;
+    trace_add(t, e);
+}
+
+/* A counter sample of the current case. */
+static void trace_counter(trace *t, const char *name, uint64_t ts_ns, double value)
+{
+    trace_ev e;
+    memset(&e, 0, sizeof(e));
+    e.name = name;
+    e.cat = "";
+    e.ph = 'C';
+    e.ts_ns = ts_ns;
+    e.value = value;
+    trace_add(t, e);
+}
+
+static void gpu_mark_fn(void *user)
+{
+    ((gpu_mark *)user)->ns = now_ns();
+}
+
+static int trace_write(const trace *t, const char *path)
+{
+    FILE *f = fopen(path, "w");
+    if (f == NULL) {
+        fprintf(stderr, "ddo bench: %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+    static const char *const tids[] = { "",
+                                        "host: acquire (wait)",
+                                        "host: compute issue",
+                                        "device: compute stream",
+                                        "host: release",
+                                        "step" };
+    bool first = true;
+    for (size_t p = 1; p <= t->pids; p++) {
+        json_t *name = json_string(t->pid_names[p - 1]);
+        char *s = json_dumps(name, JSON_ENCODE_ANY);
+        fprintf(f, "%s{\"ph\":\"M\",\"pid\":%zu,\"name\":\"process_name\",\"args\":{\"name\":%s}}",
+                first ? "" : ",\n", p, s ? s : "\"?\"");
+        free(s);
+        json_decref(name);
+        first = false;
+        for (int k = 1; k <= TID_STEP; k++)
+            fprintf(f,
+                    ",\n{\"ph\":\"M\",\"pid\":%zu,\"tid\":%d,\"name\":\"thread_name\",\"args\":"
+                    "{\"name\":\"%s\"}}",
+                    p, k, tids[k]);
+    }
+    for (size_t i = 0; i < t->len; i++) {
+        const trace_ev *e = &t->ev[i];
+        json_t *name = json_string(e->text);
+        char *s = json_dumps(name, JSON_ENCODE_ANY);
+        double ts = (double)(e->ts_ns - t->t0) / 1e3;
+        if (e->ph == 'C')
+            fprintf(
+                f, ",\n{\"ph\":\"C\",\"pid\":%d,\"name\":%s,\"ts\":%.3f,\"args\":{\"value\":%.0f}}",
+                e->pid, s ? s : "\"?\"", ts, e->value);
+        else
+            fprintf(f,
+                    ",\n{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"cat\":\"%s\",\"name\":%s,\"ts\":%.3f,"
+                    "\"dur\":%.3f}",
+                    e->pid, e->tid, e->cat, s ? s : "\"?\"", ts, (double)e->dur_ns / 1e3);
+        free(s);
+        json_decref(name);
+    }
+    fprintf(f, "\n]}\n");
+    int bad = ferror(f);
+    if (fclose(f) != 0 || bad) {
+        fprintf(stderr, "ddo bench: %s: write failed\n", path);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- arguments --------------------------------------------------------------------- */
+
+typedef struct bench_case {
+    char name[64];
+    char *flags;    /* owned copy of the case text after the name */
+    uint64_t steps; /* 0 = --steps */
+    uint64_t trace_steps;
+    bool has_trace_steps; /* else --trace-steps */
+} bench_case;
+
+typedef struct bench_args {
+    const char *path;
+    const char *layout;
+    const char *synth_out;
+    bool keep_synth;
+    double scale;
+    uint64_t tokens;
+    uint64_t steps;
+    uint64_t trace_steps;
+    double bus_gib;
+    double direct_gib;
+    bool resident;
+    const char *json_path;
+    const char *trace_path;
+    bench_case cases[MAX_CASES];
+    size_t ncases;
+    ddo_device_options dev_opts;
+} bench_args;
+
+static void usage(FILE *out)
+{
+    fprintf(
+        out,
+        "usage: ddo bench PATH | --layout FILE [--scale S] [--tokens T] [--steps N]\n"
+        "                 [--case \"NAME [--ddo-* flags] [--steps N]\"]... [--ddo-* flags]\n"
+        "                 [--json FILE] [--trace FILE] [--trace-steps N] [--no-resident]\n"
+        "                 [--bus-gib G] [--direct-gib G] [--synth-out FILE] [--keep-synth]\n"
+        "                 [--cpu-gbps B] [--cpu-gflops C] [--cpu-memory-gb M]\n\n"
+        "Measures the bus limit (pinned host->device copies in 16 MiB pieces), the\n"
+        "page-cache and O_DIRECT read speed of the checkpoint, the resident step time, and\n"
+        "each case: setup time, step time against max(compute, bytes / bandwidth), achieved\n"
+        "GB/s, stall, peak device memory against the plan and the driver's free-memory\n"
+        "figures, and whether the output is bit-identical to the resident run.\n\n"
+        "  PATH             a .safetensors file, a sharded index or a model directory\n"
+        "  --layout FILE    synthesise the checkpoint from a layout (ddo synth) first\n"
+        "  --scale S        layout scale (default 1)\n"
+        "  --tokens T       activation rows per product (default 256)\n"
+        "  --steps N        timed steps per case (default 5)\n"
+        "  --case TEXT      a named case: its --ddo-* flags (and --steps N, --trace-steps N)\n"
+        "                   apply on top of the global ones (repeatable; without --case one\n"
+        "                   case uses the global flags)\n"
+        "  --no-resident    skip the resident run (no compute time, no bit-identity check)\n"
+        "  --json FILE      write the results as JSON\n"
+        "  --trace FILE     write a Chrome/Perfetto trace of --trace-steps extra steps per\n"
+        "                   case (default 2)\n"
+        "  --bus-gib G      bytes copied to measure the bus (default 4)\n"
+        "  --direct-gib G   bytes read with O_DIRECT to measure the file (default 2; 0 = off)\n");
+}
+
+/* Splits a case's text "NAME --flag v ..." (whitespace separated; no quoting). */
+static int case_parse(bench_case *c, const char *text)
+{
+    memset(c, 0, sizeof(*c));
+    while (*text == ' ' || *text == '\t')
+        text++;
+    size_t n = strcspn(text, " \t");
+    if (n == 0 || n >= sizeof(c->name) || text[0] == '-')
+        return -1;
+    memcpy(c->name, text, n);
+    c->name[n] = '\0';
+    c->flags = strdup(text + n);
+    return c->flags == NULL ? -1 : 0;
+}
+
+/* argv of a case's flags (pointers into a scratch copy). argv[0] is a program name. */
+static int split_words(char *buf, char **argv, int max)
+{
+    int argc = 0;
+    argv[argc++] = "ddo-bench-case";
+    char *save = NULL;
+    for (char *w = strtok_r(buf, " \t", &save); w != NULL; w = strtok_r(NULL, " \t", &save)) {
+        if (argc + 1 >= max)
+            return -1;
+        argv[argc++] = w;
+    }
+    argv[argc] = NULL;
+    return argc;
+}
+
+/* ---- results ----------------------------------------------------------------------- */
+
+typedef struct case_result {
+    char name[64];
+    char route[32];
+    char read_engine[16];
+    bool ran;
+    char error[512];
+    uint64_t steps;
+    double setup_s;
+    double setup_read_s;
+    double step_s;     /* mean of the timed steps */
+    double step_min_s; /* fastest timed step */
+    double bound_s;
+    double ratio;
+    double gbps;           /* bytes copied per step / step time */
+    double stall_s;        /* per step */
+    double bus_bytes;      /* per step: uploads from registered or staged retained memory */
+    double file_bytes;     /* per step: staged from the file */
+    double copy_bytes;     /* per step */
+    double hits;           /* per step */
+    uint64_t plan_peak;    /* the plan's device weights peak */
+    uint64_t plan_limit;   /* the device weights budget (0 = none) */
+    uint64_t session_peak; /* device_weights_peak_bytes */
+    uint64_t driver_peak;  /* baseline free - lowest free seen (sampled) */
+    uint64_t driver_after; /* baseline free - free after destroy */
+    bool peak_ok;
+    uint64_t checksum;
+    bool have_checksum;
+    int identical; /* -1 unknown (no resident run), 0 no, 1 yes */
+    uint64_t computed, skipped;
+} case_result;
+
+/* Execution order: the resident tensors, then one group per unit. */
+typedef struct group {
+    size_t unit; /* SIZE_MAX: the resident group */
+    const size_t *tensors;
+    size_t count;
+    const char *name;
+} group;
+
+typedef struct order {
+    size_t *resident;
+    group *groups;
+    size_t count;
+} order;
+
+static void order_free(order *o)
+{
+    free(o->resident);
+    free(o->groups);
+    memset(o, 0, sizeof(*o));
+}
+
+static int order_build(const ddo_plan *plan, const ddo_checkpoint *ck, order *o)
+{
+    memset(o, 0, sizeof(*o));
+    size_t n = ddo_checkpoint_tensor_count(ck), units = ddo_plan_unit_count(plan);
+    o->resident = malloc((n > 0 ? n : 1) * sizeof(*o->resident));
+    o->groups = malloc((units + 1) * sizeof(*o->groups));
+    if (o->resident == NULL || o->groups == NULL) {
+        order_free(o);
+        return DDO_E_NO_MEMORY;
+    }
+    size_t r = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ddo_plan_tensor_placement(plan, i, NULL) == DDO_PLACEMENT_RESIDENT)
+            o->resident[r++] = i;
+    o->groups[0] = (group){ SIZE_MAX, o->resident, r, "resident" };
+    for (size_t u = 0; u < units; u++) {
+        size_t count = 0;
+        const size_t *t = ddo_plan_unit_tensors(plan, u, &count);
+        ddo_unit_info ui;
+        const char *name = ddo_plan_unit(plan, u, &ui) == 0 ? ui.name : "unit";
+        o->groups[u + 1] = (group){ u, t, t != NULL ? count : 0, name };
+    }
+    o->count = units + 1;
+    return 0;
+}
+
+/* ---- the bench context ------------------------------------------------------------- */
+
+typedef struct bench {
+    bench_args *a;
+    ddo_config *cfg; /* the global configuration (environment + global flags) */
+    ddo_device *dev;
+    ddo_device_caps caps;
+    const ddo_checkpoint *ck;
+    ddo_stream *stream;
+    ref_host *timing; /* outputs stay on the device */
+    ref_host *verify; /* checksum mode */
+    double bus_bps;
+    const char *bus_how;
+    double read_s, read_bps; /* page cache, whole checkpoint */
+    double direct_bps;       /* O_DIRECT sample; 0 = not measured */
+    double compute_s;        /* resident step time; 0 = unknown */
+    uint64_t resident_checksum;
+    bool have_resident;
+    trace tr;
+} bench;
+
+static int fail_case(case_result *r, const char *what, int rc, const char *detail)
+{
+    snprintf(r->error, sizeof(r->error), "%s: %s%s%s", what, ddo_strerror(rc),
+             detail != NULL && detail[0] ? ": " : "", detail != NULL ? detail : "");
+    fprintf(stderr, "ddo bench: case %s: %s\n", r->name, r->error);
+    return rc;
+}
+
+/* One step over every group. The trace (if any) records spans. */
+static int run_step(bench *b, ddo_session *s, ref_host *host, const order *o, trace *tr,
+                    uint64_t *min_free, uint64_t *checksum, case_result *r)
+{
+    uint64_t t_step = now_ns();
+    int rc = 0;
+    for (size_t gi = 0; gi < o->count; gi++) {
+        const group *g = &o->groups[gi];
+        uint64_t t0 = now_ns();
+        if (g->unit != SIZE_MAX) {
+            rc = ddo_session_acquire(s, g->unit, b->stream);
+            if (rc != 0)
+                return fail_case(r, "acquire", rc, ddo_session_error(s));
+        }
+        uint64_t t1 = now_ns();
+        if (min_free != NULL && g->unit != SIZE_MAX) {
+            uint64_t f = device_free(b->dev);
+            if (f > 0 && f < *min_free)
+                *min_free = f;
+        }
+        if (tr != NULL && !b->caps.is_cpu && 2 * gi + 1 < tr->marks_cap)
+            ref_host_cuda_stream_callback(b->stream, gpu_mark_fn, &tr->marks[2 * gi], NULL, 0);
+        uint64_t t2 = now_ns();
+        rc = ref_host_run_tensors(host, s, g->tensors, g->count, b->stream);
+        if (rc != 0)
+            return fail_case(r, "compute", rc, ref_host_error(host));
+        uint64_t t3 = now_ns();
+        if (tr != NULL && !b->caps.is_cpu && 2 * gi + 1 < tr->marks_cap)
+            ref_host_cuda_stream_callback(b->stream, gpu_mark_fn, &tr->marks[2 * gi + 1], NULL, 0);
+        if (g->unit != SIZE_MAX) {
+            rc = ddo_session_release(s, g->unit, b->stream);
+            if (rc != 0)
+                return fail_case(r, "release", rc, ddo_session_error(s));
+        }
+        uint64_t t4 = now_ns();
+        if (tr != NULL) {
+            if (g->unit != SIZE_MAX)
+                trace_span(tr, g->name, "acquire", TID_ACQUIRE, t0, t1 - t0);
+            trace_span(tr, g->name, "compute", TID_COMPUTE, t2, t3 - t2);
+            if (g->unit != SIZE_MAX)
+                trace_span(tr, g->name, "release", TID_RELEASE, t3, t4 - t3);
+            ddo_metrics *m = NULL;
+            if (ddo_session_metrics(s, false, &m) == 0) {
+                trace_counter(tr, "bytes copied (MiB)", t4, metric(m, "copy_bytes") / MIB_D);
+                trace_counter(tr, "hits", t4, metric(m, "hits"));
+                trace_counter(tr, "reclaims", t4, metric(m, "reclaim_events"));
+                ddo_metrics_destroy(m);
+            }
+            trace_counter(tr, "device free (MiB)", t4, (double)device_free(b->dev) / MIB_D);
+        }
+    }
+    uint64_t sum = 0;
+    rc = ref_host_step_checksum(host, b->stream, &sum);
+    if (rc != 0)
+        return fail_case(r, "step", rc, ref_host_error(host));
+    if (tr != NULL) {
+        trace_span(tr, "step", "step", TID_STEP, t_step, now_ns() - t_step);
+        if (!b->caps.is_cpu)
+            for (size_t gi = 0; gi < o->count && 2 * gi + 1 < tr->marks_cap; gi++) {
+                const gpu_mark *m0 = &tr->marks[2 * gi], *m1 = &tr->marks[2 * gi + 1];
+                if (m0->ns != 0 && m1->ns >= m0->ns)
+                    trace_span(tr, o->groups[gi].name, "gpu", TID_GPU, m0->ns, m1->ns - m0->ns);
+            }
+    }
+    if (checksum != NULL)
+        *checksum = sum;
+    return 0;
+}
+
+/*
+ * The checksum step: every tensor in checkpoint order (the same order for every case, so the
+ * step checksums of different plans compare), each unit leased while its tensors run.
+ */
+static int verify_step(bench *b, ddo_session *s, const ddo_plan *plan, uint64_t *checksum,
+                       case_result *r)
+{
+    size_t n = ddo_checkpoint_tensor_count(b->ck), held = SIZE_MAX;
+    int rc = 0;
+    for (size_t t = 0; t < n && rc == 0; t++) {
+        ddo_placement pl = ddo_plan_tensor_placement(plan, t, NULL);
+        if (pl == DDO_PLACEMENT_SKIPPED)
+            continue;
+        size_t u = pl == DDO_PLACEMENT_STREAMED ? ddo_plan_tensor_unit(plan, t) : SIZE_MAX;
+        if (u != SIZE_MAX && u != held) {
+            if (held != SIZE_MAX) {
+                rc = ddo_session_release(s, held, b->stream);
+                held = SIZE_MAX;
+                if (rc != 0)
+                    return fail_case(r, "release", rc, ddo_session_error(s));
+            }
+            rc = ddo_session_acquire(s, u, b->stream);
+            if (rc != 0)
+                return fail_case(r, "acquire", rc, ddo_session_error(s));
+            held = u;
+        }
+        rc = ref_host_run_tensors(b->verify, s, &t, 1, b->stream);
+        if (rc != 0)
+            fail_case(r, "compute", rc, ref_host_error(b->verify));
+    }
+    if (held != SIZE_MAX) {
+        int rc2 = ddo_session_release(s, held, b->stream);
+        if (rc == 0 && rc2 != 0)
+            return fail_case(r, "release", rc2, ddo_session_error(s));
+    }
+    if (rc != 0)
+        return rc;
+    rc = ref_host_step_checksum(b->verify, b->stream, checksum);
+    if (rc != 0)
+        return fail_case(r, "checksum", rc, ref_host_error(b->verify));
+    return 0;
+}
+
+/* Runs one case with cfg. The result records what happened; returns 0 or the failure. */
+static int run_case(bench *b, ddo_config *cfg, uint64_t steps, uint64_t trace_steps, case_result *r)
+{
+    ddo_plan *plan = NULL;
+    ddo_session *s = NULL;
+    order o;
+    memset(&o, 0, sizeof(o));
+    ddo_metrics *m = NULL;
+    uint64_t base_free = 0, min_free = 0;
+    int rc;
+    r->steps = steps;
+    r->identical = -1;
+
+    ddo_plan_inputs in;
+    memset(&in, 0, sizeof(in));
+    in.device_total_bytes = b->caps.total_bytes;
+    in.device_free_bytes = device_free(b->dev);
+    in.device_granularity = b->caps.granularity;
+    in.device_is_cpu = b->caps.is_cpu;
+    in.device_vmm_supported = b->caps.vmm_supported;
+    in.host_available_bytes = host_available_bytes();
+    in.bus_bytes_per_s = b->bus_bps;
+    in.tokens = b->a->tokens;
+    rc = ddo_plan_build(b->ck, cfg, &in, &plan);
+    if (rc != 0) {
+        fail_case(r, "plan", rc, ddo_last_error());
+        goto out;
+    }
+    snprintf(r->route, sizeof(r->route), "%s", ddo_plan_route(plan));
+    const char *engine = NULL;
+    if (ddo_config_get(cfg, "read_engine", &engine) == 0 && engine != NULL)
+        snprintf(r->read_engine, sizeof(r->read_engine), "%s", engine);
+    ddo_plan_budgets bud;
+    memset(&bud, 0, sizeof(bud));
+    ddo_plan_budgets_get(plan, &bud);
+    r->plan_peak = bud.device_weights_peak;
+    r->plan_limit = bud.device_weights_limit;
+    rc = order_build(plan, b->ck, &o);
+    if (rc != 0) {
+        fail_case(r, "order", rc, NULL);
+        goto out;
+    }
+    printf("case %s: route %s, %zu units, device weights peak %.2f GiB (resident %.2f GiB + "
+           "%zu slots x %.1f MiB)%s\n",
+           r->name, r->route, ddo_plan_unit_count(plan), (double)bud.device_weights_peak / GIB_D,
+           (double)bud.resident_bytes / GIB_D, bud.slot_count, (double)bud.slot_bytes / MIB_D,
+           bud.device_weights_limit ? "" : ", no device budget");
+    fflush(stdout);
+
+    base_free = device_free(b->dev);
+    min_free = base_free;
+    ddo_session_options so;
+    memset(&so, 0, sizeof(so));
+    so.config = cfg;
+    uint64_t t0 = now_ns();
+    rc = ddo_session_create(plan, b->ck, b->dev, &so, &s);
+    if (rc != 0) {
+        fail_case(r, "session", rc, ddo_last_error());
+        goto out;
+    }
+    r->setup_s = (double)(now_ns() - t0) / 1e9;
+    uint64_t f = device_free(b->dev);
+    if (f > 0 && f < min_free)
+        min_free = f;
+    if (ddo_session_metrics(s, false, &m) == 0) {
+        r->setup_read_s = metric(m, "setup_read_ns") / 1e9;
+        ddo_metrics_destroy(m);
+        m = NULL;
+    }
+
+    /* Warm-up: the first pass teaches the session the order. */
+    rc = run_step(b, s, b->timing, &o, NULL, &min_free, NULL, r);
+    if (rc != 0)
+        goto out;
+    rc = ddo_session_metrics(s, false, &m);
+    if (rc != 0) {
+        fail_case(r, "metrics", rc, ddo_session_error(s));
+        goto out;
+    }
+    double m0[6] = { metric(m, "stall_ns"),
+                     metric(m, "bytes_from_registered") + metric(m, "bytes_staged_from_retained"),
+                     metric(m, "bytes_staged_from_file"),
+                     metric(m, "copy_bytes"),
+                     metric(m, "hits"),
+                     0 };
+    ddo_metrics_destroy(m);
+    m = NULL;
+    double total = 0, best = 0;
+    for (uint64_t i = 0; i < steps; i++) {
+        uint64_t ts = now_ns();
+        rc = run_step(b, s, b->timing, &o, NULL, &min_free, NULL, r);
+        if (rc != 0)
+            goto out;
+        double dt = (double)(now_ns() - ts) / 1e9;
+        total += dt;
+        if (i == 0 || dt < best)
+            best = dt;
+    }
+    rc = ddo_session_metrics(s, false, &m);
+    if (rc != 0) {
+        fail_case(r, "metrics", rc, ddo_session_error(s));
+        goto out;
+    }
+    double ns = (double)(steps ? steps : 1);
+    r->step_s = total / ns;
+    r->step_min_s = best;
+    r->stall_s = (metric(m, "stall_ns") - m0[0]) / 1e9 / ns;
+    r->bus_bytes =
+        (metric(m, "bytes_from_registered") + metric(m, "bytes_staged_from_retained") - m0[1]) / ns;
+    r->file_bytes = (metric(m, "bytes_staged_from_file") - m0[2]) / ns;
+    r->copy_bytes = (metric(m, "copy_bytes") - m0[3]) / ns;
+    r->hits = (metric(m, "hits") - m0[4]) / ns;
+    ddo_metrics_destroy(m);
+    m = NULL;
+
+    /* The checksum step (outputs sampled back to the host), in checkpoint order. */
+    rc = verify_step(b, s, plan, &r->checksum, r);
+    if (rc != 0)
+        goto out;
+    r->have_checksum = true;
+
+    if (b->a->trace_path != NULL && b->tr.ok && trace_steps > 0) {
+        trace *tr = &b->tr;
+        char **names = realloc(tr->pid_names, (tr->pids + 1) * sizeof(*names));
+        if (names != NULL) {
+            tr->pid_names = names;
+            tr->pid_names[tr->pids] = strdup(r->name);
+            tr->pids++;
+        }
+        if (tr->marks_cap < 2 * o.count) {
+            free(tr->marks);
+            tr->marks = calloc(2 * o.count, sizeof(*tr->marks));
+            tr->marks_cap = tr->marks != NULL ? 2 * o.count : 0;
+        }
+        for (uint64_t i = 0; i < trace_steps && rc == 0; i++) {
+            if (tr->marks != NULL)
+                memset(tr->marks, 0, tr->marks_cap * sizeof(*tr->marks));
+            rc = run_step(b, s, b->timing, &o, tr, &min_free, NULL, r);
+        }
+        if (rc != 0)
+            goto out;
+    }
+
+    rc = ddo_session_synchronize(s);
+    if (rc == 0)
+        rc = ddo_session_metrics(s, true, &m);
+    if (rc != 0) {
+        fail_case(r, "metrics", rc, ddo_session_error(s));
+        goto out;
+    }
+    r->session_peak = (uint64_t)metric(m, "device_weights_peak_bytes");
+    ref_host_stats hs;
+    ref_host_stats_get(b->timing, &hs);
+    r->computed = hs.weights_computed;
+    r->skipped = hs.weights_skipped;
+    r->driver_peak = base_free > min_free ? base_free - min_free : 0;
+    r->ran = true;
+out:
+    ddo_metrics_destroy(m);
+    ddo_session_destroy(s);
+    if (base_free > 0) {
+        uint64_t after = device_free(b->dev);
+        r->driver_after = base_free > after ? base_free - after : 0;
+    }
+    order_free(&o);
+    ddo_plan_destroy(plan);
+    return rc;
+}
+
+/* Fills the derived columns once the resident run and the limits are known. The bound of a
+ * step: compute, every copied byte over the bus, and the file-fed bytes at the file's read
+ * speed (O_DIRECT unless the case reads with pread) all overlap, so the slowest one. */
+static void finish_result(const bench *b, case_result *r)
+{
+    if (!r->ran)
+        return;
+    double bound = b->compute_s;
+    if (b->bus_bps > 0 && r->copy_bytes / b->bus_bps > bound)
+        bound = r->copy_bytes / b->bus_bps;
+    double file_bps =
+        strcmp(r->read_engine, "pread") != 0 && b->direct_bps > 0 ? b->direct_bps : b->read_bps;
+    if (file_bps > 0 && r->file_bytes / file_bps > bound)
+        bound = r->file_bytes / file_bps;
+    r->bound_s = bound;
+    r->ratio = bound > 0 ? r->step_s / bound : 0;
+    r->gbps = r->step_s > 0 ? r->copy_bytes / r->step_s / 1e9 : 0;
+    /* The session's own peak never above the plan's, the plan's never above its limit, and
+     * the driver's figure (sampled) within the plan's prediction plus 64 MiB of driver
+     * overhead (streams, events, page tables). */
+    r->peak_ok = r->session_peak <= r->plan_peak &&
+                 (r->plan_limit == 0 || r->plan_peak <= r->plan_limit) &&
+                 (b->caps.is_cpu || r->driver_peak <= r->plan_peak + 64 * (uint64_t)1048576);
+    if (b->have_resident && r->have_checksum)
+        r->identical = r->checksum == b->resident_checksum ? 1 : 0;
+}
+
+/* ---- machine measurements ---------------------------------------------------------- */
+
+static double memcpy_bandwidth(void)
+{
+    size_t n = (size_t)64 << 20;
+    char *a = malloc(n), *c = malloc(n);
+    if (a == NULL || c == NULL) {
+        free(a);
+        free(c);
+        return 0;
+    }
+    memset(a, 1, n);
+    memset(c, 2, n);
+    uint64_t t0 = now_ns();
+    for (int i = 0; i < 8; i++)
+        memcpy(i % 2 ? a : c, i % 2 ? c : a, n);
+    double s = (double)(now_ns() - t0) / 1e9;
+    free(a);
+    free(c);
+    return s > 0 ? 8.0 * (double)n / s : 0;
+}
+
+/* Reads every file of the checkpoint once with pread in 16 MiB pieces. */
+static int read_speed(const ddo_checkpoint *ck, double *seconds, uint64_t *bytes)
+{
+    char *buf = malloc(PIECE_BYTES);
+    if (buf == NULL)
+        return DDO_E_NO_MEMORY;
+    uint64_t total = 0;
+    uint64_t t0 = now_ns();
+    for (size_t i = 0; i < ddo_checkpoint_file_count(ck); i++) {
+        const ddo_file_info *fi = ddo_checkpoint_file(ck, i);
+        if (fi == NULL || fi->path == NULL)
+            continue;
+        int fd = open(fi->path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            fprintf(stderr, "ddo bench: %s: %s\n", fi->path, strerror(errno));
+            free(buf);
+            return DDO_E_IO;
+        }
+        for (;;) {
+            ssize_t got = read(fd, buf, PIECE_BYTES);
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got <= 0)
+                break;
+            total += (uint64_t)got;
+        }
+        close(fd);
+    }
+    *seconds = (double)(now_ns() - t0) / 1e9;
+    *bytes = total;
+    free(buf);
+    return 0;
+}
+
+/* Reads up to limit bytes of the largest file with O_DIRECT, 16 MiB at a time. 0 if the file
+ * system refuses O_DIRECT. */
+static double direct_speed(const ddo_checkpoint *ck, uint64_t limit)
+{
+    const ddo_file_info *big = NULL;
+    for (size_t i = 0; i < ddo_checkpoint_file_count(ck); i++) {
+        const ddo_file_info *fi = ddo_checkpoint_file(ck, i);
+        if (fi != NULL && fi->path != NULL && (big == NULL || fi->size > big->size))
+            big = fi;
+    }
+    if (big == NULL || limit < PIECE_BYTES)
+        return 0;
+    int fd = open(big->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    void *buf = NULL;
+    if (posix_memalign(&buf, 4096, PIECE_BYTES) != 0) {
+        close(fd);
+        return 0;
+    }
+    uint64_t total = 0;
+    uint64_t t0 = now_ns();
+    while (total + PIECE_BYTES <= limit) {
+        ssize_t got = pread(fd, buf, PIECE_BYTES, (off_t)total);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            break;
+        total += (uint64_t)got;
+        if ((size_t)got < PIECE_BYTES)
+            break;
+    }
+    double s = (double)(now_ns() - t0) / 1e9;
+    close(fd);
+    free(buf);
+    return s > 0 && total >= PIECE_BYTES ? (double)total / s : 0;
+}
+
+/* ---- output ------------------------------------------------------------------------ */
+
+static const char *yes_no(int v)
+{
+    return v < 0 ? "-" : v ? "yes" : "NO";
+}
+
+static void print_table(const bench *b, const case_result *res, size_t n)
+{
+    printf("\nbus %.2f GB/s (%s); page-cache read %.2f GB/s (%.2f s for %.2f GiB)",
+           b->bus_bps / 1e9, b->bus_how, b->read_bps / 1e9, b->read_s,
+           (double)ddo_checkpoint_total_bytes(b->ck) / GIB_D);
+    if (b->direct_bps > 0)
+        printf("; O_DIRECT read %.2f GB/s", b->direct_bps / 1e9);
+    if (b->compute_s > 0)
+        printf("; compute (resident step) %.4f s\n", b->compute_s);
+    else
+        printf("; compute unknown (no resident run)\n");
+    printf("%-14s %-17s %9s %9s %6s %7s %9s %8s %6s %10s %10s %9s %5s %4s\n", "case", "route",
+           "step s", "bound s", "ratio", "GB/s", "stall ms", "setup s", "/read", "peak GiB",
+           "plan GiB", "budget", "peak", "same");
+    for (size_t i = 0; i < n; i++) {
+        const case_result *r = &res[i];
+        if (!r->ran) {
+            printf("%-14s FAILED: %s\n", r->name, r->error);
+            continue;
+        }
+        char budget[16] = "-";
+        if (r->plan_limit > 0)
+            snprintf(budget, sizeof(budget), "%.2f", (double)r->plan_limit / GIB_D);
+        printf("%-14s %-17s %9.4f %9.4f %6.3f %7.2f %9.2f %8.2f %6.2f %10.2f %10.2f %9s %5s %4s\n",
+               r->name, r->route, r->step_s, r->bound_s, r->ratio, r->gbps, r->stall_s * 1e3,
+               r->setup_s, b->read_s > 0 ? r->setup_s / b->read_s : 0,
+               (double)(b->caps.is_cpu ? r->session_peak : r->driver_peak) / GIB_D,
+               (double)r->plan_peak / GIB_D, budget, r->peak_ok ? "ok" : "OVER",
+               yes_no(r->identical));
+    }
+    fflush(stdout);
+}
+
+static int write_json(const bench *b, const case_result *res, size_t n, const char *path)
+{
+    json_t *root = json_object();
+    json_object_set_new(root, "schema", json_string("ddo-bench/1"));
+    json_object_set_new(root, "ddo_version", json_string(ddo_version_string()));
+    json_object_set_new(root, "device", json_string(b->caps.name));
+    json_object_set_new(root, "device_total_bytes", json_integer((json_int_t)b->caps.total_bytes));
+    json_object_set_new(root, "checkpoint_bytes",
+                        json_integer((json_int_t)ddo_checkpoint_total_bytes(b->ck)));
+    json_object_set_new(root, "tokens", json_integer((json_int_t)b->a->tokens));
+    json_object_set_new(root, "bus_bytes_per_s", json_real(b->bus_bps));
+    json_object_set_new(root, "bus_method", json_string(b->bus_how));
+    json_object_set_new(root, "page_cache_read_s", json_real(b->read_s));
+    json_object_set_new(root, "page_cache_read_bytes_per_s", json_real(b->read_bps));
+    json_object_set_new(root, "direct_read_bytes_per_s", json_real(b->direct_bps));
+    json_object_set_new(root, "resident_step_s", json_real(b->compute_s));
+    json_t *arr = json_array();
+    for (size_t i = 0; i < n; i++) {
+        const case_result *r = &res[i];
+        json_t *o = json_object();
+        json_object_set_new(o, "name", json_string(r->name));
+        json_object_set_new(o, "ok", json_boolean(r->ran));
+        if (!r->ran) {
+            json_object_set_new(o, "error", json_string(r->error));
+            json_array_append_new(arr, o);
+            continue;
+        }
+        json_object_set_new(o, "route", json_string(r->route));
+        json_object_set_new(o, "steps", json_integer((json_int_t)r->steps));
+        json_object_set_new(o, "step_s", json_real(r->step_s));
+        json_object_set_new(o, "step_min_s", json_real(r->step_min_s));
+        json_object_set_new(o, "bound_s", json_real(r->bound_s));
+        json_object_set_new(o, "ratio", json_real(r->ratio));
+        json_object_set_new(o, "achieved_gb_per_s", json_real(r->gbps));
+        json_object_set_new(o, "stall_s_per_step", json_real(r->stall_s));
+        json_object_set_new(o, "copy_bytes_per_step", json_real(r->copy_bytes));
+        json_object_set_new(o, "bus_fed_bytes_per_step", json_real(r->bus_bytes));
+        json_object_set_new(o, "file_fed_bytes_per_step", json_real(r->file_bytes));
+        json_object_set_new(o, "hits_per_step", json_real(r->hits));
+        json_object_set_new(o, "setup_s", json_real(r->setup_s));
+        json_object_set_new(o, "setup_read_s", json_real(r->setup_read_s));
+        json_object_set_new(o, "setup_over_read",
+                            json_real(b->read_s > 0 ? r->setup_s / b->read_s : 0));
+        json_object_set_new(o, "plan_device_peak_bytes", json_integer((json_int_t)r->plan_peak));
+        json_object_set_new(o, "plan_device_limit_bytes", json_integer((json_int_t)r->plan_limit));
+        json_object_set_new(o, "session_device_peak_bytes",
+                            json_integer((json_int_t)r->session_peak));
+        json_object_set_new(o, "driver_device_peak_bytes",
+                            json_integer((json_int_t)r->driver_peak));
+        json_object_set_new(o, "driver_bytes_after_destroy",
+                            json_integer((json_int_t)r->driver_after));
+        json_object_set_new(o, "peak_ok", json_boolean(r->peak_ok));
+        char sum[24];
+        snprintf(sum, sizeof(sum), "%016" PRIx64, r->checksum);
+        json_object_set_new(o, "checksum", json_string(sum));
+        json_object_set_new(o, "bit_identical",
+                            r->identical < 0 ? json_null() : json_boolean(r->identical == 1));
+        json_object_set_new(o, "weights_computed", json_integer((json_int_t)r->computed));
+        json_object_set_new(o, "weights_skipped", json_integer((json_int_t)r->skipped));
+        json_array_append_new(arr, o);
+    }
+    json_object_set_new(root, "cases", arr);
+    int rc = json_dump_file(root, path, JSON_INDENT(2) | JSON_SORT_KEYS);
+    json_decref(root);
+    if (rc != 0) {
+        fprintf(stderr, "ddo bench: %s: cannot write the JSON\n", path);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the command ------------------------------------------------------------------- */
+
+static int parse_args(int argc, char **argv, bench_args *a)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        double d = 0;
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            usage(stdout);
+            return 1;
+        } else if (strcmp(arg, "--no-resident") == 0) {
+            a->resident = false;
+        } else if (strcmp(arg, "--keep-synth") == 0) {
+            a->keep_synth = true;
+        } else if (strcmp(arg, "--steps") == 0 || strcmp(arg, "--tokens") == 0 ||
+                   strcmp(arg, "--trace-steps") == 0) {
+            uint64_t v = 0;
+            bool steps = strcmp(arg, "--tokens") != 0;
+            uint64_t lo = strcmp(arg, "--trace-steps") == 0 ? 0 : 1;
+            if (parse_u64(val, &v) != 0 || v < lo || v > (steps ? 10000u : 65536u)) {
+                fprintf(stderr, "ddo bench: %s needs a whole number from %" PRIu64 " to %u\n", arg,
+                        lo, steps ? 10000u : 65536u);
+                return -1;
+            }
+            if (strcmp(arg, "--steps") == 0)
+                a->steps = v;
+            else if (strcmp(arg, "--tokens") == 0)
+                a->tokens = v;
+            else
+                a->trace_steps = v;
+            i++;
+        } else if (strcmp(arg, "--scale") == 0 || strcmp(arg, "--bus-gib") == 0 ||
+                   strcmp(arg, "--direct-gib") == 0 || strcmp(arg, "--cpu-gbps") == 0 ||
+                   strcmp(arg, "--cpu-gflops") == 0 || strcmp(arg, "--cpu-memory-gb") == 0) {
+            if (parse_double(val, &d) != 0) {
+                fprintf(stderr, "ddo bench: %s needs a number >= 0\n", arg);
+                return -1;
+            }
+            if (strcmp(arg, "--scale") == 0) {
+                if (!(d > 0 && d <= 1)) {
+                    fprintf(stderr, "ddo bench: --scale needs 0 < S <= 1\n");
+                    return -1;
+                }
+                a->scale = d;
+            } else if (strcmp(arg, "--bus-gib") == 0) {
+                a->bus_gib = d;
+            } else if (strcmp(arg, "--direct-gib") == 0) {
+                a->direct_gib = d;
+            } else if (strcmp(arg, "--cpu-gbps") == 0) {
+                a->dev_opts.cpu_bytes_per_s = d * 1e9;
+            } else if (strcmp(arg, "--cpu-gflops") == 0) {
+                a->dev_opts.cpu_flops_per_s = d * 1e9;
+            } else {
+                a->dev_opts.cpu_memory_bytes = (uint64_t)(d * GIB_D);
+            }
+            i++;
+        } else if (strcmp(arg, "--layout") == 0 || strcmp(arg, "--json") == 0 ||
+                   strcmp(arg, "--trace") == 0 || strcmp(arg, "--synth-out") == 0 ||
+                   strcmp(arg, "--case") == 0) {
+            if (val == NULL) {
+                fprintf(stderr, "ddo bench: %s needs a value\n", arg);
+                return -1;
+            }
+            if (strcmp(arg, "--layout") == 0) {
+                a->layout = val;
+            } else if (strcmp(arg, "--json") == 0) {
+                a->json_path = val;
+            } else if (strcmp(arg, "--trace") == 0) {
+                a->trace_path = val;
+            } else if (strcmp(arg, "--synth-out") == 0) {
+                a->synth_out = val;
+            } else {
+                if (a->ncases == MAX_CASES) {
+                    fprintf(stderr, "ddo bench: at most %d cases\n", MAX_CASES);
+                    return -1;
+                }
+                if (case_parse(&a->cases[a->ncases], val) != 0) {
+                    fprintf(stderr,
+                            "ddo bench: --case \"%s\": expected \"NAME [--ddo-* flags] "
+                            "[--steps N]\" (NAME up to 63 characters, not starting with -)\n",
+                            val);
+                    return -1;
+                }
+                a->ncases++;
+            }
+            i++;
+        } else if (arg[0] == '-') {
+            fprintf(stderr, "ddo bench: unknown option '%s' (see ddo bench --help)\n", arg);
+            return -1;
+        } else if (a->path == NULL) {
+            a->path = arg;
+        } else {
+            fprintf(stderr, "ddo bench: one PATH only ('%s' is extra)\n", arg);
+            return -1;
+        }
+    }
+    if ((a->path == NULL) == (a->layout == NULL)) {
+        fprintf(stderr, "ddo bench: give a checkpoint PATH or --layout FILE (one of them)\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* The configuration of a case: a clone of the global one with the case's flags on top. */
+static int case_config(const bench *b, bench_case *c, ddo_config **out)
+{
+    ddo_config *cfg = NULL;
+    int rc = ddo_config_clone(b->cfg, &cfg);
+    if (rc != 0)
+        return rc;
+    char *buf = strdup(c->flags != NULL ? c->flags : "");
+    char *argv[128];
+    int argc = buf != NULL ? split_words(buf, argv, 128) : -1;
+    if (argc < 0) {
+        fprintf(stderr, "ddo bench: case %s: too many words\n", c->name);
+        rc = DDO_E_CONFIG;
+        goto out;
+    }
+    rc = ddo_config_parse_args(cfg, &argc, argv);
+    if (rc != 0) {
+        fprintf(stderr, "ddo bench: case %s: %s\n", c->name, ddo_config_error(cfg));
+        goto out;
+    }
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc &&
+            parse_u64(argv[i + 1], &c->steps) == 0 && c->steps > 0 && c->steps <= 10000) {
+            i++;
+            continue;
+        }
+        if (strcmp(argv[i], "--trace-steps") == 0 && i + 1 < argc &&
+            parse_u64(argv[i + 1], &c->trace_steps) == 0 && c->trace_steps <= 10000) {
+            c->has_trace_steps = true;
+            i++;
+            continue;
+        }
+        fprintf(stderr,
+                "ddo bench: case %s: unknown word '%s' (only --ddo-* flags, --steps N and "
+                "--trace-steps N)\n",
+                c->name, argv[i]);
+        rc = DDO_E_CONFIG;
+        goto out;
+    }
+    rc = ddo_config_validate(cfg);
+    if (rc != 0)
+        fprintf(stderr, "ddo bench: case %s: %s\n", c->name, ddo_config_error(cfg));
+out:
+    free(buf);
+    if (rc != 0) {
+        ddo_config_destroy(cfg);
+        return rc;
+    }
+    *out = cfg;
+    return 0;
+}
 
 int ddo_cmd_bench(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "ddo bench: not implemented yet\n");
-    return DDO_EXIT_FAILURE;
+    bench_args a;
+    memset(&a, 0, sizeof(a));
+    a.scale = 1.0;
+    a.tokens = 256;
+    a.steps = 5;
+    a.trace_steps = 2;
+    a.bus_gib = 4;
+    a.direct_gib = 2;
+    a.resident = true;
+    bench b;
+    memset(&b, 0, sizeof(b));
+    b.a = &a;
+    b.tr.ok = true;
+    ddo_checkpoint *ck = NULL;
+    case_result *res = NULL;
+    size_t nres = 0;
+    char synth_path[4096] = "";
+    bool synth_made = false;
+    int status = DDO_EXIT_USAGE;
+
+    int rc = ddo_config_create(&b.cfg);
+    if (rc != 0) {
+        fprintf(stderr, "ddo bench: %s\n", ddo_last_error());
+        return DDO_EXIT_FAILURE;
+    }
+    ddo_config_set_running_on_wsl(b.cfg, ddo_tool_running_on_wsl() != 0);
+    rc = ddo_config_apply_env(b.cfg, (const char *const *)environ);
+    if (rc == 0)
+        rc = ddo_config_parse_args(b.cfg, &argc, argv);
+    if (rc != 0) {
+        fprintf(stderr, "ddo bench: %s\n", ddo_config_error(b.cfg));
+        goto out;
+    }
+    for (size_t i = 0; i < ddo_config_warning_count(b.cfg); i++)
+        fprintf(stderr, "ddo bench: warning: %s\n", ddo_config_warning(b.cfg, i));
+    int pr = parse_args(argc, argv, &a);
+    if (pr != 0) {
+        status = pr > 0 ? DDO_EXIT_OK : DDO_EXIT_USAGE;
+        if (pr < 0)
+            usage(stderr);
+        goto out;
+    }
+    status = DDO_EXIT_FAILURE;
+    rc = ddo_config_validate(b.cfg);
+    if (rc != 0) {
+        fprintf(stderr, "ddo bench: %s\n", ddo_config_error(b.cfg));
+        goto out;
+    }
+
+    /* The device: the configured execution_device; the host decides about the environment. */
+    const char *spec = "cuda:0";
+    ddo_config_get(b.cfg, "execution_device", &spec);
+    char spec_buf[64];
+    snprintf(spec_buf, sizeof(spec_buf), "%s", spec != NULL ? spec : "cuda:0");
+    a.dev_opts.cuda_library_env = getenv("DDO_VMM_LIBRARY_PATH");
+    rc = ddo_device_create(spec_buf, &a.dev_opts, &b.dev);
+    if (rc != 0) {
+        fprintf(stderr, "ddo bench: device %s: %s\n", spec_buf, ddo_last_error());
+        goto out;
+    }
+    if (ddo_device_caps_get(b.dev, &b.caps) != 0) {
+        fprintf(stderr, "ddo bench: device %s: %s\n", spec_buf, ddo_device_error(b.dev));
+        goto out;
+    }
+    rc = ddo_stream_create(b.dev, &b.stream);
+    if (rc != 0) {
+        fprintf(stderr, "ddo bench: stream: %s\n", ddo_last_error());
+        goto out;
+    }
+    printf("device: %s (%s), %.2f GiB, %.2f GiB free\n", spec_buf, b.caps.name,
+           (double)b.caps.total_bytes / GIB_D, (double)b.caps.free_bytes / GIB_D);
+
+    /* The checkpoint (synthesised from a layout if asked). */
+    const char *path = a.path;
+    if (a.layout != NULL) {
+        if (a.synth_out != NULL)
+            snprintf(synth_path, sizeof(synth_path), "%s", a.synth_out);
+        else
+            snprintf(synth_path, sizeof(synth_path), "%s/ddo-bench-%ld.safetensors",
+                     getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (long)getpid());
+        char err[512] = "";
+        uint64_t written = 0;
+        uint64_t ts = now_ns();
+        rc = ddo_tool_synth(a.layout, synth_path, a.scale, 0, &written, err, sizeof(err));
+        if (rc != 0) {
+            fprintf(stderr, "ddo bench: synth %s: %s\n", a.layout, err);
+            goto out;
+        }
+        synth_made = a.synth_out == NULL && !a.keep_synth;
+        printf("synth: %s -> %s, %.2f GiB in %.1f s\n", a.layout, synth_path,
+               (double)written / GIB_D, (double)(now_ns() - ts) / 1e9);
+        path = synth_path;
+    }
+    const char *backend_name = NULL;
+    ddo_read_backend rb = DDO_READ_DEFAULT;
+    if (ddo_config_get(b.cfg, "load_safetensors_backend", &backend_name) == 0 &&
+        backend_name != NULL && strcmp(backend_name, "mmap") == 0)
+        rb = DDO_READ_MMAP;
+    rc = ddo_checkpoint_create(path, rb, &ck);
+    if (rc != 0) {
+        fprintf(stderr, "ddo bench: %s: %s\n", path, ddo_last_error());
+        goto out;
+    }
+    b.ck = ck;
+    printf("checkpoint: %s: %zu tensors, %.2f GiB\n", path, ddo_checkpoint_tensor_count(ck),
+           (double)ddo_checkpoint_total_bytes(ck) / GIB_D);
+
+    /* 1. the bus */
+    if (!b.caps.is_cpu) {
+        char err[512] = "";
+        uint64_t total = (uint64_t)(a.bus_gib * GIB_D);
+        if (total < 16 * PIECE_BYTES)
+            total = 16 * PIECE_BYTES;
+        rc =
+            ref_host_cuda_bus_bandwidth(b.stream, total, PIECE_BYTES, &b.bus_bps, err, sizeof(err));
+        if (rc != 0) {
+            fprintf(stderr, "ddo bench: %s\n", err);
+            goto out;
+        }
+        b.bus_how = "pinned, 16 MiB pieces";
+    } else if (b.caps.bus_bytes_per_s > 0 || a.dev_opts.cpu_bytes_per_s > 0) {
+        b.bus_bps =
+            b.caps.bus_bytes_per_s > 0 ? b.caps.bus_bytes_per_s : a.dev_opts.cpu_bytes_per_s;
+        b.bus_how = "cpu device throttle";
+    } else {
+        b.bus_bps = memcpy_bandwidth();
+        b.bus_how = "cpu device, memcpy";
+    }
+    /* 2. the file */
+    uint64_t read_bytes = 0;
+    rc = read_speed(ck, &b.read_s, &read_bytes);
+    if (rc != 0)
+        goto out;
+    b.read_bps = b.read_s > 0 ? (double)read_bytes / b.read_s : 0;
+    if (a.direct_gib > 0)
+        b.direct_bps = direct_speed(ck, (uint64_t)(a.direct_gib * GIB_D));
+    printf("limits: bus %.2f GB/s (%s); page-cache read %.2f GB/s (%.3f s); O_DIRECT %s\n",
+           b.bus_bps / 1e9, b.bus_how, b.read_bps / 1e9, b.read_s,
+           b.direct_bps > 0 ? "" : "not measured");
+    if (b.direct_bps > 0)
+        printf("limits: O_DIRECT read %.2f GB/s (one stream, 16 MiB pieces)\n", b.direct_bps / 1e9);
+    fflush(stdout);
+
+    /* The hosts: one for timing (outputs stay on the device), one for checksums. */
+    ref_host_config hc;
+    memset(&hc, 0, sizeof(hc));
+    hc.tokens = a.tokens;
+    hc.cpu_flops_per_s = a.dev_opts.cpu_flops_per_s;
+    hc.checksum = false;
+    rc = ref_host_create_ex(b.dev, ck, &hc, &b.timing);
+    if (rc == 0) {
+        hc.checksum = true;
+        rc = ref_host_create_ex(b.dev, ck, &hc, &b.verify);
+    }
+    if (rc != 0) {
+        fprintf(stderr, "ddo bench: reference host: %s\n", ddo_strerror(rc));
+        goto out;
+    }
+    b.tr.t0 = now_ns();
+
+    size_t want = a.ncases > 0 ? a.ncases : 1;
+    res = calloc(want + 1, sizeof(*res));
+    if (res == NULL)
+        goto out;
+
+    /* 3. the resident run */
+    uint64_t need = ddo_checkpoint_total_bytes(ck) + ((uint64_t)1 << 30);
+    if (a.resident && need > device_free(b.dev)) {
+        printf("resident: skipped: %.2f GiB of weights + 1 GiB do not fit in %.2f GiB free\n",
+               (double)ddo_checkpoint_total_bytes(ck) / GIB_D, (double)device_free(b.dev) / GIB_D);
+    } else if (a.resident) {
+        ddo_config *rcfg = NULL;
+        case_result *r = &res[nres++];
+        snprintf(r->name, sizeof(r->name), "resident");
+        rc = ddo_config_clone(b.cfg, &rcfg);
+        if (rc == 0)
+            rc = ddo_config_set(rcfg, "always_resident_modules_pattern", ".*");
+        if (rc == 0)
+            rc = ddo_config_set(rcfg, "vmm_resident_weight_budget_gb", "0");
+        /* everything is uploaded once at setup: nothing to retain or pin */
+        if (rc == 0)
+            rc = ddo_config_set(rcfg, "vmm_source_cache_gb", "0");
+        if (rc == 0)
+            rc = ddo_config_set(rcfg, "pin_cpu_memory", "false");
+        if (rc != 0) {
+            fail_case(r, "configuration", rc, ddo_config_error(rcfg));
+        } else if (run_case(&b, rcfg, a.steps, a.trace_steps, r) == 0) {
+            b.compute_s = r->step_s;
+            b.resident_checksum = r->checksum;
+            b.have_resident = true;
+        }
+        ddo_config_destroy(rcfg);
+    }
+
+    /* 4. the cases */
+    for (size_t i = 0; i < want; i++) {
+        bench_case dflt;
+        memset(&dflt, 0, sizeof(dflt));
+        snprintf(dflt.name, sizeof(dflt.name), "default");
+        bench_case *c = a.ncases > 0 ? &a.cases[i] : &dflt;
+        case_result *r = &res[nres++];
+        snprintf(r->name, sizeof(r->name), "%s", c->name);
+        ddo_config *ccfg = NULL;
+        rc = case_config(&b, c, &ccfg);
+        if (rc != 0) {
+            snprintf(r->error, sizeof(r->error), "configuration: %s", ddo_strerror(rc));
+            continue;
+        }
+        run_case(&b, ccfg, c->steps ? c->steps : a.steps,
+                 c->has_trace_steps ? c->trace_steps : a.trace_steps, r);
+        ddo_config_destroy(ccfg);
+    }
+    bool all_ok = true;
+    for (size_t i = 0; i < nres; i++) {
+        finish_result(&b, &res[i]);
+        if (!res[i].ran || !res[i].peak_ok || res[i].identical == 0)
+            all_ok = false;
+    }
+    print_table(&b, res, nres);
+    if (a.json_path != NULL && write_json(&b, res, nres, a.json_path) != 0)
+        all_ok = false;
+    if (a.trace_path != NULL && (!b.tr.ok || trace_write(&b.tr, a.trace_path) != 0))
+        all_ok = false;
+    status = all_ok ? DDO_EXIT_OK : DDO_EXIT_FAILURE;
+out:
+    ref_host_destroy(b.verify);
+    ref_host_destroy(b.timing);
+    ddo_checkpoint_destroy(ck);
+    if (synth_made)
+        unlink(synth_path);
+    ddo_stream_destroy(b.stream);
+    ddo_device_destroy(b.dev);
+    ddo_config_destroy(b.cfg);
+    for (size_t i = 0; i < a.ncases; i++)
+        free(a.cases[i].flags);
+    for (size_t i = 0; i < b.tr.pids; i++)
+        free(b.tr.pid_names[i]);
+    free(b.tr.pid_names);
+    free(b.tr.ev);
+    free(b.tr.marks);
+    free(res);
+    return status;
 }

@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# gpu_suite.sh - the whole GPU suite of ddo in one call, for the borrowed H200:
+#
+#   bash bench/gpu_suite.sh          (from the repository root; results go to $OUT)
+#
+#   1. preflight: nvidia-smi, the build dependencies, cuBLASLt, compute-sanitizer
+#   2. build with CUDA (Release, -DDDO_CUDA=ON) into build-gpu/
+#   3. ctest -L gpu (and the no-driver unit test)
+#   4. compute-sanitizer (memcheck) on tests/test_gpu_device
+#   5. ddo synth: the full-size flux1-dev layout (22.17 GiB BF16)
+#   6. warm the page cache with the checkpoint
+#   7. ddo bench, --tokens 4608: resident run, then the cases of issue 6
+#      (zero resident VMM route with everything retained and registered; a 16 GiB
+#      device budget; an 8 GiB retained store with the rest read from the file with
+#      io_uring), JSON and a Chrome trace of 2 steps per case
+#   8. the summary table, printed last
+#
+# Every command runs under `timeout` inside one global deadline (SUITE_BUDGET_S, default
+# 530 s) so the script ends in under 9 minutes. A failed build, synth or preflight stops
+# the script at once with a clear message; failed tests are recorded and the benchmark
+# still runs (device time is scarce), and the exit status is 1.
+#
+# $OUT receives at most 8 files: suite.log build.log ctest.log sanitizer.log bench.log
+# bench.json trace.json summary.txt.
+#
+# Knobs (environment): SUITE_BUDGET_S, BENCH_STEPS (5), BENCH_TOKENS (4608), SYNTH_SCALE (1), LAYOUT
+# (data/layouts/flux1-dev.json), WORK (build-gpu/work: the synthetic checkpoint),
+# SKIP_SANITIZER=1, SKIP_TESTS=1, DEPS_DIR (.deps: *.deb build dependencies to unpack
+# into /tmp/ddo-deps when the image lacks them; see docs/cuda.md).
+set -u
+ROOT=$(pwd)
+OUT=${OUT:-$ROOT/gpu-out}
+mkdir -p "$OUT"
+BUILD=$ROOT/build-gpu
+WORK=${WORK:-$BUILD/work}
+LAYOUT=${LAYOUT:-$ROOT/data/layouts/flux1-dev.json}
+STEPS=${BENCH_STEPS:-5}
+TOKENS=${BENCH_TOKENS:-4608}
+BUDGET=${SUITE_BUDGET_S:-530}
+START=$(date +%s)
+LOG=$OUT/suite.log
+STATUS=0
+: >"$LOG"
+
+say() { echo "[$(($(date +%s) - START))s] $*" | tee -a "$LOG"; }
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+# limit WANTED: the seconds a step may take, capped by what is left of the budget
+limit() {
+    local l
+    l=$(left)
+    l=$((l - 15))
+    [ "$1" -lt "$l" ] && l=$1
+    echo "$l"
+}
+stop() {
+    say "STOP: $*"
+    summary
+    exit 1
+}
+summary() {
+    {
+        echo "== ddo GPU suite summary ($(($(date +%s) - START)) s) =="
+        grep -E '^\[[0-9]+s\] (ok|FAILED|SKIPPED|STOP)' "$LOG"
+        if [ -s "$OUT/bench.log" ]; then
+            echo
+            sed -n '/^bus .* GB\/s/,$p' "$OUT/bench.log"
+        fi
+    } >"$OUT/summary.txt"
+    echo
+    cat "$OUT/summary.txt"
+}
+# step NAME WANTED_SECONDS LOGFILE CMD...: runs CMD with a time limit, output appended to
+# LOGFILE; returns CMD's status (124 on timeout)
+step() {
+    local name=$1 want=$2 logf=$3
+    shift 3
+    local t
+    t=$(limit "$want")
+    if [ "$t" -lt 10 ]; then
+        say "SKIPPED $name: the suite's time budget is spent"
+        return 125
+    fi
+    say "run $name (limit ${t}s)"
+    local s0 rc
+    s0=$(date +%s)
+    timeout --kill-after=10 "$t" "$@" >>"$logf" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ]; then
+        say "ok $name ($(($(date +%s) - s0)) s)"
+    elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+        say "FAILED $name: timed out after ${t}s (see $(basename "$logf"))"
+    else
+        say "FAILED $name: exit $rc (see $(basename "$logf"))"
+    fi
+    return $rc
+}
+
+# ---- 1. preflight -------------------------------------------------------------------
+say "ddo GPU suite in $ROOT, results in $OUT"
+{
+    nvidia-smi --query-gpu=name,memory.total,memory.free,driver_version --format=csv 2>&1
+    uname -a
+    nproc
+    free -g
+    df -h "$ROOT" | tail -1
+} >>"$LOG" 2>&1
+nvidia-smi -L >/dev/null 2>&1 || stop "nvidia-smi sees no GPU"
+
+DEPS_DIR=${DEPS_DIR:-$ROOT/.deps}
+missing=""
+for p in jansson libpcre2-8; do pkg-config --exists "$p" 2>/dev/null || missing="$missing $p"; done
+[ -e /usr/include/openssl/sha.h ] || missing="$missing openssl"
+if [ -n "$missing" ] && ls "$DEPS_DIR"/*.deb >/dev/null 2>&1; then
+    say "build dependencies missing ($missing); unpacking $DEPS_DIR/*.deb into /tmp/ddo-deps"
+    mkdir -p /tmp/ddo-deps
+    for f in "$DEPS_DIR"/*.deb; do dpkg -x "$f" /tmp/ddo-deps; done
+    D=/tmp/ddo-deps
+    export PKG_CONFIG_PATH="$D/usr/lib/x86_64-linux-gnu/pkgconfig:$D/usr/lib/pkgconfig:$D/usr/share/pkgconfig:${PKG_CONFIG_PATH:-}"
+    export PKG_CONFIG_SYSROOT_DIR=""
+    export CMAKE_PREFIX_PATH="$D/usr:${CMAKE_PREFIX_PATH:-}"
+    export C_INCLUDE_PATH="$D/usr/include:$D/usr/include/x86_64-linux-gnu:${C_INCLUDE_PATH:-}"
+    export LIBRARY_PATH="$D/usr/lib/x86_64-linux-gnu:${LIBRARY_PATH:-}"
+    export LD_LIBRARY_PATH="$D/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+    # .pc files name /usr; point them at the unpacked tree
+    for pc in "$D"/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc; do
+        [ -f "$pc" ] && sed -i "s|^prefix=/usr|prefix=$D/usr|" "$pc"
+    done
+    missing=""
+    for p in jansson libpcre2-8; do pkg-config --exists "$p" 2>/dev/null || missing="$missing $p"; done
+    [ -e /usr/include/openssl/sha.h ] || [ -e "$D/usr/include/openssl/sha.h" ] || missing="$missing openssl"
+fi
+[ -z "$missing" ] || stop "build dependencies missing:$missing (carry their .deb files in .deps/: see docs/cuda.md)"
+
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+done
+if ! ldconfig -p 2>/dev/null | grep -q libcublasLt.so && ! ls /usr/local/cuda/lib64/libcublasLt.so* >/dev/null 2>&1; then
+    # the pip wheel nvidia-cublas carries it
+    lt=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null)
+    [ -n "$lt" ] && [ -d "$lt" ] && export LD_LIBRARY_PATH="$lt:${LD_LIBRARY_PATH:-}"
+fi
+say "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+
+# ---- 2. build -----------------------------------------------------------------------
+GEN=""
+command -v ninja >/dev/null && GEN="-G Ninja"
+step "configure" 60 "$OUT/build.log" cmake -S "$ROOT" -B "$BUILD" $GEN -DCMAKE_BUILD_TYPE=Release \
+    -DDDO_CUDA=ON || stop "cmake configure failed: see build.log"
+step "build" 240 "$OUT/build.log" cmake --build "$BUILD" -j "$(nproc)" || stop "build failed: see build.log"
+DDO=$BUILD/ddo
+[ -x "$DDO" ] || stop "no ddo binary in $BUILD"
+
+# ---- 3. GPU tests -------------------------------------------------------------------
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+    step "ctest -L gpu" 150 "$OUT/ctest.log" ctest --test-dir "$BUILD" -L gpu -R . \
+        --output-on-failure --timeout 140 || STATUS=1
+    step "ctest no-driver test" 30 "$OUT/ctest.log" ctest --test-dir "$BUILD" -R test_cuda_nodriver \
+        --output-on-failure || STATUS=1
+    if grep -q "Skipped" "$OUT/ctest.log"; then
+        say "FAILED gpu tests skipped: the GPU was not opened (see ctest.log)"
+        STATUS=1
+    fi
+fi
+
+# ---- 4. compute-sanitizer -----------------------------------------------------------
+if [ "${SKIP_SANITIZER:-0}" != 1 ] && [ "${SKIP_TESTS:-0}" != 1 ]; then
+    if [ -n "$SANITIZER" ]; then
+        step "compute-sanitizer memcheck" 150 "$OUT/sanitizer.log" \
+            env DDO_GPU_TEST_HEADROOM_MIB=4096 "$SANITIZER" --tool memcheck --leak-check full --error-exitcode 1 \
+            "$BUILD/test_gpu_device" || STATUS=1
+    else
+        say "SKIPPED compute-sanitizer: not installed"
+    fi
+fi
+
+# ---- 5. the full-size checkpoint ----------------------------------------------------
+mkdir -p "$WORK"
+CK=$WORK/flux1-dev.safetensors
+step "synth $(basename "$LAYOUT")" 180 "$LOG" "$DDO" synth --layout "$LAYOUT" --out "$CK" \
+    --scale "${SYNTH_SCALE:-1}" ||
+    stop "ddo synth failed"
+ls -l "$CK" >>"$LOG"
+
+# ---- 6. page cache ------------------------------------------------------------------
+step "warm page cache" 60 "$LOG" dd if="$CK" of=/dev/null bs=16M || say "FAILED to warm the page cache (continuing)"
+
+# ---- 7. the benchmark ---------------------------------------------------------------
+VMM="--ddo-backend vmm --ddo-preset auto"
+NONE="--ddo-always-resident-module-patterns ^\$ --ddo-small-tensor-threshold-kb 0 --ddo-resident-module-budget-gb 0"
+step "ddo bench" 330 "$OUT/bench.log" "$DDO" bench "$CK" --tokens "$TOKENS" --steps "$STEPS" \
+    --trace-steps 2 --bus-gib 4 --direct-gib 2 \
+    --case "vmm-zero $VMM $NONE --ddo-vmm-resident-weight-budget-gb 4 --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1" \
+    --case "budget-16g $VMM --ddo-vmm-resident-weight-budget-gb 16 --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1" \
+    --case "retained-8g $VMM $NONE --ddo-vmm-resident-weight-budget-gb 4 --ddo-vmm-source-cache-gb 8 --ddo-pin-cpu-memory 1 --ddo-read-engine io_uring --steps 2 --trace-steps 0" \
+    --json "$OUT/bench.json" --trace "$OUT/trace.json" || STATUS=1
+
+# ---- 8. summary ---------------------------------------------------------------------
+rm -f "$CK"
+for f in "$OUT"/*; do
+    sz=$(stat -c %s "$f")
+    if [ "$sz" -gt $((15 * 1024 * 1024)) ]; then
+        tail -c $((15 * 1024 * 1024)) "$f" >"$f.tmp" && mv "$f.tmp" "$f"
+        say "note: $(basename "$f") truncated to its last 15 MiB"
+    fi
+done
+[ $STATUS -eq 0 ] && say "ok suite" || say "FAILED suite: see the lines above"
+summary
+exit $STATUS
