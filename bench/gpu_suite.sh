@@ -108,13 +108,15 @@ nvidia-smi -L >/dev/null 2>&1 || stop "nvidia-smi sees no GPU"
 
 DEPS_DIR=${DEPS_DIR:-$ROOT/.deps}
 missing=""
-for p in jansson libpcre2-8; do pkg-config --exists "$p" 2>/dev/null || missing="$missing $p"; done
+command -v pkg-config >/dev/null 2>&1 || missing="$missing pkg-config"
+for p in jansson libpcre2-8 liburing; do pkg-config --exists "$p" 2>/dev/null || missing="$missing $p"; done
 [ -e /usr/include/openssl/sha.h ] || missing="$missing openssl"
 if [ -n "$missing" ] && ls "$DEPS_DIR"/*.deb >/dev/null 2>&1; then
     say "build dependencies missing ($missing); unpacking $DEPS_DIR/*.deb into /tmp/ddo-deps"
     mkdir -p /tmp/ddo-deps
     for f in "$DEPS_DIR"/*.deb; do dpkg -x "$f" /tmp/ddo-deps; done
     D=/tmp/ddo-deps
+    export PATH="$PATH:$D/usr/bin"
     export PKG_CONFIG_PATH="$D/usr/lib/x86_64-linux-gnu/pkgconfig:$D/usr/lib/pkgconfig:$D/usr/share/pkgconfig:${PKG_CONFIG_PATH:-}"
     export PKG_CONFIG_SYSROOT_DIR=""
     export CMAKE_PREFIX_PATH="$D/usr:${CMAKE_PREFIX_PATH:-}"
@@ -126,6 +128,7 @@ if [ -n "$missing" ] && ls "$DEPS_DIR"/*.deb >/dev/null 2>&1; then
         [ -f "$pc" ] && sed -i "s|^prefix=/usr|prefix=$D/usr|" "$pc"
     done
     missing=""
+    command -v pkg-config >/dev/null 2>&1 || missing="$missing pkg-config"
     for p in jansson libpcre2-8; do pkg-config --exists "$p" 2>/dev/null || missing="$missing $p"; done
     [ -e /usr/include/openssl/sha.h ] || [ -e "$D/usr/include/openssl/sha.h" ] || missing="$missing openssl"
 fi
@@ -191,7 +194,7 @@ NONE="--ddo-always-resident-module-patterns ^\$ --ddo-small-tensor-threshold-kb 
 step "ddo bench" 330 "$OUT/bench.log" "$DDO" bench "$CK" --tokens "$TOKENS" --steps "$STEPS" \
     --trace-steps 2 --bus-gib 4 --direct-gib 2 \
     --case "vmm-zero $VMM $NONE --ddo-vmm-resident-weight-budget-gb 4 --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1" \
-    --case "budget-16g $VMM --ddo-vmm-resident-weight-budget-gb 16 --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1" \
+    --case "budget-16g $VMM --ddo-vmm-resident-weight-budget-gb 16 --ddo-resident-module-patterns auto --ddo-resident-module-budget-gb 14 --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1" \
     --case "retained-8g $VMM $NONE --ddo-vmm-resident-weight-budget-gb 4 --ddo-vmm-source-cache-gb 8 --ddo-pin-cpu-memory 1 --ddo-read-engine io_uring --steps 2 --trace-steps 0" \
     --json "$OUT/bench.json" --trace "$OUT/trace.json" || STATUS=1
 

@@ -1,14 +1,269 @@
 /*
- * cmd_demo.c - `ddo demo`. PLACEHOLDER: not implemented yet (owned by the issue that builds it).
+ * cmd_demo.c - `ddo demo`: the README's main job in one command. Synthesises
+ * a small model with the exact tensor layout of Flux.1-dev (the layout file
+ * kept in data/layouts/) in a temporary directory, streams it through a
+ * device budget of a quarter of the model on the best device available
+ * (cuda:0 when a GPU answers, else cpu), verifies every step's output
+ * bit-identical against a reference, prints the profile, and always removes
+ * the temporary directory.
  */
+#define _POSIX_C_SOURCE 200809L
+#include "host.h"
+#include "synth.h"
 #include "tool.h"
 
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MIB (1024.0 * 1024.0)
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: ddo demo [--scale S] [--steps N] [--tokens T] [--device SPEC]\n"
+                 "                [--layout FILE] [--keep]\n\n"
+                 "Synthesises a small model with Flux.1-dev's exact tensor layout (scale 0.15,\n"
+                 "a few hundred MiB) in a temporary directory, streams it on cuda:0 (or the cpu\n"
+                 "device when no GPU answers) inside a device budget of a quarter of the model,\n"
+                 "verifies every step bit-identical against a reference, prints the profile and\n"
+                 "removes the directory. Exit 0 only when verified.\n");
+}
+
+extern char **environ;
+
+/* The --ddo-* flags of the demo's run, with the budget in GiB as text. */
+#define DEMO_FLAGS(device, budget)                                                       \
+    "--ddo-execution-device", (device), "--ddo-backend", "vmm", "--ddo-preset", "auto",  \
+        "--ddo-small-tensor-threshold-kb", "16", "--ddo-vmm-staging-buffer-gb", "0.125", \
+        "--ddo-vmm-resident-weight-budget-gb", (budget)
+
+/* Builds the plan `ddo run` will build (environment, then the demo's flags) for budget_gb;
+ * returns the plan's code. */
+static int try_plan(const ddo_checkpoint *ck, char *device, const ddo_device_caps *caps,
+                    double budget_gb, uint64_t tokens, ddo_plan_budgets *out)
+{
+    ddo_config *cfg = NULL;
+    ddo_plan *plan = NULL;
+    char v[64];
+    snprintf(v, sizeof v, "%.6f", budget_gb);
+    char *args[] = { "demo", DEMO_FLAGS(device, v), NULL };
+    int nargs = (int)(sizeof args / sizeof args[0]) - 1;
+    int rc = ddo_config_create(&cfg);
+    if (rc == 0)
+        rc = ddo_config_apply_env(cfg, (const char *const *)environ);
+    if (rc == 0)
+        rc = ddo_config_parse_args(cfg, &nargs, args);
+    if (rc == 0)
+        rc = ddo_config_validate(cfg);
+    if (rc == 0) {
+        ddo_plan_inputs in;
+        memset(&in, 0, sizeof in);
+        in.device_total_bytes = caps->total_bytes;
+        in.device_free_bytes = caps->free_bytes;
+        in.device_granularity = caps->granularity;
+        in.device_is_cpu = caps->is_cpu;
+        in.device_vmm_supported = caps->vmm_supported;
+        in.tokens = tokens;
+        rc = ddo_plan_build(ck, cfg, &in, &plan);
+    }
+    if (rc == 0)
+        rc = ddo_plan_budgets_get(plan, out);
+    ddo_plan_destroy(plan);
+    ddo_config_destroy(cfg);
+    return rc;
+}
 
 int ddo_cmd_demo(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "ddo demo: not implemented yet\n");
-    return DDO_EXIT_FAILURE;
+    double scale = 0.15;
+    uint64_t steps = 2, tokens = 8;
+    const char *device_arg = NULL, *layout = NULL;
+    bool keep = false;
+    for (int i = 1; i < argc; i++) {
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        char *end = NULL;
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            return DDO_EXIT_OK;
+        } else if (strcmp(argv[i], "--keep") == 0) {
+            keep = true;
+        } else if (strcmp(argv[i], "--scale") == 0 && val != NULL) {
+            scale = strtod(val, &end);
+            if (*end != '\0' || !(scale > 0 && scale <= 1)) {
+                fprintf(stderr, "ddo demo: --scale needs a number in (0, 1]\n");
+                return DDO_EXIT_USAGE;
+            }
+            i++;
+        } else if ((strcmp(argv[i], "--steps") == 0 || strcmp(argv[i], "--tokens") == 0) &&
+                   val != NULL) {
+            unsigned long long n = strtoull(val, &end, 10);
+            if (*end != '\0' || val[0] == '-' || n == 0 || n > 65536) {
+                fprintf(stderr, "ddo demo: %s needs a whole number from 1 to 65536\n", argv[i]);
+                return DDO_EXIT_USAGE;
+            }
+            if (strcmp(argv[i], "--steps") == 0)
+                steps = n;
+            else
+                tokens = n;
+            i++;
+        } else if (strcmp(argv[i], "--device") == 0 && val != NULL) {
+            device_arg = val;
+            i++;
+        } else if (strcmp(argv[i], "--layout") == 0 && val != NULL) {
+            layout = val;
+            i++;
+        } else {
+            fprintf(stderr, "ddo demo: unknown or incomplete option '%s' (see ddo demo --help)\n",
+                    argv[i]);
+            return DDO_EXIT_USAGE;
+        }
+    }
+    if (layout == NULL)
+        layout = ddo_tool_default_layout();
+    if (layout == NULL || access(layout, R_OK) != 0) {
+        fprintf(stderr,
+                "ddo demo: the layout file %s is missing (data/layouts/flux1-dev.json "
+                "of the source tree; pass --layout FILE)\n",
+                layout != NULL ? layout : "flux1-dev.json");
+        return DDO_EXIT_FAILURE;
+    }
+
+    /* The best device: cuda:0 when it answers, else cpu. */
+    char device[64];
+    const char *why = "";
+    ddo_device *dev = NULL;
+    ddo_device_caps caps;
+    memset(&caps, 0, sizeof caps);
+    if (device_arg != NULL) {
+        snprintf(device, sizeof device, "%s", device_arg);
+        why = "chosen with --device";
+    } else if (ddo_device_create("cuda:0", NULL, &dev) == 0) {
+        if (ref_host_cuda_available() == 0) {
+            snprintf(device, sizeof device, "cuda:0");
+            why = "a GPU answered";
+        } else {
+            ddo_device_destroy(dev);
+            dev = NULL;
+            snprintf(device, sizeof device, "cpu");
+            why = "a GPU answered but this build has no cuBLASLt reference host; using host "
+                  "memory as device memory";
+        }
+    } else {
+        snprintf(device, sizeof device, "cpu");
+        why = "no GPU answered; host memory poses as device memory";
+    }
+    if (dev == NULL && ddo_device_create(device, NULL, &dev) != 0) {
+        fprintf(stderr, "ddo demo: device %s: %s\n", device, ddo_last_error());
+        return DDO_EXIT_FAILURE;
+    }
+    int rc = ddo_device_caps_get(dev, &caps);
+    ddo_device_destroy(dev);
+    if (rc != 0) {
+        fprintf(stderr, "ddo demo: device %s: %s\n", device, ddo_last_error());
+        return DDO_EXIT_FAILURE;
+    }
+
+    const char *tmp = getenv("TMPDIR");
+    char dir[4096], model[4200];
+    snprintf(dir, sizeof dir, "%s/ddo-demo-XXXXXX", tmp != NULL && *tmp ? tmp : "/tmp");
+    if (mkdtemp(dir) == NULL) {
+        fprintf(stderr, "ddo demo: cannot create a temporary directory %s: %s\n", dir,
+                strerror(errno));
+        return DDO_EXIT_FAILURE;
+    }
+    snprintf(model, sizeof model, "%s/flux1-dev-synth.safetensors", dir);
+
+    int status = DDO_EXIT_FAILURE;
+    ddo_checkpoint *ck = NULL;
+    printf("ddo demo: stream a model through a device budget a quarter of its size, and prove\n"
+           "the output does not change.\n\n");
+    printf("1. synthesise Flux.1-dev's tensor layout at scale %.2f (%s)\n", scale, layout);
+    fflush(stdout);
+    uint64_t t0 = now_ns(), written = 0;
+    char err[512] = "";
+    rc = ddo_tool_synth(layout, model, scale, 1, &written, err, sizeof err);
+    if (rc != 0) {
+        fprintf(stderr, "ddo demo: synth: %s\n", err[0] ? err : ddo_strerror(rc));
+        goto out;
+    }
+    rc = ddo_checkpoint_create(model, DDO_READ_DEFAULT, &ck);
+    if (rc != 0) {
+        fprintf(stderr, "ddo demo: %s\n", ddo_last_error());
+        goto out;
+    }
+    uint64_t total = ddo_checkpoint_total_bytes(ck);
+    printf("   %s: %zu tensors, %.1f MiB, in %.1f s\n", model, ddo_checkpoint_tensor_count(ck),
+           (double)total / MIB, (double)(now_ns() - t0) / 1e9);
+
+    /* A quarter of the model, or the nearest budget at which every unit still fits two
+     * execution slots beside the resident tensors. */
+    double quarter_gb = (double)total / 4.0 / GIB, budget_gb = quarter_gb;
+    ddo_plan_budgets b;
+    memset(&b, 0, sizeof b);
+    rc = try_plan(ck, device, &caps, budget_gb, tokens, &b);
+    if (rc != 0 || b.slot_count < 2) {
+        ddo_plan_budgets big;
+        memset(&big, 0, sizeof big);
+        int rc2 = try_plan(ck, device, &caps, (double)total / GIB * 2.0 + 1.0, tokens, &big);
+        if (rc2 != 0) {
+            fprintf(stderr, "ddo demo: no plan: %s\n", ddo_last_error());
+            goto out;
+        }
+        double need = (double)(big.resident_bytes + 2 * big.slot_bytes);
+        need += (double)(caps.granularity ? caps.granularity : 2u << 20);
+        budget_gb = need / GIB;
+        rc = try_plan(ck, device, &caps, budget_gb, tokens, &b);
+        if (rc != 0) {
+            fprintf(stderr, "ddo demo: no plan at %.3f GiB: %s\n", budget_gb, ddo_last_error());
+            goto out;
+        }
+        printf("   a quarter of the model (%.1f MiB) cannot hold two slots of the largest unit "
+               "beside the resident tensors; using the nearest budget that does: %.1f MiB\n",
+               quarter_gb * GIB / MIB, budget_gb * GIB / MIB);
+    }
+    printf("2. device %s (%s): device weight budget %.1f MiB for a %.1f MiB model (%.0f%%)\n",
+           device, why, budget_gb * GIB / MIB, (double)total / MIB,
+           budget_gb * GIB * 100.0 / (double)total);
+    printf("3. run %llu steps (%llu tokens) on the vmm route, every block streamed through %zu "
+           "execution slots,\n   then verify every step bit-identical against a reference\n\n",
+           (unsigned long long)steps, (unsigned long long)tokens, b.slot_count);
+    fflush(stdout);
+    ddo_checkpoint_destroy(ck);
+    ck = NULL;
+
+    char budget_s[64], steps_s[32], tokens_s[32];
+    snprintf(budget_s, sizeof budget_s, "%.6f", budget_gb);
+    snprintf(steps_s, sizeof steps_s, "%llu", (unsigned long long)steps);
+    snprintf(tokens_s, sizeof tokens_s, "%llu", (unsigned long long)tokens);
+    char *run_argv[] = { "run",     model,      DEMO_FLAGS(device, budget_s),
+                         "--steps", steps_s,    "--tokens",
+                         tokens_s,  "--verify", "--show-profile",
+                         NULL };
+    int run_argc = (int)(sizeof run_argv / sizeof run_argv[0]) - 1;
+    status = ddo_cmd_run(run_argc, run_argv);
+    printf("\nddo demo: %s in %.1f s\n",
+           status == 0 ? "OK: streamed and verified bit-identical" : "FAILED",
+           (double)(now_ns() - t0) / 1e9);
+out:
+    ddo_checkpoint_destroy(ck);
+    if (keep) {
+        printf("ddo demo: kept %s\n", dir);
+    } else {
+        if (unlink(model) != 0 && errno != ENOENT)
+            fprintf(stderr, "ddo demo: cannot remove %s: %s\n", model, strerror(errno));
+        if (rmdir(dir) != 0)
+            fprintf(stderr, "ddo demo: cannot remove %s: %s\n", dir, strerror(errno));
+    }
+    return status;
 }

@@ -1,14 +1,1125 @@
 /*
- * cmd_run.c - `ddo run`. PLACEHOLDER: not implemented yet (owned by the issue that builds it).
+ * cmd_run.c - `ddo run`: the reference host. Opens a checkpoint, plans it
+ * for the chosen device, prints the plan before allocating anything, creates
+ * a session and runs steps: for every unit in order acquire, run the unit's
+ * matrix products (host.h), release. Prints per-step time, stall, bytes per
+ * source tier and bandwidth beside the plan's prediction; --verify compares
+ * every step's checksum with an independent reference.
+ *
+ * A directory with model_index.json (the Diffusers layout) is a phase-staged
+ * pipeline: its components run one after another in pipeline order (text
+ * encoders, then the denoiser, then the VAE), each with its component route,
+ * and each component's session is destroyed before the next one loads, so
+ * the device peak is the largest component's, not the sum.
  */
+#define _POSIX_C_SOURCE 200809L
+#include "host.h"
 #include "tool.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+#define MIB (1024.0 * 1024.0)
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+typedef struct run_args {
+    const char *path;
+    uint64_t steps;
+    uint64_t tokens;
+    bool verify;
+    const char *metrics_path;
+    bool show_profile;
+    ddo_device_options dev_opts;
+    uint64_t corrupt_step; /* DDO_TEST_CORRUPT: tests only; 0 = off */
+} run_args;
+
+/* One group of tensors run together: the resident tensors, or one unit's. */
+typedef struct group {
+    size_t unit; /* SIZE_MAX for the resident group */
+    const size_t *tensors;
+    size_t count;
+} group;
+
+/* What one checkpoint (or pipeline component) measured. */
+typedef struct run_result {
+    uint64_t device_used_peak; /* device bytes in use above the baseline, sampled */
+    uint64_t weights_peak;     /* the session's device_weights_peak_bytes */
+    uint64_t total_bytes;
+    uint64_t device_used_after; /* above the baseline after the session was destroyed */
+} run_result;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* "1.50 GiB", "12.0 MiB", "512 B" */
+static const char *fmt_bytes(double b, char *buf, size_t len)
+{
+    if (b >= GIB)
+        snprintf(buf, len, "%.2f GiB", b / GIB);
+    else if (b >= MIB)
+        snprintf(buf, len, "%.1f MiB", b / MIB);
+    else if (b >= 1024.0)
+        snprintf(buf, len, "%.1f KiB", b / 1024.0);
+    else
+        snprintf(buf, len, "%.0f B", b);
+    return buf;
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: ddo run PATH [--ddo-* flags] [--steps N] [--tokens T] [--verify]\n"
+            "               [--metrics FILE] [--show-profile]\n"
+            "               [--cpu-gbps B] [--cpu-gflops C] [--cpu-memory-gb M]\n\n"
+            "The reference host: streams PATH (a .safetensors file, a sharded index, a model\n"
+            "directory, or a Diffusers pipeline directory with model_index.json) through a ddo\n"
+            "session and runs every 2-D weight's product Y = X W^T on the device.\n\n"
+            "  --steps N        steps to run (default 3)\n"
+            "  --tokens T       activation rows per product (default 16)\n"
+            "  --verify         compare every step's checksum with an independent reference\n"
+            "                   (cpu: tensors read straight from the file, no session; cuda: a\n"
+            "                   session with everything resident); exit 1 on any difference\n"
+            "  --metrics FILE   append the metrics JSON line of each run to FILE\n"
+            "  --show-profile   print the profile table\n"
+            "  --cpu-gbps B     cpu device: throttle copies to B GB/s (10^9 bytes/s)\n"
+            "  --cpu-gflops C   cpu device: a unit's compute takes at least flops / C GFLOP/s\n"
+            "  --cpu-memory-gb M  cpu device: its memory size in GiB\n\n"
+            "The environment (DDO_*) applies first, then the --ddo-* flags; `ddo config --list`\n"
+            "lists them. Pipeline components take their route from DDO_<COMPONENT>_ROUTE.\n");
+}
+
+static int parse_u64(const char *s, uint64_t *out)
+{
+    if (s == NULL || *s == '\0')
+        return -1;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno != 0 || *end != '\0' || s[0] == '-')
+        return -1;
+    *out = (uint64_t)v;
+    return 0;
+}
+
+static int parse_double(const char *s, double *out)
+{
+    if (s == NULL || *s == '\0')
+        return -1;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno != 0 || *end != '\0' || !(v >= 0))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* ---- progress bar ------------------------------------------------------------------ */
+
+typedef struct progress_state {
+    char phase[32];
+    int last_percent;
+} progress_state;
+
+static void progress(void *user, const char *phase, uint64_t done, uint64_t total)
+{
+    progress_state *p = user;
+    int percent = total > 0 ? (int)(done * 100 / total) : 100;
+    if (strcmp(p->phase, phase) == 0 && percent == p->last_percent)
+        return;
+    if (strcmp(p->phase, phase) != 0 && p->phase[0] != '\0' && p->last_percent < 100)
+        fputc('\n', stderr);
+    snprintf(p->phase, sizeof p->phase, "%s", phase);
+    p->last_percent = percent;
+    char bar[31];
+    int filled = percent * 30 / 100;
+    for (int i = 0; i < 30; i++)
+        bar[i] = i < filled ? '#' : ' ';
+    bar[30] = '\0';
+    char a[32], b[32];
+    fprintf(stderr, "\r  %-9s [%s] %3d%%  %s / %s", phase, bar, percent,
+            fmt_bytes((double)done, a, sizeof a), fmt_bytes((double)total, b, sizeof b));
+    if (percent >= 100)
+        fputc('\n', stderr);
+    fflush(stderr);
+}
+
+/* ---- machine facts ----------------------------------------------------------------- */
+
+static uint64_t host_available_bytes(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f != NULL) {
+        char line[256];
+        while (fgets(line, sizeof line, f) != NULL) {
+            unsigned long long kb;
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+                fclose(f);
+                return (uint64_t)kb * 1024u;
+            }
+        }
+        fclose(f);
+    }
+    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
+}
+
+static uint64_t device_used(ddo_device *dev)
+{
+    ddo_device_caps caps;
+    if (ddo_device_caps_get(dev, &caps) != 0 || caps.total_bytes < caps.free_bytes)
+        return 0;
+    return caps.total_bytes - caps.free_bytes;
+}
+
+/* Bytes per second of a 32 MiB memcpy, best of three. */
+static double measure_memcpy(void)
+{
+    size_t n = 32u << 20;
+    char *a = malloc(n), *b = malloc(n);
+    double best = 0;
+    if (a != NULL && b != NULL) {
+        memset(a, 1, n);
+        memset(b, 2, n);
+        for (int i = 0; i < 3; i++) {
+            uint64_t t0 = now_ns();
+            memcpy(b, a, n);
+            double dt = (double)(now_ns() - t0) / 1e9;
+            a[i] = b[n - 1 - (size_t)i]; /* keep the copy */
+            if (dt > 0 && (double)n / dt > best)
+                best = (double)n / dt;
+        }
+    }
+    free(a);
+    free(b);
+    return best;
+}
+
+static ddo_read_backend read_backend(const ddo_config *cfg)
+{
+    const char *v = NULL;
+    if (ddo_config_get(cfg, "load_safetensors_backend", &v) != 0 || v == NULL)
+        return DDO_READ_DEFAULT;
+    if (strcmp(v, "pread") == 0)
+        return DDO_READ_PREAD;
+    if (strcmp(v, "mmap") == 0)
+        return DDO_READ_MMAP;
+    return DDO_READ_DEFAULT;
+}
+
+static double metric(const ddo_metrics *m, const char *name)
+{
+    double v = 0;
+    if (m == NULL || ddo_metrics_get(m, name, &v) != 0)
+        return 0;
+    return v;
+}
+
+/* ---- plan summary ------------------------------------------------------------------ */
+
+static void print_plan(const ddo_plan *plan, const ddo_checkpoint *ck, const char *device_name)
+{
+    ddo_plan_budgets b;
+    memset(&b, 0, sizeof b);
+    ddo_plan_budgets_get(plan, &b);
+    size_t units = ddo_plan_unit_count(plan);
+    size_t n = ddo_checkpoint_tensor_count(ck), resident = 0, streamed = 0, skipped = 0;
+    for (size_t i = 0; i < n; i++) {
+        switch (ddo_plan_tensor_placement(plan, i, NULL)) {
+        case DDO_PLACEMENT_RESIDENT:
+            resident++;
+            break;
+        case DDO_PLACEMENT_STREAMED:
+            streamed++;
+            break;
+        default:
+            skipped++;
+            break;
+        }
+    }
+    uint64_t streamed_bytes = 0;
+    for (size_t u = 0; u < units; u++) {
+        ddo_unit_info ui;
+        if (ddo_plan_unit(plan, u, &ui) == 0 && !ui.resident)
+            streamed_bytes += ui.bytes;
+    }
+    char s1[32], s2[32], s3[32];
+    printf("plan: route %s on %s\n", ddo_plan_route(plan), device_name);
+    printf("  tensors   %zu resident, %zu streamed, %zu skipped; %zu units, %s streamed per "
+           "step\n",
+           resident, streamed, skipped, units, fmt_bytes((double)streamed_bytes, s1, sizeof s1));
+    printf("  device    %s weights peak (resident %s + %zu slots x %s)",
+           fmt_bytes((double)b.device_weights_peak, s1, sizeof s1),
+           fmt_bytes((double)b.resident_bytes, s2, sizeof s2), b.slot_count,
+           fmt_bytes((double)b.slot_bytes, s3, sizeof s3));
+    if (b.device_weights_limit > 0)
+        printf(", limit %s", fmt_bytes((double)b.device_weights_limit, s1, sizeof s1));
+    printf("\n");
+    printf("  host      retained %s", fmt_bytes((double)b.retained_peak, s1, sizeof s1));
+    if (b.retained_limit > 0)
+        printf(" (limit %s)", fmt_bytes((double)b.retained_limit, s1, sizeof s1));
+    printf(", registered %s", fmt_bytes((double)b.registered_peak, s1, sizeof s1));
+    if (b.registered_limit > 0)
+        printf(" (limit %s)", fmt_bytes((double)b.registered_limit, s1, sizeof s1));
+    printf(", staging %s (%zu x %s)\n", fmt_bytes((double)b.staging_peak, s1, sizeof s1),
+           b.staging_windows, fmt_bytes((double)b.staging_window_bytes, s2, sizeof s2));
+    if (b.predicted_step_s > 0)
+        printf("  predicted %.3f s per step\n", b.predicted_step_s);
+    fflush(stdout);
+}
+
+/* ---- execution order --------------------------------------------------------------- */
+
+typedef struct order {
+    size_t *resident; /* resident tensors, checkpoint order */
+    group *groups;    /* groups[0] = resident, then one per unit */
+    size_t count;
+} order;
+
+static void order_free(order *o)
+{
+    free(o->resident);
+    free(o->groups);
+    memset(o, 0, sizeof *o);
+}
+
+static int order_build(const ddo_plan *plan, const ddo_checkpoint *ck, order *o)
+{
+    memset(o, 0, sizeof *o);
+    size_t n = ddo_checkpoint_tensor_count(ck), units = ddo_plan_unit_count(plan);
+    o->resident = malloc((n > 0 ? n : 1) * sizeof *o->resident);
+    o->groups = malloc((units + 1) * sizeof *o->groups);
+    if (o->resident == NULL || o->groups == NULL) {
+        order_free(o);
+        return DDO_E_NO_MEMORY;
+    }
+    size_t r = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ddo_plan_tensor_placement(plan, i, NULL) == DDO_PLACEMENT_RESIDENT)
+            o->resident[r++] = i;
+    o->groups[0] = (group){ SIZE_MAX, o->resident, r };
+    for (size_t u = 0; u < units; u++) {
+        size_t count = 0;
+        const size_t *t = ddo_plan_unit_tensors(plan, u, &count);
+        o->groups[u + 1] = (group){ u, t, t != NULL ? count : 0 };
+    }
+    o->count = units + 1;
+    return 0;
+}
+
+/* ---- a session run ----------------------------------------------------------------- */
+
+typedef struct run_ctx {
+    const run_args *args;
+    ddo_config *cfg;
+    ddo_device *dev;
+    ddo_device_caps caps;
+    const char *device_spec;
+    uint64_t baseline_used;
+} run_ctx;
+
+static void fail_msg(const char *what, int rc, const char *detail)
+{
+    fprintf(stderr, "ddo run: %s: %s%s%s\n", what, ddo_strerror(rc),
+            detail != NULL && *detail ? ": " : "", detail != NULL ? detail : "");
+}
+
+/* Flips one bit of the first streamed tensor of the last unit in step `step` (tests only, cpu
+ * device: the session's addresses are host memory). */
+static void corrupt(ddo_session *s, const group *g)
+{
+    for (size_t j = 0; j < g->count; j++) {
+        void *p = NULL;
+        if (ddo_session_tensor_address(s, g->tensors[j], &p) == 0 && p != NULL) {
+            *(unsigned char *)p ^= 0x01u;
+            fprintf(stderr, "ddo run: DDO_TEST_CORRUPT: flipped a bit of tensor %zu\n",
+                    g->tensors[j]);
+            return;
+        }
+    }
+}
+
+/*
+ * The reference of --verify for a cuda device: a session of a plan with every tensor
+ * resident, run in the streamed plan's order (units of the reference plan, if any, are
+ * acquired around the groups that need them).
+ */
+static int reference_session(run_ctx *ctx, const ddo_checkpoint *ck, const order *o, uint64_t steps,
+                             uint64_t *sums)
+{
+    ddo_config *rcfg = NULL;
+    ddo_plan *rplan = NULL;
+    ddo_session *rs = NULL;
+    ddo_stream *stream = NULL;
+    ref_host *host = NULL;
+    size_t *need = NULL;
+    int rc = ddo_config_clone(ctx->cfg, &rcfg);
+    if (rc == 0)
+        rc = ddo_config_set(rcfg, "always_resident_modules_pattern", ".*");
+    if (rc == 0)
+        rc = ddo_config_set(rcfg, "vmm_resident_weight_budget_gb", "0");
+    if (rc != 0) {
+        fail_msg("reference configuration", rc, ddo_config_error(rcfg));
+        goto out;
+    }
+    ddo_plan_inputs in;
+    memset(&in, 0, sizeof in);
+    in.device_total_bytes = ctx->caps.total_bytes;
+    in.device_free_bytes = ctx->caps.free_bytes;
+    in.device_granularity = ctx->caps.granularity;
+    in.device_is_cpu = ctx->caps.is_cpu;
+    in.device_vmm_supported = ctx->caps.vmm_supported;
+    in.host_available_bytes = host_available_bytes();
+    in.tokens = ctx->args->tokens;
+    rc = ddo_plan_build(ck, rcfg, &in, &rplan);
+    if (rc != 0) {
+        fail_msg("reference plan (everything resident)", rc, ddo_last_error());
+        goto out;
+    }
+    rc = ddo_stream_create(ctx->dev, &stream);
+    if (rc == 0)
+        rc = ddo_session_create(rplan, ck, ctx->dev, NULL, &rs);
+    if (rc != 0) {
+        fail_msg("reference session (everything resident)", rc, ddo_last_error());
+        goto out;
+    }
+    ref_host_config hc = { 0 };
+    hc.tokens = ctx->args->tokens;
+    hc.checksum = true;
+    rc = ref_host_create_ex(ctx->dev, ck, &hc, &host);
+    if (rc != 0)
+        goto out;
+    size_t runits = ddo_plan_unit_count(rplan);
+    need = calloc(runits + 1, sizeof *need);
+    if (need == NULL) {
+        rc = DDO_E_NO_MEMORY;
+        goto out;
+    }
+    for (uint64_t step = 0; step < steps && rc == 0; step++) {
+        for (size_t gi = 0; gi < o->count && rc == 0; gi++) {
+            const group *g = &o->groups[gi];
+            size_t nneed = 0;
+            for (size_t j = 0; j < g->count; j++) {
+                size_t u = ddo_plan_tensor_unit(rplan, g->tensors[j]);
+                bool seen = u == SIZE_MAX;
+                for (size_t k = 0; k < nneed && !seen; k++)
+                    seen = need[k] == u;
+                if (!seen && nneed < runits)
+                    need[nneed++] = u;
+            }
+            size_t held = 0;
+            for (; held < nneed && rc == 0; held++)
+                rc = ddo_session_acquire(rs, need[held], stream);
+            if (rc != 0) {
+                held--;
+                fail_msg("reference acquire", rc, ddo_session_error(rs));
+            } else {
+                rc = ref_host_run_tensors(host, rs, g->tensors, g->count, stream);
+                if (rc != 0)
+                    fail_msg("reference compute", rc, ref_host_error(host));
+            }
+            for (size_t k = 0; k < held; k++) {
+                int rc2 = ddo_session_release(rs, need[k], stream);
+                if (rc == 0 && rc2 != 0) {
+                    rc = rc2;
+                    fail_msg("reference release", rc, ddo_session_error(rs));
+                }
+            }
+        }
+        if (rc == 0) {
+            rc = ref_host_step_checksum(host, stream, &sums[step]);
+            if (rc != 0)
+                fail_msg("reference checksum", rc, ref_host_error(host));
+        }
+    }
+out:
+    free(need);
+    ref_host_destroy(host);
+    ddo_session_destroy(rs);
+    ddo_stream_destroy(stream);
+    ddo_plan_destroy(rplan);
+    ddo_config_destroy(rcfg);
+    return rc;
+}
+
+/* The reference of --verify on the cpu: every tensor read straight from the file. The
+ * reference does not depend on the step, so one pass gives every step's checksum. */
+static int reference_checkpoint(const run_ctx *ctx, const ddo_checkpoint *ck, const order *o,
+                                uint64_t steps, uint64_t *sums)
+{
+    ref_host *host = NULL;
+    ref_host_config hc = { 0 };
+    hc.tokens = ctx->args->tokens;
+    hc.checksum = true;
+    int rc = ref_host_create_ex(NULL, ck, &hc, &host);
+    if (rc != 0)
+        return rc;
+    for (size_t gi = 0; gi < o->count && rc == 0; gi++)
+        rc = ref_host_run_checkpoint(host, o->groups[gi].tensors, o->groups[gi].count);
+    if (rc == 0)
+        rc = ref_host_step_checksum(host, NULL, &sums[0]);
+    if (rc != 0)
+        fail_msg("reference (direct file reads)", rc, ref_host_error(host));
+    for (uint64_t s = 1; s < steps && rc == 0; s++)
+        sums[s] = sums[0];
+    ref_host_destroy(host);
+    return rc;
+}
+
+/* Runs one checkpoint (or pipeline component) with cfg. Returns 0, or an exit status. */
+static int run_checkpoint(run_ctx *ctx, const char *path, const char *component, ddo_config *cfg,
+                          run_result *res)
+{
+    const run_args *a = ctx->args;
+    ddo_checkpoint *ck = NULL;
+    ddo_plan *plan = NULL;
+    ddo_session *s = NULL;
+    ddo_stream *stream = NULL;
+    ref_host *host = NULL;
+    ddo_metrics *m = NULL;
+    uint64_t *sums = NULL, *refs = NULL;
+    order o;
+    memset(&o, 0, sizeof o);
+    memset(res, 0, sizeof *res);
+    int status = DDO_EXIT_FAILURE;
+    uint64_t used = 0;
+    char b1[32], b2[32], b3[32], b4[32];
+
+    int rc = ddo_checkpoint_create(path, read_backend(cfg), &ck);
+    if (rc != 0) {
+        fail_msg(path, rc, ddo_last_error());
+        goto out;
+    }
+    res->total_bytes = ddo_checkpoint_total_bytes(ck);
+    printf("checkpoint: %s: %zu tensors, %s\n", path, ddo_checkpoint_tensor_count(ck),
+           fmt_bytes((double)res->total_bytes, b1, sizeof b1));
+
+    rc = ddo_device_caps_get(ctx->dev, &ctx->caps);
+    if (rc != 0) {
+        fail_msg("device", rc, ddo_device_error(ctx->dev));
+        goto out;
+    }
+    ddo_plan_inputs in;
+    memset(&in, 0, sizeof in);
+    in.device_total_bytes = ctx->caps.total_bytes;
+    in.device_free_bytes = ctx->caps.free_bytes;
+    in.device_granularity = ctx->caps.granularity;
+    in.device_is_cpu = ctx->caps.is_cpu;
+    in.device_vmm_supported = ctx->caps.vmm_supported;
+    in.host_available_bytes = host_available_bytes();
+    in.bus_bytes_per_s =
+        ctx->caps.bus_bytes_per_s > 0 ? ctx->caps.bus_bytes_per_s : a->dev_opts.cpu_bytes_per_s;
+    in.flops_per_s =
+        ctx->caps.flops_per_s > 0 ? ctx->caps.flops_per_s : a->dev_opts.cpu_flops_per_s;
+    if (!ctx->caps.is_cpu) {
+        in.bus_bytes_per_s = ctx->caps.bus_bytes_per_s;
+        in.flops_per_s = ctx->caps.flops_per_s;
+    } else {
+        /* An unthrottled cpu device: measure what the cost model needs. */
+        if (in.flops_per_s <= 0) {
+            in.flops_per_s = ref_host_cpu_measure_flops(a->tokens);
+            printf("  cost model: reference loop measured at %.2f GFLOP/s\n", in.flops_per_s / 1e9);
+        }
+        if (in.bus_bytes_per_s <= 0) {
+            in.bus_bytes_per_s = measure_memcpy();
+            printf("  cost model: host memcpy measured at %.2f GB/s (the cpu device's bus)\n",
+                   in.bus_bytes_per_s / 1e9);
+        }
+    }
+    in.tokens = a->tokens;
+    rc = ddo_plan_build(ck, cfg, &in, &plan);
+    if (rc != 0) {
+        fail_msg("plan", rc, ddo_last_error());
+        goto out;
+    }
+    print_plan(plan, ck, ctx->caps.name[0] ? ctx->caps.name : ctx->device_spec);
+    ddo_plan_budgets budgets;
+    memset(&budgets, 0, sizeof budgets);
+    ddo_plan_budgets_get(plan, &budgets);
+
+    rc = order_build(plan, ck, &o);
+    if (rc != 0) {
+        fail_msg("execution order", rc, NULL);
+        goto out;
+    }
+    sums = calloc(a->steps, sizeof *sums);
+    refs = calloc(a->steps, sizeof *refs);
+    if (sums == NULL || refs == NULL) {
+        fail_msg("steps", DDO_E_NO_MEMORY, NULL);
+        goto out;
+    }
+
+    rc = ddo_stream_create(ctx->dev, &stream);
+    if (rc != 0) {
+        fail_msg("stream", rc, ddo_device_error(ctx->dev));
+        goto out;
+    }
+    progress_state ps;
+    memset(&ps, 0, sizeof ps);
+    ddo_session_options so;
+    memset(&so, 0, sizeof so);
+    if (isatty(STDERR_FILENO)) {
+        so.progress = progress;
+        so.progress_user = &ps;
+    }
+    uint64_t t_setup = now_ns();
+    rc = ddo_session_create(plan, ck, ctx->dev, &so, &s);
+    if (ps.phase[0] != '\0' && ps.last_percent < 100)
+        fputc('\n', stderr);
+    if (rc != 0) {
+        fail_msg("session", rc, ddo_last_error());
+        goto out;
+    }
+    printf("session: set up in %.3f s\n", (double)(now_ns() - t_setup) / 1e9);
+    used = device_used(ctx->dev);
+    if (used > ctx->baseline_used && used - ctx->baseline_used > res->device_used_peak)
+        res->device_used_peak = used - ctx->baseline_used;
+
+    ref_host_config hc = { 0 };
+    hc.tokens = a->tokens;
+    hc.checksum = true;
+    hc.cpu_flops_per_s = a->dev_opts.cpu_flops_per_s;
+    rc = ref_host_create_ex(ctx->dev, ck, &hc, &host);
+    if (rc != 0)
+        goto out;
+
+    printf("  %4s %9s %9s %9s %9s %11s %11s %11s %7s %5s  %s\n", "step", "time", "plan", "compute",
+           "stall", "registered", "staged-ret", "staged-file", "GB/s", "hits", "checksum");
+    uint64_t compute_prev = 0;
+    double prev[6] = { 0 };
+    for (uint64_t step = 0; step < a->steps; step++) {
+        uint64_t t0 = now_ns(), wait_ns = 0;
+        for (size_t gi = 0; gi < o.count; gi++) {
+            const group *g = &o.groups[gi];
+            if (g->unit != SIZE_MAX) {
+                uint64_t ta = now_ns();
+                rc = ddo_session_acquire(s, g->unit, stream);
+                if (rc != 0) {
+                    fail_msg("acquire", rc, ddo_session_error(s));
+                    goto out;
+                }
+                /* On the cpu device the host itself waits for the upload here (the loop reads
+                 * the slot next); on cuda the wait is queued on the stream. */
+                if (ctx->caps.is_cpu) {
+                    rc = ddo_stream_synchronize(stream);
+                    if (rc != 0) {
+                        fail_msg("waiting for the upload", rc, ddo_last_error());
+                        goto out;
+                    }
+                }
+                wait_ns += now_ns() - ta;
+                if (a->corrupt_step == step + 1 && gi + 1 == o.count)
+                    corrupt(s, g);
+            }
+            rc = ref_host_run_tensors(host, s, g->tensors, g->count, stream);
+            if (rc != 0) {
+                fail_msg("compute", rc, ref_host_error(host));
+                goto out;
+            }
+            if (g->unit != SIZE_MAX) {
+                rc = ddo_session_release(s, g->unit, stream);
+                if (rc != 0) {
+                    fail_msg("release", rc, ddo_session_error(s));
+                    goto out;
+                }
+            }
+        }
+        rc = ref_host_step_checksum(host, stream, &sums[step]);
+        if (rc != 0) {
+            fail_msg("checksum", rc, ref_host_error(host));
+            goto out;
+        }
+        double dt = (double)(now_ns() - t0) / 1e9;
+        used = device_used(ctx->dev);
+        if (used > ctx->baseline_used && used - ctx->baseline_used > res->device_used_peak)
+            res->device_used_peak = used - ctx->baseline_used;
+        rc = ddo_session_metrics(s, false, &m);
+        if (rc != 0) {
+            fail_msg("metrics", rc, ddo_session_error(s));
+            goto out;
+        }
+        double cur[6] = { 0,
+                          metric(m, "bytes_from_registered"),
+                          metric(m, "bytes_staged_from_retained"),
+                          metric(m, "bytes_staged_from_file"),
+                          metric(m, "copy_bytes"),
+                          metric(m, "hits") };
+        ddo_metrics_destroy(m);
+        m = NULL;
+        char plan_s[16] = "-";
+        if (budgets.predicted_step_s > 0)
+            snprintf(plan_s, sizeof plan_s, "%.3fs", budgets.predicted_step_s);
+        uint64_t compute_now = ref_host_compute_ns(host);
+        printf(
+            "  %4" PRIu64 " %8.3fs %9s %8.3fs %8.3fs %11s %11s %11s %7.2f %5.0f  %016" PRIx64 "\n",
+            step + 1, dt, plan_s, (double)(compute_now - compute_prev) / 1e9, (double)wait_ns / 1e9,
+            fmt_bytes(cur[1] - prev[1], b1, sizeof b1), fmt_bytes(cur[2] - prev[2], b2, sizeof b2),
+            fmt_bytes(cur[3] - prev[3], b3, sizeof b3), (cur[4] - prev[4]) / dt / 1e9,
+            cur[5] - prev[5], sums[step]);
+        fflush(stdout);
+        memcpy(prev, cur, sizeof prev);
+        compute_prev = compute_now;
+    }
+
+    ref_host_stats hs;
+    ref_host_stats_get(host, &hs);
+    printf("  compute: %" PRIu64 " products (%.2f GFLOP), %" PRIu64
+           " tensors moved only; host compute %.3f s\n",
+           hs.weights_computed, (double)hs.flops / 1e9, hs.weights_skipped,
+           (double)ref_host_compute_ns(host) / 1e9);
+
+    rc = ddo_session_metrics(s, true, &m);
+    if (rc != 0) {
+        fail_msg("metrics", rc, ddo_session_error(s));
+        goto out;
+    }
+    res->weights_peak = (uint64_t)metric(m, "device_weights_peak_bytes");
+    printf("  device weights peak %s (planned %s)\n",
+           fmt_bytes((double)res->weights_peak, b1, sizeof b1),
+           fmt_bytes((double)budgets.device_weights_peak, b4, sizeof b4));
+    if (a->show_profile) {
+        char *text = NULL;
+        if (ddo_metrics_format_profile(m, &text) == 0) {
+            printf("%s", text);
+            if (text[0] != '\0' && text[strlen(text) - 1] != '\n')
+                printf("\n");
+            ddo_free(text);
+        }
+    }
+    if (a->metrics_path != NULL) {
+        rc = ddo_metrics_record(m, component, a->metrics_path);
+        if (rc != 0) {
+            fail_msg(a->metrics_path, rc, ddo_last_error());
+            goto out;
+        }
+    }
+
+    if (a->verify) {
+        bool direct = ctx->caps.is_cpu;
+        printf("verify: reference = %s\n",
+               direct ? "every tensor read straight from the file into host memory (no "
+                        "session, no device), the same loop"
+                      : "a session with every tensor resident on the same device");
+        fflush(stdout);
+        rc = direct ? reference_checkpoint(ctx, ck, &o, a->steps, refs)
+                    : reference_session(ctx, ck, &o, a->steps, refs);
+        if (rc != 0)
+            goto out;
+        uint64_t bad = 0;
+        for (uint64_t step = 0; step < a->steps; step++) {
+            if (sums[step] != refs[step]) {
+                bad++;
+                printf("  step %" PRIu64 ": MISMATCH streamed %016" PRIx64 " reference %016" PRIx64
+                       "\n",
+                       step + 1, sums[step], refs[step]);
+            }
+        }
+        if (bad > 0) {
+            printf("verify: FAILED: %" PRIu64 " of %" PRIu64 " steps differ from the reference\n",
+                   bad, a->steps);
+            goto out;
+        }
+        printf("verify: OK: %" PRIu64 " steps bit-identical to the reference (%016" PRIx64 ")\n",
+               a->steps, refs[0]);
+    }
+    status = 0;
+out:
+    fflush(stdout);
+    ddo_metrics_destroy(m);
+    ref_host_destroy(host);
+    ddo_session_destroy(s);
+    ddo_stream_destroy(stream);
+    if (ctx->dev != NULL) {
+        used = device_used(ctx->dev);
+        res->device_used_after = used > ctx->baseline_used ? used - ctx->baseline_used : 0;
+    }
+    order_free(&o);
+    free(sums);
+    free(refs);
+    ddo_plan_destroy(plan);
+    ddo_checkpoint_destroy(ck);
+    return status;
+}
+
+/* ---- phase-staged pipelines -------------------------------------------------------- */
+
+typedef struct pipe_component {
+    char name[128];
+    int rank;   /* 0 encoders, 1 denoiser and the rest, 2 VAE */
+    size_t pos; /* position in model_index.json */
+} pipe_component;
+
+static bool has_suffix(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+static bool dir_has_weights(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return false;
+    bool found = false;
+    struct dirent *e;
+    while (!found && (e = readdir(d)) != NULL)
+        found = has_suffix(e->d_name, ".safetensors") ||
+                has_suffix(e->d_name, ".safetensors.index.json");
+    closedir(d);
+    return found;
+}
+
+static int component_rank(const char *name)
+{
+    if (strncmp(name, "text_encoder", 12) == 0 || strncmp(name, "image_encoder", 13) == 0)
+        return 0;
+    if (strcmp(name, "vae") == 0 || strstr(name, "vae") != NULL || strcmp(name, "movq") == 0)
+        return 2;
+    return 1;
+}
+
+static int cmp_component(const void *pa, const void *pb)
+{
+    const pipe_component *a = pa, *b = pb;
+    if (a->rank != b->rank)
+        return a->rank < b->rank ? -1 : 1;
+    return a->pos < b->pos ? -1 : a->pos > b->pos ? 1 : 0;
+}
+
+/* The components of a Diffusers pipeline directory that hold safetensors weights, in pipeline
+ * order. Prints the reason on failure. */
+static int pipeline_components(const char *dir, pipe_component **out, size_t *count)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model_index.json", dir);
+    json_error_t jerr;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (root == NULL || !json_is_object(root)) {
+        fprintf(stderr, "ddo run: %s: line %d: %s\n", path, root == NULL ? jerr.line : 1,
+                root == NULL ? jerr.text : "not a JSON object");
+        json_decref(root);
+        return DDO_E_FORMAT;
+    }
+    size_t n = json_object_size(root), k = 0, pos = 0;
+    pipe_component *c = calloc(n > 0 ? n : 1, sizeof *c);
+    if (c == NULL) {
+        json_decref(root);
+        return DDO_E_NO_MEMORY;
+    }
+    const char *key;
+    json_t *val;
+    json_object_foreach(root, key, val)
+    {
+        pos++;
+        if (key[0] == '_' || !json_is_array(val) || json_array_size(val) != 2 ||
+            !json_is_string(json_array_get(val, 0)) || strchr(key, '/') != NULL ||
+            strlen(key) >= sizeof c[k].name)
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, key);
+        if (!dir_has_weights(path))
+            continue;
+        snprintf(c[k].name, sizeof c[k].name, "%s", key);
+        c[k].rank = component_rank(key);
+        c[k].pos = pos;
+        k++;
+    }
+    json_decref(root);
+    if (k == 0) {
+        fprintf(stderr, "ddo run: %s/model_index.json: no component folder holds safetensors\n",
+                dir);
+        free(c);
+        return DDO_E_NOT_FOUND;
+    }
+    qsort(c, k, sizeof *c, cmp_component);
+    *out = c;
+    *count = k;
+    return 0;
+}
+
+/* A component's configuration for its policy (route and unit granularity); *what describes
+ * it. */
+static int component_config(const ddo_config *cfg, const ddo_component_policy *pol,
+                            ddo_config **out, const char **what)
+{
+    ddo_config *c = NULL;
+    int rc = ddo_config_clone(cfg, &c);
+    if (rc != 0)
+        return rc;
+    if (strcmp(pol->route, "none") == 0) {
+        *what = "unmanaged: everything resident";
+        rc = ddo_config_set(c, "always_resident_modules_pattern", ".*");
+    } else {
+        bool leaf = pol->unit_granularity != NULL && strcmp(pol->unit_granularity, "leaf") == 0;
+        if (strcmp(pol->route, "diffusers_group_offload") == 0)
+            *what = leaf ? "group-offload compatibility: streamed per leaf module"
+                         : "group-offload compatibility: streamed per block";
+        else
+            *what = leaf ? "streamed by ddo per leaf module" : "streamed by ddo per block";
+        if (pol->unit_granularity != NULL && pol->unit_granularity[0] != '\0')
+            rc = ddo_config_set(c, "unit_granularity", pol->unit_granularity);
+    }
+    if (rc != 0) {
+        ddo_config_destroy(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+static int run_pipeline(run_ctx *ctx, const char *dir)
+{
+    pipe_component *comps = NULL;
+    size_t n = 0;
+    if (pipeline_components(dir, &comps, &n) != 0)
+        return DDO_EXIT_FAILURE;
+    run_result *res = calloc(n, sizeof *res);
+    const char **routes = calloc(n, sizeof *routes);
+    if (res == NULL || routes == NULL) {
+        free(res);
+        free(routes);
+        free(comps);
+        fprintf(stderr, "ddo run: out of memory\n");
+        return DDO_EXIT_FAILURE;
+    }
+    printf("pipeline: %s: %zu components in order:", dir, n);
+    for (size_t i = 0; i < n; i++)
+        printf(" %s", comps[i].name);
+    printf("\n");
+    int status = 0;
+    for (size_t i = 0; i < n && status == 0; i++) {
+        ddo_component_policy pol;
+        int rc = ddo_config_component_policy(ctx->cfg, comps[i].name, NULL, false, &pol);
+        if (rc != 0) {
+            fail_msg(comps[i].name, rc, ddo_config_error(ctx->cfg));
+            status = DDO_EXIT_FAILURE;
+            break;
+        }
+        const char *route = pol.route;
+        routes[i] = route;
+        const char *what = "";
+        ddo_config *ccfg = NULL;
+        rc = component_config(ctx->cfg, &pol, &ccfg, &what);
+        if (rc != 0) {
+            fail_msg(comps[i].name, rc, ddo_last_error());
+            status = DDO_EXIT_FAILURE;
+            break;
+        }
+        printf("\n== component %zu/%zu: %s (route %s from %s: %s) ==\n", i + 1, n, comps[i].name,
+               route, pol.route_source, what);
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, comps[i].name);
+        ctx->baseline_used = device_used(ctx->dev);
+        status = run_checkpoint(ctx, path, comps[i].name, ccfg, &res[i]);
+        ddo_config_destroy(ccfg);
+        if (status == 0 && res[i].device_used_after != 0) {
+            char b[32];
+            fprintf(stderr,
+                    "ddo run: component %s left %s on the device after its session was "
+                    "destroyed\n",
+                    comps[i].name, fmt_bytes((double)res[i].device_used_after, b, sizeof b));
+            status = DDO_EXIT_FAILURE;
+        }
+    }
+    if (status == 0) {
+        char b1[32], b2[32], b3[32];
+        uint64_t peak = 0, sum = 0, wpeak = 0, wsum = 0;
+        size_t largest = 0;
+        printf("\npipeline peaks (each component unloaded before the next loads):\n");
+        printf("  %-20s %-24s %12s %14s %14s\n", "component", "route", "weights", "weights peak",
+               "device peak");
+        for (size_t i = 0; i < n; i++) {
+            printf("  %-20s %-24s %12s %14s %14s\n", comps[i].name, routes[i],
+                   fmt_bytes((double)res[i].total_bytes, b1, sizeof b1),
+                   fmt_bytes((double)res[i].weights_peak, b2, sizeof b2),
+                   fmt_bytes((double)res[i].device_used_peak, b3, sizeof b3));
+            if (res[i].weights_peak > wpeak) {
+                wpeak = res[i].weights_peak;
+                largest = i;
+            }
+            wsum += res[i].weights_peak;
+            if (res[i].device_used_peak > peak)
+                peak = res[i].device_used_peak;
+            sum += res[i].device_used_peak;
+        }
+        /* The sessions never overlap (checked above: each one returned the device to its
+         * baseline), so the pipeline's peak is the largest component's. */
+        printf("  pipeline weights peak %s (%" PRIu64 " bytes) = largest component (%s); all at "
+               "once would be %s (%" PRIu64 " bytes)\n",
+               fmt_bytes((double)wpeak, b1, sizeof b1), wpeak, comps[largest].name,
+               fmt_bytes((double)wsum, b2, sizeof b2), wsum);
+        if (sum > 0)
+            printf("  pipeline device peak %s (%" PRIu64 " bytes; sum of components %s)\n",
+                   fmt_bytes((double)peak, b1, sizeof b1), peak,
+                   fmt_bytes((double)sum, b2, sizeof b2));
+        printf("peak check: OK: every component released its device memory before the next "
+               "loaded\n");
+    }
+    free(routes);
+    free(res);
+    free(comps);
+    return status;
+}
+
+/* ---- the command ------------------------------------------------------------------- */
+
+static bool is_pipeline_dir(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return false;
+    char p[4096];
+    snprintf(p, sizeof p, "%s/model_index.json", path);
+    return access(p, R_OK) == 0;
+}
 
 int ddo_cmd_run(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "ddo run: not implemented yet\n");
-    return DDO_EXIT_FAILURE;
+    run_args a;
+    memset(&a, 0, sizeof a);
+    a.steps = 3;
+    a.tokens = 16;
+    ddo_config *cfg = NULL;
+    ddo_device *dev = NULL;
+    int status = DDO_EXIT_USAGE;
+
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            return DDO_EXIT_OK;
+        }
+    }
+    int rc = ddo_config_create(&cfg);
+    if (rc != 0) {
+        fail_msg("configuration", rc, ddo_last_error());
+        return DDO_EXIT_FAILURE;
+    }
+    ddo_config_set_running_on_wsl(cfg, ddo_tool_running_on_wsl() != 0);
+    rc = ddo_config_apply_env(cfg, (const char *const *)environ);
+    if (rc == 0)
+        rc = ddo_config_parse_args(cfg, &argc, argv);
+    if (rc != 0) {
+        fprintf(stderr, "ddo run: %s\n", ddo_config_error(cfg));
+        goto out;
+    }
+    for (size_t i = 0; i < ddo_config_warning_count(cfg); i++)
+        fprintf(stderr, "ddo run: warning: %s\n", ddo_config_warning(cfg, i));
+
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        double d = 0;
+        if (strcmp(arg, "--verify") == 0) {
+            a.verify = true;
+        } else if (strcmp(arg, "--show-profile") == 0) {
+            a.show_profile = true;
+        } else if (strcmp(arg, "--steps") == 0) {
+            if (parse_u64(val, &a.steps) != 0 || a.steps == 0 || a.steps > 1000000) {
+                fprintf(stderr, "ddo run: --steps needs a whole number from 1 to 1000000\n");
+                goto out;
+            }
+            i++;
+        } else if (strcmp(arg, "--tokens") == 0) {
+            if (parse_u64(val, &a.tokens) != 0 || a.tokens == 0 || a.tokens > 65536) {
+                fprintf(stderr, "ddo run: --tokens needs a whole number from 1 to 65536\n");
+                goto out;
+            }
+            i++;
+        } else if (strcmp(arg, "--metrics") == 0) {
+            if (val == NULL) {
+                fprintf(stderr, "ddo run: --metrics needs a file\n");
+                goto out;
+            }
+            a.metrics_path = val;
+            i++;
+        } else if (strcmp(arg, "--cpu-gbps") == 0 || strcmp(arg, "--cpu-gflops") == 0 ||
+                   strcmp(arg, "--cpu-memory-gb") == 0) {
+            if (parse_double(val, &d) != 0) {
+                fprintf(stderr, "ddo run: %s needs a number >= 0\n", arg);
+                goto out;
+            }
+            if (strcmp(arg, "--cpu-gbps") == 0)
+                a.dev_opts.cpu_bytes_per_s = d * 1e9;
+            else if (strcmp(arg, "--cpu-gflops") == 0)
+                a.dev_opts.cpu_flops_per_s = d * 1e9;
+            else
+                a.dev_opts.cpu_memory_bytes = (uint64_t)(d * GIB);
+            i++;
+        } else if (arg[0] == '-') {
+            fprintf(stderr, "ddo run: unknown option '%s' (see ddo run --help)\n", arg);
+            goto out;
+        } else if (a.path == NULL) {
+            a.path = arg;
+        } else {
+            fprintf(stderr, "ddo run: one PATH only ('%s' is extra)\n", arg);
+            goto out;
+        }
+    }
+    if (a.path == NULL) {
+        usage(stderr);
+        goto out;
+    }
+    status = DDO_EXIT_FAILURE;
+    rc = ddo_config_validate(cfg);
+    if (rc != 0) {
+        fprintf(stderr, "ddo run: %s\n", ddo_config_error(cfg));
+        goto out;
+    }
+    bool show = false;
+    const char *src = NULL;
+    if (ddo_config_get_bool(cfg, "show_profile", &show) == 0 &&
+        ddo_config_source(cfg, "show_profile", &src) == 0 && src != NULL &&
+        strcmp(src, "default") != 0 && show)
+        a.show_profile = true;
+    const char *corrupt_env = getenv("DDO_TEST_CORRUPT");
+    if (corrupt_env != NULL && parse_u64(corrupt_env, &a.corrupt_step) != 0)
+        a.corrupt_step = 0;
+
+    const char *spec = "cuda:0";
+    ddo_config_get(cfg, "execution_device", &spec);
+    char spec_buf[64];
+    snprintf(spec_buf, sizeof spec_buf, "%s", spec != NULL ? spec : "cuda:0");
+    rc = ddo_device_create(spec_buf, &a.dev_opts, &dev);
+    if (rc == DDO_E_NO_DEVICE && ddo_config_source(cfg, "execution_device", &src) == 0 &&
+        src != NULL && strcmp(src, "default") == 0) {
+        fprintf(stderr, "ddo run: no CUDA device (%s); using the cpu device\n", ddo_last_error());
+        snprintf(spec_buf, sizeof spec_buf, "cpu");
+        rc = ddo_device_create(spec_buf, &a.dev_opts, &dev);
+    }
+    if (rc != 0) {
+        fail_msg(spec_buf, rc, ddo_last_error());
+        goto out;
+    }
+    run_ctx ctx;
+    memset(&ctx, 0, sizeof ctx);
+    ctx.args = &a;
+    ctx.cfg = cfg;
+    ctx.dev = dev;
+    ctx.device_spec = spec_buf;
+    if (ddo_device_caps_get(dev, &ctx.caps) != 0)
+        memset(&ctx.caps, 0, sizeof ctx.caps);
+    ctx.baseline_used = device_used(dev);
+    if (is_pipeline_dir(a.path)) {
+        status = run_pipeline(&ctx, a.path);
+    } else {
+        run_result res;
+        status = run_checkpoint(&ctx, a.path, NULL, cfg, &res);
+    }
+out:
+    ddo_device_destroy(dev);
+    ddo_config_destroy(cfg);
+    return status;
 }
