@@ -20,8 +20,8 @@
 # the script at once with a clear message; failed tests are recorded and the benchmark
 # still runs (device time is scarce), and the exit status is 1.
 #
-# $OUT receives at most 8 files: suite.log build.log ctest.log sanitizer.log bench.log
-# bench.json trace.json summary.txt.
+# $OUT receives at most 8 files: suite.log build.log ctest.log (with the sanitizer's
+# output) doctor.txt bench.log bench.json trace.json summary.txt.
 #
 # Knobs (environment): SUITE_BUDGET_S, BENCH_STEPS (5), BENCH_TOKENS (4608), SYNTH_SCALE (1), LAYOUT
 # (data/layouts/flux1-dev.json), WORK (build-gpu/work: the synthetic checkpoint),
@@ -172,6 +172,7 @@ if [ "${SKIP_SANITIZER:-0}" != 1 ] && [ "${SKIP_TESTS:-0}" != 1 ]; then
         step "compute-sanitizer memcheck" 150 "$OUT/sanitizer.log" \
             env DDO_GPU_TEST_HEADROOM_MIB=4096 "$SANITIZER" --tool memcheck --leak-check full --error-exitcode 1 \
             "$BUILD/test_gpu_device" || STATUS=1
+        cat "$OUT/sanitizer.log" >>"$OUT/ctest.log" && rm -f "$OUT/sanitizer.log"
     else
         say "SKIPPED compute-sanitizer: not installed"
     fi
@@ -187,6 +188,8 @@ ls -l "$CK" >>"$LOG"
 
 # ---- 6. page cache ------------------------------------------------------------------
 step "warm page cache" 60 "$LOG" dd if="$CK" of=/dev/null bs=16M || say "FAILED to warm the page cache (continuing)"
+
+step "ddo doctor" 60 "$OUT/doctor.txt" "$DDO" doctor "$CK" || say "FAILED ddo doctor (continuing)"
 
 # ---- 7. the benchmark ---------------------------------------------------------------
 VMM="--ddo-backend vmm --ddo-preset auto"
