@@ -70,6 +70,32 @@ struct ddo__source {
 
 /* ---- small helpers ---- */
 
+/* Fault injection for reads (tests): see source.h. */
+static atomic_uint_fast64_t fault_nth, fault_reads;
+static atomic_bool fault_persistent;
+
+void ddo__source_fault_nth(uint64_t nth, bool persistent)
+{
+    atomic_store(&fault_nth, 0);
+    atomic_store(&fault_reads, 0);
+    atomic_store(&fault_persistent, persistent);
+    atomic_store(&fault_nth, nth);
+}
+
+uint64_t ddo__source_fault_reads(void)
+{
+    return atomic_load(&fault_reads);
+}
+
+int ddo__source_fault_hit(void)
+{
+    uint64_t n = atomic_fetch_add(&fault_reads, 1) + 1;
+    uint64_t nth = atomic_load(&fault_nth);
+    if (nth != 0 && (n == nth || (n > nth && atomic_load(&fault_persistent))))
+        return DDO_E_IO;
+    return 0;
+}
+
 static uint64_t align_down(uint64_t v, uint64_t a)
 {
     return v - v % a;
@@ -378,12 +404,23 @@ static void read_piece_pread(job *j, const piece *p)
     job_progress(j, p->len);
 }
 
+/* An injected read fault (tests) for piece p: recorded on the job, true when it hit. */
+static bool piece_fault(job *j, const piece *p)
+{
+    if (ddo__source_fault_hit() == 0)
+        return false;
+    job_error(j, DDO_E_IO, true, "retained store: %s: read of %llu bytes at %llu: injected fault",
+              file_name(j->src, p->file), (unsigned long long)p->len, (unsigned long long)p->off);
+    return true;
+}
+
 static void pread_worker(job *j)
 {
     const piece *pieces = j->arg;
     size_t i;
     while (job_next(j, &i))
-        read_piece_pread(j, &pieces[i]);
+        if (!piece_fault(j, &pieces[i]))
+            read_piece_pread(j, &pieces[i]);
 }
 
 #if DDO_HAVE_LIBURING
@@ -541,6 +578,8 @@ static void uring_worker(job *j)
             size_t slot = 0;
             while (slots[slot].used)
                 slot++;
+            if (piece_fault(j, &pieces[i]))
+                continue;
             if (start_piece(j, &ring, &pieces[i], &slots[slot], slot))
                 busy++;
         }
@@ -868,6 +907,17 @@ const void *ddo__source_host_ptr(const ddo__source *src, size_t tensor, bool *re
     return e->ptr;
 }
 
+uint64_t ddo__source_segment_left(const ddo__source *src, size_t tensor, uint64_t offset)
+{
+    if (src == NULL || tensor >= src->tensor_count)
+        return UINT64_MAX;
+    const entry *e = &src->entries[tensor];
+    if (e->run != RUN_STORE)
+        return UINT64_MAX;
+    uint64_t at = e->pos + offset;
+    return DDO_SEGMENT_BYTES - at % DDO_SEGMENT_BYTES;
+}
+
 /* Reads the aligned range [a0, a1) of fd into dst; returns bytes read or -errno. */
 static int64_t direct_read(const ddo__source *src, int fd, uint64_t a0, uint64_t a1, uint8_t *dst)
 {
@@ -970,6 +1020,10 @@ int ddo__source_read_file(ddo__source *src, size_t tensor, uint64_t offset, size
     }
     uint32_t file = t->file_index;
     uint64_t abs = t->offset + offset;
+    if (ddo__source_fault_hit() != 0)
+        return ddo__fail(eb, DDO_E_IO,
+                         "%s: tensor \"%s\": read of %zu bytes at %llu: injected fault",
+                         file_name(src, file), t->name, len, (unsigned long long)abs);
     uint64_t a0 = align_down(abs, IO_ALIGN);
     uint64_t a1 = ddo__round_up(abs + len, IO_ALIGN);
     int fd = file < src->file_count ? src->direct_fd[file] : -1;

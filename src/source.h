@@ -73,6 +73,14 @@ void ddo__source_destroy(ddo__source *src);
 const void *ddo__source_host_ptr(const ddo__source *src, size_t tensor, bool *registered);
 
 /*
+ * Bytes from byte `offset` of a retained tensor to the end of its 64 MiB registration segment
+ * (UINT64_MAX when the tensor is not in the store). A copy from registered memory must not
+ * cross a segment boundary: each segment is its own registration, and the CUDA driver rejects
+ * a copy whose host range spans two registrations (CUDA_ERROR_INVALID_VALUE).
+ */
+uint64_t ddo__source_segment_left(const ddo__source *src, size_t tensor, uint64_t offset);
+
+/*
  * Reads len bytes of tensor (from byte offset `offset` inside the tensor)
  * from its file into dst (a staging window, page aligned, dst_cap bytes). The
  * file's identity is checked first (DDO_E_FILE_CHANGED). May use O_DIRECT, in
@@ -102,5 +110,18 @@ int ddo__source_bytes(const ddo_checkpoint *ck, const ddo__source_request *req, 
 /* The engine the store actually uses (AUTO resolved; IO_URING falls back to PREAD when
  * io_uring or O_DIRECT is unavailable). */
 ddo__read_engine ddo__source_engine(const ddo__source *src);
+
+/*
+ * Test hook, fault injection for checkpoint file reads (like the device's
+ * inject_fault): the nth read from now (1-based; every per-use read, every
+ * setup read request and every resident read, process-wide) fails with
+ * DDO_E_IO; persistent keeps failing every read from then on. nth == 0
+ * clears. ddo__source_fault_reads counts the reads since the last
+ * ddo__source_fault_nth. Thread-safe; one atomic increment per read.
+ */
+void ddo__source_fault_nth(uint64_t nth, bool persistent);
+uint64_t ddo__source_fault_reads(void);
+/* Counts one read; DDO_E_IO when an injected fault hits it, else 0. */
+int ddo__source_fault_hit(void);
 
 #endif /* DDO_SOURCE_H */

@@ -921,6 +921,16 @@ static cpu_op *new_op(op_kind kind)
     return op;
 }
 
+/* True when [a, a + size) starts inside a registered range and runs past its end (lock held). */
+static bool spans_registration(cpu_dev *d, uint64_t a, size_t size)
+{
+    size_t i = ddo__devtab_floor(&d->regs, a);
+    if (i == SIZE_MAX)
+        return false;
+    uint64_t b = d->regs.v[i].key, n = d->regs.v[i].size;
+    return a < b + n && a + size > b + n;
+}
+
 static int cpu_copy_h2d(void *st, uint64_t dst, const void *src, size_t size, void *stream,
                         ddo__errbuf *eb)
 {
@@ -941,6 +951,13 @@ static int cpu_copy_h2d(void *st, uint64_t dst, const void *src, size_t size, vo
                        "cpu: copy_h2d: destination 0x%" PRIx64 " + %zu is not mapped device "
                        "memory",
                        dst, size);
+    else if (spans_registration(d, (uintptr_t)src, size))
+        /* The CUDA driver rejects (CUDA_ERROR_INVALID_VALUE) a copy that starts in registered
+         * memory and runs past the end of that registration; so does the reference device. */
+        rc = ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
+                       "cpu: copy_h2d: source %p + %zu runs past the end of its host "
+                       "registration (as cuMemcpyHtoDAsync: CUDA_ERROR_INVALID_VALUE)",
+                       src, size);
     else
         enqueue(stream, op);
     pthread_mutex_unlock(&d->lock);
