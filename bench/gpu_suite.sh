@@ -197,7 +197,8 @@ NONE="--ddo-always-resident-module-patterns ^\$ --ddo-small-tensor-threshold-kb 
 step "ddo bench" 330 "$OUT/bench.log" "$DDO" bench "$CK" --tokens "$TOKENS" --steps "$STEPS" \
     --trace-steps 2 --bus-gib 4 --direct-gib 2 \
     --case "vmm-zero $VMM $NONE --ddo-vmm-resident-weight-budget-gb 4 --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1" \
-    --case "budget-16g $VMM --ddo-vmm-resident-weight-budget-gb 16 --ddo-resident-module-patterns auto --ddo-resident-module-budget-gb 14 --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1" \
+    --case "budget-16g $VMM --ddo-vmm-resident-weight-budget-gb 16 --ddo-always-resident-module-patterns ^\$ --ddo-resident-module-patterns auto --ddo-resident-module-budget-gb 14 --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1" \
+    --case "linear-zero --ddo-backend linear --ddo-preset one_shot_fast --ddo-auto-budget-policy off $NONE --steps 3 --trace-steps 0" \
     --case "retained-8g $VMM $NONE --ddo-vmm-resident-weight-budget-gb 4 --ddo-vmm-source-cache-gb 8 --ddo-pin-cpu-memory 1 --ddo-read-engine io_uring --steps 2 --trace-steps 0" \
     --json "$OUT/bench.json" --trace "$OUT/trace.json" || STATUS=1
 

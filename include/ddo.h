@@ -641,6 +641,14 @@ DDO_API int ddo_session_synchronize(ddo_session *s);
 /* A versioned metrics snapshot; collect_completed retires finished upload tickets. */
 DDO_API int ddo_session_metrics(ddo_session *s, bool collect_completed, ddo_metrics **out);
 DDO_API const char *ddo_session_error(const ddo_session *s);
+/*
+ * Pinned host-cache helper, for a completed phase: with enabled, waits for pending uploads and
+ * releases the session's idle staging windows and bounce buffer (given back to the staging
+ * account; re-created on the next upload that needs them). *released_bytes = bytes released.
+ * Disabled (enabled=false, the default a host should use) does nothing and reports 0. Never
+ * touches the retained source store, registration or admission.
+ */
+DDO_API int ddo_session_trim_host_cache(ddo_session *s, bool enabled, uint64_t *released_bytes);
 
 /* ------------------------------------------------------------------------ */
 /* Metrics                                                                   */

@@ -1,7 +1,9 @@
 /*
  * session.c - executing a plan: session setup and teardown, the lifecycle
- * (unload, reload, the error boundary), synchronisation and metrics. Slots,
- * leases, prefetch and reclaim are in session_slots.c.
+ * (unload, reload, the error boundary, the pinned host-cache trim),
+ * synchronisation, metrics, and the per-weight range layout of the protected
+ * vmm_runtime route. Slots, leases, prefetch and reclaim are in
+ * session_slots.c.
  *
  * Setup allocates exactly what the plan predicted: every byte goes through a
  * budget account limited by the plan's figure, and a failure at any step
@@ -169,6 +171,104 @@ static int quiesce(ddo_session *s)
     return first;
 }
 
+/* vmm_runtime: releases the reserved ranges of unit's weights; true when none is left. */
+static bool release_weight_ranges(ddo_session *s, size_t u)
+{
+    bool all = true;
+    size_t n = 0;
+    const size_t *ts = ddo_plan_unit_tensors(s->plan, u, &n);
+    for (size_t k = 0; ts != NULL && k < n; k++) {
+        size_t t = ts[k];
+        if (s->w_va[t] == 0)
+            continue;
+        if (ddo__dev_va_release(s->dev, s->w_va[t], s->w_size[t]) == 0)
+            s->w_va[t] = 0;
+        else
+            all = false;
+    }
+    return all;
+}
+
+/* vmm_runtime: reserves one granularity-aligned range per streamed weight of every unit. */
+static int reserve_weight_ranges(ddo_session *s)
+{
+    for (size_t u = 0; u < s->unit_count; u++) {
+        if (s->units[u].resident)
+            continue;
+        size_t n = 0;
+        const size_t *ts = ddo_plan_unit_tensors(s->plan, u, &n);
+        for (size_t k = 0; ts != NULL && k < n; k++) {
+            size_t t = ts[k];
+            if (s->w_size[t] == 0)
+                continue;
+            int rc = ddo__dev_va_reserve(s->dev, s->w_size[t], &s->w_va[t]);
+            if (rc != 0) {
+                s->w_va[t] = 0;
+                const ddo_tensor_info *ti = ddo_checkpoint_tensor(s->ck, t);
+                char b[256];
+                snprintf(b, sizeof(b), "tensor \"%.100s\": reserving its range of unit \"%.60s\"",
+                         ti != NULL && ti->name != NULL ? ti->name : "?", s->units[u].name);
+                return fail_dev(&s->err, rc, b);
+            }
+            s->units[u].has_va = true;
+        }
+    }
+    return 0;
+}
+
+/*
+ * vmm_runtime: lays out the per-weight ranges (each streamed weight rounded up
+ * to the granularity) and their offsets inside a slot's handle, and sizes the
+ * slots for the largest unit laid out so. The mapped budget bounds the device
+ * weights account; a slot set that cannot fit is refused before any device call.
+ */
+static int per_weight_layout(ddo_session *s)
+{
+    uint64_t g = s->gran;
+    uint64_t largest = 0;
+    for (size_t u = 0; u < s->unit_count; u++) {
+        if (s->units[u].resident)
+            continue;
+        size_t n = 0;
+        const size_t *ts = ddo_plan_unit_tensors(s->plan, u, &n);
+        uint64_t off = 0;
+        for (size_t k = 0; ts != NULL && k < n; k++) {
+            size_t t = ts[k];
+            ddo_tensor_location loc;
+            if (ddo_plan_tensor_location(s->plan, t, &loc) != 0)
+                return ddo__fail_from_last(&s->err, DDO_E_INTERNAL);
+            if (loc.placement != DDO_PLACEMENT_STREAMED)
+                continue;
+            s->w_size[t] = ddo__round_up(loc.nbytes > 0 ? loc.nbytes : 1, g);
+            s->w_map[t] = ddo__round_up(loc.nbytes, g);
+            s->w_hoff[t] = off;
+            off += s->w_map[t];
+        }
+        if (off > largest)
+            largest = off;
+    }
+    s->slot_bytes = largest > 0 ? largest : g;
+    uint64_t slots = 0, need = 0;
+    if (!ddo__mul_u64(s->slot_count, s->slot_bytes, &slots) ||
+        !ddo__add_u64(slots, s->b.resident_bytes, &need))
+        need = UINT64_MAX;
+    uint64_t limit = s->b.device_weights_limit;
+    if (limit > 0 && need > limit) {
+        char b1[32], b2[32], b3[32], b4[32], b5[32];
+        return ddo__fail(&s->err, DDO_E_BUDGET,
+                         "device weights: vmm_runtime maps every weight into its own %s-aligned "
+                         "range, so %zu slots of %s + resident %s need %s but the mapped budget "
+                         "is %s (vmm_resident_weight_budget_gb); raise it or set "
+                         "unit_granularity=leaf",
+                         ddo__format_bytes(g, b1, sizeof(b1)), s->slot_count,
+                         ddo__format_bytes(s->slot_bytes, b2, sizeof(b2)),
+                         ddo__format_bytes(s->b.resident_bytes, b3, sizeof(b3)),
+                         ddo__format_bytes(need, b4, sizeof(b4)),
+                         ddo__format_bytes(limit, b5, sizeof(b5)));
+    }
+    return 0;
+}
+
 uint64_t ddo__session_release_all(ddo_session *s)
 {
     if (s == NULL)
@@ -185,7 +285,11 @@ uint64_t ddo__session_release_all(ddo_session *s)
             bool mapped = false;
             for (size_t i = 0; i < s->slot_count; i++)
                 mapped = mapped || (s->slots[i].unsafe && s->slots[i].mapped_unit == u);
-            if (!mapped && ddo__dev_va_release(s->dev, s->units[u].va, s->slot_bytes) == 0)
+            if (mapped)
+                continue;
+            if (s->per_weight)
+                s->units[u].has_va = !release_weight_ranges(s, u);
+            else if (ddo__dev_va_release(s->dev, s->units[u].va, s->slot_bytes) == 0)
                 s->units[u].has_va = false;
         }
     }
@@ -243,6 +347,10 @@ void ddo_session_destroy(ddo_session *s)
     free(s->order_pos);
     free(s->learn);
     free(s->learn_seen);
+    free(s->w_va);
+    free(s->w_size);
+    free(s->w_map);
+    free(s->w_hoff);
     free(s);
 }
 
@@ -307,6 +415,14 @@ static int alloc_tables(ddo_session *s)
     s->learn_seen = ddo__calloc(n, sizeof(*s->learn_seen));
     size_t tc = ddo_checkpoint_tensor_count(s->ck);
     s->resident = ddo__calloc(tc, sizeof(*s->resident));
+    if (s->per_weight) {
+        s->w_va = ddo__calloc(tc, sizeof(*s->w_va));
+        s->w_size = ddo__calloc(tc, sizeof(*s->w_size));
+        s->w_map = ddo__calloc(tc, sizeof(*s->w_map));
+        s->w_hoff = ddo__calloc(tc, sizeof(*s->w_hoff));
+        if (s->w_va == NULL || s->w_size == NULL || s->w_map == NULL || s->w_hoff == NULL)
+            return ddo__fail(&s->err, DDO_E_NO_MEMORY, "session: out of memory");
+    }
     if (s->units == NULL || s->slots == NULL || s->jobs == NULL || s->order == NULL ||
         s->order_pos == NULL || s->learn == NULL || s->learn_seen == NULL || s->resident == NULL)
         return ddo__fail(&s->err, DDO_E_NO_MEMORY, "session: out of memory");
@@ -355,7 +471,12 @@ static int setup(ddo_session *s)
         rc = ddo_device_caps_get(s->dev, &caps);
         if (rc != 0)
             return fail_dev(&s->err, rc, "device capabilities");
-        if (caps.granularity > 0 && s->slot_bytes % caps.granularity != 0) {
+        s->gran = caps.granularity > 0 ? caps.granularity : 2 * DDO_MIB;
+        if (s->per_weight) {
+            rc = per_weight_layout(s);
+            if (rc != 0)
+                return rc;
+        } else if (caps.granularity > 0 && s->slot_bytes % caps.granularity != 0) {
             char b1[32], b2[32];
             return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
                              "session: the plan's slot size %s is not a multiple of the device "
@@ -378,7 +499,8 @@ static int setup(ddo_session *s)
     }
     uint64_t t_alloc = ddo__now_ns();
 
-    if (s->b.staging_windows > 0 && s->b.staging_window_bytes > 0) {
+    s->use_staging = s->b.staging_windows > 0 && s->b.staging_window_bytes > 0;
+    if (s->use_staging) {
         rc = ddo__staging_create(s->dev, s->b.staging_windows, (size_t)s->b.staging_window_bytes,
                                  &s->acc_staging, &s->staging, &s->err);
         if (rc != 0) {
@@ -404,7 +526,12 @@ static int setup(ddo_session *s)
         }
     }
 
-    if (s->vmm && s->slot_count > 0) {
+    if (s->per_weight && s->slot_count > 0) {
+        /* Every streamed weight's own range: one stable address for the whole session. */
+        rc = reserve_weight_ranges(s);
+        if (rc != 0)
+            return rc;
+    } else if (s->vmm && s->slot_count > 0) {
         /* Every streamed unit's own range: one stable address for the whole session. */
         for (size_t u = 0; u < s->unit_count; u++) {
             if (s->units[u].resident)
@@ -470,7 +597,8 @@ int ddo_session_create(const ddo_plan *plan, const ddo_checkpoint *ck, ddo_devic
         s->opts = *opts;
     s->opts.config = NULL; /* borrowed during create only */
     s->route = ddo_plan_route(plan) != NULL ? ddo_plan_route(plan) : "none";
-    s->vmm = strcmp(s->route, "vmm_fast_runtime") == 0 || strcmp(s->route, "vmm_runtime") == 0;
+    s->per_weight = strcmp(s->route, "vmm_runtime") == 0;
+    s->vmm = strcmp(s->route, "vmm_fast_runtime") == 0 || s->per_weight;
     settings_from(opts, s->route, &s->set);
     s->unit_count = ddo_plan_unit_count(plan);
     s->slot_count = b.slot_count;
@@ -580,6 +708,42 @@ int ddo_session_synchronize(ddo_session *s)
     pthread_mutex_lock(&s->mu);
     ddo__session_reap(s);
     pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+int ddo_session_trim_host_cache(ddo_session *s, bool enabled, uint64_t *released_bytes)
+{
+    if (s == NULL || released_bytes == NULL)
+        return ddo__fail(s != NULL ? &s->err : NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_trim_host_cache: session and released_bytes are required");
+    if (!enabled) {
+        *released_bytes = 0;
+        return 0;
+    }
+    /* Nothing may still be pending: the loader idle, then every window's last copy done. The
+     * host thread is the only one queueing uploads, so the loader stays idle afterwards. */
+    ddo__session_wait_idle(s);
+    uint64_t bytes = 0;
+    if (s->staging != NULL) {
+        int rc = ddo__staging_drain(s->staging, &s->err);
+        if (rc != 0)
+            return rc;
+        bytes +=
+            (uint64_t)ddo__staging_window_count(s->staging) * ddo__staging_window_bytes(s->staging);
+        ddo__staging_destroy(s->staging); /* gives the staging account back */
+        s->staging = NULL;
+    }
+    if (s->bounce != NULL) {
+        /* Every copy from the bounce buffer was waited for when it was handed back. */
+        free(s->bounce);
+        s->bounce = NULL;
+        bytes += DDO__BOUNCE_BYTES;
+    }
+    if (bytes > 0) {
+        ddo__metrics_add(&s->metrics, DDO_M_host_cache_trims, 1);
+        ddo__metrics_add(&s->metrics, DDO_M_host_cache_trimmed_bytes, (double)bytes);
+    }
+    *released_bytes = bytes;
     return 0;
 }
 

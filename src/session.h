@@ -66,8 +66,8 @@ typedef struct ddo__unit_rt {
     size_t slot;   /* slot holding the unit (DDO__NONE: none) */
     bool leased;   /* between acquire and release */
     bool resident; /* the whole unit is resident: no slot */
-    bool has_va;   /* VMM: range reserved */
-    uint64_t va;   /* VMM: the unit's own virtual range (slot_bytes) */
+    bool has_va;   /* VMM: range(s) reserved */
+    uint64_t va;   /* VMM: the unit's own virtual range (slot_bytes); unused per weight */
     const char *name;
 } ddo__unit_rt;
 
@@ -99,6 +99,12 @@ struct ddo_session {
     ddo_session_options opts;
     const char *route;
     bool vmm;
+    /* vmm_runtime: every streamed tensor has its own granularity-aligned range
+     * (w_va, w_size reserved bytes); the slot's handle is mapped piecewise into
+     * them (w_map bytes at handle offset w_hoff). Indexed by checkpoint tensor. */
+    bool per_weight;
+    uint64_t *w_va, *w_size, *w_map, *w_hoff;
+    uint64_t gran;
     ddo_plan_budgets b;
 
     size_t unit_count;
@@ -118,6 +124,9 @@ struct ddo_session {
     bool metrics_ready;
 
     ddo__source *source;
+    /* The staging ring (use_staging) or the bounce buffer; either may be NULL
+     * after ddo_session_trim_host_cache and is re-created on the next upload. */
+    bool use_staging;
     ddo__staging *staging;
     void *bounce;
     void *copy_stream;

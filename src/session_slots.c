@@ -8,9 +8,10 @@
  * it waits for the slot's previous consumer (the release event: stream-
  * ordered on the linear route, a host wait on the VMM route where the handle
  * must be remapped), remaps the handle into the unit's own virtual range
- * (VMM), issues the copies on the copy stream (registered memory directly,
- * pageable retained memory and file reads through staging windows), and
- * records the upload event. acquire makes the host stream wait on that event.
+ * (VMM; on vmm_runtime piecewise into each weight's own range), issues the
+ * copies on the copy stream (registered memory directly, pageable retained
+ * memory and file reads through staging windows), and records the upload
+ * event. acquire makes the host stream wait on that event.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "session.h"
@@ -48,6 +49,90 @@ static const char *tensor_name(const ddo_session *s, size_t tensor)
 }
 
 /* ------------------------------------------------------------------------ */
+/* VMM mappings                                                              */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Unmaps a slot's handle from unit: its one range (vmm_fast_runtime) or each
+ * of its weights' ranges (vmm_runtime). Stops at the first failure and
+ * returns the device's code (the slot is then unsafe: part may stay mapped).
+ */
+static int unmap_unit(ddo_session *s, size_t unit)
+{
+    if (!s->per_weight)
+        return ddo__dev_unmap(s->dev, s->units[unit].va, s->slot_bytes);
+    size_t n = 0;
+    const size_t *ts = ddo_plan_unit_tensors(s->plan, unit, &n);
+    for (size_t k = 0; ts != NULL && k < n; k++) {
+        size_t t = ts[k];
+        if (s->w_map[t] == 0)
+            continue;
+        int rc = ddo__dev_unmap(s->dev, s->w_va[t], s->w_map[t]);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Maps and gives access to one range; *mapped tells whether the map itself succeeded. */
+static int map_range(ddo_session *s, uint64_t va, uint64_t size, uint64_t handle, uint64_t off,
+                     bool *mapped)
+{
+    *mapped = false;
+    int rc = ddo__dev_map(s->dev, va, size, handle, off);
+    if (rc != 0)
+        return rc;
+    *mapped = true;
+    return ddo__dev_set_access(s->dev, va, size);
+}
+
+/*
+ * Maps handle into unit's range (vmm_fast_runtime) or piecewise into each of
+ * its weights' ranges at their handle offsets (vmm_runtime), with access. On
+ * failure everything this call mapped is unmapped again; *unsafe when that
+ * also failed. The error names the unit, the slot and the tensor.
+ */
+static int map_unit(ddo_session *s, uint64_t handle, size_t unit, size_t slot, bool *unsafe,
+                    ddo__errbuf *eb)
+{
+    const char *name = s->units[unit].name;
+    bool mapped = false;
+    *unsafe = false;
+    if (!s->per_weight) {
+        int rc = map_range(s, s->units[unit].va, s->slot_bytes, handle, 0, &mapped);
+        if (rc == 0)
+            return 0;
+        rc = fail_ctx(eb, rc, "unit \"%s\": %s slot %zu", name,
+                      mapped ? "set access of" : "mapping", slot);
+        if (mapped && ddo__dev_unmap(s->dev, s->units[unit].va, s->slot_bytes) != 0)
+            *unsafe = true;
+        return rc;
+    }
+    size_t n = 0;
+    const size_t *ts = ddo_plan_unit_tensors(s->plan, unit, &n);
+    for (size_t k = 0; ts != NULL && k < n; k++) {
+        size_t t = ts[k];
+        if (s->w_map[t] == 0)
+            continue;
+        int rc = map_range(s, s->w_va[t], s->w_map[t], handle, s->w_hoff[t], &mapped);
+        if (rc == 0)
+            continue;
+        rc = fail_ctx(eb, rc, "unit \"%s\": tensor \"%s\": %s slot %zu", name, tensor_name(s, t),
+                      mapped ? "set access of" : "mapping", slot);
+        /* Undo this unit's mappings: the earlier weights and, if mapped, this one. */
+        for (size_t j = 0; j <= k; j++) {
+            size_t w = ts[j];
+            if (s->w_map[w] == 0 || (j == k && !mapped))
+                continue;
+            if (ddo__dev_unmap(s->dev, s->w_va[w], s->w_map[w]) != 0)
+                *unsafe = true;
+        }
+        return rc;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Uploading bytes                                                           */
 /* ------------------------------------------------------------------------ */
 
@@ -67,7 +152,17 @@ typedef struct window {
 
 static int window_get(ddo_session *s, window *w, ddo__errbuf *eb)
 {
-    if (s->staging != NULL) {
+    if (s->use_staging) {
+        if (s->staging == NULL) {
+            /* Trimmed by ddo_session_trim_host_cache: re-created through the staging account. */
+            int rc =
+                ddo__staging_create(s->dev, s->b.staging_windows, (size_t)s->b.staging_window_bytes,
+                                    &s->acc_staging, &s->staging, eb);
+            if (rc != 0) {
+                s->staging = NULL;
+                return rc;
+            }
+        }
         uint64_t waited = 0;
         int rc = ddo__staging_acquire(s->staging, &w->index, &w->p, &waited, eb);
         if (rc != 0)
@@ -75,6 +170,11 @@ static int window_get(ddo_session *s, window *w, ddo__errbuf *eb)
         w->cap = ddo__staging_window_bytes(s->staging);
         w->ring = true;
         return 0;
+    }
+    if (s->bounce == NULL) {
+        s->bounce = malloc(DDO__BOUNCE_BYTES);
+        if (s->bounce == NULL)
+            return ddo__fail(eb, DDO_E_NO_MEMORY, "session: bounce buffer: out of host memory");
     }
     w->p = s->bounce;
     w->cap = DDO__BOUNCE_BYTES;
@@ -117,6 +217,10 @@ static int upload_tensor(ddo_session *s, size_t tensor, uint64_t dst, uint64_t n
         if (kind == UPLOAD_REGISTERED) {
             uint64_t left = nbytes - pos;
             len = (size_t)(left < DDO__COPY_PIECE_BYTES ? left : DDO__COPY_PIECE_BYTES);
+            /* Never across a registration segment: see ddo__source_segment_left. */
+            uint64_t seg = ddo__source_segment_left(s->source, tensor, pos);
+            if (seg < len)
+                len = (size_t)seg;
             rc = ddo__dev_copy_h2d(s->dev, dst + pos, host + pos, len, s->copy_stream);
             if (rc != 0)
                 return fail_ctx(eb, rc, "tensor \"%s\": upload", tensor_name(s, tensor));
@@ -139,6 +243,11 @@ static int upload_tensor(ddo_session *s, size_t tensor, uint64_t dst, uint64_t n
                 if (rc != 0)
                     return rc;
             } else {
+                const ddo_tensor_info *ti = ddo_checkpoint_tensor(s->ck, tensor);
+                if (ti != NULL && ti->file_index != UINT32_MAX && ddo__source_fault_hit() != 0)
+                    return ddo__fail(eb, DDO_E_IO,
+                                     "tensor \"%s\": resident read of %zu bytes: injected fault",
+                                     ti->name, len);
                 rc = ddo_checkpoint_read(s->ck, tensor, pos, w.p, len);
                 if (rc != 0)
                     return ddo__fail_from_last(eb, rc);
@@ -231,22 +340,22 @@ static int run_job(ddo_session *s, ddo__job *job, ddo__errbuf *eb)
                     if (rc != 0)
                         return fail_ctx(eb, rc, "unit \"%s\": previous upload", u->name);
                 }
-                rc = ddo__dev_unmap(s->dev, s->units[job->prev_mapped].va, s->slot_bytes);
+                rc = unmap_unit(s, job->prev_mapped);
                 if (rc != 0) {
                     job->unsafe_after = true;
                     return fail_ctx(eb, rc, "unit \"%s\": unmapping slot %zu", u->name, job->slot);
                 }
                 job->mapped_after = DDO__NONE;
             }
-            rc = ddo__dev_map(s->dev, u->va, s->slot_bytes, slot->handle, 0);
-            if (rc != 0)
-                return fail_ctx(eb, rc, "unit \"%s\": mapping slot %zu", u->name, job->slot);
-            rc = ddo__dev_set_access(s->dev, u->va, s->slot_bytes);
+            bool unsafe = false;
+            rc = map_unit(s, slot->handle, job->unit, job->slot, &unsafe, eb);
             if (rc != 0) {
-                int rc2 = ddo__dev_unmap(s->dev, u->va, s->slot_bytes);
-                if (rc2 != 0)
+                /* A mapping that could not be undone keeps its ranges reserved. */
+                if (unsafe) {
                     job->unsafe_after = true;
-                return fail_ctx(eb, rc, "unit \"%s\": set access", u->name);
+                    job->mapped_after = job->unit;
+                }
+                return rc;
             }
             job->mapped_after = job->unit;
         }
@@ -265,13 +374,14 @@ static int run_job(ddo_session *s, ddo__job *job, ddo__errbuf *eb)
             return ddo__fail_from_last(eb, DDO_E_INTERNAL);
         if (loc.placement != DDO_PLACEMENT_STREAMED || loc.nbytes == 0)
             continue;
+        uint64_t to = s->per_weight ? s->w_va[t] : dst + loc.offset;
         bool registered = false;
         const unsigned char *host = ddo__source_host_ptr(s->source, t, &registered);
         upload_kind kind = host == NULL ? UPLOAD_FILE
                            : registered ? UPLOAD_REGISTERED
                                         : UPLOAD_PAGEABLE;
         reread = reread || kind == UPLOAD_FILE;
-        rc = upload_tensor(s, t, dst + loc.offset, loc.nbytes, kind, host, eb);
+        rc = upload_tensor(s, t, to, loc.nbytes, kind, host, eb);
         if (rc != 0)
             return rc;
     }
@@ -310,7 +420,7 @@ static void *loader_main(void *arg)
                 unsafe = true;
             /* A failed load leaves no mapping behind: the unit may load elsewhere. */
             if (!unsafe && s->vmm && job.mapped_after != DDO__NONE) {
-                if (ddo__dev_unmap(s->dev, s->units[job.mapped_after].va, s->slot_bytes) == 0)
+                if (unmap_unit(s, job.mapped_after) == 0)
                     job.mapped_after = DDO__NONE;
                 else
                     unsafe = true;
@@ -393,7 +503,7 @@ int ddo__session_slot_unback(ddo_session *s, ddo__slot *slot)
     int rc = 0;
     if (s->vmm) {
         if (slot->mapped_unit != DDO__NONE) {
-            rc = ddo__dev_unmap(s->dev, s->units[slot->mapped_unit].va, s->slot_bytes);
+            rc = unmap_unit(s, slot->mapped_unit);
             if (rc != 0) {
                 set_unsafe(s, slot);
                 return fail_ctx(&s->err, rc, "slot %zu: unmapping unit \"%s\"",
@@ -652,7 +762,7 @@ static int free_range(ddo_session *s, size_t unit, size_t keep)
                              s->units[unit].name, k);
         if (o->state == DDO__SLOT_LOADING && !o->issued)
             continue; /* its queued job unmaps the range before this one maps it */
-        int rc = ddo__dev_unmap(s->dev, s->units[unit].va, s->slot_bytes);
+        int rc = unmap_unit(s, unit);
         if (rc != 0) {
             set_unsafe(s, o);
             return fail_ctx(&s->err, rc, "unit \"%s\": unmapping slot %zu", s->units[unit].name, k);
@@ -1007,7 +1117,9 @@ int ddo_session_tensor_address(ddo_session *s, size_t tensor, void **device_ptr)
             return ddo__fail(&s->err, DDO_E_STATE,
                              "tensor \"%s\": unit \"%s\" is not leased: acquire it first", name,
                              u->name);
-        addr = (s->vmm ? u->va : s->slots[u->slot].ptr) + loc.offset;
+        addr = s->per_weight ? s->w_va[tensor]
+               : s->vmm      ? u->va + loc.offset
+                             : s->slots[u->slot].ptr + loc.offset;
     }
     *device_ptr = (void *)(uintptr_t)addr;
     return 0;

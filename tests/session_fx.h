@@ -37,6 +37,7 @@ typedef struct fx_opts {
     double bytes_per_s;    /* copy throttle */
     uint64_t latency_ns;
     bool no_session; /* stop after the plan */
+    uint64_t cols;   /* columns of the block weights; 0 = FX_COLS */
 } fx_opts;
 
 typedef struct fx {
@@ -138,13 +139,15 @@ static inline int fx_create(fx *f, const fx_opts *o)
         f->o.mode = "vmm_fast_runtime";
     if (f->o.device_bytes == 0)
         f->o.device_bytes = DDO_GIB;
+    if (f->o.cols == 0)
+        f->o.cols = FX_COLS;
     fx_add(f, "norm.bias", 1, 16); /* small: resident */
     for (int b = 0; b < f->o.blocks; b++) {
         char name[64];
         snprintf(name, sizeof(name), "blocks.%d.attn.weight", b);
-        fx_add(f, name, FX_ROWS, FX_COLS);
+        fx_add(f, name, FX_ROWS, f->o.cols);
         snprintf(name, sizeof(name), "blocks.%d.ff.weight", b);
-        fx_add(f, name, FX_ROWS + (uint64_t)b, FX_COLS);
+        fx_add(f, name, FX_ROWS + (uint64_t)b, f->o.cols);
     }
     fx_add(f, "head.weight", 8, 16); /* small: resident */
     fx_fill(f, 0);

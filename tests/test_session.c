@@ -573,6 +573,225 @@ static void test_nvme_baseline_route(void)
     fx_destroy(&f);
 }
 
+/* vmm_runtime: one granularity-aligned range per weight, stable across leases, disjoint;
+ * the mapped bytes stay under the mapped budget although the model's weights do not fit. */
+static void test_nvme_per_weight_ranges(void)
+{
+    fx_opts o = { .blocks = 6, .slots = 3, .mode = "vmm_runtime", .file = true };
+    o.cols = 80; /* 20 KiB weights: the plan packs a unit into 64 KiB, per weight 128 KiB */
+    o.budget_gb = 0.0004; /* 409.6 KiB: three 128 KiB slots fit, the six units (768 KiB) do not */
+    fx f;
+    T_REQUIRE(fx_create(&f, &o) == 0);
+    T_REQUIRE(f.rc == 0);
+    const uint64_t budget = (uint64_t)(0.0004 * (double)DDO_GIB);
+    uint64_t used[4];
+    ddo__session_accounts(f.s, used);
+    /* resident arena (norm.bias at 0, head.weight at 256) + 3 slots of 2 x 64 KiB */
+    T_EQ_U64(used[0], 768 + 3 * 2 * FX_GRAN);
+    ddo_plan_budgets b;
+    T_REQUIRE(ddo_plan_budgets_get(f.plan, &b) == 0);
+    T_EQ_U64(b.slot_bytes, FX_GRAN); /* the plan's packed slot: the route needs more */
+    T_EQ_U64(used[1], 0);
+    T_EQ_U64(used[2], 0);
+    T_EQ_U64(used[3], b.staging_peak); /* two staging slots, fed from the file */
+    T_CHECK(b.staging_windows >= 2);
+
+    size_t nt = ddo_checkpoint_tensor_count(f.ck);
+    uint64_t addr[FX_MAX_TENSORS] = { 0 };
+    for (int step = 0; step < 3; step++) {
+        for (int blk = 0; blk < o.blocks; blk++) {
+            size_t u = fx_unit(&f, blk);
+            T_REQUIRE(ddo_session_acquire(f.s, u, f.stream) == 0);
+            T_REQUIRE(ddo_stream_synchronize(f.stream) == 0);
+            T_CHECK_MSG(fx_check_unit(&f, u, 0) == 0, "step %d block %d", step, blk);
+            size_t n = 0;
+            const size_t *ts = ddo_plan_unit_tensors(f.plan, u, &n);
+            T_EQ_U64(n, 2);
+            for (size_t k = 0; k < n; k++) {
+                void *p = NULL;
+                T_REQUIRE(ddo_session_tensor_address(f.s, ts[k], &p) == 0);
+                uint64_t a = (uint64_t)(uintptr_t)p;
+                T_EQ_U64(a % FX_GRAN, 0); /* each weight starts its own aligned range */
+                if (addr[ts[k]] == 0)
+                    addr[ts[k]] = a;
+                T_EQ_U64(a, addr[ts[k]]); /* stable across leases and slots */
+            }
+            T_REQUIRE(ddo_session_release(f.s, u, f.stream) == 0);
+            ddo__device_usage_t du;
+            ddo__device_usage(f.dev, &du);
+            T_CHECK_MSG(du.mapped_bytes <= budget, "mapped %llu",
+                        (unsigned long long)du.mapped_bytes);
+        }
+    }
+    /* per-weight ranges: disjoint, each at least the weight rounded up to the granularity */
+    for (size_t i = 0; i < nt; i++) {
+        if (addr[i] == 0)
+            continue;
+        uint64_t si = (f.sizes[fx_local(&f, i)] + FX_GRAN - 1) / FX_GRAN * FX_GRAN;
+        for (size_t j = 0; j < nt; j++) {
+            if (j == i || addr[j] == 0)
+                continue;
+            T_CHECK_MSG(addr[j] >= addr[i] + si || addr[j] < addr[i], "ranges %zu and %zu overlap",
+                        i, j);
+        }
+    }
+    ddo__device_usage_t du;
+    ddo__device_usage(f.dev, &du);
+    /* the mapped peak: three slots' two weights each, never the six units' twelve */
+    T_EQ_U64(du.mapped_peak_bytes, 3 * 2 * FX_GRAN);
+    T_CHECK(du.mapped_peak_bytes <= budget);
+    T_CHECK(du.device_peak_bytes <= budget);
+    T_EQ_U64(du.va_bytes, 12 * FX_GRAN); /* one 64 KiB range per streamed weight */
+    T_CHECK(fx_metric(&f, "bytes_staged_from_file") >= 3.0 * 12 * 20480);
+    T_NEAR(fx_metric(&f, "bytes_staged_from_retained"), 0, 0);
+    T_NEAR(fx_metric(&f, "bytes_from_registered"), 0, 0);
+    /* a leased unit whose slot moves keeps its addresses after unload/reload */
+    T_EQ_INT(ddo_session_unload(f.s), 0);
+    T_EQ_INT(ddo_session_reload(f.s), 0);
+    size_t u0 = fx_unit(&f, 0);
+    T_REQUIRE(ddo_session_acquire(f.s, u0, f.stream) == 0);
+    T_REQUIRE(ddo_stream_synchronize(f.stream) == 0);
+    T_EQ_INT(fx_check_unit(&f, u0, 0), 0);
+    size_t n0 = 0;
+    const size_t *t0 = ddo_plan_unit_tensors(f.plan, u0, &n0);
+    void *p0 = NULL;
+    T_REQUIRE(ddo_session_tensor_address(f.s, t0[0], &p0) == 0);
+    T_EQ_U64((uint64_t)(uintptr_t)p0, addr[t0[0]]);
+    T_REQUIRE(ddo_session_release(f.s, u0, f.stream) == 0);
+    fx_destroy(&f);
+}
+
+/* A mapped budget the per-weight slots cannot fit is refused before any device call. */
+static void test_nvme_budget_refused(void)
+{
+    fx_opts o = { .blocks = 6, .slots = 3, .mode = "vmm_runtime", .file = true };
+    o.cols = 80;
+    o.budget_gb = 0.0003; /* 307 KiB: the plan's packed 3 x 64 KiB fit, 3 x 128 KiB do not */
+    o.no_session = true;
+    fx f;
+    T_REQUIRE(fx_create(&f, &o) == 0);
+    ddo__device_stats_reset(f.dev);
+    ddo_session_options so;
+    memset(&so, 0, sizeof(so));
+    so.config = f.cfg;
+    ddo_session *s = (ddo_session *)&f;
+    T_EQ_INT(ddo_session_create(f.plan, f.ck, f.dev, &so, &s), DDO_E_BUDGET);
+    T_CHECK(s == NULL);
+    T_CONTAINS(ddo_last_error(), "vmm_runtime maps every weight into its own 64.00 KiB-aligned "
+                                 "range, so 3 slots of 128.00 KiB");
+    T_CONTAINS(ddo_last_error(), "(vmm_resident_weight_budget_gb)");
+    ddo__devop_stats st[DDO__OP_COUNT];
+    ddo__device_stats(f.dev, st);
+    T_EQ_U64(st[DDO__OP_VA_RESERVE].calls, 0);
+    T_EQ_U64(st[DDO__OP_PHYS_CREATE].calls, 0);
+    T_EQ_U64(st[DDO__OP_HOST_ALLOC].calls, 0);
+    T_EQ_U64(st[DDO__OP_MEM_ALLOC].calls, 0);
+    fx_destroy(&f);
+}
+
+/* The pinned host-cache helper: disabled by default; enabled, it releases the idle staging
+ * windows (after pending uploads), which come back through the staging account on demand. */
+static void test_trim_host_cache(void)
+{
+    fx_opts o = { .blocks = 4, .slots = 3, .mode = "vmm_runtime", .file = true };
+    o.bytes_per_s = 50e6; /* uploads are still pending when the trim is asked for */
+    fx f;
+    T_REQUIRE(fx_create(&f, &o) == 0);
+    T_REQUIRE(f.rc == 0);
+    ddo_plan_budgets b;
+    T_REQUIRE(ddo_plan_budgets_get(f.plan, &b) == 0);
+    T_REQUIRE(b.staging_peak > 0);
+    uint64_t used[4], released = 99;
+    ddo__device_usage_t du;
+
+    T_EQ_INT(ddo_session_trim_host_cache(NULL, true, &released), DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo_session_trim_host_cache(f.s, true, NULL), DDO_E_INVALID_ARGUMENT);
+    T_EQ_U64(released, 99);
+    /* disabled: nothing happens */
+    T_EQ_INT(ddo_session_trim_host_cache(f.s, false, &released), 0);
+    T_EQ_U64(released, 0);
+    ddo__session_accounts(f.s, used);
+    T_EQ_U64(used[3], b.staging_peak);
+    T_NEAR(fx_metric(&f, "host_cache_trims"), 0, 0);
+
+    for (int blk = 0; blk < 4; blk++)
+        T_EQ_INT(fx_use(&f, fx_unit(&f, blk)), 0);
+    /* a lease is held and prefetches are in flight: the trim waits for them first */
+    size_t u0 = fx_unit(&f, 0);
+    T_REQUIRE(ddo_session_acquire(f.s, u0, f.stream) == 0);
+    T_EQ_INT(ddo_session_trim_host_cache(f.s, true, &released), 0);
+    T_EQ_U64(released, b.staging_peak);
+    ddo__session_accounts(f.s, used);
+    T_EQ_U64(used[3], 0);
+    ddo__device_usage(f.dev, &du);
+    T_EQ_U64(du.pinned_bytes, 0);
+    T_REQUIRE(ddo_stream_synchronize(f.stream) == 0);
+    T_EQ_INT(fx_check_unit(&f, u0, 0), 0);
+    T_REQUIRE(ddo_session_release(f.s, u0, f.stream) == 0);
+    T_NEAR(fx_metric(&f, "host_cache_trims"), 1, 0);
+    T_NEAR(fx_metric(&f, "host_cache_trimmed_bytes"), (double)b.staging_peak, 0);
+    T_NEAR(fx_metric(&f, "staging_bytes"), 0, 0);
+    /* nothing left to release: a second trim reports 0 and counts nothing */
+    T_EQ_INT(ddo_session_trim_host_cache(f.s, true, &released), 0);
+    T_EQ_U64(released, 0);
+    T_NEAR(fx_metric(&f, "host_cache_trims"), 1, 0);
+
+    /* re-created on demand through the staging account; a failure there is a clean error */
+    ddo__device_inject_fault(f.dev, DDO__OP_HOST_ALLOC, 1, true, DDO_E_DEVICE_MEMORY);
+    T_EQ_INT(fx_use(&f, fx_unit(&f, 1)), 0); /* loaded before the trim: no staging needed */
+    T_EQ_INT(fx_use(&f, fx_unit(&f, 2)), 0);
+    T_EQ_INT(ddo_session_acquire(f.s, fx_unit(&f, 3), f.stream), DDO_E_DEVICE_MEMORY);
+    T_CONTAINS(ddo_session_error(f.s), "staging: allocating pinned window 1");
+    ddo__session_accounts(f.s, used);
+    T_EQ_U64(used[3], 0); /* the failed re-creation gave its bytes back */
+    ddo__device_clear_faults(f.dev);
+    for (int step = 0; step < 2; step++)
+        for (int blk = 0; blk < 4; blk++)
+            T_EQ_INT(fx_use(&f, fx_unit(&f, blk)), 0);
+    ddo__session_accounts(f.s, used);
+    T_EQ_U64(used[3], b.staging_peak);
+    ddo__device_usage(f.dev, &du);
+    T_EQ_U64(du.pinned_bytes, b.staging_peak);
+    T_NEAR(fx_metric(&f, "staging_peak_bytes"), (double)b.staging_peak, 0);
+    fx_destroy(&f);
+}
+
+/* The trim never touches the retained store or its registration. */
+static void test_trim_keeps_retained(void)
+{
+    fx_opts o = { .blocks = 4, .slots = 3, .file = true, .cache_gb = 1, .pin = true };
+    fx f;
+    T_REQUIRE(fx_create(&f, &o) == 0);
+    T_REQUIRE(f.rc == 0);
+    ddo_plan_budgets b;
+    T_REQUIRE(ddo_plan_budgets_get(f.plan, &b) == 0);
+    uint64_t before[4], after[4], released = 0;
+    ddo__device_usage_t d0, d1;
+    for (int blk = 0; blk < 4; blk++)
+        T_EQ_INT(fx_use(&f, fx_unit(&f, blk)), 0);
+    ddo__session_accounts(f.s, before);
+    T_CHECK(before[1] > 0);
+    T_CHECK(before[2] > 0);
+    ddo__device_usage(f.dev, &d0);
+    T_EQ_INT(ddo_session_trim_host_cache(f.s, true, &released), 0);
+    /* registered everything: no ring, only the bounce buffer the resident uploads used */
+    T_EQ_U64(released, b.staging_windows > 0 ? b.staging_peak : DDO__BOUNCE_BYTES);
+    ddo__session_accounts(f.s, after);
+    T_EQ_U64(after[0], before[0]);
+    T_EQ_U64(after[1], before[1]);
+    T_EQ_U64(after[2], before[2]);
+    T_EQ_U64(after[3], 0);
+    ddo__device_usage(f.dev, &d1);
+    T_EQ_U64(d1.registered_bytes, d0.registered_bytes);
+    T_EQ_U64(d1.device_bytes, d0.device_bytes);
+    for (int blk = 0; blk < 4; blk++)
+        T_EQ_INT(fx_use(&f, fx_unit(&f, blk)), 0);
+    T_EQ_INT(ddo_session_unload(f.s), 0);
+    T_EQ_INT(ddo_session_reload(f.s), 0); /* resident uploads re-create the bounce buffer */
+    T_EQ_INT(fx_use(&f, fx_unit(&f, 2)), 0);
+    fx_destroy(&f);
+}
+
 static int progress_calls[4];
 static void progress(void *user, const char *phase, uint64_t done, uint64_t total)
 {
@@ -630,6 +849,10 @@ int main(void)
     T_RUN(test_retained_tiers);
     T_RUN(test_metrics_snapshot);
     T_RUN(test_nvme_baseline_route);
+    T_RUN(test_nvme_per_weight_ranges);
+    T_RUN(test_nvme_budget_refused);
+    T_RUN(test_trim_host_cache);
+    T_RUN(test_trim_keeps_retained);
     T_RUN(test_progress_and_options);
     return t_done();
 }

@@ -4,7 +4,9 @@
  * setup, a few steps of leases, unload/reload and teardown. Every case must
  * end in a clean error code with a detail, a session that is either still
  * usable or cleanly refused, and nothing held afterwards except the bytes of
- * slots a failed release left unsafe (which the session reports).
+ * slots a failed release left unsafe (which the session reports). Then every
+ * read of the checkpoint fails in turn (the source's read hook): DDO_E_IO
+ * with a detail, accounts back at zero, nothing held, the session usable.
  *
  * ctest-labels: unit fault threads
  */
@@ -248,6 +250,109 @@ static void test_faults_pressure_reclaim(void)
     sweep(&o);
 }
 
+static void test_faults_nvme(void)
+{
+    fx_opts o = { .blocks = 3, .slots = 2, .file = true, .mode = "vmm_runtime" };
+    sweep(&o);
+}
+
+/* ---- file reads: every read of the checkpoint fails in turn, once and persistently ---- */
+
+static int read_cases, read_failures;
+
+static void run_read_case(const fx_opts *o, uint64_t nth, bool persistent)
+{
+    fx f;
+    fx_opts oo = *o;
+    oo.no_session = true;
+    T_REQUIRE(fx_create(&f, &oo) == 0);
+    ddo_session_options so;
+    memset(&so, 0, sizeof(so));
+    so.config = f.cfg;
+    ddo__source_fault_nth(nth, persistent);
+    int stage = 0;
+    int rc = scenario(&f, &so, &stage);
+    ddo__source_fault_nth(0, false);
+    read_cases++;
+    if (rc != 0)
+        read_failures++;
+    /* a read fault is DDO_E_IO with a detail naming the file or tensor, never anything else */
+    T_CHECK_MSG(rc == 0 || rc == DDO_E_IO, "read %llu%s: stage %d: %d %s", (unsigned long long)nth,
+                persistent ? " persistent" : "", stage, rc, ddo_last_error());
+    if (rc == DDO_E_IO) {
+        const char *msg = f.s != NULL ? ddo_session_error(f.s) : ddo_last_error();
+        T_CHECK_MSG(strstr(msg, "injected fault") != NULL, "read %llu: detail \"%s\"",
+                    (unsigned long long)nth, msg);
+    }
+    /* the session is still usable (or was cleanly refused at create) */
+    after_fault(&f);
+    if (f.s != NULL) {
+        T_EQ_U64(ddo__session_release_all(f.s), 0); /* every account back at zero */
+        uint64_t used[4];
+        ddo__session_accounts(f.s, used);
+        T_CHECK_MSG(used[0] + used[1] + used[2] + used[3] == 0,
+                    "read %llu: accounts %llu %llu %llu %llu", (unsigned long long)nth,
+                    (unsigned long long)used[0], (unsigned long long)used[1],
+                    (unsigned long long)used[2], (unsigned long long)used[3]);
+    }
+    fx_destroy(&f); /* checks the device holds nothing */
+}
+
+/* Reads of a clean run of the scenario. */
+static uint64_t clean_reads(const fx_opts *o)
+{
+    fx f;
+    fx_opts oo = *o;
+    oo.no_session = true;
+    if (fx_create(&f, &oo) != 0)
+        return 0;
+    ddo_session_options so;
+    memset(&so, 0, sizeof(so));
+    so.config = f.cfg;
+    ddo__source_fault_nth(0, false);
+    int stage = 0;
+    T_EQ_INT(scenario(&f, &so, &stage), 0);
+    uint64_t n = ddo__source_fault_reads();
+    fx_destroy(&f);
+    return n;
+}
+
+static void read_sweep(const fx_opts *o, uint64_t min_reads)
+{
+    uint64_t reads = clean_reads(o);
+    T_CHECK_MSG(reads >= min_reads, "%llu reads in a clean run", (unsigned long long)reads);
+    int before = read_failures;
+    for (uint64_t n = 1; n <= reads; n++) {
+        run_read_case(o, n, false);
+        run_read_case(o, n, true);
+    }
+    T_CHECK(read_failures > before); /* the faults did hit */
+}
+
+static void test_read_faults_file(void)
+{
+    fx_opts o = { .blocks = 3, .slots = 2, .file = true };
+    read_sweep(&o, 2 + 3 * 2 * 2); /* residents once, every unit re-read every step */
+}
+
+static void test_read_faults_retained(void)
+{
+    fx_opts o = { .blocks = 3, .slots = 2, .file = true, .cache_gb = 1, .pin = true };
+    read_sweep(&o, 2 + 6); /* residents, then the setup reads of six weights */
+}
+
+static void test_read_faults_nvme(void)
+{
+    fx_opts o = { .blocks = 3, .slots = 2, .file = true, .mode = "vmm_runtime" };
+    read_sweep(&o, 2 + 3 * 2 * 2);
+}
+
+static void test_read_faults_linear(void)
+{
+    fx_opts o = { .blocks = 3, .slots = 2, .file = true, .mode = "linear_runtime" };
+    read_sweep(&o, 2 + 6);
+}
+
 /* A budget too small for the plan's own slots is refused before any system call. */
 static void test_budget_refuses_first(void)
 {
@@ -279,6 +384,12 @@ int main(void)
     T_RUN(test_faults_vmm_registered);
     T_RUN(test_faults_linear);
     T_RUN(test_faults_pressure_reclaim);
+    T_RUN(test_faults_nvme);
+    T_RUN(test_read_faults_file);
+    T_RUN(test_read_faults_retained);
+    T_RUN(test_read_faults_nvme);
+    T_RUN(test_read_faults_linear);
     fprintf(stderr, "%d fault cases, %d ended in an error\n", cases, failures_seen);
+    fprintf(stderr, "%d read fault cases, %d ended in an error\n", read_cases, read_failures);
     return t_done();
 }

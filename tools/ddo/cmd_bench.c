@@ -25,6 +25,7 @@
  */
 #define _GNU_SOURCE /* O_DIRECT */
 #include "host.h"
+#include "order.h"
 #include "synth.h"
 #include "tool.h"
 
@@ -380,53 +381,6 @@ typedef struct case_result {
     uint64_t computed, skipped;
 } case_result;
 
-/* Execution order: the resident tensors, then one group per unit. */
-typedef struct group {
-    size_t unit; /* SIZE_MAX: the resident group */
-    const size_t *tensors;
-    size_t count;
-    const char *name;
-} group;
-
-typedef struct order {
-    size_t *resident;
-    group *groups;
-    size_t count;
-} order;
-
-static void order_free(order *o)
-{
-    free(o->resident);
-    free(o->groups);
-    memset(o, 0, sizeof(*o));
-}
-
-static int order_build(const ddo_plan *plan, const ddo_checkpoint *ck, order *o)
-{
-    memset(o, 0, sizeof(*o));
-    size_t n = ddo_checkpoint_tensor_count(ck), units = ddo_plan_unit_count(plan);
-    o->resident = malloc((n > 0 ? n : 1) * sizeof(*o->resident));
-    o->groups = malloc((units + 1) * sizeof(*o->groups));
-    if (o->resident == NULL || o->groups == NULL) {
-        order_free(o);
-        return DDO_E_NO_MEMORY;
-    }
-    size_t r = 0;
-    for (size_t i = 0; i < n; i++)
-        if (ddo_plan_tensor_placement(plan, i, NULL) == DDO_PLACEMENT_RESIDENT)
-            o->resident[r++] = i;
-    o->groups[0] = (group){ SIZE_MAX, o->resident, r, "resident" };
-    for (size_t u = 0; u < units; u++) {
-        size_t count = 0;
-        const size_t *t = ddo_plan_unit_tensors(plan, u, &count);
-        ddo_unit_info ui;
-        const char *name = ddo_plan_unit(plan, u, &ui) == 0 ? ui.name : "unit";
-        o->groups[u + 1] = (group){ u, t, t != NULL ? count : 0, name };
-    }
-    o->count = units + 1;
-    return 0;
-}
-
 /* ---- the bench context ------------------------------------------------------------- */
 
 typedef struct bench {
@@ -457,13 +411,13 @@ static int fail_case(case_result *r, const char *what, int rc, const char *detai
 }
 
 /* One step over every group. The trace (if any) records spans. */
-static int run_step(bench *b, ddo_session *s, ref_host *host, const order *o, trace *tr,
+static int run_step(bench *b, ddo_session *s, ref_host *host, const exec_order *o, trace *tr,
                     uint64_t *min_free, uint64_t *checksum, case_result *r)
 {
     uint64_t t_step = now_ns();
     int rc = 0;
     for (size_t gi = 0; gi < o->count; gi++) {
-        const group *g = &o->groups[gi];
+        const exec_group *g = &o->groups[gi];
         uint64_t t0 = now_ns();
         if (g->unit != SIZE_MAX) {
             rc = ddo_session_acquire(s, g->unit, b->stream);
@@ -573,7 +527,7 @@ static int run_case(bench *b, ddo_config *cfg, uint64_t steps, uint64_t trace_st
 {
     ddo_plan *plan = NULL;
     ddo_session *s = NULL;
-    order o;
+    exec_order o;
     memset(&o, 0, sizeof(o));
     ddo_metrics *m = NULL;
     uint64_t base_free = 0, min_free = 0;
@@ -605,7 +559,7 @@ static int run_case(bench *b, ddo_config *cfg, uint64_t steps, uint64_t trace_st
     ddo_plan_budgets_get(plan, &bud);
     r->plan_peak = bud.device_weights_peak;
     r->plan_limit = bud.device_weights_limit;
-    rc = order_build(plan, b->ck, &o);
+    rc = exec_order_build(plan, b->ck, &o);
     if (rc != 0) {
         fail_case(r, "order", rc, NULL);
         goto out;
@@ -732,7 +686,7 @@ out:
         uint64_t after = device_free(b->dev);
         r->driver_after = base_free > after ? base_free - after : 0;
     }
-    order_free(&o);
+    exec_order_free(&o);
     ddo_plan_destroy(plan);
     return rc;
 }

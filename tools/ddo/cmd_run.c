@@ -14,6 +14,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "host.h"
+#include "order.h"
 #include "tool.h"
 
 #include <dirent.h>
@@ -44,11 +45,6 @@ typedef struct run_args {
 } run_args;
 
 /* One group of tensors run together: the resident tensors, or one unit's. */
-typedef struct group {
-    size_t unit; /* SIZE_MAX for the resident group */
-    const size_t *tensors;
-    size_t count;
-} group;
 
 /* What one checkpoint (or pipeline component) measured. */
 typedef struct run_result {
@@ -284,43 +280,6 @@ static void print_plan(const ddo_plan *plan, const ddo_checkpoint *ck, const cha
 
 /* ---- execution order --------------------------------------------------------------- */
 
-typedef struct order {
-    size_t *resident; /* resident tensors, checkpoint order */
-    group *groups;    /* groups[0] = resident, then one per unit */
-    size_t count;
-} order;
-
-static void order_free(order *o)
-{
-    free(o->resident);
-    free(o->groups);
-    memset(o, 0, sizeof *o);
-}
-
-static int order_build(const ddo_plan *plan, const ddo_checkpoint *ck, order *o)
-{
-    memset(o, 0, sizeof *o);
-    size_t n = ddo_checkpoint_tensor_count(ck), units = ddo_plan_unit_count(plan);
-    o->resident = malloc((n > 0 ? n : 1) * sizeof *o->resident);
-    o->groups = malloc((units + 1) * sizeof *o->groups);
-    if (o->resident == NULL || o->groups == NULL) {
-        order_free(o);
-        return DDO_E_NO_MEMORY;
-    }
-    size_t r = 0;
-    for (size_t i = 0; i < n; i++)
-        if (ddo_plan_tensor_placement(plan, i, NULL) == DDO_PLACEMENT_RESIDENT)
-            o->resident[r++] = i;
-    o->groups[0] = (group){ SIZE_MAX, o->resident, r };
-    for (size_t u = 0; u < units; u++) {
-        size_t count = 0;
-        const size_t *t = ddo_plan_unit_tensors(plan, u, &count);
-        o->groups[u + 1] = (group){ u, t, t != NULL ? count : 0 };
-    }
-    o->count = units + 1;
-    return 0;
-}
-
 /* ---- a session run ----------------------------------------------------------------- */
 
 typedef struct run_ctx {
@@ -340,7 +299,7 @@ static void fail_msg(const char *what, int rc, const char *detail)
 
 /* Flips one bit of the first streamed tensor of the last unit in step `step` (tests only, cpu
  * device: the session's addresses are host memory). */
-static void corrupt(ddo_session *s, const group *g)
+static void corrupt(ddo_session *s, const exec_group *g)
 {
     for (size_t j = 0; j < g->count; j++) {
         void *p = NULL;
@@ -358,8 +317,8 @@ static void corrupt(ddo_session *s, const group *g)
  * resident, run in the streamed plan's order (units of the reference plan, if any, are
  * acquired around the groups that need them).
  */
-static int reference_session(run_ctx *ctx, const ddo_checkpoint *ck, const order *o, uint64_t steps,
-                             uint64_t *sums)
+static int reference_session(run_ctx *ctx, const ddo_checkpoint *ck, const exec_order *o,
+                             uint64_t steps, uint64_t *sums)
 {
     ddo_config *rcfg = NULL;
     ddo_plan *rplan = NULL;
@@ -411,7 +370,7 @@ static int reference_session(run_ctx *ctx, const ddo_checkpoint *ck, const order
     }
     for (uint64_t step = 0; step < steps && rc == 0; step++) {
         for (size_t gi = 0; gi < o->count && rc == 0; gi++) {
-            const group *g = &o->groups[gi];
+            const exec_group *g = &o->groups[gi];
             size_t nneed = 0;
             for (size_t j = 0; j < g->count; j++) {
                 size_t u = ddo_plan_tensor_unit(rplan, g->tensors[j]);
@@ -458,7 +417,7 @@ out:
 
 /* The reference of --verify on the cpu: every tensor read straight from the file. The
  * reference does not depend on the step, so one pass gives every step's checksum. */
-static int reference_checkpoint(const run_ctx *ctx, const ddo_checkpoint *ck, const order *o,
+static int reference_checkpoint(const run_ctx *ctx, const ddo_checkpoint *ck, const exec_order *o,
                                 uint64_t steps, uint64_t *sums)
 {
     ref_host *host = NULL;
@@ -492,7 +451,7 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
     ref_host *host = NULL;
     ddo_metrics *m = NULL;
     uint64_t *sums = NULL, *refs = NULL;
-    order o;
+    exec_order o;
     memset(&o, 0, sizeof o);
     memset(res, 0, sizeof *res);
     int status = DDO_EXIT_FAILURE;
@@ -551,7 +510,7 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
     memset(&budgets, 0, sizeof budgets);
     ddo_plan_budgets_get(plan, &budgets);
 
-    rc = order_build(plan, ck, &o);
+    rc = exec_order_build(plan, ck, &o);
     if (rc != 0) {
         fail_msg("execution order", rc, NULL);
         goto out;
@@ -604,7 +563,7 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
     for (uint64_t step = 0; step < a->steps; step++) {
         uint64_t t0 = now_ns(), wait_ns = 0;
         for (size_t gi = 0; gi < o.count; gi++) {
-            const group *g = &o.groups[gi];
+            const exec_group *g = &o.groups[gi];
             if (g->unit != SIZE_MAX) {
                 uint64_t ta = now_ns();
                 rc = ddo_session_acquire(s, g->unit, stream);
@@ -747,7 +706,7 @@ out:
         used = device_used(ctx->dev);
         res->device_used_after = used > ctx->baseline_used ? used - ctx->baseline_used : 0;
     }
-    order_free(&o);
+    exec_order_free(&o);
     free(sums);
     free(refs);
     ddo_plan_destroy(plan);
