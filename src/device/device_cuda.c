@@ -435,6 +435,8 @@ static int cuda_caps(void *st, ddo_device_caps *out, ddo__errbuf *eb)
     out->granularity = d->granularity;
     out->vmm_supported = d->vmm;
     out->is_cpu = false;
+    out->driver_version = d->driver_version;
+    out->ordinal = d->ordinal;
     return 0;
 }
 
