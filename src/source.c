@@ -20,6 +20,7 @@
 
 #include "checkpoint.h"
 #include "device/device.h"
+#include "os/file.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -753,6 +754,21 @@ static void open_direct_fds(ddo__source *src)
         src->use_uring = false;
 }
 
+/* True when at least half of the checkpoint's file bytes are in the page cache. */
+static bool mostly_cached(const ddo_checkpoint *ck)
+{
+    uint64_t total = 0, cached = 0;
+    for (size_t f = 0; f < ddo_checkpoint_file_count(ck); f++) {
+        const ddo_file_info *fi = ddo_checkpoint_file(ck, f);
+        int64_t c = ddo__os_cached_bytes(fi->path, fi->size);
+        if (c < 0)
+            return false;
+        total += fi->size;
+        cached += (uint64_t)c;
+    }
+    return total > 0 && cached * 2 >= total;
+}
+
 int ddo__source_create(const ddo__source_params *p, const ddo__source_request *req, size_t count,
                        ddo__source **out, ddo__errbuf *eb)
 {
@@ -792,9 +808,14 @@ int ddo__source_create(const ddo__source_params *p, const ddo__source_request *r
     if (rc != 0)
         goto fail;
 
-    /* Engine: io_uring needs liburing, a working ring, and a file that takes O_DIRECT. */
+    /* Engine: io_uring needs liburing, a working ring, and a file that takes O_DIRECT. The
+     * automatic choice also looks at the page cache: O_DIRECT bypasses it, so a checkpoint
+     * that is mostly cached is read faster by buffered reads (measured on the H200 machine:
+     * 8 GB/s from the cache against 1.2-2 GB/s from the disk). */
     src->engine =
         p->engine == DDO__READ_ENGINE_PREAD ? DDO__READ_ENGINE_PREAD : DDO__READ_ENGINE_IO_URING;
+    if (p->engine == DDO__READ_ENGINE_AUTO && mostly_cached(p->ck))
+        src->engine = DDO__READ_ENGINE_PREAD;
 #if DDO_HAVE_LIBURING
     if (src->engine == DDO__READ_ENGINE_IO_URING) {
         struct io_uring probe;
@@ -829,6 +850,7 @@ int ddo__source_create(const ddo__source_params *p, const ddo__source_request *r
                            ddo__format_bytes(all_bytes, sz, sizeof(sz)));
             goto fail;
         }
+        ddo__os_advise_huge(mem, (size_t)all_bytes);
         src->base = mem;
         src->bytes = all_bytes;
     }

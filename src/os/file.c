@@ -140,3 +140,45 @@ char *ddo__os_realpath(const char *path)
 {
     return realpath(path, NULL);
 }
+
+int64_t ddo__os_cached_bytes(const char *path, uint64_t size)
+{
+#if defined(__linux__)
+    if (size == 0)
+        return 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    long page = sysconf(_SC_PAGESIZE);
+    int64_t cached = -1;
+    void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
+    if (map != MAP_FAILED && page > 0) {
+        size_t pages = (size_t)((size + (uint64_t)page - 1) / (uint64_t)page);
+        unsigned char *vec = malloc(pages);
+        if (vec != NULL && mincore(map, (size_t)size, vec) == 0) {
+            uint64_t n = 0;
+            for (size_t i = 0; i < pages; i++)
+                n += vec[i] & 1u;
+            cached = (int64_t)(n * (uint64_t)page > size ? size : n * (uint64_t)page);
+        }
+        free(vec);
+        munmap(map, (size_t)size);
+    }
+    close(fd);
+    return cached;
+#else
+    (void)path;
+    (void)size;
+    return -1;
+#endif
+}
+
+void ddo__os_advise_huge(void *p, size_t len)
+{
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    (void)madvise(p, len, MADV_HUGEPAGE);
+#else
+    (void)p;
+    (void)len;
+#endif
+}

@@ -51,6 +51,12 @@ void ddo__os_unmap_file(const void *map, uint64_t size);
 
 /* Whether path names a directory (false when it does not exist). */
 bool ddo__os_is_directory(const char *path);
+/* Bytes of [0, size) of the file at path that sit in the page cache (mincore); -1 when the
+ * system cannot tell. */
+int64_t ddo__os_cached_bytes(const char *path, uint64_t size);
+/* Asks for transparent huge pages on a large anonymous range (fewer faults and fewer pages to
+ * pin when it is registered). A hint: failures are ignored. */
+void ddo__os_advise_huge(void *p, size_t len);
 /* The absolute, resolved path (free with free()); NULL with errno set on failure. */
 char *ddo__os_realpath(const char *path);
 
