@@ -31,6 +31,20 @@ check '[ $rc -eq 0 ] && grep -q "\"profile_resident_module_budget_gb\": 1.25" <<
 check '[ $rc -eq 1 ]' "show of an unknown name fails"
 out=$("$DDO_BIN" profile rm flux-1024 2>&1); rc=$?
 check '[ $rc -eq 0 ] && [ ! -e "$DDO_PROFILE_DIR/ddo-capacity-v1-000000000000000000000000.json" ]' "rm removes it"
+# A calibration run saves the next run's budget; the next run with the name applies it.
+tiny="$DDO_TEST_DATA/safetensors/tiny_flux"
+out=$("$DDO_BIN" profile build tiny "$tiny" --ddo-execution-device cpu --steps 1 --tokens 2 2>&1); rc=$?
+check '[ $rc -eq 0 ] && grep -q "^profile .tiny.: calibrating" <<<"$out"' "build calibrates"
+check 'grep -q "^profile .tiny.: saved: peak .* next run.s resident budget [0-9.]* GiB" <<<"$out"' "build saves"
+out=$("$DDO_BIN" profile list 2>&1)
+check 'grep -q "^tiny " <<<"$out"' "list shows the calibrated profile"
+out=$("$DDO_BIN" run "$tiny" --ddo-execution-device cpu --ddo-profile-name tiny --steps 1 --tokens 2 2>&1); rc=$?
+check '[ $rc -eq 0 ] && grep -q "^profile .tiny.: resident budget [0-9.]* GiB from the last calibration" <<<"$out"' "next run applies it"
+out=$("$DDO_BIN" run "$tiny" --ddo-execution-device cpu --ddo-profile-name tiny --ddo-resident-module-budget-gb 2 --steps 1 --tokens 2 2>&1)
+check 'grep -q "manual resident_module_budget_gb of 2.0000 GiB wins" <<<"$out"' "a manual budget wins"
+out=$("$DDO_BIN" run "$tiny" --ddo-execution-device cpu --ddo-build-profile --steps 1 2>&1); rc=$?
+check '[ $rc -ne 0 ] && grep -q "needs profile_name" <<<"$out"' "calibration without a name is refused"
+
 "$DDO_BIN" profile frobnicate >/dev/null 2>&1; rc=$?
 check '[ $rc -eq 2 ]' "usage error exits 2"
 echo "$pass passed, $fail failed, 0 skipped"

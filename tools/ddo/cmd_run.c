@@ -15,6 +15,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "host.h"
 #include "order.h"
+#include "profile_run.h"
 #include "tool.h"
 
 #include <dirent.h>
@@ -454,6 +455,8 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
     exec_order o;
     memset(&o, 0, sizeof o);
     memset(res, 0, sizeof *res);
+    tool_profile tp;
+    memset(&tp, 0, sizeof tp);
     int status = DDO_EXIT_FAILURE;
     uint64_t used = 0;
     char b1[32], b2[32], b3[32], b4[32];
@@ -472,6 +475,10 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
         fail_msg("device", rc, ddo_device_error(ctx->dev));
         goto out;
     }
+    /* A named workload's profile is applied before planning (pipelines: per run, not per
+     * component). */
+    if (component == NULL && tool_profile_prepare(&tp, cfg, ck) != 0)
+        goto out;
     ddo_plan_inputs in;
     memset(&in, 0, sizeof in);
     in.device_total_bytes = ctx->caps.total_bytes;
@@ -499,6 +506,11 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
                    in.bus_bytes_per_s / 1e9);
         }
     }
+    /* Measured figures of the last calibration feed the cost model when nothing better is known. */
+    if (in.bus_bytes_per_s <= 0 && tp.measured.bus_bytes_per_s > 0)
+        in.bus_bytes_per_s = tp.measured.bus_bytes_per_s;
+    if (in.flops_per_s <= 0 && tp.measured.flops_per_s > 0)
+        in.flops_per_s = tp.measured.flops_per_s;
     in.tokens = a->tokens;
     rc = ddo_plan_build(ck, cfg, &in, &plan);
     if (rc != 0) {
@@ -647,6 +659,25 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
         goto out;
     }
     res->weights_peak = (uint64_t)metric(m, "device_weights_peak_bytes");
+    if (tp.calibrating) {
+        tool_profile_run pr;
+        memset(&pr, 0, sizeof pr);
+        pr.total_bytes = ctx->caps.total_bytes;
+        pr.baseline_used = ctx->baseline_used;
+        pr.used_peak = res->device_used_peak;
+        used = device_used(ctx->dev);
+        pr.used_end = used > ctx->baseline_used ? used - ctx->baseline_used : 0;
+        pr.weights_peak = res->weights_peak;
+        pr.achieved_bytes_per_s = metric(m, "achieved_bytes_per_s");
+        double read_ns = metric(m, "setup_read_ns");
+        if (read_ns > 0)
+            pr.file_read_bytes_per_s = metric(m, "setup_read_bytes") / read_ns * 1e9;
+        uint64_t cns = ref_host_compute_ns(host);
+        if (cns > 0 && hs.flops > 0)
+            pr.flops_per_s = (double)hs.flops / ((double)cns / 1e9);
+        if (tool_profile_finish(&tp, cfg, &pr) != 0)
+            goto out;
+    }
     printf("  device weights peak %s (planned %s)\n",
            fmt_bytes((double)res->weights_peak, b1, sizeof b1),
            fmt_bytes((double)budgets.device_weights_peak, b4, sizeof b4));
@@ -707,6 +738,7 @@ out:
         res->device_used_after = used > ctx->baseline_used ? used - ctx->baseline_used : 0;
     }
     exec_order_free(&o);
+    tool_profile_free(&tp);
     free(sums);
     free(refs);
     ddo_plan_destroy(plan);
