@@ -54,47 +54,6 @@ int ref_host_cuda_stream_callback(ddo_stream *stream, void (*fn)(void *), void *
 
 /* ---- small helpers ----------------------------------------------------------------- */
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static int parse_u64(const char *s, uint64_t *out)
-{
-    if (s == NULL || *s == '\0' || s[0] == '-')
-        return -1;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno != 0 || *end != '\0')
-        return -1;
-    *out = (uint64_t)v;
-    return 0;
-}
-
-static int parse_double(const char *s, double *out)
-{
-    if (s == NULL || *s == '\0')
-        return -1;
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno != 0 || *end != '\0' || !(v >= 0))
-        return -1;
-    *out = v;
-    return 0;
-}
-
-static double metric(const ddo_metrics *m, const char *name)
-{
-    double v = 0;
-    if (m == NULL || ddo_metrics_get(m, name, &v) != 0)
-        return 0;
-    return v;
-}
-
 static uint64_t device_free(ddo_device *dev)
 {
     ddo_device_caps caps;
@@ -201,7 +160,7 @@ static void trace_counter(trace *t, const char *name, uint64_t ts_ns, double val
 
 static void gpu_mark_fn(void *user)
 {
-    ((gpu_mark *)user)->ns = now_ns();
+    ((gpu_mark *)user)->ns = tool_now_ns();
 }
 
 static int trace_write(const trace *t, const char *path)
@@ -414,17 +373,17 @@ static int fail_case(case_result *r, const char *what, int rc, const char *detai
 static int run_step(bench *b, ddo_session *s, ref_host *host, const exec_order *o, trace *tr,
                     uint64_t *min_free, uint64_t *checksum, case_result *r)
 {
-    uint64_t t_step = now_ns();
+    uint64_t t_step = tool_now_ns();
     int rc = 0;
     for (size_t gi = 0; gi < o->count; gi++) {
         const exec_group *g = &o->groups[gi];
-        uint64_t t0 = now_ns();
+        uint64_t t0 = tool_now_ns();
         if (g->unit != SIZE_MAX) {
             rc = ddo_session_acquire(s, g->unit, b->stream);
             if (rc != 0)
                 return fail_case(r, "acquire", rc, ddo_session_error(s));
         }
-        uint64_t t1 = now_ns();
+        uint64_t t1 = tool_now_ns();
         if (min_free != NULL && g->unit != SIZE_MAX) {
             uint64_t f = device_free(b->dev);
             if (f > 0 && f < *min_free)
@@ -432,11 +391,11 @@ static int run_step(bench *b, ddo_session *s, ref_host *host, const exec_order *
         }
         if (tr != NULL && !b->caps.is_cpu && 2 * gi + 1 < tr->marks_cap)
             ref_host_cuda_stream_callback(b->stream, gpu_mark_fn, &tr->marks[2 * gi], NULL, 0);
-        uint64_t t2 = now_ns();
+        uint64_t t2 = tool_now_ns();
         rc = ref_host_run_tensors(host, s, g->tensors, g->count, b->stream);
         if (rc != 0)
             return fail_case(r, "compute", rc, ref_host_error(host));
-        uint64_t t3 = now_ns();
+        uint64_t t3 = tool_now_ns();
         if (tr != NULL && !b->caps.is_cpu && 2 * gi + 1 < tr->marks_cap)
             ref_host_cuda_stream_callback(b->stream, gpu_mark_fn, &tr->marks[2 * gi + 1], NULL, 0);
         if (g->unit != SIZE_MAX) {
@@ -444,7 +403,7 @@ static int run_step(bench *b, ddo_session *s, ref_host *host, const exec_order *
             if (rc != 0)
                 return fail_case(r, "release", rc, ddo_session_error(s));
         }
-        uint64_t t4 = now_ns();
+        uint64_t t4 = tool_now_ns();
         if (tr != NULL) {
             if (g->unit != SIZE_MAX)
                 trace_span(tr, g->name, "acquire", TID_ACQUIRE, t0, t1 - t0);
@@ -453,9 +412,9 @@ static int run_step(bench *b, ddo_session *s, ref_host *host, const exec_order *
                 trace_span(tr, g->name, "release", TID_RELEASE, t3, t4 - t3);
             ddo_metrics *m = NULL;
             if (ddo_session_metrics(s, false, &m) == 0) {
-                trace_counter(tr, "bytes copied (MiB)", t4, metric(m, "copy_bytes") / MIB_D);
-                trace_counter(tr, "hits", t4, metric(m, "hits"));
-                trace_counter(tr, "reclaims", t4, metric(m, "reclaim_events"));
+                trace_counter(tr, "bytes copied (MiB)", t4, tool_metric(m, "copy_bytes") / MIB_D);
+                trace_counter(tr, "hits", t4, tool_metric(m, "hits"));
+                trace_counter(tr, "reclaims", t4, tool_metric(m, "reclaim_events"));
                 ddo_metrics_destroy(m);
             }
             trace_counter(tr, "device free (MiB)", t4, (double)device_free(b->dev) / MIB_D);
@@ -466,7 +425,7 @@ static int run_step(bench *b, ddo_session *s, ref_host *host, const exec_order *
     if (rc != 0)
         return fail_case(r, "step", rc, ref_host_error(host));
     if (tr != NULL) {
-        trace_span(tr, "step", "step", TID_STEP, t_step, now_ns() - t_step);
+        trace_span(tr, "step", "step", TID_STEP, t_step, tool_now_ns() - t_step);
         if (!b->caps.is_cpu)
             for (size_t gi = 0; gi < o->count && 2 * gi + 1 < tr->marks_cap; gi++) {
                 const gpu_mark *m0 = &tr->marks[2 * gi], *m1 = &tr->marks[2 * gi + 1];
@@ -576,18 +535,18 @@ static int run_case(bench *b, ddo_config *cfg, uint64_t steps, uint64_t trace_st
     ddo_session_options so;
     memset(&so, 0, sizeof(so));
     so.config = cfg;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = tool_now_ns();
     rc = ddo_session_create(plan, b->ck, b->dev, &so, &s);
     if (rc != 0) {
         fail_case(r, "session", rc, ddo_last_error());
         goto out;
     }
-    r->setup_s = (double)(now_ns() - t0) / 1e9;
+    r->setup_s = (double)(tool_now_ns() - t0) / 1e9;
     uint64_t f = device_free(b->dev);
     if (f > 0 && f < min_free)
         min_free = f;
     if (ddo_session_metrics(s, false, &m) == 0) {
-        r->setup_read_s = metric(m, "setup_read_ns") / 1e9;
+        r->setup_read_s = tool_metric(m, "setup_read_ns") / 1e9;
         ddo_metrics_destroy(m);
         m = NULL;
     }
@@ -601,21 +560,22 @@ static int run_case(bench *b, ddo_config *cfg, uint64_t steps, uint64_t trace_st
         fail_case(r, "metrics", rc, ddo_session_error(s));
         goto out;
     }
-    double m0[6] = { metric(m, "stall_ns"),
-                     metric(m, "bytes_from_registered") + metric(m, "bytes_staged_from_retained"),
-                     metric(m, "bytes_staged_from_file"),
-                     metric(m, "copy_bytes"),
-                     metric(m, "hits"),
+    double m0[6] = { tool_metric(m, "stall_ns"),
+                     tool_metric(m, "bytes_from_registered") +
+                         tool_metric(m, "bytes_staged_from_retained"),
+                     tool_metric(m, "bytes_staged_from_file"),
+                     tool_metric(m, "copy_bytes"),
+                     tool_metric(m, "hits"),
                      0 };
     ddo_metrics_destroy(m);
     m = NULL;
     double total = 0, best = 0;
     for (uint64_t i = 0; i < steps; i++) {
-        uint64_t ts = now_ns();
+        uint64_t ts = tool_now_ns();
         rc = run_step(b, s, b->timing, &o, NULL, &min_free, NULL, r);
         if (rc != 0)
             goto out;
-        double dt = (double)(now_ns() - ts) / 1e9;
+        double dt = (double)(tool_now_ns() - ts) / 1e9;
         total += dt;
         if (i == 0 || dt < best)
             best = dt;
@@ -628,12 +588,13 @@ static int run_case(bench *b, ddo_config *cfg, uint64_t steps, uint64_t trace_st
     double ns = (double)(steps ? steps : 1);
     r->step_s = total / ns;
     r->step_min_s = best;
-    r->stall_s = (metric(m, "stall_ns") - m0[0]) / 1e9 / ns;
-    r->bus_bytes =
-        (metric(m, "bytes_from_registered") + metric(m, "bytes_staged_from_retained") - m0[1]) / ns;
-    r->file_bytes = (metric(m, "bytes_staged_from_file") - m0[2]) / ns;
-    r->copy_bytes = (metric(m, "copy_bytes") - m0[3]) / ns;
-    r->hits = (metric(m, "hits") - m0[4]) / ns;
+    r->stall_s = (tool_metric(m, "stall_ns") - m0[0]) / 1e9 / ns;
+    r->bus_bytes = (tool_metric(m, "bytes_from_registered") +
+                    tool_metric(m, "bytes_staged_from_retained") - m0[1]) /
+                   ns;
+    r->file_bytes = (tool_metric(m, "bytes_staged_from_file") - m0[2]) / ns;
+    r->copy_bytes = (tool_metric(m, "copy_bytes") - m0[3]) / ns;
+    r->hits = (tool_metric(m, "hits") - m0[4]) / ns;
     ddo_metrics_destroy(m);
     m = NULL;
 
@@ -672,7 +633,7 @@ static int run_case(bench *b, ddo_config *cfg, uint64_t steps, uint64_t trace_st
         fail_case(r, "metrics", rc, ddo_session_error(s));
         goto out;
     }
-    r->session_peak = (uint64_t)metric(m, "device_weights_peak_bytes");
+    r->session_peak = (uint64_t)tool_metric(m, "device_weights_peak_bytes");
     ref_host_stats hs;
     ref_host_stats_get(b->timing, &hs);
     r->computed = hs.weights_computed;
@@ -731,10 +692,10 @@ static double memcpy_bandwidth(void)
     }
     memset(a, 1, n);
     memset(c, 2, n);
-    uint64_t t0 = now_ns();
+    uint64_t t0 = tool_now_ns();
     for (int i = 0; i < 8; i++)
         memcpy(i % 2 ? a : c, i % 2 ? c : a, n);
-    double s = (double)(now_ns() - t0) / 1e9;
+    double s = (double)(tool_now_ns() - t0) / 1e9;
     free(a);
     free(c);
     return s > 0 ? 8.0 * (double)n / s : 0;
@@ -747,7 +708,7 @@ static int read_speed(const ddo_checkpoint *ck, double *seconds, uint64_t *bytes
     if (buf == NULL)
         return DDO_E_NO_MEMORY;
     uint64_t total = 0;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = tool_now_ns();
     for (size_t i = 0; i < ddo_checkpoint_file_count(ck); i++) {
         const ddo_file_info *fi = ddo_checkpoint_file(ck, i);
         if (fi == NULL || fi->path == NULL)
@@ -768,7 +729,7 @@ static int read_speed(const ddo_checkpoint *ck, double *seconds, uint64_t *bytes
         }
         close(fd);
     }
-    *seconds = (double)(now_ns() - t0) / 1e9;
+    *seconds = (double)(tool_now_ns() - t0) / 1e9;
     *bytes = total;
     free(buf);
     return 0;
@@ -795,7 +756,7 @@ static double direct_speed(const ddo_checkpoint *ck, uint64_t limit)
         return 0;
     }
     uint64_t total = 0;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = tool_now_ns();
     while (total + PIECE_BYTES <= limit) {
         ssize_t got = pread(fd, buf, PIECE_BYTES, (off_t)total);
         if (got < 0 && errno == EINTR)
@@ -806,7 +767,7 @@ static double direct_speed(const ddo_checkpoint *ck, uint64_t limit)
         if ((size_t)got < PIECE_BYTES)
             break;
     }
-    double s = (double)(now_ns() - t0) / 1e9;
+    double s = (double)(tool_now_ns() - t0) / 1e9;
     close(fd);
     free(buf);
     return s > 0 && total >= PIECE_BYTES ? (double)total / s : 0;
@@ -943,7 +904,7 @@ static int parse_args(int argc, char **argv, bench_args *a)
             uint64_t v = 0;
             bool steps = strcmp(arg, "--tokens") != 0;
             uint64_t lo = strcmp(arg, "--trace-steps") == 0 ? 0 : 1;
-            if (parse_u64(val, &v) != 0 || v < lo || v > (steps ? 10000u : 65536u)) {
+            if (tool_parse_u64(val, &v) != 0 || v < lo || v > (steps ? 10000u : 65536u)) {
                 fprintf(stderr, "ddo bench: %s needs a whole number from %" PRIu64 " to %u\n", arg,
                         lo, steps ? 10000u : 65536u);
                 return -1;
@@ -958,7 +919,7 @@ static int parse_args(int argc, char **argv, bench_args *a)
         } else if (strcmp(arg, "--scale") == 0 || strcmp(arg, "--bus-gib") == 0 ||
                    strcmp(arg, "--direct-gib") == 0 || strcmp(arg, "--cpu-gbps") == 0 ||
                    strcmp(arg, "--cpu-gflops") == 0 || strcmp(arg, "--cpu-memory-gb") == 0) {
-            if (parse_double(val, &d) != 0) {
+            if (tool_parse_double(val, &d) != 0) {
                 fprintf(stderr, "ddo bench: %s needs a number >= 0\n", arg);
                 return -1;
             }
@@ -1049,12 +1010,12 @@ static int case_config(const bench *b, bench_case *c, ddo_config **out)
     }
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc &&
-            parse_u64(argv[i + 1], &c->steps) == 0 && c->steps > 0 && c->steps <= 10000) {
+            tool_parse_u64(argv[i + 1], &c->steps) == 0 && c->steps > 0 && c->steps <= 10000) {
             i++;
             continue;
         }
         if (strcmp(argv[i], "--trace-steps") == 0 && i + 1 < argc &&
-            parse_u64(argv[i + 1], &c->trace_steps) == 0 && c->trace_steps <= 10000) {
+            tool_parse_u64(argv[i + 1], &c->trace_steps) == 0 && c->trace_steps <= 10000) {
             c->has_trace_steps = true;
             i++;
             continue;
@@ -1163,7 +1124,7 @@ int ddo_cmd_bench(int argc, char **argv)
                      getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (long)getpid());
         char err[512] = "";
         uint64_t written = 0;
-        uint64_t ts = now_ns();
+        uint64_t ts = tool_now_ns();
         rc = ddo_tool_synth(a.layout, synth_path, a.scale, 0, &written, err, sizeof(err));
         if (rc != 0) {
             fprintf(stderr, "ddo bench: synth %s: %s\n", a.layout, err);
@@ -1171,7 +1132,7 @@ int ddo_cmd_bench(int argc, char **argv)
         }
         synth_made = a.synth_out == NULL && !a.keep_synth;
         printf("synth: %s -> %s, %.2f GiB in %.1f s\n", a.layout, synth_path,
-               (double)written / GIB_D, (double)(now_ns() - ts) / 1e9);
+               (double)written / GIB_D, (double)(tool_now_ns() - ts) / 1e9);
         path = synth_path;
     }
     const char *backend_name = NULL;
@@ -1239,7 +1200,7 @@ int ddo_cmd_bench(int argc, char **argv)
         fprintf(stderr, "ddo bench: reference host: %s\n", ddo_strerror(rc));
         goto out;
     }
-    b.tr.t0 = now_ns();
+    b.tr.t0 = tool_now_ns();
 
     size_t want = a.ncases > 0 ? a.ncases : 1;
     res = calloc(want + 1, sizeof(*res));

@@ -22,13 +22,6 @@
 #define MIB (1024.0 * 1024.0)
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static void usage(FILE *out)
 {
     fprintf(out, "usage: ddo demo [--scale S] [--steps N] [--tokens T] [--device SPEC]\n"
@@ -190,7 +183,7 @@ int ddo_cmd_demo(int argc, char **argv)
            "the output does not change.\n\n");
     printf("1. synthesise Flux.1-dev's tensor layout at scale %.2f (%s)\n", scale, layout);
     fflush(stdout);
-    uint64_t t0 = now_ns(), written = 0;
+    uint64_t t0 = tool_now_ns(), written = 0;
     char err[512] = "";
     rc = ddo_tool_synth(layout, model, scale, 1, &written, err, sizeof err);
     if (rc != 0) {
@@ -204,7 +197,7 @@ int ddo_cmd_demo(int argc, char **argv)
     }
     uint64_t total = ddo_checkpoint_total_bytes(ck);
     printf("   %s: %zu tensors, %.1f MiB, in %.1f s\n", model, ddo_checkpoint_tensor_count(ck),
-           (double)total / MIB, (double)(now_ns() - t0) / 1e9);
+           (double)total / MIB, (double)(tool_now_ns() - t0) / 1e9);
 
     /* A quarter of the model, or the nearest budget at which every unit still fits two
      * execution slots beside the resident tensors. */
@@ -254,7 +247,7 @@ int ddo_cmd_demo(int argc, char **argv)
     status = ddo_cmd_run(run_argc, run_argv);
     printf("\nddo demo: %s in %.1f s\n",
            status == 0 ? "OK: streamed and verified bit-identical" : "FAILED",
-           (double)(now_ns() - t0) / 1e9);
+           (double)(tool_now_ns() - t0) / 1e9);
 out:
     ddo_checkpoint_destroy(ck);
     if (keep) {

@@ -14,16 +14,17 @@
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: ddo profile [--dir DIR] list\n"
-            "       ddo profile [--dir DIR] show NAME\n"
-            "       ddo profile [--dir DIR] build NAME PATH [ddo run options]\n"
-            "       ddo profile [--dir DIR] rm NAME\n"
-            "Profiles live in --dir, else DDO_PROFILE_DIR, else ~/.ddo/profiles.\n"
-            "build runs a calibration (`ddo run PATH --ddo-profile-name NAME --ddo-build-profile`):\n"
-            "zero resident weights, the peak device memory measured, and the next run's resident\n"
-            "budget (total - peak - profile_vram_headroom_gb) saved with the measured bus\n"
-            "bandwidth, file read speed and compute rate.\n");
+    fprintf(
+        out,
+        "usage: ddo profile [--dir DIR] list\n"
+        "       ddo profile [--dir DIR] show NAME\n"
+        "       ddo profile [--dir DIR] build NAME PATH [ddo run options]\n"
+        "       ddo profile [--dir DIR] rm NAME\n"
+        "Profiles live in --dir, else DDO_PROFILE_DIR, else ~/.ddo/profiles.\n"
+        "build runs a calibration (`ddo run PATH --ddo-profile-name NAME --ddo-build-profile`):\n"
+        "zero resident weights, the peak device memory measured, and the next run's resident\n"
+        "budget (total - peak - profile_vram_headroom_gb) saved with the measured bus\n"
+        "bandwidth, file read speed and compute rate.\n");
 }
 
 /* Calls fn(path, profile, user) for each readable profile of dir; returns how many. */
@@ -81,8 +82,8 @@ static void print_row(const char *path, const ddo_profile *p, json_t *doc, void 
         snprintf(b, sizeof(b), "%.4f", budget);
     printf("%-24s %-20s %-32s %4zu  %s\n", ctx_name(doc),
            json_string_value(json_object_get(doc, "profile_key")),
-           json_string_value(json_object_get(doc, "updated_at")),
-           ddo_profile_observation_count(p), b);
+           json_string_value(json_object_get(doc, "updated_at")), ddo_profile_observation_count(p),
+           b);
 }
 
 struct match {
@@ -149,7 +150,8 @@ int ddo_cmd_profile(int argc, char **argv)
         }
     } else if (strcmp(verb, "build") == 0 && i + 2 <= argc) {
         const char *name = argv[i];
-        /* ddo run PATH [options] --ddo-profile-name NAME --ddo-build-profile --ddo-profile-dir DIR */
+        /* ddo run PATH [options] --ddo-profile-name NAME --ddo-build-profile --ddo-profile-dir DIR
+         */
         int rargc = argc - i + 6;
         char **rargv = calloc((size_t)rargc + 1, sizeof(char *));
         if (rargv == NULL) {

@@ -55,13 +55,6 @@ typedef struct run_result {
     uint64_t device_used_after; /* above the baseline after the session was destroyed */
 } run_result;
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* "1.50 GiB", "12.0 MiB", "512 B" */
 static const char *fmt_bytes(double b, char *buf, size_t len)
 {
@@ -97,32 +90,6 @@ static void usage(FILE *out)
             "  --cpu-memory-gb M  cpu device: its memory size in GiB\n\n"
             "The environment (DDO_*) applies first, then the --ddo-* flags; `ddo config --list`\n"
             "lists them. Pipeline components take their route from DDO_<COMPONENT>_ROUTE.\n");
-}
-
-static int parse_u64(const char *s, uint64_t *out)
-{
-    if (s == NULL || *s == '\0')
-        return -1;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno != 0 || *end != '\0' || s[0] == '-')
-        return -1;
-    *out = (uint64_t)v;
-    return 0;
-}
-
-static int parse_double(const char *s, double *out)
-{
-    if (s == NULL || *s == '\0')
-        return -1;
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno != 0 || *end != '\0' || !(v >= 0))
-        return -1;
-    *out = v;
-    return 0;
 }
 
 /* ---- progress bar ------------------------------------------------------------------ */
@@ -193,9 +160,9 @@ static double measure_memcpy(void)
         memset(a, 1, n);
         memset(b, 2, n);
         for (int i = 0; i < 3; i++) {
-            uint64_t t0 = now_ns();
+            uint64_t t0 = tool_now_ns();
             memcpy(b, a, n);
-            double dt = (double)(now_ns() - t0) / 1e9;
+            double dt = (double)(tool_now_ns() - t0) / 1e9;
             a[i] = b[n - 1 - (size_t)i]; /* keep the copy */
             if (dt > 0 && (double)n / dt > best)
                 best = (double)n / dt;
@@ -216,14 +183,6 @@ static ddo_read_backend read_backend(const ddo_config *cfg)
     if (strcmp(v, "mmap") == 0)
         return DDO_READ_MMAP;
     return DDO_READ_DEFAULT;
-}
-
-static double metric(const ddo_metrics *m, const char *name)
-{
-    double v = 0;
-    if (m == NULL || ddo_metrics_get(m, name, &v) != 0)
-        return 0;
-    return v;
 }
 
 /* ---- plan summary ------------------------------------------------------------------ */
@@ -547,7 +506,7 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
         so.progress = progress;
         so.progress_user = &ps;
     }
-    uint64_t t_setup = now_ns();
+    uint64_t t_setup = tool_now_ns();
     rc = ddo_session_create(plan, ck, ctx->dev, &so, &s);
     if (ps.phase[0] != '\0' && ps.last_percent < 100)
         fputc('\n', stderr);
@@ -555,7 +514,7 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
         fail_msg("session", rc, ddo_last_error());
         goto out;
     }
-    printf("session: set up in %.3f s\n", (double)(now_ns() - t_setup) / 1e9);
+    printf("session: set up in %.3f s\n", (double)(tool_now_ns() - t_setup) / 1e9);
     used = device_used(ctx->dev);
     if (used > ctx->baseline_used && used - ctx->baseline_used > res->device_used_peak)
         res->device_used_peak = used - ctx->baseline_used;
@@ -573,11 +532,11 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
     uint64_t compute_prev = 0;
     double prev[6] = { 0 };
     for (uint64_t step = 0; step < a->steps; step++) {
-        uint64_t t0 = now_ns(), wait_ns = 0;
+        uint64_t t0 = tool_now_ns(), wait_ns = 0;
         for (size_t gi = 0; gi < o.count; gi++) {
             const exec_group *g = &o.groups[gi];
             if (g->unit != SIZE_MAX) {
-                uint64_t ta = now_ns();
+                uint64_t ta = tool_now_ns();
                 rc = ddo_session_acquire(s, g->unit, stream);
                 if (rc != 0) {
                     fail_msg("acquire", rc, ddo_session_error(s));
@@ -592,7 +551,7 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
                         goto out;
                     }
                 }
-                wait_ns += now_ns() - ta;
+                wait_ns += tool_now_ns() - ta;
                 if (a->corrupt_step == step + 1 && gi + 1 == o.count)
                     corrupt(s, g);
             }
@@ -614,7 +573,7 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
             fail_msg("checksum", rc, ref_host_error(host));
             goto out;
         }
-        double dt = (double)(now_ns() - t0) / 1e9;
+        double dt = (double)(tool_now_ns() - t0) / 1e9;
         used = device_used(ctx->dev);
         if (used > ctx->baseline_used && used - ctx->baseline_used > res->device_used_peak)
             res->device_used_peak = used - ctx->baseline_used;
@@ -624,11 +583,11 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
             goto out;
         }
         double cur[6] = { 0,
-                          metric(m, "bytes_from_registered"),
-                          metric(m, "bytes_staged_from_retained"),
-                          metric(m, "bytes_staged_from_file"),
-                          metric(m, "copy_bytes"),
-                          metric(m, "hits") };
+                          tool_metric(m, "bytes_from_registered"),
+                          tool_metric(m, "bytes_staged_from_retained"),
+                          tool_metric(m, "bytes_staged_from_file"),
+                          tool_metric(m, "copy_bytes"),
+                          tool_metric(m, "hits") };
         ddo_metrics_destroy(m);
         m = NULL;
         char plan_s[16] = "-";
@@ -658,7 +617,7 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
         fail_msg("metrics", rc, ddo_session_error(s));
         goto out;
     }
-    res->weights_peak = (uint64_t)metric(m, "device_weights_peak_bytes");
+    res->weights_peak = (uint64_t)tool_metric(m, "device_weights_peak_bytes");
     if (tp.calibrating) {
         tool_profile_run pr;
         memset(&pr, 0, sizeof pr);
@@ -668,10 +627,10 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
         used = device_used(ctx->dev);
         pr.used_end = used > ctx->baseline_used ? used - ctx->baseline_used : 0;
         pr.weights_peak = res->weights_peak;
-        pr.achieved_bytes_per_s = metric(m, "achieved_bytes_per_s");
-        double read_ns = metric(m, "setup_read_ns");
+        pr.achieved_bytes_per_s = tool_metric(m, "achieved_bytes_per_s");
+        double read_ns = tool_metric(m, "setup_read_ns");
         if (read_ns > 0)
-            pr.file_read_bytes_per_s = metric(m, "setup_read_bytes") / read_ns * 1e9;
+            pr.file_read_bytes_per_s = tool_metric(m, "setup_read_bytes") / read_ns * 1e9;
         uint64_t cns = ref_host_compute_ns(host);
         if (cns > 0 && hs.flops > 0)
             pr.flops_per_s = (double)hs.flops / ((double)cns / 1e9);
@@ -1018,13 +977,13 @@ int ddo_cmd_run(int argc, char **argv)
         } else if (strcmp(arg, "--show-profile") == 0) {
             a.show_profile = true;
         } else if (strcmp(arg, "--steps") == 0) {
-            if (parse_u64(val, &a.steps) != 0 || a.steps == 0 || a.steps > 1000000) {
+            if (tool_parse_u64(val, &a.steps) != 0 || a.steps == 0 || a.steps > 1000000) {
                 fprintf(stderr, "ddo run: --steps needs a whole number from 1 to 1000000\n");
                 goto out;
             }
             i++;
         } else if (strcmp(arg, "--tokens") == 0) {
-            if (parse_u64(val, &a.tokens) != 0 || a.tokens == 0 || a.tokens > 65536) {
+            if (tool_parse_u64(val, &a.tokens) != 0 || a.tokens == 0 || a.tokens > 65536) {
                 fprintf(stderr, "ddo run: --tokens needs a whole number from 1 to 65536\n");
                 goto out;
             }
@@ -1038,7 +997,7 @@ int ddo_cmd_run(int argc, char **argv)
             i++;
         } else if (strcmp(arg, "--cpu-gbps") == 0 || strcmp(arg, "--cpu-gflops") == 0 ||
                    strcmp(arg, "--cpu-memory-gb") == 0) {
-            if (parse_double(val, &d) != 0) {
+            if (tool_parse_double(val, &d) != 0) {
                 fprintf(stderr, "ddo run: %s needs a number >= 0\n", arg);
                 goto out;
             }
@@ -1076,7 +1035,7 @@ int ddo_cmd_run(int argc, char **argv)
         strcmp(src, "default") != 0 && show)
         a.show_profile = true;
     const char *corrupt_env = getenv("DDO_TEST_CORRUPT");
-    if (corrupt_env != NULL && parse_u64(corrupt_env, &a.corrupt_step) != 0)
+    if (corrupt_env != NULL && tool_parse_u64(corrupt_env, &a.corrupt_step) != 0)
         a.corrupt_step = 0;
 
     const char *spec = "cuda:0";

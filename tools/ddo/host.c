@@ -6,6 +6,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "host.h"
+#include "tool.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,13 +21,6 @@ struct ref_host {
     uint64_t compute_ns;
     char err[512];
 };
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 int ref_host_create_ex(ddo_device *dev, const ddo_checkpoint *ck, const ref_host_config *cfg,
                        ref_host **out)
@@ -80,12 +74,12 @@ int ref_host_run_tensors(ref_host *h, ddo_session *s, const size_t *tensors, siz
 {
     if (h == NULL)
         return DDO_E_INVALID_ARGUMENT;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = tool_now_ns();
     int rc = h->cuda != NULL ? ref_host_cuda_run_tensors(h->cuda, s, tensors, count, stream,
                                                          &h->stats, h->err, sizeof h->err)
                              : ref_host_cpu_run_tensors(h->cpu, s, tensors, count, stream,
                                                         &h->stats, h->err, sizeof h->err);
-    h->compute_ns += now_ns() - t0;
+    h->compute_ns += tool_now_ns() - t0;
     return rc;
 }
 
@@ -93,9 +87,9 @@ int ref_host_run_checkpoint(ref_host *h, const size_t *tensors, size_t count)
 {
     if (h == NULL)
         return DDO_E_INVALID_ARGUMENT;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = tool_now_ns();
     int rc = ref_host_cpu_run_checkpoint(h->cpu, tensors, count, &h->stats, h->err, sizeof h->err);
-    h->compute_ns += now_ns() - t0;
+    h->compute_ns += tool_now_ns() - t0;
     return rc;
 }
 
@@ -103,7 +97,7 @@ int ref_host_step_checksum(ref_host *h, ddo_stream *stream, uint64_t *checksum)
 {
     if (h == NULL || checksum == NULL)
         return DDO_E_INVALID_ARGUMENT;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = tool_now_ns();
     int rc;
     uint64_t v = 0;
     if (h->cuda != NULL) {
@@ -115,7 +109,7 @@ int ref_host_step_checksum(ref_host *h, ddo_stream *stream, uint64_t *checksum)
         else
             rc = ref_host_cpu_step_checksum(h->cpu, &v);
     }
-    h->compute_ns += now_ns() - t0;
+    h->compute_ns += tool_now_ns() - t0;
     if (rc == 0)
         *checksum = v;
     return rc;

@@ -14,6 +14,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "host.h"
+#include "tool.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -42,24 +43,6 @@ struct ref_host_cpu {
     size_t read_cap;
 };
 
-static int fail(char *err, size_t err_len, int code, const char *fmt, ...)
-{
-    if (err != NULL && err_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static void sleep_ns(uint64_t ns)
 {
     struct timespec ts = { (time_t)(ns / 1000000000u), (long)(ns % 1000000000u) };
@@ -86,11 +69,11 @@ int ref_host_cpu_create(const ddo_checkpoint *ck, const ref_host_config *cfg, re
                         char *err, size_t err_len)
 {
     if (ck == NULL || cfg == NULL || out == NULL || cfg->tokens == 0 || cfg->cpu_flops_per_s < 0)
-        return fail(err, err_len, DDO_E_INVALID_ARGUMENT,
-                    "reference host: needs a checkpoint and tokens >= 1");
+        return tool_fail(err, err_len, DDO_E_INVALID_ARGUMENT,
+                         "reference host: needs a checkpoint and tokens >= 1");
     ref_host_cpu *c = calloc(1, sizeof *c);
     if (c == NULL)
-        return fail(err, err_len, DDO_E_NO_MEMORY, "reference host: out of memory");
+        return tool_fail(err, err_len, DDO_E_NO_MEMORY, "reference host: out of memory");
     c->ck = ck;
     c->cfg = *cfg;
     c->checksum = REF_CHECKSUM_INIT;
@@ -99,7 +82,7 @@ int ref_host_cpu_create(const ddo_checkpoint *ck, const ref_host_config *cfg, re
     c->ran = calloc(c->tensor_count + 1, 1);
     if (c->tensor_hash == NULL || c->ran == NULL) {
         ref_host_cpu_destroy(c);
-        return fail(err, err_len, DDO_E_NO_MEMORY, "reference host: out of memory");
+        return tool_fail(err, err_len, DDO_E_NO_MEMORY, "reference host: out of memory");
     }
     *out = c;
     return 0;
@@ -201,20 +184,21 @@ static int run_one(ref_host_cpu *c, size_t t, const ddo_tensor_info *ti, const v
     const size_t out = (size_t)ti->shape[0], in = (size_t)ti->shape[1];
     const size_t esz = ddo_dtype_size(ti->dtype);
     if ((uint64_t)out * in * esz != ti->nbytes)
-        return fail(err, err_len, DDO_E_FORMAT,
-                    "reference host: tensor \"%s\": %zu x %zu elements do not match %llu bytes",
-                    ti->name, out, in, (unsigned long long)ti->nbytes);
+        return tool_fail(
+            err, err_len, DDO_E_FORMAT,
+            "reference host: tensor \"%s\": %zu x %zu elements do not match %llu bytes", ti->name,
+            out, in, (unsigned long long)ti->nbytes);
     if (in > SIZE_MAX / tokens || out > SIZE_MAX / tokens)
-        return fail(err, err_len, DDO_E_OVERFLOW, "reference host: tensor \"%s\": too large",
-                    ti->name);
+        return tool_fail(err, err_len, DDO_E_OVERFLOW, "reference host: tensor \"%s\": too large",
+                         ti->name);
     int rc = reserve((void **)&c->xt, &c->xt_cap, in * tokens, sizeof(float));
     if (rc == 0)
         rc = reserve((void **)&c->y, &c->y_cap, out * tokens, sizeof(float));
     if (rc == 0)
         rc = reserve((void **)&c->row, &c->row_cap, in, sizeof(float));
     if (rc != 0)
-        return fail(err, err_len, rc, "reference host: tensor \"%s\": no memory for %zu x %zu",
-                    ti->name, tokens, in > out ? in : out);
+        return tool_fail(err, err_len, rc, "reference host: tensor \"%s\": no memory for %zu x %zu",
+                         ti->name, tokens, in > out ? in : out);
 
     /* X [tokens, in] with element (t, i) = ref_activation(tensor, t * in + i), stored transposed
      * so that one weight element meets TOKEN_BLOCK consecutive activations. */
@@ -260,7 +244,7 @@ static void throttle(const ref_host_cpu *c, uint64_t t0, uint64_t flops)
     if (c->cfg.cpu_flops_per_s <= 0 || flops == 0)
         return;
     uint64_t want = (uint64_t)((double)flops / c->cfg.cpu_flops_per_s * 1e9);
-    uint64_t spent = now_ns() - t0;
+    uint64_t spent = tool_now_ns() - t0;
     if (spent < want)
         sleep_ns(want - spent);
 }
@@ -269,28 +253,29 @@ int ref_host_cpu_run_tensors(ref_host_cpu *c, ddo_session *s, const size_t *tens
                              ddo_stream *stream, ref_host_stats *stats, char *err, size_t err_len)
 {
     if (c == NULL || s == NULL || (tensors == NULL && count > 0) || stats == NULL)
-        return fail(err, err_len, DDO_E_INVALID_ARGUMENT, "reference host: bad arguments");
-    uint64_t t0 = now_ns();
+        return tool_fail(err, err_len, DDO_E_INVALID_ARGUMENT, "reference host: bad arguments");
+    uint64_t t0 = tool_now_ns();
     if (stream != NULL) {
         int rc = ddo_stream_synchronize(stream);
         if (rc != 0)
-            return fail(err, err_len, rc, "reference host: waiting for uploads: %s",
-                        ddo_last_error());
+            return tool_fail(err, err_len, rc, "reference host: waiting for uploads: %s",
+                             ddo_last_error());
     }
     uint64_t total = 0;
     for (size_t j = 0; j < count; j++) {
         const ddo_tensor_info *ti = ddo_checkpoint_tensor(c->ck, tensors[j]);
         if (ti == NULL)
-            return fail(err, err_len, DDO_E_INVALID_ARGUMENT,
-                        "reference host: no tensor %zu in the checkpoint", tensors[j]);
+            return tool_fail(err, err_len, DDO_E_INVALID_ARGUMENT,
+                             "reference host: no tensor %zu in the checkpoint", tensors[j]);
         void *addr = NULL;
         int rc = ddo_session_tensor_address(s, tensors[j], &addr);
         if (rc != 0)
-            return fail(err, err_len, rc, "reference host: tensor \"%s\": no address: %s", ti->name,
-                        ddo_session_error(s));
+            return tool_fail(err, err_len, rc, "reference host: tensor \"%s\": no address: %s",
+                             ti->name, ddo_session_error(s));
         if (addr == NULL && ti->nbytes > 0)
-            return fail(err, err_len, DDO_E_INTERNAL,
-                        "reference host: tensor \"%s\": session gave a NULL address", ti->name);
+            return tool_fail(err, err_len, DDO_E_INTERNAL,
+                             "reference host: tensor \"%s\": session gave a NULL address",
+                             ti->name);
         uint64_t flops;
         rc = run_one(c, tensors[j], ti, addr, stats, &flops, err, err_len);
         if (rc != 0)
@@ -305,23 +290,23 @@ int ref_host_cpu_run_checkpoint(ref_host_cpu *c, const size_t *tensors, size_t c
                                 ref_host_stats *stats, char *err, size_t err_len)
 {
     if (c == NULL || (tensors == NULL && count > 0) || stats == NULL)
-        return fail(err, err_len, DDO_E_INVALID_ARGUMENT, "reference host: bad arguments");
+        return tool_fail(err, err_len, DDO_E_INVALID_ARGUMENT, "reference host: bad arguments");
     for (size_t j = 0; j < count; j++) {
         const ddo_tensor_info *ti = ddo_checkpoint_tensor(c->ck, tensors[j]);
         if (ti == NULL)
-            return fail(err, err_len, DDO_E_INVALID_ARGUMENT,
-                        "reference host: no tensor %zu in the checkpoint", tensors[j]);
+            return tool_fail(err, err_len, DDO_E_INVALID_ARGUMENT,
+                             "reference host: no tensor %zu in the checkpoint", tensors[j]);
         if (ti->nbytes > SIZE_MAX)
-            return fail(err, err_len, DDO_E_OVERFLOW, "reference host: tensor \"%s\": too large",
-                        ti->name);
+            return tool_fail(err, err_len, DDO_E_OVERFLOW,
+                             "reference host: tensor \"%s\": too large", ti->name);
         size_t n = (size_t)ti->nbytes;
         int rc = reserve(&c->read_buf, &c->read_cap, n > 0 ? n : 1, 1);
         if (rc != 0)
-            return fail(err, err_len, rc, "reference host: tensor \"%s\": no memory for %zu bytes",
-                        ti->name, n);
+            return tool_fail(err, err_len, rc,
+                             "reference host: tensor \"%s\": no memory for %zu bytes", ti->name, n);
         rc = ddo_checkpoint_read(c->ck, tensors[j], 0, c->read_buf, n);
         if (rc != 0)
-            return fail(err, err_len, rc, "reference host: %s", ddo_checkpoint_error(c->ck));
+            return tool_fail(err, err_len, rc, "reference host: %s", ddo_checkpoint_error(c->ck));
         uint64_t flops;
         rc = run_one(c, tensors[j], ti, c->read_buf, stats, &flops, err, err_len);
         if (rc != 0)
@@ -376,13 +361,13 @@ double ref_host_cpu_measure_flops(uint64_t tokens)
         uint64_t flops = 0, total = 0, t0 = 0;
         for (int rep = 0; rep < 7; rep++) {
             if (rep == 1) /* the first pass warms the buffers */
-                t0 = now_ns();
+                t0 = tool_now_ns();
             if (run_one(c, 0, &ti, w, &st, &flops, NULL, 0) != 0)
                 break;
             if (rep >= 1)
                 total += flops;
         }
-        uint64_t dt = now_ns() - t0;
+        uint64_t dt = tool_now_ns() - t0;
         if (total > 0 && dt > 0)
             rate = (double)total / ((double)dt / 1e9);
     }

@@ -30,6 +30,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "host.h"
+#include "tool.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -42,17 +43,6 @@ int ref_host_cuda_bus_bandwidth(ddo_stream *stream, uint64_t total_bytes, size_t
                                 double *bytes_per_s, char *err, size_t err_len);
 int ref_host_cuda_stream_callback(ddo_stream *stream, void (*fn)(void *), void *user, char *err,
                                   size_t err_len);
-
-static int fail(char *err, size_t err_len, int code, const char *fmt, ...)
-{
-    if (err != NULL && err_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 #if DDO_HAVE_CUDA_H
 
@@ -237,14 +227,16 @@ static const char *lt_err_name(cublasStatus_t st)
 
 static int cu_fail(char *err, size_t err_len, CUresult r, const char *call, const char *what)
 {
-    return fail(err, err_len, r == CUDA_ERROR_OUT_OF_MEMORY ? DDO_E_DEVICE_MEMORY : DDO_E_DEVICE,
-                "reference host: %s: %s%s%s", call, cu_err_name(r), what[0] ? " " : "", what);
+    return tool_fail(err, err_len,
+                     r == CUDA_ERROR_OUT_OF_MEMORY ? DDO_E_DEVICE_MEMORY : DDO_E_DEVICE,
+                     "reference host: %s: %s%s%s", call, cu_err_name(r), what[0] ? " " : "", what);
 }
 
 static int lt_fail(char *err, size_t err_len, cublasStatus_t st, const char *call, const char *what)
 {
-    return fail(err, err_len, st == CUBLAS_STATUS_ALLOC_FAILED ? DDO_E_DEVICE_MEMORY : DDO_E_DEVICE,
-                "reference host: %s: %s%s%s", call, lt_err_name(st), what[0] ? " " : "", what);
+    return tool_fail(err, err_len,
+                     st == CUBLAS_STATUS_ALLOC_FAILED ? DDO_E_DEVICE_MEMORY : DDO_E_DEVICE,
+                     "reference host: %s: %s%s%s", call, lt_err_name(st), what[0] ? " " : "", what);
 }
 
 /* ---- the back end ---- */
@@ -401,8 +393,8 @@ static int prepare_shape(ref_host_cuda *c, shape *s, cublasLtMatmulPreference_t 
     if (st != CUBLAS_STATUS_SUCCESS)
         return lt_fail(err, err_len, st, "cublasLtMatmulAlgoGetHeuristic", what);
     if (found < 1)
-        return fail(err, err_len, DDO_E_UNSUPPORTED, "reference host: cuBLASLt has no algorithm %s",
-                    what);
+        return tool_fail(err, err_len, DDO_E_UNSUPPORTED,
+                         "reference host: cuBLASLt has no algorithm %s", what);
     s->algo = res.algo;
     return 0;
 }
@@ -472,19 +464,19 @@ int ref_host_cuda_create(ddo_device *dev, const ddo_checkpoint *ck, const ref_ho
                          ref_host_cuda **out, char *err, size_t err_len)
 {
     if (dev == NULL || ck == NULL || cfg == NULL || out == NULL || cfg->tokens == 0)
-        return fail(err, err_len, DDO_E_INVALID_ARGUMENT, "reference host: invalid argument");
+        return tool_fail(err, err_len, DDO_E_INVALID_ARGUMENT, "reference host: invalid argument");
     if (load_cu() != 0)
-        return fail(err, err_len, DDO_E_NO_DEVICE, "reference host: %s", g_cu_err);
+        return tool_fail(err, err_len, DDO_E_NO_DEVICE, "reference host: %s", g_cu_err);
     if (load_lt() != 0)
-        return fail(err, err_len, DDO_E_NO_DEVICE, "reference host: %s", g_lt_err);
+        return tool_fail(err, err_len, DDO_E_NO_DEVICE, "reference host: %s", g_lt_err);
     /* A call into the device makes its primary context current on this thread. */
     ddo_device_caps caps;
     int rc = ddo_device_caps_get(dev, &caps);
     if (rc != 0)
-        return fail(err, err_len, rc, "reference host: %s", ddo_device_error(dev));
+        return tool_fail(err, err_len, rc, "reference host: %s", ddo_device_error(dev));
     ref_host_cuda *c = calloc(1, sizeof(*c));
     if (c == NULL)
-        return fail(err, err_len, DDO_E_NO_MEMORY, "reference host: out of host memory");
+        return tool_fail(err, err_len, DDO_E_NO_MEMORY, "reference host: out of host memory");
     c->ck = ck;
     c->cfg = *cfg;
     c->step = REF_CHECKSUM_INIT;
@@ -493,14 +485,14 @@ int ref_host_cuda_create(ddo_device *dev, const ddo_checkpoint *ck, const ref_ho
     CUdeviceptr scratch = 0;
     CUresult r = g_cu.CtxGetCurrent(&c->ctx);
     if (r != CUDA_SUCCESS || c->ctx == NULL) {
-        rc = fail(err, err_len, DDO_E_DEVICE,
-                  "reference host: no current CUDA context after opening %s", caps.name);
+        rc = tool_fail(err, err_len, DDO_E_DEVICE,
+                       "reference host: no current CUDA context after opening %s", caps.name);
         goto fail;
     }
     size_t n = ddo_checkpoint_tensor_count(ck);
     c->tensor_shape = malloc((n ? n : 1) * sizeof(int32_t));
     if (c->tensor_shape == NULL) {
-        rc = fail(err, err_len, DDO_E_NO_MEMORY, "reference host: out of host memory");
+        rc = tool_fail(err, err_len, DDO_E_NO_MEMORY, "reference host: out of host memory");
         goto fail;
     }
     uint64_t max_out = 0, max_weight_bytes = 0, sum_out = 0;
@@ -512,7 +504,7 @@ int ref_host_cuda_create(ddo_device *dev, const ddo_checkpoint *ck, const ref_ho
         size_t si = 0;
         rc = find_shape(c, ti, &si);
         if (rc != 0) {
-            fail(err, err_len, rc, "reference host: out of host memory");
+            tool_fail(err, err_len, rc, "reference host: out of host memory");
             goto fail;
         }
         c->tensor_shape[i] = (int32_t)si;
@@ -573,7 +565,7 @@ int ref_host_cuda_create(ddo_device *dev, const ddo_checkpoint *ck, const ref_ho
         free(hostbuf);
         hostbuf = malloc(bytes);
         if (hostbuf == NULL) {
-            rc = fail(err, err_len, DDO_E_NO_MEMORY, "reference host: out of host memory");
+            rc = tool_fail(err, err_len, DDO_E_NO_MEMORY, "reference host: out of host memory");
             goto fail;
         }
         fill_activation(hostbuf, c->acts[i].dtype, cfg->tokens, c->acts[i].in);
@@ -659,7 +651,7 @@ static int sample_rows(ref_host_cuda *c, const shape *s, CUstream stream, char *
         size_t cap = c->pending_cap ? 2 * c->pending_cap : 256;
         size_t *p = realloc(c->pending, cap * sizeof(*p));
         if (p == NULL)
-            return fail(err, err_len, DDO_E_NO_MEMORY, "reference host: out of host memory");
+            return tool_fail(err, err_len, DDO_E_NO_MEMORY, "reference host: out of host memory");
         c->pending = p;
         c->pending_cap = cap;
     }
@@ -680,7 +672,7 @@ int ref_host_cuda_run_tensors(ref_host_cuda *c, ddo_session *s, const size_t *te
                               ddo_stream *stream, ref_host_stats *stats, char *err, size_t err_len)
 {
     if (c == NULL || s == NULL || (tensors == NULL && count > 0) || stream == NULL)
-        return fail(err, err_len, DDO_E_INVALID_ARGUMENT, "reference host: invalid argument");
+        return tool_fail(err, err_len, DDO_E_INVALID_ARGUMENT, "reference host: invalid argument");
     int rc = bind(c, err, err_len);
     if (rc != 0)
         return rc;
@@ -698,8 +690,9 @@ int ref_host_cuda_run_tensors(ref_host_cuda *c, ddo_session *s, const size_t *te
         rc = ddo_session_tensor_address(s, t, &w);
         if (rc != 0) {
             const ddo_tensor_info *ti = ddo_checkpoint_tensor(c->ck, t);
-            return fail(err, err_len, rc, "reference host: tensor \"%s\": no device address: %s",
-                        ti != NULL ? ti->name : "?", ddo_session_error(s));
+            return tool_fail(err, err_len, rc,
+                             "reference host: tensor \"%s\": no device address: %s",
+                             ti != NULL ? ti->name : "?", ddo_session_error(s));
         }
         rc = matmul(c, sh, (CUdeviceptr)(uintptr_t)w, cs, err, err_len);
         if (rc == 0 && c->cfg.checksum)
@@ -718,11 +711,11 @@ int ref_host_cuda_step_checksum(ref_host_cuda *c, ddo_stream *stream, uint64_t *
                                 size_t err_len)
 {
     if (c == NULL || checksum == NULL)
-        return fail(err, err_len, DDO_E_INVALID_ARGUMENT, "reference host: invalid argument");
+        return tool_fail(err, err_len, DDO_E_INVALID_ARGUMENT, "reference host: invalid argument");
     if (stream != NULL) {
         int rc = ddo_stream_synchronize(stream);
         if (rc != 0)
-            return fail(err, err_len, rc, "reference host: stream: %s", ddo_last_error());
+            return tool_fail(err, err_len, rc, "reference host: stream: %s", ddo_last_error());
     }
     uint64_t v = 0;
     if (c->cfg.checksum) {
@@ -738,13 +731,13 @@ int ref_host_cuda_bus_bandwidth(ddo_stream *stream, uint64_t total_bytes, size_t
                                 double *bytes_per_s, char *err, size_t err_len)
 {
     if (stream == NULL || piece_bytes == 0 || total_bytes < piece_bytes || bytes_per_s == NULL)
-        return fail(err, err_len, DDO_E_INVALID_ARGUMENT, "bus bandwidth: invalid argument");
+        return tool_fail(err, err_len, DDO_E_INVALID_ARGUMENT, "bus bandwidth: invalid argument");
     if (load_cu() != 0)
-        return fail(err, err_len, DDO_E_NO_DEVICE, "bus bandwidth: %s", g_cu_err);
+        return tool_fail(err, err_len, DDO_E_NO_DEVICE, "bus bandwidth: %s", g_cu_err);
     /* Synchronizing the stream makes the device's context current on this thread. */
     int rc = ddo_stream_synchronize(stream);
     if (rc != 0)
-        return fail(err, err_len, rc, "bus bandwidth: %s", ddo_last_error());
+        return tool_fail(err, err_len, rc, "bus bandwidth: %s", ddo_last_error());
     CUstream cs = (CUstream)ddo_stream_native(stream);
     size_t span = 16 * piece_bytes; /* a 256 MiB window for 16 MiB pieces, reused */
     void *host = NULL;
@@ -787,7 +780,7 @@ int ref_host_cuda_stream_callback(ddo_stream *stream, void (*fn)(void *), void *
                                   size_t err_len)
 {
     if (load_cu() != 0)
-        return fail(err, err_len, DDO_E_NO_DEVICE, "%s", g_cu_err);
+        return tool_fail(err, err_len, DDO_E_NO_DEVICE, "%s", g_cu_err);
     CUresult r = g_cu.LaunchHostFunc((CUstream)ddo_stream_native(stream), fn, user);
     if (r != CUDA_SUCCESS)
         return cu_fail(err, err_len, r, "cuLaunchHostFunc", "(trace)");
@@ -808,8 +801,8 @@ int ref_host_cuda_create(ddo_device *dev, const ddo_checkpoint *ck, const ref_ho
     (void)ck;
     (void)cfg;
     (void)out;
-    return fail(err, err_len, DDO_E_NO_DEVICE,
-                "reference host: built without CUDA headers: no cuda back end");
+    return tool_fail(err, err_len, DDO_E_NO_DEVICE,
+                     "reference host: built without CUDA headers: no cuda back end");
 }
 
 void ref_host_cuda_destroy(ref_host_cuda *c)
@@ -826,7 +819,7 @@ int ref_host_cuda_run_tensors(ref_host_cuda *c, ddo_session *s, const size_t *te
     (void)count;
     (void)stream;
     (void)stats;
-    return fail(err, err_len, DDO_E_NO_DEVICE, "reference host: built without CUDA headers");
+    return tool_fail(err, err_len, DDO_E_NO_DEVICE, "reference host: built without CUDA headers");
 }
 
 int ref_host_cuda_step_checksum(ref_host_cuda *c, ddo_stream *stream, uint64_t *checksum, char *err,
@@ -835,7 +828,7 @@ int ref_host_cuda_step_checksum(ref_host_cuda *c, ddo_stream *stream, uint64_t *
     (void)c;
     (void)stream;
     (void)checksum;
-    return fail(err, err_len, DDO_E_NO_DEVICE, "reference host: built without CUDA headers");
+    return tool_fail(err, err_len, DDO_E_NO_DEVICE, "reference host: built without CUDA headers");
 }
 
 int ref_host_cuda_bus_bandwidth(ddo_stream *stream, uint64_t total_bytes, size_t piece_bytes,
@@ -845,7 +838,7 @@ int ref_host_cuda_bus_bandwidth(ddo_stream *stream, uint64_t total_bytes, size_t
     (void)total_bytes;
     (void)piece_bytes;
     (void)bytes_per_s;
-    return fail(err, err_len, DDO_E_NO_DEVICE, "bus bandwidth: built without CUDA headers");
+    return tool_fail(err, err_len, DDO_E_NO_DEVICE, "bus bandwidth: built without CUDA headers");
 }
 
 int ref_host_cuda_stream_callback(ddo_stream *stream, void (*fn)(void *), void *user, char *err,
@@ -854,7 +847,7 @@ int ref_host_cuda_stream_callback(ddo_stream *stream, void (*fn)(void *), void *
     (void)stream;
     (void)fn;
     (void)user;
-    return fail(err, err_len, DDO_E_NO_DEVICE, "built without CUDA headers");
+    return tool_fail(err, err_len, DDO_E_NO_DEVICE, "built without CUDA headers");
 }
 
 #endif

@@ -6,6 +6,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "synth.h"
+#include "tool.h"
 
 #include "ddo.h"
 
@@ -22,17 +23,6 @@
 #include <unistd.h>
 
 #define SYNTH_BUFFER_BYTES ((size_t)64 << 20)
-
-static int fail(char *err, size_t len, int code, const char *fmt, ...)
-{
-    if (err != NULL && len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, len, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 static uint64_t splitmix64(uint64_t *s)
 {
@@ -176,13 +166,13 @@ int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, 
                    uint64_t *bytes_written, char *err, size_t err_len)
 {
     if (layout_path == NULL || out_path == NULL || !(scale > 0.0) || scale > 1.0)
-        return fail(err, err_len, DDO_E_INVALID_ARGUMENT,
-                    "synth: a layout, an output path and 0 < scale <= 1 are required");
+        return tool_fail(err, err_len, DDO_E_INVALID_ARGUMENT,
+                         "synth: a layout, an output path and 0 < scale <= 1 are required");
     json_error_t jerr;
     json_t *root = json_load_file(layout_path, JSON_REJECT_DUPLICATES, &jerr);
     if (root == NULL)
-        return fail(err, err_len, DDO_E_FORMAT, "%s: line %d: %s", layout_path, jerr.line,
-                    jerr.text);
+        return tool_fail(err, err_len, DDO_E_FORMAT, "%s: line %d: %s", layout_path, jerr.line,
+                         jerr.text);
     int rc = 0, fd = -1;
     bool created = false;
     uint8_t *buf = NULL;
@@ -193,13 +183,13 @@ int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, 
     json_t *arch = json_object_get(root, "architecture");
     size_t n = json_array_size(tensors);
     if (!json_is_array(tensors) || n == 0) {
-        rc = fail(err, err_len, DDO_E_FORMAT, "%s: \"tensors\" must be a non-empty array",
-                  layout_path);
+        rc = tool_fail(err, err_len, DDO_E_FORMAT, "%s: \"tensors\" must be a non-empty array",
+                       layout_path);
         goto out;
     }
     ts = calloc(n, sizeof(*ts));
     if (ts == NULL || hdr == NULL || meta == NULL) {
-        rc = fail(err, err_len, DDO_E_NO_MEMORY, "synth: out of memory");
+        rc = tool_fail(err, err_len, DDO_E_NO_MEMORY, "synth: out of memory");
         goto out;
     }
     char desc[256];
@@ -214,20 +204,21 @@ int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, 
         json_t *jn = json_object_get(t, "name"), *js = json_object_get(t, "shape"),
                *jd = json_object_get(t, "dtype");
         if (!json_is_string(jn) || !json_is_array(js) || !json_is_string(jd)) {
-            rc = fail(err, err_len, DDO_E_FORMAT,
-                      "%s: tensor %zu: needs \"name\", \"shape\" and \"dtype\"", layout_path, i);
+            rc = tool_fail(err, err_len, DDO_E_FORMAT,
+                           "%s: tensor %zu: needs \"name\", \"shape\" and \"dtype\"", layout_path,
+                           i);
             goto out;
         }
         const char *name = json_string_value(jn);
         if (strcmp(name, "__metadata__") == 0 || json_object_get(hdr, name) != NULL) {
-            rc = fail(err, err_len, DDO_E_FORMAT, "%s: tensor \"%s\": duplicate name", layout_path,
-                      name);
+            rc = tool_fail(err, err_len, DDO_E_FORMAT, "%s: tensor \"%s\": duplicate name",
+                           layout_path, name);
             goto out;
         }
         ddo_dtype dt;
         if (ddo_dtype_from_name(json_string_value(jd), &dt) != 0) {
-            rc = fail(err, err_len, DDO_E_FORMAT, "%s: tensor \"%s\": unknown dtype \"%s\"",
-                      layout_path, name, json_string_value(jd));
+            rc = tool_fail(err, err_len, DDO_E_FORMAT, "%s: tensor \"%s\": unknown dtype \"%s\"",
+                           layout_path, name, json_string_value(jd));
             goto out;
         }
         json_t *shape = json_array();
@@ -236,9 +227,9 @@ int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, 
             json_t *d = json_array_get(js, k);
             if (!json_is_integer(d) || json_integer_value(d) < 0) {
                 json_decref(shape);
-                rc = fail(err, err_len, DDO_E_FORMAT,
-                          "%s: tensor \"%s\": shape entries must be non-negative integers",
-                          layout_path, name);
+                rc = tool_fail(err, err_len, DDO_E_FORMAT,
+                               "%s: tensor \"%s\": shape entries must be non-negative integers",
+                               layout_path, name);
                 goto out;
             }
             uint64_t v = (uint64_t)json_integer_value(d);
@@ -263,18 +254,18 @@ int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, 
     }
     header = json_dumps(hdr, JSON_COMPACT);
     if (header == NULL) {
-        rc = fail(err, err_len, DDO_E_NO_MEMORY, "synth: out of memory");
+        rc = tool_fail(err, err_len, DDO_E_NO_MEMORY, "synth: out of memory");
         goto out;
     }
     size_t hlen = strlen(header), padded = (hlen + 7) / 8 * 8;
     buf = malloc(SYNTH_BUFFER_BYTES);
     if (buf == NULL) {
-        rc = fail(err, err_len, DDO_E_NO_MEMORY, "synth: out of memory");
+        rc = tool_fail(err, err_len, DDO_E_NO_MEMORY, "synth: out of memory");
         goto out;
     }
     fd = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) {
-        rc = fail(err, err_len, DDO_E_IO, "%s: %s", out_path, strerror(errno));
+        rc = tool_fail(err, err_len, DDO_E_IO, "%s: %s", out_path, strerror(errno));
         goto out;
     }
     created = true;
@@ -334,7 +325,7 @@ int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, 
         *bytes_written = 8 + padded + off;
     goto out;
 io_fail:
-    rc = fail(err, err_len, DDO_E_IO, "%s: write: %s", out_path, strerror(errno));
+    rc = tool_fail(err, err_len, DDO_E_IO, "%s: write: %s", out_path, strerror(errno));
 out:
     if (fd >= 0)
         close(fd);

@@ -5,8 +5,13 @@
 #include "tool.h"
 
 #include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/utsname.h>
+#include <time.h>
 
 int ddo_tool_running_on_wsl(void)
 {
@@ -19,4 +24,56 @@ int ddo_tool_running_on_wsl(void)
         rel[i] = (char)tolower((unsigned char)u.release[i]);
     rel[i] = '\0';
     return strstr(rel, "microsoft") != NULL || strstr(rel, "wsl") != NULL;
+}
+
+uint64_t tool_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+int tool_parse_u64(const char *s, uint64_t *out)
+{
+    if (s == NULL || *s == '\0' || s[0] == '-')
+        return -1;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno != 0 || *end != '\0')
+        return -1;
+    *out = (uint64_t)v;
+    return 0;
+}
+
+int tool_parse_double(const char *s, double *out)
+{
+    if (s == NULL || *s == '\0')
+        return -1;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno != 0 || *end != '\0' || !(v >= 0))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+double tool_metric(const ddo_metrics *m, const char *name)
+{
+    double v = 0;
+    if (m == NULL || ddo_metrics_get(m, name, &v) != 0)
+        return 0;
+    return v;
+}
+
+int tool_fail(char *err, size_t err_len, int code, const char *fmt, ...)
+{
+    if (err != NULL && err_len > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, err_len, fmt, ap);
+        va_end(ap);
+    }
+    return code;
 }
