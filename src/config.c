@@ -728,6 +728,11 @@ static int api_store(ddo_config *cfg, int id, const char *text)
     rc = ddo__config_store(c, id, text, DDO__RANK_API, "api", ddo__optdescs[id].key, false, false);
     if (rc == 0)
         rc = ddo__config_resolve(c);
+    return ddo__config_commit(cfg, c, rc);
+}
+
+int ddo__config_commit(ddo_config *cfg, ddo_config *c, int rc)
+{
     if (rc != 0) {
         cfg->err = c->err;
         ddo_config_destroy(c);

@@ -179,11 +179,5 @@ int ddo_config_apply_env(ddo_config *cfg, const char *const *envp)
         free(c->warnings.items[i]);
     c->warnings.count = 0;
     rc = apply(c, envp);
-    if (rc != 0) {
-        cfg->err = c->err;
-        ddo_config_destroy(c);
-        return rc;
-    }
-    ddo__config_move(cfg, c);
-    return 0;
+    return ddo__config_commit(cfg, c, rc);
 }

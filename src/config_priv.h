@@ -107,6 +107,9 @@ int ddo__config_reset(ddo_config *cfg, int id);
 int ddo__config_resolve(ddo_config *cfg);
 /* Moves src's content into dst (dst's old content freed); src is left empty and freed. */
 void ddo__config_move(ddo_config *dst, ddo_config *src);
+/* Ends a change made on the copy c of cfg: rc == 0 moves c into cfg; otherwise cfg keeps its
+ * values, takes c's error detail, and c is destroyed. Returns rc. */
+int ddo__config_commit(ddo_config *cfg, ddo_config *c, int rc);
 /* Appends a formatted warning. */
 void ddo__config_warn(ddo_config *cfg, const char *fmt, ...) DDO_PRINTF(2, 3);
 

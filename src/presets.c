@@ -211,11 +211,5 @@ int ddo_config_apply_preset(ddo_config *cfg, const char *backend, const char *pr
                                false);
     if (rc == 0)
         rc = ddo__config_resolve(c);
-    if (rc != 0) {
-        cfg->err = c->err;
-        ddo_config_destroy(c);
-        return rc;
-    }
-    ddo__config_move(cfg, c);
-    return 0;
+    return ddo__config_commit(cfg, c, rc);
 }
