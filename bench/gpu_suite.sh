@@ -190,15 +190,23 @@ ls -l "$CK" >>"$LOG"
 step "warm page cache" 60 "$LOG" dd if="$CK" of=/dev/null bs=16M || say "FAILED to warm the page cache (continuing)"
 
 step "ddo doctor" 60 "$OUT/doctor.txt" "$DDO" doctor "$CK" || say "FAILED ddo doctor (continuing)"
+step "ddo demo" 90 "$LOG" "$DDO" demo || STATUS=1
+# A named capacity profile: calibrate on the full model (zero resident), then apply it.
+export DDO_PROFILE_DIR=$WORK/profiles
+step "ddo profile build" 120 "$LOG" "$DDO" profile build flux-4608 "$CK" --ddo-backend vmm \
+    --ddo-preset auto --ddo-vmm-resident-weight-budget-gb 4 --ddo-vmm-source-cache-gb 24 \
+    --ddo-pin-cpu-memory 1 --ddo-pin-cpu-workers 8 --steps 2 --tokens "$TOKENS" || STATUS=1
+step "ddo profile list" 20 "$LOG" "$DDO" profile list || STATUS=1
 
 # ---- 7. the benchmark ---------------------------------------------------------------
-VMM="--ddo-backend vmm --ddo-preset auto"
+VMM="--ddo-backend vmm --ddo-preset auto --ddo-pin-cpu-workers 8"
 NONE="--ddo-always-resident-module-patterns ^\$ --ddo-small-tensor-threshold-kb 0 --ddo-resident-module-budget-gb 0"
 step "ddo bench" 330 "$OUT/bench.log" "$DDO" bench "$CK" --tokens "$TOKENS" --steps "$STEPS" \
     --trace-steps 2 --bus-gib 4 --direct-gib 2 \
     --case "vmm-zero $VMM $NONE --ddo-vmm-resident-weight-budget-gb 4 --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1" \
     --case "budget-16g $VMM --ddo-vmm-resident-weight-budget-gb 16 --ddo-always-resident-module-patterns ^\$ --ddo-resident-module-patterns auto --ddo-resident-module-budget-gb 14 --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1" \
     --case "linear-zero --ddo-backend linear --ddo-preset one_shot_fast --ddo-auto-budget-policy off $NONE --steps 3 --trace-steps 0" \
+    --case "nvme-4g --ddo-backend vmm --ddo-preset nvme_baseline $NONE --ddo-vmm-resident-weight-budget-gb 4 --steps 1 --trace-steps 0" \
     --case "retained-8g $VMM $NONE --ddo-vmm-resident-weight-budget-gb 4 --ddo-vmm-source-cache-gb 8 --ddo-pin-cpu-memory 1 --ddo-read-engine io_uring --steps 2 --trace-steps 0" \
     --json "$OUT/bench.json" --trace "$OUT/trace.json" || STATUS=1
 
