@@ -60,25 +60,25 @@ DDO_API unsigned ddo_version_number(void);
 /* Errors. Values never change once released; new codes go at the end.      */
 /* ------------------------------------------------------------------------ */
 
-#define DDO_ERRORS(X)                                                                   \
-    X(DDO_E_INVALID_ARGUMENT, -1, "invalid argument")                                   \
-    X(DDO_E_NO_MEMORY, -2, "out of host memory")                                        \
-    X(DDO_E_IO, -3, "input/output error")                                               \
-    X(DDO_E_FORMAT, -4, "malformed checkpoint")                                         \
-    X(DDO_E_FILE_CHANGED, -5, "checkpoint file changed after it was opened")            \
-    X(DDO_E_NOT_FOUND, -6, "not found")                                                 \
-    X(DDO_E_UNSUPPORTED, -7, "not supported")                                           \
-    X(DDO_E_CONFIG, -8, "invalid configuration")                                        \
-    X(DDO_E_BUDGET, -9, "budget exceeded")                                              \
-    X(DDO_E_DEVICE, -10, "device operation failed")                                     \
-    X(DDO_E_NO_DEVICE, -11, "no usable device (no CUDA driver or no GPU)")              \
-    X(DDO_E_DEVICE_MEMORY, -12, "out of device memory")                                 \
-    X(DDO_E_STATE, -13, "operation not valid in the current state")                     \
-    X(DDO_E_BUSY, -14, "resource busy")                                                 \
-    X(DDO_E_UNSAFE, -15, "resource left in an unsafe state by an earlier failure")      \
-    X(DDO_E_OVERFLOW, -16, "size overflow")                                             \
-    X(DDO_E_TIMEOUT, -17, "timed out")                                                  \
-    X(DDO_E_CANCELLED, -18, "cancelled")                                                \
+#define DDO_ERRORS(X)                                                              \
+    X(DDO_E_INVALID_ARGUMENT, -1, "invalid argument")                              \
+    X(DDO_E_NO_MEMORY, -2, "out of host memory")                                   \
+    X(DDO_E_IO, -3, "input/output error")                                          \
+    X(DDO_E_FORMAT, -4, "malformed checkpoint")                                    \
+    X(DDO_E_FILE_CHANGED, -5, "checkpoint file changed after it was opened")       \
+    X(DDO_E_NOT_FOUND, -6, "not found")                                            \
+    X(DDO_E_UNSUPPORTED, -7, "not supported")                                      \
+    X(DDO_E_CONFIG, -8, "invalid configuration")                                   \
+    X(DDO_E_BUDGET, -9, "budget exceeded")                                         \
+    X(DDO_E_DEVICE, -10, "device operation failed")                                \
+    X(DDO_E_NO_DEVICE, -11, "no usable device (no CUDA driver or no GPU)")         \
+    X(DDO_E_DEVICE_MEMORY, -12, "out of device memory")                            \
+    X(DDO_E_STATE, -13, "operation not valid in the current state")                \
+    X(DDO_E_BUSY, -14, "resource busy")                                            \
+    X(DDO_E_UNSAFE, -15, "resource left in an unsafe state by an earlier failure") \
+    X(DDO_E_OVERFLOW, -16, "size overflow")                                        \
+    X(DDO_E_TIMEOUT, -17, "timed out")                                             \
+    X(DDO_E_CANCELLED, -18, "cancelled")                                           \
     X(DDO_E_INTERNAL, -19, "internal error")
 
 enum ddo_error {
@@ -177,8 +177,7 @@ typedef struct ddo_block_group {
  * Errors: DDO_E_INVALID_ARGUMENT, DDO_E_NOT_FOUND, DDO_E_IO, DDO_E_FORMAT,
  * DDO_E_NO_MEMORY.
  */
-DDO_API int ddo_checkpoint_create(const char *path, ddo_read_backend backend,
-                                  ddo_checkpoint **out);
+DDO_API int ddo_checkpoint_create(const char *path, ddo_read_backend backend, ddo_checkpoint **out);
 
 /* Describes one tensor held in host memory by the caller (see below). */
 typedef struct ddo_tensor_desc {
@@ -251,9 +250,9 @@ typedef enum ddo_option_type {
 
 /* One resolved option, as iterated by ddo_config_entry(). */
 typedef struct ddo_config_item {
-    const char *key;    /* "vmm_source_cache_gb" */
-    const char *env;    /* "DDO_VMM_SOURCE_CACHE_GB" */
-    const char *flag;   /* "--ddo-vmm-source-cache-gb" */
+    const char *key;  /* "vmm_source_cache_gb" */
+    const char *env;  /* "DDO_VMM_SOURCE_CACHE_GB" */
+    const char *flag; /* "--ddo-vmm-source-cache-gb" */
     ddo_option_type type;
     const char *value;  /* canonical text of the resolved value */
     const char *source; /* "default", "preset:NAME", "env:DDO_X", "flag", "api" */
@@ -272,7 +271,8 @@ DDO_API int ddo_config_clone(const ddo_config *cfg, ddo_config **out);
  * source "preset:NAME". Unknown names: DDO_E_CONFIG naming DDO_PRESET.
  */
 DDO_API int ddo_config_apply_preset(ddo_config *cfg, const char *backend, const char *preset);
-/* Sets a value from text, source "api". DDO_E_NOT_FOUND for unknown keys, DDO_E_CONFIG for bad values. */
+/* Sets a value from text, source "api". DDO_E_NOT_FOUND for unknown keys, DDO_E_CONFIG for bad
+ * values. */
 DDO_API int ddo_config_set(ddo_config *cfg, const char *key, const char *value);
 DDO_API int ddo_config_set_bool(ddo_config *cfg, const char *key, bool value);
 DDO_API int ddo_config_set_int(ddo_config *cfg, const char *key, int64_t value);
@@ -401,22 +401,21 @@ typedef struct ddo_device_caps {
 
 /* Options of the cpu device (ignored by cuda). Zero means "unthrottled" / defaults. */
 typedef struct ddo_device_options {
-    uint64_t cpu_memory_bytes;      /* the "device" size; 0 = 64 GiB */
-    size_t cpu_granularity;         /* 0 = 2 MiB */
-    double cpu_bytes_per_s;         /* copy throttle; 0 = unthrottled */
-    uint64_t cpu_copy_latency_ns;   /* added per copy */
-    double cpu_flops_per_s;         /* reference host compute throttle; 0 = as fast as it runs */
-    const char *cuda_library_path;  /* explicit libcuda path (bootstrap order: this, then
-                                       DDO_VMM_LIBRARY_PATH passed by the host, then discovery) */
-    const char *cuda_library_env;   /* the value of DDO_VMM_LIBRARY_PATH, if the host honours it */
+    uint64_t cpu_memory_bytes;     /* the "device" size; 0 = 64 GiB */
+    size_t cpu_granularity;        /* 0 = 2 MiB */
+    double cpu_bytes_per_s;        /* copy throttle; 0 = unthrottled */
+    uint64_t cpu_copy_latency_ns;  /* added per copy */
+    double cpu_flops_per_s;        /* reference host compute throttle; 0 = as fast as it runs */
+    const char *cuda_library_path; /* explicit libcuda path (bootstrap order: this, then
+                                      DDO_VMM_LIBRARY_PATH passed by the host, then discovery) */
+    const char *cuda_library_env;  /* the value of DDO_VMM_LIBRARY_PATH, if the host honours it */
 } ddo_device_options;
 
 /*
  * Opens the device named by spec: "cpu", "cuda", "cuda:N". A cuda device
  * without a driver fails with DDO_E_NO_DEVICE ("no CUDA driver: ...").
  */
-DDO_API int ddo_device_create(const char *spec, const ddo_device_options *opts,
-                              ddo_device **out);
+DDO_API int ddo_device_create(const char *spec, const ddo_device_options *opts, ddo_device **out);
 DDO_API void ddo_device_destroy(ddo_device *dev);
 DDO_API int ddo_device_caps_get(ddo_device *dev, ddo_device_caps *out);
 /* A stream for host work (priority 0 = normal; the copy stream is below). */
@@ -461,9 +460,9 @@ typedef struct ddo_plan ddo_plan;
 
 /* What the planner knows about the machine. Zero fields mean "unknown". */
 typedef struct ddo_plan_inputs {
-    uint64_t device_total_bytes;  /* device memory; 0 = no device limit known */
+    uint64_t device_total_bytes; /* device memory; 0 = no device limit known */
     uint64_t device_free_bytes;
-    size_t device_granularity;    /* 0 = 2 MiB */
+    size_t device_granularity; /* 0 = 2 MiB */
     bool device_is_cpu;
     bool device_vmm_supported;
     uint64_t host_available_bytes; /* available system RAM; 0 = unknown */
@@ -488,17 +487,17 @@ typedef enum ddo_reason {
 } ddo_reason;
 
 typedef struct ddo_unit_info {
-    const char *name;      /* block ("transformer_blocks.3") or module name */
-    size_t first_tensor;   /* tensors of a unit are listed by ddo_plan_unit_tensors */
+    const char *name;    /* block ("transformer_blocks.3") or module name */
+    size_t first_tensor; /* tensors of a unit are listed by ddo_plan_unit_tensors */
     size_t tensor_count;
-    uint64_t bytes;        /* streamed bytes of the unit */
+    uint64_t bytes;           /* streamed bytes of the unit */
     uint64_t flops_per_token; /* 2 * sum(out*in) of its 2-D weights */
-    bool resident;         /* the whole unit was made resident (budget selection) */
-    bool retained;         /* bytes kept in the retained store */
-    bool registered;       /* retained bytes registered (copy engine reads directly) */
-    double transfer_s;     /* predicted; 0 when the cost model is off */
+    bool resident;            /* the whole unit was made resident (budget selection) */
+    bool retained;            /* bytes kept in the retained store */
+    bool registered;          /* retained bytes registered (copy engine reads directly) */
+    double transfer_s;        /* predicted; 0 when the cost model is off */
     double compute_s;
-    bool hidden;           /* transfer hidden behind the previous unit's compute */
+    bool hidden; /* transfer hidden behind the previous unit's compute */
 } ddo_unit_info;
 
 /* Predicted peaks and limits of every budget, bytes. */
@@ -546,8 +545,7 @@ typedef struct ddo_tensor_location {
     uint64_t offset; /* bytes, within the unit's slot or the resident arena */
     uint64_t nbytes;
 } ddo_tensor_location;
-DDO_API int ddo_plan_tensor_location(const ddo_plan *plan, size_t tensor,
-                                     ddo_tensor_location *out);
+DDO_API int ddo_plan_tensor_location(const ddo_plan *plan, size_t tensor, ddo_tensor_location *out);
 DDO_API int ddo_plan_budgets_get(const ddo_plan *plan, ddo_plan_budgets *out);
 /* Planner decision labels (key/value), e.g. auto_pin_weight_decision=budgeted. */
 DDO_API size_t ddo_plan_decision_count(const ddo_plan *plan);
@@ -716,7 +714,8 @@ typedef struct ddo_profile ddo_profile;
 #define DDO_PROFILE_MAX_OBSERVATIONS 20
 #define DDO_PROFILE_KEY_BYTES        41 /* "ddo-capacity-v1-" + 24 hex + NUL */
 
-/* Resolves the profile directory: explicit (non-empty) > env_value (non-empty) > home/.ddo/profiles. */
+/* Resolves the profile directory: explicit (non-empty) > env_value (non-empty) >
+ * home/.ddo/profiles. */
 DDO_API int ddo_profile_dir(const char *explicit_dir, const char *env_value, const char *home,
                             char **dir);
 /* The key of a context (a JSON object): "ddo-capacity-v1-" + the first 24 hex digits of the
@@ -745,8 +744,7 @@ DDO_API int ddo_profile_context(const ddo_profile *p, char **context_json);
 DDO_API size_t ddo_profile_observation_count(const ddo_profile *p);
 /* Capacity limits of metric; has_* tell which are present. DDO_E_NOT_FOUND if neither. */
 DDO_API int ddo_profile_capacity(const ddo_profile *p, const char *metric, double *max_success,
-                                 bool *has_max_success, double *min_failure,
-                                 bool *has_min_failure);
+                                 bool *has_max_success, double *min_failure, bool *has_min_failure);
 /* A numeric field of the recommendation. DDO_E_NOT_FOUND if absent or not a finite number. */
 DDO_API int ddo_profile_recommendation(const ddo_profile *p, const char *key, double *value);
 
@@ -759,8 +757,8 @@ typedef struct ddo_profile_sample {
     uint64_t total_bytes;
     uint64_t free_start_bytes;
     uint64_t free_end_bytes;
-    uint64_t held_start_bytes; /* bytes ddo (or the host's allocator) held at the start */
-    uint64_t held_peak_bytes;  /* its peak during the region */
+    uint64_t held_start_bytes;        /* bytes ddo (or the host's allocator) held at the start */
+    uint64_t held_peak_bytes;         /* its peak during the region */
     uint64_t sampled_used_peak_bytes; /* max(total - free) sampled during the region, 0 if none */
 } ddo_profile_sample;
 DDO_API double ddo_profile_peak_gb(const ddo_profile_sample *s);

@@ -28,8 +28,8 @@ const char *ddo_strerror(int code)
     switch (code) {
     case DDO_OK:
         return "success";
-#define DDO_ERROR_TEXT_(name, value, text)                                                     \
-    case name:                                                                                 \
+#define DDO_ERROR_TEXT_(name, value, text) \
+    case name:                             \
         return text;
         DDO_ERRORS(DDO_ERROR_TEXT_)
 #undef DDO_ERROR_TEXT_
@@ -43,8 +43,8 @@ const char *ddo_errname(int code)
     switch (code) {
     case DDO_OK:
         return "DDO_OK";
-#define DDO_ERROR_NAME_(name, value, text)                                                     \
-    case name:                                                                                 \
+#define DDO_ERROR_NAME_(name, value, text) \
+    case name:                             \
         return #name;
         DDO_ERRORS(DDO_ERROR_NAME_)
 #undef DDO_ERROR_NAME_

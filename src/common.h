@@ -23,12 +23,12 @@
 #if defined(DDO_DEBUG_ASSERTS)
 #    include <stdio.h>
 #    include <stdlib.h>
-#    define DDO_ASSERT(cond)                                                                   \
-        do {                                                                                   \
-            if (!(cond)) {                                                                     \
-                fprintf(stderr, "%s:%d: assertion failed: %s\n", __FILE__, __LINE__, #cond);   \
-                abort();                                                                       \
-            }                                                                                  \
+#    define DDO_ASSERT(cond)                                                                 \
+        do {                                                                                 \
+            if (!(cond)) {                                                                   \
+                fprintf(stderr, "%s:%d: assertion failed: %s\n", __FILE__, __LINE__, #cond); \
+                abort();                                                                     \
+            }                                                                                \
         } while (0)
 #else
 #    define DDO_ASSERT(cond) ((void)0)

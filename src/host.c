@@ -3,8 +3,8 @@
  * phase helpers of the seeds (Windows standby purge per named phase).
  */
 #include "common.h"
-#include "os/sysinfo.h"
 #include "config_priv.h"
+#include "os/sysinfo.h"
 
 #include <ctype.h>
 #include <stdio.h>

@@ -151,8 +151,8 @@ int ddo_measure_file_read(const char *path, uint64_t max_bytes, bool direct, ddo
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_measure_file_read: NULL argument");
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return ddo__fail(NULL, errno == ENOENT ? DDO_E_NOT_FOUND : DDO_E_IO, "%s: open: %s",
-                         path, strerror(errno));
+        return ddo__fail(NULL, errno == ENOENT ? DDO_E_NOT_FOUND : DDO_E_IO, "%s: open: %s", path,
+                         strerror(errno));
     struct stat stbuf;
     if (fstat(fd, &stbuf) != 0 || !S_ISREG(stbuf.st_mode)) {
         close(fd);

@@ -3,8 +3,8 @@
  * (Windows standby purge per named phase: a safe no-op on Linux).
  * ctest-labels: unit
  */
-#include "ddo.h"
 #include "t.h"
+#include "ddo.h"
 
 static void test_host_info(void)
 {
