@@ -7,7 +7,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 DEB_PACKAGES = cmake make gcc pkg-config libjansson-dev libpcre2-dev liburing-dev libssl-dev
 
-.PHONY: all deps build demo test clean format format-check
+.PHONY: all deps configure build demo test clean format format-check
 
 all: build
 
@@ -24,11 +24,16 @@ deps:
 	    fi; \
 	fi
 
-build: deps
+configure: deps
 	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
-	@cmake --build $(BUILD) -j $(JOBS)
 
-demo: build
+# MAKEFLAGS and MAKELEVEL are cleared so the make that CMake runs does not print every
+# directory it enters.
+build: configure
+	@MAKEFLAGS= MAKELEVEL= cmake --build $(BUILD) -j $(JOBS)
+
+demo: configure
+	@MAKEFLAGS= MAKELEVEL= cmake --build $(BUILD) -j $(JOBS) --target ddo_tool
 	./$(BUILD)/ddo demo
 
 test: build
