@@ -35,10 +35,12 @@ static void usage(FILE *out)
 
 extern char **environ;
 
-/* The --ddo-* flags of the demo's run, with the budget in GiB as text. */
+/* The --ddo-* flags of the demo's run, with the budget in GiB as text: the model is retained
+ * in host RAM and registered (what a user with the RAM does), streamed through the budget. */
 #define DEMO_FLAGS(device, budget)                                                       \
     "--ddo-execution-device", (device), "--ddo-backend", "vmm", "--ddo-preset", "auto",  \
         "--ddo-small-tensor-threshold-kb", "16", "--ddo-vmm-staging-buffer-gb", "0.125", \
+        "--ddo-vmm-source-cache-gb", "1", "--ddo-pin-cpu-memory", "1",                   \
         "--ddo-vmm-resident-weight-budget-gb", (budget)
 
 /* Builds the plan `ddo run` will build (environment, then the demo's flags) for budget_gb;
