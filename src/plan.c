@@ -9,6 +9,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "plan.h"
 
+#include "budget.h"
+
 #include "config.h"
 
 #include <math.h>
@@ -496,6 +498,23 @@ static void layout_units(builder *b)
     }
 }
 
+/*
+ * vmm_runtime: the device bytes unit u takes when every streamed weight has its
+ * own physical handle of its size rounded up to the granularity (cuMemMap maps
+ * a handle only at offset 0, so weights cannot share one).
+ */
+static uint64_t per_weight_bytes(const ddo_plan *p, size_t u, uint64_t gran)
+{
+    const ddo__plan_unit *un = &p->units[u];
+    uint64_t sum = 0;
+    for (size_t k = 0; k < un->tensor_count; k++) {
+        const ddo_tensor_location *loc = &p->tensors[p->unit_tensors[un->first_tensor + k]].loc;
+        if (loc->placement == DDO_PLACEMENT_STREAMED)
+            sum = sat_add(sum, ddo__round_up(loc->nbytes, gran));
+    }
+    return sum;
+}
+
 /* Per-unit transfer and compute time and the deficit against the previous unit's compute. */
 static void cost_model(builder *b, double *deficit)
 {
@@ -860,15 +879,25 @@ static int device_side(builder *b, uint64_t limit, const char *limit_source)
         arena = sat_add(arena, loc->nbytes);
     }
     bg->resident_bytes = arena;
+    /* vmm_runtime: a slot holds the largest unit's weights, each in its own handle. */
+    bool per_weight =
+        b->o->execution_mode != NULL && strcmp(b->o->execution_mode, "vmm_runtime") == 0;
     uint64_t largest = 0;
+    size_t largest_unit = 0;
     bool streaming = false;
     for (size_t u = 0; u < p->unit_count; u++)
         if (!p->units[u].resident) {
+            uint64_t bytes = per_weight ? per_weight_bytes(p, u, gran) : p->units[u].span_bytes;
+            if (!streaming || bytes > largest) {
+                largest = bytes;
+                largest_unit = u;
+            }
             streaming = true;
-            if (p->units[u].span_bytes > largest)
-                largest = p->units[u].span_bytes;
         }
-    bg->slot_bytes = streaming ? ddo__round_up(largest, page) : 0;
+    if (per_weight)
+        bg->slot_bytes = streaming ? (largest > gran ? largest : gran) : 0;
+    else
+        bg->slot_bytes = streaming ? ddo__round_up(largest, page) : 0;
     int64_t want = b->o->execution_slots;
     size_t slots = 0;
     const char *how = "none_streamed";
@@ -882,6 +911,19 @@ static int device_side(builder *b, uint64_t limit, const char *limit_source)
             slots = 2;
             how = "auto_two";
         }
+    }
+    if (per_weight && streaming && limit > 0 && sat_add(arena, bg->slot_bytes) > limit) {
+        /* vmm_runtime: not even the largest unit's weights fit; the session refuses the same. */
+        char g1[32], s1[32], r1[32], n1[32], l1[32];
+        return ddo__fail(NULL, DDO_E_BUDGET,
+                         "device weights: vmm_runtime maps every weight into its own %s-aligned "
+                         "range, so unit \"%s\" needs %s (+ resident %s = %s) but the mapped "
+                         "budget is %s (%s); raise it or set unit_granularity=leaf",
+                         ddo__format_bytes(gran, g1, sizeof(g1)), p->units[largest_unit].name,
+                         ddo__format_bytes(bg->slot_bytes, s1, sizeof(s1)),
+                         ddo__format_bytes(arena, r1, sizeof(r1)),
+                         ddo__format_bytes(sat_add(arena, bg->slot_bytes), n1, sizeof(n1)),
+                         ddo__format_bytes(limit, l1, sizeof(l1)), limit_source);
     }
     bg->slot_count = slots;
     ddo__decisions_set_str(d, "slot_count_decision", how);
@@ -1056,13 +1098,16 @@ static int build(builder *b)
     /* ddo: an automatic resident budget leaves room for two slots and the fixed residents. */
     if (auto_resident && limit > 0) {
         uint64_t largest = 0, fixed = 0;
-        for (size_t u = 0; u < p->unit_count; u++)
-            if (p->units[u].span_bytes > largest)
-                largest = p->units[u].span_bytes;
+        uint64_t gran = b->in.device_granularity > 0 ? b->in.device_granularity : 2 * DDO_MIB;
+        bool per_weight = strcmp(mode, "vmm_runtime") == 0;
+        for (size_t u = 0; u < p->unit_count; u++) {
+            uint64_t bytes = per_weight ? per_weight_bytes(p, u, gran) : p->units[u].span_bytes;
+            if (bytes > largest)
+                largest = bytes;
+        }
         for (size_t i = 0; i < b->n; i++)
             if (p->tensors[i].loc.placement == DDO_PLACEMENT_RESIDENT)
                 fixed = sat_add(fixed, ddo__round_up(p->tensors[i].loc.nbytes, DDO_TENSOR_ALIGN));
-        uint64_t gran = b->in.device_granularity > 0 ? b->in.device_granularity : 2 * DDO_MIB;
         uint64_t reserve = sat_add(fixed, sat_mul(2, ddo__round_up(largest, gran)));
         uint64_t room = limit > reserve ? limit - reserve : 0;
         if (resident_budget > room) {

@@ -71,6 +71,12 @@ static int drop_device_state(ddo_session *s)
         sl->state = DDO__SLOT_FREE;
         sl->release_recorded = false;
     }
+    if (s->per_weight) {
+        uint64_t bytes = 0;
+        int rc = ddo__session_pool_release(s, &bytes);
+        if (rc != 0 && first == 0)
+            first = rc;
+    }
     for (size_t u = 0; s->units != NULL && u < s->unit_count; u++) {
         s->units[u].leased = false;
         s->units[u].slot = DDO__NONE;
@@ -94,9 +100,11 @@ static int drop_device_state(ddo_session *s)
 static int make_device_state(ddo_session *s)
 {
     int rc;
-    uint64_t total = s->b.resident_bytes + (uint64_t)s->slot_count * s->slot_bytes;
+    /* vmm_runtime takes its weights' handles when a unit loads, within the mapped budget. */
+    size_t backed_slots = s->per_weight ? 0 : s->slot_count;
+    uint64_t total = s->b.resident_bytes + (uint64_t)backed_slots * s->slot_bytes;
     uint64_t done = 0;
-    for (size_t i = 0; i < s->slot_count; i++) {
+    for (size_t i = 0; i < backed_slots; i++) {
         if (s->slots[i].unsafe)
             continue;
         rc = ddo__session_slot_back(s, &s->slots[i], false);
@@ -217,21 +225,23 @@ static int reserve_weight_ranges(ddo_session *s)
 }
 
 /*
- * vmm_runtime: lays out the per-weight ranges (each streamed weight rounded up
- * to the granularity) and their offsets inside a slot's handle, and sizes the
- * slots for the largest unit laid out so. The mapped budget bounds the device
- * weights account; a slot set that cannot fit is refused before any device call.
+ * vmm_runtime: sizes every streamed weight's range and handle (its bytes
+ * rounded up to the granularity) and each unit's handles, and the slot as the
+ * largest unit's. The mapped budget bounds every handle alive; it must hold the
+ * resident arena and the largest unit's weights, else the session is refused
+ * before any device call (the planner refuses the same plans).
  */
 static int per_weight_layout(ddo_session *s)
 {
     uint64_t g = s->gran;
     uint64_t largest = 0;
+    size_t largest_unit = 0;
     for (size_t u = 0; u < s->unit_count; u++) {
         if (s->units[u].resident)
             continue;
         size_t n = 0;
         const size_t *ts = ddo_plan_unit_tensors(s->plan, u, &n);
-        uint64_t off = 0;
+        uint64_t sum = 0;
         for (size_t k = 0; ts != NULL && k < n; k++) {
             size_t t = ts[k];
             ddo_tensor_location loc;
@@ -241,31 +251,41 @@ static int per_weight_layout(ddo_session *s)
                 continue;
             s->w_size[t] = ddo__round_up(loc.nbytes > 0 ? loc.nbytes : 1, g);
             s->w_map[t] = ddo__round_up(loc.nbytes, g);
-            s->w_hoff[t] = off;
-            off += s->w_map[t];
+            if (s->w_size[t] == UINT64_MAX || !ddo__add_u64(sum, s->w_map[t], &sum)) {
+                const ddo_tensor_info *ti = ddo_checkpoint_tensor(s->ck, t);
+                return ddo__fail(&s->err, DDO_E_BUDGET, "tensor \"%s\": too large to map",
+                                 ti != NULL && ti->name != NULL ? ti->name : "?");
+            }
         }
-        if (off > largest)
-            largest = off;
+        s->units[u].weight_bytes = sum;
+        if (sum > largest) {
+            largest = sum;
+            largest_unit = u;
+        }
     }
-    s->slot_bytes = largest > 0 ? largest : g;
-    uint64_t slots = 0, need = 0;
-    if (!ddo__mul_u64(s->slot_count, s->slot_bytes, &slots) ||
-        !ddo__add_u64(slots, s->b.resident_bytes, &need))
-        need = UINT64_MAX;
+    s->slot_bytes = largest > g ? largest : g;
+    uint64_t one = 0, all = 0;
+    if (!ddo__add_u64(s->b.resident_bytes, s->slot_bytes, &one))
+        one = UINT64_MAX;
+    if (!ddo__mul_u64(s->slot_count, s->slot_bytes, &all) ||
+        !ddo__add_u64(all, s->b.resident_bytes, &all))
+        all = UINT64_MAX;
     uint64_t limit = s->b.device_weights_limit;
-    if (limit > 0 && need > limit) {
+    if (limit > 0 && one > limit) {
         char b1[32], b2[32], b3[32], b4[32], b5[32];
         return ddo__fail(&s->err, DDO_E_BUDGET,
                          "device weights: vmm_runtime maps every weight into its own %s-aligned "
-                         "range, so %zu slots of %s + resident %s need %s but the mapped budget "
-                         "is %s (vmm_resident_weight_budget_gb); raise it or set "
+                         "range, so unit \"%s\" needs %s (+ resident %s = %s) but the mapped "
+                         "budget is %s (vmm_resident_weight_budget_gb); raise it or set "
                          "unit_granularity=leaf",
-                         ddo__format_bytes(g, b1, sizeof(b1)), s->slot_count,
+                         ddo__format_bytes(g, b1, sizeof(b1)), s->units[largest_unit].name,
                          ddo__format_bytes(s->slot_bytes, b2, sizeof(b2)),
                          ddo__format_bytes(s->b.resident_bytes, b3, sizeof(b3)),
-                         ddo__format_bytes(need, b4, sizeof(b4)),
+                         ddo__format_bytes(one, b4, sizeof(b4)),
                          ddo__format_bytes(limit, b5, sizeof(b5)));
     }
+    /* The account: the mapped budget, or all slots' weights when that is less. */
+    s->acc_device.limit = limit > 0 && limit < all ? limit : all;
     return 0;
 }
 
@@ -350,7 +370,9 @@ void ddo_session_destroy(ddo_session *s)
     free(s->w_va);
     free(s->w_size);
     free(s->w_map);
-    free(s->w_hoff);
+    free(s->w_handle);
+    free(s->pool_handle);
+    free(s->pool_size);
     free(s);
 }
 
@@ -419,8 +441,13 @@ static int alloc_tables(ddo_session *s)
         s->w_va = ddo__calloc(tc, sizeof(*s->w_va));
         s->w_size = ddo__calloc(tc, sizeof(*s->w_size));
         s->w_map = ddo__calloc(tc, sizeof(*s->w_map));
-        s->w_hoff = ddo__calloc(tc, sizeof(*s->w_hoff));
-        if (s->w_va == NULL || s->w_size == NULL || s->w_map == NULL || s->w_hoff == NULL)
+        s->w_handle = ddo__calloc(tc, sizeof(*s->w_handle));
+        /* Handles alive of one size never outnumber the weights of that size. */
+        s->pool_cap = tc;
+        s->pool_handle = ddo__calloc(tc, sizeof(*s->pool_handle));
+        s->pool_size = ddo__calloc(tc, sizeof(*s->pool_size));
+        if (s->w_va == NULL || s->w_size == NULL || s->w_map == NULL || s->w_handle == NULL ||
+            s->pool_handle == NULL || s->pool_size == NULL)
             return ddo__fail(&s->err, DDO_E_NO_MEMORY, "session: out of memory");
     }
     if (s->units == NULL || s->slots == NULL || s->jobs == NULL || s->order == NULL ||

@@ -43,7 +43,8 @@ typedef struct ddo__slot {
     ddo__slot_state state;
     size_t unit;        /* unit held (DDO__NONE: none) */
     size_t mapped_unit; /* VMM: unit whose range the handle is mapped into */
-    bool backed;        /* holds a physical handle / device buffer */
+    bool backed;        /* holds a physical handle / device buffer (vmm_runtime: has a unit's
+                           weights mapped, each with its own handle) */
     bool unsafe;        /* a release failed: never reused, never freed again */
     bool prefetched;    /* loaded ahead of its acquire, not acquired yet */
     bool issued;        /* LOADING: the loader has issued every copy (or failed) */
@@ -63,11 +64,12 @@ typedef struct ddo__slot {
 } ddo__slot;
 
 typedef struct ddo__unit_rt {
-    size_t slot;   /* slot holding the unit (DDO__NONE: none) */
-    bool leased;   /* between acquire and release */
-    bool resident; /* the whole unit is resident: no slot */
-    bool has_va;   /* VMM: range(s) reserved */
-    uint64_t va;   /* VMM: the unit's own virtual range (slot_bytes); unused per weight */
+    size_t slot;           /* slot holding the unit (DDO__NONE: none) */
+    bool leased;           /* between acquire and release */
+    bool resident;         /* the whole unit is resident: no slot */
+    bool has_va;           /* VMM: range(s) reserved */
+    uint64_t va;           /* VMM: the unit's own virtual range (slot_bytes); unused per weight */
+    uint64_t weight_bytes; /* vmm_runtime: its weights' handles (each rounded to the granularity) */
     const char *name;
 } ddo__unit_rt;
 
@@ -77,6 +79,7 @@ typedef struct ddo__job {
     uint64_t ticket;
     void *wait_release; /* a release event to wait for before overwriting, or NULL */
     size_t prev_mapped; /* VMM: the range to unmap first (DDO__NONE: none) */
+    bool prefetch;      /* queued by prefetch (vmm_runtime: may not displace a prefetched unit) */
     /* results, applied under mu by the loader */
     size_t mapped_after;
     bool unsafe_after;
@@ -100,10 +103,15 @@ struct ddo_session {
     const char *route;
     bool vmm;
     /* vmm_runtime: every streamed tensor has its own granularity-aligned range
-     * (w_va, w_size reserved bytes); the slot's handle is mapped piecewise into
-     * them (w_map bytes at handle offset w_hoff). Indexed by checkpoint tensor. */
+     * (w_va, w_size reserved bytes) and, while its unit is mapped, its own
+     * physical handle w_handle of w_map bytes mapped at offset 0 (cuMemMap takes
+     * no other offset). Indexed by checkpoint tensor. Unbound handles wait in the
+     * pool for a weight of the same size; every handle alive, mapped or pooled,
+     * is in the device weights account (the mapped budget). Under mu. */
     bool per_weight;
-    uint64_t *w_va, *w_size, *w_map, *w_hoff;
+    uint64_t *w_va, *w_size, *w_map, *w_handle;
+    uint64_t *pool_handle, *pool_size;
+    size_t pool_count, pool_cap;
     uint64_t gran;
     ddo_plan_budgets b;
 
@@ -169,6 +177,9 @@ void ddo__session_wait_idle(ddo_session *s);
 /* Creates / releases one slot's backing (takes / gives the device account). */
 int ddo__session_slot_back(ddo_session *s, ddo__slot *slot, bool allow_pressure);
 int ddo__session_slot_unback(ddo_session *s, ddo__slot *slot);
+/* vmm_runtime: releases every pooled handle (mu held or loader idle); *bytes released.
+ * A handle whose release fails is dropped and its bytes stay accounted. First error. */
+int ddo__session_pool_release(ddo_session *s, uint64_t *bytes);
 /* Uploads every resident tensor into the arena (synchronously). */
 int ddo__session_upload_residents(ddo_session *s);
 /* Queries events: finished uploads become READY, completed releases READY.

@@ -8,10 +8,20 @@
  * it waits for the slot's previous consumer (the release event: stream-
  * ordered on the linear route, a host wait on the VMM route where the handle
  * must be remapped), remaps the handle into the unit's own virtual range
- * (VMM; on vmm_runtime piecewise into each weight's own range), issues the
- * copies on the copy stream (registered memory directly, pageable retained
- * memory and file reads through staging windows), and records the upload
- * event. acquire makes the host stream wait on that event.
+ * (vmm_fast_runtime), issues the copies on the copy stream (registered
+ * memory directly, pageable retained memory and file reads through staging
+ * windows), and records the upload event. acquire makes the host stream wait
+ * on that event.
+ *
+ * vmm_runtime has no slot handle: cuMemMap maps a handle only at offset 0, so
+ * every weight has its own handle of its rounded size, mapped into the
+ * weight's own range. The loader binds them when the unit loads: a pooled
+ * handle of the same size, else a new one within the mapped budget, else it
+ * makes room by releasing pooled handles of other sizes and then by evicting
+ * the least recently used idle unit (ready, its release event complete; never
+ * a leased, loading or prefetched one - only a demand load may, as a last
+ * resort, displace a prefetched unit that was never acquired, as pick_slot
+ * already lets it take that unit's slot). Evicted handles go back to the pool.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "session.h"
@@ -87,8 +97,8 @@ static int map_range(ddo_session *s, uint64_t va, uint64_t size, uint64_t handle
 }
 
 /*
- * Maps handle into unit's range (vmm_fast_runtime) or piecewise into each of
- * its weights' ranges at their handle offsets (vmm_runtime), with access. On
+ * Maps handle into unit's range (vmm_fast_runtime) or each weight's own bound
+ * handle into the weight's range (vmm_runtime), at offset 0, with access. On
  * failure everything this call mapped is unmapped again; *unsafe when that
  * also failed. The error names the unit, the slot and the tensor.
  */
@@ -114,7 +124,8 @@ static int map_unit(ddo_session *s, uint64_t handle, size_t unit, size_t slot, b
         size_t t = ts[k];
         if (s->w_map[t] == 0)
             continue;
-        int rc = map_range(s, s->w_va[t], s->w_map[t], handle, s->w_hoff[t], &mapped);
+        DDO_ASSERT(s->w_handle[t] != 0);
+        int rc = map_range(s, s->w_va[t], s->w_map[t], s->w_handle[t], 0, &mapped);
         if (rc == 0)
             continue;
         rc = fail_ctx(eb, rc, "unit \"%s\": tensor \"%s\": %s slot %zu", name, tensor_name(s, t),
@@ -297,6 +308,9 @@ int ddo__session_upload_residents(ddo_session *s)
 /* The loader thread                                                         */
 /* ------------------------------------------------------------------------ */
 
+static int bind_unit(ddo_session *s, const ddo__job *job, ddo__errbuf *eb);
+static void unbind_unit(ddo_session *s, size_t unit);
+
 /* Runs on the copy stream's host thread when an upload's copies completed. */
 static void upload_done(void *user)
 {
@@ -346,6 +360,16 @@ static int run_job(ddo_session *s, ddo__job *job, ddo__errbuf *eb)
                     return fail_ctx(eb, rc, "unit \"%s\": unmapping slot %zu", u->name, job->slot);
                 }
                 job->mapped_after = DDO__NONE;
+                if (s->per_weight) {
+                    pthread_mutex_lock(&s->mu);
+                    unbind_unit(s, job->prev_mapped);
+                    pthread_mutex_unlock(&s->mu);
+                }
+            }
+            if (s->per_weight) {
+                rc = bind_unit(s, job, eb);
+                if (rc != 0)
+                    return rc;
             }
             bool unsafe = false;
             rc = map_unit(s, slot->handle, job->unit, job->slot, &unsafe, eb);
@@ -432,6 +456,12 @@ static void *loader_main(void *arg)
         s->job_count--;
         ddo__slot *slot = &s->slots[job.slot];
         slot->mapped_unit = job.mapped_after;
+        if (s->per_weight) {
+            /* A unit left unmapped gives its handles back to the pool. */
+            if (job.mapped_after == DDO__NONE)
+                unbind_unit(s, job.unit);
+            slot->backed = job.mapped_after != DDO__NONE;
+        }
         slot->issued = true;
         slot->load_rc = rc;
         if (rc != 0)
@@ -496,6 +526,293 @@ static void set_unsafe(ddo_session *s, ddo__slot *slot)
     slot->state = DDO__SLOT_FREE;
 }
 
+/* ------------------------------------------------------------------------ */
+/* vmm_runtime: one physical handle per weight                               */
+/* ------------------------------------------------------------------------ */
+
+/* Takes a pooled handle of exactly size bytes (mu held). */
+static bool pool_take(ddo_session *s, uint64_t size, uint64_t *handle)
+{
+    for (size_t i = s->pool_count; i-- > 0;) {
+        if (s->pool_size[i] != size)
+            continue;
+        *handle = s->pool_handle[i];
+        s->pool_count--;
+        s->pool_handle[i] = s->pool_handle[s->pool_count];
+        s->pool_size[i] = s->pool_size[s->pool_count];
+        return true;
+    }
+    return false;
+}
+
+/*
+ * Releases one handle of size bytes and gives its bytes back. A failed release
+ * drops the handle (never released twice) and keeps its bytes accounted, so
+ * the account keeps matching what the device holds.
+ */
+static int handle_release(ddo_session *s, uint64_t handle, uint64_t size, ddo__errbuf *eb)
+{
+    int rc = ddo__dev_phys_release(s->dev, handle);
+    if (rc != 0) {
+        ddo__metrics_add(&s->metrics, DDO_M_reclaim_failures, 1);
+        char b[32];
+        return fail_ctx(eb, rc, "releasing a weight handle of %s (its bytes stay accounted)",
+                        ddo__format_bytes(size, b, sizeof(b)));
+    }
+    ddo__account_give(&s->acc_device, size);
+    return 0;
+}
+
+/* Puts an unmapped handle into the pool (mu held). */
+static void pool_put(ddo_session *s, uint64_t handle, uint64_t size)
+{
+    /* Handles alive of one size never outnumber the weights of that size (a handle is only
+     * created when none of its size is pooled), so the pool has room for every one. */
+    DDO_ASSERT(s->pool_count < s->pool_cap);
+    if (s->pool_count == s->pool_cap) {
+        (void)handle_release(s, handle, size, NULL);
+        return;
+    }
+    s->pool_handle[s->pool_count] = handle;
+    s->pool_size[s->pool_count] = size;
+    s->pool_count++;
+}
+
+int ddo__session_pool_release(ddo_session *s, uint64_t *bytes)
+{
+    int first = 0;
+    *bytes = 0;
+    while (s->pool_count > 0) {
+        size_t i = --s->pool_count;
+        int rc = handle_release(s, s->pool_handle[i], s->pool_size[i], &s->err);
+        if (rc == 0)
+            *bytes += s->pool_size[i];
+        else if (first == 0)
+            first = rc;
+    }
+    return first;
+}
+
+/* Moves unit's bound handles into the pool: its ranges are unmapped (mu held). */
+static void unbind_unit(ddo_session *s, size_t unit)
+{
+    size_t n = 0;
+    const size_t *ts = ddo_plan_unit_tensors(s->plan, unit, &n);
+    for (size_t k = 0; ts != NULL && k < n; k++) {
+        size_t t = ts[k];
+        if (s->w_handle[t] == 0)
+            continue;
+        pool_put(s, s->w_handle[t], s->w_map[t]);
+        s->w_handle[t] = 0;
+    }
+}
+
+/* Releases unit's bound handles: its ranges are unmapped (mu held). First error. */
+static int release_unit_handles(ddo_session *s, size_t unit)
+{
+    int first = 0;
+    size_t n = 0;
+    const size_t *ts = ddo_plan_unit_tensors(s->plan, unit, &n);
+    for (size_t k = 0; ts != NULL && k < n; k++) {
+        size_t t = ts[k];
+        if (s->w_handle[t] == 0)
+            continue;
+        int rc = handle_release(s, s->w_handle[t], s->w_map[t], &s->err);
+        s->w_handle[t] = 0;
+        if (rc != 0 && first == 0)
+            first = rc;
+    }
+    return first;
+}
+
+/*
+ * The slot whose unit may be evicted to make room (mu held), or DDO__NONE: a
+ * free slot still mapping one, then the least recently used ready slot that is
+ * not prefetched (ready: its upload and its release event completed); a demand
+ * load may last take the latest prefetched ready one (never acquired).
+ */
+static size_t evictable(ddo_session *s, size_t except, bool demand)
+{
+    size_t best = DDO__NONE;
+    int best_cls = 3;
+    uint64_t best_key = UINT64_MAX;
+    for (size_t k = 0; k < s->slot_count; k++) {
+        const ddo__slot *sl = &s->slots[k];
+        if (k == except || sl->unsafe || sl->mapped_unit == DDO__NONE)
+            continue;
+        int cls;
+        uint64_t key;
+        if (sl->state == DDO__SLOT_FREE) {
+            cls = 0;
+            key = 0;
+        } else if (sl->state == DDO__SLOT_READY && !sl->prefetched) {
+            cls = 1;
+            key = sl->last_use;
+        } else if (sl->state == DDO__SLOT_READY && demand) {
+            cls = 2;
+            key = UINT64_MAX - sl->ticket;
+        } else {
+            continue;
+        }
+        if (cls < best_cls || (cls == best_cls && key < best_key)) {
+            best = k;
+            best_cls = cls;
+            best_key = key;
+        }
+    }
+    return best;
+}
+
+/* Unmaps the idle unit of slot k and pools its handles (mu held). A failed unmap leaves
+ * the slot unsafe, its unit's handles bound and accounted. */
+static int evict(ddo_session *s, size_t k, ddo__errbuf *eb)
+{
+    ddo__slot *sl = &s->slots[k];
+    size_t d = sl->mapped_unit;
+    int rc = unmap_unit(s, d);
+    if (rc != 0) {
+        set_unsafe(s, sl);
+        return fail_ctx(eb, rc, "unit \"%s\": unmapping it from slot %zu to make room",
+                        s->units[d].name, k);
+    }
+    unbind_unit(s, d);
+    sl->mapped_unit = DDO__NONE;
+    sl->backed = false;
+    if (sl->unit != DDO__NONE && s->units[sl->unit].slot == k)
+        s->units[sl->unit].slot = DDO__NONE;
+    sl->unit = DDO__NONE;
+    sl->state = DDO__SLOT_FREE;
+    sl->prefetched = false;
+    return 0;
+}
+
+/*
+ * An event worth waiting for when nothing can be evicted yet (mu held): the
+ * oldest recorded release of a retiring slot that maps a unit, else (demand
+ * loads) the upload of a prefetched slot still loading. NULL when none.
+ */
+static void *room_event(ddo_session *s, size_t except, bool demand)
+{
+    void *ev = NULL;
+    uint64_t best = UINT64_MAX;
+    for (size_t k = 0; k < s->slot_count; k++) {
+        const ddo__slot *sl = &s->slots[k];
+        if (k == except || sl->unsafe || sl->mapped_unit == DDO__NONE)
+            continue;
+        if (sl->state == DDO__SLOT_RETIRING && sl->release_recorded && sl->release_tick < best) {
+            ev = sl->release_event;
+            best = sl->release_tick;
+        }
+    }
+    for (size_t k = 0; ev == NULL && demand && k < s->slot_count; k++) {
+        const ddo__slot *sl = &s->slots[k];
+        if (k != except && !sl->unsafe && sl->state == DDO__SLOT_LOADING && sl->issued &&
+            sl->load_rc == 0 && sl->prefetched && sl->upload_recorded &&
+            sl->mapped_unit == sl->unit)
+            ev = sl->upload_event;
+    }
+    return ev;
+}
+
+/* What holds the mapped budget, for the message when a unit finds no room (mu held). */
+static int no_room(ddo_session *s, size_t unit, uint64_t need, ddo__errbuf *eb)
+{
+    size_t leased = 0, busy = 0;
+    for (size_t k = 0; k < s->slot_count; k++) {
+        const ddo__slot *sl = &s->slots[k];
+        if (sl->mapped_unit == DDO__NONE || sl->mapped_unit == unit)
+            continue;
+        if (sl->state == DDO__SLOT_LEASED)
+            leased++;
+        else
+            busy++;
+    }
+    char b1[32], b2[32], b3[32];
+    return ddo__fail(eb, DDO_E_BUSY,
+                     "unit \"%s\": no room for %s of weights in the mapped budget: %s of %s "
+                     "(vmm_resident_weight_budget_gb) held by %zu leased and %zu loading or "
+                     "prefetched units; release a unit first",
+                     s->units[unit].name, ddo__format_bytes(need, b1, sizeof(b1)),
+                     ddo__format_bytes(ddo__account_used(&s->acc_device), b2, sizeof(b2)),
+                     ddo__format_bytes(s->acc_device.limit, b3, sizeof(b3)), leased, busy);
+}
+
+/*
+ * Loader: binds a handle to every weight of the job's unit (takes mu; waits
+ * on device events without it). On failure the handles bound so far go back
+ * to the pool.
+ */
+static int bind_unit(ddo_session *s, const ddo__job *job, ddo__errbuf *eb)
+{
+    size_t n = 0;
+    const size_t *ts = ddo_plan_unit_tensors(s->plan, job->unit, &n);
+    const char *name = s->units[job->unit].name;
+    bool demand = !job->prefetch;
+    size_t waits = 0;
+    int rc = 0;
+    pthread_mutex_lock(&s->mu);
+    for (size_t k = 0; ts != NULL && k < n && rc == 0; k++) {
+        size_t t = ts[k];
+        uint64_t size = s->w_map[t];
+        if (size == 0 || s->w_handle[t] != 0)
+            continue;
+        for (;;) {
+            uint64_t h = 0;
+            if (pool_take(s, size, &h)) {
+                s->w_handle[t] = h;
+                break;
+            }
+            uint64_t used = ddo__account_used(&s->acc_device);
+            if (used <= s->acc_device.limit && size <= s->acc_device.limit - used) {
+                rc = ddo__account_take(&s->acc_device, size, eb);
+                if (rc != 0)
+                    break;
+                rc = ddo__dev_phys_create(s->dev, size, &h);
+                if (rc != 0) {
+                    ddo__account_give(&s->acc_device, size);
+                    char b[32];
+                    rc = fail_ctx(eb, rc, "unit \"%s\": tensor \"%s\": creating its %s handle",
+                                  name, tensor_name(s, t), ddo__format_bytes(size, b, sizeof(b)));
+                    break;
+                }
+                s->w_handle[t] = h;
+                break;
+            }
+            /* Make room: pooled handles of other sizes first, then an idle unit's. */
+            if (s->pool_count > 0) {
+                size_t i = --s->pool_count;
+                (void)handle_release(s, s->pool_handle[i], s->pool_size[i], NULL);
+                continue;
+            }
+            ddo__session_reap(s);
+            size_t v = evictable(s, job->slot, demand);
+            if (v != DDO__NONE) {
+                rc = evict(s, v, eb);
+                if (rc != 0)
+                    break;
+                continue;
+            }
+            void *ev = waits <= 2 * s->slot_count ? room_event(s, job->slot, demand) : NULL;
+            if (ev == NULL) {
+                rc = no_room(s, job->unit, s->units[job->unit].weight_bytes, eb);
+                break;
+            }
+            waits++;
+            pthread_mutex_unlock(&s->mu);
+            int wrc = ddo__dev_event_synchronize(s->dev, ev);
+            pthread_mutex_lock(&s->mu);
+            if (wrc != 0) {
+                rc = fail_ctx(eb, wrc, "unit \"%s\": waiting for room in the mapped budget", name);
+                break;
+            }
+        }
+    }
+    if (rc != 0)
+        unbind_unit(s, job->unit);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
 int ddo__session_slot_unback(ddo_session *s, ddo__slot *slot)
 {
     if (!slot->backed || slot->unsafe)
@@ -509,18 +826,32 @@ int ddo__session_slot_unback(ddo_session *s, ddo__slot *slot)
                 return fail_ctx(&s->err, rc, "slot %zu: unmapping unit \"%s\"",
                                 (size_t)(slot - s->slots), s->units[slot->mapped_unit].name);
             }
+            if (s->per_weight)
+                rc = release_unit_handles(s, slot->mapped_unit);
             slot->mapped_unit = DDO__NONE;
         }
-        rc = ddo__dev_phys_release(s->dev, slot->handle);
+        if (!s->per_weight)
+            rc = ddo__dev_phys_release(s->dev, slot->handle);
     } else {
         rc = ddo__dev_mem_free(s->dev, slot->ptr);
+    }
+    if (rc != 0 && s->per_weight) {
+        /* The failed handle was dropped (its bytes stay accounted); the slot stays usable. */
+        slot->backed = false;
+        if (slot->unit != DDO__NONE && s->units[slot->unit].slot == (size_t)(slot - s->slots))
+            s->units[slot->unit].slot = DDO__NONE;
+        slot->unit = DDO__NONE;
+        slot->state = DDO__SLOT_FREE;
+        slot->prefetched = false;
+        return rc;
     }
     if (rc != 0) {
         set_unsafe(s, slot);
         return fail_ctx(&s->err, rc, "slot %zu: releasing its backing (slot kept as unsafe)",
                         (size_t)(slot - s->slots));
     }
-    ddo__account_give(&s->acc_device, s->slot_bytes);
+    if (!s->per_weight)
+        ddo__account_give(&s->acc_device, s->slot_bytes);
     slot->backed = false;
     slot->handle = 0;
     slot->ptr = 0;
@@ -559,6 +890,23 @@ static int reclaim_one(ddo_session *s, const ddo__slot *except, uint64_t *releas
 {
     *released = 0;
     ddo__session_reap(s);
+    if (s->per_weight) {
+        /* Pooled handles are idle backing too; then one idle unit's handles. */
+        uint64_t before = ddo__account_used(&s->acc_device), pooled = 0;
+        int rc = ddo__session_pool_release(s, &pooled);
+        size_t i = rc == 0 ? idle_slot(s, except) : DDO__NONE;
+        if (i != DDO__NONE)
+            rc = ddo__session_slot_unback(s, &s->slots[i]);
+        uint64_t bytes = before - ddo__account_used(&s->acc_device);
+        if (bytes > 0) {
+            ddo__metrics_add(&s->metrics, DDO_M_reclaim_events, 1);
+            ddo__metrics_add(&s->metrics, DDO_M_reclaim_bytes, (double)bytes);
+        }
+        if (rc != 0)
+            return rc;
+        *released = bytes;
+        return 0;
+    }
     size_t i = idle_slot(s, except);
     if (i == DDO__NONE)
         return 0;
@@ -573,7 +921,8 @@ static int reclaim_one(ddo_session *s, const ddo__slot *except, uint64_t *releas
 
 int ddo__session_slot_back(ddo_session *s, ddo__slot *slot, bool allow_pressure)
 {
-    if (slot->backed)
+    /* vmm_runtime: the loader binds each weight's handle when a unit loads. */
+    if (slot->backed || s->per_weight)
         return 0;
     int rc;
     if (allow_pressure && s->set.pressure_reclaim) {
@@ -768,6 +1117,10 @@ static int free_range(ddo_session *s, size_t unit, size_t keep)
             return fail_ctx(&s->err, rc, "unit \"%s\": unmapping slot %zu", s->units[unit].name, k);
         }
         o->mapped_unit = DDO__NONE;
+        if (s->per_weight) {
+            unbind_unit(s, unit);
+            o->backed = false;
+        }
     }
     return 0;
 }
@@ -808,6 +1161,7 @@ static int start_load(ddo_session *s, size_t i, size_t unit, bool prefetch)
     job->ticket = sl->ticket;
     job->wait_release = wait_release;
     job->prev_mapped = sl->mapped_unit;
+    job->prefetch = prefetch;
     s->job_count++;
     pthread_cond_broadcast(&s->cv);
     if (prefetch)
@@ -861,6 +1215,27 @@ static size_t window_after(ddo_session *s, size_t unit, size_t *out, size_t max)
     return n;
 }
 
+/*
+ * vmm_runtime: whether unit could load into slot i without displacing a
+ * leased, loading or prefetched unit (mu held). The loader decides for real;
+ * this only spares queueing a prefetch that would find no room.
+ */
+static bool prefetch_fits(ddo_session *s, size_t i, size_t unit)
+{
+    uint64_t held = s->arena != 0 ? s->b.resident_bytes : 0;
+    for (size_t k = 0; k < s->slot_count; k++) {
+        const ddo__slot *sl = &s->slots[k];
+        if (k == i)
+            continue;
+        size_t m = sl->state == DDO__SLOT_LOADING ? sl->unit : sl->mapped_unit;
+        bool kept = sl->unsafe || sl->state == DDO__SLOT_LEASED || sl->state == DDO__SLOT_LOADING ||
+                    (sl->state == DDO__SLOT_READY && sl->prefetched);
+        if (kept && m != DDO__NONE)
+            held += s->units[m].weight_bytes;
+    }
+    return held <= s->acc_device.limit && s->units[unit].weight_bytes <= s->acc_device.limit - held;
+}
+
 static void prefetch(ddo_session *s, size_t unit)
 {
     if (s->slot_count < 2)
@@ -875,6 +1250,8 @@ static void prefetch(ddo_session *s, size_t unit)
         if (s->units[w].slot == DDO__NONE) {
             size_t i;
             if (pick_slot(s, true, keep, n + 1, &i) != PICK_FOUND)
+                break;
+            if (s->per_weight && !prefetch_fits(s, i, w))
                 break;
             /* A prefetch failure is not the acquire's: the unit loads on demand. */
             ddo__errbuf saved = s->err;

@@ -1,7 +1,7 @@
 /*
  * test_gpu_device.c - the cuda device on a real GPU: the VMM life cycle
  * through the wrappers (reserve -> create -> map -> set access; unmap ->
- * release -> free), mapping at a handle offset, plain buffers, host
+ * release -> free), a handle offset refused as the driver refuses it, plain buffers, host
  * registration from several threads, pinned allocation, events, stream
  * ordering and host callbacks, the error mapping, and a session on the
  * device: stable addresses across leases, random acquire orders checked
@@ -27,6 +27,9 @@
 
 static ddo_device *g_dev;
 static ddo_device_caps g_caps;
+/* Session fixture overrides: the plan's granularity (0: the device's) and the mapped budget. */
+static uint64_t g_plan_granularity;
+static const char *g_budget_gb = "0.0625";
 
 /* Deterministic bytes: byte j of buffer `salt`. */
 static unsigned char pat(uint64_t salt, uint64_t j)
@@ -112,36 +115,29 @@ static void test_vmm_life_cycle(void)
     check_usage_zero();
 }
 
-/* One handle, two ranges: the second maps the handle's second half (handle_offset). */
+/* A non-zero handle offset is refused by the driver (cuMemMap: "offset ... currently must be
+ * zero"): DDO_E_UNSUPPORTED, as on the cpu device, and nothing is mapped. */
 static void test_map_at_handle_offset(void)
 {
     if (!g_caps.vmm_supported)
         T_SKIP("no VMM support");
     uint64_t g = g_caps.granularity, size = 4 * g, half = size / 2;
-    unsigned char *src = malloc((size_t)size);
-    T_REQUIRE(src != NULL);
-    fill(src, size, 2);
-    void *stream = NULL;
     uint64_t a = 0, b = 0, h = 0;
-    T_REQUIRE(ddo__dev_stream_create(g_dev, 0, &stream) == 0);
     T_REQUIRE(ddo__dev_va_reserve(g_dev, size, &a) == 0);
     T_REQUIRE(ddo__dev_va_reserve(g_dev, half, &b) == 0);
     T_REQUIRE(ddo__dev_phys_create(g_dev, size, &h) == 0);
     T_EQ_INT(ddo__dev_map(g_dev, a, size, h, 0), 0);
     T_EQ_INT(ddo__dev_set_access(g_dev, a, size), 0);
-    T_EQ_INT(ddo__dev_map(g_dev, b, half, h, half), 0);
-    T_EQ_INT(ddo__dev_set_access(g_dev, b, half), 0);
-    /* pageable source: the driver stages it */
-    T_EQ_INT(ddo__dev_copy_h2d(g_dev, a, src, (size_t)size, stream), 0);
-    T_EQ_INT(ddo__dev_stream_synchronize(g_dev, stream), 0);
-    T_CHECK(device_equals(b, src + half, (size_t)half));
-    T_EQ_INT(ddo__dev_unmap(g_dev, b, half), 0);
+    T_EQ_INT(ddo__dev_map(g_dev, b, half, h, half), DDO_E_UNSUPPORTED);
+    T_CONTAINS(ddo_device_error(g_dev), "cuMemMap");
+    T_CONTAINS(ddo_device_error(g_dev), "CUDA_ERROR_NOT_SUPPORTED");
+    ddo__device_usage_t u;
+    ddo__device_usage(g_dev, &u);
+    T_EQ_U64(u.mapped_bytes, size);
     T_EQ_INT(ddo__dev_unmap(g_dev, a, size), 0);
     T_EQ_INT(ddo__dev_phys_release(g_dev, h), 0);
     T_EQ_INT(ddo__dev_va_release(g_dev, b, half), 0);
     T_EQ_INT(ddo__dev_va_release(g_dev, a, size), 0);
-    T_EQ_INT(ddo__dev_stream_destroy(g_dev, stream), 0);
-    free(src);
     check_usage_zero();
 }
 
@@ -326,10 +322,10 @@ static int gfx_create(gfx *f, const char *mode, bool create_session)
     }
     if (ddo_checkpoint_create_from_memory(d, NT, &f->ck) != 0 || ddo_config_create(&f->cfg) != 0)
         return -1;
-    static const char *const kv[][2] = {
+    const char *const kv[][2] = {
         { "execution_device", "cuda:0" },
         { "execution_slots", "3" },
-        { "vmm_resident_weight_budget_gb", "0.0625" },
+        { "vmm_resident_weight_budget_gb", g_budget_gb },
         { "vmm_staging_buffer_gb", "0.0625" },
         { "vmm_source_cache_gb", "1" },
         { "pin_cpu_memory", "true" },
@@ -349,7 +345,7 @@ static int gfx_create(gfx *f, const char *mode, bool create_session)
     memset(&in, 0, sizeof(in));
     in.device_total_bytes = g_caps.total_bytes;
     in.device_free_bytes = g_caps.free_bytes;
-    in.device_granularity = g_caps.granularity;
+    in.device_granularity = g_plan_granularity > 0 ? g_plan_granularity : g_caps.granularity;
     in.device_vmm_supported = g_caps.vmm_supported;
     in.host_available_bytes = 8ull << 30;
     if (ddo_plan_build(f->ck, f->cfg, &in, &f->plan) != 0) {
@@ -438,12 +434,43 @@ static void run_session_checks(const char *mode, bool stable)
     T_EQ_INT(ddo_session_release(f.s, units - 1, f.stream), 0);
     T_EQ_INT(ddo_session_release(f.s, 0, f.stream), 0);
     T_EQ_INT(ddo_session_synchronize(f.s), 0);
+    /* every device byte taken for weights stayed inside the budget */
+    ddo_metrics *m = NULL;
+    double peak = -1;
+    if (ddo_session_metrics(f.s, false, &m) == 0) {
+        (void)ddo_metrics_get(m, "device_weights_peak_bytes", &peak);
+        ddo_metrics_destroy(m);
+    }
+    ddo_plan_budgets b;
+    T_REQUIRE(ddo_plan_budgets_get(f.plan, &b) == 0);
+    T_CHECK_MSG(peak > 0 && peak <= (double)b.device_weights_limit, "%s: peak %.0f, limit %llu",
+                mode, peak, (unsigned long long)b.device_weights_limit);
     gfx_free(&f);
 }
 
 static void test_session_vmm(void)
 {
     run_session_checks("vmm_fast_runtime", true);
+}
+
+/* The protected route: every weight its own handle, mapped at offset 0 into its own range. */
+static void test_session_vmm_runtime(void)
+{
+    run_session_checks("vmm_runtime", true);
+}
+
+/* vmm_runtime keeping to a budget of two units with three slots: a plan made for a 64 KiB
+ * granularity (units of 5 MiB) on a device that maps in 2 MiB (units of 6 MiB), so loads
+ * evict idle units and reuse their handles; bytes and addresses as before. */
+static void test_session_vmm_runtime_evicting(void)
+{
+    if (g_caps.granularity != 2 * MIB)
+        T_SKIP("needs a 2 MiB granularity");
+    g_plan_granularity = 64 * 1024;
+    g_budget_gb = "0.015625"; /* 16 MiB: three planned 5 MiB slots, two 6 MiB units */
+    run_session_checks("vmm_runtime", true);
+    g_plan_granularity = 0;
+    g_budget_gb = "0.0625";
 }
 
 static void test_session_linear(void)
@@ -631,6 +658,8 @@ int main(void)
     T_RUN(test_host_fn);
     T_RUN(test_error_mapping);
     T_RUN(test_session_vmm);
+    T_RUN(test_session_vmm_runtime);
+    T_RUN(test_session_vmm_runtime_evicting);
     T_RUN(test_session_linear);
     T_RUN(test_reclaim_under_pressure);
     T_RUN(test_fault_copy);

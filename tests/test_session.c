@@ -573,8 +573,49 @@ static void test_nvme_baseline_route(void)
     fx_destroy(&f);
 }
 
+/* vmm_runtime: acquires unit, checks its bytes and that every weight keeps the address of
+ * its first lease (addr[], 0 = not seen yet), releases, and checks that the device holds no
+ * more device or mapped bytes than the mapped budget. 0 or -1. */
+static int nvme_use(fx *f, size_t u, uint64_t *addr, uint64_t budget)
+{
+    int bad = 0;
+    int rc = ddo_session_acquire(f->s, u, f->stream);
+    if (rc != 0) {
+        fprintf(stderr, "  acquire %zu: %s\n", u, ddo_last_error());
+        return -1;
+    }
+    if (ddo_stream_synchronize(f->stream) != 0 || fx_check_unit(f, u, 0) != 0)
+        bad = -1;
+    size_t n = 0;
+    const size_t *ts = ddo_plan_unit_tensors(f->plan, u, &n);
+    for (size_t k = 0; k < n; k++) {
+        void *p = NULL;
+        if (ddo_session_tensor_address(f->s, ts[k], &p) != 0)
+            bad = -1;
+        uint64_t a = (uint64_t)(uintptr_t)p;
+        if (a % FX_GRAN != 0) /* each weight starts its own aligned range */
+            bad = -1;
+        if (addr[ts[k]] == 0)
+            addr[ts[k]] = a;
+        if (a != addr[ts[k]]) /* stable across leases, slots and evictions */
+            bad = -1;
+    }
+    if (ddo_session_release(f->s, u, f->stream) != 0)
+        bad = -1;
+    ddo__device_usage_t du;
+    ddo__device_usage(f->dev, &du);
+    if (du.device_bytes > budget || du.mapped_bytes > budget) {
+        fprintf(stderr, "  device %llu mapped %llu over the budget %llu\n",
+                (unsigned long long)du.device_bytes, (unsigned long long)du.mapped_bytes,
+                (unsigned long long)budget);
+        bad = -1;
+    }
+    return bad;
+}
+
 /* vmm_runtime: one granularity-aligned range per weight, stable across leases, disjoint;
- * the mapped bytes stay under the mapped budget although the model's weights do not fit. */
+ * each weight its own handle mapped at offset 0; the mapped bytes stay under the mapped
+ * budget although the model's weights do not fit. */
 static void test_nvme_per_weight_ranges(void)
 {
     fx_opts o = { .blocks = 6, .slots = 3, .mode = "vmm_runtime", .file = true };
@@ -586,43 +627,27 @@ static void test_nvme_per_weight_ranges(void)
     const uint64_t budget = (uint64_t)(0.0004 * (double)DDO_GIB);
     uint64_t used[4];
     ddo__session_accounts(f.s, used);
-    /* resident arena (norm.bias at 0, head.weight at 256) + 3 slots of 2 x 64 KiB */
-    T_EQ_U64(used[0], 768 + 3 * 2 * FX_GRAN);
+    /* the resident arena (norm.bias at 0, head.weight at 256); handles come when units load */
+    T_EQ_U64(used[0], 768);
     ddo_plan_budgets b;
     T_REQUIRE(ddo_plan_budgets_get(f.plan, &b) == 0);
-    T_EQ_U64(b.slot_bytes, FX_GRAN); /* the plan's packed slot: the route needs more */
+    /* the planner predicts the route: a slot is the largest unit's per-weight handles */
+    T_EQ_U64(b.slot_bytes, 2 * FX_GRAN);
+    T_EQ_U64(b.device_weights_peak, 768 + 3 * 2 * FX_GRAN);
+    T_NEAR(fx_metric(&f, "planned_slot_bytes"), 2.0 * FX_GRAN, 0);
+    T_NEAR(fx_metric(&f, "planned_device_weights_bytes"), 768.0 + 6 * FX_GRAN, 0);
     T_EQ_U64(used[1], 0);
     T_EQ_U64(used[2], 0);
     T_EQ_U64(used[3], b.staging_peak); /* two staging slots, fed from the file */
     T_CHECK(b.staging_windows >= 2);
+    ddo__device_stats_reset(f.dev);
 
     size_t nt = ddo_checkpoint_tensor_count(f.ck);
     uint64_t addr[FX_MAX_TENSORS] = { 0 };
-    for (int step = 0; step < 3; step++) {
-        for (int blk = 0; blk < o.blocks; blk++) {
-            size_t u = fx_unit(&f, blk);
-            T_REQUIRE(ddo_session_acquire(f.s, u, f.stream) == 0);
-            T_REQUIRE(ddo_stream_synchronize(f.stream) == 0);
-            T_CHECK_MSG(fx_check_unit(&f, u, 0) == 0, "step %d block %d", step, blk);
-            size_t n = 0;
-            const size_t *ts = ddo_plan_unit_tensors(f.plan, u, &n);
-            T_EQ_U64(n, 2);
-            for (size_t k = 0; k < n; k++) {
-                void *p = NULL;
-                T_REQUIRE(ddo_session_tensor_address(f.s, ts[k], &p) == 0);
-                uint64_t a = (uint64_t)(uintptr_t)p;
-                T_EQ_U64(a % FX_GRAN, 0); /* each weight starts its own aligned range */
-                if (addr[ts[k]] == 0)
-                    addr[ts[k]] = a;
-                T_EQ_U64(a, addr[ts[k]]); /* stable across leases and slots */
-            }
-            T_REQUIRE(ddo_session_release(f.s, u, f.stream) == 0);
-            ddo__device_usage_t du;
-            ddo__device_usage(f.dev, &du);
-            T_CHECK_MSG(du.mapped_bytes <= budget, "mapped %llu",
-                        (unsigned long long)du.mapped_bytes);
-        }
-    }
+    for (int step = 0; step < 3; step++)
+        for (int blk = 0; blk < o.blocks; blk++)
+            T_CHECK_MSG(nvme_use(&f, fx_unit(&f, blk), addr, budget) == 0, "step %d block %d", step,
+                        blk);
     /* per-weight ranges: disjoint, each at least the weight rounded up to the granularity */
     for (size_t i = 0; i < nt; i++) {
         if (addr[i] == 0)
@@ -639,37 +664,259 @@ static void test_nvme_per_weight_ranges(void)
     ddo__device_usage(f.dev, &du);
     /* the mapped peak: three slots' two weights each, never the six units' twelve */
     T_EQ_U64(du.mapped_peak_bytes, 3 * 2 * FX_GRAN);
-    T_CHECK(du.mapped_peak_bytes <= budget);
     T_CHECK(du.device_peak_bytes <= budget);
     T_EQ_U64(du.va_bytes, 12 * FX_GRAN); /* one 64 KiB range per streamed weight */
+    /* every map was a whole handle at offset 0, one per weight and load */
+    T_EQ_INT(ddo_session_synchronize(f.s), 0); /* the last prefetches are issued */
+    ddo__devop_stats st[DDO__OP_COUNT];
+    ddo__device_stats(f.dev, st);
+    T_EQ_U64(st[DDO__OP_MAP].failures, 0);
+    double uploads = fx_metric(&f, "uploads");
+    T_CHECK(uploads >= 3 * 6);
+    T_NEAR((double)st[DDO__OP_MAP].calls, 2 * uploads, 0);
+    T_EQ_U64(st[DDO__OP_PHYS_CREATE].calls, 3 * 2); /* three units' handles, then reused */
+    ddo__session_accounts(f.s, used);
+    T_EQ_U64(used[0], 768 + 3 * 2 * FX_GRAN);
     T_CHECK(fx_metric(&f, "bytes_staged_from_file") >= 3.0 * 12 * 20480);
     T_NEAR(fx_metric(&f, "bytes_staged_from_retained"), 0, 0);
     T_NEAR(fx_metric(&f, "bytes_from_registered"), 0, 0);
-    /* a leased unit whose slot moves keeps its addresses after unload/reload */
+    /* unload releases everything; the addresses survive unload/reload */
     T_EQ_INT(ddo_session_unload(f.s), 0);
+    ddo__session_accounts(f.s, used);
+    T_EQ_U64(used[0], 0);
+    ddo__device_usage(f.dev, &du);
+    T_EQ_U64(du.device_bytes, 0);
+    T_EQ_U64(du.mapped_bytes, 0);
     T_EQ_INT(ddo_session_reload(f.s), 0);
-    size_t u0 = fx_unit(&f, 0);
-    T_REQUIRE(ddo_session_acquire(f.s, u0, f.stream) == 0);
-    T_REQUIRE(ddo_stream_synchronize(f.stream) == 0);
-    T_EQ_INT(fx_check_unit(&f, u0, 0), 0);
-    size_t n0 = 0;
-    const size_t *t0 = ddo_plan_unit_tensors(f.plan, u0, &n0);
-    void *p0 = NULL;
-    T_REQUIRE(ddo_session_tensor_address(f.s, t0[0], &p0) == 0);
-    T_EQ_U64((uint64_t)(uintptr_t)p0, addr[t0[0]]);
-    T_REQUIRE(ddo_session_release(f.s, u0, f.stream) == 0);
+    T_EQ_INT(nvme_use(&f, fx_unit(&f, 0), addr, budget), 0);
     fx_destroy(&f);
 }
 
-/* A mapped budget the per-weight slots cannot fit is refused before any device call. */
+/* vmm_runtime: a plan built for a 4 KiB granularity (units of 64 KiB + 68..72 KiB) under
+ * budget_gb, and a session on the fixture's 64 KiB device, where every unit but blocks.0
+ * takes 192 KiB. The fixture's own plan is built with 0.001 first. 0 or -1. */
+static int nvme_fine_plan(fx *f, int slots, const char *budget_gb, double bytes_per_s)
+{
+    fx_opts o = { .blocks = 6, .slots = slots, .mode = "vmm_runtime", .file = true };
+    o.cols = 256;
+    o.budget_gb = 0.001;
+    o.bytes_per_s = bytes_per_s;
+    o.no_session = true;
+    if (fx_create(f, &o) != 0)
+        return -1;
+    ddo_plan_inputs in;
+    memset(&in, 0, sizeof(in));
+    in.device_total_bytes = DDO_GIB;
+    in.device_free_bytes = DDO_GIB;
+    in.device_granularity = 4096;
+    in.device_is_cpu = true;
+    in.device_vmm_supported = true;
+    in.host_available_bytes = 8 * DDO_GIB;
+    ddo_plan_destroy(f->plan);
+    f->plan = NULL;
+    ddo_plan_budgets b;
+    if (ddo_config_set(f->cfg, "vmm_resident_weight_budget_gb", budget_gb) != 0 ||
+        ddo_plan_build(f->ck, f->cfg, &in, &f->plan) != 0 ||
+        ddo_plan_budgets_get(f->plan, &b) != 0 || b.slot_count != (size_t)slots) {
+        fprintf(stderr, "  plan: %s\n", ddo_last_error());
+        return -1;
+    }
+    ddo_session_options so;
+    memset(&so, 0, sizeof(so));
+    so.config = f->cfg;
+    if (ddo_session_create(f->plan, f->ck, f->dev, &so, &f->s) != 0) {
+        fprintf(stderr, "  session: %s\n", ddo_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+/* vmm_runtime when the device's granularity makes the weights larger than the plan assumed:
+ * the session keeps to the budget with the plan's two slots by evicting the idle unit (its
+ * handles pooled; pooled handles of another size released), and a lease that finds the
+ * budget held by another lease is refused, not deadlocked. */
+static void test_nvme_evicts_in_budget(void)
+{
+    fx f;
+    T_REQUIRE(nvme_fine_plan(&f, 2, "0.0003", 0) == 0); /* 314.6 KiB: one unit at a time */
+    const uint64_t budget = (uint64_t)(0.0003 * (double)DDO_GIB);
+    const int blocks = 6;
+
+    uint64_t addr[FX_MAX_TENSORS] = { 0 };
+    for (int step = 0; step < 3; step++)
+        for (int blk = 0; blk < blocks; blk++)
+            T_CHECK_MSG(nvme_use(&f, fx_unit(&f, blk), addr, budget) == 0, "step %d block %d", step,
+                        blk);
+    uint64_t x = 11;
+    for (int i = 0; i < 60; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int blk = (int)((x >> 33) % (uint64_t)blocks);
+        T_CHECK_MSG(nvme_use(&f, fx_unit(&f, blk), addr, budget) == 0, "random %d block %d", i,
+                    blk);
+    }
+    ddo__device_usage_t du;
+    ddo__device_usage(f.dev, &du);
+    T_EQ_U64(du.mapped_peak_bytes, 3 * FX_GRAN); /* two slots, but one unit mapped at a time */
+    T_CHECK(du.device_peak_bytes <= budget);
+    T_NEAR(fx_metric(&f, "prefetch_issued"), 0, 0); /* no room to load ahead */
+
+    /* a second lease finds the budget held by the first: refused with the holders named */
+    size_t u1 = fx_unit(&f, 1), u2 = fx_unit(&f, 2);
+    T_REQUIRE(ddo_session_acquire(f.s, u1, f.stream) == 0);
+    T_EQ_INT(ddo_session_acquire(f.s, u2, f.stream), DDO_E_BUSY);
+    T_CONTAINS(ddo_session_error(f.s),
+               "acquire \"blocks.2\": unit \"blocks.2\": no room for 192.00 KiB of weights in the "
+               "mapped budget: ");
+    T_CONTAINS(ddo_session_error(f.s), " of 314.57 KiB (vmm_resident_weight_budget_gb) held by 1 "
+                                       "leased and 0 loading or prefetched units; release a "
+                                       "unit first");
+    T_EQ_INT(ddo_stream_synchronize(f.stream), 0);
+    T_EQ_INT(fx_check_unit(&f, u1, 0), 0); /* the leased unit is untouched */
+    T_EQ_INT(ddo_session_release(f.s, u1, f.stream), 0);
+    T_EQ_INT(nvme_use(&f, u1, addr, budget), 0);
+    T_EQ_INT(nvme_use(&f, u2, addr, budget), 0);
+    ddo__device_usage(f.dev, &du);
+    T_CHECK(du.device_peak_bytes <= budget);
+    uint64_t used[4];
+    ddo__session_accounts(f.s, used);
+    T_CHECK(used[0] <= budget);
+    T_NEAR(fx_metric(&f, "device_weights_peak_bytes"), (double)du.device_peak_bytes, 0);
+
+    /* explicit reclaim gives back the pool and the idle unit's handles */
+    T_EQ_INT(ddo_session_synchronize(f.s), 0);
+    /* the release event completes on the device's own thread: wait for the slot to be idle */
+    for (int i = 0; i < 2000 && ddo__session_unit_state(f.s, u2, NULL) != DDO__SLOT_READY; i++)
+        nanosleep(&(struct timespec){ 0, 1000 * 1000 }, NULL);
+    T_EQ_INT(ddo__session_unit_state(f.s, u2, NULL), DDO__SLOT_READY);
+    uint64_t released = 0;
+    T_EQ_INT(ddo_session_reclaim(f.s, &released), 0);
+    ddo__session_accounts(f.s, used);
+    T_CHECK(released >= 3 * FX_GRAN);
+    T_EQ_U64(used[0], 768);
+    ddo__device_usage(f.dev, &du);
+    T_EQ_U64(du.device_bytes, 768);
+    T_EQ_U64(du.mapped_bytes, 0);
+    T_EQ_INT(ddo__session_unit_state(f.s, u2, NULL), -1);
+    T_NEAR(fx_metric(&f, "reclaim_events"), 1, 0);
+    T_NEAR(fx_metric(&f, "reclaim_bytes"), (double)released, 0);
+    T_EQ_INT(nvme_use(&f, u2, addr, budget), 0);
+    fx_destroy(&f);
+}
+
+/* vmm_runtime with three slots and a budget for two units (the plan assumed three fit):
+ * the next unit is prefetched while one is leased, by evicting the idle unit; a demand load
+ * out of order may displace a prefetched unit, never the leased one. */
+static void test_nvme_evicts_with_prefetch(void)
+{
+    fx f;
+    T_REQUIRE(nvme_fine_plan(&f, 3, "0.0004", 200e6) == 0); /* 409.6 KiB: two units */
+    const uint64_t budget = (uint64_t)(0.0004 * (double)DDO_GIB);
+    const int blocks = 6;
+    uint64_t addr[FX_MAX_TENSORS] = { 0 };
+    for (int step = 0; step < 3; step++)
+        for (int blk = 0; blk < blocks; blk++)
+            T_CHECK_MSG(nvme_use(&f, fx_unit(&f, blk), addr, budget) == 0, "step %d block %d", step,
+                        blk);
+    T_CHECK(fx_metric(&f, "prefetch_hits") >= 8);
+    for (int blk = blocks - 1; blk >= 0; blk--)
+        T_CHECK_MSG(nvme_use(&f, fx_unit(&f, blk), addr, budget) == 0, "backwards block %d", blk);
+    uint64_t x = 5;
+    for (int i = 0; i < 40; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int blk = (int)((x >> 33) % (uint64_t)blocks);
+        T_CHECK_MSG(nvme_use(&f, fx_unit(&f, blk), addr, budget) == 0, "random %d block %d", i,
+                    blk);
+    }
+    /* two leases at once fit; a third lease finds no room */
+    size_t u0 = fx_unit(&f, 0), u3 = fx_unit(&f, 3), u5 = fx_unit(&f, 5);
+    T_REQUIRE(ddo_session_acquire(f.s, u3, f.stream) == 0);
+    T_REQUIRE(ddo_session_acquire(f.s, u5, f.stream) == 0);
+    T_EQ_INT(ddo_session_acquire(f.s, u0, f.stream), DDO_E_BUSY);
+    T_CONTAINS(ddo_session_error(f.s), "held by 2 leased and 0 loading or prefetched units");
+    T_EQ_INT(ddo_stream_synchronize(f.stream), 0);
+    T_EQ_INT(fx_check_unit(&f, u3, 0), 0);
+    T_EQ_INT(fx_check_unit(&f, u5, 0), 0);
+    T_EQ_INT(ddo_session_release(f.s, u5, f.stream), 0);
+    T_EQ_INT(ddo_session_release(f.s, u3, f.stream), 0);
+    T_EQ_INT(nvme_use(&f, u0, addr, budget), 0);
+    ddo__device_usage_t du;
+    ddo__device_usage(f.dev, &du);
+    T_CHECK(du.mapped_peak_bytes <= 2 * 3 * FX_GRAN);
+    T_CHECK(du.device_peak_bytes <= budget);
+    fx_destroy(&f);
+}
+
+/* vmm_runtime with room for two units: the next unit is prefetched while one is leased,
+ * evicting the idle unit, never the leased or the prefetched one. */
+static void test_nvme_prefetch_in_budget(void)
+{
+    fx_opts o = { .blocks = 6, .slots = 2, .mode = "vmm_runtime", .file = true };
+    o.cols = 256;
+    o.budget_gb = 0.0004;  /* 409.6 KiB: two units of 192 KiB, not three */
+    o.bytes_per_s = 200e6; /* uploads take a while: prefetched units are still loading */
+    fx f;
+    T_REQUIRE(fx_create(&f, &o) == 0);
+    T_REQUIRE(f.rc == 0);
+    const uint64_t budget = (uint64_t)(0.0004 * (double)DDO_GIB);
+    uint64_t addr[FX_MAX_TENSORS] = { 0 };
+    for (int step = 0; step < 4; step++)
+        for (int blk = 0; blk < o.blocks; blk++)
+            T_CHECK_MSG(nvme_use(&f, fx_unit(&f, blk), addr, budget) == 0, "step %d block %d", step,
+                        blk);
+    T_CHECK(fx_metric(&f, "prefetch_hits") >= 12);
+    ddo__device_usage_t du;
+    ddo__device_usage(f.dev, &du);
+    T_EQ_U64(du.mapped_peak_bytes, 2 * 3 * FX_GRAN);
+    T_CHECK(du.device_peak_bytes <= budget);
+    /* out of order: a demand load may displace a prefetched unit never acquired */
+    for (int blk = o.blocks - 1; blk >= 0; blk--)
+        T_CHECK_MSG(nvme_use(&f, fx_unit(&f, blk), addr, budget) == 0, "backwards block %d", blk);
+    fx_destroy(&f);
+}
+
+/* A mapped budget that cannot hold the largest unit's per-weight handles is refused: by the
+ * planner, and by the session (before any device call) when the device's granularity makes
+ * the weights larger than the plan assumed. */
 static void test_nvme_budget_refused(void)
 {
-    fx_opts o = { .blocks = 6, .slots = 3, .mode = "vmm_runtime", .file = true };
+    /* 20 KiB weights, 64 KiB handles: 128 KiB per unit; the budget becomes 104.9 KiB */
+    fx_opts o = { .blocks = 6, .slots = 2, .mode = "vmm_runtime", .file = true };
     o.cols = 80;
-    o.budget_gb = 0.0003; /* 307 KiB: the plan's packed 3 x 64 KiB fit, 3 x 128 KiB do not */
     o.no_session = true;
     fx f;
     T_REQUIRE(fx_create(&f, &o) == 0);
+    ddo_plan_inputs in;
+    memset(&in, 0, sizeof(in));
+    in.device_total_bytes = DDO_GIB;
+    in.device_free_bytes = DDO_GIB;
+    in.device_granularity = FX_GRAN;
+    in.device_is_cpu = true;
+    in.device_vmm_supported = true;
+    in.host_available_bytes = 8 * DDO_GIB;
+    T_REQUIRE(ddo_config_set(f.cfg, "vmm_resident_weight_budget_gb", "0.0001") == 0);
+    ddo_plan *p = NULL;
+    T_EQ_INT(ddo_plan_build(f.ck, f.cfg, &in, &p), DDO_E_BUDGET);
+    T_CHECK(p == NULL);
+    T_EQ_STR(ddo_last_error(),
+             "device weights: vmm_runtime maps every weight into its own 64.00 KiB-aligned "
+             "range, so unit \"blocks.0\" needs 128.00 KiB (+ resident 768 B = 128.75 KiB) but "
+             "the mapped budget is 104.86 KiB (vmm_resident_weight_budget_gb); raise it or set "
+             "unit_granularity=leaf");
+
+    /* a budget that holds one unit but not the two slots is refused like on every route,
+     * with the per-weight slot size */
+    T_REQUIRE(ddo_config_set(f.cfg, "vmm_resident_weight_budget_gb", "0.0002") == 0);
+    T_EQ_INT(ddo_plan_build(f.ck, f.cfg, &in, &p), DDO_E_BUDGET);
+    T_CONTAINS(ddo_last_error(), "device weights need 0.00 GiB (resident 0.00 GiB + 2 slots × "
+                                 "0.00 GiB) but the limit is 0.00 GiB "
+                                 "(vmm_resident_weight_budget_gb)");
+    T_REQUIRE(ddo_config_set(f.cfg, "vmm_resident_weight_budget_gb", "0.0001") == 0);
+
+    /* planned for a 4 KiB granularity, the units fit; the device maps in 64 KiB */
+    in.device_granularity = 4096;
+    T_REQUIRE(ddo_plan_build(f.ck, f.cfg, &in, &p) == 0);
+    ddo_plan_destroy(f.plan);
+    f.plan = p;
     ddo__device_stats_reset(f.dev);
     ddo_session_options so;
     memset(&so, 0, sizeof(so));
@@ -677,9 +924,11 @@ static void test_nvme_budget_refused(void)
     ddo_session *s = (ddo_session *)&f;
     T_EQ_INT(ddo_session_create(f.plan, f.ck, f.dev, &so, &s), DDO_E_BUDGET);
     T_CHECK(s == NULL);
-    T_CONTAINS(ddo_last_error(), "vmm_runtime maps every weight into its own 64.00 KiB-aligned "
-                                 "range, so 3 slots of 128.00 KiB");
-    T_CONTAINS(ddo_last_error(), "(vmm_resident_weight_budget_gb)");
+    T_EQ_STR(ddo_last_error(),
+             "device weights: vmm_runtime maps every weight into its own 64.00 KiB-aligned "
+             "range, so unit \"blocks.0\" needs 128.00 KiB (+ resident 768 B = 128.75 KiB) but "
+             "the mapped budget is 104.86 KiB (vmm_resident_weight_budget_gb); raise it or set "
+             "unit_granularity=leaf");
     ddo__devop_stats st[DDO__OP_COUNT];
     ddo__device_stats(f.dev, st);
     T_EQ_U64(st[DDO__OP_VA_RESERVE].calls, 0);
@@ -850,6 +1099,9 @@ int main(void)
     T_RUN(test_metrics_snapshot);
     T_RUN(test_nvme_baseline_route);
     T_RUN(test_nvme_per_weight_ranges);
+    T_RUN(test_nvme_evicts_in_budget);
+    T_RUN(test_nvme_evicts_with_prefetch);
+    T_RUN(test_nvme_prefetch_in_budget);
     T_RUN(test_nvme_budget_refused);
     T_RUN(test_trim_host_cache);
     T_RUN(test_trim_keeps_retained);

@@ -85,6 +85,9 @@ typedef struct ddo__device_ops {
     int (*va_release)(void *st, uint64_t va, uint64_t size, ddo__errbuf *eb);
     int (*phys_create)(void *st, uint64_t size, uint64_t *handle, ddo__errbuf *eb);
     int (*phys_release)(void *st, uint64_t handle, ddo__errbuf *eb);
+    /* handle_offset must be 0 on both devices: cuMemMap's offset "currently must be zero"
+     * (CUDA_ERROR_NOT_SUPPORTED -> DDO_E_UNSUPPORTED, and the cpu device refuses it alike).
+     * It stays in the table for a future driver. */
     int (*map)(void *st, uint64_t va, uint64_t size, uint64_t handle, uint64_t handle_offset,
                ddo__errbuf *eb);
     int (*unmap)(void *st, uint64_t va, uint64_t size, ddo__errbuf *eb);
@@ -143,6 +146,7 @@ int ddo__dev_va_reserve(ddo_device *dev, uint64_t size, uint64_t *va);
 int ddo__dev_va_release(ddo_device *dev, uint64_t va, uint64_t size);
 int ddo__dev_phys_create(ddo_device *dev, uint64_t size, uint64_t *handle);
 int ddo__dev_phys_release(ddo_device *dev, uint64_t handle);
+/* Maps handle at va; handle_offset must be 0 (else DDO_E_UNSUPPORTED on both devices). */
 int ddo__dev_map(ddo_device *dev, uint64_t va, uint64_t size, uint64_t handle,
                  uint64_t handle_offset);
 int ddo__dev_unmap(ddo_device *dev, uint64_t va, uint64_t size);

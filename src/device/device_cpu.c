@@ -496,6 +496,12 @@ static int cpu_map(void *st, uint64_t va, uint64_t size, uint64_t handle, uint64
                          "cpu: map: 0x%" PRIx64 " + %" PRIu64 " at handle offset %" PRIu64
                          " is not aligned to the granularity %" PRIu64,
                          va, size, handle_offset, d->gran);
+    /* As the driver: cuMemMap's offset "currently must be zero" (CUDA_ERROR_NOT_SUPPORTED). */
+    if (handle_offset != 0)
+        return ddo__fail(eb, DDO_E_UNSUPPORTED,
+                         "cpu: map: handle offset %llu: not supported (as cuMemMap: "
+                         "CUDA_ERROR_NOT_SUPPORTED; the offset must be zero)",
+                         (unsigned long long)handle_offset);
     pthread_mutex_lock(&d->lock);
     int rc = 0;
     size_t i = ddo__devtab_find(&d->handles, handle);

@@ -163,6 +163,8 @@ static int cu_code(CUresult r)
         return DDO_E_DEVICE_MEMORY;
     case CUDA_ERROR_NOT_READY:
         return DDO_E_BUSY;
+    case CUDA_ERROR_NOT_SUPPORTED: /* e.g. cuMemMap at a non-zero handle offset */
+        return DDO_E_UNSUPPORTED;
     case CUDA_ERROR_NO_DEVICE:
     case CUDA_ERROR_INVALID_DEVICE:
     case CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER:
