@@ -445,11 +445,14 @@ DDO_API int ddo_device_measure(ddo_device *dev, uint64_t bytes, ddo_device_bandw
 /* Read speed of a file: from the page cache (after warming it) and with O_DIRECT. */
 typedef struct ddo_file_speed {
     double page_cache_bytes_per_s; /* 0 = not measured */
-    double direct_bytes_per_s;     /* 0 = O_DIRECT not supported here */
+    double direct_bytes_per_s;     /* 0 = not measured, or O_DIRECT not supported here */
+    unsigned direct_streams;       /* O_DIRECT reads in flight (the retained store's depth) */
     uint64_t bytes;                /* bytes read per pass */
 } ddo_file_speed;
-/* Reads up to max_bytes (0 = whole file) of path; direct = also measure O_DIRECT reads. */
-DDO_API int ddo_measure_file_read(const char *path, uint64_t max_bytes, bool direct,
+#define DDO_MEASURE_PAGE_CACHE 1u /* warm the cache, then the median of three passes */
+#define DDO_MEASURE_DIRECT     2u /* one O_DIRECT pass, 4 reads of 16 MiB in flight */
+/* Reads up to max_bytes (0 = whole file) of path, measuring what `what` asks for. */
+DDO_API int ddo_measure_file_read(const char *path, uint64_t max_bytes, unsigned what,
                                   ddo_file_speed *out);
 
 /* ------------------------------------------------------------------------ */

@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -145,7 +146,73 @@ static int time_reads(int fd, unsigned char *buf, size_t piece, uint64_t len, co
     return 0;
 }
 
-int ddo_measure_file_read(const char *path, uint64_t max_bytes, bool direct, ddo_file_speed *out)
+/* One O_DIRECT reader of a parallel pass: pieces tid, tid + n, tid + 2n, ... */
+typedef struct direct_reader {
+    int fd;
+    uint64_t len;
+    unsigned tid, n;
+    uint64_t bytes;
+    int err;
+} direct_reader;
+
+static void *direct_thread(void *arg)
+{
+    direct_reader *r = arg;
+    void *buf = NULL;
+    if (posix_memalign(&buf, 4096, PIECE_BYTES) != 0) {
+        r->err = ENOMEM;
+        return NULL;
+    }
+    for (uint64_t off = (uint64_t)r->tid * PIECE_BYTES; off < r->len;
+         off += (uint64_t)r->n * PIECE_BYTES) {
+        size_t want = (size_t)(r->len - off < PIECE_BYTES ? r->len - off : PIECE_BYTES);
+        ssize_t got;
+        do
+            got = pread(r->fd, buf, want, (off_t)off);
+        while (got < 0 && errno == EINTR);
+        if (got <= 0) {
+            r->err = got < 0 ? errno : EIO;
+            break;
+        }
+        r->bytes += (uint64_t)got;
+    }
+    free(buf);
+    return NULL;
+}
+
+#define DIRECT_STREAMS 4
+
+/* One pass of O_DIRECT reads with DIRECT_STREAMS in flight; bytes/s, 0 when refused. */
+static double direct_pass(const char *path, uint64_t len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    if (fd < 0)
+        return 0;
+    len = len / 4096 * 4096;
+    direct_reader r[DIRECT_STREAMS];
+    pthread_t tid[DIRECT_STREAMS];
+    unsigned started = 0;
+    uint64_t t0 = ddo__now_ns();
+    for (unsigned i = 0; i < DIRECT_STREAMS; i++) {
+        r[i] = (direct_reader){ fd, len, i, DIRECT_STREAMS, 0, 0 };
+        if (pthread_create(&tid[i], NULL, direct_thread, &r[i]) != 0)
+            break;
+        started++;
+    }
+    uint64_t bytes = 0;
+    int err = started == DIRECT_STREAMS ? 0 : EAGAIN;
+    for (unsigned i = 0; i < started; i++) {
+        pthread_join(tid[i], NULL);
+        bytes += r[i].bytes;
+        if (r[i].err != 0)
+            err = r[i].err;
+    }
+    uint64_t dt = ddo__now_ns() - t0;
+    close(fd);
+    return err == 0 && dt > 0 && bytes > 0 ? (double)bytes * 1e9 / (double)dt : 0;
+}
+
+int ddo_measure_file_read(const char *path, uint64_t max_bytes, unsigned what, ddo_file_speed *out)
 {
     if (path == NULL || out == NULL)
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_measure_file_read: NULL argument");
@@ -164,34 +231,30 @@ int ddo_measure_file_read(const char *path, uint64_t max_bytes, bool direct, ddo
     ddo_file_speed r;
     memset(&r, 0, sizeof(r));
     r.bytes = len;
-    unsigned char *buf = aligned_alloc(4096, PIECE_BYTES);
     int rc = 0;
-    if (buf == NULL) {
-        close(fd);
-        return ddo__fail(NULL, DDO_E_NO_MEMORY, "ddo_measure_file_read: out of memory");
-    }
-    double warm, v[PASSES];
-    /* The first pass warms the page cache; then the median of three cached passes. */
-    if ((rc = time_reads(fd, buf, PIECE_BYTES, len, path, &warm)) != 0)
-        goto out;
-    for (int i = 0; i < PASSES; i++)
-        if ((rc = time_reads(fd, buf, PIECE_BYTES, len, path, &v[i])) != 0)
-            goto out;
-    r.page_cache_bytes_per_s = median3(v);
-    if (direct) {
-        int dfd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
-        if (dfd >= 0) {
-            uint64_t dlen = len / 4096 * 4096;
-            double d = 0;
-            /* O_DIRECT bypasses the cache: one pass measures the device. */
-            if (dlen > 0 && time_reads(dfd, buf, PIECE_BYTES, dlen, path, &d) == 0)
-                r.direct_bytes_per_s = d;
-            close(dfd);
+    if (what & DDO_MEASURE_PAGE_CACHE) {
+        unsigned char *buf = aligned_alloc(4096, PIECE_BYTES);
+        if (buf == NULL) {
+            close(fd);
+            return ddo__fail(NULL, DDO_E_NO_MEMORY, "ddo_measure_file_read: out of memory");
         }
+        double warm, v[PASSES];
+        /* The first pass warms the page cache; then the median of three cached passes. */
+        rc = time_reads(fd, buf, PIECE_BYTES, len, path, &warm);
+        for (int i = 0; rc == 0 && i < PASSES; i++)
+            rc = time_reads(fd, buf, PIECE_BYTES, len, path, &v[i]);
+        if (rc == 0)
+            r.page_cache_bytes_per_s = median3(v);
+        free(buf);
+    }
+    close(fd);
+    if (rc != 0)
+        return rc;
+    if (what & DDO_MEASURE_DIRECT) {
+        /* O_DIRECT bypasses the cache: one pass measures the device. */
+        r.direct_bytes_per_s = direct_pass(path, len);
+        r.direct_streams = r.direct_bytes_per_s > 0 ? DIRECT_STREAMS : 0;
     }
     *out = r;
-out:
-    free(buf);
-    close(fd);
-    return rc;
+    return 0;
 }

@@ -128,7 +128,8 @@ int ddo_cmd_doctor(int argc, char **argv)
         } else {
             measured_file = largest_file(ck);
             if (measured_file != NULL &&
-                ddo_measure_file_read(measured_file, (uint64_t)4 << 30, 1, &speed) != 0)
+                ddo_measure_file_read(measured_file, (uint64_t)4 << 30,
+                                      DDO_MEASURE_PAGE_CACHE | DDO_MEASURE_DIRECT, &speed) != 0)
                 snprintf(speed_error, sizeof(speed_error), "%s", ddo_last_error());
         }
     }
@@ -335,9 +336,10 @@ int ddo_cmd_doctor(int argc, char **argv)
                 printf("file      %s\n", speed_error);
             else if (speed.direct_bytes_per_s > 0)
                 printf("file      %s: %.2f GiB model; read %.2f GiB: page cache %.2f GB/s, "
-                       "O_DIRECT %.2f GB/s\n",
+                       "O_DIRECT %.2f GB/s (%u reads in flight)\n",
                        measured_file, gib(model), gib(speed.bytes),
-                       gbps(speed.page_cache_bytes_per_s), gbps(speed.direct_bytes_per_s));
+                       gbps(speed.page_cache_bytes_per_s), gbps(speed.direct_bytes_per_s),
+                       speed.direct_streams);
             else
                 printf("file      %s: %.2f GiB model; read %.2f GiB: page cache %.2f GB/s, "
                        "O_DIRECT not supported on this filesystem\n",

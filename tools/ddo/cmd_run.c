@@ -286,11 +286,17 @@ static int reference_session(run_ctx *ctx, const ddo_checkpoint *ck, const exec_
     ddo_stream *stream = NULL;
     ref_host *host = NULL;
     size_t *need = NULL;
-    int rc = ddo_config_clone(ctx->cfg, &rcfg);
+    /* A fresh configuration, not a copy of the run's: the run's flags and environment outrank
+     * values set through the API, and the reference must not inherit its budgets. */
+    int rc = ddo_config_create(&rcfg);
+    if (rc == 0)
+        rc = ddo_config_apply_preset(rcfg, "linear", "one_shot_fast");
+    if (rc == 0)
+        rc = ddo_config_set(rcfg, "execution_device", ctx->device_spec);
+    if (rc == 0)
+        rc = ddo_config_set(rcfg, "auto_budget_policy", "off");
     if (rc == 0)
         rc = ddo_config_set(rcfg, "always_resident_modules_pattern", ".*");
-    if (rc == 0)
-        rc = ddo_config_set(rcfg, "vmm_resident_weight_budget_gb", "0");
     if (rc != 0) {
         fail_msg("reference configuration", rc, ddo_config_error(rcfg));
         goto out;
@@ -506,6 +512,7 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
         so.progress = progress;
         so.progress_user = &ps;
     }
+    so.config = cfg; /* workers, read engine, registration fallback, reclaim */
     uint64_t t_setup = tool_now_ns();
     rc = ddo_session_create(plan, ck, ctx->dev, &so, &s);
     if (ps.phase[0] != '\0' && ps.last_percent < 100)
