@@ -660,6 +660,8 @@ DDO_API int ddo_session_trim_host_cache(ddo_session *s, bool enabled, uint64_t *
 DDO_API void ddo_metrics_destroy(ddo_metrics *m);
 /* Value of a numeric metric by catalog name (docs/metrics.md). DDO_E_NOT_FOUND if unknown. */
 DDO_API int ddo_metrics_get(const ddo_metrics *m, const char *name, double *value);
+/* A descriptive label of the snapshot ("route", "read_engine", "slot_kind", ...), or NULL. */
+DDO_API const char *ddo_metrics_label(const ddo_metrics *m, const char *key);
 /* JSON (as_dict), free with ddo_free. component may be NULL; it tags the snapshot. */
 DDO_API int ddo_metrics_to_json(const ddo_metrics *m, const char *component, char **json);
 /* The short human profile table. Free with ddo_free. */

@@ -298,6 +298,16 @@ int ddo_metrics_get(const ddo_metrics *m, const char *name, double *value)
                      name);
 }
 
+const char *ddo_metrics_label(const ddo_metrics *m, const char *key)
+{
+    if (m == NULL || key == NULL)
+        return NULL;
+    for (size_t i = 0; i < m->labels.count; i++)
+        if (strcmp(m->labels.keys[i], key) == 0)
+            return m->labels.values[i];
+    return NULL;
+}
+
 /* ---- JSON ---- */
 
 /* Whole numbers as JSON integers, others as reals; non-finite values as null. */

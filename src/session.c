@@ -797,9 +797,19 @@ int ddo_session_metrics(ddo_session *s, bool collect_completed, ddo_metrics **ou
     ddo__metrics_set(m, DDO_M_staging_bytes, (double)ddo__account_used(&s->acc_staging));
     ddo__metrics_max(m, DDO_M_staging_peak_bytes, (double)ddo__account_peak(&s->acc_staging));
     const char *labels[] = {
-        "session_state",   s->unloaded ? "unloaded" : "loaded",
-        "execution_order", s->order_declared ? "declared" : s->order_known ? "learned" : "plan",
-        "slot_kind",       s->vmm ? "vmm_handle" : "device_buffer",
+        "session_state",
+        s->unloaded ? "unloaded" : "loaded",
+        "execution_order",
+        s->order_declared ? "declared"
+        : s->order_known  ? "learned"
+                          : "plan",
+        "slot_kind",
+        s->vmm ? "vmm_handle" : "device_buffer",
+        /* what file reads actually use (auto picks pread for a checkpoint in the page cache) */
+        "read_engine",
+        s->source == NULL                                         ? "none"
+        : ddo__source_engine(s->source) == DDO__READ_ENGINE_PREAD ? "pread"
+                                                                  : "io_uring",
     };
     int rc = ddo__metrics_snapshot(m, s->plan, labels, DDO_ARRAY_LEN(labels) / 2, out);
     if (rc != 0)

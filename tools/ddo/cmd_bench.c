@@ -634,6 +634,10 @@ static int run_case(bench *b, ddo_config *cfg, uint64_t steps, uint64_t trace_st
         goto out;
     }
     r->session_peak = (uint64_t)tool_metric(m, "device_weights_peak_bytes");
+    /* The engine the session really used decides which file speed bounds the case. */
+    const char *used = ddo_metrics_label(m, "read_engine");
+    if (used != NULL && strcmp(used, "none") != 0)
+        snprintf(r->read_engine, sizeof(r->read_engine), "%s", used);
     ref_host_stats hs;
     ref_host_stats_get(b->timing, &hs);
     r->computed = hs.weights_computed;
@@ -820,6 +824,7 @@ static int write_json(const bench *b, const case_result *res, size_t n, const ch
             continue;
         }
         json_object_set_new(o, "route", json_string(r->route));
+        json_object_set_new(o, "read_engine", json_string(r->read_engine));
         json_object_set_new(o, "steps", json_integer((json_int_t)r->steps));
         json_object_set_new(o, "step_s", json_real(r->step_s));
         json_object_set_new(o, "step_min_s", json_real(r->step_min_s));
