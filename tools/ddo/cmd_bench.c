@@ -62,23 +62,6 @@ static uint64_t device_free(ddo_device *dev)
     return caps.free_bytes;
 }
 
-static uint64_t host_available_bytes(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (f != NULL) {
-        char line[256];
-        while (fgets(line, sizeof line, f) != NULL) {
-            unsigned long long kb;
-            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
-                fclose(f);
-                return (uint64_t)kb * 1024u;
-            }
-        }
-        fclose(f);
-    }
-    return 0;
-}
-
 /* ---- the trace --------------------------------------------------------------------- */
 
 enum { TID_ACQUIRE = 1, TID_COMPUTE = 2, TID_GPU = 3, TID_RELEASE = 4, TID_STEP = 5 };
@@ -495,13 +478,8 @@ static int run_case(bench *b, ddo_config *cfg, uint64_t steps, uint64_t trace_st
     r->identical = -1;
 
     ddo_plan_inputs in;
-    memset(&in, 0, sizeof(in));
-    in.device_total_bytes = b->caps.total_bytes;
+    tool_plan_inputs(&in, &b->caps);
     in.device_free_bytes = device_free(b->dev);
-    in.device_granularity = b->caps.granularity;
-    in.device_is_cpu = b->caps.is_cpu;
-    in.device_vmm_supported = b->caps.vmm_supported;
-    in.host_available_bytes = host_available_bytes();
     in.bus_bytes_per_s = b->bus_bps;
     in.tokens = b->a->tokens;
     rc = ddo_plan_build(b->ck, cfg, &in, &plan);

@@ -63,12 +63,7 @@ static int try_plan(const ddo_checkpoint *ck, char *device, const ddo_device_cap
         rc = ddo_config_validate(cfg);
     if (rc == 0) {
         ddo_plan_inputs in;
-        memset(&in, 0, sizeof in);
-        in.device_total_bytes = caps->total_bytes;
-        in.device_free_bytes = caps->free_bytes;
-        in.device_granularity = caps->granularity;
-        in.device_is_cpu = caps->is_cpu;
-        in.device_vmm_supported = caps->vmm_supported;
+        tool_plan_inputs(&in, caps);
         in.tokens = tokens;
         rc = ddo_plan_build(ck, cfg, &in, &plan);
     }

@@ -35,20 +35,6 @@ static void usage(FILE *out)
             ddo_config_flags_help());
 }
 
-static uint64_t meminfo_available(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (f == NULL)
-        return 0;
-    char line[256];
-    uint64_t kb = 0;
-    while (fgets(line, sizeof(line), f) != NULL)
-        if (sscanf(line, "MemAvailable: %" SCNu64 " kB", &kb) == 1)
-            break;
-    fclose(f);
-    return kb * 1024;
-}
-
 static int parse_double(const char *flag, const char *v, double *out)
 {
     char *end = NULL;
@@ -308,7 +294,7 @@ int ddo_cmd_plan(int argc, char **argv)
             goto out;
         }
     } else {
-        in.host_available_bytes = meminfo_available();
+        in.host_available_bytes = tool_host_available_bytes();
     }
     if (gbps > 0.0)
         in.bus_bytes_per_s = gbps * 1e9;

@@ -124,24 +124,6 @@ static void progress(void *user, const char *phase, uint64_t done, uint64_t tota
 
 /* ---- machine facts ----------------------------------------------------------------- */
 
-static uint64_t host_available_bytes(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (f != NULL) {
-        char line[256];
-        while (fgets(line, sizeof line, f) != NULL) {
-            unsigned long long kb;
-            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
-                fclose(f);
-                return (uint64_t)kb * 1024u;
-            }
-        }
-        fclose(f);
-    }
-    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
-    return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
-}
-
 static uint64_t device_used(ddo_device *dev)
 {
     ddo_device_caps caps;
@@ -302,13 +284,7 @@ static int reference_session(run_ctx *ctx, const ddo_checkpoint *ck, const exec_
         goto out;
     }
     ddo_plan_inputs in;
-    memset(&in, 0, sizeof in);
-    in.device_total_bytes = ctx->caps.total_bytes;
-    in.device_free_bytes = ctx->caps.free_bytes;
-    in.device_granularity = ctx->caps.granularity;
-    in.device_is_cpu = ctx->caps.is_cpu;
-    in.device_vmm_supported = ctx->caps.vmm_supported;
-    in.host_available_bytes = host_available_bytes();
+    tool_plan_inputs(&in, &ctx->caps);
     in.tokens = ctx->args->tokens;
     rc = ddo_plan_build(ck, rcfg, &in, &rplan);
     if (rc != 0) {
@@ -445,13 +421,7 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
     if (component == NULL && tool_profile_prepare(&tp, cfg, ck) != 0)
         goto out;
     ddo_plan_inputs in;
-    memset(&in, 0, sizeof in);
-    in.device_total_bytes = ctx->caps.total_bytes;
-    in.device_free_bytes = ctx->caps.free_bytes;
-    in.device_granularity = ctx->caps.granularity;
-    in.device_is_cpu = ctx->caps.is_cpu;
-    in.device_vmm_supported = ctx->caps.vmm_supported;
-    in.host_available_bytes = host_available_bytes();
+    tool_plan_inputs(&in, &ctx->caps);
     in.bus_bytes_per_s =
         ctx->caps.bus_bytes_per_s > 0 ? ctx->caps.bus_bytes_per_s : a->dev_opts.cpu_bytes_per_s;
     in.flops_per_s =

@@ -42,6 +42,11 @@ int tool_parse_u64(const char *s, uint64_t *out);
 int tool_parse_double(const char *s, double *out);
 /* A numeric metric of a snapshot, 0 when absent. */
 double tool_metric(const ddo_metrics *m, const char *name);
+/* Available host RAM (MemAvailable), bytes; 0 when unknown. */
+uint64_t tool_host_available_bytes(void);
+/* Plan inputs from a device's capabilities (device fields) and the host's available RAM;
+ * the cost-model fields and tokens are left 0. */
+void tool_plan_inputs(ddo_plan_inputs *in, const ddo_device_caps *caps);
 /* Formats fmt into err (when given) and returns code. */
 int tool_fail(char *err, size_t err_len, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

@@ -77,3 +77,22 @@ int tool_fail(char *err, size_t err_len, int code, const char *fmt, ...)
     }
     return code;
 }
+
+uint64_t tool_host_available_bytes(void)
+{
+    ddo_host_info h;
+    return ddo_host_info_get(&h) == 0 ? h.ram_available_bytes : 0;
+}
+
+void tool_plan_inputs(ddo_plan_inputs *in, const ddo_device_caps *caps)
+{
+    memset(in, 0, sizeof(*in));
+    if (caps != NULL) {
+        in->device_total_bytes = caps->total_bytes;
+        in->device_free_bytes = caps->free_bytes;
+        in->device_granularity = caps->granularity;
+        in->device_is_cpu = caps->is_cpu;
+        in->device_vmm_supported = caps->vmm_supported;
+    }
+    in->host_available_bytes = tool_host_available_bytes();
+}
