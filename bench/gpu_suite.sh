@@ -204,6 +204,7 @@ NONE="--ddo-always-resident-module-patterns ^\$ --ddo-small-tensor-threshold-kb 
 step "ddo bench" 330 "$OUT/bench.log" "$DDO" bench "$CK" --tokens "$TOKENS" --steps "$STEPS" \
     --trace-steps 2 --bus-gib 4 --direct-gib 2 \
     --case "vmm-zero $VMM $NONE --ddo-vmm-resident-weight-budget-gb 4 --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1" \
+    --case "vmm-zero-4 $VMM $NONE --ddo-execution-slots 4 --ddo-vmm-resident-weight-budget-gb 4 --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1" \
     --case "budget-16g $VMM --ddo-vmm-resident-weight-budget-gb 16 --ddo-always-resident-module-patterns ^(time_text_embed|context_embedder|x_embedder|norm_out|proj_out)(\\.|\$) --ddo-resident-module-patterns auto --ddo-resident-module-budget-gb 14 --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1" \
     --case "linear-zero --ddo-backend linear --ddo-preset one_shot_fast --ddo-auto-budget-policy off $NONE --steps 3 --trace-steps 0" \
     --case "nvme-4g --ddo-backend vmm --ddo-preset nvme_baseline $NONE --ddo-vmm-resident-weight-budget-gb 4 --steps 1 --trace-steps 0" \
