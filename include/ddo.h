@@ -597,6 +597,15 @@ typedef struct ddo_session_options {
      * vmm_execution_backing_reclaim come from it. NULL means 1 worker, the automatic
      * read engine, registration fallback allowed and no automatic reclaim. */
     const ddo_config *config;
+    /* Optional trace of what the session does on its own threads (the loader and the copy
+     * stream's host thread): kind "upload" (the copy engine's span for one unit: from when it
+     * could start — issue time or the previous upload's end — to completion), "map" / "unmap"
+     * (a slot's backing moved into / out of a unit's range), "reclaim" (backing released).
+     * unit is the plan's unit index, times are CLOCK_MONOTONIC ns, bytes moved or mapped.
+     * Called concurrently from several threads: it must be thread-safe and quick. */
+    void (*trace)(void *user, const char *kind, size_t unit, uint64_t begin_ns, uint64_t end_ns,
+                  uint64_t bytes);
+    void *trace_user;
 } ddo_session_options;
 
 /*

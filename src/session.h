@@ -58,6 +58,8 @@ typedef struct ddo__slot {
     uint64_t release_tick; /* when the release event was recorded */
     uint64_t ticket;       /* upload ticket (ordinal of the load) */
     uint64_t issue_ns;     /* when the loader started issuing (copy busy time; busy_mu) */
+    size_t issue_unit;     /* the unit of that upload, and its bytes (for the trace) */
+    uint64_t issue_bytes;
     int load_rc;
     ddo__errbuf load_err;
     struct ddo_session *owner;
@@ -197,5 +199,9 @@ uint64_t ddo__session_release_all(ddo_session *s);
 int ddo__session_unit_state(ddo_session *s, size_t unit, size_t *slot);
 int ddo__session_slot_state(ddo_session *s, size_t slot, size_t *unit, bool *backed, bool *unsafe,
                             bool *prefetched);
+
+/* Calls the session's trace hook (ddo_session_options.trace), if any. */
+void ddo__session_trace(const struct ddo_session *s, const char *kind, size_t unit,
+                        uint64_t begin_ns, uint64_t end_ns, uint64_t bytes);
 
 #endif /* DDO_SESSION_H */

@@ -311,6 +311,13 @@ int ddo__session_upload_residents(ddo_session *s)
 static int bind_unit(ddo_session *s, const ddo__job *job, ddo__errbuf *eb);
 static void unbind_unit(ddo_session *s, size_t unit);
 
+void ddo__session_trace(const ddo_session *s, const char *kind, size_t unit, uint64_t begin_ns,
+                        uint64_t end_ns, uint64_t bytes)
+{
+    if (s->opts.trace != NULL)
+        s->opts.trace(s->opts.trace_user, kind, unit, begin_ns, end_ns, bytes);
+}
+
 /* Runs on the copy stream's host thread when an upload's copies completed. */
 static void upload_done(void *user)
 {
@@ -322,7 +329,10 @@ static void upload_done(void *user)
     if (now > start)
         ddo__metrics_add(&s->metrics, DDO_M_copy_busy_ns, (double)(now - start));
     s->busy_last_done = now;
+    size_t unit = slot->issue_unit;
+    uint64_t bytes = slot->issue_bytes;
     pthread_mutex_unlock(&s->busy_mu);
+    ddo__session_trace(s, "upload", unit, start, now, bytes);
 }
 
 /* Performs one job (no lock held). */
@@ -354,7 +364,9 @@ static int run_job(ddo_session *s, ddo__job *job, ddo__errbuf *eb)
                     if (rc != 0)
                         return fail_ctx(eb, rc, "unit \"%s\": previous upload", u->name);
                 }
+                uint64_t t_unmap = ddo__now_ns();
                 rc = unmap_unit(s, job->prev_mapped);
+                ddo__session_trace(s, "unmap", job->prev_mapped, t_unmap, ddo__now_ns(), 0);
                 if (rc != 0) {
                     job->unsafe_after = true;
                     return fail_ctx(eb, rc, "unit \"%s\": unmapping slot %zu", u->name, job->slot);
@@ -372,7 +384,10 @@ static int run_job(ddo_session *s, ddo__job *job, ddo__errbuf *eb)
                     return rc;
             }
             bool unsafe = false;
+            uint64_t t_map = ddo__now_ns();
             rc = map_unit(s, slot->handle, job->unit, job->slot, &unsafe, eb);
+            ddo__session_trace(s, "map", job->unit, t_map, ddo__now_ns(),
+                               s->per_weight ? u->weight_bytes : s->slot_bytes);
             if (rc != 0) {
                 /* A mapping that could not be undone keeps its ranges reserved. */
                 if (unsafe) {
@@ -387,7 +402,9 @@ static int run_job(ddo_session *s, ddo__job *job, ddo__errbuf *eb)
 
     pthread_mutex_lock(&s->busy_mu);
     slot->issue_ns = ddo__now_ns();
+    slot->issue_unit = job->unit;
     pthread_mutex_unlock(&s->busy_mu);
+    uint64_t ubytes = 0;
     size_t count = 0;
     const size_t *tensors = ddo_plan_unit_tensors(s->plan, job->unit, &count);
     bool reread = false;
@@ -408,7 +425,11 @@ static int run_job(ddo_session *s, ddo__job *job, ddo__errbuf *eb)
         rc = upload_tensor(s, t, to, loc.nbytes, kind, host, eb);
         if (rc != 0)
             return rc;
+        ubytes += loc.nbytes;
     }
+    pthread_mutex_lock(&s->busy_mu);
+    slot->issue_bytes = ubytes;
+    pthread_mutex_unlock(&s->busy_mu);
     if (reread)
         ddo__metrics_add(&s->metrics, DDO_M_file_rereads, 1);
     rc = ddo__dev_event_record(s->dev, slot->upload_event, s->copy_stream);
@@ -893,11 +914,15 @@ static int reclaim_one(ddo_session *s, const ddo__slot *except, uint64_t *releas
     if (s->per_weight) {
         /* Pooled handles are idle backing too; then one idle unit's handles. */
         uint64_t before = ddo__account_used(&s->acc_device), pooled = 0;
+        uint64_t t0 = ddo__now_ns();
         int rc = ddo__session_pool_release(s, &pooled);
         size_t i = rc == 0 ? idle_slot(s, except) : DDO__NONE;
+        size_t unit = i != DDO__NONE ? s->slots[i].unit : DDO__NONE;
         if (i != DDO__NONE)
             rc = ddo__session_slot_unback(s, &s->slots[i]);
         uint64_t bytes = before - ddo__account_used(&s->acc_device);
+        if (bytes > 0)
+            ddo__session_trace(s, "reclaim", unit, t0, ddo__now_ns(), bytes);
         if (bytes > 0) {
             ddo__metrics_add(&s->metrics, DDO_M_reclaim_events, 1);
             ddo__metrics_add(&s->metrics, DDO_M_reclaim_bytes, (double)bytes);
@@ -910,9 +935,12 @@ static int reclaim_one(ddo_session *s, const ddo__slot *except, uint64_t *releas
     size_t i = idle_slot(s, except);
     if (i == DDO__NONE)
         return 0;
+    size_t unit = s->slots[i].unit;
+    uint64_t t0 = ddo__now_ns();
     int rc = ddo__session_slot_unback(s, &s->slots[i]);
     if (rc != 0)
         return rc;
+    ddo__session_trace(s, "reclaim", unit, t0, ddo__now_ns(), s->slot_bytes);
     ddo__metrics_add(&s->metrics, DDO_M_reclaim_events, 1);
     ddo__metrics_add(&s->metrics, DDO_M_reclaim_bytes, (double)s->slot_bytes);
     *released = s->slot_bytes;

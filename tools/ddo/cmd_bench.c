@@ -33,6 +33,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,7 +65,16 @@ static uint64_t device_free(ddo_device *dev)
 
 /* ---- the trace --------------------------------------------------------------------- */
 
-enum { TID_ACQUIRE = 1, TID_COMPUTE = 2, TID_GPU = 3, TID_RELEASE = 4, TID_STEP = 5 };
+enum {
+    TID_ACQUIRE = 1,
+    TID_COMPUTE = 2,
+    TID_GPU = 3,
+    TID_RELEASE = 4,
+    TID_STEP = 5,
+    TID_COPY = 6,
+    TID_MAP = 7,
+    TID_LAST = TID_MAP
+};
 
 typedef struct trace_ev {
     const char *name; /* copied into text by trace_add (unit names die with their plan) */
@@ -91,17 +101,27 @@ typedef struct trace {
     size_t pids;
     uint64_t t0;
     bool ok;
+    /* The session's own events (uploads, maps, reclaims) arrive from its threads. */
+    pthread_mutex_t mu;
+    bool session_on;      /* only during the trace steps */
+    const ddo_plan *plan; /* names the units of the session's events */
 } trace;
 
 static void trace_add(trace *t, trace_ev e)
 {
-    if (t == NULL || !t->ok)
+    if (t == NULL)
         return;
+    pthread_mutex_lock(&t->mu);
+    if (!t->ok) {
+        pthread_mutex_unlock(&t->mu);
+        return;
+    }
     if (t->len == t->cap) {
         size_t cap = t->cap ? 2 * t->cap : 1024;
         trace_ev *p = realloc(t->ev, cap * sizeof(*p));
         if (p == NULL) {
             t->ok = false;
+            pthread_mutex_unlock(&t->mu);
             return;
         }
         t->ev = p;
@@ -111,6 +131,7 @@ static void trace_add(trace *t, trace_ev e)
     snprintf(e.text, sizeof(e.text), "%s", e.name != NULL ? e.name : "?");
     e.name = NULL;
     t->ev[t->len++] = e;
+    pthread_mutex_unlock(&t->mu);
 }
 
 /* A span on track tid of the current case. */
@@ -141,6 +162,25 @@ static void trace_counter(trace *t, const char *name, uint64_t ts_ns, double val
     trace_add(t, e);
 }
 
+/* ddo_session_options.trace: the session's uploads on the copy-engine track, its maps,
+ * unmaps and reclaims on another, during the trace steps only. */
+static void session_trace_fn(void *user, const char *kind, size_t unit, uint64_t begin_ns,
+                             uint64_t end_ns, uint64_t bytes)
+{
+    trace *t = user;
+    (void)bytes;
+    pthread_mutex_lock(&t->mu);
+    bool on = t->session_on;
+    const ddo_plan *plan = t->plan;
+    pthread_mutex_unlock(&t->mu);
+    if (!on || end_ns < begin_ns)
+        return;
+    ddo_unit_info ui;
+    const char *name = plan != NULL && ddo_plan_unit(plan, unit, &ui) == 0 ? ui.name : kind;
+    trace_span(t, name, kind, strcmp(kind, "upload") == 0 ? TID_COPY : TID_MAP, begin_ns,
+               end_ns - begin_ns);
+}
+
 static void gpu_mark_fn(void *user)
 {
     ((gpu_mark *)user)->ns = tool_now_ns();
@@ -159,7 +199,9 @@ static int trace_write(const trace *t, const char *path)
                                         "host: compute issue",
                                         "device: compute stream",
                                         "host: release",
-                                        "step" };
+                                        "step",
+                                        "session: copy engine (uploads)",
+                                        "session: map / unmap / reclaim" };
     bool first = true;
     for (size_t p = 1; p <= t->pids; p++) {
         json_t *name = json_string(t->pid_names[p - 1]);
@@ -169,7 +211,7 @@ static int trace_write(const trace *t, const char *path)
         free(s);
         json_decref(name);
         first = false;
-        for (int k = 1; k <= TID_STEP; k++)
+        for (int k = 1; k <= TID_LAST; k++)
             fprintf(f,
                     ",\n{\"ph\":\"M\",\"pid\":%zu,\"tid\":%d,\"name\":\"thread_name\",\"args\":"
                     "{\"name\":\"%s\"}}",
@@ -513,6 +555,13 @@ static int run_case(bench *b, ddo_config *cfg, uint64_t steps, uint64_t trace_st
     ddo_session_options so;
     memset(&so, 0, sizeof(so));
     so.config = cfg;
+    if (b->a->trace_path != NULL) {
+        so.trace = session_trace_fn;
+        so.trace_user = &b->tr;
+        pthread_mutex_lock(&b->tr.mu);
+        b->tr.plan = plan;
+        pthread_mutex_unlock(&b->tr.mu);
+    }
     uint64_t t0 = tool_now_ns();
     rc = ddo_session_create(plan, b->ck, b->dev, &so, &s);
     if (rc != 0) {
@@ -595,11 +644,20 @@ static int run_case(bench *b, ddo_config *cfg, uint64_t steps, uint64_t trace_st
             tr->marks = calloc(2 * o.count, sizeof(*tr->marks));
             tr->marks_cap = tr->marks != NULL ? 2 * o.count : 0;
         }
+        pthread_mutex_lock(&tr->mu);
+        tr->session_on = true;
+        pthread_mutex_unlock(&tr->mu);
         for (uint64_t i = 0; i < trace_steps && rc == 0; i++) {
             if (tr->marks != NULL)
                 memset(tr->marks, 0, tr->marks_cap * sizeof(*tr->marks));
             rc = run_step(b, s, b->timing, &o, tr, &min_free, NULL, r);
         }
+        /* Uploads still in flight report after the steps: wait, then stop listening. */
+        if (rc == 0)
+            rc = ddo_session_synchronize(s);
+        pthread_mutex_lock(&tr->mu);
+        tr->session_on = false;
+        pthread_mutex_unlock(&tr->mu);
         if (rc != 0)
             goto out;
     }
@@ -1017,6 +1075,7 @@ int ddo_cmd_bench(int argc, char **argv)
     memset(&b, 0, sizeof(b));
     b.a = &a;
     b.tr.ok = true;
+    pthread_mutex_init(&b.tr.mu, NULL);
     ddo_checkpoint *ck = NULL;
     case_result *res = NULL;
     size_t nres = 0;
@@ -1245,6 +1304,7 @@ out:
     free(b.tr.pid_names);
     free(b.tr.ev);
     free(b.tr.marks);
+    pthread_mutex_destroy(&b.tr.mu);
     free(res);
     return status;
 }
