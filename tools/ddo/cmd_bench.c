@@ -19,9 +19,9 @@
  * --trace FILE writes a Chrome/Perfetto trace (JSON trace-event format) of
  * the trace steps run after the timed steps: acquire waits, host compute
  * (issue, and on cuda the span the stream spent on the unit, via host
- * callbacks), releases, and counters of bytes copied, hits and free device
- * memory. The public API has no per-upload timestamps yet; the session's
- * upload spans need a trace hook (see docs/cuda.md).
+ * callbacks), releases, counters of bytes copied, hits and free device
+ * memory, and the session's uploads, maps, unmaps and reclaims through its
+ * trace hook (ddo_session_options.trace).
  */
 #define _GNU_SOURCE /* O_DIRECT */
 #include "host.h"
