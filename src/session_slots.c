@@ -1431,15 +1431,24 @@ again:
     return 0;
 }
 
-int ddo_session_acquire(ddo_session *s, size_t unit, ddo_stream *stream)
+/* The checks acquire and release share: a session, a stream, a unit of the plan. */
+static int check_lease_args(ddo_session *s, size_t unit, const ddo_stream *stream, const char *fn)
 {
     if (s == NULL || stream == NULL)
         return ddo__fail(s != NULL ? &s->err : NULL, DDO_E_INVALID_ARGUMENT,
-                         "ddo_session_acquire: session and stream are required");
+                         "%s: session and stream are required", fn);
     if (unit >= s->unit_count)
         return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
-                         "ddo_session_acquire: unit %zu out of range (the plan has %zu units)",
-                         unit, s->unit_count);
+                         "%s: unit %zu out of range (the plan has %zu units)", fn, unit,
+                         s->unit_count);
+    return 0;
+}
+
+int ddo_session_acquire(ddo_session *s, size_t unit, ddo_stream *stream)
+{
+    int arc = check_lease_args(s, unit, stream, "ddo_session_acquire");
+    if (arc != 0)
+        return arc;
     if (s->unloaded)
         return ddo__fail(&s->err, DDO_E_STATE,
                          "acquire \"%s\": session unloaded: call ddo_session_reload",
@@ -1461,13 +1470,9 @@ int ddo_session_acquire(ddo_session *s, size_t unit, ddo_stream *stream)
 
 int ddo_session_release(ddo_session *s, size_t unit, ddo_stream *stream)
 {
-    if (s == NULL || stream == NULL)
-        return ddo__fail(s != NULL ? &s->err : NULL, DDO_E_INVALID_ARGUMENT,
-                         "ddo_session_release: session and stream are required");
-    if (unit >= s->unit_count)
-        return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
-                         "ddo_session_release: unit %zu out of range (the plan has %zu units)",
-                         unit, s->unit_count);
+    int arc = check_lease_args(s, unit, stream, "ddo_session_release");
+    if (arc != 0)
+        return arc;
     ddo__unit_rt *u = &s->units[unit];
     if (!u->leased)
         return ddo__fail(&s->err, DDO_E_STATE, "release \"%s\": unit is not leased", u->name);

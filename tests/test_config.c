@@ -6,6 +6,7 @@
  * use_environment = false.
  * ctest-labels: unit
  */
+#include "config_fx.h"
 #include "config_priv.h"
 #include "ddo.h"
 #include "t.h"
@@ -18,18 +19,6 @@ static ddo_config *new_cfg(void)
     if (ddo_config_create(&c) != 0)
         return NULL;
     return c;
-}
-
-static const char *val(const ddo_config *c, const char *key)
-{
-    const char *v = NULL;
-    return ddo_config_get(c, key, &v) == 0 ? v : "(error)";
-}
-
-static const char *src(const ddo_config *c, const char *key)
-{
-    const char *s = NULL;
-    return ddo_config_source(c, key, &s) == 0 ? s : "(error)";
 }
 
 static ddo_config *env_cfg(const char *const *env)

@@ -5,6 +5,7 @@
  * the native VMM host selection table.
  * ctest-labels: unit
  */
+#include "config_fx.h"
 #include "config_priv.h"
 #include "ddo.h"
 #include "t.h"
@@ -29,18 +30,6 @@ static ddo_config *from_env(const char *const *env, bool wsl)
         return NULL;
     }
     return c;
-}
-
-static const char *val(const ddo_config *c, const char *key)
-{
-    const char *v = NULL;
-    return ddo_config_get(c, key, &v) == 0 ? v : "(error)";
-}
-
-static const char *src(const ddo_config *c, const char *key)
-{
-    const char *s = NULL;
-    return ddo_config_source(c, key, &s) == 0 ? s : "(error)";
 }
 
 static const char *route(const ddo_config *c, const char *component)
