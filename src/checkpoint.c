@@ -573,8 +573,10 @@ int ddo__checkpoint_os_failure(const char *path, const char *what, int e)
 {
     if (e == DDO__OS_EOF)
         return ddo__fail(NULL, DDO_E_IO, "%s: %s: unexpected end of file", path, what);
+    if (e == DDO__OS_NOT_REGULAR || e == EISDIR)
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: not a regular file", path);
     return ddo__fail(NULL, e == ENOENT ? DDO_E_NOT_FOUND : DDO_E_IO, "%s: %s: %s", path, what,
-                     strerror(e));
+                     ddo__os_file_strerror(e));
 }
 
 /* Opens, identifies and validates one safetensors file as file `fi`. */

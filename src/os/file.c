@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -22,29 +23,47 @@
 /* Largest single read: Linux transfers at most 0x7ffff000 bytes per call. */
 #define PIECE_BYTES ((size_t)1 << 30)
 
-int ddo__os_file_open(const char *path, int *fd)
+/* Opens without blocking (a FIFO or a device node would block in open() or read()), then
+ * refuses anything that is not a regular file before the first read. */
+static int open_regular(const char *path, int extra_flags, int *fd)
 {
     int f;
     do {
-        f = open(path, O_RDONLY | O_CLOEXEC);
+        f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | extra_flags);
     } while (f < 0 && errno == EINTR);
     if (f < 0)
         return errno;
+    struct stat st;
+    if (fstat(f, &st) != 0) {
+        int e = errno;
+        close(f);
+        return e;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(f);
+        return S_ISDIR(st.st_mode) ? EISDIR : DDO__OS_NOT_REGULAR;
+    }
+    int fl = fcntl(f, F_GETFL);
+    if (fl >= 0)
+        (void)fcntl(f, F_SETFL, fl & ~O_NONBLOCK);
     *fd = f;
     return 0;
+}
+
+int ddo__os_file_open(const char *path, int *fd)
+{
+    return open_regular(path, 0, fd);
+}
+
+const char *ddo__os_file_strerror(int e)
+{
+    return e == DDO__OS_NOT_REGULAR ? "not a regular file" : strerror(e);
 }
 
 int ddo__os_file_open_direct(const char *path, int *fd)
 {
 #if defined(__linux__)
-    int f;
-    do {
-        f = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
-    } while (f < 0 && errno == EINTR);
-    if (f < 0)
-        return errno;
-    *fd = f;
-    return 0;
+    return open_regular(path, O_DIRECT, fd);
 #else
     (void)path;
     (void)fd;

@@ -23,10 +23,20 @@ typedef struct ddo__file_id {
 /* Returned by ddo__os_pread_full when the file ends before len bytes. */
 #define DDO__OS_EOF (-1)
 
-/* Opens path read-only and close-on-exec. 0 or an errno value. */
-int ddo__os_file_open(const char *path, int *fd);
+/* Returned by the opens below for a path that names a FIFO, socket or device node. */
+#define DDO__OS_NOT_REGULAR (-2)
+
 /*
- * Opens path read-only for direct (uncached) I/O. 0, or an errno value;
+ * Opens path read-only and close-on-exec, never blocking: a FIFO, socket or device node is
+ * refused with DDO__OS_NOT_REGULAR and a directory with EISDIR, before anything is read.
+ * 0 or an errno value.
+ */
+int ddo__os_file_open(const char *path, int *fd);
+/* strerror() of an errno value from this module, with a text for DDO__OS_NOT_REGULAR. */
+const char *ddo__os_file_strerror(int e);
+/*
+ * Opens path read-only for direct (uncached) I/O, regular files only as above. 0, or an
+ * errno value;
  * EINVAL or EOPNOTSUPP mean the file system refuses direct I/O, and ENOTSUP
  * that the platform has none.
  */
