@@ -1,0 +1,830 @@
+#!/usr/bin/env python3
+"""ddo's PyTorch binding against Diffusers' own offload on the real Flux transformer.
+
+Issue 11, "On the H200": Diffusers' FluxTransformer2DModel with the Flux.1-dev configuration and
+random bf16 weights (22.17 GiB, identical in every process), 4096 image + 512 text tokens, batch 1.
+Each case runs in a fresh process; the driver collects them, prints a table and writes JSON.
+
+  Driver:  PYTHONPATH=.devbench/src:python DDO_LIBRARY=<build>/libddo.so \\
+           python3 bench/torch_flux.py --all --out $OUT/torch_flux.json
+           (--cases resident,group_block to choose; --compile for the compiled/CUDA-graph cases)
+  Case:    python3 bench/torch_flux.py --case resident --workdir /tmp/torch_flux
+  Smoke:   python3 bench/torch_flux.py --all --tiny   (tiny Flux config; --toy: no Diffusers,
+           a built-in Flux-like stand-in, also on --device cpu with torch 1.13)
+
+Per case: enable time, first and median step (torch.cuda.synchronize around each), the bus
+measured in the same process (a 4 GiB pinned host->device copy), step / max(resident step,
+streamed bytes / bus), device memory peak (a thread sampling torch.cuda.mem_get_info every few
+ms, plus max_memory_allocated), host RSS peak (VmHWM and sampled VmRSS), and bit-identity of the
+output against the resident case (which saves its output to the work directory).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+GIB = 1 << 30
+
+# ---------------------------------------------------------------------------------------------
+# ddo option keys per case (docs/options.md; src/presets.def). Adjust here, in one place.
+# "Zero resident" follows docs/benchmarks.md (issue 6): nothing is kept resident (no always-
+# resident patterns, no small-tensor residency, no resident module budget); on VMM the active
+# device weight capacity (resident + execution slots) stays at the 4 GiB the preset gives.
+# ---------------------------------------------------------------------------------------------
+DDO_PRESET = "auto"
+DDO_ZERO_RESIDENT = {
+    "always_resident_modules_pattern": "^$",
+    "small_tensor_threshold_bytes": 0,
+    "resident_module_budget_gb": 0,
+}
+DDO_VMM_COMMON = {
+    "execution_device": "cuda:0",
+    "pin_cpu_memory": True,
+    "pin_cpu_workers": 8,
+    "vmm_source_cache_gb": 24,
+}
+DDO_ROOT_LEAVES = r"^(time_text_embed|context_embedder|x_embedder|norm_out|proj_out)(\.|$)"
+# Values are passed as Python values; the binding converts them (bools, numbers, strings).
+DDO_CASE_OPTIONS = {
+    "ddo_vmm0": ("vmm", dict(DDO_VMM_COMMON, **DDO_ZERO_RESIDENT, vmm_resident_weight_budget_gb=4)),
+    # 16 GiB device budget: 14 GiB of blocks resident (spread), the small root leaves resident.
+    "ddo_vmm16": ("vmm", dict(DDO_VMM_COMMON, vmm_resident_weight_budget_gb=16,
+                              always_resident_modules_pattern=DDO_ROOT_LEAVES,
+                              resident_module_patterns="auto", resident_module_budget_gb=14)),
+    "ddo_linear0": ("linear", dict(DDO_ZERO_RESIDENT, execution_device="cuda:0",
+                                   auto_budget_policy="off")),
+}
+# The device-weight budget each ddo case must stay under (GiB), for the "never over budget" check.
+DDO_CASE_BUDGET_GIB = {"ddo_vmm0": 4, "ddo_vmm16": 16, "ddo_linear0": None}
+
+# case name -> what it runs. ref: which resident output it is compared with (and resident cases
+# write). compile: None, "default" (compile_repeated_blocks) or "reduce-overhead" (CUDA graphs).
+CASES = {
+    "resident": dict(kind="resident", ref="eager", compile=None),
+    "group_block": dict(kind="group", offload_type="block_level", ref="eager", compile=None),
+    "group_leaf": dict(kind="group", offload_type="leaf_level", ref="eager", compile=None),
+    "ddo_vmm0": dict(kind="ddo", ref="eager", compile=None),
+    "ddo_vmm16": dict(kind="ddo", ref="eager", compile=None),
+    "ddo_linear0": dict(kind="ddo", ref="eager", compile=None),
+    "resident_compile": dict(kind="resident", ref="compile", compile="default",
+                             eager="resident"),
+    "ddo_vmm0_compile": dict(kind="ddo", base="ddo_vmm0", ref="compile", compile="default",
+                             eager="ddo_vmm0"),
+    "resident_graphs": dict(kind="resident", ref="graphs", compile="reduce-overhead",
+                            eager="resident"),
+    "ddo_vmm0_graphs": dict(kind="ddo", base="ddo_vmm0", ref="graphs", compile="reduce-overhead",
+                            eager="ddo_vmm0"),
+    "group_block_compile": dict(kind="group", offload_type="block_level", ref="compile",
+                                compile="default", eager="group_block"),
+}
+ALL_CASES = ["resident", "group_block", "group_leaf", "ddo_vmm0", "ddo_vmm16", "ddo_linear0"]
+COMPILE_CASES = ["resident", "ddo_vmm0", "resident_compile", "ddo_vmm0_compile",
+                 "resident_graphs", "ddo_vmm0_graphs"]
+
+FLUX1_DEV_CONFIG = dict(patch_size=1, in_channels=64, out_channels=None, num_layers=19,
+                        num_single_layers=38, attention_head_dim=128, num_attention_heads=24,
+                        joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
+                        axes_dims_rope=(16, 56, 56))
+TINY_CONFIG = dict(patch_size=1, in_channels=8, out_channels=None, num_layers=2,
+                   num_single_layers=2, attention_head_dim=16, num_attention_heads=2,
+                   joint_attention_dim=32, pooled_projection_dim=16, guidance_embeds=True,
+                   axes_dims_rope=(4, 6, 6))
+SEED = 20261201
+
+
+def log(msg):
+    print(f"[torch_flux {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def repo_root():
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Model and inputs
+# ---------------------------------------------------------------------------------------------
+def flux_config(args):
+    if args.tiny:
+        return dict(TINY_CONFIG)
+    path = os.path.join(repo_root(), "data", "layouts", "flux1-dev.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            cfg = json.load(f)["config"]
+        cfg["axes_dims_rope"] = tuple(cfg["axes_dims_rope"])
+        return cfg
+    return dict(FLUX1_DEV_CONFIG)
+
+
+def tokens(args):
+    if args.tiny or args.toy:
+        return 64, 16
+    return args.image_tokens, args.text_tokens
+
+
+def init_std(name, p):
+    """A deterministic, finite-output-friendly scale for each parameter."""
+    if p.dim() >= 2:
+        fan_in = p[0].numel()
+        scale = 0.1 if ("norm" in name and ".linear." in name) else 1.0  # AdaLN modulation
+        return scale / (fan_in ** 0.5)
+    return 0.02
+
+
+def fill_params(model, device):
+    import torch
+    g = torch.Generator(device=device)
+    with torch.no_grad():
+        for i, (name, p) in enumerate(model.named_parameters()):
+            g.manual_seed(SEED * 1000 + i)
+            if p.dim() == 1 and name.endswith("weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, init_std(name, p), generator=g)
+        for i, (name, b) in enumerate(model.named_buffers()):
+            if b.is_floating_point():
+                g.manual_seed(SEED * 7 + i)
+                b.normal_(0.0, 0.02, generator=g)
+
+
+def build_toy(torch):
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.norm = nn.LayerNorm(d)
+            self.qkv = nn.Linear(d, 3 * d)
+            self.proj = nn.Linear(d, d)
+            self.mlp_in = nn.Linear(d, 4 * d)
+            self.mlp_out = nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            h = self.norm(x)
+            q, k, v = self.qkv(h).chunk(3, dim=-1)
+            a = torch.softmax(q @ k.transpose(-1, -2) / (q.shape[-1] ** 0.5), dim=-1) @ v
+            x = x + self.proj(a)
+            return x + self.mlp_out(torch.nn.functional.gelu(self.mlp_in(self.norm(x))))
+
+    class Toy(nn.Module):
+        def __init__(self, d=64, n=4):
+            super().__init__()
+            self.x_embedder = nn.Linear(8, d)
+            self.transformer_blocks = nn.ModuleList([Block(d) for _ in range(n)])
+            self.proj_out = nn.Linear(d, 8)
+
+        def forward(self, hidden_states, **_):
+            x = self.x_embedder(hidden_states)
+            for b in self.transformer_blocks:
+                x = b(x)
+            return (self.proj_out(x),)
+
+    return Toy()
+
+
+def build_model(args):
+    """The module on the CPU, bf16, identical weights in every process. Returns (model, info)."""
+    import torch
+    info = {}
+    t0 = time.perf_counter()
+    init_dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.toy:
+        model = build_toy(torch).to(torch.bfloat16)
+        fill_params(model, "cpu")
+        info["model"] = "toy"
+    else:
+        from diffusers import FluxTransformer2DModel
+        cfg = flux_config(args)
+        if hasattr(torch, "get_default_device"):  # torch >= 2.x: construct on meta, no CPU init
+            with torch.device("meta"):
+                model = FluxTransformer2DModel(**cfg)
+            model = model.to(torch.bfloat16).to_empty(device=init_dev)
+        else:
+            model = FluxTransformer2DModel(**cfg).to(torch.bfloat16).to(init_dev)
+        fill_params(model, init_dev)
+        info["model"] = "FluxTransformer2DModel"
+        info["config"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.items()}
+    if init_dev == "cuda":
+        torch.cuda.synchronize()
+    info["init_s"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    model = model.to("cpu").eval()
+    if init_dev == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    info["to_cpu_s"] = time.perf_counter() - t1
+    info["build_s"] = time.perf_counter() - t0
+    info["buffers"] = sum(1 for _ in model.buffers())
+    info["params"] = sum(1 for _ in model.parameters())
+    info["model_bytes"] = model_bytes(model)
+    return model, info
+
+
+def model_bytes(model):
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        key = (t.data_ptr(), t.numel(), t.dtype)
+        if key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
+    return total
+
+
+def make_inputs(args, device):
+    import torch
+    g = torch.Generator(device="cpu")
+    g.manual_seed(SEED + 1)
+    n_img, n_txt = tokens(args)
+    bf = torch.bfloat16
+    if args.toy:
+        return {"hidden_states": torch.randn(1, n_img, 8, generator=g).to(bf).to(device)}
+    cfg = flux_config(args)
+    side = int(round(n_img ** 0.5))
+    assert side * side == n_img, "image tokens must be a square"
+    img_ids = torch.zeros(side, side, 3)
+    img_ids[..., 1] = torch.arange(side)[:, None]
+    img_ids[..., 2] = torch.arange(side)[None, :]
+    return {
+        "hidden_states": torch.randn(1, n_img, cfg["in_channels"], generator=g).to(bf).to(device),
+        "encoder_hidden_states": torch.randn(1, n_txt, cfg["joint_attention_dim"],
+                                             generator=g).to(bf).to(device),
+        "pooled_projections": torch.randn(1, cfg["pooled_projection_dim"],
+                                          generator=g).to(bf).to(device),
+        "timestep": torch.tensor([0.5], dtype=bf).to(device),
+        "guidance": torch.tensor([3.5], dtype=bf).to(device),
+        "img_ids": img_ids.reshape(n_img, 3).to(bf).to(device),
+        "txt_ids": torch.zeros(n_txt, 3, dtype=bf).to(device),
+    }
+
+
+def forward(model, inputs, toy):
+    if toy:
+        return model(**inputs)[0]
+    return model(**inputs, return_dict=False)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement helpers
+# ---------------------------------------------------------------------------------------------
+def read_status_kib(field):
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class Sampler:
+    """A thread sampling the driver's free memory (cudaMemGetInfo) and VmRSS every few ms."""
+
+    def __init__(self, cuda, period_s=0.004):
+        self.cuda, self.period_s = cuda, period_s
+        self.stop_ev = threading.Event()
+        self.samples = 0
+        self.min_free = None
+        self.total = None
+        self.max_rss_kib = 0
+        self.baseline_used = None
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def sample(self):
+        if self.cuda:
+            import torch
+            free, total = torch.cuda.mem_get_info(0)
+            self.total = total
+            self.min_free = free if self.min_free is None else min(self.min_free, free)
+        self.max_rss_kib = max(self.max_rss_kib, read_status_kib("VmRSS"))
+        self.samples += 1
+
+    def start(self):
+        self.sample()
+        if self.cuda:
+            self.baseline_used = self.total - self.min_free
+        self.thread.start()
+
+    def run(self):
+        while not self.stop_ev.is_set():
+            self.sample()
+            time.sleep(self.period_s)
+
+    def stop(self):
+        self.stop_ev.set()
+        self.thread.join()
+        self.sample()
+        out = {"samples": self.samples, "rss_sampled_peak_bytes": self.max_rss_kib * 1024}
+        if self.cuda:
+            peak = self.total - self.min_free
+            out.update(device_used_peak_bytes=peak, device_used_baseline_bytes=self.baseline_used,
+                       device_used_peak_above_baseline_bytes=peak - self.baseline_used,
+                       device_total_bytes=self.total)
+        return out
+
+
+def measure_bus(gib):
+    """Pinned host->device copy of `gib` GiB: best and median of 3 timed passes (GB/s)."""
+    import torch
+    n = int(gib * GIB)
+    host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    host.fill_(1)
+    dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dev.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(3):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dev.copy_(host, non_blocking=True)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    del host, dev
+    torch.cuda.empty_cache()
+    return {"bus_bytes": n, "bus_gbps": n / statistics.median(times) / 1e9,
+            "bus_gbps_best": n / min(times) / 1e9, "bus_times_s": times}
+
+
+def find_key(d, key):
+    """The first value named `key` anywhere in a nested dict (metrics JSON), or None."""
+    if isinstance(d, dict):
+        if key in d and not isinstance(d[key], dict):
+            return d[key]
+        for v in d.values():
+            r = find_key(v, key)
+            if r is not None:
+                return r
+    return None
+
+
+def scalars(d):
+    return {k: v for k, v in d.items() if isinstance(v, (int, float, str, bool))} \
+        if isinstance(d, dict) else {}
+
+
+def dynamo_counters():
+    try:
+        from torch._dynamo.utils import counters
+        return {k: dict(v) for k, v in counters.items()}
+    except Exception:  # noqa: BLE001 (torch without dynamo)
+        return {}
+
+
+def counters_delta(before, after):
+    out = {}
+    for group, vals in after.items():
+        for k, v in vals.items():
+            if not isinstance(v, (int, float)):
+                continue
+            dv = v - before.get(group, {}).get(k, 0)
+            if dv:
+                out[f"{group}.{k}"] = dv
+    return out
+
+
+def cudagraph_state():
+    """Recorded graph nodes, re-record count and failed matches of the cudagraph tree manager."""
+    try:
+        import torch
+        from torch._inductor import cudagraph_trees as ct
+        mgr = ct.get_manager(torch.cuda.current_device(), create_if_none_exists=False)
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}"}
+    if mgr is None:
+        return {"graphs": 0, "rerecords": 0, "fail_counter": 0}
+    nodes, stack = 0, [n for lst in mgr.roots.values() for n in lst]
+    while stack:
+        n = stack.pop()
+        nodes += 1
+        stack.extend(c for lst in n.children.values() for c in lst)
+    rer = sum(sum(v.values()) for v in mgr.num_rerecord.values())
+    return {"graphs": nodes, "rerecords": rer,
+            "fail_counter": getattr(mgr, "debug_fail_counter", None)}
+
+
+# ---------------------------------------------------------------------------------------------
+# One case (runs in its own process)
+# ---------------------------------------------------------------------------------------------
+def enable(case, spec, model, args, res):
+    """Make `model` runnable on the execution device the case's way; returns (module, handle)."""
+    import torch
+    dev = args.device
+    if spec["kind"] == "resident":
+        return model.to(dev), None
+    if spec["kind"] == "group":
+        from diffusers.hooks import apply_group_offloading
+        kw = dict(onload_device=torch.device(dev), offload_device=torch.device("cpu"),
+                  offload_type=spec["offload_type"], use_stream=True, record_stream=True)
+        if spec["offload_type"] == "block_level":
+            kw["num_blocks_per_group"] = 1
+        res["group_offload_kwargs"] = {k: str(v) for k, v in kw.items()}
+        apply_group_offloading(model, **kw)
+        return model, None
+    import ddo  # noqa: F401 (checked by the caller)
+    backend, overrides = DDO_CASE_OPTIONS[spec.get("base", case)]
+    overrides = dict(overrides)
+    if dev == "cpu":
+        overrides["execution_device"] = "cpu"
+    res["ddo_call"] = {"preset": DDO_PRESET, "backend": backend, "overrides": overrides}
+    r = ddo.enable_offload(model, preset=DDO_PRESET, backend=backend, **overrides)
+    return r.module, r
+
+
+def apply_compile(module, mode, res):
+    import torch
+    kw = {} if mode == "default" else {"mode": mode}
+    if hasattr(module, "compile_repeated_blocks"):
+        module.compile_repeated_blocks(**kw)
+        res["compile_via"] = "compile_repeated_blocks"
+    else:
+        names = getattr(module, "_repeated_blocks", None) or ["Block"]
+        n = 0
+        for sub in module.modules():
+            if type(sub).__name__ in names:
+                sub.compile(**kw)
+                n += 1
+        res["compile_via"] = f"torch.compile per block ({n})"
+    res["compile_mode"] = mode
+    res["torch_compile_available"] = hasattr(torch, "compile")
+
+
+def ddo_bytes(handle):
+    try:
+        m = handle.metrics_snapshot().as_dict()
+    except Exception as e:  # noqa: BLE001
+        return None, {"error": f"{type(e).__name__}: {e}"}
+    return find_key(m, "copy_bytes"), m
+
+
+def compare(out, first, case, spec, args, res):
+    import torch
+    out_cpu = out.detach().cpu()
+    res["output_shape"] = list(out_cpu.shape)
+    res["output_finite"] = bool(torch.isfinite(out_cpu.float()).all())
+    res["output_mean_abs"] = float(out_cpu.float().abs().mean())
+    res["self_identical"] = bool(torch.equal(first.detach().cpu().view(torch.int16),
+                                             out_cpu.view(torch.int16)))
+    ref_path = os.path.join(args.workdir, f"ref_{spec['ref']}.pt")
+    if spec["kind"] == "resident":
+        torch.save(out_cpu, ref_path)
+        res["identical"] = True
+        res["reference"] = "self (saved)"
+        return
+    if not os.path.exists(ref_path):
+        res["identical"] = None
+        res["reference"] = f"missing {os.path.basename(ref_path)}"
+        return
+    ref = torch.load(ref_path)
+    res["reference"] = os.path.basename(ref_path)
+    same_shape = list(ref.shape) == list(out_cpu.shape)
+    res["identical"] = bool(same_shape and torch.equal(ref.view(torch.int16),
+                                                       out_cpu.view(torch.int16)))
+    if same_shape:
+        res["max_abs_diff"] = float((ref.float() - out_cpu.float()).abs().max())
+
+
+def run_case(case, args):
+    """Everything one case records; never raises (errors go into the result)."""
+    res = {"case": case, "pid": os.getpid()}
+    spec = CASES[case]
+    res.update(kind=spec["kind"], compile=spec["compile"])
+    res["warmup_steps"] = args.warmup if spec["compile"] is None else max(args.warmup, 3)
+    deadline = args.deadline_epoch or (time.time() + 1e9)
+    handle = None
+    try:
+        import torch
+        res["torch"] = torch.__version__
+        cuda = args.device != "cpu"
+        if spec["kind"] == "ddo":
+            try:
+                import ddo
+                res["ddo_module"] = getattr(ddo, "__file__", None)
+            except Exception as e:  # noqa: BLE001
+                res["skipped"] = f"import ddo failed: {type(e).__name__}: {e}"
+                return res
+        if spec["kind"] == "group" and (args.toy or not cuda):
+            res["skipped"] = "group offload needs Diffusers and a CUDA device"
+            return res
+        if cuda:
+            res.update(measure_bus(args.bus_gib))
+            res["gpu"] = torch.cuda.get_device_name(0)
+        model, info = build_model(args)
+        res.update(info)
+        res["rss_after_build_bytes"] = read_status_kib("VmRSS") * 1024
+        inputs = make_inputs(args, args.device)
+        sampler = Sampler(cuda)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        sampler.start()
+        try:
+            t = time.perf_counter()
+            module, handle = enable(case, spec, model, args, res)
+            if cuda:
+                torch.cuda.synchronize()
+            res["enable_s"] = time.perf_counter() - t
+            if spec["compile"]:
+                apply_compile(module, spec["compile"], res)
+            with torch.no_grad():
+                run_steps(module, inputs, case, spec, args, deadline, res, handle, cuda)
+        finally:
+            res.update(sampler.stop())
+        if cuda:
+            res["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        res["rss_hwm_bytes"] = read_status_kib("VmHWM") * 1024
+        if handle is not None:
+            t = time.perf_counter()
+            handle.close()
+            res["close_s"] = time.perf_counter() - t
+            handle = None
+    except Exception as e:  # noqa: BLE001
+        res["error"] = f"{type(e).__name__}: {e}"
+        res["traceback"] = traceback.format_exc()[-4000:]
+        if handle is not None:
+            try:
+                handle.close()
+            except Exception as e2:  # noqa: BLE001
+                res["close_error"] = f"{type(e2).__name__}: {e2}"
+    return res
+
+
+def run_steps(module, inputs, case, spec, args, deadline, res, handle, cuda):
+    cc_before = cg_before = None
+    if handle is not None:
+        res["plan_summary"] = scalars(handle.plan)
+        with open(os.path.join(args.workdir, f"plan_{case}.json"), "w") as f:
+            json.dump(handle.plan, f)
+
+    # warm-up (first step plus warmup-1 more), then the timed steps; counters around the latter
+    import torch
+    t = time.perf_counter()
+    first = forward(module, inputs, args.toy).detach().cpu()  # copied: graph outputs get reused
+    res["first_step_s"] = time.perf_counter() - t
+    for _ in range(max(0, res["warmup_steps"] - 1)):
+        forward(module, inputs, args.toy)
+    if cuda:
+        torch.cuda.synchronize()
+    if spec["compile"]:
+        cc_before, cg_before = dynamo_counters(), cudagraph_state()
+    bytes_before = ddo_bytes(handle)[0] if handle is not None else None
+    times, out = [], first
+    while len(times) < args.steps and (len(times) < 2 or time.time() < deadline):
+        if cuda:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        out = forward(module, inputs, args.toy)
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+        out = out.detach().cpu()
+    res["step_times_s"] = times
+    res["median_step_s"] = statistics.median(times)
+    res["mean_step_s"] = statistics.fmean(times)
+    if spec["compile"]:
+        res["dynamo_counters_delta_after_warmup"] = counters_delta(cc_before, dynamo_counters())
+        res["recompiles_after_warmup"] = sum(
+            v for k, v in res["dynamo_counters_delta_after_warmup"].items()
+            if k.startswith("recompiles.") or k in ("stats.unique_graphs",))
+        cg_after = cudagraph_state()
+        res["cudagraph_before"], res["cudagraph_after"] = cg_before, cg_after
+        if "graphs" in cg_after and "graphs" in (cg_before or {}):
+            res["graph_rerecords_after_warmup"] = (cg_after["rerecords"] - cg_before["rerecords"])
+            res["graphs_recorded_after_warmup"] = cg_after["graphs"] - cg_before["graphs"]
+        res["dynamo_counters_total"] = {g: v for g, v in dynamo_counters().items()
+                                        if g in ("recompiles", "stats", "inductor", "frames")}
+    if handle is not None:
+        after, metrics = ddo_bytes(handle)
+        res["ddo_metrics"] = metrics
+        if after is not None and bytes_before is not None:
+            res["streamed_bytes_per_step"] = (after - bytes_before) / len(times)
+            res["streamed_bytes_source"] = "metrics copy_bytes delta over the timed steps"
+        res["device_weights_peak_bytes"] = find_key(metrics, "device_weights_peak_bytes")
+        res["planned_device_weights_bytes"] = find_key(metrics, "planned_device_weights_bytes")
+        budget = DDO_CASE_BUDGET_GIB.get(spec.get("base", case))
+        res["budget_bytes"] = budget * GIB if budget is not None else None
+        res["weights_within_budget"] = within_budget(res)
+    elif spec["kind"] == "group":
+        res["streamed_bytes_per_step"] = res["model_bytes"]
+        res["streamed_bytes_source"] = "the model's bytes (group offload moves all of it)"
+    else:
+        res["streamed_bytes_per_step"] = 0
+    compare(out, first, case, spec, args, res)
+
+
+def within_budget(res):
+    peak, plan, budget = (res.get("device_weights_peak_bytes"),
+                          res.get("planned_device_weights_bytes"), res.get("budget_bytes"))
+    if peak is None or plan is None:
+        return None
+    return bool(peak <= plan and (budget is None or plan <= budget))
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------------------------
+def case_command(case, args, result_path, deadline_epoch):
+    cmd = [sys.executable, os.path.abspath(__file__), "--case", case, "--workdir", args.workdir,
+           "--result", result_path, "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--device", args.device, "--bus-gib", str(args.bus_gib),
+           "--image-tokens", str(args.image_tokens), "--text-tokens", str(args.text_tokens),
+           "--deadline-epoch", f"{deadline_epoch:.3f}"]
+    if args.tiny:
+        cmd.append("--tiny")
+    if args.toy:
+        cmd.append("--toy")
+    return cmd
+
+
+def drive(args):
+    start = time.time()
+    deadline = start + args.deadline_s
+    names = args.cases.split(",") if args.cases else (COMPILE_CASES if args.compile else ALL_CASES)
+    for n in names:
+        if n not in CASES:
+            sys.exit(f"torch_flux: unknown case '{n}' (known: {', '.join(CASES)})")
+    os.makedirs(args.workdir, exist_ok=True)
+    results = {}
+    for name in names:
+        left = deadline - time.time()
+        if left < args.min_case_s:
+            results[name] = {"case": name, "skipped": f"global deadline ({left:.0f} s left)"}
+            log(f"{name}: skipped, {left:.0f} s left before the deadline")
+            continue
+        results[name] = run_subprocess(name, args, min(left, args.case_timeout_s))
+    bounds(results)
+    doc = {"meta": meta(args, names, time.time() - start), "cases": results}
+    print_table(results, doc["meta"])
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
+        log(f"wrote {args.out}")
+    return 0
+
+
+def run_subprocess(name, args, timeout_s):
+    result_path = os.path.join(args.workdir, f"result_{name}.json")
+    if os.path.exists(result_path):
+        os.remove(result_path)
+    # the case stops timing early (keeping >= 2 steps) at its soft deadline, 25 s before the kill
+    cmd = case_command(name, args, result_path, time.time() + timeout_s - 25)
+    log(f"{name}: starting (limit {timeout_s:.0f} s)")
+    t = time.time()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    try:
+        rc = subprocess.run(cmd, env=env, timeout=timeout_s).returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    wall = time.time() - t
+    res = {"case": name}
+    if os.path.exists(result_path):
+        with open(result_path) as f:
+            res = json.load(f)
+    elif rc == "timeout":
+        res["error"] = f"killed after {timeout_s:.0f} s"
+    else:
+        res["error"] = f"process exited {rc} without a result"
+    res["process_rc"], res["process_wall_s"] = rc, wall
+    status = res.get("skipped") or res.get("error") or f"median {res.get('median_step_s', 0):.4f} s"
+    log(f"{name}: done in {wall:.1f} s: {status}")
+    return res
+
+
+def bounds(results):
+    """bound = max(resident step, streamed bytes / bus); ratio = median step / bound."""
+    for name, r in results.items():
+        if "median_step_s" not in r:
+            continue
+        ref = "resident_compile" if r.get("compile") == "default" else \
+            "resident_graphs" if r.get("compile") == "reduce-overhead" else "resident"
+        rs = results.get(ref, {}).get("median_step_s")
+        if rs is None and ref != "resident":
+            ref, rs = "resident", results.get("resident", {}).get("median_step_s")
+        bus = r.get("bus_gbps")
+        sb = r.get("streamed_bytes_per_step")
+        bus_s = sb / (bus * 1e9) if (sb is not None and bus) else None
+        cands = [x for x in (rs, bus_s) if x is not None]
+        if not cands:
+            continue
+        r["bound_s"], r["bound_resident_case"], r["bus_bound_s"] = max(cands), ref, bus_s
+        r["ratio"] = r["median_step_s"] / r["bound_s"]
+        eager = results.get(CASES[name].get("eager", ""), {})
+        if eager.get("median_step_s"):
+            r["step_ratio_vs_eager"] = r["median_step_s"] / eager["median_step_s"]
+
+
+def meta(args, names, wall):
+    m = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cases": names,
+         "driver_wall_s": wall, "steps": args.steps, "tokens": list(tokens(args)),
+         "tiny": args.tiny, "toy": args.toy, "ddo_preset": DDO_PRESET,
+         "ddo_case_options": {k: {"backend": b, "overrides": o}
+                              for k, (b, o) in DDO_CASE_OPTIONS.items()}}
+    try:
+        import torch
+        m["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            m["gpu"] = torch.cuda.get_device_name(0)
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        import diffusers
+        m["diffusers"] = diffusers.__version__
+    except Exception as e:  # noqa: BLE001
+        m["diffusers"] = f"unavailable: {type(e).__name__}"
+    return m
+
+
+def fmt(v, spec, scale=1.0):
+    if v is None or isinstance(v, str):
+        return "-".rjust(int(spec.split(".")[0] or 0))
+    return format(v / scale, spec)
+
+
+def print_table(results, m):
+    print(f"\ntorch_flux: torch {m.get('torch')}, diffusers {m.get('diffusers')}, "
+          f"{m.get('gpu', 'no gpu')}, tokens {m['tokens']}, {m['steps']} timed steps")
+    hdr = (f"{'case':18} {'enable s':>8} {'first s':>8} {'median s':>8} {'bus GB/s':>8} "
+           f"{'strm GiB':>8} {'bound s':>8} {'ratio':>6} {'dev GiB':>8} {'alloc GiB':>9} "
+           f"{'RSS GiB':>8} {'same':>5}  note")
+    print(hdr)
+    for name, r in results.items():
+        same = {True: "yes", False: "NO", None: "-"}[r.get("identical")]
+        note = r.get("skipped") or r.get("error") or ""
+        if r.get("compile"):
+            note = (f"recompiles {r.get('recompiles_after_warmup')}, re-records "
+                    f"{r.get('graph_rerecords_after_warmup')}, x eager "
+                    f"{fmt(r.get('step_ratio_vs_eager'), '.3f')} " + note)
+        if r.get("weights_within_budget") is False:
+            note += " WEIGHTS OVER PLAN/BUDGET"
+        print(f"{name:18} {fmt(r.get('enable_s'), '8.2f')} {fmt(r.get('first_step_s'), '8.3f')} "
+              f"{fmt(r.get('median_step_s'), '8.4f')} {fmt(r.get('bus_gbps'), '8.2f')} "
+              f"{fmt(r.get('streamed_bytes_per_step'), '8.2f', GIB)} "
+              f"{fmt(r.get('bound_s'), '8.4f')} {fmt(r.get('ratio'), '6.3f')} "
+              f"{fmt(r.get('device_used_peak_above_baseline_bytes'), '8.2f', GIB)} "
+              f"{fmt(r.get('max_memory_allocated_bytes'), '9.2f', GIB)} "
+              f"{fmt(r.get('rss_hwm_bytes'), '8.2f', GIB)} {same:>5}  {note[:120]}")
+    print("dev GiB: driver used-memory peak (sampled mem_get_info) above the case's baseline; "
+          "alloc: torch max_memory_allocated; RSS: VmHWM of the case process\n", flush=True)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description="ddo's PyTorch binding against Diffusers group offload on the Flux "
+                    "transformer (issue 11). Each case runs in a fresh process.")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--all", action="store_true", help="driver: run the cases, one process each")
+    mode.add_argument("--compile", action="store_true",
+                      help="driver: the compiled / CUDA-graph cases (second call)")
+    mode.add_argument("--case", choices=sorted(CASES), help="run one case in this process")
+    p.add_argument("--cases", default=None, help="driver: comma-separated case list")
+    p.add_argument("--out", default=None, help="driver: JSON results file")
+    p.add_argument("--result", default=None, help="case: write the case's JSON here")
+    p.add_argument("--workdir", default=os.environ.get("TORCH_FLUX_WORKDIR", "/tmp/torch_flux"),
+                   help="reference outputs, plans and per-case results")
+    p.add_argument("--steps", type=int, default=6, help="timed steps per case (>= 5 for figures)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps first (compile: >= 3)")
+    p.add_argument("--device", default="cuda:0", help="execution device (cpu with --toy/--tiny)")
+    p.add_argument("--bus-gib", type=float, default=4.0, help="size of the pinned bus copy")
+    p.add_argument("--image-tokens", type=int, default=4096)
+    p.add_argument("--text-tokens", type=int, default=512)
+    p.add_argument("--tiny", action="store_true", help="tiny Flux configuration (smoke test)")
+    p.add_argument("--toy", action="store_true", help="built-in Flux-like module, no Diffusers")
+    p.add_argument("--deadline-s", type=float, default=510.0,
+                   help="driver: global deadline for all cases (default 8.5 min)")
+    p.add_argument("--case-timeout-s", type=float, default=300.0, help="driver: one case's limit")
+    p.add_argument("--min-case-s", type=float, default=45.0,
+                   help="driver: skip a case when less than this is left")
+    p.add_argument("--deadline-epoch", type=float, default=0.0, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.steps < 1:
+        p.error("--steps must be >= 1")
+    return a
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.case:
+        res = run_case(args.case, args)
+        text = json.dumps(res, indent=1, default=str)
+        if args.result:
+            with open(args.result + ".tmp", "w") as f:
+                f.write(text)
+            os.replace(args.result + ".tmp", args.result)
+        else:
+            print(text)
+        status = res.get("skipped") or res.get("error") or "ok"
+        if "traceback" in res:
+            print(res["traceback"], file=sys.stderr, flush=True)
+        log(f"case {args.case}: {status}")
+        return 0 if "error" not in res else 1
+    return drive(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
