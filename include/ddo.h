@@ -119,6 +119,16 @@ typedef enum ddo_dtype {
     DDO_DTYPE_F64,
     DDO_DTYPE_I64,
     DDO_DTYPE_U64,
+    /* Added later, so appended (the values above never change): the rest of the official
+     * safetensors Dtype list. F4 (4 bits) and F6_* (6 bits) are sub-byte types: a tensor's
+     * bits must fill whole bytes, and ddo_dtype_size() returns 0 for them. All of these are
+     * moved as bytes; ddo never computes on them. */
+    DDO_DTYPE_F4,
+    DDO_DTYPE_F6_E2M3,
+    DDO_DTYPE_F6_E3M2,
+    DDO_DTYPE_F8_E4M3FNUZ,
+    DDO_DTYPE_F8_E5M2FNUZ,
+    DDO_DTYPE_C64,
     DDO_DTYPE_COUNT
 } ddo_dtype;
 

@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define Q ddo__checkpoint_quote
+
 /* ------------------------------------------------------------------------ */
 /* The checkpoint                                                            */
 /* ------------------------------------------------------------------------ */
@@ -66,6 +68,7 @@ void ddo_checkpoint_destroy(ddo_checkpoint *ck)
             ddo__os_unmap_file(f->data, f->info.size);
         ddo__os_file_close(f->fd);
         free((char *)(uintptr_t)f->info.path);
+        free(f->label);
         free(f->real_path);
     }
     free(ck->files);
@@ -110,6 +113,11 @@ int ddo__checkpoint_add_file(ddo_checkpoint *ck, const char *path, uint32_t *ind
         return DDO_E_NO_MEMORY;
     f->info.path = p;
     f->name = ddo__checkpoint_base_name(p);
+    f->label = ddo__strdup(Q(f->name));
+    if (f->label == NULL) {
+        free(p);
+        return DDO_E_NO_MEMORY;
+    }
     *index = (uint32_t)ck->file_count++;
     return 0;
 }
@@ -199,10 +207,12 @@ static void format_json_array(char *buf, size_t len, const json_t *arr)
         const char *sep = i ? ", " : "";
         if (json_is_integer(v))
             w = snprintf(buf + at, len - at, "%s%" JSON_INTEGER_FORMAT, sep, json_integer_value(v));
-        else if (json_is_real(v))
-            w = snprintf(buf + at, len - at, "%s%g", sep, json_real_value(v));
-        else if (json_is_string(v))
-            w = snprintf(buf + at, len - at, "%s\"%s\"", sep, json_string_value(v));
+        else if (json_is_real(v)) {
+            char real[40];
+            ddo__checkpoint_format_real(real, sizeof(real), json_real_value(v));
+            w = snprintf(buf + at, len - at, "%s%s", sep, real);
+        } else if (json_is_string(v))
+            w = snprintf(buf + at, len - at, "%s\"%s\"", sep, Q(json_string_value(v)));
         else
             w = snprintf(buf + at, len - at, "%s%s", sep,
                          json_is_null(v)      ? "null"
@@ -238,8 +248,8 @@ const char *ddo__checkpoint_json_type(const json_t *v)
     }
 }
 
-/* Maps a jansson error to the broken rule. */
-int ddo__checkpoint_json_failure(const char *fname, const json_error_t *jerr)
+/* Maps a jansson error to the broken rule; what is "header", "index" or the like. */
+int ddo__checkpoint_json_failure(const char *fname, const char *what, const json_error_t *jerr)
 {
     if (json_error_code(jerr) == json_error_duplicate_key) {
         const char *near = strstr(jerr->text, "near '");
@@ -247,15 +257,22 @@ int ddo__checkpoint_json_failure(const char *fname, const json_error_t *jerr)
         size_t klen = strlen(key);
         if (klen > 0 && key[klen - 1] == '\'')
             klen--;
-        return ddo__fail(NULL, DDO_E_FORMAT,
-                         "%s: duplicate key %.*s in the header at line %d, column %d (rejected: "
-                         "stricter than the official library, which keeps the last)",
-                         fname, (int)klen, key, jerr->line, jerr->column);
+        if (klen >= 2 && key[0] == '"' && key[klen - 1] == '"') {
+            key++;
+            klen -= 2;
+        }
+        char *k = ddo__strndup(key, klen);
+        int rc = ddo__fail(NULL, DDO_E_FORMAT,
+                           "%s: duplicate key \"%s\" in the %s at line %d, column %d (rejected: "
+                           "stricter than the official library, which keeps the last)",
+                           fname, Q(k != NULL ? k : "?"), what, jerr->line, jerr->column);
+        free(k);
+        return rc;
     }
     if (json_error_code(jerr) == json_error_premature_end_of_input && jerr->position == 0)
-        return ddo__fail(NULL, DDO_E_FORMAT, "%s: header is empty, not a JSON object", fname);
-    return ddo__fail(NULL, DDO_E_FORMAT, "%s: header is not valid JSON: %s at line %d, column %d",
-                     fname, jerr->text, jerr->line, jerr->column);
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: %s is empty, not a JSON object", fname, what);
+    return ddo__fail(NULL, DDO_E_FORMAT, "%s: %s is not valid JSON: %s at line %d, column %d",
+                     fname, what, ddo__checkpoint_quote_text(jerr->text), jerr->line, jerr->column);
 }
 
 /* A non-negative JSON integer, or false. */
@@ -267,42 +284,22 @@ bool ddo__checkpoint_json_u64(const json_t *v, uint64_t *out)
     return true;
 }
 
-/* Validates one tensor entry and appends it with its relative begin in offset. */
-static int parse_entry(ddo_checkpoint *ck, const char *fname, uint32_t file_index, const char *name,
-                       const json_t *entry, uint64_t data_len)
+/* Checks a shape against the dtype: dims[] and *nbytes on success. */
+static int parse_shape(const char *fname, const char *name, ddo_dtype dtype, const json_t *jshape,
+                       uint64_t dims[DDO_MAX_DIMS], size_t *ndim_out, uint64_t *nbytes)
 {
-    if (!json_is_object(entry))
-        return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\": entry is %s, not an object", fname,
-                         name, ddo__checkpoint_json_type(entry));
-    const json_t *jdtype = json_object_get(entry, "dtype");
-    const json_t *jshape = json_object_get(entry, "shape");
-    const json_t *joffs = json_object_get(entry, "data_offsets");
-    if (jdtype == NULL)
-        return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\": missing \"dtype\"", fname, name);
-    if (!json_is_string(jdtype))
-        return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\": \"dtype\" is %s, not a string",
-                         fname, name, ddo__checkpoint_json_type(jdtype));
-    ddo_dtype dtype;
-    if (ddo_dtype_from_name(json_string_value(jdtype), &dtype) != 0)
-        return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\": unknown dtype \"%s\"", fname, name,
-                         json_string_value(jdtype));
-    if (jshape == NULL)
-        return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\": missing \"shape\"", fname, name);
-    if (!json_is_array(jshape))
-        return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\": \"shape\" is %s, not an array",
-                         fname, name, ddo__checkpoint_json_type(jshape));
     char shape_text[256];
     size_t ndim = json_array_size(jshape);
-    uint64_t dims[DDO_MAX_DIMS] = { 0 };
     for (size_t i = 0; i < ndim; i++) {
         const json_t *d = json_array_get(jshape, i);
         uint64_t v;
         if (!ddo__checkpoint_json_u64(d, &v)) {
             format_json_array(shape_text, sizeof(shape_text), jshape);
             return ddo__fail(NULL, DDO_E_FORMAT,
-                             "%s: tensor \"%s\": shape %s: dimension %zu is not a non-negative "
-                             "integer",
-                             fname, name, shape_text, i);
+                             "%s: tensor \"%s\": shape %s: dimension %zu is %s, not a "
+                             "non-negative integer",
+                             fname, Q(name), shape_text, i,
+                             json_is_integer(d) ? "negative" : ddo__checkpoint_json_type(d));
         }
         if (i < DDO_MAX_DIMS)
             dims[i] = v;
@@ -310,63 +307,115 @@ static int parse_entry(ddo_checkpoint *ck, const char *fname, uint32_t file_inde
     if (ndim > DDO_MAX_DIMS) {
         format_json_array(shape_text, sizeof(shape_text), jshape);
         return ddo__fail(NULL, DDO_E_UNSUPPORTED,
-                         "%s: tensor \"%s\": shape %s has %zu dimensions; at most %d are supported",
-                         fname, name, shape_text, ndim, DDO_MAX_DIMS);
+                         "%s: tensor \"%s\": shape %s has %zu dimensions; at most %d are supported "
+                         "(stricter than the official reader)",
+                         fname, Q(name), shape_text, ndim, DDO_MAX_DIMS);
     }
-    /* The true byte size: zero when any dimension is zero. */
-    uint64_t nbytes = ddo_dtype_size(dtype);
-    bool zero = false;
-    for (size_t i = 0; i < ndim; i++)
-        zero = zero || dims[i] == 0;
-    if (zero) {
-        nbytes = 0;
-    } else {
-        for (size_t i = 0; i < ndim; i++) {
-            if (!ddo__mul_u64(nbytes, dims[i], &nbytes)) {
-                format_dims(shape_text, sizeof(shape_text), dims, ndim);
-                return ddo__fail(NULL, DDO_E_FORMAT,
-                                 "%s: tensor \"%s\": %s %s: byte size overflows 64 bits", fname,
-                                 name, ddo_dtype_name(dtype), shape_text);
-            }
-        }
+    int rc = ddo__dtype_nbytes(dtype, dims, ndim, nbytes);
+    if (rc != 0) {
+        format_dims(shape_text, sizeof(shape_text), dims, ndim);
+        if (rc == DDO_E_OVERFLOW)
+            return ddo__fail(NULL, DDO_E_FORMAT,
+                             "%s: tensor \"%s\": %s %s: element count or size overflows 64 bits",
+                             fname, Q(name), ddo_dtype_name(dtype), shape_text);
+        return ddo__fail(NULL, DDO_E_FORMAT,
+                         "%s: tensor \"%s\": %s %s: %u-bit elements do not fill whole bytes", fname,
+                         Q(name), ddo_dtype_name(dtype), shape_text, ddo__dtype_bits(dtype));
     }
+    *ndim_out = ndim;
+    return 0;
+}
+
+/* Checks data_offsets [begin, end] against the data area and the byte size. */
+static int parse_offsets(const char *fname, const char *name, const json_t *joffs,
+                         uint64_t data_len, uint64_t *begin_out, uint64_t *end_out)
+{
     if (joffs == NULL)
         return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\": missing \"data_offsets\"", fname,
-                         name);
+                         Q(name));
     if (!json_is_array(joffs))
         return ddo__fail(NULL, DDO_E_FORMAT,
-                         "%s: tensor \"%s\": \"data_offsets\" is %s, not [begin, end]", fname, name,
-                         ddo__checkpoint_json_type(joffs));
+                         "%s: tensor \"%s\": \"data_offsets\" is %s, not [begin, end]", fname,
+                         Q(name), ddo__checkpoint_json_type(joffs));
     if (json_array_size(joffs) != 2)
         return ddo__fail(NULL, DDO_E_FORMAT,
                          "%s: tensor \"%s\": \"data_offsets\" must be [begin, end], got %zu "
                          "element(s)",
-                         fname, name, json_array_size(joffs));
+                         fname, Q(name), json_array_size(joffs));
     uint64_t begin, end;
     if (!ddo__checkpoint_json_u64(json_array_get(joffs, 0), &begin) ||
         !ddo__checkpoint_json_u64(json_array_get(joffs, 1), &end)) {
-        char offs_text[128];
+        char offs_text[160];
         format_json_array(offs_text, sizeof(offs_text), joffs);
         return ddo__fail(NULL, DDO_E_FORMAT,
                          "%s: tensor \"%s\": data_offsets %s are not non-negative integers", fname,
-                         name, offs_text);
+                         Q(name), offs_text);
     }
     if (begin > end)
         return ddo__fail(NULL, DDO_E_FORMAT,
                          "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64
                          "] are reversed (begin > end)",
-                         fname, name, begin, end);
+                         fname, Q(name), begin, end);
     if (end > data_len)
         return ddo__fail(NULL, DDO_E_FORMAT,
                          "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64
                          "] run past the end of the data area (%" PRIu64 " bytes)",
-                         fname, name, begin, end, data_len);
+                         fname, Q(name), begin, end, data_len);
+    *begin_out = begin;
+    *end_out = end;
+    return 0;
+}
+
+/* Validates one tensor entry and appends it with its relative begin in offset. */
+static int parse_entry(ddo_checkpoint *ck, const char *fname, uint32_t file_index, const char *name,
+                       const json_t *entry, uint64_t data_len)
+{
+    if (strlen(name) > DDO__CHECKPOINT_MAX_NAME_BYTES)
+        return ddo__fail(NULL, DDO_E_FORMAT,
+                         "%s: tensor \"%s\": name is %zu bytes, over ddo's limit of %d (stricter "
+                         "than the official reader; see docs/inspect.md)",
+                         fname, Q(name), strlen(name), DDO__CHECKPOINT_MAX_NAME_BYTES);
+    if (ck->tensor_count >= DDO__CHECKPOINT_MAX_TENSORS)
+        return ddo__fail(NULL, DDO_E_FORMAT,
+                         "%s: more than %d tensors (ddo's limit, stricter than the official "
+                         "reader; see docs/inspect.md)",
+                         fname, DDO__CHECKPOINT_MAX_TENSORS);
+    if (!json_is_object(entry))
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\": entry is %s, not an object", fname,
+                         Q(name), ddo__checkpoint_json_type(entry));
+    const json_t *jdtype = json_object_get(entry, "dtype");
+    const json_t *jshape = json_object_get(entry, "shape");
+    if (jdtype == NULL)
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\": missing \"dtype\"", fname,
+                         Q(name));
+    if (!json_is_string(jdtype))
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\": \"dtype\" is %s, not a string",
+                         fname, Q(name), ddo__checkpoint_json_type(jdtype));
+    ddo_dtype dtype;
+    if (ddo_dtype_from_name(json_string_value(jdtype), &dtype) != 0)
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\": unknown dtype \"%s\"", fname,
+                         Q(name), Q(json_string_value(jdtype)));
+    if (jshape == NULL)
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\": missing \"shape\"", fname,
+                         Q(name));
+    if (!json_is_array(jshape))
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\": \"shape\" is %s, not an array",
+                         fname, Q(name), ddo__checkpoint_json_type(jshape));
+    uint64_t dims[DDO_MAX_DIMS] = { 0 }, nbytes = 0, begin = 0, end = 0;
+    size_t ndim = 0;
+    int rc = parse_shape(fname, name, dtype, jshape, dims, &ndim, &nbytes);
+    if (rc == 0)
+        rc = parse_offsets(fname, name, json_object_get(entry, "data_offsets"), data_len, &begin,
+                           &end);
+    if (rc != 0)
+        return rc;
     if (end - begin != nbytes) {
+        char shape_text[256];
         format_dims(shape_text, sizeof(shape_text), dims, ndim);
         return ddo__fail(NULL, DDO_E_FORMAT,
                          "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64 "] hold %" PRIu64
                          " bytes but %s %s needs %" PRIu64,
-                         fname, name, begin, end, end - begin, ddo_dtype_name(dtype), shape_text,
+                         fname, Q(name), begin, end, end - begin, ddo_dtype_name(dtype), shape_text,
                          nbytes);
     }
     ddo_tensor_info *t = add_tensor(ck, name);
@@ -404,13 +453,13 @@ static int check_layout(const char *fname, ddo_tensor_info *t, size_t n, uint64_
                 return ddo__fail(NULL, DDO_E_FORMAT,
                                  "%s: tensor \"%s\": empty data_offsets [%" PRIu64 ", %" PRIu64
                                  "] lie inside tensor \"%s\" [%" PRIu64 ", %" PRIu64 "]",
-                                 fname, t[i].name, t[i].offset, t[i].offset, prev->name,
+                                 fname, Q(t[i].name), t[i].offset, t[i].offset, Q(prev->name),
                                  prev->offset, prev->offset + prev->nbytes);
             return ddo__fail(NULL, DDO_E_FORMAT,
                              "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64
                              "] overlap tensor \"%s\" [%" PRIu64 ", %" PRIu64 "]",
-                             fname, t[i].name, t[i].offset, t[i].offset + t[i].nbytes, prev->name,
-                             prev->offset, prev->offset + prev->nbytes);
+                             fname, Q(t[i].name), t[i].offset, t[i].offset + t[i].nbytes,
+                             Q(prev->name), prev->offset, prev->offset + prev->nbytes);
         }
         if (t[i].nbytes > 0)
             prev = &t[i];
@@ -422,7 +471,7 @@ static int check_layout(const char *fname, ddo_tensor_info *t, size_t n, uint64_
                              "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64
                              "] leave a gap: bytes [%" PRIu64 ", %" PRIu64
                              ") of the data area belong to no tensor",
-                             fname, t[i].name, t[i].offset, t[i].offset + t[i].nbytes, covered,
+                             fname, Q(t[i].name), t[i].offset, t[i].offset + t[i].nbytes, covered,
                              t[i].offset);
         if (t[i].offset + t[i].nbytes > covered)
             covered = t[i].offset + t[i].nbytes;
@@ -462,11 +511,10 @@ static int parse_header(ddo_checkpoint *ck, uint32_t file_index, const char *fna
         return ddo__fail(NULL, DDO_E_FORMAT, "%s: header contains a NUL byte at byte %zu", fname,
                          at);
     }
-    json_error_t jerr;
-    json_t *root = json_loadb((const char *)hdr, hdr_len, JSON_REJECT_DUPLICATES, &jerr);
-    if (root == NULL)
-        return ddo__checkpoint_json_failure(fname, &jerr);
-    int rc = 0;
+    json_t *root = NULL;
+    int rc = ddo__checkpoint_json_load(fname, "header", (const char *)hdr, hdr_len, &root);
+    if (rc != 0)
+        return rc;
     size_t first = ck->tensor_count;
     if (!json_is_object(root)) {
         rc = ddo__fail(NULL, DDO_E_FORMAT, "%s: header is %s, not a JSON object", fname,
@@ -492,7 +540,7 @@ static int parse_header(ddo_checkpoint *ck, uint32_t file_index, const char *fna
                 if (!json_is_string(mval)) {
                     rc = ddo__fail(NULL, DDO_E_FORMAT,
                                    "%s: __metadata__: value of \"%s\" is %s, not a string", fname,
-                                   mkey, ddo__checkpoint_json_type(mval));
+                                   Q(mkey), ddo__checkpoint_json_type(mval));
                     goto out;
                 }
             }
@@ -535,7 +583,7 @@ static int check_prefix(const char *fname, const uint8_t prefix[8], uint64_t fil
     if (n > DDO__CHECKPOINT_MAX_HEADER_BYTES)
         return ddo__fail(NULL, DDO_E_FORMAT,
                          "%s: header length %" PRIu64 " exceeds the limit of %" PRIu64
-                         " bytes (100 MiB)",
+                         " bytes (the official reader's)",
                          fname, n, (uint64_t)DDO__CHECKPOINT_MAX_HEADER_BYTES);
     if (n > file_size - 8)
         return ddo__fail(NULL, DDO_E_FORMAT,
@@ -558,24 +606,25 @@ static int parse_image(ddo_checkpoint *ck, uint32_t fi, const uint8_t *data, uin
 {
     ddo__checkpoint_file *f = &ck->files[fi];
     if (size < 8)
-        return too_small(f->name, size);
+        return too_small(f->label, size);
     uint64_t hdr_len;
-    int rc = check_prefix(f->name, data, size, &hdr_len);
+    int rc = check_prefix(f->label, data, size, &hdr_len);
     if (rc != 0)
         return rc;
     f->info.size = size;
     f->info.header_bytes = hdr_len;
     f->info.data_offset = 8 + hdr_len;
-    return parse_header(ck, fi, f->name, data + 8, (size_t)hdr_len, size - 8 - hdr_len);
+    return parse_header(ck, fi, f->label, data + 8, (size_t)hdr_len, size - 8 - hdr_len);
 }
 
 int ddo__checkpoint_os_failure(const char *path, const char *what, int e)
 {
     if (e == DDO__OS_EOF)
-        return ddo__fail(NULL, DDO_E_IO, "%s: %s: unexpected end of file", path, what);
+        return ddo__fail(NULL, DDO_E_IO, "%s: %s: unexpected end of file", Q(path), what);
     if (e == DDO__OS_NOT_REGULAR || e == EISDIR)
-        return ddo__fail(NULL, DDO_E_FORMAT, "%s: not a regular file", path);
-    return ddo__fail(NULL, e == ENOENT ? DDO_E_NOT_FOUND : DDO_E_IO, "%s: %s: %s", path, what,
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: not a regular file (%s)", Q(path),
+                         e == EISDIR ? "a directory" : "a FIFO, socket or device");
+    return ddo__fail(NULL, e == ENOENT ? DDO_E_NOT_FOUND : DDO_E_IO, "%s: %s: %s", Q(path), what,
                      ddo__os_file_strerror(e));
 }
 
@@ -590,19 +639,19 @@ int ddo__checkpoint_open_file(ddo_checkpoint *ck, uint32_t fi)
     if (e != 0)
         return ddo__checkpoint_os_failure(f->info.path, "cannot stat", e);
     if (!f->id.regular)
-        return ddo__fail(NULL, DDO_E_FORMAT, "%s: not a regular file", f->info.path);
+        return ddo__checkpoint_os_failure(f->info.path, "cannot open", DDO__OS_NOT_REGULAR);
     f->real_path = ddo__os_realpath(f->info.path);
     if (f->real_path == NULL)
         return ddo__checkpoint_os_failure(f->info.path, "cannot resolve the path", errno);
     uint64_t size = f->id.size;
     if (size < 8)
-        return too_small(f->name, size);
+        return too_small(f->label, size);
     uint8_t prefix[8];
     e = ddo__os_pread_full(f->fd, prefix, 8, 0);
     if (e != 0)
         return ddo__checkpoint_os_failure(f->info.path, "read", e);
     uint64_t hdr_len;
-    int rc = check_prefix(f->name, prefix, size, &hdr_len);
+    int rc = check_prefix(f->label, prefix, size, &hdr_len);
     if (rc != 0)
         return rc;
     f->info.size = size;
@@ -611,13 +660,13 @@ int ddo__checkpoint_open_file(ddo_checkpoint *ck, uint32_t fi)
     uint8_t *hdr = ddo__malloc((size_t)hdr_len);
     if (hdr == NULL)
         return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory for a %" PRIu64 "-byte header",
-                         f->name, hdr_len);
+                         f->label, hdr_len);
     e = ddo__os_pread_full(f->fd, hdr, (size_t)hdr_len, 8);
     if (e != 0) {
         free(hdr);
         return ddo__checkpoint_os_failure(f->info.path, "read", e);
     }
-    rc = parse_header(ck, fi, f->name, hdr, (size_t)hdr_len, size - 8 - hdr_len);
+    rc = parse_header(ck, fi, f->label, hdr, (size_t)hdr_len, size - 8 - hdr_len);
     free(hdr);
     if (rc != 0)
         return rc;
@@ -656,16 +705,14 @@ int ddo__checkpoint_finish(ddo_checkpoint *ck, const char *what)
             const ddo_tensor_info *o = &ck->tensors[at];
             if (t->file_index != UINT32_MAX && o->file_index != UINT32_MAX)
                 return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\" appears in both %s and %s",
-                                 what, t->name, ck->files[o->file_index].name,
-                                 ck->files[t->file_index].name);
+                                 what, Q(t->name), ck->files[o->file_index].label,
+                                 ck->files[t->file_index].label);
             return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "%s: duplicate tensor name \"%s\"", what,
-                             t->name);
+                             Q(t->name));
         }
     }
     ck->total_bytes = total;
-    if (ddo__checkpoint_block_groups(ck) != 0)
-        return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory computing block groups", what);
-    return 0;
+    return ddo__checkpoint_block_groups(ck, what);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -681,7 +728,7 @@ static int open_single(ddo_checkpoint *ck, const char *path)
     rc = ddo__checkpoint_open_file(ck, fi);
     if (rc != 0)
         return rc;
-    return ddo__checkpoint_finish(ck, ck->files[fi].name);
+    return ddo__checkpoint_finish(ck, ck->files[fi].label);
 }
 
 static bool ends_with(const char *s, const char *suffix)
@@ -764,7 +811,7 @@ int ddo__checkpoint_parse_buffer(const uint8_t *data, size_t size, const char *n
     ck->files[fi].id.size = size;
     rc = parse_image(ck, fi, data, size);
     if (rc == 0)
-        rc = ddo__checkpoint_finish(ck, ck->files[fi].name);
+        rc = ddo__checkpoint_finish(ck, ck->files[fi].label);
     if (rc != 0) {
         ddo_checkpoint_destroy(ck);
         return rc;
@@ -791,31 +838,28 @@ int ddo_checkpoint_create_from_memory(const ddo_tensor_desc *tensors, size_t cou
         }
         if ((unsigned)d->dtype >= DDO_DTYPE_COUNT) {
             rc = ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
-                           "host tensors: tensor \"%s\": unknown dtype %d", d->name, (int)d->dtype);
+                           "host tensors: tensor \"%s\": unknown dtype %d", Q(d->name),
+                           (int)d->dtype);
             break;
         }
         if (d->ndim > DDO_MAX_DIMS || (d->ndim > 0 && d->shape == NULL)) {
             rc = ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
                            "host tensors: tensor \"%s\": %u dimensions (at most %d, with a shape)",
-                           d->name, d->ndim, DDO_MAX_DIMS);
+                           Q(d->name), d->ndim, DDO_MAX_DIMS);
             break;
         }
-        uint64_t nbytes = ddo_dtype_size(d->dtype);
-        bool zero = false;
-        for (uint32_t k = 0; k < d->ndim; k++)
-            zero = zero || d->shape[k] == 0;
-        for (uint32_t k = 0; k < d->ndim && !zero; k++) {
-            if (!ddo__mul_u64(nbytes, d->shape[k], &nbytes)) {
-                char shape_text[256];
-                format_dims(shape_text, sizeof(shape_text), d->shape, d->ndim);
-                rc = ddo__fail(NULL, DDO_E_OVERFLOW,
-                               "host tensors: tensor \"%s\": %s %s: byte size overflows 64 bits",
-                               d->name, ddo_dtype_name(d->dtype), shape_text);
-                break;
-            }
-        }
-        if (rc != 0)
+        uint64_t nbytes = 0;
+        rc = ddo__dtype_nbytes(d->dtype, d->shape, d->ndim, &nbytes);
+        if (rc != 0) {
+            char shape_text[256];
+            format_dims(shape_text, sizeof(shape_text), d->shape, d->ndim);
+            rc = ddo__fail(NULL, rc == DDO_E_OVERFLOW ? DDO_E_OVERFLOW : DDO_E_INVALID_ARGUMENT,
+                           "host tensors: tensor \"%s\": %s %s: %s", Q(d->name),
+                           ddo_dtype_name(d->dtype), shape_text,
+                           rc == DDO_E_OVERFLOW ? "element count or size overflows 64 bits"
+                                                : "the elements do not fill whole bytes");
             break;
+        }
         ddo_tensor_info *t = add_tensor(ck, d->name);
         if (t == NULL) {
             rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "host tensors: out of memory");
@@ -827,7 +871,7 @@ int ddo_checkpoint_create_from_memory(const ddo_tensor_desc *tensors, size_t cou
             memcpy(t->shape, d->shape, d->ndim * sizeof(uint64_t));
         t->file_index = UINT32_MAX;
         t->offset = 0;
-        t->nbytes = zero ? 0 : nbytes;
+        t->nbytes = nbytes;
         t->host_data = d->data;
     }
     if (rc == 0)

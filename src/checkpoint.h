@@ -15,19 +15,62 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Largest accepted JSON header (the 8-byte length prefix's limit): 100 MiB. */
-#define DDO__CHECKPOINT_MAX_HEADER_BYTES (100 * DDO_MIB)
+/*
+ * The reader's limits (docs/inspect.md, "Limits"). Each error names its limit. The header
+ * length and the nesting depth are the official reader's; the others are ddo's own, so that
+ * any input is accepted or refused in bounded memory (well under 1 GiB) and time.
+ */
+/* Largest accepted JSON header (the 8-byte length prefix's limit), as the official reader. */
+#define DDO__CHECKPOINT_MAX_HEADER_BYTES ((uint64_t)100000000)
+/* Arrays and objects nested deeper than this are refused, as the official reader does (its
+ * JSON parser's recursion limit of 128 refuses the 128th level). */
+#define DDO__CHECKPOINT_MAX_DEPTH 127
+/* JSON keys and values (tokens) in one header or index, and arrays and objects among them. */
+#define DDO__CHECKPOINT_MAX_JSON_TOKENS     4194304
+#define DDO__CHECKPOINT_MAX_JSON_CONTAINERS 1048576
+/* Tensors in one checkpoint (all shards together). */
+#define DDO__CHECKPOINT_MAX_TENSORS 1048576
+/* Bytes of one tensor name. */
+#define DDO__CHECKPOINT_MAX_NAME_BYTES 4096
+/* Largest *.safetensors.index.json. */
+#define DDO__CHECKPOINT_MAX_INDEX_BYTES ((uint64_t)64 << 20)
+/* Distinct numbered prefixes (blocks and their groups) that block discovery may track. */
+#define DDO__CHECKPOINT_MAX_BLOCK_PREFIXES 4194304
+
+/* Bits per element of a dtype (4 for F4, 6 for F6_*); 0 when out of range. */
+unsigned ddo__dtype_bits(ddo_dtype dtype);
+/*
+ * The byte size of a tensor as the official reader computes it: the element count (checked for
+ * overflow dimension by dimension, so a zero after an overflow does not hide it), times the
+ * bits, which must be a whole number of bytes. 0; DDO_E_OVERFLOW; DDO_E_FORMAT when the bits
+ * do not fill whole bytes.
+ */
+int ddo__dtype_nbytes(ddo_dtype dtype, const uint64_t *dims, size_t ndim, uint64_t *nbytes);
 
 /*
- * Re-checks the identity (device, inode, size, mtime ns) of file `file`,
+ * A string as it may appear in a one-line message: newline, tab, quote, backslash as \n, \t,
+ * \", \\; other control characters (C0, DEL, C1) as \xNN / \u00NN; cut with "..." past about
+ * 300 bytes. Returns one of a few thread-local buffers (valid for the next few calls).
+ */
+const char *ddo__checkpoint_quote(const char *s);
+/* The same for text that is not itself quoted (a parser's message): quotes and backslashes
+ * are kept as they are. */
+const char *ddo__checkpoint_quote_text(const char *s);
+/* A real number as the shortest text that reads back as it, with ".0" when it would look like
+ * an integer. */
+void ddo__checkpoint_format_real(char *buf, size_t len, double v);
+
+/*
+ * Re-checks the identity (device, inode, size, mtime and ctime ns) of file `file`,
  * both of the open descriptor and of the file its path names now.
  * DDO_E_FILE_CHANGED naming the file; DDO_E_INVALID_ARGUMENT for a bad index.
  */
 int ddo__checkpoint_check_file(const ddo_checkpoint *ck, uint32_t file);
 
 /*
- * Reads len bytes at absolute offset `offset` of file `file` into dst after
- * the identity check (nothing is read from a changed file). Large reads are
+ * Reads len bytes at absolute offset `offset` of file `file` into dst between
+ * two identity checks (nothing is read from a file changed before the read, and
+ * a change during it fails the call too). Large reads are
  * split; short reads and EINTR are retried. Thread-safe. The range must lie
  * inside the file. Errors: DDO_E_INVALID_ARGUMENT, DDO_E_FILE_CHANGED, DDO_E_IO.
  * (Host-memory tensors have no file: read them with ddo_checkpoint_read.)

@@ -1,6 +1,10 @@
 /*
  * checkpoint_blocks.c - block groups: the outermost numbered groups prefix.N of the tensor
  * names with at least two blocks holding bytes (what the planner streams).
+ *
+ * Discovery is linear in the total length of the names: a block prefix.N is identified by
+ * the block before it in the same name (or the root) and the bytes between them, so no prefix
+ * is ever copied or compared as a whole (the names form a trie of their numbered components).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "checkpoint_internal.h"
@@ -8,43 +12,110 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ------------------------------------------------------------------------ */
-/* Block groups                                                              */
-/* ------------------------------------------------------------------------ */
+#define NONE UINT32_MAX
 
-typedef struct bg_block {
-    size_t group;
-    uint64_t bytes;
-} bg_block;
-
-typedef struct bg_group {
-    char *prefix;
-    size_t members;      /* distinct blocks */
-    size_t members_full; /* blocks holding bytes */
-    size_t first_use;    /* first tensor assigned to it (SIZE_MAX: none) */
-} bg_group;
+/* A group (prefix) or a block (prefix.N): its parent (the enclosing block for a group, the
+ * group for a block) and the name bytes [seg, seg + seg_len) of tensor `tensor` after it. */
+typedef struct bg_node {
+    uint32_t parent;
+    uint32_t tensor;
+    uint32_t seg; /* offset in the tensor's name */
+    uint32_t seg_len;
+    uint32_t group;        /* blocks: their group */
+    uint32_t members;      /* groups: distinct blocks */
+    uint32_t members_full; /* groups: blocks holding bytes */
+    uint32_t first_use;    /* groups: first tensor assigned (NONE: none) */
+    uint64_t bytes;        /* blocks: their tensors' bytes; groups: the largest block */
+    uint64_t total;        /* groups: all their blocks' bytes */
+    bool is_block;
+} bg_node;
 
 typedef struct bg_state {
-    ddo__checkpoint_map groups_by_prefix;
-    ddo__checkpoint_map blocks_by_key;
-    bg_group *groups;
-    size_t group_count, group_cap;
-    bg_block *blocks;
-    char **block_keys;
-    size_t block_count, block_cap;
+    const ddo_checkpoint *ck;
+    bg_node *nodes;
+    size_t count, cap;
+    uint32_t *table; /* node indices, NONE when empty; power-of-two size */
+    size_t table_cap;
 } bg_state;
 
-static void bg_free(bg_state *s)
+static const char *seg_of(const bg_state *s, const bg_node *n)
 {
-    ddo__checkpoint_map_free(&s->groups_by_prefix);
-    ddo__checkpoint_map_free(&s->blocks_by_key);
-    for (size_t i = 0; i < s->group_count; i++)
-        free(s->groups[i].prefix);
-    free(s->groups);
-    for (size_t i = 0; i < s->block_count; i++)
-        free(s->block_keys[i]);
-    free(s->block_keys);
-    free(s->blocks);
+    return s->ck->tensors[n->tensor].name + n->seg;
+}
+
+static size_t hash_key(uint32_t parent, bool is_block, const char *seg, size_t len)
+{
+    uint64_t h = 1469598103934665603u ^ ((uint64_t)parent << 1 | (is_block ? 1u : 0u));
+    h *= 1099511628211u;
+    for (size_t i = 0; i < len; i++) {
+        h ^= (unsigned char)seg[i];
+        h *= 1099511628211u;
+    }
+    return (size_t)(h ^ (h >> 29));
+}
+
+static bool table_grow(bg_state *s)
+{
+    size_t cap = s->table_cap == 0 ? 64 : s->table_cap * 2;
+    uint32_t *t = ddo__reallocarray(NULL, cap, sizeof(*t));
+    if (t == NULL)
+        return false;
+    memset(t, 0xff, cap * sizeof(*t));
+    for (size_t i = 0; i < s->count; i++) {
+        const bg_node *n = &s->nodes[i];
+        size_t j = hash_key(n->parent, n->is_block, seg_of(s, n), n->seg_len) & (cap - 1);
+        while (t[j] != NONE)
+            j = (j + 1) & (cap - 1);
+        t[j] = (uint32_t)i;
+    }
+    free(s->table);
+    s->table = t;
+    s->table_cap = cap;
+    return true;
+}
+
+/* The node (parent, is_block, name[seg, seg+len)) of tensor; added when add is true. NONE when
+ * absent (or out of memory: *oom). */
+static uint32_t node_at(bg_state *s, uint32_t parent, bool is_block, uint32_t tensor, size_t seg,
+                        size_t len, bool add, bool *oom)
+{
+    const char *text = s->ck->tensors[tensor].name + seg;
+    if (s->table_cap > 0) {
+        size_t j = hash_key(parent, is_block, text, len) & (s->table_cap - 1);
+        for (uint32_t k; (k = s->table[j]) != NONE; j = (j + 1) & (s->table_cap - 1)) {
+            const bg_node *n = &s->nodes[k];
+            if (n->parent == parent && n->is_block == is_block && n->seg_len == len &&
+                memcmp(seg_of(s, n), text, len) == 0)
+                return k;
+        }
+    }
+    if (!add)
+        return NONE;
+    if (s->count >= DDO__CHECKPOINT_MAX_BLOCK_PREFIXES) {
+        *oom = false;
+        return NONE;
+    }
+    if ((s->count + 1) * 2 > s->table_cap && !table_grow(s))
+        goto oom;
+    if (s->count == s->cap) {
+        size_t cap = s->cap == 0 ? 64 : s->cap * 2;
+        bg_node *nn = ddo__reallocarray(s->nodes, cap, sizeof(*nn));
+        if (nn == NULL)
+            goto oom;
+        s->nodes = nn;
+        s->cap = cap;
+    }
+    uint32_t k = (uint32_t)s->count++;
+    s->nodes[k] =
+        (bg_node){ parent, tensor, (uint32_t)seg, (uint32_t)len, NONE, 0, 0, NONE, 0, 0, is_block };
+    size_t j = hash_key(parent, is_block, text, len) & (s->table_cap - 1);
+    while (s->table[j] != NONE)
+        j = (j + 1) & (s->table_cap - 1);
+    s->table[j] = k;
+    return k;
+oom:
+    *oom = true;
+    return NONE;
 }
 
 /* The position of the dot ending a numbered component whose prefix is
@@ -70,71 +141,94 @@ static size_t next_block(const char *name, size_t from, size_t *prefix_len)
     return 0;
 }
 
-/* Finds or adds the group of prefix and the block prefix.N; SIZE_MAX on OOM. */
-static size_t bg_block_of(bg_state *s, const char *name, size_t prefix_len, size_t block_len)
+/* Walks tensor i's blocks, adding them (and their bytes) to the trie. */
+static int add_blocks(bg_state *s, uint32_t i, const char *what)
 {
-    char *key = ddo__strndup(name, block_len);
-    if (key == NULL)
-        return SIZE_MAX;
-    size_t b = ddo__checkpoint_map_get(&s->blocks_by_key, key);
-    if (b != SIZE_MAX) {
-        free(key);
-        return b;
+    const char *name = s->ck->tensors[i].name;
+    size_t from = 0, pend = 0, plen, blen;
+    uint32_t parent = NONE;
+    bool oom = false;
+    while ((blen = next_block(name, from, &plen)) != 0) {
+        uint32_t g = node_at(s, parent, false, i, pend, plen - pend, true, &oom);
+        uint32_t b = g == NONE ? NONE : node_at(s, g, true, i, plen, blen - plen, true, &oom);
+        if (b == NONE) {
+            if (oom)
+                return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory computing block groups",
+                                 what);
+            return ddo__fail(NULL, DDO_E_FORMAT,
+                             "%s: the tensor names hold more than %d distinct numbered prefixes "
+                             "(ddo's block discovery limit; see docs/inspect.md)",
+                             what, DDO__CHECKPOINT_MAX_BLOCK_PREFIXES);
+        }
+        if (s->nodes[b].group == NONE) {
+            s->nodes[b].group = g;
+            s->nodes[g].members++;
+        }
+        s->nodes[b].bytes += s->ck->tensors[i].nbytes;
+        parent = b;
+        pend = from = blen;
     }
-    key[prefix_len] = '\0';
-    size_t g = ddo__checkpoint_map_get(&s->groups_by_prefix, key);
-    if (g == SIZE_MAX) {
-        if (s->group_count == s->group_cap) {
-            size_t cap = s->group_cap == 0 ? 8 : s->group_cap * 2;
-            bg_group *ng = ddo__reallocarray(s->groups, cap, sizeof(*ng));
-            if (ng == NULL) {
-                free(key);
-                return SIZE_MAX;
-            }
-            s->groups = ng;
-            s->group_cap = cap;
+    return 0;
+}
+
+/* The outermost valid group of tensor i (NONE: none); *plen_out its prefix's length. */
+static uint32_t outer_group(bg_state *s, uint32_t i, size_t *plen_out)
+{
+    const char *name = s->ck->tensors[i].name;
+    size_t from = 0, pend = 0, plen, blen;
+    uint32_t parent = NONE;
+    bool oom = false;
+    while ((blen = next_block(name, from, &plen)) != 0) {
+        uint32_t g = node_at(s, parent, false, i, pend, plen - pend, false, &oom);
+        uint32_t b = node_at(s, g, true, i, plen, blen - plen, false, &oom);
+        if (g == NONE || b == NONE)
+            return NONE; /* cannot happen: the first pass added every node */
+        if (s->nodes[g].members_full >= 2) {
+            *plen_out = plen;
+            return g;
         }
-        char *prefix = ddo__strndup(name, prefix_len);
-        if (prefix == NULL) {
-            free(key);
-            return SIZE_MAX;
-        }
-        g = s->group_count;
-        if (ddo__checkpoint_map_put(&s->groups_by_prefix, prefix, g) == SIZE_MAX) {
-            free(prefix);
-            free(key);
-            return SIZE_MAX;
-        }
-        s->groups[g] = (bg_group){ prefix, 0, 0, SIZE_MAX };
-        s->group_count++;
+        parent = b;
+        pend = from = blen;
     }
-    key[prefix_len] = '.';
-    if (s->block_count == s->block_cap) {
-        size_t cap = s->block_cap == 0 ? 16 : s->block_cap * 2;
-        bg_block *nb = ddo__reallocarray(s->blocks, cap, sizeof(*nb));
-        if (nb == NULL) {
-            free(key);
-            return SIZE_MAX;
+    return NONE;
+}
+
+/* The groups in order of first use, with their prefixes copied from the first tensor. */
+static int report(ddo_checkpoint *ck, bg_state *s, const char *what)
+{
+    uint32_t *order = ddo__calloc(s->count > 0 ? s->count : 1, sizeof(*order));
+    size_t *plens = ddo__calloc(s->count > 0 ? s->count : 1, sizeof(*plens));
+    size_t used = 0;
+    int rc = DDO_E_NO_MEMORY;
+    if (order == NULL || plens == NULL)
+        goto out;
+    for (uint32_t i = 0; i < (uint32_t)ck->tensor_count; i++) {
+        size_t plen = 0;
+        uint32_t g = outer_group(s, i, &plen);
+        if (g != NONE && s->nodes[g].first_use == NONE) {
+            s->nodes[g].first_use = i;
+            plens[used] = plen;
+            order[used++] = g;
         }
-        s->blocks = nb;
-        char **nk = ddo__reallocarray(s->block_keys, cap, sizeof(*nk));
-        if (nk == NULL) {
-            free(key);
-            return SIZE_MAX;
-        }
-        s->block_keys = nk;
-        s->block_cap = cap;
     }
-    b = s->block_count;
-    if (ddo__checkpoint_map_put(&s->blocks_by_key, key, b) == SIZE_MAX) {
-        free(key);
-        return SIZE_MAX;
+    ck->groups = ddo__calloc(used > 0 ? used : 1, sizeof(*ck->groups));
+    if (ck->groups == NULL)
+        goto out;
+    for (size_t k = 0; k < used; k++) {
+        const bg_node *g = &s->nodes[order[k]];
+        char *prefix = ddo__strndup(ck->tensors[g->first_use].name, plens[k]);
+        if (prefix == NULL)
+            goto out; /* ck->groups[0..group_count) are freed by destroy */
+        ck->groups[k] = (ddo_block_group){ prefix, g->members, g->bytes, g->total };
+        ck->group_count = k + 1;
     }
-    s->blocks[b] = (bg_block){ g, 0 };
-    s->block_keys[b] = key;
-    s->block_count++;
-    s->groups[g].members++;
-    return b;
+    rc = 0;
+out:
+    free(order);
+    free(plens);
+    if (rc != 0)
+        return ddo__fail(NULL, rc, "%s: out of memory computing block groups", what);
+    return 0;
 }
 
 /*
@@ -143,77 +237,29 @@ static size_t bg_block_of(bg_state *s, const char *name, size_t prefix_len, size
  * bytes. A tensor belongs to its outermost valid group (so groups nested in a
  * block of another group are not reported).
  */
-int ddo__checkpoint_block_groups(ddo_checkpoint *ck)
+int ddo__checkpoint_block_groups(ddo_checkpoint *ck, const char *what)
 {
     bg_state s;
     memset(&s, 0, sizeof(s));
-    int rc = DDO_E_NO_MEMORY;
-    for (size_t i = 0; i < ck->tensor_count; i++) {
-        const char *name = ck->tensors[i].name;
-        size_t from = 0, plen, blen;
-        while ((blen = next_block(name, from, &plen)) != 0) {
-            size_t b = bg_block_of(&s, name, plen, blen);
-            if (b == SIZE_MAX)
-                goto out;
-            s.blocks[b].bytes += ck->tensors[i].nbytes;
-            from = blen;
+    s.ck = ck;
+    int rc = 0;
+    for (size_t i = 0; i < ck->tensor_count && rc == 0; i++)
+        rc = add_blocks(&s, (uint32_t)i, what);
+    if (rc == 0) {
+        for (size_t k = 0; k < s.count; k++) {
+            const bg_node *b = &s.nodes[k];
+            if (!b->is_block)
+                continue;
+            bg_node *g = &s.nodes[b->group];
+            if (b->bytes > 0)
+                g->members_full++;
+            g->total += b->bytes;
+            if (b->bytes > g->bytes)
+                g->bytes = b->bytes;
         }
+        rc = report(ck, &s, what);
     }
-    for (size_t b = 0; b < s.block_count; b++)
-        if (s.blocks[b].bytes > 0)
-            s.groups[s.blocks[b].group].members_full++;
-    /* Per group: the largest block and the total. */
-    uint64_t *largest = ddo__calloc(s.group_count, sizeof(*largest));
-    uint64_t *total = ddo__calloc(s.group_count, sizeof(*total));
-    size_t *order = ddo__calloc(s.group_count, sizeof(*order));
-    size_t used = 0;
-    if (largest == NULL || total == NULL || order == NULL)
-        goto out_arrays;
-    for (size_t b = 0; b < s.block_count; b++) {
-        size_t g = s.blocks[b].group;
-        total[g] += s.blocks[b].bytes;
-        if (s.blocks[b].bytes > largest[g])
-            largest[g] = s.blocks[b].bytes;
-    }
-    /* Each tensor belongs to its outermost valid group; groups in order of first use. */
-    for (size_t i = 0; i < ck->tensor_count; i++) {
-        const char *name = ck->tensors[i].name;
-        size_t from = 0, plen, blen;
-        while ((blen = next_block(name, from, &plen)) != 0) {
-            char *key = ddo__strndup(name, blen);
-            if (key == NULL)
-                goto out_arrays;
-            size_t b = ddo__checkpoint_map_get(&s.blocks_by_key, key);
-            free(key);
-            size_t g = s.blocks[b].group;
-            if (s.groups[g].members_full >= 2) {
-                if (s.groups[g].first_use == SIZE_MAX) {
-                    s.groups[g].first_use = i;
-                    order[used++] = g;
-                }
-                break;
-            }
-            from = blen;
-        }
-    }
-    ck->groups = ddo__calloc(used, sizeof(*ck->groups));
-    if (ck->groups == NULL)
-        goto out_arrays;
-    for (size_t k = 0; k < used; k++) {
-        size_t g = order[k];
-        ck->groups[k].prefix = s.groups[g].prefix;
-        s.groups[g].prefix = NULL; /* moved */
-        ck->groups[k].count = s.groups[g].members;
-        ck->groups[k].bytes_per_block = largest[g];
-        ck->groups[k].total_bytes = total[g];
-    }
-    ck->group_count = used;
-    rc = 0;
-out_arrays:
-    free(largest);
-    free(total);
-    free(order);
-out:
-    bg_free(&s); /* prefixes moved into ck->groups are NULL here */
+    free(s.nodes);
+    free(s.table);
     return rc;
 }

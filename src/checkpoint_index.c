@@ -11,12 +11,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define Q ddo__checkpoint_quote
+
 static int cmp_str(const void *a, const void *b)
 {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* Reads a whole small file (an index) into a new buffer. */
+/* Reads a whole index (at most DDO__CHECKPOINT_MAX_INDEX_BYTES) into a new buffer, refusing
+ * FIFOs, sockets and devices without blocking. */
 static int read_small_file(const char *path, char **out, size_t *len)
 {
     int fd;
@@ -29,10 +32,17 @@ static int read_small_file(const char *path, char **out, size_t *len)
         ddo__os_file_close(fd);
         return ddo__checkpoint_os_failure(path, "cannot stat", e);
     }
-    if (!id.regular || id.size > DDO__CHECKPOINT_MAX_HEADER_BYTES) {
+    if (!id.regular) {
         ddo__os_file_close(fd);
-        return ddo__fail(NULL, DDO_E_FORMAT, "%s: %s", ddo__checkpoint_base_name(path),
-                         id.regular ? "index larger than 100 MiB" : "not a regular file");
+        return ddo__checkpoint_os_failure(path, "cannot open", DDO__OS_NOT_REGULAR);
+    }
+    if (id.size > DDO__CHECKPOINT_MAX_INDEX_BYTES) {
+        ddo__os_file_close(fd);
+        return ddo__fail(NULL, DDO_E_FORMAT,
+                         "%s: index is %" PRIu64 " bytes, over ddo's limit of %" PRIu64
+                         " bytes (see docs/inspect.md)",
+                         Q(ddo__checkpoint_base_name(path)), id.size,
+                         DDO__CHECKPOINT_MAX_INDEX_BYTES);
     }
     char *buf = ddo__malloc((size_t)id.size + 1);
     if (buf == NULL) {
@@ -54,23 +64,23 @@ static int read_small_file(const char *path, char **out, size_t *len)
 /* A sharded set: the index's weight_map names the shards (in its directory). */
 int ddo__checkpoint_open_index(ddo_checkpoint *ck, const char *path)
 {
-    const char *iname = ddo__checkpoint_base_name(path);
+    const char *base = ddo__checkpoint_base_name(path);
+    char iname[512];
+    snprintf(iname, sizeof(iname), "%s", Q(base));
     char *text = NULL;
     size_t len = 0;
     int rc = read_small_file(path, &text, &len);
     if (rc != 0)
         return rc;
-    json_error_t jerr;
-    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = NULL;
+    rc = ddo__checkpoint_json_load(iname, "index", text, len, &root);
     free(text);
     const char **shards = NULL;
     size_t shard_count = 0;
     char *dir = NULL;
     char *shard_path = NULL;
-    if (root == NULL) {
-        rc = ddo__checkpoint_json_failure(iname, &jerr);
+    if (rc != 0)
         goto out;
-    }
     if (!json_is_object(root)) {
         rc = ddo__fail(NULL, DDO_E_FORMAT, "%s: index is %s, not a JSON object", iname,
                        ddo__checkpoint_json_type(root));
@@ -78,7 +88,7 @@ int ddo__checkpoint_open_index(ddo_checkpoint *ck, const char *path)
     }
     const json_t *wm = json_object_get(root, "weight_map");
     if (!json_is_object(wm)) {
-        rc = ddo__fail(NULL, DDO_E_FORMAT, "%s: \"weight_map\" is %s, not an object", iname,
+        rc = ddo__fail(NULL, DDO_E_FORMAT, "%s: index: \"weight_map\" is %s, not an object", iname,
                        wm == NULL ? "missing" : ddo__checkpoint_json_type(wm));
         goto out;
     }
@@ -87,8 +97,8 @@ int ddo__checkpoint_open_index(ddo_checkpoint *ck, const char *path)
     uint64_t total_size = 0;
     if (meta != NULL && !json_is_null(meta)) {
         if (!json_is_object(meta)) {
-            rc = ddo__fail(NULL, DDO_E_FORMAT, "%s: \"metadata\" is %s, not an object", iname,
-                           ddo__checkpoint_json_type(meta));
+            rc = ddo__fail(NULL, DDO_E_FORMAT, "%s: index: \"metadata\" is %s, not an object",
+                           iname, ddo__checkpoint_json_type(meta));
             goto out;
         }
         const json_t *ts = json_object_get(meta, "total_size");
@@ -97,9 +107,17 @@ int ddo__checkpoint_open_index(ddo_checkpoint *ck, const char *path)
                 json_real_value(ts) == (double)(uint64_t)json_real_value(ts)) {
                 total_size = (uint64_t)json_real_value(ts);
             } else if (!ddo__checkpoint_json_u64(ts, &total_size)) {
+                char what[64];
+                if (json_is_integer(ts))
+                    snprintf(what, sizeof(what), "%" JSON_INTEGER_FORMAT, json_integer_value(ts));
+                else if (json_is_real(ts))
+                    ddo__checkpoint_format_real(what, sizeof(what), json_real_value(ts));
+                else
+                    snprintf(what, sizeof(what), "%s", ddo__checkpoint_json_type(ts));
                 rc = ddo__fail(NULL, DDO_E_FORMAT,
-                               "%s: metadata.total_size is %s, not a non-negative integer", iname,
-                               ddo__checkpoint_json_type(ts));
+                               "%s: index: metadata.total_size is %s, not a non-negative integer "
+                               "number of bytes",
+                               iname, what);
                 goto out;
             }
             have_total = true;
@@ -118,21 +136,22 @@ int ddo__checkpoint_open_index(ddo_checkpoint *ck, const char *path)
         if (!json_is_string(jshard)) {
             rc = ddo__fail(NULL, DDO_E_FORMAT,
                            "%s: weight_map: tensor \"%s\" is mapped to %s, not a file name", iname,
-                           tname, ddo__checkpoint_json_type(jshard));
+                           Q(tname), ddo__checkpoint_json_type(jshard));
             goto out;
         }
         const char *s = json_string_value(jshard);
-        if (s[0] == '\0' || strchr(s, '/') != NULL || strcmp(s, ".") == 0 || strcmp(s, "..") == 0) {
+        if (s[0] == '\0' || strchr(s, '/') != NULL || strcmp(s, ".") == 0 || strcmp(s, "..") == 0 ||
+            strlen(s) != json_string_length(jshard)) {
             rc = ddo__fail(NULL, DDO_E_FORMAT,
                            "%s: weight_map: tensor \"%s\" is mapped to \"%s\", not a file name in "
                            "the index's directory",
-                           iname, tname, s);
+                           iname, Q(tname), Q(s));
             goto out;
         }
         shards[shard_count++] = s;
     }
     if (shard_count == 0) {
-        rc = ddo__fail(NULL, DDO_E_FORMAT, "%s: weight_map is empty", iname);
+        rc = ddo__fail(NULL, DDO_E_FORMAT, "%s: index: weight_map is empty", iname);
         goto out;
     }
     qsort(shards, shard_count, sizeof(*shards), cmp_str);
@@ -154,7 +173,7 @@ int ddo__checkpoint_open_index(ddo_checkpoint *ck, const char *path)
             }
         }
     }
-    size_t dlen = (size_t)(iname - path);
+    size_t dlen = (size_t)(base - path);
     dir = ddo__strndup(path, dlen);
     if (dir == NULL) {
         rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", iname);
@@ -177,14 +196,15 @@ int ddo__checkpoint_open_index(ddo_checkpoint *ck, const char *path)
             const json_t *m = json_object_get(wm, ck->tensors[i].name);
             if (m == NULL) {
                 rc = ddo__fail(NULL, DDO_E_FORMAT,
-                               "%s: tensor \"%s\" is not in the weight_map of %s", shards[s],
-                               ck->tensors[i].name, iname);
+                               "%s: tensor \"%s\" is not in the weight_map of %s",
+                               ck->files[fi].label, Q(ck->tensors[i].name), iname);
                 goto out;
             }
             if (strcmp(json_string_value(m), shards[s]) != 0) {
                 rc = ddo__fail(NULL, DDO_E_FORMAT,
                                "%s: tensor \"%s\" is mapped to %s by %s, not to this shard",
-                               shards[s], ck->tensors[i].name, json_string_value(m), iname);
+                               ck->files[fi].label, Q(ck->tensors[i].name), Q(json_string_value(m)),
+                               iname);
                 goto out;
             }
         }
@@ -205,7 +225,7 @@ int ddo__checkpoint_open_index(ddo_checkpoint *ck, const char *path)
             if (ddo__checkpoint_map_get(&seen, tname) == SIZE_MAX) {
                 rc = ddo__fail(NULL, DDO_E_FORMAT,
                                "%s: tensor \"%s\" is mapped to %s, but that shard does not hold it",
-                               iname, tname, json_string_value(jshard));
+                               iname, Q(tname), Q(json_string_value(jshard)));
                 break;
             }
         }
@@ -219,7 +239,7 @@ int ddo__checkpoint_open_index(ddo_checkpoint *ck, const char *path)
         goto out;
     if (have_total && total_size != ck->total_bytes)
         rc = ddo__fail(NULL, DDO_E_FORMAT,
-                       "%s: metadata.total_size is %" PRIu64
+                       "%s: index: metadata.total_size is %" PRIu64
                        " but the shards' tensors hold %" PRIu64 " bytes",
                        iname, total_size, ck->total_bytes);
 out:

@@ -40,6 +40,7 @@ void ddo__checkpoint_map_free(ddo__checkpoint_map *m);
 typedef struct ddo__checkpoint_file {
     ddo_file_info info;  /* info.path is owned */
     const char *name;    /* basename, inside info.path */
+    char *label;         /* name as messages quote it (ddo__checkpoint_quote), owned */
     char *real_path;     /* resolved path for the path identity check; NULL for images */
     int fd;              /* -1 for images */
     ddo__file_id id;     /* identity at open */
@@ -90,14 +91,31 @@ int ddo__checkpoint_open_file(ddo_checkpoint *ck, uint32_t fi);
 /* Absolute offsets, the name index, the total and the block groups. */
 int ddo__checkpoint_finish(ddo_checkpoint *ck, const char *what);
 
+/*
+ * Pre-scans a JSON text in one pass without allocating: refuses nesting deeper than
+ * DDO__CHECKPOINT_MAX_DEPTH and more than DDO__CHECKPOINT_MAX_JSON_TOKENS keys and values or
+ * DDO__CHECKPOINT_MAX_JSON_CONTAINERS arrays and objects (`what` is "header" or "index"), and
+ * counts the `-0` number tokens into *neg_zeros. The text need not be valid JSON.
+ */
+int ddo__checkpoint_json_scan(const char *fname, const char *what, const char *text, size_t len,
+                              size_t *neg_zeros);
+/* A copy of text with every `-0` number written `-0.0` (zeros of them), so jansson reads it
+ * as the real it is to the official reader. NULL when out of memory. */
+char *ddo__checkpoint_json_real_zeros(const char *text, size_t len, size_t zeros, size_t *out_len);
+
+/* Scans (as above), rewrites `-0`, and decodes a JSON text with duplicate keys refused. */
+int ddo__checkpoint_json_load(const char *fname, const char *what, const char *text, size_t len,
+                              json_t **out);
+
 /* JSON helpers shared with the index parser. */
-int ddo__checkpoint_json_failure(const char *fname, const json_error_t *jerr);
+int ddo__checkpoint_json_failure(const char *fname, const char *what, const json_error_t *jerr);
 bool ddo__checkpoint_json_u64(const json_t *v, uint64_t *out);
 const char *ddo__checkpoint_json_type(const json_t *v);
 
 /* Opens a sharded set through its *.safetensors.index.json (checkpoint_index.c). */
 int ddo__checkpoint_open_index(ddo_checkpoint *ck, const char *path);
-/* Computes ck->groups from the tensor names (checkpoint_blocks.c). */
-int ddo__checkpoint_block_groups(ddo_checkpoint *ck);
+/* Computes ck->groups from the tensor names (checkpoint_blocks.c); what names the checkpoint
+ * in messages. */
+int ddo__checkpoint_block_groups(ddo_checkpoint *ck, const char *what);
 
 #endif /* DDO_CHECKPOINT_INTERNAL_H */

@@ -1,6 +1,7 @@
 /*
- * checkpoint_io.c - identity checks and reads: every read first re-checks the file's
- * identity (descriptor and path), then copies with pread or from the mapping.
+ * checkpoint_io.c - identity checks and reads: every read re-checks the file's identity
+ * (descriptor and path; device, inode, size, modification and change times) before and after
+ * it copies with pread or from the mapping.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "checkpoint_internal.h"
@@ -8,6 +9,8 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <string.h>
+
+#define Q ddo__checkpoint_quote
 
 /* ------------------------------------------------------------------------ */
 /* Identity and reads                                                        */
@@ -21,16 +24,22 @@ static int changed(const ddo__checkpoint_file *f, const ddo__file_id *now, const
         return ddo__fail(NULL, DDO_E_FILE_CHANGED,
                          "%s: file changed after it was opened (%s: another file now has its "
                          "name)",
-                         f->name, how);
+                         f->label, how);
     if (was->size != now->size)
         return ddo__fail(NULL, DDO_E_FILE_CHANGED,
                          "%s: file changed after it was opened (%s: size %" PRIu64 " -> %" PRIu64
                          " bytes)",
-                         f->name, how, was->size, now->size);
+                         f->label, how, was->size, now->size);
+    if (was->mtime_ns != now->mtime_ns)
+        return ddo__fail(NULL, DDO_E_FILE_CHANGED,
+                         "%s: file changed after it was opened (%s: modification time %" PRIu64
+                         " -> %" PRIu64 " ns)",
+                         f->label, how, was->mtime_ns, now->mtime_ns);
     return ddo__fail(NULL, DDO_E_FILE_CHANGED,
-                     "%s: file changed after it was opened (%s: modification time %" PRIu64
-                     " -> %" PRIu64 " ns)",
-                     f->name, how, was->mtime_ns, now->mtime_ns);
+                     "%s: file changed after it was opened (%s: change time %" PRIu64 " -> %" PRIu64
+                     " ns: written, truncated or touched, even if the modification time was "
+                     "restored)",
+                     f->label, how, was->ctime_ns, now->ctime_ns);
 }
 
 int ddo__checkpoint_check_file(const ddo_checkpoint *ck, uint32_t file)
@@ -41,20 +50,24 @@ int ddo__checkpoint_check_file(const ddo_checkpoint *ck, uint32_t file)
     const ddo__checkpoint_file *f = &ck->files[file];
     if (f->fd < 0)
         return 0; /* a memory image */
-    ddo__file_id now;
-    int e = ddo__os_file_identity(f->fd, &now);
+    /* The path first: renaming or unlinking the file also moves its change time, and the
+     * message should say the name now leads elsewhere. */
+    ddo__file_id now, at_path;
+    int e = ddo__os_path_identity(f->real_path, &at_path);
+    if (e == ENOENT)
+        return ddo__fail(NULL, DDO_E_FILE_CHANGED,
+                         "%s: file changed after it was opened (removed or renamed)", f->label);
+    if (e != 0)
+        return ddo__checkpoint_os_failure(f->info.path, "cannot stat", e);
+    if (at_path.dev != f->id.dev || at_path.ino != f->id.ino)
+        return changed(f, &at_path, "replaced");
+    e = ddo__os_file_identity(f->fd, &now);
     if (e != 0)
         return ddo__checkpoint_os_failure(f->info.path, "cannot stat", e);
     if (!ddo__os_file_id_equal(&f->id, &now))
         return changed(f, &now, "modified in place");
-    e = ddo__os_path_identity(f->real_path, &now);
-    if (e == ENOENT)
-        return ddo__fail(NULL, DDO_E_FILE_CHANGED,
-                         "%s: file changed after it was opened (removed or renamed)", f->name);
-    if (e != 0)
-        return ddo__checkpoint_os_failure(f->info.path, "cannot stat", e);
-    if (!ddo__os_file_id_equal(&f->id, &now))
-        return changed(f, &now, "replaced");
+    if (!ddo__os_file_id_equal(&f->id, &at_path))
+        return changed(f, &at_path, "replaced");
     return 0;
 }
 
@@ -70,7 +83,7 @@ int ddo__checkpoint_read_range(const ddo_checkpoint *ck, uint32_t file, uint64_t
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
                          "%s: read of %zu bytes at offset %" PRIu64 " runs past the end (%" PRIu64
                          " bytes)",
-                         f->name, len, offset, f->info.size);
+                         f->label, len, offset, f->info.size);
     int rc = ddo__checkpoint_check_file(ck, file);
     if (rc != 0)
         return rc;
@@ -78,12 +91,14 @@ int ddo__checkpoint_read_range(const ddo_checkpoint *ck, uint32_t file, uint64_t
         return 0;
     if (f->data != NULL) {
         memcpy(dst, f->data + offset, len);
-        return 0;
+    } else {
+        int e = ddo__os_pread_full(f->fd, dst, len, offset);
+        if (e != 0)
+            return ddo__checkpoint_os_failure(f->info.path, "read", e);
     }
-    int e = ddo__os_pread_full(f->fd, dst, len, offset);
-    if (e != 0)
-        return ddo__checkpoint_os_failure(f->info.path, "read", e);
-    return 0;
+    /* Again after the read: a write during it changed the change time, so bytes that a writer
+     * replaced while we copied them are never handed out either. */
+    return ddo__checkpoint_check_file(ck, file);
 }
 
 int ddo__checkpoint_open_direct(const ddo_checkpoint *ck, uint32_t file, int *fd)
@@ -94,7 +109,7 @@ int ddo__checkpoint_open_direct(const ddo_checkpoint *ck, uint32_t file, int *fd
     *fd = -1;
     const ddo__checkpoint_file *f = &ck->files[file];
     if (f->real_path == NULL)
-        return ddo__fail(NULL, DDO_E_UNSUPPORTED, "%s: held in memory, no direct I/O", f->name);
+        return ddo__fail(NULL, DDO_E_UNSUPPORTED, "%s: held in memory, no direct I/O", f->label);
     int rc = ddo__checkpoint_check_file(ck, file);
     if (rc != 0)
         return rc;
@@ -102,7 +117,7 @@ int ddo__checkpoint_open_direct(const ddo_checkpoint *ck, uint32_t file, int *fd
     int e = ddo__os_file_open_direct(f->real_path, &nfd);
     if (e == EINVAL || e == EOPNOTSUPP || e == ENOTSUP)
         return ddo__fail(NULL, DDO_E_UNSUPPORTED, "%s: the file system refuses direct I/O (%s)",
-                         f->name, strerror(e));
+                         f->label, strerror(e));
     if (e != 0)
         return ddo__checkpoint_os_failure(f->info.path, "cannot open for direct I/O", e);
     ddo__file_id now;
@@ -143,14 +158,14 @@ int ddo_checkpoint_read(const ddo_checkpoint *ck, size_t i, uint64_t offset, voi
         return ddo__checkpoint_fail(ck, DDO_E_INVALID_ARGUMENT,
                                     "tensor \"%s\": read of %zu bytes at byte %" PRIu64
                                     " runs past its %" PRIu64 " bytes",
-                                    t->name, len, offset, t->nbytes);
+                                    Q(t->name), len, offset, t->nbytes);
     if (t->file_index == UINT32_MAX) {
         if (len == 0)
             return 0;
         if (t->host_data == NULL)
             return ddo__checkpoint_fail(ck, DDO_E_INVALID_ARGUMENT,
                                         "tensor \"%s\": no host data (described for planning only)",
-                                        t->name);
+                                        Q(t->name));
         memcpy(dst, (const uint8_t *)t->host_data + offset, len);
         return 0;
     }

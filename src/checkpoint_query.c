@@ -31,7 +31,7 @@ int ddo_checkpoint_find(const ddo_checkpoint *ck, const char *name, size_t *inde
     size_t i = ddo__checkpoint_map_get(&ck->by_name, name);
     if (i == SIZE_MAX)
         return ddo__checkpoint_fail(ck, DDO_E_NOT_FOUND, "no tensor named \"%s\" in the checkpoint",
-                                    name);
+                                    ddo__checkpoint_quote(name));
     *index = i;
     return 0;
 }
@@ -93,7 +93,7 @@ const char *ddo__checkpoint_file_name(const ddo_checkpoint *ck, uint32_t file)
 {
     if (ck == NULL || file >= ck->file_count)
         return NULL;
-    return ck->files[file].name;
+    return ck->files[file].label;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -142,10 +142,16 @@ static void check_order(const ddo_checkpoint *ck)
 
 static void test_dtypes(void)
 {
-    static const char *const names[] = { "BOOL", "U8",  "I8",  "F8_E5M2", "F8_E4M3", "F8_E8M0",
-                                         "I16",  "U16", "F16", "BF16",    "I32",     "U32",
-                                         "F32",  "F64", "I64", "U64" };
-    static const size_t sizes[] = { 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 4, 4, 4, 8, 8, 8 };
+    static const char *const names[] = { "BOOL",        "U8",  "I8",      "F8_E5M2", "F8_E4M3",
+                                         "F8_E8M0",     "I16", "U16",     "F16",     "BF16",
+                                         "I32",         "U32", "F32",     "F64",     "I64",
+                                         "U64",         "F4",  "F6_E2M3", "F6_E3M2", "F8_E4M3FNUZ",
+                                         "F8_E5M2FNUZ", "C64" };
+    /* bytes per element; 0 for the sub-byte F4 and F6 types */
+    static const size_t sizes[] = {
+        1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 4, 4, 4, 8, 8, 8, 0, 0, 0, 1, 1, 8
+    };
+    T_EQ_INT(DDO_ARRAY_LEN(sizes), DDO_DTYPE_COUNT);
     T_EQ_INT(DDO_ARRAY_LEN(names), DDO_DTYPE_COUNT);
     for (int d = 0; d < DDO_DTYPE_COUNT; d++) {
         T_EQ_STR(ddo_dtype_name((ddo_dtype)d), names[d]);
@@ -325,8 +331,8 @@ static const struct invalid_case invalid_cases[] = {
       "header_len_past_eof.safetensors: header length 533 runs past the end of the file (533 "
       "bytes)" },
     { "header_len_too_big.safetensors", DDO_E_FORMAT,
-      "header_len_too_big.safetensors: header length 1000000000 exceeds the limit of 104857600 "
-      "bytes (100 MiB)" },
+      "header_len_too_big.safetensors: header length 1000000000 exceeds the limit of 100000000 "
+      "bytes (the official reader's)" },
     { "header_not_object.safetensors", DDO_E_FORMAT,
       "header_not_object.safetensors: header is an array, not a JSON object" },
     { "header_nul_padding.safetensors", DDO_E_FORMAT,
@@ -338,8 +344,8 @@ static const struct invalid_case invalid_cases[] = {
     { "missing_dtype.safetensors", DDO_E_FORMAT,
       "missing_dtype.safetensors: tensor \"conv\": missing \"dtype\"" },
     { "negative_dim.safetensors", DDO_E_FORMAT,
-      "negative_dim.safetensors: tensor \"conv\": shape [-4, 3, 3, 3]: dimension 0 is not a "
-      "non-negative integer" },
+      "negative_dim.safetensors: tensor \"conv\": shape [-4, 3, 3, 3]: dimension 0 is negative, "
+      "not a non-negative integer" },
     { "not_json.safetensors", DDO_E_FORMAT,
       "not_json.safetensors: header is not valid JSON: string or '}' expected near 'not' at line "
       "1, column 4" },
@@ -357,7 +363,7 @@ static const struct invalid_case invalid_cases[] = {
       "but F16 [4, 3, 3, 4] needs 288" },
     { "shape_overflow.safetensors", DDO_E_FORMAT,
       "shape_overflow.safetensors: tensor \"conv\": F16 [4611686018427387904, "
-      "4611686018427387904]: byte size overflows 64 bits" },
+      "4611686018427387904]: element count or size overflows 64 bits" },
     { "short_offsets.safetensors", DDO_E_FORMAT,
       "short_offsets.safetensors: tensor \"conv\": \"data_offsets\" must be [begin, end], got 1 "
       "element(s)" },
@@ -645,8 +651,9 @@ static void test_sharded_rules(void)
                    "\"context_embedder.bias\" is mapped to "
                    "diffusion_pytorch_model-00001-of-00008.safetensors by "
                    "model.safetensors.index.json, not to this shard" },
-        { "total", "model.safetensors.index.json: metadata.total_size is 297889 but the shards' "
-                   "tensors hold 297888 bytes" },
+        { "total",
+          "model.safetensors.index.json: index: metadata.total_size is 297889 but the shards' "
+          "tensors hold 297888 bytes" },
         { "escape", "model.safetensors.index.json: weight_map: tensor \"context_embedder.bias\" "
                     "is mapped to \"../x.safetensors\", not a file name in the index's directory" },
         { "missing_shard", NULL },
@@ -946,11 +953,12 @@ static void test_layout_rules(void)
         { "{\"a\":{\"dtype\":\"U8\",\"data_offsets\":[0,1]}}", 1, DDO_E_FORMAT,
           "m.safetensors: tensor \"a\": missing \"shape\"" },
         { "{\"a\":{\"dtype\":\"U8\",\"shape\":[1.5],\"data_offsets\":[0,1]}}", 1, DDO_E_FORMAT,
-          "m.safetensors: tensor \"a\": shape [1.5]: dimension 0 is not a non-negative integer" },
+          "m.safetensors: tensor \"a\": shape [1.5]: dimension 0 is a real number, not a "
+          "non-negative integer" },
         { "{\"a\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", 1,
           DDO_E_UNSUPPORTED,
           "m.safetensors: tensor \"a\": shape [1, 1, 1, 1, 1, 1, 1, 1, 1] has 9 dimensions; at "
-          "most 8 are supported" },
+          "most 8 are supported (stricter than the official reader)" },
         { "{\"a\":{\"dtype\":\"U8\",\"shape\":[1]}}", 1, DDO_E_FORMAT,
           "m.safetensors: tensor \"a\": missing \"data_offsets\"" },
         { "{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,-1]}}", 1, DDO_E_FORMAT,

@@ -1,6 +1,6 @@
 /*
  * file.c - checkpoint file access for POSIX systems: open, identity via
- * fstat/stat (st_dev, st_ino, st_size, st_mtim), pread loops, read-only
+ * fstat/stat (st_dev, st_ino, st_size, st_mtim, st_ctim), pread loops, read-only
  * mappings and O_DIRECT opens (Linux).
  */
 #if defined(__linux__)
@@ -83,6 +83,7 @@ static void fill_id(const struct stat *st, ddo__file_id *id)
     id->ino = (uint64_t)st->st_ino;
     id->size = st->st_size < 0 ? 0 : (uint64_t)st->st_size;
     id->mtime_ns = (uint64_t)st->st_mtim.tv_sec * 1000000000u + (uint64_t)st->st_mtim.tv_nsec;
+    id->ctime_ns = (uint64_t)st->st_ctim.tv_sec * 1000000000u + (uint64_t)st->st_ctim.tv_nsec;
     id->regular = S_ISREG(st->st_mode);
 }
 
@@ -107,7 +108,7 @@ int ddo__os_path_identity(const char *path, ddo__file_id *id)
 bool ddo__os_file_id_equal(const ddo__file_id *a, const ddo__file_id *b)
 {
     return a->dev == b->dev && a->ino == b->ino && a->size == b->size &&
-           a->mtime_ns == b->mtime_ns && a->regular == b->regular;
+           a->mtime_ns == b->mtime_ns && a->ctime_ns == b->ctime_ns && a->regular == b->regular;
 }
 
 int ddo__os_pread_full(int fd, void *dst, size_t len, uint64_t offset)

@@ -1,6 +1,6 @@
 /*
  * file.h - the operating system's view of a checkpoint file: open, identity
- * (device, inode, size, modification time), exact positioned reads, mappings
+ * (device, inode, size, modification and change times), exact positioned reads, mappings
  * and direct (uncached) opens. The only place that knows how a platform spells
  * these.
  */
@@ -11,12 +11,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* A file's identity; two equal identities mean "the same, unchanged file". */
+/*
+ * A file's identity; two equal identities mean "the same, unchanged file". The change time
+ * (st_ctim) is set by the kernel on every write, truncate or utime call and cannot be set back
+ * by a writer, so bytes rewritten in place with the modification time restored still differ.
+ */
 typedef struct ddo__file_id {
     uint64_t dev;
     uint64_t ino;
     uint64_t size;
     uint64_t mtime_ns;
+    uint64_t ctime_ns;
     bool regular; /* a regular file (not a directory, FIFO or device) */
 } ddo__file_id;
 
