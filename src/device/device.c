@@ -11,6 +11,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "device.h"
 
+#include "../codec.h"
+
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -871,4 +873,27 @@ int ddo__dev_host_fn(ddo_device *dev, void *stream, ddo__host_fn fn, void *user)
         rc = bad_arg(&c, stream == NULL ? "stream is NULL" : "function is NULL");
     INVOKE(dev->ops->host_fn(dev->st, stream, fn, user, &c.eb));
     return leave(dev, &c, rc, 0);
+}
+
+int ddo__dev_codec_decode(ddo_device *dev, void *stream, uint64_t src, uint64_t src_bytes,
+                          uint64_t dst, uint64_t dst_bytes, const ddo__codec_launch *desc)
+{
+    BEGIN(DDO__OP_CODEC_DECODE);
+    if (stream == NULL || desc == NULL)
+        rc = bad_arg(&c, stream == NULL ? "stream is NULL" : "launch description is NULL");
+    else if (desc->decoded_bytes > dst_bytes || desc->coded_bytes > src_bytes)
+        rc = ddo__fail(&c.eb, DDO_E_INVALID_ARGUMENT,
+                       "codec_decode: %" PRIu64 " coded bytes into %" PRIu64
+                       " decoded bytes do not fit source %" PRIu64 " / destination %" PRIu64,
+                       desc->coded_bytes, desc->decoded_bytes, src_bytes, dst_bytes);
+    else if (desc->n_blocks > 0 && (src == 0 || dst == 0 || desc->status_dev == 0 ||
+                                    desc->status_bytes < 16 * (uint64_t)desc->n_blocks))
+        rc = bad_arg(&c, "source, destination or status area missing");
+    else if (desc->n_blocks == 0)
+        return leave(dev, &c, 0, 0);
+    else if (dev->ops->codec_decode == NULL)
+        rc = ddo__fail(&c.eb, DDO_E_UNSUPPORTED, "codec_decode: device \"%s\" has no decoder",
+                       dev->spec);
+    INVOKE(dev->ops->codec_decode(dev->st, stream, src, src_bytes, dst, dst_bytes, desc, &c.eb));
+    return leave(dev, &c, rc, rc == 0 ? desc->decoded_bytes : 0);
 }

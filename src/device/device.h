@@ -53,7 +53,8 @@
     X(EVENT_QUERY, event_query)               \
     X(EVENT_SYNCHRONIZE, event_synchronize)   \
     X(STREAM_WAIT_EVENT, stream_wait_event)   \
-    X(HOST_FN, host_fn)
+    X(HOST_FN, host_fn)                       \
+    X(CODEC_DECODE, codec_decode)
 
 typedef enum ddo__devop {
 #define DDO_DEVOP_ENUM_(NAME, name) DDO__OP_##NAME,
@@ -66,6 +67,9 @@ typedef enum ddo__devop {
 const char *ddo__devop_name(ddo__devop op);
 
 typedef void (*ddo__host_fn)(void *user);
+
+/* The geometry of a coded stream for a device decoder (codec.h). */
+typedef struct ddo__codec_launch ddo__codec_launch;
 
 /*
  * The operation table. Every function returns 0 or a negative DDO_E_* code
@@ -122,6 +126,14 @@ typedef struct ddo__device_ops {
     int (*stream_wait_event)(void *st, void *stream, void *event, ddo__errbuf *eb);
     /* Runs fn(user) on a host thread once all earlier work on stream is done. */
     int (*host_fn)(void *st, void *stream, ddo__host_fn fn, void *user, ddo__errbuf *eb);
+    /* Queues the decode of the coded stream at src (src_bytes of device memory) into dst
+     * (dst_bytes) on stream, with the geometry of a validated plan; the decoder writes the
+     * status words at desc->status_dev (desc->status_bytes of device memory), which the
+     * caller reads after the stream and checks with ddo__codec_status_check. Writes only
+     * dst[0, decoded) and the status area. DDO_E_UNSUPPORTED where the device has no decoder
+     * (cuda built without nvcc). */
+    int (*codec_decode)(void *st, void *stream, uint64_t src, uint64_t src_bytes, uint64_t dst,
+                        uint64_t dst_bytes, const ddo__codec_launch *desc, ddo__errbuf *eb);
 } ddo__device_ops;
 
 extern const ddo__device_ops ddo__device_cpu_ops;
@@ -169,6 +181,9 @@ int ddo__dev_event_query(ddo_device *dev, void *event);
 int ddo__dev_event_synchronize(ddo_device *dev, void *event);
 int ddo__dev_stream_wait_event(ddo_device *dev, void *stream, void *event);
 int ddo__dev_host_fn(ddo_device *dev, void *stream, ddo__host_fn fn, void *user);
+/* Checks desc (decoded length within dst, status area given) and queues the decode. */
+int ddo__dev_codec_decode(ddo_device *dev, void *stream, uint64_t src, uint64_t src_bytes,
+                          uint64_t dst, uint64_t dst_bytes, const ddo__codec_launch *desc);
 
 /* The device's native stream handle behind a public ddo_stream. */
 void *ddo__stream_handle(const ddo_stream *s);

@@ -26,6 +26,8 @@
 #define _GNU_SOURCE
 #include "device.h"
 
+#include "../codec.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -1132,6 +1134,54 @@ static int cpu_host_fn(void *st, void *stream, ddo__host_fn fn, void *user, ddo_
     return rc;
 }
 
+/* A queued decode: the C reference decoder run in order on the stream's worker. */
+typedef struct cpu_codec_job {
+    uint64_t src, src_bytes, dst, dst_bytes;
+    ddo__codec_launch l;
+} cpu_codec_job;
+
+static void run_codec_job(void *user)
+{
+    cpu_codec_job *j = user;
+    ddo__codec_decode_status((const void *)(uintptr_t)j->src, j->src_bytes,
+                             (void *)(uintptr_t)j->dst, j->dst_bytes, &j->l,
+                             (uint64_t *)(uintptr_t)j->l.status_dev);
+    free(j);
+}
+
+static int cpu_codec_decode(void *st, void *stream, uint64_t src, uint64_t src_bytes, uint64_t dst,
+                            uint64_t dst_bytes, const ddo__codec_launch *desc, ddo__errbuf *eb)
+{
+    cpu_dev *d = st;
+    cpu_codec_job *j = ddo__calloc(1, sizeof(*j));
+    cpu_op *op = new_op(OP_FN);
+    if (j == NULL || op == NULL) {
+        free(j);
+        free(op);
+        return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: codec_decode: out of host memory");
+    }
+    *j = (cpu_codec_job){ src, src_bytes, dst, dst_bytes, *desc };
+    op->fn = run_codec_job;
+    op->user = j;
+    pthread_mutex_lock(&d->lock);
+    int rc = 0;
+    if (!stream_known(d, stream))
+        rc = ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "cpu: codec_decode: unknown stream %p", stream);
+    else if (!device_bytes(d, src, src_bytes) || !device_bytes(d, dst, dst_bytes) ||
+             !device_bytes(d, desc->status_dev, desc->status_bytes))
+        rc = ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
+                       "cpu: codec_decode: source, destination or status area is not device "
+                       "memory");
+    else
+        enqueue(stream, op);
+    pthread_mutex_unlock(&d->lock);
+    if (rc != 0) {
+        free(j);
+        free(op);
+    }
+    return rc;
+}
+
 const ddo__device_ops ddo__device_cpu_ops = {
     .name = "cpu",
     .open = cpu_open,
@@ -1163,4 +1213,5 @@ const ddo__device_ops ddo__device_cpu_ops = {
     .event_synchronize = cpu_event_synchronize,
     .stream_wait_event = cpu_stream_wait_event,
     .host_fn = cpu_host_fn,
+    .codec_decode = cpu_codec_decode,
 };

@@ -21,11 +21,14 @@
 #define _POSIX_C_SOURCE 200809L
 #include "device.h"
 
+#include "../codec.h"
+
 #if DDO_HAVE_CUDA_H
 
 #    include <cuda.h>
 #    include <cudaTypedefs.h>
 #    include <dlfcn.h>
+#    include <pthread.h>
 #    include <stdarg.h>
 #    include <stdio.h>
 #    include <stdlib.h>
@@ -78,6 +81,11 @@ typedef struct cu_api {
     PFN_cuEventSynchronize_v2000 EventSynchronize;
     PFN_cuStreamWaitEvent_v3020 StreamWaitEvent;
     PFN_cuLaunchHostFunc_v10000 LaunchHostFunc;
+    PFN_cuModuleLoadData_v2000 ModuleLoadData;
+    PFN_cuModuleUnload_v2000 ModuleUnload;
+    PFN_cuModuleGetFunction_v2000 ModuleGetFunction;
+    PFN_cuLaunchKernel_v4000 LaunchKernel;
+    PFN_cuMemsetD32Async_v3020 MemsetD32Async;
 } cu_api;
 
 /* The symbol table: driver name and the field it fills (all at DDO_CU_ABI). */
@@ -129,6 +137,11 @@ static const struct {
     CU_SYM_(EventSynchronize),
     CU_SYM_(StreamWaitEvent),
     CU_SYM_(LaunchHostFunc),
+    CU_SYM_(ModuleLoadData),
+    CU_SYM_(ModuleUnload),
+    CU_SYM_(ModuleGetFunction),
+    CU_SYM_(LaunchKernel),
+    CU_SYM_(MemsetD32Async),
 #    undef CU_SYM_
 };
 
@@ -146,6 +159,12 @@ typedef struct cuda_dev {
     int prio_greatest; /* numerically smallest: the highest priority */
     int driver_version;
     char name[128];
+    /* The codec decoder's module, loaded on first use (codec_lock guards these). */
+    pthread_mutex_t codec_lock;
+    CUmodule codec_mod;
+    CUfunction codec_fn;
+    int codec_rc; /* 0: not loaded yet; 1: loaded; < 0: loading failed with this code */
+    char codec_err[256];
 } cuda_dev;
 
 static double mib(uint64_t bytes)
@@ -310,6 +329,9 @@ static void cuda_close(void *st)
     cuda_dev *d = st;
     if (d == NULL)
         return;
+    if (d->codec_mod != NULL && d->api.CtxSetCurrent(d->ctx) == CUDA_SUCCESS)
+        d->api.ModuleUnload(d->codec_mod);
+    pthread_mutex_destroy(&d->codec_lock);
     if (d->ctx_retained)
         d->api.DevicePrimaryCtxRelease(d->device);
     /* libcuda stays loaded for the life of the process (as the CUDA runtime does): its
@@ -333,8 +355,10 @@ static int cuda_open(const char *spec, const ddo_device_options *opts, void **st
     if (d == NULL)
         return ddo__fail(eb, DDO_E_NO_MEMORY, "cuda:%d: out of host memory", ordinal);
     d->ordinal = ordinal;
+    pthread_mutex_init(&d->codec_lock, NULL);
     int rc = load_driver(d, path, eb);
     if (rc != 0) {
+        pthread_mutex_destroy(&d->codec_lock);
         free(d);
         return rc;
     }
@@ -754,6 +778,79 @@ static int cuda_host_fn(void *st, void *stream, ddo__host_fn fn, void *user, ddo
     return 0;
 }
 
+#    if DDO_HAVE_CODEC_PTX
+/* The PTX of src/cuda/codec_decode.cu (generated at build time). */
+extern const unsigned char ddo__codec_ptx[];
+extern const size_t ddo__codec_ptx_bytes;
+
+/* Loads the decoder's module once (the driver compiles the PTX for this GPU). */
+static int codec_module(cuda_dev *d, ddo__errbuf *eb)
+{
+    pthread_mutex_lock(&d->codec_lock);
+    if (d->codec_rc == 0) {
+        CUresult r = d->api.ModuleLoadData(&d->codec_mod, ddo__codec_ptx);
+        const char *call = "cuModuleLoadData";
+        if (r == CUDA_SUCCESS) {
+            call = "cuModuleGetFunction";
+            r = d->api.ModuleGetFunction(&d->codec_fn, d->codec_mod, "ddo_codec_decode");
+        }
+        if (r == CUDA_SUCCESS) {
+            d->codec_rc = 1;
+        } else {
+            ddo__errbuf e = { 0, "" };
+            d->codec_rc =
+                cu_fail(d, &e, r, call, "(codec decoder, %zu bytes of PTX)", ddo__codec_ptx_bytes);
+            snprintf(d->codec_err, sizeof(d->codec_err), "%s", e.msg);
+        }
+    }
+    int rc = d->codec_rc;
+    pthread_mutex_unlock(&d->codec_lock);
+    if (rc == 1)
+        return 0;
+    return ddo__fail(eb, rc, "%s", d->codec_err);
+}
+
+static int cuda_codec_decode(void *st, void *stream, uint64_t src, uint64_t src_bytes, uint64_t dst,
+                             uint64_t dst_bytes, const ddo__codec_launch *l, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    uint64_t grid = (uint64_t)l->n_blocks * l->ctas_per_block;
+    if (src % 16 != 0 || dst % 16 != 0 || l->status_dev % 16 != 0 || l->cta_warps == 0 ||
+        l->cta_warps > 16 || l->ctas_per_block == 0 || grid > INT32_MAX)
+        return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
+                         "codec_decode: source, destination and status must be 16-byte aligned "
+                         "and the launch 1..16 warps x 1..2^31 thread blocks");
+    int rc = codec_module(d, eb);
+    if (rc != 0)
+        return rc;
+    CUresult r = d->api.MemsetD32Async((CUdeviceptr)l->status_dev, 0, (size_t)(l->status_bytes / 4),
+                                       (CUstream)stream);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuMemsetD32Async", "clearing %llu status bytes",
+                       (unsigned long long)l->status_bytes);
+    CUdeviceptr s = (CUdeviceptr)src, o = (CUdeviceptr)dst, stat = (CUdeviceptr)l->status_dev;
+    unsigned long long sb = src_bytes, db = dst_bytes, total = l->total_elems;
+    unsigned int nb = l->n_blocks, be = l->block_elems, es = l->esize, cpb = l->ctas_per_block;
+    void *args[] = { &s, &sb, &o, &db, &stat, &nb, &be, &es, &total, &cpb };
+    r = d->api.LaunchKernel(d->codec_fn, (unsigned)grid, 1, 1, 32 * l->cta_warps, 1, 1, 0,
+                            (CUstream)stream, args, NULL);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuLaunchKernel", "(codec decoder, %llu thread blocks)",
+                       (unsigned long long)grid);
+    return 0;
+}
+#    else
+static int cuda_codec_decode(void *st, void *stream, uint64_t src, uint64_t src_bytes, uint64_t dst,
+                             uint64_t dst_bytes, const ddo__codec_launch *l, ddo__errbuf *eb)
+{
+    (void)st, (void)stream, (void)src, (void)src_bytes, (void)dst, (void)dst_bytes, (void)l;
+    return ddo__fail(eb, DDO_E_UNSUPPORTED,
+                     "codec_decode: libddo was built without nvcc, so the cuda device has no "
+                     "codec decoder");
+}
+#    endif
+
 static const ddo__device_ops cuda_ops = {
     .name = "cuda",
     .open = cuda_open,
@@ -785,6 +882,7 @@ static const ddo__device_ops cuda_ops = {
     .event_synchronize = cuda_event_synchronize,
     .stream_wait_event = cuda_stream_wait_event,
     .host_fn = cuda_host_fn,
+    .codec_decode = cuda_codec_decode,
 };
 
 const ddo__device_ops *const ddo__device_cuda_ops = &cuda_ops;

@@ -1,0 +1,350 @@
+/*
+ * test_codec.c - the weight codec (src/codec.c): bit-exact round trips for
+ * every dtype and for edge values (signed zeros, subnormals, infinities, NaN
+ * payloads, all 65,536 BF16 and F16 patterns), results independent of the
+ * encoder's thread count, raw fallback on random bits within the bound,
+ * Gaussian BF16 weights coding smaller, corruption of every region of a
+ * stream detected without a write outside the output, and the decode through
+ * the cpu device's codec_decode operation equal to the C reference.
+ *
+ * ctest-labels: unit threads
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "codec.h"
+#include "device/device.h"
+#include "t.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GROUP DDO_CODEC_GROUP_ELEMS
+#define GUARD ((uint64_t)64)
+
+static uint64_t g_rng = 1;
+
+static uint64_t rnd(void)
+{
+    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double gauss(void)
+{
+    double u = ((double)(rnd() >> 11) + 0.5) / 9007199254740992.0;
+    double v = (double)(rnd() >> 11) / 9007199254740992.0;
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+static uint16_t to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7FFF + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+/* n elements of dtype shaped like trained weights (Gaussian, std 0.02), or random bits. */
+static uint8_t *make(ddo_dtype dt, uint64_t n, bool random_bits)
+{
+    size_t es = ddo_dtype_size(dt);
+    uint8_t *p = malloc(n * es + 1);
+    for (uint64_t i = 0; i < n; i++) {
+        float f = (float)(gauss() * 0.02);
+        uint64_t r = rnd();
+        if (!random_bits && dt == DDO_DTYPE_BF16) {
+            uint16_t h = to_bf16(f);
+            memcpy(p + 2 * i, &h, 2);
+        } else if (!random_bits && dt == DDO_DTYPE_F32) {
+            memcpy(p + 4 * i, &f, 4);
+        } else if (!random_bits && dt == DDO_DTYPE_F16) {
+            /* exponent near 15 - 6, 10 random mantissa bits */
+            uint16_t h =
+                (uint16_t)((r & 0x83FF) | (uint16_t)((9 + (int)(gauss() * 1.2)) & 31) << 10);
+            memcpy(p + 2 * i, &h, 2);
+        } else {
+            memcpy(p + es * i, &r, es);
+        }
+    }
+    return p;
+}
+
+/* Encodes, checks the bound and the plan, decodes into a guarded buffer and compares. */
+static uint64_t round_trip(const uint8_t *src, uint64_t bytes, ddo_dtype dt, uint32_t block,
+                           unsigned threads, uint8_t **coded_out)
+{
+    uint64_t bound = ddo__codec_bound(dt, bytes, block);
+    T_CHECK(bound >= bytes);
+    uint8_t *coded = malloc(bound + 1);
+    uint64_t len = 0;
+    ddo__codec_params p = { block, threads };
+    ddo__errbuf eb = { 0, "" };
+    int rc = ddo__codec_encode(src, bytes, dt, &p, coded, bound, &len, "t.weight", &eb);
+    T_CHECK_MSG(rc == 0, "%s", eb.msg);
+    T_CHECK(len <= bound);
+    uint8_t *out = malloc(bytes + 2 * GUARD);
+    memset(out, 0xA5, bytes + 2 * GUARD);
+    rc = ddo__codec_decode(coded, len, out + GUARD, bytes, "t.weight", &eb);
+    T_CHECK_MSG(rc == 0, "%s %s: %s", ddo_dtype_name(dt), "decode", eb.msg);
+    T_CHECK(memcmp(out + GUARD, src, bytes) == 0);
+    for (uint64_t i = 0; i < GUARD; i++)
+        T_CHECK(out[i] == 0xA5 && out[GUARD + bytes + i] == 0xA5);
+    free(out);
+    if (coded_out)
+        *coded_out = coded;
+    else
+        free(coded);
+    return len;
+}
+
+static void test_every_dtype(void)
+{
+    static const uint64_t counts[] = {
+        0, 1, 3, 31, 33, 1000, GROUP - 1, GROUP + 17, 3 * GROUP + 5
+    };
+    for (int dt = 0; dt < DDO_DTYPE_COUNT; dt++) {
+        for (size_t k = 0; k < DDO_ARRAY_LEN(counts); k++) {
+            uint64_t n = counts[k];
+            uint8_t *src = make((ddo_dtype)dt, n, false);
+            round_trip(src, n * ddo_dtype_size((ddo_dtype)dt), (ddo_dtype)dt, GROUP, 2, NULL);
+            free(src);
+        }
+    }
+}
+
+static void test_all_16bit_patterns(void)
+{
+    const ddo_dtype types[] = { DDO_DTYPE_BF16, DDO_DTYPE_F16 };
+    uint16_t *v = malloc(3 * 65536 * 2);
+    for (uint32_t i = 0; i < 65536; i++) {
+        v[i] = (uint16_t)i;                                  /* in order */
+        v[65536 + i] = (uint16_t)(i * 40503u + 7);           /* a permutation */
+        v[131072 + i] = (uint16_t)(i & 1 ? 0x8000 : 0x0001); /* -0 and the smallest subnormal */
+    }
+    for (size_t t = 0; t < 2; t++)
+        round_trip((const uint8_t *)v, 3 * 65536 * 2, types[t], GROUP, 3, NULL);
+    free(v);
+}
+
+static void test_f32_edges(void)
+{
+    static const uint32_t edge[] = { 0x00000000, 0x80000000, 0x00000001, 0x807FFFFF, 0x00800000,
+                                     0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFFFFFFF,
+                                     0x7FBFFFFF, 0x3F800000, 0xBF800000, 0x7F7FFFFF };
+    uint64_t n = 2 * GROUP + 100;
+    uint32_t *v = (uint32_t *)make(DDO_DTYPE_F32, n, false);
+    for (uint64_t i = 0; i < n; i += 3)
+        v[i] = edge[i % DDO_ARRAY_LEN(edge)] ^ (uint32_t)(rnd() & (i % 2 ? 0x3FF : 0));
+    round_trip((const uint8_t *)v, n * 4, DDO_DTYPE_F32, GROUP, 2, NULL);
+    free(v);
+}
+
+static void test_threads_same_bytes(void)
+{
+    uint64_t n = 5 * GROUP + 77;
+    uint8_t *src = make(DDO_DTYPE_BF16, n, false);
+    uint8_t *a = NULL, *b = NULL;
+    uint64_t la = round_trip(src, n * 2, DDO_DTYPE_BF16, GROUP, 1, &a);
+    uint64_t lb = round_trip(src, n * 2, DDO_DTYPE_BF16, GROUP, 4, &b);
+    T_EQ_U64(la, lb);
+    T_CHECK(la == lb && memcmp(a, b, (size_t)la) == 0);
+    free(a);
+    free(b);
+    free(src);
+}
+
+static void test_ratio_and_raw_fallback(void)
+{
+    uint64_t n = 8 * GROUP;
+    uint8_t *w = make(DDO_DTYPE_BF16, n, false), *r = make(DDO_DTYPE_BF16, n, true);
+    uint8_t *cw = NULL, *cr = NULL;
+    uint64_t lw = round_trip(w, n * 2, DDO_DTYPE_BF16, 2 * GROUP, 2, &cw);
+    uint64_t lr = round_trip(r, n * 2, DDO_DTYPE_BF16, 2 * GROUP, 2, &cr);
+    /* Gaussian BF16 carries ~2.6 bits in its 8 exponent bits: well under 0.75 of raw. */
+    T_CHECK_MSG((double)lw < 0.75 * (double)(n * 2), "gaussian ratio %.4f",
+                (double)lw / (double)(n * 2));
+    /* Random bits: every block stored raw, within the bound (raw + 64 + 56 per block). */
+    T_CHECK(lr <= ddo__codec_bound(DDO_DTYPE_BF16, n * 2, 2 * GROUP));
+    T_CHECK(lr >= n * 2);
+    ddo__codec_plan *pw = NULL, *pr = NULL;
+    T_EQ_INT(ddo__codec_plan_create(cw, lw, "w", &pw, NULL), 0);
+    T_EQ_INT(ddo__codec_plan_create(cr, lr, "r", &pr, NULL), 0);
+    T_REQUIRE(pw != NULL && pr != NULL);
+    T_EQ_U64(pw->raw_blocks, 0);
+    T_EQ_U64(pr->raw_blocks, pr->launch.n_blocks);
+    T_EQ_U64(pr->launch.n_blocks, 4);
+    ddo__codec_plan_destroy(pw);
+    ddo__codec_plan_destroy(pr);
+    free(w);
+    free(r);
+    free(cw);
+    free(cr);
+}
+
+static void test_arguments(void)
+{
+    uint8_t src[64] = { 0 }, dst[512];
+    uint64_t len = 0;
+    ddo__errbuf eb = { 0, "" };
+    T_EQ_U64(ddo__codec_bound(DDO_DTYPE_BF16, 3, 0), 0); /* half an element */
+    T_EQ_U64(ddo__codec_bound(DDO_DTYPE_BF16, 2, 1000), 0);
+    T_CHECK(ddo__codec_bound(DDO_DTYPE_U8, 3, 0) > 0);
+    ddo__codec_params p = { 0, 1 };
+    T_EQ_INT(ddo__codec_encode(src, 64, DDO_DTYPE_BF16, &p, dst, 100, &len, "x.w", &eb),
+             DDO_E_INVALID_ARGUMENT);
+    T_CONTAINS(eb.msg, "x.w");
+    T_EQ_INT(ddo__codec_encode(src, 64, DDO_DTYPE_BF16, &p, dst, sizeof(dst), &len, "x.w", &eb), 0);
+    uint8_t out[64];
+    memset(out, 7, sizeof(out));
+    T_EQ_INT(ddo__codec_decode(dst, len, out, 62, "x.w", &eb), DDO_E_INVALID_ARGUMENT);
+    T_CHECK(out[0] == 7 && out[63] == 7);
+    T_EQ_INT(ddo__codec_decode(dst, len - 16, out, 64, "x.w", &eb), DDO_E_FORMAT);
+    T_CONTAINS(eb.msg, "tensor `x.w`");
+    T_EQ_INT(ddo__codec_decode(dst, 10, out, 64, "x.w", &eb), DDO_E_FORMAT);
+    T_CHECK(out[0] == 7);
+}
+
+/* A stream of three blocks: Gaussian (huff), random (raw), a short Gaussian tail (huff). */
+static uint8_t *three_blocks(uint64_t *len, uint8_t **src_out, uint64_t *bytes)
+{
+    uint64_t n = 2 * GROUP + 1000;
+    uint8_t *src = make(DDO_DTYPE_BF16, n, false);
+    uint8_t *rb = make(DDO_DTYPE_BF16, GROUP, true);
+    memcpy(src + 2 * GROUP, rb, 2 * GROUP);
+    free(rb);
+    uint8_t *coded = NULL;
+    *len = round_trip(src, n * 2, DDO_DTYPE_BF16, GROUP, 2, &coded);
+    *src_out = src;
+    *bytes = n * 2;
+    return coded;
+}
+
+static void test_corruption_detected(void)
+{
+    uint64_t len = 0, bytes = 0;
+    uint8_t *src = NULL, *coded = three_blocks(&len, &src, &bytes);
+    ddo__codec_plan *p = NULL;
+    T_EQ_INT(ddo__codec_plan_create(coded, len, "t.weight", &p, NULL), 0);
+    T_REQUIRE(p != NULL && p->launch.n_blocks == 3);
+    T_EQ_U64(p->raw_blocks, 1);
+    uint8_t *out = malloc(bytes + 2 * GUARD);
+    int missed = 0, failed_guard = 0;
+    ddo__errbuf eb = { 0, "" };
+    /* Every byte of the metadata regions, every 5th byte of the payloads; one bit each. */
+    for (uint64_t i = 0; i < len; i++) {
+        bool meta = i < p->blocks[0].coded_offset + 176 + 16 * 9 ||
+                    (i >= p->blocks[1].coded_offset && i < p->blocks[1].coded_offset + 48) ||
+                    i >= p->blocks[2].coded_offset;
+        if (!meta && i % 5 != 0)
+            continue;
+        uint8_t bit = (uint8_t)(1u << (i % 8));
+        coded[i] ^= bit;
+        memset(out, 0x5A, bytes + 2 * GUARD);
+        int rc = ddo__codec_decode(coded, len, out + GUARD, bytes, "t.weight", &eb);
+        if (rc != DDO_E_FORMAT || strstr(eb.msg, "tensor `t.weight`") == NULL) {
+            if (missed++ < 5)
+                fprintf(stderr, "  flip at byte %llu not detected (rc %d)\n", (unsigned long long)i,
+                        rc);
+        }
+        for (uint64_t g = 0; g < GUARD; g++)
+            failed_guard += out[g] != 0x5A || out[GUARD + bytes + g] != 0x5A;
+        coded[i] ^= bit;
+    }
+    T_EQ_INT(missed, 0);
+    T_EQ_INT(failed_guard, 0);
+    /* The device path: the plan comes from the intact host copy, the device copy is bad. */
+    uint64_t *st = calloc(2 * p->launch.n_blocks, sizeof(uint64_t));
+    for (uint32_t b = 0; b < 3; b++) {
+        uint64_t at = p->blocks[b].coded_offset + p->blocks[b].coded_bytes - 200;
+        coded[at] ^= 0x10;
+        ddo__codec_decode_status(coded, len, out + GUARD, bytes, &p->launch, st);
+        T_EQ_INT(ddo__codec_status_check(p, st, &eb), DDO_E_FORMAT);
+        char want[64];
+        snprintf(want, sizeof(want), "block %u of 3", b);
+        T_CONTAINS(eb.msg, want);
+        coded[at] ^= 0x10;
+    }
+    ddo__codec_decode_status(coded, len, out + GUARD, bytes, &p->launch, st);
+    T_EQ_INT(ddo__codec_status_check(p, st, &eb), 0);
+    free(st);
+    free(out);
+    ddo__codec_plan_destroy(p);
+    free(coded);
+    free(src);
+}
+
+static void test_cpu_device_op(void)
+{
+    uint64_t len = 0, bytes = 0;
+    uint8_t *src = NULL, *coded = three_blocks(&len, &src, &bytes);
+    ddo__codec_plan *p = NULL;
+    T_EQ_INT(ddo__codec_plan_create(coded, len, "t.weight", &p, NULL), 0);
+    T_REQUIRE(p != NULL);
+    ddo_device_options o;
+    memset(&o, 0, sizeof(o));
+    ddo_device *dev = NULL;
+    T_REQUIRE(ddo_device_create("cpu", &o, &dev) == 0);
+    void *s = NULL;
+    uint64_t dsrc = 0, ddst = 0, dst_st = 0;
+    T_EQ_INT(ddo__dev_stream_create(dev, 1, &s), 0);
+    T_EQ_INT(ddo__dev_mem_alloc(dev, len, &dsrc), 0);
+    T_EQ_INT(ddo__dev_mem_alloc(dev, bytes, &ddst), 0);
+    T_EQ_INT(ddo__dev_mem_alloc(dev, p->launch.status_bytes, &dst_st), 0);
+    ddo__codec_launch l = p->launch;
+    l.status_dev = dst_st;
+    uint8_t *got = malloc(bytes);
+    uint64_t st[6];
+    for (int corrupt = 0; corrupt < 2; corrupt++) {
+        if (corrupt)
+            coded[p->blocks[2].coded_offset + 300] ^= 4;
+        T_EQ_INT(ddo__dev_copy_h2d(dev, dsrc, coded, len, s), 0);
+        T_EQ_INT(ddo__dev_codec_decode(dev, s, dsrc, len, ddst, bytes, &l), 0);
+        T_EQ_INT(ddo__dev_stream_synchronize(dev, s), 0);
+        T_EQ_INT(ddo__dev_copy_d2h(dev, got, ddst, bytes), 0);
+        T_EQ_INT(ddo__dev_copy_d2h(dev, st, dst_st, sizeof(st)), 0);
+        ddo__errbuf eb = { 0, "" };
+        T_EQ_INT(ddo__codec_status_check(p, st, &eb), corrupt ? DDO_E_FORMAT : 0);
+        if (!corrupt)
+            T_CHECK(memcmp(got, src, bytes) == 0);
+        else
+            T_CONTAINS(eb.msg, "block 2 of 3");
+    }
+    /* A destination smaller than the decoded stream is refused before anything is queued. */
+    T_EQ_INT(ddo__dev_codec_decode(dev, s, dsrc, len, ddst, bytes - 2, &l), DDO_E_INVALID_ARGUMENT);
+    ddo__codec_launch bad = l;
+    bad.status_dev = 0;
+    T_EQ_INT(ddo__dev_codec_decode(dev, s, dsrc, len, ddst, bytes, &bad), DDO_E_INVALID_ARGUMENT);
+    bad = l;
+    bad.status_dev = (uint64_t)(uintptr_t)st; /* host memory, not device memory */
+    T_EQ_INT(ddo__dev_codec_decode(dev, s, dsrc, len, ddst, bytes, &bad), DDO_E_INVALID_ARGUMENT);
+    ddo__devop_stats stats[DDO__OP_COUNT];
+    ddo__device_stats(dev, stats);
+    T_EQ_U64(stats[DDO__OP_CODEC_DECODE].calls, 5);
+    T_EQ_U64(stats[DDO__OP_CODEC_DECODE].bytes, 2 * bytes);
+    T_EQ_STR(ddo__devop_name(DDO__OP_CODEC_DECODE), "codec_decode");
+    T_EQ_INT(ddo__dev_stream_destroy(dev, s), 0);
+    T_EQ_INT(ddo__dev_mem_free(dev, dsrc), 0);
+    T_EQ_INT(ddo__dev_mem_free(dev, ddst), 0);
+    T_EQ_INT(ddo__dev_mem_free(dev, dst_st), 0);
+    ddo_device_destroy(dev);
+    free(got);
+    ddo__codec_plan_destroy(p);
+    free(coded);
+    free(src);
+}
+
+int main(void)
+{
+    T_RUN(test_every_dtype);
+    T_RUN(test_all_16bit_patterns);
+    T_RUN(test_f32_edges);
+    T_RUN(test_threads_same_bytes);
+    T_RUN(test_ratio_and_raw_fallback);
+    T_RUN(test_arguments);
+    T_RUN(test_corruption_detected);
+    T_RUN(test_cpu_device_op);
+    return t_done();
+}
