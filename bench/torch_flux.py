@@ -14,9 +14,11 @@ Each case runs in a fresh process; the driver collects them, prints a table and 
 
 Per case: enable time, first and median step (torch.cuda.synchronize around each), the bus
 measured in the same process (a 4 GiB pinned host->device copy, after the RSS peak is read),
-step / max(resident step, streamed bytes / bus), device memory peak (a thread sampling torch.cuda.mem_get_info every few
-ms, plus max_memory_allocated), host RSS peak (VmHWM and sampled VmRSS), and bit-identity of the
-output against the resident case (which saves its output to the work directory).
+step / max(resident step, streamed bytes / bus), device memory peak (a thread sampling
+torch.cuda.mem_get_info every few ms, plus max_memory_allocated), host RSS peak (VmHWM and
+sampled VmRSS), and bit-identity of the output against the resident case (which saves its
+output to the work directory). Compiled cases add recompiles and CUDA graph re-records after
+warm-up (torch._dynamo.utils.counters, the cudagraph tree manager) and the ratio to eager.
 """
 
 import argparse
