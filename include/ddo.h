@@ -98,6 +98,13 @@ DDO_API const char *ddo_last_error(void);
 /* Frees memory the library returned to the caller (JSON text and the like). */
 DDO_API void ddo_free(void *p);
 
+/*
+ * sizeof() of a public struct as this library was built ("ddo_tensor_info",
+ * "ddo_config_item", ...), 0 for an unknown name: lets a binding that mirrors the layouts
+ * (ctypes) refuse a library whose layouts differ from its own, instead of corrupting memory.
+ */
+DDO_API size_t ddo_struct_size(const char *name);
+
 /* ------------------------------------------------------------------------ */
 /* Data types                                                                */
 /* ------------------------------------------------------------------------ */
@@ -287,6 +294,13 @@ DDO_API int ddo_config_set(ddo_config *cfg, const char *key, const char *value);
 DDO_API int ddo_config_set_bool(ddo_config *cfg, const char *key, bool value);
 DDO_API int ddo_config_set_int(ddo_config *cfg, const char *key, int64_t value);
 DDO_API int ddo_config_set_double(ddo_config *cfg, const char *key, double value);
+/*
+ * Sets a value that wins over the environment and earlier flags (source "argument"): a host's
+ * explicit arguments, such as the overrides of the Python enable_offload, which upstream
+ * applies on top of the settings it read from DDO_*. DDO_E_NOT_FOUND for unknown keys (the
+ * detail names the nearest key), DDO_E_CONFIG for bad values.
+ */
+DDO_API int ddo_config_override(ddo_config *cfg, const char *key, const char *value);
 /* Reads a value (text form valid until the next change of cfg). */
 DDO_API int ddo_config_get(const ddo_config *cfg, const char *key, const char **value);
 DDO_API int ddo_config_get_bool(const ddo_config *cfg, const char *key, bool *value);
@@ -426,6 +440,14 @@ typedef struct ddo_device_options {
  * without a driver fails with DDO_E_NO_DEVICE ("no CUDA driver: ...").
  */
 DDO_API int ddo_device_create(const char *spec, const ddo_device_options *opts, ddo_device **out);
+/*
+ * Opens the device the configuration's execution_device names. When that is the default
+ * (cuda:0, source "default") and no CUDA device answers, opens the cpu device instead and
+ * writes why into note (may be NULL); a cuda device asked for explicitly is never replaced.
+ * Errors: those of ddo_device_create.
+ */
+DDO_API int ddo_device_create_from_config(const ddo_config *cfg, const ddo_device_options *opts,
+                                          ddo_device **out, char *note, size_t note_len);
 DDO_API void ddo_device_destroy(ddo_device *dev);
 DDO_API int ddo_device_caps_get(ddo_device *dev, ddo_device_caps *out);
 /* A stream for host work (priority 0 = normal; the copy stream is below). */
@@ -435,6 +457,15 @@ DDO_API void ddo_stream_destroy(ddo_stream *s);
 DDO_API int ddo_stream_synchronize(ddo_stream *s);
 /* The native handle (a CUstream on cuda, NULL on cpu). */
 DDO_API void *ddo_stream_native(ddo_stream *s);
+/*
+ * Borrows a host framework's stream for ddo_session_acquire / release (torch's
+ * torch.cuda.current_stream().cuda_stream): on cuda, native is a CUstream of dev's primary
+ * context (NULL or 0 = the legacy default stream) which ddo never destroys; on cpu, native
+ * must be NULL and the stream is the calling thread: acquire blocks it until the unit's upload
+ * is done, and release records that its work is already complete. ddo_stream_destroy ends the
+ * borrow. Errors: DDO_E_INVALID_ARGUMENT (a native handle on cpu), DDO_E_NO_MEMORY.
+ */
+DDO_API int ddo_stream_wrap(ddo_device *dev, void *native, ddo_stream **out);
 DDO_API const char *ddo_device_error(const ddo_device *dev);
 
 /* Host->device figures measured on a device (ddo doctor, ddo bench). 0 = not measured. */
@@ -629,7 +660,8 @@ typedef struct ddo_session_options {
  */
 DDO_API int ddo_session_create(const ddo_plan *plan, const ddo_checkpoint *ck, ddo_device *dev,
                                const ddo_session_options *opts, ddo_session **out);
-/* Releases everything safe to release; budget accounts return to zero. */
+/* Releases everything safe to release; budget accounts return to zero. With DLPack views
+ * alive (ddo_session_tensor_dlpack) the session is freed when the last view is. */
 DDO_API void ddo_session_destroy(ddo_session *s);
 
 /*
@@ -643,6 +675,38 @@ DDO_API int ddo_session_acquire(ddo_session *s, size_t unit, ddo_stream *stream)
 DDO_API int ddo_session_release(ddo_session *s, size_t unit, ddo_stream *stream);
 /* Device address of a tensor (resident, or streamed and currently leased). */
 DDO_API int ddo_session_tensor_address(ddo_session *s, size_t tensor, void **device_ptr);
+/*
+ * The session-long address of a tensor on the VMM routes (its unit's own virtual range, or its
+ * weight's on vmm_runtime), without a lease: what a host binds once. The bytes are there only
+ * while the unit is leased. Errors: DDO_E_UNSUPPORTED on the linear route (addresses change per
+ * lease), DDO_E_NOT_FOUND (skipped tensor), DDO_E_INVALID_ARGUMENT.
+ */
+DDO_API int ddo_session_tensor_stable_address(ddo_session *s, size_t tensor, void **device_ptr);
+/*
+ * Every tensor address of unit in ddo_plan_unit_tensors order (ptrs[0..*n)): stable ones on
+ * the VMM routes, the leased slot's on linear (which must be leased). *n is set to the tensor
+ * count even when cap is too small. Errors: DDO_E_INVALID_ARGUMENT (cap too small, bad unit),
+ * DDO_E_STATE (not leased on linear, or unloaded).
+ */
+DDO_API int ddo_session_unit_addresses(ddo_session *s, size_t unit, void **ptrs, size_t cap,
+                                       size_t *n);
+/* ddo_session_tensor_dlpack flag: a one-dimensional uint8 view of the tensor's bytes (for
+ * dtypes DLPack or the host cannot name, such as the F8 types: view them as the dtype). */
+#define DDO_VIEW_BYTES 1u
+/*
+ * A DLPack (v0) DLManagedTensor over tensor's device bytes at its current address (stable on
+ * VMM, the leased slot's on linear), kDLCUDA with the device ordinal or kDLCPU on the cpu
+ * device; its dtype and shape are the tensor's (DDO_VIEW_BYTES: uint8 bytes). Each live view
+ * holds a reference on the session: ddo_session_destroy frees the session when the host's
+ * handle and every view are gone (the view's deleter may run on any thread). The bytes are
+ * valid only while the unit is leased (resident tensors: always). The plan, checkpoint and
+ * device must outlive the last view. Errors: DDO_E_STATE, DDO_E_UNSUPPORTED (a dtype DLPack
+ * cannot name without DDO_VIEW_BYTES), DDO_E_NOT_FOUND, DDO_E_NO_MEMORY.
+ */
+DDO_API int ddo_session_tensor_dlpack(ddo_session *s, size_t tensor, unsigned flags,
+                                      void **managed);
+/* DLPack views of the session still alive (ddo_session_tensor_dlpack). */
+DDO_API size_t ddo_session_view_count(const ddo_session *s);
 /* Declares the execution order (unit indices); otherwise learned on the first pass. */
 DDO_API int ddo_session_declare_order(ddo_session *s, const size_t *units, size_t count);
 /* Explicit reclaim: releases at most one completed idle slot's backing. *released = bytes. */
@@ -700,6 +764,12 @@ typedef struct ddo_host_info {
     char kernel_release[128];
 } ddo_host_info;
 DDO_API int ddo_host_info_get(ddo_host_info *out);
+/*
+ * Plan inputs from what dev reports (memory, granularity, VMM, measured bus and compute
+ * figures when the device has them) and from this machine (available RAM): what a host passes
+ * to ddo_plan_build. Errors: DDO_E_INVALID_ARGUMENT, DDO_E_DEVICE.
+ */
+DDO_API int ddo_plan_inputs_get(ddo_device *dev, ddo_plan_inputs *out);
 
 /* What a standby purge did for a phase (the seed's maybe_purge_windows_standby_cache). */
 typedef struct ddo_purge_result {

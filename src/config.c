@@ -715,7 +715,9 @@ static int lookup(const ddo_config *cfg, const char *key, const char *fn, int *i
 }
 
 /* A write through the API: preset/backend changes re-resolve the preset atomically. */
-static int api_store(ddo_config *cfg, int id, const char *text)
+/* Stores a value set through the API at rank (the route-selecting options re-resolve). */
+static int ranked_store(ddo_config *cfg, int id, const char *text, ddo__rank rank,
+                        const char *source)
 {
     if (id != DDO_OPT_ID_preset && id != DDO_OPT_ID_backend &&
         id != DDO_OPT_ID_vmm_total_staging_gb && id != DDO_OPT_ID_execution_mode)
@@ -836,6 +838,11 @@ int ddo_config_get_bool(const ddo_config *cfg, const char *key, bool *value)
     return 0;
 }
 
+static int api_store(ddo_config *cfg, int id, const char *text)
+{
+    return ranked_store(cfg, id, text, DDO__RANK_API, "api");
+}
+
 int ddo_config_get_int(const ddo_config *cfg, const char *key, int64_t *value)
 {
     int id;
@@ -847,6 +854,18 @@ int ddo_config_get_int(const ddo_config *cfg, const char *key, int64_t *value)
     switch (ddo__optdescs[id].type) {
     case DDO__OT_INT:
     case DDO__OT_KB:
+int ddo_config_override(ddo_config *cfg, const char *key, const char *value)
+{
+    int id;
+    int rc = lookup(cfg, key, "ddo_config_override", &id);
+    if (rc != 0)
+        return rc;
+    if (value == NULL)
+        return ddo__fail(&cfg->err, DDO_E_INVALID_ARGUMENT,
+                         "ddo_config_override: %s: value is NULL", key);
+    return ranked_store(cfg, id, value, DDO__RANK_FLAG, "argument");
+}
+
         *value = *(const int64_t *)cfield(cfg, id);
         return 0;
     case DDO__OT_BOOL:

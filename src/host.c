@@ -90,3 +90,49 @@ int ddo_purge_standby(const ddo_config *cfg, const char *phase, int enabled,
     *out = r;
     return 0;
 }
+
+int ddo_plan_inputs_get(ddo_device *dev, ddo_plan_inputs *out)
+{
+    if (dev == NULL || out == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo_plan_inputs_get: device and out are required");
+    ddo_device_caps caps;
+    int rc = ddo_device_caps_get(dev, &caps);
+    if (rc != 0)
+        return rc;
+    memset(out, 0, sizeof(*out));
+    out->device_total_bytes = caps.total_bytes;
+    out->device_free_bytes = caps.free_bytes;
+    out->device_granularity = caps.granularity;
+    out->device_is_cpu = caps.is_cpu;
+    out->device_vmm_supported = caps.vmm_supported;
+    out->bus_bytes_per_s = caps.bus_bytes_per_s;
+    out->flops_per_s = caps.flops_per_s;
+    out->host_available_bytes = ddo__os_available_ram_bytes();
+    return 0;
+}
+
+int ddo_device_create_from_config(const ddo_config *cfg, const ddo_device_options *opts,
+                                  ddo_device **out, char *note, size_t note_len)
+{
+    if (out != NULL)
+        *out = NULL;
+    if (note != NULL && note_len > 0)
+        note[0] = '\0';
+    if (cfg == NULL || out == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo_device_create_from_config: config and out are required");
+    const char *spec = NULL, *src = NULL;
+    if (ddo_config_get(cfg, "execution_device", &spec) != 0 || spec == NULL || spec[0] == '\0')
+        spec = "cuda:0";
+    char buf[64];
+    snprintf(buf, sizeof(buf), "%s", spec);
+    int rc = ddo_device_create(buf, opts, out);
+    if (rc == DDO_E_NO_DEVICE && ddo_config_source(cfg, "execution_device", &src) == 0 &&
+        src != NULL && strcmp(src, "default") == 0) {
+        if (note != NULL && note_len > 0)
+            snprintf(note, note_len, "no CUDA device (%s); using the cpu device", ddo_last_error());
+        rc = ddo_device_create("cpu", opts, out);
+    }
+    return rc;
+}

@@ -751,9 +751,54 @@ static int host_side(builder *b, uint64_t available, const ddo__pin_resolution *
         if (retain_limit == 0) {
             retain = false;
             ddo__decisions_set_str(d, "retained_store", "insufficient_ram");
+/* Host-memory tensors of registered units are registered in place, page by page (the
+ * retained store never copies them): the pages they may touch, rounded to
+ * DDO_HOST_PAGE_BOUND at both ends, are what the registered account takes for them. Sums, over
+ * the streamed host tensors of the registered units (all streamed units with all_units), their
+ * bytes and the pages they may touch. */
+static void host_registered(const builder *b, bool all_units, uint64_t *bytes, uint64_t *pages)
+{
+    const ddo_plan *p = b->p;
+    *bytes = 0;
+    *pages = 0;
+    for (size_t u = 0; u < p->unit_count; u++) {
+        const ddo__plan_unit *un = &p->units[u];
+        if (un->resident || !(un->registered || all_units))
+            continue;
+        for (size_t k = 0; k < un->tensor_count; k++) {
+            size_t t = p->unit_tensors[un->first_tensor + k];
+            const ddo_tensor_info *ti = b->ti[t];
+            if (ti->file_index != UINT32_MAX || ti->host_data == NULL || ti->nbytes == 0 ||
+                p->tensors[t].loc.placement != DDO_PLACEMENT_STREAMED)
+                continue;
+            *bytes = sat_add(*bytes, ti->nbytes);
+            *pages = sat_add(*pages, ddo__round_up(ti->nbytes, DDO_HOST_PAGE_BOUND) +
+                                         DDO_HOST_PAGE_BOUND);
         }
     }
-    if (retain) {
+}
+
+/* True for a checkpoint of a caller's host tensors (one built for planning only, without
+ * data, plans as the files it stands for). */
+static bool holds_host_data(const builder *b)
+{
+    if (ddo_checkpoint_file_count(b->ck) > 0)
+        return false;
+    for (size_t t = 0; t < b->n; t++)
+        if (b->ti[t]->host_data != NULL)
+            return true;
+    return false;
+}
+
+        }
+    }
+    bool host_memory = holds_host_data(b);
+    if (host_memory) {
+        /* The caller's tensors are already in host RAM: nothing to retain, nothing to take. */
+        for (size_t k = 0; k < streamed; k++)
+            p->units[list[k]].retained = true;
+        ddo__decisions_set_str(d, "retained_store", "host_memory");
+    } else if (retain) {
         if (retain_limit == 0 || ddo__round_up(total, DDO_SEGMENT_BYTES) <= retain_limit) {
             for (size_t k = 0; k < streamed; k++)
                 p->units[list[k]].retained = true;
@@ -768,7 +813,8 @@ static int host_side(builder *b, uint64_t available, const ddo__pin_resolution *
         }
     }
     bg->retained_limit = retain_limit;
-    bg->retained_peak = ddo__round_up(bytes_of(p, true, false), DDO_SEGMENT_BYTES);
+    bg->retained_peak =
+        host_memory ? 0 : ddo__round_up(bytes_of(p, true, false), DDO_SEGMENT_BYTES);
 
     /* Registration within the retained store. */
     bool wsl_blocked = b->settings.running_on_wsl && b->settings.disable_pin_on_wsl;
@@ -801,9 +847,15 @@ static int host_side(builder *b, uint64_t available, const ddo__pin_resolution *
         for (size_t k = 0; k < streamed; k++)
             if (p->units[list[k]].retained)
                 list[rn++] = list[k];
-        if (partial && ddo__round_up(bytes_of(p, true, false), DDO_SEGMENT_BYTES) > reg_limit) {
+        /* Host tensors may touch more pages than their bytes: keep room for that. */
+        uint64_t hb = 0, hp = 0;
+        host_registered(b, true, &hb, &hp);
+        uint64_t fringe = hp - hb;
+        if (partial && sat_add(ddo__round_up(bytes_of(p, true, false), DDO_SEGMENT_BYTES),
+                               fringe) > reg_limit) {
             memset(flags, 0, p->unit_count * sizeof(*flags));
-            rc = choose_units(p, list, rn, reg_limit, how, flags, NULL);
+            rc = choose_units(p, list, rn, reg_limit > fringe ? reg_limit - fringe : 0, how,
+                              flags, NULL);
             if (rc != 0)
                 goto out;
             for (size_t k = 0; k < rn; k++)
@@ -817,7 +869,9 @@ static int host_side(builder *b, uint64_t available, const ddo__pin_resolution *
     }
     ddo__decisions_set_str(d, "registration", reg);
     bg->registered_limit = reg_limit;
-    bg->registered_peak = ddo__round_up(bytes_of(p, false, true), DDO_SEGMENT_BYTES);
+    uint64_t host_bytes = 0, host_pages = 0;
+    host_registered(b, false, &host_bytes, &host_pages);
+    bg->registered_peak = ddo__round_up(bytes_of(p, false, true) - host_bytes, DDO_SEGMENT_BYTES);
     if (bg->registered_peak > bg->retained_peak)
         bg->registered_peak = bg->retained_peak;
 

@@ -340,10 +340,8 @@ uint64_t ddo__session_release_all(ddo_session *s)
     return left;
 }
 
-void ddo_session_destroy(ddo_session *s)
+void ddo__session_destroy_now(ddo_session *s)
 {
-    if (s == NULL)
-        return;
     (void)ddo__session_release_all(s);
     if (s->accounts_ready) {
         ddo__account_fini(&s->acc_device);
@@ -620,6 +618,8 @@ int ddo_session_create(const ddo_plan *plan, const ddo_checkpoint *ck, ddo_devic
     s->ck = ck;
     s->dev = dev;
     s->b = b;
+    atomic_init(&s->refs, 1);
+    s->view_device_id = -1;
     if (opts != NULL)
         s->opts = *opts;
     s->opts.config = NULL; /* borrowed during create only */

@@ -19,6 +19,7 @@
 #include "staging.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -169,6 +170,11 @@ struct ddo_session {
 
     pthread_mutex_t busy_mu; /* copy-engine busy time, updated from the device's thread */
     uint64_t busy_last_done;
+
+    /* 1 for the host's handle + 1 per live DLPack view (session_views.c): the last one gone
+     * destroys the session, so a view never outlives the memory it shows. */
+    atomic_size_t refs;
+    int view_device_id; /* the DLPack device_id of views (-1: not known yet) */
 };
 
 /* ---- session_slots.c ---- */
@@ -187,6 +193,9 @@ int ddo__session_upload_residents(ddo_session *s);
 /* Queries events: finished uploads become READY, completed releases READY.
  * Returns the number of upload tickets retired. Called with mu held. */
 size_t ddo__session_reap(ddo_session *s);
+
+/* Frees everything now (ddo_session_destroy once no view holds the session). */
+void ddo__session_destroy_now(ddo_session *s);
 
 /* ---- tests ---- */
 /* Account usage: [0] device weights, [1] retained, [2] registered, [3] staging. */

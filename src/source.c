@@ -18,6 +18,8 @@
 #define _GNU_SOURCE
 #include "source.h"
 
+#include "host_pins.h"
+
 #include "checkpoint.h"
 #include "device/device.h"
 #include "os/file.h"
@@ -67,6 +69,7 @@ struct ddo__source {
     atomic_bool *direct_broken; /* a direct read failed with EINVAL: use pread from now on */
     ddo__read_engine engine;
     bool use_uring;
+    ddo__host_pins *host_pins; /* host-memory tensors registered in place */
 };
 
 /* ---- small helpers ---- */
@@ -737,6 +740,31 @@ static int register_all(ddo__source *src, const ddo__source_params *p, ddo__errb
     return rc;
 }
 
+/* Registers in place the host-memory tensors the plan registers (no copy: the copy engine
+ * reads the caller's pages). */
+static int pin_host_tensors(ddo__source *src, const ddo__source_params *p,
+                            const ddo__source_request *req, size_t count, ddo__errbuf *eb)
+{
+    ddo__host_range *ranges = ddo__calloc(count > 0 ? count : 1, sizeof(*ranges));
+    if (ranges == NULL)
+        return ddo__fail(eb, DDO_E_NO_MEMORY, "retained store: out of host memory");
+    size_t n = 0;
+    for (size_t i = 0; i < count; i++) {
+        const ddo_tensor_info *t = ddo_checkpoint_tensor(src->ck, req[i].tensor);
+        if (req[i].register_ && src->entries[req[i].tensor].run == RUN_HOST) {
+            ranges[n].p = t->host_data;
+            ranges[n].len = t->nbytes;
+            n++;
+        }
+    }
+    int rc = 0;
+    if (n > 0)
+        rc = ddo__host_pins_create(src->dev, ranges, n, src->registered, p->allow_register_fallback,
+                                   p->metrics, &src->host_pins, eb);
+    free(ranges);
+    return rc;
+}
+
 /* ---- create / destroy ---- */
 
 static void open_direct_fds(ddo__source *src)
@@ -871,6 +899,8 @@ int ddo__source_create(const ddo__source_params *p, const ddo__source_request *r
     rc = read_all(src, p, req, count, eb);
     if (rc == 0)
         rc = register_all(src, p, eb);
+    if (rc == 0)
+        rc = pin_host_tensors(src, p, req, count, eb);
     if (rc != 0)
         goto fail;
     *out = src;
@@ -892,6 +922,7 @@ void ddo__source_destroy(ddo__source *src)
     }
     if (!leak_registered)
         free(src->base);
+    ddo__host_pins_destroy(src->host_pins);
     for (size_t f = 0; src->direct_fd != NULL && f < src->file_count; f++)
         if (src->direct_fd[f] >= 0)
             close(src->direct_fd[f]);
@@ -917,6 +948,10 @@ const void *ddo__source_host_ptr(const ddo__source *src, size_t tensor, bool *re
     const entry *e = &src->entries[tensor];
     if (e->run == RUN_NONE)
         return NULL;
+    if (e->run == RUN_HOST && registered != NULL) {
+        const ddo_tensor_info *t = ddo_checkpoint_tensor(src->ck, tensor);
+        *registered = ddo__host_pins_covers(src->host_pins, e->ptr, t->nbytes);
+    }
     if (e->run == RUN_STORE && registered != NULL) {
         const ddo_tensor_info *t = ddo_checkpoint_tensor(src->ck, tensor);
         uint64_t first = e->pos / DDO_SEGMENT_BYTES;

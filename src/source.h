@@ -100,9 +100,9 @@ size_t ddo__source_window_need(size_t len);
  * 64 MiB) - the planner's formula. (Tensors are placed at offsets congruent to
  * their file offsets modulo 4 KiB for in-place O_DIRECT reads only within the
  * slack this rounding leaves, so padding never changes these figures.)
- * Host-memory tensors take nothing (served from the caller's memory, never
- * registered). Errors: DDO_E_INVALID_ARGUMENT (bad index, duplicate,
- * register_ without retain), DDO_E_OVERFLOW.
+ * Host-memory tensors take nothing here: they are served from the caller's memory and,
+ * when registered, registered in place (host_pins.h: whole pages through p->registered). Errors:
+ * DDO_E_INVALID_ARGUMENT (bad index, duplicate, register_ without retain), DDO_E_OVERFLOW.
  */
 int ddo__source_bytes(const ddo_checkpoint *ck, const ddo__source_request *req, size_t count,
                       uint64_t *retained, uint64_t *registered, ddo__errbuf *eb);

@@ -580,23 +580,36 @@ static void test_host_memory_tensors(void)
     ddo__source_request req[2] = { { ia, true, true }, { ib, false, false } };
     uint64_t r1 = 1, r2 = 1;
     T_EQ_INT(ddo__source_bytes(ck, req, 2, &r1, &r2, NULL), 0);
-    T_EQ_U64(r1, 0);
+    T_EQ_U64(r1, 0); /* the caller's memory: the store copies nothing */
     T_EQ_U64(r2, 0);
+    /* Registered in place: the pages under "a" go through the registered account, which
+     * refuses before the registration when it has no room. */
     ddo__source *src = NULL;
-    T_EQ_INT(ddo__source_create(&p, req, 2, &src, NULL), 0); /* limits 0: nothing is taken */
+    ddo__errbuf eb = { 0 };
+    T_EQ_INT(ddo__source_create(&p, req, 2, &src, &eb), DDO_E_BUDGET);
+    T_CONTAINS(eb.msg, "vmm_source_registered_gb");
+    T_CHECK(src == NULL);
+    T_EQ_U64(ddo__account_used(&reg), 0);
+    ddo__account_fini(&reg);
+    ddo__account_init(&reg, "registered host", "vmm_source_registered_gb", 3 * 4096);
+    T_EQ_INT(ddo__source_create(&p, req, 2, &src, NULL), 0);
     T_REQUIRE(src != NULL);
-    bool registered = true;
+    uintptr_t first = (uintptr_t)a / 4096 * 4096;
+    uintptr_t end = ((uintptr_t)a + sizeof(a) + 4095) / 4096 * 4096;
+    T_EQ_U64(ddo__account_used(&reg), (uint64_t)(end - first)); /* whole pages, once */
+    T_EQ_U64(ddo__account_used(&ret), 0);
+    bool registered = false;
     T_CHECK(ddo__source_host_ptr(src, ia, &registered) == (const void *)a);
-    T_CHECK(!registered);
+    T_CHECK(registered);
     T_CHECK(ddo__source_host_ptr(src, ib, NULL) == NULL);
     uint8_t w[64];
     const void *data = NULL;
     T_EQ_INT(ddo__source_read_file(src, ia, 10, 20, w, sizeof(w), &data, NULL), 0);
     T_CHECK(data == (const void *)w && memcmp(w, a + 10, 20) == 0);
     ddo__source_destroy(src);
+    T_EQ_U64(ddo__account_used(&reg), 0); /* unregistered */
     /* bad requests */
     ddo__source_request dup[2] = { { ia, true, false }, { ia, true, false } };
-    ddo__errbuf eb = { 0 };
     T_EQ_INT(ddo__source_create(&p, dup, 2, &src, &eb), DDO_E_INVALID_ARGUMENT);
     T_CONTAINS(eb.msg, "tensor \"a\": requested twice");
     ddo__source_request bad[1] = { { ib, false, true } };

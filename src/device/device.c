@@ -58,6 +58,7 @@ struct ddo_device {
 struct ddo_stream {
     ddo_device *dev;
     void *native;
+    bool borrowed; /* ddo_stream_wrap: the host's stream, unwrapped at destroy */
 };
 
 static const char *const op_names[DDO__OP_COUNT] = {
@@ -391,11 +392,38 @@ int ddo_stream_create(ddo_device *dev, ddo_stream **out)
     return 0;
 }
 
+int ddo_stream_wrap(ddo_device *dev, void *native, ddo_stream **out)
+{
+    if (out == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_stream_wrap: out is NULL");
+    *out = NULL;
+    if (dev == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_stream_wrap: device is NULL");
+    ddo_stream *s = ddo__calloc(1, sizeof(*s));
+    if (s == NULL)
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "ddo_stream_wrap: out of host memory");
+    ddo__errbuf eb = { 0, { 0 } };
+    int rc = dev->ops->stream_wrap(dev->st, native, &s->native, &eb);
+    if (rc != 0) {
+        free(s);
+        return ddo__fail(NULL, rc, "%s", eb.msg);
+    }
+    s->dev = dev;
+    s->borrowed = true;
+    *out = s;
+    return 0;
+}
+
 void ddo_stream_destroy(ddo_stream *s)
 {
     if (s == NULL)
         return;
-    ddo__dev_stream_destroy(s->dev, s->native);
+    if (s->borrowed) {
+        ddo__errbuf eb = { 0, { 0 } };
+        (void)s->dev->ops->stream_unwrap(s->dev->st, s->native, &eb);
+    } else {
+        ddo__dev_stream_destroy(s->dev, s->native);
+    }
     free(s);
 }
 

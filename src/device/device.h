@@ -111,6 +111,11 @@ typedef struct ddo__device_ops {
     int (*stream_create)(void *st, int priority, void **stream, ddo__errbuf *eb);
     int (*stream_destroy)(void *st, void *stream, ddo__errbuf *eb);
     int (*stream_synchronize)(void *st, void *stream, ddo__errbuf *eb);
+    /* A host's stream borrowed for leases (ddo_stream_wrap): cuda takes a CUstream (NULL: the
+     * legacy default stream) and never destroys it; cpu takes NULL, the calling thread, on
+     * which queued work runs at once. unwrap ends the borrow. Not counted as device ops. */
+    int (*stream_wrap)(void *st, void *native, void **stream, ddo__errbuf *eb);
+    int (*stream_unwrap)(void *st, void *stream, ddo__errbuf *eb);
     /* Asynchronous copy ordered on stream; src must stay valid until it completes. */
     int (*copy_h2d)(void *st, uint64_t dst, const void *src, size_t size, void *stream,
                     ddo__errbuf *eb);

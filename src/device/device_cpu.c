@@ -85,6 +85,7 @@ typedef struct cpu_stream {
     cpu_op *head, *tail, *current;
     uint64_t enqueued, completed;
     bool stop;
+    bool host_thread;  /* the calling thread (ddo_stream_wrap): no worker, ops run inline */
     uint64_t clock_ns; /* worker only: when the stream's last copy, wait or host function ended */
 } cpu_stream;
 
@@ -772,6 +773,46 @@ static void *worker(void *arg)
 {
     cpu_stream *s = arg;
     cpu_dev *d = s->d;
+/* Runs one op of s (lock held; dropped around copies and host functions). */
+static void run_op(cpu_dev *d, cpu_stream *s, cpu_op *op)
+{
+    s->current = op;
+    switch (op->kind) {
+    case OP_COPY: {
+        double bps = d->bytes_per_s;
+        uint64_t lat = d->latency_ns;
+        pthread_mutex_unlock(&d->lock);
+        run_copy(s, op, bps, lat);
+        pthread_mutex_lock(&d->lock);
+        break;
+    }
+    case OP_MARK:
+        if (op->ev->done_gen < op->gen)
+            op->ev->done_gen = op->gen;
+        event_unref(op->ev);
+        break;
+    case OP_WAIT:
+        if (op->ev->done_gen < op->gen) {
+            while (op->ev->done_gen < op->gen)
+                pthread_cond_wait(&d->progress, &d->lock);
+            /* Copies queued behind the wait start after it, not when they were queued. */
+            s->clock_ns = later(s->clock_ns, ddo__now_ns());
+        }
+        event_unref(op->ev);
+        break;
+    case OP_FN:
+        pthread_mutex_unlock(&d->lock);
+        op->fn(op->user);
+        pthread_mutex_lock(&d->lock);
+        s->clock_ns = later(s->clock_ns, ddo__now_ns());
+        break;
+    }
+    s->current = NULL;
+    s->completed++;
+    free(op);
+    pthread_cond_broadcast(&d->progress);
+}
+
     pthread_mutex_lock(&d->lock);
     for (;;) {
         while (s->head == NULL && !s->stop)
@@ -782,41 +823,7 @@ static void *worker(void *arg)
         s->head = op->next;
         if (s->head == NULL)
             s->tail = NULL;
-        s->current = op;
-        switch (op->kind) {
-        case OP_COPY: {
-            double bps = d->bytes_per_s;
-            uint64_t lat = d->latency_ns;
-            pthread_mutex_unlock(&d->lock);
-            run_copy(s, op, bps, lat);
-            pthread_mutex_lock(&d->lock);
-            break;
-        }
-        case OP_MARK:
-            if (op->ev->done_gen < op->gen)
-                op->ev->done_gen = op->gen;
-            event_unref(op->ev);
-            break;
-        case OP_WAIT:
-            if (op->ev->done_gen < op->gen) {
-                while (op->ev->done_gen < op->gen)
-                    pthread_cond_wait(&d->progress, &d->lock);
-                /* Copies queued behind the wait start after it, not when they were queued. */
-                s->clock_ns = later(s->clock_ns, ddo__now_ns());
-            }
-            event_unref(op->ev);
-            break;
-        case OP_FN:
-            pthread_mutex_unlock(&d->lock);
-            op->fn(op->user);
-            pthread_mutex_lock(&d->lock);
-            s->clock_ns = later(s->clock_ns, ddo__now_ns());
-            break;
-        }
-        s->current = NULL;
-        s->completed++;
-        free(op);
-        pthread_cond_broadcast(&d->progress);
+        run_op(d, s, op);
     }
     pthread_mutex_unlock(&d->lock);
     return NULL;
@@ -832,16 +839,21 @@ static bool event_known(cpu_dev *d, void *event)
     return ddo__devtab_find(&d->events, (uintptr_t)event) != SIZE_MAX;
 }
 
-/* Queues op on s (under the lock). */
+/* Queues op on s (under the lock). On the calling thread's stream (ddo_stream_wrap) the op
+ * runs at once, on the caller's thread: a wait blocks it, a record marks its event done. */
 static void enqueue(cpu_stream *s, cpu_op *op)
 {
     op->next = NULL;
     if (s->tail)
         s->tail->next = op;
     else
+    s->enqueued++;
+    if (s->host_thread) {
+        run_op(s->d, s, op);
+        return;
+    }
         s->head = op;
     s->tail = op;
-    s->enqueued++;
     pthread_cond_signal(&s->work);
 }
 
@@ -888,6 +900,39 @@ static int cpu_stream_destroy(void *st, void *stream, ddo__errbuf *eb)
 {
     cpu_dev *d = st;
     cpu_stream *s = stream;
+/* The calling thread as a stream: ops queued on it run at once on the caller's thread. */
+static int cpu_stream_wrap(void *st, void *native, void **stream, ddo__errbuf *eb)
+{
+    cpu_dev *d = st;
+    if (native != NULL)
+        return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
+                         "cpu: stream_wrap: the cpu device has no native streams (pass NULL for "
+                         "the calling thread)");
+    cpu_stream *s = ddo__calloc(1, sizeof(*s));
+    if (s == NULL)
+        return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: stream_wrap: out of host memory");
+    s->d = d;
+    s->host_thread = true;
+    pthread_cond_init(&s->work, NULL);
+    pthread_mutex_lock(&d->lock);
+    int rc = ddo__devtab_insert(&d->streams, (uintptr_t)s, 0, s);
+    pthread_mutex_unlock(&d->lock);
+    if (rc != 0) {
+        pthread_cond_destroy(&s->work);
+        free(s);
+        return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: stream_wrap: out of host memory");
+    }
+    *stream = s;
+    return 0;
+}
+
+/* A wrapped stream is the device's own object on cpu: destroyed as any stream. */
+static int cpu_stream_destroy(void *st, void *stream, ddo__errbuf *eb);
+static int cpu_stream_unwrap(void *st, void *stream, ddo__errbuf *eb)
+{
+    return cpu_stream_destroy(st, stream, eb);
+}
+
     pthread_mutex_lock(&d->lock);
     if (!stream_known(d, stream)) {
         pthread_mutex_unlock(&d->lock);
@@ -901,7 +946,8 @@ static int cpu_stream_destroy(void *st, void *stream, ddo__errbuf *eb)
     s->stop = true;
     pthread_cond_signal(&s->work);
     pthread_mutex_unlock(&d->lock);
-    pthread_join(s->thread, NULL);
+    if (!s->host_thread)
+        pthread_join(s->thread, NULL);
     pthread_cond_destroy(&s->work);
     free(s);
     return 0;
@@ -1215,3 +1261,5 @@ const ddo__device_ops ddo__device_cpu_ops = {
     .host_fn = cpu_host_fn,
     .codec_decode = cpu_codec_decode,
 };
+    .stream_wrap = cpu_stream_wrap,
+    .stream_unwrap = cpu_stream_unwrap,

@@ -669,6 +669,25 @@ static int cuda_stream_destroy(void *st, void *stream, ddo__errbuf *eb)
     return 0;
 }
 
+/* A host's CUstream is used as it is (NULL, torch's default stream, becomes the explicit
+ * CU_STREAM_LEGACY handle, since the device wrappers take NULL for "no stream"); it is the
+ * host's to destroy. */
+static int cuda_stream_wrap(void *st, void *native, void **stream, ddo__errbuf *eb)
+{
+    (void)st;
+    (void)eb;
+    *stream = native != NULL ? native : (void *)CU_STREAM_LEGACY;
+    return 0;
+}
+
+static int cuda_stream_unwrap(void *st, void *stream, ddo__errbuf *eb)
+{
+    (void)st;
+    (void)stream;
+    (void)eb;
+    return 0;
+}
+
 static int cuda_stream_synchronize(void *st, void *stream, ddo__errbuf *eb)
 {
     cuda_dev *d = st;
@@ -873,6 +892,8 @@ static const ddo__device_ops cuda_ops = {
     .stream_create = cuda_stream_create,
     .stream_destroy = cuda_stream_destroy,
     .stream_synchronize = cuda_stream_synchronize,
+    .stream_wrap = cuda_stream_wrap,
+    .stream_unwrap = cuda_stream_unwrap,
     .copy_h2d = cuda_copy_h2d,
     .copy_d2h = cuda_copy_d2h,
     .event_create = cuda_event_create,

@@ -130,3 +130,9 @@ const char *ddo__os_purge_standby_list(void)
     return "non_windows";
 #endif
 }
+
+size_t ddo__os_page_size(void)
+{
+    long p = sysconf(_SC_PAGESIZE);
+    return p > 0 ? (size_t)p : 4096;
+}

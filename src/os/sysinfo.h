@@ -19,6 +19,8 @@ uint64_t ddo__os_total_ram_bytes(void);
 uint64_t ddo__os_cgroup_memory_limit(void);
 /* Purges the Windows standby list: "purged", or why not ("non_windows" elsewhere). */
 const char *ddo__os_purge_standby_list(void);
+/* The size of a memory page (4096 when the system cannot tell). */
+size_t ddo__os_page_size(void);
 /* Kernel release string into buf (empty when unknown). */
 void ddo__os_kernel_release(char *buf, size_t len);
 
