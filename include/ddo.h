@@ -807,6 +807,8 @@ typedef struct ddo_profile ddo_profile;
 #define DDO_PROFILE_SCHEMA_VERSION   1
 #define DDO_PROFILE_MAX_OBSERVATIONS 20
 #define DDO_PROFILE_KEY_BYTES        41 /* "ddo-capacity-v1-" + 24 hex + NUL */
+/* A profile file larger than this (or not a regular file) is refused unread, as corrupt. */
+#define DDO_PROFILE_MAX_FILE_BYTES (1u << 20)
 
 /* Resolves the profile directory: explicit (non-empty) > env_value (non-empty) >
  * home/.ddo/profiles. */
@@ -826,11 +828,17 @@ DDO_API int ddo_profile_load_file(const char *path, ddo_profile **out);
  * Appends observation (a JSON object) to the profile of context, merging its capacity
  * ({"capacity":{"metric":M,"value":V},"status":"success"|"failure"}) into the limits; keeps
  * the last 20; replaces the recommendation when recommendation_json is non-NULL, else keeps the
- * previous one. Written atomically (temporary file + rename). *path_out may be NULL.
+ * previous one. Written atomically (temporary file + rename) while holding an flock on
+ * "<profile>.json.lock", so concurrent records of one profile (threads or processes) each keep
+ * their observation. *path_out may be NULL.
  */
 DDO_API int ddo_profile_record(const char *dir, const char *context_json,
                                const char *observation_json, const char *recommendation_json,
                                char **path_out);
+/* Creates dir (and its parents) when missing and checks that files can be created in it, so a
+ * calibration can refuse to start instead of failing to save at its end. DDO_E_IO naming the
+ * directory. */
+DDO_API int ddo_profile_check_writable(const char *dir);
 DDO_API void ddo_profile_destroy(ddo_profile *p);
 DDO_API int ddo_profile_to_json(const ddo_profile *p, char **json);
 /* The stored context (canonical JSON). Free with ddo_free. */
@@ -890,6 +898,42 @@ typedef struct ddo_profile_measured {
 DDO_API int ddo_profile_apply(ddo_config *cfg, const char *dir, const char *context_json,
                               ddo_profile_status *status, double *budget_gb,
                               ddo_profile_measured *measured);
+
+/* ------------------------------------------------------------------------ */
+/* Pipelines: a Diffusers directory described by model_index.json           */
+/* ------------------------------------------------------------------------ */
+
+typedef struct ddo_pipeline ddo_pipeline;
+
+/* One component of a pipeline: an entry NAME: [LIBRARY, CLASS] of model_index.json. */
+typedef struct ddo_pipeline_component_info {
+    const char *name;       /* the entry's key, a plain folder name ("transformer") */
+    const char *library;    /* "diffusers", "transformers", ...; NULL when null */
+    const char *class_name; /* "FluxTransformer2DModel"; NULL when null */
+    const char *path;       /* DIR/NAME */
+    bool has_weights; /* the folder holds a *.safetensors or *.safetensors.index.json entry */
+} ddo_pipeline_component_info;
+
+/*
+ * Reads DIR/model_index.json. Its components are the entries whose key does not start with
+ * '_' and whose value is a two-element array of strings or nulls; they are listed in the
+ * file's order. Every component name must be a plain name: not empty, not "." or "..", and
+ * without '/', '\\' or NUL (a name is a folder inside DIR, never a path out of it). The file
+ * must be a regular file (a FIFO, socket or device is refused without blocking) of at most
+ * 1 MiB, nest at most 127 levels and hold at most 256 components. Strings belong to the
+ * pipeline. On failure *out is NULL and ddo_last_error() names the file, the component and
+ * the rule. Errors: DDO_E_INVALID_ARGUMENT, DDO_E_NOT_FOUND, DDO_E_IO, DDO_E_FORMAT,
+ * DDO_E_NO_MEMORY.
+ */
+DDO_API int ddo_pipeline_create(const char *dir, ddo_pipeline **out);
+DDO_API void ddo_pipeline_destroy(ddo_pipeline *p);
+/* The pipeline's "_class_name" ("FluxPipeline"), or NULL when it has none. */
+DDO_API const char *ddo_pipeline_class_name(const ddo_pipeline *p);
+DDO_API size_t ddo_pipeline_component_count(const ddo_pipeline *p);
+/* Component i (file order) into *info, valid until the pipeline is destroyed.
+ * DDO_E_INVALID_ARGUMENT when out of range. */
+DDO_API int ddo_pipeline_component(const ddo_pipeline *p, size_t i,
+                                   ddo_pipeline_component_info *info);
 
 #ifdef __cplusplus
 }

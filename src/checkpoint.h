@@ -37,6 +37,16 @@
 /* Distinct numbered prefixes (blocks and their groups) that block discovery may track. */
 #define DDO__CHECKPOINT_MAX_BLOCK_PREFIXES 4194304
 
+/*
+ * Reads a small JSON file through the reader's guards: a regular file only (FIFOs, sockets
+ * and devices refused without blocking), at most limit bytes, the nesting and token limits
+ * above, duplicate keys refused, `-0` read as a real. label names the file in messages and
+ * what the document ("index", "model_index.json"). *root is a new reference on success.
+ */
+struct json_t;
+int ddo__checkpoint_read_json_file(const char *path, const char *label, const char *what,
+                                   uint64_t limit, struct json_t **root);
+
 /* Bits per element of a dtype (4 for F4, 6 for F6_*); 0 when out of range. */
 unsigned ddo__dtype_bits(ddo_dtype dtype);
 /*

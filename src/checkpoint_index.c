@@ -18,9 +18,10 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* Reads a whole index (at most DDO__CHECKPOINT_MAX_INDEX_BYTES) into a new buffer, refusing
- * FIFOs, sockets and devices without blocking. */
-static int read_small_file(const char *path, char **out, size_t *len)
+/* Reads a whole small JSON file (at most limit bytes) into a new buffer, refusing FIFOs,
+ * sockets and devices without blocking; label names it in messages. */
+static int read_small_file(const char *path, const char *label, const char *what, uint64_t limit,
+                           char **out, size_t *len)
 {
     int fd;
     int e = ddo__os_file_open(path, &fd);
@@ -36,18 +37,17 @@ static int read_small_file(const char *path, char **out, size_t *len)
         ddo__os_file_close(fd);
         return ddo__checkpoint_os_failure(path, "cannot open", DDO__OS_NOT_REGULAR);
     }
-    if (id.size > DDO__CHECKPOINT_MAX_INDEX_BYTES) {
+    if (id.size > limit) {
         ddo__os_file_close(fd);
         return ddo__fail(NULL, DDO_E_FORMAT,
-                         "%s: index is %" PRIu64 " bytes, over ddo's limit of %" PRIu64
+                         "%s: %s is %" PRIu64 " bytes, over ddo's limit of %" PRIu64
                          " bytes (see docs/inspect.md)",
-                         Q(ddo__checkpoint_base_name(path)), id.size,
-                         DDO__CHECKPOINT_MAX_INDEX_BYTES);
+                         label, what, id.size, limit);
     }
     char *buf = ddo__malloc((size_t)id.size + 1);
     if (buf == NULL) {
         ddo__os_file_close(fd);
-        return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", path);
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", label);
     }
     e = ddo__os_pread_full(fd, buf, (size_t)id.size, 0);
     ddo__os_file_close(fd);
@@ -61,20 +61,28 @@ static int read_small_file(const char *path, char **out, size_t *len)
     return 0;
 }
 
+int ddo__checkpoint_read_json_file(const char *path, const char *label, const char *what,
+                                   uint64_t limit, struct json_t **root)
+{
+    char *text = NULL;
+    size_t len = 0;
+    int rc = read_small_file(path, label, what, limit, &text, &len);
+    if (rc != 0)
+        return rc;
+    rc = ddo__checkpoint_json_load(label, what, text, len, root);
+    free(text);
+    return rc;
+}
+
 /* A sharded set: the index's weight_map names the shards (in its directory). */
 int ddo__checkpoint_open_index(ddo_checkpoint *ck, const char *path)
 {
     const char *base = ddo__checkpoint_base_name(path);
     char iname[512];
     snprintf(iname, sizeof(iname), "%s", Q(base));
-    char *text = NULL;
-    size_t len = 0;
-    int rc = read_small_file(path, &text, &len);
-    if (rc != 0)
-        return rc;
     json_t *root = NULL;
-    rc = ddo__checkpoint_json_load(iname, "index", text, len, &root);
-    free(text);
+    int rc = ddo__checkpoint_read_json_file(path, iname, "index", DDO__CHECKPOINT_MAX_INDEX_BYTES,
+                                            &root);
     const char **shards = NULL;
     size_t shard_count = 0;
     char *dir = NULL;

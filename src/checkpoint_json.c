@@ -189,6 +189,10 @@ void ddo__checkpoint_format_real(char *buf, size_t len, double v)
     }
     /* The shortest text that reads back as v, marked as a real when it looks like an integer
      * (so 1e3 reads "1000.0", never a bare "1000" that contradicts "not an integer"). */
+    if (v == floor(v) && fabs(v) < 1e15) {
+        snprintf(buf, len, "%.1f", v);
+        return;
+    }
     for (int prec = 1; prec <= 17; prec++) {
         snprintf(buf, len, "%.*g", prec, v);
         if (strtod(buf, NULL) == v)

@@ -384,18 +384,45 @@ static void choices_text(const char *choices, char *buf, size_t len)
     }
 }
 
+/*
+ * The catalog's "number": an optional sign, decimal digits with an optional point, an optional
+ * decimal exponent; nothing before or after. strtod alone would also take leading spaces,
+ * hexadecimal (0x10), inf, nan and locale forms; those are refused here.
+ */
+static bool decimal_syntax(const char *s, bool integer)
+{
+    const char *p = s;
+    if (*p == '+' || *p == '-')
+        p++;
+    size_t digits = 0;
+    while (isdigit((unsigned char)*p))
+        p++, digits++;
+    if (!integer && *p == '.') {
+        p++;
+        while (isdigit((unsigned char)*p))
+            p++, digits++;
+    }
+    if (digits == 0)
+        return false;
+    if (!integer && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (*p == '+' || *p == '-')
+            p++;
+        if (!isdigit((unsigned char)*p))
+            return false;
+        while (isdigit((unsigned char)*p))
+            p++;
+    }
+    return *p == '\0';
+}
+
 static int parse_double(const char *s, double *out)
 {
-    while (isspace((unsigned char)*s))
-        s++;
-    if (*s == '\0')
+    if (!decimal_syntax(s, false))
         return -1;
-    char *end;
     errno = 0;
-    double v = strtod(s, &end);
-    while (isspace((unsigned char)*end))
-        end++;
-    if (*end != '\0' || errno == ERANGE || !isfinite(v))
+    double v = strtod(s, NULL);
+    if (errno == ERANGE || !isfinite(v))
         return -1;
     *out = v;
     return 0;
@@ -403,19 +430,86 @@ static int parse_double(const char *s, double *out)
 
 static int parse_int(const char *s, int64_t *out)
 {
-    while (isspace((unsigned char)*s))
-        s++;
-    if (*s == '\0')
+    if (!decimal_syntax(s, true))
         return -1;
-    char *end;
     errno = 0;
-    long long v = strtoll(s, &end, 10);
-    while (isspace((unsigned char)*end))
-        end++;
-    if (*end != '\0' || errno == ERANGE)
+    long long v = strtoll(s, NULL, 10);
+    if (errno == ERANGE)
         return -1;
     *out = (int64_t)v;
     return 0;
+}
+
+static size_t quote_char(unsigned char c, char e[5])
+{
+    static const char hex[] = "0123456789abcdef";
+    memset(e, 0, 5);
+    if (c == '\n' || c == '\t' || c == '\r' || c == '"' || c == '\\') {
+        e[0] = '\\';
+        e[1] = c == '\n' ? 'n' : c == '\t' ? 't' : c == '\r' ? 'r' : (char)c;
+    } else if (c < 0x20 || c == 0x7f) {
+        e[0] = '\\';
+        e[1] = 'x';
+        e[2] = hex[c >> 4];
+        e[3] = hex[c & 15];
+    } else {
+        e[0] = (char)c;
+    }
+    return strlen(e);
+}
+
+void ddo__config_quote(const char *s, char *buf, size_t len)
+{
+    if (len == 0)
+        return;
+    const unsigned char *p = (const unsigned char *)(s != NULL ? s : "");
+    size_t o = 0, keep = 0; /* keep: the end of the text that still leaves room for "..." */
+    for (; *p != '\0'; p++) {
+        char e[5];
+        size_t n = quote_char(*p, e);
+        if (o + n + 1 > len)
+            break;
+        memcpy(buf + o, e, n);
+        o += n;
+        if (o + 4 <= len)
+            keep = o;
+    }
+    if (*p != '\0') { /* cut: end with "..." where it fits */
+        o = keep;
+        size_t dots = len - 1 - o < 3 ? len - 1 - o : 3;
+        memcpy(buf + o, "...", dots);
+        o += dots;
+    }
+    buf[o] = '\0';
+}
+
+/* Options whose out-of-range values ddo_config_validate clamps (upstream normalisation)
+ * instead of refusing: the pin ratio (to 0..1) and worker counts below one (to 1). */
+static bool clamped_below(int id)
+{
+    return id == DDO_OPT_ID_pin_weight_budget_ratio || id == DDO_OPT_ID_pin_cpu_workers;
+}
+
+/* The catalog range, checked before a value is stored (nothing is cast before this). */
+static int check_range(ddo_config *cfg, int id, double v, const char *text, const char *origin,
+                       bool kib)
+{
+    const ddo__optdesc *d = &ddo__optdescs[id];
+    double scale = d->type == DDO__OT_KB && kib ? 1024.0 : 1.0;
+    bool low = v < d->lo && !clamped_below(id);
+    bool high = v > d->hi && id != DDO_OPT_ID_pin_weight_budget_ratio;
+    if (!low && !high)
+        return 0;
+    char q[160], a[64], b[64];
+    ddo__config_quote(text, q, sizeof(q));
+    ddo__config_fmt_double(d->lo / scale, a, sizeof(a));
+    ddo__config_fmt_double(d->hi / scale, b, sizeof(b));
+    const char *unit = d->type == DDO__OT_GB   ? " GiB"
+                       : d->type == DDO__OT_MB ? " MiB"
+                       : d->type == DDO__OT_KB ? (kib ? " KiB" : " bytes")
+                                               : "";
+    return ddo__fail(&cfg->err, DDO_E_CONFIG, "%s=\"%s\": %s the range %s..%s%s of %s", origin, q,
+                     low ? "below" : "above", a, b, unit, d->key);
 }
 
 int ddo__config_store(ddo_config *cfg, int id, const char *text, ddo__rank rank, const char *source,
@@ -440,17 +534,23 @@ int ddo__config_store(ddo_config *cfg, int id, const char *text, ddo__rank rank,
         if (env_rules) {
             v.b = ddo__config_env_bool(text);
         } else if (ddo__config_strict_bool(text, &v.b) != 0) {
+            ddo__config_quote(text, what, sizeof(what));
             return ddo__fail(&cfg->err, DDO_E_CONFIG,
                              "%s=\"%s\": expected a boolean (1, true, yes, on or 0, false, no, "
                              "off)",
-                             origin, text);
+                             origin, what);
         }
         break;
     case DDO__OT_INT:
     case DDO__OT_KB:
-        if (parse_int(text, &v.i) != 0)
+        if (parse_int(text, &v.i) != 0) {
+            ddo__config_quote(text, what, sizeof(what));
             return ddo__fail(&cfg->err, DDO_E_CONFIG, "%s=\"%s\": expected an integer", origin,
-                             text);
+                             what);
+        }
+        if (check_range(cfg, id, (double)v.i * (d->type == DDO__OT_KB && kib ? 1024.0 : 1.0), text,
+                        origin, kib) != 0)
+            return DDO_E_CONFIG;
         if (d->type == DDO__OT_KB && kib) {
             if (v.i > INT64_MAX / 1024 || v.i < INT64_MIN / 1024)
                 return ddo__fail(&cfg->err, DDO_E_CONFIG, "%s=\"%s\": value too large", origin,
@@ -461,8 +561,12 @@ int ddo__config_store(ddo_config *cfg, int id, const char *text, ddo__rank rank,
     case DDO__OT_GB:
     case DDO__OT_MB:
     case DDO__OT_FLOAT:
-        if (parse_double(text, &v.f) != 0)
-            return ddo__fail(&cfg->err, DDO_E_CONFIG, "%s=\"%s\": expected a number", origin, text);
+        if (parse_double(text, &v.f) != 0) {
+            ddo__config_quote(text, what, sizeof(what));
+            return ddo__fail(&cfg->err, DDO_E_CONFIG, "%s=\"%s\": expected a number", origin, what);
+        }
+        if (check_range(cfg, id, v.f, text, origin, kib) != 0)
+            return DDO_E_CONFIG;
         break;
     case DDO__OT_STRING:
         /* Preset names are stripped and lowercased, as upstream. */
@@ -475,9 +579,11 @@ int ddo__config_store(ddo_config *cfg, int id, const char *text, ddo__rank rank,
         if (v.s == NULL)
             return ddo__fail(&cfg->err, DDO_E_NO_MEMORY, "%s: out of memory", origin);
         if (!choice_ok(d->choices, v.s)) {
+            char q[160];
             choices_text(d->choices, what, sizeof(what));
+            ddo__config_quote(text, q, sizeof(q));
             free(v.s);
-            return ddo__fail(&cfg->err, DDO_E_CONFIG, "%s=\"%s\": expected one of %s", origin, text,
+            return ddo__fail(&cfg->err, DDO_E_CONFIG, "%s=\"%s\": expected one of %s", origin, q,
                              what);
         }
         break;
@@ -721,16 +827,20 @@ static int ranked_store(ddo_config *cfg, int id, const char *text, ddo__rank ran
 {
     if (id != DDO_OPT_ID_preset && id != DDO_OPT_ID_backend &&
         id != DDO_OPT_ID_vmm_total_staging_gb && id != DDO_OPT_ID_execution_mode)
-        return ddo__config_store(cfg, id, text, DDO__RANK_API, "api", ddo__optdescs[id].key, false,
-                                 false);
+        return ddo__config_store(cfg, id, text, rank, source, ddo__optdescs[id].key, false, false);
     ddo_config *c;
     int rc = ddo_config_clone(cfg, &c);
     if (rc != 0)
         return ddo__fail_from_last(&cfg->err, rc);
-    rc = ddo__config_store(c, id, text, DDO__RANK_API, "api", ddo__optdescs[id].key, false, false);
+    rc = ddo__config_store(c, id, text, rank, source, ddo__optdescs[id].key, false, false);
     if (rc == 0)
         rc = ddo__config_resolve(c);
     return ddo__config_commit(cfg, c, rc);
+}
+
+static int api_store(ddo_config *cfg, int id, const char *text)
+{
+    return ranked_store(cfg, id, text, DDO__RANK_API, "api");
 }
 
 int ddo__config_commit(ddo_config *cfg, ddo_config *c, int rc)
@@ -742,6 +852,18 @@ int ddo__config_commit(ddo_config *cfg, ddo_config *c, int rc)
     }
     ddo__config_move(cfg, c);
     return 0;
+}
+
+int ddo_config_override(ddo_config *cfg, const char *key, const char *value)
+{
+    int id;
+    int rc = lookup(cfg, key, "ddo_config_override", &id);
+    if (rc != 0)
+        return rc;
+    if (value == NULL)
+        return ddo__fail(&cfg->err, DDO_E_INVALID_ARGUMENT,
+                         "ddo_config_override: %s: value is NULL", key);
+    return ranked_store(cfg, id, value, DDO__RANK_FLAG, "argument");
 }
 
 int ddo_config_set(ddo_config *cfg, const char *key, const char *value)
@@ -804,8 +926,15 @@ int ddo_config_set_double(ddo_config *cfg, const char *key, double value)
         return api_store(cfg, id, buf);
     case DDO__OT_INT:
     case DDO__OT_KB:
-        if (!(value == floor(value)) || fabs(value) > 9.0e18)
-            return ddo__fail(&cfg->err, DDO_E_CONFIG, "%s=%g: expected an integer", key, value);
+        if (!(value == floor(value)) || fabs(value) > 9.0e18) {
+            if (isfinite(value))
+                ddo__config_fmt_double(value, buf, sizeof(buf));
+            else
+                snprintf(buf, sizeof(buf), "%s", isnan(value) ? "nan" : "inf");
+            return ddo__fail(&cfg->err, DDO_E_CONFIG,
+                             "%s=%s: expected a whole number within the range of the option", key,
+                             buf);
+        }
         snprintf(buf, sizeof(buf), "%" PRId64, (int64_t)value);
         return api_store(cfg, id, buf);
     default:
@@ -838,11 +967,6 @@ int ddo_config_get_bool(const ddo_config *cfg, const char *key, bool *value)
     return 0;
 }
 
-static int api_store(ddo_config *cfg, int id, const char *text)
-{
-    return ranked_store(cfg, id, text, DDO__RANK_API, "api");
-}
-
 int ddo_config_get_int(const ddo_config *cfg, const char *key, int64_t *value)
 {
     int id;
@@ -854,18 +978,6 @@ int ddo_config_get_int(const ddo_config *cfg, const char *key, int64_t *value)
     switch (ddo__optdescs[id].type) {
     case DDO__OT_INT:
     case DDO__OT_KB:
-int ddo_config_override(ddo_config *cfg, const char *key, const char *value)
-{
-    int id;
-    int rc = lookup(cfg, key, "ddo_config_override", &id);
-    if (rc != 0)
-        return rc;
-    if (value == NULL)
-        return ddo__fail(&cfg->err, DDO_E_INVALID_ARGUMENT,
-                         "ddo_config_override: %s: value is NULL", key);
-    return ranked_store(cfg, id, value, DDO__RANK_FLAG, "argument");
-}
-
         *value = *(const int64_t *)cfield(cfg, id);
         return 0;
     case DDO__OT_BOOL:
@@ -1066,6 +1178,26 @@ static int clamp_to(ddo_config *cfg, int id, double v)
         return ddo__fail(&cfg->err, DDO_E_NO_MEMORY, "ddo_config_validate: out of memory");
     free(cfg->text[id]);
     cfg->text[id] = t;
+    return 0;
+}
+
+int ddo__config_check_ranges(const ddo_config *cfg)
+{
+    for (int i = 0; i < DDO_OPT_COUNT; i++) {
+        const ddo__optdesc *d = &ddo__optdescs[i];
+        if (!is_numeric(d->type))
+            continue;
+        double v = num_value(cfg, i);
+        if (i == DDO_OPT_ID_pin_weight_budget_ratio
+                ? isfinite(v)
+                : (v >= d->lo || clamped_below(i)) && v <= d->hi)
+            continue;
+        char a[64], b[64];
+        ddo__config_fmt_double(d->lo, a, sizeof(a));
+        ddo__config_fmt_double(d->hi, b, sizeof(b));
+        return ddo__fail(NULL, DDO_E_CONFIG, "%s=%s (%s): expected a value in %s..%s", d->key,
+                         cfg->text[i], cfg->source[i], a, b);
+    }
     return 0;
 }
 

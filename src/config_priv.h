@@ -118,6 +118,9 @@ bool ddo__config_env_bool(const char *s);              /* 1/true/yes/on, any cas
 int ddo__config_strict_bool(const char *s, bool *out); /* also 0/false/no/off; -1 otherwise */
 char *ddo__config_trim_lower(const char *s);           /* new string */
 size_t ddo__edit_distance(const char *a, const char *b);
+/* s for a one-line message: control characters, quotes and backslashes escaped (\n, \x1b),
+ * cut with "..." to fit len. */
+void ddo__config_quote(const char *s, char *buf, size_t len);
 /* Canonical text of a double (shortest that round-trips). */
 void ddo__config_fmt_double(double v, char *buf, size_t len);
 

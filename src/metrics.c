@@ -7,9 +7,10 @@
 #include "metrics.h"
 
 #include "budget.h"
+#include "config_priv.h" /* ddo__config_quote */
+#include "os/fs.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -404,30 +405,16 @@ int ddo_metrics_record(const ddo_metrics *m, const char *component, const char *
         return rc;
     size_t len = strlen(line);
     line[len] = '\n'; /* replaces the terminator: written with an explicit length */
-    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        int e = errno;
-        free(line);
-        return ddo__fail(NULL, DDO_E_IO, "%s: opening the metrics file: %s", path, strerror(e));
-    }
     /* One write of the whole line: O_APPEND keeps lines from concurrent writers whole. */
-    size_t done = 0;
-    while (done < len + 1) {
-        ssize_t n = write(fd, line + done, len + 1 - done);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            int e = n < 0 ? errno : EIO;
-            close(fd);
-            free(line);
-            return ddo__fail(NULL, DDO_E_IO, "%s: appending metrics: %s", path, strerror(e));
-        }
-        done += (size_t)n;
-    }
+    bool opened = false;
+    int e = ddo__os_append(path, line, len + 1, &opened);
     free(line);
-    if (close(fd) != 0) {
-        int e = errno;
-        return ddo__fail(NULL, DDO_E_IO, "%s: closing the metrics file: %s", path, strerror(e));
+    if (e != 0) {
+        char q[512];
+        ddo__config_quote(path, q, sizeof(q));
+        return ddo__fail(NULL, DDO_E_IO, "%s: %s: %s", q,
+                         opened ? "appending metrics" : "opening the metrics file",
+                         ddo__os_fs_strerror(e));
     }
     return 0;
 }

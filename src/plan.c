@@ -12,6 +12,7 @@
 #include "budget.h"
 
 #include "config.h"
+#include "config_priv.h" /* ddo__config_quote for the messages */
 
 #include <math.h>
 #include <pcre2.h>
@@ -23,10 +24,19 @@
 
 /* ---- regular expressions (Python re search semantics) ---- */
 
+/* Backtracking limits of one match: a catastrophic pattern such as (a+)+$ against a long name
+ * stops with an error naming the option and the pattern in milliseconds instead of running for
+ * seconds and then counting as "no match". Real module patterns need a few hundred steps. */
+#define RX_MATCH_LIMIT 1000000u
+#define RX_DEPTH_LIMIT 100000u
+
 typedef struct rxset {
     pcre2_code **codes;
+    const char **pats; /* borrowed from the options, valid while the plan is built */
     size_t count;
     pcre2_match_data *md;
+    pcre2_match_context *mc;
+    const char *option;
 } rxset;
 
 static void rxset_free(rxset *s)
@@ -34,7 +44,9 @@ static void rxset_free(rxset *s)
     for (size_t i = 0; i < s->count; i++)
         pcre2_code_free(s->codes[i]);
     free(s->codes);
+    free(s->pats);
     pcre2_match_data_free(s->md);
+    pcre2_match_context_free(s->mc);
     memset(s, 0, sizeof(*s));
 }
 
@@ -42,12 +54,17 @@ static void rxset_free(rxset *s)
 static int rxset_compile(rxset *s, char *const *pats, size_t n, const char *option)
 {
     memset(s, 0, sizeof(*s));
+    s->option = option;
     s->codes = ddo__calloc(n ? n : 1, sizeof(*s->codes));
+    s->pats = ddo__calloc(n ? n : 1, sizeof(*s->pats));
     s->md = pcre2_match_data_create(1, NULL);
-    if (s->codes == NULL || s->md == NULL) {
+    s->mc = pcre2_match_context_create(NULL);
+    if (s->codes == NULL || s->pats == NULL || s->md == NULL || s->mc == NULL) {
         rxset_free(s);
         return ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: compiling %s", option);
     }
+    pcre2_set_match_limit(s->mc, RX_MATCH_LIMIT);
+    pcre2_set_depth_limit(s->mc, RX_DEPTH_LIMIT);
     for (size_t i = 0; i < n; i++) {
         if (pats[i] == NULL || pats[i][0] == '\0')
             continue;
@@ -59,23 +76,45 @@ static int rxset_compile(rxset *s, char *const *pats, size_t n, const char *opti
             PCRE2_UCHAR msg[256];
             if (pcre2_get_error_message(errcode, msg, sizeof(msg)) < 0)
                 strcpy((char *)msg, "invalid pattern");
+            char qp[200];
+            ddo__config_quote(pats[i], qp, sizeof(qp));
             rxset_free(s);
-            return ddo__fail(NULL, DDO_E_CONFIG, "%s: pattern \"%s\": %s at offset %zu", option,
-                             pats[i], (const char *)msg, (size_t)erroff);
+            return ddo__fail(NULL, DDO_E_CONFIG, "%s: pattern \"%s\": %s at offset %zu", option, qp,
+                             (const char *)msg, (size_t)erroff);
         }
+        s->pats[s->count] = pats[i];
         s->codes[s->count++] = c;
     }
     return 0;
 }
 
-static bool rxset_search(const rxset *s, const char *subject, size_t len)
+/* Python re.search of any pattern in subject: *hit says whether one matched. A match that
+ * hits the backtracking limits (or fails otherwise) is an error naming the option, the
+ * pattern and the module, never a silent "no match". */
+static int rxset_search(const rxset *s, const char *subject, size_t len, bool *hit)
 {
+    *hit = false;
     for (size_t i = 0; i < s->count; i++) {
-        int rc = pcre2_match(s->codes[i], (PCRE2_SPTR)subject, len, 0, 0, s->md, NULL);
-        if (rc >= 0)
-            return true;
+        int rc = pcre2_match(s->codes[i], (PCRE2_SPTR)subject, len, 0, 0, s->md, s->mc);
+        if (rc >= 0) {
+            *hit = true;
+            return 0;
+        }
+        if (rc == PCRE2_ERROR_NOMATCH)
+            continue;
+        PCRE2_UCHAR msg[256];
+        if (pcre2_get_error_message(rc, msg, sizeof(msg)) < 0)
+            strcpy((char *)msg, "match error");
+        char qp[200], qm[100];
+        ddo__config_quote(s->pats[i], qp, sizeof(qp));
+        ddo__config_quote(subject, qm, sizeof(qm));
+        return ddo__fail(NULL, DDO_E_CONFIG,
+                         "%s: pattern \"%s\" against module \"%s\" (%zu characters): %s "
+                         "(limits: %u steps, depth %u); simplify the pattern (nested repeats "
+                         "such as (a+)+ backtrack exponentially)",
+                         s->option, qp, qm, len, (const char *)msg, RX_MATCH_LIMIT, RX_DEPTH_LIMIT);
     }
-    return false;
+    return 0;
 }
 
 /* ---- a string -> index map (open addressing; keys borrowed) ---- */
@@ -297,10 +336,12 @@ static int compile_patterns(builder *b)
         return rc;
     for (size_t i = 0; i < b->mod_count; i++) {
         pmod *m = &b->mods[i];
-        m->skipped = rxset_search(&b->skip, m->name, m->len);
-        m->always = rxset_search(&b->always, m->name, m->len);
+        if ((rc = rxset_search(&b->skip, m->name, m->len, &m->skipped)) != 0 ||
+            (rc = rxset_search(&b->always, m->name, m->len, &m->always)) != 0 ||
+            (rc = rxset_search(&b->vmm, m->name, m->len, &m->vmm)) != 0)
+            return rc;
         /* An empty vmm_module_pattern matches everything, like ".*". */
-        m->vmm = b->vmm.count == 0 || rxset_search(&b->vmm, m->name, m->len);
+        m->vmm = m->vmm || b->vmm.count == 0;
     }
     return 0;
 }
@@ -368,8 +409,12 @@ static int build_scopes(builder *b)
             b->blocks[m->block].full_bytes =
                 sat_add(b->blocks[m->block].full_bytes, b->ti[i]->nbytes);
     }
-    for (size_t i = 0; i < b->block_count; i++)
-        b->blocks[i].matches = rxset_search(&b->resident, b->blocks[i].name, b->blocks[i].len);
+    for (size_t i = 0; i < b->block_count; i++) {
+        int rc =
+            rxset_search(&b->resident, b->blocks[i].name, b->blocks[i].len, &b->blocks[i].matches);
+        if (rc != 0)
+            return rc;
+    }
     b->scopes = ddo__calloc(b->mod_count ? b->mod_count : 1, sizeof(*b->scopes));
     bool *block_seen = ddo__calloc(b->block_count ? b->block_count : 1, sizeof(bool));
     if (b->scopes == NULL || block_seen == NULL) {
@@ -387,9 +432,14 @@ static int build_scopes(builder *b)
                 b->scopes[b->scope_count++] =
                     (pscope){ true, m->block, b->blocks[m->block].full_bytes, 0.0 };
             }
-        } else if ((m->block == NONE || b->leaf) && m->len > 0 &&
-                   rxset_search(&b->resident, m->name, m->len)) {
-            m->matches = true;
+        } else if ((m->block == NONE || b->leaf) && m->len > 0) {
+            int rc = rxset_search(&b->resident, m->name, m->len, &m->matches);
+            if (rc != 0) {
+                free(block_seen);
+                return rc;
+            }
+            if (!m->matches)
+                continue;
             m->scope = b->scope_count;
             b->scopes[b->scope_count++] = (pscope){ false, i, m->full_bytes, 0.0 };
         }
@@ -916,12 +966,21 @@ static int device_side(builder *b, uint64_t limit, const char *limit_source)
     uint64_t gran = b->in.device_granularity > 0 ? b->in.device_granularity : 2 * DDO_MIB;
     uint64_t page = gran;
     if (b->o->vmm_page_mb > 0.0) {
-        page = (uint64_t)(b->o->vmm_page_mb * (double)DDO_MIB);
-        if (page == 0 || page % gran != 0)
+        char q[64], g[64];
+        ddo__format_bytes(gran, g, sizeof(g));
+        /* Checked before the cast: the catalog caps it at 1 TiB, the planner again here. */
+        double mb = b->o->vmm_page_mb;
+        page = isfinite(mb) && mb <= 1048576.0 ? (uint64_t)(mb * (double)DDO_MIB) : 0;
+        if (page == 0 || page % gran != 0) {
+            if (isfinite(mb))
+                ddo__config_fmt_double(mb, q, sizeof(q));
+            else
+                snprintf(q, sizeof(q), "%s", isnan(mb) ? "nan" : "inf");
             return ddo__fail(NULL, DDO_E_CONFIG,
-                             "vmm_page_mb: %g MiB is not a multiple of the device granularity "
-                             "%g MiB",
-                             b->o->vmm_page_mb, (double)gran / (double)DDO_MIB);
+                             "vmm_page_mb=%s: the execution-slot page must be a whole multiple "
+                             "of the device granularity (%s) and at most 1048576 MiB",
+                             q, g);
+        }
     }
     uint64_t arena = 0;
     for (size_t i = 0; i < b->n; i++) {
@@ -1222,6 +1281,9 @@ int ddo_plan_build(const ddo_checkpoint *ck, const ddo_config *cfg, const ddo_pl
     const ddo__options *o = ddo__config_options(cfg);
     if (o == NULL)
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_plan_build: config has no options");
+    int rc = ddo__config_check_ranges(cfg);
+    if (rc != 0)
+        return rc;
     builder b;
     memset(&b, 0, sizeof(b));
     b.ck = ck;
@@ -1237,7 +1299,6 @@ int ddo_plan_build(const ddo_checkpoint *ck, const ddo_config *cfg, const ddo_pl
     b.n = ddo_checkpoint_tensor_count(ck);
     b.p = ddo__plan_alloc();
     b.ti = ddo__calloc(b.n ? b.n : 1, sizeof(*b.ti));
-    int rc = 0;
     if (b.p == NULL || b.ti == NULL) {
         rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: %zu tensors", b.n);
         goto out;

@@ -6,12 +6,17 @@
  * The file format and the arithmetic follow the upstream Python DDO
  * (schema_version 1, "ddo-capacity-v1-" keys from a SHA-256 of the canonical
  * context JSON, 20 observations kept, capacity limits merged per metric,
- * atomic replacement by temporary file + rename).
+ * atomic replacement by temporary file + rename). ddo adds bounds: a profile
+ * file is read only when it is a regular file of at most 1 MiB, and a record
+ * reads, merges and writes under an flock on "<profile>.lock", so concurrent
+ * writers of one profile keep every observation.
  */
 #define _GNU_SOURCE
 #include "common.h"
 #include "config.h"
 #include "config_priv.h"
+#include "os/file.h"
+#include "os/fs.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -34,6 +39,8 @@ struct ddo_profile {
 bool ddo__profile_crash_before_rename = false;
 
 #define KEY_PREFIX "ddo-capacity-v1-"
+/* How long a record waits for another writer of the same profile. */
+#define DDO_PROFILE_LOCK_TIMEOUT_MS 10000u
 
 static const size_t canon_flags = JSON_SORT_KEYS | JSON_COMPACT | JSON_ENSURE_ASCII;
 
@@ -172,19 +179,54 @@ static int check_doc(const char *path, json_t *doc, const char *want_key)
     return 0;
 }
 
+/* A file of a profile path for a message (escaped). */
+static const char *qpath(const char *path, char *buf, size_t len)
+{
+    ddo__config_quote(path, buf, len);
+    return buf;
+}
+
 static int load_path(const char *path, const char *want_key, ddo_profile **out)
 {
-    if (access(path, F_OK) != 0)
-        return ddo__fail(NULL, DDO_E_NOT_FOUND, "%s: no profile", path);
+    char q[512];
+    char *text = NULL;
+    size_t len = 0;
+    int e = ddo__os_read_small_file(path, DDO_PROFILE_MAX_FILE_BYTES, &text, &len);
+    if (e == ENOENT)
+        return ddo__fail(NULL, DDO_E_NOT_FOUND, "%s: no profile", qpath(path, q, sizeof(q)));
+    if (e == DDO__OS_TOO_LARGE)
+        return ddo__fail(NULL, DDO_E_FORMAT,
+                         "%s: profile larger than %u bytes (the profile file limit); ignored",
+                         qpath(path, q, sizeof(q)), (unsigned)DDO_PROFILE_MAX_FILE_BYTES);
+    if (e != 0)
+        return ddo__fail(NULL, e == ENOMEM ? DDO_E_NO_MEMORY : DDO_E_FORMAT,
+                         "%s: cannot read profile: %s; ignored", qpath(path, q, sizeof(q)),
+                         ddo__os_fs_strerror(e));
     json_error_t jerr;
-    json_t *doc = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (doc == NULL)
-        return ddo__fail(NULL, DDO_E_FORMAT, "%s: corrupt profile (%s at line %d); ignored", path,
-                         jerr.text, jerr.line);
+    json_t *doc = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    free(text);
+    if (doc == NULL) {
+        char qt[200];
+        ddo__config_quote(jerr.text, qt, sizeof(qt));
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: corrupt profile (%s at line %d); ignored",
+                         qpath(path, q, sizeof(q)), qt, jerr.line);
+    }
     int rc = check_doc(path, doc, want_key);
     if (rc != 0) {
         json_decref(doc);
         return rc;
+    }
+    /* A hand-edited file may hold more observations than a profile keeps: the newest stay. */
+    json_t *obs = json_object_get(doc, "observations");
+    if (json_array_size(obs) > DDO_PROFILE_MAX_OBSERVATIONS) {
+        size_t extra = json_array_size(obs) - DDO_PROFILE_MAX_OBSERVATIONS;
+        json_t *kept = json_array();
+        for (size_t i = extra; kept != NULL && i < json_array_size(obs); i++)
+            json_array_append(kept, json_array_get(obs, i));
+        if (kept == NULL || json_object_set_new(doc, "observations", kept) != 0) {
+            json_decref(doc);
+            return ddo__fail(NULL, DDO_E_NO_MEMORY, "profile: out of memory");
+        }
     }
     ddo_profile *p = ddo__calloc(1, sizeof(*p));
     if (p == NULL) {
@@ -350,6 +392,8 @@ double ddo_profile_peak_gb(const ddo_profile_sample *s)
 /* Creates dir and its parents (mode 0755). */
 static int make_dirs(const char *dir)
 {
+    if (dir[0] == '\0')
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "profile: directory is empty");
     char *d = ddo__strdup(dir);
     if (d == NULL)
         return ddo__fail(NULL, DDO_E_NO_MEMORY, "profile: out of memory");
@@ -360,8 +404,9 @@ static int make_dirs(const char *dir)
             if (mkdir(d, 0755) != 0 && errno != EEXIST) {
                 int e = errno;
                 free(d);
-                return ddo__fail(NULL, DDO_E_IO, "%s: cannot create profile directory: %s", dir,
-                                 strerror(e));
+                char q[512];
+                return ddo__fail(NULL, DDO_E_IO, "%s: cannot create profile directory: %s",
+                                 qpath(dir, q, sizeof(q)), strerror(e));
             }
             *p = c;
             if (c == '\0')
@@ -419,64 +464,50 @@ static void utc_now(char *buf, size_t len)
     snprintf(buf, len, "%s.%06ld+00:00", base, ts.tv_nsec / 1000);
 }
 
-/* Writes text to path atomically: <path>.<random>.tmp, fsync, rename. */
+/* Writes text to path atomically (src/os/fs.c: an unnamed temporary file, fsync, rename). */
 static int write_atomic(const char *path, const char *text)
 {
-    unsigned char rnd[8] = { 0 };
-    FILE *ur = fopen("/dev/urandom", "rb");
-    if (ur != NULL) {
-        if (fread(rnd, 1, sizeof(rnd), ur) != sizeof(rnd))
-            memset(rnd, 0, sizeof(rnd));
-        fclose(ur);
-    }
-    uint64_t r = ddo__now_ns() ^ ((uint64_t)getpid() << 32);
-    for (size_t i = 0; i < sizeof(rnd); i++)
-        r ^= (uint64_t)rnd[i] << (8 * i);
-    char *tmp = ddo__asprintf("%s.%016llx.tmp", path, (unsigned long long)r);
-    if (tmp == NULL)
+    char q[512];
+    int e = ddo__os_write_atomic(path, text, strlen(text), ddo__profile_crash_before_rename);
+    if (e == 0)
+        return 0;
+    if (ddo__profile_crash_before_rename)
+        return ddo__fail(NULL, DDO_E_IO, "%s: simulated crash before rename",
+                         qpath(path, q, sizeof(q)));
+    return ddo__fail(NULL, DDO_E_IO, "%s: cannot write profile: %s", qpath(path, q, sizeof(q)),
+                     ddo__os_fs_strerror(e));
+}
+
+/* Takes the profile's lock "<path>.lock" (held across read, merge and write). */
+static int lock_profile(const char *path, int *fd)
+{
+    char *lock = ddo__asprintf("%s.lock", path);
+    if (lock == NULL)
         return ddo__fail(NULL, DDO_E_NO_MEMORY, "profile: out of memory");
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        int e = errno;
-        int rc = ddo__fail(NULL, DDO_E_IO, "%s: cannot write profile: %s", tmp, strerror(e));
-        free(tmp);
+    char q[512];
+    int e = ddo__os_lock_file(lock, DDO_PROFILE_LOCK_TIMEOUT_MS, fd);
+    int rc = e == 0 ? 0
+                    : ddo__fail(NULL, DDO_E_IO, "%s: cannot lock profile: %s",
+                                qpath(lock, q, sizeof(q)), ddo__os_fs_strerror(e));
+    free(lock);
+    return rc;
+}
+
+int ddo_profile_check_writable(const char *dir)
+{
+    if (dir == NULL || dir[0] == '\0')
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "profile: directory is empty");
+    int rc = make_dirs(dir);
+    if (rc != 0)
         return rc;
+    int e = ddo__os_dir_writable(dir);
+    if (e != 0) {
+        char q[512];
+        return ddo__fail(NULL, DDO_E_IO,
+                         "%s: profile directory is not writable: %s (profile_dir / "
+                         "DDO_PROFILE_DIR)",
+                         qpath(dir, q, sizeof(q)), ddo__os_fs_strerror(e));
     }
-    size_t len = strlen(text), done = 0;
-    while (done < len) {
-        ssize_t n = write(fd, text + done, len - done);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            int e = n < 0 ? errno : EIO;
-            close(fd);
-            unlink(tmp);
-            int rc = ddo__fail(NULL, DDO_E_IO, "%s: cannot write profile: %s", tmp, strerror(e));
-            free(tmp);
-            return rc;
-        }
-        done += (size_t)n;
-    }
-    if (fsync(fd) != 0 || close(fd) != 0) {
-        int e = errno;
-        unlink(tmp);
-        int rc = ddo__fail(NULL, DDO_E_IO, "%s: cannot write profile: %s", tmp, strerror(e));
-        free(tmp);
-        return rc;
-    }
-    if (ddo__profile_crash_before_rename) {
-        /* Simulated crash: the temporary file stays, the profile is untouched. */
-        free(tmp);
-        return ddo__fail(NULL, DDO_E_IO, "%s: simulated crash before rename", path);
-    }
-    if (rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        int rc = ddo__fail(NULL, DDO_E_IO, "%s: cannot replace profile: %s", path, strerror(e));
-        free(tmp);
-        return rc;
-    }
-    free(tmp);
     return 0;
 }
 
@@ -488,6 +519,7 @@ int ddo_profile_record(const char *dir, const char *context_json, const char *ob
     json_t *ctx = NULL, *obs = NULL, *rec = NULL, *doc = NULL;
     char *canon = NULL, *path = NULL, *text = NULL;
     ddo_profile *old = NULL;
+    int lock_fd = -1;
     int rc = context_canonical(context_json, &ctx, &canon);
     if (rc != 0)
         return rc;
@@ -505,6 +537,10 @@ int ddo_profile_record(const char *dir, const char *context_json, const char *ob
         rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "profile: out of memory");
         goto out;
     }
+    /* Read, merge and write under the lock: a concurrent record of the same profile waits,
+     * then merges into what this one wrote (no observation is lost). */
+    if ((rc = lock_profile(path, &lock_fd)) != 0)
+        goto out;
     /* A missing, corrupt or foreign previous file starts a fresh profile. */
     if (ddo_profile_load(dir, context_json, &old) != 0)
         old = NULL;
@@ -553,6 +589,7 @@ int ddo_profile_record(const char *dir, const char *context_json, const char *ob
         path = NULL;
     }
 out:
+    ddo__os_unlock_file(lock_fd);
     ddo_profile_destroy(old);
     free(text);
     free(path);
@@ -646,6 +683,51 @@ static int set_gb(ddo_config *cfg, const char *key, double v)
     return set_profile_value(cfg, key, text);
 }
 
+/* A measured rate of the recommendation: finite, positive and below 1e18 per second (an
+ * exabyte or exaflop per second is no measurement), else 0 (not used). */
+static double measured_rate(const ddo_profile *p, const char *key)
+{
+    double v = 0.0;
+    if (ddo_profile_recommendation(p, key, &v) != 0 || !(v > 0.0) || !(v < 1e18))
+        return 0.0;
+    return v;
+}
+
+/* The recommended resident budget, range-checked before it is applied: a number within the
+ * catalog range of resident_module_budget_gb. false with a detail naming the file, the key and
+ * the value otherwise. */
+static bool usable_budget(const ddo_profile *p, const char *dir, const char *context_json,
+                          double *budget)
+{
+    static const char key[] = "profile_resident_module_budget_gb";
+    char *path = NULL, q[512], v[64];
+    if (ddo_profile_path(dir, context_json, &path) != 0)
+        return false;
+    qpath(path, q, sizeof(q));
+    free(path);
+    json_t *j = json_object_get(json_object_get(p->doc, "recommendation"), key);
+    if (j == NULL) {
+        ddo__fail(NULL, DDO_E_NOT_FOUND, "%s: the recommendation has no %s", q, key);
+        return false;
+    }
+    double x = json_is_number(j) ? json_number_value(j) : NAN;
+    int id = ddo__config_find("resident_module_budget_gb");
+    double hi = id >= 0 ? ddo__optdescs[id].hi : 1e9;
+    if (!isfinite(x) || x < 0.0 || x > hi) {
+        if (isfinite(x))
+            ddo__config_fmt_double(x, v, sizeof(v));
+        else
+            snprintf(v, sizeof(v), "(not a number)");
+        ddo__fail(NULL, DDO_E_FORMAT,
+                  "%s: recommendation %s=%s is outside 0..%.0f GiB (a resident budget); "
+                  "ignored",
+                  q, key, v, hi);
+        return false;
+    }
+    *budget = x;
+    return true;
+}
+
 int ddo_profile_apply(ddo_config *cfg, const char *dir, const char *context_json,
                       ddo_profile_status *status, double *budget_gb, ddo_profile_measured *measured)
 {
@@ -682,21 +764,21 @@ int ddo_profile_apply(ddo_config *cfg, const char *dir, const char *context_json
         goto done;
     }
     ddo_profile *p = NULL;
-    if (dir == NULL || context_json == NULL || ddo_profile_load(dir, context_json, &p) != 0) {
+    if (dir == NULL || context_json == NULL) {
+        ddo__fail(NULL, DDO_E_NOT_FOUND, "no profile directory or workload context");
         st = DDO_PROFILE_MISSING;
         goto done;
     }
-    if (measured != NULL) {
-        double v;
-        if (ddo_profile_recommendation(p, "bus_bytes_per_s", &v) == 0 && v > 0)
-            measured->bus_bytes_per_s = v;
-        if (ddo_profile_recommendation(p, "flops_per_s", &v) == 0 && v > 0)
-            measured->flops_per_s = v;
-        if (ddo_profile_recommendation(p, "file_read_bytes_per_s", &v) == 0 && v > 0)
-            measured->file_read_bytes_per_s = v;
+    if (ddo_profile_load(dir, context_json, &p) != 0) {
+        st = DDO_PROFILE_MISSING; /* the detail (missing, corrupt, too large...) stays */
+        goto done;
     }
-    if (ddo_profile_recommendation(p, "profile_resident_module_budget_gb", &budget) != 0 ||
-        budget < 0.0) {
+    if (measured != NULL) {
+        measured->bus_bytes_per_s = measured_rate(p, "bus_bytes_per_s");
+        measured->flops_per_s = measured_rate(p, "flops_per_s");
+        measured->file_read_bytes_per_s = measured_rate(p, "file_read_bytes_per_s");
+    }
+    if (!usable_budget(p, dir, context_json, &budget)) {
         ddo_profile_destroy(p);
         st = DDO_PROFILE_MISSING;
         budget = 0.0;

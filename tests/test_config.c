@@ -9,6 +9,7 @@
 #include "config_fx.h"
 #include "config_priv.h"
 #include "ddo.h"
+#include "plan.h"
 #include "t.h"
 
 #include <jansson.h>
@@ -656,8 +657,6 @@ static void test_validation_errors(void)
     const char *v7[] = { "build_profile", "true", NULL };
     invalid(v7, "build_profile=true (api) needs profile_name: a calibration is saved under a "
                 "workload name");
-    const char *v8[] = { "resident_module_budget_gb", "-1", NULL };
-    invalid(v8, "resident_module_budget_gb=-1 (api): expected a value in 0..1000000000");
     const char *v9[] = { "vmm_native_source_cache_slots", "4", NULL };
     invalid(v9, "vmm_native_source_cache_slots=4 (api) and vmm_native_source_cache_slot_mb=0 "
                 "(default): the legacy micro-cache takes a slot count and a slot size together "
@@ -682,6 +681,115 @@ static void test_validation_errors(void)
              "backend=linear (default): native VMM is never chosen silently; pass --ddo-backend "
              "vmm");
     ddo_config_destroy(c);
+}
+
+/* Issue 14 class 1: every numeric value is range-checked when it is stored, before any cast,
+ * with the value quoted as given (escaped) and the catalog range in the unit of the input. */
+static void test_numbers_checked_before_use(void)
+{
+    static const struct {
+        const char *env, *msg;
+    } bad[] = {
+        { "DDO_VMM_PAGE_MB=1e308",
+          "DDO_VMM_PAGE_MB=\"1e308\": above the range 0..1048576 MiB of vmm_page_mb" },
+        { "DDO_PIN_CPU_WORKERS=9223372036854775807",
+          "DDO_PIN_CPU_WORKERS=\"9223372036854775807\": above the range 1..1024 of "
+          "pin_cpu_workers" },
+        { "DDO_PIN_CPU_WORKERS=99999999999999999999", /* past int64: ERANGE */
+          "DDO_PIN_CPU_WORKERS=\"99999999999999999999\": expected an integer" },
+        { "DDO_RESIDENT_MODULE_BUDGET_GB=-1",
+          "DDO_RESIDENT_MODULE_BUDGET_GB=\"-1\": below the range 0..1000000000 GiB of "
+          "resident_module_budget_gb" },
+        { "DDO_VMM_SOURCE_CACHE_GB=-0.5e-3",
+          "DDO_VMM_SOURCE_CACHE_GB=\"-0.5e-3\": below the range 0..1000000000 GiB of "
+          "vmm_source_cache_gb" },
+        { "DDO_EXECUTION_SLOTS=1e3", "DDO_EXECUTION_SLOTS=\"1e3\": expected an integer" },
+        { "DDO_EXECUTION_SLOTS=5000",
+          "DDO_EXECUTION_SLOTS=\"5000\": above the range 0..4096 of execution_slots" },
+        { "DDO_SMALL_TENSOR_THRESHOLD_KB=2147483648",
+          "DDO_SMALL_TENSOR_THRESHOLD_KB=\"2147483648\": above the range 0..1073741824 KiB of "
+          "small_tensor_threshold_bytes" },
+        { "DDO_VMM_STAGING_BUFFER_GB=0x10",
+          "DDO_VMM_STAGING_BUFFER_GB=\"0x10\": expected a number" },
+        { "DDO_VMM_STAGING_BUFFER_GB=inf", "DDO_VMM_STAGING_BUFFER_GB=\"inf\": expected a number" },
+        { "DDO_VMM_STAGING_BUFFER_GB=-nan",
+          "DDO_VMM_STAGING_BUFFER_GB=\"-nan\": expected a number" },
+        { "DDO_VMM_STAGING_BUFFER_GB=1e999",
+          "DDO_VMM_STAGING_BUFFER_GB=\"1e999\": expected a number" },
+        { "DDO_VMM_STAGING_BUFFER_GB= 1", "DDO_VMM_STAGING_BUFFER_GB=\" 1\": expected a number" },
+        { "DDO_VMM_STAGING_BUFFER_GB=1 ", "DDO_VMM_STAGING_BUFFER_GB=\"1 \": expected a number" },
+        { "DDO_VMM_STAGING_BUFFER_GB=1e", "DDO_VMM_STAGING_BUFFER_GB=\"1e\": expected a number" },
+        { "DDO_VMM_STAGING_BUFFER_GB=1\n2",
+          "DDO_VMM_STAGING_BUFFER_GB=\"1\\n2\": expected a number" },
+        { "DDO_PIN_CPU_WORKERS=0x10", "DDO_PIN_CPU_WORKERS=\"0x10\": expected an integer" },
+        { "DDO_PIN_CPU_WORKERS=+", "DDO_PIN_CPU_WORKERS=\"+\": expected an integer" },
+        { "DDO_EXECUTION_MODE=\x1b[31mplan",
+          "DDO_EXECUTION_MODE=\"\\x1b[31mplan\": expected one of plan, linear_runtime, "
+          "vmm_runtime, vmm_fast_runtime" },
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        const char *env[] = { bad[i].env, NULL };
+        env_fails(env, bad[i].msg);
+    }
+    /* Decimal forms that are numbers: signs, exponents, a leading point. */
+    const char *good[] = { "DDO_VMM_STAGING_BUFFER_GB=+.5", "DDO_VMM_SOURCE_CACHE_GB=1E+1",
+                           "DDO_PIN_CPU_WORKERS=+8", "DDO_VMM_PAGE_MB=1048576", NULL };
+    ddo_config *c = env_cfg(good);
+    T_REQUIRE(c != NULL);
+    T_EQ_STR(val(c, "vmm_staging_buffer_gb"), "0.5");
+    T_EQ_STR(val(c, "vmm_source_cache_gb"), "10");
+    T_EQ_STR(val(c, "pin_cpu_workers"), "8");
+    T_EQ_STR(val(c, "vmm_page_mb"), "1048576");
+    ddo_config_destroy(c);
+
+    /* Flags: the same rule, the flag named; a failing flag leaves nothing half-set. */
+    c = new_cfg();
+    T_REQUIRE(c != NULL);
+    char a0[] = "host", a1[] = "--ddo-vmm-page-mb", a2[] = "1e308";
+    char *argv[] = { a0, a1, a2, NULL };
+    int argc = 3;
+    T_EQ_INT(ddo_config_parse_args(c, &argc, argv), DDO_E_CONFIG);
+    T_EQ_STR(ddo_config_error(c),
+             "--ddo-vmm-page-mb=\"1e308\": above the range 0..1048576 MiB of vmm_page_mb");
+    T_EQ_STR(val(c, "vmm_page_mb"), "0");
+
+    /* The API: doubles and integers alike. */
+    T_EQ_INT(ddo_config_set_double(c, "max_pin_weight_budget_gb", -2.5), DDO_E_CONFIG);
+    T_EQ_STR(ddo_config_error(c), "max_pin_weight_budget_gb=\"-2.5\": below the range "
+                                  "0..1000000000 GiB of max_pin_weight_budget_gb");
+    T_EQ_INT(ddo_config_set_int(c, "pin_cpu_workers", INT64_MAX), DDO_E_CONFIG);
+    T_EQ_INT(ddo_config_set_double(c, "execution_slots", 1e300), DDO_E_CONFIG);
+    T_EQ_STR(ddo_config_error(c),
+             "execution_slots=1e+300: expected a whole number within the range of the option");
+    T_EQ_INT(ddo_config_set(c, "small_tensor_threshold_bytes", "1099511627777"), DDO_E_CONFIG);
+    T_EQ_STR(ddo_config_error(c), "small_tensor_threshold_bytes=\"1099511627777\": above the "
+                                  "range 0..1099511627776 bytes of small_tensor_threshold_bytes");
+    /* What validate clamps (upstream) stays accepted when stored. */
+    T_EQ_INT(ddo_config_set(c, "pin_weight_budget_ratio", "-3"), 0);
+    T_EQ_INT(ddo_config_set(c, "pin_cpu_workers", "-3"), 0);
+    T_EQ_INT(ddo__config_check_ranges(c), 0);
+    T_EQ_INT(ddo_config_validate(c), 0);
+    T_EQ_STR(val(c, "pin_weight_budget_ratio"), "0");
+    T_EQ_STR(val(c, "pin_cpu_workers"), "1");
+    ddo_config_destroy(c);
+}
+
+/* The quoting of values in messages: escapes, and a cut that stays inside the buffer. */
+static void test_quote(void)
+{
+    char b[16];
+    ddo__config_quote("a\"b\\c\t\x7f", b, sizeof(b));
+    T_EQ_STR(b, "a\\\"b\\\\c\\t\\x7f");
+    ddo__config_quote("0123456789abcdefghij", b, sizeof(b));
+    T_EQ_STR(b, "0123456789ab...");
+    ddo__config_quote("0123456789abcde", b, sizeof(b)); /* fits exactly: no cut */
+    T_EQ_STR(b, "0123456789abcde");
+    ddo__config_quote("0123456789abc\n", b, sizeof(b)); /* the escape just fits */
+    T_EQ_STR(b, "0123456789abc\\n");
+    ddo__config_quote("0123456789abcd\n", b, sizeof(b)); /* the escape does not fit */
+    T_EQ_STR(b, "0123456789ab...");
+    ddo__config_quote(NULL, b, sizeof(b));
+    T_EQ_STR(b, "");
 }
 
 static void test_validation_accepts_and_clamps(void)
@@ -934,6 +1042,8 @@ int main(void)
     T_RUN(test_total_staging_translation);
     T_RUN(test_validation_errors);
     T_RUN(test_validation_accepts_and_clamps);
+    T_RUN(test_numbers_checked_before_use);
+    T_RUN(test_quote);
     T_RUN(test_component_names_and_aliases);
     T_RUN(test_component_lookup_order);
     T_RUN(test_use_environment_false);

@@ -380,7 +380,8 @@ static void test_edges(void)
     T_EQ_INT(ddo_config_set(cfg, "vmm_page_mb", "3"), 0);
     p = build(&tb, cfg, NULL, DDO_E_CONFIG);
     T_EQ_STR(ddo_last_error(),
-             "vmm_page_mb: 3 MiB is not a multiple of the device granularity 2 MiB");
+             "vmm_page_mb=3: the execution-slot page must be a whole multiple of the device "
+             "granularity (2.00 MiB) and at most 1048576 MiB");
     T_EQ_INT(ddo_config_set(cfg, "vmm_page_mb", "64"), 0);
     T_EQ_INT(ddo_config_set(cfg, "resident_module_budget_gb", "0"), 0);
     p = build(&tb, cfg, NULL, 0);

@@ -763,9 +763,13 @@ static void run_copy(cpu_stream *s, const cpu_op *op, double bytes_per_s, uint64
         return;
     uint64_t start = later(s->clock_ns, op->queued_ns);
     uint64_t dur = latency_ns;
-    if (bytes_per_s > 0.0)
-        dur += (uint64_t)((double)op->size * 1e9 / bytes_per_s);
-    s->clock_ns = start + dur;
+    if (bytes_per_s > 0.0) {
+        /* Saturated before the cast: a tiny rate (1e-300 bytes/s) would overflow uint64_t. */
+        double t = (double)op->size * 1e9 / bytes_per_s;
+        uint64_t ns = t < 9.0e18 ? (uint64_t)t : UINT64_C(9000000000000000000);
+        dur = dur > UINT64_MAX - ns ? UINT64_MAX : dur + ns;
+    }
+    s->clock_ns = start > UINT64_MAX - dur ? UINT64_MAX : start + dur;
     sleep_until(s->clock_ns);
 }
 

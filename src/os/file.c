@@ -10,6 +10,7 @@
 #endif
 #include "file.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -31,8 +32,14 @@ static int open_regular(const char *path, int extra_flags, int *fd)
     do {
         f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | extra_flags);
     } while (f < 0 && errno == EINTR);
-    if (f < 0)
-        return errno;
+    if (f < 0) {
+        /* A socket cannot be opened at all (ENXIO): say what it is, not "no such device". */
+        int e = errno;
+        struct stat st;
+        if (stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
+            return DDO__OS_NOT_REGULAR;
+        return e;
+    }
     struct stat st;
     if (fstat(f, &st) != 0) {
         int e = errno;
@@ -148,6 +155,29 @@ void ddo__os_unmap_file(const void *map, uint64_t size)
 {
     if (map != NULL && size > 0)
         munmap((void *)(uintptr_t)map, (size_t)size);
+}
+
+bool ddo__os_dir_has_suffix(const char *dir, const char *const *suffixes, size_t n)
+{
+    int fd = open(dir, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_DIRECTORY);
+    if (fd < 0)
+        return false;
+    DIR *d = fdopendir(fd);
+    if (d == NULL) {
+        close(fd);
+        return false;
+    }
+    bool found = false;
+    struct dirent *e;
+    while (!found && (e = readdir(d)) != NULL) {
+        size_t len = strlen(e->d_name);
+        for (size_t i = 0; i < n && !found; i++) {
+            size_t k = strlen(suffixes[i]);
+            found = len >= k && strcmp(e->d_name + len - k, suffixes[i]) == 0;
+        }
+    }
+    closedir(d);
+    return found;
 }
 
 bool ddo__os_is_directory(const char *path)

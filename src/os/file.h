@@ -64,6 +64,9 @@ int ddo__os_pread_full(int fd, void *dst, size_t len, uint64_t offset);
 int ddo__os_map_file(int fd, uint64_t size, const void **map);
 void ddo__os_unmap_file(const void *map, uint64_t size);
 
+/* Whether the directory dir (opened without blocking) holds an entry whose name ends with one
+ * of the n suffixes. False when dir is not a readable directory. */
+bool ddo__os_dir_has_suffix(const char *dir, const char *const *suffixes, size_t n);
 /* Whether path names a directory (false when it does not exist). */
 bool ddo__os_is_directory(const char *path);
 /* Bytes of [0, size) of the file at path that sit in the page cache (mincore); -1 when the

@@ -911,7 +911,6 @@ static int parse_args(int argc, char **argv, bench_args *a)
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        double d = 0;
         if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
             usage(stdout);
             return 1;
@@ -924,11 +923,8 @@ static int parse_args(int argc, char **argv, bench_args *a)
             uint64_t v = 0;
             bool steps = strcmp(arg, "--tokens") != 0;
             uint64_t lo = strcmp(arg, "--trace-steps") == 0 ? 0 : 1;
-            if (tool_parse_u64(val, &v) != 0 || v < lo || v > (steps ? 10000u : 65536u)) {
-                fprintf(stderr, "ddo bench: %s needs a whole number from %" PRIu64 " to %u\n", arg,
-                        lo, steps ? 10000u : 65536u);
+            if (tool_flag_count("bench", arg, val, lo, steps ? 10000u : 65536u, &v) != 0)
                 return -1;
-            }
             if (strcmp(arg, "--steps") == 0)
                 a->steps = v;
             else if (strcmp(arg, "--tokens") == 0)
@@ -939,27 +935,17 @@ static int parse_args(int argc, char **argv, bench_args *a)
         } else if (strcmp(arg, "--scale") == 0 || strcmp(arg, "--bus-gib") == 0 ||
                    strcmp(arg, "--direct-gib") == 0 || strcmp(arg, "--cpu-gbps") == 0 ||
                    strcmp(arg, "--cpu-gflops") == 0 || strcmp(arg, "--cpu-memory-gb") == 0) {
-            if (tool_parse_double(val, &d) != 0) {
-                fprintf(stderr, "ddo bench: %s needs a number >= 0\n", arg);
+            int bad = 0;
+            if (strcmp(arg, "--scale") == 0)
+                bad = tool_flag_real("bench", arg, val, 1e-6, 1.0, &a->scale);
+            else if (strcmp(arg, "--bus-gib") == 0)
+                bad = tool_flag_real("bench", arg, val, 0.0, TOOL_MAX_MEMORY_GB, &a->bus_gib);
+            else if (strcmp(arg, "--direct-gib") == 0)
+                bad = tool_flag_real("bench", arg, val, 0.0, TOOL_MAX_MEMORY_GB, &a->direct_gib);
+            else
+                bad = tool_device_flag("bench", arg, val, &a->dev_opts);
+            if (bad != 0)
                 return -1;
-            }
-            if (strcmp(arg, "--scale") == 0) {
-                if (!(d > 0 && d <= 1)) {
-                    fprintf(stderr, "ddo bench: --scale needs 0 < S <= 1\n");
-                    return -1;
-                }
-                a->scale = d;
-            } else if (strcmp(arg, "--bus-gib") == 0) {
-                a->bus_gib = d;
-            } else if (strcmp(arg, "--direct-gib") == 0) {
-                a->direct_gib = d;
-            } else if (strcmp(arg, "--cpu-gbps") == 0) {
-                a->dev_opts.cpu_bytes_per_s = d * 1e9;
-            } else if (strcmp(arg, "--cpu-gflops") == 0) {
-                a->dev_opts.cpu_flops_per_s = d * 1e9;
-            } else {
-                a->dev_opts.cpu_memory_bytes = (uint64_t)(d * GIB_D);
-            }
             i++;
         } else if (strcmp(arg, "--layout") == 0 || strcmp(arg, "--json") == 0 ||
                    strcmp(arg, "--trace") == 0 || strcmp(arg, "--synth-out") == 0 ||

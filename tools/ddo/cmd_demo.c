@@ -5,9 +5,10 @@
  * device budget of a quarter of the model on the best device available
  * (cuda:0 when a GPU answers, else cpu), verifies every step's output
  * bit-identical against a reference, prints the profile, and always removes
- * the temporary directory.
+ * the temporary directory (also when SIGINT, SIGTERM or SIGHUP ends it).
  */
 #define _POSIX_C_SOURCE 200809L
+#include "cleanup.h"
 #include "host.h"
 #include "synth.h"
 #include "tool.h"
@@ -82,30 +83,19 @@ int ddo_cmd_demo(int argc, char **argv)
     bool keep = false;
     for (int i = 1; i < argc; i++) {
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        char *end = NULL;
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
             return DDO_EXIT_OK;
         } else if (strcmp(argv[i], "--keep") == 0) {
             keep = true;
-        } else if (strcmp(argv[i], "--scale") == 0 && val != NULL) {
-            scale = strtod(val, &end);
-            if (*end != '\0' || !(scale > 0 && scale <= 1)) {
-                fprintf(stderr, "ddo demo: --scale needs a number in (0, 1]\n");
+        } else if (strcmp(argv[i], "--scale") == 0) {
+            if (tool_flag_real("demo", argv[i], val, 1e-6, 1.0, &scale) != 0)
                 return DDO_EXIT_USAGE;
-            }
             i++;
-        } else if ((strcmp(argv[i], "--steps") == 0 || strcmp(argv[i], "--tokens") == 0) &&
-                   val != NULL) {
-            unsigned long long n = strtoull(val, &end, 10);
-            if (*end != '\0' || val[0] == '-' || n == 0 || n > 65536) {
-                fprintf(stderr, "ddo demo: %s needs a whole number from 1 to 65536\n", argv[i]);
+        } else if (strcmp(argv[i], "--steps") == 0 || strcmp(argv[i], "--tokens") == 0) {
+            if (tool_flag_count("demo", argv[i], val, 1, 65536,
+                                strcmp(argv[i], "--steps") == 0 ? &steps : &tokens) != 0)
                 return DDO_EXIT_USAGE;
-            }
-            if (strcmp(argv[i], "--steps") == 0)
-                steps = n;
-            else
-                tokens = n;
             i++;
         } else if (strcmp(argv[i], "--device") == 0 && val != NULL) {
             device_arg = val;
@@ -173,6 +163,9 @@ int ddo_cmd_demo(int argc, char **argv)
         return DDO_EXIT_FAILURE;
     }
     snprintf(model, sizeof model, "%s/flux1-dev-synth.safetensors", dir);
+    /* Interrupted (SIGINT, SIGTERM, SIGHUP), the demo still removes its model and directory. */
+    int dir_slot = keep ? -1 : tool_cleanup_add(dir, true);
+    int model_slot = keep ? -1 : tool_cleanup_add(model, false);
 
     int status = DDO_EXIT_FAILURE;
     ddo_checkpoint *ck = NULL;
@@ -255,5 +248,7 @@ out:
         if (rmdir(dir) != 0)
             fprintf(stderr, "ddo demo: cannot remove %s: %s\n", dir, strerror(errno));
     }
+    tool_cleanup_forget(model_slot);
+    tool_cleanup_forget(dir_slot);
     return status;
 }

@@ -64,13 +64,12 @@ int ddo_cmd_doctor(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0) {
             as_json = 1;
-        } else if (strcmp(argv[i], "--measure-mb") == 0 && i + 1 < argc) {
-            char *end;
-            double mb = strtod(argv[++i], &end);
-            if (*end != '\0' || !(mb >= 16)) {
-                fprintf(stderr, "ddo doctor: --measure-mb needs a number >= 16\n");
+        } else if (strcmp(argv[i], "--measure-mb") == 0) {
+            double mb = 0;
+            if (tool_flag_real("doctor", argv[i], i + 1 < argc ? argv[i + 1] : NULL, 16.0,
+                               1048576.0, &mb) != 0)
                 return DDO_EXIT_USAGE;
-            }
+            i++;
             measure_bytes = (uint64_t)(mb * 1048576.0);
         } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
@@ -146,6 +145,8 @@ int ddo_cmd_doctor(int argc, char **argv)
         cfg_rc = ddo_config_apply_env(cfg, (const char *const *)environ);
     if (cfg_rc == 0 && ngpu == 0)
         cfg_rc = ddo_config_set(cfg, "execution_device", "cpu");
+    if (cfg_rc == 0)
+        cfg_rc = ddo_config_validate(cfg);
     ddo_settings st;
     memset(&st, 0, sizeof(st));
     if (cfg_rc == 0)

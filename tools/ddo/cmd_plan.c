@@ -35,19 +35,6 @@ static void usage(FILE *out)
             ddo_config_flags_help());
 }
 
-static int parse_double(const char *flag, const char *v, double *out)
-{
-    char *end = NULL;
-    errno = 0;
-    double d = v != NULL ? strtod(v, &end) : 0.0;
-    if (v == NULL || errno != 0 || end == v || *end != '\0' || !(d >= 0.0)) {
-        fprintf(stderr, "ddo plan: %s \"%s\": expected a non-negative number\n", flag, v ? v : "");
-        return -1;
-    }
-    *out = d;
-    return 0;
-}
-
 static const char *gib(uint64_t bytes, char *buf, size_t len)
 {
     snprintf(buf, len, "%.2f GiB", (double)bytes / 1073741824.0);
@@ -213,24 +200,27 @@ int ddo_cmd_plan(int argc, char **argv)
         fprintf(stderr, "ddo plan: %s\n", ddo_config_error(cfg));
         goto out;
     }
+    for (size_t i = 0; i < ddo_config_warning_count(cfg); i++)
+        fprintf(stderr, "ddo plan: warning: %s\n", ddo_config_warning(cfg, i));
     const char *path = NULL, *from_json = NULL;
     bool json = false;
-    double device_gb = -1.0, host_gb = -1.0, gbps = 0.0, tflops = 0.0, tokens = 0.0;
+    double device_gb = -1.0, host_gb = -1.0, gbps = 0.0, tflops = 0.0;
+    uint64_t tokens = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (strcmp(a, "--json") == 0)
             json = true;
         else if (strcmp(a, "--device-memory-gb") == 0)
-            bad = parse_double(a, v, &device_gb), i++;
+            bad = tool_flag_real("plan", a, v, 0.0, TOOL_MAX_MEMORY_GB, &device_gb), i++;
         else if (strcmp(a, "--host-memory-gb") == 0)
-            bad = parse_double(a, v, &host_gb), i++;
+            bad = tool_flag_real("plan", a, v, 0.0, TOOL_MAX_MEMORY_GB, &host_gb), i++;
         else if (strcmp(a, "--bandwidth-gbps") == 0)
-            bad = parse_double(a, v, &gbps), i++;
+            bad = tool_flag_real("plan", a, v, 0.0, TOOL_MAX_GBPS, &gbps), i++;
         else if (strcmp(a, "--tflops") == 0)
-            bad = parse_double(a, v, &tflops), i++;
+            bad = tool_flag_real("plan", a, v, 0.0, TOOL_MAX_GFLOPS / 1e3, &tflops), i++;
         else if (strcmp(a, "--tokens") == 0)
-            bad = parse_double(a, v, &tokens), i++;
+            bad = tool_flag_count("plan", a, v, 1, 65536, &tokens), i++;
         else if (strcmp(a, "--from-json") == 0 && v != NULL)
             from_json = v, i++;
         else if (a[0] != '-' && path == NULL)
@@ -261,6 +251,10 @@ int ddo_cmd_plan(int argc, char **argv)
         fprintf(stderr, "ddo plan: a checkpoint PATH is required\n");
         usage(stderr);
         status = DDO_EXIT_USAGE;
+        goto out;
+    }
+    if (ddo_config_validate(cfg) != 0) {
+        fprintf(stderr, "ddo plan: %s\n", ddo_config_error(cfg));
         goto out;
     }
     if (ddo_checkpoint_create(path, DDO_READ_DEFAULT, &ck) != 0) {
@@ -300,8 +294,7 @@ int ddo_cmd_plan(int argc, char **argv)
         in.bus_bytes_per_s = gbps * 1e9;
     if (tflops > 0.0)
         in.flops_per_s = tflops * 1e12;
-    if (tokens > 0.0)
-        in.tokens = (uint64_t)tokens;
+    in.tokens = tokens;
     if (ddo_plan_build(ck, cfg, &in, &plan) != 0) {
         fprintf(stderr, "ddo plan: %s\n", ddo_last_error());
         goto out;

@@ -30,21 +30,35 @@ static void usage(FILE *out)
 /* Calls fn(path, profile, user) for each readable profile of dir; returns how many. */
 typedef void (*visit_fn)(const char *path, const ddo_profile *p, json_t *doc, void *user);
 
+/* At most this many profile files are read per command: with each file capped at
+ * DDO_PROFILE_MAX_FILE_BYTES and read one at a time, a listing stays bounded in memory and
+ * time whatever the directory holds. */
+#define MAX_PROFILE_FILES 10000
+
 static int visit(const char *dir, visit_fn fn, void *user, int *corrupt)
 {
     DIR *d = opendir(dir);
     if (d == NULL)
         return 0;
-    int n = 0;
+    int n = 0, seen = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         size_t len = strlen(e->d_name);
         if (len < 6 || strcmp(e->d_name + len - 5, ".json") != 0 ||
             strncmp(e->d_name, "ddo-capacity-", 13) != 0)
             continue;
+        if (++seen > MAX_PROFILE_FILES) {
+            fprintf(stderr,
+                    "ddo profile: more than %d profile files in %s; the rest are not read\n",
+                    MAX_PROFILE_FILES, dir);
+            break;
+        }
         char path[4096];
-        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (snprintf(path, sizeof(path), "%s/%s", dir, e->d_name) >= (int)sizeof(path))
+            continue;
         ddo_profile *p = NULL;
+        /* The library opens without blocking and refuses FIFOs, devices and files over
+         * DDO_PROFILE_MAX_FILE_BYTES, so a hostile entry costs one line, not a hang. */
         if (ddo_profile_load_file(path, &p) != 0) {
             fprintf(stderr, "ddo profile: %s\n", ddo_last_error());
             if (corrupt != NULL)
@@ -80,7 +94,8 @@ static void print_row(const char *path, const ddo_profile *p, json_t *doc, void 
     char b[32] = "-";
     if (ddo_profile_recommendation(p, "profile_resident_module_budget_gb", &budget) == 0)
         snprintf(b, sizeof(b), "%.4f", budget);
-    printf("%-24s %-20s %-32s %4zu  %s\n", ctx_name(doc),
+    char q[64];
+    printf("%-24s %-20s %-32s %4zu  %s\n", tool_quote(ctx_name(doc), q, sizeof q),
            json_string_value(json_object_get(doc, "profile_key")),
            json_string_value(json_object_get(doc, "updated_at")), ddo_profile_observation_count(p),
            b);
@@ -100,10 +115,14 @@ static void show_or_rm(const char *path, const ddo_profile *p, json_t *doc, void
         return;
     m->found++;
     if (m->remove) {
-        if (unlink(path) == 0)
+        char lock[4200];
+        if (unlink(path) == 0) {
             printf("removed %s\n", path);
-        else
+            snprintf(lock, sizeof lock, "%s.lock", path);
+            (void)unlink(lock); /* the lock file beside it, if a record left one */
+        } else {
             perror(path);
+        }
         return;
     }
     char *text = json_dumps(doc, JSON_INDENT(2) | JSON_SORT_KEYS);
@@ -145,7 +164,9 @@ int ddo_cmd_profile(int argc, char **argv)
         struct match m = { argv[i], 0, strcmp(verb, "rm") == 0 };
         visit(dir, show_or_rm, &m, NULL);
         if (m.found == 0) {
-            fprintf(stderr, "ddo profile: no profile named \"%s\" in %s\n", argv[i], dir);
+            char q[256];
+            fprintf(stderr, "ddo profile: no profile named \"%s\" in %s\n",
+                    tool_quote(argv[i], q, sizeof q), dir);
             status = DDO_EXIT_FAILURE;
         }
     } else if (strcmp(verb, "build") == 0 && i + 2 <= argc) {

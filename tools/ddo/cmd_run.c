@@ -685,30 +685,10 @@ out:
 /* ---- phase-staged pipelines -------------------------------------------------------- */
 
 typedef struct pipe_component {
-    char name[128];
+    char name[256];
     int rank;   /* 0 encoders, 1 denoiser and the rest, 2 VAE */
     size_t pos; /* position in model_index.json */
 } pipe_component;
-
-static bool has_suffix(const char *s, const char *suffix)
-{
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
-static bool dir_has_weights(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (d == NULL)
-        return false;
-    bool found = false;
-    struct dirent *e;
-    while (!found && (e = readdir(d)) != NULL)
-        found = has_suffix(e->d_name, ".safetensors") ||
-                has_suffix(e->d_name, ".safetensors.index.json");
-    closedir(d);
-    return found;
-}
 
 static int component_rank(const char *name)
 {
@@ -728,43 +708,32 @@ static int cmp_component(const void *pa, const void *pb)
 }
 
 /* The components of a Diffusers pipeline directory that hold safetensors weights, in pipeline
- * order. Prints the reason on failure. */
+ * order (model_index.json is read by the library: ddo_pipeline_create). Prints the reason on
+ * failure. */
 static int pipeline_components(const char *dir, pipe_component **out, size_t *count)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/model_index.json", dir);
-    json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (root == NULL || !json_is_object(root)) {
-        fprintf(stderr, "ddo run: %s: line %d: %s\n", path, root == NULL ? jerr.line : 1,
-                root == NULL ? jerr.text : "not a JSON object");
-        json_decref(root);
-        return DDO_E_FORMAT;
+    ddo_pipeline *pipe = NULL;
+    int rc = ddo_pipeline_create(dir, &pipe);
+    if (rc != 0) {
+        fprintf(stderr, "ddo run: %s\n", ddo_last_error());
+        return rc;
     }
-    size_t n = json_object_size(root), k = 0, pos = 0;
+    size_t n = ddo_pipeline_component_count(pipe), k = 0;
     pipe_component *c = calloc(n > 0 ? n : 1, sizeof *c);
     if (c == NULL) {
-        json_decref(root);
+        ddo_pipeline_destroy(pipe);
         return DDO_E_NO_MEMORY;
     }
-    const char *key;
-    json_t *val;
-    json_object_foreach(root, key, val)
-    {
-        pos++;
-        if (key[0] == '_' || !json_is_array(val) || json_array_size(val) != 2 ||
-            !json_is_string(json_array_get(val, 0)) || strchr(key, '/') != NULL ||
-            strlen(key) >= sizeof c[k].name)
+    for (size_t i = 0; i < n; i++) {
+        ddo_pipeline_component_info pc;
+        if (ddo_pipeline_component(pipe, i, &pc) != 0 || !pc.has_weights)
             continue;
-        snprintf(path, sizeof path, "%s/%s", dir, key);
-        if (!dir_has_weights(path))
-            continue;
-        snprintf(c[k].name, sizeof c[k].name, "%s", key);
-        c[k].rank = component_rank(key);
-        c[k].pos = pos;
+        snprintf(c[k].name, sizeof c[k].name, "%s", pc.name); /* at most 255 bytes */
+        c[k].rank = component_rank(pc.name);
+        c[k].pos = i;
         k++;
     }
-    json_decref(root);
+    ddo_pipeline_destroy(pipe);
     if (k == 0) {
         fprintf(stderr, "ddo run: %s/model_index.json: no component folder holds safetensors\n",
                 dir);
@@ -948,22 +917,17 @@ int ddo_cmd_run(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        double d = 0;
         if (strcmp(arg, "--verify") == 0) {
             a.verify = true;
         } else if (strcmp(arg, "--show-profile") == 0) {
             a.show_profile = true;
         } else if (strcmp(arg, "--steps") == 0) {
-            if (tool_parse_u64(val, &a.steps) != 0 || a.steps == 0 || a.steps > 1000000) {
-                fprintf(stderr, "ddo run: --steps needs a whole number from 1 to 1000000\n");
+            if (tool_flag_count("run", arg, val, 1, 1000000, &a.steps) != 0)
                 goto out;
-            }
             i++;
         } else if (strcmp(arg, "--tokens") == 0) {
-            if (tool_parse_u64(val, &a.tokens) != 0 || a.tokens == 0 || a.tokens > 65536) {
-                fprintf(stderr, "ddo run: --tokens needs a whole number from 1 to 65536\n");
+            if (tool_flag_count("run", arg, val, 1, 65536, &a.tokens) != 0)
                 goto out;
-            }
             i++;
         } else if (strcmp(arg, "--metrics") == 0) {
             if (val == NULL) {
@@ -974,16 +938,8 @@ int ddo_cmd_run(int argc, char **argv)
             i++;
         } else if (strcmp(arg, "--cpu-gbps") == 0 || strcmp(arg, "--cpu-gflops") == 0 ||
                    strcmp(arg, "--cpu-memory-gb") == 0) {
-            if (tool_parse_double(val, &d) != 0) {
-                fprintf(stderr, "ddo run: %s needs a number >= 0\n", arg);
+            if (tool_device_flag("run", arg, val, &a.dev_opts) != 0)
                 goto out;
-            }
-            if (strcmp(arg, "--cpu-gbps") == 0)
-                a.dev_opts.cpu_bytes_per_s = d * 1e9;
-            else if (strcmp(arg, "--cpu-gflops") == 0)
-                a.dev_opts.cpu_flops_per_s = d * 1e9;
-            else
-                a.dev_opts.cpu_memory_bytes = (uint64_t)(d * GIB);
             i++;
         } else if (arg[0] == '-') {
             fprintf(stderr, "ddo run: unknown option '%s' (see ddo run --help)\n", arg);
@@ -1005,6 +961,8 @@ int ddo_cmd_run(int argc, char **argv)
         fprintf(stderr, "ddo run: %s\n", ddo_config_error(cfg));
         goto out;
     }
+    if (a.metrics_path != NULL && tool_check_output_file("run", "--metrics", a.metrics_path) != 0)
+        goto out;
     bool show = false;
     const char *src = NULL;
     if (ddo_config_get_bool(cfg, "show_profile", &show) == 0 &&

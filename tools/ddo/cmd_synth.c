@@ -36,11 +36,10 @@ int ddo_cmd_synth(int argc, char **argv)
 {
     const char *layout = NULL, *out = NULL;
     double scale = 1.0;
-    unsigned long long seed = 0;
+    uint64_t seed = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char *end = NULL;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return DDO_EXIT_OK;
@@ -50,21 +49,13 @@ int ddo_cmd_synth(int argc, char **argv)
         } else if (strcmp(a, "--out") == 0 && v != NULL) {
             out = v;
             i++;
-        } else if (strcmp(a, "--scale") == 0 && v != NULL) {
-            errno = 0;
-            scale = strtod(v, &end);
-            if (errno != 0 || end == v || *end != '\0' || !(scale > 0.0) || scale > 1.0) {
-                fprintf(stderr, "ddo synth: --scale \"%s\": expected a number in (0, 1]\n", v);
+        } else if (strcmp(a, "--scale") == 0) {
+            if (tool_flag_real("synth", a, v, 1e-6, 1.0, &scale) != 0)
                 return DDO_EXIT_USAGE;
-            }
             i++;
-        } else if (strcmp(a, "--seed") == 0 && v != NULL) {
-            errno = 0;
-            seed = strtoull(v, &end, 0);
-            if (errno != 0 || end == v || *end != '\0' || v[0] == '-') {
-                fprintf(stderr, "ddo synth: --seed \"%s\": expected an unsigned integer\n", v);
+        } else if (strcmp(a, "--seed") == 0) {
+            if (tool_flag_count("synth", a, v, 0, UINT64_MAX, &seed) != 0)
                 return DDO_EXIT_USAGE;
-            }
             i++;
         } else {
             fprintf(stderr, "ddo synth: unknown or incomplete argument '%s'\n", a);

@@ -243,7 +243,8 @@ static void throttle(const ref_host_cpu *c, uint64_t t0, uint64_t flops)
 {
     if (c->cfg.cpu_flops_per_s <= 0 || flops == 0)
         return;
-    uint64_t want = (uint64_t)((double)flops / c->cfg.cpu_flops_per_s * 1e9);
+    double t = (double)flops / c->cfg.cpu_flops_per_s * 1e9;
+    uint64_t want = t < 9.0e18 ? (uint64_t)t : UINT64_C(9000000000000000000); /* no overflow */
     uint64_t spent = tool_now_ns() - t0;
     if (spent < want)
         sleep_ns(want - spent);

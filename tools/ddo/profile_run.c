@@ -3,6 +3,9 @@
  */
 #include "profile_run.h"
 
+#include "cleanup.h"
+#include "tool.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,37 +28,40 @@ int tool_profile_prepare(tool_profile *tp, ddo_config *cfg, const ddo_checkpoint
     }
     tp->active = true;
     tp->calibrating = build;
-    snprintf(tp->name, sizeof(tp->name), "%s", name);
+    tool_quote(name, tp->name, sizeof(tp->name)); /* for messages: one line, escaped */
     const char *explicit_dir = NULL;
     ddo_config_get(cfg, "profile_dir", &explicit_dir);
     int rc = ddo_profile_dir(explicit_dir, getenv("DDO_PROFILE_DIR"), getenv("HOME"), &tp->dir);
     if (rc == 0)
         rc = ddo_profile_workload_context(name, ck, &tp->context);
+    /* A calibration saves at its end: an unwritable directory is refused before the run. */
+    if (rc == 0 && build)
+        rc = ddo_profile_check_writable(tp->dir);
     if (rc == 0)
         rc = ddo_profile_apply(cfg, tp->dir, tp->context, &tp->status, &tp->budget_gb,
                                &tp->measured);
     if (rc != 0) {
-        fprintf(stderr, "ddo run: profile '%s': %s\n", name, ddo_last_error());
+        fprintf(stderr, "ddo run: profile '%s': %s\n", tp->name, ddo_last_error());
         return rc;
     }
     switch (tp->status) {
     case DDO_PROFILE_CALIBRATING:
         printf("profile '%s': calibrating: zero resident weights, the peak is measured and the "
                "next run's budget saved in %s\n",
-               name, tp->dir);
+               tp->name, tp->dir);
         break;
     case DDO_PROFILE_MANUAL:
         printf("profile '%s': a manual resident_module_budget_gb of %.4f GiB wins over the "
                "profile\n",
-               name, tp->budget_gb);
+               tp->name, tp->budget_gb);
         break;
     case DDO_PROFILE_MISSING:
         printf("profile '%s': no usable recommendation in %s (%s); calibrate with "
                "`ddo profile build %s PATH`\n",
-               name, tp->dir, ddo_last_error()[0] ? ddo_last_error() : "none saved", name);
+               tp->name, tp->dir, ddo_last_error(), tp->name);
         break;
     case DDO_PROFILE_APPLIED:
-        printf("profile '%s': resident budget %.4f GiB from the last calibration", name,
+        printf("profile '%s': resident budget %.4f GiB from the last calibration", tp->name,
                tp->budget_gb);
         if (tp->measured.bus_bytes_per_s > 0)
             printf("; measured bus %.2f GB/s", tp->measured.bus_bytes_per_s / 1e9);
@@ -104,7 +110,11 @@ int tool_profile_finish(tool_profile *tp, const ddo_config *cfg, const tool_prof
         n += snprintf(rec + n, sizeof(rec) - (size_t)n, ",\"flops_per_s\":%.6g", r->flops_per_s);
     snprintf(rec + n, sizeof(rec) - (size_t)n, "}");
     char *path = NULL;
+    /* SIGINT/SIGTERM/SIGHUP wait until the profile is replaced (and its lock released). */
+    tool_sigmask mask;
+    tool_signals_defer(&mask);
     int rc = ddo_profile_record(tp->dir, tp->context, obs, rec, &path);
+    tool_signals_resume(&mask);
     if (rc != 0) {
         fprintf(stderr, "ddo run: profile '%s': %s\n", tp->name, ddo_last_error());
         return rc;

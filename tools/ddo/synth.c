@@ -6,6 +6,8 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "synth.h"
+
+#include "cleanup.h"
 #include "tool.h"
 
 #include "ddo.h"
@@ -173,8 +175,9 @@ int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, 
     if (root == NULL)
         return tool_fail(err, err_len, DDO_E_FORMAT, "%s: line %d: %s", layout_path, jerr.line,
                          jerr.text);
-    int rc = 0, fd = -1;
+    int rc = 0, fd = -1, tmp_slot = -1;
     bool created = false;
+    char tmp_path[4200];
     uint8_t *buf = NULL;
     char *header = NULL;
     lt *ts = NULL;
@@ -263,12 +266,21 @@ int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, 
         rc = tool_fail(err, err_len, DDO_E_NO_MEMORY, "synth: out of memory");
         goto out;
     }
-    fd = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    /* The bytes go to a temporary name beside out_path, renamed over it at the end: an
+     * interrupted synth leaves an existing out_path intact (and a signal removes the
+     * temporary file, see cleanup.h). */
+    if (snprintf(tmp_path, sizeof tmp_path, "%s.%ld.tmp", out_path, (long)getpid()) >=
+        (int)sizeof tmp_path) {
+        rc = tool_fail(err, err_len, DDO_E_INVALID_ARGUMENT, "%s: path too long", out_path);
+        goto out;
+    }
+    fd = open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) {
-        rc = tool_fail(err, err_len, DDO_E_IO, "%s: %s", out_path, strerror(errno));
+        rc = tool_fail(err, err_len, DDO_E_IO, "%s: %s", tmp_path, strerror(errno));
         goto out;
     }
     created = true;
+    tmp_slot = tool_cleanup_add(tmp_path, false);
     uint64_t hl = padded;
     for (int i = 0; i < 8; i++)
         buf[i] = (uint8_t)(hl >> (8 * i));
@@ -321,6 +333,12 @@ int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, 
         goto io_fail;
     }
     fd = -1;
+    if (rename(tmp_path, out_path) != 0) {
+        rc = tool_fail(err, err_len, DDO_E_IO, "%s: rename from %s: %s", out_path, tmp_path,
+                       strerror(errno));
+        goto out;
+    }
+    created = false;
     if (bytes_written != NULL)
         *bytes_written = 8 + padded + off;
     goto out;
@@ -329,8 +347,9 @@ io_fail:
 out:
     if (fd >= 0)
         close(fd);
-    if (rc != 0 && created)
-        unlink(out_path);
+    if (created)
+        unlink(tmp_path);
+    tool_cleanup_forget(tmp_slot);
     free(buf);
     free(header);
     free(ts);

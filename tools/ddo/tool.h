@@ -36,10 +36,35 @@ int ddo_tool_running_on_wsl(void);
 #include <stdint.h>
 /* Monotonic clock, ns. */
 uint64_t tool_now_ns(void);
-/* A whole non-negative decimal number; -1 when s is not one. */
+/* A whole non-negative decimal number (digits only); -1 when s is not one. */
 int tool_parse_u64(const char *s, uint64_t *out);
-/* A finite number >= 0; -1 when s is not one. */
+/* A finite decimal number >= 0 (no spaces, hex, inf or nan); -1 when s is not one. */
 int tool_parse_double(const char *s, double *out);
+/*
+ * The one check of the tool's numeric flags, before any cast: text must be a decimal number
+ * (tool_flag_real: finite, sign/point/exponent allowed; tool_flag_count: digits only) within
+ * [lo, hi]. Otherwise prints `ddo CMD: FLAG "TEXT": expected ... from LO to HI` (one line, the
+ * value escaped) and returns -1 (a usage error).
+ */
+int tool_flag_real(const char *cmd, const char *flag, const char *text, double lo, double hi,
+                   double *out);
+int tool_flag_count(const char *cmd, const char *flag, const char *text, uint64_t lo, uint64_t hi,
+                    uint64_t *out);
+/* The largest values the tool's flags take: 1 PiB of memory, 1 PB/s, 1 EFLOP/s. */
+#define TOOL_MAX_MEMORY_GB 1048576.0
+#define TOOL_MAX_GBPS      1e6
+#define TOOL_MAX_GFLOPS    1e9
+/* A throttle rate: 0 (off) or a number from 0.001 to hi (a smaller rate would stall forever). */
+int tool_flag_rate(const char *cmd, const char *flag, const char *text, double hi, double *out);
+/* The cpu device's flags --cpu-gbps, --cpu-gflops and --cpu-memory-gb into o: 0, -1 after
+ * printing the error, 1 when flag is none of them. */
+int tool_device_flag(const char *cmd, const char *flag, const char *text, ddo_device_options *o);
+/* Opens path for appending (created when missing) and closes it again, so an output file
+ * that cannot be written is reported before a run instead of after it. 0, or -1 after
+ * printing `ddo CMD: FLAG "PATH": cannot write: REASON`. */
+int tool_check_output_file(const char *cmd, const char *flag, const char *path);
+/* s escaped for a one-line message (\n, \x1b, \", cut with "..." to fit len); returns buf. */
+const char *tool_quote(const char *s, char *buf, size_t len);
 /* A numeric metric of a snapshot, 0 when absent. */
 double tool_metric(const ddo_metrics *m, const char *name);
 /* Available host RAM (MemAvailable), bytes; 0 when unknown. */

@@ -6,12 +6,16 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <math.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/utsname.h>
 #include <time.h>
+#include <unistd.h>
 
 int ddo_tool_running_on_wsl(void)
 {
@@ -33,14 +37,42 @@ uint64_t tool_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* Decimal digits with an optional sign, point and exponent, nothing else: strtod alone also
+ * takes leading spaces, hexadecimal (0x10), inf and nan. */
+static bool decimal_syntax(const char *s, bool integer)
+{
+    const char *p = s;
+    if (!integer && (*p == '+' || *p == '-'))
+        p++;
+    size_t digits = 0;
+    while (isdigit((unsigned char)*p))
+        p++, digits++;
+    if (!integer && *p == '.') {
+        p++;
+        while (isdigit((unsigned char)*p))
+            p++, digits++;
+    }
+    if (digits == 0)
+        return false;
+    if (!integer && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (*p == '+' || *p == '-')
+            p++;
+        if (!isdigit((unsigned char)*p))
+            return false;
+        while (isdigit((unsigned char)*p))
+            p++;
+    }
+    return *p == '\0';
+}
+
 int tool_parse_u64(const char *s, uint64_t *out)
 {
-    if (s == NULL || *s == '\0' || s[0] == '-')
+    if (s == NULL || !decimal_syntax(s, true))
         return -1;
-    char *end;
     errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno != 0 || *end != '\0')
+    unsigned long long v = strtoull(s, NULL, 10);
+    if (errno != 0)
         return -1;
     *out = (uint64_t)v;
     return 0;
@@ -48,14 +80,151 @@ int tool_parse_u64(const char *s, uint64_t *out)
 
 int tool_parse_double(const char *s, double *out)
 {
-    if (s == NULL || *s == '\0')
+    if (s == NULL || !decimal_syntax(s, false))
         return -1;
-    char *end;
     errno = 0;
-    double v = strtod(s, &end);
-    if (errno != 0 || *end != '\0' || !(v >= 0))
+    double v = strtod(s, NULL);
+    if (errno != 0 || !isfinite(v) || !(v >= 0))
         return -1;
     *out = v;
+    return 0;
+}
+
+const char *tool_quote(const char *s, char *buf, size_t len)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    if (len == 0)
+        return buf;
+    for (const unsigned char *p = (const unsigned char *)(s != NULL ? s : ""); *p != '\0'; p++) {
+        char e[5] = { (char)*p, 0, 0, 0, 0 };
+        if (*p == '\n' || *p == '\t' || *p == '\r' || *p == '"' || *p == '\\') {
+            e[0] = '\\';
+            e[1] = *p == '\n' ? 'n' : *p == '\t' ? 't' : *p == '\r' ? 'r' : (char)*p;
+        } else if (*p < 0x20 || *p == 0x7f) {
+            e[0] = '\\';
+            e[1] = 'x';
+            e[2] = hex[*p >> 4];
+            e[3] = hex[*p & 15];
+        }
+        size_t n = strlen(e);
+        if (o + n + 4 > len && p[1] != '\0') { /* keep room for "..." */
+            if (o + 4 <= len)
+                memcpy(buf + o, "...", 3), o += 3;
+            break;
+        }
+        if (o + n + 1 > len)
+            break;
+        memcpy(buf + o, e, n);
+        o += n;
+    }
+    buf[o] = '\0';
+    return buf;
+}
+
+/* The text of a range bound: whole numbers without a point, others shortest round-trip. */
+static void bound_text(double v, char *buf, size_t len)
+{
+    if (v == floor(v) && fabs(v) < 1e15) {
+        snprintf(buf, len, "%.0f", v);
+        return;
+    }
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, len, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v)
+            return;
+    }
+}
+
+int tool_flag_real(const char *cmd, const char *flag, const char *text, double lo, double hi,
+                   double *out)
+{
+    char q[160], a[40], b[40];
+    bound_text(lo, a, sizeof a);
+    bound_text(hi, b, sizeof b);
+    double v = 0;
+    if (text == NULL) {
+        fprintf(stderr, "ddo %s: %s needs a value (a number from %s to %s)\n", cmd, flag, a, b);
+        return -1;
+    }
+    bool number = decimal_syntax(text, false);
+    if (number) {
+        errno = 0;
+        v = strtod(text, NULL);
+        number = errno == 0 && isfinite(v);
+    }
+    if (!number || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "ddo %s: %s \"%s\": expected a %snumber from %s to %s\n", cmd, flag,
+                tool_quote(text, q, sizeof q), number ? "" : "decimal ", a, b);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int tool_flag_count(const char *cmd, const char *flag, const char *text, uint64_t lo, uint64_t hi,
+                    uint64_t *out)
+{
+    char q[160];
+    uint64_t v = 0;
+    if (text == NULL || tool_parse_u64(text, &v) != 0 || v < lo || v > hi) {
+        fprintf(stderr, "ddo %s: %s \"%s\": expected a whole number from %llu to %llu\n", cmd, flag,
+                tool_quote(text, q, sizeof q), (unsigned long long)lo, (unsigned long long)hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int tool_flag_rate(const char *cmd, const char *flag, const char *text, double hi, double *out)
+{
+    double v = 0;
+    if (tool_flag_real(cmd, flag, text, 0.0, hi, &v) != 0)
+        return -1;
+    if (v > 0.0 && v < 1e-3) {
+        char q[160], b[40];
+        bound_text(hi, b, sizeof b);
+        fprintf(stderr,
+                "ddo %s: %s \"%s\": expected 0 (unthrottled) or a number from 0.001 to %s\n", cmd,
+                flag, tool_quote(text, q, sizeof q), b);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int tool_device_flag(const char *cmd, const char *flag, const char *text, ddo_device_options *o)
+{
+    double v = 0;
+    if (strcmp(flag, "--cpu-gbps") == 0) {
+        if (tool_flag_rate(cmd, flag, text, TOOL_MAX_GBPS, &v) != 0)
+            return -1;
+        o->cpu_bytes_per_s = v * 1e9;
+    } else if (strcmp(flag, "--cpu-gflops") == 0) {
+        if (tool_flag_rate(cmd, flag, text, TOOL_MAX_GFLOPS, &v) != 0)
+            return -1;
+        o->cpu_flops_per_s = v * 1e9;
+    } else if (strcmp(flag, "--cpu-memory-gb") == 0) {
+        if (tool_flag_real(cmd, flag, text, 0.0, TOOL_MAX_MEMORY_GB, &v) != 0)
+            return -1;
+        o->cpu_memory_bytes = (uint64_t)(v * 1073741824.0);
+    } else {
+        return 1;
+    }
+    return 0;
+}
+
+int tool_check_output_file(const char *cmd, const char *flag, const char *path)
+{
+    char q[512];
+    /* O_NONBLOCK: a FIFO without a reader is an error here, not a hang. */
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
+    if (fd < 0) {
+        fprintf(stderr, "ddo %s: %s \"%s\": cannot write: %s (checked before the run)\n", cmd, flag,
+                tool_quote(path, q, sizeof q), strerror(errno));
+        return -1;
+    }
+    close(fd);
     return 0;
 }
 

@@ -1,0 +1,284 @@
+/*
+ * fs.c - the library's own small files on POSIX systems: bounded reads (open non-blocking,
+ * fstat, refuse what is not a regular file or is too large), atomic replacement (Linux:
+ * O_TMPFILE + linkat, so an interrupted write leaves no name behind; elsewhere a named
+ * temporary file), single-write appends and flock locks.
+ */
+#if defined(__linux__)
+#    define _GNU_SOURCE
+#else
+#    define _POSIX_C_SOURCE 200809L
+#    define _DEFAULT_SOURCE
+#endif
+#include "fs.h"
+
+#include "file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *ddo__os_fs_strerror(int e)
+{
+    switch (e) {
+    case DDO__OS_TOO_LARGE:
+        return "larger than the limit";
+    case DDO__OS_LOCK_TIMEOUT:
+        return "locked by another process for too long";
+    default:
+        return ddo__os_file_strerror(e);
+    }
+}
+
+int ddo__os_read_small_file(const char *path, size_t max_bytes, char **data, size_t *len)
+{
+    int fd = -1;
+    int e = ddo__os_file_open(path, &fd);
+    if (e != 0)
+        return e;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        e = errno;
+        ddo__os_file_close(fd);
+        return e;
+    }
+    if (st.st_size < 0 || (uint64_t)st.st_size > (uint64_t)max_bytes) {
+        ddo__os_file_close(fd);
+        return DDO__OS_TOO_LARGE;
+    }
+    /* Read one byte past the limit: a file that grows while it is read is refused too. */
+    size_t cap = (size_t)st.st_size + 2, n = 0;
+    char *buf = malloc(cap);
+    if (buf == NULL) {
+        ddo__os_file_close(fd);
+        return ENOMEM;
+    }
+    for (;;) {
+        if (n + 1 >= cap) {
+            size_t ncap = cap * 2 > max_bytes + 2 ? max_bytes + 2 : cap * 2;
+            if (n + 1 >= ncap) {
+                e = DDO__OS_TOO_LARGE;
+                break;
+            }
+            char *nb = realloc(buf, ncap);
+            if (nb == NULL) {
+                e = ENOMEM;
+                break;
+            }
+            buf = nb;
+            cap = ncap;
+        }
+        ssize_t r = read(fd, buf + n, cap - 1 - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            e = errno;
+            break;
+        }
+        if (r == 0)
+            break;
+        n += (size_t)r;
+        if (n > max_bytes) {
+            e = DDO__OS_TOO_LARGE;
+            break;
+        }
+    }
+    ddo__os_file_close(fd);
+    if (e != 0) {
+        free(buf);
+        return e;
+    }
+    buf[n] = '\0';
+    *data = buf;
+    *len = n;
+    return 0;
+}
+
+static int write_all(int fd, const void *data, size_t len)
+{
+    const char *p = data;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return n < 0 ? errno : EIO;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static uint64_t random_tag(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t r = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ ((uint64_t)getpid() << 40);
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        uint64_t x = 0;
+        if (read(fd, &x, sizeof(x)) == (ssize_t)sizeof(x))
+            r ^= x;
+        close(fd);
+    }
+    return r;
+}
+
+/* "<path>.<16 hex>.tmp" into buf; ENAMETOOLONG when it does not fit. */
+static int temp_name(const char *path, char *buf, size_t len)
+{
+    int n = snprintf(buf, len, "%s.%016llx.tmp", path, (unsigned long long)random_tag());
+    return n < 0 || (size_t)n >= len ? ENAMETOOLONG : 0;
+}
+
+/* The portable way: a named temporary file, removed again on any failure. */
+static int write_named(const char *path, const void *data, size_t len, bool stop)
+{
+    char tmp[4200];
+    int e = temp_name(path, tmp, sizeof(tmp));
+    if (e != 0)
+        return e;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0)
+        return errno;
+    e = write_all(fd, data, len);
+    if (e == 0 && fsync(fd) != 0)
+        e = errno;
+    if (close(fd) != 0 && e == 0)
+        e = errno;
+    if (e == 0 && stop)
+        return EINTR; /* the test hook: the temporary file stays, as after a crash */
+    if (e == 0 && rename(tmp, path) != 0)
+        e = errno;
+    if (e != 0)
+        unlink(tmp);
+    return e;
+}
+
+#if defined(__linux__) && defined(O_TMPFILE)
+/* O_TMPFILE: the file has no name until linkat gives it one right before the rename. */
+static int write_unnamed(const char *path, const void *data, size_t len, bool stop)
+{
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (slash == NULL)
+        snprintf(dir, sizeof(dir), ".");
+    else if (slash == path)
+        snprintf(dir, sizeof(dir), "/");
+    else if ((size_t)(slash - path) < sizeof(dir))
+        snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path);
+    else
+        return ENAMETOOLONG;
+    int fd = open(dir, O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -errno; /* negative: fall back to a named file */
+    int e = write_all(fd, data, len);
+    if (e == 0 && fsync(fd) != 0)
+        e = errno;
+    if (e == 0 && stop)
+        e = EINTR;
+    char tmp[4200], proc[64];
+    if (e == 0)
+        e = temp_name(path, tmp, sizeof(tmp));
+    if (e == 0) {
+        snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+        if (linkat(AT_FDCWD, proc, AT_FDCWD, tmp, AT_SYMLINK_FOLLOW) != 0)
+            e = -errno;
+    }
+    close(fd);
+    if (e == 0 && rename(tmp, path) != 0) {
+        e = errno;
+        unlink(tmp);
+    }
+    return e;
+}
+#endif
+
+int ddo__os_write_atomic(const char *path, const void *data, size_t len, bool stop_before_rename)
+{
+#if defined(__linux__) && defined(O_TMPFILE)
+    int e = write_unnamed(path, data, len, stop_before_rename);
+    if (e >= 0)
+        return e;
+        /* The file system has no O_TMPFILE (or /proc is missing): the portable way. */
+#endif
+    return write_named(path, data, len, stop_before_rename);
+}
+
+int ddo__os_append(const char *path, const void *data, size_t len, bool *opened)
+{
+    *opened = false;
+    int fd;
+    do {
+        fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0)
+        return errno;
+    *opened = true;
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0)
+        (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    int e = write_all(fd, data, len);
+    if (close(fd) != 0 && e == 0)
+        e = errno;
+    return e;
+}
+
+int ddo__os_lock_file(const char *path, unsigned timeout_ms, int *fd)
+{
+    int f;
+    do {
+        f = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW, 0644);
+    } while (f < 0 && errno == EINTR);
+    if (f < 0)
+        return errno;
+    struct stat st;
+    if (fstat(f, &st) != 0) {
+        int e = errno;
+        close(f);
+        return e;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(f);
+        return DDO__OS_NOT_REGULAR;
+    }
+    /* Poll: a holder that never lets go is reported instead of waited on forever. */
+    for (unsigned waited = 0;; waited += 5) {
+        if (flock(f, LOCK_EX | LOCK_NB) == 0)
+            break;
+        int e = errno;
+        if ((e != EWOULDBLOCK && e != EINTR) || waited >= timeout_ms) {
+            close(f);
+            return e == EWOULDBLOCK ? DDO__OS_LOCK_TIMEOUT : e;
+        }
+        struct timespec ts = { 0, 5 * 1000 * 1000 };
+        nanosleep(&ts, NULL);
+    }
+    *fd = f;
+    return 0;
+}
+
+void ddo__os_unlock_file(int fd)
+{
+    if (fd >= 0)
+        close(fd); /* closing the last descriptor releases the flock */
+}
+
+int ddo__os_dir_writable(const char *dir)
+{
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return errno;
+    if (!S_ISDIR(st.st_mode))
+        return ENOTDIR;
+    if (access(dir, W_OK | X_OK) != 0)
+        return errno;
+    return 0;
+}
