@@ -773,10 +773,6 @@ static void run_copy(cpu_stream *s, const cpu_op *op, double bytes_per_s, uint64
     sleep_until(s->clock_ns);
 }
 
-static void *worker(void *arg)
-{
-    cpu_stream *s = arg;
-    cpu_dev *d = s->d;
 /* Runs one op of s (lock held; dropped around copies and host functions). */
 static void run_op(cpu_dev *d, cpu_stream *s, cpu_op *op)
 {
@@ -817,6 +813,10 @@ static void run_op(cpu_dev *d, cpu_stream *s, cpu_op *op)
     pthread_cond_broadcast(&d->progress);
 }
 
+static void *worker(void *arg)
+{
+    cpu_stream *s = arg;
+    cpu_dev *d = s->d;
     pthread_mutex_lock(&d->lock);
     for (;;) {
         while (s->head == NULL && !s->stop)
@@ -847,15 +847,15 @@ static bool event_known(cpu_dev *d, void *event)
  * runs at once, on the caller's thread: a wait blocks it, a record marks its event done. */
 static void enqueue(cpu_stream *s, cpu_op *op)
 {
-    op->next = NULL;
-    if (s->tail)
-        s->tail->next = op;
-    else
     s->enqueued++;
     if (s->host_thread) {
         run_op(s->d, s, op);
         return;
     }
+    op->next = NULL;
+    if (s->tail)
+        s->tail->next = op;
+    else
         s->head = op;
     s->tail = op;
     pthread_cond_signal(&s->work);
@@ -900,10 +900,6 @@ static int cpu_stream_create(void *st, int priority, void **stream, ddo__errbuf 
     return 0;
 }
 
-static int cpu_stream_destroy(void *st, void *stream, ddo__errbuf *eb)
-{
-    cpu_dev *d = st;
-    cpu_stream *s = stream;
 /* The calling thread as a stream: ops queued on it run at once on the caller's thread. */
 static int cpu_stream_wrap(void *st, void *native, void **stream, ddo__errbuf *eb)
 {
@@ -937,6 +933,10 @@ static int cpu_stream_unwrap(void *st, void *stream, ddo__errbuf *eb)
     return cpu_stream_destroy(st, stream, eb);
 }
 
+static int cpu_stream_destroy(void *st, void *stream, ddo__errbuf *eb)
+{
+    cpu_dev *d = st;
+    cpu_stream *s = stream;
     pthread_mutex_lock(&d->lock);
     if (!stream_known(d, stream)) {
         pthread_mutex_unlock(&d->lock);
@@ -1262,8 +1262,8 @@ const ddo__device_ops ddo__device_cpu_ops = {
     .event_query = cpu_event_query,
     .event_synchronize = cpu_event_synchronize,
     .stream_wait_event = cpu_stream_wait_event,
+    .stream_wrap = cpu_stream_wrap,
+    .stream_unwrap = cpu_stream_unwrap,
     .host_fn = cpu_host_fn,
     .codec_decode = cpu_codec_decode,
 };
-    .stream_wrap = cpu_stream_wrap,
-    .stream_unwrap = cpu_stream_unwrap,
