@@ -751,6 +751,45 @@ static uint64_t bytes_of(const ddo_plan *p, bool retained_only, bool registered_
     return s;
 }
 
+/* Host-memory tensors of registered units are registered in place, page by page (the
+ * retained store never copies them): the pages they may touch, rounded to
+ * DDO_HOST_PAGE_BOUND at both ends, are what the registered account takes for them. Sums, over
+ * the streamed host tensors of the registered units (all streamed units with all_units), their
+ * bytes and the pages they may touch. */
+static void host_registered(const builder *b, bool all_units, uint64_t *bytes, uint64_t *pages)
+{
+    const ddo_plan *p = b->p;
+    *bytes = 0;
+    *pages = 0;
+    for (size_t u = 0; u < p->unit_count; u++) {
+        const ddo__plan_unit *un = &p->units[u];
+        if (un->resident || !(un->registered || all_units))
+            continue;
+        for (size_t k = 0; k < un->tensor_count; k++) {
+            size_t t = p->unit_tensors[un->first_tensor + k];
+            const ddo_tensor_info *ti = b->ti[t];
+            if (ti->file_index != UINT32_MAX || ti->host_data == NULL || ti->nbytes == 0 ||
+                p->tensors[t].loc.placement != DDO_PLACEMENT_STREAMED)
+                continue;
+            *bytes = sat_add(*bytes, ti->nbytes);
+            *pages = sat_add(*pages, ddo__round_up(ti->nbytes, DDO_HOST_PAGE_BOUND) +
+                                         DDO_HOST_PAGE_BOUND);
+        }
+    }
+}
+
+/* True for a checkpoint of a caller's host tensors (one built for planning only, without
+ * data, plans as the files it stands for). */
+static bool holds_host_data(const builder *b)
+{
+    if (ddo_checkpoint_file_count(b->ck) > 0)
+        return false;
+    for (size_t t = 0; t < b->n; t++)
+        if (b->ti[t]->host_data != NULL)
+            return true;
+    return false;
+}
+
 /* Retained store, registration and staging for the route. */
 static int host_side(builder *b, uint64_t available, const ddo__pin_resolution *pin,
                      bool pin_skipped)
@@ -801,45 +840,6 @@ static int host_side(builder *b, uint64_t available, const ddo__pin_resolution *
         if (retain_limit == 0) {
             retain = false;
             ddo__decisions_set_str(d, "retained_store", "insufficient_ram");
-/* Host-memory tensors of registered units are registered in place, page by page (the
- * retained store never copies them): the pages they may touch, rounded to
- * DDO_HOST_PAGE_BOUND at both ends, are what the registered account takes for them. Sums, over
- * the streamed host tensors of the registered units (all streamed units with all_units), their
- * bytes and the pages they may touch. */
-static void host_registered(const builder *b, bool all_units, uint64_t *bytes, uint64_t *pages)
-{
-    const ddo_plan *p = b->p;
-    *bytes = 0;
-    *pages = 0;
-    for (size_t u = 0; u < p->unit_count; u++) {
-        const ddo__plan_unit *un = &p->units[u];
-        if (un->resident || !(un->registered || all_units))
-            continue;
-        for (size_t k = 0; k < un->tensor_count; k++) {
-            size_t t = p->unit_tensors[un->first_tensor + k];
-            const ddo_tensor_info *ti = b->ti[t];
-            if (ti->file_index != UINT32_MAX || ti->host_data == NULL || ti->nbytes == 0 ||
-                p->tensors[t].loc.placement != DDO_PLACEMENT_STREAMED)
-                continue;
-            *bytes = sat_add(*bytes, ti->nbytes);
-            *pages = sat_add(*pages, ddo__round_up(ti->nbytes, DDO_HOST_PAGE_BOUND) +
-                                         DDO_HOST_PAGE_BOUND);
-        }
-    }
-}
-
-/* True for a checkpoint of a caller's host tensors (one built for planning only, without
- * data, plans as the files it stands for). */
-static bool holds_host_data(const builder *b)
-{
-    if (ddo_checkpoint_file_count(b->ck) > 0)
-        return false;
-    for (size_t t = 0; t < b->n; t++)
-        if (b->ti[t]->host_data != NULL)
-            return true;
-    return false;
-}
-
         }
     }
     bool host_memory = holds_host_data(b);
@@ -924,6 +924,7 @@ static bool holds_host_data(const builder *b)
     bg->registered_peak = ddo__round_up(bytes_of(p, false, true) - host_bytes, DDO_SEGMENT_BYTES);
     if (bg->registered_peak > bg->retained_peak)
         bg->registered_peak = bg->retained_peak;
+    bg->registered_peak = sat_add(bg->registered_peak, host_pages);
 
     /* Staging: whatever streams and is not registered travels through pinned windows. */
     bool staging_needed = false;
