@@ -102,6 +102,40 @@ rejected "$TMP" \
 run inspect "$ST/invalid/unpadded_header.safetensors"
 expect_rc 0 "unpadded_header"
 
+# ---- hostile files (issue 14) ----
+# mk_st FILE HEADER NDATA: a safetensors file with HEADER (under 64 KiB) and NDATA zero bytes
+mk_st() {
+    local len=${#2}
+    {
+        printf "$(printf '\\x%02x\\x%02x' $((len & 255)) $((len >> 8 & 255)))"
+        printf '\0\0\0\0\0\0%s' "$2"
+        head -c "$3" /dev/zero
+    } >"$1"
+}
+# special files are refused at once (timeout: a blocking open would hang here)
+mkfifo "$TMP/fifo.safetensors" "$TMP/fifo.safetensors.index.json"
+for f in "$TMP/fifo.safetensors" "$TMP/fifo.safetensors.index.json" /dev/zero; do
+    timeout 20 "$DDO_BIN" inspect "$f" >"$TMP/out" 2>"$TMP/err"
+    rc=$?
+    expect_rc 1 "$f"
+    expect_line "$TMP/err" "^ddo inspect: .*: not a regular file \\(a FIFO, socket or device\\)\$" "$f refused"
+done
+# a name with a newline and a terminal escape: escaped in the table and in messages
+mk_st "$TMP/esc.safetensors" '{"a\nb\u001b[31m":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"q":{"dtype":"F4","shape":[4],"data_offsets":[2,4]}}' 4
+run inspect "$TMP/esc.safetensors"
+expect_rc 0 "escaped name"
+expect_line "$TMP/out" '^a\\nb\\x1b\[31m +U8 +\[2\] +2$' "escaped name row"
+expect_line "$TMP/out" '^q +F4 +\[4\] +2$' "F4 row (4 bits per element)"
+grep -q "$(printf '\033')" "$TMP/out" && fail "an escape byte reached stdout" || ok
+mk_st "$TMP/esc2.safetensors" '{"a\nb\u001b[31m":{"dtype":"U8","shape":[-0],"data_offsets":[0,0]}}' 0
+rejected "$TMP/esc2.safetensors" \
+    'ddo inspect: esc2.safetensors: tensor "a\nb\x1b[31m": shape [-0.0]: dimension 0 is a real number, not a non-negative integer'
+deep=$(printf '%.0s[' $(seq 126))$(printf '%.0s]' $(seq 126))
+mk_st "$TMP/deep.safetensors" '{"w":{"dtype":"U8","shape":[0],"data_offsets":[0,0],"x":'"$deep"'}}' 0
+run inspect "$TMP/deep.safetensors"
+expect_rc 1 "128 levels of nesting"
+expect_line "$TMP/err" 'nests arrays and objects more than 127 deep' "nesting limit named"
+
 # ---- usage errors: exit 2, nothing on stdout ----
 usage_error() { # CONTEXT ARGS...
     local ctx=$1

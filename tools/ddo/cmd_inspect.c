@@ -20,6 +20,53 @@ static void usage(FILE *out)
                  "  --json  print the checkpoint as JSON (see docs/inspect.md)\n");
 }
 
+/* One escaped character of s at *p (advanced): newline, tab, CR, backslash as \n \t \r \\,
+ * other C0 controls, DEL and C1 controls (UTF-8 C2 80..C2 9F) as \xNN / \u00NN, so that no
+ * name reaches the terminal raw. Returns the bytes written to out (at most 7). */
+static size_t esc_char(const unsigned char **p, char out[8])
+{
+    unsigned char c = **p;
+    (*p)++;
+    if (c == '\n' || c == '\t' || c == '\r' || c == '\\') {
+        out[0] = '\\';
+        out[1] = c == '\n' ? 'n' : c == '\t' ? 't' : c == '\r' ? 'r' : '\\';
+        return 2;
+    }
+    if (c < 0x20 || c == 0x7f)
+        return (size_t)snprintf(out, 8, "\\x%02x", c);
+    if (c == 0xc2 && **p >= 0x80 && **p <= 0x9f) {
+        unsigned char d = **p;
+        (*p)++;
+        return (size_t)snprintf(out, 8, "\\u%04x", d);
+    }
+    out[0] = (char)c;
+    return 1;
+}
+
+/* The escaped length of s. */
+static size_t esc_len(const char *s)
+{
+    size_t n = 0;
+    char tmp[8];
+    for (const unsigned char *p = (const unsigned char *)s; *p != '\0';)
+        n += esc_char(&p, tmp);
+    return n;
+}
+
+/* Prints s escaped, padded with spaces to width. */
+static void put_esc(const char *s, int width)
+{
+    size_t n = 0;
+    char tmp[8];
+    for (const unsigned char *p = (const unsigned char *)s; *p != '\0';) {
+        size_t k = esc_char(&p, tmp);
+        fwrite(tmp, 1, k, stdout);
+        n += k;
+    }
+    for (; (int)n < width; n++)
+        putchar(' ');
+}
+
 /* "[4, 3, 3, 3]" */
 static void format_shape(char *buf, size_t len, const ddo_tensor_info *t)
 {
@@ -58,23 +105,30 @@ static void print_human(const ddo_checkpoint *ck, const char *path)
     size_t nf = ddo_checkpoint_file_count(ck);
     char size_text[32];
     format_size(size_text, sizeof(size_text), ddo_checkpoint_total_bytes(ck));
-    printf("%s: %zu tensor%s, %" PRIu64 " bytes (%s) in %zu file%s\n", path, nt, nt == 1 ? "" : "s",
+    put_esc(path, 0);
+    printf(": %zu tensor%s, %" PRIu64 " bytes (%s) in %zu file%s\n", nt, nt == 1 ? "" : "s",
            ddo_checkpoint_total_bytes(ck), size_text, nf, nf == 1 ? "" : "s");
     for (size_t i = 0; i < nf; i++) {
         const ddo_file_info *f = ddo_checkpoint_file(ck, i);
-        printf("  file %zu: %s (%" PRIu64 " bytes, header %" PRIu64 " bytes)\n", i, f->path,
-               f->size, f->header_bytes);
+        printf("  file %zu: ", i);
+        put_esc(f->path, 0);
+        printf(" (%" PRIu64 " bytes, header %" PRIu64 " bytes)\n", f->size, f->header_bytes);
     }
     size_t nm = ddo_checkpoint_metadata_count(ck);
     for (size_t i = 0; i < nm; i++) {
         const char *k, *v;
-        if (ddo_checkpoint_metadata(ck, i, &k, &v) == 0)
-            printf("  metadata: %s = %s\n", k, v);
+        if (ddo_checkpoint_metadata(ck, i, &k, &v) == 0) {
+            printf("  metadata: ");
+            put_esc(k, 0);
+            printf(" = ");
+            put_esc(v, 0);
+            printf("\n");
+        }
     }
 
     int name_w = 4;
     for (size_t i = 0; i < nt; i++) {
-        size_t n = strlen(ddo_checkpoint_tensor(ck, i)->name);
+        size_t n = esc_len(ddo_checkpoint_tensor(ck, i)->name);
         if (n > (size_t)name_w)
             name_w = n > NAME_COLUMN_MAX ? NAME_COLUMN_MAX : (int)n;
     }
@@ -85,8 +139,8 @@ static void print_human(const ddo_checkpoint *ck, const char *path)
         const ddo_tensor_info *t = ddo_checkpoint_tensor(ck, i);
         char shape[256];
         format_shape(shape, sizeof(shape), t);
-        printf("%-*s  %-7s  %-20s  %12" PRIu64 "\n", name_w, t->name, ddo_dtype_name(t->dtype),
-               shape, t->nbytes);
+        put_esc(t->name, name_w);
+        printf("  %-7s  %-20s  %12" PRIu64 "\n", ddo_dtype_name(t->dtype), shape, t->nbytes);
         dtype_bytes[t->dtype] += t->nbytes;
         dtype_count[t->dtype]++;
     }
@@ -105,15 +159,16 @@ static void print_human(const ddo_checkpoint *ck, const char *path)
     }
     int prefix_w = 6;
     for (size_t i = 0; i < ng; i++) {
-        size_t n = strlen(ddo_checkpoint_block_group(ck, i)->prefix);
+        size_t n = esc_len(ddo_checkpoint_block_group(ck, i)->prefix);
         if (n > (size_t)prefix_w)
             prefix_w = n > NAME_COLUMN_MAX ? NAME_COLUMN_MAX : (int)n;
     }
     printf("\n%-*s  %6s  %15s  %14s\n", prefix_w, "BLOCKS", "COUNT", "BYTES/BLOCK", "TOTAL");
     for (size_t i = 0; i < ng; i++) {
         const ddo_block_group *g = ddo_checkpoint_block_group(ck, i);
-        printf("%-*s  %6zu  %15" PRIu64 "  %14" PRIu64 "\n", prefix_w, g->prefix, g->count,
-               g->bytes_per_block, g->total_bytes);
+        put_esc(g->prefix, prefix_w);
+        printf("  %6zu  %15" PRIu64 "  %14" PRIu64 "\n", g->count, g->bytes_per_block,
+               g->total_bytes);
     }
 }
 
