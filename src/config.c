@@ -1192,11 +1192,15 @@ int ddo__config_check_ranges(const ddo_config *cfg)
                 ? isfinite(v)
                 : (v >= d->lo || clamped_below(i)) && v <= d->hi)
             continue;
-        char a[64], b[64];
+        char a[64], b[64], t[64];
         ddo__config_fmt_double(d->lo, a, sizeof(a));
         ddo__config_fmt_double(d->hi, b, sizeof(b));
-        return ddo__fail(NULL, DDO_E_CONFIG, "%s=%s (%s): expected a value in %s..%s", d->key,
-                         cfg->text[i], cfg->source[i], a, b);
+        if (isfinite(v))
+            ddo__config_fmt_double(v, t, sizeof(t));
+        else
+            snprintf(t, sizeof(t), "%s", isnan(v) ? "nan" : "inf");
+        return ddo__fail(NULL, DDO_E_CONFIG, "%s=%s (%s): expected a value in %s..%s", d->key, t,
+                         cfg->source[i], a, b);
     }
     return 0;
 }

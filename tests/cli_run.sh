@@ -47,7 +47,7 @@ check "run --help exits 0 with the usage" '[ $rc -eq 0 ] && grep -q "usage: ddo 
 "$DDO_BIN" run >"$T/out" 2>&1; rc=$?
 check "run without PATH is a usage error (2)" '[ $rc -eq 2 ]'
 "$DDO_BIN" run "$T/model.safetensors" --steps 0 >"$T/out" 2>&1; rc=$?
-check "--steps 0 is a usage error naming the flag" '[ $rc -eq 2 ] && grep -q -- "--steps needs" "$T/out"'
+check "--steps 0 is a usage error naming the flag" '[ $rc -eq 2 ] && grep -qF -- "ddo run: --steps \"0\": expected a whole number from 1 to 1000000" "$T/out"'
 "$DDO_BIN" run "$T/model.safetensors" --frobnicate >"$T/out" 2>&1; rc=$?
 check "an unknown option is a usage error naming it" '[ $rc -eq 2 ] && grep -q "unknown option .--frobnicate." "$T/out"'
 "$DDO_BIN" run "$T/missing.safetensors" --ddo-execution-device cpu >"$T/out" 2>&1; rc=$?

@@ -6,10 +6,12 @@
  * ctest-labels: unit
  */
 #define _POSIX_C_SOURCE 200809L
+#include "config.h"
 #include "plan_fx.h"
 #include "t.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <time.h>
 
 static ddo_plan *build(fx_table *tb, ddo_config *cfg, const ddo_plan_inputs *in, int want_rc)
@@ -610,6 +612,70 @@ static void test_speed_3500_tensors(void)
     fx_free(&tb);
 }
 
+/* Issue 14 class 4: a catastrophic pattern hits PCRE2's limits at once and is an error naming
+ * the option and the pattern, never a silent "no match"; ordinary patterns still match long
+ * names. Class 1: the planner range-checks what it converts, even past the config's checks. */
+static void test_pattern_limits_and_ranges(void)
+{
+    fx_table tb = { 0 };
+    char name[2100];
+    memset(name, 'a', 2000);
+    memcpy(name + 2000, "b.weight", 9);
+    fx_add(&tb, DDO_DTYPE_BF16, name, 2, (uint64_t)1024, (uint64_t)1024);
+    fx_add(&tb, DDO_DTYPE_BF16, "blocks.0.w.weight", 2, (uint64_t)1024, (uint64_t)1024);
+    ddo_config *cfg = NULL;
+    T_REQUIRE(ddo_config_create(&cfg) == 0);
+    T_EQ_INT(ddo_config_set(cfg, "execution_device", "cpu"), 0);
+    static const char *const options[] = { "skip_modules_pattern",
+                                           "always_resident_modules_pattern", "vmm_module_pattern",
+                                           "resident_module_patterns" };
+    for (size_t i = 0; i < sizeof(options) / sizeof(options[0]); i++) {
+        ddo_config *c = NULL;
+        T_REQUIRE(ddo_config_clone(cfg, &c) == 0);
+        T_EQ_INT(ddo_config_set(c, options[i], "(a+)+$"), 0);
+        ddo_plan *p = build(&tb, c, NULL, DDO_E_CONFIG);
+        T_CHECK(p == NULL);
+        char want[160];
+        snprintf(want, sizeof(want), "%s: pattern \"(a+)+$\" against module \"aaaa", options[i]);
+        T_CONTAINS(ddo_last_error(), want);
+        T_CONTAINS(ddo_last_error(), "(2001 characters): match limit exceeded");
+        T_CHECK(strchr(ddo_last_error(), '\n') == NULL);
+        ddo_config_destroy(c);
+    }
+    /* An ordinary pattern on the same long name matches: the module is skipped. */
+    T_EQ_INT(ddo_config_set(cfg, "skip_modules_pattern", "^a+b$"), 0);
+    ddo_plan *p = build(&tb, cfg, NULL, 0);
+    T_REQUIRE(p != NULL);
+    ddo_reason why = DDO_REASON_NONE;
+    T_EQ_INT(ddo_plan_tensor_placement(p, 0, &why), DDO_PLACEMENT_SKIPPED);
+    T_EQ_INT(ddo_plan_tensor_placement(p, 1, &why), DDO_PLACEMENT_STREAMED);
+    ddo_plan_destroy(p);
+    /* A value that reached the options without the config's checks is still refused. */
+    ddo__options *o = (ddo__options *)ddo__config_options(cfg);
+    o->vmm_page_mb = 1e308;
+    p = build(&tb, cfg, NULL, DDO_E_CONFIG);
+    T_EQ_STR(ddo_last_error(), "vmm_page_mb=1e+308 (default): expected a value in 0..1048576");
+    o->vmm_page_mb = 0.0;
+    o->pin_cpu_workers = INT64_MAX;
+    p = build(&tb, cfg, NULL, DDO_E_CONFIG);
+    T_CONTAINS(ddo_last_error(), "pin_cpu_workers=");
+    o->pin_cpu_workers = 1;
+    o->resident_module_budget_gb = -0.5;
+    p = build(&tb, cfg, NULL, DDO_E_CONFIG);
+    T_EQ_STR(ddo_last_error(),
+             "resident_module_budget_gb=-0.5 (default): expected a value in 0..1000000000");
+    o->resident_module_budget_gb = NAN;
+    p = build(&tb, cfg, NULL, DDO_E_CONFIG);
+    T_EQ_STR(ddo_last_error(),
+             "resident_module_budget_gb=nan (default): expected a value in 0..1000000000");
+    o->resident_module_budget_gb = 0.0;
+    p = build(&tb, cfg, NULL, 0);
+    T_CHECK(p != NULL);
+    ddo_plan_destroy(p);
+    ddo_config_destroy(cfg);
+    fx_free(&tb);
+}
+
 int main(void)
 {
     T_RUN(test_worked_example_full_pin);
@@ -618,6 +684,7 @@ int main(void)
     T_RUN(test_device_budget_refused);
     T_RUN(test_blocks_units_and_placement);
     T_RUN(test_edges);
+    T_RUN(test_pattern_limits_and_ranges);
     T_RUN(test_routes);
     T_RUN(test_cost_model_and_cost_selection);
     T_RUN(test_json_schema_and_determinism);

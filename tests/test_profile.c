@@ -2,7 +2,8 @@
  * test_profile.c - capacity profiles: keys, round trips, the 20-observation
  * cap, capacity merging, atomic replacement under a simulated crash, corrupt
  * and foreign files, DDO_PROFILE_DIR resolution, and upstream's worked
- * numbers (ddo-upstream.md sections 5, 8.2 and 8.3).
+ * numbers (ddo-upstream.md sections 5, 8.2 and 8.3); FIFOs, size limits,
+ * concurrent writers and out-of-range recommendations (issue 14).
  * ctest-labels: unit
  */
 #define _GNU_SOURCE
@@ -12,6 +13,7 @@
 #include <dirent.h>
 #include <stdbool.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 extern bool ddo__profile_crash_before_rename;
@@ -439,6 +441,179 @@ static void test_measured_figures_flow(void)
     free(dir);
 }
 
+/* Writes text to path (test helper). */
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "wb");
+    T_REQUIRE(f != NULL);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Issue 14 classes 2/3: a FIFO is refused without blocking, a file over the size limit unread,
+ * and a hand-made file with more observations than a profile keeps is trimmed to the newest. */
+static void test_special_and_large_files(void)
+{
+    char *dir = tmpdir_new();
+    T_REQUIRE(dir != NULL);
+    char *path = NULL;
+    T_EQ_INT(ddo_profile_path(dir, CTX, &path), 0);
+    T_REQUIRE(path != NULL);
+    /* A FIFO at the profile's key: open() would wait for a writer forever. */
+    T_REQUIRE(mkfifo(path, 0644) == 0);
+    ddo_profile *p = NULL;
+    T_EQ_INT(ddo_profile_load(dir, CTX, &p), DDO_E_FORMAT);
+    T_CONTAINS(ddo_last_error(), "cannot read profile: not a regular file; ignored");
+    T_EQ_INT(ddo_profile_load_file(path, &p), DDO_E_FORMAT);
+    T_CHECK(p == NULL);
+    /* A record replaces it with a real profile. */
+    T_EQ_INT(ddo_profile_record(dir, CTX, "{\"status\":\"success\"}", NULL, NULL), 0);
+    T_EQ_INT(ddo_profile_load(dir, CTX, &p), 0);
+    ddo_profile_destroy(p);
+    p = NULL;
+    unlink(path);
+
+    /* Over the limit by one byte: refused before it is parsed. */
+    size_t big = DDO_PROFILE_MAX_FILE_BYTES + 1;
+    char *text = malloc(big + 1);
+    T_REQUIRE(text != NULL);
+    memset(text, ' ', big);
+    text[0] = '{';
+    text[big - 1] = '}';
+    text[big] = '\0';
+    write_text(path, text);
+    free(text);
+    T_EQ_INT(ddo_profile_load(dir, CTX, &p), DDO_E_FORMAT);
+    T_CONTAINS(ddo_last_error(), "profile larger than 1048576 bytes (the profile file limit)");
+
+    /* 200 observations in a valid file: the newest 20 are kept when it is read. */
+    char key[DDO_PROFILE_KEY_BYTES];
+    T_EQ_INT(ddo_profile_key(CTX, key), 0);
+    size_t cap = 64 * 1024, n = 0;
+    text = malloc(cap);
+    T_REQUIRE(text != NULL);
+    n += (size_t)snprintf(text + n, cap - n,
+                          "{\"schema_version\":1,\"profile_key\":\"%s\",\"context\":%s,"
+                          "\"observations\":[",
+                          key, CTX);
+    for (int i = 0; i < 200; i++)
+        n += (size_t)snprintf(text + n, cap - n, "%s{\"status\":\"success\",\"i\":%d}",
+                              i ? "," : "", i);
+    snprintf(text + n, cap - n, "]}");
+    write_text(path, text);
+    free(text);
+    T_EQ_INT(ddo_profile_load(dir, CTX, &p), 0);
+    T_EQ_U64(ddo_profile_observation_count(p), DDO_PROFILE_MAX_OBSERVATIONS);
+    char *json = NULL;
+    T_EQ_INT(ddo_profile_to_json(p, &json), 0);
+    T_CONTAINS(json, "\"i\": 199");
+    T_CHECK(strstr(json, "\"i\": 179") == NULL);
+    T_CONTAINS(json, "\"i\": 180");
+    ddo_free(json);
+    ddo_profile_destroy(p);
+    ddo_free(path);
+    rm_rf(dir);
+    free(dir);
+}
+
+/* Issue 14 class 8: processes recording into one profile at once keep every observation (the
+ * record reads, merges and writes under the profile's lock). */
+static void test_concurrent_writers(void)
+{
+    char *dir = tmpdir_new();
+    T_REQUIRE(dir != NULL);
+    enum { WRITERS = 4, EACH = 5 };
+    pid_t pids[WRITERS];
+    for (int w = 0; w < WRITERS; w++) {
+        pids[w] = fork();
+        T_REQUIRE(pids[w] >= 0);
+        if (pids[w] == 0) {
+            int bad = 0;
+            for (int k = 0; k < EACH; k++) {
+                char obs[96];
+                snprintf(obs, sizeof(obs), "{\"status\":\"success\",\"writer\":%d,\"k\":%d}", w, k);
+                bad += ddo_profile_record(dir, CTX, obs, NULL, NULL) != 0;
+            }
+            _exit(bad);
+        }
+    }
+    for (int w = 0; w < WRITERS; w++) {
+        int st = 0;
+        T_REQUIRE(waitpid(pids[w], &st, 0) == pids[w]);
+        T_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    ddo_profile *p = NULL;
+    T_EQ_INT(ddo_profile_load(dir, CTX, &p), 0);
+    T_EQ_U64(ddo_profile_observation_count(p), WRITERS * EACH);
+    char *json = NULL;
+    T_EQ_INT(ddo_profile_to_json(p, &json), 0);
+    for (int w = 0; w < WRITERS; w++)
+        for (int k = 0; k < EACH; k++) {
+            char want[64];
+            snprintf(want, sizeof(want),
+                     "\"k\": %d,\n      \"status\": \"success\",\n      "
+                     "\"writer\": %d",
+                     k, w);
+            T_CHECK_MSG(strstr(json, want) != NULL, "writer %d observation %d lost", w, k);
+        }
+    ddo_free(json);
+    ddo_profile_destroy(p);
+    T_EQ_U64(dir_entries(dir, ".tmp"), 0);
+    rm_rf(dir);
+    free(dir);
+}
+
+/* Issue 14 classes 1/9: a recommendation outside the budget's range is not applied, and the
+ * detail names the file, the key and the value (not another option or a stale error). */
+static void test_recommendation_range(void)
+{
+    char *dir = tmpdir_new();
+    T_REQUIRE(dir != NULL);
+    static const struct {
+        const char *rec, *want;
+    } cases[] = {
+        { "{\"profile_resident_module_budget_gb\":-3}",
+          "recommendation profile_resident_module_budget_gb=-3 is outside 0..1000000000 GiB" },
+        { "{\"profile_resident_module_budget_gb\":1e300}",
+          "recommendation profile_resident_module_budget_gb=1e+300 is outside" },
+        { "{\"profile_resident_module_budget_gb\":\"2\"}",
+          "profile_resident_module_budget_gb=(not a number) is outside" },
+        { "{\"bus_bytes_per_s\":1e9}",
+          "the recommendation has no profile_resident_module_budget_gb" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        T_EQ_INT(ddo_profile_record(dir, CTX, "{\"status\":\"success\"}", cases[i].rec, NULL), 0);
+        ddo_config *cfg = config_with("example", false);
+        T_REQUIRE(cfg != NULL);
+        ddo_profile_status st = DDO_PROFILE_APPLIED;
+        double budget = -1;
+        T_EQ_INT(ddo_profile_apply(cfg, dir, CTX, &st, &budget, NULL), 0);
+        T_EQ_INT(st, DDO_PROFILE_MISSING);
+        T_NEAR(budget, 0.0, 0);
+        T_CONTAINS(ddo_last_error(), cases[i].want);
+        T_CONTAINS(ddo_last_error(), dir);
+        double v = -1;
+        T_EQ_INT(ddo_config_get_double(cfg, "resident_module_budget_gb", &v), 0);
+        T_NEAR(v, 0.0, 0);
+        const char *src = NULL;
+        T_EQ_INT(ddo_config_source(cfg, "resident_module_budget_gb", &src), 0);
+        T_CHECK(strncmp(src, "profile:", 8) != 0);
+        ddo_config_destroy(cfg);
+    }
+    /* The writable check names the directory, before anything runs. */
+    char file[4200], sub[4300];
+    snprintf(file, sizeof(file), "%s/plain", dir);
+    write_text(file, "x");
+    snprintf(sub, sizeof(sub), "%s/profiles", file);
+    T_EQ_INT(ddo_profile_check_writable(sub), DDO_E_IO);
+    T_CONTAINS(ddo_last_error(), "cannot create profile directory");
+    T_EQ_INT(ddo_profile_check_writable(dir), 0);
+    T_EQ_INT(ddo_profile_check_writable(""), DDO_E_INVALID_ARGUMENT);
+    unlink(file);
+    rm_rf(dir);
+    free(dir);
+}
+
 int main(void)
 {
     T_RUN(test_key_stable_across_order);
@@ -451,5 +626,8 @@ int main(void)
     T_RUN(test_calibration_numbers);
     T_RUN(test_named_profile_cycle);
     T_RUN(test_measured_figures_flow);
+    T_RUN(test_special_and_large_files);
+    T_RUN(test_concurrent_writers);
+    T_RUN(test_recommendation_range);
     return t_done();
 }
