@@ -62,8 +62,8 @@ static uint8_t *make(ddo_dtype dt, uint64_t n, bool random_bits)
             memcpy(p + 4 * i, &f, 4);
         } else if (!random_bits && dt == DDO_DTYPE_F16) {
             /* exponent near 15 - 6, 10 random mantissa bits */
-            uint16_t h =
-                (uint16_t)((r & 0x83FF) | (uint16_t)((9 + (int)(gauss() * 1.2)) & 31) << 10);
+            unsigned ex = (unsigned)(9 + (int)(gauss() * 1.2)) & 31u;
+            uint16_t h = (uint16_t)((r & 0x83FF) | ex << 10);
             memcpy(p + 2 * i, &h, 2);
         } else {
             memcpy(p + es * i, &r, es);
@@ -233,12 +233,13 @@ static void test_corruption_detected(void)
     uint8_t *out = malloc(bytes + 2 * GUARD);
     int missed = 0, failed_guard = 0;
     ddo__errbuf eb = { 0, "" };
-    /* Every byte of the metadata regions, every 5th byte of the payloads; one bit each. */
+    /* Every byte of the metadata regions and of the short last block, every 41st byte of the
+     * payloads; one bit each. */
     for (uint64_t i = 0; i < len; i++) {
         bool meta = i < p->blocks[0].coded_offset + 176 + 16 * 9 ||
                     (i >= p->blocks[1].coded_offset && i < p->blocks[1].coded_offset + 48) ||
                     i >= p->blocks[2].coded_offset;
-        if (!meta && i % 5 != 0)
+        if (!meta && i % 41 != 0)
             continue;
         uint8_t bit = (uint8_t)(1u << (i % 8));
         coded[i] ^= bit;

@@ -76,17 +76,105 @@ static uint64_t mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
+/* Two Gaussian values of standard deviation sd from one 64-bit draw (Box-Muller on two 24-bit
+ * uniforms; |z| < 5.8). */
+static void gauss_pair(uint64_t r, double sd, double *a, double *b)
+{
+    /* float math: what matters is the shape (exponents), and it is several times faster */
+    float u1 = ((float)(uint32_t)(r >> 40) + 0.5f) * (1.0f / 16777216.0f);
+    float u2 = (float)(uint32_t)(r & 0xFFFFFF) * (1.0f / 16777216.0f);
+    float m = (float)sd * sqrtf(-2.0f * logf(u1)), t = 6.2831853f * u2;
+    *a = (double)(m * cosf(t));
+    *b = (double)(m * sinf(t));
+}
+
+static uint32_t f32_bits(double v)
+{
+    float f = (float)v;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* Round to nearest even (finite inputs). */
+static uint16_t bf16_of(double v)
+{
+    uint32_t u = f32_bits(v);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+static uint16_t f16_of(double v)
+{
+    uint32_t x = f32_bits(v), sign = (x >> 16) & 0x8000u, m = x & 0x7FFFFFu;
+    int e = (int)((x >> 23) & 0xFF) - 112;
+    if (e >= 31)
+        return (uint16_t)(sign | 0x7C00u);
+    if (e <= 0) { /* subnormal: the 24-bit significand shifted down, rounded to even */
+        if (e < -10)
+            return (uint16_t)sign;
+        unsigned shift = (unsigned)(14 - e);
+        uint32_t sig = m | 0x800000u, hm = sig >> shift, rem = sig & ((1u << shift) - 1u);
+        uint32_t half = 1u << (shift - 1);
+        hm += rem > half || (rem == half && (hm & 1u));
+        return (uint16_t)(sign | hm);
+    }
+    uint32_t h = sign | (uint32_t)e << 10 | m >> 13, rem = m & 0x1FFFu;
+    h += rem > 0x1000u || (rem == 0x1000u && (h & 1u));
+    return (uint16_t)h;
+}
+
+#define GOLDEN 0x9E3779B97F4A7C15ull
+
+/* Word k of a tensor with normal values: 16-bit types take two draws per word, wider one. */
+static uint64_t normal_word(uint64_t state, uint64_t k, ddo_dtype dt, double sd)
+{
+    double v[4];
+    uint64_t w = 0;
+    switch (dt) {
+    case DDO_DTYPE_BF16:
+    case DDO_DTYPE_F16:
+        gauss_pair(mix64(state + (2 * k + 1) * GOLDEN), sd, &v[0], &v[1]);
+        gauss_pair(mix64(state + (2 * k + 2) * GOLDEN), sd, &v[2], &v[3]);
+        for (int i = 0; i < 4; i++)
+            w |= (uint64_t)(dt == DDO_DTYPE_BF16 ? bf16_of(v[i]) : f16_of(v[i])) << (16 * i);
+        return w;
+    case DDO_DTYPE_F32:
+        gauss_pair(mix64(state + (k + 1) * GOLDEN), sd, &v[0], &v[1]);
+        return (uint64_t)f32_bits(v[0]) | (uint64_t)f32_bits(v[1]) << 32;
+    case DDO_DTYPE_F64:
+        gauss_pair(mix64(state + (k + 1) * GOLDEN), sd, &v[0], &v[1]);
+        memcpy(&w, &v[0], 8);
+        return w;
+    default:
+        return shape_word(mix64(state + (k + 1) * GOLDEN), dt);
+    }
+}
+
+/* What one tensor is filled with. */
+typedef struct fill_kind {
+    ddo_dtype dt;
+    ddo_tool_values values;
+    double sd; /* normal: the standard deviation */
+} fill_kind;
+
+static uint64_t value_word(const fill_kind *fk, uint64_t state, uint64_t k)
+{
+    if (fk->values == DDO_TOOL_VALUES_NORMAL)
+        return normal_word(state, k, fk->dt, fk->sd);
+    return shape_word(mix64(state + (k + 1) * GOLDEN), fk->dt);
+}
+
 /* splitmix64 is counter based: word k of a tensor is mix(state + (k + 1) * golden), so
  * any range can be filled independently (and so in parallel) with the same bytes. */
-static void fill_at(uint8_t *dst, size_t n, ddo_dtype dt, uint64_t state, uint64_t word0)
+static void fill_at(uint8_t *dst, size_t n, const fill_kind *fk, uint64_t state, uint64_t word0)
 {
     size_t words = n / 8;
     for (size_t i = 0; i < words; i++) {
-        uint64_t w = shape_word(mix64(state + (word0 + i + 1) * 0x9E3779B97F4A7C15ull), dt);
+        uint64_t w = value_word(fk, state, word0 + i);
         memcpy(dst + 8 * i, &w, 8);
     }
     if (n % 8 != 0) {
-        uint64_t w = shape_word(mix64(state + (word0 + words + 1) * 0x9E3779B97F4A7C15ull), dt);
+        uint64_t w = value_word(fk, state, word0 + words);
         memcpy(dst + 8 * words, &w, n % 8);
     }
 }
@@ -94,14 +182,14 @@ static void fill_at(uint8_t *dst, size_t n, ddo_dtype dt, uint64_t state, uint64
 typedef struct fill_job {
     uint8_t *dst;
     size_t n;
-    ddo_dtype dt;
+    const fill_kind *fk;
     uint64_t state, word0;
 } fill_job;
 
 static void *fill_thread(void *arg)
 {
     fill_job *j = arg;
-    fill_at(j->dst, j->n, j->dt, j->state, j->word0);
+    fill_at(j->dst, j->n, j->fk, j->state, j->word0);
     return NULL;
 }
 
@@ -110,14 +198,14 @@ static void *fill_thread(void *arg)
 
 /* Fills n bytes starting at word `word0` of a tensor, on several threads when it is large.
  * *state advances as if splitmix64 had been called once per word written. */
-static void fill(uint8_t *dst, size_t n, ddo_dtype dt, uint64_t *state, uint64_t word0)
+static void fill(uint8_t *dst, size_t n, const fill_kind *fk, uint64_t *state, uint64_t word0)
 {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     size_t threads = ncpu > 1 ? (size_t)ncpu : 1;
     if (threads > FILL_THREADS_MAX)
         threads = FILL_THREADS_MAX;
     if (n < FILL_PARALLEL_MIN || threads == 1) {
-        fill_at(dst, n, dt, *state, word0);
+        fill_at(dst, n, fk, *state, word0);
         return;
     }
     fill_job jobs[FILL_THREADS_MAX];
@@ -126,7 +214,7 @@ static void fill(uint8_t *dst, size_t n, ddo_dtype dt, uint64_t *state, uint64_t
     size_t started = 0;
     for (size_t t = 0; t < threads; t++) {
         size_t len = t + 1 == threads ? n - off : per;
-        jobs[t] = (fill_job){ dst + off, len, dt, *state, word0 + off / 8 };
+        jobs[t] = (fill_job){ dst + off, len, fk, *state, word0 + off / 8 };
         if (t + 1 < threads && pthread_create(&tid[t], NULL, fill_thread, &jobs[t]) == 0)
             started = t + 1;
         else
@@ -134,7 +222,7 @@ static void fill(uint8_t *dst, size_t n, ddo_dtype dt, uint64_t *state, uint64_t
         off += len;
         if (started != t + 1 && t + 1 < threads) {
             /* Thread creation failed: do the rest here. */
-            fill_at(dst + off, n - off, dt, *state, word0 + off / 8);
+            fill_at(dst + off, n - off, fk, *state, word0 + off / 8);
             break;
         }
     }
@@ -162,10 +250,12 @@ typedef struct lt {
     ddo_dtype dtype;
     size_t esize;
     uint64_t nbytes;
+    uint64_t fan_in;
 } lt;
 
-int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, uint64_t seed,
-                   uint64_t *bytes_written, char *err, size_t err_len)
+int ddo_tool_synth_values(const char *layout_path, const char *out_path, double scale,
+                          uint64_t seed, ddo_tool_values values, uint64_t *bytes_written, char *err,
+                          size_t err_len)
 {
     if (layout_path == NULL || out_path == NULL || !(scale > 0.0) || scale > 1.0)
         return tool_fail(err, err_len, DDO_E_INVALID_ARGUMENT,
@@ -196,8 +286,9 @@ int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, 
         goto out;
     }
     char desc[256];
-    snprintf(desc, sizeof(desc), "layout=%s scale=%g seed=%llu",
-             json_is_string(arch) ? json_string_value(arch) : "?", scale, (unsigned long long)seed);
+    snprintf(desc, sizeof(desc), "layout=%s scale=%g seed=%llu%s",
+             json_is_string(arch) ? json_string_value(arch) : "?", scale, (unsigned long long)seed,
+             values == DDO_TOOL_VALUES_NORMAL ? " values=normal" : "");
     json_object_set_new(meta, "format", json_string("pt"));
     json_object_set_new(meta, "ddo_synth", json_string(desc));
     json_object_set(hdr, "__metadata__", meta);
@@ -225,7 +316,7 @@ int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, 
             goto out;
         }
         json_t *shape = json_array();
-        uint64_t numel = 1;
+        uint64_t numel = 1, dim0 = 1;
         for (size_t k = 0; k < json_array_size(js); k++) {
             json_t *d = json_array_get(js, k);
             if (!json_is_integer(d) || json_integer_value(d) < 0) {
@@ -241,6 +332,7 @@ int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, 
                 v = s < 1.0 ? 1 : (uint64_t)s;
             }
             numel *= v;
+            dim0 = k == 0 && json_array_size(js) > 1 ? v : dim0;
             json_array_append_new(shape, json_integer((json_int_t)v));
         }
         uint64_t nb = numel * ddo_dtype_size(dt);
@@ -252,7 +344,7 @@ int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, 
         json_array_append_new(offs, json_integer((json_int_t)(off + nb)));
         json_object_set_new(e, "data_offsets", offs);
         json_object_set_new(hdr, name, e);
-        ts[i] = (lt){ name, dt, ddo_dtype_size(dt), nb };
+        ts[i] = (lt){ name, dt, ddo_dtype_size(dt), nb, dim0 ? numel / dim0 : 0 };
         off += nb;
     }
     header = json_dumps(hdr, JSON_COMPACT);
@@ -299,6 +391,8 @@ int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, 
         used += padded;
     }
     for (size_t i = 0; i < n; i++) {
+        fill_kind fk = { ts[i].dtype, values,
+                         1.0 / sqrt((double)(ts[i].fan_in > 1 ? ts[i].fan_in : 1)) };
         uint64_t state = seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(i + 1));
         splitmix64(&state);
         uint64_t left = ts[i].nbytes;
@@ -320,7 +414,7 @@ int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, 
                 used = 0;
                 continue;
             }
-            fill(buf + used, chunk, ts[i].dtype, &state, word);
+            fill(buf + used, chunk, &fk, &state, word);
             word += chunk / 8;
             used += chunk;
             left -= chunk;
@@ -357,6 +451,13 @@ out:
     json_decref(hdr);
     json_decref(root);
     return rc;
+}
+
+int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, uint64_t seed,
+                   uint64_t *bytes_written, char *err, size_t err_len)
+{
+    return ddo_tool_synth_values(layout_path, out_path, scale, seed, DDO_TOOL_VALUES_UNIFORM,
+                                 bytes_written, err, err_len);
 }
 
 const char *ddo_tool_default_layout(void)

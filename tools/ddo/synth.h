@@ -19,6 +19,19 @@
 int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, uint64_t seed,
                    uint64_t *bytes_written, char *err, size_t err_len);
 
+/*
+ * The values a synthetic checkpoint holds: uniform (the default: exponents in a narrow band)
+ * or normal (shaped like trained weights: per tensor a Gaussian of standard deviation
+ * 1/sqrt(fan_in), fan_in the product of every dimension after the first, or the only one).
+ * Both are counter based: the same bytes whatever the core count.
+ */
+typedef enum ddo_tool_values { DDO_TOOL_VALUES_UNIFORM, DDO_TOOL_VALUES_NORMAL } ddo_tool_values;
+
+/* ddo_tool_synth with a choice of values. */
+int ddo_tool_synth_values(const char *layout_path, const char *out_path, double scale,
+                          uint64_t seed, ddo_tool_values values, uint64_t *bytes_written, char *err,
+                          size_t err_len);
+
 /* The layout file the demo uses, resolved against the install/source tree; NULL if absent. */
 const char *ddo_tool_default_layout(void);
 
