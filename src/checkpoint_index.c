@@ -8,6 +8,7 @@
 #include "checkpoint_internal.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -74,6 +75,136 @@ int ddo__checkpoint_read_json_file(const char *path, const char *label, const ch
     return rc;
 }
 
+/* metadata (null or an object) and its total_size, when present, into *total. */
+static int index_metadata(const char *iname, const json_t *meta, bool *have_total, uint64_t *total)
+{
+    *have_total = false;
+    if (meta == NULL || json_is_null(meta))
+        return 0;
+    if (!json_is_object(meta))
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: index: \"metadata\" is %s, not an object", iname,
+                         ddo__checkpoint_json_type(meta));
+    const json_t *ts = json_object_get(meta, "total_size");
+    if (ts == NULL)
+        return 0;
+    double r = json_is_real(ts) ? json_real_value(ts) : -1;
+    if (json_is_real(ts) && r >= 0 && !signbit(r) && r < 1.8e19 && r == (double)(uint64_t)r) {
+        *total = (uint64_t)r; /* a whole real such as 297888.0, as Python writers may emit */
+    } else if (!ddo__checkpoint_json_u64(ts, total)) {
+        char what[64];
+        if (json_is_integer(ts))
+            snprintf(what, sizeof(what), "%" JSON_INTEGER_FORMAT, json_integer_value(ts));
+        else if (json_is_real(ts))
+            ddo__checkpoint_format_real(what, sizeof(what), r);
+        else
+            snprintf(what, sizeof(what), "%s", ddo__checkpoint_json_type(ts));
+        return ddo__fail(NULL, DDO_E_FORMAT,
+                         "%s: index: metadata.total_size is %s, not a non-negative integer "
+                         "number of bytes",
+                         iname, what);
+    }
+    *have_total = true;
+    return 0;
+}
+
+/* The distinct shard names of the weight_map, sorted (borrowed from wm; free the array). */
+static int index_shards(const char *iname, const json_t *wm, const char ***out, size_t *count)
+{
+    const char **shards = ddo__calloc(json_object_size(wm) + 1, sizeof(*shards));
+    if (shards == NULL)
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", iname);
+    size_t n = 0;
+    const char *tname;
+    json_t *jshard;
+    json_object_foreach((json_t *)(uintptr_t)wm, tname, jshard)
+    {
+        const char *s = json_is_string(jshard) ? json_string_value(jshard) : NULL;
+        int rc = 0;
+        if (s == NULL)
+            rc = ddo__fail(NULL, DDO_E_FORMAT,
+                           "%s: weight_map: tensor \"%s\" is mapped to %s, not a file name", iname,
+                           Q(tname), ddo__checkpoint_json_type(jshard));
+        else if (s[0] == '\0' || strchr(s, '/') != NULL || strcmp(s, ".") == 0 ||
+                 strcmp(s, "..") == 0 || strlen(s) != json_string_length(jshard))
+            rc = ddo__fail(NULL, DDO_E_FORMAT,
+                           "%s: weight_map: tensor \"%s\" is mapped to \"%s\", not a file name in "
+                           "the index's directory",
+                           iname, Q(tname), Q(s));
+        if (rc != 0) {
+            free(shards);
+            return rc;
+        }
+        shards[n++] = s;
+    }
+    if (n == 0) {
+        free(shards);
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: index: weight_map is empty", iname);
+    }
+    qsort(shards, n, sizeof(*shards), cmp_str);
+    size_t distinct = 0;
+    for (size_t i = 0; i < n; i++)
+        if (distinct == 0 || strcmp(shards[distinct - 1], shards[i]) != 0)
+            shards[distinct++] = shards[i];
+    *out = shards;
+    *count = distinct;
+    return 0;
+}
+
+/* Opens shard `shard` (in dir) and checks that each of its tensors is mapped to it. */
+static int open_shard(ddo_checkpoint *ck, const char *iname, const json_t *wm, const char *dir,
+                      const char *shard)
+{
+    char *shard_path = ddo__asprintf("%s%s", dir, shard);
+    uint32_t fi;
+    int rc = shard_path == NULL ? DDO_E_NO_MEMORY : ddo__checkpoint_add_file(ck, shard_path, &fi);
+    free(shard_path);
+    if (rc != 0)
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", iname);
+    size_t first = ck->tensor_count;
+    rc = ddo__checkpoint_open_file(ck, fi);
+    if (rc != 0)
+        return rc;
+    for (size_t i = first; i < ck->tensor_count; i++) {
+        const json_t *m = json_object_get(wm, ck->tensors[i].name);
+        if (m == NULL)
+            return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\" is not in the weight_map of %s",
+                             ck->files[fi].label, Q(ck->tensors[i].name), iname);
+        if (strcmp(json_string_value(m), shard) != 0)
+            return ddo__fail(
+                NULL, DDO_E_FORMAT, "%s: tensor \"%s\" is mapped to %s by %s, not to this shard",
+                ck->files[fi].label, Q(ck->tensors[i].name), Q(json_string_value(m)), iname);
+    }
+    return 0;
+}
+
+/* Names a mapped tensor that no shard holds (called when the counts differ). */
+static int report_missing(const ddo_checkpoint *ck, const char *iname, const json_t *wm)
+{
+    ddo__checkpoint_map seen = { NULL, 0, 0 };
+    for (size_t i = 0; i < ck->tensor_count; i++) {
+        if (ddo__checkpoint_map_put(&seen, ck->tensors[i].name, i) == SIZE_MAX) {
+            ddo__checkpoint_map_free(&seen);
+            return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", iname);
+        }
+    }
+    int rc = 0;
+    const char *tname;
+    json_t *jshard;
+    json_object_foreach((json_t *)(uintptr_t)wm, tname, jshard)
+    {
+        if (ddo__checkpoint_map_get(&seen, tname) == SIZE_MAX) {
+            rc = ddo__fail(NULL, DDO_E_FORMAT,
+                           "%s: tensor \"%s\" is mapped to %s, but that shard does not hold it",
+                           iname, Q(tname), Q(json_string_value(jshard)));
+            break;
+        }
+    }
+    ddo__checkpoint_map_free(&seen);
+    if (rc == 0)
+        rc = ddo__fail(NULL, DDO_E_INTERNAL, "%s: tensor count mismatch", iname);
+    return rc;
+}
+
 /* A sharded set: the index's weight_map names the shards (in its directory). */
 int ddo__checkpoint_open_index(ddo_checkpoint *ck, const char *path)
 {
@@ -81,177 +212,59 @@ int ddo__checkpoint_open_index(ddo_checkpoint *ck, const char *path)
     char iname[512];
     snprintf(iname, sizeof(iname), "%s", Q(base));
     json_t *root = NULL;
-    int rc = ddo__checkpoint_read_json_file(path, iname, "index", DDO__CHECKPOINT_MAX_INDEX_BYTES,
-                                            &root);
     const char **shards = NULL;
     size_t shard_count = 0;
     char *dir = NULL;
-    char *shard_path = NULL;
-    if (rc != 0)
-        goto out;
-    if (!json_is_object(root)) {
-        rc = ddo__fail(NULL, DDO_E_FORMAT, "%s: index is %s, not a JSON object", iname,
-                       ddo__checkpoint_json_type(root));
-        goto out;
-    }
-    const json_t *wm = json_object_get(root, "weight_map");
-    if (!json_is_object(wm)) {
-        rc = ddo__fail(NULL, DDO_E_FORMAT, "%s: index: \"weight_map\" is %s, not an object", iname,
-                       wm == NULL ? "missing" : ddo__checkpoint_json_type(wm));
-        goto out;
-    }
-    const json_t *meta = json_object_get(root, "metadata");
     bool have_total = false;
     uint64_t total_size = 0;
-    if (meta != NULL && !json_is_null(meta)) {
-        if (!json_is_object(meta)) {
-            rc = ddo__fail(NULL, DDO_E_FORMAT, "%s: index: \"metadata\" is %s, not an object",
-                           iname, ddo__checkpoint_json_type(meta));
-            goto out;
-        }
-        const json_t *ts = json_object_get(meta, "total_size");
-        if (ts != NULL) {
-            if (json_is_real(ts) && json_real_value(ts) >= 0 && json_real_value(ts) < 1.8e19 &&
-                json_real_value(ts) == (double)(uint64_t)json_real_value(ts)) {
-                total_size = (uint64_t)json_real_value(ts);
-            } else if (!ddo__checkpoint_json_u64(ts, &total_size)) {
-                char what[64];
-                if (json_is_integer(ts))
-                    snprintf(what, sizeof(what), "%" JSON_INTEGER_FORMAT, json_integer_value(ts));
-                else if (json_is_real(ts))
-                    ddo__checkpoint_format_real(what, sizeof(what), json_real_value(ts));
-                else
-                    snprintf(what, sizeof(what), "%s", ddo__checkpoint_json_type(ts));
-                rc = ddo__fail(NULL, DDO_E_FORMAT,
-                               "%s: index: metadata.total_size is %s, not a non-negative integer "
-                               "number of bytes",
-                               iname, what);
-                goto out;
-            }
-            have_total = true;
-        }
-    }
-    /* The distinct shard names, sorted. */
-    shards = ddo__calloc(json_object_size(wm), sizeof(*shards));
-    if (shards == NULL) {
-        rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", iname);
+    int rc = ddo__checkpoint_read_json_file(path, iname, "index", DDO__CHECKPOINT_MAX_INDEX_BYTES,
+                                            &root);
+    if (rc != 0)
         goto out;
-    }
-    const char *tname;
-    json_t *jshard;
-    json_object_foreach((json_t *)(uintptr_t)wm, tname, jshard)
-    {
-        if (!json_is_string(jshard)) {
-            rc = ddo__fail(NULL, DDO_E_FORMAT,
-                           "%s: weight_map: tensor \"%s\" is mapped to %s, not a file name", iname,
-                           Q(tname), ddo__checkpoint_json_type(jshard));
-            goto out;
-        }
-        const char *s = json_string_value(jshard);
-        if (s[0] == '\0' || strchr(s, '/') != NULL || strcmp(s, ".") == 0 || strcmp(s, "..") == 0 ||
-            strlen(s) != json_string_length(jshard)) {
-            rc = ddo__fail(NULL, DDO_E_FORMAT,
-                           "%s: weight_map: tensor \"%s\" is mapped to \"%s\", not a file name in "
-                           "the index's directory",
-                           iname, Q(tname), Q(s));
-            goto out;
-        }
-        shards[shard_count++] = s;
-    }
-    if (shard_count == 0) {
-        rc = ddo__fail(NULL, DDO_E_FORMAT, "%s: index: weight_map is empty", iname);
+    const json_t *wm = json_object_get(root, "weight_map");
+    const json_t *meta = json_object_get(root, "metadata");
+    if (!json_is_object(root))
+        rc = ddo__fail(NULL, DDO_E_FORMAT, "%s: index is %s, not a JSON object", iname,
+                       ddo__checkpoint_json_type(root));
+    else if (!json_is_object(wm))
+        rc = ddo__fail(NULL, DDO_E_FORMAT, "%s: index: \"weight_map\" is %s, not an object", iname,
+                       wm == NULL ? "missing" : ddo__checkpoint_json_type(wm));
+    if (rc == 0)
+        rc = index_metadata(iname, meta, &have_total, &total_size);
+    if (rc == 0)
+        rc = index_shards(iname, wm, &shards, &shard_count);
+    if (rc != 0)
         goto out;
-    }
-    qsort(shards, shard_count, sizeof(*shards), cmp_str);
-    size_t distinct = 0;
-    for (size_t i = 0; i < shard_count; i++)
-        if (distinct == 0 || strcmp(shards[distinct - 1], shards[i]) != 0)
-            shards[distinct++] = shards[i];
-    shard_count = distinct;
     /* Index metadata strings first. */
-    if (json_is_object(meta)) {
-        const char *mkey;
-        json_t *mval;
-        json_object_foreach((json_t *)(uintptr_t)meta, mkey, mval)
-        {
-            if (json_is_string(mval) &&
-                ddo__checkpoint_add_metadata(ck, mkey, json_string_value(mval)) != 0) {
-                rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", iname);
-                goto out;
-            }
+    const char *mkey;
+    json_t *mval;
+    json_object_foreach((json_t *)(uintptr_t)(json_is_object(meta) ? meta : NULL), mkey, mval)
+    {
+        if (json_is_string(mval) &&
+            ddo__checkpoint_add_metadata(ck, mkey, json_string_value(mval)) != 0) {
+            rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", iname);
+            goto out;
         }
     }
-    size_t dlen = (size_t)(base - path);
-    dir = ddo__strndup(path, dlen);
+    dir = ddo__strndup(path, (size_t)(base - path));
     if (dir == NULL) {
         rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", iname);
         goto out;
     }
-    for (size_t s = 0; s < shard_count; s++) {
-        free(shard_path);
-        shard_path = ddo__asprintf("%s%s", dir, shards[s]);
-        uint32_t fi;
-        if (shard_path == NULL || ddo__checkpoint_add_file(ck, shard_path, &fi) != 0) {
-            rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", iname);
-            goto out;
-        }
-        size_t first = ck->tensor_count;
-        rc = ddo__checkpoint_open_file(ck, fi);
-        if (rc != 0)
-            goto out;
-        /* Every tensor of the shard must be mapped to this shard. */
-        for (size_t i = first; i < ck->tensor_count; i++) {
-            const json_t *m = json_object_get(wm, ck->tensors[i].name);
-            if (m == NULL) {
-                rc = ddo__fail(NULL, DDO_E_FORMAT,
-                               "%s: tensor \"%s\" is not in the weight_map of %s",
-                               ck->files[fi].label, Q(ck->tensors[i].name), iname);
-                goto out;
-            }
-            if (strcmp(json_string_value(m), shards[s]) != 0) {
-                rc = ddo__fail(NULL, DDO_E_FORMAT,
-                               "%s: tensor \"%s\" is mapped to %s by %s, not to this shard",
-                               ck->files[fi].label, Q(ck->tensors[i].name), Q(json_string_value(m)),
-                               iname);
-                goto out;
-            }
-        }
-    }
+    for (size_t s = 0; s < shard_count && rc == 0; s++)
+        rc = open_shard(ck, iname, wm, dir, shards[s]);
     /* Every mapped tensor was found (each shard's tensors map to it, so the
      * counts match exactly when none is missing). */
-    if (ck->tensor_count != json_object_size(wm)) {
-        ddo__checkpoint_map seen = { NULL, 0, 0 };
-        for (size_t i = 0; i < ck->tensor_count; i++) {
-            if (ddo__checkpoint_map_put(&seen, ck->tensors[i].name, i) == SIZE_MAX) {
-                ddo__checkpoint_map_free(&seen);
-                rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", iname);
-                goto out;
-            }
-        }
-        json_object_foreach((json_t *)(uintptr_t)wm, tname, jshard)
-        {
-            if (ddo__checkpoint_map_get(&seen, tname) == SIZE_MAX) {
-                rc = ddo__fail(NULL, DDO_E_FORMAT,
-                               "%s: tensor \"%s\" is mapped to %s, but that shard does not hold it",
-                               iname, Q(tname), Q(json_string_value(jshard)));
-                break;
-            }
-        }
-        ddo__checkpoint_map_free(&seen);
-        if (rc == 0)
-            rc = ddo__fail(NULL, DDO_E_INTERNAL, "%s: tensor count mismatch", iname);
-        goto out;
-    }
-    rc = ddo__checkpoint_finish(ck, iname);
-    if (rc != 0)
-        goto out;
-    if (have_total && total_size != ck->total_bytes)
+    if (rc == 0 && ck->tensor_count != json_object_size(wm))
+        rc = report_missing(ck, iname, wm);
+    if (rc == 0)
+        rc = ddo__checkpoint_finish(ck, iname);
+    if (rc == 0 && have_total && total_size != ck->total_bytes)
         rc = ddo__fail(NULL, DDO_E_FORMAT,
                        "%s: index: metadata.total_size is %" PRIu64
                        " but the shards' tensors hold %" PRIu64 " bytes",
                        iname, total_size, ck->total_bytes);
 out:
-    free(shard_path);
     free(dir);
     free(shards);
     json_decref(root);

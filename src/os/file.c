@@ -196,8 +196,8 @@ int64_t ddo__os_cached_bytes(const char *path, uint64_t size)
 #if defined(__linux__)
     if (size == 0)
         return 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    int fd;
+    if (open_regular(path, 0, &fd) != 0) /* never blocks on a FIFO that took the name */
         return -1;
     long page = sysconf(_SC_PAGESIZE);
     int64_t cached = -1;

@@ -39,7 +39,7 @@ static void put_shard(const char *name, const char *t0, const char *t1)
                      t0, t1);
     uint8_t img[300];
     for (int i = 0; i < 8; i++)
-        img[i] = (uint8_t)((unsigned)n >> (8 * i));
+        img[i] = (uint8_t)((uint64_t)n >> (8 * i));
     memcpy(img + 8, hdr, (size_t)n);
     memcpy(img + 8 + n, "\1\2\3\4", 4);
     put(name, img, 8 + (size_t)n + 4);
