@@ -7,6 +7,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "t.h"
+#include "codec.h"
 #include "device/device.h"
 
 #include <pthread.h>
@@ -191,6 +192,11 @@ static int invoke(fixture *fx, ddo__devop op, ctx *c)
         return ddo__dev_stream_wait_event(dev, fx->stream, fx->event);
     case DDO__OP_HOST_FN:
         return ddo__dev_host_fn(dev, fx->stream, bump, &c->n);
+    case DDO__OP_CODEC_DECODE: {
+        /* a one-block stream (not a valid one: the decoder flags it in the status words) */
+        ddo__codec_launch l = { 64, 16, 16, 1, DDO_CODEC_GROUP_ELEMS, 1, 8, 4, 16, fx->buf + 8192 };
+        return ddo__dev_codec_decode(dev, fx->stream, fx->buf, 1024, fx->buf + 4096, 16, &l);
+    }
     case DDO__OP_COUNT:
         break;
     }
@@ -280,6 +286,9 @@ static void finish(fixture *fx, ddo__devop op, ctx *c, int rc)
     case DDO__OP_HOST_FN:
         T_EQ_INT(ddo__dev_stream_synchronize(dev, fx->stream), 0);
         T_EQ_INT(c->n, rc == 0 ? 1 : 0);
+        break;
+    case DDO__OP_CODEC_DECODE:
+        T_EQ_INT(ddo__dev_stream_synchronize(dev, fx->stream), 0);
         break;
     default:
         break;
