@@ -17,9 +17,6 @@
 #define DDO_KIB ((uint64_t)1 << 10)
 /* Registration segments of the retained store (the seed's "whole 64 MiB segments"). */
 #define DDO_SEGMENT_BYTES (64 * DDO_MIB)
-/* The page size the planner assumes for host memory registered in place (a caller's host
- * tensors): a tensor of n bytes touches at most round_up(n, this) + this bytes of pages. */
-#define DDO_HOST_PAGE_BOUND ((uint64_t)4096)
 
 #define DDO_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 

@@ -1,5 +1,6 @@
 /*
- * host_pins.c - registers a caller's host memory in place (see host_pins.h).
+ * host_pins.c - a caller's host memory made readable by the copy engine in place (see
+ * host_pins.h): inner pages registered, end fragments copied into a pinned arena.
  */
 #include "host_pins.h"
 
@@ -14,37 +15,80 @@ typedef struct pin_span {
     bool registered;
 } pin_span;
 
+typedef struct frag {
+    uintptr_t orig; /* the caller's bytes */
+    uint64_t len;
+    uint64_t at; /* offset in the arena */
+} frag;
+
 struct ddo__host_pins {
     ddo_device *dev;
     ddo__account *acc;
     pin_span *spans; /* sorted by start, disjoint */
-    size_t count;
+    size_t span_count;
+    frag *frags; /* sorted by (orig, len) */
+    size_t frag_count;
+    uint8_t *arena; /* pinned (host_alloc) */
+    uint64_t arena_bytes;
 };
 
-static int by_start(const void *a, const void *b)
+/* A range cut at page boundaries: [a, ia) head, [ia, ib) inner pages, [ib, b) tail; with no
+ * whole page inside, the whole range is the head (ia = ib = b). */
+typedef struct cut {
+    uintptr_t a, ia, ib, b;
+} cut;
+
+static cut cut_range(const ddo__host_range *r, uintptr_t page)
 {
-    uintptr_t x = ((const pin_span *)a)->start, y = ((const pin_span *)b)->start;
-    return x < y ? -1 : x > y ? 1 : 0;
+    cut c;
+    c.a = (uintptr_t)r->p;
+    c.b = c.a + (uintptr_t)r->len;
+    uintptr_t ia = c.a % page ? c.a + (page - c.a % page) : c.a;
+    uintptr_t ib = c.b - c.b % page;
+    if (ia >= ib || ia > c.b) {
+        c.ia = c.ib = c.b;
+    } else {
+        c.ia = ia;
+        c.ib = ib;
+    }
+    return c;
 }
 
-/* Page spans of the non-empty ranges, sorted and merged; returns their number. */
-static size_t merged_spans(const ddo__host_range *ranges, size_t count, pin_span *spans)
+static int span_cmp(const void *x, const void *y)
+{
+    uintptr_t a = ((const pin_span *)x)->start, b = ((const pin_span *)y)->start;
+    return a < b ? -1 : a > b ? 1 : 0;
+}
+
+static int frag_cmp(const void *x, const void *y)
+{
+    const frag *a = x, *b = y;
+    if (a->orig != b->orig)
+        return a->orig < b->orig ? -1 : 1;
+    return a->len < b->len ? -1 : a->len > b->len ? 1 : 0;
+}
+
+/* Inner-page spans (sorted, merged) and fragments (sorted) of the non-empty ranges. */
+static void split_ranges(const ddo__host_range *ranges, size_t count, pin_span *spans,
+                         size_t *span_count, frag *frags, size_t *frag_count, uint64_t *frag_bytes)
 {
     uintptr_t page = (uintptr_t)ddo__os_page_size();
-    size_t n = 0;
+    size_t ns = 0, nf = 0;
+    uint64_t fb = 0;
     for (size_t i = 0; i < count; i++) {
         if (ranges[i].p == NULL || ranges[i].len == 0)
             continue;
-        uintptr_t a = (uintptr_t)ranges[i].p;
-        uintptr_t b = a + (uintptr_t)ranges[i].len;
-        spans[n].start = a - a % page;
-        spans[n].end = b % page ? b + (page - b % page) : b;
-        spans[n].registered = false;
-        n++;
+        cut c = cut_range(&ranges[i], page);
+        if (c.ia > c.a)
+            frags[nf++] = (frag){ c.a, (uint64_t)(c.ia - c.a), 0 };
+        if (c.ib > c.ia)
+            spans[ns++] = (pin_span){ c.ia, c.ib, false };
+        if (c.b > c.ib)
+            frags[nf++] = (frag){ c.ib, (uint64_t)(c.b - c.ib), 0 };
     }
-    qsort(spans, n, sizeof(*spans), by_start);
+    qsort(spans, ns, sizeof(*spans), span_cmp);
     size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < ns; i++) {
         if (m > 0 && spans[i].start <= spans[m - 1].end) {
             if (spans[i].end > spans[m - 1].end)
                 spans[m - 1].end = spans[i].end;
@@ -52,13 +96,41 @@ static size_t merged_spans(const ddo__host_range *ranges, size_t count, pin_span
             spans[m++] = spans[i];
         }
     }
-    return m;
+    qsort(frags, nf, sizeof(*frags), frag_cmp);
+    for (size_t i = 0; i < nf; i++) {
+        frags[i].at = fb;
+        fb += frags[i].len;
+    }
+    *span_count = m;
+    *frag_count = nf;
+    *frag_bytes = fb;
 }
 
-/* Registers one span through the account; with fallback a refused registration is kept
+uint64_t ddo__host_pins_bytes(const ddo__host_range *ranges, size_t count)
+{
+    pin_span *spans = ddo__calloc(count > 0 ? count : 1, sizeof(*spans));
+    frag *frags = ddo__calloc(count > 0 ? 2 * count : 1, sizeof(*frags));
+    uint64_t total = 0;
+    if (spans != NULL && frags != NULL) {
+        size_t ns = 0, nf = 0;
+        uint64_t fb = 0;
+        split_ranges(ranges, count, spans, &ns, frags, &nf, &fb);
+        for (size_t i = 0; i < ns; i++)
+            total += (uint64_t)(spans[i].end - spans[i].start);
+        total += ddo__round_up(fb, ddo__os_page_size());
+    } else {
+        for (size_t i = 0; i < count; i++) /* an upper bound without the tables */
+            total += ranges[i].len + ddo__os_page_size();
+    }
+    free(spans);
+    free(frags);
+    return total;
+}
+
+/* Registers one span through the account; with fallback a refused registration stays
  * pageable. */
-static int pin_one(ddo__host_pins *hp, pin_span *sp, bool fallback, ddo__metrics_acc *metrics,
-                   ddo__errbuf *eb)
+static int pin_span_one(ddo__host_pins *hp, pin_span *sp, bool fallback, ddo__metrics_acc *m,
+                        ddo__errbuf *eb)
 {
     uint64_t len = (uint64_t)(sp->end - sp->start);
     int rc = ddo__account_take(hp->acc, len, eb);
@@ -77,7 +149,31 @@ static int pin_one(ddo__host_pins *hp, pin_span *sp, bool fallback, ddo__metrics
                          "keeps such bytes pageable)",
                          ddo__format_bytes(len, sz, sizeof(sz)), ddo_last_error());
     }
-    ddo__metrics_add(metrics, DDO_M_registration_fallback_bytes, (double)len);
+    ddo__metrics_add(m, DDO_M_registration_fallback_bytes, (double)len);
+    return 0;
+}
+
+/* The fragment arena: pinned, through the account, filled once. */
+static int fill_arena(ddo__host_pins *hp, uint64_t frag_bytes, ddo__errbuf *eb)
+{
+    if (frag_bytes == 0)
+        return 0;
+    uint64_t bytes = ddo__round_up(frag_bytes, ddo__os_page_size());
+    int rc = ddo__account_take(hp->acc, bytes, eb);
+    if (rc != 0)
+        return rc;
+    void *p = NULL;
+    rc = ddo__dev_host_alloc(hp->dev, (size_t)bytes, &p);
+    if (rc != 0) {
+        ddo__account_give(hp->acc, bytes);
+        return ddo__fail(eb, rc, "host tensors: pinning their %llu end-fragment bytes: %s",
+                         (unsigned long long)frag_bytes, ddo_last_error());
+    }
+    hp->arena = p;
+    hp->arena_bytes = bytes;
+    for (size_t i = 0; i < hp->frag_count; i++)
+        memcpy(hp->arena + hp->frags[i].at, (const void *)hp->frags[i].orig,
+               (size_t)hp->frags[i].len);
     return 0;
 }
 
@@ -87,56 +183,98 @@ int ddo__host_pins_create(ddo_device *dev, const ddo__host_range *ranges, size_t
 {
     ddo__host_pins *hp = ddo__calloc(1, sizeof(*hp));
     pin_span *spans = ddo__calloc(count > 0 ? count : 1, sizeof(*spans));
-    if (hp == NULL || spans == NULL) {
+    frag *frags = ddo__calloc(count > 0 ? 2 * count : 1, sizeof(*frags));
+    if (hp == NULL || spans == NULL || frags == NULL) {
         free(hp);
         free(spans);
+        free(frags);
         return ddo__fail(eb, DDO_E_NO_MEMORY, "host tensors: out of host memory");
     }
     hp->dev = dev;
     hp->acc = acc;
     hp->spans = spans;
-    hp->count = merged_spans(ranges, count, spans);
+    hp->frags = frags;
+    uint64_t frag_bytes = 0;
+    split_ranges(ranges, count, spans, &hp->span_count, frags, &hp->frag_count, &frag_bytes);
     uint64_t t0 = ddo__now_ns();
-    for (size_t i = 0; i < hp->count; i++) {
-        int rc = pin_one(hp, &hp->spans[i], fallback, metrics, eb);
-        if (rc != 0) {
-            ddo__host_pins_destroy(hp);
-            return rc;
-        }
+    int rc = fill_arena(hp, frag_bytes, eb);
+    for (size_t i = 0; rc == 0 && i < hp->span_count; i++)
+        rc = pin_span_one(hp, &hp->spans[i], fallback, metrics, eb);
+    if (rc != 0) {
+        ddo__host_pins_destroy(hp);
+        return rc;
     }
     ddo__metrics_add(metrics, DDO_M_setup_register_ns, (double)(ddo__now_ns() - t0));
     *out = hp;
     return 0;
 }
 
-bool ddo__host_pins_covers(const ddo__host_pins *hp, const void *p, uint64_t len)
+/* The span holding [a, b) registered, or NULL. */
+static const pin_span *span_of(const ddo__host_pins *hp, uintptr_t a, uintptr_t b)
 {
-    if (hp == NULL || hp->count == 0)
-        return false;
-    uintptr_t a = (uintptr_t)p;
-    size_t lo = 0, hi = hp->count;
-    while (hi - lo > 1) { /* the last span starting at or before a */
+    size_t lo = 0, hi = hp->span_count;
+    while (lo < hi) { /* the first span ending after a */
         size_t mid = lo + (hi - lo) / 2;
-        if (hp->spans[mid].start <= a)
-            lo = mid;
+        if (hp->spans[mid].end <= a)
+            lo = mid + 1;
         else
             hi = mid;
     }
+    if (lo == hp->span_count)
+        return NULL;
     const pin_span *sp = &hp->spans[lo];
-    return sp->registered && sp->start <= a && a + (uintptr_t)len <= sp->end;
+    return sp->registered && sp->start <= a && b <= sp->end ? sp : NULL;
+}
+
+static const frag *frag_of(const ddo__host_pins *hp, uintptr_t orig, uint64_t len)
+{
+    frag key = { orig, len, 0 };
+    return bsearch(&key, hp->frags, hp->frag_count, sizeof(*hp->frags), frag_cmp);
+}
+
+size_t ddo__host_pins_pieces(const ddo__host_pins *hp, const void *p, uint64_t len,
+                             ddo__host_piece out[3])
+{
+    if (hp == NULL || p == NULL || len == 0)
+        return 0;
+    ddo__host_range r = { p, len };
+    cut c = cut_range(&r, (uintptr_t)ddo__os_page_size());
+    size_t n = 0;
+    if (c.ia > c.a) {
+        const frag *f = frag_of(hp, c.a, (uint64_t)(c.ia - c.a));
+        if (f == NULL || hp->arena == NULL)
+            return 0;
+        out[n++] = (ddo__host_piece){ 0, f->len, hp->arena + f->at };
+    }
+    if (c.ib > c.ia) {
+        if (span_of(hp, c.ia, c.ib) == NULL)
+            return 0;
+        out[n++] = (ddo__host_piece){ (uint64_t)(c.ia - c.a), (uint64_t)(c.ib - c.ia),
+                                      (const void *)c.ia };
+    }
+    if (c.b > c.ib) {
+        const frag *f = frag_of(hp, c.ib, (uint64_t)(c.b - c.ib));
+        if (f == NULL || hp->arena == NULL)
+            return 0;
+        out[n++] = (ddo__host_piece){ (uint64_t)(c.ib - c.a), f->len, hp->arena + f->at };
+    }
+    return n;
 }
 
 void ddo__host_pins_destroy(ddo__host_pins *hp)
 {
     if (hp == NULL)
         return;
-    for (size_t i = 0; i < hp->count; i++) {
+    for (size_t i = 0; i < hp->span_count; i++) {
         pin_span *sp = &hp->spans[i];
         /* A failed unregistration leaves the caller's pages pinned: nothing of ours to free,
          * and the bytes stay accounted. */
         if (sp->registered && ddo__dev_host_unregister(hp->dev, (void *)sp->start) == 0)
             ddo__account_give(hp->acc, (uint64_t)(sp->end - sp->start));
     }
+    if (hp->arena != NULL && ddo__dev_host_free(hp->dev, hp->arena) == 0)
+        ddo__account_give(hp->acc, hp->arena_bytes);
     free(hp->spans);
+    free(hp->frags);
     free(hp);
 }

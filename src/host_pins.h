@@ -1,8 +1,12 @@
 /*
- * host_pins.h - registration in place of memory a caller owns (a PyTorch host's CPU
- * tensors, given by ddo_checkpoint_create_from_memory): the pages under the given ranges,
- * merged where they touch, are registered with the device so that the copy engine reads the
- * caller's bytes directly - no second host copy and no staging. Internal.
+ * host_pins.h - a caller's host memory made readable by the copy engine in place (a PyTorch
+ * host's CPU tensors, given by ddo_checkpoint_create_from_memory), without a second copy of
+ * the bulk: the whole pages inside each range are registered where they lie (adjacent ones
+ * merged), and the bytes at either end that share a page with something else (less than a
+ * page each) are copied once into a small pinned fragment arena. No byte outside the ranges
+ * is ever registered, so no other allocation shares a page with a registration (a copy from
+ * memory that starts inside a registration and runs past its end is refused by the driver).
+ * Internal.
  */
 #ifndef DDO_HOST_PINS_H
 #define DDO_HOST_PINS_H
@@ -18,26 +22,43 @@
 typedef struct ddo_device ddo_device;
 typedef struct ddo__host_pins ddo__host_pins;
 
-/* One range of caller memory to register. */
+/* One range of caller memory (immutable while the pins live). */
 typedef struct ddo__host_range {
     const void *p;
     uint64_t len;
 } ddo__host_range;
 
+/* A piece of a range and where the copy engine reads it from. */
+typedef struct ddo__host_piece {
+    uint64_t offset; /* within the range */
+    uint64_t len;
+    const void *src; /* registered or pinned memory */
+} ddo__host_piece;
+
+/* What ddo__host_pins_create takes from the registered account for ranges (the plan's
+ * figure): their whole inner pages plus the fragment arena rounded to pages. */
+uint64_t ddo__host_pins_bytes(const ddo__host_range *ranges, size_t count);
+
 /*
- * Registers the pages under ranges[0..count) (rounded out to whole pages, overlapping or
- * touching ones merged), taking their bytes from acc before each registration. A failed
- * registration: with fallback the pages stay pageable (registration_fallback_bytes) and the
+ * Registers the inner pages of ranges[0..count) and copies their end fragments into a pinned
+ * arena, taking the bytes from acc before each registration or allocation. A failed
+ * registration: with fallback its range stays pageable (registration_fallback_bytes) and its
  * bytes go back to acc; else the create fails with the device's code. On failure nothing is
- * left registered and *out is not written. Errors: DDO_E_BUDGET, DDO_E_NO_MEMORY,
- * DDO_E_DEVICE...
+ * left registered or allocated and *out is not written. Errors: DDO_E_BUDGET,
+ * DDO_E_NO_MEMORY, DDO_E_DEVICE...
  */
 int ddo__host_pins_create(ddo_device *dev, const ddo__host_range *ranges, size_t count,
                           ddo__account *acc, bool fallback, ddo__metrics_acc *metrics,
                           ddo__host_pins **out, ddo__errbuf *eb);
-/* True when [p, p + len) lies inside one registered range (a copy may read it directly). */
-bool ddo__host_pins_covers(const ddo__host_pins *hp, const void *p, uint64_t len);
-/* Unregisters everything and gives the bytes back; NULL is a no-op. */
+/*
+ * The pieces through which the range starting at p (len bytes, one of the ranges given to
+ * create) is read directly: at most 3 (head fragment, inner pages, tail fragment), in order,
+ * covering [0, len). Returns their number, 0 when the range is not pinned (its registration
+ * fell back: read it as pageable memory).
+ */
+size_t ddo__host_pins_pieces(const ddo__host_pins *hp, const void *p, uint64_t len,
+                             ddo__host_piece out[3]);
+/* Unregisters and frees everything and gives the bytes back; NULL is a no-op. */
 void ddo__host_pins_destroy(ddo__host_pins *hp);
 
 #endif /* DDO_HOST_PINS_H */

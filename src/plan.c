@@ -9,6 +9,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "plan.h"
 
+#include "host_pins.h"
+
 #include "budget.h"
 
 #include "config.h"
@@ -751,16 +753,17 @@ static uint64_t bytes_of(const ddo_plan *p, bool retained_only, bool registered_
     return s;
 }
 
-/* Host-memory tensors of registered units are registered in place, page by page (the
- * retained store never copies them): the pages they may touch, rounded to
- * DDO_HOST_PAGE_BOUND at both ends, are what the registered account takes for them. Sums, over
- * the streamed host tensors of the registered units (all streamed units with all_units), their
- * bytes and the pages they may touch. */
-static void host_registered(const builder *b, bool all_units, uint64_t *bytes, uint64_t *pages)
+/* Host-memory tensors of registered units are registered in place (host_pins.h; the retained
+ * store never copies them). Sums, over the streamed host tensors of the registered units (all
+ * streamed units with all_units), their bytes and what the registered account takes for them
+ * (their inner pages plus the pinned arena of their end fragments). */
+static void host_registered(const builder *b, bool all_units, uint64_t *bytes, uint64_t *pinned)
 {
     const ddo_plan *p = b->p;
     *bytes = 0;
-    *pages = 0;
+    *pinned = 0;
+    ddo__host_range *r = ddo__calloc(b->n > 0 ? b->n : 1, sizeof(*r));
+    size_t n = 0;
     for (size_t u = 0; u < p->unit_count; u++) {
         const ddo__plan_unit *un = &p->units[u];
         if (un->resident || !(un->registered || all_units))
@@ -772,10 +775,13 @@ static void host_registered(const builder *b, bool all_units, uint64_t *bytes, u
                 p->tensors[t].loc.placement != DDO_PLACEMENT_STREAMED)
                 continue;
             *bytes = sat_add(*bytes, ti->nbytes);
-            *pages = sat_add(*pages, ddo__round_up(ti->nbytes, DDO_HOST_PAGE_BOUND) +
-                                         DDO_HOST_PAGE_BOUND);
+            if (r != NULL)
+                r[n++] = (ddo__host_range){ ti->host_data, ti->nbytes };
         }
     }
+    /* Without the table (no memory), an upper bound: one more page per tensor. */
+    *pinned = r != NULL ? ddo__host_pins_bytes(r, n) : sat_add(*bytes, (uint64_t)b->n * 65536u);
+    free(r);
 }
 
 /* True for a checkpoint of a caller's host tensors (one built for planning only, without
@@ -897,15 +903,15 @@ static int host_side(builder *b, uint64_t available, const ddo__pin_resolution *
         for (size_t k = 0; k < streamed; k++)
             if (p->units[list[k]].retained)
                 list[rn++] = list[k];
-        /* Host tensors may touch more pages than their bytes: keep room for that. */
+        /* Host tensors take their arena's rounding on top of their bytes: keep room for it. */
         uint64_t hb = 0, hp = 0;
         host_registered(b, true, &hb, &hp);
-        uint64_t fringe = hp - hb;
-        if (partial && sat_add(ddo__round_up(bytes_of(p, true, false), DDO_SEGMENT_BYTES),
-                               fringe) > reg_limit) {
+        uint64_t fringe = hp > hb ? hp - hb : 0;
+        if (partial && sat_add(ddo__round_up(bytes_of(p, true, false), DDO_SEGMENT_BYTES), fringe) >
+                           reg_limit) {
             memset(flags, 0, p->unit_count * sizeof(*flags));
-            rc = choose_units(p, list, rn, reg_limit > fringe ? reg_limit - fringe : 0, how,
-                              flags, NULL);
+            rc = choose_units(p, list, rn, reg_limit > fringe ? reg_limit - fringe : 0, how, flags,
+                              NULL);
             if (rc != 0)
                 goto out;
             for (size_t k = 0; k < rn; k++)
@@ -919,7 +925,7 @@ static int host_side(builder *b, uint64_t available, const ddo__pin_resolution *
     }
     ddo__decisions_set_str(d, "registration", reg);
     bg->registered_limit = reg_limit;
-    uint64_t host_bytes = 0, host_pages = 0;
+    uint64_t host_bytes = 0, host_pages = 0; /* pages: what registering them in place takes */
     host_registered(b, false, &host_bytes, &host_pages);
     bg->registered_peak = ddo__round_up(bytes_of(p, false, true) - host_bytes, DDO_SEGMENT_BYTES);
     if (bg->registered_peak > bg->retained_peak)

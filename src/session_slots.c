@@ -422,7 +422,14 @@ static int run_job(ddo_session *s, ddo__job *job, ddo__errbuf *eb)
                            : registered ? UPLOAD_REGISTERED
                                         : UPLOAD_PAGEABLE;
         reread = reread || kind == UPLOAD_FILE;
-        rc = upload_tensor(s, t, to, loc.nbytes, kind, host, eb);
+        ddo__host_piece pieces[3];
+        rc = 0;
+        size_t np = kind == UPLOAD_REGISTERED ? ddo__source_host_pieces(s->source, t, pieces) : 0;
+        for (size_t k = 0; k < np && rc == 0; k++) /* a host tensor registered in place */
+            rc = upload_tensor(s, t, to + pieces[k].offset, pieces[k].len, UPLOAD_REGISTERED,
+                               pieces[k].src, eb);
+        if (np == 0)
+            rc = upload_tensor(s, t, to, loc.nbytes, kind, host, eb);
         if (rc != 0)
             return rc;
         ubytes += loc.nbytes;

@@ -949,8 +949,8 @@ const void *ddo__source_host_ptr(const ddo__source *src, size_t tensor, bool *re
     if (e->run == RUN_NONE)
         return NULL;
     if (e->run == RUN_HOST && registered != NULL) {
-        const ddo_tensor_info *t = ddo_checkpoint_tensor(src->ck, tensor);
-        *registered = ddo__host_pins_covers(src->host_pins, e->ptr, t->nbytes);
+        ddo__host_piece pieces[3];
+        *registered = ddo__source_host_pieces(src, tensor, pieces) > 0;
     }
     if (e->run == RUN_STORE && registered != NULL) {
         const ddo_tensor_info *t = ddo_checkpoint_tensor(src->ck, tensor);
@@ -962,6 +962,14 @@ const void *ddo__source_host_ptr(const ddo__source *src, size_t tensor, bool *re
         *registered = all;
     }
     return e->ptr;
+}
+
+size_t ddo__source_host_pieces(const ddo__source *src, size_t tensor, ddo__host_piece out[3])
+{
+    if (src == NULL || tensor >= src->tensor_count || src->entries[tensor].run != RUN_HOST)
+        return 0;
+    const ddo_tensor_info *t = ddo_checkpoint_tensor(src->ck, tensor);
+    return ddo__host_pins_pieces(src->host_pins, src->entries[tensor].ptr, t->nbytes, out);
 }
 
 uint64_t ddo__source_segment_left(const ddo__source *src, size_t tensor, uint64_t offset)

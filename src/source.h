@@ -14,6 +14,7 @@
 
 #include "budget.h"
 #include "common.h"
+#include "host_pins.h"
 #include "metrics.h"
 
 #include <stdbool.h>
@@ -69,7 +70,15 @@ int ddo__source_create(const ddo__source_params *p, const ddo__source_request *r
 /* Unregisters and frees everything; accounts back to what they were. */
 void ddo__source_destroy(ddo__source *src);
 
-/* Where tensor's retained bytes are (NULL when not retained) and whether they are registered. */
+/*
+ * A registered host-memory tensor (registered in place, host_pins.h): the pieces the copy
+ * engine reads it from, in order (its inner pages where they lie, its end fragments from the
+ * pinned arena). 0 for any other tensor, or one whose registration fell back.
+ */
+size_t ddo__source_host_pieces(const ddo__source *src, size_t tensor, ddo__host_piece out[3]);
+
+/* Where tensor's retained bytes are (NULL when not retained) and whether they are registered
+ * (a registered host-memory tensor is read through ddo__source_host_pieces). */
 const void *ddo__source_host_ptr(const ddo__source *src, size_t tensor, bool *registered);
 
 /*

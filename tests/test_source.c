@@ -558,6 +558,59 @@ static void test_memory_image_falls_back_to_pread(void)
     ddo_checkpoint_destroy(ck);
 }
 
+/* A host tensor registered in place: its whole inner pages where they lie, its two end
+ * fragments (which share pages with other memory) from the pinned arena; nothing outside the
+ * tensor is registered. */
+static void test_host_tensor_pieces(void)
+{
+    uint8_t *buf = NULL;
+    T_REQUIRE(posix_memalign((void **)&buf, 4096, 8 * 4096) == 0);
+    for (size_t i = 0; i < 8 * 4096; i++)
+        buf[i] = (uint8_t)(i * 7);
+    uint8_t *a = buf + 100; /* 5 pages and a bit, starting 100 bytes into a page */
+    uint64_t n = 5 * 4096 + 300;
+    ddo_tensor_desc d[1] = { { "w", DDO_DTYPE_U8, 1, &n, a } };
+    ddo_checkpoint *ck = NULL;
+    T_REQUIRE(ddo_checkpoint_create_from_memory(d, 1, &ck) == 0);
+    ddo_device *dev = NULL;
+    T_REQUIRE(ddo_device_create("cpu", NULL, &dev) == 0);
+    ddo__account ret, reg;
+    ddo__account_init(&ret, "retained host", "vmm_source_cache_gb", 0);
+    ddo__account_init(&reg, "registered host", "vmm_source_registered_gb", 1 << 20);
+    ddo__source_params p = {
+        .ck = ck, .dev = dev, .workers = 1, .retained = &ret, .registered = &reg
+    };
+    ddo__source_request req[1] = { { 0, true, true } };
+    ddo__source *src = NULL;
+    T_REQUIRE(ddo__source_create(&p, req, 1, &src, NULL) == 0);
+    ddo__host_piece pc[3];
+    T_REQUIRE(ddo__source_host_pieces(src, 0, pc) == 3);
+    T_CHECK(pc[0].offset == 0 && pc[0].len == 4096 - 100);
+    T_CHECK(pc[1].offset == 4096 - 100 && pc[1].len == 4 * 4096 && pc[1].src == buf + 4096);
+    T_CHECK(pc[2].offset == 5 * 4096 - 100 && pc[2].len == 400);
+    T_CHECK(pc[0].src != (const void *)a && memcmp(pc[0].src, a, (size_t)pc[0].len) == 0);
+    T_CHECK(memcmp(pc[2].src, a + pc[2].offset, (size_t)pc[2].len) == 0);
+    /* inner pages + the arena (3996 + 400 fragment bytes, rounded to pages) */
+    T_EQ_U64(ddo__account_used(&reg), 4 * 4096 + 2 * 4096);
+    /* Memory right after the tensor shares its last page and was never registered: a copy
+     * from it (here 4 KiB, crossing into the next page) is an ordinary pageable copy. */
+    void *stream = NULL;
+    uint64_t dst = 0;
+    T_REQUIRE(ddo__dev_stream_create(dev, 1, &stream) == 0);
+    T_REQUIRE(ddo__dev_mem_alloc(dev, 4096, &dst) == 0);
+    T_EQ_INT(ddo__dev_copy_h2d(dev, dst, a + n, 4096, stream), 0);
+    T_EQ_INT(ddo__dev_stream_synchronize(dev, stream), 0);
+    ddo__dev_mem_free(dev, dst);
+    ddo__dev_stream_destroy(dev, stream);
+    ddo__source_destroy(src);
+    T_EQ_U64(ddo__account_used(&reg), 0);
+    ddo__account_fini(&ret);
+    ddo__account_fini(&reg);
+    ddo_device_destroy(dev);
+    ddo_checkpoint_destroy(ck);
+    free(buf);
+}
+
 static void test_host_memory_tensors(void)
 {
     static uint8_t a[1000], b[3];
@@ -594,10 +647,15 @@ static void test_host_memory_tensors(void)
     ddo__account_init(&reg, "registered host", "vmm_source_registered_gb", 3 * 4096);
     T_EQ_INT(ddo__source_create(&p, req, 2, &src, NULL), 0);
     T_REQUIRE(src != NULL);
-    uintptr_t first = (uintptr_t)a / 4096 * 4096;
-    uintptr_t end = ((uintptr_t)a + sizeof(a) + 4095) / 4096 * 4096;
-    T_EQ_U64(ddo__account_used(&reg), (uint64_t)(end - first)); /* whole pages, once */
+    /* 1000 bytes hold no whole page: all of it is a fragment, copied to the pinned arena. */
+    ddo__host_range ra = { a, sizeof(a) };
+    T_EQ_U64(ddo__account_used(&reg), ddo__host_pins_bytes(&ra, 1));
+    T_EQ_U64(ddo__account_used(&reg), 4096);
     T_EQ_U64(ddo__account_used(&ret), 0);
+    ddo__host_piece pc[3];
+    T_EQ_U64(ddo__source_host_pieces(src, ia, pc), 1);
+    T_CHECK(pc[0].offset == 0 && pc[0].len == sizeof(a) && pc[0].src != (const void *)a);
+    T_CHECK(memcmp(pc[0].src, a, sizeof(a)) == 0);
     bool registered = false;
     T_CHECK(ddo__source_host_ptr(src, ia, &registered) == (const void *)a);
     T_CHECK(registered);
@@ -696,6 +754,7 @@ int main(void)
     T_RUN(test_read_file_changed);
     T_RUN(test_memory_image_falls_back_to_pread);
     T_RUN(test_host_memory_tensors);
+    T_RUN(test_host_tensor_pieces);
     T_RUN(test_concurrent_reads);
     unlink(path);
     rmdir(dir);
