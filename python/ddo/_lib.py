@@ -1,0 +1,266 @@
+"""Loading libddo and declaring its C functions and structs (ctypes).
+
+The library is found in this order: an explicit path given to ``load``, the ``DDO_LIBRARY``
+environment variable, the copy inside this package, then the build tree next to it
+(``<repo>/build/libddo.so``). A missing library or one whose version or struct layouts differ
+from what this module mirrors fails with one line naming the paths tried and what was found.
+"""
+
+import ctypes
+import os
+import pathlib
+
+# The library version this binding mirrors (major, minor): another minor may change layouts.
+ABI_VERSION = (0, 1)
+
+c_size_t = ctypes.c_size_t
+c_u64 = ctypes.c_uint64
+c_u32 = ctypes.c_uint32
+c_int = ctypes.c_int
+c_double = ctypes.c_double
+c_bool = ctypes.c_bool
+c_char_p = ctypes.c_char_p
+c_void_p = ctypes.c_void_p
+MAX_DIMS = 8
+
+
+class TensorInfo(ctypes.Structure):
+    _fields_ = [("name", c_char_p), ("dtype", c_int), ("ndim", c_u32),
+                ("shape", c_u64 * MAX_DIMS), ("file_index", c_u32), ("offset", c_u64),
+                ("nbytes", c_u64), ("host_data", c_void_p)]
+
+
+class TensorDesc(ctypes.Structure):
+    _fields_ = [("name", c_char_p), ("dtype", c_int), ("ndim", c_u32),
+                ("shape", ctypes.POINTER(c_u64)), ("data", c_void_p)]
+
+
+class ConfigItem(ctypes.Structure):
+    _fields_ = [("key", c_char_p), ("env", c_char_p), ("flag", c_char_p), ("type", c_int),
+                ("value", c_char_p), ("source", c_char_p), ("help", c_char_p)]
+
+
+class Settings(ctypes.Structure):
+    _fields_ = [("requested_preset", c_char_p), ("effective_preset", c_char_p),
+                ("backend", c_char_p), ("route", c_char_p), ("enabled", c_bool),
+                ("plan", c_bool), ("requested_pin_cpu_memory", c_bool),
+                ("effective_pin_cpu_memory", c_bool), ("disable_pin_on_wsl", c_bool),
+                ("running_on_wsl", c_bool)]
+
+
+class DeviceCaps(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char * 128), ("total_bytes", c_u64), ("free_bytes", c_u64),
+                ("granularity", c_size_t), ("vmm_supported", c_bool), ("is_cpu", c_bool),
+                ("bus_bytes_per_s", c_double), ("flops_per_s", c_double),
+                ("driver_version", c_int), ("ordinal", c_int)]
+
+
+class DeviceOptions(ctypes.Structure):
+    _fields_ = [("cpu_memory_bytes", c_u64), ("cpu_granularity", c_size_t),
+                ("cpu_bytes_per_s", c_double), ("cpu_copy_latency_ns", c_u64),
+                ("cpu_flops_per_s", c_double), ("cuda_library_path", c_char_p),
+                ("cuda_library_env", c_char_p)]
+
+
+class PlanInputs(ctypes.Structure):
+    _fields_ = [("device_total_bytes", c_u64), ("device_free_bytes", c_u64),
+                ("device_granularity", c_size_t), ("device_is_cpu", c_bool),
+                ("device_vmm_supported", c_bool), ("host_available_bytes", c_u64),
+                ("bus_bytes_per_s", c_double), ("flops_per_s", c_double), ("tokens", c_u64)]
+
+
+class UnitInfo(ctypes.Structure):
+    _fields_ = [("name", c_char_p), ("first_tensor", c_size_t), ("tensor_count", c_size_t),
+                ("bytes", c_u64), ("flops_per_token", c_u64), ("resident", c_bool),
+                ("retained", c_bool), ("registered", c_bool), ("transfer_s", c_double),
+                ("compute_s", c_double), ("hidden", c_bool)]
+
+
+class PlanBudgets(ctypes.Structure):
+    _fields_ = [("device_weights_peak", c_u64), ("device_weights_limit", c_u64),
+                ("resident_bytes", c_u64), ("slot_bytes", c_u64), ("slot_count", c_size_t),
+                ("retained_peak", c_u64), ("retained_limit", c_u64),
+                ("registered_peak", c_u64), ("registered_limit", c_u64),
+                ("staging_peak", c_u64), ("staging_window_bytes", c_u64),
+                ("staging_windows", c_size_t), ("predicted_step_s", c_double)]
+
+
+class TensorLocation(ctypes.Structure):
+    _fields_ = [("placement", c_int), ("reason", c_int), ("unit", c_size_t),
+                ("offset", c_u64), ("nbytes", c_u64)]
+
+
+PROGRESS_FN = ctypes.CFUNCTYPE(None, c_void_p, c_char_p, c_u64, c_u64)
+TRACE_FN = ctypes.CFUNCTYPE(None, c_void_p, c_char_p, c_size_t, c_u64, c_u64, c_u64)
+
+
+class SessionOptions(ctypes.Structure):
+    _fields_ = [("progress", PROGRESS_FN), ("progress_user", c_void_p), ("config", c_void_p),
+                ("trace", TRACE_FN), ("trace_user", c_void_p)]
+
+
+# Every struct mirrored here, by its C name: the library reports its own sizes.
+STRUCTS = {
+    "ddo_tensor_info": TensorInfo, "ddo_tensor_desc": TensorDesc,
+    "ddo_config_item": ConfigItem, "ddo_settings": Settings, "ddo_device_caps": DeviceCaps,
+    "ddo_device_options": DeviceOptions, "ddo_plan_inputs": PlanInputs,
+    "ddo_unit_info": UnitInfo, "ddo_plan_budgets": PlanBudgets,
+    "ddo_tensor_location": TensorLocation, "ddo_session_options": SessionOptions,
+}
+
+P = c_void_p
+PP = ctypes.POINTER(c_void_p)
+PSIZE = ctypes.POINTER(c_size_t)
+PCHARP = ctypes.POINTER(c_char_p)
+
+# name: (restype, argtypes)
+FUNCTIONS = {
+    "ddo_version_string": (c_char_p, []),
+    "ddo_version_number": (ctypes.c_uint, []),
+    "ddo_struct_size": (c_size_t, [c_char_p]),
+    "ddo_errname": (c_char_p, [c_int]),
+    "ddo_strerror": (c_char_p, [c_int]),
+    "ddo_last_error": (c_char_p, []),
+    "ddo_free": (None, [P]),
+    "ddo_dtype_name": (c_char_p, [c_int]),
+    "ddo_dtype_size": (c_size_t, [c_int]),
+    "ddo_checkpoint_create": (c_int, [c_char_p, c_int, PP]),
+    "ddo_checkpoint_create_from_memory": (c_int, [ctypes.POINTER(TensorDesc), c_size_t, PP]),
+    "ddo_checkpoint_destroy": (None, [P]),
+    "ddo_checkpoint_tensor_count": (c_size_t, [P]),
+    "ddo_checkpoint_tensor": (ctypes.POINTER(TensorInfo), [P, c_size_t]),
+    "ddo_checkpoint_find": (c_int, [P, c_char_p, PSIZE]),
+    "ddo_config_create": (c_int, [PP]),
+    "ddo_config_destroy": (None, [P]),
+    "ddo_config_clone": (c_int, [P, PP]),
+    "ddo_config_apply_preset": (c_int, [P, c_char_p, c_char_p]),
+    "ddo_config_set": (c_int, [P, c_char_p, c_char_p]),
+    "ddo_config_override": (c_int, [P, c_char_p, c_char_p]),
+    "ddo_config_get": (c_int, [P, c_char_p, PCHARP]),
+    "ddo_config_source": (c_int, [P, c_char_p, PCHARP]),
+    "ddo_config_apply_env": (c_int, [P, PCHARP]),
+    "ddo_config_validate": (c_int, [P]),
+    "ddo_config_count": (c_size_t, []),
+    "ddo_config_entry": (c_int, [P, c_size_t, ctypes.POINTER(ConfigItem)]),
+    "ddo_config_warning_count": (c_size_t, [P]),
+    "ddo_config_warning": (c_char_p, [P, c_size_t]),
+    "ddo_config_to_json": (c_int, [P, PP]),
+    "ddo_config_settings": (c_int, [P, ctypes.POINTER(Settings)]),
+    "ddo_config_set_running_on_wsl": (None, [P, c_bool]),
+    "ddo_config_error": (c_char_p, [P]),
+    "ddo_device_create": (c_int, [c_char_p, ctypes.POINTER(DeviceOptions), PP]),
+    "ddo_device_create_from_config": (c_int, [P, ctypes.POINTER(DeviceOptions), PP,
+                                              ctypes.c_char_p, c_size_t]),
+    "ddo_device_destroy": (None, [P]),
+    "ddo_device_caps_get": (c_int, [P, ctypes.POINTER(DeviceCaps)]),
+    "ddo_device_error": (c_char_p, [P]),
+    "ddo_stream_wrap": (c_int, [P, P, PP]),
+    "ddo_stream_destroy": (None, [P]),
+    "ddo_plan_inputs_get": (c_int, [P, ctypes.POINTER(PlanInputs)]),
+    "ddo_plan_build": (c_int, [P, P, ctypes.POINTER(PlanInputs), PP]),
+    "ddo_plan_destroy": (None, [P]),
+    "ddo_plan_unit_count": (c_size_t, [P]),
+    "ddo_plan_unit": (c_int, [P, c_size_t, ctypes.POINTER(UnitInfo)]),
+    "ddo_plan_unit_tensors": (PSIZE, [P, c_size_t, PSIZE]),
+    "ddo_plan_tensor_location": (c_int, [P, c_size_t, ctypes.POINTER(TensorLocation)]),
+    "ddo_plan_budgets_get": (c_int, [P, ctypes.POINTER(PlanBudgets)]),
+    "ddo_plan_route": (c_char_p, [P]),
+    "ddo_plan_to_json": (c_int, [P, PP]),
+    "ddo_plan_error": (c_char_p, [P]),
+    "ddo_session_create": (c_int, [P, P, P, ctypes.POINTER(SessionOptions), PP]),
+    "ddo_session_destroy": (None, [P]),
+    "ddo_session_acquire": (c_int, [P, c_size_t, P]),
+    "ddo_session_release": (c_int, [P, c_size_t, P]),
+    "ddo_session_declare_order": (c_int, [P, PSIZE, c_size_t]),
+    "ddo_session_unit_addresses": (c_int, [P, c_size_t, PP, c_size_t, PSIZE]),
+    "ddo_session_tensor_stable_address": (c_int, [P, c_size_t, PP]),
+    "ddo_session_tensor_dlpack": (c_int, [P, c_size_t, ctypes.c_uint, PP]),
+    "ddo_session_view_count": (c_size_t, [P]),
+    "ddo_session_unload": (c_int, [P]),
+    "ddo_session_reload": (c_int, [P]),
+    "ddo_session_synchronize": (c_int, [P]),
+    "ddo_session_metrics": (c_int, [P, c_bool, PP]),
+    "ddo_session_error": (c_char_p, [P]),
+    "ddo_metrics_destroy": (None, [P]),
+    "ddo_metrics_get": (c_int, [P, c_char_p, ctypes.POINTER(c_double)]),
+    "ddo_metrics_to_json": (c_int, [P, c_char_p, PP]),
+    "ddo_metrics_format_profile": (c_int, [P, PP]),
+    "ddo_metrics_record": (c_int, [P, c_char_p, c_char_p]),
+}
+
+
+class LibraryError(ImportError):
+    """libddo could not be loaded, or it is not the library this binding mirrors."""
+
+
+def _candidates(path):
+    here = pathlib.Path(__file__).resolve().parent
+    out = []
+    if path:
+        out.append(("argument", str(path)))
+    env = os.environ.get("DDO_LIBRARY", "")
+    if env:
+        out.append(("DDO_LIBRARY", env))
+    out.append(("package", str(here / "libddo.so")))
+    out.append(("build tree", str(here.parent.parent / "build" / "libddo.so")))
+    return out
+
+
+def _check(lib, where):
+    try:
+        version = lib.ddo_version_string().decode()
+        size_of = lib.ddo_struct_size
+    except AttributeError as e:
+        raise LibraryError(f"ddo: {where} is not a libddo this binding can use ({e})") from None
+    major, minor = (int(x) for x in version.split(".")[:2])
+    if (major, minor) != ABI_VERSION:
+        raise LibraryError(f"ddo: {where} is libddo {version}; this binding needs "
+                           f"{ABI_VERSION[0]}.{ABI_VERSION[1]}.x")
+    for cname, py in STRUCTS.items():
+        n = size_of(cname.encode())
+        if n != ctypes.sizeof(py):
+            raise LibraryError(f"ddo: {where} (libddo {version}): struct {cname} is {n} bytes "
+                               f"there and {ctypes.sizeof(py)} here: rebuild the library or "
+                               f"the binding")
+    return version
+
+
+def _declare(lib):
+    missing = []
+    for name, (res, args) in FUNCTIONS.items():
+        try:
+            f = getattr(lib, name)
+        except AttributeError:
+            missing.append(name)
+            continue
+        f.restype = res
+        f.argtypes = args
+    if missing:
+        raise LibraryError("ddo: the library lacks " + ", ".join(missing[:5]) +
+                           (" ..." if len(missing) > 5 else ""))
+
+
+def load(path=None):
+    """Loads libddo (see the module's docstring for the search order) and checks it."""
+    tried = []
+    for origin, p in _candidates(path):
+        if origin == "argument" or origin == "DDO_LIBRARY" or os.path.exists(p):
+            try:
+                lib = ctypes.CDLL(p)
+            except OSError as e:
+                if origin in ("argument", "DDO_LIBRARY"):
+                    raise LibraryError(f"ddo: cannot load libddo from {p} ({origin}): {e}") \
+                        from None
+                tried.append(f"{p} ({origin}: {e})")
+                continue
+            lib.ddo_version_string.restype = c_char_p
+            lib.ddo_struct_size.restype = c_size_t
+            lib.ddo_struct_size.argtypes = [c_char_p]
+            version = _check(lib, f"{p} ({origin})")
+            _declare(lib)
+            lib.ddo_path = p
+            lib.ddo_version = version
+            return lib
+        tried.append(f"{p} ({origin}: absent)")
+    raise LibraryError("ddo: libddo.so not found; tried " + "; ".join(tried) +
+                       " (build it with `make`, or set DDO_LIBRARY)")

@@ -1,0 +1,159 @@
+"""The loaded library, its errors, and small wrappers over C handles (internal)."""
+
+import ctypes
+import json
+import os
+
+from . import _lib
+
+_LIB = None
+
+
+def lib():
+    """The checked libddo (loaded on first use; ddo.load_library chooses the path)."""
+    global _LIB
+    if _LIB is None:
+        _LIB = _lib.load()
+    return _LIB
+
+
+def set_library(path):
+    global _LIB
+    _LIB = _lib.load(path)
+    return _LIB
+
+
+class DdoError(Exception):
+    """An error from libddo: ``code`` is its name ("DDO_E_BUDGET"), ``detail`` its one line."""
+
+    def __init__(self, code, detail):
+        super().__init__(f"{code}: {detail}" if detail else code)
+        self.code = code
+        self.detail = detail
+
+
+class UnknownOptionError(DdoError, TypeError):
+    """An override that is not an option of the catalog (a TypeError, as upstream raises)."""
+
+
+def error_name(rc):
+    return lib().ddo_errname(rc).decode()
+
+
+def check(rc, detail=None):
+    """Raises DdoError for a negative return code (detail: the handle's, else the thread's)."""
+    if rc == 0:
+        return
+    if detail is None:
+        detail = lib().ddo_last_error()
+    if isinstance(detail, bytes):
+        detail = detail.decode(errors="replace")
+    name = error_name(rc)
+    raise DdoError(name, detail or "")
+
+
+def take_text(ptr):
+    """A library-allocated C string as str, freed."""
+    try:
+        return ctypes.string_at(ptr).decode()
+    finally:
+        lib().ddo_free(ptr)
+
+
+def dtype_names():
+    """ddo dtype index -> safetensors name ("BF16"), from the library."""
+    out = {}
+    i = 0
+    while True:
+        n = lib().ddo_dtype_name(i)
+        if n is None:
+            return out
+        out[i] = n.decode()
+        i += 1
+
+
+class Config:
+    """An owned ddo_config handle."""
+
+    def __init__(self, handle=None):
+        if handle is None:
+            h = ctypes.c_void_p()
+            check(lib().ddo_config_create(ctypes.byref(h)))
+            handle = h
+        self.h = handle
+
+    def __del__(self):
+        h = getattr(self, "h", None)
+        if h is not None and h.value and _LIB is not None:
+            _LIB.ddo_config_destroy(h)
+            self.h = None
+
+    def _check(self, rc):
+        if rc != 0:
+            check(rc, lib().ddo_config_error(self.h))
+
+    def apply_preset(self, backend, preset):
+        self._check(lib().ddo_config_apply_preset(
+            self.h, backend.encode() if backend else None, (preset or "auto").encode()))
+
+    def apply_env(self, environ):
+        items = [f"{k}={v}".encode() for k, v in environ.items()]
+        arr = (ctypes.c_char_p * (len(items) + 1))(*items, None)
+        self._check(lib().ddo_config_apply_env(self.h, arr))
+
+    def override(self, key, value):
+        rc = lib().ddo_config_override(self.h, key.encode(), to_text(value).encode())
+        if rc != 0:
+            detail = lib().ddo_config_error(self.h).decode(errors="replace")
+            name = error_name(rc)
+            if name == "DDO_E_NOT_FOUND":
+                raise UnknownOptionError(name, detail)
+            raise DdoError(name, detail)
+
+    def get(self, key):
+        v = ctypes.c_char_p()
+        self._check(lib().ddo_config_get(self.h, key.encode(), ctypes.byref(v)))
+        return v.value.decode() if v.value is not None else ""
+
+    def source(self, key):
+        v = ctypes.c_char_p()
+        self._check(lib().ddo_config_source(self.h, key.encode(), ctypes.byref(v)))
+        return v.value.decode() if v.value is not None else ""
+
+    def validate(self):
+        self._check(lib().ddo_config_validate(self.h))
+
+    def to_json(self):
+        p = ctypes.c_void_p()
+        self._check(lib().ddo_config_to_json(self.h, ctypes.byref(p)))
+        return json.loads(take_text(p))
+
+    def warnings(self):
+        n = lib().ddo_config_warning_count(self.h)
+        return [lib().ddo_config_warning(self.h, i).decode() for i in range(n)]
+
+    def items(self):
+        """(key, type, value text, source, help, env, flag) of every option, catalog order."""
+        it = _lib.ConfigItem()
+        out = []
+        for i in range(lib().ddo_config_count()):
+            self._check(lib().ddo_config_entry(self.h, i, ctypes.byref(it)))
+            out.append((it.key.decode(), it.type, it.value.decode(), it.source.decode(),
+                        (it.help or b"").decode(), (it.env or b"").decode(),
+                        (it.flag or b"").decode()))
+        return out
+
+
+def to_text(value):
+    """A Python value as the catalog's text form."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    if value is None:
+        return ""
+    return str(value)
+
+
+def environ_block(environ=None):
+    return dict(os.environ if environ is None else environ)

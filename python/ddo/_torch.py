@@ -1,0 +1,81 @@
+"""torch-side helpers (internal): dtypes, DLPack views over ddo memory, streams, compile guards."""
+
+import ctypes
+
+import torch
+import torch.utils.dlpack
+
+from . import _native
+
+VIEW_BYTES = 1  # DDO_VIEW_BYTES
+
+# safetensors dtype name -> torch dtype attribute name (those this torch lacks are skipped).
+_TORCH_NAMES = {
+    "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16",
+    "F16": "float16", "BF16": "bfloat16", "I32": "int32", "U32": "uint32", "F32": "float32",
+    "F64": "float64", "I64": "int64", "U64": "uint64", "F8_E5M2": "float8_e5m2",
+    "F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu",
+}
+# Dtypes torch 1.13's DLPack import cannot name: passed as bytes and viewed.
+_AS_BYTES = {"BOOL", "U16", "U32", "U64", "F8_E5M2", "F8_E4M3", "F8_E8M0"}
+
+
+def dtype_tables():
+    """(torch dtype -> ddo dtype index, ddo index -> torch dtype)."""
+    to_ddo, to_torch = {}, {}
+    for idx, name in _native.dtype_names().items():
+        attr = _TORCH_NAMES.get(name)
+        td = getattr(torch, attr, None) if attr else None
+        if isinstance(td, torch.dtype):
+            to_ddo[td] = idx
+            to_torch[idx] = td
+    return to_ddo, to_torch
+
+
+_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
+_PyCapsule_New.restype = ctypes.py_object
+_PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+class _Managed(ctypes.Structure):
+    """The head of DLPack's DLManagedTensor, enough to reach its deleter (offset 48)."""
+    _fields_ = [("dl_tensor", ctypes.c_byte * 48), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.CFUNCTYPE(None, ctypes.c_void_p))]
+
+
+def view(session, tensor, dtype_name, torch_dtype, shape):
+    """A torch tensor over the session's device bytes of `tensor` (no copy)."""
+    as_bytes = dtype_name in _AS_BYTES
+    p = ctypes.c_void_p()
+    _native.check(_native.lib().ddo_session_tensor_dlpack(
+        session, tensor, VIEW_BYTES if as_bytes else 0, ctypes.byref(p)),
+        _native.lib().ddo_session_error(session))
+    try:
+        t = torch.utils.dlpack.from_dlpack(_PyCapsule_New(p, b"dltensor", None))
+    except BaseException:
+        _Managed.from_address(p.value).deleter(p.value)
+        raise
+    if as_bytes:
+        t = t.view(torch_dtype).view(shape)
+    return t
+
+
+def current_stream_handle(device):
+    """The native handle of torch's current stream on device (None on the cpu device)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def capturing(device):
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def no_compile(fn):
+    """Keeps fn out of torch.compile (hooks call ctypes, which dynamo cannot trace)."""
+    compiler = getattr(torch, "compiler", None)
+    disable = getattr(compiler, "disable", None) if compiler is not None else None
+    if disable is None:
+        dynamo = getattr(torch, "_dynamo", None)
+        disable = getattr(dynamo, "disable", None) if dynamo is not None else None
+    return disable(fn) if disable is not None else fn

@@ -1,0 +1,109 @@
+"""DynamicOffloadConfig: every option of libddo's catalog as a field, built from the library.
+
+The fields, their defaults and their types come from the C catalog at import (``ddo config
+--list`` is the same catalog); nothing here lists an option by hand. Validation is the
+library's: ``DynamicOffloadConfig(...).validate()`` or any use raises ``ddo.DdoError`` with the
+library's one-line message.
+"""
+
+from . import _native
+
+
+def _catalog():
+    cfg = _native.Config()
+    values = {k: v["value"] for k, v in cfg.to_json()["options"].items()}
+    meta = {}
+    for key, typ, _text, _src, help_, env, flag in cfg.items():
+        meta[key] = {"type": typ, "help": help_, "env": env, "flag": flag}
+    return values, meta
+
+
+_DEFAULTS, CATALOG = _catalog()
+
+
+def _freeze(v):
+    return tuple(v) if isinstance(v, list) else v
+
+
+class DynamicOffloadConfig:
+    """Every option of the catalog with its default; set fields by keyword or attribute.
+
+    Only the fields given (or assigned) are applied to a session; the others keep whatever
+    the preset and the environment resolve, as upstream's dataclass ``replace`` does.
+    """
+
+    __slots__ = ("_values", "_explicit")
+
+    def __init__(self, **fields):
+        object.__setattr__(self, "_values", {k: _freeze(v) for k, v in _DEFAULTS.items()})
+        object.__setattr__(self, "_explicit", [])
+        for k, v in fields.items():
+            setattr(self, k, v)
+
+    @staticmethod
+    def fields():
+        """The option keys, in catalog order."""
+        return list(_DEFAULTS)
+
+    def __getattr__(self, key):
+        values = object.__getattribute__(self, "_values")
+        if key in values:
+            return values[key]
+        raise AttributeError(f"DynamicOffloadConfig has no option {key!r}"
+                             f"{_nearest_hint(key)}")
+
+    def __setattr__(self, key, value):
+        if key not in self._values:
+            raise _native.UnknownOptionError(
+                "DDO_E_NOT_FOUND", f"unknown DynamicOffloadConfig option {key!r}"
+                f"{_nearest_hint(key)}")
+        self._values[key] = _freeze(value)
+        if key not in self._explicit:
+            self._explicit.append(key)
+
+    def explicit(self):
+        """The fields set on this object, in the order they were set."""
+        return list(self._explicit)
+
+    def to_dict(self):
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self._values.items()}
+
+    def replace(self, **fields):
+        c = DynamicOffloadConfig()
+        for k in self._explicit:
+            setattr(c, k, self._values[k])
+        for k, v in fields.items():
+            setattr(c, k, v)
+        return c
+
+    def apply_to(self, cfg):
+        """Sets the explicit fields on a C config (they win over the environment)."""
+        for k in self._explicit:
+            cfg.override(k, self._values[k])
+
+    def validate(self):
+        """Checks the explicit fields with the library; raises DdoError."""
+        cfg = _native.Config()
+        self.apply_to(cfg)
+        cfg.validate()
+        return self
+
+    def __eq__(self, other):
+        return isinstance(other, DynamicOffloadConfig) and self.to_dict() == other.to_dict()
+
+    def __repr__(self):
+        shown = ", ".join(f"{k}={self._values[k]!r}" for k in self._explicit)
+        return f"DynamicOffloadConfig({shown})"
+
+
+def _nearest_hint(key):
+    """The library's own nearest-key suggestion for an unknown option."""
+    try:
+        _native.Config().override(key, "")
+    except _native.UnknownOptionError as e:
+        detail = e.detail
+        at = detail.find("(nearest:")
+        return " " + detail[at:] if at >= 0 else ""
+    except _native.DdoError:
+        pass
+    return ""

@@ -1,0 +1,670 @@
+"""enable_offload: a torch.nn.Module's weights streamed through a ddo session.
+
+How it works (docs/python.md has the whole story):
+  - The module's CPU tensors become a ddo checkpoint in host memory (one tensor per storage:
+    tied weights are one). The session registers them in place (no second host copy), so the
+    copy engine reads the module's own pages; they stay the module's, 1 x the model in RAM.
+  - The plan's units (blocks or leaves) are found in the module tree. A forward pre-hook on
+    each unit's module acquires the unit on torch's current stream and binds its parameters
+    to views of ddo's device memory (``param.data = view``: every Parameter keeps its
+    identity); the forward hook puts empty placeholders back and releases the unit. Resident
+    tensors are bound once; buffers and skipped tensors are moved to the device once.
+  - The execution order is declared from the plan; the session prefetches ahead.
+"""
+
+import contextlib
+import ctypes
+import json
+import threading
+
+import torch
+
+from . import _lib, _native, _torch
+from .config import DynamicOffloadConfig
+from ._native import DdoError, UnknownOptionError
+
+_PLACEMENT_RESIDENT, _PLACEMENT_STREAMED, _PLACEMENT_SKIPPED = 0, 1, 2
+# Modules whose forward reads their children's parameters without calling the children.
+_FUSED_READERS = (torch.nn.MultiheadAttention,)
+# Owners freed while DLPack views of their session still lived (kept so views stay valid).
+_GRAVEYARD = []
+
+
+class MetricsReport:
+    """A metrics snapshot: ``as_dict()`` (the versioned JSON) and ``format_profile()``."""
+
+    def __init__(self, handle, component=None, binding=None):
+        self._h = handle
+        self._component = component
+        self._binding = binding  # what the binding itself did (unmanaged tensors)
+
+    def __del__(self):
+        if getattr(self, "_h", None) is not None and _native._LIB is not None:
+            _native._LIB.ddo_metrics_destroy(self._h)
+            self._h = None
+
+    def as_dict(self):
+        p = ctypes.c_void_p()
+        _native.check(_native.lib().ddo_metrics_to_json(
+            self._h, self._component.encode() if self._component else None, ctypes.byref(p)))
+        d = json.loads(_native.take_text(p))
+        if self._binding is not None:
+            d["binding"] = dict(self._binding)
+        return d
+
+    def get(self, name):
+        v = ctypes.c_double()
+        _native.check(_native.lib().ddo_metrics_get(self._h, name.encode(), ctypes.byref(v)))
+        return v.value
+
+    def format_profile(self):
+        p = ctypes.c_void_p()
+        _native.check(_native.lib().ddo_metrics_format_profile(self._h, ctypes.byref(p)))
+        return _native.take_text(p)
+
+    def record(self, path, component=None):
+        """Appends the snapshot as one JSON line to path (record_ddo_metrics)."""
+        comp = component or self._component
+        _native.check(_native.lib().ddo_metrics_record(
+            self._h, comp.encode() if comp else None, str(path).encode()))
+
+
+class _Param:
+    """One ddo tensor and the Parameters (tied ones included) that show it."""
+    __slots__ = ("index", "params", "dtype_name", "torch_dtype", "shape", "host", "placement",
+                 "unit", "name")
+
+    def __init__(self, index, name, host, dtype_name):
+        self.index = index
+        self.name = name
+        self.params = []
+        self.host = host
+        self.dtype_name = dtype_name
+        self.torch_dtype = host.dtype
+        self.shape = tuple(host.shape)
+        self.placement = _PLACEMENT_STREAMED
+        self.unit = None
+
+
+def _collect(module, to_ddo):
+    """The module's parameters as ddo tensors, deduplicated by storage, with their names.
+
+    Children of an nn.Sequential / nn.ModuleList are named by their index for ddo (so they form
+    a block group even when an OrderedDict gave them other names); ddo_names maps back.
+    """
+    ddo_path = {"": ""}
+    for name, m in module.named_modules():
+        base = ddo_path.get(name, name)
+        if isinstance(m, (torch.nn.Sequential, torch.nn.ModuleList)):
+            for i, (cname, _child) in enumerate(m.named_children()):
+                full = f"{name}.{cname}" if name else cname
+                ddo_path[full] = f"{base}.{i}" if base else str(i)
+        for cname, _child in m.named_children():
+            full = f"{name}.{cname}" if name else cname
+            ddo_path.setdefault(full, f"{base}.{cname}" if base else cname)
+    tensors, by_storage, modules_of = [], {}, {}
+    for mname, m in module.named_modules():
+        for pname, p in m.named_parameters(recurse=False):
+            full = f"{mname}.{pname}" if mname else pname
+            _check_param(full, p, to_ddo)
+            key = (p.data_ptr(), p.dtype, tuple(p.shape), tuple(p.stride()))
+            entry = by_storage.get(key)
+            if entry is None:
+                base = ddo_path.get(mname, mname)
+                ddo_name = f"{base}.{pname}" if base else pname
+                entry = _Param(len(tensors), ddo_name, p.data, None)
+                entry.dtype_name = _native.dtype_names()[to_ddo[p.dtype]]
+                tensors.append(entry)
+                by_storage[key] = entry
+            if not any(q is p for q in entry.params):
+                entry.params.append(p)
+            modules_of.setdefault(id(p), []).append(m)
+    return tensors, ddo_path, modules_of
+
+
+def _check_param(name, p, to_ddo):
+    if type(p) is not torch.nn.Parameter or type(p.data) is not torch.Tensor:
+        raise DdoError("DDO_E_UNSUPPORTED",
+                       f"parameter {name}: {type(p.data).__name__} is a tensor subclass ddo "
+                       f"cannot move as plain bytes: route this module through the "
+                       f"compatibility route (route='diffusers_group_offload' or 'none')")
+    if p.is_quantized or p.is_sparse or p.dtype not in to_ddo:
+        raise DdoError("DDO_E_UNSUPPORTED",
+                       f"parameter {name}: dtype {p.dtype} ({'quantized' if p.is_quantized else 'no ddo dtype'}) "
+                       f"cannot be moved as plain bytes: use the compatibility route "
+                       f"(route='diffusers_group_offload' or 'none')")
+    if p.device.type != "cpu":
+        raise DdoError("DDO_E_INVALID_ARGUMENT",
+                       f"parameter {name} is on {p.device}: enable_offload takes a module whose "
+                       f"tensors are on the CPU (call module.to('cpu') first)")
+    if not p.is_contiguous():
+        raise DdoError("DDO_E_INVALID_ARGUMENT",
+                       f"parameter {name} is not contiguous: ddo moves whole contiguous tensors "
+                       f"(make it contiguous: p.data = p.data.contiguous())")
+
+
+def _resolve_config(preset, backend, config, use_environment, environ, overrides):
+    if config is not None and not isinstance(config, DynamicOffloadConfig):
+        raise TypeError(f"config must be a ddo.DynamicOffloadConfig, not {type(config).__name__}")
+    cfg = _native.Config()
+    cfg.apply_preset(backend, preset)
+    if use_environment:
+        cfg.apply_env(_native.environ_block(environ))
+    if backend is not None:
+        cfg.override("backend", backend)
+    if config is not None:
+        config.apply_to(cfg)
+    bad = []
+    for k, v in overrides.items():
+        try:
+            cfg.override(k, v)
+        except UnknownOptionError as e:
+            bad.append(e.detail)
+    if bad:
+        raise UnknownOptionError("DDO_E_NOT_FOUND", "Unknown DynamicOffloadConfig override(s): " +
+                                 "; ".join(bad))
+    cfg.validate()
+    return cfg
+
+
+def enable_offload(module, preset="auto", *, backend=None, config=None, use_environment=True,
+                   environ=None, **overrides):
+    """Streams module's weights through a ddo session; returns an OffloadResult.
+
+    Resolution (upstream's enable_dynamic_offload): the preset for the route family
+    (``backend`` "linear" or "vmm"), then the DDO_* environment (``environ``, default
+    os.environ) when ``use_environment``, then the fields set on ``config``, then
+    ``overrides`` (option keys of the catalog), which win.
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"enable_offload takes a torch.nn.Module, not {type(module).__name__}")
+    if getattr(module, "_ddo_offload", None) is not None:
+        raise DdoError("DDO_E_STATE", f"{type(module).__name__} is already managed by ddo: "
+                       f"close() its OffloadResult first")
+    cfg = _resolve_config(preset, backend, config, use_environment, environ, overrides)
+    return OffloadResult(module, cfg)
+
+
+def _hooked(fn):
+    return _torch.no_compile(fn)
+
+
+class OffloadResult:
+    """A module whose weights ddo streams; see enable_offload."""
+
+    def __init__(self, module, cfg):
+        self.module = module
+        self._cfg = cfg
+        self._lock = threading.Lock()
+        self._owner = None
+        self._handles = []
+        self._leases = {}
+        self._state = "new"
+        self._ck = self._dev = self._plan = self._session = None
+        self._streams = {}
+        self._views = {}
+        self._placeholders = {}
+        self._moved = []
+        self._versions = {}
+        self.device = None
+        self.unmanaged_bytes = 0
+        self.device_bytes_after_close = None
+        self.device_note = ""
+        try:
+            self._setup()
+        except BaseException:
+            self._teardown()
+            raise
+        module._ddo_offload = self
+        self._state = "ready"
+
+    # ---- setup ----
+
+    def _setup(self):
+        L = _native.lib()
+        to_ddo, _ = _torch.dtype_tables()
+        self._tensors, self._ddo_path, self._modules_of = _collect(self.module, to_ddo)
+        self._host_checkpoint(to_ddo)
+        note = ctypes.create_string_buffer(256)
+        dev = ctypes.c_void_p()
+        _native.check(L.ddo_device_create_from_config(self._cfg.h, None, ctypes.byref(dev),
+                                                      note, 256))
+        self._dev = dev
+        self.device_note = note.value.decode()
+        caps = _lib.DeviceCaps()
+        _native.check(L.ddo_device_caps_get(dev, ctypes.byref(caps)), L.ddo_device_error(dev))
+        self.device = torch.device("cpu") if caps.is_cpu else torch.device("cuda", caps.ordinal)
+        inputs = _lib.PlanInputs()
+        _native.check(L.ddo_plan_inputs_get(dev, ctypes.byref(inputs)))
+        plan = ctypes.c_void_p()
+        _native.check(L.ddo_plan_build(self._ck, self._cfg.h, ctypes.byref(inputs),
+                                       ctypes.byref(plan)))
+        self._plan = plan
+        self.plan = json.loads(self._plan_json())
+        if self.device.type == "cuda":
+            torch.cuda.init()  # torch's context is the primary one ddo retains
+        opts = _lib.SessionOptions()
+        opts.config = self._cfg.h
+        s = ctypes.c_void_p()
+        _native.check(L.ddo_session_create(plan, self._ck, dev, ctypes.byref(opts),
+                                           ctypes.byref(s)))
+        self._session = s
+        self._place()
+        self._declare_order()
+        self._move_unmanaged()
+        self._bind_residents()
+        self._install_hooks()
+
+    def _host_checkpoint(self, to_ddo):
+        descs = (_lib.TensorDesc * max(1, len(self._tensors)))()
+        self._names = []
+        self._shapes = []
+        for i, t in enumerate(self._tensors):
+            shape = (ctypes.c_uint64 * max(1, len(t.shape)))(*t.shape)
+            name = t.name.encode()
+            self._names.append(name)
+            self._shapes.append(shape)
+            descs[i].name = name
+            descs[i].dtype = to_ddo[t.torch_dtype]
+            descs[i].ndim = len(t.shape)
+            descs[i].shape = shape
+            descs[i].data = t.host.data_ptr() if t.host.numel() > 0 else None
+        ck = ctypes.c_void_p()
+        _native.check(_native.lib().ddo_checkpoint_create_from_memory(
+            descs, len(self._tensors), ctypes.byref(ck)))
+        self._ck = ck
+
+    def _plan_json(self):
+        p = ctypes.c_void_p()
+        _native.check(_native.lib().ddo_plan_to_json(self._plan, ctypes.byref(p)))
+        return _native.take_text(p)
+
+    def _place(self):
+        L = _native.lib()
+        loc = _lib.TensorLocation()
+        for t in self._tensors:
+            _native.check(L.ddo_plan_tensor_location(self._plan, t.index, ctypes.byref(loc)))
+            t.placement = loc.placement
+            t.unit = loc.unit if loc.placement == _PLACEMENT_STREAMED else None
+        self._unit_count = L.ddo_plan_unit_count(self._plan)
+        self._unit_names = []
+        self._unit_tensors = []
+        info = _lib.UnitInfo()
+        for u in range(self._unit_count):
+            _native.check(L.ddo_plan_unit(self._plan, u, ctypes.byref(info)))
+            self._unit_names.append(info.name.decode())
+            n = ctypes.c_size_t()
+            idx = L.ddo_plan_unit_tensors(self._plan, u, ctypes.byref(n))
+            members = [self._tensors[idx[k]] for k in range(n.value)]
+            self._unit_tensors.append([t for t in members if t.placement == _PLACEMENT_STREAMED])
+        self.vmm = self.plan.get("route") in ("vmm_fast_runtime", "vmm_runtime")
+
+    def _declare_order(self):
+        if self._unit_count == 0:
+            return
+        order = (ctypes.c_size_t * self._unit_count)(*range(self._unit_count))
+        _native.check(_native.lib().ddo_session_declare_order(self._session, order,
+                                                              self._unit_count),
+                      _native.lib().ddo_session_error(self._session))
+
+    def _move_unmanaged(self):
+        """Buffers and skipped tensors: moved to the device once (reported in stats())."""
+        self.unmanaged_bytes = 0
+        for t in self._tensors:
+            if t.placement == _PLACEMENT_SKIPPED:
+                dev_t = t.host.to(self.device)
+                for p in t.params:
+                    p.data = dev_t
+                self.unmanaged_bytes += t.host.numel() * t.host.element_size()
+                self._moved.append(("param", t))
+        for _name, m in self.module.named_modules():
+            for bname, b in list(m.named_buffers(recurse=False)):
+                if b is None or b.device == self.device:
+                    continue
+                m._buffers[bname] = b.to(self.device)
+                self.unmanaged_bytes += b.numel() * b.element_size()
+                self._moved.append(("buffer", m, bname, b))
+
+    def _view(self, t):
+        L = _native.lib()
+        addr = ctypes.c_void_p()
+        if self.vmm or t.placement == _PLACEMENT_RESIDENT:
+            key = (t.index, 0)
+        else:
+            _native.check(L.ddo_session_tensor_address(self._session, t.index,
+                                                       ctypes.byref(addr)),
+                          L.ddo_session_error(self._session))
+            key = (t.index, addr.value)
+        v = self._views.get(key)
+        if v is None:
+            v = _torch.view(self._session, t.index, t.dtype_name, t.torch_dtype, t.shape)
+            self._views[key] = v
+        return v
+
+    def _placeholder(self, t):
+        ph = self._placeholders.get((t.torch_dtype,))
+        if ph is None:
+            ph = torch.empty(0, dtype=t.torch_dtype, device=self.device)
+            self._placeholders[(t.torch_dtype,)] = ph
+        return ph
+
+    def _bind_residents(self):
+        for t in self._tensors:
+            if t.placement == _PLACEMENT_RESIDENT:
+                v = self._view(t)
+                for p in t.params:
+                    p.data = v
+            elif t.placement == _PLACEMENT_STREAMED:
+                for p in t.params:
+                    p.data = self._placeholder(t)
+
+    def _hook_modules(self):
+        """hook module -> the units its forward needs (a unit is hooked where it is read)."""
+        by_ddo = {v: k for k, v in self._ddo_path.items()}
+        needs = {}
+        for u, name in enumerate(self._unit_names):
+            tname = by_ddo.get(name, name)
+            try:
+                m = self.module.get_submodule(tname) if tname else self.module
+            except AttributeError:
+                raise DdoError("DDO_E_INTERNAL", f"unit {name}: no module {tname!r} in "
+                               f"{type(self.module).__name__}") from None
+            m = self._reader_of(tname, m)
+            needs.setdefault(id(m), (m, []))[1].append(u)
+        inside = {}  # unit -> ids of every module under the modules hooked for it
+        for m, units in needs.values():
+            ids = {id(x) for x in m.modules()}
+            for u in units:
+                inside.setdefault(u, set()).update(ids)
+        # A tied weight read by a module outside its unit: that module needs the unit too.
+        for t in self._tensors:
+            if t.placement != _PLACEMENT_STREAMED:
+                continue
+            for p in t.params:
+                for m in self._modules_of.get(id(p), []):
+                    if id(m) not in inside.get(t.unit, ()):
+                        units = needs.setdefault(id(m), (m, []))[1]
+                        if t.unit not in units:
+                            units.append(t.unit)
+        return list(needs.values())
+
+    def _reader_of(self, name, m):
+        """The outermost ancestor that reads m's parameters itself (MultiheadAttention)."""
+        found = m
+        parts = name.split(".") if name else []
+        for k in range(len(parts)):
+            anc = self.module.get_submodule(".".join(parts[:k])) if k else self.module
+            if isinstance(anc, _FUSED_READERS):
+                return anc
+        return found
+
+    def _install_hooks(self):
+        for m, units in self._hook_modules():
+            units = tuple(units)
+            self._handles.append(m.register_forward_pre_hook(
+                _hooked(lambda mod, args, units=units: self._enter(units))))
+            self._handles.append(m.register_forward_hook(
+                _hooked(lambda mod, args, out, units=units: self._leave(units))))
+        orig = self.module.forward
+        result = self
+
+        @_hooked
+        def forward(*args, **kwargs):
+            result._begin()
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                result._end()
+
+        self.module.forward = forward
+        self._orig_forward = orig
+
+    # ---- leases ----
+
+    def _stream(self):
+        native = _torch.current_stream_handle(self.device)
+        st = self._streams.get(native)
+        if st is None:
+            st = ctypes.c_void_p()
+            _native.check(_native.lib().ddo_stream_wrap(
+                self._dev, ctypes.c_void_p(native) if native else None, ctypes.byref(st)))
+            self._streams[native] = st
+        return st
+
+    def _begin(self):
+        me = threading.get_ident()
+        with self._lock:
+            if self._owner is not None and self._owner[0] != me:
+                raise DdoError("DDO_E_BUSY", "a forward of this module is already running on "
+                               "another thread: one forward at a time per OffloadResult")
+            if self._owner is None:
+                self._owner = [me, 0]
+            self._owner[1] += 1
+        if self._state != "ready":
+            self._end()
+            self._refuse()
+
+    def _end(self):
+        with self._lock:
+            if self._owner is None:
+                return
+            self._owner[1] -= 1
+            outer = self._owner[1] == 0
+        if outer:
+            try:
+                for u in list(self._leases):  # a forward that raised left these leased
+                    self._release(u, force=True)
+            finally:
+                with self._lock:
+                    self._owner = None
+
+    def _refuse(self):
+        if self._state == "unloaded":
+            raise DdoError("DDO_E_STATE", f"{type(self.module).__name__}: ddo unloaded its "
+                           f"weights: call reload() before a forward")
+        raise DdoError("DDO_E_STATE", f"{type(self.module).__name__}: this OffloadResult is "
+                       f"closed: its module runs unmanaged again only through its own forward")
+
+    def _enter(self, units):
+        if self._state != "ready":
+            self._refuse()
+        if _torch.capturing(self.device):
+            raise DdoError("DDO_E_STATE", "acquire inside a CUDA-graph capture: ddo cannot "
+                           "upload weights while a graph is captured (capture the compiled "
+                           "blocks, not the hooks)")
+        for u in units:
+            self._acquire(u)
+
+    def _leave(self, units):
+        for u in reversed(units):
+            self._release(u)
+
+    def _acquire(self, u):
+        n = self._leases.get(u, 0)
+        if n > 0:
+            self._leases[u] = n + 1
+            return
+        L = _native.lib()
+        rc = L.ddo_session_acquire(self._session, u, self._stream())
+        _native.check(rc, L.ddo_session_error(self._session) if rc else None)
+        self._leases[u] = 1
+        for t in self._unit_tensors[u]:
+            v = self._view(t)
+            for p in t.params:
+                p.data = v
+        self._versions[u] = [p._version for t in self._unit_tensors[u] for p in t.params]
+
+    def _release(self, u, force=False):
+        n = self._leases.get(u, 0)
+        if n == 0:
+            return
+        if n > 1 and not force:
+            self._leases[u] = n - 1
+            return
+        del self._leases[u]
+        written = [p for t in self._unit_tensors[u] for p in t.params]
+        before = self._versions.pop(u, None)
+        changed = before is not None and [p._version for p in written] != before
+        for t in self._unit_tensors[u]:
+            ph = self._placeholder(t)
+            for p in t.params:
+                p.data = ph
+        L = _native.lib()
+        rc = L.ddo_session_release(self._session, u, self._stream())
+        _native.check(rc, L.ddo_session_error(self._session) if rc else None)
+        if changed and not force:
+            raise DdoError("DDO_E_STATE", f"unit {self._unit_names[u]}: a streamed weight was "
+                           f"written in place during the forward; ddo re-uploads weights from "
+                           f"the host copy, so the change would be lost (merge such changes "
+                           f"into the host module before enable_offload)")
+
+    # ---- public ----
+
+    def metrics_snapshot(self, collect_completed=False, component=None):
+        """A MetricsReport of the session (collect_completed retires finished uploads)."""
+        self._alive("metrics_snapshot")
+        m = ctypes.c_void_p()
+        L = _native.lib()
+        _native.check(L.ddo_session_metrics(self._session, bool(collect_completed),
+                                            ctypes.byref(m)), L.ddo_session_error(self._session))
+        return MetricsReport(m, component, {"unmanaged_bytes": self.unmanaged_bytes,
+                                            "unmanaged_tensors": len(self._moved)})
+
+    def budgets(self):
+        """The plan's predicted peaks and limits (bytes), as a dict."""
+        self._alive("budgets")
+        b = _lib.PlanBudgets()
+        _native.check(_native.lib().ddo_plan_budgets_get(self._plan, ctypes.byref(b)))
+        return {k: getattr(b, k) for k, _ in _lib.PlanBudgets._fields_}
+
+    def stable_addresses(self):
+        """tensor name -> session-long device address on the VMM routes ({} on linear)."""
+        self._alive("stable_addresses")
+        if not self.vmm:
+            return {}
+        out = {}
+        addr = ctypes.c_void_p()
+        L = _native.lib()
+        for t in self._tensors:
+            if t.placement == _PLACEMENT_SKIPPED:
+                continue
+            _native.check(L.ddo_session_tensor_stable_address(self._session, t.index,
+                                                              ctypes.byref(addr)),
+                          L.ddo_session_error(self._session))
+            out[t.name] = addr.value
+        return out
+
+    @contextlib.contextmanager
+    def cleanup_on_error(self):
+        """On an exception: unload once, re-raise the original (a cleanup error becomes a note)."""
+        try:
+            yield self
+        except BaseException as e:
+            try:
+                self.unload()
+            except Exception as ce:  # the original error is what the caller needs
+                note = f"ddo cleanup (unload) also failed: {ce}"
+                if hasattr(e, "add_note"):
+                    e.add_note(note)
+                else:
+                    e.__ddo_cleanup_error__ = ce
+            raise
+
+    def unload(self):
+        """Frees device weights; a forward raises until reload()."""
+        if self._state == "unloaded":
+            return
+        self._alive("unload")
+        for u in list(self._leases):
+            self._release(u, force=True)
+        for t in self._tensors:
+            if t.placement == _PLACEMENT_RESIDENT:
+                for p in t.params:
+                    p.data = self._placeholder(t)
+        self._views.clear()
+        L = _native.lib()
+        _native.check(L.ddo_session_unload(self._session), L.ddo_session_error(self._session))
+        self._state = "unloaded"
+
+    def reload(self):
+        """Restores the device weights after unload(); forwards are bit-identical again."""
+        if self._state == "ready":
+            return
+        self._alive("reload")
+        L = _native.lib()
+        _native.check(L.ddo_session_reload(self._session), L.ddo_session_error(self._session))
+        self._state = "ready"
+        self._bind_residents()
+
+    def close(self):
+        """Removes the hooks, ends the session; the module holds its host tensors again."""
+        if self._state == "closed":
+            return
+        if self._session is not None and self._state == "ready":
+            for u in list(self._leases):
+                self._release(u, force=True)
+        self._teardown()
+        self._state = "closed"
+
+    def _alive(self, what):
+        if self._state == "closed":
+            raise DdoError("DDO_E_STATE", f"{what}: this OffloadResult is closed")
+
+    def _teardown(self):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if getattr(self, "_orig_forward", None) is not None:
+            try:
+                del self.module.forward
+            except AttributeError:
+                pass
+            self._orig_forward = None
+        for t in getattr(self, "_tensors", []):
+            for p in t.params:
+                p.data = t.host
+        for item in self._moved:
+            if item[0] == "buffer":
+                _, m, bname, b = item
+                m._buffers[bname] = b
+        self._moved = []
+        self._views.clear()
+        self._placeholders.clear()
+        if self.device is not None and self.device.type == "cuda" and self._session is not None:
+            torch.cuda.current_stream(self.device).synchronize()
+        L = _native.lib()
+        alive = L.ddo_session_view_count(self._session) if self._session is not None else 0
+        for st in self._streams.values():
+            L.ddo_stream_destroy(st)
+        self._streams = {}
+        if self._session is not None:
+            L.ddo_session_destroy(self._session)
+        if alive:
+            # A view escaped (someone kept p.data of a lease): its session lives on until the
+            # view dies, and needs its plan, checkpoint and device (and the host tensors).
+            _GRAVEYARD.append((self._plan, self._ck, self._dev, self._tensors))
+        else:
+            if self._plan is not None:
+                L.ddo_plan_destroy(self._plan)
+            if self._ck is not None:
+                L.ddo_checkpoint_destroy(self._ck)
+            if self._dev is not None:
+                caps = _lib.DeviceCaps()
+                if L.ddo_device_caps_get(self._dev, ctypes.byref(caps)) == 0 and caps.is_cpu:
+                    # The cpu device knows exactly what is still allocated: tests check 0.
+                    self.device_bytes_after_close = caps.total_bytes - caps.free_bytes
+                L.ddo_device_destroy(self._dev)
+        self._session = self._plan = self._ck = self._dev = None
+        if getattr(self.module, "_ddo_offload", None) is self:
+            del self.module._ddo_offload
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        return (f"<OffloadResult {type(self.module).__name__} route={self.plan.get('route')} "
+                f"device={self.device} units={self._unit_count} state={self._state}>")

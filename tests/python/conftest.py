@@ -1,0 +1,23 @@
+"""pytest setup for the binding's tests: the package from python/, the library from the build
+tree (DDO_LIBRARY, set by CTest), the cpu device, and a clean DDO_* environment."""
+
+import os
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+# Zero-resident streaming on the cpu device: every block is a streamed unit.
+ZERO_RESIDENT = dict(execution_device="cpu", always_resident_modules_pattern="^$",
+                     small_tensor_threshold_bytes=0, resident_module_budget_gb=0)
+
+
+@pytest.fixture(autouse=True)
+def _no_ddo_environment(monkeypatch):
+    for k in list(os.environ):
+        if k.startswith("DDO_") and k != "DDO_LIBRARY":
+            monkeypatch.delenv(k)
