@@ -6,13 +6,21 @@ BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 DEB_PACKAGES = cmake make gcc pkg-config libjansson-dev libpcre2-dev liburing-dev libssl-dev
+# The Python binding's tests also need Debian's torch and pytest (for /usr/bin/python3).
+TEST_PACKAGES = $(DEB_PACKAGES) python3-torch python3-pytest python3-numpy
 
-.PHONY: all deps configure build demo test clean format format-check
+.PHONY: all deps test-deps install-packages configure build demo test clean format format-check
 
 all: build
 
 deps:
-	@missing=""; for p in $(DEB_PACKAGES); do \
+	@$(MAKE) --no-print-directory install-packages PACKAGES="$(DEB_PACKAGES)"
+
+test-deps:
+	@$(MAKE) --no-print-directory install-packages PACKAGES="$(TEST_PACKAGES)"
+
+install-packages:
+	@missing=""; for p in $(PACKAGES); do \
 	    dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
@@ -29,14 +37,16 @@ configure: deps
 
 # MAKEFLAGS and MAKELEVEL are cleared so the make that CMake runs does not print every
 # directory it enters.
+# The built library is also copied into the Python package, where `import ddo` finds it.
 build: configure
 	@MAKEFLAGS= MAKELEVEL= cmake --build $(BUILD) -j $(JOBS)
+	@cp -f $(BUILD)/libddo.so python/ddo/libddo.so
 
 demo: configure
 	@MAKEFLAGS= MAKELEVEL= cmake --build $(BUILD) -j $(JOBS) --target ddo_tool
 	./$(BUILD)/ddo demo
 
-test: build
+test: test-deps build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 format:
