@@ -23,7 +23,8 @@
 # $OUT receives at most 8 files: suite.log build.log ctest.log (with the sanitizer's
 # output) doctor.txt bench.log bench.json trace.json summary.txt.
 #
-# Knobs (environment): SUITE_BUDGET_S, BENCH_STEPS (5), BENCH_TOKENS (4608), SYNTH_SCALE (1), LAYOUT
+# Knobs (environment): TORCH=1 (the Python binding's tests and bench/torch_flux.py, after the
+# GPU tests; TORCH_ONLY=1 stops there; TORCH_ARGS: its arguments, default --all), SUITE_BUDGET_S, BENCH_STEPS (5), BENCH_TOKENS (4608), SYNTH_SCALE (1), LAYOUT
 # (data/layouts/flux1-dev.json), WORK (build-gpu/work: the synthetic checkpoint),
 # SKIP_SANITIZER=1, SKIP_TESTS=1, DEPS_DIR (.deps: *.deb build dependencies to unpack
 # into /tmp/ddo-deps when the image lacks them; see docs/cuda.md).
@@ -175,6 +176,26 @@ if [ "${SKIP_SANITIZER:-0}" != 1 ] && [ "${SKIP_TESTS:-0}" != 1 ]; then
         cat "$OUT/sanitizer.log" >>"$OUT/ctest.log" && rm -f "$OUT/sanitizer.log"
     else
         say "SKIPPED compute-sanitizer: not installed"
+    fi
+fi
+
+# ---- 4b. the Python binding (TORCH=1; TORCH_ONLY=1 stops after it) -------------------
+# Its tests with this machine's torch (cpu-device tests and tests/python/test_cuda.py), then
+# bench/torch_flux.py against Diffusers' own offload (the Diffusers source in .devbench/src,
+# carried, never committed), each case a fresh process.
+if [ "${TORCH:-0}" = 1 ]; then
+    export PYTHONPATH="$ROOT/python:$ROOT/.devbench/src:${PYTHONPATH:-}" DDO_LIBRARY="$BUILD/libddo.so"
+    step "python binding tests" 150 "$OUT/torch.log" python3 -m pytest -q -p no:cacheprovider \
+        "$ROOT/tests/python" || STATUS=1
+    left_s=$(($(left) - 25))
+    step "torch_flux.py" "$left_s" "$OUT/torch.log" python3 "$ROOT/bench/torch_flux.py" \
+        ${TORCH_ARGS:---all} --deadline-s $((left_s - 20)) --workdir "$BUILD/torch_flux" \
+        --out "$OUT/torch_flux.json" || STATUS=1
+    if [ "${TORCH_ONLY:-0}" = 1 ]; then
+        [ $STATUS -eq 0 ] && say "ok suite" || say "FAILED suite: see the lines above"
+        summary
+        tail -n 40 "$OUT/torch.log"
+        exit $STATUS
     fi
 fi
 
