@@ -181,6 +181,10 @@ cmp -s "$T/keep.safetensors" "$T/keep.orig" && [ $rc -gt 128 ] && ! compgen -G "
 "$DDO" synth --layout "$SRC/data/layouts/flux1-dev.json" --out "$T/keep.safetensors" --scale 0.02 >/dev/null &&
     ! cmp -s "$T/keep.safetensors" "$T/keep.orig" && ok || bad "synth over an existing file"
 
+# A device node as --out is written in place, never renamed over.
+"$DDO" synth --layout "$SRC/data/layouts/flux1-dev.json" --out /dev/null --scale 0.01 >/dev/null &&
+    [ -c /dev/null ] && ok || bad "synth --out /dev/null"
+
 # profile build interrupted at several points: never a *.tmp, and a profile is whole JSON.
 for delay in 0.05 0.2 0.4 0.6; do
     "$DDO" profile build tiny "$CK" --ddo-execution-device cpu --steps 40 --tokens 2 >/dev/null 2>&1 &

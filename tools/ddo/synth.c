@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define SYNTH_BUFFER_BYTES ((size_t)64 << 20)
@@ -360,19 +361,23 @@ int ddo_tool_synth_values(const char *layout_path, const char *out_path, double 
     }
     /* The bytes go to a temporary name beside out_path, renamed over it at the end: an
      * interrupted synth leaves an existing out_path intact (and a signal removes the
-     * temporary file, see cleanup.h). */
-    if (snprintf(tmp_path, sizeof tmp_path, "%s.%ld.tmp", out_path, (long)getpid()) >=
-        (int)sizeof tmp_path) {
+     * temporary file, see cleanup.h). A path that exists and is not a regular file
+     * (/dev/null, a FIFO) is written in place: a rename would replace the node itself. */
+    struct stat ost;
+    bool in_place = stat(out_path, &ost) == 0 && !S_ISREG(ost.st_mode);
+    if (snprintf(tmp_path, sizeof tmp_path, in_place ? "%s" : "%s.%ld.tmp", out_path,
+                 (long)getpid()) >= (int)sizeof tmp_path) {
         rc = tool_fail(err, err_len, DDO_E_INVALID_ARGUMENT, "%s: path too long", out_path);
         goto out;
     }
-    fd = open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    fd = in_place ? open(out_path, O_WRONLY | O_CLOEXEC)
+                  : open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) {
         rc = tool_fail(err, err_len, DDO_E_IO, "%s: %s", tmp_path, strerror(errno));
         goto out;
     }
-    created = true;
-    tmp_slot = tool_cleanup_add(tmp_path, false);
+    created = !in_place;
+    tmp_slot = in_place ? -1 : tool_cleanup_add(tmp_path, false);
     uint64_t hl = padded;
     for (int i = 0; i < 8; i++)
         buf[i] = (uint8_t)(hl >> (8 * i));
@@ -427,7 +432,7 @@ int ddo_tool_synth_values(const char *layout_path, const char *out_path, double 
         goto io_fail;
     }
     fd = -1;
-    if (rename(tmp_path, out_path) != 0) {
+    if (!in_place && rename(tmp_path, out_path) != 0) {
         rc = tool_fail(err, err_len, DDO_E_IO, "%s: rename from %s: %s", out_path, tmp_path,
                        strerror(errno));
         goto out;
