@@ -49,7 +49,8 @@
 #define DDO_CODEC_MODE_HUFF 1
 
 /* Device status flags (the low 32 bits of a block's second status word). */
-#define DDO_CODEC_BAD_HEADER 1u /* block directory entry or block header out of bounds or invalid \
+#define DDO_CODEC_BAD_HEADER                                                                      \
+    1u                          /* block directory entry or block header out of bounds or invalid \
                                  */
 #define DDO_CODEC_BAD_TABLE  2u /* code lengths invalid */
 #define DDO_CODEC_BAD_STREAM 4u /* a lane's bits did not decode to exactly its elements */
@@ -154,7 +155,9 @@ void ddo__codec_decode_status(const void *src, uint64_t src_bytes, void *dst, ui
 
 /*
  * Checks the status words a decoder wrote against the plan: every block
- * finished by all its thread blocks, no flag, the checksum equal. Errors:
+ * finished by all its thread blocks (plan->launch.ctas_per_block: a caller
+ * that launches another geometry records it there), no flag, the checksum
+ * equal. Errors:
  * DDO_E_FORMAT naming the tensor, the block and what was wrong.
  */
 int ddo__codec_status_check(const ddo__codec_plan *plan, const uint64_t *status, ddo__errbuf *eb);
