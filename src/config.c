@@ -1132,6 +1132,9 @@ int ddo_config_settings(const ddo_config *cfg, ddo_settings *out)
 /* ------------------------------------------------------------------------ */
 
 #define V(id) cfg->text[DDO_OPT_ID_##id], cfg->source[DDO_OPT_ID_##id]
+/* A text value quoted for a one-line message (into the caller's q), and its source. */
+#define QV(id) \
+    (ddo__config_quote(cfg->text[DDO_OPT_ID_##id], q, sizeof(q)), q), cfg->source[DDO_OPT_ID_##id]
 
 static bool device_ok(const char *s)
 {
@@ -1236,15 +1239,16 @@ int ddo_config_validate(ddo_config *cfg)
                              d->key, cfg->text[i], cfg->source[i], a, b);
         }
     }
+    char q[160];
     if (!device_ok(o->execution_device))
         return ddo__fail(&cfg->err, DDO_E_CONFIG,
                          "execution_device=\"%s\" (%s): expected cpu, cuda or cuda:N",
-                         V(execution_device));
+                         QV(execution_device));
     if (strcmp(o->offload_device, "cpu") != 0)
         return ddo__fail(&cfg->err, DDO_E_CONFIG,
                          "offload_device=\"%s\" (%s): expected cpu (inactive weights are kept in "
                          "host memory)",
-                         V(offload_device));
+                         QV(offload_device));
 
     bool is_vmm_backend = strcmp(o->backend, "vmm") == 0;
     bool mode_vmm_runtime = strcmp(o->execution_mode, "vmm_runtime") == 0;

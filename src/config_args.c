@@ -29,10 +29,12 @@ static int unknown_flag(ddo_config *cfg, const char *name)
             near = ddo__optdescs[i].flag;
         }
     }
+    char q[160];
+    ddo__config_quote(name, q, sizeof(q));
     if (near != NULL && best * 4 <= strlen(name))
-        return ddo__fail(&cfg->err, DDO_E_CONFIG, "unknown flag %s (did you mean %s?)", name, near);
+        return ddo__fail(&cfg->err, DDO_E_CONFIG, "unknown flag %s (did you mean %s?)", q, near);
     return ddo__fail(&cfg->err, DDO_E_CONFIG,
-                     "unknown flag %s (`ddo config --list` lists every --ddo-* flag)", name);
+                     "unknown flag %s (`ddo config --list` lists every --ddo-* flag)", q);
 }
 
 static int parse(ddo_config *cfg, int argc, char **argv, char **keep, int *kept)

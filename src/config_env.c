@@ -67,11 +67,13 @@ static void warn_unknown(ddo_config *cfg, const char *name)
             near = ddo__optdescs[i].env;
         }
     }
+    char q[160];
+    ddo__config_quote(name, q, sizeof(q));
     if (near != NULL && best * 4 <= strlen(name))
-        ddo__config_warn(cfg, "unknown environment variable %s ignored (did you mean %s?)", name,
+        ddo__config_warn(cfg, "unknown environment variable %s ignored (did you mean %s?)", q,
                          near);
     else
-        ddo__config_warn(cfg, "unknown environment variable %s ignored", name);
+        ddo__config_warn(cfg, "unknown environment variable %s ignored", q);
 }
 
 /* Captures the DDO_* entries of envp into cfg->env. */

@@ -107,24 +107,26 @@ int ddo__preset_resolve(ddo__errbuf *eb, const char *backend, const char *reques
         eff = is_vmm ? "vmm_fast_runtime" : "one_shot_fast";
     } else {
         const preset_name *p = find_name(req);
+        char q[160];
+        ddo__config_quote(req, q, sizeof(q));
         valid_list("linear", lin, sizeof(lin));
         valid_list("vmm", vmm, sizeof(vmm));
         if (p == NULL) {
             rc = ddo__fail(eb, DDO_E_CONFIG,
                            "Invalid DDO_PRESET='%s'. Valid presets: %s (backend linear); %s "
                            "(backend vmm)",
-                           req, lin, vmm);
+                           q, lin, vmm);
         } else if (strcmp(p->backend, "vmm") == 0 && !is_vmm) {
             rc = ddo__fail(eb, DDO_E_CONFIG,
                            "DDO_PRESET='%s' is a native VMM preset and needs DDO_BACKEND=vmm "
                            "(--ddo-backend vmm); native VMM is never chosen silently. Backend "
                            "linear presets: %s",
-                           req, lin);
+                           q, lin);
         } else if (strcmp(p->backend, "linear") == 0 && is_vmm) {
             rc = ddo__fail(eb, DDO_E_CONFIG,
                            "DDO_PRESET='%s' is a linear preset but DDO_BACKEND=vmm. Backend vmm "
                            "presets: %s",
-                           req, vmm);
+                           q, vmm);
         } else {
             eff = p->name;
         }

@@ -774,9 +774,35 @@ static void test_numbers_checked_before_use(void)
     ddo_config_destroy(c);
 }
 
-/* The quoting of values in messages: escapes, and a cut that stays inside the buffer. */
+/* The quoting of values in messages: escapes, and a cut that stays inside the buffer; every
+ * message that quotes a value the user gave stays one line. */
 static void test_quote(void)
 {
+    ddo_config *c = new_cfg();
+    T_REQUIRE(c != NULL);
+    T_EQ_INT(ddo_config_set(c, "execution_device", "cu\nda"), 0);
+    T_EQ_INT(ddo_config_validate(c), DDO_E_CONFIG);
+    T_EQ_STR(ddo_config_error(c),
+             "execution_device=\"cu\\nda\" (api): expected cpu, cuda or cuda:N");
+    ddo_config_destroy(c);
+    const char *e1[] = { "DDO_PRESET=fast\x1b[0m", NULL };
+    env_fails(e1, "Invalid DDO_PRESET='fast\\x1b[0m'. Valid presets: auto, "
+                  "diffusers_leaf_offload_compat, diffusers_offload_compat, low_ram_safe, off, "
+                  "one_shot_fast, warm_process, wsl_compat (backend linear); auto, nvme_baseline "
+                  "(backend vmm)");
+    c = new_cfg();
+    T_REQUIRE(c != NULL);
+    char a0[] = "host", a1[] = "--ddo-\tbogus";
+    char *argv[] = { a0, a1, NULL };
+    int argc = 2;
+    T_EQ_INT(ddo_config_parse_args(c, &argc, argv), DDO_E_CONFIG);
+    T_CONTAINS(ddo_config_error(c), "unknown flag --ddo-\\tbogus");
+    const char *e2[] = { "DDO_VMM_PAGE\nMB=1", NULL };
+    T_EQ_INT(ddo_config_apply_env(c, e2), 0);
+    T_EQ_U64(ddo_config_warning_count(c), 1);
+    T_CONTAINS(ddo_config_warning(c, 0), "unknown environment variable DDO_VMM_PAGE\\nMB ignored");
+    ddo_config_destroy(c);
+
     char b[16];
     ddo__config_quote("a\"b\\c\t\x7f", b, sizeof(b));
     T_EQ_STR(b, "a\\\"b\\\\c\\t\\x7f");
