@@ -87,51 +87,48 @@ static int locate(ddo_session *s, size_t tensor, const char *fn, ddo_tensor_loca
     return 0;
 }
 
+/* Where tensor is: its session-long address on the VMM routes, else (unless stable_only) its
+ * leased slot's. */
+static int address_of(ddo_session *s, size_t tensor, bool stable_only, const char *fn,
+                      uint64_t *addr)
+{
+    ddo_tensor_location loc;
+    int rc = locate(s, tensor, fn, &loc);
+    if (rc != 0)
+        return rc;
+    uint64_t base = 0;
+    if (loc.placement == DDO_PLACEMENT_STREAMED) {
+        const ddo__unit_rt *u = &s->units[loc.unit];
+        const char *name = ddo_checkpoint_tensor(s->ck, tensor)->name;
+        if (s->vmm)
+            base = u->va;
+        else if (stable_only)
+            return ddo__fail(&s->err, DDO_E_UNSUPPORTED,
+                             "%s: route %s moves tensor \"%s\" between slots: its address is "
+                             "valid only while its unit is leased (ddo_session_tensor_address)",
+                             fn, s->route, name);
+        else if (u->leased && u->slot != DDO__NONE)
+            base = s->slots[u->slot].ptr;
+        else
+            return ddo__fail(&s->err, DDO_E_STATE,
+                             "%s: tensor \"%s\": unit \"%s\" is not leased: acquire it first", fn,
+                             name, u->name);
+    }
+    *addr = tensor_at(s, tensor, &loc, base);
+    return 0;
+}
+
 int ddo_session_tensor_stable_address(ddo_session *s, size_t tensor, void **device_ptr)
 {
     static const char fn[] = "ddo_session_tensor_stable_address";
     if (s == NULL || device_ptr == NULL)
         return ddo__fail(s != NULL ? &s->err : NULL, DDO_E_INVALID_ARGUMENT,
                          "%s: session and device_ptr are required", fn);
-    ddo_tensor_location loc;
-    int rc = locate(s, tensor, fn, &loc);
-    if (rc != 0)
-        return rc;
-    uint64_t base = 0;
-    if (loc.placement == DDO_PLACEMENT_STREAMED) {
-        const ddo__unit_rt *u = &s->units[loc.unit];
-        if (!s->vmm || (!s->per_weight && !u->has_va))
-            return ddo__fail(&s->err, DDO_E_UNSUPPORTED,
-                             "%s: route %s moves tensor \"%s\" between slots: its address is "
-                             "valid only while its unit is leased (ddo_session_tensor_address)",
-                             fn, s->route, ddo_checkpoint_tensor(s->ck, tensor)->name);
-        base = u->va;
-    }
-    *device_ptr = (void *)(uintptr_t)tensor_at(s, tensor, &loc, base);
-    return 0;
-}
-
-/* Where tensor is now: its stable address, or its leased slot's. */
-static int current_address(ddo_session *s, size_t tensor, const char *fn, uint64_t *addr)
-{
-    ddo_tensor_location loc;
-    int rc = locate(s, tensor, fn, &loc);
-    if (rc != 0)
-        return rc;
-    uint64_t base = 0;
-    if (loc.placement == DDO_PLACEMENT_STREAMED) {
-        const ddo__unit_rt *u = &s->units[loc.unit];
-        if (s->vmm)
-            base = u->va;
-        else if (u->leased && u->slot != DDO__NONE)
-            base = s->slots[u->slot].ptr;
-        else
-            return ddo__fail(&s->err, DDO_E_STATE,
-                             "%s: tensor \"%s\": unit \"%s\" is not leased: acquire it first", fn,
-                             ddo_checkpoint_tensor(s->ck, tensor)->name, u->name);
-    }
-    *addr = tensor_at(s, tensor, &loc, base);
-    return 0;
+    uint64_t a = 0;
+    int rc = address_of(s, tensor, true, fn, &a);
+    if (rc == 0)
+        *device_ptr = (void *)(uintptr_t)a;
+    return rc;
 }
 
 int ddo_session_unit_addresses(ddo_session *s, size_t unit, void **ptrs, size_t cap, size_t *n)
@@ -157,7 +154,7 @@ int ddo_session_unit_addresses(ddo_session *s, size_t unit, void **ptrs, size_t 
     }
     for (size_t i = 0; i < count; i++) {
         uint64_t a = 0;
-        int rc = current_address(s, tensors[i], fn, &a);
+        int rc = address_of(s, tensors[i], false, fn, &a);
         if (rc != 0)
             return rc;
         ptrs[i] = (void *)(uintptr_t)a;
@@ -231,7 +228,7 @@ int ddo_session_tensor_dlpack(ddo_session *s, size_t tensor, unsigned flags, voi
         return ddo__fail(s != NULL ? &s->err : NULL, DDO_E_INVALID_ARGUMENT,
                          "%s: session and managed are required", fn);
     uint64_t addr = 0;
-    int rc = current_address(s, tensor, fn, &addr);
+    int rc = address_of(s, tensor, false, fn, &addr);
     if (rc != 0)
         return rc;
     view *v = ddo__calloc(1, sizeof(*v));
