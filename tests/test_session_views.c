@@ -1,0 +1,200 @@
+/*
+ * test_session_views.c - what a framework host uses to see ddo's memory: borrowed streams
+ * (the calling thread on cpu), session-long addresses, a unit's addresses, DLPack views that
+ * keep the session alive, plan inputs from the device, struct sizes.
+ * ctest-labels: unit threads
+ */
+#include "session_fx.h"
+
+#include "session.h"
+#include "t.h"
+
+/* DLPack v0's DLManagedTensor, as a host (torch) reads it. */
+typedef struct {
+    void *data;
+    int32_t device_type, device_id;
+    int32_t ndim;
+    uint8_t code, bits;
+    uint16_t lanes;
+    int64_t *shape;
+    int64_t *strides;
+    uint64_t byte_offset;
+    void *manager_ctx;
+    void (*deleter)(void *self);
+} dl_managed;
+
+static const fx_opts vmm = { .blocks = 4, .latency_ns = 2000000 };
+static const fx_opts linear = { .blocks = 4, .mode = "linear_runtime", .latency_ns = 2000000 };
+
+static void test_calling_thread_stream_waits_for_the_upload(void)
+{
+    fx f;
+    T_REQUIRE(fx_create(&f, &vmm) == 0 && f.rc == 0);
+    ddo_stream *me = NULL;
+    T_EQ_INT(ddo_stream_wrap(f.dev, NULL, &me), 0);
+    void *native = (void *)&f;
+    ddo_stream *bad = (ddo_stream *)&f;
+    T_EQ_INT(ddo_stream_wrap(f.dev, native, &bad), DDO_E_INVALID_ARGUMENT);
+    T_CHECK(bad == NULL);
+    T_CONTAINS(ddo_last_error(), "pass NULL for the calling thread");
+    for (int step = 0; step < 2; step++) {
+        for (int b = 0; b < 4; b++) {
+            size_t u = fx_unit(&f, b);
+            /* no stream synchronize: returning from acquire means the bytes are there */
+            T_REQUIRE(ddo_session_acquire(f.s, u, me) == 0);
+            T_CHECK(fx_check_unit(&f, u, 0) == 0);
+            T_REQUIRE(ddo_session_release(f.s, u, me) == 0);
+        }
+    }
+    ddo_stream_destroy(me);
+    fx_destroy(&f);
+}
+
+static void test_stable_and_unit_addresses(void)
+{
+    fx f;
+    T_REQUIRE(fx_create(&f, &vmm) == 0 && f.rc == 0);
+    size_t u = fx_unit(&f, 2), n = 0;
+    const size_t *ts = ddo_plan_unit_tensors(f.plan, u, &n);
+    T_REQUIRE(n == 2);
+    void *stable[2] = { 0 };
+    for (size_t k = 0; k < n; k++)
+        T_EQ_INT(ddo_session_tensor_stable_address(f.s, ts[k], &stable[k]), 0);
+    void *ptrs[2] = { 0 };
+    size_t got = 0;
+    T_EQ_INT(ddo_session_unit_addresses(f.s, u, ptrs, 1, &got), DDO_E_INVALID_ARGUMENT);
+    T_EQ_U64(got, 2); /* the count, even when there is no room */
+    for (int step = 0; step < 3; step++) {
+        T_REQUIRE(ddo_session_acquire(f.s, u, f.stream) == 0);
+        T_EQ_INT(ddo_session_unit_addresses(f.s, u, ptrs, 2, &got), 0);
+        for (size_t k = 0; k < n; k++) {
+            void *leased = NULL;
+            T_EQ_INT(ddo_session_tensor_address(f.s, ts[k], &leased), 0);
+            T_CHECK(leased == stable[k] && ptrs[k] == stable[k]);
+        }
+        T_REQUIRE(ddo_stream_synchronize(f.stream) == 0);
+        T_REQUIRE(ddo_session_release(f.s, u, f.stream) == 0);
+        for (int b = 0; b < 4; b++) /* the others take the slots in between */
+            if (b != 2)
+                T_CHECK(fx_use(&f, fx_unit(&f, b)) == 0);
+    }
+    fx_destroy(&f);
+
+    T_REQUIRE(fx_create(&f, &linear) == 0 && f.rc == 0);
+    u = fx_unit(&f, 1);
+    ts = ddo_plan_unit_tensors(f.plan, u, &n);
+    void *p = NULL;
+    T_EQ_INT(ddo_session_tensor_stable_address(f.s, ts[0], &p), DDO_E_UNSUPPORTED);
+    T_CONTAINS(ddo_session_error(f.s), "valid only while its unit is leased");
+    T_EQ_INT(ddo_session_unit_addresses(f.s, u, ptrs, 2, &got), DDO_E_STATE);
+    T_REQUIRE(ddo_session_acquire(f.s, u, f.stream) == 0);
+    T_EQ_INT(ddo_session_unit_addresses(f.s, u, ptrs, 2, &got), 0);
+    T_EQ_INT(ddo_session_tensor_address(f.s, ts[1], &p), 0);
+    T_CHECK(p == ptrs[1]);
+    T_REQUIRE(ddo_stream_synchronize(f.stream) == 0);
+    T_REQUIRE(ddo_session_release(f.s, u, f.stream) == 0);
+    fx_destroy(&f);
+}
+
+static void test_dlpack_views_keep_the_session(void)
+{
+    fx f;
+    T_REQUIRE(fx_create(&f, &vmm) == 0 && f.rc == 0);
+    size_t u = fx_unit(&f, 1), n = 0;
+    const size_t *ts = ddo_plan_unit_tensors(f.plan, u, &n);
+    dl_managed *v = NULL;
+    T_EQ_INT(ddo_session_tensor_dlpack(f.s, ts[0], 0, (void **)&v), 0);
+    T_REQUIRE(v != NULL);
+    void *stable = NULL;
+    ddo_session_tensor_stable_address(f.s, ts[0], &stable);
+    T_CHECK(v->data == stable && v->device_type == 1 && v->device_id == 0);
+    T_CHECK(v->code == 2 && v->bits == 32 && v->lanes == 1 && v->ndim == 2); /* F32 [rows, cols] */
+    T_CHECK(v->shape[0] == FX_ROWS && v->shape[1] == FX_COLS && v->strides == NULL);
+    dl_managed *b = NULL;
+    T_EQ_INT(ddo_session_tensor_dlpack(f.s, ts[1], DDO_VIEW_BYTES, (void **)&b), 0);
+    T_CHECK(b->code == 1 && b->bits == 8 && b->ndim == 1 &&
+            b->shape[0] == (int64_t)((FX_ROWS + 1) * FX_COLS * 4));
+    T_EQ_U64(ddo_session_view_count(f.s), 2);
+    /* The host destroys the session while views live: it stays until the last one goes. */
+    ddo_session *s = f.s;
+    ddo_session_destroy(s);
+    f.s = NULL;
+    T_EQ_U64(ddo_session_view_count(s), 1); /* the handle is gone, two views hold it */
+    T_CHECK(fx_device_held(&f) > 0);
+    b->deleter(b);
+    T_CHECK(fx_device_held(&f) > 0);
+    v->deleter(v); /* the last reference: the session is freed here */
+    T_EQ_U64(fx_device_held(&f), 0);
+    fx_destroy(&f);
+}
+
+static void test_plan_inputs_and_struct_sizes(void)
+{
+    ddo_device_options o;
+    memset(&o, 0, sizeof(o));
+    o.cpu_memory_bytes = 3 * DDO_GIB;
+    o.cpu_bytes_per_s = 5e9;
+    ddo_device *dev = NULL;
+    T_REQUIRE(ddo_device_create("cpu", &o, &dev) == 0);
+    ddo_plan_inputs in;
+    T_EQ_INT(ddo_plan_inputs_get(dev, &in), 0);
+    T_EQ_U64(in.device_total_bytes, 3 * DDO_GIB);
+    T_CHECK(in.device_is_cpu && in.device_vmm_supported && in.device_granularity > 0);
+    T_CHECK(in.bus_bytes_per_s == 5e9 && in.host_available_bytes > 0);
+    T_EQ_INT(ddo_plan_inputs_get(NULL, &in), DDO_E_INVALID_ARGUMENT);
+    ddo_device_destroy(dev);
+    T_EQ_U64(ddo_struct_size("ddo_tensor_desc"), sizeof(ddo_tensor_desc));
+    T_EQ_U64(ddo_struct_size("ddo_session_options"), sizeof(ddo_session_options));
+    T_EQ_U64(ddo_struct_size("ddo_plan_budgets"), sizeof(ddo_plan_budgets));
+    T_EQ_U64(ddo_struct_size("no_such_struct"), 0);
+    T_EQ_U64(ddo_struct_size(NULL), 0);
+}
+
+static void test_device_from_config(void)
+{
+    ddo_config *cfg = NULL;
+    T_REQUIRE(ddo_config_create(&cfg) == 0);
+    ddo_device *dev = NULL;
+    char note[256];
+    /* The default cuda:0 with no driver here falls back to cpu and says why. */
+    ddo_device_options o;
+    memset(&o, 0, sizeof(o));
+    o.cuda_library_path = "/nonexistent/libcuda.so.1";
+    T_EQ_INT(ddo_device_create_from_config(cfg, &o, &dev, note, sizeof(note)), 0);
+    ddo_device_caps caps;
+    T_REQUIRE(dev != NULL && ddo_device_caps_get(dev, &caps) == 0);
+    T_CHECK(caps.is_cpu);
+    T_CONTAINS(note, "using the cpu device");
+    ddo_device_destroy(dev);
+    /* An explicit cuda is never replaced. */
+    T_EQ_INT(ddo_config_set(cfg, "execution_device", "cuda:0"), 0);
+    dev = (ddo_device *)cfg;
+    T_EQ_INT(ddo_device_create_from_config(cfg, &o, &dev, note, sizeof(note)), DDO_E_NO_DEVICE);
+    T_CHECK(dev == NULL && note[0] == '\0');
+    /* An override wins over the environment; an API set does not. */
+    const char *env[] = { "DDO_PIN_CPU_WORKERS=3", NULL };
+    T_EQ_INT(ddo_config_apply_env(cfg, env), 0);
+    T_EQ_INT(ddo_config_set(cfg, "pin_cpu_workers", "5"), 0);
+    int64_t w = 0;
+    T_EQ_INT(ddo_config_get_int(cfg, "pin_cpu_workers", &w), 0);
+    T_EQ_INT((int)w, 3);
+    T_EQ_INT(ddo_config_override(cfg, "pin_cpu_workers", "5"), 0);
+    T_EQ_INT(ddo_config_get_int(cfg, "pin_cpu_workers", &w), 0);
+    T_EQ_INT((int)w, 5);
+    const char *src = NULL;
+    T_EQ_INT(ddo_config_source(cfg, "pin_cpu_workers", &src), 0);
+    T_EQ_STR(src, "argument");
+    T_EQ_INT(ddo_config_override(cfg, "pin_cpu_workerz", "5"), DDO_E_NOT_FOUND);
+    T_CONTAINS(ddo_config_error(cfg), "nearest: pin_cpu_workers");
+    ddo_config_destroy(cfg);
+}
+
+int main(void)
+{
+    T_RUN(test_calling_thread_stream_waits_for_the_upload);
+    T_RUN(test_stable_and_unit_addresses);
+    T_RUN(test_dlpack_views_keep_the_session);
+    T_RUN(test_plan_inputs_and_struct_sizes);
+    T_RUN(test_device_from_config);
+    return t_done();
+}
