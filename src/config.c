@@ -512,6 +512,116 @@ static int check_range(ddo_config *cfg, int id, double v, const char *text, cons
                      low ? "below" : "above", a, b, unit, d->key);
 }
 
+/* A parsed value of any option type. */
+typedef union ovalue {
+    bool b;
+    int64_t i;
+    double f;
+    char *s;
+    ddo__strlist l;
+} ovalue;
+
+/* INT, KB, GB, MB and FLOAT rows: the catalog syntax, then the range, then the conversion. */
+static int parse_number(ddo_config *cfg, int id, const char *text, const char *origin, bool kib,
+                        ovalue *v)
+{
+    const ddo__optdesc *d = &ddo__optdescs[id];
+    char q[160];
+    if (d->type == DDO__OT_INT || d->type == DDO__OT_KB) {
+        bool in_kib = d->type == DDO__OT_KB && kib;
+        if (parse_int(text, &v->i) != 0) {
+            ddo__config_quote(text, q, sizeof(q));
+            return ddo__fail(&cfg->err, DDO_E_CONFIG, "%s=\"%s\": expected an integer", origin, q);
+        }
+        if (check_range(cfg, id, (double)v->i * (in_kib ? 1024.0 : 1.0), text, origin, kib) != 0)
+            return DDO_E_CONFIG;
+        if (in_kib)
+            v->i *= 1024; /* within the range checked above: cannot overflow */
+        return 0;
+    }
+    if (parse_double(text, &v->f) != 0) {
+        ddo__config_quote(text, q, sizeof(q));
+        return ddo__fail(&cfg->err, DDO_E_CONFIG, "%s=\"%s\": expected a number", origin, q);
+    }
+    return check_range(cfg, id, v->f, text, origin, kib) != 0 ? DDO_E_CONFIG : 0;
+}
+
+/* Parses text as option id's type into v (strings and lists are new allocations). */
+static int parse_value(ddo_config *cfg, int id, const char *text, const char *origin,
+                       bool env_rules, bool kib, ovalue *v)
+{
+    const ddo__optdesc *d = &ddo__optdescs[id];
+    char what[400], q[160];
+    switch (d->type) {
+    case DDO__OT_BOOL:
+        if (env_rules) {
+            v->b = ddo__config_env_bool(text);
+        } else if (ddo__config_strict_bool(text, &v->b) != 0) {
+            ddo__config_quote(text, q, sizeof(q));
+            return ddo__fail(&cfg->err, DDO_E_CONFIG,
+                             "%s=\"%s\": expected a boolean (1, true, yes, on or 0, false, no, "
+                             "off)",
+                             origin, q);
+        }
+        return 0;
+    case DDO__OT_INT:
+    case DDO__OT_KB:
+    case DDO__OT_GB:
+    case DDO__OT_MB:
+    case DDO__OT_FLOAT:
+        return parse_number(cfg, id, text, origin, kib, v);
+    case DDO__OT_STRING:
+        /* Preset names are stripped and lowercased, as upstream. */
+        v->s = id == DDO_OPT_ID_preset ? ddo__config_trim_lower(text) : ddo__strdup(text);
+        break;
+    case DDO__OT_ENUM:
+        v->s = ddo__config_trim_lower(text);
+        if (v->s != NULL && !choice_ok(d->choices, v->s)) {
+            choices_text(d->choices, what, sizeof(what));
+            ddo__config_quote(text, q, sizeof(q));
+            free(v->s);
+            return ddo__fail(&cfg->err, DDO_E_CONFIG, "%s=\"%s\": expected one of %s", origin, q,
+                             what);
+        }
+        break;
+    case DDO__OT_LIST:
+        if (strlist_parse(&v->l, text) != 0)
+            return ddo__fail(&cfg->err, DDO_E_NO_MEMORY, "%s: out of memory", origin);
+        return 0;
+    }
+    if (v->s == NULL)
+        return ddo__fail(&cfg->err, DDO_E_NO_MEMORY, "%s: out of memory", origin);
+    return 0;
+}
+
+/* Moves v into option id's field (the old value freed). */
+static void put_value(ddo_config *cfg, int id, const ovalue *v)
+{
+    value_free(cfg, id);
+    void *f = field(cfg, id);
+    switch (ddo__optdescs[id].type) {
+    case DDO__OT_BOOL:
+        *(bool *)f = v->b;
+        break;
+    case DDO__OT_INT:
+    case DDO__OT_KB:
+        *(int64_t *)f = v->i;
+        break;
+    case DDO__OT_GB:
+    case DDO__OT_MB:
+    case DDO__OT_FLOAT:
+        *(double *)f = v->f;
+        break;
+    case DDO__OT_STRING:
+    case DDO__OT_ENUM:
+        *(char **)f = v->s;
+        break;
+    case DDO__OT_LIST:
+        *(ddo__strlist *)f = v->l;
+        break;
+    }
+}
+
 int ddo__config_store(ddo_config *cfg, int id, const char *text, ddo__rank rank, const char *source,
                       const char *origin, bool env_rules, bool kib)
 {
@@ -520,78 +630,11 @@ int ddo__config_store(ddo_config *cfg, int id, const char *text, ddo__rank rank,
         return 0;
     if (id == DDO_OPT_ID_vmm_staging_buffer_gb)
         cfg->staging_translated = false;
-    union {
-        bool b;
-        int64_t i;
-        double f;
-        char *s;
-        ddo__strlist l;
-    } v;
+    ovalue v;
     memset(&v, 0, sizeof(v));
-    char what[400];
-    switch (d->type) {
-    case DDO__OT_BOOL:
-        if (env_rules) {
-            v.b = ddo__config_env_bool(text);
-        } else if (ddo__config_strict_bool(text, &v.b) != 0) {
-            ddo__config_quote(text, what, sizeof(what));
-            return ddo__fail(&cfg->err, DDO_E_CONFIG,
-                             "%s=\"%s\": expected a boolean (1, true, yes, on or 0, false, no, "
-                             "off)",
-                             origin, what);
-        }
-        break;
-    case DDO__OT_INT:
-    case DDO__OT_KB:
-        if (parse_int(text, &v.i) != 0) {
-            ddo__config_quote(text, what, sizeof(what));
-            return ddo__fail(&cfg->err, DDO_E_CONFIG, "%s=\"%s\": expected an integer", origin,
-                             what);
-        }
-        if (check_range(cfg, id, (double)v.i * (d->type == DDO__OT_KB && kib ? 1024.0 : 1.0), text,
-                        origin, kib) != 0)
-            return DDO_E_CONFIG;
-        if (d->type == DDO__OT_KB && kib) {
-            if (v.i > INT64_MAX / 1024 || v.i < INT64_MIN / 1024)
-                return ddo__fail(&cfg->err, DDO_E_CONFIG, "%s=\"%s\": value too large", origin,
-                                 text);
-            v.i *= 1024;
-        }
-        break;
-    case DDO__OT_GB:
-    case DDO__OT_MB:
-    case DDO__OT_FLOAT:
-        if (parse_double(text, &v.f) != 0) {
-            ddo__config_quote(text, what, sizeof(what));
-            return ddo__fail(&cfg->err, DDO_E_CONFIG, "%s=\"%s\": expected a number", origin, what);
-        }
-        if (check_range(cfg, id, v.f, text, origin, kib) != 0)
-            return DDO_E_CONFIG;
-        break;
-    case DDO__OT_STRING:
-        /* Preset names are stripped and lowercased, as upstream. */
-        v.s = id == DDO_OPT_ID_preset ? ddo__config_trim_lower(text) : ddo__strdup(text);
-        if (v.s == NULL)
-            return ddo__fail(&cfg->err, DDO_E_NO_MEMORY, "%s: out of memory", origin);
-        break;
-    case DDO__OT_ENUM:
-        v.s = ddo__config_trim_lower(text);
-        if (v.s == NULL)
-            return ddo__fail(&cfg->err, DDO_E_NO_MEMORY, "%s: out of memory", origin);
-        if (!choice_ok(d->choices, v.s)) {
-            char q[160];
-            choices_text(d->choices, what, sizeof(what));
-            ddo__config_quote(text, q, sizeof(q));
-            free(v.s);
-            return ddo__fail(&cfg->err, DDO_E_CONFIG, "%s=\"%s\": expected one of %s", origin, q,
-                             what);
-        }
-        break;
-    case DDO__OT_LIST:
-        if (strlist_parse(&v.l, text) != 0)
-            return ddo__fail(&cfg->err, DDO_E_NO_MEMORY, "%s: out of memory", origin);
-        break;
-    }
+    int rc = parse_value(cfg, id, text, origin, env_rules, kib, &v);
+    if (rc != 0)
+        return rc;
     char *src = ddo__strdup(source);
     if (src == NULL) {
         if (d->type == DDO__OT_STRING || d->type == DDO__OT_ENUM)
@@ -600,29 +643,7 @@ int ddo__config_store(ddo_config *cfg, int id, const char *text, ddo__rank rank,
             strlist_free(&v.l);
         return ddo__fail(&cfg->err, DDO_E_NO_MEMORY, "%s: out of memory", origin);
     }
-    value_free(cfg, id);
-    void *f = field(cfg, id);
-    switch (d->type) {
-    case DDO__OT_BOOL:
-        *(bool *)f = v.b;
-        break;
-    case DDO__OT_INT:
-    case DDO__OT_KB:
-        *(int64_t *)f = v.i;
-        break;
-    case DDO__OT_GB:
-    case DDO__OT_MB:
-    case DDO__OT_FLOAT:
-        *(double *)f = v.f;
-        break;
-    case DDO__OT_STRING:
-    case DDO__OT_ENUM:
-        *(char **)f = v.s;
-        break;
-    case DDO__OT_LIST:
-        *(ddo__strlist *)f = v.l;
-        break;
-    }
+    put_value(cfg, id, &v);
     char *t = value_text(cfg, id);
     free(cfg->text[id]);
     cfg->text[id] = t != NULL ? t : ddo__strdup("");
@@ -1208,6 +1229,8 @@ int ddo__config_check_ranges(const ddo_config *cfg)
     return 0;
 }
 
+static int check_rules(ddo_config *cfg);
+
 int ddo_config_validate(ddo_config *cfg)
 {
     if (cfg == NULL)
@@ -1225,20 +1248,15 @@ int ddo_config_validate(ddo_config *cfg)
     if (o->pin_cpu_workers < 1 && (rc = clamp_to(cfg, DDO_OPT_ID_pin_cpu_workers, 1)) != 0)
         return rc;
 
-    for (int i = 0; i < DDO_OPT_COUNT; i++) {
-        const ddo__optdesc *d = &ddo__optdescs[i];
-        if (!is_numeric(d->type))
-            continue;
-        double v = num_value(cfg, i);
-        double lo = d->lo, hi = d->hi;
-        if (v < lo || v > hi) {
-            char a[64], b[64];
-            ddo__config_fmt_double(lo, a, sizeof(a));
-            ddo__config_fmt_double(hi, b, sizeof(b));
-            return ddo__fail(&cfg->err, DDO_E_CONFIG, "%s=%s (%s): expected a value in %s..%s",
-                             d->key, cfg->text[i], cfg->source[i], a, b);
-        }
-    }
+    if ((rc = ddo__config_check_ranges(cfg)) != 0)
+        return ddo__fail_from_last(&cfg->err, rc);
+    return check_rules(cfg);
+}
+
+/* The devices and the route family. */
+static int check_route(ddo_config *cfg)
+{
+    const ddo__options *o = &cfg->opt;
     char q[160];
     if (!device_ok(o->execution_device))
         return ddo__fail(&cfg->err, DDO_E_CONFIG,
@@ -1268,6 +1286,17 @@ int ddo_config_validate(ddo_config *cfg)
                          "vmm_resident_weight_budget_gb=%s (%s): execution_mode=vmm_runtime (%s) "
                          "needs a positive mapped weight budget in GiB",
                          V(vmm_resident_weight_budget_gb), cfg->source[DDO_OPT_ID_execution_mode]);
+    return 0;
+}
+
+/* The cross-option rules (after the numbers are known to be in range). */
+static int check_rules(ddo_config *cfg)
+{
+    int rc = check_route(cfg);
+    if (rc != 0)
+        return rc;
+    const ddo__options *o = &cfg->opt;
+    bool mode_vmm_fast = strcmp(o->execution_mode, "vmm_fast_runtime") == 0;
     if (o->vmm_execution_backing_reclaim && !mode_vmm_fast)
         return ddo__fail(&cfg->err, DDO_E_CONFIG,
                          "vmm_execution_backing_reclaim=true (%s) needs the native fast route "

@@ -964,6 +964,50 @@ out:
     return rc;
 }
 
+/* The execution-slot page: vmm_page_mb in bytes (0 = the granularity gran), a whole multiple
+ * of gran. Range-checked before the cast, beside the catalog's own check. */
+static int slot_page(double mb, uint64_t gran, uint64_t *page)
+{
+    if (!(mb > 0.0))
+        return 0;
+    *page = isfinite(mb) && mb <= 1048576.0 ? (uint64_t)(mb * (double)DDO_MIB) : 0;
+    if (*page != 0 && *page % gran == 0)
+        return 0;
+    char q[64], g[64];
+    ddo__format_bytes(gran, g, sizeof(g));
+    if (isfinite(mb))
+        ddo__config_fmt_double(mb, q, sizeof(q));
+    else
+        snprintf(q, sizeof(q), "%s", isnan(mb) ? "nan" : "inf");
+    return ddo__fail(NULL, DDO_E_CONFIG,
+                     "vmm_page_mb=%s: the execution-slot page must be a whole multiple of the "
+                     "device granularity (%s) and at most 1048576 MiB",
+                     q, g);
+}
+
+/* DDO_E_BUDGET: the device weights of plan p exceed limit; the advice names what to change. */
+static int refuse_device_weights(const ddo_plan *p, int64_t want, uint64_t limit,
+                                 const char *limit_source)
+{
+    const ddo_plan_budgets *bg = &p->budgets;
+    char a[32], r[32], s[32], l[32];
+    bool chosen = false;
+    for (size_t u = 0; u < p->unit_count; u++)
+        chosen = chosen || p->units[u].resident;
+    const char *advice = chosen && want > 2 ? ", lower resident_module_budget_gb or lower "
+                                              "execution_slots"
+                         : chosen           ? " or lower resident_module_budget_gb"
+                         : want > 2         ? " or lower execution_slots"
+                                            : " or set unit_granularity=leaf (smaller slots)";
+    return ddo__fail(NULL, DDO_E_BUDGET,
+                     "device weights need %s (resident %s + %zu slots × %s) but the limit "
+                     "is %s (%s); raise vmm_resident_weight_budget_gb%s",
+                     fmt_gib(bg->device_weights_peak, a, sizeof(a)),
+                     fmt_gib(bg->resident_bytes, r, sizeof(r)), bg->slot_count,
+                     fmt_gib(bg->slot_bytes, s, sizeof(s)), fmt_gib(limit, l, sizeof(l)),
+                     limit_source, advice);
+}
+
 /* Resident arena offsets, slot size and count, and the device-weights check. */
 static int device_side(builder *b, uint64_t limit, const char *limit_source)
 {
@@ -972,23 +1016,9 @@ static int device_side(builder *b, uint64_t limit, const char *limit_source)
     ddo__decisions *d = &p->decisions;
     uint64_t gran = b->in.device_granularity > 0 ? b->in.device_granularity : 2 * DDO_MIB;
     uint64_t page = gran;
-    if (b->o->vmm_page_mb > 0.0) {
-        char q[64], g[64];
-        ddo__format_bytes(gran, g, sizeof(g));
-        /* Checked before the cast: the catalog caps it at 1 TiB, the planner again here. */
-        double mb = b->o->vmm_page_mb;
-        page = isfinite(mb) && mb <= 1048576.0 ? (uint64_t)(mb * (double)DDO_MIB) : 0;
-        if (page == 0 || page % gran != 0) {
-            if (isfinite(mb))
-                ddo__config_fmt_double(mb, q, sizeof(q));
-            else
-                snprintf(q, sizeof(q), "%s", isnan(mb) ? "nan" : "inf");
-            return ddo__fail(NULL, DDO_E_CONFIG,
-                             "vmm_page_mb=%s: the execution-slot page must be a whole multiple "
-                             "of the device granularity (%s) and at most 1048576 MiB",
-                             q, g);
-        }
-    }
+    int rc = slot_page(b->o->vmm_page_mb, gran, &page);
+    if (rc != 0)
+        return rc;
     uint64_t arena = 0;
     for (size_t i = 0; i < b->n; i++) {
         ddo_tensor_location *loc = &p->tensors[i].loc;
@@ -1049,23 +1079,8 @@ static int device_side(builder *b, uint64_t limit, const char *limit_source)
     ddo__decisions_set_str(d, "slot_count_decision", how);
     bg->device_weights_peak = sat_add(arena, sat_mul(slots, bg->slot_bytes));
     bg->device_weights_limit = limit;
-    if (limit > 0 && bg->device_weights_peak > limit) {
-        char a[32], r[32], s[32], l[32];
-        bool chosen = false;
-        for (size_t u = 0; u < p->unit_count; u++)
-            chosen = chosen || p->units[u].resident;
-        const char *advice = chosen && want > 2 ? ", lower resident_module_budget_gb or lower "
-                                                  "execution_slots"
-                             : chosen           ? " or lower resident_module_budget_gb"
-                             : want > 2         ? " or lower execution_slots"
-                                                : " or set unit_granularity=leaf (smaller slots)";
-        return ddo__fail(NULL, DDO_E_BUDGET,
-                         "device weights need %s (resident %s + %zu slots × %s) but the limit "
-                         "is %s (%s); raise vmm_resident_weight_budget_gb%s",
-                         fmt_gib(bg->device_weights_peak, a, sizeof(a)),
-                         fmt_gib(arena, r, sizeof(r)), slots, fmt_gib(bg->slot_bytes, s, sizeof(s)),
-                         fmt_gib(limit, l, sizeof(l)), limit_source, advice);
-    }
+    if (limit > 0 && bg->device_weights_peak > limit)
+        return refuse_device_weights(p, want, limit, limit_source);
     return 0;
 }
 

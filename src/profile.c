@@ -511,12 +511,51 @@ int ddo_profile_check_writable(const char *dir)
     return 0;
 }
 
+/* The text of the next profile document: old's limits and observations (when old is not
+ * NULL) with obs merged in, rec or old's recommendation. NULL when out of memory. */
+static char *next_text(const ddo_profile *old, const char *key, json_t *ctx, json_t *obs,
+                       json_t *rec)
+{
+    json_t *limits = old ? json_deep_copy(json_object_get(old->doc, "capacity_limits")) : NULL;
+    if (limits == NULL)
+        limits = json_object();
+    json_t *observations = old ? json_deep_copy(json_object_get(old->doc, "observations")) : NULL;
+    if (observations == NULL)
+        observations = json_array();
+    merge_capacity(limits, obs);
+    json_array_append(observations, obs);
+    while (json_array_size(observations) > DDO_PROFILE_MAX_OBSERVATIONS)
+        json_array_remove(observations, 0);
+    json_t *recommendation = rec ? json_incref(rec) : NULL;
+    if (recommendation == NULL && old != NULL) {
+        json_t *prev = json_object_get(old->doc, "recommendation");
+        if (json_is_object(prev))
+            recommendation = json_deep_copy(prev);
+    }
+    char stamp[64];
+    utc_now(stamp, sizeof(stamp));
+    json_t *doc = json_object();
+    json_object_set_new(doc, "schema_version", json_integer(DDO_PROFILE_SCHEMA_VERSION));
+    json_object_set_new(doc, "profile_key", json_string(key));
+    json_object_set_new(doc, "updated_at", json_string(stamp));
+    json_object_set(doc, "context", ctx);
+    json_object_set_new(doc, "capacity_limits", limits);
+    json_object_set_new(doc, "observations", observations);
+    if (recommendation != NULL)
+        json_object_set_new(doc, "recommendation", recommendation);
+    char *body = json_dumps(doc, JSON_SORT_KEYS | JSON_INDENT(2));
+    json_decref(doc);
+    char *text = body ? ddo__asprintf("%s\n", body) : NULL;
+    free(body);
+    return text;
+}
+
 int ddo_profile_record(const char *dir, const char *context_json, const char *observation_json,
                        const char *recommendation_json, char **path_out)
 {
     if (dir == NULL)
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "profile: directory is NULL");
-    json_t *ctx = NULL, *obs = NULL, *rec = NULL, *doc = NULL;
+    json_t *ctx = NULL, *obs = NULL, *rec = NULL;
     char *canon = NULL, *path = NULL, *text = NULL;
     ddo_profile *old = NULL;
     int lock_fd = -1;
@@ -544,40 +583,7 @@ int ddo_profile_record(const char *dir, const char *context_json, const char *ob
     /* A missing, corrupt or foreign previous file starts a fresh profile. */
     if (ddo_profile_load(dir, context_json, &old) != 0)
         old = NULL;
-    json_t *limits = old ? json_deep_copy(json_object_get(old->doc, "capacity_limits")) : NULL;
-    if (limits == NULL)
-        limits = json_object();
-    json_t *observations = old ? json_deep_copy(json_object_get(old->doc, "observations")) : NULL;
-    if (observations == NULL)
-        observations = json_array();
-    merge_capacity(limits, obs);
-    json_array_append(observations, obs);
-    while (json_array_size(observations) > DDO_PROFILE_MAX_OBSERVATIONS)
-        json_array_remove(observations, 0);
-    json_t *recommendation = rec ? json_incref(rec) : NULL;
-    if (recommendation == NULL && old != NULL) {
-        json_t *prev = json_object_get(old->doc, "recommendation");
-        if (json_is_object(prev))
-            recommendation = json_deep_copy(prev);
-    }
-    char stamp[64];
-    utc_now(stamp, sizeof(stamp));
-    doc = json_object();
-    json_object_set_new(doc, "schema_version", json_integer(DDO_PROFILE_SCHEMA_VERSION));
-    json_object_set_new(doc, "profile_key", json_string(key));
-    json_object_set_new(doc, "updated_at", json_string(stamp));
-    json_object_set(doc, "context", ctx);
-    json_object_set_new(doc, "capacity_limits", limits);
-    json_object_set_new(doc, "observations", observations);
-    if (recommendation != NULL)
-        json_object_set_new(doc, "recommendation", recommendation);
-    char *body = json_dumps(doc, JSON_SORT_KEYS | JSON_INDENT(2));
-    if (body == NULL) {
-        rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "profile: out of memory");
-        goto out;
-    }
-    text = ddo__asprintf("%s\n", body);
-    free(body);
+    text = next_text(old, key, ctx, obs, rec);
     if (text == NULL) {
         rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "profile: out of memory");
         goto out;
@@ -594,7 +600,6 @@ out:
     free(text);
     free(path);
     free(canon);
-    json_decref(doc);
     json_decref(rec);
     json_decref(obs);
     json_decref(ctx);
