@@ -142,6 +142,9 @@ $G "$DDO" run "$CK" "${R[@]}" --metrics "$T/plain/m.jsonl" >"$T/out" 2>"$T/err";
     grep -q -- '--metrics ".*plain/m.jsonl": cannot write: Not a directory (checked before the run)' "$T/err" &&
     ok || bad "unwritable --metrics: rc $rc: $(cat "$T/out" "$T/err")"
 
+run 1 'ddo bench: --json "'"$T"'/plain/b.json": cannot write: Not a directory (checked before the run)' -- \
+    bench "$CK" --ddo-execution-device cpu --json "$T/plain/b.json"
+
 # ---- class 8: signals ----------------------------------------------------------------------
 # Job control on: a non-interactive shell would start background jobs with SIGINT ignored
 # (and the tool keeps an ignored signal ignored, as nohup expects).

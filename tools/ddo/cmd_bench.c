@@ -1097,6 +1097,10 @@ int ddo_cmd_bench(int argc, char **argv)
         fprintf(stderr, "ddo bench: %s\n", ddo_config_error(b.cfg));
         goto out;
     }
+    /* Output files are written at the end: one that cannot be is refused before the run. */
+    if ((a.json_path != NULL && tool_check_output_file("bench", "--json", a.json_path) != 0) ||
+        (a.trace_path != NULL && tool_check_output_file("bench", "--trace", a.trace_path) != 0))
+        goto out;
 
     /* The device: the configured execution_device; the host decides about the environment. */
     const char *spec = "cuda:0";
