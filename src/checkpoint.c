@@ -197,7 +197,7 @@ static void format_dims(char *buf, size_t len, const uint64_t *dims, size_t n)
 }
 
 /* "[-4, 3, 3, 3]" from a JSON array as written (non-integers as their type). */
-static void format_json_array(char *buf, size_t len, const json_t *arr)
+static void format_json_array(char *buf, size_t len, const json_t *arr, const ddo__json_bigs *bigs)
 {
     size_t at = 0;
     int w = snprintf(buf, len, "[");
@@ -205,7 +205,10 @@ static void format_json_array(char *buf, size_t len, const json_t *arr)
     for (size_t i = 0; i < json_array_size(arr) && at < len; i++) {
         const json_t *v = json_array_get(arr, i);
         const char *sep = i ? ", " : "";
-        if (json_is_integer(v))
+        uint64_t big;
+        if (ddo__json_bigs_get(bigs, v, &big))
+            w = snprintf(buf + at, len - at, "%s%" PRIu64, sep, big);
+        else if (json_is_integer(v))
             w = snprintf(buf + at, len - at, "%s%" JSON_INTEGER_FORMAT, sep, json_integer_value(v));
         else if (json_is_real(v)) {
             char real[40];
@@ -271,13 +274,18 @@ int ddo__checkpoint_json_failure(const char *fname, const char *what, const json
     }
     if (json_error_code(jerr) == json_error_premature_end_of_input && jerr->position == 0)
         return ddo__fail(NULL, DDO_E_FORMAT, "%s: %s is empty, not a JSON object", fname, what);
-    return ddo__fail(NULL, DDO_E_FORMAT, "%s: %s is not valid JSON: %s at line %d, column %d",
-                     fname, what, ddo__checkpoint_quote_text(jerr->text), jerr->line, jerr->column);
+    /* A key holding NUL (\u0000) is valid JSON that jansson cannot represent. */
+    bool nul_key = strstr(jerr->text, "NUL byte in object key") != NULL;
+    return ddo__fail(NULL, DDO_E_FORMAT, "%s: %s is not valid JSON: %s at line %d, column %d%s",
+                     fname, what, ddo__checkpoint_quote_text(jerr->text), jerr->line, jerr->column,
+                     nul_key ? " (refused: stricter than the official reader)" : "");
 }
 
 /* A non-negative JSON integer, or false. */
-bool ddo__checkpoint_json_u64(const json_t *v, uint64_t *out)
+bool ddo__checkpoint_json_u64(const json_t *v, const ddo__json_bigs *bigs, uint64_t *out)
 {
+    if (ddo__json_bigs_get(bigs, v, out))
+        return true;
     if (!json_is_integer(v) || json_integer_value(v) < 0)
         return false;
     *out = (uint64_t)json_integer_value(v);
@@ -286,15 +294,16 @@ bool ddo__checkpoint_json_u64(const json_t *v, uint64_t *out)
 
 /* Checks a shape against the dtype: dims[] and *nbytes on success. */
 static int parse_shape(const char *fname, const char *name, ddo_dtype dtype, const json_t *jshape,
-                       uint64_t dims[DDO_MAX_DIMS], size_t *ndim_out, uint64_t *nbytes)
+                       const ddo__json_bigs *bigs, uint64_t dims[DDO_MAX_DIMS], size_t *ndim_out,
+                       uint64_t *nbytes)
 {
     char shape_text[256];
     size_t ndim = json_array_size(jshape);
     for (size_t i = 0; i < ndim; i++) {
         const json_t *d = json_array_get(jshape, i);
         uint64_t v;
-        if (!ddo__checkpoint_json_u64(d, &v)) {
-            format_json_array(shape_text, sizeof(shape_text), jshape);
+        if (!ddo__checkpoint_json_u64(d, bigs, &v)) {
+            format_json_array(shape_text, sizeof(shape_text), jshape, bigs);
             return ddo__fail(NULL, DDO_E_FORMAT,
                              "%s: tensor \"%s\": shape %s: dimension %zu is %s, not a "
                              "non-negative integer",
@@ -305,7 +314,7 @@ static int parse_shape(const char *fname, const char *name, ddo_dtype dtype, con
             dims[i] = v;
     }
     if (ndim > DDO_MAX_DIMS) {
-        format_json_array(shape_text, sizeof(shape_text), jshape);
+        format_json_array(shape_text, sizeof(shape_text), jshape, bigs);
         return ddo__fail(NULL, DDO_E_UNSUPPORTED,
                          "%s: tensor \"%s\": shape %s has %zu dimensions; at most %d are supported "
                          "(stricter than the official reader)",
@@ -328,7 +337,8 @@ static int parse_shape(const char *fname, const char *name, ddo_dtype dtype, con
 
 /* Checks data_offsets [begin, end] against the data area and the byte size. */
 static int parse_offsets(const char *fname, const char *name, const json_t *joffs,
-                         uint64_t data_len, uint64_t *begin_out, uint64_t *end_out)
+                         const ddo__json_bigs *bigs, uint64_t data_len, uint64_t *begin_out,
+                         uint64_t *end_out)
 {
     if (joffs == NULL)
         return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\": missing \"data_offsets\"", fname,
@@ -343,10 +353,10 @@ static int parse_offsets(const char *fname, const char *name, const json_t *joff
                          "element(s)",
                          fname, Q(name), json_array_size(joffs));
     uint64_t begin, end;
-    if (!ddo__checkpoint_json_u64(json_array_get(joffs, 0), &begin) ||
-        !ddo__checkpoint_json_u64(json_array_get(joffs, 1), &end)) {
+    if (!ddo__checkpoint_json_u64(json_array_get(joffs, 0), bigs, &begin) ||
+        !ddo__checkpoint_json_u64(json_array_get(joffs, 1), bigs, &end)) {
         char offs_text[160];
-        format_json_array(offs_text, sizeof(offs_text), joffs);
+        format_json_array(offs_text, sizeof(offs_text), joffs, bigs);
         return ddo__fail(NULL, DDO_E_FORMAT,
                          "%s: tensor \"%s\": data_offsets %s are not non-negative integers", fname,
                          Q(name), offs_text);
@@ -368,7 +378,7 @@ static int parse_offsets(const char *fname, const char *name, const json_t *joff
 
 /* Validates one tensor entry and appends it with its relative begin in offset. */
 static int parse_entry(ddo_checkpoint *ck, const char *fname, uint32_t file_index, const char *name,
-                       const json_t *entry, uint64_t data_len)
+                       const json_t *entry, uint64_t data_len, const ddo__json_bigs *bigs)
 {
     if (strlen(name) > DDO__CHECKPOINT_MAX_NAME_BYTES)
         return ddo__fail(NULL, DDO_E_FORMAT,
@@ -403,10 +413,10 @@ static int parse_entry(ddo_checkpoint *ck, const char *fname, uint32_t file_inde
                          fname, Q(name), ddo__checkpoint_json_type(jshape));
     uint64_t dims[DDO_MAX_DIMS] = { 0 }, nbytes = 0, begin = 0, end = 0;
     size_t ndim = 0;
-    int rc = parse_shape(fname, name, dtype, jshape, dims, &ndim, &nbytes);
+    int rc = parse_shape(fname, name, dtype, jshape, bigs, dims, &ndim, &nbytes);
     if (rc == 0)
-        rc = parse_offsets(fname, name, json_object_get(entry, "data_offsets"), data_len, &begin,
-                           &end);
+        rc = parse_offsets(fname, name, json_object_get(entry, "data_offsets"), bigs, data_len,
+                           &begin, &end);
     if (rc != 0)
         return rc;
     if (end - begin != nbytes) {
@@ -512,7 +522,8 @@ static int parse_header(ddo_checkpoint *ck, uint32_t file_index, const char *fna
                          at);
     }
     json_t *root = NULL;
-    int rc = ddo__checkpoint_json_load(fname, "header", (const char *)hdr, hdr_len, &root);
+    ddo__json_bigs bigs;
+    int rc = ddo__checkpoint_json_load(fname, "header", (const char *)hdr, hdr_len, &root, &bigs);
     if (rc != 0)
         return rc;
     size_t first = ck->tensor_count;
@@ -546,7 +557,7 @@ static int parse_header(ddo_checkpoint *ck, uint32_t file_index, const char *fna
             }
             continue;
         }
-        rc = parse_entry(ck, fname, file_index, key, value, data_len);
+        rc = parse_entry(ck, fname, file_index, key, value, data_len, &bigs);
         if (rc != 0)
             goto out;
     }
@@ -570,6 +581,7 @@ static int parse_header(ddo_checkpoint *ck, uint32_t file_index, const char *fna
     }
 out:
     json_decref(root);
+    ddo__json_bigs_free(&bigs);
     return rc;
 }
 

@@ -70,13 +70,14 @@ int ddo__checkpoint_read_json_file(const char *path, const char *label, const ch
     int rc = read_small_file(path, label, what, limit, &text, &len);
     if (rc != 0)
         return rc;
-    rc = ddo__checkpoint_json_load(label, what, text, len, root);
+    rc = ddo__checkpoint_json_load(label, what, text, len, root, NULL);
     free(text);
     return rc;
 }
 
 /* metadata (null or an object) and its total_size, when present, into *total. */
-static int index_metadata(const char *iname, const json_t *meta, bool *have_total, uint64_t *total)
+static int index_metadata(const char *iname, const json_t *meta, const ddo__json_bigs *bigs,
+                          bool *have_total, uint64_t *total)
 {
     *have_total = false;
     if (meta == NULL || json_is_null(meta))
@@ -90,7 +91,7 @@ static int index_metadata(const char *iname, const json_t *meta, bool *have_tota
     double r = json_is_real(ts) ? json_real_value(ts) : -1;
     if (json_is_real(ts) && r >= 0 && !signbit(r) && r < 1.8e19 && r == (double)(uint64_t)r) {
         *total = (uint64_t)r; /* a whole real such as 297888.0, as Python writers may emit */
-    } else if (!ddo__checkpoint_json_u64(ts, total)) {
+    } else if (!ddo__checkpoint_json_u64(ts, bigs, total)) {
         char what[64];
         if (json_is_integer(ts))
             snprintf(what, sizeof(what), "%" JSON_INTEGER_FORMAT, json_integer_value(ts));
@@ -217,8 +218,13 @@ int ddo__checkpoint_open_index(ddo_checkpoint *ck, const char *path)
     char *dir = NULL;
     bool have_total = false;
     uint64_t total_size = 0;
-    int rc = ddo__checkpoint_read_json_file(path, iname, "index", DDO__CHECKPOINT_MAX_INDEX_BYTES,
-                                            &root);
+    ddo__json_bigs bigs = { NULL, 0, 0 };
+    char *text = NULL;
+    size_t len = 0;
+    int rc = read_small_file(path, iname, "index", DDO__CHECKPOINT_MAX_INDEX_BYTES, &text, &len);
+    if (rc == 0)
+        rc = ddo__checkpoint_json_load(iname, "index", text, len, &root, &bigs);
+    free(text);
     if (rc != 0)
         goto out;
     const json_t *wm = json_object_get(root, "weight_map");
@@ -230,7 +236,7 @@ int ddo__checkpoint_open_index(ddo_checkpoint *ck, const char *path)
         rc = ddo__fail(NULL, DDO_E_FORMAT, "%s: index: \"weight_map\" is %s, not an object", iname,
                        wm == NULL ? "missing" : ddo__checkpoint_json_type(wm));
     if (rc == 0)
-        rc = index_metadata(iname, meta, &have_total, &total_size);
+        rc = index_metadata(iname, meta, &bigs, &have_total, &total_size);
     if (rc == 0)
         rc = index_shards(iname, wm, &shards, &shard_count);
     if (rc != 0)
@@ -268,5 +274,6 @@ out:
     free(dir);
     free(shards);
     json_decref(root);
+    ddo__json_bigs_free(&bigs);
     return rc;
 }

@@ -92,24 +92,41 @@ int ddo__checkpoint_open_file(ddo_checkpoint *ck, uint32_t fi);
 int ddo__checkpoint_finish(ddo_checkpoint *ck, const char *what);
 
 /*
+ * Integers the official reader reads as u64 but jansson cannot hold (2^63 .. 2^64 - 1): the
+ * loader writes each as a sentinel integer base + k (a range of very negative values that no
+ * literal of the text uses) and keeps its value here.
+ */
+typedef struct ddo__json_bigs {
+    uint64_t *values;
+    size_t count;
+    json_int_t base;
+} ddo__json_bigs;
+void ddo__json_bigs_free(ddo__json_bigs *b);
+/* Whether v is a sentinel of b; *out its value. */
+bool ddo__json_bigs_get(const ddo__json_bigs *b, const json_t *v, uint64_t *out);
+
+/*
  * Pre-scans a JSON text in one pass without allocating: refuses nesting deeper than
  * DDO__CHECKPOINT_MAX_DEPTH and more than DDO__CHECKPOINT_MAX_JSON_TOKENS keys and values or
  * DDO__CHECKPOINT_MAX_JSON_CONTAINERS arrays and objects (`what` is "header" or "index"), and
- * counts the `-0` number tokens into *neg_zeros. The text need not be valid JSON.
+ * counts the number tokens to rewrite: *reals (`-0`, integers beyond 64 bits: floats to the
+ * official reader) and *bigs (integers of 2^63 .. 2^64 - 1). The text need not be valid JSON.
  */
 int ddo__checkpoint_json_scan(const char *fname, const char *what, const char *text, size_t len,
-                              size_t *neg_zeros);
-/* A copy of text with every `-0` number written `-0.0` (zeros of them), so jansson reads it
- * as the real it is to the official reader. NULL when out of memory. */
-char *ddo__checkpoint_json_real_zeros(const char *text, size_t len, size_t zeros, size_t *out_len);
-
-/* Scans (as above), rewrites `-0`, and decodes a JSON text with duplicate keys refused. */
+                              size_t *reals, size_t *bigs);
+/* A copy of text with the reals written as reals (`-0` as `-0.0`) and the bigs as sentinels
+ * recorded in *table. NULL when out of memory. */
+char *ddo__checkpoint_json_fix_numbers(const char *text, size_t len, size_t reals, size_t bigs,
+                                       ddo__json_bigs *table, size_t *out_len);
+/* Scans (as above), rewrites numbers, and decodes a JSON text with duplicate keys refused;
+ * *bigs (may be NULL) gets the big integers, to be freed with ddo__json_bigs_free. */
 int ddo__checkpoint_json_load(const char *fname, const char *what, const char *text, size_t len,
-                              json_t **out);
+                              json_t **out, ddo__json_bigs *bigs);
 
 /* JSON helpers shared with the index parser. */
 int ddo__checkpoint_json_failure(const char *fname, const char *what, const json_error_t *jerr);
-bool ddo__checkpoint_json_u64(const json_t *v, uint64_t *out);
+/* A non-negative JSON integer (or a big one of bigs, which may be NULL), or false. */
+bool ddo__checkpoint_json_u64(const json_t *v, const ddo__json_bigs *bigs, uint64_t *out);
 const char *ddo__checkpoint_json_type(const json_t *v);
 
 /* Opens a sharded set through its *.safetensors.index.json (checkpoint_index.c). */

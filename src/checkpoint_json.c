@@ -8,6 +8,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "checkpoint_internal.h"
 
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,10 +20,49 @@ static bool is_token_char(unsigned char c)
            c == '-' || c == '.';
 }
 
-int ddo__checkpoint_json_scan(const char *fname, const char *what, const char *text, size_t len,
-                              size_t *neg_zeros)
+enum { TOK_PLAIN, TOK_REAL, TOK_BIG };
+
+/*
+ * What jansson would read otherwise than the official reader in a number token: `-0` (an
+ * integer to jansson, a float to the official reader), and integers beyond int64_t (refused by
+ * jansson; to the official reader a u64 up to 2^64 - 1, else a float). *big gets the value of a
+ * TOK_BIG. Anything else, valid or not, is left to jansson.
+ */
+static int classify(const char *t, size_t n, uint64_t *big)
 {
-    size_t depth = 0, tokens = 0, containers = 0, zeros = 0;
+    size_t d = t[0] == '-' ? 1 : 0;
+    if (d >= n || (n - d > 1 && t[d] == '0'))
+        return TOK_PLAIN;
+    for (size_t i = d; i < n; i++)
+        if (t[i] < '0' || t[i] > '9')
+            return TOK_PLAIN;
+    if (d == 1 && n == 2 && t[1] == '0')
+        return TOK_REAL;
+    if (n - d < 19)
+        return TOK_PLAIN;
+    uint64_t v = 0;
+    bool over = false;
+    for (size_t i = d; i < n && !over; i++) {
+        unsigned dig = (unsigned)(t[i] - '0');
+        over = v > (UINT64_MAX - dig) / 10;
+        v = v * 10 + dig;
+    }
+    if (d == 1)
+        return over || v > (uint64_t)INT64_MAX + 1 ? TOK_REAL : TOK_PLAIN;
+    if (over)
+        return TOK_REAL;
+    if (v > (uint64_t)INT64_MAX) {
+        *big = v;
+        return TOK_BIG;
+    }
+    return TOK_PLAIN;
+}
+
+int ddo__checkpoint_json_scan(const char *fname, const char *what, const char *text, size_t len,
+                              size_t *reals, size_t *bigs)
+{
+    size_t depth = 0, tokens = 0, containers = 0;
+    *reals = *bigs = 0;
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)text[i];
         if (c == '"') {
@@ -50,8 +90,10 @@ int ddo__checkpoint_json_scan(const char *fname, const char *what, const char *t
             size_t start = i;
             while (i + 1 < len && is_token_char((unsigned char)text[i + 1]))
                 i++;
-            if (i - start == 1 && c == '-' && text[i] == '0')
-                zeros++;
+            uint64_t big;
+            int k = classify(text + start, i - start + 1, &big);
+            *reals += k == TOK_REAL;
+            *bigs += k == TOK_BIG;
             tokens++;
         }
         if (tokens > DDO__CHECKPOINT_MAX_JSON_TOKENS)
@@ -60,59 +102,154 @@ int ddo__checkpoint_json_scan(const char *fname, const char *what, const char *t
                              "stricter than the official reader; see docs/inspect.md)",
                              fname, what, DDO__CHECKPOINT_MAX_JSON_TOKENS);
     }
-    *neg_zeros = zeros;
     return 0;
 }
 
-char *ddo__checkpoint_json_real_zeros(const char *text, size_t len, size_t zeros, size_t *out_len)
+/* Calls fn(ctx, token, n) for every token outside strings, and copies strings and the rest to
+ * out (when out is not NULL) as they are; fn writes its token's replacement at *o. */
+typedef void (*token_fn)(void *ctx, const char *t, size_t n, char *out, size_t *o);
+
+static void walk(const char *text, size_t len, char *out, size_t *o, token_fn fn, void *ctx)
 {
-    size_t n = len + 2 * zeros;
-    char *out = ddo__malloc(n + 1);
-    if (out == NULL)
-        return NULL;
-    size_t o = 0;
     for (size_t i = 0; i < len; i++) {
-        char c = text[i];
-        if (c == '"') {
-            out[o++] = text[i];
-            for (i++; i < len && text[i] != '"'; i++) {
-                out[o++] = text[i];
+        size_t start = i;
+        if (text[i] == '"') {
+            for (i++; i < len && text[i] != '"'; i++)
                 if (text[i] == '\\' && i + 1 < len)
-                    out[o++] = text[++i];
-            }
-            if (i < len)
-                out[o++] = text[i];
-            continue;
-        }
-        if (is_token_char((unsigned char)c)) {
-            size_t start = i;
+                    i++;
+        } else if (is_token_char((unsigned char)text[i])) {
             while (i + 1 < len && is_token_char((unsigned char)text[i + 1]))
                 i++;
-            memcpy(out + o, text + start, i - start + 1);
-            o += i - start + 1;
-            if (i - start == 1 && c == '-' && text[i] == '0') {
-                memcpy(out + o, ".0", 2);
-                o += 2;
-            }
+            fn(ctx, text + start, i - start + 1, out, o);
             continue;
         }
-        out[o++] = c;
+        size_t n = (i < len ? i + 1 : len) - start;
+        if (out != NULL)
+            memcpy(out + *o, text + start, n);
+        *o += n;
     }
+}
+
+typedef struct fix_ctx {
+    ddo__json_bigs *bigs;
+    int64_t *low; /* negative literals that a sentinel could collide with */
+    size_t low_count, low_cap;
+} fix_ctx;
+
+/* First pass: the literals in [INT64_MIN, INT64_MIN + 2^32), where sentinels live. */
+static void collect_low(void *vctx, const char *t, size_t n, char *out, size_t *o)
+{
+    (void)out;
+    (void)o;
+    fix_ctx *c = vctx;
+    uint64_t big;
+    if (t[0] != '-' || n < 20 || classify(t, n, &big) != TOK_PLAIN)
+        return;
+    char *end = NULL;
+    long long v = strtoll(t, &end, 10);
+    if (end != t + n || v >= INT64_MIN + ((int64_t)1 << 32))
+        return;
+    if (c->low_count == c->low_cap) {
+        size_t cap = c->low_cap == 0 ? 16 : c->low_cap * 2;
+        int64_t *nl = ddo__reallocarray(c->low, cap, sizeof(*nl));
+        if (nl == NULL)
+            return; /* at worst a sentinel collides: never a crash */
+        c->low = nl;
+        c->low_cap = cap;
+    }
+    c->low[c->low_count++] = (int64_t)v;
+}
+
+/* Second pass: -0 and out-of-range integers as reals, u64 beyond int64 as sentinels. */
+static void rewrite(void *vctx, const char *t, size_t n, char *out, size_t *o)
+{
+    fix_ctx *c = vctx;
+    uint64_t big = 0;
+    int k = classify(t, n, &big);
+    if (k == TOK_BIG) {
+        ddo__json_bigs *b = c->bigs;
+        b->values[b->count] = big;
+        *o += (size_t)sprintf(out + *o, "%" PRId64, (int64_t)(b->base + (json_int_t)b->count));
+        b->count++;
+        return;
+    }
+    memcpy(out + *o, t, n);
+    *o += n;
+    if (k == TOK_REAL) {
+        memcpy(out + *o, ".0", 2);
+        *o += 2;
+    }
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+char *ddo__checkpoint_json_fix_numbers(const char *text, size_t len, size_t reals, size_t bigs,
+                                       ddo__json_bigs *table, size_t *out_len)
+{
+    fix_ctx c = { table, NULL, 0, 0 };
+    memset(table, 0, sizeof(*table));
+    table->base = INT64_MIN;
+    if (bigs > 0) {
+        table->values = ddo__calloc(bigs, sizeof(*table->values));
+        if (table->values == NULL)
+            return NULL;
+        size_t ignored = 0;
+        walk(text, len, NULL, &ignored, collect_low, &c);
+        qsort(c.low, c.low_count, sizeof(*c.low), cmp_i64);
+        for (size_t i = 0; i < c.low_count; i++) /* the first gap of `bigs` free values */
+            if (c.low[i] >= table->base && (uint64_t)(c.low[i] - table->base) < bigs)
+                table->base = c.low[i] + 1;
+        free(c.low);
+    }
+    char *out = ddo__malloc(len + 2 * reals + bigs + 1);
+    if (out == NULL) {
+        free(table->values);
+        table->values = NULL;
+        return NULL;
+    }
+    size_t o = 0;
+    walk(text, len, out, &o, rewrite, &c);
     out[o] = '\0';
     *out_len = o;
     return out;
 }
 
-int ddo__checkpoint_json_load(const char *fname, const char *what, const char *text, size_t len,
-                              json_t **out)
+void ddo__json_bigs_free(ddo__json_bigs *b)
 {
-    size_t zeros = 0;
-    int rc = ddo__checkpoint_json_scan(fname, what, text, len, &zeros);
+    if (b != NULL) {
+        free(b->values);
+        memset(b, 0, sizeof(*b));
+    }
+}
+
+bool ddo__json_bigs_get(const ddo__json_bigs *b, const json_t *v, uint64_t *out)
+{
+    if (b == NULL || b->count == 0 || !json_is_integer(v))
+        return false;
+    json_int_t x = json_integer_value(v);
+    if (x < b->base || (uint64_t)(x - b->base) >= b->count)
+        return false;
+    *out = b->values[x - b->base];
+    return true;
+}
+
+int ddo__checkpoint_json_load(const char *fname, const char *what, const char *text, size_t len,
+                              json_t **out, ddo__json_bigs *bigs)
+{
+    size_t reals = 0, nbig = 0;
+    ddo__json_bigs local;
+    ddo__json_bigs *table = bigs != NULL ? bigs : &local;
+    memset(table, 0, sizeof(*table));
+    int rc = ddo__checkpoint_json_scan(fname, what, text, len, &reals, &nbig);
     if (rc != 0)
         return rc;
     char *fixed = NULL;
-    if (zeros > 0) {
-        fixed = ddo__checkpoint_json_real_zeros(text, len, zeros, &len);
+    if (reals + nbig > 0) {
+        fixed = ddo__checkpoint_json_fix_numbers(text, len, reals, nbig, table, &len);
         if (fixed == NULL)
             return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory reading the %s", fname,
                              what);
@@ -120,8 +257,12 @@ int ddo__checkpoint_json_load(const char *fname, const char *what, const char *t
     json_error_t jerr;
     json_t *root = json_loadb(fixed != NULL ? fixed : text, len, JSON_REJECT_DUPLICATES, &jerr);
     free(fixed);
-    if (root == NULL)
+    if (table == &local)
+        ddo__json_bigs_free(&local);
+    if (root == NULL) {
+        ddo__json_bigs_free(bigs);
         return ddo__checkpoint_json_failure(fname, what, &jerr);
+    }
     *out = root;
     return 0;
 }

@@ -209,6 +209,51 @@ static void test_official_verdicts(void)
     T_CONTAINS(ddo_last_error(), "runs past the end of the file");
 }
 
+/* Integers the official reader holds as u64 beyond int64 (jansson cannot), and beyond u64 (a
+ * float to the official reader). */
+static void test_big_integers(void)
+{
+    size_t size = 0;
+    uint8_t *b = image("{\"w\":{\"dtype\":\"U8\",\"shape\":[18446744073709551615,0],"
+                       "\"data_offsets\":[0,0]},\"v\":{\"dtype\":\"U8\",\"shape\":[0,"
+                       "9223372036854775808],\"data_offsets\":[0,0],\"x\":[-9223372036854775808]}}",
+                       0, &size);
+    T_REQUIRE(b != NULL);
+    ddo_checkpoint *ck = NULL;
+    T_REQUIRE(ddo__checkpoint_parse_buffer(b, size, "big.safetensors", &ck) == 0);
+    size_t i = SIZE_MAX;
+    T_REQUIRE(ddo_checkpoint_find(ck, "w", &i) == 0);
+    T_EQ_U64(ddo_checkpoint_tensor(ck, i)->shape[0], UINT64_MAX);
+    T_REQUIRE(ddo_checkpoint_find(ck, "v", &i) == 0);
+    T_EQ_U64(ddo_checkpoint_tensor(ck, i)->shape[1], (uint64_t)1 << 63);
+    ddo_checkpoint_destroy(ck);
+    free(b);
+    /* overflows quote the value as written */
+    T_EQ_INT(parse("{\"w\":{\"dtype\":\"U8\",\"shape\":[9223372036854775808,2],"
+                   "\"data_offsets\":[0,0]}}",
+                   0),
+             DDO_E_FORMAT);
+    T_CONTAINS(ddo_last_error(), "U8 [9223372036854775808, 2]: element count or size overflows");
+    T_EQ_INT(parse("{\"w\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,"
+                   "9223372036854775809]}}",
+                   2),
+             DDO_E_FORMAT);
+    T_CONTAINS(ddo_last_error(), "data_offsets [0, 9223372036854775809] run past the end");
+    /* beyond u64, and below i64: floats to the official reader */
+    T_EQ_INT(parse("{\"w\":{\"dtype\":\"U8\",\"shape\":[18446744073709551616,0],"
+                   "\"data_offsets\":[0,0]}}",
+                   0),
+             DDO_E_FORMAT);
+    T_CONTAINS(ddo_last_error(), "dimension 0 is a real number");
+    /* a literal in the sentinels' range stays what it is: negative */
+    T_EQ_INT(parse("{\"w\":{\"dtype\":\"U8\",\"shape\":[-9223372036854775808,0],"
+                   "\"data_offsets\":[0,0]},\"x\":{\"dtype\":\"U8\",\"shape\":[0,"
+                   "9223372036854775808],\"data_offsets\":[0,0]}}",
+                   0),
+             DDO_E_FORMAT);
+    T_CONTAINS(ddo_last_error(), "shape [-9223372036854775808, 0]: dimension 0 is negative");
+}
+
 /* A tensor whose unknown field "x" nests `arrays` arrays (the header nests arrays + 2). */
 static int parse_nested(int arrays)
 {
@@ -315,6 +360,10 @@ static void test_messages_escaped(void)
     T_EQ_INT(parse("{\"w\":{\"dtype\":\"U8\",\"shape\":[0.1],\"data_offsets\":[0,1]}}", 1),
              DDO_E_FORMAT);
     T_CONTAINS(ddo_last_error(), "shape [0.1]");
+    /* a name holding NUL: refused, and the message says it is stricter */
+    T_EQ_INT(parse("{\"a\\u0000b\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1),
+             DDO_E_FORMAT);
+    T_CONTAINS(ddo_last_error(), "(refused: stricter than the official reader)");
     /* the limit's name is in its message */
     char *h = malloc(DDO__CHECKPOINT_MAX_NAME_BYTES + 128);
     T_REQUIRE(h != NULL);
@@ -666,6 +715,7 @@ int main(void)
     T_RUN(test_special_files);
     T_RUN(test_official_verdicts);
     T_RUN(test_nesting_limit);
+    T_RUN(test_big_integers);
     T_RUN(test_dtypes_official);
     T_RUN(test_messages_escaped);
     T_RUN(test_index_messages);
