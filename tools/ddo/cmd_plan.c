@@ -9,10 +9,13 @@
 #include "tool.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 extern char **environ;
 
@@ -134,30 +137,39 @@ static void print_table(const ddo_plan *plan, const char *path)
     }
 }
 
+/* A saved plan is at most this large (a plan of 10^5 tensors is a few tens of MiB). */
+#define MAX_PLAN_JSON_BYTES ((size_t)256 << 20)
+
+/* Reads a regular file of at most MAX_PLAN_JSON_BYTES; opens without blocking, so a FIFO is
+ * refused instead of waited on. NULL with errno set (EFBIG when too large, EINVAL when not a
+ * regular file). */
 static char *read_file(const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
         return NULL;
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    size_t n;
-    while (buf != NULL && (n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
-        len += n;
-        if (len + 1 == cap) {
-            char *nb = realloc(buf, cap * 2);
-            if (nb == NULL) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 0 ||
+        (uint64_t)st.st_size > MAX_PLAN_JSON_BYTES) {
+        int e = errno;
+        bool regular = S_ISREG(st.st_mode);
+        close(fd);
+        errno = regular ? (st.st_size < 0 ? e : EFBIG) : EINVAL;
+        return NULL;
     }
-    fclose(f);
+    size_t len = (size_t)st.st_size, done = 0;
+    char *buf = malloc(len + 1);
+    while (buf != NULL && done < len) {
+        ssize_t n = read(fd, buf + done, len - done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        done += (size_t)n;
+    }
+    close(fd);
     if (buf != NULL)
-        buf[len] = '\0';
+        buf[done] = '\0';
     return buf;
 }
 
@@ -175,6 +187,89 @@ static int emit(const ddo_plan *plan, bool json, const char *path)
     printf("%s\n", text);
     ddo_free(text);
     return DDO_EXIT_OK;
+}
+
+typedef struct plan_flags {
+    const char *path, *from_json;
+    bool json;
+    double device_gb, host_gb, gbps, tflops;
+    uint64_t tokens;
+} plan_flags;
+
+/* The tool's own flags (after the --ddo-* ones were taken): 0, or -1 after a usage message. */
+static int parse_flags(int argc, char **argv, plan_flags *f)
+{
+    memset(f, 0, sizeof(*f));
+    f->device_gb = -1.0;
+    f->host_gb = -1.0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (strcmp(a, "--json") == 0)
+            f->json = true;
+        else if (strcmp(a, "--device-memory-gb") == 0)
+            bad = tool_flag_real("plan", a, v, 0.0, TOOL_MAX_MEMORY_GB, &f->device_gb), i++;
+        else if (strcmp(a, "--host-memory-gb") == 0)
+            bad = tool_flag_real("plan", a, v, 0.0, TOOL_MAX_MEMORY_GB, &f->host_gb), i++;
+        else if (strcmp(a, "--bandwidth-gbps") == 0)
+            bad = tool_flag_real("plan", a, v, 0.0, TOOL_MAX_GBPS, &f->gbps), i++;
+        else if (strcmp(a, "--tflops") == 0)
+            bad = tool_flag_real("plan", a, v, 0.0, TOOL_MAX_GFLOPS / 1e3, &f->tflops), i++;
+        else if (strcmp(a, "--tokens") == 0)
+            bad = tool_flag_count("plan", a, v, 1, 65536, &f->tokens), i++;
+        else if (strcmp(a, "--from-json") == 0 && v != NULL)
+            f->from_json = v, i++;
+        else if (a[0] != '-' && f->path == NULL)
+            f->path = a;
+        else {
+            char q[160];
+            fprintf(stderr, "ddo plan: unknown or incomplete argument \"%s\"\n",
+                    tool_quote(a, q, sizeof q));
+            bad = -1;
+        }
+        if (bad != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Plan inputs from the flags, else the configured device (opened into *dev) and the host. */
+static int fill_inputs(ddo_config *cfg, const plan_flags *f, ddo_plan_inputs *in, ddo_device **dev)
+{
+    memset(in, 0, sizeof(*in));
+    const char *spec = "cpu";
+    if (ddo_config_get(cfg, "execution_device", &spec) != 0 || spec == NULL)
+        spec = "cpu";
+    in->device_is_cpu = strncmp(spec, "cuda", 4) != 0;
+    if (f->device_gb >= 0.0) {
+        in->device_total_bytes = (uint64_t)(f->device_gb * 1073741824.0); /* <= 1 PiB */
+        in->device_free_bytes = in->device_total_bytes;
+    } else if (!in->device_is_cpu && ddo_device_create(spec, NULL, dev) == 0) {
+        ddo_device_caps caps;
+        if (ddo_device_caps_get(*dev, &caps) == 0) {
+            in->device_total_bytes = caps.total_bytes;
+            in->device_free_bytes = caps.free_bytes;
+            in->device_granularity = caps.granularity;
+            in->device_vmm_supported = caps.vmm_supported;
+            in->bus_bytes_per_s = caps.bus_bytes_per_s;
+            in->flops_per_s = caps.flops_per_s;
+        }
+    }
+    if (f->host_gb >= 0.0) {
+        in->host_available_bytes = (uint64_t)(f->host_gb * 1073741824.0);
+        if (ddo_config_set_double(cfg, "available_system_ram_gb", f->host_gb) != 0) {
+            fprintf(stderr, "ddo plan: %s\n", ddo_config_error(cfg));
+            return -1;
+        }
+    } else {
+        in->host_available_bytes = tool_host_available_bytes();
+    }
+    if (f->gbps > 0.0)
+        in->bus_bytes_per_s = f->gbps * 1e9;
+    if (f->tflops > 0.0)
+        in->flops_per_s = f->tflops * 1e12;
+    in->tokens = f->tokens;
+    return 0;
 }
 
 int ddo_cmd_plan(int argc, char **argv)
@@ -202,52 +297,28 @@ int ddo_cmd_plan(int argc, char **argv)
     }
     for (size_t i = 0; i < ddo_config_warning_count(cfg); i++)
         fprintf(stderr, "ddo plan: warning: %s\n", ddo_config_warning(cfg, i));
-    const char *path = NULL, *from_json = NULL;
-    bool json = false;
-    double device_gb = -1.0, host_gb = -1.0, gbps = 0.0, tflops = 0.0;
-    uint64_t tokens = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int bad = 0;
-        if (strcmp(a, "--json") == 0)
-            json = true;
-        else if (strcmp(a, "--device-memory-gb") == 0)
-            bad = tool_flag_real("plan", a, v, 0.0, TOOL_MAX_MEMORY_GB, &device_gb), i++;
-        else if (strcmp(a, "--host-memory-gb") == 0)
-            bad = tool_flag_real("plan", a, v, 0.0, TOOL_MAX_MEMORY_GB, &host_gb), i++;
-        else if (strcmp(a, "--bandwidth-gbps") == 0)
-            bad = tool_flag_real("plan", a, v, 0.0, TOOL_MAX_GBPS, &gbps), i++;
-        else if (strcmp(a, "--tflops") == 0)
-            bad = tool_flag_real("plan", a, v, 0.0, TOOL_MAX_GFLOPS / 1e3, &tflops), i++;
-        else if (strcmp(a, "--tokens") == 0)
-            bad = tool_flag_count("plan", a, v, 1, 65536, &tokens), i++;
-        else if (strcmp(a, "--from-json") == 0 && v != NULL)
-            from_json = v, i++;
-        else if (a[0] != '-' && path == NULL)
-            path = a;
-        else {
-            fprintf(stderr, "ddo plan: unknown or incomplete argument '%s'\n", a);
-            bad = -1;
-        }
-        if (bad != 0) {
-            status = DDO_EXIT_USAGE;
-            goto out;
-        }
+    plan_flags f;
+    if (parse_flags(argc, argv, &f) != 0) {
+        status = DDO_EXIT_USAGE;
+        goto out;
     }
-    if (from_json != NULL) {
-        saved = read_file(from_json);
+    if (f.from_json != NULL) {
+        saved = read_file(f.from_json);
         if (saved == NULL) {
-            fprintf(stderr, "ddo plan: %s: %s\n", from_json, strerror(errno));
+            fprintf(stderr, "ddo plan: %s: %s\n", f.from_json,
+                    errno == EFBIG    ? "larger than 256 MiB (the saved-plan limit)"
+                    : errno == EINVAL ? "not a regular file"
+                                      : strerror(errno));
             goto out;
         }
         if (ddo_plan_from_json(saved, &plan) != 0) {
-            fprintf(stderr, "ddo plan: %s: %s\n", from_json, ddo_last_error());
+            fprintf(stderr, "ddo plan: %s: %s\n", f.from_json, ddo_last_error());
             goto out;
         }
-        status = emit(plan, json, from_json);
+        status = emit(plan, f.json, f.from_json);
         goto out;
     }
-    if (path == NULL) {
+    if (f.path == NULL) {
         fprintf(stderr, "ddo plan: a checkpoint PATH is required\n");
         usage(stderr);
         status = DDO_EXIT_USAGE;
@@ -257,49 +328,18 @@ int ddo_cmd_plan(int argc, char **argv)
         fprintf(stderr, "ddo plan: %s\n", ddo_config_error(cfg));
         goto out;
     }
-    if (ddo_checkpoint_create(path, DDO_READ_DEFAULT, &ck) != 0) {
+    if (ddo_checkpoint_create(f.path, DDO_READ_DEFAULT, &ck) != 0) {
         fprintf(stderr, "ddo plan: %s\n", ddo_last_error());
         goto out;
     }
     ddo_plan_inputs in;
-    memset(&in, 0, sizeof(in));
-    const char *spec = "cpu";
-    if (ddo_config_get(cfg, "execution_device", &spec) != 0 || spec == NULL)
-        spec = "cpu";
-    in.device_is_cpu = strncmp(spec, "cuda", 4) != 0;
-    if (device_gb >= 0.0) {
-        in.device_total_bytes = (uint64_t)(device_gb * 1073741824.0);
-        in.device_free_bytes = in.device_total_bytes;
-    } else if (!in.device_is_cpu && ddo_device_create(spec, NULL, &dev) == 0) {
-        ddo_device_caps caps;
-        if (ddo_device_caps_get(dev, &caps) == 0) {
-            in.device_total_bytes = caps.total_bytes;
-            in.device_free_bytes = caps.free_bytes;
-            in.device_granularity = caps.granularity;
-            in.device_vmm_supported = caps.vmm_supported;
-            in.bus_bytes_per_s = caps.bus_bytes_per_s;
-            in.flops_per_s = caps.flops_per_s;
-        }
-    }
-    if (host_gb >= 0.0) {
-        in.host_available_bytes = (uint64_t)(host_gb * 1073741824.0);
-        if (ddo_config_set_double(cfg, "available_system_ram_gb", host_gb) != 0) {
-            fprintf(stderr, "ddo plan: %s\n", ddo_config_error(cfg));
-            goto out;
-        }
-    } else {
-        in.host_available_bytes = tool_host_available_bytes();
-    }
-    if (gbps > 0.0)
-        in.bus_bytes_per_s = gbps * 1e9;
-    if (tflops > 0.0)
-        in.flops_per_s = tflops * 1e12;
-    in.tokens = tokens;
+    if (fill_inputs(cfg, &f, &in, &dev) != 0)
+        goto out;
     if (ddo_plan_build(ck, cfg, &in, &plan) != 0) {
         fprintf(stderr, "ddo plan: %s\n", ddo_last_error());
         goto out;
     }
-    status = emit(plan, json, path);
+    status = emit(plan, f.json, f.path);
 out:
     free(saved);
     ddo_plan_destroy(plan);
