@@ -75,40 +75,120 @@ static int try_plan(const ddo_checkpoint *ck, char *device, const ddo_device_cap
     return rc;
 }
 
-int ddo_cmd_demo(int argc, char **argv)
+/* A quarter of the model, or the nearest budget at which every unit still fits two execution
+ * slots beside the resident tensors; -1 after a message when no budget plans. */
+static int choose_budget(const ddo_checkpoint *ck, char *device, const ddo_device_caps *caps,
+                         uint64_t tokens, double *budget_gb, ddo_plan_budgets *b)
 {
-    double scale = 0.15;
-    uint64_t steps = 2, tokens = 8;
-    const char *device_arg = NULL, *layout = NULL;
-    bool keep = false;
+    uint64_t total = ddo_checkpoint_total_bytes(ck);
+    double quarter_gb = (double)total / 4.0 / GIB;
+    *budget_gb = quarter_gb;
+    memset(b, 0, sizeof *b);
+    int rc = try_plan(ck, device, caps, *budget_gb, tokens, b);
+    if (rc == 0 && b->slot_count >= 2)
+        return 0;
+    ddo_plan_budgets big;
+    memset(&big, 0, sizeof big);
+    if (try_plan(ck, device, caps, (double)total / GIB * 2.0 + 1.0, tokens, &big) != 0) {
+        fprintf(stderr, "ddo demo: no plan: %s\n", ddo_last_error());
+        return -1;
+    }
+    double need = (double)(big.resident_bytes + 2 * big.slot_bytes);
+    need += (double)(caps->granularity ? caps->granularity : 2u << 20);
+    *budget_gb = need / GIB;
+    if (try_plan(ck, device, caps, *budget_gb, tokens, b) != 0) {
+        fprintf(stderr, "ddo demo: no plan at %.3f GiB: %s\n", *budget_gb, ddo_last_error());
+        return -1;
+    }
+    printf("   a quarter of the model (%.1f MiB) cannot hold two slots of the largest unit "
+           "beside the resident tensors; using the nearest budget that does: %.1f MiB\n",
+           quarter_gb * GIB / MIB, *budget_gb * GIB / MIB);
+    return 0;
+}
+
+typedef struct demo_args {
+    double scale;
+    uint64_t steps, tokens;
+    const char *device, *layout;
+    bool keep;
+} demo_args;
+
+/* 1 to continue, else the exit status (help, or a usage error already printed). */
+static int parse_demo_args(int argc, char **argv, demo_args *a)
+{
+    *a = (demo_args){ 0.15, 2, 8, NULL, NULL, false };
     for (int i = 1; i < argc; i++) {
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
             return DDO_EXIT_OK;
         } else if (strcmp(argv[i], "--keep") == 0) {
-            keep = true;
+            a->keep = true;
         } else if (strcmp(argv[i], "--scale") == 0) {
-            if (tool_flag_real("demo", argv[i], val, 1e-6, 1.0, &scale) != 0)
+            if (tool_flag_real("demo", argv[i], val, 1e-6, 1.0, &a->scale) != 0)
                 return DDO_EXIT_USAGE;
             i++;
         } else if (strcmp(argv[i], "--steps") == 0 || strcmp(argv[i], "--tokens") == 0) {
             if (tool_flag_count("demo", argv[i], val, 1, 65536,
-                                strcmp(argv[i], "--steps") == 0 ? &steps : &tokens) != 0)
+                                strcmp(argv[i], "--steps") == 0 ? &a->steps : &a->tokens) != 0)
                 return DDO_EXIT_USAGE;
             i++;
         } else if (strcmp(argv[i], "--device") == 0 && val != NULL) {
-            device_arg = val;
+            a->device = val;
             i++;
         } else if (strcmp(argv[i], "--layout") == 0 && val != NULL) {
-            layout = val;
+            a->layout = val;
             i++;
         } else {
-            fprintf(stderr, "ddo demo: unknown or incomplete option '%s' (see ddo demo --help)\n",
-                    argv[i]);
+            char q[160];
+            fprintf(stderr, "ddo demo: unknown or incomplete option \"%s\" (see ddo demo --help)\n",
+                    tool_quote(argv[i], q, sizeof q));
             return DDO_EXIT_USAGE;
         }
     }
+    return 1;
+}
+
+/* The best device: --device, else cuda:0 when it answers, else cpu. Opens it into *dev and
+ * writes its spec and why it was chosen; -1 after a message when it does not open. */
+static int pick_device(const char *device_arg, char device[64], const char **why, ddo_device **dev)
+{
+    *dev = NULL;
+    if (device_arg != NULL) {
+        snprintf(device, 64, "%s", device_arg);
+        *why = "chosen with --device";
+    } else if (ddo_device_create("cuda:0", NULL, dev) == 0) {
+        if (ref_host_cuda_available() == 0) {
+            snprintf(device, 64, "cuda:0");
+            *why = "a GPU answered";
+        } else {
+            ddo_device_destroy(*dev);
+            *dev = NULL;
+            snprintf(device, 64, "cpu");
+            *why = "a GPU answered but this build has no cuBLASLt reference host; using host "
+                   "memory as device memory";
+        }
+    } else {
+        snprintf(device, 64, "cpu");
+        *why = "no GPU answered; host memory poses as device memory";
+    }
+    if (*dev == NULL && ddo_device_create(device, NULL, dev) != 0) {
+        fprintf(stderr, "ddo demo: device %s: %s\n", device, ddo_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+int ddo_cmd_demo(int argc, char **argv)
+{
+    demo_args da;
+    int pr = parse_demo_args(argc, argv, &da);
+    if (pr != 1)
+        return pr;
+    double scale = da.scale;
+    uint64_t steps = da.steps, tokens = da.tokens;
+    const char *layout = da.layout;
+    bool keep = da.keep;
     if (layout == NULL)
         layout = ddo_tool_default_layout();
     if (layout == NULL || access(layout, R_OK) != 0) {
@@ -119,34 +199,13 @@ int ddo_cmd_demo(int argc, char **argv)
         return DDO_EXIT_FAILURE;
     }
 
-    /* The best device: cuda:0 when it answers, else cpu. */
     char device[64];
     const char *why = "";
     ddo_device *dev = NULL;
     ddo_device_caps caps;
     memset(&caps, 0, sizeof caps);
-    if (device_arg != NULL) {
-        snprintf(device, sizeof device, "%s", device_arg);
-        why = "chosen with --device";
-    } else if (ddo_device_create("cuda:0", NULL, &dev) == 0) {
-        if (ref_host_cuda_available() == 0) {
-            snprintf(device, sizeof device, "cuda:0");
-            why = "a GPU answered";
-        } else {
-            ddo_device_destroy(dev);
-            dev = NULL;
-            snprintf(device, sizeof device, "cpu");
-            why = "a GPU answered but this build has no cuBLASLt reference host; using host "
-                  "memory as device memory";
-        }
-    } else {
-        snprintf(device, sizeof device, "cpu");
-        why = "no GPU answered; host memory poses as device memory";
-    }
-    if (dev == NULL && ddo_device_create(device, NULL, &dev) != 0) {
-        fprintf(stderr, "ddo demo: device %s: %s\n", device, ddo_last_error());
+    if (pick_device(da.device, device, &why, &dev) != 0)
         return DDO_EXIT_FAILURE;
-    }
     int rc = ddo_device_caps_get(dev, &caps);
     ddo_device_destroy(dev);
     if (rc != 0) {
@@ -189,32 +248,10 @@ int ddo_cmd_demo(int argc, char **argv)
     printf("   %s: %zu tensors, %.1f MiB, in %.1f s\n", model, ddo_checkpoint_tensor_count(ck),
            (double)total / MIB, (double)(tool_now_ns() - t0) / 1e9);
 
-    /* A quarter of the model, or the nearest budget at which every unit still fits two
-     * execution slots beside the resident tensors. */
-    double quarter_gb = (double)total / 4.0 / GIB, budget_gb = quarter_gb;
+    double budget_gb = 0;
     ddo_plan_budgets b;
-    memset(&b, 0, sizeof b);
-    rc = try_plan(ck, device, &caps, budget_gb, tokens, &b);
-    if (rc != 0 || b.slot_count < 2) {
-        ddo_plan_budgets big;
-        memset(&big, 0, sizeof big);
-        int rc2 = try_plan(ck, device, &caps, (double)total / GIB * 2.0 + 1.0, tokens, &big);
-        if (rc2 != 0) {
-            fprintf(stderr, "ddo demo: no plan: %s\n", ddo_last_error());
-            goto out;
-        }
-        double need = (double)(big.resident_bytes + 2 * big.slot_bytes);
-        need += (double)(caps.granularity ? caps.granularity : 2u << 20);
-        budget_gb = need / GIB;
-        rc = try_plan(ck, device, &caps, budget_gb, tokens, &b);
-        if (rc != 0) {
-            fprintf(stderr, "ddo demo: no plan at %.3f GiB: %s\n", budget_gb, ddo_last_error());
-            goto out;
-        }
-        printf("   a quarter of the model (%.1f MiB) cannot hold two slots of the largest unit "
-               "beside the resident tensors; using the nearest budget that does: %.1f MiB\n",
-               quarter_gb * GIB / MIB, budget_gb * GIB / MIB);
-    }
+    if (choose_budget(ck, device, &caps, tokens, &budget_gb, &b) != 0)
+        goto out;
     printf("2. device %s (%s): device weight budget %.1f MiB for a %.1f MiB model (%.0f%%)\n",
            device, why, budget_gb * GIB / MIB, (double)total / MIB,
            budget_gb * GIB * 100.0 / (double)total);
