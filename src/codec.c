@@ -169,25 +169,6 @@ uint64_t ddo__codec_bound(ddo_dtype dtype, uint64_t src_bytes, uint32_t block_el
 
 /* ---- symbols ---- */
 
-static uint8_t sym_of(const uint8_t *e, uint32_t esize)
-{
-    if (esize == 2)
-        return (uint8_t)(((uint32_t)e[0] >> 7) | ((uint32_t)e[1] & 0x7F) << 1);
-    return (uint8_t)(((uint32_t)e[2] >> 7) | ((uint32_t)e[3] & 0x7F) << 1);
-}
-
-/* Writes the raw (sign and mantissa) bytes of element e. */
-static void raw_of(const uint8_t *e, uint32_t esize, uint8_t *r)
-{
-    if (esize == 2) {
-        r[0] = (uint8_t)((e[1] & 0x80) | (e[0] & 0x7F));
-    } else {
-        r[0] = e[0];
-        r[1] = e[1];
-        r[2] = (uint8_t)((e[3] & 0x80) | (e[2] & 0x7F));
-    }
-}
-
 /* Rebuilds element e from its symbol and raw bytes. */
 static void join(uint8_t sym, const uint8_t *r, uint32_t esize, uint8_t *e)
 {
@@ -331,8 +312,59 @@ static bool build_lut(const uint8_t lens[256], uint16_t lut[LUT_SIZE])
 /* Per-worker scratch: the symbols of a block and its lane offsets. */
 typedef struct enc_scratch {
     uint8_t *syms;
+    uint8_t *raw; /* the raw plane */
     uint32_t *lanes;
 } enc_scratch;
+
+/*
+ * One pass over a block of 16-bit elements: the checksum, each element's symbol
+ * (bits 14..7) and raw byte (sign << 7 | bits 6..0), and the histogram (four
+ * interleaved counters, so runs of one symbol do not serialise on one counter).
+ */
+static uint64_t split16(const uint8_t *src, uint32_t n, enc_scratch *sc, uint32_t hist[256])
+{
+    uint32_t h4[4][256];
+    memset(h4, 0, sizeof(h4));
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < (n + 1) / 2; i++) {
+        uint32_t e = 2 * i, w = 2 * i + 1 < n ? rd32(src + 4 * (uint64_t)i)
+                                              : (uint32_t)src[4 * (uint64_t)i] |
+                                                    (uint32_t)src[4 * (uint64_t)i + 1] << 8;
+        sum += fmix64((uint64_t)w | (uint64_t)i << 32);
+        for (uint32_t k = 0; k < 2 && e + k < n; k++) {
+            uint32_t v = (w >> (16 * k)) & 0xFFFFu;
+            uint8_t sym = (uint8_t)(v >> 7);
+            sc->syms[e + k] = sym;
+            sc->raw[e + k] = (uint8_t)(((v >> 8) & 0x80u) | (v & 0x7Fu));
+            h4[(e + k) & 3][sym]++;
+        }
+    }
+    for (int s = 0; s < 256; s++)
+        hist[s] = h4[0][s] + h4[1][s] + h4[2][s] + h4[3][s];
+    return sum;
+}
+
+/* The same for 32-bit elements: symbol bits 30..23, raw bytes 0, 1 and sign << 7 | 22..16. */
+static uint64_t split32(const uint8_t *src, uint32_t n, enc_scratch *sc, uint32_t hist[256])
+{
+    uint32_t h4[4][256];
+    memset(h4, 0, sizeof(h4));
+    uint64_t sum = 0;
+    for (uint32_t e = 0; e < n; e++) {
+        uint32_t w = rd32(src + 4 * (uint64_t)e);
+        sum += fmix64((uint64_t)w | (uint64_t)e << 32);
+        uint8_t sym = (uint8_t)(w >> 23);
+        uint8_t *r = sc->raw + 3 * (uint64_t)e;
+        r[0] = (uint8_t)w;
+        r[1] = (uint8_t)(w >> 8);
+        r[2] = (uint8_t)(((w >> 24) & 0x80u) | ((w >> 16) & 0x7Fu));
+        sc->syms[e] = sym;
+        h4[e & 3][sym]++;
+    }
+    for (int s = 0; s < 256; s++)
+        hist[s] = h4[0][s] + h4[1][s] + h4[2][s] + h4[3][s];
+    return sum;
+}
 
 static void put_header(uint8_t *b, uint8_t mode, uint32_t esize, uint32_t elems, uint64_t len,
                        uint64_t exp_bytes, uint64_t checksum)
@@ -411,14 +443,11 @@ static void put_lanes(const uint8_t *syms, uint32_t n, const uint8_t lens[256],
 static uint64_t encode_block(const uint8_t *src, uint32_t n, uint32_t esize, enc_scratch *sc,
                              uint8_t *out)
 {
-    uint64_t bytes = (uint64_t)n * esize, sum = ddo__codec_checksum(src, bytes, 0);
+    uint64_t bytes = (uint64_t)n * esize;
     if (esize == 1)
-        return put_raw(src, bytes, esize, sum, out);
-    uint32_t hist[256] = { 0 };
-    for (uint32_t e = 0; e < n; e++) {
-        sc->syms[e] = sym_of(src + (uint64_t)e * esize, esize);
-        hist[sc->syms[e]]++;
-    }
+        return put_raw(src, bytes, esize, ddo__codec_checksum(src, bytes, 0), out);
+    uint32_t hist[256];
+    uint64_t sum = esize == 2 ? split16(src, n, sc, hist) : split32(src, n, sc, hist);
     uint8_t lens[256];
     uint16_t rev[256];
     limited_lengths(hist, lens);
@@ -428,16 +457,14 @@ static uint64_t encode_block(const uint8_t *src, uint32_t n, uint32_t esize, enc
     huff_layout h = layout_of(n, esize, exp_bytes);
     if (h.total >= raw_block_bytes(bytes))
         return put_raw(src, bytes, esize, sum, out);
-    memset(out, 0, (size_t)h.total);
+    memset(out + TABLE_OFF, 0, (size_t)(h.total - TABLE_OFF));
     put_header(out, DDO_CODEC_MODE_HUFF, esize, n, h.total, exp_bytes, sum);
     for (int i = 0; i < 128; i++)
         out[LENS_OFF + i] = (uint8_t)(lens[2 * i] | lens[2 * i + 1] << 4);
     uint64_t lanes_n = groups_of(n) * DDO_CODEC_LANES;
     for (uint64_t i = 0; i <= lanes_n; i++)
         wr32(out + TABLE_OFF + 4 * i, sc->lanes[i]);
-    uint8_t *raw = out + h.raw_off;
-    for (uint32_t e = 0; e < n; e++)
-        raw_of(src + (uint64_t)e * esize, esize, raw + (uint64_t)e * (esize - 1));
+    memcpy(out + h.raw_off, sc->raw, (size_t)n * (esize - 1));
     put_lanes(sc->syms, n, lens, rev, out + h.exp_off);
     wr64(out + 40, block_meta_hash(out, h.raw_off));
     return h.total;
@@ -464,12 +491,14 @@ static void *enc_worker(void *arg)
     enc_job *j = arg;
     enc_scratch sc;
     sc.syms = ddo__malloc(j->block_elems);
+    sc.raw = ddo__malloc((size_t)j->block_elems * 3);
     sc.lanes = ddo__calloc(j->block_elems / DDO_CODEC_LANE_SYMS + 1, sizeof(uint32_t));
     for (;;) {
         pthread_mutex_lock(&j->lock);
-        bool stop = j->failed || j->next >= j->n_blocks || sc.syms == NULL || sc.lanes == NULL;
+        bool nomem = sc.syms == NULL || sc.raw == NULL || sc.lanes == NULL;
+        bool stop = j->failed || j->next >= j->n_blocks || nomem;
         uint32_t b = j->next++;
-        if (sc.syms == NULL || sc.lanes == NULL)
+        if (nomem)
             j->failed = true;
         pthread_mutex_unlock(&j->lock);
         if (stop)
@@ -480,6 +509,7 @@ static void *enc_worker(void *arg)
             encode_block(j->src + e0 * j->esize, n, j->esize, &sc, j->dst + slot_offset(j, b));
     }
     free(sc.syms);
+    free(sc.raw);
     free(sc.lanes);
     return NULL;
 }
