@@ -86,6 +86,9 @@ int ddo__config_strict_bool(const char *s, bool *out)
 
 size_t ddo__edit_distance(const char *a, const char *b)
 {
+    /* Suggestions are for typos of short names: a hostile 1 MB name costs nothing. */
+    if (strlen(a) > 256 || strlen(b) > 256)
+        return SIZE_MAX;
     size_t la = strlen(a), lb = strlen(b);
     size_t *row = ddo__calloc(lb + 1, sizeof(size_t));
     if (row == NULL)
@@ -552,6 +555,13 @@ static int parse_value(ddo_config *cfg, int id, const char *text, const char *or
 {
     const ddo__optdesc *d = &ddo__optdescs[id];
     char what[400], q[160];
+    if (strlen(text) > DDO__CONFIG_MAX_TEXT_BYTES) {
+        ddo__config_quote(text, q, sizeof(q));
+        return ddo__fail(&cfg->err, DDO_E_CONFIG,
+                         "%s=\"%s\": %zu bytes, more than the %d a value "
+                         "may hold",
+                         origin, q, strlen(text), DDO__CONFIG_MAX_TEXT_BYTES);
+    }
     switch (d->type) {
     case DDO__OT_BOOL:
         if (env_rules) {
@@ -587,6 +597,14 @@ static int parse_value(ddo_config *cfg, int id, const char *text, const char *or
     case DDO__OT_LIST:
         if (strlist_parse(&v->l, text) != 0)
             return ddo__fail(&cfg->err, DDO_E_NO_MEMORY, "%s: out of memory", origin);
+        if (v->l.count > DDO__CONFIG_MAX_LIST_ITEMS) {
+            size_t n = v->l.count;
+            strlist_free(&v->l);
+            return ddo__fail(&cfg->err, DDO_E_CONFIG,
+                             "%s: %zu patterns, more than the %d a list "
+                             "may hold",
+                             origin, n, DDO__CONFIG_MAX_LIST_ITEMS);
+        }
         return 0;
     }
     if (v->s == NULL)

@@ -85,6 +85,11 @@ struct ddo_config {
     ddo__errbuf err;
 };
 
+/* Bounds of any value's text and of a list's entries: a value, a path or a pattern is far
+ * smaller, and the planner matches every pattern against every module name. */
+#define DDO__CONFIG_MAX_TEXT_BYTES 65536
+#define DDO__CONFIG_MAX_LIST_ITEMS 256
+
 /* Index of key (exact), or -1. */
 int ddo__config_find(const char *key);
 /* Index of the option whose env is name, or -1. */

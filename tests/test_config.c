@@ -764,6 +764,22 @@ static void test_numbers_checked_before_use(void)
     T_EQ_INT(ddo_config_set(c, "small_tensor_threshold_bytes", "1099511627777"), DDO_E_CONFIG);
     T_EQ_STR(ddo_config_error(c), "small_tensor_threshold_bytes=\"1099511627777\": above the "
                                   "range 0..1099511627776 bytes of small_tensor_threshold_bytes");
+    /* Text and list bounds: a value is at most 64 KiB, a list at most 256 patterns. */
+    char *big = malloc(70000);
+    T_REQUIRE(big != NULL);
+    memset(big, 'a', 69999);
+    big[69999] = '\0';
+    T_EQ_INT(ddo_config_set(c, "profile_dir", big), DDO_E_CONFIG);
+    T_CONTAINS(ddo_config_error(c), ": 69999 bytes, more than the 65536 a value may hold");
+    for (size_t i = 0; i < 69999; i++)
+        big[i] = i % 2 ? ',' : 'x';
+    big[2 * 257 - 1] = '\0'; /* 257 patterns */
+    T_EQ_INT(ddo_config_set(c, "skip_modules_pattern", big), DDO_E_CONFIG);
+    T_EQ_STR(ddo_config_error(c),
+             "skip_modules_pattern: 257 patterns, more than the 256 a list may hold");
+    big[2 * 256 - 1] = '\0';
+    T_EQ_INT(ddo_config_set(c, "skip_modules_pattern", big), 0);
+    free(big);
     /* What validate clamps (upstream) stays accepted when stored. */
     T_EQ_INT(ddo_config_set(c, "pin_weight_budget_ratio", "-3"), 0);
     T_EQ_INT(ddo_config_set(c, "pin_cpu_workers", "-3"), 0);
