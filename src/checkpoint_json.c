@@ -199,9 +199,10 @@ char *ddo__checkpoint_json_fix_numbers(const char *text, size_t len, size_t real
             return NULL;
         size_t ignored = 0;
         walk(text, len, NULL, &ignored, collect_low, &c);
-        qsort(c.low, c.low_count, sizeof(*c.low), cmp_i64);
+        if (c.low_count > 1)
+            qsort(c.low, c.low_count, sizeof(*c.low), cmp_i64);
         for (size_t i = 0; i < c.low_count; i++) /* the first gap of `bigs` free values */
-            if (c.low[i] >= table->base && (uint64_t)(c.low[i] - table->base) < bigs)
+            if (c.low[i] >= table->base && (uint64_t)c.low[i] - (uint64_t)table->base < bigs)
                 table->base = c.low[i] + 1;
         free(c.low);
     }
@@ -231,9 +232,10 @@ bool ddo__json_bigs_get(const ddo__json_bigs *b, const json_t *v, uint64_t *out)
     if (b == NULL || b->count == 0 || !json_is_integer(v))
         return false;
     json_int_t x = json_integer_value(v);
-    if (x < b->base || (uint64_t)(x - b->base) >= b->count)
+    uint64_t k = (uint64_t)x - (uint64_t)b->base; /* unsigned: no overflow */
+    if (x < b->base || k >= b->count)
         return false;
-    *out = b->values[x - b->base];
+    *out = b->values[k];
     return true;
 }
 
