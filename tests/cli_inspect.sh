@@ -148,6 +148,9 @@ usage_error() { # CONTEXT ARGS...
 usage_error "no PATH"
 usage_error "two PATHs" "$ST/valid/edge_shapes.safetensors" "$ST/valid/names.safetensors"
 usage_error "unknown option" --bogus "$ST/valid/edge_shapes.safetensors"
+run inspect $'--bad\n\033[2J'
+expect_rc 2 "unknown option with a newline"
+expect_line "$TMP/err" "^ddo inspect: unknown option '--bad\\\\n\\\\x1b\\[2J'\$" "unknown option escaped"
 run inspect --help
 expect_rc 0 "--help"
 expect_line "$TMP/out" '^usage: ddo inspect PATH \[--json\]$' "--help usage on stdout"

@@ -53,18 +53,23 @@ static size_t esc_len(const char *s)
     return n;
 }
 
-/* Prints s escaped, padded with spaces to width. */
-static void put_esc(const char *s, int width)
+/* Prints s escaped to out, padded with spaces to width. */
+static void fput_esc(FILE *out, const char *s, int width)
 {
     size_t n = 0;
     char tmp[8];
     for (const unsigned char *p = (const unsigned char *)s; *p != '\0';) {
         size_t k = esc_char(&p, tmp);
-        fwrite(tmp, 1, k, stdout);
+        fwrite(tmp, 1, k, out);
         n += k;
     }
     for (; (int)n < width; n++)
-        putchar(' ');
+        fputc(' ', out);
+}
+
+static void put_esc(const char *s, int width)
+{
+    fput_esc(stdout, s, width);
 }
 
 /* "[4, 3, 3, 3]" */
@@ -184,11 +189,17 @@ int ddo_cmd_inspect(int argc, char **argv)
             usage(stdout);
             return DDO_EXIT_OK;
         } else if (a[0] == '-' && a[1] != '\0') {
-            fprintf(stderr, "ddo inspect: unknown option '%s'\n", a);
+            fprintf(stderr, "ddo inspect: unknown option '");
+            fput_esc(stderr, a, 0);
+            fprintf(stderr, "'\n");
             usage(stderr);
             return DDO_EXIT_USAGE;
         } else if (path != NULL) {
-            fprintf(stderr, "ddo inspect: more than one PATH ('%s' and '%s')\n", path, a);
+            fprintf(stderr, "ddo inspect: more than one PATH ('");
+            fput_esc(stderr, path, 0);
+            fprintf(stderr, "' and '");
+            fput_esc(stderr, a, 0);
+            fprintf(stderr, "')\n");
             usage(stderr);
             return DDO_EXIT_USAGE;
         } else {
