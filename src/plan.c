@@ -796,53 +796,36 @@ static bool holds_host_data(const builder *b)
     return false;
 }
 
-/* Retained store, registration and staging for the route. */
-static int host_side(builder *b, uint64_t available, const ddo__pin_resolution *pin,
-                     bool pin_skipped)
+/* What the three steps of host_side share: the streamed units (list), a scratch flag per
+ * unit, the selection rule and the route. */
+typedef struct host_ctx {
+    size_t *list;
+    bool *flags;
+    size_t streamed;
+    ddo_selection how;
+    bool vmm_fast, vmm_nvme;
+} host_ctx;
+
+/* The retained store: which streamed units keep their bytes in host RAM. */
+static int retained_store(builder *b, host_ctx *h, uint64_t available)
 {
     ddo_plan *p = b->p;
     const ddo__options *o = b->o;
     ddo__decisions *d = &p->decisions;
-    ddo_plan_budgets *bg = &p->budgets;
-    const char *mode = o->execution_mode != NULL ? o->execution_mode : "";
-    bool vmm_fast = strcmp(mode, "vmm_fast_runtime") == 0;
-    bool vmm_nvme = strcmp(mode, "vmm_runtime") == 0;
-    ddo_selection how = DDO_SELECTION_SPREAD;
-    if (!ddo__selection_from_name(o->pin_weight_selection, &how) || how == DDO_SELECTION_COST)
-        return ddo__fail(NULL, DDO_E_CONFIG,
-                         "pin_weight_selection: \"%s\" is not one of first, spread, largest",
-                         o->pin_weight_selection ? o->pin_weight_selection : "");
-    size_t *list = ddo__calloc(p->unit_count ? p->unit_count : 1, sizeof(*list));
-    bool *flags = ddo__calloc(p->unit_count ? p->unit_count : 1, sizeof(*flags));
-    int rc = 0;
-    if (list == NULL || flags == NULL) {
-        rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: retained store");
-        goto out;
-    }
-    size_t streamed = 0;
-    for (size_t u = 0; u < p->unit_count; u++)
-        if (!p->units[u].resident)
-            list[streamed++] = u;
-    uint64_t total = bytes_of(p, false, false);
-    uint64_t staging_bytes =
-        floor_to(ddo__gb_to_bytes(o->vmm_staging_buffer_gb), DDO_STAGING_WINDOW_BYTES);
-    size_t windows = (size_t)(staging_bytes / DDO_STAGING_WINDOW_BYTES);
-
-    /* Retained store. */
     uint64_t retain_limit = 0; /* 0: no limit */
     bool retain = true;
-    if (vmm_nvme) {
+    if (h->vmm_nvme) {
         retain = false;
         ddo__decisions_set_str(d, "retained_store", "none_vmm_runtime");
-    } else if (vmm_fast) {
+    } else if (h->vmm_fast) {
         retain_limit = floor_to(ddo__gb_to_bytes(o->vmm_source_cache_gb), DDO_SEGMENT_BYTES);
         if (retain_limit == 0) {
             retain = false;
             ddo__decisions_set_str(d, "retained_store", "disabled");
         }
     } else if (available > 0) {
-        uint64_t h = ddo__gb_to_bytes(o->system_ram_headroom_gb);
-        retain_limit = floor_to(available > h ? available - h : 0, DDO_SEGMENT_BYTES);
+        uint64_t hr = ddo__gb_to_bytes(o->system_ram_headroom_gb);
+        retain_limit = floor_to(available > hr ? available - hr : 0, DDO_SEGMENT_BYTES);
         if (retain_limit == 0) {
             retain = false;
             ddo__decisions_set_str(d, "retained_store", "insufficient_ram");
@@ -851,39 +834,47 @@ static int host_side(builder *b, uint64_t available, const ddo__pin_resolution *
     bool host_memory = holds_host_data(b);
     if (host_memory) {
         /* The caller's tensors are already in host RAM: nothing to retain, nothing to take. */
-        for (size_t k = 0; k < streamed; k++)
-            p->units[list[k]].retained = true;
+        for (size_t k = 0; k < h->streamed; k++)
+            p->units[h->list[k]].retained = true;
         ddo__decisions_set_str(d, "retained_store", "host_memory");
     } else if (retain) {
+        uint64_t total = bytes_of(p, false, false);
         if (retain_limit == 0 || ddo__round_up(total, DDO_SEGMENT_BYTES) <= retain_limit) {
-            for (size_t k = 0; k < streamed; k++)
-                p->units[list[k]].retained = true;
+            for (size_t k = 0; k < h->streamed; k++)
+                p->units[h->list[k]].retained = true;
             ddo__decisions_set_str(d, "retained_store", "all");
         } else {
-            rc = choose_units(p, list, streamed, retain_limit, how, flags, NULL);
+            int rc = choose_units(p, h->list, h->streamed, retain_limit, h->how, h->flags, NULL);
             if (rc != 0)
-                goto out;
-            for (size_t k = 0; k < streamed; k++)
-                p->units[list[k]].retained = flags[list[k]];
+                return rc;
+            for (size_t k = 0; k < h->streamed; k++)
+                p->units[h->list[k]].retained = h->flags[h->list[k]];
             ddo__decisions_set_str(d, "retained_store", "partial");
         }
     }
-    bg->retained_limit = retain_limit;
-    bg->retained_peak =
+    p->budgets.retained_limit = retain_limit;
+    p->budgets.retained_peak =
         host_memory ? 0 : ddo__round_up(bytes_of(p, true, false), DDO_SEGMENT_BYTES);
+    return 0;
+}
 
-    /* Registration within the retained store. */
+/* Registration within the retained store. */
+static int registration(builder *b, host_ctx *h, const ddo__pin_resolution *pin, bool pin_skipped)
+{
+    ddo_plan *p = b->p;
+    ddo_plan_budgets *bg = &p->budgets;
     bool wsl_blocked = b->settings.running_on_wsl && b->settings.disable_pin_on_wsl;
     const char *reg = NULL;
     uint64_t reg_limit = 0;
     bool partial = false;
-    if (vmm_nvme)
+    if (h->vmm_nvme)
         reg = "none_vmm_runtime";
-    else if (vmm_fast) {
+    else if (h->vmm_fast) {
         if (wsl_blocked)
             reg = "pin_disabled_on_wsl";
         else {
-            reg_limit = floor_to(ddo__gb_to_bytes(o->vmm_source_registered_gb), DDO_SEGMENT_BYTES);
+            reg_limit =
+                floor_to(ddo__gb_to_bytes(b->o->vmm_source_registered_gb), DDO_SEGMENT_BYTES);
             partial = reg_limit > 0;
         }
     } else {
@@ -900,30 +891,30 @@ static int host_side(builder *b, uint64_t available, const ddo__pin_resolution *
     }
     if (reg == NULL) {
         size_t rn = 0;
-        for (size_t k = 0; k < streamed; k++)
-            if (p->units[list[k]].retained)
-                list[rn++] = list[k];
+        for (size_t k = 0; k < h->streamed; k++)
+            if (p->units[h->list[k]].retained)
+                h->list[rn++] = h->list[k];
         /* Host tensors take their arena's rounding on top of their bytes: keep room for it. */
         uint64_t hb = 0, hp = 0;
         host_registered(b, true, &hb, &hp);
         uint64_t fringe = hp > hb ? hp - hb : 0;
         if (partial && sat_add(ddo__round_up(bytes_of(p, true, false), DDO_SEGMENT_BYTES), fringe) >
                            reg_limit) {
-            memset(flags, 0, p->unit_count * sizeof(*flags));
-            rc = choose_units(p, list, rn, reg_limit > fringe ? reg_limit - fringe : 0, how, flags,
-                              NULL);
+            memset(h->flags, 0, p->unit_count * sizeof(*h->flags));
+            int rc = choose_units(p, h->list, rn, reg_limit > fringe ? reg_limit - fringe : 0,
+                                  h->how, h->flags, NULL);
             if (rc != 0)
-                goto out;
+                return rc;
             for (size_t k = 0; k < rn; k++)
-                p->units[list[k]].registered = flags[list[k]];
+                p->units[h->list[k]].registered = h->flags[h->list[k]];
             reg = "partial";
         } else {
             for (size_t k = 0; k < rn; k++)
-                p->units[list[k]].registered = true;
+                p->units[h->list[k]].registered = true;
             reg = rn > 0 ? "all_retained" : "nothing_retained";
         }
     }
-    ddo__decisions_set_str(d, "registration", reg);
+    ddo__decisions_set_str(&p->decisions, "registration", reg);
     bg->registered_limit = reg_limit;
     uint64_t host_bytes = 0, host_pages = 0; /* pages: what registering them in place takes */
     host_registered(b, false, &host_bytes, &host_pages);
@@ -931,14 +922,24 @@ static int host_side(builder *b, uint64_t available, const ddo__pin_resolution *
     if (bg->registered_peak > bg->retained_peak)
         bg->registered_peak = bg->retained_peak;
     bg->registered_peak = sat_add(bg->registered_peak, host_pages);
+    return 0;
+}
 
-    /* Staging: whatever streams and is not registered travels through pinned windows. */
+/* Staging: whatever streams and is not registered travels through pinned windows. A retained
+ * store the machine cannot hold is refused (the linear route sizes itself). */
+static int staging(builder *b, const host_ctx *h, uint64_t available)
+{
+    ddo_plan *p = b->p;
+    ddo_plan_budgets *bg = &p->budgets;
+    uint64_t staging_bytes =
+        floor_to(ddo__gb_to_bytes(b->o->vmm_staging_buffer_gb), DDO_STAGING_WINDOW_BYTES);
+    size_t windows = (size_t)(staging_bytes / DDO_STAGING_WINDOW_BYTES);
     bool staging_needed = false;
     for (size_t u = 0; u < p->unit_count; u++)
         if (!p->units[u].resident && !p->units[u].registered)
             staging_needed = true;
     bg->staging_window_bytes = DDO_STAGING_WINDOW_BYTES;
-    if (vmm_nvme && streamed > 0) {
+    if (h->vmm_nvme && h->streamed > 0) {
         if (windows < 1)
             windows = 1;
         bg->staging_windows = 2 * windows;
@@ -946,21 +947,51 @@ static int host_side(builder *b, uint64_t available, const ddo__pin_resolution *
         bg->staging_windows = windows < 2 ? 2 : windows;
     }
     bg->staging_peak = (uint64_t)bg->staging_windows * DDO_STAGING_WINDOW_BYTES;
-
-    /* A retained store the machine cannot hold is refused (the linear route sizes itself). */
-    if (vmm_fast && available > 0 && sat_add(bg->retained_peak, bg->staging_peak) > available) {
+    if (h->vmm_fast && available > 0 && sat_add(bg->retained_peak, bg->staging_peak) > available) {
         char b1[32], b2[32], b3[32], b4[32];
-        rc = ddo__fail(NULL, DDO_E_BUDGET,
-                       "retained host needs %s (retained %s + staging %s) but %s of RAM are "
-                       "available; lower vmm_source_cache_gb",
-                       fmt_gib(sat_add(bg->retained_peak, bg->staging_peak), b1, sizeof(b1)),
-                       fmt_gib(bg->retained_peak, b2, sizeof(b2)),
-                       fmt_gib(bg->staging_peak, b3, sizeof(b3)),
-                       fmt_gib(available, b4, sizeof(b4)));
+        return ddo__fail(NULL, DDO_E_BUDGET,
+                         "retained host needs %s (retained %s + staging %s) but %s of RAM are "
+                         "available; lower vmm_source_cache_gb",
+                         fmt_gib(sat_add(bg->retained_peak, bg->staging_peak), b1, sizeof(b1)),
+                         fmt_gib(bg->retained_peak, b2, sizeof(b2)),
+                         fmt_gib(bg->staging_peak, b3, sizeof(b3)),
+                         fmt_gib(available, b4, sizeof(b4)));
     }
+    return 0;
+}
+
+/* Retained store, registration and staging for the route. */
+static int host_side(builder *b, uint64_t available, const ddo__pin_resolution *pin,
+                     bool pin_skipped)
+{
+    ddo_plan *p = b->p;
+    const ddo__options *o = b->o;
+    const char *mode = o->execution_mode != NULL ? o->execution_mode : "";
+    host_ctx h;
+    memset(&h, 0, sizeof(h));
+    h.vmm_fast = strcmp(mode, "vmm_fast_runtime") == 0;
+    h.vmm_nvme = strcmp(mode, "vmm_runtime") == 0;
+    h.how = DDO_SELECTION_SPREAD;
+    if (!ddo__selection_from_name(o->pin_weight_selection, &h.how) || h.how == DDO_SELECTION_COST)
+        return ddo__fail(NULL, DDO_E_CONFIG,
+                         "pin_weight_selection: \"%s\" is not one of first, spread, largest",
+                         o->pin_weight_selection ? o->pin_weight_selection : "");
+    h.list = ddo__calloc(p->unit_count ? p->unit_count : 1, sizeof(*h.list));
+    h.flags = ddo__calloc(p->unit_count ? p->unit_count : 1, sizeof(*h.flags));
+    int rc = 0;
+    if (h.list == NULL || h.flags == NULL) {
+        rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: retained store");
+        goto out;
+    }
+    for (size_t u = 0; u < p->unit_count; u++)
+        if (!p->units[u].resident)
+            h.list[h.streamed++] = u;
+    if ((rc = retained_store(b, &h, available)) == 0 &&
+        (rc = registration(b, &h, pin, pin_skipped)) == 0)
+        rc = staging(b, &h, available);
 out:
-    free(list);
-    free(flags);
+    free(h.list);
+    free(h.flags);
     return rc;
 }
 
@@ -1084,12 +1115,20 @@ static int device_side(builder *b, uint64_t limit, const char *limit_source)
     return 0;
 }
 
-static int build(builder *b)
+/* The budgets build() carries from the policy to placement, pinning and the device side. */
+typedef struct budgets_in {
+    uint64_t A, V, M; /* available RAM, device memory, candidate resident bytes */
+    bool balanced;
+    uint64_t resident_budget, pin_budget;
+    double pin_ratio;
+    bool force_full, skip_pin, auto_resident;
+} budgets_in;
+
+/* Names, totals, modules, patterns and scopes: everything placement needs. */
+static int build_tables(builder *b)
 {
     const ddo__options *o = b->o;
     ddo_plan *p = b->p;
-    ddo__decisions *d = &p->decisions;
-    int rc;
     b->leaf = o->unit_granularity != NULL && strcmp(o->unit_granularity, "leaf") == 0;
     b->threshold =
         o->small_tensor_threshold_bytes > 0 ? (uint64_t)o->small_tensor_threshold_bytes : 0;
@@ -1107,14 +1146,21 @@ static int build(builder *b)
             return ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: tensor names");
         p->total_bytes = sat_add(p->total_bytes, b->ti[i]->nbytes);
     }
+    int rc;
     if ((rc = build_modules(b)) != 0 || (rc = compile_patterns(b)) != 0 ||
         (rc = resolve_resident_patterns(b)) != 0 || (rc = build_scopes(b)) != 0)
         return rc;
-    ddo__decisions_set_str(d, "route", p->route);
-    ddo__decisions_set_str(d, "unit_granularity", p->unit_granularity);
+    ddo__decisions_set_str(&p->decisions, "route", p->route);
+    ddo__decisions_set_str(&p->decisions, "unit_granularity", p->unit_granularity);
+    return 0;
+}
 
-    /* The balanced policy's inputs W and M. */
-    uint64_t W = 0, M = 0;
+/* The explicit budgets, then the balanced policy over them (section 3.7) when it is on. */
+static void budget_policy(builder *b, budgets_in *bi)
+{
+    const ddo__options *o = b->o;
+    ddo__decisions *d = &b->p->decisions;
+    uint64_t W = 0, M = 0; /* the balanced policy's inputs */
     for (size_t i = 0; i < b->n; i++) {
         const pmod *m = &b->mods[b->tmod[i]];
         if (is_eligible(b, i) && !m->always && b->ti[i]->nbytes > b->threshold)
@@ -1122,66 +1168,140 @@ static int build(builder *b)
     }
     for (size_t s = 0; s < b->scope_count; s++)
         M = sat_add(M, b->scopes[s].full_bytes);
-    uint64_t A = o->available_system_ram_gb > 0.0 ? ddo__gb_to_bytes(o->available_system_ram_gb)
-                                                  : b->in.host_available_bytes;
-    uint64_t V = b->in.device_total_bytes;
-    bool balanced = o->auto_budget_policy != NULL && strcmp(o->auto_budget_policy, "balanced") == 0;
-    uint64_t resident_budget = ddo__gb_to_bytes(o->resident_module_budget_gb);
-    uint64_t pin_budget = ddo__gb_to_bytes(o->pin_weight_budget_gb);
-    double pin_ratio = o->pin_weight_budget_ratio;
-    if (pin_ratio > 1.0)
-        pin_ratio = 1.0;
-    if (!(pin_ratio > 0.0))
-        pin_ratio = 0.0;
-    bool force_full = false, skip_pin = false, auto_resident = false;
-    if (balanced) {
-        ddo__balanced_in bi = {
-            .resident_budget = resident_budget,
-            .pin_budget = pin_budget,
-            .pin_ratio = pin_ratio,
-            .max_resident = ddo__gb_to_bytes(o->max_resident_module_budget_gb),
-            .max_pin = ddo__gb_to_bytes(o->max_pin_weight_budget_gb),
-            .available_ram = A,
-            .ram_headroom = ddo__gb_to_bytes(o->system_ram_headroom_gb),
-            .total_vram = V,
-            .vram_headroom_option = ddo__gb_to_bytes(o->auto_vram_headroom_gb),
-            .full_pin_min_ratio = o->auto_full_pin_min_model_to_vram_ratio,
-            .profile_resident = ddo__gb_to_bytes(o->profile_resident_module_budget_gb),
-            .profile_applied = o->profile_resident_module_budget_gb > 0.0,
-            .pin_requested = o->pin_cpu_memory,
-            .candidate_weight = W,
-            .candidate_resident = M,
-        };
-        ddo__balanced_out bo;
-        ddo__balanced_policy(&bi, &bo, d);
-        auto_resident = resident_budget == 0 && bo.resident_budget > 0;
-        resident_budget = bo.resident_budget;
-        if (bo.pin_decided) {
-            pin_budget = bo.pin_budget;
-            pin_ratio = bo.pin_ratio;
-        }
-        force_full = bo.force_full_pin;
-        skip_pin = bo.skip_pin;
-    } else {
+    memset(bi, 0, sizeof(*bi));
+    bi->M = M;
+    bi->A = o->available_system_ram_gb > 0.0 ? ddo__gb_to_bytes(o->available_system_ram_gb)
+                                             : b->in.host_available_bytes;
+    bi->V = b->in.device_total_bytes;
+    bi->balanced = o->auto_budget_policy != NULL && strcmp(o->auto_budget_policy, "balanced") == 0;
+    bi->resident_budget = ddo__gb_to_bytes(o->resident_module_budget_gb);
+    bi->pin_budget = ddo__gb_to_bytes(o->pin_weight_budget_gb);
+    bi->pin_ratio = o->pin_weight_budget_ratio > 1.0   ? 1.0
+                    : o->pin_weight_budget_ratio > 0.0 ? o->pin_weight_budget_ratio
+                                                       : 0.0;
+    if (!bi->balanced) {
         ddo__decisions_set_str(d, "auto_budget_policy", "off");
+        return;
     }
+    ddo__balanced_in in = {
+        .resident_budget = bi->resident_budget,
+        .pin_budget = bi->pin_budget,
+        .pin_ratio = bi->pin_ratio,
+        .max_resident = ddo__gb_to_bytes(o->max_resident_module_budget_gb),
+        .max_pin = ddo__gb_to_bytes(o->max_pin_weight_budget_gb),
+        .available_ram = bi->A,
+        .ram_headroom = ddo__gb_to_bytes(o->system_ram_headroom_gb),
+        .total_vram = bi->V,
+        .vram_headroom_option = ddo__gb_to_bytes(o->auto_vram_headroom_gb),
+        .full_pin_min_ratio = o->auto_full_pin_min_model_to_vram_ratio,
+        .profile_resident = ddo__gb_to_bytes(o->profile_resident_module_budget_gb),
+        .profile_applied = o->profile_resident_module_budget_gb > 0.0,
+        .pin_requested = o->pin_cpu_memory,
+        .candidate_weight = W,
+        .candidate_resident = M,
+    };
+    ddo__balanced_out bo;
+    ddo__balanced_policy(&in, &bo, d);
+    bi->auto_resident = bi->resident_budget == 0 && bo.resident_budget > 0;
+    bi->resident_budget = bo.resident_budget;
+    if (bo.pin_decided) {
+        bi->pin_budget = bo.pin_budget;
+        bi->pin_ratio = bo.pin_ratio;
+    }
+    bi->force_full = bo.force_full_pin;
+    bi->skip_pin = bo.skip_pin;
+}
+
+/* Calibration and full pinning clear the always-resident set. */
+static void calibration_and_full_pin(builder *b, budgets_in *bi)
+{
+    ddo__decisions *d = &b->p->decisions;
     bool any_always = false;
     for (size_t m = 0; m < b->mod_count; m++)
         any_always = any_always || (b->mods[m].always && !b->mods[m].skipped);
-    if (o->build_profile) {
-        resident_budget = 0;
-        auto_resident = false;
+    if (b->o->build_profile) {
+        bi->resident_budget = 0;
+        bi->auto_resident = false;
         b->clear_always = true;
         ddo__decisions_set_gb(d, "auto_resident_module_budget_gb", 0);
         ddo__decisions_set_str(d, "auto_resident_module_decision", "profile_calibration");
     }
-    if (force_full) {
+    if (bi->force_full) {
         b->clear_always = true;
         if (any_always)
             ddo__decisions_set_str(d, "auto_always_resident_decision", "offload_for_zero_resident");
     }
+}
 
-    /* Placement, units, slot layout and the cost model. */
+/* The device weights limit and where it comes from (source, len bytes). */
+static int device_limit(builder *b, const budgets_in *bi, uint64_t *limit, char *source, size_t len)
+{
+    const ddo__options *o = b->o;
+    const char *mode = o->execution_mode != NULL ? o->execution_mode : "";
+    uint64_t V = bi->V;
+    *limit = 0;
+    snprintf(source, len, "none");
+    uint64_t explicit_limit = ddo__gb_to_bytes(o->vmm_resident_weight_budget_gb);
+    if (strcmp(mode, "vmm_runtime") == 0 && explicit_limit == 0)
+        return ddo__fail(NULL, DDO_E_CONFIG,
+                         "vmm_resident_weight_budget_gb: the vmm_runtime route needs a positive "
+                         "mapped budget");
+    if (explicit_limit > 0) {
+        *limit = explicit_limit;
+        snprintf(source, len, "vmm_resident_weight_budget_gb");
+    } else if (V > 0) {
+        char v1[32], v2[32];
+        if (bi->balanced) {
+            double ratio = (double)bi->M / (double)V;
+            uint64_t h = o->auto_vram_headroom_gb > 0.0 ? ddo__gb_to_bytes(o->auto_vram_headroom_gb)
+                                                        : ddo__vram_headroom_default(V, ratio);
+            /* As the resident target: never below 1 GiB (nor above the card). */
+            *limit = V > h && V - h > DDO_GIB ? V - h : (V < DDO_GIB ? V : DDO_GIB);
+            snprintf(source, len, "device memory %s minus %s auto VRAM headroom%s",
+                     fmt_gib(V, v1, sizeof(v1)), fmt_gib(h, v2, sizeof(v2)),
+                     *limit == V - h ? "" : ", at least 1 GiB");
+        } else {
+            *limit = V;
+            snprintf(source, len, "device memory %s", fmt_gib(V, v1, sizeof(v1)));
+        }
+    }
+    b->p->device_limit_source = ddo__strdup(source);
+    ddo__decisions_set_str(&b->p->decisions, "device_weights_limit_source",
+                           *limit > 0 ? source : "none");
+    return 0;
+}
+
+/* ddo: an automatic resident budget leaves room for two slots and the fixed residents. */
+static void cap_auto_resident(builder *b, budgets_in *bi, uint64_t limit)
+{
+    ddo_plan *p = b->p;
+    if (!bi->auto_resident || limit == 0)
+        return;
+    uint64_t largest = 0, fixed = 0;
+    uint64_t gran = b->in.device_granularity > 0 ? b->in.device_granularity : 2 * DDO_MIB;
+    bool per_weight =
+        b->o->execution_mode != NULL && strcmp(b->o->execution_mode, "vmm_runtime") == 0;
+    for (size_t u = 0; u < p->unit_count; u++) {
+        uint64_t bytes = per_weight ? per_weight_bytes(p, u, gran) : p->units[u].span_bytes;
+        if (bytes > largest)
+            largest = bytes;
+    }
+    for (size_t i = 0; i < b->n; i++)
+        if (p->tensors[i].loc.placement == DDO_PLACEMENT_RESIDENT)
+            fixed = sat_add(fixed, ddo__round_up(p->tensors[i].loc.nbytes, DDO_TENSOR_ALIGN));
+    uint64_t reserve = sat_add(fixed, sat_mul(2, ddo__round_up(largest, gran)));
+    uint64_t room = limit > reserve ? limit - reserve : 0;
+    if (bi->resident_budget > room) {
+        bi->resident_budget = room;
+        ddo__decisions_set_gb(&p->decisions, "auto_resident_module_budget_slot_cap_gb", room);
+    }
+}
+
+/* Placement, units and the cost model, then the resident selection under the budget. */
+static int place_and_select(builder *b, budgets_in *bi, uint64_t *limit, char *source, size_t len)
+{
+    ddo_plan *p = b->p;
+    int rc;
     if ((rc = place_and_build_units(b)) != 0)
         return rc;
     layout_units(b);
@@ -1189,69 +1309,17 @@ static int build(builder *b)
     if (deficit == NULL)
         return ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: cost model");
     cost_model(b, deficit);
-    if (!p->cost_enabled)
-        p->cost_reason = ddo__strdup(!(b->in.bus_bytes_per_s > 0.0)
-                                         ? "no bus bandwidth (inputs.bus_bytes_per_s is 0)"
-                                         : "no compute rate (inputs.flops_per_s is 0)");
-    else
-        p->cost_reason = ddo__strdup("");
-
-    /* The device weights limit. */
-    const char *mode = o->execution_mode != NULL ? o->execution_mode : "";
-    uint64_t limit = 0;
-    char source[160];
-    snprintf(source, sizeof(source), "none");
-    uint64_t explicit_limit = ddo__gb_to_bytes(o->vmm_resident_weight_budget_gb);
-    if (strcmp(mode, "vmm_runtime") == 0 && explicit_limit == 0) {
+    p->cost_reason = ddo__strdup(p->cost_enabled ? ""
+                                 : !(b->in.bus_bytes_per_s > 0.0)
+                                     ? "no bus bandwidth (inputs.bus_bytes_per_s is 0)"
+                                     : "no compute rate (inputs.flops_per_s is 0)");
+    if ((rc = device_limit(b, bi, limit, source, len)) != 0) {
         free(deficit);
-        return ddo__fail(NULL, DDO_E_CONFIG,
-                         "vmm_resident_weight_budget_gb: the vmm_runtime route needs a positive "
-                         "mapped budget");
+        return rc;
     }
-    if (explicit_limit > 0) {
-        limit = explicit_limit;
-        snprintf(source, sizeof(source), "vmm_resident_weight_budget_gb");
-    } else if (V > 0) {
-        char v1[32], v2[32];
-        if (balanced) {
-            double ratio = (double)M / (double)V;
-            uint64_t h = o->auto_vram_headroom_gb > 0.0 ? ddo__gb_to_bytes(o->auto_vram_headroom_gb)
-                                                        : ddo__vram_headroom_default(V, ratio);
-            /* As the resident target: never below 1 GiB (nor above the card). */
-            limit = V > h && V - h > DDO_GIB ? V - h : (V < DDO_GIB ? V : DDO_GIB);
-            snprintf(source, sizeof(source), "device memory %s minus %s auto VRAM headroom%s",
-                     fmt_gib(V, v1, sizeof(v1)), fmt_gib(h, v2, sizeof(v2)),
-                     limit == V - h ? "" : ", at least 1 GiB");
-        } else {
-            limit = V;
-            snprintf(source, sizeof(source), "device memory %s", fmt_gib(V, v1, sizeof(v1)));
-        }
-    }
-    p->device_limit_source = ddo__strdup(source);
-    ddo__decisions_set_str(d, "device_weights_limit_source", limit > 0 ? source : "none");
-
-    /* ddo: an automatic resident budget leaves room for two slots and the fixed residents. */
-    if (auto_resident && limit > 0) {
-        uint64_t largest = 0, fixed = 0;
-        uint64_t gran = b->in.device_granularity > 0 ? b->in.device_granularity : 2 * DDO_MIB;
-        bool per_weight = strcmp(mode, "vmm_runtime") == 0;
-        for (size_t u = 0; u < p->unit_count; u++) {
-            uint64_t bytes = per_weight ? per_weight_bytes(p, u, gran) : p->units[u].span_bytes;
-            if (bytes > largest)
-                largest = bytes;
-        }
-        for (size_t i = 0; i < b->n; i++)
-            if (p->tensors[i].loc.placement == DDO_PLACEMENT_RESIDENT)
-                fixed = sat_add(fixed, ddo__round_up(p->tensors[i].loc.nbytes, DDO_TENSOR_ALIGN));
-        uint64_t reserve = sat_add(fixed, sat_mul(2, ddo__round_up(largest, gran)));
-        uint64_t room = limit > reserve ? limit - reserve : 0;
-        if (resident_budget > room) {
-            resident_budget = room;
-            ddo__decisions_set_gb(d, "auto_resident_module_budget_slot_cap_gb", room);
-        }
-    }
-    ddo__decisions_set_gb(d, "resident_module_budget_gb", resident_budget);
-    rc = resident_selection(b, resident_budget, deficit);
+    cap_auto_resident(b, bi, *limit);
+    ddo__decisions_set_gb(&p->decisions, "resident_module_budget_gb", bi->resident_budget);
+    rc = resident_selection(b, bi->resident_budget, deficit);
     free(deficit);
     if (rc != 0)
         return rc;
@@ -1262,18 +1330,37 @@ static int build(builder *b)
             un->transfer_s = 0.0;
         un->hidden = un->resident || un->transfer_s <= p->units[prev].compute_s;
     }
+    return 0;
+}
+
+static int build(builder *b)
+{
+    const ddo__options *o = b->o;
+    ddo_plan *p = b->p;
+    ddo__decisions *d = &p->decisions;
+    int rc;
+    if ((rc = build_tables(b)) != 0)
+        return rc;
+    budgets_in bi;
+    budget_policy(b, &bi);
+    calibration_and_full_pin(b, &bi);
+    uint64_t limit = 0;
+    char source[160];
+    if ((rc = place_and_select(b, &bi, &limit, source, sizeof(source))) != 0)
+        return rc;
 
     /* Pin resolution on the linear routes (section 3.8). */
+    const char *mode = o->execution_mode != NULL ? o->execution_mode : "";
     ddo__pin_resolution pin = { DDO_PIN_MODE_UNLIMITED_FULL_PIN, 0, false };
     if (strcmp(mode, "vmm_fast_runtime") != 0 && strcmp(mode, "vmm_runtime") != 0) {
         uint64_t C = 0;
         for (size_t i = 0; i < b->n; i++)
             if (p->tensors[i].eligible && p->tensors[i].loc.placement == DDO_PLACEMENT_STREAMED)
                 C = sat_add(C, p->tensors[i].loc.nbytes);
-        ddo__pin_resolve(C, pin_budget, pin_ratio, ddo__gb_to_bytes(o->max_pin_weight_budget_gb),
-                         force_full, &pin, d);
+        ddo__pin_resolve(C, bi.pin_budget, bi.pin_ratio,
+                         ddo__gb_to_bytes(o->max_pin_weight_budget_gb), bi.force_full, &pin, d);
     }
-    if ((rc = host_side(b, A, &pin, skip_pin)) != 0)
+    if ((rc = host_side(b, bi.A, &pin, bi.skip_pin)) != 0)
         return rc;
     if ((rc = device_side(b, limit, source)) != 0)
         return rc;
