@@ -14,9 +14,9 @@ from ._lib import LibraryError
 from ._native import DdoError, UnknownOptionError, set_library as load_library
 from ._native import lib as _lib_handle
 from .config import DynamicOffloadConfig
-from .offload import MetricsReport, OffloadResult, enable_offload
+from .offload import MetricsReport, OffloadResult, enable_dynamic_offload, enable_offload
 
-__all__ = ["enable_offload", "OffloadResult", "MetricsReport", "DynamicOffloadConfig",
+__all__ = ["enable_offload", "enable_dynamic_offload", "OffloadResult", "MetricsReport", "DynamicOffloadConfig",
            "DdoError", "UnknownOptionError", "LibraryError", "load_library", "library_version"]
 
 

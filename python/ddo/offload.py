@@ -167,8 +167,8 @@ def _resolve_config(preset, backend, config, use_environment, environ, overrides
     return cfg
 
 
-def enable_offload(module, preset="auto", *, backend=None, config=None, use_environment=True,
-                   environ=None, **overrides):
+def enable_dynamic_offload(module, preset="auto", *, backend=None, config=None,
+                           use_environment=True, environ=None, **overrides):
     """Streams module's weights through a ddo session; returns an OffloadResult.
 
     Resolution (upstream's enable_dynamic_offload): the preset for the route family
@@ -183,6 +183,11 @@ def enable_offload(module, preset="auto", *, backend=None, config=None, use_envi
                        f"close() its OffloadResult first")
     cfg = _resolve_config(preset, backend, config, use_environment, environ, overrides)
     return OffloadResult(module, cfg)
+
+
+# The entry point of the PyTorch issue; the pipeline routing (upstream's enable_offload, which
+# also routes to Diffusers' group offload or leaves a module unmanaged) builds on it.
+enable_offload = enable_dynamic_offload
 
 
 def _hooked(fn):
