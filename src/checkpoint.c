@@ -736,7 +736,7 @@ static int open_single(ddo_checkpoint *ck, const char *path)
     uint32_t fi;
     int rc = ddo__checkpoint_add_file(ck, path, &fi);
     if (rc != 0)
-        return ddo__fail(NULL, rc, "%s: out of memory", path);
+        return ddo__fail(NULL, rc, "%s: out of memory", Q(path));
     rc = ddo__checkpoint_open_file(ck, fi);
     if (rc != 0)
         return rc;
@@ -762,7 +762,7 @@ static int open_directory(ddo_checkpoint *ck, const char *path)
     for (size_t i = 0; i < DDO_ARRAY_LEN(candidates); i++) {
         char *p = ddo__asprintf("%s%s%s", path, sep, candidates[i]);
         if (p == NULL)
-            return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", path);
+            return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", Q(path));
         ddo__file_id id;
         if (ddo__os_path_identity(p, &id) == 0) {
             int rc = ends_with(p, ".json") ? ddo__checkpoint_open_index(ck, p) : open_single(ck, p);
@@ -774,7 +774,7 @@ static int open_directory(ddo_checkpoint *ck, const char *path)
     return ddo__fail(NULL, DDO_E_NOT_FOUND,
                      "%s: directory holds no diffusion_pytorch_model.safetensors[.index.json] or "
                      "model.safetensors[.index.json]",
-                     path);
+                     Q(path));
 }
 
 int ddo_checkpoint_create(const char *path, ddo_read_backend backend, ddo_checkpoint **out)
@@ -788,7 +788,7 @@ int ddo_checkpoint_create(const char *path, ddo_read_backend backend, ddo_checkp
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_checkpoint_create: empty path");
     ddo_checkpoint *ck = ck_new(backend == DDO_READ_DEFAULT ? DDO_READ_PREAD : backend);
     if (ck == NULL)
-        return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", path);
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", Q(path));
     int rc;
     if (ddo__os_is_directory(path))
         rc = open_directory(ck, path);
