@@ -630,6 +630,23 @@ static void select_scope(builder *b, const pscope *s)
         b->mods[s->index].selected = true;
 }
 
+/* Streamed tensors of selected scopes become budget-resident; their units are resident. */
+static void make_budget_resident(builder *b)
+{
+    ddo_plan *p = b->p;
+    for (size_t i = 0; i < b->n; i++) {
+        ddo_tensor_location *loc = &p->tensors[i].loc;
+        const pmod *m = &b->mods[b->tmod[i]];
+        bool sel = m->selected || (m->block != NONE && b->blocks[m->block].selected);
+        if (!sel || loc->placement != DDO_PLACEMENT_STREAMED)
+            continue;
+        p->units[loc->unit].resident = true;
+        loc->placement = DDO_PLACEMENT_RESIDENT;
+        loc->reason = DDO_REASON_BUDGET;
+        loc->unit = NONE;
+    }
+}
+
 static int resident_selection(builder *b, uint64_t budget, const double *unit_deficit)
 {
     ddo_plan *p = b->p;
@@ -695,18 +712,7 @@ static int resident_selection(builder *b, uint64_t budget, const double *unit_de
         p->selected_resident[p->selected_resident_count++] = c;
     }
     ddo__decisions_set_gb(d, "selected_resident_module_gb", taken);
-    /* Streamed tensors of selected scopes become budget-resident; their units are resident. */
-    for (size_t i = 0; i < b->n; i++) {
-        ddo_tensor_location *loc = &p->tensors[i].loc;
-        const pmod *m = &b->mods[b->tmod[i]];
-        bool sel = m->selected || (m->block != NONE && b->blocks[m->block].selected);
-        if (!sel || loc->placement != DDO_PLACEMENT_STREAMED)
-            continue;
-        p->units[loc->unit].resident = true;
-        loc->placement = DDO_PLACEMENT_RESIDENT;
-        loc->reason = DDO_REASON_BUDGET;
-        loc->unit = NONE;
-    }
+    make_budget_resident(b);
 out:
     free(sizes);
     free(order);

@@ -138,41 +138,20 @@ uint64_t ddo__vram_headroom_default(uint64_t total_vram, double model_to_vram_ra
     return ddo__gb_to_bytes(fmax(3.0, 0.15 * v_gb));
 }
 
-void ddo__balanced_policy(const ddo__balanced_in *in, ddo__balanced_out *out, ddo__decisions *d)
+/* What steps 8 and 9 of the balanced policy share (derived in steps 1-7). */
+typedef struct balanced_ctx {
+    uint64_t W, M, A, V, usable, prb;
+    double ratio;
+    bool fp, fp_profile;
+} balanced_ctx;
+
+/* Step 8: the resident budget. */
+static void balanced_resident(const ddo__balanced_in *in, const balanced_ctx *c,
+                              ddo__balanced_out *out, ddo__decisions *d)
 {
-    const uint64_t W = in->candidate_weight, M = in->candidate_resident;
-    const uint64_t A = in->available_ram, V = in->total_vram;
-    memset(out, 0, sizeof(*out));
-    out->resident_budget = in->resident_budget;
-    out->pin_budget = in->pin_budget;
-    out->pin_ratio = in->pin_ratio;
-
-    /* Steps 1-3. */
-    ddo__decisions_set_str(d, "auto_budget_policy", "balanced");
-    ddo__decisions_set_gb(d, "candidate_weight_gb", W);
-    ddo__decisions_set_gb(d, "candidate_resident_module_gb", M);
-    ddo__decisions_set_gb(d, "available_system_ram_gb", A);
-    ddo__decisions_set_gb(d, "system_ram_headroom_gb", in->ram_headroom);
-    double ratio = V > 0 ? (double)M / (double)V : 0.0;
-    if (V > 0) {
-        ddo__decisions_set_gb(d, "cuda_total_vram_gb", V);
-        ddo__decisions_set_num(d, "auto_model_to_vram_ratio", ratio);
-    }
-
-    /* Steps 4-7. */
-    uint64_t usable = A > in->ram_headroom ? A - in->ram_headroom : 0;
-    const double T = in->full_pin_min_ratio;
-    bool fp = in->pin_requested && in->pin_budget == 0 && !(in->pin_ratio > 0.0) &&
-              in->resident_budget == 0 && in->max_pin == 0 && A > 0 && W > 0 && usable >= W &&
-              T > 0.0 && V > 0 && ratio >= T;
-    uint64_t prb = min_u64(in->profile_resident, M);
-    bool fp_profile = fp && prb > 0 && usable >= W && usable - W >= prb;
-    out->full_pin = fp;
-    ddo__decisions_set_gb(d, "auto_usable_system_ram_gb", usable);
-    ddo__decisions_set_num(d, "auto_full_pin_min_model_to_vram_ratio", T);
-    ddo__decisions_set_gb(d, "profile_resident_module_budget_requested_gb", in->profile_resident);
-
-    /* Step 8: the resident budget. */
+    const uint64_t M = c->M, V = c->V, prb = c->prb;
+    const double ratio = c->ratio;
+    const bool fp = c->fp, fp_profile = c->fp_profile;
     if (in->resident_budget == 0 && M > 0 && !fp) {
         uint64_t budget = M / 4; /* floor(0.25 * M) */
         if (V > 0) {
@@ -211,8 +190,14 @@ void ddo__balanced_policy(const ddo__balanced_in *in, ddo__balanced_out *out, dd
         }
         ddo__decisions_set_gb(d, "auto_resident_module_budget_gb", out->resident_budget);
     }
+}
 
-    /* Step 9: the pin budget. */
+/* Step 9: the pin budget. */
+static void balanced_pin(const ddo__balanced_in *in, const balanced_ctx *c, ddo__balanced_out *out,
+                         ddo__decisions *d)
+{
+    const uint64_t W = c->W, A = c->A, usable = c->usable;
+    const bool fp = c->fp, fp_profile = c->fp_profile;
     if (in->pin_budget == 0 && !(in->pin_ratio > 0.0) && W > 0) {
         uint64_t budget;
         double pin_ratio;
@@ -251,6 +236,45 @@ void ddo__balanced_policy(const ddo__balanced_in *in, ddo__balanced_out *out, dd
         ddo__decisions_set_gb(d, "auto_pin_weight_budget_gb", budget);
         ddo__decisions_set_num(d, "auto_pin_weight_budget_ratio", pin_ratio);
     }
+}
+
+void ddo__balanced_policy(const ddo__balanced_in *in, ddo__balanced_out *out, ddo__decisions *d)
+{
+    const uint64_t W = in->candidate_weight, M = in->candidate_resident;
+    const uint64_t A = in->available_ram, V = in->total_vram;
+    memset(out, 0, sizeof(*out));
+    out->resident_budget = in->resident_budget;
+    out->pin_budget = in->pin_budget;
+    out->pin_ratio = in->pin_ratio;
+
+    /* Steps 1-3. */
+    ddo__decisions_set_str(d, "auto_budget_policy", "balanced");
+    ddo__decisions_set_gb(d, "candidate_weight_gb", W);
+    ddo__decisions_set_gb(d, "candidate_resident_module_gb", M);
+    ddo__decisions_set_gb(d, "available_system_ram_gb", A);
+    ddo__decisions_set_gb(d, "system_ram_headroom_gb", in->ram_headroom);
+    double ratio = V > 0 ? (double)M / (double)V : 0.0;
+    if (V > 0) {
+        ddo__decisions_set_gb(d, "cuda_total_vram_gb", V);
+        ddo__decisions_set_num(d, "auto_model_to_vram_ratio", ratio);
+    }
+
+    /* Steps 4-7. */
+    uint64_t usable = A > in->ram_headroom ? A - in->ram_headroom : 0;
+    const double T = in->full_pin_min_ratio;
+    bool fp = in->pin_requested && in->pin_budget == 0 && !(in->pin_ratio > 0.0) &&
+              in->resident_budget == 0 && in->max_pin == 0 && A > 0 && W > 0 && usable >= W &&
+              T > 0.0 && V > 0 && ratio >= T;
+    uint64_t prb = min_u64(in->profile_resident, M);
+    bool fp_profile = fp && prb > 0 && usable >= W && usable - W >= prb;
+    out->full_pin = fp;
+    ddo__decisions_set_gb(d, "auto_usable_system_ram_gb", usable);
+    ddo__decisions_set_num(d, "auto_full_pin_min_model_to_vram_ratio", T);
+    ddo__decisions_set_gb(d, "profile_resident_module_budget_requested_gb", in->profile_resident);
+
+    balanced_ctx c = { W, M, A, V, usable, prb, ratio, fp, fp_profile };
+    balanced_resident(in, &c, out, d);
+    balanced_pin(in, &c, out, d);
 }
 
 /* ---- pin budget resolution ---- */
