@@ -28,6 +28,8 @@
 /* JSON keys and values (tokens) in one header or index, and arrays and objects among them. */
 #define DDO__CHECKPOINT_MAX_JSON_TOKENS     4194304
 #define DDO__CHECKPOINT_MAX_JSON_CONTAINERS 1048576
+/* Arrays and objects in an index or a model_index.json (real ones hold a handful). */
+#define DDO__CHECKPOINT_MAX_INDEX_CONTAINERS 65536
 /* Tensors in one checkpoint (all shards together). */
 #define DDO__CHECKPOINT_MAX_TENSORS 1048576
 /* Bytes of one tensor name. */

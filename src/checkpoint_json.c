@@ -62,6 +62,10 @@ int ddo__checkpoint_json_scan(const char *fname, const char *what, const char *t
                               size_t *reals, size_t *bigs)
 {
     size_t depth = 0, tokens = 0, containers = 0;
+    /* An index or model_index.json needs a handful of objects; a header three per tensor. */
+    const size_t max_containers = strcmp(what, "header") == 0
+                                      ? DDO__CHECKPOINT_MAX_JSON_CONTAINERS
+                                      : DDO__CHECKPOINT_MAX_INDEX_CONTAINERS;
     *reals = *bigs = 0;
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)text[i];
@@ -78,11 +82,11 @@ int ddo__checkpoint_json_scan(const char *fname, const char *what, const char *t
                                  "%s: %s nests arrays and objects more than %d deep (at byte %zu; "
                                  "the official reader's recursion limit)",
                                  fname, what, DDO__CHECKPOINT_MAX_DEPTH, i);
-            if (containers > DDO__CHECKPOINT_MAX_JSON_CONTAINERS)
+            if (containers > max_containers)
                 return ddo__fail(NULL, DDO_E_FORMAT,
-                                 "%s: %s holds more than %d JSON arrays and objects (ddo's limit, "
+                                 "%s: %s holds more than %zu JSON arrays and objects (ddo's limit, "
                                  "stricter than the official reader; see docs/inspect.md)",
-                                 fname, what, DDO__CHECKPOINT_MAX_JSON_CONTAINERS);
+                                 fname, what, max_containers);
         } else if (c == '}' || c == ']') {
             if (depth > 0)
                 depth--;

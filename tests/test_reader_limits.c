@@ -377,6 +377,28 @@ static void test_messages_escaped(void)
     free(h);
 }
 
+/* An index needs a handful of objects: more than 65,536 are refused before decoding. */
+static void test_index_containers(void)
+{
+    tmpdir_create();
+    T_REQUIRE(g_dir[0] != '\0');
+    size_t n = 65537;
+    char *h = malloc(n * 3 + 64);
+    T_REQUIRE(h != NULL);
+    size_t o = (size_t)sprintf(h, "{\"metadata\":{\"x\":[");
+    for (size_t i = 0; i + 1 < n; i++)
+        o += (size_t)sprintf(h + o, "%s{}", i ? "," : "");
+    strcpy(h + o, "]},\"weight_map\":{\"w\":\"s.safetensors\"}}");
+    T_REQUIRE(write_bytes(at("c.safetensors.index.json"), h, strlen(h)) == 0);
+    free(h);
+    ddo_checkpoint *ck = NULL;
+    T_EQ_INT(ddo_checkpoint_create(at("c.safetensors.index.json"), DDO_READ_DEFAULT, &ck),
+             DDO_E_FORMAT);
+    T_CONTAINS(ddo_last_error(), "c.safetensors.index.json: index holds more than 65536 JSON "
+                                 "arrays and objects (ddo's limit");
+    rm_rf(g_dir);
+}
+
 static void test_index_messages(void)
 {
     tmpdir_create();
@@ -719,6 +741,7 @@ int main(void)
     T_RUN(test_dtypes_official);
     T_RUN(test_messages_escaped);
     T_RUN(test_index_messages);
+    T_RUN(test_index_containers);
     T_RUN(test_bounded_memory);
     T_RUN(test_long_block_chains);
     T_RUN(test_rewrite_restoring_mtime);
