@@ -763,7 +763,8 @@ static uint64_t bytes_of(const ddo_plan *p, bool retained_only, bool registered_
  * store never copies them). Sums, over the streamed host tensors of the registered units (all
  * streamed units with all_units), their bytes and what the registered account takes for them
  * (their inner pages plus the pinned arena of their end fragments). */
-static void host_registered(const builder *b, bool all_units, uint64_t *bytes, uint64_t *pinned)
+static void host_registered(const builder *b, bool all_units, bool residents, uint64_t *bytes,
+                            uint64_t *pinned)
 {
     const ddo_plan *p = b->p;
     *bytes = 0;
@@ -784,6 +785,15 @@ static void host_registered(const builder *b, bool all_units, uint64_t *bytes, u
             if (r != NULL)
                 r[n++] = (ddo__host_range){ ti->host_data, ti->nbytes };
         }
+    }
+    for (size_t t = 0; residents && t < b->n; t++) {
+        const ddo_tensor_info *ti = b->ti[t];
+        if (p->tensors[t].loc.placement != DDO_PLACEMENT_RESIDENT || ti->host_data == NULL ||
+            ti->nbytes == 0)
+            continue;
+        *bytes = sat_add(*bytes, ti->nbytes);
+        if (r != NULL)
+            r[n++] = (ddo__host_range){ ti->host_data, ti->nbytes };
     }
     /* Without the table (no memory), an upper bound: one more page per tensor. */
     *pinned = r != NULL ? ddo__host_pins_bytes(r, n) : sat_add(*bytes, (uint64_t)b->n * 65536u);
@@ -902,7 +912,7 @@ static int registration(builder *b, host_ctx *h, const ddo__pin_resolution *pin,
                 h->list[rn++] = h->list[k];
         /* Host tensors take their arena's rounding on top of their bytes: keep room for it. */
         uint64_t hb = 0, hp = 0;
-        host_registered(b, true, &hb, &hp);
+        host_registered(b, true, false, &hb, &hp);
         uint64_t fringe = hp > hb ? hp - hb : 0;
         if (partial && sat_add(ddo__round_up(bytes_of(p, true, false), DDO_SEGMENT_BYTES), fringe) >
                            reg_limit) {
@@ -923,11 +933,24 @@ static int registration(builder *b, host_ctx *h, const ddo__pin_resolution *pin,
     ddo__decisions_set_str(&p->decisions, "registration", reg);
     bg->registered_limit = reg_limit;
     uint64_t host_bytes = 0, host_pages = 0; /* pages: what registering them in place takes */
-    host_registered(b, false, &host_bytes, &host_pages);
+    host_registered(b, false, false, &host_bytes, &host_pages);
+    /* A caller's resident tensors are registered in place too when every streamed byte is and
+     * the limit allows (their setup upload and every reload then read them directly); else
+     * they are uploaded through the bounce buffer. */
+    uint64_t rb = 0, rp = 0;
+    bool residents = holds_host_data(b) &&
+                     (strcmp(reg, "all_retained") == 0 || strcmp(reg, "nothing_retained") == 0);
+    if (residents) {
+        host_registered(b, false, true, &rb, &rp);
+        residents = reg_limit == 0 || rp <= reg_limit;
+    }
+    if (holds_host_data(b))
+        ddo__decisions_set_str(&p->decisions, "host_residents",
+                               residents ? "registered_in_place" : "bounce_buffer");
     bg->registered_peak = ddo__round_up(bytes_of(p, false, true) - host_bytes, DDO_SEGMENT_BYTES);
     if (bg->registered_peak > bg->retained_peak)
         bg->registered_peak = bg->retained_peak;
-    bg->registered_peak = sat_add(bg->registered_peak, host_pages);
+    bg->registered_peak = sat_add(bg->registered_peak, residents ? rp : host_pages);
     return 0;
 }
 

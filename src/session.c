@@ -383,10 +383,21 @@ static int build_source(ddo_session *s)
             (void)ddo_plan_unit_tensors(s->plan, u, &n);
         count += n;
     }
-    ddo__source_request *req = ddo__calloc(count, sizeof(*req));
+    /* The plan may register a caller's resident tensors in place too (host_residents). */
+    const char *hr = ddo_plan_decision_get(s->plan, "host_residents");
+    bool residents = hr != NULL && strcmp(hr, "registered_in_place") == 0;
+    if (residents)
+        count += s->resident_count;
+    ddo__source_request *req = ddo__calloc(count > 0 ? count : 1, sizeof(*req));
     if (req == NULL)
         return ddo__fail(&s->err, DDO_E_NO_MEMORY, "session: out of memory");
     size_t k = 0;
+    for (size_t i = 0; residents && i < s->resident_count; i++) {
+        req[k].tensor = s->resident[i];
+        req[k].retain = true;
+        req[k].register_ = true;
+        k++;
+    }
     for (size_t u = 0; u < s->unit_count; u++) {
         if (s->units[u].resident)
             continue;

@@ -148,10 +148,11 @@ static int map_unit(ddo_session *s, uint64_t handle, size_t unit, size_t slot, b
 /* ------------------------------------------------------------------------ */
 
 typedef enum upload_kind {
-    UPLOAD_REGISTERED, /* copy engine reads retained memory directly */
-    UPLOAD_PAGEABLE,   /* memcpy retained bytes into a window, then copy */
-    UPLOAD_FILE,       /* ddo__source_read_file into a window (re-read) */
-    UPLOAD_CHECKPOINT  /* ddo_checkpoint_read into a window (resident tensors) */
+    UPLOAD_REGISTERED,         /* copy engine reads retained memory directly */
+    UPLOAD_PAGEABLE,           /* memcpy retained bytes into a window, then copy */
+    UPLOAD_FILE,               /* ddo__source_read_file into a window (re-read) */
+    UPLOAD_CHECKPOINT,         /* ddo_checkpoint_read into a window (resident tensors) */
+    UPLOAD_RESIDENT_REGISTERED /* a resident host tensor the copy engine reads directly */
 } upload_kind;
 
 typedef struct window {
@@ -217,15 +218,15 @@ static size_t file_piece(size_t cap)
 static int upload_tensor(ddo_session *s, size_t tensor, uint64_t dst, uint64_t nbytes,
                          upload_kind kind, const unsigned char *host, ddo__errbuf *eb)
 {
-    static const ddo__metric_id tier[] = { DDO_M_bytes_from_registered,
-                                           DDO_M_bytes_staged_from_retained,
-                                           DDO_M_bytes_staged_from_file,
-                                           DDO_M_bytes_resident_uploaded };
+    static const ddo__metric_id tier[] = {
+        DDO_M_bytes_from_registered, DDO_M_bytes_staged_from_retained, DDO_M_bytes_staged_from_file,
+        DDO_M_bytes_resident_uploaded, DDO_M_bytes_resident_uploaded
+    };
     uint64_t pos = 0;
     while (pos < nbytes) {
         int rc;
         size_t len;
-        if (kind == UPLOAD_REGISTERED) {
+        if (kind == UPLOAD_REGISTERED || kind == UPLOAD_RESIDENT_REGISTERED) {
             uint64_t left = nbytes - pos;
             len = (size_t)(left < DDO__COPY_PIECE_BYTES ? left : DDO__COPY_PIECE_BYTES);
             /* Never across a registration segment: see ddo__source_segment_left. */
@@ -285,7 +286,14 @@ int ddo__session_upload_residents(ddo_session *s)
         ddo_tensor_location loc;
         if (ddo_plan_tensor_location(s->plan, t, &loc) != 0)
             return ddo__fail_from_last(&s->err, DDO_E_INTERNAL);
-        int rc = upload_tensor(s, t, s->arena + loc.offset, loc.nbytes, UPLOAD_CHECKPOINT, NULL,
+        ddo__host_piece pieces[3];
+        size_t np = ddo__source_host_pieces(s->source, t, pieces);
+        int rc = 0;
+        for (size_t k = 0; k < np && rc == 0; k++) /* registered in place (host_residents) */
+            rc = upload_tensor(s, t, s->arena + loc.offset + pieces[k].offset, pieces[k].len,
+                               UPLOAD_RESIDENT_REGISTERED, pieces[k].src, &s->err);
+        if (np == 0)
+            rc = upload_tensor(s, t, s->arena + loc.offset, loc.nbytes, UPLOAD_CHECKPOINT, NULL,
                                &s->err);
         if (rc != 0)
             return rc;

@@ -374,3 +374,30 @@ def test_resolution_order_preset_env_config_overrides():
     assert r._cfg.to_json()["options"]["vmm_source_cache_gb"]["source"] != \
         "env:DDO_VMM_SOURCE_CACHE_GB"
     r.close()
+
+
+def test_resident_tensors_registered_in_place():
+    m = models.FluxLike(seed=17)
+    x = torch.randn(1, 4, 64).to(torch.bfloat16)
+    ref = steps(m, x, 1)[0]
+    # The default preset keeps this small model resident: its tensors are registered where
+    # they lie and uploaded from there (at setup and at every reload), not through a bounce.
+    r = ddo.enable_offload(m, backend="vmm", execution_device="cpu")
+    d = r.plan["planner_decisions"]
+    assert d["host_residents"] == "registered_in_place"
+    b = r.budgets()
+    assert b["resident_bytes"] > 0 and b["registered_peak"] >= b["resident_bytes"] * 0.95
+    assert torch.equal(steps(r.module, x, 1)[0], ref)
+    r.unload()
+    r.reload()
+    assert torch.equal(steps(r.module, x, 1)[0], ref)
+    snap = r.metrics_snapshot()
+    assert snap.get("registered_peak_bytes") <= b["registered_peak"]
+    r.close()
+    assert r.device_bytes_after_close == 0
+    # A registered limit too small for them: the residents go through the bounce buffer.
+    r = ddo.enable_offload(m, backend="vmm", execution_device="cpu",
+                           vmm_source_cache_gb=1, vmm_source_registered_gb=0.0001)
+    assert r.plan["planner_decisions"]["host_residents"] == "bounce_buffer"
+    assert torch.equal(steps(r.module, x, 1)[0], ref)
+    r.close()
