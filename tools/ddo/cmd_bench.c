@@ -24,6 +24,7 @@
  * trace hook (ddo_session_options.trace).
  */
 #define _GNU_SOURCE /* O_DIRECT */
+#include "cleanup.h"
 #include "host.h"
 #include "order.h"
 #include "synth.h"
@@ -372,7 +373,7 @@ typedef struct bench {
     ddo_config *cfg; /* the global configuration (environment + global flags) */
     ddo_device *dev;
     ddo_device_caps caps;
-    const ddo_checkpoint *ck;
+    ddo_checkpoint *ck;
     ddo_stream *stream;
     ref_host *timing; /* outputs stay on the device */
     ref_host *verify; /* checksum mode */
@@ -507,6 +508,150 @@ static int verify_step(bench *b, ddo_session *s, const ddo_plan *plan, uint64_t 
 }
 
 /* Runs one case with cfg. The result records what happened; returns 0 or the failure. */
+/* The case's plan and execution order, printed; fails the case on error. */
+static int case_plan(bench *b, ddo_config *cfg, case_result *r, ddo_plan **plan, exec_order *o)
+{
+    ddo_plan_inputs in;
+    tool_plan_inputs(&in, &b->caps);
+    in.device_free_bytes = device_free(b->dev);
+    in.bus_bytes_per_s = b->bus_bps;
+    in.tokens = b->a->tokens;
+    int rc = ddo_plan_build(b->ck, cfg, &in, plan);
+    if (rc != 0) {
+        fail_case(r, "plan", rc, ddo_last_error());
+        return rc;
+    }
+    snprintf(r->route, sizeof(r->route), "%s", ddo_plan_route(*plan));
+    const char *engine = NULL;
+    if (ddo_config_get(cfg, "read_engine", &engine) == 0 && engine != NULL)
+        snprintf(r->read_engine, sizeof(r->read_engine), "%s", engine);
+    ddo_plan_budgets bud;
+    memset(&bud, 0, sizeof(bud));
+    ddo_plan_budgets_get(*plan, &bud);
+    r->plan_peak = bud.device_weights_peak;
+    r->plan_limit = bud.device_weights_limit;
+    rc = exec_order_build(*plan, b->ck, o);
+    if (rc != 0) {
+        fail_case(r, "order", rc, NULL);
+        return rc;
+    }
+    printf("case %s: route %s, %zu units, device weights peak %.2f GiB (resident %.2f GiB + "
+           "%zu slots x %.1f MiB)%s\n",
+           r->name, r->route, ddo_plan_unit_count(*plan), (double)bud.device_weights_peak / GIB_D,
+           (double)bud.resident_bytes / GIB_D, bud.slot_count, (double)bud.slot_bytes / MIB_D,
+           bud.device_weights_limit ? "" : ", no device budget");
+    fflush(stdout);
+    return 0;
+}
+
+/* The warm-up pass, then `steps` timed steps: step times and per-step byte counts. */
+static int timed_steps(bench *b, ddo_session *s, const exec_order *o, uint64_t steps,
+                       uint64_t *min_free, case_result *r)
+{
+    ddo_metrics *m = NULL;
+    /* Warm-up: the first pass teaches the session the order. */
+    int rc = run_step(b, s, b->timing, o, NULL, min_free, NULL, r);
+    if (rc != 0)
+        return rc;
+    if ((rc = ddo_session_metrics(s, false, &m)) != 0) {
+        fail_case(r, "metrics", rc, ddo_session_error(s));
+        return rc;
+    }
+    double m0[5] = { tool_metric(m, "stall_ns"),
+                     tool_metric(m, "bytes_from_registered") +
+                         tool_metric(m, "bytes_staged_from_retained"),
+                     tool_metric(m, "bytes_staged_from_file"), tool_metric(m, "copy_bytes"),
+                     tool_metric(m, "hits") };
+    ddo_metrics_destroy(m);
+    m = NULL;
+    double total = 0, best = 0;
+    for (uint64_t i = 0; i < steps; i++) {
+        uint64_t ts = tool_now_ns();
+        if ((rc = run_step(b, s, b->timing, o, NULL, min_free, NULL, r)) != 0)
+            return rc;
+        double dt = (double)(tool_now_ns() - ts) / 1e9;
+        total += dt;
+        if (i == 0 || dt < best)
+            best = dt;
+    }
+    if ((rc = ddo_session_metrics(s, false, &m)) != 0) {
+        fail_case(r, "metrics", rc, ddo_session_error(s));
+        return rc;
+    }
+    double ns = (double)(steps ? steps : 1);
+    r->step_s = total / ns;
+    r->step_min_s = best;
+    r->stall_s = (tool_metric(m, "stall_ns") - m0[0]) / 1e9 / ns;
+    r->bus_bytes = (tool_metric(m, "bytes_from_registered") +
+                    tool_metric(m, "bytes_staged_from_retained") - m0[1]) /
+                   ns;
+    r->file_bytes = (tool_metric(m, "bytes_staged_from_file") - m0[2]) / ns;
+    r->copy_bytes = (tool_metric(m, "copy_bytes") - m0[3]) / ns;
+    r->hits = (tool_metric(m, "hits") - m0[4]) / ns;
+    ddo_metrics_destroy(m);
+    return 0;
+}
+
+/* `trace_steps` more steps recorded into the Perfetto trace (when one is asked for). */
+static int traced_steps(bench *b, ddo_session *s, const exec_order *o, uint64_t trace_steps,
+                        uint64_t *min_free, case_result *r)
+{
+    if (b->a->trace_path == NULL || !b->tr.ok || trace_steps == 0)
+        return 0;
+    trace *tr = &b->tr;
+    char **names = realloc(tr->pid_names, (tr->pids + 1) * sizeof(*names));
+    if (names != NULL) {
+        tr->pid_names = names;
+        tr->pid_names[tr->pids] = strdup(r->name);
+        tr->pids++;
+    }
+    if (tr->marks_cap < 2 * o->count) {
+        free(tr->marks);
+        tr->marks = calloc(2 * o->count, sizeof(*tr->marks));
+        tr->marks_cap = tr->marks != NULL ? 2 * o->count : 0;
+    }
+    pthread_mutex_lock(&tr->mu);
+    tr->session_on = true;
+    pthread_mutex_unlock(&tr->mu);
+    int rc = 0;
+    for (uint64_t i = 0; i < trace_steps && rc == 0; i++) {
+        if (tr->marks != NULL)
+            memset(tr->marks, 0, tr->marks_cap * sizeof(*tr->marks));
+        rc = run_step(b, s, b->timing, o, tr, min_free, NULL, r);
+    }
+    /* Uploads still in flight report after the steps: wait, then stop listening. */
+    if (rc == 0)
+        rc = ddo_session_synchronize(s);
+    pthread_mutex_lock(&tr->mu);
+    tr->session_on = false;
+    pthread_mutex_unlock(&tr->mu);
+    return rc;
+}
+
+/* The session's final figures and the reference host's counts. */
+static int final_metrics(bench *b, ddo_session *s, case_result *r)
+{
+    ddo_metrics *m = NULL;
+    int rc = ddo_session_synchronize(s);
+    if (rc == 0)
+        rc = ddo_session_metrics(s, true, &m);
+    if (rc != 0) {
+        fail_case(r, "metrics", rc, ddo_session_error(s));
+        return rc;
+    }
+    r->session_peak = (uint64_t)tool_metric(m, "device_weights_peak_bytes");
+    /* The engine the session really used decides which file speed bounds the case. */
+    const char *used = ddo_metrics_label(m, "read_engine");
+    if (used != NULL && strcmp(used, "none") != 0)
+        snprintf(r->read_engine, sizeof(r->read_engine), "%s", used);
+    ddo_metrics_destroy(m);
+    ref_host_stats hs;
+    ref_host_stats_get(b->timing, &hs);
+    r->computed = hs.weights_computed;
+    r->skipped = hs.weights_skipped;
+    return 0;
+}
+
 static int run_case(bench *b, ddo_config *cfg, uint64_t steps, uint64_t trace_steps, case_result *r)
 {
     ddo_plan *plan = NULL;
@@ -515,41 +660,11 @@ static int run_case(bench *b, ddo_config *cfg, uint64_t steps, uint64_t trace_st
     memset(&o, 0, sizeof(o));
     ddo_metrics *m = NULL;
     uint64_t base_free = 0, min_free = 0;
-    int rc;
     r->steps = steps;
     r->identical = -1;
-
-    ddo_plan_inputs in;
-    tool_plan_inputs(&in, &b->caps);
-    in.device_free_bytes = device_free(b->dev);
-    in.bus_bytes_per_s = b->bus_bps;
-    in.tokens = b->a->tokens;
-    rc = ddo_plan_build(b->ck, cfg, &in, &plan);
-    if (rc != 0) {
-        fail_case(r, "plan", rc, ddo_last_error());
+    int rc = case_plan(b, cfg, r, &plan, &o);
+    if (rc != 0)
         goto out;
-    }
-    snprintf(r->route, sizeof(r->route), "%s", ddo_plan_route(plan));
-    const char *engine = NULL;
-    if (ddo_config_get(cfg, "read_engine", &engine) == 0 && engine != NULL)
-        snprintf(r->read_engine, sizeof(r->read_engine), "%s", engine);
-    ddo_plan_budgets bud;
-    memset(&bud, 0, sizeof(bud));
-    ddo_plan_budgets_get(plan, &bud);
-    r->plan_peak = bud.device_weights_peak;
-    r->plan_limit = bud.device_weights_limit;
-    rc = exec_order_build(plan, b->ck, &o);
-    if (rc != 0) {
-        fail_case(r, "order", rc, NULL);
-        goto out;
-    }
-    printf("case %s: route %s, %zu units, device weights peak %.2f GiB (resident %.2f GiB + "
-           "%zu slots x %.1f MiB)%s\n",
-           r->name, r->route, ddo_plan_unit_count(plan), (double)bud.device_weights_peak / GIB_D,
-           (double)bud.resident_bytes / GIB_D, bud.slot_count, (double)bud.slot_bytes / MIB_D,
-           bud.device_weights_limit ? "" : ", no device budget");
-    fflush(stdout);
-
     base_free = device_free(b->dev);
     min_free = base_free;
     ddo_session_options so;
@@ -577,111 +692,18 @@ static int run_case(bench *b, ddo_config *cfg, uint64_t steps, uint64_t trace_st
         ddo_metrics_destroy(m);
         m = NULL;
     }
-
-    /* Warm-up: the first pass teaches the session the order. */
-    rc = run_step(b, s, b->timing, &o, NULL, &min_free, NULL, r);
-    if (rc != 0)
+    if ((rc = timed_steps(b, s, &o, steps, &min_free, r)) != 0)
         goto out;
-    rc = ddo_session_metrics(s, false, &m);
-    if (rc != 0) {
-        fail_case(r, "metrics", rc, ddo_session_error(s));
-        goto out;
-    }
-    double m0[6] = { tool_metric(m, "stall_ns"),
-                     tool_metric(m, "bytes_from_registered") +
-                         tool_metric(m, "bytes_staged_from_retained"),
-                     tool_metric(m, "bytes_staged_from_file"),
-                     tool_metric(m, "copy_bytes"),
-                     tool_metric(m, "hits"),
-                     0 };
-    ddo_metrics_destroy(m);
-    m = NULL;
-    double total = 0, best = 0;
-    for (uint64_t i = 0; i < steps; i++) {
-        uint64_t ts = tool_now_ns();
-        rc = run_step(b, s, b->timing, &o, NULL, &min_free, NULL, r);
-        if (rc != 0)
-            goto out;
-        double dt = (double)(tool_now_ns() - ts) / 1e9;
-        total += dt;
-        if (i == 0 || dt < best)
-            best = dt;
-    }
-    rc = ddo_session_metrics(s, false, &m);
-    if (rc != 0) {
-        fail_case(r, "metrics", rc, ddo_session_error(s));
-        goto out;
-    }
-    double ns = (double)(steps ? steps : 1);
-    r->step_s = total / ns;
-    r->step_min_s = best;
-    r->stall_s = (tool_metric(m, "stall_ns") - m0[0]) / 1e9 / ns;
-    r->bus_bytes = (tool_metric(m, "bytes_from_registered") +
-                    tool_metric(m, "bytes_staged_from_retained") - m0[1]) /
-                   ns;
-    r->file_bytes = (tool_metric(m, "bytes_staged_from_file") - m0[2]) / ns;
-    r->copy_bytes = (tool_metric(m, "copy_bytes") - m0[3]) / ns;
-    r->hits = (tool_metric(m, "hits") - m0[4]) / ns;
-    ddo_metrics_destroy(m);
-    m = NULL;
-
     /* The checksum step (outputs sampled back to the host), in checkpoint order. */
-    rc = verify_step(b, s, plan, &r->checksum, r);
-    if (rc != 0)
+    if ((rc = verify_step(b, s, plan, &r->checksum, r)) != 0)
         goto out;
     r->have_checksum = true;
-
-    if (b->a->trace_path != NULL && b->tr.ok && trace_steps > 0) {
-        trace *tr = &b->tr;
-        char **names = realloc(tr->pid_names, (tr->pids + 1) * sizeof(*names));
-        if (names != NULL) {
-            tr->pid_names = names;
-            tr->pid_names[tr->pids] = strdup(r->name);
-            tr->pids++;
-        }
-        if (tr->marks_cap < 2 * o.count) {
-            free(tr->marks);
-            tr->marks = calloc(2 * o.count, sizeof(*tr->marks));
-            tr->marks_cap = tr->marks != NULL ? 2 * o.count : 0;
-        }
-        pthread_mutex_lock(&tr->mu);
-        tr->session_on = true;
-        pthread_mutex_unlock(&tr->mu);
-        for (uint64_t i = 0; i < trace_steps && rc == 0; i++) {
-            if (tr->marks != NULL)
-                memset(tr->marks, 0, tr->marks_cap * sizeof(*tr->marks));
-            rc = run_step(b, s, b->timing, &o, tr, &min_free, NULL, r);
-        }
-        /* Uploads still in flight report after the steps: wait, then stop listening. */
-        if (rc == 0)
-            rc = ddo_session_synchronize(s);
-        pthread_mutex_lock(&tr->mu);
-        tr->session_on = false;
-        pthread_mutex_unlock(&tr->mu);
-        if (rc != 0)
-            goto out;
-    }
-
-    rc = ddo_session_synchronize(s);
-    if (rc == 0)
-        rc = ddo_session_metrics(s, true, &m);
-    if (rc != 0) {
-        fail_case(r, "metrics", rc, ddo_session_error(s));
+    if ((rc = traced_steps(b, s, &o, trace_steps, &min_free, r)) != 0 ||
+        (rc = final_metrics(b, s, r)) != 0)
         goto out;
-    }
-    r->session_peak = (uint64_t)tool_metric(m, "device_weights_peak_bytes");
-    /* The engine the session really used decides which file speed bounds the case. */
-    const char *used = ddo_metrics_label(m, "read_engine");
-    if (used != NULL && strcmp(used, "none") != 0)
-        snprintf(r->read_engine, sizeof(r->read_engine), "%s", used);
-    ref_host_stats hs;
-    ref_host_stats_get(b->timing, &hs);
-    r->computed = hs.weights_computed;
-    r->skipped = hs.weights_skipped;
     r->driver_peak = base_free > min_free ? base_free - min_free : 0;
     r->ran = true;
 out:
-    ddo_metrics_destroy(m);
     ddo_session_destroy(s);
     if (base_free > 0) {
         uint64_t after = device_free(b->dev);
@@ -1046,6 +1068,174 @@ out:
     return 0;
 }
 
+/* The configured device and a copy stream; -1 after a message. */
+static int open_device(bench *b, bench_args *a)
+{
+    const char *spec = "cuda:0";
+    ddo_config_get(b->cfg, "execution_device", &spec);
+    char spec_buf[64];
+    snprintf(spec_buf, sizeof(spec_buf), "%s", spec != NULL ? spec : "cuda:0");
+    a->dev_opts.cuda_library_env = getenv("DDO_VMM_LIBRARY_PATH");
+    if (ddo_device_create(spec_buf, &a->dev_opts, &b->dev) != 0) {
+        fprintf(stderr, "ddo bench: device %s: %s\n", spec_buf, ddo_last_error());
+        return -1;
+    }
+    if (ddo_device_caps_get(b->dev, &b->caps) != 0) {
+        fprintf(stderr, "ddo bench: device %s: %s\n", spec_buf, ddo_device_error(b->dev));
+        return -1;
+    }
+    if (ddo_stream_create(b->dev, &b->stream) != 0) {
+        fprintf(stderr, "ddo bench: stream: %s\n", ddo_last_error());
+        return -1;
+    }
+    printf("device: %s (%s), %.2f GiB, %.2f GiB free\n", spec_buf, b->caps.name,
+           (double)b->caps.total_bytes / GIB_D, (double)b->caps.free_bytes / GIB_D);
+    return 0;
+}
+
+/* The checkpoint, synthesised from a layout into synth_path when asked (a temporary one is
+ * registered for removal on SIGINT/SIGTERM/SIGHUP into *slot); -1 after a message. */
+static int open_checkpoint(bench *b, const bench_args *a, char *synth_path, size_t len,
+                           bool *synth_made, int *slot)
+{
+    const char *path = a->path;
+    if (a->layout != NULL) {
+        if (a->synth_out != NULL)
+            snprintf(synth_path, len, "%s", a->synth_out);
+        else
+            snprintf(synth_path, len, "%s/ddo-bench-%ld.safetensors",
+                     getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (long)getpid());
+        *synth_made = a->synth_out == NULL && !a->keep_synth;
+        if (*synth_made)
+            *slot = tool_cleanup_add(synth_path, false);
+        char err[512] = "";
+        uint64_t written = 0;
+        uint64_t ts = tool_now_ns();
+        if (ddo_tool_synth(a->layout, synth_path, a->scale, 0, &written, err, sizeof(err)) != 0) {
+            fprintf(stderr, "ddo bench: synth %s: %s\n", a->layout, err);
+            return -1;
+        }
+        printf("synth: %s -> %s, %.2f GiB in %.1f s\n", a->layout, synth_path,
+               (double)written / GIB_D, (double)(tool_now_ns() - ts) / 1e9);
+        path = synth_path;
+    }
+    const char *backend_name = NULL;
+    ddo_read_backend rb = DDO_READ_DEFAULT;
+    if (ddo_config_get(b->cfg, "load_safetensors_backend", &backend_name) == 0 &&
+        backend_name != NULL && strcmp(backend_name, "mmap") == 0)
+        rb = DDO_READ_MMAP;
+    if (ddo_checkpoint_create(path, rb, &b->ck) != 0) {
+        fprintf(stderr, "ddo bench: %s: %s\n", path, ddo_last_error());
+        return -1;
+    }
+    printf("checkpoint: %s: %zu tensors, %.2f GiB\n", path, ddo_checkpoint_tensor_count(b->ck),
+           (double)ddo_checkpoint_total_bytes(b->ck) / GIB_D);
+    return 0;
+}
+
+/* 1. the bus, 2. the file: the limits every case is measured against; -1 after a message. */
+static int measure_limits(bench *b, const bench_args *a)
+{
+    if (!b->caps.is_cpu) {
+        char err[512] = "";
+        uint64_t total = (uint64_t)(a->bus_gib * GIB_D);
+        if (total < 16 * PIECE_BYTES)
+            total = 16 * PIECE_BYTES;
+        if (ref_host_cuda_bus_bandwidth(b->stream, total, PIECE_BYTES, &b->bus_bps, err,
+                                        sizeof(err)) != 0) {
+            fprintf(stderr, "ddo bench: %s\n", err);
+            return -1;
+        }
+        b->bus_how = "pinned, 16 MiB pieces";
+    } else if (b->caps.bus_bytes_per_s > 0 || a->dev_opts.cpu_bytes_per_s > 0) {
+        b->bus_bps =
+            b->caps.bus_bytes_per_s > 0 ? b->caps.bus_bytes_per_s : a->dev_opts.cpu_bytes_per_s;
+        b->bus_how = "cpu device throttle";
+    } else {
+        b->bus_bps = memcpy_bandwidth();
+        b->bus_how = "cpu device, memcpy";
+    }
+    uint64_t read_bytes = 0;
+    if (read_speed(b->ck, &b->read_s, &read_bytes) != 0)
+        return -1;
+    b->read_bps = b->read_s > 0 ? (double)read_bytes / b->read_s : 0;
+    if (a->direct_gib > 0)
+        b->direct_bps = direct_speed(b->ck, (uint64_t)(a->direct_gib * GIB_D));
+    printf("limits: bus %.2f GB/s (%s); page-cache read %.2f GB/s (%.3f s); O_DIRECT %s\n",
+           b->bus_bps / 1e9, b->bus_how, b->read_bps / 1e9, b->read_s,
+           b->direct_bps > 0 ? "" : "not measured");
+    if (b->direct_bps > 0)
+        printf("limits: O_DIRECT read %.2f GB/s (4 reads of 16 MiB in flight)\n",
+               b->direct_bps / 1e9);
+    fflush(stdout);
+    return 0;
+}
+
+/* 3. the resident run (when the weights fit), into *r. */
+static void run_resident(bench *b, const bench_args *a, case_result *res, size_t *nres)
+{
+    const ddo_checkpoint *ck = b->ck;
+    uint64_t need = ddo_checkpoint_total_bytes(ck) + ((uint64_t)1 << 30);
+    if (!a->resident)
+        return;
+    if (need > device_free(b->dev)) {
+        printf("resident: skipped: %.2f GiB of weights + 1 GiB do not fit in %.2f GiB free\n",
+               (double)ddo_checkpoint_total_bytes(ck) / GIB_D, (double)device_free(b->dev) / GIB_D);
+        return;
+    }
+    ddo_config *rcfg = NULL;
+    case_result *r = &res[(*nres)++];
+    snprintf(r->name, sizeof(r->name), "resident");
+    int rc = ddo_config_clone(b->cfg, &rcfg);
+    if (rc == 0)
+        rc = ddo_config_set(rcfg, "always_resident_modules_pattern", ".*");
+    if (rc == 0)
+        rc = ddo_config_set(rcfg, "vmm_resident_weight_budget_gb", "0");
+    /* everything is uploaded once at setup: nothing to retain or pin */
+    if (rc == 0)
+        rc = ddo_config_set(rcfg, "vmm_source_cache_gb", "0");
+    if (rc == 0)
+        rc = ddo_config_set(rcfg, "pin_cpu_memory", "false");
+    if (rc != 0) {
+        fail_case(r, "configuration", rc, ddo_config_error(rcfg));
+    } else if (run_case(b, rcfg, a->steps, a->trace_steps, r) == 0) {
+        b->compute_s = r->step_s;
+        b->resident_checksum = r->checksum;
+        b->have_resident = true;
+    }
+    ddo_config_destroy(rcfg);
+}
+
+/* 4. the cases; then every result is finished. true when all ran, fit and matched. */
+static bool run_cases(bench *b, bench_args *a, case_result *res, size_t *nres)
+{
+    size_t want = a->ncases > 0 ? a->ncases : 1;
+    for (size_t i = 0; i < want; i++) {
+        bench_case dflt;
+        memset(&dflt, 0, sizeof(dflt));
+        snprintf(dflt.name, sizeof(dflt.name), "default");
+        bench_case *c = a->ncases > 0 ? &a->cases[i] : &dflt;
+        case_result *r = &res[(*nres)++];
+        snprintf(r->name, sizeof(r->name), "%s", c->name);
+        ddo_config *ccfg = NULL;
+        int rc = case_config(b, c, &ccfg);
+        if (rc != 0) {
+            snprintf(r->error, sizeof(r->error), "configuration: %s", ddo_strerror(rc));
+            continue;
+        }
+        run_case(b, ccfg, c->steps ? c->steps : a->steps,
+                 c->has_trace_steps ? c->trace_steps : a->trace_steps, r);
+        ddo_config_destroy(ccfg);
+    }
+    bool all_ok = true;
+    for (size_t i = 0; i < *nres; i++) {
+        finish_result(b, &res[i]);
+        if (!res[i].ran || !res[i].peak_ok || res[i].identical == 0)
+            all_ok = false;
+    }
+    return all_ok;
+}
+
 int ddo_cmd_bench(int argc, char **argv)
 {
     bench_args a;
@@ -1062,11 +1252,11 @@ int ddo_cmd_bench(int argc, char **argv)
     b.a = &a;
     b.tr.ok = true;
     pthread_mutex_init(&b.tr.mu, NULL);
-    ddo_checkpoint *ck = NULL;
     case_result *res = NULL;
     size_t nres = 0;
     char synth_path[4096] = "";
     bool synth_made = false;
+    int synth_slot = -1;
     int status = DDO_EXIT_USAGE;
 
     int rc = ddo_config_create(&b.cfg);
@@ -1101,101 +1291,10 @@ int ddo_cmd_bench(int argc, char **argv)
     if ((a.json_path != NULL && tool_check_output_file("bench", "--json", a.json_path) != 0) ||
         (a.trace_path != NULL && tool_check_output_file("bench", "--trace", a.trace_path) != 0))
         goto out;
-
-    /* The device: the configured execution_device; the host decides about the environment. */
-    const char *spec = "cuda:0";
-    ddo_config_get(b.cfg, "execution_device", &spec);
-    char spec_buf[64];
-    snprintf(spec_buf, sizeof(spec_buf), "%s", spec != NULL ? spec : "cuda:0");
-    a.dev_opts.cuda_library_env = getenv("DDO_VMM_LIBRARY_PATH");
-    rc = ddo_device_create(spec_buf, &a.dev_opts, &b.dev);
-    if (rc != 0) {
-        fprintf(stderr, "ddo bench: device %s: %s\n", spec_buf, ddo_last_error());
+    if (open_device(&b, &a) != 0 ||
+        open_checkpoint(&b, &a, synth_path, sizeof(synth_path), &synth_made, &synth_slot) != 0 ||
+        measure_limits(&b, &a) != 0)
         goto out;
-    }
-    if (ddo_device_caps_get(b.dev, &b.caps) != 0) {
-        fprintf(stderr, "ddo bench: device %s: %s\n", spec_buf, ddo_device_error(b.dev));
-        goto out;
-    }
-    rc = ddo_stream_create(b.dev, &b.stream);
-    if (rc != 0) {
-        fprintf(stderr, "ddo bench: stream: %s\n", ddo_last_error());
-        goto out;
-    }
-    printf("device: %s (%s), %.2f GiB, %.2f GiB free\n", spec_buf, b.caps.name,
-           (double)b.caps.total_bytes / GIB_D, (double)b.caps.free_bytes / GIB_D);
-
-    /* The checkpoint (synthesised from a layout if asked). */
-    const char *path = a.path;
-    if (a.layout != NULL) {
-        if (a.synth_out != NULL)
-            snprintf(synth_path, sizeof(synth_path), "%s", a.synth_out);
-        else
-            snprintf(synth_path, sizeof(synth_path), "%s/ddo-bench-%ld.safetensors",
-                     getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (long)getpid());
-        char err[512] = "";
-        uint64_t written = 0;
-        uint64_t ts = tool_now_ns();
-        rc = ddo_tool_synth(a.layout, synth_path, a.scale, 0, &written, err, sizeof(err));
-        if (rc != 0) {
-            fprintf(stderr, "ddo bench: synth %s: %s\n", a.layout, err);
-            goto out;
-        }
-        synth_made = a.synth_out == NULL && !a.keep_synth;
-        printf("synth: %s -> %s, %.2f GiB in %.1f s\n", a.layout, synth_path,
-               (double)written / GIB_D, (double)(tool_now_ns() - ts) / 1e9);
-        path = synth_path;
-    }
-    const char *backend_name = NULL;
-    ddo_read_backend rb = DDO_READ_DEFAULT;
-    if (ddo_config_get(b.cfg, "load_safetensors_backend", &backend_name) == 0 &&
-        backend_name != NULL && strcmp(backend_name, "mmap") == 0)
-        rb = DDO_READ_MMAP;
-    rc = ddo_checkpoint_create(path, rb, &ck);
-    if (rc != 0) {
-        fprintf(stderr, "ddo bench: %s: %s\n", path, ddo_last_error());
-        goto out;
-    }
-    b.ck = ck;
-    printf("checkpoint: %s: %zu tensors, %.2f GiB\n", path, ddo_checkpoint_tensor_count(ck),
-           (double)ddo_checkpoint_total_bytes(ck) / GIB_D);
-
-    /* 1. the bus */
-    if (!b.caps.is_cpu) {
-        char err[512] = "";
-        uint64_t total = (uint64_t)(a.bus_gib * GIB_D);
-        if (total < 16 * PIECE_BYTES)
-            total = 16 * PIECE_BYTES;
-        rc =
-            ref_host_cuda_bus_bandwidth(b.stream, total, PIECE_BYTES, &b.bus_bps, err, sizeof(err));
-        if (rc != 0) {
-            fprintf(stderr, "ddo bench: %s\n", err);
-            goto out;
-        }
-        b.bus_how = "pinned, 16 MiB pieces";
-    } else if (b.caps.bus_bytes_per_s > 0 || a.dev_opts.cpu_bytes_per_s > 0) {
-        b.bus_bps =
-            b.caps.bus_bytes_per_s > 0 ? b.caps.bus_bytes_per_s : a.dev_opts.cpu_bytes_per_s;
-        b.bus_how = "cpu device throttle";
-    } else {
-        b.bus_bps = memcpy_bandwidth();
-        b.bus_how = "cpu device, memcpy";
-    }
-    /* 2. the file */
-    uint64_t read_bytes = 0;
-    rc = read_speed(ck, &b.read_s, &read_bytes);
-    if (rc != 0)
-        goto out;
-    b.read_bps = b.read_s > 0 ? (double)read_bytes / b.read_s : 0;
-    if (a.direct_gib > 0)
-        b.direct_bps = direct_speed(ck, (uint64_t)(a.direct_gib * GIB_D));
-    printf("limits: bus %.2f GB/s (%s); page-cache read %.2f GB/s (%.3f s); O_DIRECT %s\n",
-           b.bus_bps / 1e9, b.bus_how, b.read_bps / 1e9, b.read_s,
-           b.direct_bps > 0 ? "" : "not measured");
-    if (b.direct_bps > 0)
-        printf("limits: O_DIRECT read %.2f GB/s (4 reads of 16 MiB in flight)\n",
-               b.direct_bps / 1e9);
-    fflush(stdout);
 
     /* The hosts: one for timing (outputs stay on the device), one for checksums. */
     ref_host_config hc;
@@ -1203,75 +1302,21 @@ int ddo_cmd_bench(int argc, char **argv)
     hc.tokens = a.tokens;
     hc.cpu_flops_per_s = a.dev_opts.cpu_flops_per_s;
     hc.checksum = false;
-    rc = ref_host_create_ex(b.dev, ck, &hc, &b.timing);
+    rc = ref_host_create_ex(b.dev, b.ck, &hc, &b.timing);
     if (rc == 0) {
         hc.checksum = true;
-        rc = ref_host_create_ex(b.dev, ck, &hc, &b.verify);
+        rc = ref_host_create_ex(b.dev, b.ck, &hc, &b.verify);
     }
     if (rc != 0) {
         fprintf(stderr, "ddo bench: reference host: %s\n", ddo_strerror(rc));
         goto out;
     }
     b.tr.t0 = tool_now_ns();
-
-    size_t want = a.ncases > 0 ? a.ncases : 1;
-    res = calloc(want + 1, sizeof(*res));
+    res = calloc((a.ncases > 0 ? a.ncases : 1) + 1, sizeof(*res));
     if (res == NULL)
         goto out;
-
-    /* 3. the resident run */
-    uint64_t need = ddo_checkpoint_total_bytes(ck) + ((uint64_t)1 << 30);
-    if (a.resident && need > device_free(b.dev)) {
-        printf("resident: skipped: %.2f GiB of weights + 1 GiB do not fit in %.2f GiB free\n",
-               (double)ddo_checkpoint_total_bytes(ck) / GIB_D, (double)device_free(b.dev) / GIB_D);
-    } else if (a.resident) {
-        ddo_config *rcfg = NULL;
-        case_result *r = &res[nres++];
-        snprintf(r->name, sizeof(r->name), "resident");
-        rc = ddo_config_clone(b.cfg, &rcfg);
-        if (rc == 0)
-            rc = ddo_config_set(rcfg, "always_resident_modules_pattern", ".*");
-        if (rc == 0)
-            rc = ddo_config_set(rcfg, "vmm_resident_weight_budget_gb", "0");
-        /* everything is uploaded once at setup: nothing to retain or pin */
-        if (rc == 0)
-            rc = ddo_config_set(rcfg, "vmm_source_cache_gb", "0");
-        if (rc == 0)
-            rc = ddo_config_set(rcfg, "pin_cpu_memory", "false");
-        if (rc != 0) {
-            fail_case(r, "configuration", rc, ddo_config_error(rcfg));
-        } else if (run_case(&b, rcfg, a.steps, a.trace_steps, r) == 0) {
-            b.compute_s = r->step_s;
-            b.resident_checksum = r->checksum;
-            b.have_resident = true;
-        }
-        ddo_config_destroy(rcfg);
-    }
-
-    /* 4. the cases */
-    for (size_t i = 0; i < want; i++) {
-        bench_case dflt;
-        memset(&dflt, 0, sizeof(dflt));
-        snprintf(dflt.name, sizeof(dflt.name), "default");
-        bench_case *c = a.ncases > 0 ? &a.cases[i] : &dflt;
-        case_result *r = &res[nres++];
-        snprintf(r->name, sizeof(r->name), "%s", c->name);
-        ddo_config *ccfg = NULL;
-        rc = case_config(&b, c, &ccfg);
-        if (rc != 0) {
-            snprintf(r->error, sizeof(r->error), "configuration: %s", ddo_strerror(rc));
-            continue;
-        }
-        run_case(&b, ccfg, c->steps ? c->steps : a.steps,
-                 c->has_trace_steps ? c->trace_steps : a.trace_steps, r);
-        ddo_config_destroy(ccfg);
-    }
-    bool all_ok = true;
-    for (size_t i = 0; i < nres; i++) {
-        finish_result(&b, &res[i]);
-        if (!res[i].ran || !res[i].peak_ok || res[i].identical == 0)
-            all_ok = false;
-    }
+    run_resident(&b, &a, res, &nres);
+    bool all_ok = run_cases(&b, &a, res, &nres);
     print_table(&b, res, nres);
     if (a.json_path != NULL && write_json(&b, res, nres, a.json_path) != 0)
         all_ok = false;
@@ -1281,9 +1326,10 @@ int ddo_cmd_bench(int argc, char **argv)
 out:
     ref_host_destroy(b.verify);
     ref_host_destroy(b.timing);
-    ddo_checkpoint_destroy(ck);
+    ddo_checkpoint_destroy(b.ck);
     if (synth_made)
         unlink(synth_path);
+    tool_cleanup_forget(synth_slot);
     ddo_stream_destroy(b.stream);
     ddo_device_destroy(b.dev);
     ddo_config_destroy(b.cfg);
