@@ -19,16 +19,13 @@
 #include "os/fs.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
 struct ddo_profile {
     json_t *doc; /* the whole document */
@@ -389,32 +386,18 @@ double ddo_profile_peak_gb(const ddo_profile_sample *s)
     return (double)peak / (double)DDO_GIB;
 }
 
-/* Creates dir and its parents (mode 0755). */
+/* Creates dir and its parents (src/os/fs.c). */
 static int make_dirs(const char *dir)
 {
     if (dir[0] == '\0')
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "profile: directory is empty");
-    char *d = ddo__strdup(dir);
-    if (d == NULL)
-        return ddo__fail(NULL, DDO_E_NO_MEMORY, "profile: out of memory");
-    for (char *p = d + 1;; p++) {
-        if (*p == '/' || *p == '\0') {
-            char c = *p;
-            *p = '\0';
-            if (mkdir(d, 0755) != 0 && errno != EEXIST) {
-                int e = errno;
-                free(d);
-                char q[512];
-                return ddo__fail(NULL, DDO_E_IO, "%s: cannot create profile directory: %s",
-                                 qpath(dir, q, sizeof(q)), strerror(e));
-            }
-            *p = c;
-            if (c == '\0')
-                break;
-        }
-    }
-    free(d);
-    return 0;
+    int e = ddo__os_make_dirs(dir);
+    if (e == 0)
+        return 0;
+    char q[512];
+    return ddo__fail(NULL, e == ENOMEM ? DDO_E_NO_MEMORY : DDO_E_IO,
+                     "%s: cannot create profile directory: %s", qpath(dir, q, sizeof(q)),
+                     ddo__os_fs_strerror(e));
 }
 
 /* Merges one observation's capacity into limits (upstream's rule). */

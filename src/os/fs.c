@@ -271,6 +271,31 @@ void ddo__os_unlock_file(int fd)
         close(fd); /* closing the last descriptor releases the flock */
 }
 
+int ddo__os_make_dirs(const char *dir)
+{
+    size_t n = strlen(dir);
+    char *d = malloc(n + 1);
+    if (d == NULL)
+        return ENOMEM;
+    memcpy(d, dir, n + 1);
+    int e = 0;
+    for (char *p = d + 1; n > 0; p++) {
+        if (*p != '/' && *p != '\0')
+            continue;
+        char c = *p;
+        *p = '\0';
+        if (mkdir(d, 0755) != 0 && errno != EEXIST) {
+            e = errno;
+            break;
+        }
+        *p = c;
+        if (c == '\0')
+            break;
+    }
+    free(d);
+    return e;
+}
+
 int ddo__os_dir_writable(const char *dir)
 {
     struct stat st;

@@ -49,6 +49,10 @@ int ddo__os_append(const char *path, const void *data, size_t len, bool *opened)
 int ddo__os_lock_file(const char *path, unsigned timeout_ms, int *fd);
 void ddo__os_unlock_file(int fd);
 
+/* Creates dir and its missing parents (mode 0755); existing ones are kept. 0 or an errno
+ * value (ENOTDIR when a component is a file). */
+int ddo__os_make_dirs(const char *dir);
+
 /* Whether the directory dir exists and this process may create files in it. 0 or an errno
  * value (ENOENT, ENOTDIR, EACCES, EROFS...). */
 int ddo__os_dir_writable(const char *dir);
