@@ -6,18 +6,35 @@
     print(result.metrics_snapshot().format_profile())
     result.close()                          # hooks removed, host tensors back
 
-A thin ctypes layer over libddo (include/ddo.h): the options, presets, planner and runtime are
-the library's. See docs/python.md.
+Pipelines (Diffusers or any object with a ``components`` mapping):
+
+    results = ddo.enable_pipeline_offload(pipe, preset="auto")   # {name: result}
+
+A thin ctypes layer over libddo (include/ddo.h): the options, presets, component routes,
+planner and runtime are the library's. See docs/python.md.
 """
 
 from ._lib import LibraryError
 from ._native import DdoError, UnknownOptionError, set_library as load_library
 from ._native import lib as _lib_handle
 from .config import DynamicOffloadConfig
-from .offload import MetricsReport, OffloadResult, enable_dynamic_offload, enable_offload
+from .offload import MetricsReport, OffloadResult, enable_dynamic_offload
+from .settings import (DynamicOffloadSettings, is_wsl_environment,
+                       load_dynamic_offload_settings_from_env)
+from .cli import (add_dynamic_offload_arguments, add_dynamic_offload_lifecycle_arguments,
+                  build_config_from_args, maybe_purge_windows_standby_cache)
+from .routing import (RouteResult, close_pipeline_offload, detect_quantized_backend_modules,
+                      enable_offload, enable_pipeline_offload)
+from .metrics import MetricsTracker
 
-__all__ = ["enable_offload", "enable_dynamic_offload", "OffloadResult", "MetricsReport", "DynamicOffloadConfig",
-           "DdoError", "UnknownOptionError", "LibraryError", "load_library", "library_version"]
+__all__ = ["enable_offload", "enable_dynamic_offload", "enable_pipeline_offload",
+           "close_pipeline_offload", "OffloadResult", "RouteResult", "MetricsReport",
+           "MetricsTracker", "DynamicOffloadConfig", "DynamicOffloadSettings",
+           "load_dynamic_offload_settings_from_env", "is_wsl_environment",
+           "add_dynamic_offload_arguments", "build_config_from_args",
+           "add_dynamic_offload_lifecycle_arguments", "maybe_purge_windows_standby_cache",
+           "detect_quantized_backend_modules", "DdoError", "UnknownOptionError",
+           "LibraryError", "load_library", "library_version"]
 
 
 def library_version():

@@ -99,6 +99,35 @@ class SessionOptions(ctypes.Structure):
                 ("trace", TRACE_FN), ("trace_user", c_void_p)]
 
 
+class ComponentPolicy(ctypes.Structure):
+    _fields_ = [("route", c_char_p), ("route_source", ctypes.c_char * 96),
+                ("offload_type", c_char_p), ("unit_granularity", c_char_p),
+                ("use_stream", c_bool), ("record_stream", c_bool),
+                ("low_cpu_mem_usage", c_bool), ("num_blocks_per_group", ctypes.c_int64)]
+
+
+class HostInfo(ctypes.Structure):
+    _fields_ = [("ram_total_bytes", c_u64), ("ram_available_bytes", c_u64),
+                ("cgroup_limit_bytes", c_u64), ("running_on_wsl", c_bool),
+                ("kernel_release", ctypes.c_char * 128)]
+
+
+class PurgeResult(ctypes.Structure):
+    _fields_ = [("purged", c_bool), ("reason", c_char_p), ("phase", ctypes.c_char * 64),
+                ("variable", ctypes.c_char * 96)]
+
+
+class ProfileSample(ctypes.Structure):
+    _fields_ = [("total_bytes", c_u64), ("free_start_bytes", c_u64), ("free_end_bytes", c_u64),
+                ("held_start_bytes", c_u64), ("held_peak_bytes", c_u64),
+                ("sampled_used_peak_bytes", c_u64)]
+
+
+class ProfileMeasured(ctypes.Structure):
+    _fields_ = [("bus_bytes_per_s", c_double), ("flops_per_s", c_double),
+                ("file_read_bytes_per_s", c_double)]
+
+
 # Every struct mirrored here, by its C name: the library reports its own sizes.
 STRUCTS = {
     "ddo_tensor_info": TensorInfo, "ddo_tensor_desc": TensorDesc,
@@ -106,6 +135,9 @@ STRUCTS = {
     "ddo_device_options": DeviceOptions, "ddo_plan_inputs": PlanInputs,
     "ddo_unit_info": UnitInfo, "ddo_plan_budgets": PlanBudgets,
     "ddo_tensor_location": TensorLocation, "ddo_session_options": SessionOptions,
+    "ddo_component_policy": ComponentPolicy, "ddo_host_info": HostInfo,
+    "ddo_purge_result": PurgeResult, "ddo_profile_sample": ProfileSample,
+    "ddo_profile_measured": ProfileMeasured,
 }
 
 P = c_void_p
@@ -186,6 +218,32 @@ FUNCTIONS = {
     "ddo_metrics_to_json": (c_int, [P, c_char_p, PP]),
     "ddo_metrics_format_profile": (c_int, [P, PP]),
     "ddo_metrics_record": (c_int, [P, c_char_p, c_char_p]),
+    # Settings, argument flags, component policies, host facts (the Diffusers surface).
+    "ddo_config_parse_args": (c_int, [P, ctypes.POINTER(c_int), PCHARP]),
+    "ddo_config_flags_help": (c_char_p, []),
+    "ddo_config_describe": (c_int, [c_int, PP]),
+    "ddo_config_set_component_policy": (c_int, [P, c_char_p, c_char_p, c_char_p]),
+    "ddo_config_component_value": (c_int, [P, c_char_p, c_char_p, PCHARP, ctypes.c_char_p,
+                                           c_size_t]),
+    "ddo_config_component_policy": (c_int, [P, c_char_p, c_char_p, c_bool,
+                                            ctypes.POINTER(ComponentPolicy)]),
+    "ddo_host_info_get": (c_int, [ctypes.POINTER(HostInfo)]),
+    "ddo_purge_standby": (c_int, [P, c_char_p, c_int, PCHARP, ctypes.POINTER(PurgeResult)]),
+    # Capacity profiles.
+    "ddo_profile_dir": (c_int, [c_char_p, c_char_p, c_char_p, PP]),
+    "ddo_profile_path": (c_int, [c_char_p, c_char_p, PP]),
+    "ddo_profile_load": (c_int, [c_char_p, c_char_p, PP]),
+    "ddo_profile_destroy": (None, [P]),
+    "ddo_profile_to_json": (c_int, [P, PP]),
+    "ddo_profile_recommendation": (c_int, [P, c_char_p, ctypes.POINTER(c_double)]),
+    "ddo_profile_record": (c_int, [c_char_p, c_char_p, c_char_p, c_char_p, PP]),
+    "ddo_profile_check_writable": (c_int, [c_char_p]),
+    "ddo_profile_recommend_resident_budget": (c_double, [c_double, c_double, c_double]),
+    "ddo_profile_peak_gb": (c_double, [ctypes.POINTER(ProfileSample)]),
+    "ddo_profile_workload_context": (c_int, [c_char_p, P, PP]),
+    "ddo_profile_status_name": (c_char_p, [c_int]),
+    "ddo_profile_apply": (c_int, [P, c_char_p, c_char_p, ctypes.POINTER(c_int),
+                                  ctypes.POINTER(c_double), ctypes.POINTER(ProfileMeasured)]),
 }
 
 

@@ -1,0 +1,43 @@
+"""MetricsTracker: a host's JSON-lines metrics file (the seed's sibling tracker).
+
+``MetricsTracker(path).record_ddo_metrics(report, component="transformer")`` appends one line
+per report: a ddo MetricsReport goes through the library (ddo_metrics_record, the versioned
+snapshot tagged with the component); the report of a non-dynamic route (its as_dict()) is
+written by the tracker in the same shape.
+"""
+
+import json
+import os
+import pathlib
+
+from .offload import MetricsReport
+
+
+class MetricsTracker:
+    """Appends reports to path as JSON lines; ``records()`` reads them back."""
+
+    def __init__(self, path):
+        self.path = pathlib.Path(path)
+
+    def record_ddo_metrics(self, report, component="transformer"):
+        if isinstance(report, MetricsReport):
+            report.record(self.path, component)
+            return
+        if not hasattr(report, "as_dict"):
+            raise TypeError(f"record_ddo_metrics takes a ddo metrics report (result."
+                            f"metrics_snapshot()), not {type(report).__name__}")
+        d = dict(report.as_dict())
+        if component:
+            d["component"] = component
+        line = json.dumps(d, sort_keys=True, separators=(",", ":")) + "\n"
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+
+    def records(self):
+        if not self.path.exists():
+            return []
+        with open(self.path, encoding="utf-8") as f:
+            return [json.loads(x) for x in f if x.strip()]

@@ -1,0 +1,153 @@
+"""Named capacity profiles for the binding: profile_name / build_profile over the C store.
+
+prepare() runs before the plan: the workload's identity (ddo_profile_workload_context: the
+name and the tensor table) selects the profile, and ddo_profile_apply either forces a
+zero-resident calibration (build_profile) or applies the saved recommendation (source
+"profile:NAME"). result.profile_run() measures a calibration run and saves the next run's
+resident budget (ddo_profile_peak_gb, ddo_profile_recommend_resident_budget,
+ddo_profile_record). The directory: profile_dir, else DDO_PROFILE_DIR, else ~/.ddo/profiles.
+"""
+
+import contextlib
+import ctypes
+import json
+import os
+
+from . import _lib, _native
+
+GIB = float(1 << 30)
+_STATUS = {0: "disabled", 1: "calibrating", 2: "manual", 3: "missing", 4: "applied"}
+
+
+class ProfileState:
+    """What prepare() did: name, dir, context, status, budget_gb, measured."""
+
+    def __init__(self, name, dir_, context, status, budget_gb, measured, calibrating):
+        self.name = name
+        self.dir = dir_
+        self.context = context
+        self.status = status
+        self.budget_gb = budget_gb
+        self.measured = measured
+        self.calibrating = calibrating
+        self.saved_path = None
+        self.recommendation = None
+
+    def __repr__(self):
+        return f"<ProfileState {self.name!r} {self.status} budget={self.budget_gb}>"
+
+
+def profile_dir(explicit=None, environ=None):
+    env = (os.environ if environ is None else environ).get("DDO_PROFILE_DIR", "")
+    p = ctypes.c_void_p()
+    _native.check(_native.lib().ddo_profile_dir(
+        (explicit or "").encode() or None, env.encode() or None,
+        os.path.expanduser("~").encode(), ctypes.byref(p)))
+    return _native.take_text(p)
+
+
+def _context(name, module, source):
+    """The workload identity: the tensor table ddo would build for this module."""
+    from . import _torch, offload
+    L = _native.lib()
+    ck = ctypes.c_void_p()
+    if source is not None:
+        _native.check(L.ddo_checkpoint_create(str(source).encode(), 0, ctypes.byref(ck)))
+    else:
+        to_ddo, _ = _torch.dtype_tables()
+        tensors, _p, _m = offload._collect(module, to_ddo)
+        descs = (_lib.TensorDesc * max(1, len(tensors)))()
+        keep = []
+        for i, t in enumerate(tensors):
+            shape = (ctypes.c_uint64 * max(1, len(t.shape)))(*t.shape)
+            nm = t.name.encode()
+            keep += [shape, nm]
+            descs[i].name, descs[i].dtype, descs[i].ndim = nm, to_ddo[t.torch_dtype], len(t.shape)
+            descs[i].shape = shape
+            descs[i].data = t.host.data_ptr() if t.host.numel() > 0 else None
+        _native.check(L.ddo_checkpoint_create_from_memory(descs, len(tensors), ctypes.byref(ck)))
+    try:
+        p = ctypes.c_void_p()
+        _native.check(L.ddo_profile_workload_context(name.encode(), ck, ctypes.byref(p)))
+        return _native.take_text(p)
+    finally:
+        L.ddo_checkpoint_destroy(ck)
+
+
+def prepare(module, cfg, source=None):
+    """Applies cfg's profile_name / build_profile to cfg before planning; None when off."""
+    name = cfg.get("profile_name")
+    build = cfg.get("build_profile") == "true"
+    if not name:
+        if build:
+            raise ValueError("build_profile requires profile_name (a workload name)")
+        return None
+    L = _native.lib()
+    d = profile_dir(cfg.get("profile_dir"))
+    context = _context(name, module, source)
+    if build:
+        _native.check(L.ddo_profile_check_writable(d.encode()))
+    status = ctypes.c_int()
+    budget = ctypes.c_double()
+    measured = _lib.ProfileMeasured()
+    cfg._check(L.ddo_profile_apply(cfg.h, d.encode(), context.encode(), ctypes.byref(status),
+                                   ctypes.byref(budget), ctypes.byref(measured)))
+    return ProfileState(name, d, context, _STATUS.get(status.value, str(status.value)),
+                        budget.value, {"bus_bytes_per_s": measured.bus_bytes_per_s,
+                                       "flops_per_s": measured.flops_per_s,
+                                       "file_read_bytes_per_s": measured.file_read_bytes_per_s},
+                        build)
+
+
+def _device_used(res):
+    caps = _lib.DeviceCaps()
+    _native.check(_native.lib().ddo_device_caps_get(res._dev, ctypes.byref(caps)))
+    return caps.total_bytes, caps.free_bytes
+
+
+@contextlib.contextmanager
+def profile_run(res):
+    """A calibration's measured region: on success the peak is saved as the next run's
+    budget. Without a calibration (no profile, or one applied) it only yields."""
+    prof = getattr(res, "_profile", None)
+    if prof is None or not prof.calibrating:
+        yield res
+        return
+    total, free_start = _device_used(res)
+    yield res
+    _total, free_end = _device_used(res)
+    m = res.metrics_snapshot(collect_completed=True)
+    held_peak = int(m.get("device_weights_peak_bytes"))
+    smp = _lib.ProfileSample(total_bytes=total, free_start_bytes=free_start,
+                             free_end_bytes=free_end, held_start_bytes=total - free_start,
+                             held_peak_bytes=held_peak, sampled_used_peak_bytes=0)
+    L = _native.lib()
+    peak = L.ddo_profile_peak_gb(ctypes.byref(smp))
+    headroom = float(res._cfg.get("profile_vram_headroom_gb") or 0)
+    budget = L.ddo_profile_recommend_resident_budget(total / GIB, peak, headroom)
+    obs = {"status": "success", "peak_vram_gb": round(peak, 4),
+           "total_vram_gb": round(total / GIB, 4), "headroom_gb": headroom,
+           "profile_measurement_kind": "baseline",
+           "measurement": "device_free_plus_session_weights"}
+    rec = {"profile_resident_module_budget_gb": budget}
+    p = ctypes.c_void_p()
+    _native.check(L.ddo_profile_record(prof.dir.encode(), prof.context.encode(),
+                                       json.dumps(obs).encode(), json.dumps(rec).encode(),
+                                       ctypes.byref(p)))
+    prof.saved_path = _native.take_text(p)
+    prof.recommendation = rec
+
+
+def load_profile(name_or_context, module=None, profile_dir_=None):
+    """The stored profile (as a dict) of a context JSON, or of a name and its module."""
+    ctx = name_or_context if module is None else _context(name_or_context, module, None)
+    d = profile_dir(profile_dir_)
+    h = ctypes.c_void_p()
+    rc = _native.lib().ddo_profile_load(d.encode(), ctx.encode(), ctypes.byref(h))
+    _native.check(rc)
+    try:
+        p = ctypes.c_void_p()
+        _native.check(_native.lib().ddo_profile_to_json(h, ctypes.byref(p)))
+        return json.loads(_native.take_text(p))
+    finally:
+        _native.lib().ddo_profile_destroy(h)

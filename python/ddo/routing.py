@@ -1,0 +1,428 @@
+"""enable_offload / enable_pipeline_offload: each component routed as upstream's enable_offload.
+
+The route of a component comes from the library (ddo_config_component_policy: an explicit
+route, then API component policies, then DDO_<COMPONENT>_* and DDO_RUNNER_<COMPONENT>_* from
+the environment or the preset, then auto): ``dynamic_offload`` streams it through a ddo
+session (ddo.offload.OffloadResult), ``diffusers_group_offload`` hands it to Diffusers'
+``apply_group_offloading`` with the policy's arguments (Diffusers is imported only then), and
+``none`` moves it to the execution device.
+"""
+
+import contextlib
+import ctypes
+
+import torch
+
+from . import _lib, _native, offload, profiles
+from .settings import DynamicOffloadSettings, resolve_config
+
+ROUTES = ("dynamic_offload", "diffusers_group_offload", "none")
+DEFAULT_PIPELINE_COMPONENTS = ("text_encoder", "text_encoder_2", "transformer", "unet", "vae")
+PROFILE_ROUTE_ERROR = "Profile calibration requires the dynamic_offload route."
+
+
+def _import_apply_group_offloading():
+    """Diffusers' apply_group_offloading (imported only when a component needs it)."""
+    try:
+        from diffusers.hooks import apply_group_offloading
+    except ImportError as e:
+        raise _native.DdoError(
+            "DDO_E_UNSUPPORTED", f"route diffusers_group_offload needs Diffusers' "
+            f"apply_group_offloading, which cannot be imported ({e}): install diffusers or "
+            f"choose route='dynamic_offload' or 'none'") from None
+    return apply_group_offloading
+
+
+def detect_quantized_backend_modules(module):
+    """Upstream's SDNQ detection: submodules (root included) with an sdnq_dequantizer."""
+    n = sum(1 for m in module.modules() if hasattr(m, "sdnq_dequantizer"))
+    return {} if n == 0 else {"sdnq_module_count": n,
+                              "sdnq_status": "detected_forward_preserved"}
+
+
+def _execution_device(cfg):
+    """The torch device of the config's execution_device (a default cuda:0 without a GPU
+    becomes cpu, the library's fallback rule; an explicit cuda:N is kept)."""
+    spec = cfg.get("execution_device") or "cuda:0"
+    if spec.startswith("cuda") and not torch.cuda.is_available() and \
+            cfg.source("execution_device") == "default":
+        return torch.device("cpu")
+    return torch.device(spec)
+
+
+class _RouteReport:
+    """What a non-dynamic route reports (no ddo session): as_dict / format_profile / record."""
+
+    def __init__(self, component, route, payload):
+        self._d = {"schema_version": 1, "component": component, "route": route,
+                   "binding": dict(payload)}
+
+    def as_dict(self):
+        return dict(self._d)
+
+    def format_profile(self):
+        return f"ddo: component {self._d['component']}: route {self._d['route']} " \
+               f"(not streamed by ddo; no ddo metrics)"
+
+    def record(self, path, component=None):
+        from .metrics import MetricsTracker
+        MetricsTracker(path).record_ddo_metrics(self, component=component)
+
+
+class RouteResult:
+    """A component on a non-dynamic route: the same lifecycle methods as OffloadResult.
+
+    route "none": unload() moves the module to the CPU, reload() back to the device, close()
+    leaves it where it is. route "diffusers_group_offload": Diffusers' hooks keep the weights
+    on the CPU between uses, so unload/reload only record the phase; close() removes the
+    hooks when Diffusers' registry is there.
+    """
+
+    def __init__(self, module, route, component, device, settings, payload, group_hooks=None):
+        self.module = module
+        self.route = route
+        self.component = component
+        self.device = device
+        self.settings = settings
+        self.event_payload = dict(payload)
+        self.should_move_to_execution_device = False
+        self._group_hooks = group_hooks
+        self._state = "ready"
+        first = next(iter(module.parameters()), None)
+        self._origin = first.device if first is not None else torch.device("cpu")
+
+    def unload(self):
+        if self._state == "closed":
+            raise _native.DdoError("DDO_E_STATE", f"unload: component {self.component} is "
+                                   f"closed")
+        if self.route == "none" and self._state == "ready":
+            self.module.to("cpu")
+        self._state = "unloaded"
+
+    def reload(self):
+        if self._state == "closed":
+            raise _native.DdoError("DDO_E_STATE", f"reload: component {self.component} is "
+                                   f"closed")
+        if self.route == "none" and self._state == "unloaded":
+            self.module.to(self.device)
+        self._state = "ready"
+
+    def close(self, restore=False):
+        """Ends ddo's management; restore=True also moves a "none" module back where it was
+        (enable_pipeline_offload's rollback)."""
+        if self._state == "closed":
+            return
+        if restore and self.route == "none":
+            self.module.to(self._origin)
+        if self._group_hooks is not None:
+            self._group_hooks(self.module)
+        self._state = "closed"
+        if getattr(self.module, "_ddo_offload", None) is self:
+            del self.module._ddo_offload
+
+    @contextlib.contextmanager
+    def cleanup_on_error(self):
+        """On an exception: unload once, re-raise the original (a cleanup error: a note)."""
+        try:
+            yield self
+        except BaseException as e:
+            try:
+                self.unload()
+            except Exception as ce:
+                note = f"ddo cleanup (unload) also failed: {ce}"
+                if hasattr(e, "add_note"):
+                    e.add_note(note)
+                else:
+                    e.__ddo_cleanup_error__ = ce
+            raise
+
+    def metrics_snapshot(self, collect_completed=False, component=None):
+        return _RouteReport(component or self.component, self.route, self.event_payload)
+
+    def profile_run(self):
+        """No profile on this route (a request was refused at enable_offload): a no-op."""
+        return contextlib.nullcontext(self)
+
+    def __repr__(self):
+        return f"<RouteResult {self.component} route={self.route} state={self._state}>"
+
+
+def _remove_group_hooks(module):
+    reg = getattr(module, "_diffusers_hook", None)
+    for m in module.modules():
+        reg = getattr(m, "_diffusers_hook", None)
+        if reg is None:
+            continue
+        for name in ("group_offloading", "layer_execution_tracker",
+                     "lazy_prefetch_group_offloading"):
+            try:
+                reg.remove_hook(name, recurse=False)
+            except Exception:  # a hook this Diffusers version does not have
+                pass
+
+
+def _policy(cfg, component, route, quantized):
+    p = _lib.ComponentPolicy()
+    rc = _native.lib().ddo_config_component_policy(
+        cfg.h, component.encode(), route.encode() if route is not None else None,
+        bool(quantized), ctypes.byref(p))
+    if rc != 0:
+        detail = _native.lib().ddo_config_error(cfg.h).decode(errors="replace")
+        if "Profile calibration requires the dynamic_offload route" in detail:
+            raise ValueError(PROFILE_ROUTE_ERROR)
+        raise _native.DdoError(_native.error_name(rc), detail)
+    return {"route": p.route.decode(), "route_source": p.route_source.decode(),
+            "offload_type": p.offload_type.decode(),
+            "unit_granularity": (p.unit_granularity or b"").decode(),
+            "use_stream": bool(p.use_stream), "record_stream": bool(p.record_stream),
+            "low_cpu_mem_usage": bool(p.low_cpu_mem_usage),
+            "num_blocks_per_group": int(p.num_blocks_per_group)}
+
+
+def _norm(component):
+    """The library's component normalisation (for comparisons only; the library resolves)."""
+    out, run = [], False
+    for ch in str(component).upper():
+        if ch.isascii() and ch.isalnum():
+            out.append(ch)
+            run = False
+        elif not run:
+            out.append("_")
+            run = True
+    return "".join(out).strip("_") or "MODEL"
+
+
+def st_enabled(cfg):
+    s = _lib.Settings()
+    _native.check(_native.lib().ddo_config_settings(cfg.h, ctypes.byref(s)))
+    return bool(s.enabled)
+
+
+def _explicit_policy_args(group_offload, dynamic_offload, offload_type, use_stream,
+                          record_stream, group_low_cpu_mem_usage, num_blocks_per_group):
+    vals = {"group_offload": group_offload, "dynamic_offload": dynamic_offload,
+            "offload_type": offload_type, "offload_stream": use_stream,
+            "offload_record_stream": record_stream,
+            "offload_low_cpu_mem_usage": group_low_cpu_mem_usage,
+            "num_blocks_per_group": num_blocks_per_group}
+    return {k: v for k, v in vals.items() if v is not None}
+
+
+def _component_cfg(settings, preset, backend, config, use_environment, environ,
+                   running_on_wsl, overrides, policies):
+    if settings is not None:
+        if not isinstance(settings, DynamicOffloadSettings):
+            raise TypeError(f"settings must be a ddo.DynamicOffloadSettings, not "
+                            f"{type(settings).__name__}")
+        merged = {k: dict(v) for k, v in settings.component_policies.items()}
+        for comp, opts in (policies or {}).items():
+            merged.setdefault(comp, {}).update(opts)
+        return resolve_config(base=settings._cfg, config=config, overrides=overrides,
+                              component_policies=policies), merged
+    cfg = resolve_config(preset=preset, backend=backend, environ=environ,
+                         use_environment=use_environment, running_on_wsl=running_on_wsl,
+                         config=config, overrides=overrides, component_policies=policies)
+    return cfg, policies or {}
+
+
+def resolve_route(module, preset="auto", *, component="model", route=None, settings=None,
+                  component_policies=None, use_environment=True, environ=None, backend=None,
+                  config=None, running_on_wsl=None, quantized_backend=None, **kw):
+    """(route policy dict, C config, settings) for one component, without touching it."""
+    explicit = _explicit_policy_args(*(kw.pop(k, None) for k in (
+        "group_offload", "dynamic_offload", "offload_type", "use_stream", "record_stream",
+        "group_low_cpu_mem_usage", "num_blocks_per_group")))
+    policies = {k: dict(v) for k, v in (component_policies or {}).items()}
+    if explicit:
+        policies.setdefault(component, {}).update(explicit)
+    cfg, merged = _component_cfg(settings, preset, backend, config, use_environment, environ,
+                                 running_on_wsl, kw, policies)
+    quant = quantized_backend
+    if quant is None:
+        quant = bool(detect_quantized_backend_modules(module))
+    pol = _policy(cfg, component, route, quant)
+    # The seed's VAE policy: an explicit config or runtime overrides bypass the preset's VAE
+    # route fallback (they are not silently replaced with leaf offload): the component then
+    # routes as it would without that preset entry.
+    if route is None and (config is not None or kw) and not explicit and \
+            _norm(component) == "VAE" and "preset:" in pol["route_source"]:
+        fallback = "dynamic_offload" if st_enabled(cfg) else "none"
+        pol = _policy(cfg, component, fallback, quant)
+        pol["route_source"] = "explicit config/overrides bypass the preset's VAE route"
+    return pol, cfg, DynamicOffloadSettings(cfg, merged)
+
+
+def enable_offload(module_or_pipeline, preset="auto", *, component="model", route=None,
+                   settings=None, component_policies=None, use_environment=True, environ=None,
+                   backend=None, config=None, running_on_wsl=None, quantized_backend=None,
+                   group_offload=None, dynamic_offload=None, offload_type=None, use_stream=None,
+                   record_stream=None, group_low_cpu_mem_usage=None, num_blocks_per_group=None,
+                   apply_hook=True, **overrides):
+    """Routes a module (or every module component of a pipeline) as upstream's enable_offload.
+
+    Returns an OffloadResult (route dynamic_offload) or a RouteResult (diffusers_group_offload,
+    none); a pipeline (an object with a ``components`` mapping) gets enable_pipeline_offload.
+    """
+    if not isinstance(module_or_pipeline, torch.nn.Module):
+        if isinstance(getattr(module_or_pipeline, "components", None), dict):
+            return enable_pipeline_offload(
+                module_or_pipeline, preset, settings=settings,
+                component_policies=component_policies, use_environment=use_environment,
+                environ=environ, backend=backend, config=config,
+                running_on_wsl=running_on_wsl, apply_hook=apply_hook, **overrides)
+        raise TypeError(f"enable_offload takes a torch.nn.Module or a pipeline with a "
+                        f"components mapping, not {type(module_or_pipeline).__name__}")
+    module = module_or_pipeline
+    if getattr(module, "_ddo_offload", None) is not None:
+        raise _native.DdoError("DDO_E_STATE", f"{type(module).__name__} is already managed "
+                               f"by ddo: close() its result first")
+    pol, cfg, st = resolve_route(
+        module, preset, component=component, route=route, settings=settings,
+        component_policies=component_policies, use_environment=use_environment,
+        environ=environ, backend=backend, config=config, running_on_wsl=running_on_wsl,
+        quantized_backend=quantized_backend, group_offload=group_offload,
+        dynamic_offload=dynamic_offload, offload_type=offload_type, use_stream=use_stream,
+        record_stream=record_stream, group_low_cpu_mem_usage=group_low_cpu_mem_usage,
+        num_blocks_per_group=num_blocks_per_group, **overrides)
+    return apply_route(module, pol, cfg, st, component, apply_hook=apply_hook)
+
+
+def apply_route(module, pol, cfg, st, component, *, apply_hook=True, source=None):
+    """Applies a resolved route to module (the second half of enable_offload)."""
+    r = pol["route"]
+    if r == "dynamic_offload":
+        if pol["unit_granularity"] and pol["unit_granularity"] != cfg.get("unit_granularity"):
+            cfg.override("unit_granularity", pol["unit_granularity"])
+        prof = profiles.prepare(module, cfg, source=source)
+        res = offload.OffloadResult(module, cfg, **({"source": source} if source else {}))
+        res.route = r
+        res.component = component
+        res.settings = st
+        res.route_policy = pol
+        res._profile = prof
+        res.profile_run = lambda res=res: profiles.profile_run(res)
+        return res
+    device = _execution_device(cfg)
+    payload = {"route": r, "route_source": pol["route_source"]}
+    if r == "diffusers_group_offload":
+        apply_group = _import_apply_group_offloading()
+        kwargs = dict(onload_device=device, offload_device=torch.device("cpu"),
+                      offload_type=pol["offload_type"], use_stream=pol["use_stream"],
+                      record_stream=pol["record_stream"],
+                      low_cpu_mem_usage=pol["low_cpu_mem_usage"])
+        if pol["offload_type"] == "block_level":
+            kwargs["num_blocks_per_group"] = pol["num_blocks_per_group"]
+        payload.update({k: v for k, v in kwargs.items() if k not in ("onload_device",
+                                                                      "offload_device")})
+        if apply_hook:
+            apply_group(module, **kwargs)
+        res = RouteResult(module, r, component, device, st, payload, _remove_group_hooks)
+    elif r == "none":
+        first = next(iter(module.parameters()), None)
+        origin = first.device if first is not None else torch.device("cpu")
+        if apply_hook:
+            module.to(device)
+            payload["unmanaged_module_moved_to_execution_device"] = str(device)
+        res = RouteResult(module, r, component, device, st, payload)
+        res._origin = origin
+        res.should_move_to_execution_device = not apply_hook
+    else:
+        raise ValueError(f"component {component}: route {r!r}: expected one of "
+                         f"{', '.join(ROUTES)}")
+    res.route_policy = pol
+    module._ddo_offload = res
+    return res
+
+
+def _pipeline_components(pipeline, components):
+    if isinstance(components, dict):
+        return dict(components)
+    if components is not None:
+        names = list(components)
+        missing = [n for n in names if getattr(pipeline, n, None) is None and
+                   n not in (getattr(pipeline, "components", None) or {})]
+        if missing:
+            raise _native.DdoError("DDO_E_NOT_FOUND", f"enable_pipeline_offload: the pipeline "
+                                   f"({type(pipeline).__name__}) has no component "
+                                   f"{', '.join(map(repr, missing))}")
+    elif isinstance(getattr(pipeline, "components", None), dict):
+        names = list(pipeline.components)
+    else:
+        names = list(DEFAULT_PIPELINE_COMPONENTS)
+    mods = getattr(pipeline, "components", None) or {}
+    out = {}
+    for n in names:
+        m = getattr(pipeline, n, None)
+        if m is None:
+            m = mods.get(n)
+        out[n] = m
+    return out
+
+
+def enable_pipeline_offload(pipeline, preset="auto", *, settings=None, components=None,
+                            component_policies=None, routes=None, use_environment=True,
+                            environ=None, backend=None, config=None, running_on_wsl=None,
+                            apply_hook=True, **overrides):
+    """Routes every torch.nn.Module component of pipeline; returns {name: result}.
+
+    components: a mapping used as is, a list of names, else pipeline.components' keys, else
+    upstream's fixed list. Non-module components (schedulers, tokenizers) are skipped.
+    component_policies and routes ({name: route}) must name components of the pipeline.
+    Every route is resolved before any component is touched; on an error the components
+    already set up are closed (the pipeline is left as it was). A second call on the same
+    pipeline is refused.
+    """
+    if getattr(pipeline, "_ddo_pipeline_offload", None) is not None:
+        raise _native.DdoError("DDO_E_STATE", f"enable_pipeline_offload: this "
+                               f"{type(pipeline).__name__} is already offloaded by ddo: close "
+                               f"its results first")
+    comps = _pipeline_components(pipeline, components)
+    modules = {n: m for n, m in comps.items() if isinstance(m, torch.nn.Module)}
+    for what, given in (("component_policies", component_policies), ("routes", routes)):
+        unknown = [k for k in (given or {}) if k not in comps]
+        if unknown:
+            raise _native.DdoError(
+                "DDO_E_NOT_FOUND", f"enable_pipeline_offload: {what} names "
+                f"{', '.join(map(repr, unknown))}, not a component of this "
+                f"{type(pipeline).__name__} (components: {', '.join(comps) or 'none'})")
+    if settings is None:
+        settings = DynamicOffloadSettings(resolve_config(
+            preset=preset, backend=backend, environ=environ, use_environment=use_environment,
+            running_on_wsl=running_on_wsl), component_policies)
+    plans = {}
+    for name, m in modules.items():
+        if getattr(m, "_ddo_offload", None) is not None:
+            raise _native.DdoError("DDO_E_STATE", f"enable_pipeline_offload: component "
+                                   f"{name} is already managed by ddo")
+        plans[name] = resolve_route(m, preset, component=name,
+                                    route=(routes or {}).get(name), settings=settings,
+                                    component_policies=component_policies, config=config,
+                                    **overrides)
+    results = {}
+    try:
+        for name, (pol, cfg, st) in plans.items():
+            results[name] = apply_route(modules[name], pol, cfg, st, name,
+                                        apply_hook=apply_hook)
+    except BaseException:
+        for r in reversed(list(results.values())):
+            try:
+                r.close(restore=True) if isinstance(r, RouteResult) else r.close()
+            except Exception:  # the original error is what the caller needs
+                pass
+        raise
+    try:
+        pipeline._ddo_pipeline_offload = results
+    except AttributeError:
+        pass
+    return results
+
+
+def close_pipeline_offload(pipeline):
+    """Closes every result enable_pipeline_offload made; the pipeline can be offloaded again."""
+    results = getattr(pipeline, "_ddo_pipeline_offload", None) or {}
+    for r in reversed(list(results.values())):
+        r.close()
+    try:
+        del pipeline._ddo_pipeline_offload
+    except AttributeError:
+        pass

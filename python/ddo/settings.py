@@ -1,0 +1,196 @@
+"""DynamicOffloadSettings: the seed's resolved settings object, resolved by the library.
+
+Every rule (presets, the DDO_* vocabulary, set-even-empty wins, lists, the from_env defaults,
+the WSL pinning rule, the DDO_SAFETENSORS_BACKEND alias, component policies) is libddo's
+(src/config*.c, src/components.c); this module only hands it the environment block, the
+caller's values and the host's WSL fact, and reads back the result.
+"""
+
+import ctypes
+
+from . import _lib, _native
+from .config import DynamicOffloadConfig
+
+_POLICY_OPTIONS = ("route", "group_offload", "dynamic_offload", "offload_stream",
+                   "offload_record_stream", "offload_type", "offload_low_cpu_mem_usage",
+                   "num_blocks_per_group")
+
+
+def host_info():
+    """The library's facts about this machine: RAM, cgroup limit, WSL, kernel release."""
+    h = _lib.HostInfo()
+    _native.check(_native.lib().ddo_host_info_get(ctypes.byref(h)))
+    return {"ram_total_bytes": h.ram_total_bytes, "ram_available_bytes": h.ram_available_bytes,
+            "cgroup_limit_bytes": h.cgroup_limit_bytes, "running_on_wsl": h.running_on_wsl,
+            "kernel_release": h.kernel_release.decode(errors="replace")}
+
+
+def is_wsl_environment():
+    """True when the library detects WSL from the kernel release (upstream's name)."""
+    return bool(host_info()["running_on_wsl"])
+
+
+def _text(b):
+    return b.decode(errors="replace") if b is not None else ""
+
+
+def set_component_policies(cfg, policies):
+    """Sets {component: {option: value}} on a C config (API rank: over environment/preset).
+
+    Option names are tried as upstream does (lowercased, '-' as '_'); an unknown one is
+    refused by the library with its one line.
+    """
+    for comp, opts in (policies or {}).items():
+        if not isinstance(opts, dict):
+            raise TypeError(f"component_policies[{comp!r}] must be a mapping of options, "
+                            f"not {type(opts).__name__}")
+        for opt, value in opts.items():
+            key = str(opt).strip().lower().replace("-", "_")
+            text = _native.to_text(value)
+            rc = _native.lib().ddo_config_set_component_policy(
+                cfg.h, str(comp).encode(), key.encode(), text.encode())
+            if rc != 0:
+                raise _native.DdoError(
+                    _native.error_name(rc),
+                    f"component_policies[{comp!r}][{opt!r}]: "
+                    f"{_text(_native.lib().ddo_config_error(cfg.h)) or _text(_native.lib().ddo_last_error())}"
+                    f" (options: {', '.join(_POLICY_OPTIONS)})")
+
+
+def resolve_config(*, preset="", backend=None, environ=None, use_environment=True,
+                   running_on_wsl=None, fields=None, config=None, overrides=None,
+                   component_policies=None, base=None):
+    """A C config: base (cloned) or preset; then the environment; then the caller's values.
+
+    fields are applied with API rank (the environment wins over them, as from_env does with
+    its keyword arguments); config and overrides with argument rank (they win).
+    """
+    L = _native.lib()
+    if base is not None:
+        h = ctypes.c_void_p()
+        _native.check(L.ddo_config_clone(base.h, ctypes.byref(h)))
+        cfg = _native.Config(h)
+    else:
+        cfg = _native.Config()
+        if not use_environment:
+            cfg._check(L.ddo_config_set(cfg.h, b"use_environment", b"false"))
+        if preset or backend:
+            cfg.apply_preset(backend, preset)
+        wsl = host_info()["running_on_wsl"] if running_on_wsl is None else bool(running_on_wsl)
+        L.ddo_config_set_running_on_wsl(cfg.h, wsl)
+        for k, v in (fields or {}).items():
+            rc = L.ddo_config_set(cfg.h, str(k).encode(), _native.to_text(v).encode())
+            if rc != 0:
+                detail = _text(L.ddo_config_error(cfg.h))
+                cls = _native.UnknownOptionError if _native.error_name(rc) == \
+                    "DDO_E_NOT_FOUND" else _native.DdoError
+                raise cls(_native.error_name(rc), detail)
+        cfg.apply_env(_native.environ_block(environ) if use_environment else {})
+    if config is not None:
+        if not isinstance(config, DynamicOffloadConfig):
+            raise TypeError(f"config must be a ddo.DynamicOffloadConfig, not "
+                            f"{type(config).__name__}")
+        config.apply_to(cfg)
+    bad = []
+    for k, v in (overrides or {}).items():
+        try:
+            cfg.override(k, v)
+        except _native.UnknownOptionError as e:
+            bad.append(e.detail)
+    if bad:
+        raise _native.UnknownOptionError(
+            "DDO_E_NOT_FOUND", "Unknown DynamicOffloadConfig override(s): " + "; ".join(bad))
+    set_component_policies(cfg, component_policies)
+    cfg.validate()
+    return cfg
+
+
+def config_snapshot(cfg):
+    """A DynamicOffloadConfig holding every resolved value of cfg (no field marked explicit)."""
+    c = DynamicOffloadConfig()
+    values = object.__getattribute__(c, "_values")
+    for k, v in cfg.to_json()["options"].items():
+        if k in values:
+            values[k] = tuple(v["value"]) if isinstance(v["value"], list) else v["value"]
+    return c
+
+
+class DynamicOffloadSettings:
+    """The resolved settings (the seed's fields); most users never build one by hand.
+
+    Fields: requested_preset, effective_preset, enabled, plan, config (a DynamicOffloadConfig
+    of every resolved value), requested_pin_cpu_memory, effective_pin_cpu_memory,
+    disable_pin_on_wsl, running_on_wsl, component_policies; plus backend and route (ddo's
+    route family and the route the settings select). Immutable; the C config it came from is
+    kept so a later enable_offload resolves from exactly these settings.
+    """
+
+    _FIELDS = ("requested_preset", "effective_preset", "enabled", "plan", "config",
+               "requested_pin_cpu_memory", "effective_pin_cpu_memory", "disable_pin_on_wsl",
+               "running_on_wsl", "component_policies", "backend", "route")
+
+    def __init__(self, cfg, component_policies=None):
+        s = _lib.Settings()
+        _native.check(_native.lib().ddo_config_settings(cfg.h, ctypes.byref(s)),
+                      _native.lib().ddo_config_error(cfg.h))
+        d = {"requested_preset": _text(s.requested_preset),
+             "effective_preset": _text(s.effective_preset), "enabled": bool(s.enabled),
+             "plan": bool(s.plan), "config": config_snapshot(cfg),
+             "requested_pin_cpu_memory": bool(s.requested_pin_cpu_memory),
+             "effective_pin_cpu_memory": bool(s.effective_pin_cpu_memory),
+             "disable_pin_on_wsl": bool(s.disable_pin_on_wsl),
+             "running_on_wsl": bool(s.running_on_wsl),
+             "component_policies": {k: dict(v) for k, v in (component_policies or {}).items()},
+             "backend": _text(s.backend), "route": _text(s.route)}
+        for k, v in d.items():
+            object.__setattr__(self, k, v)
+        object.__setattr__(self, "_cfg", cfg)
+
+    def __setattr__(self, key, value):
+        raise AttributeError("DynamicOffloadSettings is immutable: build new settings with "
+                             "from_env(...) or pass overrides to enable_offload")
+
+    @property
+    def execution_mode(self):
+        return self.config.execution_mode
+
+    def warnings(self):
+        """The library's warnings about the environment block (unknown DDO_* variables)."""
+        return self._cfg.warnings()
+
+    def source(self, key):
+        """Where an option's value came from ("default", "preset:X", "env:DDO_X", ...)."""
+        return self._cfg.source(key)
+
+    def as_metrics(self):
+        """The settings as a flat dict for event payloads (upstream's as_metrics)."""
+        out = {k: getattr(self, k) for k in self._FIELDS if k not in ("config",)}
+        out["execution_mode"] = self.execution_mode
+        return out
+
+    @classmethod
+    def from_env(cls, environ=None, *, default_preset="", backend=None, running_on_wsl=None,
+                 component_policies=None, use_environment=True, **fields):
+        """Settings from DDO_* variables (environ, default os.environ) over default_preset.
+
+        default_preset "" means no preset unless DDO_PRESET is set (upstream's from_env).
+        running_on_wsl None asks the library (ddo_host_info_get). fields are option keys
+        (execution_device="cpu", always_resident_modules_pattern=...) given by the caller;
+        a recognised DDO_* variable wins over them, as the seed's override order says.
+        component_policies: {component: {option: value}}, which win over the environment.
+        """
+        cfg = resolve_config(preset=default_preset, backend=backend, environ=environ,
+                             use_environment=use_environment, running_on_wsl=running_on_wsl,
+                             fields=fields, component_policies=component_policies)
+        return cls(cfg, component_policies)
+
+    def __repr__(self):
+        return (f"DynamicOffloadSettings(requested_preset={self.requested_preset!r}, "
+                f"effective_preset={self.effective_preset!r}, route={self.route!r}, "
+                f"enabled={self.enabled}, effective_pin_cpu_memory="
+                f"{self.effective_pin_cpu_memory}, running_on_wsl={self.running_on_wsl})")
+
+
+def load_dynamic_offload_settings_from_env(**kwargs):
+    """Upstream's function name for DynamicOffloadSettings.from_env."""
+    return DynamicOffloadSettings.from_env(**kwargs)

@@ -1,0 +1,313 @@
+"""enable_offload / enable_pipeline_offload routing on the cpu device, without Diffusers.
+
+RecordingGroupOffload STANDS IN FOR DIFFUSERS' apply_group_offloading (Diffusers is not
+installed in CI): it records the arguments each component was handed, and nothing else. The
+expected routes are the seed's and upstream's rules (docs: ddo-upstream.md §1.3, §2.1, the
+seed's VAE policy), not outputs of this code.
+"""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import ddo
+import ddo.routing
+import models
+
+CPU = {"DDO_EXECUTION_DEVICE": "cpu"}
+
+# preset (backend) -> component -> expected (route, offload_type, use_stream, record_stream).
+G_LEAF_STREAM = ("diffusers_group_offload", "leaf_level", True, False)
+G_LEAF_NOSTREAM = ("diffusers_group_offload", "leaf_level", False, False)
+DYN = ("dynamic_offload",)
+NONE = ("none",)
+TABLE = {
+    ("linear", "auto"): {"transformer": DYN, "text_encoder": G_LEAF_STREAM,
+                         "vae": G_LEAF_NOSTREAM, "model": DYN},
+    ("linear", "one_shot_fast"): {"transformer": DYN, "text_encoder": G_LEAF_STREAM,
+                                  "vae": G_LEAF_NOSTREAM, "model": DYN},
+    ("linear", "low_ram_safe"): {"transformer": DYN, "text_encoder": G_LEAF_NOSTREAM,
+                                 "vae": G_LEAF_NOSTREAM, "model": DYN},
+    ("linear", "wsl_compat"): {"transformer": DYN, "text_encoder": G_LEAF_NOSTREAM,
+                               "vae": NONE, "model": DYN},
+    ("linear", "warm_process"): {"transformer": DYN, "text_encoder": G_LEAF_STREAM,
+                                 "vae": NONE, "model": DYN},
+    ("linear", "diffusers_offload_compat"): {
+        "transformer": ("diffusers_group_offload", "block_level", True, True),
+        "text_encoder": G_LEAF_STREAM, "vae": NONE, "model": NONE},
+    ("linear", "diffusers_leaf_offload_compat"): {
+        "transformer": ("diffusers_group_offload", "leaf_level", True, True),
+        "text_encoder": G_LEAF_STREAM, "vae": NONE, "model": NONE},
+    ("linear", "off"): {"transformer": NONE, "text_encoder": NONE, "vae": NONE,
+                        "model": NONE},
+    ("vmm", "auto"): {"transformer": DYN, "text_encoder": DYN, "vae": G_LEAF_NOSTREAM,
+                      "model": DYN},
+    ("vmm", "nvme_baseline"): {"transformer": DYN, "text_encoder": DYN, "vae": NONE,
+                               "model": DYN},
+}
+
+
+class RecordingGroupOffload:
+    """Stands in for diffusers.hooks.apply_group_offloading: records each call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, module, **kwargs):
+        self.calls.append((module, kwargs))
+
+
+@pytest.fixture
+def group(monkeypatch):
+    rec = RecordingGroupOffload()
+    monkeypatch.setattr(ddo.routing, "_import_apply_group_offloading", lambda: rec)
+    return rec
+
+
+class Pipe:
+    """A stand-in pipeline: a components mapping, the modules also as attributes."""
+
+    def __init__(self, seed=0):
+        self.text_encoder = models.FluxLike(seed=seed + 1, double=2, single=0)
+        self.transformer = models.FluxLike(seed=seed + 2)
+        self.vae = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64)).to(torch.bfloat16)
+        self.scheduler = object()
+        self.tokenizer = None
+
+    @property
+    def components(self):
+        return {"text_encoder": self.text_encoder, "transformer": self.transformer,
+                "vae": self.vae, "scheduler": self.scheduler, "tokenizer": self.tokenizer}
+
+
+def close_all(results):
+    for r in results.values():
+        r.close()
+
+
+@pytest.mark.parametrize("backend,preset", list(TABLE), ids=[f"{b}-{p}" for b, p in TABLE])
+def test_routing_table(group, backend, preset):
+    for comp, want in TABLE[(backend, preset)].items():
+        m = models.FluxLike(seed=3, double=2, single=0)
+        r = ddo.enable_offload(m, preset, component=comp, backend=backend, environ=CPU,
+                               running_on_wsl=False)
+        try:
+            assert r.route == want[0], (comp, r.route_policy)
+            if want[0] == "diffusers_group_offload":
+                mod, kw = group.calls[-1]
+                assert mod is m
+                assert (kw["offload_type"], kw["use_stream"], kw["record_stream"]) == want[1:]
+                assert kw["onload_device"] == torch.device("cpu")
+                assert kw["offload_device"] == torch.device("cpu")
+                assert ("num_blocks_per_group" in kw) == (want[1] == "block_level")
+                assert kw["low_cpu_mem_usage"] is True
+            elif want[0] == "dynamic_offload":
+                assert isinstance(r, ddo.OffloadResult)
+                with torch.no_grad():
+                    r.module(torch.randn(1, 4, 64).to(torch.bfloat16))
+            else:
+                assert all(p.device.type == "cpu" for p in m.parameters())
+        finally:
+            r.close()
+
+
+def test_group_offload_forced_off_on_wsl(group):
+    m = models.FluxLike(seed=3)
+    r = ddo.enable_offload(m, "diffusers_offload_compat", component="transformer",
+                           environ=CPU, running_on_wsl=True)
+    kw = group.calls[-1][1]
+    assert kw["use_stream"] is False and kw["record_stream"] is False
+    assert kw["num_blocks_per_group"] == 1
+    r.close()
+    env = dict(CPU, DDO_DISABLE_PIN_ON_WSL="0")
+    r = ddo.enable_offload(m, "diffusers_offload_compat", component="transformer",
+                           environ=env, running_on_wsl=True)
+    assert group.calls[-1][1]["use_stream"] is True
+    r.close()
+
+
+def test_precedence_explicit_route_policy_environment(group):
+    m = models.FluxLike(seed=4)
+    env = dict(CPU, DDO_TRANSFORMER_ROUTE="group", DDO_TRANSFORMER_OFFLOAD_TYPE="block_level",
+               DDO_TRANSFORMER_NUM_BLOCKS_PER_GROUP="2")
+    r = ddo.enable_offload(m, component="transformer", environ=env)
+    assert r.route == "diffusers_group_offload"
+    assert group.calls[-1][1]["num_blocks_per_group"] == 2
+    assert r.route_policy["route_source"] == "env:DDO_TRANSFORMER_ROUTE"
+    r.close()
+    # The compatibility alias DDO_RUNNER_<COMPONENT>_* is read after DDO_<COMPONENT>_*.
+    r = ddo.enable_offload(m, component="transformer",
+                           environ=dict(CPU, DDO_RUNNER_TRANSFORMER_ROUTE="cuda"))
+    assert r.route == "none"
+    r.close()
+    # An explicit component policy wins over the environment.
+    r = ddo.enable_offload(m, component="transformer", environ=env,
+                           component_policies={"transformer": {"route": "ddo"}})
+    assert r.route == "dynamic_offload"
+    r.close()
+    # An explicit route wins over a component policy.
+    r = ddo.enable_offload(m, component="transformer", environ=env, route="none",
+                           component_policies={"transformer": {"route": "ddo"}})
+    assert r.route == "none"
+    r.close()
+    # use_environment=False ignores environment routes too.
+    r = ddo.enable_offload(m, component="transformer", environ=env, use_environment=False,
+                           execution_device="cpu")
+    assert r.route == "dynamic_offload"
+    r.close()
+    # Group/dynamic enable arguments are component policies too.
+    r = ddo.enable_offload(m, component="transformer", environ=CPU, group_offload=True,
+                           offload_type="block_level", num_blocks_per_group=3,
+                           use_stream=False)
+    kw = group.calls[-1][1]
+    assert r.route == "diffusers_group_offload"
+    assert kw["num_blocks_per_group"] == 3 and kw["use_stream"] is False
+    r.close()
+
+
+def test_vae_policy_bypassed_by_explicit_config(group):
+    vae = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64)).to(torch.bfloat16)
+    n = len(group.calls)
+    r = ddo.enable_offload(vae, component="vae", environ={}, execution_device="cpu")
+    assert r.route == "dynamic_offload"  # an override: not silently the preset's leaf route
+    assert len(group.calls) == n
+    r.close()
+
+
+def test_bad_routes_and_policies_are_one_line(group):
+    m = models.FluxLike(seed=5)
+    with pytest.raises(ddo.DdoError) as e:
+        ddo.enable_offload(m, component="transformer", route="sideways", environ=CPU)
+    assert "sideways" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ddo.DdoError) as e:
+        ddo.enable_offload(m, component="transformer", environ=CPU,
+                           component_policies={"transformer": {"colour": "blue"}})
+    assert "colour" in str(e.value)
+    with pytest.raises(ddo.DdoError) as e:
+        ddo.enable_offload(m, component="transformer",
+                           environ=dict(CPU, DDO_TRANSFORMER_ROUTE="nowhere"))
+    assert "DDO_TRANSFORMER_ROUTE" in str(e.value)
+    with pytest.raises(ValueError) as e:
+        ddo.enable_offload(m, component="transformer", route="none", environ=CPU,
+                           profile_name="w", build_profile=True)
+    assert str(e.value) == "Profile calibration requires the dynamic_offload route."
+    assert getattr(m, "_ddo_offload", None) is None
+    assert all(p.device.type == "cpu" and p.numel() > 0 for p in m.parameters())
+
+
+def test_without_diffusers_group_route_fails_clearly():
+    try:
+        import diffusers  # noqa: F401
+        pytest.skip("Diffusers is installed here")
+    except ImportError:
+        pass
+    m = models.FluxLike(seed=6)
+    with pytest.raises(ddo.DdoError) as e:
+        ddo.enable_offload(m, component="text_encoder", environ=CPU)
+    assert "Diffusers" in str(e.value) and "\n" not in str(e.value)
+    assert getattr(m, "_ddo_offload", None) is None
+
+
+def test_pipeline_offload_routes_modules_and_skips_others(group):
+    pipe = Pipe()
+    x = torch.randn(1, 4, 64).to(torch.bfloat16)
+    with torch.no_grad():
+        ref = pipe.transformer(x)
+    results = ddo.enable_pipeline_offload(pipe, environ=CPU, running_on_wsl=False)
+    try:
+        assert set(results) == {"text_encoder", "transformer", "vae"}
+        assert results["transformer"].route == "dynamic_offload"
+        assert results["text_encoder"].route == "diffusers_group_offload"
+        assert results["vae"].route == "diffusers_group_offload"
+        assert [c[0] for c in group.calls] == [pipe.text_encoder, pipe.vae]
+        with torch.no_grad():
+            assert torch.equal(pipe.transformer(x), ref)
+        # enable_offload on a pipeline is enable_pipeline_offload; a second call is refused.
+        with pytest.raises(ddo.DdoError) as e:
+            ddo.enable_offload(pipe, environ=CPU)
+        assert "already" in str(e.value)
+    finally:
+        ddo.close_pipeline_offload(pipe)
+    again = ddo.enable_offload(pipe, environ=CPU)
+    assert set(again) == {"text_encoder", "transformer", "vae"}
+    ddo.close_pipeline_offload(pipe)
+
+
+def test_pipeline_bad_input_leaves_it_as_it_was(group):
+    pipe = Pipe()
+    before = {n: [p.data_ptr() for p in m.parameters()] for n, m in
+              (("transformer", pipe.transformer), ("text_encoder", pipe.text_encoder))}
+    with pytest.raises(ddo.DdoError) as e:
+        ddo.enable_pipeline_offload(pipe, environ=CPU,
+                                    component_policies={"transfomer": {"route": "none"}})
+    assert "transfomer" in str(e.value) and "transformer" in str(e.value)
+    with pytest.raises(ddo.DdoError) as e:
+        ddo.enable_pipeline_offload(pipe, environ=CPU, components=["transformer", "unet"])
+    assert "unet" in str(e.value)
+    with pytest.raises(ddo.DdoError):
+        ddo.enable_pipeline_offload(pipe, environ=CPU, routes={"vae": "sideways"})
+    # A failure after some components were set up: those are closed again.
+    with pytest.raises(ddo.DdoError):
+        ddo.enable_pipeline_offload(pipe, environ=CPU, routes={"vae": "group"},
+                                    component_policies={"vae": {"offload_type": "x"}})
+
+    class Boom(RecordingGroupOffload):
+        def __call__(self, module, **kw):
+            if module is pipe.vae:
+                raise RuntimeError("group offload failed")
+            super().__call__(module, **kw)
+
+    boom = Boom()
+    ddo.routing._import_apply_group_offloading = lambda: boom
+    with pytest.raises(RuntimeError):  # vae is the last component: the others were set up
+        ddo.enable_pipeline_offload(pipe, environ=CPU,
+                                    routes={"text_encoder": "none"})
+    assert getattr(pipe.vae, "_ddo_offload", None) is None
+    for n, m in (("transformer", pipe.transformer), ("text_encoder", pipe.text_encoder)):
+        assert getattr(m, "_ddo_offload", None) is None
+        assert [p.data_ptr() for p in m.parameters()] == before[n]
+    assert getattr(pipe, "_ddo_pipeline_offload", None) is None
+
+
+def test_none_route_unload_reload_and_metrics(group, tmp_path):
+    m = models.FluxLike(seed=7)
+    r = ddo.enable_offload(m, component="transformer", route="none", environ=CPU)
+    assert r.route == "none"
+    r.unload()
+    r.reload()
+    with r.cleanup_on_error():
+        pass
+    with pytest.raises(KeyError):
+        with r.cleanup_on_error():
+            raise KeyError("boom")
+    rep = r.metrics_snapshot()
+    assert rep.as_dict()["route"] == "none"
+    t = ddo.MetricsTracker(tmp_path / "m.jsonl")
+    t.record_ddo_metrics(rep, component="transformer")
+    assert t.records()[0]["route"] == "none"
+    with r.profile_run():
+        pass
+    r.close()
+    with pytest.raises(ddo.DdoError):
+        r.unload()
+
+
+def test_metrics_tracker_records_dynamic_reports(tmp_path):
+    m = models.FluxLike(seed=8)
+    r = ddo.enable_offload(m, component="transformer", environ=CPU)
+    with torch.no_grad():
+        r.module(torch.randn(1, 4, 64).to(torch.bfloat16))
+    rep = r.metrics_snapshot(collect_completed=True)
+    t = ddo.MetricsTracker(tmp_path / "metrics.jsonl")
+    t.record_ddo_metrics(rep, component="transformer")
+    t.record_ddo_metrics(rep, component="text_encoder")
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    first = json.loads(lines[0])
+    assert first["schema_version"] == rep.as_dict()["schema_version"]
+    assert [x.get("component") for x in t.records()] == ["transformer", "text_encoder"]
+    r.close()
+    with pytest.raises(TypeError):
+        t.record_ddo_metrics({"a": 1})
