@@ -48,9 +48,10 @@ static int visit(const char *dir, visit_fn fn, void *user, int *corrupt)
             strncmp(e->d_name, "ddo-capacity-", 13) != 0)
             continue;
         if (++seen > MAX_PROFILE_FILES) {
+            char q[512];
             fprintf(stderr,
                     "ddo profile: more than %d profile files in %s; the rest are not read\n",
-                    MAX_PROFILE_FILES, dir);
+                    MAX_PROFILE_FILES, tool_quote(dir, q, sizeof q));
             break;
         }
         char path[4096];
@@ -164,9 +165,9 @@ int ddo_cmd_profile(int argc, char **argv)
         struct match m = { argv[i], 0, strcmp(verb, "rm") == 0 };
         visit(dir, show_or_rm, &m, NULL);
         if (m.found == 0) {
-            char q[256];
+            char q[256], qd[512];
             fprintf(stderr, "ddo profile: no profile named \"%s\" in %s\n",
-                    tool_quote(argv[i], q, sizeof q), dir);
+                    tool_quote(argv[i], q, sizeof q), tool_quote(dir, qd, sizeof qd));
             status = DDO_EXIT_FAILURE;
         }
     } else if (strcmp(verb, "build") == 0 && i + 2 <= argc) {
