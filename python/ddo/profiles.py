@@ -16,7 +16,6 @@ import os
 from . import _lib, _native
 
 GIB = float(1 << 30)
-_STATUS = {0: "disabled", 1: "calibrating", 2: "manual", 3: "missing", 4: "applied"}
 
 
 class ProfileState:
@@ -92,7 +91,8 @@ def prepare(module, cfg, source=None):
     measured = _lib.ProfileMeasured()
     cfg._check(L.ddo_profile_apply(cfg.h, d.encode(), context.encode(), ctypes.byref(status),
                                    ctypes.byref(budget), ctypes.byref(measured)))
-    return ProfileState(name, d, context, _STATUS.get(status.value, str(status.value)),
+    word = (L.ddo_profile_status_name(status.value) or b"").decode()
+    return ProfileState(name, d, context, word,
                         budget.value, {"bus_bytes_per_s": measured.bus_bytes_per_s,
                                        "flops_per_s": measured.flops_per_s,
                                        "file_read_bytes_per_s": measured.file_read_bytes_per_s},

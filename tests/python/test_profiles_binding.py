@@ -1,0 +1,100 @@
+"""Capacity profiles through the binding: profile_name / build_profile with
+result.profile_run() over the C profile store (calibrate zero-resident, measure, save; the
+next run applies the recommendation), on the cpu device."""
+
+import json
+
+import pytest
+import torch
+
+import ddo
+import models
+
+CPU = {"DDO_EXECUTION_DEVICE": "cpu"}
+
+
+def run(r, n=2):
+    with torch.no_grad():
+        for _ in range(n):
+            r.module(torch.randn(1, 4, 64).to(torch.bfloat16))
+
+
+def test_calibrate_save_then_apply(tmp_path):
+    m = models.FluxLike(seed=11)
+    r = ddo.enable_offload(m, component="transformer", environ=CPU, profile_name="flux-like",
+                           build_profile=True, profile_dir=str(tmp_path),
+                           resident_module_patterns="auto", small_tensor_threshold_bytes=0)
+    assert r._profile.status == "calibrating"
+    assert r.budgets()["resident_bytes"] == 0  # calibration: zero resident
+    with r.profile_run():
+        run(r)
+    saved = r._profile.saved_path
+    r.close()
+    assert saved and saved.startswith(str(tmp_path))
+    prof = json.loads(open(saved).read())
+    rec = prof["recommendation"]["profile_resident_module_budget_gb"]
+    assert rec == r._profile.recommendation["profile_resident_module_budget_gb"]
+    assert len(prof["observations"]) == 1
+    assert prof["observations"][0]["status"] == "success"
+
+    m2 = models.FluxLike(seed=11)
+    r2 = ddo.enable_offload(m2, component="transformer", environ=CPU,
+                            profile_name="flux-like", profile_dir=str(tmp_path),
+                            resident_module_patterns="auto", small_tensor_threshold_bytes=0)
+    try:
+        assert r2._profile.status == "applied"
+        assert r2.budgets()["resident_bytes"] > 0  # the recommendation made blocks resident
+        assert r2._profile.budget_gb == pytest.approx(rec, abs=1e-4)
+        src = r2._cfg.source("profile_resident_module_budget_gb") + \
+            r2._cfg.source("resident_module_budget_gb")
+        assert "profile:flux-like" in src
+        with r2.profile_run():  # not calibrating: nothing saved
+            run(r2, 1)
+        assert r2._profile.saved_path is None
+    finally:
+        r2.close()
+    # Another model under the same name is another workload: no recommendation.
+    m3 = models.FluxLike(seed=11, double=1)
+    r3 = ddo.enable_offload(m3, component="transformer", environ=CPU,
+                            profile_name="flux-like", profile_dir=str(tmp_path))
+    assert r3._profile.status == "missing"
+    r3.close()
+
+
+def test_profile_dir_from_environment_and_manual_budget(tmp_path):
+    env = dict(CPU, DDO_PROFILE_DIR=str(tmp_path / "env-dir"))
+    m = models.FluxLike(seed=12)
+    import os
+    old = os.environ.get("DDO_PROFILE_DIR")
+    os.environ["DDO_PROFILE_DIR"] = env["DDO_PROFILE_DIR"]
+    try:
+        r = ddo.enable_offload(m, component="transformer", environ=env, profile_name="w",
+                               build_profile=True)
+        with r.profile_run():
+            run(r, 1)
+        assert r._profile.saved_path.startswith(env["DDO_PROFILE_DIR"])
+        r.close()
+        r = ddo.enable_offload(m, component="transformer", environ=env, profile_name="w",
+                               resident_module_budget_gb=0.001)
+        assert r._profile.status == "manual"
+        r.close()
+    finally:
+        if old is None:
+            del os.environ["DDO_PROFILE_DIR"]
+        else:
+            os.environ["DDO_PROFILE_DIR"] = old
+
+
+def test_profile_errors():
+    m = models.FluxLike(seed=13)
+    with pytest.raises(ddo.DdoError) as e:
+        ddo.enable_offload(m, component="transformer", environ=CPU, build_profile=True)
+    assert "profile_name" in str(e.value)
+    with pytest.raises(ValueError) as e:
+        ddo.enable_offload(m, component="vae", route="group", environ=CPU,
+                           profile_name="w", build_profile=True)
+    assert str(e.value) == "Profile calibration requires the dynamic_offload route."
+    with pytest.raises(ddo.DdoError):
+        ddo.enable_offload(m, component="transformer", environ=CPU, profile_name="w",
+                           build_profile=True, profile_dir="/proc/ddo-not-writable")
+    assert getattr(m, "_ddo_offload", None) is None
