@@ -1098,6 +1098,9 @@ int ddo__source_read_file(ddo__source *src, size_t tensor, uint64_t offset, size
             return ddo__fail_from_last(eb, DDO_E_FILE_CHANGED);
         int64_t got = direct_read(src, fd, a0, a1, dst);
         if (got >= 0 && (uint64_t)got >= abs + len - a0) {
+            /* Checked after the read too: bytes written while it ran are never used. */
+            if (ddo__checkpoint_check_file(src->ck, file) != 0)
+                return ddo__fail_from_last(eb, DDO_E_FILE_CHANGED);
             *data = (const uint8_t *)dst + (abs - a0);
             return 0;
         }

@@ -14,10 +14,12 @@ _TORCH_NAMES = {
     "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16",
     "F16": "float16", "BF16": "bfloat16", "I32": "int32", "U32": "uint32", "F32": "float32",
     "F64": "float64", "I64": "int64", "U64": "uint64", "F8_E5M2": "float8_e5m2",
-    "F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu",
+    "F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu", "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
 }
 # Dtypes torch 1.13's DLPack import cannot name: passed as bytes and viewed.
-_AS_BYTES = {"BOOL", "U16", "U32", "U64", "F8_E5M2", "F8_E4M3", "F8_E8M0"}
+_AS_BYTES = {"BOOL", "U16", "U32", "U64", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ",
+             "F8_E5M2FNUZ"}
 
 
 def dtype_tables():

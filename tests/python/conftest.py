@@ -19,5 +19,5 @@ ZERO_RESIDENT = dict(execution_device="cpu", always_resident_modules_pattern="^$
 @pytest.fixture(autouse=True)
 def _no_ddo_environment(monkeypatch):
     for k in list(os.environ):
-        if k.startswith("DDO_") and k != "DDO_LIBRARY":
+        if k.startswith("DDO_") and k not in ("DDO_LIBRARY", "DDO_BIN"):
             monkeypatch.delenv(k)
