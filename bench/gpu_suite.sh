@@ -184,7 +184,8 @@ fi
 # bench/torch_flux.py against Diffusers' own offload (the Diffusers source in .devbench/src,
 # carried, never committed), each case a fresh process.
 if [ "${TORCH:-0}" = 1 ]; then
-    export PYTHONPATH="$ROOT/python:$ROOT/.devbench/src:${PYTHONPATH:-}" DDO_LIBRARY="$BUILD/libddo.so"
+    export PYTHONPATH="$ROOT/python:$ROOT/.devbench/src:${PYTHONPATH:-}" DDO_LIBRARY="$BUILD/libddo.so" \
+        DDO_BIN="$DDO"
     step "python binding tests" 150 "$OUT/torch.log" python3 -m pytest -q -p no:cacheprovider \
         "$ROOT/tests/python" || STATUS=1
     left_s=$(($(left) - 25))
