@@ -303,16 +303,18 @@ int ddo_cmd_plan(int argc, char **argv)
         goto out;
     }
     if (f.from_json != NULL) {
+        char q[512];
+        tool_quote(f.from_json, q, sizeof q);
         saved = read_file(f.from_json);
         if (saved == NULL) {
-            fprintf(stderr, "ddo plan: %s: %s\n", f.from_json,
+            fprintf(stderr, "ddo plan: %s: %s\n", q,
                     errno == EFBIG    ? "larger than 256 MiB (the saved-plan limit)"
                     : errno == EINVAL ? "not a regular file"
                                       : strerror(errno));
             goto out;
         }
         if (ddo_plan_from_json(saved, &plan) != 0) {
-            fprintf(stderr, "ddo plan: %s: %s\n", f.from_json, ddo_last_error());
+            fprintf(stderr, "ddo plan: %s: %s\n", q, ddo_last_error());
             goto out;
         }
         status = emit(plan, f.json, f.from_json);
