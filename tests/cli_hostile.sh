@@ -108,6 +108,15 @@ $G "$DDO" profile list >"$T/out" 2>"$T/err"; rc=$?
     bad "profile list over a FIFO and a 2 MB file: rc $rc: $(cat "$T/err")"
 rm -f "$DDO_PROFILE_DIR"/ddo-capacity-v1-00000000000000000000000[12].json
 
+# Many near-limit files: the listing stops after 64 MiB of them, one line, no blow-up.
+mkdir -p "$T/many"
+head -c 1000000 /dev/zero | tr '\0' ' ' >"$T/big1"
+for k in $(seq 10 79); do cp "$T/big1" "$T/many/ddo-capacity-v1-0000000000000000000000$k.json"; done
+$G "$DDO" profile --dir "$T/many" list >"$T/out" 2>"$T/err"; rc=$?
+[ $rc -eq 0 ] && grep -q "over 64 MiB of profile files in $T/many; the rest are not read" "$T/err" &&
+    [ "$(grep -c 'corrupt profile' "$T/err")" -le 67 ] && ok || bad "many big profiles: rc $rc: $(tail -2 "$T/err")"
+rm -rf "$T/many" "$T/big1"
+
 R=(--ddo-execution-device cpu --steps 1 --tokens 2)
 # Two calibrations of one name at once: both save, and both observations are kept.
 $G "$DDO" profile build tiny "$CK" "${R[@]}" >"$T/b1" 2>&1 &

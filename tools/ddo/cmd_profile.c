@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void usage(FILE *out)
@@ -30,10 +31,11 @@ static void usage(FILE *out)
 /* Calls fn(path, profile, user) for each readable profile of dir; returns how many. */
 typedef void (*visit_fn)(const char *path, const ddo_profile *p, json_t *doc, void *user);
 
-/* At most this many profile files are read per command: with each file capped at
- * DDO_PROFILE_MAX_FILE_BYTES and read one at a time, a listing stays bounded in memory and
- * time whatever the directory holds. */
+/* A listing reads at most this many profile files and this many bytes of them (real
+ * profiles are a few KiB); with each file capped at DDO_PROFILE_MAX_FILE_BYTES and read one
+ * at a time, it stays bounded in memory and time whatever the directory holds. */
 #define MAX_PROFILE_FILES 10000
+#define MAX_LISTED_BYTES  ((uint64_t)64 << 20)
 
 static int visit(const char *dir, visit_fn fn, void *user, int *corrupt)
 {
@@ -41,6 +43,7 @@ static int visit(const char *dir, visit_fn fn, void *user, int *corrupt)
     if (d == NULL)
         return 0;
     int n = 0, seen = 0;
+    uint64_t bytes = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         size_t len = strlen(e->d_name);
@@ -57,6 +60,16 @@ static int visit(const char *dir, visit_fn fn, void *user, int *corrupt)
         char path[4096];
         if (snprintf(path, sizeof(path), "%s/%s", dir, e->d_name) >= (int)sizeof(path))
             continue;
+        struct stat st;
+        if (lstat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
+            (bytes += (uint64_t)st.st_size) > MAX_LISTED_BYTES) {
+            char q[512];
+            fprintf(stderr,
+                    "ddo profile: over %llu MiB of profile files in %s; the rest are not "
+                    "read\n",
+                    (unsigned long long)(MAX_LISTED_BYTES >> 20), tool_quote(dir, q, sizeof q));
+            break;
+        }
         ddo_profile *p = NULL;
         /* The library opens without blocking and refuses FIFOs, devices and files over
          * DDO_PROFILE_MAX_FILE_BYTES, so a hostile entry costs one line, not a hang. */
