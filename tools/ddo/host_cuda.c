@@ -460,6 +460,126 @@ void ref_host_cuda_destroy(ref_host_cuda *c)
     free(c);
 }
 
+/* The shapes of the computable tensors; the largest output rows and weight, the rows in all. */
+static int scan_shapes(ref_host_cuda *c, uint64_t *max_out, uint64_t *max_weight_bytes,
+                       uint64_t *sum_out, char *err, size_t err_len)
+{
+    size_t n = ddo_checkpoint_tensor_count(c->ck);
+    c->tensor_shape = malloc((n ? n : 1) * sizeof(int32_t));
+    if (c->tensor_shape == NULL)
+        return tool_fail(err, err_len, DDO_E_NO_MEMORY, "reference host: out of host memory");
+    *max_out = *max_weight_bytes = *sum_out = 0;
+    for (size_t i = 0; i < n; i++) {
+        const ddo_tensor_info *ti = ddo_checkpoint_tensor(c->ck, i);
+        c->tensor_shape[i] = -1;
+        if (ti == NULL || !computable(ti))
+            continue;
+        size_t si = 0;
+        int rc = find_shape(c, ti, &si);
+        if (rc != 0)
+            return tool_fail(err, err_len, rc, "reference host: out of host memory");
+        c->tensor_shape[i] = (int32_t)si;
+        if (ti->shape[0] > *max_out)
+            *max_out = ti->shape[0];
+        if (ti->nbytes > *max_weight_bytes)
+            *max_weight_bytes = ti->nbytes;
+        *sum_out += ti->shape[0];
+    }
+    return 0;
+}
+
+/* cuBLASLt: the handle, the matmul descriptor and one prepared algorithm per shape. */
+static int lt_setup(ref_host_cuda *c, char *err, size_t err_len)
+{
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasStatus_t st = g_lt.Create(&c->lt);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = g_lt.MatmulDescCreate(&c->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return lt_fail(err, err_len, st, "cublasLtCreate", "");
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    st = g_lt.MatmulDescSetAttribute(c->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = g_lt.MatmulDescSetAttribute(c->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = g_lt.MatmulPreferenceCreate(&pref);
+    size_t ws = WORKSPACE_BYTES;
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = g_lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                               sizeof(ws));
+    /* Every reduction scheme is allowed: cuBLASLt's split-K reductions (in place ones too,
+     * which order their parts with counters) are deterministic for a fixed algorithm, and
+     * the algorithm is fixed per shape below. */
+    int rc = 0;
+    if (st != CUBLAS_STATUS_SUCCESS)
+        rc = lt_fail(err, err_len, st, "cublasLtMatmulDesc/Preference", "");
+    for (size_t i = 0; rc == 0 && i < c->nshapes; i++)
+        rc = prepare_shape(c, &c->shapes[i], pref, err, err_len);
+    if (pref != NULL)
+        g_lt.MatmulPreferenceDestroy(pref);
+    return rc;
+}
+
+/* Device buffers: workspace, one output buffer (products run in order on one stream), one
+ * activation per (dtype, in), and the pinned checksum samples. */
+static int alloc_buffers(ref_host_cuda *c, uint64_t max_out, uint64_t sum_out, char *err,
+                         size_t err_len)
+{
+    const ref_host_config *cfg = &c->cfg;
+    CUresult r = g_cu.MemAlloc(&c->ws, WORKSPACE_BYTES);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(err, err_len, r, "cuMemAlloc", "(cuBLASLt workspace)");
+    if (c->nshapes > 0) {
+        size_t out_bytes = (size_t)(max_out * cfg->tokens * 4);
+        r = g_cu.MemAlloc(&c->out, out_bytes);
+        if (r != CUDA_SUCCESS)
+            return cu_fail(err, err_len, r, "cuMemAlloc", "(reference host outputs)");
+    }
+    for (size_t i = 0; i < c->nacts; i++) {
+        size_t bytes = (size_t)(cfg->tokens * c->acts[i].in * ddo_dtype_size(c->acts[i].dtype));
+        void *hostbuf = malloc(bytes);
+        if (hostbuf == NULL)
+            return tool_fail(err, err_len, DDO_E_NO_MEMORY, "reference host: out of host memory");
+        fill_activation(hostbuf, c->acts[i].dtype, cfg->tokens, c->acts[i].in);
+        r = g_cu.MemAlloc(&c->acts[i].x, bytes);
+        if (r == CUDA_SUCCESS)
+            r = g_cu.MemcpyHtoD(c->acts[i].x, hostbuf, bytes);
+        free(hostbuf);
+        if (r != CUDA_SUCCESS)
+            return cu_fail(err, err_len, r, "cuMemAlloc/cuMemcpyHtoD", "(activations)");
+    }
+    if (cfg->checksum && c->nshapes > 0) {
+        c->rows = cfg->tokens < SAMPLE_ROWS ? (size_t)cfg->tokens : SAMPLE_ROWS;
+        c->samples_cap = (size_t)(sum_out * c->rows);
+        r = g_cu.MemHostAlloc((void **)&c->samples, c->samples_cap * sizeof(float), 0);
+        if (r != CUDA_SUCCESS)
+            return cu_fail(err, err_len, r, "cuMemHostAlloc", "(checksum samples)");
+    }
+    return 0;
+}
+
+/* Warm-up: one product per shape on a scratch weight, so cuBLASLt loads its kernels now and
+ * not inside the first timed step (or the device-memory measurement). */
+static int warm_up(ref_host_cuda *c, uint64_t max_weight_bytes, char *err, size_t err_len)
+{
+    if (c->nshapes == 0)
+        return 0;
+    CUdeviceptr scratch = 0;
+    CUresult r = g_cu.MemAlloc(&scratch, (size_t)max_weight_bytes);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(err, err_len, r, "cuMemAlloc", "(warm-up weight)");
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < c->nshapes; i++)
+        rc = matmul(c, &c->shapes[i], scratch, NULL, err, err_len);
+    if (rc == 0) {
+        r = g_cu.StreamSynchronize(NULL);
+        if (r != CUDA_SUCCESS)
+            rc = cu_fail(err, err_len, r, "cuStreamSynchronize", "(warm-up)");
+    }
+    g_cu.MemFree(scratch);
+    return rc;
+}
+
 int ref_host_cuda_create(ddo_device *dev, const ddo_checkpoint *ck, const ref_host_config *cfg,
                          ref_host_cuda **out, char *err, size_t err_len)
 {
@@ -480,146 +600,21 @@ int ref_host_cuda_create(ddo_device *dev, const ddo_checkpoint *ck, const ref_ho
     c->ck = ck;
     c->cfg = *cfg;
     c->step = REF_CHECKSUM_INIT;
-    cublasLtMatmulPreference_t pref = NULL;
-    void *hostbuf = NULL;
-    CUdeviceptr scratch = 0;
     CUresult r = g_cu.CtxGetCurrent(&c->ctx);
     if (r != CUDA_SUCCESS || c->ctx == NULL) {
         rc = tool_fail(err, err_len, DDO_E_DEVICE,
                        "reference host: no current CUDA context after opening %s", caps.name);
         goto fail;
     }
-    size_t n = ddo_checkpoint_tensor_count(ck);
-    c->tensor_shape = malloc((n ? n : 1) * sizeof(int32_t));
-    if (c->tensor_shape == NULL) {
-        rc = tool_fail(err, err_len, DDO_E_NO_MEMORY, "reference host: out of host memory");
-        goto fail;
-    }
     uint64_t max_out = 0, max_weight_bytes = 0, sum_out = 0;
-    for (size_t i = 0; i < n; i++) {
-        const ddo_tensor_info *ti = ddo_checkpoint_tensor(ck, i);
-        c->tensor_shape[i] = -1;
-        if (ti == NULL || !computable(ti))
-            continue;
-        size_t si = 0;
-        rc = find_shape(c, ti, &si);
-        if (rc != 0) {
-            tool_fail(err, err_len, rc, "reference host: out of host memory");
-            goto fail;
-        }
-        c->tensor_shape[i] = (int32_t)si;
-        if (ti->shape[0] > max_out)
-            max_out = ti->shape[0];
-        if (ti->nbytes > max_weight_bytes)
-            max_weight_bytes = ti->nbytes;
-        sum_out += ti->shape[0];
-    }
-
-    cublasStatus_t st = g_lt.Create(&c->lt);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = g_lt.MatmulDescCreate(&c->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-    if (st != CUBLAS_STATUS_SUCCESS) {
-        rc = lt_fail(err, err_len, st, "cublasLtCreate", "");
+    if ((rc = scan_shapes(c, &max_out, &max_weight_bytes, &sum_out, err, err_len)) != 0 ||
+        (rc = lt_setup(c, err, err_len)) != 0 ||
+        (rc = alloc_buffers(c, max_out, sum_out, err, err_len)) != 0 ||
+        (rc = warm_up(c, max_weight_bytes, err, err_len)) != 0)
         goto fail;
-    }
-    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    st = g_lt.MatmulDescSetAttribute(c->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = g_lt.MatmulDescSetAttribute(c->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = g_lt.MatmulPreferenceCreate(&pref);
-    size_t ws = WORKSPACE_BYTES;
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = g_lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                               sizeof(ws));
-    /* Every reduction scheme is allowed: cuBLASLt's split-K reductions (in place ones too,
-     * which order their parts with counters) are deterministic for a fixed algorithm, and
-     * the algorithm is fixed per shape below. */
-    if (st != CUBLAS_STATUS_SUCCESS) {
-        rc = lt_fail(err, err_len, st, "cublasLtMatmulDesc/Preference", "");
-        goto fail;
-    }
-    for (size_t i = 0; i < c->nshapes; i++) {
-        rc = prepare_shape(c, &c->shapes[i], pref, err, err_len);
-        if (rc != 0)
-            goto fail;
-    }
-
-    /* Device buffers: workspace, one output buffer (products run in order on one stream),
-     * one activation per (dtype, in). */
-    r = g_cu.MemAlloc(&c->ws, WORKSPACE_BYTES);
-    if (r != CUDA_SUCCESS) {
-        rc = cu_fail(err, err_len, r, "cuMemAlloc", "(cuBLASLt workspace)");
-        goto fail;
-    }
-    if (c->nshapes > 0) {
-        size_t out_bytes = (size_t)(max_out * cfg->tokens * 4);
-        r = g_cu.MemAlloc(&c->out, out_bytes);
-        if (r != CUDA_SUCCESS) {
-            rc = cu_fail(err, err_len, r, "cuMemAlloc", "(reference host outputs)");
-            goto fail;
-        }
-    }
-    for (size_t i = 0; i < c->nacts; i++) {
-        size_t bytes = (size_t)(cfg->tokens * c->acts[i].in * ddo_dtype_size(c->acts[i].dtype));
-        free(hostbuf);
-        hostbuf = malloc(bytes);
-        if (hostbuf == NULL) {
-            rc = tool_fail(err, err_len, DDO_E_NO_MEMORY, "reference host: out of host memory");
-            goto fail;
-        }
-        fill_activation(hostbuf, c->acts[i].dtype, cfg->tokens, c->acts[i].in);
-        r = g_cu.MemAlloc(&c->acts[i].x, bytes);
-        if (r == CUDA_SUCCESS)
-            r = g_cu.MemcpyHtoD(c->acts[i].x, hostbuf, bytes);
-        if (r != CUDA_SUCCESS) {
-            rc = cu_fail(err, err_len, r, "cuMemAlloc/cuMemcpyHtoD", "(activations)");
-            goto fail;
-        }
-    }
-    free(hostbuf);
-    hostbuf = NULL;
-
-    if (cfg->checksum && c->nshapes > 0) {
-        c->rows = cfg->tokens < SAMPLE_ROWS ? (size_t)cfg->tokens : SAMPLE_ROWS;
-        c->samples_cap = (size_t)(sum_out * c->rows);
-        r = g_cu.MemHostAlloc((void **)&c->samples, c->samples_cap * sizeof(float), 0);
-        if (r != CUDA_SUCCESS) {
-            rc = cu_fail(err, err_len, r, "cuMemHostAlloc", "(checksum samples)");
-            goto fail;
-        }
-    }
-
-    /* Warm-up: one product per shape on a scratch weight, so cuBLASLt loads its kernels
-     * now and not inside the first timed step (or the device-memory measurement). */
-    if (c->nshapes > 0) {
-        r = g_cu.MemAlloc(&scratch, (size_t)max_weight_bytes);
-        if (r != CUDA_SUCCESS) {
-            rc = cu_fail(err, err_len, r, "cuMemAlloc", "(warm-up weight)");
-            goto fail;
-        }
-        for (size_t i = 0; i < c->nshapes; i++) {
-            rc = matmul(c, &c->shapes[i], scratch, NULL, err, err_len);
-            if (rc != 0)
-                goto fail;
-        }
-        r = g_cu.StreamSynchronize(NULL);
-        if (r != CUDA_SUCCESS) {
-            rc = cu_fail(err, err_len, r, "cuStreamSynchronize", "(warm-up)");
-            goto fail;
-        }
-        g_cu.MemFree(scratch);
-        scratch = 0;
-    }
-    g_lt.MatmulPreferenceDestroy(pref);
     *out = c;
     return 0;
 fail:
-    free(hostbuf);
-    if (scratch != 0)
-        g_cu.MemFree(scratch);
-    if (pref != NULL)
-        g_lt.MatmulPreferenceDestroy(pref);
     ref_host_cuda_destroy(c);
     return rc;
 }
