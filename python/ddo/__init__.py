@@ -26,6 +26,7 @@ from .cli import (add_dynamic_offload_arguments, add_dynamic_offload_lifecycle_a
 from .routing import (RouteResult, close_pipeline_offload, detect_quantized_backend_modules,
                       enable_offload, enable_pipeline_offload)
 from .metrics import MetricsTracker
+from .loading import DynamicOffloadLoadResult, from_pretrained_with_dynamic_offload
 
 __all__ = ["enable_offload", "enable_dynamic_offload", "enable_pipeline_offload",
            "close_pipeline_offload", "OffloadResult", "RouteResult", "MetricsReport",
@@ -33,7 +34,8 @@ __all__ = ["enable_offload", "enable_dynamic_offload", "enable_pipeline_offload"
            "load_dynamic_offload_settings_from_env", "is_wsl_environment",
            "add_dynamic_offload_arguments", "build_config_from_args",
            "add_dynamic_offload_lifecycle_arguments", "maybe_purge_windows_standby_cache",
-           "detect_quantized_backend_modules", "DdoError", "UnknownOptionError",
+           "detect_quantized_backend_modules", "from_pretrained_with_dynamic_offload",
+           "DynamicOffloadLoadResult", "DdoError", "UnknownOptionError",
            "LibraryError", "load_library", "library_version"]
 
 

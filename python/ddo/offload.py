@@ -197,9 +197,12 @@ def _hooked(fn):
 class OffloadResult:
     """A module whose weights ddo streams; see enable_offload."""
 
-    def __init__(self, module, cfg):
+    def __init__(self, module, cfg, source=None):
         self.module = module
         self._cfg = cfg
+        # source: a checkpoint path (file, sharded index, folder) the module's parameters
+        # (meta tensors) are read from, instead of the module's CPU tensors (_source.py).
+        self._source = source
         self._lock = threading.Lock()
         self._owner = None
         self._handles = []
@@ -228,8 +231,14 @@ class OffloadResult:
     def _setup(self):
         L = _native.lib()
         to_ddo, _ = _torch.dtype_tables()
-        self._tensors, self._ddo_path, self._modules_of = _collect(self.module, to_ddo)
-        self._host_checkpoint(to_ddo)
+        if self._source is not None:
+            from . import _source
+            self._tensors, self._ddo_path, self._modules_of, self._ck = \
+                _source.file_checkpoint(self, self.module, self._source,
+                                        self._cfg.get("load_safetensors_backend"))
+        else:
+            self._tensors, self._ddo_path, self._modules_of = _collect(self.module, to_ddo)
+            self._host_checkpoint(to_ddo)
         note = ctypes.create_string_buffer(256)
         dev = ctypes.c_void_p()
         _native.check(L.ddo_device_create_from_config(self._cfg.h, None, ctypes.byref(dev),
@@ -317,6 +326,8 @@ class OffloadResult:
         self.unmanaged_bytes = 0
         for t in self._tensors:
             if t.placement == _PLACEMENT_SKIPPED:
+                if t.index in getattr(self, "_file_backed", ()):  # from the file, once
+                    t.host = self._source_ck_reader(t)
                 dev_t = t.host.to(self.device)
                 for p in t.params:
                     p.data = dev_t
@@ -660,6 +671,9 @@ class OffloadResult:
                     self.device_bytes_after_close = caps.total_bytes - caps.free_bytes
                 L.ddo_device_destroy(self._dev)
         self._session = self._plan = self._ck = self._dev = None
+        if getattr(self, "_source_restore", None) is not None:  # file-backed: meta again
+            self._source_restore()
+            self._source_restore = None
         if getattr(self.module, "_ddo_offload", None) is self:
             del self.module._ddo_offload
 

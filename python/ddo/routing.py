@@ -290,6 +290,12 @@ def enable_offload(module_or_pipeline, preset="auto", *, component="model", rout
 def apply_route(module, pol, cfg, st, component, *, apply_hook=True, source=None):
     """Applies a resolved route to module (the second half of enable_offload)."""
     r = pol["route"]
+    if source is None:
+        source = getattr(module, "_ddo_source", None)  # from_pretrained_with_dynamic_offload
+    if source is not None and r != "dynamic_offload" and apply_hook:
+        from .loading import materialize
+        materialize(module, source)  # only ddo streams from the files: host tensors here
+        source = None
     if r == "dynamic_offload":
         if pol["unit_granularity"] and pol["unit_granularity"] != cfg.get("unit_granularity"):
             cfg.override("unit_granularity", pol["unit_granularity"])

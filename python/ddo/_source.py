@@ -1,0 +1,196 @@
+"""File-backed tensor sources (internal): a module built on the meta device, each parameter
+associated with its immutable checkpoint slice, the names, dtypes and shapes checked.
+
+OffloadResult(module, cfg, source=PATH) takes its checkpoint from here instead of the
+module's CPU tensors: the session then reads the files (retained store, staging) and no CPU
+copy of a streamed or resident weight is ever made. Tensors the plan skips, and persistent
+buffers the checkpoint holds, are read into host tensors (they are moved to the device once,
+like every unmanaged tensor).
+"""
+
+import ctypes
+
+import torch
+
+from . import _lib, _native
+
+_BACKENDS = {"": 0, "pread": 1, "mmap": 2}
+
+
+def open_checkpoint(path, backend=""):
+    """An owned ddo_checkpoint handle for a file, a sharded index or a Diffusers folder."""
+    ck = ctypes.c_void_p()
+    _native.check(_native.lib().ddo_checkpoint_create(str(path).encode(),
+                                                      _BACKENDS.get(backend or "", 0),
+                                                      ctypes.byref(ck)))
+    return ck
+
+
+def table(ck):
+    """[(name, ddo dtype index, shape tuple, nbytes)] in checkpoint order."""
+    L = _native.lib()
+    out = []
+    for i in range(L.ddo_checkpoint_tensor_count(ck)):
+        t = L.ddo_checkpoint_tensor(ck, i).contents
+        out.append((t.name.decode(), t.dtype, tuple(t.shape[k] for k in range(t.ndim)),
+                    t.nbytes))
+    return out
+
+
+def read_tensor(ck, index, torch_dtype, shape):
+    """Tensor index of ck as a new CPU tensor (ddo_checkpoint_read: identity re-checked)."""
+    t = torch.empty(shape, dtype=torch_dtype)
+    n = t.numel() * t.element_size()
+    if n:
+        _native.check(_native.lib().ddo_checkpoint_read(ck, index, 0,
+                                                        ctypes.c_void_p(t.data_ptr()), n),
+                      _native.lib().ddo_checkpoint_error(ck))
+    return t
+
+
+def _parameters(module):
+    """name -> Parameter (tied ones under every name), and the buffers by name."""
+    params = {}
+    for mname, m in module.named_modules(remove_duplicate=False):
+        for pname, p in m._parameters.items():
+            if p is not None:
+                params[f"{mname}.{pname}" if mname else pname] = p
+    buffers = {}
+    for mname, m in module.named_modules(remove_duplicate=False):
+        for bname, b in m._buffers.items():
+            if b is not None and bname not in m._non_persistent_buffers_set:
+                buffers[f"{mname}.{bname}" if mname else bname] = (m, bname, b)
+    return params, buffers
+
+
+def match(module, ck, where, check_dtype=True):
+    """Checks module against the checkpoint; returns (params by tensor index, buffers to load).
+
+    Every parameter must have a tensor of the same dtype and shape (a tied parameter needs
+    one of its names); every tensor must be a parameter or a persistent buffer. One line
+    names the first mismatch and the file.
+    """
+    to_ddo, to_torch = _torch_tables()
+    names = {n: i for i, (n, *_r) in enumerate(table(ck))}
+    tab = table(ck)
+    params, buffers = _parameters(module)
+    kind = type(module).__name__
+    by_param, by_index = {}, {}
+    for name, p in params.items():
+        if id(p) in by_param and name not in names:
+            continue  # a tied name whose partner is in the file
+        i = names.get(name)
+        if i is None:
+            if any(q is p and n in names for n, q in params.items()):
+                continue
+            raise _native.DdoError("DDO_E_NOT_FOUND", f"{where}: {kind} parameter {name} has "
+                                   f"no tensor in the checkpoint (it does not match the model "
+                                   f"class)")
+        _n, dt, shape, _nb = tab[i]
+        if tuple(p.shape) != shape or (check_dtype and to_ddo.get(p.dtype) != dt):
+            raise _native.DdoError(
+                "DDO_E_FORMAT", f"{where}: tensor {name} is {_dtype_name(dt)} "
+                f"{list(shape)} in the checkpoint but {kind} declares {p.dtype} "
+                f"{list(p.shape)} (it does not match the model class)")
+        by_param[id(p)] = i
+        by_index.setdefault(i, []).append(p)
+    loads = []
+    for name, i in names.items():
+        if i in by_index:
+            continue
+        if name in buffers:
+            m, bname, b = buffers[name]
+            loads.append((i, m, bname, to_torch[tab[i][1]], tab[i][2]))
+            continue
+        if name not in params:
+            raise _native.DdoError("DDO_E_FORMAT", f"{where}: checkpoint tensor {name} is not "
+                                   f"a parameter or buffer of {kind} (it does not match the "
+                                   f"model class)")
+    return by_index, loads
+
+
+def _torch_tables():
+    from . import _torch
+    return _torch.dtype_tables()
+
+
+def _dtype_name(idx):
+    return _native.dtype_names().get(idx, str(idx))
+
+
+def replace_params(module, make):
+    """Replaces every Parameter p of module for which make(p) gives a tensor by a Parameter
+    over that tensor (tied names keep sharing one); returns [(module, name, old)] to undo.
+    (torch cannot assign a CPU or CUDA tensor to a meta Parameter's .data.)"""
+    new, undo = {}, []
+    for m in module.modules():
+        for name, p in list(m._parameters.items()):
+            if p is None:
+                continue
+            if id(p) not in new:
+                t = make(p)
+                new[id(p)] = None if t is None else torch.nn.Parameter(
+                    t, requires_grad=p.requires_grad)
+            if new[id(p)] is not None:
+                m._parameters[name] = new[id(p)]
+                undo.append((m, name, p))
+    return new, undo
+
+
+def load_buffers(module, source):
+    """Reads the persistent buffers the checkpoint holds into module (host tensors)."""
+    ck = open_checkpoint(source)
+    try:
+        _by, loads = match(module, ck, str(source), check_dtype=False)
+        for i, m, bname, dt, shape in loads:
+            m._buffers[bname] = read_tensor(ck, i, dt, shape)
+    finally:
+        _native.lib().ddo_checkpoint_destroy(ck)
+
+
+def file_checkpoint(result, module, source, backend):
+    """(tensors, ddo_path, modules_of, checkpoint) for OffloadResult's file-backed setup.
+
+    The meta Parameters are swapped for Parameters over empty host placeholders (torch binds
+    device views to those); close() puts the meta ones back (result._source_restore).
+    """
+    from .offload import _Param  # the same record the in-memory path builds
+    _, to_torch = _torch_tables()
+    ck = open_checkpoint(source, backend)
+    try:
+        by_index, loads = match(module, ck, str(source))
+        for i, m, bname, dt, shape in loads:
+            m._buffers[bname] = read_tensor(ck, i, dt, shape)
+        index_of = {id(p): i for i, ps in by_index.items() for p in ps}
+        new, undo = replace_params(module, lambda p: torch.empty(0, dtype=p.dtype)
+                                   if id(p) in index_of else None)
+        params = {}
+        for old_id, i in index_of.items():
+            q = new[old_id]
+            if q is not None and all(q is not x for x in params.get(i, [])):
+                params.setdefault(i, []).append(q)
+        modules_of = {}
+        for m in module.modules():
+            for _pn, p in m._parameters.items():
+                if p is not None:
+                    modules_of.setdefault(id(p), []).append(m)
+        tensors = []
+        for i, (name, dt, shape, _nb) in enumerate(table(ck)):
+            ps = params.get(i, [])
+            entry = _Param(i, name, torch.empty(0, dtype=to_torch[dt]), _dtype_name(dt))
+            entry.shape = shape
+            entry.params = list(ps)
+            tensors.append(entry)
+        ddo_path = {n: n for n, _m in module.named_modules()}
+
+        def restore():
+            for m, name, old in reversed(undo):
+                m._parameters[name] = old
+
+        result._source_restore = restore
+        result._file_backed = set(params)
+        result._source_ck_reader = lambda t: read_tensor(ck, t.index, t.torch_dtype, t.shape)
+        return tensors, ddo_path, modules_of, ck
+    except BaseException:
+        _native.lib().ddo_checkpoint_destroy(ck)
+        raise
