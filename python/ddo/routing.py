@@ -244,7 +244,8 @@ def resolve_route(module, preset="auto", *, component="model", route=None, setti
     # The seed's VAE policy: an explicit config or runtime overrides bypass the preset's VAE
     # route fallback (they are not silently replaced with leaf offload): the component then
     # routes as it would without that preset entry.
-    if route is None and (config is not None or kw) and not explicit and \
+    given = (config is not None and bool(config.explicit())) or bool(kw)
+    if route is None and given and not explicit and \
             _norm(component) == "VAE" and "preset:" in pol["route_source"]:
         fallback = "dynamic_offload" if st_enabled(cfg) else "none"
         pol = _policy(cfg, component, fallback, quant)

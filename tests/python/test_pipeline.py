@@ -174,6 +174,18 @@ def test_vae_policy_bypassed_by_explicit_config(group):
     assert r.route == "dynamic_offload"  # an override: not silently the preset's leaf route
     assert len(group.calls) == n
     r.close()
+    r = ddo.enable_offload(vae, component="vae", environ=CPU,
+                           config=ddo.DynamicOffloadConfig(execution_device="cpu"))
+    assert r.route == "dynamic_offload"
+    r.close()
+    # An empty config sets nothing: the preset's VAE policy stays.
+    r = ddo.enable_offload(vae, component="vae", environ=CPU, config=ddo.DynamicOffloadConfig())
+    assert r.route == "diffusers_group_offload" and group.calls[-1][1]["use_stream"] is False
+    r.close()
+    # With the preset off, the bypass leaves the VAE unmanaged (settings disabled).
+    r = ddo.enable_offload(vae, "off", component="vae", environ=CPU, verbose=True)
+    assert r.route == "none"
+    r.close()
 
 
 def test_bad_routes_and_policies_are_one_line(group):
