@@ -12,7 +12,7 @@ import ctypes
 
 import torch
 
-from . import _lib, _native
+from . import _native
 
 _BACKENDS = {"": 0, "pread": 1, "mmap": 2}
 

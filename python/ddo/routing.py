@@ -148,7 +148,7 @@ class RouteResult:
 
 
 def _remove_group_hooks(module):
-    reg = getattr(module, "_diffusers_hook", None)
+    """Removes Diffusers' group-offload hooks from every submodule that has its registry."""
     for m in module.modules():
         reg = getattr(m, "_diffusers_hook", None)
         if reg is None:

@@ -50,11 +50,11 @@ def set_component_policies(cfg, policies):
             rc = _native.lib().ddo_config_set_component_policy(
                 cfg.h, str(comp).encode(), key.encode(), text.encode())
             if rc != 0:
-                raise _native.DdoError(
-                    _native.error_name(rc),
-                    f"component_policies[{comp!r}][{opt!r}]: "
-                    f"{_text(_native.lib().ddo_config_error(cfg.h)) or _text(_native.lib().ddo_last_error())}"
-                    f" (options: {', '.join(_POLICY_OPTIONS)})")
+                L = _native.lib()
+                detail = _text(L.ddo_config_error(cfg.h)) or _text(L.ddo_last_error())
+                raise _native.DdoError(_native.error_name(rc),
+                                       f"component_policies[{comp!r}][{opt!r}]: {detail} "
+                                       f"(options: {', '.join(_POLICY_OPTIONS)})")
 
 
 def resolve_config(*, preset="", backend=None, environ=None, use_environment=True,
