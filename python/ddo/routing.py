@@ -13,7 +13,7 @@ import ctypes
 
 import torch
 
-from . import _lib, _native, offload, profiles
+from . import _lib, _native, offload, ownership, profiles
 from .settings import DynamicOffloadSettings, resolve_config
 
 ROUTES = ("dynamic_offload", "diffusers_group_offload", "none")
@@ -300,8 +300,10 @@ def apply_route(module, pol, cfg, st, component, *, apply_hook=True, source=None
     if r == "dynamic_offload":
         if pol["unit_granularity"] and pol["unit_granularity"] != cfg.get("unit_granularity"):
             cfg.override("unit_granularity", pol["unit_granularity"])
+        owned = ownership.preflight(module, cfg, component)
         prof = profiles.prepare(module, cfg, source=source)
         res = offload.OffloadResult(module, cfg, **({"source": source} if source else {}))
+        res.ownership = owned
         res.route = r
         res.component = component
         res.settings = st

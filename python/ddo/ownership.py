@@ -1,0 +1,78 @@
+"""Whole-component ownership (vmm_component_tensor_ownership): the preflight.
+
+With the option on (native fast route only; the library refuses it elsewhere), ddo takes
+every tensor of a component such as a text encoder: every parameter becomes a ddo tensor
+(streamed or resident), and the buffers are copied to the device once, within
+vmm_component_buffer_limit_mb. Before anything is set up the component must pass:
+
+  - immutable plain tensors: every parameter a torch.nn.Parameter over a plain dense tensor of
+    a dtype ddo moves (no tensor subclass, quantized or sparse tensor);
+  - no partial aliases: parameters may share one tensor (tied weights), but a parameter that
+    is a view into another's storage (another offset, shape or stride) is refused;
+  - nothing left out: skip_modules_pattern must be empty (ownership means every tensor);
+  - bounded buffers: the buffers' bytes at most vmm_component_buffer_limit_mb MiB.
+
+Each refusal is one line naming the component, the tensor and the option.
+"""
+
+import torch
+
+from . import _native, _torch
+
+
+def _refuse(component, what):
+    raise _native.DdoError("DDO_E_UNSUPPORTED", f"component {component}: whole-component "
+                           f"ownership (vmm_component_tensor_ownership) refused: {what}")
+
+
+def _check_tensors(module, component, to_ddo):
+    spans = {}
+    seen = set()
+    named = [(f"{mn}.{pn}" if mn else pn, p)
+             for mn, m in module.named_modules(remove_duplicate=False)
+             for pn, p in m._parameters.items() if p is not None]
+    for name, p in named:
+        if type(p) is not torch.nn.Parameter or type(p.data) is not torch.Tensor:
+            _refuse(component, f"parameter {name} is a {type(p.data).__name__}, not a plain "
+                    f"tensor (use the compatibility route)")
+        if p.is_quantized or p.is_sparse or p.dtype not in to_ddo:
+            _refuse(component, f"parameter {name} ({p.dtype}) cannot be moved as plain bytes")
+        if p.device.type == "meta":
+            seen.add(id(p))
+            continue  # file-backed: the checkpoint slices are immutable and disjoint
+        st = p.untyped_storage() if hasattr(p, "untyped_storage") else p.storage()
+        key = st.data_ptr()
+        me = (p.data_ptr(), tuple(p.shape), tuple(p.stride()), p.dtype)
+        other = spans.get(key)
+        if other is not None and other[1] != me:
+            _refuse(component, f"parameter {name} is a partial alias of {other[0]} (a view "
+                    f"into the same storage with another offset or shape): shared tensors "
+                    f"must be whole (tied weights)")
+        spans.setdefault(key, (name, me))
+        seen.add(id(p))
+    return len(seen)
+
+
+def preflight(module, cfg, component):
+    """Checks module for whole-component ownership when cfg asks for it; returns a summary
+    dict ({} when the option is off). Raises DdoError (one line) on a refusal."""
+    if cfg.get("vmm_component_tensor_ownership") != "true":
+        return {}
+    to_ddo, _ = _torch.dtype_tables()
+    skip = cfg.get("skip_modules_pattern")
+    if skip:
+        _refuse(component, f"skip_modules_pattern={skip!r} leaves tensors out; ownership "
+                f"takes every tensor of the component")
+    tensors = _check_tensors(module, component, to_ddo)
+    limit = float(cfg.get("vmm_component_buffer_limit_mb") or 0) * (1 << 20)
+    total, largest = 0, ("", 0)
+    for name, b in module.named_buffers():
+        n = b.numel() * b.element_size()
+        total += n
+        if n > largest[1]:
+            largest = (name, n)
+    if total > limit:
+        _refuse(component, f"its buffers hold {total} bytes (largest {largest[0]}, "
+                f"{largest[1]} bytes), over vmm_component_buffer_limit_mb="
+                f"{cfg.get('vmm_component_buffer_limit_mb')} MiB")
+    return {"tensors": tensors, "buffer_bytes": total, "buffer_limit_bytes": int(limit)}
