@@ -9,12 +9,10 @@
 #include "tool.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -139,39 +137,6 @@ static void print_table(const ddo_plan *plan, const char *path)
 
 /* A saved plan is at most this large (a plan of 10^5 tensors is a few tens of MiB). */
 #define MAX_PLAN_JSON_BYTES ((size_t)256 << 20)
-
-/* Reads a regular file of at most MAX_PLAN_JSON_BYTES; opens without blocking, so a FIFO is
- * refused instead of waited on. NULL with errno set (EFBIG when too large, EINVAL when not a
- * regular file). */
-static char *read_file(const char *path)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0)
-        return NULL;
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 0 ||
-        (uint64_t)st.st_size > MAX_PLAN_JSON_BYTES) {
-        int e = errno;
-        bool regular = S_ISREG(st.st_mode);
-        close(fd);
-        errno = regular ? (st.st_size < 0 ? e : EFBIG) : EINVAL;
-        return NULL;
-    }
-    size_t len = (size_t)st.st_size, done = 0;
-    char *buf = malloc(len + 1);
-    while (buf != NULL && done < len) {
-        ssize_t n = read(fd, buf + done, len - done);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break;
-        done += (size_t)n;
-    }
-    close(fd);
-    if (buf != NULL)
-        buf[done] = '\0';
-    return buf;
-}
 
 static int emit(const ddo_plan *plan, bool json, const char *path)
 {
@@ -305,7 +270,7 @@ int ddo_cmd_plan(int argc, char **argv)
     if (f.from_json != NULL) {
         char q[512];
         tool_quote(f.from_json, q, sizeof q);
-        saved = read_file(f.from_json);
+        saved = tool_read_file(f.from_json, MAX_PLAN_JSON_BYTES);
         if (saved == NULL) {
             fprintf(stderr, "ddo plan: %s: %s\n", q,
                     errno == EFBIG    ? "larger than 256 MiB (the saved-plan limit)"

@@ -36,6 +36,10 @@ int ddo_tool_running_on_wsl(void);
 #include <stdint.h>
 /* Monotonic clock, ns. */
 uint64_t tool_now_ns(void);
+/* Reads a regular file of at most max_bytes into a NUL-terminated buffer (free it); opens
+ * without blocking, so a FIFO or device is refused instead of waited on. NULL with errno set
+ * (EFBIG when too large, EINVAL when not a regular file). */
+char *tool_read_file(const char *path, size_t max_bytes);
 /* A whole non-negative decimal number (digits only); -1 when s is not one. */
 int tool_parse_u64(const char *s, uint64_t *out);
 /* A finite decimal number >= 0 (no spaces, hex, inf or nan); -1 when s is not one. */

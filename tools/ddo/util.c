@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
@@ -264,4 +265,34 @@ void tool_plan_inputs(ddo_plan_inputs *in, const ddo_device_caps *caps)
         in->device_vmm_supported = caps->vmm_supported;
     }
     in->host_available_bytes = tool_host_available_bytes();
+}
+
+char *tool_read_file(const char *path, size_t max_bytes)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 0 ||
+        (uint64_t)st.st_size > max_bytes) {
+        int e = errno;
+        bool regular = S_ISREG(st.st_mode);
+        close(fd);
+        errno = regular ? (st.st_size < 0 ? e : EFBIG) : EINVAL;
+        return NULL;
+    }
+    size_t len = (size_t)st.st_size, done = 0;
+    char *buf = malloc(len + 1);
+    while (buf != NULL && done < len) {
+        ssize_t n = read(fd, buf + done, len - done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        done += (size_t)n;
+    }
+    close(fd);
+    if (buf != NULL)
+        buf[done] = '\0';
+    return buf;
 }
