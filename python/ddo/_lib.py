@@ -311,9 +311,13 @@ def load(path=None):
                         from None
                 tried.append(f"{p} ({origin}: {e})")
                 continue
-            lib.ddo_version_string.restype = c_char_p
-            lib.ddo_struct_size.restype = c_size_t
-            lib.ddo_struct_size.argtypes = [c_char_p]
+            try:
+                lib.ddo_version_string.restype = c_char_p
+                lib.ddo_struct_size.restype = c_size_t
+                lib.ddo_struct_size.argtypes = [c_char_p]
+            except AttributeError:
+                raise LibraryError(f"ddo: {p} ({origin}) is not libddo (it has no "
+                                   f"ddo_version_string / ddo_struct_size)") from None
             version = _check(lib, f"{p} ({origin})")
             _declare(lib)
             lib.ddo_path = p

@@ -395,3 +395,12 @@ def test_resident_tensors_registered_in_place():
     assert snap.get("registered_peak_bytes") <= b["registered_peak"]
     r.close()
     assert r.device_bytes_after_close == 0
+
+
+def test_a_library_that_is_not_libddo_is_refused_in_one_line():
+    import ctypes.util
+    libc = ctypes.util.find_library("c") or "libc.so.6"
+    p = _import_with({"DDO_LIBRARY": libc})
+    assert p.returncode != 0
+    last = p.stderr.strip().splitlines()[-1]
+    assert "LibraryError" in last and "is not libddo" in last
