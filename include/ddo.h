@@ -105,6 +105,16 @@ DDO_API void ddo_free(void *p);
  */
 DDO_API size_t ddo_struct_size(const char *name);
 
+/* The text helpers of the library's messages, for hosts that write their own in the same way.
+ * ddo_quote: s for a one-line message (control characters and terminal escapes as \n, \xNN,
+ * \uNNNN; quotes and backslashes escaped), cut with "..." to fit len bytes.
+ * ddo_decimal_syntax: s is decimal digits with an optional sign, point and exponent (integer:
+ * digits and a sign only) and nothing else (no spaces, 0x10, inf or nan).
+ * ddo_format_real: the shortest text that reads back as v (whole numbers without a point). */
+DDO_API void ddo_quote(const char *s, char *buf, size_t len);
+DDO_API bool ddo_decimal_syntax(const char *s, bool integer);
+DDO_API void ddo_format_real(double v, char *buf, size_t len);
+
 /* ------------------------------------------------------------------------ */
 /* Data types                                                                */
 /* ------------------------------------------------------------------------ */

@@ -290,41 +290,15 @@ const char *ddo__checkpoint_quote_text(const char *s)
     return quote(s, false);
 }
 
+/* Into the next of a few per-thread buffers, so several may appear in one message. */
 static const char *quote(const char *s, bool quotes)
 {
     static _Thread_local char ring[QUOTE_SLOTS][QUOTE_BYTES];
     static _Thread_local unsigned next;
-    char *buf = ring[next++ % QUOTE_SLOTS];
     if (s == NULL)
         return "(null)";
-    size_t o = 0;
-    const unsigned char *p = (const unsigned char *)s;
-    for (; *p != '\0'; p++) {
-        char tmp[8];
-        size_t n;
-        unsigned char c = *p;
-        if (c == '\n' || c == '\r' || c == '\t' || (quotes && (c == '\\' || c == '"'))) {
-            tmp[0] = '\\';
-            tmp[1] = c == '\n' ? 'n' : c == '\r' ? 'r' : c == '\t' ? 't' : (char)c;
-            n = 2;
-        } else if (c < 0x20 || c == 0x7f) {
-            n = (size_t)snprintf(tmp, sizeof(tmp), "\\x%02x", c);
-        } else if (c == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) {
-            /* C1 controls (U+0080..U+009F; U+009B is a terminal's CSI) */
-            n = (size_t)snprintf(tmp, sizeof(tmp), "\\u%04x", p[1]);
-            p++;
-        } else {
-            tmp[0] = (char)c;
-            n = 1;
-        }
-        if (o + n + 4 > QUOTE_BYTES) {
-            memcpy(buf + o, "...", 4);
-            return buf;
-        }
-        memcpy(buf + o, tmp, n);
-        o += n;
-    }
-    buf[o] = '\0';
+    char *buf = ring[next++ % QUOTE_SLOTS];
+    ddo__quote(s, quotes, buf, QUOTE_BYTES);
     return buf;
 }
 

@@ -96,4 +96,9 @@ void ddo__sbuf_free(ddo__sbuf *b);
 /* Hands the text to the caller (free with ddo_free/free); NULL if allocation failed. */
 char *ddo__sbuf_take(ddo__sbuf *b);
 
+/* s for a one-line message (text.c): newline, return and tab as \n \r \t, other control bytes
+ * as \xNN, C1 controls as \uNNNN, with quotes also " and \ escaped; cut with "..." to fit len
+ * (ddo_quote is the public form, quotes on). */
+void ddo__quote(const char *s, bool quotes, char *buf, size_t len);
+
 #endif /* DDO_COMMON_H */

@@ -117,17 +117,7 @@ size_t ddo__edit_distance(const char *a, const char *b)
 
 void ddo__config_fmt_double(double v, char *buf, size_t len)
 {
-    if (v == 0.0)
-        v = 0.0; /* no "-0" */
-    if (fabs(v) < 1e15 && v == floor(v)) {
-        snprintf(buf, len, "%.0f", v);
-        return;
-    }
-    for (int prec = 1; prec <= 17; prec++) {
-        snprintf(buf, len, "%.*g", prec, v);
-        if (strtod(buf, NULL) == v)
-            return;
-    }
+    ddo_format_real(v, buf, len);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -389,39 +379,12 @@ static void choices_text(const char *choices, char *buf, size_t len)
 
 /*
  * The catalog's "number": an optional sign, decimal digits with an optional point, an optional
- * decimal exponent; nothing before or after. strtod alone would also take leading spaces,
- * hexadecimal (0x10), inf, nan and locale forms; those are refused here.
+ * decimal exponent; nothing before or after (ddo_decimal_syntax). strtod alone would also take
+ * leading spaces, hexadecimal (0x10), inf, nan and locale forms; those are refused here.
  */
-static bool decimal_syntax(const char *s, bool integer)
-{
-    const char *p = s;
-    if (*p == '+' || *p == '-')
-        p++;
-    size_t digits = 0;
-    while (isdigit((unsigned char)*p))
-        p++, digits++;
-    if (!integer && *p == '.') {
-        p++;
-        while (isdigit((unsigned char)*p))
-            p++, digits++;
-    }
-    if (digits == 0)
-        return false;
-    if (!integer && (*p == 'e' || *p == 'E')) {
-        p++;
-        if (*p == '+' || *p == '-')
-            p++;
-        if (!isdigit((unsigned char)*p))
-            return false;
-        while (isdigit((unsigned char)*p))
-            p++;
-    }
-    return *p == '\0';
-}
-
 static int parse_double(const char *s, double *out)
 {
-    if (!decimal_syntax(s, false))
+    if (!ddo_decimal_syntax(s, false))
         return -1;
     errno = 0;
     double v = strtod(s, NULL);
@@ -433,7 +396,7 @@ static int parse_double(const char *s, double *out)
 
 static int parse_int(const char *s, int64_t *out)
 {
-    if (!decimal_syntax(s, true))
+    if (!ddo_decimal_syntax(s, true))
         return -1;
     errno = 0;
     long long v = strtoll(s, NULL, 10);
@@ -443,47 +406,9 @@ static int parse_int(const char *s, int64_t *out)
     return 0;
 }
 
-static size_t quote_char(unsigned char c, char e[5])
-{
-    static const char hex[] = "0123456789abcdef";
-    memset(e, 0, 5);
-    if (c == '\n' || c == '\t' || c == '\r' || c == '"' || c == '\\') {
-        e[0] = '\\';
-        e[1] = c == '\n' ? 'n' : c == '\t' ? 't' : c == '\r' ? 'r' : (char)c;
-    } else if (c < 0x20 || c == 0x7f) {
-        e[0] = '\\';
-        e[1] = 'x';
-        e[2] = hex[c >> 4];
-        e[3] = hex[c & 15];
-    } else {
-        e[0] = (char)c;
-    }
-    return strlen(e);
-}
-
 void ddo__config_quote(const char *s, char *buf, size_t len)
 {
-    if (len == 0)
-        return;
-    const unsigned char *p = (const unsigned char *)(s != NULL ? s : "");
-    size_t o = 0, keep = 0; /* keep: the end of the text that still leaves room for "..." */
-    for (; *p != '\0'; p++) {
-        char e[5];
-        size_t n = quote_char(*p, e);
-        if (o + n + 1 > len)
-            break;
-        memcpy(buf + o, e, n);
-        o += n;
-        if (o + 4 <= len)
-            keep = o;
-    }
-    if (*p != '\0') { /* cut: end with "..." where it fits */
-        o = keep;
-        size_t dots = len - 1 - o < 3 ? len - 1 - o : 3;
-        memcpy(buf + o, "...", dots);
-        o += dots;
-    }
-    buf[o] = '\0';
+    ddo__quote(s, true, buf, len);
 }
 
 /* Options whose out-of-range values ddo_config_validate clamps (upstream normalisation)

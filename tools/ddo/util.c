@@ -38,38 +38,10 @@ uint64_t tool_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Decimal digits with an optional sign, point and exponent, nothing else: strtod alone also
- * takes leading spaces, hexadecimal (0x10), inf and nan. */
-static bool decimal_syntax(const char *s, bool integer)
-{
-    const char *p = s;
-    if (!integer && (*p == '+' || *p == '-'))
-        p++;
-    size_t digits = 0;
-    while (isdigit((unsigned char)*p))
-        p++, digits++;
-    if (!integer && *p == '.') {
-        p++;
-        while (isdigit((unsigned char)*p))
-            p++, digits++;
-    }
-    if (digits == 0)
-        return false;
-    if (!integer && (*p == 'e' || *p == 'E')) {
-        p++;
-        if (*p == '+' || *p == '-')
-            p++;
-        if (!isdigit((unsigned char)*p))
-            return false;
-        while (isdigit((unsigned char)*p))
-            p++;
-    }
-    return *p == '\0';
-}
-
 int tool_parse_u64(const char *s, uint64_t *out)
 {
-    if (s == NULL || !decimal_syntax(s, true))
+    /* digits only (ddo_decimal_syntax takes a sign, which strtoull would wrap) */
+    if (s == NULL || s[0] == '+' || s[0] == '-' || !ddo_decimal_syntax(s, true))
         return -1;
     errno = 0;
     unsigned long long v = strtoull(s, NULL, 10);
@@ -81,7 +53,7 @@ int tool_parse_u64(const char *s, uint64_t *out)
 
 int tool_parse_double(const char *s, double *out)
 {
-    if (s == NULL || !decimal_syntax(s, false))
+    if (s == NULL || !ddo_decimal_syntax(s, false))
         return -1;
     errno = 0;
     double v = strtod(s, NULL);
@@ -93,62 +65,22 @@ int tool_parse_double(const char *s, double *out)
 
 const char *tool_quote(const char *s, char *buf, size_t len)
 {
-    static const char hex[] = "0123456789abcdef";
-    size_t o = 0;
-    if (len == 0)
-        return buf;
-    for (const unsigned char *p = (const unsigned char *)(s != NULL ? s : ""); *p != '\0'; p++) {
-        char e[5] = { (char)*p, 0, 0, 0, 0 };
-        if (*p == '\n' || *p == '\t' || *p == '\r' || *p == '"' || *p == '\\') {
-            e[0] = '\\';
-            e[1] = *p == '\n' ? 'n' : *p == '\t' ? 't' : *p == '\r' ? 'r' : (char)*p;
-        } else if (*p < 0x20 || *p == 0x7f) {
-            e[0] = '\\';
-            e[1] = 'x';
-            e[2] = hex[*p >> 4];
-            e[3] = hex[*p & 15];
-        }
-        size_t n = strlen(e);
-        if (o + n + 4 > len && p[1] != '\0') { /* keep room for "..." */
-            if (o + 4 <= len)
-                memcpy(buf + o, "...", 3), o += 3;
-            break;
-        }
-        if (o + n + 1 > len)
-            break;
-        memcpy(buf + o, e, n);
-        o += n;
-    }
-    buf[o] = '\0';
+    ddo_quote(s, buf, len);
     return buf;
-}
-
-/* The text of a range bound: whole numbers without a point, others shortest round-trip. */
-static void bound_text(double v, char *buf, size_t len)
-{
-    if (v == floor(v) && fabs(v) < 1e15) {
-        snprintf(buf, len, "%.0f", v);
-        return;
-    }
-    for (int prec = 1; prec <= 17; prec++) {
-        snprintf(buf, len, "%.*g", prec, v);
-        if (strtod(buf, NULL) == v)
-            return;
-    }
 }
 
 int tool_flag_real(const char *cmd, const char *flag, const char *text, double lo, double hi,
                    double *out)
 {
     char q[160], a[40], b[40];
-    bound_text(lo, a, sizeof a);
-    bound_text(hi, b, sizeof b);
+    ddo_format_real(lo, a, sizeof a);
+    ddo_format_real(hi, b, sizeof b);
     double v = 0;
     if (text == NULL) {
         fprintf(stderr, "ddo %s: %s needs a value (a number from %s to %s)\n", cmd, flag, a, b);
         return -1;
     }
-    bool number = decimal_syntax(text, false);
+    bool number = ddo_decimal_syntax(text, false);
     if (number) {
         errno = 0;
         v = strtod(text, NULL);
@@ -184,7 +116,7 @@ int tool_flag_rate(const char *cmd, const char *flag, const char *text, double h
         return -1;
     if (v > 0.0 && v < 1e-3) {
         char q[160], b[40];
-        bound_text(hi, b, sizeof b);
+        ddo_format_real(hi, b, sizeof b);
         fprintf(stderr,
                 "ddo %s: %s \"%s\": expected 0 (unthrottled) or a number from 0.001 to %s\n", cmd,
                 flag, tool_quote(text, q, sizeof q), b);
