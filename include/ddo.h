@@ -921,7 +921,7 @@ typedef struct ddo_pipeline_component_info {
     const char *library;    /* "diffusers", "transformers", ...; NULL when null */
     const char *class_name; /* "FluxTransformer2DModel"; NULL when null */
     const char *path;       /* DIR/NAME */
-    bool has_weights; /* the folder holds a *.safetensors or *.safetensors.index.json entry */
+    bool has_weights;       /* the folder holds a *.safetensors or *.safetensors.index.json entry */
 } ddo_pipeline_component_info;
 
 /*

@@ -7,7 +7,8 @@
 
 #define DDO_ABI_STRUCTS(X)                                                                         \
     X(ddo_tensor_info)                                                                             \
-    X(ddo_file_info) X(ddo_block_group) X(ddo_tensor_desc) X(ddo_config_item) X(ddo_settings)      \
+    X(ddo_file_info)                                                                               \
+    X(ddo_block_group) X(ddo_tensor_desc) X(ddo_config_item) X(ddo_settings)                       \
         X(ddo_component_policy) X(ddo_device_caps) X(ddo_device_options) X(ddo_device_bandwidth)   \
             X(ddo_file_speed) X(ddo_plan_inputs) X(ddo_unit_info) X(ddo_plan_budgets)              \
                 X(ddo_tensor_location) X(ddo_session_options) X(ddo_host_info) X(ddo_purge_result) \
