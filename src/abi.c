@@ -5,23 +5,43 @@
 
 #include <string.h>
 
-#define DDO_ABI_STRUCTS(X)                                                                         \
-    X(ddo_tensor_info)                                                                             \
-    X(ddo_file_info)                                                                               \
-    X(ddo_block_group) X(ddo_tensor_desc) X(ddo_config_item) X(ddo_settings)                       \
-        X(ddo_component_policy) X(ddo_device_caps) X(ddo_device_options) X(ddo_device_bandwidth)   \
-            X(ddo_file_speed) X(ddo_plan_inputs) X(ddo_unit_info) X(ddo_plan_budgets)              \
-                X(ddo_tensor_location) X(ddo_session_options) X(ddo_host_info) X(ddo_purge_result) \
-                    X(ddo_profile_sample) X(ddo_profile_measured)
+/* Every caller-filled or caller-read public struct, by its C name. */
+#define DDO_ABI_SIZE_(T) \
+    {                    \
+#        T, sizeof(T)    \
+    }
+static const struct {
+    const char *name;
+    size_t size;
+} sizes[] = {
+    DDO_ABI_SIZE_(ddo_tensor_info),
+    DDO_ABI_SIZE_(ddo_file_info),
+    DDO_ABI_SIZE_(ddo_block_group),
+    DDO_ABI_SIZE_(ddo_tensor_desc),
+    DDO_ABI_SIZE_(ddo_config_item),
+    DDO_ABI_SIZE_(ddo_settings),
+    DDO_ABI_SIZE_(ddo_component_policy),
+    DDO_ABI_SIZE_(ddo_device_caps),
+    DDO_ABI_SIZE_(ddo_device_options),
+    DDO_ABI_SIZE_(ddo_device_bandwidth),
+    DDO_ABI_SIZE_(ddo_file_speed),
+    DDO_ABI_SIZE_(ddo_plan_inputs),
+    DDO_ABI_SIZE_(ddo_unit_info),
+    DDO_ABI_SIZE_(ddo_plan_budgets),
+    DDO_ABI_SIZE_(ddo_tensor_location),
+    DDO_ABI_SIZE_(ddo_session_options),
+    DDO_ABI_SIZE_(ddo_host_info),
+    DDO_ABI_SIZE_(ddo_purge_result),
+    DDO_ABI_SIZE_(ddo_profile_sample),
+    DDO_ABI_SIZE_(ddo_profile_measured),
+    DDO_ABI_SIZE_(ddo_pipeline_component_info),
+};
+#undef DDO_ABI_SIZE_
 
 size_t ddo_struct_size(const char *name)
 {
-    if (name == NULL)
-        return 0;
-#define DDO_ABI_SIZE_(T)       \
-    if (strcmp(name, #T) == 0) \
-        return sizeof(T);
-    DDO_ABI_STRUCTS(DDO_ABI_SIZE_)
-#undef DDO_ABI_SIZE_
+    for (size_t i = 0; name != NULL && i < DDO_ARRAY_LEN(sizes); i++)
+        if (strcmp(name, sizes[i].name) == 0)
+            return sizes[i].size;
     return 0;
 }
