@@ -24,7 +24,8 @@
 # output) doctor.txt bench.log bench.json trace.json summary.txt.
 #
 # Knobs (environment): TORCH=1 (the Python binding's tests and bench/torch_flux.py, after the
-# GPU tests; TORCH_ONLY=1 stops there; TORCH_ARGS: its arguments, default --all), SUITE_BUDGET_S, BENCH_STEPS (5), BENCH_TOKENS (4608), SYNTH_SCALE (1), LAYOUT
+# GPU tests; TORCH_ONLY=1 stops there, after a `ddo demo`; TORCH_ARGS: its arguments, default
+# --all, "none" for the tests alone), SUITE_BUDGET_S, BENCH_STEPS (5), BENCH_TOKENS (4608), SYNTH_SCALE (1), LAYOUT
 # (data/layouts/flux1-dev.json), WORK (build-gpu/work: the synthetic checkpoint),
 # SKIP_SANITIZER=1, SKIP_TESTS=1, DEPS_DIR (.deps: *.deb build dependencies to unpack
 # into /tmp/ddo-deps when the image lacks them; see docs/cuda.md).
@@ -188,11 +189,14 @@ if [ "${TORCH:-0}" = 1 ]; then
         DDO_BIN="$DDO"
     step "python binding tests" 150 "$OUT/torch.log" python3 -m pytest -q -p no:cacheprovider \
         "$ROOT/tests/python" || STATUS=1
-    left_s=$(($(left) - 25))
-    step "torch_flux.py" "$left_s" "$OUT/torch.log" python3 "$ROOT/bench/torch_flux.py" \
-        ${TORCH_ARGS:---all} --deadline-s $((left_s - 20)) --workdir "$BUILD/torch_flux" \
-        --out "$OUT/torch_flux.json" || STATUS=1
+    if [ "${TORCH_ARGS:-}" != none ]; then
+        left_s=$(($(left) - 25))
+        step "torch_flux.py" "$left_s" "$OUT/torch.log" python3 "$ROOT/bench/torch_flux.py" \
+            ${TORCH_ARGS:---all} --deadline-s $((left_s - 20)) --workdir "$BUILD/torch_flux" \
+            --out "$OUT/torch_flux.json" || STATUS=1
+    fi
     if [ "${TORCH_ONLY:-0}" = 1 ]; then
+        step "ddo demo" 90 "$LOG" "$DDO" demo || STATUS=1
         [ $STATUS -eq 0 ] && say "ok suite" || say "FAILED suite: see the lines above"
         summary
         tail -n 40 "$OUT/torch.log"
