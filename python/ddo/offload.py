@@ -190,10 +190,6 @@ def enable_dynamic_offload(module, preset="auto", *, backend=None, config=None,
 enable_offload = enable_dynamic_offload
 
 
-def _hooked(fn):
-    return _torch.no_compile(fn)
-
-
 class OffloadResult:
     """A module whose weights ddo streams; see enable_offload."""
 
@@ -418,13 +414,13 @@ class OffloadResult:
         for m, units in self._hook_modules():
             units = tuple(units)
             self._handles.append(m.register_forward_pre_hook(
-                _hooked(lambda mod, args, units=units: self._enter(units))))
+                _torch.no_compile(lambda mod, args, units=units: self._enter(units))))
             self._handles.append(m.register_forward_hook(
-                _hooked(lambda mod, args, out, units=units: self._leave(units))))
+                _torch.no_compile(lambda mod, args, out, units=units: self._leave(units))))
         orig = self.module.forward
         result = self
 
-        @_hooked
+        @_torch.no_compile
         def forward(*args, **kwargs):
             result._begin()
             try:
