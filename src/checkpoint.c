@@ -495,14 +495,8 @@ static int check_layout(const char *fname, ddo_tensor_info *t, size_t n, uint64_
     return 0;
 }
 
-/*
- * Validates the header hdr[0..hdr_len) of file `file_index` whose data area
- * holds data_len bytes, and appends its tensors (absolute offsets, sorted)
- * and metadata to ck. On failure ck may hold a partial table (it is
- * destroyed by the caller).
- */
-static int parse_header(ddo_checkpoint *ck, uint32_t file_index, const char *fname,
-                        const uint8_t *hdr, size_t hdr_len, uint64_t data_len)
+/* Refuses a header that starts with a byte-order mark or holds a NUL byte. */
+static int check_header_bytes(const char *fname, const uint8_t *hdr, size_t hdr_len)
 {
     if (hdr_len >= 3 && hdr[0] == 0xEF && hdr[1] == 0xBB && hdr[2] == 0xBF)
         return ddo__fail(NULL, DDO_E_FORMAT,
@@ -521,9 +515,60 @@ static int parse_header(ddo_checkpoint *ck, uint32_t file_index, const char *fna
         return ddo__fail(NULL, DDO_E_FORMAT, "%s: header contains a NUL byte at byte %zu", fname,
                          at);
     }
+    return 0;
+}
+
+/* Checks the value of "__metadata__": null, or an object of strings. */
+static int check_metadata(const char *fname, const json_t *value)
+{
+    if (json_is_null(value))
+        return 0;
+    if (!json_is_object(value))
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: __metadata__ is %s, not an object", fname,
+                         ddo__checkpoint_json_type(value));
+    const char *mkey;
+    json_t *mval;
+    json_object_foreach((json_t *)(uintptr_t)value, mkey, mval)
+    {
+        if (!json_is_string(mval))
+            return ddo__fail(NULL, DDO_E_FORMAT,
+                             "%s: __metadata__: value of \"%s\" is %s, not a string", fname,
+                             Q(mkey), ddo__checkpoint_json_type(mval));
+    }
+    return 0;
+}
+
+/* Copies the (checked) metadata of root, if any, into ck. */
+static int add_metadata(ddo_checkpoint *ck, const char *fname, const json_t *root)
+{
+    const json_t *meta = json_object_get(root, "__metadata__");
+    if (!json_is_object(meta))
+        return 0;
+    const char *mkey;
+    json_t *mval;
+    json_object_foreach((json_t *)(uintptr_t)meta, mkey, mval)
+    {
+        if (ddo__checkpoint_add_metadata(ck, mkey, json_string_value(mval)) != 0)
+            return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory reading the header", fname);
+    }
+    return 0;
+}
+
+/*
+ * Validates the header hdr[0..hdr_len) of file `file_index` whose data area
+ * holds data_len bytes, and appends its tensors (absolute offsets, sorted)
+ * and metadata to ck. On failure ck may hold a partial table (it is
+ * destroyed by the caller).
+ */
+static int parse_header(ddo_checkpoint *ck, uint32_t file_index, const char *fname,
+                        const uint8_t *hdr, size_t hdr_len, uint64_t data_len)
+{
+    int rc = check_header_bytes(fname, hdr, hdr_len);
+    if (rc != 0)
+        return rc;
     json_t *root = NULL;
     ddo__json_bigs bigs;
-    int rc = ddo__checkpoint_json_load(fname, "header", (const char *)hdr, hdr_len, &root, &bigs);
+    rc = ddo__checkpoint_json_load(fname, "header", (const char *)hdr, hdr_len, &root, &bigs);
     if (rc != 0)
         return rc;
     size_t first = ck->tensor_count;
@@ -536,28 +581,10 @@ static int parse_header(ddo_checkpoint *ck, uint32_t file_index, const char *fna
     json_t *value;
     json_object_foreach(root, key, value)
     {
-        if (strcmp(key, "__metadata__") == 0) {
-            if (json_is_null(value))
-                continue;
-            if (!json_is_object(value)) {
-                rc = ddo__fail(NULL, DDO_E_FORMAT, "%s: __metadata__ is %s, not an object", fname,
-                               ddo__checkpoint_json_type(value));
-                goto out;
-            }
-            const char *mkey;
-            json_t *mval;
-            json_object_foreach(value, mkey, mval)
-            {
-                if (!json_is_string(mval)) {
-                    rc = ddo__fail(NULL, DDO_E_FORMAT,
-                                   "%s: __metadata__: value of \"%s\" is %s, not a string", fname,
-                                   Q(mkey), ddo__checkpoint_json_type(mval));
-                    goto out;
-                }
-            }
-            continue;
-        }
-        rc = parse_entry(ck, fname, file_index, key, value, data_len, &bigs);
+        if (strcmp(key, "__metadata__") == 0)
+            rc = check_metadata(fname, value);
+        else
+            rc = parse_entry(ck, fname, file_index, key, value, data_len, &bigs);
         if (rc != 0)
             goto out;
     }
@@ -566,19 +593,7 @@ static int parse_header(ddo_checkpoint *ck, uint32_t file_index, const char *fna
     if (rc != 0)
         goto out;
     /* Metadata only once the file is known to be valid. */
-    const json_t *meta = json_object_get(root, "__metadata__");
-    if (json_is_object(meta)) {
-        const char *mkey;
-        json_t *mval;
-        json_object_foreach((json_t *)(uintptr_t)meta, mkey, mval)
-        {
-            if (ddo__checkpoint_add_metadata(ck, mkey, json_string_value(mval)) != 0) {
-                rc =
-                    ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory reading the header", fname);
-                goto out;
-            }
-        }
-    }
+    rc = add_metadata(ck, fname, root);
 out:
     json_decref(root);
     ddo__json_bigs_free(&bigs);
