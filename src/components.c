@@ -179,6 +179,79 @@ static bool value_bool(const ddo_config *cfg, const char *comp, const char *opt,
     return ddo__config_env_bool(v != NULL ? v : def);
 }
 
+/* The route word for comp (argument > settings > "auto"); records its source in p. */
+static const char *route_word(const ddo_config *cfg, const char *comp, const char *explicit_route,
+                              ddo_component_policy *p)
+{
+    if (explicit_route != NULL) {
+        snprintf(p->route_source, sizeof(p->route_source), "argument");
+        return explicit_route;
+    }
+    const char *word = lookup(cfg, comp, "route", p->route_source, sizeof(p->route_source));
+    if (word == NULL) {
+        word = "auto";
+        snprintf(p->route_source, sizeof(p->route_source), "default");
+    }
+    return word;
+}
+
+/* Resolves the "auto" route of comp from its settings; records the reason in p. */
+static const char *auto_route(const ddo_config *cfg, const char *comp, bool quantized_backend,
+                              ddo_component_policy *p)
+{
+    char gsrc[96] = "", dsrc[96] = "";
+    const char *gv = lookup(cfg, comp, "group_offload", gsrc, sizeof(gsrc));
+    const char *dv = lookup(cfg, comp, "dynamic_offload", dsrc, sizeof(dsrc));
+    bool group = ddo__config_env_bool(gv != NULL ? gv : "0");
+    bool enabled = cfg->opt.plan || strcmp(cfg->opt.execution_mode, "plan") != 0;
+    bool dynamic = dv != NULL ? ddo__config_env_bool(dv) : enabled;
+    if (group || (quantized_backend && dynamic)) {
+        snprintf(p->route_source, sizeof(p->route_source), "auto: %s",
+                 group ? gsrc : "quantized backend");
+        return "diffusers_group_offload";
+    }
+    if (dynamic) {
+        snprintf(p->route_source, sizeof(p->route_source), "auto: %s",
+                 dv != NULL ? dsrc : "settings enabled");
+        return "dynamic_offload";
+    }
+    snprintf(p->route_source, sizeof(p->route_source), "auto: %s",
+             dv != NULL ? dsrc : "settings disabled");
+    return "none";
+}
+
+/* The diffusers group-offload settings of comp (offload_type, num_blocks_per_group) into p. */
+static int group_policy(const ddo_config *cfg, ddo__errbuf *eb, const char *comp,
+                        ddo_component_policy *p)
+{
+    const char *t = lookup(cfg, comp, "offload_type", NULL, 0);
+    if (t != NULL) {
+        if (strcmp(t, "block_level") == 0)
+            p->offload_type = "block_level";
+        else if (strcmp(t, "leaf_level") != 0)
+            return ddo__fail(eb, DDO_E_CONFIG,
+                             "component %s: offload_type \"%s\": expected leaf_level or "
+                             "block_level",
+                             comp, t);
+    }
+    const char *nb = lookup(cfg, comp, "num_blocks_per_group", NULL, 0);
+    if (nb != NULL) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(nb, &end, 10);
+        while (*end == ' ')
+            end++;
+        if (*end != '\0' || end == nb || errno != 0 || v < 1)
+            return ddo__fail(eb, DDO_E_CONFIG,
+                             "component %s: num_blocks_per_group \"%s\": expected an integer "
+                             ">= 1",
+                             comp, nb);
+        p->num_blocks_per_group = (int64_t)v;
+    }
+    p->unit_granularity = strcmp(p->offload_type, "block_level") == 0 ? "block" : "leaf";
+    return 0;
+}
+
 int ddo_config_component_policy(const ddo_config *cfg, const char *component,
                                 const char *explicit_route, bool quantized_backend,
                                 ddo_component_policy *out)
@@ -191,17 +264,7 @@ int ddo_config_component_policy(const ddo_config *cfg, const char *component,
     normalize_component(component, comp, sizeof(comp));
     ddo_component_policy p;
     memset(&p, 0, sizeof(p));
-    const char *word;
-    if (explicit_route != NULL) {
-        word = explicit_route;
-        snprintf(p.route_source, sizeof(p.route_source), "argument");
-    } else {
-        word = lookup(cfg, comp, "route", p.route_source, sizeof(p.route_source));
-        if (word == NULL) {
-            word = "auto";
-            snprintf(p.route_source, sizeof(p.route_source), "default");
-        }
-    }
+    const char *word = route_word(cfg, comp, explicit_route, &p);
     const char *route = canonical_route(word);
     if (route == NULL)
         return ddo__fail(eb, DDO_E_CONFIG,
@@ -209,27 +272,8 @@ int ddo_config_component_policy(const ddo_config *cfg, const char *component,
                          "diffusers_group_offload or none (aliases: dynamic, ddo; diffusers, "
                          "diffusers_group, group, group_offload; cuda, standard, off)",
                          comp, word, p.route_source);
-    if (strcmp(route, "auto") == 0) {
-        char gsrc[96] = "", dsrc[96] = "";
-        const char *gv = lookup(cfg, comp, "group_offload", gsrc, sizeof(gsrc));
-        const char *dv = lookup(cfg, comp, "dynamic_offload", dsrc, sizeof(dsrc));
-        bool group = ddo__config_env_bool(gv != NULL ? gv : "0");
-        bool enabled = cfg->opt.plan || strcmp(cfg->opt.execution_mode, "plan") != 0;
-        bool dynamic = dv != NULL ? ddo__config_env_bool(dv) : enabled;
-        if (group || (quantized_backend && dynamic)) {
-            route = "diffusers_group_offload";
-            snprintf(p.route_source, sizeof(p.route_source), "auto: %s",
-                     group ? gsrc : "quantized backend");
-        } else if (dynamic) {
-            route = "dynamic_offload";
-            snprintf(p.route_source, sizeof(p.route_source), "auto: %s",
-                     dv != NULL ? dsrc : "settings enabled");
-        } else {
-            route = "none";
-            snprintf(p.route_source, sizeof(p.route_source), "auto: %s",
-                     dv != NULL ? dsrc : "settings disabled");
-        }
-    }
+    if (strcmp(route, "auto") == 0)
+        route = auto_route(cfg, comp, quantized_backend, &p);
     if (strcmp(route, "dynamic_offload") != 0 && cfg->opt.build_profile)
         return ddo__fail(eb, DDO_E_CONFIG,
                          "component %s: Profile calibration requires the dynamic_offload route "
@@ -246,31 +290,9 @@ int ddo_config_component_policy(const ddo_config *cfg, const char *component,
     p.low_cpu_mem_usage = value_bool(cfg, comp, "offload_low_cpu_mem_usage", "1");
     p.num_blocks_per_group = 1;
     if (strcmp(route, "diffusers_group_offload") == 0) {
-        const char *t = lookup(cfg, comp, "offload_type", NULL, 0);
-        if (t != NULL) {
-            if (strcmp(t, "block_level") == 0)
-                p.offload_type = "block_level";
-            else if (strcmp(t, "leaf_level") != 0)
-                return ddo__fail(eb, DDO_E_CONFIG,
-                                 "component %s: offload_type \"%s\": expected leaf_level or "
-                                 "block_level",
-                                 comp, t);
-        }
-        const char *nb = lookup(cfg, comp, "num_blocks_per_group", NULL, 0);
-        if (nb != NULL) {
-            char *end;
-            errno = 0;
-            long long v = strtoll(nb, &end, 10);
-            while (*end == ' ')
-                end++;
-            if (*end != '\0' || end == nb || errno != 0 || v < 1)
-                return ddo__fail(eb, DDO_E_CONFIG,
-                                 "component %s: num_blocks_per_group \"%s\": expected an integer "
-                                 ">= 1",
-                                 comp, nb);
-            p.num_blocks_per_group = (int64_t)v;
-        }
-        p.unit_granularity = strcmp(p.offload_type, "block_level") == 0 ? "block" : "leaf";
+        int rc = group_policy(cfg, eb, comp, &p);
+        if (rc != 0)
+            return rc;
     } else if (strcmp(route, "dynamic_offload") == 0) {
         p.unit_granularity = cfg->opt.unit_granularity;
     } else {
