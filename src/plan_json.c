@@ -58,25 +58,10 @@ static json_t *decision_value(const ddo__decision *d)
     return json_real(strtod(d->value, NULL));
 }
 
-static json_t *plan_json(const ddo_plan *p, bool *ok)
+/* The "inputs" object: the facts the planner was given. */
+static json_t *inputs_json(const ddo_plan_inputs *in, bool *ok)
 {
-    const ddo_plan_budgets *bg = &p->budgets;
-    const ddo_plan_inputs *in = &p->inputs;
-    json_t *root = json_object();
-    if (root == NULL) {
-        *ok = false;
-        return NULL;
-    }
-    put(root, "schema", json_string(PLAN_SCHEMA), ok);
-    put(root, "schema_version", json_integer(PLAN_SCHEMA_VERSION), ok);
-    put(root, "route", json_string(p->route ? p->route : ""), ok);
-    put(root, "unit_granularity", json_string(p->unit_granularity ? p->unit_granularity : ""), ok);
-    put(root, "tensor_count", jint(p->tensor_count), ok);
-    put(root, "unit_count", jint(p->unit_count), ok);
-    put(root, "total_bytes", jint(p->total_bytes), ok);
-
     json_t *ji = json_object();
-    put(root, "inputs", ji, ok);
     if (ji != NULL) {
         put(ji, "device_total_bytes", jint(in->device_total_bytes), ok);
         put(ji, "device_free_bytes", jint(in->device_free_bytes), ok);
@@ -88,17 +73,26 @@ static json_t *plan_json(const ddo_plan *p, bool *ok)
         put(ji, "flops_per_s", json_real(in->flops_per_s), ok);
         put(ji, "tokens", jint(in->tokens), ok);
     }
+    return ji;
+}
 
+/* The "cost_model" object. */
+static json_t *cost_json(const ddo_plan *p, bool *ok)
+{
     json_t *jc = json_object();
-    put(root, "cost_model", jc, ok);
     if (jc != NULL) {
         put(jc, "enabled", json_boolean(p->cost_enabled), ok);
         put(jc, "tokens", jint(p->tokens), ok);
         put(jc, "reason", json_string(p->cost_reason ? p->cost_reason : ""), ok);
     }
+    return jc;
+}
 
+/* The "budgets" object: device weights, retained, registered and staging. */
+static json_t *budgets_json(const ddo_plan *p, bool *ok)
+{
+    const ddo_plan_budgets *bg = &p->budgets;
     json_t *jb = json_object();
-    put(root, "budgets", jb, ok);
     if (jb != NULL) {
         json_t *dw = json_object(), *rt = json_object(), *rg = json_object(), *st = json_object();
         put(jb, "device_weights", dw, ok);
@@ -129,28 +123,13 @@ static json_t *plan_json(const ddo_plan *p, bool *ok)
             put(st, "windows", jint(bg->staging_windows), ok);
         }
     }
+    return jb;
+}
 
-    json_t *bp = json_object();
-    put(root, "bytes_by_placement", bp, ok);
-    for (size_t i = 0; bp != NULL && i < DDO_ARRAY_LEN(placement_names); i++)
-        put(bp, placement_names[i], jint(p->bytes_by_placement[i]), ok);
-    json_t *br = json_object();
-    put(root, "bytes_by_reason", br, ok);
-    for (size_t i = 1; br != NULL && i < DDO_ARRAY_LEN(reason_names); i++)
-        put(br, reason_names[i], jint(p->bytes_by_reason[i]), ok);
-
-    put(root, "resolved_resident_module_patterns",
-        str_array(p->resident_patterns, p->resident_pattern_count, ok), ok);
-    put(root, "selected_resident_modules",
-        str_array(p->selected_resident, p->selected_resident_count, ok), ok);
-
-    json_t *jd = json_object();
-    put(root, "planner_decisions", jd, ok);
-    for (size_t i = 0; jd != NULL && i < p->decisions.count; i++)
-        put(jd, p->decisions.items[i].key, decision_value(&p->decisions.items[i]), ok);
-
+/* The "units" array, each unit with its tensor indices. */
+static json_t *units_json(const ddo_plan *p, bool *ok)
+{
     json_t *ju = json_array();
-    put(root, "units", ju, ok);
     for (size_t u = 0; ju != NULL && u < p->unit_count; u++) {
         const ddo__plan_unit *un = &p->units[u];
         json_t *o = json_object();
@@ -174,9 +153,13 @@ static json_t *plan_json(const ddo_plan *p, bool *ok)
         for (size_t k = 0; tl != NULL && k < un->tensor_count; k++)
             append(tl, jint(p->unit_tensors[un->first_tensor + k]), ok);
     }
+    return ju;
+}
 
+/* The "tensors" array: each tensor's placement. */
+static json_t *tensors_json(const ddo_plan *p, bool *ok)
+{
     json_t *jt = json_array();
-    put(root, "tensors", jt, ok);
     for (size_t i = 0; jt != NULL && i < p->tensor_count; i++) {
         const ddo__plan_tensor *t = &p->tensors[i];
         json_t *o = json_object();
@@ -191,6 +174,49 @@ static json_t *plan_json(const ddo_plan *p, bool *ok)
         put(o, "nbytes", jint(t->loc.nbytes), ok);
         put(o, "eligible", json_boolean(t->eligible), ok);
     }
+    return jt;
+}
+
+static json_t *plan_json(const ddo_plan *p, bool *ok)
+{
+    json_t *root = json_object();
+    if (root == NULL) {
+        *ok = false;
+        return NULL;
+    }
+    put(root, "schema", json_string(PLAN_SCHEMA), ok);
+    put(root, "schema_version", json_integer(PLAN_SCHEMA_VERSION), ok);
+    put(root, "route", json_string(p->route ? p->route : ""), ok);
+    put(root, "unit_granularity", json_string(p->unit_granularity ? p->unit_granularity : ""), ok);
+    put(root, "tensor_count", jint(p->tensor_count), ok);
+    put(root, "unit_count", jint(p->unit_count), ok);
+    put(root, "total_bytes", jint(p->total_bytes), ok);
+
+    put(root, "inputs", inputs_json(&p->inputs, ok), ok);
+    put(root, "cost_model", cost_json(p, ok), ok);
+    put(root, "budgets", budgets_json(p, ok), ok);
+
+    json_t *bp = json_object();
+    put(root, "bytes_by_placement", bp, ok);
+    for (size_t i = 0; bp != NULL && i < DDO_ARRAY_LEN(placement_names); i++)
+        put(bp, placement_names[i], jint(p->bytes_by_placement[i]), ok);
+    json_t *br = json_object();
+    put(root, "bytes_by_reason", br, ok);
+    for (size_t i = 1; br != NULL && i < DDO_ARRAY_LEN(reason_names); i++)
+        put(br, reason_names[i], jint(p->bytes_by_reason[i]), ok);
+
+    put(root, "resolved_resident_module_patterns",
+        str_array(p->resident_patterns, p->resident_pattern_count, ok), ok);
+    put(root, "selected_resident_modules",
+        str_array(p->selected_resident, p->selected_resident_count, ok), ok);
+
+    json_t *jd = json_object();
+    put(root, "planner_decisions", jd, ok);
+    for (size_t i = 0; jd != NULL && i < p->decisions.count; i++)
+        put(jd, p->decisions.items[i].key, decision_value(&p->decisions.items[i]), ok);
+
+    put(root, "units", units_json(p, ok), ok);
+    put(root, "tensors", tensors_json(p, ok), ok);
     return root;
 }
 
@@ -310,21 +336,9 @@ static char **get_str_list(reader *r, json_t *o, const char *key, size_t *count)
     return items;
 }
 
-static void read_plan(reader *r, json_t *root, ddo_plan *p)
+/* The "inputs" object ji into in. */
+static void read_inputs(reader *r, json_t *ji, ddo_plan_inputs *in)
 {
-    json_t *schema = field(r, root, "schema");
-    if (!json_is_string(schema) || strcmp(json_string_value(schema), PLAN_SCHEMA) != 0 ||
-        get_u64(r, root, "schema_version") != PLAN_SCHEMA_VERSION) {
-        if (r->err == NULL)
-            r->err = "schema";
-        return;
-    }
-    p->route = get_str(r, root, "route");
-    p->unit_granularity = get_str(r, root, "unit_granularity");
-    p->total_bytes = get_u64(r, root, "total_bytes");
-
-    json_t *ji = field(r, root, "inputs");
-    ddo_plan_inputs *in = &p->inputs;
     in->device_total_bytes = get_u64(r, ji, "device_total_bytes");
     in->device_free_bytes = get_u64(r, ji, "device_free_bytes");
     in->device_granularity = (size_t)get_u64(r, ji, "device_granularity");
@@ -334,13 +348,19 @@ static void read_plan(reader *r, json_t *root, ddo_plan *p)
     in->bus_bytes_per_s = get_real(r, ji, "bus_bytes_per_s");
     in->flops_per_s = get_real(r, ji, "flops_per_s");
     in->tokens = get_u64(r, ji, "tokens");
+}
 
-    json_t *jc = field(r, root, "cost_model");
+/* The "cost_model" object jc into p. */
+static void read_cost(reader *r, json_t *jc, ddo_plan *p)
+{
     p->cost_enabled = get_bool(r, jc, "enabled");
     p->tokens = get_u64(r, jc, "tokens");
     p->cost_reason = get_str(r, jc, "reason");
+}
 
-    json_t *jb = field(r, root, "budgets");
+/* The "budgets" object jb into p. */
+static void read_budgets(reader *r, json_t *jb, ddo_plan *p)
+{
     ddo_plan_budgets *bg = &p->budgets;
     json_t *dw = field(r, jb, "device_weights"), *rt = field(r, jb, "retained_host"),
            *rg = field(r, jb, "registered_host"), *st = field(r, jb, "staging");
@@ -358,24 +378,16 @@ static void read_plan(reader *r, json_t *root, ddo_plan *p)
     bg->staging_peak = get_u64(r, st, "peak");
     bg->staging_window_bytes = get_u64(r, st, "window_bytes");
     bg->staging_windows = (size_t)get_u64(r, st, "windows");
+}
 
-    json_t *bp = field(r, root, "bytes_by_placement");
-    for (size_t i = 0; i < DDO_ARRAY_LEN(placement_names); i++)
-        p->bytes_by_placement[i] = get_u64(r, bp, placement_names[i]);
-    json_t *br = field(r, root, "bytes_by_reason");
-    for (size_t i = 1; i < DDO_ARRAY_LEN(reason_names); i++)
-        p->bytes_by_reason[i] = get_u64(r, br, reason_names[i]);
-
-    p->resident_patterns =
-        get_str_list(r, root, "resolved_resident_module_patterns", &p->resident_pattern_count);
-    p->selected_resident =
-        get_str_list(r, root, "selected_resident_modules", &p->selected_resident_count);
-
+/* The "planner_decisions" object into p; false when reading must stop. */
+static bool read_decisions(reader *r, json_t *root, ddo_plan *p)
+{
     json_t *jd = field(r, root, "planner_decisions");
     if (!json_is_object(jd)) {
         if (r->err == NULL)
             r->err = "planner_decisions";
-        return;
+        return false;
     }
     const char *key;
     json_t *v;
@@ -392,27 +404,13 @@ static void read_plan(reader *r, json_t *root, ddo_plan *p)
     }
     if (p->decisions.failed && r->err == NULL)
         r->err = "(out of memory)";
+    return true;
+}
 
-    json_t *jt = field(r, root, "tensors");
-    json_t *ju = field(r, root, "units");
-    if (!json_is_array(jt) || !json_is_array(ju)) {
-        if (r->err == NULL)
-            r->err = "tensors";
-        return;
-    }
-    size_t n = json_array_size(jt), un = json_array_size(ju);
-    if (get_u64(r, root, "tensor_count") != n || get_u64(r, root, "unit_count") != un) {
-        if (r->err == NULL)
-            r->err = "tensor_count";
-        return;
-    }
-    p->tensors = ddo__calloc(n ? n : 1, sizeof(*p->tensors));
-    p->units = ddo__calloc(un ? un : 1, sizeof(*p->units));
-    p->unit_tensors = ddo__calloc(n ? n : 1, sizeof(*p->unit_tensors));
-    if (p->tensors == NULL || p->units == NULL || p->unit_tensors == NULL) {
-        r->err = "(out of memory)";
-        return;
-    }
+/* The "tensors" array jt (of a plan with un units) into p->tensors. */
+static void read_tensors(reader *r, json_t *jt, size_t un, ddo_plan *p)
+{
+    size_t n = json_array_size(jt);
     for (size_t i = 0; i < n && r->err == NULL; i++) {
         json_t *o = json_array_get(jt, i);
         ddo__plan_tensor *t = &p->tensors[i];
@@ -444,6 +442,12 @@ static void read_plan(reader *r, json_t *root, ddo_plan *p)
         t->loc.nbytes = get_u64(r, o, "nbytes");
         t->eligible = get_bool(r, o, "eligible");
     }
+}
+
+/* The "units" array ju (of a plan with n tensors) into p->units and p->unit_tensors. */
+static void read_units(reader *r, json_t *ju, size_t n, ddo_plan *p)
+{
+    size_t un = json_array_size(ju);
     size_t at = 0;
     for (size_t u = 0; u < un && r->err == NULL; u++) {
         json_t *o = json_array_get(ju, u);
@@ -483,6 +487,67 @@ static void read_plan(reader *r, json_t *root, ddo_plan *p)
             p->unit_tensors[at++] = (size_t)json_integer_value(e);
         }
     }
+}
+
+/* The tensor and unit tables of root into p. */
+static void read_tables(reader *r, json_t *root, ddo_plan *p)
+{
+    json_t *jt = field(r, root, "tensors");
+    json_t *ju = field(r, root, "units");
+    if (!json_is_array(jt) || !json_is_array(ju)) {
+        if (r->err == NULL)
+            r->err = "tensors";
+        return;
+    }
+    size_t n = json_array_size(jt), un = json_array_size(ju);
+    if (get_u64(r, root, "tensor_count") != n || get_u64(r, root, "unit_count") != un) {
+        if (r->err == NULL)
+            r->err = "tensor_count";
+        return;
+    }
+    p->tensors = ddo__calloc(n ? n : 1, sizeof(*p->tensors));
+    p->units = ddo__calloc(un ? un : 1, sizeof(*p->units));
+    p->unit_tensors = ddo__calloc(n ? n : 1, sizeof(*p->unit_tensors));
+    if (p->tensors == NULL || p->units == NULL || p->unit_tensors == NULL) {
+        r->err = "(out of memory)";
+        return;
+    }
+    read_tensors(r, jt, un, p);
+    read_units(r, ju, n, p);
+}
+
+static void read_plan(reader *r, json_t *root, ddo_plan *p)
+{
+    json_t *schema = field(r, root, "schema");
+    if (!json_is_string(schema) || strcmp(json_string_value(schema), PLAN_SCHEMA) != 0 ||
+        get_u64(r, root, "schema_version") != PLAN_SCHEMA_VERSION) {
+        if (r->err == NULL)
+            r->err = "schema";
+        return;
+    }
+    p->route = get_str(r, root, "route");
+    p->unit_granularity = get_str(r, root, "unit_granularity");
+    p->total_bytes = get_u64(r, root, "total_bytes");
+
+    read_inputs(r, field(r, root, "inputs"), &p->inputs);
+    read_cost(r, field(r, root, "cost_model"), p);
+    read_budgets(r, field(r, root, "budgets"), p);
+
+    json_t *bp = field(r, root, "bytes_by_placement");
+    for (size_t i = 0; i < DDO_ARRAY_LEN(placement_names); i++)
+        p->bytes_by_placement[i] = get_u64(r, bp, placement_names[i]);
+    json_t *br = field(r, root, "bytes_by_reason");
+    for (size_t i = 1; i < DDO_ARRAY_LEN(reason_names); i++)
+        p->bytes_by_reason[i] = get_u64(r, br, reason_names[i]);
+
+    p->resident_patterns =
+        get_str_list(r, root, "resolved_resident_module_patterns", &p->resident_pattern_count);
+    p->selected_resident =
+        get_str_list(r, root, "selected_resident_modules", &p->selected_resident_count);
+
+    if (!read_decisions(r, root, p))
+        return;
+    read_tables(r, root, p);
 }
 
 int ddo_plan_from_json(const char *json, ddo_plan **out)
