@@ -485,14 +485,9 @@ static int alloc_tables(ddo_session *s)
     return 0;
 }
 
-static int setup(ddo_session *s)
+/* The four budget accounts, each limited by the plan's peaks (the device one by its limit). */
+static void init_accounts(ddo_session *s)
 {
-    int rc;
-    uint64_t t0 = ddo__now_ns();
-    rc = alloc_tables(s);
-    if (rc != 0)
-        return rc;
-
     uint64_t dev_limit =
         s->b.device_weights_limit > 0 ? s->b.device_weights_limit : s->b.device_weights_peak;
     ddo__account_init(&s->acc_device, "device weights", "vmm_resident_weight_budget_gb", dev_limit);
@@ -501,25 +496,105 @@ static int setup(ddo_session *s)
                       s->b.registered_peak);
     ddo__account_init(&s->acc_staging, "staging", "vmm_staging_buffer_gb", s->b.staging_peak);
     s->accounts_ready = true;
+}
+
+/* Reads the device granularity; lays out the per-weight ranges or checks the slot size. */
+static int check_granularity(ddo_session *s)
+{
+    ddo_device_caps caps;
+    int rc = ddo_device_caps_get(s->dev, &caps);
+    if (rc != 0)
+        return fail_dev(&s->err, rc, "device capabilities");
+    s->gran = caps.granularity > 0 ? caps.granularity : 2 * DDO_MIB;
+    if (s->per_weight)
+        return per_weight_layout(s);
+    if (caps.granularity > 0 && s->slot_bytes % caps.granularity != 0) {
+        char b1[32], b2[32];
+        return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
+                         "session: the plan's slot size %s is not a multiple of the device "
+                         "granularity %s: build the plan with the device's granularity",
+                         ddo__format_bytes(s->slot_bytes, b1, sizeof(b1)),
+                         ddo__format_bytes(caps.granularity, b2, sizeof(b2)));
+    }
+    return 0;
+}
+
+/* The staging windows when the plan has them, else the bounce buffer. */
+static int create_buffers(ddo_session *s)
+{
+    s->use_staging = s->b.staging_windows > 0 && s->b.staging_window_bytes > 0;
+    if (s->use_staging) {
+        int rc =
+            ddo__staging_create(s->dev, s->b.staging_windows, (size_t)s->b.staging_window_bytes,
+                                &s->acc_staging, &s->staging, &s->err);
+        if (rc != 0) {
+            s->staging = NULL;
+            return rc;
+        }
+    } else {
+        s->bounce = malloc(DDO__BOUNCE_BYTES);
+        if (s->bounce == NULL)
+            return ddo__fail(&s->err, DDO_E_NO_MEMORY, "session: out of memory");
+    }
+    return 0;
+}
+
+/* Every slot's upload and release events. */
+static int create_slot_events(ddo_session *s)
+{
+    for (size_t i = 0; i < s->slot_count; i++) {
+        int rc = ddo__dev_event_create(s->dev, &s->slots[i].upload_event);
+        if (rc != 0) {
+            s->slots[i].upload_event = NULL;
+            return fail_dev(&s->err, rc, "creating an upload event");
+        }
+        rc = ddo__dev_event_create(s->dev, &s->slots[i].release_event);
+        if (rc != 0) {
+            s->slots[i].release_event = NULL;
+            return fail_dev(&s->err, rc, "creating a release event");
+        }
+    }
+    return 0;
+}
+
+/* Reserves one stable address range per streamed weight (per_weight) or per streamed unit. */
+static int reserve_ranges(ddo_session *s)
+{
+    if (s->per_weight && s->slot_count > 0) {
+        /* Every streamed weight's own range: one stable address for the whole session. */
+        return reserve_weight_ranges(s);
+    }
+    if (s->vmm && s->slot_count > 0) {
+        /* Every streamed unit's own range: one stable address for the whole session. */
+        for (size_t u = 0; u < s->unit_count; u++) {
+            if (s->units[u].resident)
+                continue;
+            int rc = ddo__dev_va_reserve(s->dev, s->slot_bytes, &s->units[u].va);
+            if (rc != 0) {
+                char b[160];
+                snprintf(b, sizeof(b), "reserving the range of unit \"%.100s\"", s->units[u].name);
+                return fail_dev(&s->err, rc, b);
+            }
+            s->units[u].has_va = true;
+        }
+    }
+    return 0;
+}
+
+static int setup(ddo_session *s)
+{
+    int rc;
+    uint64_t t0 = ddo__now_ns();
+    rc = alloc_tables(s);
+    if (rc != 0)
+        return rc;
+
+    init_accounts(s);
 
     if (s->slot_count > 0 && s->vmm) {
-        ddo_device_caps caps;
-        rc = ddo_device_caps_get(s->dev, &caps);
+        rc = check_granularity(s);
         if (rc != 0)
-            return fail_dev(&s->err, rc, "device capabilities");
-        s->gran = caps.granularity > 0 ? caps.granularity : 2 * DDO_MIB;
-        if (s->per_weight) {
-            rc = per_weight_layout(s);
-            if (rc != 0)
-                return rc;
-        } else if (caps.granularity > 0 && s->slot_bytes % caps.granularity != 0) {
-            char b1[32], b2[32];
-            return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
-                             "session: the plan's slot size %s is not a multiple of the device "
-                             "granularity %s: build the plan with the device's granularity",
-                             ddo__format_bytes(s->slot_bytes, b1, sizeof(b1)),
-                             ddo__format_bytes(caps.granularity, b2, sizeof(b2)));
-        }
+            return rc;
     }
 
     rc = ddo__dev_stream_create(s->dev, 1, &s->copy_stream);
@@ -535,52 +610,15 @@ static int setup(ddo_session *s)
     }
     uint64_t t_alloc = ddo__now_ns();
 
-    s->use_staging = s->b.staging_windows > 0 && s->b.staging_window_bytes > 0;
-    if (s->use_staging) {
-        rc = ddo__staging_create(s->dev, s->b.staging_windows, (size_t)s->b.staging_window_bytes,
-                                 &s->acc_staging, &s->staging, &s->err);
-        if (rc != 0) {
-            s->staging = NULL;
-            return rc;
-        }
-    } else {
-        s->bounce = malloc(DDO__BOUNCE_BYTES);
-        if (s->bounce == NULL)
-            return ddo__fail(&s->err, DDO_E_NO_MEMORY, "session: out of memory");
-    }
-
-    for (size_t i = 0; i < s->slot_count; i++) {
-        rc = ddo__dev_event_create(s->dev, &s->slots[i].upload_event);
-        if (rc != 0) {
-            s->slots[i].upload_event = NULL;
-            return fail_dev(&s->err, rc, "creating an upload event");
-        }
-        rc = ddo__dev_event_create(s->dev, &s->slots[i].release_event);
-        if (rc != 0) {
-            s->slots[i].release_event = NULL;
-            return fail_dev(&s->err, rc, "creating a release event");
-        }
-    }
-
-    if (s->per_weight && s->slot_count > 0) {
-        /* Every streamed weight's own range: one stable address for the whole session. */
-        rc = reserve_weight_ranges(s);
-        if (rc != 0)
-            return rc;
-    } else if (s->vmm && s->slot_count > 0) {
-        /* Every streamed unit's own range: one stable address for the whole session. */
-        for (size_t u = 0; u < s->unit_count; u++) {
-            if (s->units[u].resident)
-                continue;
-            rc = ddo__dev_va_reserve(s->dev, s->slot_bytes, &s->units[u].va);
-            if (rc != 0) {
-                char b[160];
-                snprintf(b, sizeof(b), "reserving the range of unit \"%.100s\"", s->units[u].name);
-                return fail_dev(&s->err, rc, b);
-            }
-            s->units[u].has_va = true;
-        }
-    }
+    rc = create_buffers(s);
+    if (rc != 0)
+        return rc;
+    rc = create_slot_events(s);
+    if (rc != 0)
+        return rc;
+    rc = reserve_ranges(s);
+    if (rc != 0)
+        return rc;
 
     rc = make_device_state(s);
     if (rc != 0)
