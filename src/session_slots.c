@@ -343,79 +343,79 @@ static void upload_done(void *user)
     ddo__session_trace(s, "upload", unit, start, now, bytes);
 }
 
-/* Performs one job (no lock held). */
-static int run_job(ddo_session *s, ddo__job *job, ddo__errbuf *eb)
+/* Makes the copy stream (or, with VMM, this thread) wait for the slot's previous consumer. */
+static int wait_previous(ddo_session *s, const ddo__job *job, const ddo__unit_rt *u,
+                         ddo__errbuf *eb)
 {
-    ddo__slot *slot = &s->slots[job->slot];
-    ddo__unit_rt *u = &s->units[job->unit];
+    if (job->wait_release == NULL)
+        return 0;
     int rc;
-    job->mapped_after = job->prev_mapped;
-    job->unsafe_after = false;
+    if (s->vmm)
+        rc = ddo__dev_event_synchronize(s->dev, job->wait_release);
+    else
+        rc = ddo__dev_stream_wait_event(s->dev, s->copy_stream, job->wait_release);
+    if (rc != 0)
+        return fail_ctx(eb, rc, "unit \"%s\": waiting for the slot's previous consumer", u->name);
+    return 0;
+}
 
-    if (job->wait_release != NULL) {
-        if (s->vmm)
-            rc = ddo__dev_event_synchronize(s->dev, job->wait_release);
-        else
-            rc = ddo__dev_stream_wait_event(s->dev, s->copy_stream, job->wait_release);
-        if (rc != 0)
-            return fail_ctx(eb, rc, "unit \"%s\": waiting for the slot's previous consumer",
-                            u->name);
-    }
-    uint64_t dst = slot->ptr;
-    if (s->vmm) {
-        dst = u->va;
-        if (job->prev_mapped != job->unit) {
-            if (job->prev_mapped != DDO__NONE) {
-                /* The handle's previous upload must be complete before it moves. */
-                if (slot->upload_recorded) {
-                    rc = ddo__dev_event_synchronize(s->dev, slot->upload_event);
-                    if (rc != 0)
-                        return fail_ctx(eb, rc, "unit \"%s\": previous upload", u->name);
-                }
-                uint64_t t_unmap = ddo__now_ns();
-                rc = unmap_unit(s, job->prev_mapped);
-                ddo__session_trace(s, "unmap", job->prev_mapped, t_unmap, ddo__now_ns(), 0);
-                if (rc != 0) {
-                    job->unsafe_after = true;
-                    return fail_ctx(eb, rc, "unit \"%s\": unmapping slot %zu", u->name, job->slot);
-                }
-                job->mapped_after = DDO__NONE;
-                if (s->per_weight) {
-                    pthread_mutex_lock(&s->mu);
-                    unbind_unit(s, job->prev_mapped);
-                    pthread_mutex_unlock(&s->mu);
-                }
-            }
-            if (s->per_weight) {
-                rc = bind_unit(s, job, eb);
-                if (rc != 0)
-                    return rc;
-            }
-            bool unsafe = false;
-            uint64_t t_map = ddo__now_ns();
-            rc = map_unit(s, slot->handle, job->unit, job->slot, &unsafe, eb);
-            ddo__session_trace(s, "map", job->unit, t_map, ddo__now_ns(),
-                               s->per_weight ? u->weight_bytes : s->slot_bytes);
-            if (rc != 0) {
-                /* A mapping that could not be undone keeps its ranges reserved. */
-                if (unsafe) {
-                    job->unsafe_after = true;
-                    job->mapped_after = job->unit;
-                }
-                return rc;
-            }
-            job->mapped_after = job->unit;
+/* Moves the slot's handle from the unit it maps now (if any) to job->unit's range (VMM). */
+static int remap_slot(ddo_session *s, ddo__job *job, ddo__slot *slot, const ddo__unit_rt *u,
+                      ddo__errbuf *eb)
+{
+    int rc;
+    if (job->prev_mapped != DDO__NONE) {
+        /* The handle's previous upload must be complete before it moves. */
+        if (slot->upload_recorded) {
+            rc = ddo__dev_event_synchronize(s->dev, slot->upload_event);
+            if (rc != 0)
+                return fail_ctx(eb, rc, "unit \"%s\": previous upload", u->name);
+        }
+        uint64_t t_unmap = ddo__now_ns();
+        rc = unmap_unit(s, job->prev_mapped);
+        ddo__session_trace(s, "unmap", job->prev_mapped, t_unmap, ddo__now_ns(), 0);
+        if (rc != 0) {
+            job->unsafe_after = true;
+            return fail_ctx(eb, rc, "unit \"%s\": unmapping slot %zu", u->name, job->slot);
+        }
+        job->mapped_after = DDO__NONE;
+        if (s->per_weight) {
+            pthread_mutex_lock(&s->mu);
+            unbind_unit(s, job->prev_mapped);
+            pthread_mutex_unlock(&s->mu);
         }
     }
+    if (s->per_weight) {
+        rc = bind_unit(s, job, eb);
+        if (rc != 0)
+            return rc;
+    }
+    bool unsafe = false;
+    uint64_t t_map = ddo__now_ns();
+    rc = map_unit(s, slot->handle, job->unit, job->slot, &unsafe, eb);
+    ddo__session_trace(s, "map", job->unit, t_map, ddo__now_ns(),
+                       s->per_weight ? u->weight_bytes : s->slot_bytes);
+    if (rc != 0) {
+        /* A mapping that could not be undone keeps its ranges reserved. */
+        if (unsafe) {
+            job->unsafe_after = true;
+            job->mapped_after = job->unit;
+        }
+        return rc;
+    }
+    job->mapped_after = job->unit;
+    return 0;
+}
 
-    pthread_mutex_lock(&s->busy_mu);
-    slot->issue_ns = ddo__now_ns();
-    slot->issue_unit = job->unit;
-    pthread_mutex_unlock(&s->busy_mu);
-    uint64_t ubytes = 0;
+/*
+ * Issues the copies of every streamed tensor of job->unit to its place at dst (or its own
+ * range, per_weight); adds the bytes to *ubytes and sets *reread when one came from the file.
+ */
+static int upload_unit(ddo_session *s, const ddo__job *job, uint64_t dst, uint64_t *ubytes,
+                       bool *reread, ddo__errbuf *eb)
+{
     size_t count = 0;
     const size_t *tensors = ddo_plan_unit_tensors(s->plan, job->unit, &count);
-    bool reread = false;
     for (size_t i = 0; i < count; i++) {
         size_t t = tensors[i];
         ddo_tensor_location loc;
@@ -429,9 +429,9 @@ static int run_job(ddo_session *s, ddo__job *job, ddo__errbuf *eb)
         upload_kind kind = host == NULL ? UPLOAD_FILE
                            : registered ? UPLOAD_REGISTERED
                                         : UPLOAD_PAGEABLE;
-        reread = reread || kind == UPLOAD_FILE;
+        *reread = *reread || kind == UPLOAD_FILE;
         ddo__host_piece pieces[3];
-        rc = 0;
+        int rc = 0;
         size_t np = kind == UPLOAD_REGISTERED ? ddo__source_host_pieces(s->source, t, pieces) : 0;
         for (size_t k = 0; k < np && rc == 0; k++) /* a host tensor registered in place */
             rc = upload_tensor(s, t, to + pieces[k].offset, pieces[k].len, UPLOAD_REGISTERED,
@@ -440,8 +440,42 @@ static int run_job(ddo_session *s, ddo__job *job, ddo__errbuf *eb)
             rc = upload_tensor(s, t, to, loc.nbytes, kind, host, eb);
         if (rc != 0)
             return rc;
-        ubytes += loc.nbytes;
+        *ubytes += loc.nbytes;
     }
+    return 0;
+}
+
+/* Performs one job (no lock held). */
+static int run_job(ddo_session *s, ddo__job *job, ddo__errbuf *eb)
+{
+    ddo__slot *slot = &s->slots[job->slot];
+    ddo__unit_rt *u = &s->units[job->unit];
+    int rc;
+    job->mapped_after = job->prev_mapped;
+    job->unsafe_after = false;
+
+    rc = wait_previous(s, job, u, eb);
+    if (rc != 0)
+        return rc;
+    uint64_t dst = slot->ptr;
+    if (s->vmm) {
+        dst = u->va;
+        if (job->prev_mapped != job->unit) {
+            rc = remap_slot(s, job, slot, u, eb);
+            if (rc != 0)
+                return rc;
+        }
+    }
+
+    pthread_mutex_lock(&s->busy_mu);
+    slot->issue_ns = ddo__now_ns();
+    slot->issue_unit = job->unit;
+    pthread_mutex_unlock(&s->busy_mu);
+    uint64_t ubytes = 0;
+    bool reread = false;
+    rc = upload_unit(s, job, dst, &ubytes, &reread, eb);
+    if (rc != 0)
+        return rc;
     pthread_mutex_lock(&s->busy_mu);
     slot->issue_bytes = ubytes;
     pthread_mutex_unlock(&s->busy_mu);
@@ -1356,6 +1390,48 @@ static void wait_issued(ddo_session *s, size_t i, uint64_t *stall)
     *stall += ddo__now_ns() - t0;
 }
 
+/* The refusal of an acquire of u when no slot can take it: all leased or unsafe. */
+static int no_slot(ddo_session *s, const ddo__unit_rt *u)
+{
+    size_t leased = 0, unsafe = 0;
+    for (size_t k = 0; k < s->slot_count; k++) {
+        leased += s->slots[k].state == DDO__SLOT_LEASED ? 1 : 0;
+        unsafe += s->slots[k].unsafe ? 1 : 0;
+    }
+    if (unsafe > 0)
+        return ddo__fail(&s->err, DDO_E_BUSY,
+                         "acquire \"%s\": no execution slot available (%zu of %zu "
+                         "leased, %zu unsafe after a failed release); release a unit "
+                         "first",
+                         u->name, leased, s->slot_count, unsafe);
+    return ddo__fail(&s->err, DDO_E_BUSY,
+                     "acquire \"%s\": all %zu execution slots are leased; release a "
+                     "unit first or raise execution_slots",
+                     u->name, s->slot_count);
+}
+
+/*
+ * Finds a slot for unit (waiting, s->mu held, while slots are busy but will free) and starts
+ * its load; *slot on success, the wait added to *stall.
+ */
+static int claim_slot(ddo_session *s, size_t unit, size_t *slot, uint64_t *stall)
+{
+    size_t i;
+    for (;;) {
+        enum pick p = pick_slot(s, false, NULL, 0, &i);
+        if (p == PICK_FOUND)
+            break;
+        if (p == PICK_NONE)
+            return no_slot(s, &s->units[unit]);
+        uint64_t t0 = ddo__now_ns();
+        pthread_cond_wait(&s->cv, &s->mu);
+        *stall += ddo__now_ns() - t0;
+        ddo__session_reap(s);
+    }
+    *slot = i;
+    return start_load(s, i, unit, false);
+}
+
 static int acquire_locked(ddo_session *s, size_t unit, void *stream, uint64_t *stall)
 {
     ddo__unit_rt *u = &s->units[unit];
@@ -1378,33 +1454,7 @@ again:
             ddo__metrics_add(&s->metrics, DDO_M_hits, 1);
     } else {
         ddo__metrics_add(&s->metrics, DDO_M_misses, 1);
-        for (;;) {
-            enum pick p = pick_slot(s, false, NULL, 0, &i);
-            if (p == PICK_FOUND)
-                break;
-            if (p == PICK_NONE) {
-                size_t leased = 0, unsafe = 0;
-                for (size_t k = 0; k < s->slot_count; k++) {
-                    leased += s->slots[k].state == DDO__SLOT_LEASED ? 1 : 0;
-                    unsafe += s->slots[k].unsafe ? 1 : 0;
-                }
-                if (unsafe > 0)
-                    return ddo__fail(&s->err, DDO_E_BUSY,
-                                     "acquire \"%s\": no execution slot available (%zu of %zu "
-                                     "leased, %zu unsafe after a failed release); release a unit "
-                                     "first",
-                                     u->name, leased, s->slot_count, unsafe);
-                return ddo__fail(&s->err, DDO_E_BUSY,
-                                 "acquire \"%s\": all %zu execution slots are leased; release a "
-                                 "unit first or raise execution_slots",
-                                 u->name, s->slot_count);
-            }
-            uint64_t t0 = ddo__now_ns();
-            pthread_cond_wait(&s->cv, &s->mu);
-            *stall += ddo__now_ns() - t0;
-            ddo__session_reap(s);
-        }
-        int rc = start_load(s, i, unit, false);
+        int rc = claim_slot(s, unit, &i, stall);
         if (rc != 0)
             return rc;
     }
