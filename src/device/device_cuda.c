@@ -339,17 +339,79 @@ static void cuda_close(void *st)
     free(d);
 }
 
+/* The driver library to load: the option, else the environment's value, else the default. */
+static const char *driver_path(const ddo_device_options *opts)
+{
+    const char *path = DDO_CU_LIBRARY;
+    if (opts != NULL && opts->cuda_library_path != NULL && opts->cuda_library_path[0] != '\0')
+        path = opts->cuda_library_path;
+    else if (opts != NULL && opts->cuda_library_env != NULL && opts->cuda_library_env[0] != '\0')
+        path = opts->cuda_library_env;
+    return path;
+}
+
+/* cuInit, then finds device d->ordinal: its handle, name and VMM support. */
+static int find_device(cuda_dev *d, const char *spec, const char *path, ddo__errbuf *eb)
+{
+    const cu_api *a = &d->api;
+    CUresult r = a->Init(0);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuInit", "(driver %s)", path);
+    a->DriverGetVersion(&d->driver_version);
+    int count = 0;
+    r = a->DeviceGetCount(&count);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuDeviceGetCount", "(driver %s)", path);
+    if (d->ordinal >= count)
+        return ddo__fail(eb, DDO_E_NO_DEVICE, "%s: no such device (%d CUDA device%s visible)", spec,
+                         count, count == 1 ? "" : "s");
+    r = a->DeviceGet(&d->device, d->ordinal);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuDeviceGet", "for %s", spec);
+    r = a->DeviceGetName(d->name, (int)sizeof(d->name), d->device);
+    if (r != CUDA_SUCCESS)
+        snprintf(d->name, sizeof(d->name), "cuda:%d", d->ordinal);
+    int vmm = 0;
+    r = a->DeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                              d->device);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuDeviceGetAttribute", "(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)");
+    d->vmm = vmm != 0;
+    return 0;
+}
+
+/* With the context bound: the allocation granularity and the stream priority range. */
+static int query_limits(cuda_dev *d, const char *spec, ddo__errbuf *eb)
+{
+    const cu_api *a = &d->api;
+    CUresult r;
+    d->granularity = 2 * DDO_MIB; /* nominal when VMM is unsupported (the planner's unit) */
+    if (d->vmm) {
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof(prop));
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = d->ordinal;
+        size_t g = 0;
+        r = a->MemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+        if (r != CUDA_SUCCESS)
+            return cu_fail(d, eb, r, "cuMemGetAllocationGranularity", "for %s", spec);
+        if (g != 0)
+            d->granularity = g;
+    }
+    r = a->CtxGetStreamPriorityRange(&d->prio_least, &d->prio_greatest);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, eb, r, "cuCtxGetStreamPriorityRange", "for %s", spec);
+    return 0;
+}
+
 static int cuda_open(const char *spec, const ddo_device_options *opts, void **st, ddo__errbuf *eb)
 {
     int ordinal = parse_ordinal(spec);
     if (ordinal < 0)
         return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
                          "execution_device \"%s\": expected cuda or cuda:N", spec ? spec : "");
-    const char *path = DDO_CU_LIBRARY;
-    if (opts != NULL && opts->cuda_library_path != NULL && opts->cuda_library_path[0] != '\0')
-        path = opts->cuda_library_path;
-    else if (opts != NULL && opts->cuda_library_env != NULL && opts->cuda_library_env[0] != '\0')
-        path = opts->cuda_library_env;
+    const char *path = driver_path(opts);
 
     cuda_dev *d = ddo__calloc(1, sizeof(*d));
     if (d == NULL)
@@ -362,41 +424,10 @@ static int cuda_open(const char *spec, const ddo_device_options *opts, void **st
         free(d);
         return rc;
     }
-    const cu_api *a = &d->api;
-    CUresult r = a->Init(0);
-    if (r != CUDA_SUCCESS) {
-        rc = cu_fail(d, eb, r, "cuInit", "(driver %s)", path);
+    rc = find_device(d, spec, path, eb);
+    if (rc != 0)
         goto fail;
-    }
-    a->DriverGetVersion(&d->driver_version);
-    int count = 0;
-    r = a->DeviceGetCount(&count);
-    if (r != CUDA_SUCCESS) {
-        rc = cu_fail(d, eb, r, "cuDeviceGetCount", "(driver %s)", path);
-        goto fail;
-    }
-    if (ordinal >= count) {
-        rc = ddo__fail(eb, DDO_E_NO_DEVICE, "%s: no such device (%d CUDA device%s visible)", spec,
-                       count, count == 1 ? "" : "s");
-        goto fail;
-    }
-    r = a->DeviceGet(&d->device, ordinal);
-    if (r != CUDA_SUCCESS) {
-        rc = cu_fail(d, eb, r, "cuDeviceGet", "for %s", spec);
-        goto fail;
-    }
-    r = a->DeviceGetName(d->name, (int)sizeof(d->name), d->device);
-    if (r != CUDA_SUCCESS)
-        snprintf(d->name, sizeof(d->name), "cuda:%d", ordinal);
-    int vmm = 0;
-    r = a->DeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-                              d->device);
-    if (r != CUDA_SUCCESS) {
-        rc = cu_fail(d, eb, r, "cuDeviceGetAttribute", "(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)");
-        goto fail;
-    }
-    d->vmm = vmm != 0;
-    r = a->DevicePrimaryCtxRetain(&d->ctx, d->device);
+    CUresult r = d->api.DevicePrimaryCtxRetain(&d->ctx, d->device);
     if (r != CUDA_SUCCESS) {
         rc = cu_fail(d, eb, r, "cuDevicePrimaryCtxRetain", "for %s", spec);
         goto fail;
@@ -405,27 +436,9 @@ static int cuda_open(const char *spec, const ddo_device_options *opts, void **st
     rc = bind_ctx(d, eb);
     if (rc != 0)
         goto fail;
-    d->granularity = 2 * DDO_MIB; /* nominal when VMM is unsupported (the planner's unit) */
-    if (d->vmm) {
-        CUmemAllocationProp prop;
-        memset(&prop, 0, sizeof(prop));
-        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        prop.location.id = ordinal;
-        size_t g = 0;
-        r = a->MemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-        if (r != CUDA_SUCCESS) {
-            rc = cu_fail(d, eb, r, "cuMemGetAllocationGranularity", "for %s", spec);
-            goto fail;
-        }
-        if (g != 0)
-            d->granularity = g;
-    }
-    r = a->CtxGetStreamPriorityRange(&d->prio_least, &d->prio_greatest);
-    if (r != CUDA_SUCCESS) {
-        rc = cu_fail(d, eb, r, "cuCtxGetStreamPriorityRange", "for %s", spec);
+    rc = query_limits(d, spec, eb);
+    if (rc != 0)
         goto fail;
-    }
     *st = d;
     return 0;
 fail:
