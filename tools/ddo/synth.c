@@ -254,6 +254,129 @@ typedef struct lt {
     uint64_t fan_in;
 } lt;
 
+/*
+ * Adds tensor i of the layout (json t) to the header hdr at *off, its shape scaled by scale;
+ * describes it in *out and advances *off.
+ */
+static int add_tensor(json_t *hdr, json_t *t, size_t i, const char *layout_path, double scale,
+                      lt *out, uint64_t *off, char *err, size_t err_len)
+{
+    json_t *jn = json_object_get(t, "name"), *js = json_object_get(t, "shape"),
+           *jd = json_object_get(t, "dtype");
+    if (!json_is_string(jn) || !json_is_array(js) || !json_is_string(jd)) {
+        return tool_fail(err, err_len, DDO_E_FORMAT,
+                         "%s: tensor %zu: needs \"name\", \"shape\" and \"dtype\"", layout_path, i);
+    }
+    const char *name = json_string_value(jn);
+    if (strcmp(name, "__metadata__") == 0 || json_object_get(hdr, name) != NULL) {
+        return tool_fail(err, err_len, DDO_E_FORMAT, "%s: tensor \"%s\": duplicate name",
+                         layout_path, name);
+    }
+    ddo_dtype dt;
+    if (ddo_dtype_from_name(json_string_value(jd), &dt) != 0) {
+        return tool_fail(err, err_len, DDO_E_FORMAT, "%s: tensor \"%s\": unknown dtype \"%s\"",
+                         layout_path, name, json_string_value(jd));
+    }
+    json_t *shape = json_array();
+    uint64_t numel = 1, dim0 = 1;
+    for (size_t k = 0; k < json_array_size(js); k++) {
+        json_t *d = json_array_get(js, k);
+        if (!json_is_integer(d) || json_integer_value(d) < 0) {
+            json_decref(shape);
+            return tool_fail(err, err_len, DDO_E_FORMAT,
+                             "%s: tensor \"%s\": shape entries must be non-negative integers",
+                             layout_path, name);
+        }
+        uint64_t v = (uint64_t)json_integer_value(d);
+        if (scale < 1.0 && v > 0) {
+            double s = nearbyint((double)v * scale);
+            v = s < 1.0 ? 1 : (uint64_t)s;
+        }
+        numel *= v;
+        dim0 = k == 0 && json_array_size(js) > 1 ? v : dim0;
+        json_array_append_new(shape, json_integer((json_int_t)v));
+    }
+    uint64_t nb = numel * ddo_dtype_size(dt);
+    json_t *e = json_object();
+    json_object_set_new(e, "dtype", json_string(ddo_dtype_name(dt)));
+    json_object_set_new(e, "shape", shape);
+    json_t *offs = json_array();
+    json_array_append_new(offs, json_integer((json_int_t)*off));
+    json_array_append_new(offs, json_integer((json_int_t)(*off + nb)));
+    json_object_set_new(e, "data_offsets", offs);
+    json_object_set_new(hdr, name, e);
+    *out = (lt){ name, dt, ddo_dtype_size(dt), nb, dim0 ? numel / dim0 : 0 };
+    *off += nb;
+    return 0;
+}
+
+/*
+ * Puts the 8-byte length and the header padded with spaces to `padded` bytes at the start
+ * of buf (or writes them straight to fd when they do not fit); *used: the bytes held in buf.
+ * -1 with errno on a failed write.
+ */
+static int put_header(int fd, uint8_t *buf, const char *header, size_t hlen, size_t padded,
+                      size_t *used)
+{
+    uint64_t hl = padded;
+    for (int i = 0; i < 8; i++)
+        buf[i] = (uint8_t)(hl >> (8 * i));
+    *used = 8;
+    if (padded + 8 > SYNTH_BUFFER_BYTES) {
+        /* A header bigger than the buffer: write it straight out. */
+        if (write_all(fd, buf, 8) != 0 || write_all(fd, (const uint8_t *)header, hlen) != 0)
+            return -1;
+        memset(buf, ' ', padded - hlen);
+        if (write_all(fd, buf, padded - hlen) != 0)
+            return -1;
+        *used = 0;
+    } else {
+        memcpy(buf + *used, header, hlen);
+        memset(buf + *used + hlen, ' ', padded - hlen);
+        *used += padded;
+    }
+    return 0;
+}
+
+/* Writes the values of the n tensors ts after the `used` bytes in buf; -1 with errno. */
+static int write_values(int fd, uint8_t *buf, size_t used, const lt *ts, size_t n, uint64_t seed,
+                        ddo_tool_values values)
+{
+    for (size_t i = 0; i < n; i++) {
+        fill_kind fk = { ts[i].dtype, values,
+                         1.0 / sqrt((double)(ts[i].fan_in > 1 ? ts[i].fan_in : 1)) };
+        uint64_t state = seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(i + 1));
+        splitmix64(&state);
+        uint64_t left = ts[i].nbytes;
+        uint64_t word = 0;
+        while (left > 0) {
+            if (used == SYNTH_BUFFER_BYTES) {
+                if (write_all(fd, buf, used) != 0)
+                    return -1;
+                used = 0;
+            }
+            size_t room = SYNTH_BUFFER_BYTES - used;
+            size_t chunk = left < room ? (size_t)left : room;
+            /* Keep chunks whole words so values do not depend on buffer boundaries. */
+            if (chunk < left && chunk >= 8)
+                chunk -= chunk % 8;
+            else if (chunk < left) {
+                if (write_all(fd, buf, used) != 0)
+                    return -1;
+                used = 0;
+                continue;
+            }
+            fill(buf + used, chunk, &fk, &state, word);
+            word += chunk / 8;
+            used += chunk;
+            left -= chunk;
+        }
+    }
+    if (used > 0 && write_all(fd, buf, used) != 0)
+        return -1;
+    return 0;
+}
+
 int ddo_tool_synth_values(const char *layout_path, const char *out_path, double scale,
                           uint64_t seed, ddo_tool_values values, uint64_t *bytes_written, char *err,
                           size_t err_len)
@@ -295,58 +418,10 @@ int ddo_tool_synth_values(const char *layout_path, const char *out_path, double 
     json_object_set(hdr, "__metadata__", meta);
     uint64_t off = 0;
     for (size_t i = 0; i < n; i++) {
-        json_t *t = json_array_get(tensors, i);
-        json_t *jn = json_object_get(t, "name"), *js = json_object_get(t, "shape"),
-               *jd = json_object_get(t, "dtype");
-        if (!json_is_string(jn) || !json_is_array(js) || !json_is_string(jd)) {
-            rc = tool_fail(err, err_len, DDO_E_FORMAT,
-                           "%s: tensor %zu: needs \"name\", \"shape\" and \"dtype\"", layout_path,
-                           i);
+        rc = add_tensor(hdr, json_array_get(tensors, i), i, layout_path, scale, &ts[i], &off, err,
+                        err_len);
+        if (rc != 0)
             goto out;
-        }
-        const char *name = json_string_value(jn);
-        if (strcmp(name, "__metadata__") == 0 || json_object_get(hdr, name) != NULL) {
-            rc = tool_fail(err, err_len, DDO_E_FORMAT, "%s: tensor \"%s\": duplicate name",
-                           layout_path, name);
-            goto out;
-        }
-        ddo_dtype dt;
-        if (ddo_dtype_from_name(json_string_value(jd), &dt) != 0) {
-            rc = tool_fail(err, err_len, DDO_E_FORMAT, "%s: tensor \"%s\": unknown dtype \"%s\"",
-                           layout_path, name, json_string_value(jd));
-            goto out;
-        }
-        json_t *shape = json_array();
-        uint64_t numel = 1, dim0 = 1;
-        for (size_t k = 0; k < json_array_size(js); k++) {
-            json_t *d = json_array_get(js, k);
-            if (!json_is_integer(d) || json_integer_value(d) < 0) {
-                json_decref(shape);
-                rc = tool_fail(err, err_len, DDO_E_FORMAT,
-                               "%s: tensor \"%s\": shape entries must be non-negative integers",
-                               layout_path, name);
-                goto out;
-            }
-            uint64_t v = (uint64_t)json_integer_value(d);
-            if (scale < 1.0 && v > 0) {
-                double s = nearbyint((double)v * scale);
-                v = s < 1.0 ? 1 : (uint64_t)s;
-            }
-            numel *= v;
-            dim0 = k == 0 && json_array_size(js) > 1 ? v : dim0;
-            json_array_append_new(shape, json_integer((json_int_t)v));
-        }
-        uint64_t nb = numel * ddo_dtype_size(dt);
-        json_t *e = json_object();
-        json_object_set_new(e, "dtype", json_string(ddo_dtype_name(dt)));
-        json_object_set_new(e, "shape", shape);
-        json_t *offs = json_array();
-        json_array_append_new(offs, json_integer((json_int_t)off));
-        json_array_append_new(offs, json_integer((json_int_t)(off + nb)));
-        json_object_set_new(e, "data_offsets", offs);
-        json_object_set_new(hdr, name, e);
-        ts[i] = (lt){ name, dt, ddo_dtype_size(dt), nb, dim0 ? numel / dim0 : 0 };
-        off += nb;
     }
     header = json_dumps(hdr, JSON_COMPACT);
     if (header == NULL) {
@@ -378,54 +453,9 @@ int ddo_tool_synth_values(const char *layout_path, const char *out_path, double 
     }
     created = !in_place;
     tmp_slot = in_place ? -1 : tool_cleanup_add(tmp_path, false);
-    uint64_t hl = padded;
-    for (int i = 0; i < 8; i++)
-        buf[i] = (uint8_t)(hl >> (8 * i));
-    size_t used = 8;
-    if (padded + 8 > SYNTH_BUFFER_BYTES) {
-        /* A header bigger than the buffer: write it straight out. */
-        if (write_all(fd, buf, 8) != 0 || write_all(fd, (const uint8_t *)header, hlen) != 0)
-            goto io_fail;
-        memset(buf, ' ', padded - hlen);
-        if (write_all(fd, buf, padded - hlen) != 0)
-            goto io_fail;
-        used = 0;
-    } else {
-        memcpy(buf + used, header, hlen);
-        memset(buf + used + hlen, ' ', padded - hlen);
-        used += padded;
-    }
-    for (size_t i = 0; i < n; i++) {
-        fill_kind fk = { ts[i].dtype, values,
-                         1.0 / sqrt((double)(ts[i].fan_in > 1 ? ts[i].fan_in : 1)) };
-        uint64_t state = seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(i + 1));
-        splitmix64(&state);
-        uint64_t left = ts[i].nbytes;
-        uint64_t word = 0;
-        while (left > 0) {
-            if (used == SYNTH_BUFFER_BYTES) {
-                if (write_all(fd, buf, used) != 0)
-                    goto io_fail;
-                used = 0;
-            }
-            size_t room = SYNTH_BUFFER_BYTES - used;
-            size_t chunk = left < room ? (size_t)left : room;
-            /* Keep chunks whole words so values do not depend on buffer boundaries. */
-            if (chunk < left && chunk >= 8)
-                chunk -= chunk % 8;
-            else if (chunk < left) {
-                if (write_all(fd, buf, used) != 0)
-                    goto io_fail;
-                used = 0;
-                continue;
-            }
-            fill(buf + used, chunk, &fk, &state, word);
-            word += chunk / 8;
-            used += chunk;
-            left -= chunk;
-        }
-    }
-    if (used > 0 && write_all(fd, buf, used) != 0)
+    size_t used = 0;
+    if (put_header(fd, buf, header, hlen, padded, &used) != 0 ||
+        write_values(fd, buf, used, ts, n, seed, values) != 0)
         goto io_fail;
     if (close(fd) != 0) {
         fd = -1;
