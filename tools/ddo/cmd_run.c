@@ -381,6 +381,274 @@ static int reference_checkpoint(const run_ctx *ctx, const ddo_checkpoint *ck, co
     return rc;
 }
 
+/*
+ * The plan inputs for ck on ctx's device: its capabilities, the cpu device's throttles or
+ * measured figures, then the last calibration's measured figures when nothing better is known.
+ */
+static void plan_inputs(const run_ctx *ctx, const tool_profile *tp, ddo_plan_inputs *in)
+{
+    const run_args *a = ctx->args;
+    tool_plan_inputs(in, &ctx->caps);
+    in->bus_bytes_per_s =
+        ctx->caps.bus_bytes_per_s > 0 ? ctx->caps.bus_bytes_per_s : a->dev_opts.cpu_bytes_per_s;
+    in->flops_per_s =
+        ctx->caps.flops_per_s > 0 ? ctx->caps.flops_per_s : a->dev_opts.cpu_flops_per_s;
+    if (!ctx->caps.is_cpu) {
+        in->bus_bytes_per_s = ctx->caps.bus_bytes_per_s;
+        in->flops_per_s = ctx->caps.flops_per_s;
+    } else {
+        /* An unthrottled cpu device: measure what the cost model needs. */
+        if (in->flops_per_s <= 0) {
+            in->flops_per_s = ref_host_cpu_measure_flops(a->tokens);
+            printf("  cost model: reference loop measured at %.2f GFLOP/s\n",
+                   in->flops_per_s / 1e9);
+        }
+        if (in->bus_bytes_per_s <= 0) {
+            in->bus_bytes_per_s = measure_memcpy();
+            printf("  cost model: host memcpy measured at %.2f GB/s (the cpu device's bus)\n",
+                   in->bus_bytes_per_s / 1e9);
+        }
+    }
+    /* Measured figures of the last calibration feed the cost model when nothing better is known. */
+    if (in->bus_bytes_per_s <= 0 && tp->measured.bus_bytes_per_s > 0)
+        in->bus_bytes_per_s = tp->measured.bus_bytes_per_s;
+    if (in->flops_per_s <= 0 && tp->measured.flops_per_s > 0)
+        in->flops_per_s = tp->measured.flops_per_s;
+    in->tokens = a->tokens;
+}
+
+/* Raises res->device_used_peak to the device bytes in use now above the baseline. */
+static void sample_used(const run_ctx *ctx, run_result *res)
+{
+    uint64_t used = device_used(ctx->dev);
+    if (used > ctx->baseline_used && used - ctx->baseline_used > res->device_used_peak)
+        res->device_used_peak = used - ctx->baseline_used;
+}
+
+/* Creates the session of plan (progress on a terminal through ps) and prints its setup time. */
+static int create_session(run_ctx *ctx, const ddo_plan *plan, const ddo_checkpoint *ck,
+                          ddo_config *cfg, progress_state *ps, ddo_session **s)
+{
+    memset(ps, 0, sizeof *ps);
+    ddo_session_options so;
+    memset(&so, 0, sizeof so);
+    if (isatty(STDERR_FILENO)) {
+        so.progress = progress;
+        so.progress_user = ps;
+    }
+    so.config = cfg; /* workers, read engine, registration fallback, reclaim */
+    uint64_t t_setup = tool_now_ns();
+    int rc = ddo_session_create(plan, ck, ctx->dev, &so, s);
+    if (ps->phase[0] != '\0' && ps->last_percent < 100)
+        fputc('\n', stderr);
+    if (rc != 0) {
+        fail_msg("session", rc, ddo_last_error());
+        return rc;
+    }
+    printf("session: set up in %.3f s\n", (double)(tool_now_ns() - t_setup) / 1e9);
+    return 0;
+}
+
+/*
+ * Runs step `step` (0-based): every group of o in order, acquiring and releasing the
+ * streamed units around it; *wait_ns gets the acquire waits, *sum the step's checksum.
+ */
+static int run_step(const run_ctx *ctx, ddo_session *s, ref_host *host, ddo_stream *stream,
+                    const exec_order *o, uint64_t step, uint64_t *wait_ns, uint64_t *sum)
+{
+    const run_args *a = ctx->args;
+    int rc;
+    for (size_t gi = 0; gi < o->count; gi++) {
+        const exec_group *g = &o->groups[gi];
+        if (g->unit != SIZE_MAX) {
+            uint64_t ta = tool_now_ns();
+            rc = ddo_session_acquire(s, g->unit, stream);
+            if (rc != 0) {
+                fail_msg("acquire", rc, ddo_session_error(s));
+                return rc;
+            }
+            /* On the cpu device the host itself waits for the upload here (the loop reads
+             * the slot next); on cuda the wait is queued on the stream. */
+            if (ctx->caps.is_cpu) {
+                rc = ddo_stream_synchronize(stream);
+                if (rc != 0) {
+                    fail_msg("waiting for the upload", rc, ddo_last_error());
+                    return rc;
+                }
+            }
+            *wait_ns += tool_now_ns() - ta;
+            if (a->corrupt_step == step + 1 && gi + 1 == o->count)
+                corrupt(s, g);
+        }
+        rc = ref_host_run_tensors(host, s, g->tensors, g->count, stream);
+        if (rc != 0) {
+            fail_msg("compute", rc, ref_host_error(host));
+            return rc;
+        }
+        if (g->unit != SIZE_MAX) {
+            rc = ddo_session_release(s, g->unit, stream);
+            if (rc != 0) {
+                fail_msg("release", rc, ddo_session_error(s));
+                return rc;
+            }
+        }
+    }
+    rc = ref_host_step_checksum(host, stream, sum);
+    if (rc != 0) {
+        fail_msg("checksum", rc, ref_host_error(host));
+        return rc;
+    }
+    return 0;
+}
+
+/* Runs the steps, printing one line each (time, stall, bytes per tier, bandwidth, checksum). */
+static int run_steps(const run_ctx *ctx, ddo_session *s, ref_host *host, ddo_stream *stream,
+                     const exec_order *o, const ddo_plan_budgets *budgets, uint64_t *sums,
+                     run_result *res)
+{
+    const run_args *a = ctx->args;
+    char b1[32], b2[32], b3[32];
+    printf("  %4s %9s %9s %9s %9s %11s %11s %11s %7s %5s  %s\n", "step", "time", "plan", "compute",
+           "stall", "registered", "staged-ret", "staged-file", "GB/s", "hits", "checksum");
+    uint64_t compute_prev = 0;
+    double prev[6] = { 0 };
+    for (uint64_t step = 0; step < a->steps; step++) {
+        uint64_t t0 = tool_now_ns(), wait_ns = 0;
+        int rc = run_step(ctx, s, host, stream, o, step, &wait_ns, &sums[step]);
+        if (rc != 0)
+            return rc;
+        double dt = (double)(tool_now_ns() - t0) / 1e9;
+        sample_used(ctx, res);
+        ddo_metrics *m = NULL;
+        rc = ddo_session_metrics(s, false, &m);
+        if (rc != 0) {
+            fail_msg("metrics", rc, ddo_session_error(s));
+            return rc;
+        }
+        double cur[6] = { 0,
+                          tool_metric(m, "bytes_from_registered"),
+                          tool_metric(m, "bytes_staged_from_retained"),
+                          tool_metric(m, "bytes_staged_from_file"),
+                          tool_metric(m, "copy_bytes"),
+                          tool_metric(m, "hits") };
+        ddo_metrics_destroy(m);
+        char plan_s[16] = "-";
+        if (budgets->predicted_step_s > 0)
+            snprintf(plan_s, sizeof plan_s, "%.3fs", budgets->predicted_step_s);
+        uint64_t compute_now = ref_host_compute_ns(host);
+        printf(
+            "  %4" PRIu64 " %8.3fs %9s %8.3fs %8.3fs %11s %11s %11s %7.2f %5.0f  %016" PRIx64 "\n",
+            step + 1, dt, plan_s, (double)(compute_now - compute_prev) / 1e9, (double)wait_ns / 1e9,
+            fmt_bytes(cur[1] - prev[1], b1, sizeof b1), fmt_bytes(cur[2] - prev[2], b2, sizeof b2),
+            fmt_bytes(cur[3] - prev[3], b3, sizeof b3), (cur[4] - prev[4]) / dt / 1e9,
+            cur[5] - prev[5], sums[step]);
+        fflush(stdout);
+        memcpy(prev, cur, sizeof prev);
+        compute_prev = compute_now;
+    }
+    return 0;
+}
+
+/* A calibrating run: records what it measured (m, hs, res) in the workload's profile. */
+static int finish_profile(const run_ctx *ctx, tool_profile *tp, ddo_config *cfg,
+                          const ddo_metrics *m, const ref_host *host, const ref_host_stats *hs,
+                          const run_result *res)
+{
+    tool_profile_run pr;
+    memset(&pr, 0, sizeof pr);
+    pr.total_bytes = ctx->caps.total_bytes;
+    pr.baseline_used = ctx->baseline_used;
+    pr.used_peak = res->device_used_peak;
+    uint64_t used = device_used(ctx->dev);
+    pr.used_end = used > ctx->baseline_used ? used - ctx->baseline_used : 0;
+    pr.weights_peak = res->weights_peak;
+    pr.achieved_bytes_per_s = tool_metric(m, "achieved_bytes_per_s");
+    double read_ns = tool_metric(m, "setup_read_ns");
+    if (read_ns > 0)
+        pr.file_read_bytes_per_s = tool_metric(m, "setup_read_bytes") / read_ns * 1e9;
+    uint64_t cns = ref_host_compute_ns(host);
+    if (cns > 0 && hs->flops > 0)
+        pr.flops_per_s = (double)hs->flops / ((double)cns / 1e9);
+    return tool_profile_finish(tp, cfg, &pr);
+}
+
+/* --show-profile prints the session's profile; --metrics appends m to the metrics file. */
+static int report_metrics(const run_args *a, const ddo_metrics *m, const char *component)
+{
+    if (a->show_profile) {
+        char *text = NULL;
+        if (ddo_metrics_format_profile(m, &text) == 0) {
+            printf("%s", text);
+            if (text[0] != '\0' && text[strlen(text) - 1] != '\n')
+                printf("\n");
+            ddo_free(text);
+        }
+    }
+    if (a->metrics_path != NULL) {
+        int rc = ddo_metrics_record(m, component, a->metrics_path);
+        if (rc != 0) {
+            fail_msg(a->metrics_path, rc, ddo_last_error());
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* --verify: runs the reference (into refs) and compares every step's checksum in sums. */
+static int verify_steps(run_ctx *ctx, const ddo_checkpoint *ck, const exec_order *o,
+                        const uint64_t *sums, uint64_t *refs)
+{
+    const run_args *a = ctx->args;
+    bool direct = ctx->caps.is_cpu;
+    printf("verify: reference = %s\n",
+           direct ? "every tensor read straight from the file into host memory (no "
+                    "session, no device), the same loop"
+                  : "a session with every tensor resident on the same device");
+    fflush(stdout);
+    int rc = direct ? reference_checkpoint(ctx, ck, o, a->steps, refs)
+                    : reference_session(ctx, ck, o, a->steps, refs);
+    if (rc != 0)
+        return rc;
+    uint64_t bad = 0;
+    for (uint64_t step = 0; step < a->steps; step++) {
+        if (sums[step] != refs[step]) {
+            bad++;
+            printf("  step %" PRIu64 ": MISMATCH streamed %016" PRIx64 " reference %016" PRIx64
+                   "\n",
+                   step + 1, sums[step], refs[step]);
+        }
+    }
+    if (bad > 0) {
+        printf("verify: FAILED: %" PRIu64 " of %" PRIu64 " steps differ from the reference\n", bad,
+               a->steps);
+        return -1;
+    }
+    printf("verify: OK: %" PRIu64 " steps bit-identical to the reference (%016" PRIx64 ")\n",
+           a->steps, refs[0]);
+    return 0;
+}
+
+/* The reference host of the run: checksums on, ctx's tokens and cpu throttle. */
+static int create_host(const run_ctx *ctx, const ddo_checkpoint *ck, ref_host **host)
+{
+    const run_args *a = ctx->args;
+    ref_host_config hc = { 0 };
+    hc.tokens = a->tokens;
+    hc.checksum = true;
+    hc.cpu_flops_per_s = a->dev_opts.cpu_flops_per_s;
+    return ref_host_create_ex(ctx->dev, ck, &hc, host);
+}
+
+/* Prints what the reference host computed over the run; its statistics into *hs. */
+static void print_compute(const ref_host *host, ref_host_stats *hs)
+{
+    ref_host_stats_get(host, hs);
+    printf("  compute: %" PRIu64 " products (%.2f GFLOP), %" PRIu64
+           " tensors moved only; host compute %.3f s\n",
+           hs->weights_computed, (double)hs->flops / 1e9, hs->weights_skipped,
+           (double)ref_host_compute_ns(host) / 1e9);
+}
+
 /* Runs one checkpoint (or pipeline component) with cfg. Returns 0, or an exit status. */
 static int run_checkpoint(run_ctx *ctx, const char *path, const char *component, ddo_config *cfg,
                           run_result *res)
@@ -400,7 +668,7 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
     memset(&tp, 0, sizeof tp);
     int status = DDO_EXIT_FAILURE;
     uint64_t used = 0;
-    char b1[32], b2[32], b3[32], b4[32];
+    char b1[32], b4[32];
 
     int rc = ddo_checkpoint_create(path, read_backend(cfg), &ck);
     if (rc != 0) {
@@ -421,32 +689,7 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
     if (component == NULL && tool_profile_prepare(&tp, cfg, ck) != 0)
         goto out;
     ddo_plan_inputs in;
-    tool_plan_inputs(&in, &ctx->caps);
-    in.bus_bytes_per_s =
-        ctx->caps.bus_bytes_per_s > 0 ? ctx->caps.bus_bytes_per_s : a->dev_opts.cpu_bytes_per_s;
-    in.flops_per_s =
-        ctx->caps.flops_per_s > 0 ? ctx->caps.flops_per_s : a->dev_opts.cpu_flops_per_s;
-    if (!ctx->caps.is_cpu) {
-        in.bus_bytes_per_s = ctx->caps.bus_bytes_per_s;
-        in.flops_per_s = ctx->caps.flops_per_s;
-    } else {
-        /* An unthrottled cpu device: measure what the cost model needs. */
-        if (in.flops_per_s <= 0) {
-            in.flops_per_s = ref_host_cpu_measure_flops(a->tokens);
-            printf("  cost model: reference loop measured at %.2f GFLOP/s\n", in.flops_per_s / 1e9);
-        }
-        if (in.bus_bytes_per_s <= 0) {
-            in.bus_bytes_per_s = measure_memcpy();
-            printf("  cost model: host memcpy measured at %.2f GB/s (the cpu device's bus)\n",
-                   in.bus_bytes_per_s / 1e9);
-        }
-    }
-    /* Measured figures of the last calibration feed the cost model when nothing better is known. */
-    if (in.bus_bytes_per_s <= 0 && tp.measured.bus_bytes_per_s > 0)
-        in.bus_bytes_per_s = tp.measured.bus_bytes_per_s;
-    if (in.flops_per_s <= 0 && tp.measured.flops_per_s > 0)
-        in.flops_per_s = tp.measured.flops_per_s;
-    in.tokens = a->tokens;
+    plan_inputs(ctx, &tp, &in);
     rc = ddo_plan_build(ck, cfg, &in, &plan);
     if (rc != 0) {
         fail_msg("plan", rc, ddo_last_error());
@@ -475,119 +718,18 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
         goto out;
     }
     progress_state ps;
-    memset(&ps, 0, sizeof ps);
-    ddo_session_options so;
-    memset(&so, 0, sizeof so);
-    if (isatty(STDERR_FILENO)) {
-        so.progress = progress;
-        so.progress_user = &ps;
-    }
-    so.config = cfg; /* workers, read engine, registration fallback, reclaim */
-    uint64_t t_setup = tool_now_ns();
-    rc = ddo_session_create(plan, ck, ctx->dev, &so, &s);
-    if (ps.phase[0] != '\0' && ps.last_percent < 100)
-        fputc('\n', stderr);
-    if (rc != 0) {
-        fail_msg("session", rc, ddo_last_error());
+    if (create_session(ctx, plan, ck, cfg, &ps, &s) != 0)
         goto out;
-    }
-    printf("session: set up in %.3f s\n", (double)(tool_now_ns() - t_setup) / 1e9);
-    used = device_used(ctx->dev);
-    if (used > ctx->baseline_used && used - ctx->baseline_used > res->device_used_peak)
-        res->device_used_peak = used - ctx->baseline_used;
+    sample_used(ctx, res);
 
-    ref_host_config hc = { 0 };
-    hc.tokens = a->tokens;
-    hc.checksum = true;
-    hc.cpu_flops_per_s = a->dev_opts.cpu_flops_per_s;
-    rc = ref_host_create_ex(ctx->dev, ck, &hc, &host);
-    if (rc != 0)
+    if (create_host(ctx, ck, &host) != 0)
         goto out;
 
-    printf("  %4s %9s %9s %9s %9s %11s %11s %11s %7s %5s  %s\n", "step", "time", "plan", "compute",
-           "stall", "registered", "staged-ret", "staged-file", "GB/s", "hits", "checksum");
-    uint64_t compute_prev = 0;
-    double prev[6] = { 0 };
-    for (uint64_t step = 0; step < a->steps; step++) {
-        uint64_t t0 = tool_now_ns(), wait_ns = 0;
-        for (size_t gi = 0; gi < o.count; gi++) {
-            const exec_group *g = &o.groups[gi];
-            if (g->unit != SIZE_MAX) {
-                uint64_t ta = tool_now_ns();
-                rc = ddo_session_acquire(s, g->unit, stream);
-                if (rc != 0) {
-                    fail_msg("acquire", rc, ddo_session_error(s));
-                    goto out;
-                }
-                /* On the cpu device the host itself waits for the upload here (the loop reads
-                 * the slot next); on cuda the wait is queued on the stream. */
-                if (ctx->caps.is_cpu) {
-                    rc = ddo_stream_synchronize(stream);
-                    if (rc != 0) {
-                        fail_msg("waiting for the upload", rc, ddo_last_error());
-                        goto out;
-                    }
-                }
-                wait_ns += tool_now_ns() - ta;
-                if (a->corrupt_step == step + 1 && gi + 1 == o.count)
-                    corrupt(s, g);
-            }
-            rc = ref_host_run_tensors(host, s, g->tensors, g->count, stream);
-            if (rc != 0) {
-                fail_msg("compute", rc, ref_host_error(host));
-                goto out;
-            }
-            if (g->unit != SIZE_MAX) {
-                rc = ddo_session_release(s, g->unit, stream);
-                if (rc != 0) {
-                    fail_msg("release", rc, ddo_session_error(s));
-                    goto out;
-                }
-            }
-        }
-        rc = ref_host_step_checksum(host, stream, &sums[step]);
-        if (rc != 0) {
-            fail_msg("checksum", rc, ref_host_error(host));
-            goto out;
-        }
-        double dt = (double)(tool_now_ns() - t0) / 1e9;
-        used = device_used(ctx->dev);
-        if (used > ctx->baseline_used && used - ctx->baseline_used > res->device_used_peak)
-            res->device_used_peak = used - ctx->baseline_used;
-        rc = ddo_session_metrics(s, false, &m);
-        if (rc != 0) {
-            fail_msg("metrics", rc, ddo_session_error(s));
-            goto out;
-        }
-        double cur[6] = { 0,
-                          tool_metric(m, "bytes_from_registered"),
-                          tool_metric(m, "bytes_staged_from_retained"),
-                          tool_metric(m, "bytes_staged_from_file"),
-                          tool_metric(m, "copy_bytes"),
-                          tool_metric(m, "hits") };
-        ddo_metrics_destroy(m);
-        m = NULL;
-        char plan_s[16] = "-";
-        if (budgets.predicted_step_s > 0)
-            snprintf(plan_s, sizeof plan_s, "%.3fs", budgets.predicted_step_s);
-        uint64_t compute_now = ref_host_compute_ns(host);
-        printf(
-            "  %4" PRIu64 " %8.3fs %9s %8.3fs %8.3fs %11s %11s %11s %7.2f %5.0f  %016" PRIx64 "\n",
-            step + 1, dt, plan_s, (double)(compute_now - compute_prev) / 1e9, (double)wait_ns / 1e9,
-            fmt_bytes(cur[1] - prev[1], b1, sizeof b1), fmt_bytes(cur[2] - prev[2], b2, sizeof b2),
-            fmt_bytes(cur[3] - prev[3], b3, sizeof b3), (cur[4] - prev[4]) / dt / 1e9,
-            cur[5] - prev[5], sums[step]);
-        fflush(stdout);
-        memcpy(prev, cur, sizeof prev);
-        compute_prev = compute_now;
-    }
+    if (run_steps(ctx, s, host, stream, &o, &budgets, sums, res) != 0)
+        goto out;
 
     ref_host_stats hs;
-    ref_host_stats_get(host, &hs);
-    printf("  compute: %" PRIu64 " products (%.2f GFLOP), %" PRIu64
-           " tensors moved only; host compute %.3f s\n",
-           hs.weights_computed, (double)hs.flops / 1e9, hs.weights_skipped,
-           (double)ref_host_compute_ns(host) / 1e9);
+    print_compute(host, &hs);
 
     rc = ddo_session_metrics(s, true, &m);
     if (rc != 0) {
@@ -595,73 +737,15 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
         goto out;
     }
     res->weights_peak = (uint64_t)tool_metric(m, "device_weights_peak_bytes");
-    if (tp.calibrating) {
-        tool_profile_run pr;
-        memset(&pr, 0, sizeof pr);
-        pr.total_bytes = ctx->caps.total_bytes;
-        pr.baseline_used = ctx->baseline_used;
-        pr.used_peak = res->device_used_peak;
-        used = device_used(ctx->dev);
-        pr.used_end = used > ctx->baseline_used ? used - ctx->baseline_used : 0;
-        pr.weights_peak = res->weights_peak;
-        pr.achieved_bytes_per_s = tool_metric(m, "achieved_bytes_per_s");
-        double read_ns = tool_metric(m, "setup_read_ns");
-        if (read_ns > 0)
-            pr.file_read_bytes_per_s = tool_metric(m, "setup_read_bytes") / read_ns * 1e9;
-        uint64_t cns = ref_host_compute_ns(host);
-        if (cns > 0 && hs.flops > 0)
-            pr.flops_per_s = (double)hs.flops / ((double)cns / 1e9);
-        if (tool_profile_finish(&tp, cfg, &pr) != 0)
-            goto out;
-    }
+    if (tp.calibrating && finish_profile(ctx, &tp, cfg, m, host, &hs, res) != 0)
+        goto out;
     printf("  device weights peak %s (planned %s)\n",
            fmt_bytes((double)res->weights_peak, b1, sizeof b1),
            fmt_bytes((double)budgets.device_weights_peak, b4, sizeof b4));
-    if (a->show_profile) {
-        char *text = NULL;
-        if (ddo_metrics_format_profile(m, &text) == 0) {
-            printf("%s", text);
-            if (text[0] != '\0' && text[strlen(text) - 1] != '\n')
-                printf("\n");
-            ddo_free(text);
-        }
-    }
-    if (a->metrics_path != NULL) {
-        rc = ddo_metrics_record(m, component, a->metrics_path);
-        if (rc != 0) {
-            fail_msg(a->metrics_path, rc, ddo_last_error());
-            goto out;
-        }
-    }
-
-    if (a->verify) {
-        bool direct = ctx->caps.is_cpu;
-        printf("verify: reference = %s\n",
-               direct ? "every tensor read straight from the file into host memory (no "
-                        "session, no device), the same loop"
-                      : "a session with every tensor resident on the same device");
-        fflush(stdout);
-        rc = direct ? reference_checkpoint(ctx, ck, &o, a->steps, refs)
-                    : reference_session(ctx, ck, &o, a->steps, refs);
-        if (rc != 0)
-            goto out;
-        uint64_t bad = 0;
-        for (uint64_t step = 0; step < a->steps; step++) {
-            if (sums[step] != refs[step]) {
-                bad++;
-                printf("  step %" PRIu64 ": MISMATCH streamed %016" PRIx64 " reference %016" PRIx64
-                       "\n",
-                       step + 1, sums[step], refs[step]);
-            }
-        }
-        if (bad > 0) {
-            printf("verify: FAILED: %" PRIu64 " of %" PRIu64 " steps differ from the reference\n",
-                   bad, a->steps);
-            goto out;
-        }
-        printf("verify: OK: %" PRIu64 " steps bit-identical to the reference (%016" PRIx64 ")\n",
-               a->steps, refs[0]);
-    }
+    if (report_metrics(a, m, component) != 0)
+        goto out;
+    if (a->verify && verify_steps(ctx, ck, &o, sums, refs) != 0)
+        goto out;
     status = 0;
 out:
     fflush(stdout);
@@ -882,6 +966,78 @@ static bool is_pipeline_dir(const char *path)
     return access(p, R_OK) == 0;
 }
 
+/* The flags of `ddo run` left after the configuration's (PATH, --steps, ...) into a. */
+static int parse_flags(int argc, char **argv, run_args *a)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(arg, "--verify") == 0) {
+            a->verify = true;
+        } else if (strcmp(arg, "--show-profile") == 0) {
+            a->show_profile = true;
+        } else if (strcmp(arg, "--steps") == 0) {
+            if (tool_flag_count("run", arg, val, 1, 1000000, &a->steps) != 0)
+                return -1;
+            i++;
+        } else if (strcmp(arg, "--tokens") == 0) {
+            if (tool_flag_count("run", arg, val, 1, 65536, &a->tokens) != 0)
+                return -1;
+            i++;
+        } else if (strcmp(arg, "--metrics") == 0) {
+            if (val == NULL) {
+                fprintf(stderr, "ddo run: --metrics needs a file\n");
+                return -1;
+            }
+            a->metrics_path = val;
+            i++;
+        } else if (strcmp(arg, "--cpu-gbps") == 0 || strcmp(arg, "--cpu-gflops") == 0 ||
+                   strcmp(arg, "--cpu-memory-gb") == 0) {
+            if (tool_device_flag("run", arg, val, &a->dev_opts) != 0)
+                return -1;
+            i++;
+        } else if (arg[0] == '-') {
+            fprintf(stderr, "ddo run: unknown option '%s' (see ddo run --help)\n", arg);
+            return -1;
+        } else if (a->path == NULL) {
+            a->path = arg;
+        } else {
+            fprintf(stderr, "ddo run: one PATH only ('%s' is extra)\n", arg);
+            return -1;
+        }
+    }
+    if (a->path == NULL) {
+        usage(stderr);
+        return -1;
+    }
+    return 0;
+}
+
+/*
+ * Opens the device named by execution_device into spec_buf / *dev; the default cuda:0
+ * falls back to the cpu device when there is no CUDA device, an explicit one does not.
+ */
+static int open_device(const ddo_config *cfg, run_args *a, char *spec_buf, size_t spec_len,
+                       ddo_device **dev)
+{
+    const char *src = NULL;
+    const char *spec = "cuda:0";
+    ddo_config_get(cfg, "execution_device", &spec);
+    snprintf(spec_buf, spec_len, "%s", spec != NULL ? spec : "cuda:0");
+    int rc = ddo_device_create(spec_buf, &a->dev_opts, dev);
+    if (rc == DDO_E_NO_DEVICE && ddo_config_source(cfg, "execution_device", &src) == 0 &&
+        src != NULL && strcmp(src, "default") == 0) {
+        fprintf(stderr, "ddo run: no CUDA device (%s); using the cpu device\n", ddo_last_error());
+        snprintf(spec_buf, spec_len, "cpu");
+        rc = ddo_device_create(spec_buf, &a->dev_opts, dev);
+    }
+    if (rc != 0) {
+        fail_msg(spec_buf, rc, ddo_last_error());
+        return rc;
+    }
+    return 0;
+}
+
 int ddo_cmd_run(int argc, char **argv)
 {
     run_args a;
@@ -914,47 +1070,8 @@ int ddo_cmd_run(int argc, char **argv)
     for (size_t i = 0; i < ddo_config_warning_count(cfg); i++)
         fprintf(stderr, "ddo run: warning: %s\n", ddo_config_warning(cfg, i));
 
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(arg, "--verify") == 0) {
-            a.verify = true;
-        } else if (strcmp(arg, "--show-profile") == 0) {
-            a.show_profile = true;
-        } else if (strcmp(arg, "--steps") == 0) {
-            if (tool_flag_count("run", arg, val, 1, 1000000, &a.steps) != 0)
-                goto out;
-            i++;
-        } else if (strcmp(arg, "--tokens") == 0) {
-            if (tool_flag_count("run", arg, val, 1, 65536, &a.tokens) != 0)
-                goto out;
-            i++;
-        } else if (strcmp(arg, "--metrics") == 0) {
-            if (val == NULL) {
-                fprintf(stderr, "ddo run: --metrics needs a file\n");
-                goto out;
-            }
-            a.metrics_path = val;
-            i++;
-        } else if (strcmp(arg, "--cpu-gbps") == 0 || strcmp(arg, "--cpu-gflops") == 0 ||
-                   strcmp(arg, "--cpu-memory-gb") == 0) {
-            if (tool_device_flag("run", arg, val, &a.dev_opts) != 0)
-                goto out;
-            i++;
-        } else if (arg[0] == '-') {
-            fprintf(stderr, "ddo run: unknown option '%s' (see ddo run --help)\n", arg);
-            goto out;
-        } else if (a.path == NULL) {
-            a.path = arg;
-        } else {
-            fprintf(stderr, "ddo run: one PATH only ('%s' is extra)\n", arg);
-            goto out;
-        }
-    }
-    if (a.path == NULL) {
-        usage(stderr);
+    if (parse_flags(argc, argv, &a) != 0)
         goto out;
-    }
     status = DDO_EXIT_FAILURE;
     rc = ddo_config_validate(cfg);
     if (rc != 0) {
@@ -973,21 +1090,9 @@ int ddo_cmd_run(int argc, char **argv)
     if (corrupt_env != NULL && tool_parse_u64(corrupt_env, &a.corrupt_step) != 0)
         a.corrupt_step = 0;
 
-    const char *spec = "cuda:0";
-    ddo_config_get(cfg, "execution_device", &spec);
     char spec_buf[64];
-    snprintf(spec_buf, sizeof spec_buf, "%s", spec != NULL ? spec : "cuda:0");
-    rc = ddo_device_create(spec_buf, &a.dev_opts, &dev);
-    if (rc == DDO_E_NO_DEVICE && ddo_config_source(cfg, "execution_device", &src) == 0 &&
-        src != NULL && strcmp(src, "default") == 0) {
-        fprintf(stderr, "ddo run: no CUDA device (%s); using the cpu device\n", ddo_last_error());
-        snprintf(spec_buf, sizeof spec_buf, "cpu");
-        rc = ddo_device_create(spec_buf, &a.dev_opts, &dev);
-    }
-    if (rc != 0) {
-        fail_msg(spec_buf, rc, ddo_last_error());
+    if (open_device(cfg, &a, spec_buf, sizeof spec_buf, &dev) != 0)
         goto out;
-    }
     run_ctx ctx;
     memset(&ctx, 0, sizeof ctx);
     ctx.args = &a;
