@@ -98,6 +98,12 @@ for opt in skip-modules-pattern always-resident-module-patterns vmm-module-patte
         plan "$T/long.safetensors" --ddo-execution-device cpu "--ddo-$opt" '(a+)+$'
 done
 
+# ---- class 2: a layout file that is a FIFO (synth, and demo/bench through it) -------------
+mkfifo "$T/layout.fifo"
+run 1 'ddo synth: ' -- synth --layout "$T/layout.fifo" --out "$T/never.safetensors"
+grep -qF "not a regular file" "$T/err" && ok || bad "synth --layout FIFO: $(cat "$T/err")"
+rm -f "$T/layout.fifo"
+
 # ---- classes 2/3/9: profile files ----------------------------------------------------------
 mkdir -p "$DDO_PROFILE_DIR"
 mkfifo "$DDO_PROFILE_DIR/ddo-capacity-v1-000000000000000000000001.json"

@@ -384,8 +384,21 @@ int ddo_tool_synth_values(const char *layout_path, const char *out_path, double 
     if (layout_path == NULL || out_path == NULL || !(scale > 0.0) || scale > 1.0)
         return tool_fail(err, err_len, DDO_E_INVALID_ARGUMENT,
                          "synth: a layout, an output path and 0 < scale <= 1 are required");
+    /* A layout is a regular file of at most 64 MiB, opened without blocking (a FIFO would
+     * hang json_load_file). */
+    char *text = tool_read_file(layout_path, (size_t)64 << 20);
+    if (text == NULL) {
+        char q[512];
+        tool_quote(layout_path, q, sizeof(q));
+        return tool_fail(err, err_len, errno == ENOENT ? DDO_E_NOT_FOUND : DDO_E_FORMAT, "%s: %s",
+                         q,
+                         errno == EINVAL  ? "not a regular file (a FIFO, socket or device)"
+                         : errno == EFBIG ? "larger than 64 MiB (the layout limit)"
+                                          : strerror(errno));
+    }
     json_error_t jerr;
-    json_t *root = json_load_file(layout_path, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
+    free(text);
     if (root == NULL)
         return tool_fail(err, err_len, DDO_E_FORMAT, "%s: line %d: %s", layout_path, jerr.line,
                          jerr.text);
