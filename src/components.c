@@ -70,14 +70,14 @@ int ddo_config_set_component_policy(ddo_config *cfg, const char *component, cons
     if (cfg == NULL || option == NULL || value == NULL)
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
                          "ddo_config_set_component_policy: NULL argument");
-    char comp[96], opt[64], key[170];
+    char comp[96], opt[64], key[170], q[128];
     normalize_component(component, comp, sizeof(comp));
     if (normalize_option(option, opt, sizeof(opt)) != 0)
         return ddo__fail(&cfg->err, DDO_E_NOT_FOUND,
                          "component %s: unknown policy option \"%s\" (route, group_offload, "
                          "dynamic_offload, offload_stream, offload_record_stream, offload_type, "
                          "offload_low_cpu_mem_usage, num_blocks_per_group)",
-                         comp, option);
+                         comp, (ddo__quote(option, true, q, sizeof(q)), q));
     snprintf(key, sizeof(key), "%s/%s", comp, opt);
     if (ddo__kv_set(&cfg->policies, key, value) != 0)
         return ddo__fail(&cfg->err, DDO_E_NO_MEMORY, "component %s: out of memory", comp);
@@ -224,6 +224,7 @@ static const char *auto_route(const ddo_config *cfg, const char *comp, bool quan
 static int group_policy(const ddo_config *cfg, ddo__errbuf *eb, const char *comp,
                         ddo_component_policy *p)
 {
+    char q[128];
     const char *t = lookup(cfg, comp, "offload_type", NULL, 0);
     if (t != NULL) {
         if (strcmp(t, "block_level") == 0)
@@ -232,20 +233,29 @@ static int group_policy(const ddo_config *cfg, ddo__errbuf *eb, const char *comp
             return ddo__fail(eb, DDO_E_CONFIG,
                              "component %s: offload_type \"%s\": expected leaf_level or "
                              "block_level",
-                             comp, t);
+                             comp, (ddo__quote(t, true, q, sizeof(q)), q));
     }
     const char *nb = lookup(cfg, comp, "num_blocks_per_group", NULL, 0);
     if (nb != NULL) {
-        char *end;
-        errno = 0;
-        long long v = strtoll(nb, &end, 10);
-        while (*end == ' ')
-            end++;
-        if (*end != '\0' || end == nb || errno != 0 || v < 1)
+        /* Upstream's int(): surrounding spaces allowed, then decimal digits and nothing else. */
+        char digits[32];
+        size_t a = strspn(nb, " \t"), n = strlen(nb + a);
+        while (n > 0 && (nb[a + n - 1] == ' ' || nb[a + n - 1] == '\t'))
+            n--;
+        long long v = 0;
+        bool ok = n > 0 && n < sizeof(digits);
+        if (ok) {
+            memcpy(digits, nb + a, n);
+            digits[n] = '\0';
+            errno = 0;
+            ok = ddo_decimal_syntax(digits, true) && (v = strtoll(digits, NULL, 10)) >= 1 &&
+                 errno == 0;
+        }
+        if (!ok)
             return ddo__fail(eb, DDO_E_CONFIG,
                              "component %s: num_blocks_per_group \"%s\": expected an integer "
                              ">= 1",
-                             comp, nb);
+                             comp, (ddo__quote(nb, true, q, sizeof(q)), q));
         p->num_blocks_per_group = (int64_t)v;
     }
     p->unit_granularity = strcmp(p->offload_type, "block_level") == 0 ? "block" : "leaf";
@@ -260,7 +270,7 @@ int ddo_config_component_policy(const ddo_config *cfg, const char *component,
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
                          "ddo_config_component_policy: NULL argument");
     ddo__errbuf *eb = (ddo__errbuf *)&cfg->err;
-    char comp[96];
+    char comp[96], q[128];
     normalize_component(component, comp, sizeof(comp));
     ddo_component_policy p;
     memset(&p, 0, sizeof(p));
@@ -271,7 +281,7 @@ int ddo_config_component_policy(const ddo_config *cfg, const char *component,
                          "component %s: route \"%s\" (%s): expected auto, dynamic_offload, "
                          "diffusers_group_offload or none (aliases: dynamic, ddo; diffusers, "
                          "diffusers_group, group, group_offload; cuda, standard, off)",
-                         comp, word, p.route_source);
+                         comp, (ddo__quote(word, true, q, sizeof(q)), q), p.route_source);
     if (strcmp(route, "auto") == 0)
         route = auto_route(cfg, comp, quantized_backend, &p);
     if (strcmp(route, "dynamic_offload") != 0 && cfg->opt.build_profile)

@@ -558,9 +558,37 @@ static void test_vae_policy(void)
     }
 }
 
+/* Component option values: upstream's int() for num_blocks_per_group (surrounding spaces,
+ * then digits only), and every quoted value escaped so the error stays one line. */
+static void test_component_values_strict_and_escaped(void)
+{
+    ddo_config *c = NULL;
+    T_REQUIRE(ddo_config_create(&c) == 0);
+    ddo_component_policy p;
+    T_EQ_INT(ddo_config_set_component_policy(c, "vae", "route", "group"), 0);
+    T_EQ_INT(ddo_config_set_component_policy(c, "vae", "num_blocks_per_group", " 3 "), 0);
+    T_EQ_INT(ddo_config_component_policy(c, "vae", NULL, false, &p), 0);
+    T_EQ_INT(p.num_blocks_per_group, 3);
+    const char *bad[] = { "0x10", "3.0", "+", "0", "-2", "1e3", "3 4" };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        T_EQ_INT(ddo_config_set_component_policy(c, "vae", "num_blocks_per_group", bad[i]), 0);
+        T_EQ_INT(ddo_config_component_policy(c, "vae", NULL, false, &p), DDO_E_CONFIG);
+        T_CONTAINS(ddo_config_error(c), "expected an integer >= 1");
+    }
+    T_EQ_INT(ddo_config_set_component_policy(c, "vae", "num_blocks_per_group", "1"), 0);
+    T_EQ_INT(ddo_config_set_component_policy(c, "vae", "route", "bad\n\x1b[2J"), 0);
+    T_EQ_INT(ddo_config_component_policy(c, "vae", NULL, false, &p), DDO_E_CONFIG);
+    T_CONTAINS(ddo_config_error(c), "route \"bad\\n\\x1b[2J\"");
+    T_CHECK(strchr(ddo_config_error(c), '\n') == NULL);
+    T_EQ_INT(ddo_config_set_component_policy(c, "vae", "no\nsuch", "1"), DDO_E_NOT_FOUND);
+    T_CHECK(strchr(ddo_config_error(c), '\n') == NULL);
+    ddo_config_destroy(c);
+}
+
 int main(void)
 {
     T_RUN(test_auto_resolves_to_one_shot_fast);
+    T_RUN(test_component_values_strict_and_escaped);
     T_RUN(test_invalid_preset_reports_env_name);
     T_RUN(test_removed_legacy_names_absent);
     T_RUN(test_env_override_wins_over_preset);
