@@ -186,6 +186,9 @@ def status(key):
 x = torch.randn(1, 4, 1024).to(torch.bfloat16)
 open("/proc/self/clear_refs", "w").write("5")
 base = status("VmRSS:")
+if status("VmHWM:") > base + (16 << 20):  # the kernel did not reset the peak (gVisor)
+    print("SKIP")
+    sys.exit(0)
 res = ddo.from_pretrained_with_dynamic_offload(sys.argv[3], model_loader=lambda: T.TinyDiT(
     1024, 16, torch.bfloat16))
 # The native route with a retained store of half the model: the rest is re-read from the
@@ -225,6 +228,9 @@ def test_host_rss_stays_below_the_model(tmp_path):
                           os.path.dirname(__file__), str(path)], capture_output=True,
                          text=True, env=dict(os.environ), timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    peak = int(out.stdout.strip().splitlines()[-1])
+    last = out.stdout.strip().splitlines()[-1]
+    if last == "SKIP":
+        pytest.skip("this kernel does not reset VmHWM through /proc/self/clear_refs")
+    peak = int(last)
     assert model_bytes > 128 << 20
     assert peak < model_bytes, (peak, model_bytes)
