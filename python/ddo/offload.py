@@ -69,6 +69,24 @@ class MetricsReport:
             self._h, comp.encode() if comp else None, str(path).encode()))
 
 
+@contextlib.contextmanager
+def cleanup_boundary(unload, value=None):
+    """The seed's error-only boundary (yields value): on an exception, call unload once and
+    re-raise the original; a failing unload is attached to it as a note (never replaces it)."""
+    try:
+        yield value
+    except BaseException as e:
+        try:
+            unload()
+        except Exception as ce:  # the original error is what the caller needs
+            note = f"ddo cleanup (unload) also failed: {ce}"
+            if hasattr(e, "add_note"):
+                e.add_note(note)
+            else:
+                e.__ddo_cleanup_error__ = ce
+        raise
+
+
 class _Param:
     """One ddo tensor and the Parameters (tied ones included) that show it."""
     __slots__ = ("index", "params", "dtype_name", "torch_dtype", "shape", "host", "placement",
@@ -566,21 +584,9 @@ class OffloadResult:
             out[t.name] = addr.value
         return out
 
-    @contextlib.contextmanager
     def cleanup_on_error(self):
         """On an exception: unload once, re-raise the original (a cleanup error becomes a note)."""
-        try:
-            yield self
-        except BaseException as e:
-            try:
-                self.unload()
-            except Exception as ce:  # the original error is what the caller needs
-                note = f"ddo cleanup (unload) also failed: {ce}"
-                if hasattr(e, "add_note"):
-                    e.add_note(note)
-                else:
-                    e.__ddo_cleanup_error__ = ce
-            raise
+        return cleanup_boundary(self.unload, self)
 
     def unload(self):
         """Frees device weights; a forward raises until reload()."""

@@ -120,21 +120,9 @@ class RouteResult:
         if getattr(self.module, "_ddo_offload", None) is self:
             del self.module._ddo_offload
 
-    @contextlib.contextmanager
     def cleanup_on_error(self):
         """On an exception: unload once, re-raise the original (a cleanup error: a note)."""
-        try:
-            yield self
-        except BaseException as e:
-            try:
-                self.unload()
-            except Exception as ce:
-                note = f"ddo cleanup (unload) also failed: {ce}"
-                if hasattr(e, "add_note"):
-                    e.add_note(note)
-                else:
-                    e.__ddo_cleanup_error__ = ce
-            raise
+        return offload.cleanup_boundary(self.unload, self)
 
     def metrics_snapshot(self, collect_completed=False, component=None):
         return _RouteReport(component or self.component, self.route, self.event_payload)

@@ -209,16 +209,9 @@ static int fill_inputs(ddo_config *cfg, const plan_flags *f, ddo_plan_inputs *in
     if (f->device_gb >= 0.0) {
         in->device_total_bytes = (uint64_t)(f->device_gb * 1073741824.0); /* <= 1 PiB */
         in->device_free_bytes = in->device_total_bytes;
-    } else if (!in->device_is_cpu && ddo_device_create(spec, NULL, dev) == 0) {
-        ddo_device_caps caps;
-        if (ddo_device_caps_get(*dev, &caps) == 0) {
-            in->device_total_bytes = caps.total_bytes;
-            in->device_free_bytes = caps.free_bytes;
-            in->device_granularity = caps.granularity;
-            in->device_vmm_supported = caps.vmm_supported;
-            in->bus_bytes_per_s = caps.bus_bytes_per_s;
-            in->flops_per_s = caps.flops_per_s;
-        }
+    } else if (!in->device_is_cpu && ddo_device_create(spec, NULL, dev) == 0 &&
+               ddo_plan_inputs_get(*dev, in) != 0) {
+        memset(in, 0, sizeof(*in)); /* the device did not answer: plan without its figures */
     }
     if (f->host_gb >= 0.0) {
         in->host_available_bytes = (uint64_t)(f->host_gb * 1073741824.0);
