@@ -24,13 +24,11 @@
 /* Largest single read: Linux transfers at most 0x7ffff000 bytes per call. */
 #define PIECE_BYTES ((size_t)1 << 30)
 
-/* Opens without blocking (a FIFO or a device node would block in open() or read()), then
- * refuses anything that is not a regular file before the first read. */
-static int open_regular(const char *path, int extra_flags, int *fd)
+int ddo__os_open_regular(const char *path, int flags, unsigned mode, int *fd)
 {
     int f;
     do {
-        f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | extra_flags);
+        f = open(path, flags | O_CLOEXEC | O_NONBLOCK, (mode_t)mode);
     } while (f < 0 && errno == EINTR);
     if (f < 0) {
         /* A socket cannot be opened at all (ENXIO): say what it is, not "no such device". */
@@ -59,7 +57,7 @@ static int open_regular(const char *path, int extra_flags, int *fd)
 
 int ddo__os_file_open(const char *path, int *fd)
 {
-    return open_regular(path, 0, fd);
+    return ddo__os_open_regular(path, O_RDONLY, 0, fd);
 }
 
 const char *ddo__os_file_strerror(int e)
@@ -70,7 +68,7 @@ const char *ddo__os_file_strerror(int e)
 int ddo__os_file_open_direct(const char *path, int *fd)
 {
 #if defined(__linux__)
-    return open_regular(path, O_DIRECT, fd);
+    return ddo__os_open_regular(path, O_RDONLY | O_DIRECT, 0, fd);
 #else
     (void)path;
     (void)fd;
@@ -197,7 +195,7 @@ int64_t ddo__os_cached_bytes(const char *path, uint64_t size)
     if (size == 0)
         return 0;
     int fd;
-    if (open_regular(path, 0, &fd) != 0) /* never blocks on a FIFO that took the name */
+    if (ddo__os_open_regular(path, O_RDONLY, 0, &fd) != 0) /* never blocks on a FIFO */
         return -1;
     long page = sysconf(_SC_PAGESIZE);
     int64_t cached = -1;

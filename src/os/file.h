@@ -37,6 +37,10 @@ typedef struct ddo__file_id {
  * 0 or an errno value.
  */
 int ddo__os_file_open(const char *path, int *fd);
+/* The same with the caller's open flags (O_RDONLY, O_RDWR | O_CREAT, ...; close-on-exec and
+ * non-blocking are added) and creation mode: any path from a user, never blocking, regular
+ * files only. */
+int ddo__os_open_regular(const char *path, int flags, unsigned mode, int *fd);
 /* strerror() of an errno value from this module, with a text for DDO__OS_NOT_REGULAR. */
 const char *ddo__os_file_strerror(int e);
 /*

@@ -234,21 +234,9 @@ int ddo__os_append(const char *path, const void *data, size_t len, bool *opened)
 int ddo__os_lock_file(const char *path, unsigned timeout_ms, int *fd)
 {
     int f;
-    do {
-        f = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW, 0644);
-    } while (f < 0 && errno == EINTR);
-    if (f < 0)
-        return errno;
-    struct stat st;
-    if (fstat(f, &st) != 0) {
-        int e = errno;
-        close(f);
-        return e;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(f);
-        return DDO__OS_NOT_REGULAR;
-    }
+    int oe = ddo__os_open_regular(path, O_RDWR | O_CREAT | O_NOFOLLOW, 0644, &f);
+    if (oe != 0)
+        return oe == EISDIR ? DDO__OS_NOT_REGULAR : oe;
     /* Poll: a holder that never lets go is reported instead of waited on forever. */
     for (unsigned waited = 0;; waited += 5) {
         if (flock(f, LOCK_EX | LOCK_NB) == 0)
