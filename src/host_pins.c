@@ -18,7 +18,9 @@ typedef struct pin_span {
 typedef struct frag {
     uintptr_t orig; /* the caller's bytes */
     uint64_t len;
-    uint64_t at; /* offset in the arena */
+    uint64_t at;  /* offset in the arena */
+    size_t group; /* of its range */
+    uint64_t dst; /* its device offset in the group */
 } frag;
 
 struct ddo__host_pins {
@@ -68,23 +70,64 @@ static int frag_cmp(const void *x, const void *y)
     return a->len < b->len ? -1 : a->len > b->len ? 1 : 0;
 }
 
-/* Inner-page spans (sorted, merged) and fragments (sorted) of the non-empty ranges. */
+/* Device order: by group, then destination; ranges of no group after, by address. */
+static int frag_dst_cmp(const void *x, const void *y)
+{
+    const frag *a = x, *b = y;
+    if (a->group != b->group)
+        return a->group < b->group ? -1 : 1;
+    if (a->group != DDO__PIN_GROUP_NONE && a->dst != b->dst)
+        return a->dst < b->dst ? -1 : 1;
+    return frag_cmp(x, y);
+}
+
+/* Arena offsets in device order: a piece right after its group neighbour on the device (at
+ * most DDO_TENSOR_ALIGN bytes of gap) keeps that gap in the arena, so one copy moves both.
+ * Returns the arena's bytes. */
+static uint64_t place_frags(frag *frags, size_t nf)
+{
+    qsort(frags, nf, sizeof(*frags), frag_dst_cmp);
+    uint64_t fb = 0;
+    for (size_t i = 0; i < nf; i++) {
+        const frag *pv = i > 0 ? &frags[i - 1] : NULL;
+        if (pv != NULL && pv->group == frags[i].group && pv->group != DDO__PIN_GROUP_NONE &&
+            frags[i].dst >= pv->dst + pv->len && frags[i].dst - (pv->dst + pv->len) < DDO_TENSOR_ALIGN)
+            fb += frags[i].dst - (pv->dst + pv->len);
+        frags[i].at = fb;
+        fb += frags[i].len;
+    }
+    qsort(frags, nf, sizeof(*frags), frag_cmp);
+    return fb;
+}
+
+static frag make_frag(const ddo__host_range *r, uintptr_t from, uintptr_t to)
+{
+    return (frag){ from, (uint64_t)(to - from), 0, r->group,
+                   r->dst + (uint64_t)(from - (uintptr_t)r->p) };
+}
+
+/* Inner-page spans (sorted, merged) and arena pieces (sorted by address) of the non-empty
+ * ranges: the end fragments of each range, or the whole of a small one. */
 static void split_ranges(const ddo__host_range *ranges, size_t count, pin_span *spans,
                          size_t *span_count, frag *frags, size_t *frag_count, uint64_t *frag_bytes)
 {
     uintptr_t page = (uintptr_t)ddo__os_page_size();
     size_t ns = 0, nf = 0;
-    uint64_t fb = 0;
     for (size_t i = 0; i < count; i++) {
-        if (ranges[i].p == NULL || ranges[i].len == 0)
+        const ddo__host_range *r = &ranges[i];
+        if (r->p == NULL || r->len == 0)
             continue;
-        cut c = cut_range(&ranges[i], page);
+        cut c = cut_range(r, page);
+        if (r->len <= DDO__PIN_SMALL_BYTES) {
+            frags[nf++] = make_frag(r, c.a, c.b);
+            continue;
+        }
         if (c.ia > c.a)
-            frags[nf++] = (frag){ c.a, (uint64_t)(c.ia - c.a), 0 };
+            frags[nf++] = make_frag(r, c.a, c.ia);
         if (c.ib > c.ia)
             spans[ns++] = (pin_span){ c.ia, c.ib, false };
         if (c.b > c.ib)
-            frags[nf++] = (frag){ c.ib, (uint64_t)(c.b - c.ib), 0 };
+            frags[nf++] = make_frag(r, c.ib, c.b);
     }
     qsort(spans, ns, sizeof(*spans), span_cmp);
     size_t m = 0;
@@ -96,14 +139,9 @@ static void split_ranges(const ddo__host_range *ranges, size_t count, pin_span *
             spans[m++] = spans[i];
         }
     }
-    qsort(frags, nf, sizeof(*frags), frag_cmp);
-    for (size_t i = 0; i < nf; i++) {
-        frags[i].at = fb;
-        fb += frags[i].len;
-    }
     *span_count = m;
     *frag_count = nf;
-    *frag_bytes = fb;
+    *frag_bytes = place_frags(frags, nf);
 }
 
 uint64_t ddo__host_pins_bytes(const ddo__host_range *ranges, size_t count)
@@ -171,6 +209,7 @@ static int fill_arena(ddo__host_pins *hp, uint64_t frag_bytes, ddo__errbuf *eb)
     }
     hp->arena = p;
     hp->arena_bytes = bytes;
+    memset(hp->arena, 0, (size_t)bytes); /* the gaps between neighbours reach device padding */
     for (size_t i = 0; i < hp->frag_count; i++)
         memcpy(hp->arena + hp->frags[i].at, (const void *)hp->frags[i].orig,
                (size_t)hp->frags[i].len);
@@ -228,7 +267,7 @@ static const pin_span *span_of(const ddo__host_pins *hp, uintptr_t a, uintptr_t 
 
 static const frag *frag_of(const ddo__host_pins *hp, uintptr_t orig, uint64_t len)
 {
-    frag key = { orig, len, 0 };
+    frag key = { orig, len, 0, DDO__PIN_GROUP_NONE, 0 };
     return bsearch(&key, hp->frags, hp->frag_count, sizeof(*hp->frags), frag_cmp);
 }
 
@@ -237,8 +276,15 @@ size_t ddo__host_pins_pieces(const ddo__host_pins *hp, const void *p, uint64_t l
 {
     if (hp == NULL || p == NULL || len == 0)
         return 0;
-    ddo__host_range r = { p, len };
+    ddo__host_range r = { p, len, DDO__PIN_GROUP_NONE, 0 };
     cut c = cut_range(&r, (uintptr_t)ddo__os_page_size());
+    if (len <= DDO__PIN_SMALL_BYTES) {
+        const frag *f = frag_of(hp, c.a, len);
+        if (f == NULL || hp->arena == NULL)
+            return 0;
+        out[0] = (ddo__host_piece){ 0, len, hp->arena + f->at };
+        return 1;
+    }
     size_t n = 0;
     if (c.ia > c.a) {
         const frag *f = frag_of(hp, c.a, (uint64_t)(c.ia - c.a));
@@ -259,6 +305,18 @@ size_t ddo__host_pins_pieces(const ddo__host_pins *hp, const void *p, uint64_t l
         out[n++] = (ddo__host_piece){ (uint64_t)(c.ib - c.a), f->len, hp->arena + f->at };
     }
     return n;
+}
+
+bool ddo__host_pins_one_region(const ddo__host_pins *hp, const void *p, uint64_t len)
+{
+    if (hp == NULL || p == NULL)
+        return false;
+    uintptr_t a = (uintptr_t)p;
+    uintptr_t arena = (uintptr_t)hp->arena;
+    if (hp->arena != NULL && a >= arena && len <= hp->arena_bytes &&
+        a - arena <= hp->arena_bytes - len)
+        return true;
+    return len <= UINTPTR_MAX - a && span_of(hp, a, a + (uintptr_t)len) != NULL;
 }
 
 void ddo__host_pins_destroy(ddo__host_pins *hp)

@@ -550,6 +550,23 @@ static void layout_units(builder *b)
     }
 }
 
+/* The resident arena's layout: every resident tensor at a DDO_TENSOR_ALIGN-aligned offset.
+ * Returns the arena's bytes. (Before the host side too: host_registered lays out a caller's
+ * resident tensors by their arena offsets.) */
+static uint64_t layout_residents(ddo_plan *p, size_t n)
+{
+    uint64_t arena = 0;
+    for (size_t i = 0; i < n; i++) {
+        ddo_tensor_location *loc = &p->tensors[i].loc;
+        if (loc->placement != DDO_PLACEMENT_RESIDENT)
+            continue;
+        arena = ddo__round_up(arena, DDO_TENSOR_ALIGN);
+        loc->offset = arena;
+        arena = sat_add(arena, loc->nbytes);
+    }
+    return arena;
+}
+
 /*
  * vmm_runtime: the device bytes unit u takes when every streamed weight has its
  * own physical handle of its size rounded up to the granularity (cuMemMap maps
@@ -783,7 +800,8 @@ static void host_registered(const builder *b, bool all_units, bool residents, ui
                 continue;
             *bytes = sat_add(*bytes, ti->nbytes);
             if (r != NULL)
-                r[n++] = (ddo__host_range){ ti->host_data, ti->nbytes };
+                r[n++] = (ddo__host_range){ ti->host_data, ti->nbytes, u,
+                                            p->tensors[t].loc.offset };
         }
     }
     for (size_t t = 0; residents && t < b->n; t++) {
@@ -792,8 +810,9 @@ static void host_registered(const builder *b, bool all_units, bool residents, ui
             ti->nbytes == 0)
             continue;
         *bytes = sat_add(*bytes, ti->nbytes);
-        if (r != NULL)
-            r[n++] = (ddo__host_range){ ti->host_data, ti->nbytes };
+        if (r != NULL) /* the resident arena: one more group */
+            r[n++] = (ddo__host_range){ ti->host_data, ti->nbytes, p->unit_count,
+                                        p->tensors[t].loc.offset };
     }
     /* Without the table (no memory), an upper bound: one more page per tensor. */
     *pinned = r != NULL ? ddo__host_pins_bytes(r, n) : sat_add(*bytes, (uint64_t)b->n * 65536u);
@@ -1079,15 +1098,7 @@ static int device_side(builder *b, uint64_t limit, const char *limit_source)
     int rc = slot_page(b->o->vmm_page_mb, gran, &page);
     if (rc != 0)
         return rc;
-    uint64_t arena = 0;
-    for (size_t i = 0; i < b->n; i++) {
-        ddo_tensor_location *loc = &p->tensors[i].loc;
-        if (loc->placement != DDO_PLACEMENT_RESIDENT)
-            continue;
-        arena = ddo__round_up(arena, DDO_TENSOR_ALIGN);
-        loc->offset = arena;
-        arena = sat_add(arena, loc->nbytes);
-    }
+    uint64_t arena = layout_residents(p, b->n);
     bg->resident_bytes = arena;
     /* vmm_runtime: a slot holds the largest unit's weights, each in its own handle. */
     bool per_weight =
@@ -1389,6 +1400,7 @@ static int build(builder *b)
         ddo__pin_resolve(C, bi.pin_budget, bi.pin_ratio,
                          ddo__gb_to_bytes(o->max_pin_weight_budget_gb), bi.force_full, &pin, d);
     }
+    (void)layout_residents(p, b->n);
     if ((rc = host_side(b, bi.A, &pin, bi.skip_pin)) != 0)
         return rc;
     if ((rc = device_side(b, limit, source)) != 0)

@@ -393,9 +393,12 @@ static int build_source(ddo_session *s)
         return ddo__fail(&s->err, DDO_E_NO_MEMORY, "session: out of memory");
     size_t k = 0;
     for (size_t i = 0; residents && i < s->resident_count; i++) {
+        ddo_tensor_location loc;
         req[k].tensor = s->resident[i];
         req[k].retain = true;
         req[k].register_ = true;
+        req[k].group = s->unit_count; /* the resident arena, as the planner groups it */
+        req[k].dst = ddo_plan_tensor_location(s->plan, s->resident[i], &loc) == 0 ? loc.offset : 0;
         k++;
     }
     for (size_t u = 0; u < s->unit_count; u++) {
@@ -414,6 +417,8 @@ static int build_source(ddo_session *s)
             req[k].tensor = t[i];
             req[k].retain = info.retained;
             req[k].register_ = info.retained && info.registered;
+            req[k].group = u;
+            req[k].dst = loc.offset;
             k++;
         }
     }

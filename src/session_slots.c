@@ -236,6 +236,7 @@ static int upload_tensor(ddo_session *s, size_t tensor, uint64_t dst, uint64_t n
             rc = ddo__dev_copy_h2d(s->dev, dst + pos, host + pos, len, s->copy_stream);
             if (rc != 0)
                 return fail_ctx(eb, rc, "tensor \"%s\": upload", tensor_name(s, tensor));
+            ddo__metrics_add(&s->metrics, DDO_M_copies, 1);
         } else {
             window w;
             rc = window_get(s, &w, eb);
@@ -267,6 +268,7 @@ static int upload_tensor(ddo_session *s, size_t tensor, uint64_t dst, uint64_t n
             rc = ddo__dev_copy_h2d(s->dev, dst + pos, data, len, s->copy_stream);
             if (rc != 0)
                 return fail_ctx(eb, rc, "tensor \"%s\": upload", tensor_name(s, tensor));
+            ddo__metrics_add(&s->metrics, DDO_M_copies, 1);
             rc = window_put(s, &w, eb);
             if (rc != 0)
                 return rc;
@@ -407,16 +409,69 @@ static int remap_slot(ddo_session *s, ddo__job *job, ddo__slot *slot, const ddo_
     return 0;
 }
 
+/* Copies of a unit's registered host-tensor pieces, merged where the device and the host
+ * layout agree (the arena keeps a unit's neighbouring pieces at their device gaps). */
+typedef struct copy_run {
+    uint64_t dst;
+    const unsigned char *src;
+    uint64_t len;     /* bytes copied (the gaps between merged pieces included) */
+    uint64_t payload; /* tensor bytes among them */
+    size_t tensor;    /* the first piece's, for messages */
+} copy_run;
+
+static int run_flush(ddo_session *s, copy_run *r, ddo__errbuf *eb)
+{
+    for (uint64_t pos = 0; pos < r->len;) {
+        uint64_t left = r->len - pos;
+        size_t len = (size_t)(left < DDO__COPY_PIECE_BYTES ? left : DDO__COPY_PIECE_BYTES);
+        int rc = ddo__dev_copy_h2d(s->dev, r->dst + pos, r->src + pos, len, s->copy_stream);
+        if (rc != 0)
+            return fail_ctx(eb, rc, "tensor \"%s\": upload", tensor_name(s, r->tensor));
+        pos += len;
+        ddo__metrics_add(&s->metrics, DDO_M_copies, 1);
+    }
+    ddo__metrics_add(&s->metrics, DDO_M_bytes_from_registered, (double)r->payload);
+    ddo__metrics_add(&s->metrics, DDO_M_copy_bytes, (double)r->payload);
+    r->len = 0;
+    r->payload = 0;
+    return 0;
+}
+
+/* Adds one piece to the run, flushing first when it cannot join. */
+static int run_add(ddo_session *s, copy_run *r, size_t tensor, uint64_t dst,
+                   const unsigned char *src, uint64_t len, ddo__errbuf *eb)
+{
+    if (r->len > 0) {
+        uint64_t end = r->dst + r->len;
+        bool joins = dst >= end && dst - end < DDO_TENSOR_ALIGN && src > r->src &&
+                     (uint64_t)(src - r->src) == dst - r->dst &&
+                     ddo__source_one_region(s->source, r->src, dst + len - r->dst);
+        if (joins) {
+            r->len = dst + len - r->dst;
+            r->payload += len;
+            return 0;
+        }
+        int rc = run_flush(s, r, eb);
+        if (rc != 0)
+            return rc;
+    }
+    *r = (copy_run){ dst, src, len, len, tensor };
+    return 0;
+}
+
 /*
  * Issues the copies of every streamed tensor of job->unit to its place at dst (or its own
  * range, per_weight); adds the bytes to *ubytes and sets *reread when one came from the file.
+ * The pieces of host tensors registered in place go through one copy_run (merged copies).
  */
 static int upload_unit(ddo_session *s, const ddo__job *job, uint64_t dst, uint64_t *ubytes,
                        bool *reread, ddo__errbuf *eb)
 {
     size_t count = 0;
     const size_t *tensors = ddo_plan_unit_tensors(s->plan, job->unit, &count);
-    for (size_t i = 0; i < count; i++) {
+    copy_run run = { 0 };
+    int rc = 0;
+    for (size_t i = 0; i < count && rc == 0; i++) {
         size_t t = tensors[i];
         ddo_tensor_location loc;
         if (ddo_plan_tensor_location(s->plan, t, &loc) != 0)
@@ -431,18 +486,18 @@ static int upload_unit(ddo_session *s, const ddo__job *job, uint64_t dst, uint64
                                         : UPLOAD_PAGEABLE;
         *reread = *reread || kind == UPLOAD_FILE;
         ddo__host_piece pieces[3];
-        int rc = 0;
         size_t np = kind == UPLOAD_REGISTERED ? ddo__source_host_pieces(s->source, t, pieces) : 0;
         for (size_t k = 0; k < np && rc == 0; k++) /* a host tensor registered in place */
-            rc = upload_tensor(s, t, to + pieces[k].offset, pieces[k].len, UPLOAD_REGISTERED,
-                               pieces[k].src, eb);
-        if (np == 0)
+            rc = run_add(s, &run, t, to + pieces[k].offset, pieces[k].src, pieces[k].len, eb);
+        if (np == 0 && run.len > 0)
+            rc = run_flush(s, &run, eb);
+        if (np == 0 && rc == 0)
             rc = upload_tensor(s, t, to, loc.nbytes, kind, host, eb);
-        if (rc != 0)
-            return rc;
         *ubytes += loc.nbytes;
     }
-    return 0;
+    if (rc == 0 && run.len > 0)
+        rc = run_flush(s, &run, eb);
+    return rc;
 }
 
 /* Performs one job (no lock held). */

@@ -752,8 +752,7 @@ static int pin_host_tensors(ddo__source *src, const ddo__source_params *p,
     for (size_t i = 0; i < count; i++) {
         const ddo_tensor_info *t = ddo_checkpoint_tensor(src->ck, req[i].tensor);
         if (req[i].register_ && src->entries[req[i].tensor].run == RUN_HOST) {
-            ranges[n].p = t->host_data;
-            ranges[n].len = t->nbytes;
+            ranges[n] = (ddo__host_range){ t->host_data, t->nbytes, req[i].group, req[i].dst };
             n++;
         }
     }
@@ -986,6 +985,11 @@ size_t ddo__source_host_pieces(const ddo__source *src, size_t tensor, ddo__host_
         return 0;
     const ddo_tensor_info *t = ddo_checkpoint_tensor(src->ck, tensor);
     return ddo__host_pins_pieces(src->host_pins, src->entries[tensor].ptr, t->nbytes, out);
+}
+
+bool ddo__source_one_region(const ddo__source *src, const void *p, uint64_t len)
+{
+    return src != NULL && ddo__host_pins_one_region(src->host_pins, p, len);
 }
 
 uint64_t ddo__source_segment_left(const ddo__source *src, size_t tensor, uint64_t offset)

@@ -34,6 +34,8 @@ typedef struct ddo__source_request {
     size_t tensor;  /* checkpoint tensor index */
     bool retain;    /* keep its bytes in host RAM */
     bool register_; /* and register them (only with retain) */
+    size_t group;   /* a host tensor registered in place: its unit (host_pins.h groups) */
+    uint64_t dst;   /* and its offset in that unit's device layout */
 } ddo__source_request;
 
 typedef struct ddo__source_params {
@@ -76,6 +78,9 @@ void ddo__source_destroy(ddo__source *src);
  * pinned arena). 0 for any other tensor, or one whose registration fell back.
  */
 size_t ddo__source_host_pieces(const ddo__source *src, size_t tensor, ddo__host_piece out[3]);
+/* True when [p, p + len) (host-tensor pieces) lies in one registration or the pinned arena,
+ * so one copy may read it. */
+bool ddo__source_one_region(const ddo__source *src, const void *p, uint64_t len);
 
 /* Where tensor's retained bytes are (NULL when not retained) and whether they are registered
  * (a registered host-memory tensor is read through ddo__source_host_pieces). */

@@ -189,6 +189,47 @@ static void test_device_from_config(void)
     ddo_config_destroy(cfg);
 }
 
+/* Uses every unit once (the first acquire of each uploads it); returns the copies and the
+ * uploads that took. */
+static void use_all(fx *f, double *copies, double *uploads)
+{
+    double c0 = fx_metric(f, "copies"), u0 = fx_metric(f, "uploads");
+    for (int b = 0; b < f->o.blocks; b++)
+        T_CHECK(fx_use(f, fx_unit(f, b)) == 0); /* the bytes are checked in there */
+    *copies = fx_metric(f, "copies") - c0;
+    *uploads = fx_metric(f, "uploads") - u0;
+}
+
+/* A caller's host tensors registered in place: a unit's small tensors (here every one, 32 KiB)
+ * sit in the pinned arena in device order and move in one copy per unit; large ones (256 KiB)
+ * cost their inner pages plus one copy per gap between them (at most 5 for two weights, 6
+ * before merging); vmm_runtime's per-weight ranges are not contiguous (and it stages its
+ * retained bytes), so nothing merges there. */
+static void test_host_tensors_move_in_merged_copies(void)
+{
+    static const char *modes[] = { "vmm_fast_runtime", "linear_runtime", "vmm_runtime" };
+    for (int m = 0; m < 3; m++) {
+        for (int large = 0; large < 2; large++) {
+            fx_opts o = { .blocks = 4, .pin = true, .cache_gb = 1, .mode = modes[m],
+                          .cols = large ? 1024 : 0 };
+            fx f;
+            T_REQUIRE(fx_create(&f, &o) == 0 && f.rc == 0);
+            double copies = 0, uploads = 0;
+            use_all(&f, &copies, &uploads);
+            T_CHECK(uploads >= 4);
+            if (m == 2)
+                T_CHECK(copies >= 2 * uploads);
+            else if (!large)
+                T_EQ_U64((uint64_t)copies, (uint64_t)uploads);
+            else
+                T_CHECK(copies <= 5 * uploads && copies >= 2 * uploads);
+            if (m < 2) /* vmm_runtime stages the retained bytes (pageable) */
+                T_CHECK(fx_metric(&f, "bytes_from_registered") > 0);
+            fx_destroy(&f);
+        }
+    }
+}
+
 int main(void)
 {
     T_RUN(test_calling_thread_stream_waits_for_the_upload);
@@ -196,5 +237,6 @@ int main(void)
     T_RUN(test_dlpack_views_keep_the_session);
     T_RUN(test_plan_inputs_and_struct_sizes);
     T_RUN(test_device_from_config);
+    T_RUN(test_host_tensors_move_in_merged_copies);
     return t_done();
 }

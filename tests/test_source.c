@@ -148,7 +148,7 @@ static size_t requests(const ddo_checkpoint *ck, ddo__source_request *req)
         size_t idx = SIZE_MAX;
         if (ddo_checkpoint_find(ck, name, &idx) != 0)
             return 0;
-        req[n++] = (ddo__source_request){ idx, i != 5, i % 2 == 0 };
+        req[n++] = (ddo__source_request){ idx, i != 5, i % 2 == 0, 0, 0 };
     }
     return n;
 }
@@ -261,10 +261,10 @@ static void test_sizes_are_the_planner_formula(void)
      * round_up(registered) and round_up(retained)), and the create fits exactly */
     fixture fx;
     T_REQUIRE(fixture_open(&fx, 64 * MIB, 64 * MIB) == 0);
-    ddo__source_request req[4] = { { tensor_index(fx.ck, 1), true, false },
-                                   { tensor_index(fx.ck, 4), true, true },
-                                   { tensor_index(fx.ck, 6), true, false },
-                                   { tensor_index(fx.ck, 5), false, false } };
+    ddo__source_request req[4] = { { tensor_index(fx.ck, 1), true, false, 0, 0 },
+                                   { tensor_index(fx.ck, 4), true, true, 0, 0 },
+                                   { tensor_index(fx.ck, 6), true, false, 0, 0 },
+                                   { tensor_index(fx.ck, 5), false, false, 0, 0 } };
     uint64_t ret = 0, reg = 0;
     T_EQ_INT(ddo__source_bytes(fx.ck, req, 4, &ret, &reg, NULL), 0);
     T_EQ_U64(ret, 64 * MIB);
@@ -306,7 +306,7 @@ static void test_bytes_io_uring_engine(void)
 static size_t all_registered(const ddo_checkpoint *ck, ddo__source_request *req)
 {
     for (size_t i = 0; i < NT; i++)
-        req[i] = (ddo__source_request){ tensor_index(ck, i), true, true };
+        req[i] = (ddo__source_request){ tensor_index(ck, i), true, true, 0, 0 };
     return NT;
 }
 
@@ -564,11 +564,11 @@ static void test_memory_image_falls_back_to_pread(void)
 static void test_host_tensor_pieces(void)
 {
     uint8_t *buf = NULL;
-    T_REQUIRE(posix_memalign((void **)&buf, 4096, 8 * 4096) == 0);
-    for (size_t i = 0; i < 8 * 4096; i++)
+    T_REQUIRE(posix_memalign((void **)&buf, 4096, 24 * 4096) == 0);
+    for (size_t i = 0; i < 24 * 4096; i++)
         buf[i] = (uint8_t)(i * 7);
-    uint8_t *a = buf + 100; /* 5 pages and a bit, starting 100 bytes into a page */
-    uint64_t n = 5 * 4096 + 300;
+    uint8_t *a = buf + 100; /* 20 pages and a bit (over DDO__PIN_SMALL_BYTES), 100 bytes in */
+    uint64_t n = 20 * 4096 + 300;
     ddo_tensor_desc d[1] = { { "w", DDO_DTYPE_U8, 1, &n, a } };
     ddo_checkpoint *ck = NULL;
     T_REQUIRE(ddo_checkpoint_create_from_memory(d, 1, &ck) == 0);
@@ -580,18 +580,18 @@ static void test_host_tensor_pieces(void)
     ddo__source_params p = {
         .ck = ck, .dev = dev, .workers = 1, .retained = &ret, .registered = &reg
     };
-    ddo__source_request req[1] = { { 0, true, true } };
+    ddo__source_request req[1] = { { 0, true, true, 0, 0 } };
     ddo__source *src = NULL;
     T_REQUIRE(ddo__source_create(&p, req, 1, &src, NULL) == 0);
     ddo__host_piece pc[3];
     T_REQUIRE(ddo__source_host_pieces(src, 0, pc) == 3);
     T_CHECK(pc[0].offset == 0 && pc[0].len == 4096 - 100);
-    T_CHECK(pc[1].offset == 4096 - 100 && pc[1].len == 4 * 4096 && pc[1].src == buf + 4096);
-    T_CHECK(pc[2].offset == 5 * 4096 - 100 && pc[2].len == 400);
+    T_CHECK(pc[1].offset == 4096 - 100 && pc[1].len == 19 * 4096 && pc[1].src == buf + 4096);
+    T_CHECK(pc[2].offset == 20 * 4096 - 100 && pc[2].len == 400);
     T_CHECK(pc[0].src != (const void *)a && memcmp(pc[0].src, a, (size_t)pc[0].len) == 0);
     T_CHECK(memcmp(pc[2].src, a + pc[2].offset, (size_t)pc[2].len) == 0);
     /* inner pages + the arena (3996 + 400 fragment bytes, rounded to pages) */
-    T_EQ_U64(ddo__account_used(&reg), 4 * 4096 + 2 * 4096);
+    T_EQ_U64(ddo__account_used(&reg), 19 * 4096 + 2 * 4096);
     /* Memory right after the tensor shares its last page and was never registered: a copy
      * from it (here 4 KiB, crossing into the next page) is an ordinary pageable copy. */
     void *stream = NULL;
@@ -630,7 +630,7 @@ static void test_host_memory_tensors(void)
     };
     size_t ia = SIZE_MAX, ib = SIZE_MAX;
     T_REQUIRE(ddo_checkpoint_find(ck, "a", &ia) == 0 && ddo_checkpoint_find(ck, "b", &ib) == 0);
-    ddo__source_request req[2] = { { ia, true, true }, { ib, false, false } };
+    ddo__source_request req[2] = { { ia, true, true, 0, 0 }, { ib, false, false, 0, 0 } };
     uint64_t r1 = 1, r2 = 1;
     T_EQ_INT(ddo__source_bytes(ck, req, 2, &r1, &r2, NULL), 0);
     T_EQ_U64(r1, 0); /* the caller's memory: the store copies nothing */
@@ -648,7 +648,7 @@ static void test_host_memory_tensors(void)
     T_EQ_INT(ddo__source_create(&p, req, 2, &src, NULL), 0);
     T_REQUIRE(src != NULL);
     /* 1000 bytes hold no whole page: all of it is a fragment, copied to the pinned arena. */
-    ddo__host_range ra = { a, sizeof(a) };
+    ddo__host_range ra = { a, sizeof(a), 0, 0 };
     T_EQ_U64(ddo__account_used(&reg), ddo__host_pins_bytes(&ra, 1));
     T_EQ_U64(ddo__account_used(&reg), 4096);
     T_EQ_U64(ddo__account_used(&ret), 0);
@@ -667,10 +667,10 @@ static void test_host_memory_tensors(void)
     ddo__source_destroy(src);
     T_EQ_U64(ddo__account_used(&reg), 0); /* unregistered */
     /* bad requests */
-    ddo__source_request dup[2] = { { ia, true, false }, { ia, true, false } };
+    ddo__source_request dup[2] = { { ia, true, false, 0, 0 }, { ia, true, false, 0, 0 } };
     T_EQ_INT(ddo__source_create(&p, dup, 2, &src, &eb), DDO_E_INVALID_ARGUMENT);
     T_CONTAINS(eb.msg, "tensor \"a\": requested twice");
-    ddo__source_request bad[1] = { { ib, false, true } };
+    ddo__source_request bad[1] = { { ib, false, true, 0, 0 } };
     T_EQ_INT(ddo__source_create(&p, bad, 1, &src, &eb), DDO_E_INVALID_ARGUMENT);
     T_CONTAINS(eb.msg, "register_ without retain");
     ddo__account_fini(&ret);
