@@ -59,6 +59,40 @@ def timed(passes, stream, fn):
     return statistics.median(times)
 
 
+def pack_costs(res, each, sizes, total, cr):
+    """Host-side costs of packing a module's tensors into one buffer: allocation with first
+    touch, the copy into memory already touched, registration, and pinned allocation."""
+    page = 4096
+
+    def clock(fn):
+        t0 = time.perf_counter()
+        out = fn()
+        return time.perf_counter() - t0, out
+
+    def pack(dst):
+        o = 0
+        for t, n in zip(each, sizes):
+            dst[o:o + n].copy_(t[64:64 + n])
+            o += n
+    s_alloc, buf = clock(lambda: torch.empty(total + page, dtype=torch.uint8))
+    s_first, _ = clock(lambda: pack(buf))
+    s_again, _ = clock(lambda: pack(buf))
+    base = (-buf.data_ptr()) % page
+    s_reg, _ = clock(lambda: cr.cudaHostRegister(buf.data_ptr() + base, total - page, 0))
+    s_unreg, _ = clock(lambda: cr.cudaHostUnregister(buf.data_ptr() + base))
+    del buf
+    s_palloc, pb = clock(lambda: torch.empty(total, dtype=torch.uint8, pin_memory=True))
+    s_pfirst, _ = clock(lambda: pack(pb))
+    del pb
+    out = {"alloc_s": s_alloc, "pack_first_touch_s": s_first, "pack_touched_s": s_again,
+           "register_s": s_reg, "unregister_s": s_unreg, "pinned_alloc_s": s_palloc,
+           "pack_into_pinned_s": s_pfirst, "threads": torch.get_num_threads()}
+    for k, v in out.items():
+        if k.endswith("_s"):
+            print(f"{k:20s} {v:8.3f} s  {total / v / 1e9:7.2f} GB/s", flush=True)
+    res["pack"] = out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layout", default="data/layouts/flux1-dev.json")
@@ -160,6 +194,7 @@ def main():
     rate("reg-each-frag", go_frag, nbytes=moved + o, copies=len(pieces) + len(fr))
     for d_off, t, s, n in pieces:
         cr.cudaHostUnregister(t.data_ptr() + s)
+    pack_costs(res, each, sizes, total, cr)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
