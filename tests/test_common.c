@@ -68,8 +68,8 @@ static void test_strmap(void)
     T_EQ_U64(ddo__strmap_get(&m, "x", 1), SIZE_MAX); /* zeroed: empty and valid */
     /* Keys are byte ranges: prefixes of one name are different keys. */
     const char *name = "transformer.blocks.0.attn.weight";
-    T_EQ_U64(ddo__strmap_put(&m, name, 11, 1), 1);   /* "transformer" */
-    T_EQ_U64(ddo__strmap_put(&m, name, 18, 2), 2);   /* "transformer.blocks" */
+    T_EQ_U64(ddo__strmap_put(&m, name, 11, 1), 1);          /* "transformer" */
+    T_EQ_U64(ddo__strmap_put(&m, name, 18, 2), 2);          /* "transformer.blocks" */
     T_EQ_U64(ddo__strmap_put(&m, "transformer", 11, 9), 1); /* present: the earlier value */
     T_EQ_U64(ddo__strmap_get(&m, "transformer.blocks", 18), 2);
     T_EQ_U64(ddo__strmap_get(&m, "transformer.blocks", 12), SIZE_MAX);
@@ -93,7 +93,7 @@ static void test_strmap(void)
     ddo__strmap_free(&m);
     T_CHECK(m.slots == NULL && m.cap == 0 && m.count == 0);
     T_EQ_U64(ddo__strmap_get(&m, "k1", 2), SIZE_MAX); /* empty again */
-    ddo__strmap_free(&m);                               /* twice: a no-op */
+    ddo__strmap_free(&m);                             /* twice: a no-op */
 }
 
 int main(void)
