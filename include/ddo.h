@@ -506,6 +506,25 @@ typedef struct ddo_file_speed {
 DDO_API int ddo_measure_file_read(const char *path, uint64_t max_bytes, unsigned what,
                                   ddo_file_speed *out);
 
+/*
+ * A CUDA driver entry point for a host that calls the driver itself next to ddo (the ddo
+ * tool's cuBLASLt host): *fn receives what cuGetProcAddress(symbol, cuda_version) returns for
+ * the legacy default stream, symbol being the driver's base name ("cuMemAlloc", not
+ * "cuMemAlloc_v2") and cuda_version the ABI asked for (12000 = CUDA 12.0), to be called through
+ * the matching PFN_ type of cudaTypedefs.h. The driver library is found as the cuda device
+ * finds it (docs/cuda.md): library_path when it is neither NULL nor empty (a host honouring
+ * DDO_VMM_LIBRARY_PATH passes its value here, as it does in cuda_library_env), else
+ * "libcuda.so.1"; nothing else is tried. The library stays loaded for the life of the
+ * process. Needs no device and no cuInit. *fn is written only on success. Thread-safe.
+ * Errors: DDO_E_INVALID_ARGUMENT (symbol NULL or empty, fn NULL, cuda_version <= 0);
+ * DDO_E_NO_DEVICE when there is no usable driver ("no CUDA driver: dlopen(PATH): ...", a
+ * library without cuGetProcAddress, a build without CUDA support) or the driver has no such
+ * entry point at that version ("no CUDA driver: PATH: cuGetProcAddress(SYMBOL, VERSION):
+ * ..."); the detail is in ddo_last_error().
+ */
+DDO_API int ddo_cuda_driver_proc(const char *library_path, const char *symbol, int cuda_version,
+                                 void **fn);
+
 /* ------------------------------------------------------------------------ */
 /* Plan                                                                      */
 /* ------------------------------------------------------------------------ */

@@ -3,8 +3,6 @@
  */
 #include "budget.h"
 
-#include <stdio.h>
-
 void ddo__account_init(ddo__account *a, const char *name, const char *option, uint64_t limit)
 {
     a->name = name;
@@ -18,19 +16,6 @@ void ddo__account_init(ddo__account *a, const char *name, const char *option, ui
 void ddo__account_fini(ddo__account *a)
 {
     pthread_mutex_destroy(&a->lock);
-}
-
-const char *ddo__format_bytes(uint64_t bytes, char *buf, size_t len)
-{
-    if (bytes >= DDO_GIB)
-        snprintf(buf, len, "%.2f GiB", (double)bytes / (double)DDO_GIB);
-    else if (bytes >= DDO_MIB)
-        snprintf(buf, len, "%.2f MiB", (double)bytes / (double)DDO_MIB);
-    else if (bytes >= DDO_KIB)
-        snprintf(buf, len, "%.2f KiB", (double)bytes / (double)DDO_KIB);
-    else
-        snprintf(buf, len, "%llu B", (unsigned long long)bytes);
-    return buf;
 }
 
 int ddo__account_take(ddo__account *a, uint64_t bytes, ddo__errbuf *eb)

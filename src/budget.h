@@ -31,7 +31,4 @@ void ddo__account_give(ddo__account *a, uint64_t bytes);
 uint64_t ddo__account_used(ddo__account *a);
 uint64_t ddo__account_peak(ddo__account *a);
 
-/* Formats bytes as "512.00 MiB" / "22.17 GiB" into buf. */
-const char *ddo__format_bytes(uint64_t bytes, char *buf, size_t len);
-
 #endif /* DDO_BUDGET_H */

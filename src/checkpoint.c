@@ -75,14 +75,14 @@ void ddo_checkpoint_destroy(ddo_checkpoint *ck)
     for (size_t i = 0; i < ck->tensor_count; i++)
         free((char *)(uintptr_t)ck->tensors[i].name);
     free(ck->tensors);
-    ddo__checkpoint_map_free(&ck->by_name);
+    ddo__strmap_free(&ck->by_name);
     for (size_t i = 0; i < ck->meta_count; i++) {
         free(ck->meta_keys[i]);
         free(ck->meta_values[i]);
     }
     free(ck->meta_keys);
     free(ck->meta_values);
-    ddo__checkpoint_map_free(&ck->meta_by_key);
+    ddo__strmap_free(&ck->meta_by_key);
     for (size_t i = 0; i < ck->group_count; i++)
         free((char *)(uintptr_t)ck->groups[i].prefix);
     free(ck->groups);
@@ -124,7 +124,7 @@ int ddo__checkpoint_add_file(ddo_checkpoint *ck, const char *path, uint32_t *ind
 
 int ddo__checkpoint_add_metadata(ddo_checkpoint *ck, const char *key, const char *value)
 {
-    if (ddo__checkpoint_map_get(&ck->meta_by_key, key) != SIZE_MAX)
+    if (ddo__strmap_get(&ck->meta_by_key, key, strlen(key)) != SIZE_MAX)
         return 0; /* the first value of a key wins (shards repeat theirs) */
     if (ck->meta_count == ck->meta_cap) {
         size_t cap = ck->meta_cap == 0 ? 8 : ck->meta_cap * 2;
@@ -145,7 +145,7 @@ int ddo__checkpoint_add_metadata(ddo_checkpoint *ck, const char *key, const char
         free(v);
         return DDO_E_NO_MEMORY;
     }
-    if (ddo__checkpoint_map_put(&ck->meta_by_key, k, ck->meta_count) == SIZE_MAX) {
+    if (ddo__strmap_put(&ck->meta_by_key, k, strlen(k), ck->meta_count) == SIZE_MAX) {
         free(k);
         free(v);
         return DDO_E_NO_MEMORY;
@@ -725,7 +725,7 @@ int ddo__checkpoint_finish(ddo_checkpoint *ck, const char *what)
             t->offset += ck->files[t->file_index].info.data_offset;
         if (!ddo__add_u64(total, t->nbytes, &total))
             return ddo__fail(NULL, DDO_E_OVERFLOW, "%s: the tensors' total size overflows", what);
-        size_t at = ddo__checkpoint_map_put(&ck->by_name, t->name, i);
+        size_t at = ddo__strmap_put(&ck->by_name, t->name, strlen(t->name), i);
         if (at == SIZE_MAX)
             return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory indexing tensors", what);
         if (at != i) {

@@ -43,14 +43,11 @@ static const char *seg_of(const bg_state *s, const bg_node *n)
     return s->ck->tensors[n->tensor].name + n->seg;
 }
 
+/* FNV-1a (strmap.h) over (parent, is_block) and the segment's bytes. */
 static size_t hash_key(uint32_t parent, bool is_block, const char *seg, size_t len)
 {
-    uint64_t h = 1469598103934665603u ^ ((uint64_t)parent << 1 | (is_block ? 1u : 0u));
-    h *= 1099511628211u;
-    for (size_t i = 0; i < len; i++) {
-        h ^= (unsigned char)seg[i];
-        h *= 1099511628211u;
-    }
+    uint64_t h = (DDO__FNV_BASIS ^ ((uint64_t)parent << 1 | (is_block ? 1u : 0u))) * DDO__FNV_PRIME;
+    h = ddo__fnv1a(h, seg, len);
     return (size_t)(h ^ (h >> 29));
 }
 

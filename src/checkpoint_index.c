@@ -181,10 +181,11 @@ static int open_shard(ddo_checkpoint *ck, const char *iname, const json_t *wm, c
 /* Names a mapped tensor that no shard holds (called when the counts differ). */
 static int report_missing(const ddo_checkpoint *ck, const char *iname, const json_t *wm)
 {
-    ddo__checkpoint_map seen = { NULL, 0, 0 };
+    ddo__strmap seen = { NULL, 0, 0 };
     for (size_t i = 0; i < ck->tensor_count; i++) {
-        if (ddo__checkpoint_map_put(&seen, ck->tensors[i].name, i) == SIZE_MAX) {
-            ddo__checkpoint_map_free(&seen);
+        if (ddo__strmap_put(&seen, ck->tensors[i].name, strlen(ck->tensors[i].name), i) ==
+            SIZE_MAX) {
+            ddo__strmap_free(&seen);
             return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", iname);
         }
     }
@@ -193,14 +194,14 @@ static int report_missing(const ddo_checkpoint *ck, const char *iname, const jso
     json_t *jshard;
     json_object_foreach((json_t *)(uintptr_t)wm, tname, jshard)
     {
-        if (ddo__checkpoint_map_get(&seen, tname) == SIZE_MAX) {
+        if (ddo__strmap_get(&seen, tname, strlen(tname)) == SIZE_MAX) {
             rc = ddo__fail(NULL, DDO_E_FORMAT,
                            "%s: tensor \"%s\" is mapped to %s, but that shard does not hold it",
                            iname, Q(tname), Q(json_string_value(jshard)));
             break;
         }
     }
-    ddo__checkpoint_map_free(&seen);
+    ddo__strmap_free(&seen);
     if (rc == 0)
         rc = ddo__fail(NULL, DDO_E_INTERNAL, "%s: tensor count mismatch", iname);
     return rc;

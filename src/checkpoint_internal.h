@@ -1,6 +1,6 @@
 /*
  * checkpoint_internal.h - what the files of the checkpoint module share: the
- * handle's layout, the name index and the helpers used across
+ * handle's layout (its name indexes are strmap.h tables) and the helpers used across
  * checkpoint.c (validation, opening), checkpoint_index.c (sharded sets),
  * checkpoint_blocks.c (block groups), checkpoint_io.c (identity, reads) and
  * checkpoint_query.c (queries, JSON). Private to those files.
@@ -10,32 +10,13 @@
 
 #include "checkpoint.h"
 #include "os/file.h"
+#include "strmap.h"
 
 #include <jansson.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-/* A string -> index hash table (open addressing); keys are borrowed and
- * must outlive the table. A zeroed table is empty and valid. */
-typedef struct ddo__checkpoint_map_slot {
-    const char *key;
-    size_t value;
-} ddo__checkpoint_map_slot;
-
-typedef struct ddo__checkpoint_map {
-    ddo__checkpoint_map_slot *slots;
-    size_t cap; /* power of two, or 0 */
-    size_t count;
-} ddo__checkpoint_map;
-
-/* The value stored for key, or SIZE_MAX. */
-size_t ddo__checkpoint_map_get(const ddo__checkpoint_map *m, const char *key);
-/* Inserts key -> value unless key is present. Returns the value now stored
- * (the earlier one when present), or SIZE_MAX when out of memory. */
-size_t ddo__checkpoint_map_put(ddo__checkpoint_map *m, const char *key, size_t value);
-void ddo__checkpoint_map_free(ddo__checkpoint_map *m);
 
 typedef struct ddo__checkpoint_file {
     ddo_file_info info;  /* info.path is owned */
@@ -59,14 +40,14 @@ struct ddo_checkpoint {
     ddo_tensor_info *tensors; /* names owned */
     size_t tensor_count;
     size_t tensor_cap;
-    ddo__checkpoint_map by_name;
+    ddo__strmap by_name;
     uint64_t total_bytes;
 
     char **meta_keys;
     char **meta_values;
     size_t meta_count;
     size_t meta_cap;
-    ddo__checkpoint_map meta_by_key;
+    ddo__strmap meta_by_key;
 
     ddo_block_group *groups; /* prefixes owned */
     size_t group_count;

@@ -28,7 +28,7 @@ int ddo_checkpoint_find(const ddo_checkpoint *ck, const char *name, size_t *inde
 {
     if (ck == NULL || name == NULL || index == NULL)
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_checkpoint_find: NULL argument");
-    size_t i = ddo__checkpoint_map_get(&ck->by_name, name);
+    size_t i = ddo__strmap_get(&ck->by_name, name, strlen(name));
     if (i == SIZE_MAX)
         return ddo__checkpoint_fail(ck, DDO_E_NOT_FOUND, "no tensor named \"%s\" in the checkpoint",
                                     ddo__checkpoint_quote(name));

@@ -167,6 +167,18 @@ bool ddo__add_u64(uint64_t a, uint64_t b, uint64_t *out)
     return true;
 }
 
+uint64_t ddo__sat_add_u64(uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    return ddo__add_u64(a, b, &r) ? r : UINT64_MAX;
+}
+
+uint64_t ddo__sat_mul_u64(uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    return ddo__mul_u64(a, b, &r) ? r : UINT64_MAX;
+}
+
 uint64_t ddo__round_up(uint64_t v, uint64_t align)
 {
     uint64_t r = v % align;

@@ -68,9 +68,12 @@ char *ddo__strndup(const char *s, size_t n);
 /* printf into a new string; NULL on failure. */
 char *ddo__asprintf(const char *fmt, ...) DDO_PRINTF(1, 2);
 
-/* Overflow-checked arithmetic: false on overflow. */
+/* Overflow-checked arithmetic: false on overflow (*out is then not written). */
 bool ddo__mul_u64(uint64_t a, uint64_t b, uint64_t *out);
 bool ddo__add_u64(uint64_t a, uint64_t b, uint64_t *out);
+/* Saturating arithmetic: UINT64_MAX on overflow (sizes and sums that only get compared). */
+uint64_t ddo__sat_add_u64(uint64_t a, uint64_t b);
+uint64_t ddo__sat_mul_u64(uint64_t a, uint64_t b);
 /* Rounds v up to a multiple of align (align > 0); UINT64_MAX on overflow. */
 uint64_t ddo__round_up(uint64_t v, uint64_t align);
 
@@ -95,6 +98,10 @@ void ddo__sbuf_append(ddo__sbuf *b, const char *s, size_t n);
 void ddo__sbuf_free(ddo__sbuf *b);
 /* Hands the text to the caller (free with ddo_free/free); NULL if allocation failed. */
 char *ddo__sbuf_take(ddo__sbuf *b);
+
+/* Formats bytes for a message (text.c): "512.00 MiB", "22.17 GiB", "3.00 KiB", "12 B" (the
+ * largest unit up to GiB that keeps the number at least 1, two decimals). Returns buf. */
+const char *ddo__format_bytes(uint64_t bytes, char *buf, size_t len);
 
 /* s for a one-line message (text.c): newline, return and tab as \n \r \t, other control bytes
  * as \xNN, C1 controls as \uNNNN, with quotes also " and \ escaped; cut with "..." to fit len

@@ -1,18 +1,18 @@
 /*
  * measure.c - measured host->device and file read figures: the bus limit a
- * benchmark compares against, and what `ddo doctor` reports.
+ * benchmark compares against, and what `ddo doctor` reports. File reads go
+ * through the engines of os/ (the retained store's direct reader).
  */
-#define _GNU_SOURCE
+#define _POSIX_C_SOURCE 200809L
 #include "common.h"
 #include "device/device.h"
+#include "os/file.h"
+#include "os/read.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #define PIECE_BYTES ((size_t)16 << 20)
 #define SMALL_PIECE ((size_t)2 << 20)
@@ -124,7 +124,7 @@ out:
     return rc;
 }
 
-/* Reads [0, len) of fd into buf in pieces; bytes/s, or an error. */
+/* Reads [0, len) of fd into buf in pieces through the page cache; bytes/s, or an error. */
 static int time_reads(int fd, unsigned char *buf, size_t piece, uint64_t len, const char *path,
                       double *rate)
 {
@@ -132,21 +132,19 @@ static int time_reads(int fd, unsigned char *buf, size_t piece, uint64_t len, co
     uint64_t off = 0;
     while (off < len) {
         size_t want = (size_t)(len - off < piece ? len - off : piece);
-        ssize_t n = pread(fd, buf, want, (off_t)off);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return ddo__fail(NULL, DDO_E_IO, "%s: read: %s", path, strerror(errno));
-        if (n == 0)
-            break;
-        off += (uint64_t)n;
+        int e = ddo__os_pread_full(fd, buf, want, off);
+        if (e == DDO__OS_EOF)
+            break; /* the file shrank: time what was there */
+        if (e != 0)
+            return ddo__fail(NULL, DDO_E_IO, "%s: read: %s", path, ddo__os_file_strerror(e));
+        off += want;
     }
     uint64_t dt = ddo__now_ns() - t0;
     *rate = dt ? (double)off * 1e9 / (double)dt : 0.0;
     return 0;
 }
 
-/* One O_DIRECT reader of a parallel pass: pieces tid, tid + n, tid + 2n, ... */
+/* One direct reader of a parallel pass: pieces tid, tid + n, tid + 2n, ... */
 typedef struct direct_reader {
     int fd;
     uint64_t len;
@@ -159,19 +157,17 @@ static void *direct_thread(void *arg)
 {
     direct_reader *r = arg;
     void *buf = NULL;
-    if (posix_memalign(&buf, 4096, PIECE_BYTES) != 0) {
+    if (posix_memalign(&buf, (size_t)DDO__OS_DIRECT_ALIGN, (size_t)DDO__OS_READ_CHUNK) != 0) {
         r->err = ENOMEM;
         return NULL;
     }
-    for (uint64_t off = (uint64_t)r->tid * PIECE_BYTES; off < r->len;
-         off += (uint64_t)r->n * PIECE_BYTES) {
-        size_t want = (size_t)(r->len - off < PIECE_BYTES ? r->len - off : PIECE_BYTES);
-        ssize_t got;
-        do
-            got = pread(r->fd, buf, want, (off_t)off);
-        while (got < 0 && errno == EINTR);
+    for (uint64_t off = (uint64_t)r->tid * DDO__OS_READ_CHUNK; off < r->len;
+         off += (uint64_t)r->n * DDO__OS_READ_CHUNK) {
+        uint64_t want = r->len - off < DDO__OS_READ_CHUNK ? r->len - off : DDO__OS_READ_CHUNK;
+        /* The retained store's direct reader; each thread is one request in flight. */
+        int64_t got = ddo__os_read_direct(r->fd, off, want, buf, false);
         if (got <= 0) {
-            r->err = got < 0 ? errno : EIO;
+            r->err = got < 0 ? (int)-got : EIO;
             break;
         }
         r->bytes += (uint64_t)got;
@@ -180,15 +176,16 @@ static void *direct_thread(void *arg)
     return NULL;
 }
 
-#define DIRECT_STREAMS 4
+/* The retained store's depth: requests in flight per ring. */
+#define DIRECT_STREAMS DDO__OS_READ_DEPTH
 
-/* One pass of O_DIRECT reads with DIRECT_STREAMS in flight; bytes/s, 0 when refused. */
+/* One pass of direct reads with DIRECT_STREAMS in flight; bytes/s, 0 when refused. */
 static double direct_pass(const char *path, uint64_t len)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
-    if (fd < 0)
+    int fd = -1;
+    if (ddo__os_file_open_direct(path, &fd) != 0)
         return 0;
-    len = len / 4096 * 4096;
+    len = len / DDO__OS_DIRECT_ALIGN * DDO__OS_DIRECT_ALIGN;
     direct_reader r[DIRECT_STREAMS];
     pthread_t tid[DIRECT_STREAMS];
     unsigned started = 0;
@@ -208,7 +205,7 @@ static double direct_pass(const char *path, uint64_t len)
             err = r[i].err;
     }
     uint64_t dt = ddo__now_ns() - t0;
-    close(fd);
+    ddo__os_file_close(fd);
     return err == 0 && dt > 0 && bytes > 0 ? (double)bytes * 1e9 / (double)dt : 0;
 }
 
@@ -216,16 +213,19 @@ int ddo_measure_file_read(const char *path, uint64_t max_bytes, unsigned what, d
 {
     if (path == NULL || out == NULL)
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_measure_file_read: NULL argument");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return ddo__fail(NULL, errno == ENOENT ? DDO_E_NOT_FOUND : DDO_E_IO, "%s: open: %s", path,
-                         strerror(errno));
-    struct stat stbuf;
-    if (fstat(fd, &stbuf) != 0 || !S_ISREG(stbuf.st_mode)) {
-        close(fd);
+    int fd = -1;
+    int e = ddo__os_file_open(path, &fd); /* never blocks: a FIFO or device is refused */
+    if (e == DDO__OS_NOT_REGULAR || e == EISDIR)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "%s: not a regular file", path);
+    if (e != 0)
+        return ddo__fail(NULL, e == ENOENT ? DDO_E_NOT_FOUND : DDO_E_IO, "%s: open: %s", path,
+                         ddo__os_file_strerror(e));
+    ddo__file_id id;
+    if (ddo__os_file_identity(fd, &id) != 0 || !id.regular) {
+        ddo__os_file_close(fd);
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "%s: not a regular file", path);
     }
-    uint64_t len = (uint64_t)stbuf.st_size;
+    uint64_t len = id.size;
     if (max_bytes != 0 && len > max_bytes)
         len = max_bytes;
     ddo_file_speed r;
@@ -235,7 +235,7 @@ int ddo_measure_file_read(const char *path, uint64_t max_bytes, unsigned what, d
     if (what & DDO_MEASURE_PAGE_CACHE) {
         unsigned char *buf = aligned_alloc(4096, PIECE_BYTES);
         if (buf == NULL) {
-            close(fd);
+            ddo__os_file_close(fd);
             return ddo__fail(NULL, DDO_E_NO_MEMORY, "ddo_measure_file_read: out of memory");
         }
         double warm, v[PASSES];
@@ -247,7 +247,7 @@ int ddo_measure_file_read(const char *path, uint64_t max_bytes, unsigned what, d
             r.page_cache_bytes_per_s = median3(v);
         free(buf);
     }
-    close(fd);
+    ddo__os_file_close(fd);
     if (rc != 0)
         return rc;
     if (what & DDO_MEASURE_DIRECT) {

@@ -11,7 +11,7 @@
  * reads, merges and writes under an flock on "<profile>.lock", so concurrent
  * writers of one profile keep every observation.
  */
-#define _GNU_SOURCE
+#define _POSIX_C_SOURCE 200809L
 #include "common.h"
 #include "config.h"
 #include "config_priv.h"

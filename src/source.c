@@ -1,9 +1,10 @@
 /*
  * source.c - the retained source store: reads retained tensors into host
  * segment memory with pin_cpu_workers threads (io_uring + O_DIRECT where the
- * file system allows it, pread otherwise), registers the planned share in
- * whole 64 MiB segments, and serves byte ranges (retained memory, or the file
- * re-read and identity-checked) to the session's uploader.
+ * file system allows it, pread otherwise: the engines of os/read.c, driven
+ * from here), registers the planned share in whole 64 MiB segments, and
+ * serves byte ranges (retained memory, or the file re-read and
+ * identity-checked) to the session's uploader.
  *
  * Layout: one allocation of whole 64 MiB segments. The tensors to register
  * come first (request order), then the other retained tensors; the segments
@@ -15,7 +16,7 @@
  * aligned middle of its O_DIRECT reads lands in place; the partial first and
  * last 4 KiB blocks (and any tensor that got no slack) go through pread.
  */
-#define _GNU_SOURCE
+#define _POSIX_C_SOURCE 200809L
 #include "source.h"
 
 #include "host_pins.h"
@@ -23,6 +24,7 @@
 #include "checkpoint.h"
 #include "device/device.h"
 #include "os/file.h"
+#include "os/read.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -30,16 +32,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-#if DDO_HAVE_LIBURING
-#    include <liburing.h>
-#endif
-
-#define IO_ALIGN       ((uint64_t)4096)
-#define IO_CHUNK       ((uint64_t)16 * DDO_MIB) /* one read request */
-#define IO_QUEUE_DEPTH 4                        /* requests in flight per ring */
-#define DIRECT_MIN     ((uint64_t)1 * DDO_MIB)  /* smaller file reads use pread */
+#define IO_ALIGN       DDO__OS_DIRECT_ALIGN
+#define IO_CHUNK       DDO__OS_READ_CHUNK      /* one read request */
+#define IO_QUEUE_DEPTH DDO__OS_READ_DEPTH      /* requests in flight per ring */
+#define DIRECT_MIN     ((uint64_t)1 * DDO_MIB) /* smaller file reads use pread */
 /* Allocation alignment of the runs: huge-page friendly, a multiple of IO_ALIGN. */
 #define RUN_ALIGN ((size_t)2 * DDO_MIB)
 
@@ -427,7 +424,6 @@ static void pread_worker(job *j)
             read_piece_pread(j, &pieces[i]);
 }
 
-#if DDO_HAVE_LIBURING
 typedef struct inflight {
     const piece *p;
     uint64_t off; /* the aligned middle still to read */
@@ -436,34 +432,9 @@ typedef struct inflight {
     bool used;
 } inflight;
 
-/*
- * After a failed submit: waits for the completions the kernel still owes
- * (memory we own is their target) until none is left or none comes for a
- * second (requests that were never submitted never complete).
- */
-static void drain_ring(struct io_uring *ring, size_t *busy)
+static bool queue_read(ddo__os_ring *ring, int fd, const inflight *f, size_t slot)
 {
-    while (*busy > 0) {
-        struct io_uring_cqe *cqe;
-        struct __kernel_timespec ts = { .tv_sec = 1, .tv_nsec = 0 };
-        int rc = io_uring_wait_cqe_timeout(ring, &cqe, &ts);
-        if (rc == -EINTR)
-            continue;
-        if (rc != 0)
-            return;
-        io_uring_cqe_seen(ring, cqe);
-        (*busy)--;
-    }
-}
-
-static bool queue_read(struct io_uring *ring, int fd, inflight *f, size_t slot)
-{
-    struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
-    if (sqe == NULL)
-        return false;
-    io_uring_prep_read(sqe, fd, f->dst, (unsigned)f->len, f->off);
-    io_uring_sqe_set_data64(sqe, slot);
-    return true;
+    return ddo__os_ring_queue_read(ring, fd, f->dst, f->len, f->off, slot);
 }
 
 /*
@@ -471,7 +442,7 @@ static bool queue_read(struct io_uring *ring, int fd, inflight *f, size_t slot)
  * through the page cache now; the aligned middle is queued on the ring.
  * Returns true when a request was queued into f.
  */
-static bool start_piece(job *j, struct io_uring *ring, const piece *p, inflight *f, size_t slot)
+static bool start_piece(job *j, ddo__os_ring *ring, const piece *p, inflight *f, size_t slot)
 {
     ddo__source *src = j->src;
     int fd = src->direct_fd[p->file];
@@ -510,7 +481,7 @@ static bool start_piece(job *j, struct io_uring *ring, const piece *p, inflight 
 }
 
 /* Handles one completion; true when the slot is free again. */
-static bool complete(job *j, struct io_uring *ring, inflight *f, size_t slot, int res)
+static bool complete(job *j, ddo__os_ring *ring, inflight *f, size_t slot, int res)
 {
     ddo__source *src = j->src;
     const piece *p = f->p;
@@ -563,8 +534,8 @@ static bool complete(job *j, struct io_uring *ring, inflight *f, size_t slot, in
 static void uring_worker(job *j)
 {
     const piece *pieces = j->arg;
-    struct io_uring ring;
-    if (io_uring_queue_init(IO_QUEUE_DEPTH * 2, &ring, 0) < 0) {
+    ddo__os_ring *ring = NULL;
+    if (ddo__os_ring_create(IO_QUEUE_DEPTH * 2, &ring) != 0) {
         pread_worker(j);
         return;
     }
@@ -584,33 +555,31 @@ static void uring_worker(job *j)
                 slot++;
             if (piece_fault(j, &pieces[i]))
                 continue;
-            if (start_piece(j, &ring, &pieces[i], &slots[slot], slot))
+            if (start_piece(j, ring, &pieces[i], &slots[slot], slot))
                 busy++;
         }
         if (busy == 0)
             break;
-        int rc = io_uring_submit_and_wait(&ring, 1);
+        int rc = ddo__os_ring_submit_wait(ring);
         if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
             job_error(j, DDO_E_IO, true, "retained store: io_uring submit: %s", strerror(-rc));
             /* Requests already queued may still complete into memory we own; wait for them. */
         }
-        struct io_uring_cqe *cqe;
-        while (io_uring_peek_cqe(&ring, &cqe) == 0) {
-            size_t slot = (size_t)io_uring_cqe_get_data64(cqe);
-            int res = cqe->res;
-            io_uring_cqe_seen(&ring, cqe);
-            if (slot < IO_QUEUE_DEPTH && slots[slot].used &&
-                complete(j, &ring, &slots[slot], slot, res))
+        uint64_t tag;
+        int res;
+        while (ddo__os_ring_take(ring, &tag, &res)) {
+            size_t slot = (size_t)tag;
+            if (tag < IO_QUEUE_DEPTH && slots[slot].used &&
+                complete(j, ring, &slots[slot], slot, res))
                 busy--;
         }
         if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
-            drain_ring(&ring, &busy);
+            ddo__os_ring_drain(ring, &busy);
             break;
         }
     }
-    io_uring_queue_exit(&ring);
+    ddo__os_ring_destroy(ring);
 }
-#endif /* DDO_HAVE_LIBURING */
 
 /* Splits every retained file tensor into pieces; *out NULL when there is nothing to read. */
 static int make_pieces(ddo__source *src, const ddo__source_request *req, size_t count, piece **out,
@@ -661,11 +630,7 @@ static int read_all(ddo__source *src, const ddo__source_params *p, const ddo__so
         return rc;
     uint64_t t0 = ddo__now_ns();
     job j;
-    job_worker worker = pread_worker;
-#if DDO_HAVE_LIBURING
-    if (src->use_uring)
-        worker = uring_worker;
-#endif
+    job_worker worker = src->use_uring ? uring_worker : pread_worker;
     if (job_init(&j, src, worker, pieces, n, bytes) != 0) {
         free(pieces);
         return ddo__fail(eb, DDO_E_NO_MEMORY, "retained store: out of host memory");
@@ -807,15 +772,8 @@ static void choose_engine(ddo__source *src, const ddo__source_params *p)
         p->engine == DDO__READ_ENGINE_PREAD ? DDO__READ_ENGINE_PREAD : DDO__READ_ENGINE_IO_URING;
     if (p->engine == DDO__READ_ENGINE_AUTO && mostly_cached(p->ck))
         src->engine = DDO__READ_ENGINE_PREAD;
-#if DDO_HAVE_LIBURING
-    if (src->engine == DDO__READ_ENGINE_IO_URING) {
-        struct io_uring probe;
-        if (io_uring_queue_init(2, &probe, 0) == 0) {
-            io_uring_queue_exit(&probe);
-            src->use_uring = true;
-        }
-    }
-#endif
+    if (src->engine == DDO__READ_ENGINE_IO_URING && ddo__os_ring_available())
+        src->use_uring = true;
     if (!src->use_uring)
         src->engine = DDO__READ_ENGINE_PREAD;
     open_direct_fds(src);
@@ -939,8 +897,7 @@ void ddo__source_destroy(ddo__source *src)
         free(src->base);
     ddo__host_pins_destroy(src->host_pins);
     for (size_t f = 0; src->direct_fd != NULL && f < src->file_count; f++)
-        if (src->direct_fd[f] >= 0)
-            close(src->direct_fd[f]);
+        ddo__os_file_close(src->direct_fd[f]);
     if (src->registered_taken > 0)
         ddo__account_give(src->registered, src->registered_taken);
     if (src->retained_taken > 0)
@@ -1003,85 +960,6 @@ uint64_t ddo__source_segment_left(const ddo__source *src, size_t tensor, uint64_
     return DDO_SEGMENT_BYTES - at % DDO_SEGMENT_BYTES;
 }
 
-/* Reads the aligned range [a0, a1) of fd into dst; returns bytes read or -errno. */
-static int64_t direct_read(const ddo__source *src, int fd, uint64_t a0, uint64_t a1, uint8_t *dst)
-{
-#if DDO_HAVE_LIBURING
-    /* Several requests in flight: a single O_DIRECT stream reaches a fraction of the disk. */
-    if (src->use_uring && a1 - a0 > IO_CHUNK) {
-        struct io_uring ring;
-        size_t n = (size_t)((a1 - a0 + IO_CHUNK - 1) / IO_CHUNK);
-        unsigned depth = n < IO_QUEUE_DEPTH ? (unsigned)n : IO_QUEUE_DEPTH;
-        if (io_uring_queue_init(depth, &ring, 0) == 0) {
-            size_t next = 0, busy = 0;
-            int64_t total = 0;
-            int err = 0;
-            while (next < n || busy > 0) {
-                while (err == 0 && next < n && busy < depth) {
-                    struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
-                    if (sqe == NULL)
-                        break;
-                    uint64_t off = a0 + next * IO_CHUNK;
-                    uint64_t len = a1 - off < IO_CHUNK ? a1 - off : IO_CHUNK;
-                    io_uring_prep_read(sqe, fd, dst + (off - a0), (unsigned)len, off);
-                    io_uring_sqe_set_data64(sqe, len);
-                    next++;
-                    busy++;
-                }
-                if (busy == 0)
-                    break;
-                struct io_uring_cqe *cqe;
-                int rc = io_uring_submit_and_wait(&ring, 1);
-                if (rc < 0 && rc != -EINTR) {
-                    err = rc;
-                    next = n; /* queue nothing more; the ring's exit waits for the rest */
-                }
-                while (io_uring_peek_cqe(&ring, &cqe) == 0) {
-                    if (cqe->res < 0 && err == 0)
-                        err = cqe->res;
-                    else if (cqe->res >= 0 && (uint64_t)cqe->res != io_uring_cqe_get_data64(cqe) &&
-                             err == 0)
-                        err = -EINVAL; /* short read in the middle: let pread finish it */
-                    else if (cqe->res >= 0)
-                        total += cqe->res;
-                    io_uring_cqe_seen(&ring, cqe);
-                    busy--;
-                }
-                if (rc < 0 && rc != -EINTR) {
-                    drain_ring(&ring, &busy);
-                    break;
-                }
-            }
-            io_uring_queue_exit(&ring);
-            if (err == 0)
-                return total;
-            if (err != -EINVAL)
-                return err;
-            /* fall through: the whole range again with pread, which handles short reads */
-        }
-    }
-#else
-    (void)src;
-#endif
-    uint64_t done = 0;
-    while (a0 + done < a1) {
-        uint64_t len = a1 - a0 - done;
-        if (len > IO_CHUNK)
-            len = IO_CHUNK;
-        ssize_t r = pread(fd, dst + done, (size_t)len, (off_t)(a0 + done));
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0)
-            return -(int64_t)errno;
-        if (r == 0)
-            break; /* end of file: the caller checks it got enough */
-        done += (uint64_t)r;
-        if ((uint64_t)r % IO_ALIGN != 0)
-            break; /* a short read ends the file or the direct path */
-    }
-    return (int64_t)done;
-}
-
 int ddo__source_read_file(ddo__source *src, size_t tensor, uint64_t offset, size_t len, void *dst,
                           size_t dst_cap, const void **data, ddo__errbuf *eb)
 {
@@ -1116,7 +994,7 @@ int ddo__source_read_file(ddo__source *src, size_t tensor, uint64_t offset, size
         (uintptr_t)dst % IO_ALIGN == 0 && a1 - a0 <= dst_cap) {
         if (ddo__checkpoint_check_file(src->ck, file) != 0)
             return ddo__fail_from_last(eb, DDO_E_FILE_CHANGED);
-        int64_t got = direct_read(src, fd, a0, a1, dst);
+        int64_t got = ddo__os_read_direct(fd, a0, a1 - a0, dst, src->use_uring);
         if (got >= 0 && (uint64_t)got >= abs + len - a0) {
             /* Checked after the read too: bytes written while it ran are never used. */
             if (ddo__checkpoint_check_file(src->ck, file) != 0)

@@ -1,8 +1,8 @@
 /*
  * text.c - the text helpers every module's messages share: quoting a value for a one-line
- * message, the strict decimal syntax of numbers, and the shortest text of a real that reads
- * back as the same value. Also public (ddo_quote, ddo_decimal_syntax, ddo_format_real) so the
- * tool writes its messages the same way.
+ * message, the strict decimal syntax of numbers, byte counts in binary units, and the shortest
+ * text of a real that reads back as the same value. Also public (ddo_quote,
+ * ddo_decimal_syntax, ddo_format_real) so the tool writes its messages the same way.
  */
 #include "common.h"
 
@@ -95,6 +95,19 @@ bool ddo_decimal_syntax(const char *s, bool integer)
             p++;
     }
     return *p == '\0';
+}
+
+const char *ddo__format_bytes(uint64_t bytes, char *buf, size_t len)
+{
+    if (bytes >= DDO_GIB)
+        snprintf(buf, len, "%.2f GiB", (double)bytes / (double)DDO_GIB);
+    else if (bytes >= DDO_MIB)
+        snprintf(buf, len, "%.2f MiB", (double)bytes / (double)DDO_MIB);
+    else if (bytes >= DDO_KIB)
+        snprintf(buf, len, "%.2f KiB", (double)bytes / (double)DDO_KIB);
+    else
+        snprintf(buf, len, "%llu B", (unsigned long long)bytes);
+    return buf;
 }
 
 void ddo_format_real(double v, char *buf, size_t len)

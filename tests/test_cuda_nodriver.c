@@ -2,8 +2,9 @@
  * test_cuda_nodriver.c - the cuda device without a usable driver: a missing
  * or invalid library fails with DDO_E_NO_DEVICE and a clear one-line detail,
  * the bootstrap order (explicit path, then DDO_VMM_LIBRARY_PATH as passed by
- * the host, then discovery) is followed with no fallback, and everything else
- * keeps working. Runs on any machine.
+ * the host, then discovery) is followed with no fallback, the driver entry
+ * points a host asks for (ddo_cuda_driver_proc) fail the same way, and
+ * everything else keeps working. Runs on any machine.
  *
  * ctest-labels: unit
  */
@@ -127,6 +128,53 @@ static void test_discovery(void)
     T_CHECK(ddo_last_error()[0] != '\0');
 }
 
+/* The driver entry points a host asks for: without a driver, DDO_E_NO_DEVICE by the device's
+ * path rule, with *fn untouched; on a GPU machine a real entry point. */
+static void test_driver_proc_without_driver(void)
+{
+    void *fn = &fn;
+    T_EQ_INT(ddo_cuda_driver_proc("/nonexistent/libcuda.so.1", "cuMemAlloc", 12000, &fn),
+             DDO_E_NO_DEVICE);
+    T_CHECK(fn == &fn);
+#if DDO_HAVE_CUDA_H
+    T_CHECK_MSG(
+        strncmp(ddo_last_error(), "no CUDA driver: dlopen(/nonexistent/libcuda.so.1): ", 51) == 0,
+        "got \"%s\"", ddo_last_error());
+    /* A library that is not a driver: refused, as the device refuses it. */
+    T_EQ_INT(ddo_cuda_driver_proc("libm.so.6", "cuMemAlloc", 12000, &fn), DDO_E_NO_DEVICE);
+    T_EQ_STR(ddo_last_error(), "no CUDA driver: libm.so.6: no cuGetProcAddress_v2 or "
+                               "cuGetProcAddress (not a CUDA driver library, or a driver "
+                               "older than CUDA 11.3)");
+    T_CHECK(fn == &fn);
+#else
+    T_CONTAINS(ddo_last_error(), "without CUDA support");
+#endif
+    /* Arguments are checked before any library is looked at. */
+    T_EQ_INT(ddo_cuda_driver_proc(NULL, NULL, 12000, &fn), DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo_cuda_driver_proc(NULL, "", 12000, &fn), DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo_cuda_driver_proc(NULL, "cuMemAlloc", 12000, NULL), DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo_cuda_driver_proc(NULL, "cuMemAlloc", 0, &fn), DDO_E_INVALID_ARGUMENT);
+    T_CONTAINS(ddo_last_error(), "ddo_cuda_driver_proc: cuda_version <= 0");
+    T_CHECK(fn == &fn);
+
+    /* NULL and "" mean discovery (libcuda.so.1), as for the device. */
+    int rc = ddo_cuda_driver_proc("", "cuMemAlloc", 12000, &fn);
+    if (rc == 0) {
+        T_CHECK(fn != NULL && fn != (void *)&fn);
+        void *none = &none;
+        T_EQ_INT(ddo_cuda_driver_proc(NULL, "cuNoSuchEntryPoint", 12000, &none), DDO_E_NO_DEVICE);
+        T_CONTAINS(ddo_last_error(), "cuGetProcAddress(cuNoSuchEntryPoint, 12000)");
+        T_CHECK(none == &none);
+        T_SKIP("a CUDA driver is present: the no-driver path of discovery is not reachable");
+    }
+    T_EQ_INT(rc, DDO_E_NO_DEVICE);
+    T_CHECK(fn == &fn);
+#if DDO_HAVE_CUDA_H
+    T_CHECK_MSG(strncmp(ddo_last_error(), "no CUDA driver: dlopen(libcuda.so.1): ", 38) == 0,
+                "got \"%s\"", ddo_last_error());
+#endif
+}
+
 /* A failed cuda device leaves the rest of the library working. */
 static void test_cpu_still_works(void)
 {
@@ -148,6 +196,7 @@ int main(void)
     T_RUN(test_invalid_library);
     T_RUN(test_ops_open_direct);
     T_RUN(test_discovery);
+    T_RUN(test_driver_proc_without_driver);
     T_RUN(test_cpu_still_works);
     return t_done();
 }

@@ -3,7 +3,8 @@
  * through the wrappers (reserve -> create -> map -> set access; unmap ->
  * release -> free), a handle offset refused as the driver refuses it, plain buffers, host
  * registration from several threads, pinned allocation, events, stream
- * ordering and host callbacks, the error mapping, and a session on the
+ * ordering and host callbacks, a host's driver entry points
+ * (ddo_cuda_driver_proc), the error mapping, and a session on the
  * device: stable addresses across leases, random acquire orders checked
  * byte for byte against the source, reclaim under memory pressure, and
  * faults injected through the wrappers. Every test ends with the device's
@@ -246,6 +247,24 @@ static void test_host_fn(void)
     T_EQ_INT(ddo__dev_stream_synchronize(g_dev, stream), 0);
     T_EQ_INT(flag, 42);
     T_EQ_INT(ddo__dev_stream_destroy(g_dev, stream), 0);
+}
+
+/* A host's driver entry point comes from the device's driver: the version it reports is the
+ * device's, and an unknown entry point is refused. */
+static void test_driver_proc(void)
+{
+    void *fn = NULL;
+    const char *lib = getenv("DDO_VMM_LIBRARY_PATH");
+    T_REQUIRE(ddo_cuda_driver_proc(lib, "cuDriverGetVersion", 12000, &fn) == 0);
+    T_REQUIRE(fn != NULL);
+    unsigned (*get_version)(int *) = NULL; /* CUresult cuDriverGetVersion(int *) */
+    memcpy(&get_version, &fn, sizeof(fn));
+    int version = 0;
+    T_EQ_INT((int)get_version(&version), 0);
+    T_EQ_INT(version, g_caps.driver_version);
+    void *none = &none;
+    T_EQ_INT(ddo_cuda_driver_proc(lib, "cuNoSuchEntryPoint", 12000, &none), DDO_E_NO_DEVICE);
+    T_CHECK(none == &none);
 }
 
 /* Driver failures come back as ddo codes with the call and the driver's error name. */
@@ -656,6 +675,7 @@ int main(void)
     T_RUN(test_plain_buffers_and_events);
     T_RUN(test_host_register_threads);
     T_RUN(test_host_fn);
+    T_RUN(test_driver_proc);
     T_RUN(test_error_mapping);
     T_RUN(test_session_vmm);
     T_RUN(test_session_vmm_runtime);

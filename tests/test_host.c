@@ -1,10 +1,17 @@
 /*
- * test_host.c - host information and the phase helpers of the seeds
- * (Windows standby purge per named phase: a safe no-op on Linux).
+ * test_host.c - host information, the phase helpers of the seeds
+ * (Windows standby purge per named phase: a safe no-op on Linux) and the
+ * file read measurement of `ddo doctor`.
  * ctest-labels: unit
  */
+#define _POSIX_C_SOURCE 200809L
 #include "t.h"
 #include "ddo.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static void test_host_info(void)
 {
@@ -72,10 +79,65 @@ static void test_purge_preset_and_env(void)
     ddo_config_destroy(cfg);
 }
 
+/* A file of 20 MiB + 123 bytes (more than one 16 MiB read request, not a whole block) in dir;
+ * 0 or -1. Not in /tmp: O_DIRECT needs a real file system (tmpfs may refuse it). */
+static int write_file(const char *path, size_t bytes)
+{
+    FILE *f = fopen(path, "wb");
+    if (f == NULL)
+        return -1;
+    for (size_t i = 0; i < bytes; i++)
+        fputc((int)(i * 131u % 251u), f);
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+static void test_measure_file_read(void)
+{
+    const char *base = getenv("DDO_BUILD_DIR");
+    char dir[512], path[600], fifo[600];
+    snprintf(dir, sizeof(dir), "%s/ddo-test-host-XXXXXX", base ? base : "/var/tmp");
+    T_REQUIRE(mkdtemp(dir) != NULL);
+    snprintf(path, sizeof(path), "%s/data.bin", dir);
+    snprintf(fifo, sizeof(fifo), "%s/fifo", dir);
+    const size_t bytes = ((size_t)20 << 20) + 123;
+    T_REQUIRE(write_file(path, bytes) == 0);
+
+    ddo_file_speed s;
+    T_EQ_INT(ddo_measure_file_read(path, 0, DDO_MEASURE_PAGE_CACHE, &s), 0);
+    T_EQ_U64(s.bytes, bytes);
+    T_CHECK(s.page_cache_bytes_per_s > 0);
+    T_CHECK(s.direct_bytes_per_s == 0 && s.direct_streams == 0);
+
+    /* The direct pass reads whole blocks with 4 requests in flight, or is refused (0). */
+    T_EQ_INT(ddo_measure_file_read(path, (uint64_t)17 << 20, DDO_MEASURE_DIRECT, &s), 0);
+    T_EQ_U64(s.bytes, (uint64_t)17 << 20);
+    T_CHECK(s.page_cache_bytes_per_s == 0);
+    T_CHECK((s.direct_bytes_per_s > 0 && s.direct_streams == 4) ||
+            (s.direct_bytes_per_s == 0 && s.direct_streams == 0));
+
+    s.bytes = 7;
+    T_EQ_INT(ddo_measure_file_read(dir, 0, DDO_MEASURE_PAGE_CACHE, &s), DDO_E_INVALID_ARGUMENT);
+    T_CONTAINS(ddo_last_error(), "not a regular file");
+    T_EQ_U64(s.bytes, 7); /* not written on failure */
+    T_EQ_INT(ddo_measure_file_read("/nonexistent/ddo.bin", 0, DDO_MEASURE_PAGE_CACHE, &s),
+             DDO_E_NOT_FOUND);
+    T_EQ_INT(ddo_measure_file_read(NULL, 0, 0, &s), DDO_E_INVALID_ARGUMENT);
+    /* A FIFO without a writer is refused at once, not waited on. */
+    if (mkfifo(fifo, 0600) == 0) {
+        T_EQ_INT(ddo_measure_file_read(fifo, 0, DDO_MEASURE_PAGE_CACHE, &s),
+                 DDO_E_INVALID_ARGUMENT);
+        T_CONTAINS(ddo_last_error(), "not a regular file");
+        unlink(fifo);
+    }
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     T_RUN(test_host_info);
     T_RUN(test_purge_disabled_for_off);
     T_RUN(test_purge_preset_and_env);
+    T_RUN(test_measure_file_read);
     return t_done();
 }

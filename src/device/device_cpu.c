@@ -767,9 +767,9 @@ static void run_copy(cpu_stream *s, const cpu_op *op, double bytes_per_s, uint64
         /* Saturated before the cast: a tiny rate (1e-300 bytes/s) would overflow uint64_t. */
         double t = (double)op->size * 1e9 / bytes_per_s;
         uint64_t ns = t < 9.0e18 ? (uint64_t)t : UINT64_C(9000000000000000000);
-        dur = dur > UINT64_MAX - ns ? UINT64_MAX : dur + ns;
+        dur = ddo__sat_add_u64(dur, ns);
     }
-    s->clock_ns = start > UINT64_MAX - dur ? UINT64_MAX : start + dur;
+    s->clock_ns = ddo__sat_add_u64(start, dur);
     sleep_until(s->clock_ns);
 }
 

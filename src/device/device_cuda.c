@@ -15,6 +15,10 @@
  * host in the same process) and makes it current on every thread that calls
  * in. Every CUresult becomes a ddo error code in cu_code()/cu_fail() only.
  *
+ * ddo_cuda_driver_proc hands a host the driver's entry points the same way
+ * (same library, cuGetProcAddress at the version the host asks for), so a
+ * host that calls the driver itself loads no second copy by its own rules.
+ *
  * Thread-safety: after open the state is read-only; every operation may be
  * called from any thread.
  */
@@ -270,43 +274,66 @@ static int parse_ordinal(const char *spec)
     return (int)v;
 }
 
-/* dlopen + cuGetProcAddress: fills d->api or fails with DDO_E_NO_DEVICE (no fallback). */
-static int load_driver(cuda_dev *d, const char *path, ddo__errbuf *eb)
+/* A loaded driver library and its cuGetProcAddress (the _v2 form when the driver has it). */
+typedef struct cu_loader {
+    void *lib;
+    PFN_cuGetProcAddress_v12000 gpa2;
+    PFN_cuGetProcAddress_v11030 gpa1;
+} cu_loader;
+
+/* dlopen(path) and its cuGetProcAddress, or DDO_E_NO_DEVICE with nothing left open. */
+static int open_driver(const char *path, cu_loader *l, ddo__errbuf *eb)
 {
-    snprintf(d->lib_path, sizeof(d->lib_path), "%s", path);
+    memset(l, 0, sizeof(*l));
     dlerror();
-    d->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (d->lib == NULL) {
+    l->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (l->lib == NULL) {
         const char *e = dlerror();
         return ddo__fail(eb, DDO_E_NO_DEVICE, "no CUDA driver: dlopen(%s): %s", path,
                          e != NULL ? e : "unknown error");
     }
-    void *sym = dlsym(d->lib, "cuGetProcAddress_v2");
-    PFN_cuGetProcAddress_v12000 gpa2 = NULL;
-    PFN_cuGetProcAddress_v11030 gpa1 = NULL;
+    void *sym = dlsym(l->lib, "cuGetProcAddress_v2");
     if (sym != NULL) {
-        memcpy(&gpa2, &sym, sizeof(sym));
-    } else {
-        sym = dlsym(d->lib, "cuGetProcAddress");
-        if (sym == NULL) {
-            dlclose(d->lib);
-            d->lib = NULL;
-            return ddo__fail(eb, DDO_E_NO_DEVICE,
-                             "no CUDA driver: %s: no cuGetProcAddress_v2 or cuGetProcAddress "
-                             "(not a CUDA driver library, or a driver older than CUDA 11.3)",
-                             path);
-        }
-        memcpy(&gpa1, &sym, sizeof(sym));
+        memcpy(&l->gpa2, &sym, sizeof(sym));
+        return 0;
     }
+    sym = dlsym(l->lib, "cuGetProcAddress");
+    if (sym == NULL) {
+        dlclose(l->lib);
+        l->lib = NULL;
+        return ddo__fail(eb, DDO_E_NO_DEVICE,
+                         "no CUDA driver: %s: no cuGetProcAddress_v2 or cuGetProcAddress "
+                         "(not a CUDA driver library, or a driver older than CUDA 11.3)",
+                         path);
+    }
+    memcpy(&l->gpa1, &sym, sizeof(sym));
+    return 0;
+}
+
+/* cuGetProcAddress(symbol, version) on the legacy default stream; *status says whether the
+ * driver has it (always SUCCESS from the v1 form, whose result alone says). */
+static CUresult get_proc(const cu_loader *l, const char *symbol, int version, void **fn,
+                         CUdriverProcAddressQueryResult *status)
+{
+    *status = CU_GET_PROC_ADDRESS_SUCCESS;
+    if (l->gpa2 != NULL)
+        return l->gpa2(symbol, fn, version, CU_GET_PROC_ADDRESS_LEGACY_STREAM, status);
+    return l->gpa1(symbol, fn, version, CU_GET_PROC_ADDRESS_LEGACY_STREAM);
+}
+
+/* dlopen + cuGetProcAddress: fills d->api or fails with DDO_E_NO_DEVICE (no fallback). */
+static int load_driver(cuda_dev *d, const char *path, ddo__errbuf *eb)
+{
+    snprintf(d->lib_path, sizeof(d->lib_path), "%s", path);
+    cu_loader l;
+    int rc = open_driver(path, &l, eb);
+    if (rc != 0)
+        return rc;
+    d->lib = l.lib;
     for (size_t i = 0; i < DDO_ARRAY_LEN(cu_symbols); i++) {
         void *fn = NULL;
-        CUresult r;
-        CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SUCCESS;
-        if (gpa2 != NULL)
-            r = gpa2(cu_symbols[i].symbol, &fn, DDO_CU_ABI, CU_GET_PROC_ADDRESS_LEGACY_STREAM,
-                     &status);
-        else
-            r = gpa1(cu_symbols[i].symbol, &fn, DDO_CU_ABI, CU_GET_PROC_ADDRESS_LEGACY_STREAM);
+        CUdriverProcAddressQueryResult status;
+        CUresult r = get_proc(&l, cu_symbols[i].symbol, DDO_CU_ABI, &fn, &status);
         if (r != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS || fn == NULL) {
             char nbuf[32];
             dlclose(d->lib);
@@ -921,8 +948,66 @@ static const ddo__device_ops cuda_ops = {
 
 const ddo__device_ops *const ddo__device_cuda_ops = &cuda_ops;
 
+/* ---- driver entry points for a host (ddo_cuda_driver_proc) ---- */
+
+static const char *proc_status_text(CUdriverProcAddressQueryResult status)
+{
+    switch (status) {
+    case CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND:
+        return "the driver has no such entry point";
+    case CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT:
+        return "the driver is older than the version asked for";
+    default:
+        return "not found";
+    }
+}
+
+static int driver_proc(const char *library_path, const char *symbol, int cuda_version, void **fn)
+{
+    /* The device's rule: the path given, else discovery (the host passes the value of
+     * DDO_VMM_LIBRARY_PATH if it honours it; the library never reads the environment). */
+    ddo_device_options o;
+    memset(&o, 0, sizeof(o));
+    o.cuda_library_path = library_path;
+    const char *path = driver_path(&o);
+    cu_loader l;
+    int rc = open_driver(path, &l, NULL);
+    if (rc != 0)
+        return rc;
+    void *p = NULL;
+    CUdriverProcAddressQueryResult status;
+    CUresult r = get_proc(&l, symbol, cuda_version, &p, &status);
+    if (r != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS || p == NULL) {
+        char nbuf[32];
+        dlclose(l.lib);
+        return ddo__fail(NULL, DDO_E_NO_DEVICE, "no CUDA driver: %s: cuGetProcAddress(%s, %d): %s",
+                         path, symbol, cuda_version,
+                         r != CUDA_SUCCESS ? cu_name(NULL, r, nbuf, sizeof(nbuf))
+                                           : proc_status_text(status));
+    }
+    /* The library stays loaded for the life of the process: the entry point lives in it. */
+    *fn = p;
+    return 0;
+}
+
 #else /* !DDO_HAVE_CUDA_H */
 
 const ddo__device_ops *const ddo__device_cuda_ops = NULL;
 
+static int driver_proc(const char *library_path, const char *symbol, int cuda_version, void **fn)
+{
+    (void)library_path, (void)cuda_version, (void)fn;
+    return ddo__fail(NULL, DDO_E_NO_DEVICE, "%s: ddo was built without CUDA support", symbol);
+}
+
 #endif
+
+int ddo_cuda_driver_proc(const char *library_path, const char *symbol, int cuda_version, void **fn)
+{
+    if (symbol == NULL || symbol[0] == '\0' || fn == NULL || cuda_version <= 0)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_cuda_driver_proc: %s",
+                         symbol == NULL || symbol[0] == '\0' ? "no symbol"
+                         : fn == NULL                        ? "fn is NULL"
+                                                             : "cuda_version <= 0");
+    return driver_proc(library_path, symbol, cuda_version, fn);
+}

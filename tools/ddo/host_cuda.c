@@ -4,10 +4,12 @@
  * (F32 compute and scale) on the host's compute stream, which the session
  * has made wait on the unit's upload events.
  *
- * Both cuBLASLt and the few driver calls the tool needs are loaded at run
- * time with dlopen/dlsym (the tool links only libddo): libcublasLt.so.13,
- * then .12, then libcublasLt.so; the driver from DDO_VMM_LIBRARY_PATH when
- * set, else libcuda.so.1 (the library opened the same file).
+ * cuBLASLt is loaded at run time with dlopen/dlsym (the tool links only
+ * libddo): libcublasLt.so.13, then .12, then libcublasLt.so. The few driver
+ * calls the tool needs come from the library (ddo_cuda_driver_proc: the
+ * driver of DDO_VMM_LIBRARY_PATH when set, else libcuda.so.1, through
+ * cuGetProcAddress at the library's pinned ABI), so there is one driver
+ * loader in the tree.
  *
  * Activations: one X [tokens, in] per (dtype, in) pair, element i being
  * ref_activation(in, i), generated on the host and uploaded once at create;
@@ -48,6 +50,7 @@ int ref_host_cuda_stream_callback(ddo_stream *stream, void (*fn)(void *), void *
 
 #    include <cublasLt.h>
 #    include <cuda.h>
+#    include <cudaTypedefs.h>
 #    include <dlfcn.h>
 
 /* Rows of Y sampled per weight in checksum mode. */
@@ -55,21 +58,24 @@ int ref_host_cuda_stream_callback(ddo_stream *stream, void (*fn)(void *), void *
 /* cuBLASLt workspace. */
 #    define WORKSPACE_BYTES ((size_t)32 << 20)
 
-/* ---- the driver calls of the tool (dlsym'd; the library resolves its own) ---- */
+/* ---- the driver calls of the tool (from the library: ddo_cuda_driver_proc) ---- */
+
+/* The ABI the entry points are asked for (the PFN_ types below match it), as the library's. */
+#    define TOOL_CU_ABI 12000
 
 typedef struct tool_cu {
-    CUresult (*GetErrorName)(CUresult, const char **);
-    CUresult (*CtxGetCurrent)(CUcontext *);
-    CUresult (*CtxSetCurrent)(CUcontext);
-    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
-    CUresult (*MemFree)(CUdeviceptr);
-    CUresult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t);
-    CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
-    CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
-    CUresult (*MemHostAlloc)(void **, size_t, unsigned int);
-    CUresult (*MemFreeHost)(void *);
-    CUresult (*StreamSynchronize)(CUstream);
-    CUresult (*LaunchHostFunc)(CUstream, CUhostFn, void *);
+    PFN_cuGetErrorName_v6000 GetErrorName;
+    PFN_cuCtxGetCurrent_v4000 CtxGetCurrent;
+    PFN_cuCtxSetCurrent_v4000 CtxSetCurrent;
+    PFN_cuMemAlloc_v3020 MemAlloc;
+    PFN_cuMemFree_v3020 MemFree;
+    PFN_cuMemcpyHtoD_v3020 MemcpyHtoD;
+    PFN_cuMemcpyHtoDAsync_v3020 MemcpyHtoDAsync;
+    PFN_cuMemcpyDtoHAsync_v3020 MemcpyDtoHAsync;
+    PFN_cuMemHostAlloc_v2020 MemHostAlloc;
+    PFN_cuMemFreeHost_v2000 MemFreeHost;
+    PFN_cuStreamSynchronize_v2000 StreamSynchronize;
+    PFN_cuLaunchHostFunc_v10000 LaunchHostFunc;
 } tool_cu;
 
 typedef struct tool_lt {
@@ -121,17 +127,9 @@ static int load_cu(void)
 {
     if (g_cu_state != 0)
         return g_cu_state > 0 ? 0 : g_cu_state;
+    /* The driver the library's cuda device opened: DDO_VMM_LIBRARY_PATH when set, else
+     * libcuda.so.1 (the library's rule; it never reads the environment itself). */
     const char *path = getenv("DDO_VMM_LIBRARY_PATH");
-    if (path == NULL || path[0] == '\0')
-        path = "libcuda.so.1";
-    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (lib == NULL) {
-        const char *e = dlerror();
-        snprintf(g_cu_err, sizeof(g_cu_err), "no CUDA driver: dlopen(%s): %s", path,
-                 e != NULL ? e : "unknown error");
-        return g_cu_state = DDO_E_NO_DEVICE;
-    }
-    /* The exported names of the current ABI (cuda.h maps the plain names to these). */
     static const struct {
         const char *name;
         size_t offset;
@@ -139,23 +137,25 @@ static int load_cu(void)
         { "cuGetErrorName", offsetof(tool_cu, GetErrorName) },
         { "cuCtxGetCurrent", offsetof(tool_cu, CtxGetCurrent) },
         { "cuCtxSetCurrent", offsetof(tool_cu, CtxSetCurrent) },
-        { "cuMemAlloc_v2", offsetof(tool_cu, MemAlloc) },
-        { "cuMemFree_v2", offsetof(tool_cu, MemFree) },
-        { "cuMemcpyHtoD_v2", offsetof(tool_cu, MemcpyHtoD) },
-        { "cuMemcpyHtoDAsync_v2", offsetof(tool_cu, MemcpyHtoDAsync) },
-        { "cuMemcpyDtoHAsync_v2", offsetof(tool_cu, MemcpyDtoHAsync) },
+        { "cuMemAlloc", offsetof(tool_cu, MemAlloc) },
+        { "cuMemFree", offsetof(tool_cu, MemFree) },
+        { "cuMemcpyHtoD", offsetof(tool_cu, MemcpyHtoD) },
+        { "cuMemcpyHtoDAsync", offsetof(tool_cu, MemcpyHtoDAsync) },
+        { "cuMemcpyDtoHAsync", offsetof(tool_cu, MemcpyDtoHAsync) },
         { "cuMemHostAlloc", offsetof(tool_cu, MemHostAlloc) },
         { "cuMemFreeHost", offsetof(tool_cu, MemFreeHost) },
         { "cuStreamSynchronize", offsetof(tool_cu, StreamSynchronize) },
         { "cuLaunchHostFunc", offsetof(tool_cu, LaunchHostFunc) },
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        if (sym(lib, names[i].name, (char *)&g_cu + names[i].offset) != 0) {
-            snprintf(g_cu_err, sizeof(g_cu_err), "no CUDA driver: %s: no symbol %s", path,
-                     names[i].name);
+        void *fn = NULL;
+        int rc = ddo_cuda_driver_proc(path, names[i].name, TOOL_CU_ABI, &fn);
+        if (rc != 0) {
+            snprintf(g_cu_err, sizeof(g_cu_err), "%s", ddo_last_error());
             memset(&g_cu, 0, sizeof(g_cu));
-            return g_cu_state = DDO_E_NO_DEVICE;
+            return g_cu_state = rc;
         }
+        memcpy((char *)&g_cu + names[i].offset, &fn, sizeof(fn));
     }
     g_cu_state = 1;
     return 0;

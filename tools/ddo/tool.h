@@ -28,7 +28,8 @@
 DDO_TOOL_COMMANDS(DDO_TOOL_DECLARE_)
 #undef DDO_TOOL_DECLARE_
 
-/* The kernel release says WSL ("microsoft" or "wsl", any case). */
+/* The library's WSL detection (ddo_host_info.running_on_wsl: the kernel release or
+ * /proc/version says "microsoft" or "wsl", any case). */
 int ddo_tool_running_on_wsl(void);
 
 /* Small helpers shared by the commands (util.c). */

@@ -4,7 +4,6 @@
 #define _POSIX_C_SOURCE 200809L
 #include "tool.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -14,21 +13,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
 
 int ddo_tool_running_on_wsl(void)
 {
-    struct utsname u;
-    if (uname(&u) != 0)
-        return 0;
-    char rel[sizeof(u.release)];
-    size_t i = 0;
-    for (; u.release[i] != '\0' && i + 1 < sizeof(rel); i++)
-        rel[i] = (char)tolower((unsigned char)u.release[i]);
-    rel[i] = '\0';
-    return strstr(rel, "microsoft") != NULL || strstr(rel, "wsl") != NULL;
+    ddo_host_info h;
+    return ddo_host_info_get(&h) == 0 && h.running_on_wsl;
 }
 
 uint64_t tool_now_ns(void)
