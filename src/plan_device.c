@@ -126,17 +126,16 @@ int ddo__weight_layout_check(const ddo_plan *p, const ddo__weight_layout *wl,
         return 0;
     /* Not even the largest unit's weights fit; the mapped budget bounds every handle alive. */
     char g1[32], s1[32], r1[32], n1[32], l1[32];
-    return ddo__fail(eb, DDO_E_BUDGET,
-                     "device weights: %s maps every weight into its own %s-aligned "
-                     "range, so unit \"%s\" needs %s (+ resident %s = %s) but the mapped "
-                     "budget is %s (%s); raise it or set unit_granularity=leaf",
-                     ddo__route_name(DDO__ROUTE_VMM_RUNTIME),
-                     ddo__format_bytes(wl->granularity, g1, sizeof(g1)),
-                     p->units[wl->largest_unit].name,
-                     ddo__format_bytes(wl->slot_bytes, s1, sizeof(s1)),
-                     ddo__format_bytes(resident_bytes, r1, sizeof(r1)),
-                     ddo__format_bytes(one, n1, sizeof(n1)), ddo__format_bytes(limit, l1, sizeof(l1)),
-                     limit_source != NULL ? limit_source : "vmm_resident_weight_budget_gb");
+    return ddo__fail(
+        eb, DDO_E_BUDGET,
+        "device weights: %s maps every weight into its own %s-aligned "
+        "range, so unit \"%s\" needs %s (+ resident %s = %s) but the mapped "
+        "budget is %s (%s); raise it or set unit_granularity=leaf",
+        ddo__route_name(DDO__ROUTE_VMM_RUNTIME), ddo__format_bytes(wl->granularity, g1, sizeof(g1)),
+        p->units[wl->largest_unit].name, ddo__format_bytes(wl->slot_bytes, s1, sizeof(s1)),
+        ddo__format_bytes(resident_bytes, r1, sizeof(r1)), ddo__format_bytes(one, n1, sizeof(n1)),
+        ddo__format_bytes(limit, l1, sizeof(l1)),
+        limit_source != NULL ? limit_source : "vmm_resident_weight_budget_gb");
 }
 
 const ddo__weight_layout *ddo__plan_weight_layout(const ddo_plan *p)
@@ -294,7 +293,8 @@ int ddo__plan_device_side(builder *b, uint64_t limit, const char *limit_source)
 /* ---- the device-weights limit ---- */
 
 /* The device weights limit and where it comes from (source, len bytes). */
-int ddo__plan_device_limit(builder *b, const budgets_in *bi, uint64_t *limit, char *source, size_t len)
+int ddo__plan_device_limit(builder *b, const budgets_in *bi, uint64_t *limit, char *source,
+                           size_t len)
 {
     const ddo__options *o = b->o;
     uint64_t V = bi->V;

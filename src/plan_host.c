@@ -280,7 +280,7 @@ static int staging(builder *b, const host_ctx *h, uint64_t available)
 
 /* Retained store, registration and staging for the route. */
 int ddo__plan_host_side(builder *b, uint64_t available, const ddo__pin_resolution *pin,
-                     bool pin_skipped)
+                        bool pin_skipped)
 {
     ddo_plan *p = b->p;
     const ddo__options *o = b->o;

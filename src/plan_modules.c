@@ -363,4 +363,3 @@ bool ddo__plan_is_eligible(const builder *b, size_t i)
     const pmod *m = &b->mods[b->tmod[i]];
     return t->ndim == 2 && ddo__plan_ends_with(t->name, ".weight") && m->vmm && !m->skipped;
 }
-
