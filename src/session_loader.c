@@ -48,8 +48,8 @@ static int wait_previous(ddo_session *s, const ddo__job *job, const ddo__unit_rt
     else
         rc = ddo__dev_stream_wait_event(s->dev, s->copy_stream, job->wait_release);
     if (rc != 0)
-        return ddo__session_fail_ctx(eb, rc, "unit \"%s\": waiting for the slot's previous consumer",
-                                     u->name);
+        return ddo__session_fail_ctx(
+            eb, rc, "unit \"%s\": waiting for the slot's previous consumer", u->name);
     return 0;
 }
 

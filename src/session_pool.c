@@ -52,8 +52,9 @@ static int handle_release(ddo_session *s, uint64_t handle, uint64_t size, ddo__e
     if (rc != 0) {
         ddo__metrics_add(&s->metrics, DDO_M_reclaim_failures, 1);
         char b[32];
-        return ddo__session_fail_ctx(eb, rc, "releasing a weight handle of %s (its bytes stay accounted)",
-                        ddo__format_bytes(size, b, sizeof(b)));
+        return ddo__session_fail_ctx(eb, rc,
+                                     "releasing a weight handle of %s (its bytes stay accounted)",
+                                     ddo__format_bytes(size, b, sizeof(b)));
     }
     ddo__account_give(&s->acc_device, size);
     return 0;
@@ -169,7 +170,7 @@ static int evict(ddo_session *s, size_t k, ddo__errbuf *eb)
     if (rc != 0) {
         ddo__slot_set_unsafe(s, sl);
         return ddo__session_fail_ctx(eb, rc, "unit \"%s\": unmapping it from slot %zu to make room",
-                        s->units[d].name, k);
+                                     s->units[d].name, k);
     }
     ddo__session_unbind_unit(s, d);
     sl->mapped_unit = DDO__NONE;
@@ -263,8 +264,9 @@ int ddo__session_bind_unit(ddo_session *s, const ddo__job *job, ddo__errbuf *eb)
                 if (rc != 0) {
                     ddo__account_give(&s->acc_device, size);
                     char b[32];
-                    rc = ddo__session_fail_ctx(eb, rc, "unit \"%s\": tensor \"%s\": creating its %s handle",
-                                  name, ddo__session_tensor_name(s, t), ddo__format_bytes(size, b, sizeof(b)));
+                    rc = ddo__session_fail_ctx(
+                        eb, rc, "unit \"%s\": tensor \"%s\": creating its %s handle", name,
+                        ddo__session_tensor_name(s, t), ddo__format_bytes(size, b, sizeof(b)));
                     break;
                 }
                 s->w_handle[t] = h;
@@ -294,7 +296,8 @@ int ddo__session_bind_unit(ddo_session *s, const ddo__job *job, ddo__errbuf *eb)
             int wrc = ddo__dev_event_synchronize(s->dev, ev);
             pthread_mutex_lock(&s->mu);
             if (wrc != 0) {
-                rc = ddo__session_fail_ctx(eb, wrc, "unit \"%s\": waiting for room in the mapped budget", name);
+                rc = ddo__session_fail_ctx(
+                    eb, wrc, "unit \"%s\": waiting for room in the mapped budget", name);
                 break;
             }
         }

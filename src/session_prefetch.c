@@ -134,4 +134,3 @@ int ddo_session_declare_order(ddo_session *s, const size_t *units, size_t count)
     pthread_mutex_unlock(&s->mu);
     return 0;
 }
-

@@ -127,8 +127,7 @@ int ddo__transport_staged(ddo_session *s, const ddo__transport *t, const ddo__up
             return rc;
         size_t cap = t->piece != NULL ? t->piece(w.cap) : w.cap;
         if (cap == 0)
-            return ddo__fail(eb, DDO_E_INTERNAL, "staging window of %zu bytes is too small",
-                             w.cap);
+            return ddo__fail(eb, DDO_E_INTERNAL, "staging window of %zu bytes is too small", w.cap);
         uint64_t left = up->nbytes - pos;
         size_t len = (size_t)(left < cap ? left : cap);
         const void *data = w.p;
@@ -199,8 +198,7 @@ static const ddo__transport transports[DDO__TRANSPORT_COUNT] = {
                               file_piece, fill_file },
     [DDO__TRANSPORT_CHECKPOINT] = { "checkpoint", DDO_M_bytes_resident_uploaded,
                                     ddo__transport_staged, NULL, fill_checkpoint },
-    [DDO__TRANSPORT_RESIDENT_REGISTERED] = { "resident_registered",
-                                             DDO_M_bytes_resident_uploaded,
+    [DDO__TRANSPORT_RESIDENT_REGISTERED] = { "resident_registered", DDO_M_bytes_resident_uploaded,
                                              ddo__transport_direct, NULL, NULL },
 };
 

@@ -47,8 +47,7 @@ struct ddo__transport {
     const char *name;
     ddo__metric_id metric; /* the bytes it moves (copy_bytes counts them too) */
     /* Issues the copies of up on the copy stream; eb receives the detail. */
-    int (*upload)(ddo_session *s, const ddo__transport *t, const ddo__upload *up,
-                  ddo__errbuf *eb);
+    int (*upload)(ddo_session *s, const ddo__transport *t, const ddo__upload *up, ddo__errbuf *eb);
     /* Staged transports (upload = ddo__transport_staged): the largest piece a window of cap
      * bytes takes (NULL: cap), and filling the window w with len bytes at pos; *data is where
      * the copy engine reads them (within w). */

@@ -242,8 +242,8 @@ static int map_weights(ddo_session *s, size_t unit, size_t slot, bool *unsafe, d
  * failure everything this call mapped is unmapped again; *unsafe when that
  * also failed. The error names the unit, the slot and the tensor.
  */
-int ddo__session_map_unit(ddo_session *s, uint64_t handle, size_t unit, size_t slot,
-                          bool *unsafe, ddo__errbuf *eb)
+int ddo__session_map_unit(ddo_session *s, uint64_t handle, size_t unit, size_t slot, bool *unsafe,
+                          ddo__errbuf *eb)
 {
     const char *name = s->units[unit].name;
     bool mapped = false;
