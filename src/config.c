@@ -6,6 +6,7 @@
  * config_doc.c.
  */
 #include "config_priv.h"
+#include "route.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -1059,15 +1060,14 @@ void ddo_config_set_running_on_wsl(ddo_config *cfg, bool running_on_wsl)
 /* The route the settings select (docs/options.md, "Routes"). */
 static const char *route_of(const ddo_config *cfg)
 {
-    const char *mode = cfg->opt.execution_mode;
-    if (strcmp(mode, "vmm_fast_runtime") == 0)
-        return "vmm_fast_runtime";
-    if (strcmp(mode, "vmm_runtime") == 0)
-        return "vmm_runtime";
+    ddo__route r = DDO__ROUTE_LINEAR;
+    bool runtime = ddo__route_lookup(cfg->opt.execution_mode, &r);
+    if (runtime && ddo__route_maps(r))
+        return ddo__route_name(r);
     if (cfg->effective_preset[0] != '\0')
         return cfg->effective_preset;
-    if (strcmp(mode, "linear_runtime") == 0)
-        return "linear_runtime";
+    if (runtime)
+        return ddo__route_name(r);
     return cfg->opt.plan ? "plan" : "off";
 }
 
@@ -1212,19 +1212,19 @@ static int check_route(ddo_config *cfg)
                          QV(offload_device));
 
     bool is_vmm_backend = strcmp(o->backend, "vmm") == 0;
-    bool mode_vmm_runtime = strcmp(o->execution_mode, "vmm_runtime") == 0;
-    bool mode_vmm_fast = strcmp(o->execution_mode, "vmm_fast_runtime") == 0;
-    if ((mode_vmm_runtime || mode_vmm_fast) && !is_vmm_backend)
+    ddo__route route = DDO__ROUTE_LINEAR;
+    bool runtime = ddo__route_lookup(o->execution_mode, &route);
+    if (runtime && ddo__route_maps(route) && !is_vmm_backend)
         return ddo__fail(&cfg->err, DDO_E_CONFIG,
                          "execution_mode=%s (%s) needs backend=vmm, but backend=%s (%s): native "
                          "VMM is never chosen silently; pass --ddo-backend vmm",
                          V(execution_mode), V(backend));
-    if (is_vmm_backend && strcmp(o->execution_mode, "linear_runtime") == 0)
+    if (is_vmm_backend && runtime && !ddo__route_maps(route))
         return ddo__fail(&cfg->err, DDO_E_CONFIG,
                          "execution_mode=%s (%s) conflicts with backend=vmm (%s): the vmm backend "
                          "runs vmm_fast_runtime, vmm_runtime or plan",
                          V(execution_mode), cfg->source[DDO_OPT_ID_backend]);
-    if (mode_vmm_runtime && !(o->vmm_resident_weight_budget_gb > 0.0))
+    if (runtime && ddo__route_per_weight(route) && !(o->vmm_resident_weight_budget_gb > 0.0))
         return ddo__fail(&cfg->err, DDO_E_CONFIG,
                          "vmm_resident_weight_budget_gb=%s (%s): execution_mode=vmm_runtime (%s) "
                          "needs a positive mapped weight budget in GiB",
@@ -1239,7 +1239,9 @@ static int check_rules(ddo_config *cfg)
     if (rc != 0)
         return rc;
     const ddo__options *o = &cfg->opt;
-    bool mode_vmm_fast = strcmp(o->execution_mode, "vmm_fast_runtime") == 0;
+    ddo__route route = DDO__ROUTE_LINEAR;
+    bool mode_vmm_fast =
+        ddo__route_lookup(o->execution_mode, &route) && route == DDO__ROUTE_VMM_FAST;
     if (o->vmm_execution_backing_reclaim && !mode_vmm_fast)
         return ddo__fail(&cfg->err, DDO_E_CONFIG,
                          "vmm_execution_backing_reclaim=true (%s) needs the native fast route "

@@ -1,13 +1,19 @@
 /*
  * plan.h - the planner's internal data: the plan object behind ddo_plan, the
  * selection functions of ddo-upstream.md section 3.5, the balanced auto budget
- * policy (section 3.7), pin budget resolution (section 3.8) and the ordered
- * list of planner decisions. Internal; never installed.
+ * policy (section 3.7), pin budget resolution (section 3.8), the ordered
+ * list of planner decisions and the geometry a session executes (slots,
+ * staging, and the per-weight layout of vmm_runtime). Internal; never installed.
+ *
+ * The planner's files: plan.c (the build's steps, destroy, accessors),
+ * plan_modules.c, plan_place.c, plan_host.c, plan_device.c (plan_build.h),
+ * plan_budget.c, plan_select.c, plan_json.c.
  */
 #ifndef DDO_PLAN_H
 #define DDO_PLAN_H
 
 #include "common.h"
+#include "route.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -136,6 +142,23 @@ const char *ddo__pin_mode_name(ddo__pin_mode mode);
 
 /* ---- the plan object ---- */
 
+/*
+ * vmm_runtime's geometry at one mapping granularity (plan_device.c): cuMemMap maps a handle
+ * only at offset 0, so every streamed weight has its own reserved range and, while its unit
+ * is mapped, its own physical handle of its size rounded up to the granularity. Arrays are
+ * indexed by tensor (range/handle) and by unit; resident units and tensors not streamed have 0.
+ */
+typedef struct ddo__weight_layout {
+    uint64_t granularity;
+    uint64_t *range_bytes;  /* the weight's reserved range: at least one granule */
+    uint64_t *handle_bytes; /* the weight's handle (0 for an empty tensor) */
+    uint64_t *unit_bytes;   /* the unit's handles together */
+    uint64_t slot_bytes;    /* the largest unit's, at least one granule (0: nothing streams) */
+    size_t largest_unit;    /* that unit (SIZE_MAX when nothing streams) */
+    size_t handle_count;    /* weights with a handle: what the handle pool can ever hold */
+    size_t too_large;       /* the first weight whose sizes overflow (SIZE_MAX: none) */
+} ddo__weight_layout;
+
 typedef struct ddo__plan_unit {
     char *name;
     size_t first_tensor; /* index into unit_tensors */
@@ -160,7 +183,8 @@ typedef struct ddo__plan_tensor {
 
 struct ddo_plan {
     ddo__errbuf err;
-    char *route;
+    ddo__route route;  /* decided once by the planner (from execution_mode; on load, the label) */
+    char *route_label; /* ddo_plan_route and the JSON "route": the route's or the preset's name */
     char *unit_granularity;
     size_t tensor_count;
     ddo__plan_tensor *tensors;
@@ -181,9 +205,33 @@ struct ddo_plan {
     char **selected_resident; /* names of the budget-resident scopes, in selection order */
     size_t selected_resident_count;
     ddo__decisions decisions;
+    ddo__weight_layout weights; /* vmm_runtime, at the plan's granularity (all zero otherwise) */
 };
 
 /* Allocates an empty plan (all zero). NULL on allocation failure. */
 ddo_plan *ddo__plan_alloc(void);
+
+/* ---- the geometry a session executes (plan_device.c) ---- */
+
+/* The mapping granularity the plan was made for: its inputs', else 2 MiB. */
+uint64_t ddo__plan_granularity(const ddo_plan *p);
+/* vmm_runtime's per-weight layout of p at granularity gran into *out (freed with
+ * ddo__weight_layout_free). The build and a plan read back use it, and a session on a device
+ * that maps in another granule. 0 or DDO_E_NO_MEMORY. */
+int ddo__weight_layout_build(const ddo_plan *p, uint64_t gran, ddo__weight_layout *out);
+void ddo__weight_layout_free(ddo__weight_layout *wl);
+/* Whether the mapped budget limit (from limit_source) holds resident_bytes and the largest
+ * unit's weights of wl: 0, or DDO_E_BUDGET naming the unit (or the weight too large to map)
+ * into eb (may be NULL). */
+int ddo__weight_layout_check(const ddo_plan *p, const ddo__weight_layout *wl,
+                             uint64_t resident_bytes, uint64_t limit, const char *limit_source,
+                             ddo__errbuf *eb);
+/* The plan's vmm_runtime layout, or NULL on the other routes. */
+const ddo__weight_layout *ddo__plan_weight_layout(const ddo_plan *p);
+/* The route the plan executes. */
+ddo__route ddo__plan_route_of(const ddo_plan *p);
+/* What a plan read back (plan_json.c) derives from its stored fields, by the functions the
+ * build uses: the route of its label and the vmm_runtime layout. 0 or DDO_E_NO_MEMORY. */
+int ddo__plan_restore(ddo_plan *p);
 
 #endif /* DDO_PLAN_H */

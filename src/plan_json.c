@@ -186,7 +186,7 @@ static json_t *plan_json(const ddo_plan *p, bool *ok)
     }
     put(root, "schema", json_string(PLAN_SCHEMA), ok);
     put(root, "schema_version", json_integer(PLAN_SCHEMA_VERSION), ok);
-    put(root, "route", json_string(p->route ? p->route : ""), ok);
+    put(root, "route", json_string(p->route_label ? p->route_label : ""), ok);
     put(root, "unit_granularity", json_string(p->unit_granularity ? p->unit_granularity : ""), ok);
     put(root, "tensor_count", jint(p->tensor_count), ok);
     put(root, "unit_count", jint(p->unit_count), ok);
@@ -525,7 +525,7 @@ static void read_plan(reader *r, json_t *root, ddo_plan *p)
             r->err = "schema";
         return;
     }
-    p->route = get_str(r, root, "route");
+    p->route_label = get_str(r, root, "route");
     p->unit_granularity = get_str(r, root, "unit_granularity");
     p->total_bytes = get_u64(r, root, "total_bytes");
 
@@ -566,6 +566,8 @@ int ddo_plan_from_json(const char *json, ddo_plan **out)
     reader r = { NULL };
     read_plan(&r, root, p);
     json_decref(root);
+    if (r.err == NULL && ddo__plan_restore(p) != 0)
+        r.err = "(out of memory)";
     if (r.err != NULL) {
         ddo_plan_destroy(p);
         if (strcmp(r.err, "(out of memory)") == 0)

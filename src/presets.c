@@ -5,6 +5,7 @@
  * the vmm backend and linear presets only on linear.
  */
 #include "config_priv.h"
+#include "route.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -149,12 +150,10 @@ static int translate_staging(ddo_config *cfg)
          !cfg->staging_translated))
         return 0;
     double v;
-    if (strcmp(cfg->opt.execution_mode, "vmm_runtime") == 0)
-        v = total / 2.0;
-    else if (strcmp(cfg->opt.execution_mode, "vmm_fast_runtime") == 0)
-        v = total;
-    else
+    ddo__route route = DDO__ROUTE_LINEAR;
+    if (!ddo__route_lookup(cfg->opt.execution_mode, &route) || !ddo__route_maps(route))
         return 0;
+    v = ddo__route_per_weight(route) ? total / 2.0 : total;
     char buf[64];
     ddo__config_fmt_double(v, buf, sizeof(buf));
     char *src = ddo__strdup(cfg->source[t]);

@@ -1,9 +1,9 @@
 /*
  * session.c - executing a plan: session setup and teardown, the lifecycle
  * (unload, reload, the error boundary, the pinned host-cache trim),
- * synchronisation, metrics, and the per-weight range layout of the protected
- * vmm_runtime route. Slots, leases, prefetch and reclaim are in
- * session_slots.c.
+ * synchronisation and metrics. The parts of the runtime are in their own
+ * files (session.h lists them): slots, leases, prefetch, the loader, the
+ * transports, VMM mappings and vmm_runtime's handle pool.
  *
  * Setup allocates exactly what the plan predicted: every byte goes through a
  * budget account limited by the plan's figure, and a failure at any step
@@ -18,9 +18,30 @@
 #include "config.h"
 #include "device/device.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+int ddo__session_fail_ctx(ddo__errbuf *eb, int rc, const char *fmt, ...)
+{
+    char last[DDO_ERRBUF_BYTES];
+    char ctx[512];
+    snprintf(last, sizeof(last), "%s", ddo_last_error());
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx, sizeof(ctx), fmt, ap);
+    va_end(ap);
+    if (last[0] == '\0')
+        return ddo__fail(eb, rc, "%s: %s", ctx, ddo_strerror(rc));
+    return ddo__fail(eb, rc, "%s: %s", ctx, last);
+}
+
+const char *ddo__session_tensor_name(const ddo_session *s, size_t tensor)
+{
+    const ddo_tensor_info *ti = ddo_checkpoint_tensor(s->ck, tensor);
+    return ti != NULL && ti->name != NULL ? ti->name : "?";
+}
 
 static int fail_dev(ddo__errbuf *eb, int rc, const char *what)
 {
@@ -29,7 +50,7 @@ static int fail_dev(ddo__errbuf *eb, int rc, const char *what)
     return ddo__fail(eb, rc, "session: %s: %s", what, last[0] ? last : ddo_strerror(rc));
 }
 
-static void settings_from(const ddo_session_options *opts, const char *route,
+static void settings_from(const ddo_session_options *opts, ddo__route route,
                           ddo__session_settings *out)
 {
     out->workers = 1;
@@ -48,8 +69,7 @@ static void settings_from(const ddo_session_options *opts, const char *route,
         out->engine = DDO__READ_ENGINE_PREAD;
     out->allow_register_fallback = o->allow_pin_memory_fallback;
     /* The automatic pressure policy exists on the native fast route only. */
-    out->pressure_reclaim =
-        o->vmm_execution_backing_reclaim && strcmp(route, "vmm_fast_runtime") == 0;
+    out->pressure_reclaim = o->vmm_execution_backing_reclaim && route == DDO__ROUTE_VMM_FAST;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -68,10 +88,11 @@ static int drop_device_state(ddo_session *s)
         int rc = ddo__session_slot_unback(s, sl);
         if (rc != 0 && first == 0)
             first = rc;
-        sl->state = DDO__SLOT_FREE;
+        if (!sl->unsafe)
+            ddo__slot_enter(s, sl, DDO__SLOT_FREE);
         sl->release_recorded = false;
     }
-    if (s->per_weight) {
+    if (ddo__route_per_weight(s->route)) {
         uint64_t bytes = 0;
         int rc = ddo__session_pool_release(s, &bytes);
         if (rc != 0 && first == 0)
@@ -101,7 +122,7 @@ static int make_device_state(ddo_session *s)
 {
     int rc;
     /* vmm_runtime takes its weights' handles when a unit loads, within the mapped budget. */
-    size_t backed_slots = s->per_weight ? 0 : s->slot_count;
+    size_t backed_slots = ddo__route_per_weight(s->route) ? 0 : s->slot_count;
     uint64_t total = s->b.resident_bytes + (uint64_t)backed_slots * s->slot_bytes;
     uint64_t done = 0;
     for (size_t i = 0; i < backed_slots; i++) {
@@ -167,126 +188,13 @@ static int quiesce(ddo_session *s)
         /* A consumer still holds the slot's bytes: wait for that one event. */
         int rc = ddo__dev_event_synchronize(s->dev, sl->release_event);
         if (rc != 0) {
-            sl->unsafe = true;
-            s->unsafe_count++;
-            ddo__metrics_add(&s->metrics, DDO_M_reclaim_failures, 1);
-            ddo__metrics_set(&s->metrics, DDO_M_unsafe_slots, (double)s->unsafe_count);
+            ddo__slot_mark_unsafe(s, sl);
             if (first == 0)
                 first = fail_dev(&s->err, rc, "waiting for a release event (slot kept as unsafe)");
         }
         sl->release_recorded = false;
     }
     return first;
-}
-
-/* vmm_runtime: releases the reserved ranges of unit's weights; true when none is left. */
-static bool release_weight_ranges(ddo_session *s, size_t u)
-{
-    bool all = true;
-    size_t n = 0;
-    const size_t *ts = ddo_plan_unit_tensors(s->plan, u, &n);
-    for (size_t k = 0; ts != NULL && k < n; k++) {
-        size_t t = ts[k];
-        if (s->w_va[t] == 0)
-            continue;
-        if (ddo__dev_va_release(s->dev, s->w_va[t], s->w_size[t]) == 0)
-            s->w_va[t] = 0;
-        else
-            all = false;
-    }
-    return all;
-}
-
-/* vmm_runtime: reserves one granularity-aligned range per streamed weight of every unit. */
-static int reserve_weight_ranges(ddo_session *s)
-{
-    for (size_t u = 0; u < s->unit_count; u++) {
-        if (s->units[u].resident)
-            continue;
-        size_t n = 0;
-        const size_t *ts = ddo_plan_unit_tensors(s->plan, u, &n);
-        for (size_t k = 0; ts != NULL && k < n; k++) {
-            size_t t = ts[k];
-            if (s->w_size[t] == 0)
-                continue;
-            int rc = ddo__dev_va_reserve(s->dev, s->w_size[t], &s->w_va[t]);
-            if (rc != 0) {
-                s->w_va[t] = 0;
-                const ddo_tensor_info *ti = ddo_checkpoint_tensor(s->ck, t);
-                char b[256];
-                snprintf(b, sizeof(b), "tensor \"%.100s\": reserving its range of unit \"%.60s\"",
-                         ti != NULL && ti->name != NULL ? ti->name : "?", s->units[u].name);
-                return fail_dev(&s->err, rc, b);
-            }
-            s->units[u].has_va = true;
-        }
-    }
-    return 0;
-}
-
-/*
- * vmm_runtime: sizes every streamed weight's range and handle (its bytes
- * rounded up to the granularity) and each unit's handles, and the slot as the
- * largest unit's. The mapped budget bounds every handle alive; it must hold the
- * resident arena and the largest unit's weights, else the session is refused
- * before any device call (the planner refuses the same plans).
- */
-static int per_weight_layout(ddo_session *s)
-{
-    uint64_t g = s->gran;
-    uint64_t largest = 0;
-    size_t largest_unit = 0;
-    for (size_t u = 0; u < s->unit_count; u++) {
-        if (s->units[u].resident)
-            continue;
-        size_t n = 0;
-        const size_t *ts = ddo_plan_unit_tensors(s->plan, u, &n);
-        uint64_t sum = 0;
-        for (size_t k = 0; ts != NULL && k < n; k++) {
-            size_t t = ts[k];
-            ddo_tensor_location loc;
-            if (ddo_plan_tensor_location(s->plan, t, &loc) != 0)
-                return ddo__fail_from_last(&s->err, DDO_E_INTERNAL);
-            if (loc.placement != DDO_PLACEMENT_STREAMED)
-                continue;
-            s->w_size[t] = ddo__round_up(loc.nbytes > 0 ? loc.nbytes : 1, g);
-            s->w_map[t] = ddo__round_up(loc.nbytes, g);
-            if (s->w_size[t] == UINT64_MAX || !ddo__add_u64(sum, s->w_map[t], &sum)) {
-                const ddo_tensor_info *ti = ddo_checkpoint_tensor(s->ck, t);
-                return ddo__fail(&s->err, DDO_E_BUDGET, "tensor \"%s\": too large to map",
-                                 ti != NULL && ti->name != NULL ? ti->name : "?");
-            }
-        }
-        s->units[u].weight_bytes = sum;
-        if (sum > largest) {
-            largest = sum;
-            largest_unit = u;
-        }
-    }
-    s->slot_bytes = largest > g ? largest : g;
-    uint64_t one = 0, all = 0;
-    if (!ddo__add_u64(s->b.resident_bytes, s->slot_bytes, &one))
-        one = UINT64_MAX;
-    if (!ddo__mul_u64(s->slot_count, s->slot_bytes, &all) ||
-        !ddo__add_u64(all, s->b.resident_bytes, &all))
-        all = UINT64_MAX;
-    uint64_t limit = s->b.device_weights_limit;
-    if (limit > 0 && one > limit) {
-        char b1[32], b2[32], b3[32], b4[32], b5[32];
-        return ddo__fail(&s->err, DDO_E_BUDGET,
-                         "device weights: vmm_runtime maps every weight into its own %s-aligned "
-                         "range, so unit \"%s\" needs %s (+ resident %s = %s) but the mapped "
-                         "budget is %s (vmm_resident_weight_budget_gb); raise it or set "
-                         "unit_granularity=leaf",
-                         ddo__format_bytes(g, b1, sizeof(b1)), s->units[largest_unit].name,
-                         ddo__format_bytes(s->slot_bytes, b2, sizeof(b2)),
-                         ddo__format_bytes(s->b.resident_bytes, b3, sizeof(b3)),
-                         ddo__format_bytes(one, b4, sizeof(b4)),
-                         ddo__format_bytes(limit, b5, sizeof(b5)));
-    }
-    /* The account: the mapped budget, or all slots' weights when that is less. */
-    s->acc_device.limit = limit > 0 && limit < all ? limit : all;
-    return 0;
 }
 
 uint64_t ddo__session_release_all(ddo_session *s)
@@ -297,22 +205,7 @@ uint64_t ddo__session_release_all(ddo_session *s)
     (void)quiesce(s);
     if (s->slots != NULL)
         (void)drop_device_state(s);
-    if (s->units != NULL && s->vmm) {
-        for (size_t u = 0; u < s->unit_count; u++) {
-            if (!s->units[u].has_va)
-                continue;
-            /* A range still mapped by an unsafe slot stays reserved. */
-            bool mapped = false;
-            for (size_t i = 0; i < s->slot_count; i++)
-                mapped = mapped || (s->slots[i].unsafe && s->slots[i].mapped_unit == u);
-            if (mapped)
-                continue;
-            if (s->per_weight)
-                s->units[u].has_va = !release_weight_ranges(s, u);
-            else if (ddo__dev_va_release(s->dev, s->units[u].va, s->slot_bytes) == 0)
-                s->units[u].has_va = false;
-        }
-    }
+    ddo__session_release_ranges(s);
     if (s->slots != NULL) {
         for (size_t i = 0; i < s->slot_count; i++) {
             ddo__slot *sl = &s->slots[i];
@@ -361,16 +254,15 @@ void ddo__session_destroy_now(ddo_session *s)
     free(s->slots);
     free(s->jobs);
     free(s->resident);
-    free(s->order);
-    free(s->order_pos);
-    free(s->learn);
-    free(s->learn_seen);
+    free(s->order.units);
+    free(s->order.pos);
+    free(s->order.learn);
+    free(s->order.learn_seen);
     free(s->w_va);
-    free(s->w_size);
-    free(s->w_map);
     free(s->w_handle);
-    free(s->pool_handle);
-    free(s->pool_size);
+    free(s->pool.handle);
+    free(s->pool.size);
+    ddo__weight_layout_free(&s->own_wl);
     free(s);
 }
 
@@ -445,27 +337,22 @@ static int alloc_tables(ddo_session *s)
     s->units = ddo__calloc(n, sizeof(*s->units));
     s->slots = ddo__calloc(m, sizeof(*s->slots));
     s->jobs = ddo__calloc(m, sizeof(*s->jobs));
-    s->order = ddo__calloc(n, sizeof(*s->order));
-    s->order_pos = ddo__calloc(n, sizeof(*s->order_pos));
-    s->learn = ddo__calloc(2 * n + 2, sizeof(*s->learn));
-    s->learn_seen = ddo__calloc(n, sizeof(*s->learn_seen));
+    s->order.units = ddo__calloc(n, sizeof(*s->order.units));
+    s->order.pos = ddo__calloc(n, sizeof(*s->order.pos));
+    s->order.learn = ddo__calloc(2 * n + 2, sizeof(*s->order.learn));
+    s->order.learn_seen = ddo__calloc(n, sizeof(*s->order.learn_seen));
     size_t tc = ddo_checkpoint_tensor_count(s->ck);
     s->resident = ddo__calloc(tc, sizeof(*s->resident));
-    if (s->per_weight) {
+    if (ddo__route_per_weight(s->route)) {
+        /* The ranges and handles of the plan's layout (session_vmm.c, session_pool.c). */
         s->w_va = ddo__calloc(tc, sizeof(*s->w_va));
-        s->w_size = ddo__calloc(tc, sizeof(*s->w_size));
-        s->w_map = ddo__calloc(tc, sizeof(*s->w_map));
         s->w_handle = ddo__calloc(tc, sizeof(*s->w_handle));
-        /* Handles alive of one size never outnumber the weights of that size. */
-        s->pool_cap = tc;
-        s->pool_handle = ddo__calloc(tc, sizeof(*s->pool_handle));
-        s->pool_size = ddo__calloc(tc, sizeof(*s->pool_size));
-        if (s->w_va == NULL || s->w_size == NULL || s->w_map == NULL || s->w_handle == NULL ||
-            s->pool_handle == NULL || s->pool_size == NULL)
+        if (s->w_va == NULL || s->w_handle == NULL)
             return ddo__fail(&s->err, DDO_E_NO_MEMORY, "session: out of memory");
     }
-    if (s->units == NULL || s->slots == NULL || s->jobs == NULL || s->order == NULL ||
-        s->order_pos == NULL || s->learn == NULL || s->learn_seen == NULL || s->resident == NULL)
+    if (s->units == NULL || s->slots == NULL || s->jobs == NULL || s->order.units == NULL ||
+        s->order.pos == NULL || s->order.learn == NULL || s->order.learn_seen == NULL ||
+        s->resident == NULL)
         return ddo__fail(&s->err, DDO_E_NO_MEMORY, "session: out of memory");
     for (size_t u = 0; u < n; u++) {
         ddo_unit_info info;
@@ -474,7 +361,7 @@ static int alloc_tables(ddo_session *s)
         s->units[u].slot = DDO__NONE;
         s->units[u].resident = info.resident;
         s->units[u].name = info.name != NULL ? info.name : "?";
-        s->order_pos[u] = DDO__NONE;
+        s->order.pos[u] = DDO__NONE;
     }
     for (size_t i = 0; i < m; i++) {
         s->slots[i].unit = DDO__NONE;
@@ -503,47 +390,6 @@ static void init_accounts(ddo_session *s)
     s->accounts_ready = true;
 }
 
-/* Reads the device granularity; lays out the per-weight ranges or checks the slot size. */
-static int check_granularity(ddo_session *s)
-{
-    ddo_device_caps caps;
-    int rc = ddo_device_caps_get(s->dev, &caps);
-    if (rc != 0)
-        return fail_dev(&s->err, rc, "device capabilities");
-    s->gran = caps.granularity > 0 ? caps.granularity : 2 * DDO_MIB;
-    if (s->per_weight)
-        return per_weight_layout(s);
-    if (caps.granularity > 0 && s->slot_bytes % caps.granularity != 0) {
-        char b1[32], b2[32];
-        return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
-                         "session: the plan's slot size %s is not a multiple of the device "
-                         "granularity %s: build the plan with the device's granularity",
-                         ddo__format_bytes(s->slot_bytes, b1, sizeof(b1)),
-                         ddo__format_bytes(caps.granularity, b2, sizeof(b2)));
-    }
-    return 0;
-}
-
-/* The staging windows when the plan has them, else the bounce buffer. */
-static int create_buffers(ddo_session *s)
-{
-    s->use_staging = s->b.staging_windows > 0 && s->b.staging_window_bytes > 0;
-    if (s->use_staging) {
-        int rc =
-            ddo__staging_create(s->dev, s->b.staging_windows, (size_t)s->b.staging_window_bytes,
-                                &s->acc_staging, &s->staging, &s->err);
-        if (rc != 0) {
-            s->staging = NULL;
-            return rc;
-        }
-    } else {
-        s->bounce = malloc(DDO__BOUNCE_BYTES);
-        if (s->bounce == NULL)
-            return ddo__fail(&s->err, DDO_E_NO_MEMORY, "session: out of memory");
-    }
-    return 0;
-}
-
 /* Every slot's upload and release events. */
 static int create_slot_events(ddo_session *s)
 {
@@ -562,30 +408,6 @@ static int create_slot_events(ddo_session *s)
     return 0;
 }
 
-/* Reserves one stable address range per streamed weight (per_weight) or per streamed unit. */
-static int reserve_ranges(ddo_session *s)
-{
-    if (s->per_weight && s->slot_count > 0) {
-        /* Every streamed weight's own range: one stable address for the whole session. */
-        return reserve_weight_ranges(s);
-    }
-    if (s->vmm && s->slot_count > 0) {
-        /* Every streamed unit's own range: one stable address for the whole session. */
-        for (size_t u = 0; u < s->unit_count; u++) {
-            if (s->units[u].resident)
-                continue;
-            int rc = ddo__dev_va_reserve(s->dev, s->slot_bytes, &s->units[u].va);
-            if (rc != 0) {
-                char b[160];
-                snprintf(b, sizeof(b), "reserving the range of unit \"%.100s\"", s->units[u].name);
-                return fail_dev(&s->err, rc, b);
-            }
-            s->units[u].has_va = true;
-        }
-    }
-    return 0;
-}
-
 static int setup(ddo_session *s)
 {
     int rc;
@@ -596,8 +418,8 @@ static int setup(ddo_session *s)
 
     init_accounts(s);
 
-    if (s->slot_count > 0 && s->vmm) {
-        rc = check_granularity(s);
+    if (s->slot_count > 0 && ddo__route_maps(s->route)) {
+        rc = ddo__session_check_granularity(s);
         if (rc != 0)
             return rc;
     }
@@ -615,13 +437,13 @@ static int setup(ddo_session *s)
     }
     uint64_t t_alloc = ddo__now_ns();
 
-    rc = create_buffers(s);
+    rc = ddo__session_create_buffers(s);
     if (rc != 0)
         return rc;
     rc = create_slot_events(s);
     if (rc != 0)
         return rc;
-    rc = reserve_ranges(s);
+    rc = ddo__session_reserve_ranges(s);
     if (rc != 0)
         return rc;
 
@@ -677,9 +499,9 @@ int ddo_session_create(const ddo_plan *plan, const ddo_checkpoint *ck, ddo_devic
     if (opts != NULL)
         s->opts = *opts;
     s->opts.config = NULL; /* borrowed during create only */
-    s->route = ddo_plan_route(plan) != NULL ? ddo_plan_route(plan) : "none";
-    s->per_weight = strcmp(s->route, "vmm_runtime") == 0;
-    s->vmm = strcmp(s->route, "vmm_fast_runtime") == 0 || s->per_weight;
+    /* The plan decided the route; the session executes it. */
+    s->route = ddo__plan_route_of(plan);
+    s->route_name = ddo_plan_route(plan) != NULL ? ddo_plan_route(plan) : "none";
     settings_from(opts, s->route, &s->set);
     s->unit_count = ddo_plan_unit_count(plan);
     s->slot_count = b.slot_count;
@@ -854,11 +676,11 @@ int ddo_session_metrics(ddo_session *s, bool collect_completed, ddo_metrics **ou
         "session_state",
         s->unloaded ? "unloaded" : "loaded",
         "execution_order",
-        s->order_declared ? "declared"
-        : s->order_known  ? "learned"
+        s->order.declared ? "declared"
+        : s->order.known  ? "learned"
                           : "plan",
         "slot_kind",
-        s->vmm ? "vmm_handle" : "device_buffer",
+        ddo__route_slot_kind(s->route),
         /* what file reads actually use (auto picks pread for a checkpoint in the page cache) */
         "read_engine",
         s->source == NULL                                         ? "none"

@@ -1,7 +1,8 @@
 /*
  * session_views.c - what a framework host needs to see ddo's device memory as its own
- * tensors: session-long addresses on the VMM routes, every address of a leased unit in one
- * call, and DLPack views that keep the session alive while they live.
+ * tensors: a tensor's address while its unit is leased, session-long addresses on the VMM
+ * routes, every address of a leased unit in one call, and DLPack views that keep the session
+ * alive while they live.
  */
 #include "session.h"
 
@@ -60,6 +61,44 @@ size_t ddo_session_view_count(const ddo_session *s)
     return refs > 0 ? refs - 1 : 0;
 }
 
+int ddo_session_tensor_address(ddo_session *s, size_t tensor, void **device_ptr)
+{
+    if (s == NULL || device_ptr == NULL)
+        return ddo__fail(s != NULL ? &s->err : NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_tensor_address: session and device_ptr are required");
+    ddo_tensor_location loc;
+    if (tensor >= ddo_checkpoint_tensor_count(s->ck) ||
+        ddo_plan_tensor_location(s->plan, tensor, &loc) != 0)
+        return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_tensor_address: tensor %zu out of range", tensor);
+    const char *name = ddo__session_tensor_name(s, tensor);
+    if (loc.placement == DDO_PLACEMENT_SKIPPED)
+        return ddo__fail(&s->err, DDO_E_NOT_FOUND,
+                         "tensor \"%s\" is skipped (skip_modules_pattern): it has no device "
+                         "address",
+                         name);
+    if (s->unloaded)
+        return ddo__fail(&s->err, DDO_E_STATE,
+                         "tensor \"%s\": session unloaded: call ddo_session_reload", name);
+    uint64_t addr;
+    if (loc.placement == DDO_PLACEMENT_RESIDENT) {
+        addr = s->arena + loc.offset;
+    } else {
+        if (loc.unit >= s->unit_count)
+            return ddo__fail(&s->err, DDO_E_INTERNAL, "tensor \"%s\": no unit", name);
+        ddo__unit_rt *u = &s->units[loc.unit];
+        if (!u->leased || u->slot == DDO__NONE)
+            return ddo__fail(&s->err, DDO_E_STATE,
+                             "tensor \"%s\": unit \"%s\" is not leased: acquire it first", name,
+                             u->name);
+        addr = ddo__route_per_weight(s->route) ? s->w_va[tensor]
+               : ddo__route_maps(s->route)     ? u->va + loc.offset
+                                               : s->slots[u->slot].ptr + loc.offset;
+    }
+    *device_ptr = (void *)(uintptr_t)addr;
+    return 0;
+}
+
 /* The address of a resident tensor, or of a streamed one at `base` (its unit's range, slot
  * or weight range). */
 static uint64_t tensor_at(const ddo_session *s, size_t tensor, const ddo_tensor_location *loc,
@@ -67,7 +106,7 @@ static uint64_t tensor_at(const ddo_session *s, size_t tensor, const ddo_tensor_
 {
     if (loc->placement == DDO_PLACEMENT_RESIDENT)
         return s->arena + loc->offset;
-    return s->per_weight ? s->w_va[tensor] : base + loc->offset;
+    return ddo__route_per_weight(s->route) ? s->w_va[tensor] : base + loc->offset;
 }
 
 static int locate(ddo_session *s, size_t tensor, const char *fn, ddo_tensor_location *loc)
@@ -100,13 +139,13 @@ static int address_of(ddo_session *s, size_t tensor, bool stable_only, const cha
     if (loc.placement == DDO_PLACEMENT_STREAMED) {
         const ddo__unit_rt *u = &s->units[loc.unit];
         const char *name = ddo_checkpoint_tensor(s->ck, tensor)->name;
-        if (s->vmm)
+        if (ddo__route_maps(s->route))
             base = u->va;
         else if (stable_only)
             return ddo__fail(&s->err, DDO_E_UNSUPPORTED,
                              "%s: route %s moves tensor \"%s\" between slots: its address is "
                              "valid only while its unit is leased (ddo_session_tensor_address)",
-                             fn, s->route, name);
+                             fn, s->route_name, name);
         else if (u->leased && u->slot != DDO__NONE)
             base = s->slots[u->slot].ptr;
         else

@@ -1,0 +1,358 @@
+/*
+ * plan_device.c - the device side of a plan (ARCHITECTURE.md section 2): the device-weights
+ * limit and where it comes from, the resident arena, the execution slots (their size and
+ * count) and the device-weights check, and the geometry of the vmm_runtime route (every
+ * weight its own range and handle). The session executes this geometry as planned; a plan
+ * read back derives it with the same functions (ddo__plan_restore). Part of the build
+ * (plan_build.h).
+ */
+#include "plan_build.h"
+
+#include "budget.h"      /* ddo__format_bytes */
+#include "config_priv.h" /* ddo__config_fmt_double for the messages */
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- vmm_runtime: one range and one handle per weight ---- */
+
+/* A weight's handle: its bytes rounded up to the granularity (0 for an empty tensor). */
+static uint64_t handle_bytes(uint64_t nbytes, uint64_t gran)
+{
+    return ddo__round_up(nbytes, gran);
+}
+
+/* A weight's reserved range: at least one granule, so that every weight has an address. */
+static uint64_t range_bytes(uint64_t nbytes, uint64_t gran)
+{
+    return ddo__round_up(nbytes > 0 ? nbytes : 1, gran);
+}
+
+/*
+ * The device bytes unit u takes when every streamed weight has its own physical handle of
+ * its size rounded up to the granularity (cuMemMap maps a handle only at offset 0, so weights
+ * cannot share one).
+ */
+static uint64_t per_weight_bytes(const ddo_plan *p, size_t u, uint64_t gran)
+{
+    const ddo__plan_unit *un = &p->units[u];
+    uint64_t sum = 0;
+    for (size_t k = 0; k < un->tensor_count; k++) {
+        const ddo_tensor_location *loc = &p->tensors[p->unit_tensors[un->first_tensor + k]].loc;
+        if (loc->placement == DDO_PLACEMENT_STREAMED)
+            sum = sat_add(sum, handle_bytes(loc->nbytes, gran));
+    }
+    return sum;
+}
+
+uint64_t ddo__plan_granularity(const ddo_plan *p)
+{
+    return p->inputs.device_granularity > 0 ? p->inputs.device_granularity : 2 * DDO_MIB;
+}
+
+void ddo__weight_layout_free(ddo__weight_layout *wl)
+{
+    if (wl == NULL)
+        return;
+    free(wl->range_bytes);
+    free(wl->handle_bytes);
+    free(wl->unit_bytes);
+    memset(wl, 0, sizeof(*wl));
+}
+
+/* Unit u's weights into wl (a streamed unit); records the first weight too large to map. */
+static void layout_unit(const ddo_plan *p, size_t u, ddo__weight_layout *wl)
+{
+    const ddo__plan_unit *un = &p->units[u];
+    uint64_t g = wl->granularity, sum = 0;
+    for (size_t k = 0; k < un->tensor_count; k++) {
+        size_t t = p->unit_tensors[un->first_tensor + k];
+        const ddo_tensor_location *loc = &p->tensors[t].loc;
+        if (loc->placement != DDO_PLACEMENT_STREAMED)
+            continue;
+        wl->range_bytes[t] = range_bytes(loc->nbytes, g);
+        wl->handle_bytes[t] = handle_bytes(loc->nbytes, g);
+        if (wl->handle_bytes[t] > 0)
+            wl->handle_count++;
+        if ((wl->range_bytes[t] == UINT64_MAX || !ddo__add_u64(sum, wl->handle_bytes[t], &sum)) &&
+            wl->too_large == SIZE_MAX)
+            wl->too_large = t;
+    }
+    wl->unit_bytes[u] = per_weight_bytes(p, u, g);
+}
+
+int ddo__weight_layout_build(const ddo_plan *p, uint64_t gran, ddo__weight_layout *out)
+{
+    ddo__weight_layout wl;
+    memset(&wl, 0, sizeof(wl));
+    wl.granularity = gran;
+    wl.largest_unit = SIZE_MAX;
+    wl.too_large = SIZE_MAX;
+    size_t tn = p->tensor_count > 0 ? p->tensor_count : 1;
+    wl.range_bytes = ddo__calloc(tn, sizeof(*wl.range_bytes));
+    wl.handle_bytes = ddo__calloc(tn, sizeof(*wl.handle_bytes));
+    wl.unit_bytes = ddo__calloc(p->unit_count > 0 ? p->unit_count : 1, sizeof(*wl.unit_bytes));
+    if (wl.range_bytes == NULL || wl.handle_bytes == NULL || wl.unit_bytes == NULL) {
+        ddo__weight_layout_free(&wl);
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: the per-weight layout of %zu tensors",
+                         p->tensor_count);
+    }
+    uint64_t largest = 0;
+    for (size_t u = 0; u < p->unit_count; u++) {
+        if (p->units[u].resident)
+            continue;
+        layout_unit(p, u, &wl);
+        if (wl.largest_unit == SIZE_MAX || wl.unit_bytes[u] > largest) {
+            largest = wl.unit_bytes[u];
+            wl.largest_unit = u;
+        }
+    }
+    if (wl.largest_unit != SIZE_MAX)
+        wl.slot_bytes = largest > gran ? largest : gran;
+    *out = wl;
+    return 0;
+}
+
+int ddo__weight_layout_check(const ddo_plan *p, const ddo__weight_layout *wl,
+                             uint64_t resident_bytes, uint64_t limit, const char *limit_source,
+                             ddo__errbuf *eb)
+{
+    if (wl->too_large != SIZE_MAX)
+        return ddo__fail(eb, DDO_E_BUDGET, "tensor \"%s\": too large to map",
+                         p->tensors[wl->too_large].name);
+    uint64_t one = sat_add(resident_bytes, wl->slot_bytes);
+    if (limit == 0 || wl->largest_unit == SIZE_MAX || one <= limit)
+        return 0;
+    /* Not even the largest unit's weights fit; the mapped budget bounds every handle alive. */
+    char g1[32], s1[32], r1[32], n1[32], l1[32];
+    return ddo__fail(
+        eb, DDO_E_BUDGET,
+        "device weights: %s maps every weight into its own %s-aligned "
+        "range, so unit \"%s\" needs %s (+ resident %s = %s) but the mapped "
+        "budget is %s (%s); raise it or set unit_granularity=leaf",
+        ddo__route_name(DDO__ROUTE_VMM_RUNTIME), ddo__format_bytes(wl->granularity, g1, sizeof(g1)),
+        p->units[wl->largest_unit].name, ddo__format_bytes(wl->slot_bytes, s1, sizeof(s1)),
+        ddo__format_bytes(resident_bytes, r1, sizeof(r1)), ddo__format_bytes(one, n1, sizeof(n1)),
+        ddo__format_bytes(limit, l1, sizeof(l1)),
+        limit_source != NULL ? limit_source : "vmm_resident_weight_budget_gb");
+}
+
+const ddo__weight_layout *ddo__plan_weight_layout(const ddo_plan *p)
+{
+    return p != NULL && ddo__route_per_weight(p->route) && p->weights.unit_bytes != NULL
+               ? &p->weights
+               : NULL;
+}
+
+ddo__route ddo__plan_route_of(const ddo_plan *p)
+{
+    return p != NULL ? p->route : DDO__ROUTE_LINEAR;
+}
+
+int ddo__plan_restore(ddo_plan *p)
+{
+    p->route = ddo__route_of(p->route_label);
+    if (!ddo__route_per_weight(p->route))
+        return 0;
+    return ddo__weight_layout_build(p, ddo__plan_granularity(p), &p->weights);
+}
+
+/* ---- the resident arena and the execution slots ---- */
+
+/* The execution-slot page: vmm_page_mb in bytes (0 = the granularity gran), a whole multiple
+ * of gran. Range-checked before the cast, beside the catalog's own check. */
+static int slot_page(double mb, uint64_t gran, uint64_t *page)
+{
+    if (!(mb > 0.0))
+        return 0;
+    *page = isfinite(mb) && mb <= 1048576.0 ? (uint64_t)(mb * (double)DDO_MIB) : 0;
+    if (*page != 0 && *page % gran == 0)
+        return 0;
+    char q[64], g[64];
+    ddo__format_bytes(gran, g, sizeof(g));
+    if (isfinite(mb))
+        ddo__config_fmt_double(mb, q, sizeof(q));
+    else
+        snprintf(q, sizeof(q), "%s", isnan(mb) ? "nan" : "inf");
+    return ddo__fail(NULL, DDO_E_CONFIG,
+                     "vmm_page_mb=%s: the execution-slot page must be a whole multiple of the "
+                     "device granularity (%s) and at most 1048576 MiB",
+                     q, g);
+}
+
+/* DDO_E_BUDGET: the device weights of plan p exceed limit; the advice names what to change. */
+static int refuse_device_weights(const ddo_plan *p, int64_t want, uint64_t limit,
+                                 const char *limit_source)
+{
+    const ddo_plan_budgets *bg = &p->budgets;
+    char a[32], r[32], s[32], l[32];
+    bool chosen = false;
+    for (size_t u = 0; u < p->unit_count; u++)
+        chosen = chosen || p->units[u].resident;
+    const char *advice = chosen && want > 2 ? ", lower resident_module_budget_gb or lower "
+                                              "execution_slots"
+                         : chosen           ? " or lower resident_module_budget_gb"
+                         : want > 2         ? " or lower execution_slots"
+                                            : " or set unit_granularity=leaf (smaller slots)";
+    return ddo__fail(NULL, DDO_E_BUDGET,
+                     "device weights need %s (resident %s + %zu slots × %s) but the limit "
+                     "is %s (%s); raise vmm_resident_weight_budget_gb%s",
+                     fmt_gib(bg->device_weights_peak, a, sizeof(a)),
+                     fmt_gib(bg->resident_bytes, r, sizeof(r)), bg->slot_count,
+                     fmt_gib(bg->slot_bytes, s, sizeof(s)), fmt_gib(limit, l, sizeof(l)),
+                     limit_source, advice);
+}
+
+/* Lays the resident tensors out in the arena; returns its bytes. (Before the host side too:
+ * host_registered lays out a caller's resident tensors by their arena offsets.) */
+uint64_t ddo__plan_resident_arena(builder *b)
+{
+    ddo_plan *p = b->p;
+    uint64_t arena = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        ddo_tensor_location *loc = &p->tensors[i].loc;
+        if (loc->placement != DDO_PLACEMENT_RESIDENT)
+            continue;
+        arena = ddo__round_up(arena, DDO_TENSOR_ALIGN);
+        loc->offset = arena;
+        arena = sat_add(arena, loc->nbytes);
+    }
+    return arena;
+}
+
+/* The slot size: the largest streamed unit's span rounded to the page, or (vmm_runtime) its
+ * weights' handles. *streaming: some unit streams. */
+static int slot_size(builder *b, uint64_t page, bool *streaming)
+{
+    ddo_plan *p = b->p;
+    ddo_plan_budgets *bg = &p->budgets;
+    uint64_t largest = 0;
+    *streaming = false;
+    if (ddo__route_per_weight(p->route)) {
+        /* vmm_runtime: a slot holds the largest unit's weights, each in its own handle. */
+        int rc = ddo__weight_layout_build(p, ddo__plan_granularity(p), &p->weights);
+        if (rc != 0)
+            return rc;
+        *streaming = p->weights.largest_unit != SIZE_MAX;
+        bg->slot_bytes = p->weights.slot_bytes;
+        return 0;
+    }
+    for (size_t u = 0; u < p->unit_count; u++)
+        if (!p->units[u].resident) {
+            uint64_t bytes = p->units[u].span_bytes;
+            if (!*streaming || bytes > largest)
+                largest = bytes;
+            *streaming = true;
+        }
+    bg->slot_bytes = *streaming ? ddo__round_up(largest, page) : 0;
+    return 0;
+}
+
+int ddo__plan_device_side(builder *b, uint64_t limit, const char *limit_source)
+{
+    ddo_plan *p = b->p;
+    ddo_plan_budgets *bg = &p->budgets;
+    ddo__decisions *d = &p->decisions;
+    uint64_t gran = ddo__plan_granularity(p);
+    uint64_t page = gran;
+    int rc = slot_page(b->o->vmm_page_mb, gran, &page);
+    if (rc != 0)
+        return rc;
+    uint64_t arena = ddo__plan_resident_arena(b);
+    bg->resident_bytes = arena;
+    bool streaming = false;
+    if ((rc = slot_size(b, page, &streaming)) != 0)
+        return rc;
+    int64_t want = b->o->execution_slots;
+    size_t slots = 0;
+    const char *how = "none_streamed";
+    if (streaming && want > 0) {
+        slots = want < 2 ? 2 : (size_t)want;
+        how = want < 2 ? "raised_to_two" : "explicit";
+    } else if (streaming) {
+        slots = 3;
+        how = "auto_three";
+        if (limit > 0 && sat_add(arena, sat_mul(3, bg->slot_bytes)) > limit) {
+            slots = 2;
+            how = "auto_two";
+        }
+    }
+    /* vmm_runtime: not even the largest unit's weights fit; a session refuses the same. */
+    if (ddo__route_per_weight(p->route) && streaming &&
+        (rc = ddo__weight_layout_check(p, &p->weights, arena, limit, limit_source, NULL)) != 0)
+        return rc;
+    bg->slot_count = slots;
+    ddo__decisions_set_str(d, "slot_count_decision", how);
+    bg->device_weights_peak = sat_add(arena, sat_mul(slots, bg->slot_bytes));
+    bg->device_weights_limit = limit;
+    if (limit > 0 && bg->device_weights_peak > limit)
+        return refuse_device_weights(p, want, limit, limit_source);
+    return 0;
+}
+
+/* ---- the device-weights limit ---- */
+
+/* The device weights limit and where it comes from (source, len bytes). */
+int ddo__plan_device_limit(builder *b, const budgets_in *bi, uint64_t *limit, char *source,
+                           size_t len)
+{
+    const ddo__options *o = b->o;
+    uint64_t V = bi->V;
+    *limit = 0;
+    snprintf(source, len, "none");
+    uint64_t explicit_limit = ddo__gb_to_bytes(o->vmm_resident_weight_budget_gb);
+    if (ddo__route_per_weight(b->p->route) && explicit_limit == 0)
+        return ddo__fail(NULL, DDO_E_CONFIG,
+                         "vmm_resident_weight_budget_gb: the %s route needs a positive "
+                         "mapped budget",
+                         ddo__route_name(b->p->route));
+    if (explicit_limit > 0) {
+        *limit = explicit_limit;
+        snprintf(source, len, "vmm_resident_weight_budget_gb");
+    } else if (V > 0) {
+        char v1[32], v2[32];
+        if (bi->balanced) {
+            double ratio = (double)bi->M / (double)V;
+            uint64_t h = o->auto_vram_headroom_gb > 0.0 ? ddo__gb_to_bytes(o->auto_vram_headroom_gb)
+                                                        : ddo__vram_headroom_default(V, ratio);
+            /* As the resident target: never below 1 GiB (nor above the card). */
+            *limit = V > h && V - h > DDO_GIB ? V - h : (V < DDO_GIB ? V : DDO_GIB);
+            snprintf(source, len, "device memory %s minus %s auto VRAM headroom%s",
+                     fmt_gib(V, v1, sizeof(v1)), fmt_gib(h, v2, sizeof(v2)),
+                     *limit == V - h ? "" : ", at least 1 GiB");
+        } else {
+            *limit = V;
+            snprintf(source, len, "device memory %s", fmt_gib(V, v1, sizeof(v1)));
+        }
+    }
+    b->p->device_limit_source = ddo__strdup(source);
+    ddo__decisions_set_str(&b->p->decisions, "device_weights_limit_source",
+                           *limit > 0 ? source : "none");
+    return 0;
+}
+
+/* ddo: an automatic resident budget leaves room for two slots and the fixed residents. */
+void ddo__plan_cap_auto_resident(builder *b, budgets_in *bi, uint64_t limit)
+{
+    ddo_plan *p = b->p;
+    if (!bi->auto_resident || limit == 0)
+        return;
+    uint64_t largest = 0, fixed = 0;
+    uint64_t gran = ddo__plan_granularity(p);
+    bool per_weight = ddo__route_per_weight(p->route);
+    for (size_t u = 0; u < p->unit_count; u++) {
+        uint64_t bytes = per_weight ? per_weight_bytes(p, u, gran) : p->units[u].span_bytes;
+        if (bytes > largest)
+            largest = bytes;
+    }
+    for (size_t i = 0; i < b->n; i++)
+        if (p->tensors[i].loc.placement == DDO_PLACEMENT_RESIDENT)
+            fixed = sat_add(fixed, ddo__round_up(p->tensors[i].loc.nbytes, DDO_TENSOR_ALIGN));
+    uint64_t reserve = sat_add(fixed, sat_mul(2, ddo__round_up(largest, gran)));
+    uint64_t room = limit > reserve ? limit - reserve : 0;
+    if (bi->resident_budget > room) {
+        bi->resident_budget = room;
+        ddo__decisions_set_gb(&p->decisions, "auto_resident_module_budget_slot_cap_gb", room);
+    }
+}

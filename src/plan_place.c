@@ -1,0 +1,257 @@
+/*
+ * plan_place.c - where every tensor goes (ARCHITECTURE.md section 2): placement (resident,
+ * streamed in a unit, skipped), the units in execution order and their slot layout, the cost
+ * model and its simulated step, and the resident selection under the budget (section 3.5).
+ * Part of the build (plan_build.h).
+ */
+#include "plan_build.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Placement before the budget selection; streamed tensors get their unit. */
+int ddo__plan_place_units(builder *b)
+{
+    ddo_plan *p = b->p;
+    p->units = ddo__calloc(b->n ? b->n : 1, sizeof(*p->units));
+    p->unit_tensors = ddo__calloc(b->n ? b->n : 1, sizeof(*p->unit_tensors));
+    size_t *unit_of = ddo__calloc(b->n ? b->n : 1, sizeof(*unit_of));
+    if (p->units == NULL || p->unit_tensors == NULL || unit_of == NULL) {
+        free(unit_of);
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: %zu tensors", b->n);
+    }
+    for (size_t i = 0; i < b->n; i++) {
+        const ddo_tensor_info *t = b->ti[i];
+        pmod *m = &b->mods[b->tmod[i]];
+        ddo_tensor_location *loc = &p->tensors[i].loc;
+        loc->unit = NONE;
+        loc->nbytes = t->nbytes;
+        p->tensors[i].eligible = ddo__plan_is_eligible(b, i);
+        unit_of[i] = NONE;
+        if (m->skipped) {
+            loc->placement = DDO_PLACEMENT_SKIPPED;
+            loc->reason = DDO_REASON_SKIP_PATTERN;
+            continue;
+        }
+        if (m->always && !b->clear_always) {
+            loc->placement = DDO_PLACEMENT_RESIDENT;
+            loc->reason = DDO_REASON_ALWAYS_RESIDENT;
+            continue;
+        }
+        if (t->nbytes <= b->threshold) {
+            loc->placement = DDO_PLACEMENT_RESIDENT;
+            loc->reason = DDO_REASON_SMALL;
+            continue;
+        }
+        loc->placement = DDO_PLACEMENT_STREAMED;
+        loc->reason = DDO_REASON_NONE;
+        bool by_block = !b->leaf && m->block != NONE;
+        size_t *slot = by_block ? &b->blocks[m->block].unit : &m->unit;
+        if (*slot == NONE) {
+            ddo__plan_unit *u = &p->units[p->unit_count];
+            const char *nm = by_block ? b->blocks[m->block].name : m->name;
+            size_t nl = by_block ? b->blocks[m->block].len : m->len;
+            u->name = ddo__strndup(nm, nl);
+            if (u->name == NULL) {
+                free(unit_of);
+                return ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: unit names");
+            }
+            u->full_bytes = by_block ? b->blocks[m->block].full_bytes : m->full_bytes;
+            *slot = p->unit_count++;
+        }
+        unit_of[i] = *slot;
+        ddo__plan_unit *u = &p->units[*slot];
+        u->tensor_count++;
+        u->bytes = sat_add(u->bytes, t->nbytes);
+        if (t->ndim == 2 && ddo__plan_ends_with(t->name, ".weight"))
+            u->flops_per_token =
+                sat_add(u->flops_per_token, sat_mul(2, sat_mul(t->shape[0], t->shape[1])));
+    }
+    /* Tensor ranges per unit, in checkpoint order. */
+    size_t at = 0;
+    for (size_t u = 0; u < p->unit_count; u++) {
+        p->units[u].first_tensor = at;
+        at += p->units[u].tensor_count;
+        p->units[u].tensor_count = 0;
+    }
+    for (size_t i = 0; i < b->n; i++) {
+        if (unit_of[i] == NONE)
+            continue;
+        ddo__plan_unit *u = &p->units[unit_of[i]];
+        p->unit_tensors[u->first_tensor + u->tensor_count++] = i;
+        p->tensors[i].loc.unit = unit_of[i];
+    }
+    free(unit_of);
+    return 0;
+}
+
+/* Slot layout of every unit: tensors at DDO_TENSOR_ALIGN-aligned offsets. */
+void ddo__plan_layout_units(builder *b)
+{
+    ddo_plan *p = b->p;
+    for (size_t u = 0; u < p->unit_count; u++) {
+        ddo__plan_unit *un = &p->units[u];
+        uint64_t off = 0;
+        for (size_t k = 0; k < un->tensor_count; k++) {
+            size_t i = p->unit_tensors[un->first_tensor + k];
+            off = ddo__round_up(off, DDO_TENSOR_ALIGN);
+            p->tensors[i].loc.offset = off;
+            off = sat_add(off, p->tensors[i].loc.nbytes);
+        }
+        un->span_bytes = off;
+    }
+}
+
+/* Per-unit transfer and compute time and the deficit against the previous unit's compute. */
+void ddo__plan_cost_model(builder *b, double *deficit)
+{
+    ddo_plan *p = b->p;
+    p->tokens = b->in.tokens > 0 ? b->in.tokens : DDO_PLAN_DEFAULT_TOKENS;
+    p->cost_enabled = b->in.bus_bytes_per_s > 0.0 && b->in.flops_per_s > 0.0;
+    for (size_t u = 0; u < p->unit_count; u++) {
+        ddo__plan_unit *un = &p->units[u];
+        if (p->cost_enabled) {
+            un->transfer_s = (double)un->bytes / b->in.bus_bytes_per_s;
+            un->compute_s = (double)p->tokens * (double)un->flops_per_token / b->in.flops_per_s;
+        }
+    }
+    for (size_t u = 0; u < p->unit_count; u++) {
+        size_t prev = u > 0 ? u - 1 : p->unit_count - 1;
+        double d = p->units[u].transfer_s - p->units[prev].compute_s;
+        deficit[u] = p->cost_enabled && d > 0.0 ? d : 0.0;
+    }
+}
+
+/* Predicted step time: copies serial on one engine, compute serial, a slot reused only after
+ * the unit that held it has computed (prefetch depth slots - 1); the second of two simulated
+ * steps is the steady state. */
+double ddo__plan_simulate(const ddo_plan *p, size_t slots)
+{
+    if (!p->cost_enabled || p->unit_count == 0)
+        return 0.0;
+    double *ring = calloc(slots ? slots : 1, sizeof(double));
+    if (ring == NULL)
+        return 0.0;
+    double copy_free = 0.0, compute_free = 0.0, step_end[2] = { 0.0, 0.0 };
+    size_t j = 0;
+    for (int step = 0; step < 2; step++) {
+        for (size_t u = 0; u < p->unit_count; u++) {
+            const ddo__plan_unit *un = &p->units[u];
+            if (un->resident || slots == 0) {
+                compute_free += un->compute_s;
+                continue;
+            }
+            double slot_free = ring[j % slots];
+            double cs = copy_free > slot_free ? copy_free : slot_free;
+            double ce = cs + un->transfer_s;
+            copy_free = ce;
+            double start = compute_free > ce ? compute_free : ce;
+            compute_free = start + un->compute_s;
+            ring[j % slots] = compute_free;
+            j++;
+        }
+        step_end[step] = compute_free;
+    }
+    free(ring);
+    return step_end[1] - step_end[0];
+}
+
+/* Marks scope's modules (and so their units) budget-resident. */
+static void select_scope(builder *b, const pscope *s)
+{
+    if (s->is_block)
+        b->blocks[s->index].selected = true;
+    else
+        b->mods[s->index].selected = true;
+}
+
+/* Streamed tensors of selected scopes become budget-resident; their units are resident. */
+static void make_budget_resident(builder *b)
+{
+    ddo_plan *p = b->p;
+    for (size_t i = 0; i < b->n; i++) {
+        ddo_tensor_location *loc = &p->tensors[i].loc;
+        const pmod *m = &b->mods[b->tmod[i]];
+        bool sel = m->selected || (m->block != NONE && b->blocks[m->block].selected);
+        if (!sel || loc->placement != DDO_PLACEMENT_STREAMED)
+            continue;
+        p->units[loc->unit].resident = true;
+        loc->placement = DDO_PLACEMENT_RESIDENT;
+        loc->reason = DDO_REASON_BUDGET;
+        loc->unit = NONE;
+    }
+}
+
+int ddo__plan_resident_selection(builder *b, uint64_t budget, const double *unit_deficit)
+{
+    ddo_plan *p = b->p;
+    ddo__decisions *d = &p->decisions;
+    ddo_selection how = DDO_SELECTION_SPREAD;
+    if (!ddo__selection_from_name(b->o->resident_module_selection, &how))
+        return ddo__fail(NULL, DDO_E_CONFIG,
+                         "resident_module_selection: \"%s\" is not one of first, spread, "
+                         "largest, cost",
+                         b->o->resident_module_selection ? b->o->resident_module_selection : "");
+    if (how == DDO_SELECTION_COST && !p->cost_enabled) {
+        how = DDO_SELECTION_SPREAD;
+        ddo__decisions_set_str(d, "resident_module_selection_fallback", "spread");
+    }
+    ddo__decisions_set_str(d, "resident_module_selection", ddo__selection_name(how));
+    if (budget == 0 || b->scope_count == 0) {
+        ddo__decisions_set_gb(d, "selected_resident_module_gb", 0);
+        return 0;
+    }
+    uint64_t *sizes = ddo__calloc(b->scope_count, sizeof(*sizes));
+    size_t *order = ddo__calloc(b->scope_count, sizeof(*order));
+    size_t *chosen = ddo__calloc(b->scope_count, sizeof(*chosen));
+    double *deficits = ddo__calloc(b->scope_count, sizeof(*deficits));
+    int rc = 0;
+    if (sizes == NULL || order == NULL || chosen == NULL || deficits == NULL) {
+        rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: resident selection");
+        goto out;
+    }
+    for (size_t s = 0; s < b->scope_count; s++)
+        sizes[s] = b->scopes[s].full_bytes;
+    size_t n;
+    uint64_t taken = 0;
+    if (how == DDO_SELECTION_COST) {
+        /* A scope's deficit is the sum of its units' deficits (a unit lies in one scope). */
+        for (size_t u = 0; u < p->unit_count; u++) {
+            size_t first = p->unit_tensors[p->units[u].first_tensor];
+            const pmod *m = &b->mods[b->tmod[first]];
+            size_t s = m->block != NONE && b->blocks[m->block].matches ? b->blocks[m->block].scope
+                                                                       : m->scope;
+            if (s != NONE)
+                deficits[s] += unit_deficit[u];
+        }
+        n = ddo__select_by_cost(sizes, deficits, b->scope_count, budget, chosen, &taken);
+    } else {
+        ddo__select_order(sizes, b->scope_count, budget, how, order);
+        n = ddo__select_greedy(sizes, order, b->scope_count, budget, chosen, &taken);
+    }
+    p->selected_resident = ddo__calloc(n ? n : 1, sizeof(char *));
+    if (p->selected_resident == NULL) {
+        rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: resident selection");
+        goto out;
+    }
+    for (size_t k = 0; k < n; k++) {
+        const pscope *sc = &b->scopes[chosen[k]];
+        select_scope(b, sc);
+        const char *nm = sc->is_block ? b->blocks[sc->index].name : b->mods[sc->index].name;
+        size_t nl = sc->is_block ? b->blocks[sc->index].len : b->mods[sc->index].len;
+        char *c = ddo__strndup(nm, nl);
+        if (c == NULL) {
+            rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: resident selection");
+            goto out;
+        }
+        p->selected_resident[p->selected_resident_count++] = c;
+    }
+    ddo__decisions_set_gb(d, "selected_resident_module_gb", taken);
+    make_budget_resident(b);
+out:
+    free(sizes);
+    free(order);
+    free(chosen);
+    free(deficits);
+    return rc;
+}

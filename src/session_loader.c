@@ -1,0 +1,242 @@
+/*
+ * session_loader.c - the loader thread. The host thread queues one job per load (under mu,
+ * session_slots.c); the loader performs them in ticket order without holding mu: it waits
+ * for the slot's previous consumer (the release event: stream-ordered on the linear route, a
+ * host wait on the VMM routes where the handle must be remapped), remaps the handle into the
+ * unit's own virtual range (vmm_fast_runtime) or binds every weight's own handle
+ * (vmm_runtime, session_pool.c), issues the copies on the copy stream (session_transport.c)
+ * and records the upload event. acquire makes the host stream wait on that event.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "session.h"
+
+#include "device/device.h"
+
+void ddo__session_trace(const ddo_session *s, const char *kind, size_t unit, uint64_t begin_ns,
+                        uint64_t end_ns, uint64_t bytes)
+{
+    if (s->opts.trace != NULL)
+        s->opts.trace(s->opts.trace_user, kind, unit, begin_ns, end_ns, bytes);
+}
+
+/* Runs on the copy stream's host thread when an upload's copies completed. */
+static void upload_done(void *user)
+{
+    ddo__slot *slot = user;
+    ddo_session *s = slot->owner;
+    uint64_t now = ddo__now_ns();
+    pthread_mutex_lock(&s->busy_mu);
+    uint64_t start = slot->issue_ns > s->busy_last_done ? slot->issue_ns : s->busy_last_done;
+    if (now > start)
+        ddo__metrics_add(&s->metrics, DDO_M_copy_busy_ns, (double)(now - start));
+    s->busy_last_done = now;
+    size_t unit = slot->issue_unit;
+    uint64_t bytes = slot->issue_bytes;
+    pthread_mutex_unlock(&s->busy_mu);
+    ddo__session_trace(s, "upload", unit, start, now, bytes);
+}
+
+/* Makes the copy stream (or, with VMM, this thread) wait for the slot's previous consumer. */
+static int wait_previous(ddo_session *s, const ddo__job *job, const ddo__unit_rt *u,
+                         ddo__errbuf *eb)
+{
+    if (job->wait_release == NULL)
+        return 0;
+    int rc;
+    if (ddo__route_maps(s->route))
+        rc = ddo__dev_event_synchronize(s->dev, job->wait_release);
+    else
+        rc = ddo__dev_stream_wait_event(s->dev, s->copy_stream, job->wait_release);
+    if (rc != 0)
+        return ddo__session_fail_ctx(
+            eb, rc, "unit \"%s\": waiting for the slot's previous consumer", u->name);
+    return 0;
+}
+
+/* Moves the slot's handle from the unit it maps now (if any) to job->unit's range (VMM). */
+static int remap_slot(ddo_session *s, ddo__job *job, ddo__slot *slot, const ddo__unit_rt *u,
+                      ddo__errbuf *eb)
+{
+    bool per_weight = ddo__route_per_weight(s->route);
+    int rc;
+    if (job->prev_mapped != DDO__NONE) {
+        /* The handle's previous upload must be complete before it moves. */
+        if (slot->upload_recorded) {
+            rc = ddo__dev_event_synchronize(s->dev, slot->upload_event);
+            if (rc != 0)
+                return ddo__session_fail_ctx(eb, rc, "unit \"%s\": previous upload", u->name);
+        }
+        uint64_t t_unmap = ddo__now_ns();
+        rc = ddo__session_unmap_unit(s, job->prev_mapped);
+        ddo__session_trace(s, "unmap", job->prev_mapped, t_unmap, ddo__now_ns(), 0);
+        if (rc != 0) {
+            job->unsafe_after = true;
+            return ddo__session_fail_ctx(eb, rc, "unit \"%s\": unmapping slot %zu", u->name,
+                                         job->slot);
+        }
+        job->mapped_after = DDO__NONE;
+        if (per_weight) {
+            pthread_mutex_lock(&s->mu);
+            ddo__session_unbind_unit(s, job->prev_mapped);
+            pthread_mutex_unlock(&s->mu);
+        }
+    }
+    if (per_weight) {
+        rc = ddo__session_bind_unit(s, job, eb);
+        if (rc != 0)
+            return rc;
+    }
+    bool unsafe = false;
+    uint64_t t_map = ddo__now_ns();
+    rc = ddo__session_map_unit(s, slot->handle, job->unit, job->slot, &unsafe, eb);
+    ddo__session_trace(s, "map", job->unit, t_map, ddo__now_ns(),
+                       per_weight ? s->wl->unit_bytes[job->unit] : s->slot_bytes);
+    if (rc != 0) {
+        /* A mapping that could not be undone keeps its ranges reserved. */
+        if (unsafe) {
+            job->unsafe_after = true;
+            job->mapped_after = job->unit;
+        }
+        return rc;
+    }
+    job->mapped_after = job->unit;
+    return 0;
+}
+/* Performs one job (no lock held). */
+static int run_job(ddo_session *s, ddo__job *job, ddo__errbuf *eb)
+{
+    ddo__slot *slot = &s->slots[job->slot];
+    ddo__unit_rt *u = &s->units[job->unit];
+    int rc;
+    job->mapped_after = job->prev_mapped;
+    job->unsafe_after = false;
+
+    rc = wait_previous(s, job, u, eb);
+    if (rc != 0)
+        return rc;
+    uint64_t dst = slot->ptr;
+    if (ddo__route_maps(s->route)) {
+        dst = u->va;
+        if (job->prev_mapped != job->unit) {
+            rc = remap_slot(s, job, slot, u, eb);
+            if (rc != 0)
+                return rc;
+        }
+    }
+
+    pthread_mutex_lock(&s->busy_mu);
+    slot->issue_ns = ddo__now_ns();
+    slot->issue_unit = job->unit;
+    pthread_mutex_unlock(&s->busy_mu);
+    uint64_t ubytes = 0;
+    bool reread = false;
+    rc = ddo__session_upload_unit(s, job, dst, &ubytes, &reread, eb);
+    if (rc != 0)
+        return rc;
+    pthread_mutex_lock(&s->busy_mu);
+    slot->issue_bytes = ubytes;
+    pthread_mutex_unlock(&s->busy_mu);
+    if (reread)
+        ddo__metrics_add(&s->metrics, DDO_M_file_rereads, 1);
+    rc = ddo__dev_event_record(s->dev, slot->upload_event, s->copy_stream);
+    if (rc != 0)
+        return ddo__session_fail_ctx(eb, rc, "unit \"%s\": upload event", u->name);
+    slot->upload_recorded = true;
+    ddo__metrics_add(&s->metrics, DDO_M_uploads, 1);
+    /* Copy-engine busy time only; a failure here costs a metric, not the upload. */
+    (void)ddo__dev_host_fn(s->dev, s->copy_stream, upload_done, slot);
+    return 0;
+}
+
+static void *loader_main(void *arg)
+{
+    ddo_session *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->quit && s->job_count == 0)
+            pthread_cond_wait(&s->cv, &s->mu);
+        if (s->job_count == 0)
+            break;
+        ddo__job job = s->jobs[s->job_head];
+        s->loader_busy = true;
+        pthread_mutex_unlock(&s->mu);
+
+        ddo__errbuf eb;
+        ddo__errbuf_clear(&eb);
+        int rc = run_job(s, &job, &eb);
+        bool unsafe = job.unsafe_after;
+        if (rc != 0) {
+            /* Copies of a failed job may still be in flight into the slot. */
+            if (ddo__dev_stream_synchronize(s->dev, s->copy_stream) != 0)
+                unsafe = true;
+            /* A failed load leaves no mapping behind: the unit may load elsewhere. */
+            if (!unsafe && ddo__route_maps(s->route) && job.mapped_after != DDO__NONE) {
+                if (ddo__session_unmap_unit(s, job.mapped_after) == 0)
+                    job.mapped_after = DDO__NONE;
+                else
+                    unsafe = true;
+            }
+        }
+
+        pthread_mutex_lock(&s->mu);
+        s->job_head = (s->job_head + 1) % s->slot_count;
+        s->job_count--;
+        ddo__slot *slot = &s->slots[job.slot];
+        slot->mapped_unit = job.mapped_after;
+        if (ddo__route_per_weight(s->route)) {
+            /* A unit left unmapped gives its handles back to the pool. */
+            if (job.mapped_after == DDO__NONE)
+                ddo__session_unbind_unit(s, job.unit);
+            slot->backed = job.mapped_after != DDO__NONE;
+        }
+        slot->issued = true;
+        slot->load_rc = rc;
+        if (rc != 0)
+            slot->load_err = eb;
+        if (unsafe)
+            ddo__slot_mark_unsafe(s, slot);
+        s->loader_busy = false;
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+int ddo__session_loader_start(ddo_session *s)
+{
+    int e = pthread_create(&s->loader, NULL, loader_main, s);
+    if (e != 0)
+        return ddo__fail(&s->err, DDO_E_NO_MEMORY, "session: starting the loader thread failed");
+    s->loader_started = true;
+    return 0;
+}
+
+void ddo__session_loader_stop(ddo_session *s)
+{
+    if (!s->loader_started)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->quit = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->loader, NULL);
+    s->loader_started = false;
+}
+
+void ddo__session_wait_idle(ddo_session *s)
+{
+    pthread_mutex_lock(&s->mu);
+    while (s->job_count > 0 || s->loader_busy)
+        pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ------------------------------------------------------------------------ */
+
+void ddo__session_queue_job(ddo_session *s, const ddo__job *job)
+{
+    DDO_ASSERT(s->job_count < s->slot_count);
+    s->jobs[(s->job_head + s->job_count) % s->slot_count] = *job;
+    s->job_count++;
+    pthread_cond_broadcast(&s->cv);
+}
