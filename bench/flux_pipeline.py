@@ -13,7 +13,10 @@ exactly as FluxPipeline does after its loop.
 
   Driver:  PYTHONPATH=.devbench/src:python DDO_LIBRARY=<build>/libddo.so \\
            python3 bench/flux_pipeline.py --all --out $OUT/flux_pipeline.json
-  Smoke:   python3 bench/flux_pipeline.py --all --tiny --out $OUT/flux_pipeline_tiny.json
+  Smoke:   python3 bench/flux_pipeline.py --all --tiny --in-process --out $OUT/tiny.json
+           (toy configurations, all cases in one process: one import of Diffusers, ~1 min)
+  Suite:   PIPE_ARGS=--all SKIP_TESTS=1 SKIP_SANITIZER=1 SUITE_BUDGET_S=575 \
+           bash bench/gpu_suite.sh   (build, the smoke test, then these cases)
   One:     python3 bench/flux_pipeline.py --case ddo --workdir /tmp/flux_pipeline
   Table:   python3 bench/flux_pipeline.py --list   (the cases and the ddo options; no torch)
 
@@ -27,7 +30,10 @@ torch.cuda.set_per_process_memory_fraction so that the process's device memory (
 at the start, the CUDA context; torch's cap; ddo's device weight budget; a margin for what no
 allocator counts, such as cuBLAS handles and kernel code) adds up to --device-gib (8).
 
-Per case: setup, encode, denoise (and each step, from CUDA events), decode and total seconds;
+Per case: setup, encode, denoise (and each step, from CUDA events), decode and total seconds
+(total: from the start of setup to the end of decode; building the random weights, which stands
+in for reading them from disk, is reported apart as build_s; a phase includes ddo's reload
+before it and unload after it, denoise_s is the pipeline call alone);
 the bus measured in the same process (a pinned host->device copy, after the peaks are read);
 the bytes ddo streamed (its copy_bytes); the driver's used device memory, sampled
 (torch.cuda.mem_get_info), absolute and above the case's baseline, with torch's own peaks;
@@ -631,6 +637,7 @@ def timed_phase(mode, name, comps, fn, res, write):
     import torch
     ph = res.setdefault("phases", {}).setdefault(name, {})
     b0 = mode.copy_bytes(comps)
+    torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     mode.enter(comps)
     torch.cuda.synchronize()
@@ -643,7 +650,9 @@ def timed_phase(mode, name, comps, fn, res, write):
     mode.leave(comps)
     torch.cuda.synchronize()
     t3 = time.perf_counter()
-    ph.update(reload_s=t1 - t0, compute_s=t2 - t1, unload_s=t3 - t2, phase_s=t3 - t0)
+    ph.update(reload_s=t1 - t0, compute_s=t2 - t1, unload_s=t3 - t2, phase_s=t3 - t0,
+              torch_max_allocated_bytes=torch.cuda.max_memory_allocated(),
+              torch_max_reserved_bytes=torch.cuda.max_memory_reserved())
     if b0 is not None and b2 is not None:
         ph.update(reload_copy_bytes=b1 - b0, compute_copy_bytes=b2 - b1)
     write()
@@ -695,6 +704,7 @@ def run_pipeline(pipe, mode, args, res, write):
     mode.setup()
     torch.cuda.synchronize()
     res["setup_s"] = time.perf_counter() - t0
+    res["setup_torch_max_reserved_bytes"] = torch.cuda.max_memory_reserved()
     write()
     dev = args.device
     pe, pooled = timed_phase(mode, "encode", PHASES[0][1], lambda: encode(pipe, ids, dev), res,
@@ -737,8 +747,13 @@ def nominal_streamed(spec, res, args):
 def finish(spec, args, res, sampler, outputs, ref):
     import torch
     res.update(sampler.stop())
-    res["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated()
-    res["max_memory_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    # torch's own peaks: the largest of setup's and the phases' (each phase resets them)
+    phases = res.get("phases", {}).values()
+    res["max_memory_allocated_bytes"] = max([torch.cuda.max_memory_allocated()] + [
+        p.get("torch_max_allocated_bytes", 0) for p in phases])
+    res["max_memory_reserved_bytes"] = max([torch.cuda.max_memory_reserved(),
+                                            res.get("setup_torch_max_reserved_bytes", 0)] + [
+        p.get("torch_max_reserved_bytes", 0) for p in phases])
     res["rss_hwm_bytes"] = tf.read_status_kib("VmHWM") * 1024
     if outputs is None:
         return
