@@ -25,7 +25,12 @@
 #
 # Knobs (environment): TORCH=1 (the Python binding's tests and bench/torch_flux.py, after the
 # GPU tests; TORCH_ONLY=1 stops there, after a `ddo demo`; TORCH_ARGS: its arguments, default
-# --all, "none" for the tests alone), SUITE_BUDGET_S, BENCH_STEPS (5), BENCH_TOKENS (4608), SYNTH_SCALE (1), LAYOUT
+# --all, "none" for the tests alone), PIPE_ARGS (bench/flux_pipeline.py, the whole Diffusers
+# FluxPipeline in 8 GiB, with these arguments, e.g. --all, after its --tiny smoke test unless
+# PIPE_SMOKE=0; the suite stops after it; results pipe.log flux_pipeline_tiny.json
+# flux_pipeline.json; the full run is skipped when the smoke test's resident case failed; do
+# not combine with TORCH=1, which adds two files to the eight),
+# SUITE_BUDGET_S, BENCH_STEPS (5), BENCH_TOKENS (4608), SYNTH_SCALE (1), LAYOUT
 # (data/layouts/flux1-dev.json), WORK (build-gpu/work: the synthetic checkpoint),
 # SKIP_SANITIZER=1, SKIP_TESTS=1, DEPS_DIR (.deps: *.deb build dependencies to unpack
 # into /tmp/ddo-deps when the image lacks them; see docs/cuda.md).
@@ -202,6 +207,39 @@ if [ "${TORCH:-0}" = 1 ]; then
         tail -n 40 "$OUT/torch.log"
         exit $STATUS
     fi
+fi
+
+# ---- 4c. the whole Diffusers pipeline in 8 GiB (PIPE_ARGS; the suite stops after it) ------
+# bench/flux_pipeline.py: a Diffusers FluxPipeline with Flux.1-dev's configurations and random
+# weights; ddo phase-staged against Diffusers' offload modes, each case a fresh process. First
+# its --tiny smoke test (every code path at toy size), then the cases of PIPE_ARGS in what is
+# left of the budget.
+if [ -n "${PIPE_ARGS:-}" ]; then
+    export PYTHONPATH="$ROOT/python:$ROOT/.devbench/src:${PYTHONPATH:-}" DDO_LIBRARY="$BUILD/libddo.so" \
+        DDO_BIN="$DDO"
+    if [ "${PIPE_SMOKE:-1}" = 1 ]; then
+        step "flux_pipeline.py --tiny" 150 "$OUT/pipe.log" python3 "$ROOT/bench/flux_pipeline.py" \
+            --all --tiny --in-process --deadline-s 130 --min-case-s 10 \
+            --workdir "$BUILD/flux_pipeline_tiny" --out "$OUT/flux_pipeline_tiny.json" || STATUS=1
+    fi
+    # A smoke test whose resident case failed (imports, the pipeline itself) would fail every
+    # full-size case the same way, a minute each: then the full run is skipped.
+    if [ "${PIPE_SMOKE:-1}" = 1 ] && ! python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))["cases"].get("resident", {})
+sys.exit(0 if r.get("total_s") is not None and "error" not in r else 1)' \
+        "$OUT/flux_pipeline_tiny.json" >>"$OUT/pipe.log" 2>&1; then
+        say "SKIPPED flux_pipeline.py: the smoke test's resident case failed (see pipe.log)"
+        STATUS=1
+    else
+        left_s=$(($(left) - 25))
+        step "flux_pipeline.py" "$left_s" "$OUT/pipe.log" python3 "$ROOT/bench/flux_pipeline.py" \
+            $PIPE_ARGS --deadline-s $((left_s - 20)) --workdir "$BUILD/flux_pipeline" \
+            --out "$OUT/flux_pipeline.json" || STATUS=1
+    fi
+    [ $STATUS -eq 0 ] && say "ok suite" || say "FAILED suite: see the lines above"
+    summary
+    tail -n 70 "$OUT/pipe.log"
+    exit $STATUS
 fi
 
 # ---- 5. the full-size checkpoint ----------------------------------------------------

@@ -404,6 +404,18 @@ typedef struct ddo_component_policy {
 DDO_API int ddo_config_component_policy(const ddo_config *cfg, const char *component,
                                         const char *explicit_route, bool quantized_backend,
                                         ddo_component_policy *out);
+/* As ddo_config_component_policy, for a host that knows whether its caller gave an explicit
+ * configuration or runtime overrides (the Python enable_offload's config= fields and keyword
+ * overrides) and no policy arguments: then overrides_given is true, and the seed's VAE rule
+ * applies: a VAE whose route comes from the preset (route_source names "preset:", directly or
+ * under auto) is not given the preset's VAE route; it routes "dynamic_offload" when the settings
+ * are enabled, else "none", with route_source "explicit config/overrides bypass the preset's VAE
+ * route". An explicit route, an API policy and the environment are never bypassed. Errors as
+ * ddo_config_component_policy (those of the preset's route come first). */
+DDO_API int ddo_config_component_policy_with_overrides(const ddo_config *cfg, const char *component,
+                                                       const char *explicit_route,
+                                                       bool quantized_backend, bool overrides_given,
+                                                       ddo_component_policy *out);
 /* Shorthand: the component's route (static string). */
 DDO_API int ddo_config_component_route(const ddo_config *cfg, const char *component,
                                        const char **route);

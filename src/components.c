@@ -1,8 +1,9 @@
 /*
  * components.c - per-component routes (text_encoder, transformer, vae, ...):
  * API policies, DDO_<COMPONENT>_* and the DDO_RUNNER_<COMPONENT>_* alias,
- * preset component data, and the routing decision of upstream enable_offload
- * (ddo-upstream.md section 1.3).
+ * preset component data, the routing decision of upstream enable_offload
+ * (ddo-upstream.md section 1.3) and the seed's VAE rule (explicit host
+ * overrides bypass a preset's VAE route).
  */
 #include "config_priv.h"
 
@@ -195,6 +196,12 @@ static const char *route_word(const ddo_config *cfg, const char *comp, const cha
     return word;
 }
 
+/* The settings are enabled (ddo_config_settings): a plan, or an execution mode other than plan. */
+static bool settings_enabled(const ddo_config *cfg)
+{
+    return cfg->opt.plan || strcmp(cfg->opt.execution_mode, "plan") != 0;
+}
+
 /* Resolves the "auto" route of comp from its settings; records the reason in p. */
 static const char *auto_route(const ddo_config *cfg, const char *comp, bool quantized_backend,
                               ddo_component_policy *p)
@@ -203,8 +210,7 @@ static const char *auto_route(const ddo_config *cfg, const char *comp, bool quan
     const char *gv = lookup(cfg, comp, "group_offload", gsrc, sizeof(gsrc));
     const char *dv = lookup(cfg, comp, "dynamic_offload", dsrc, sizeof(dsrc));
     bool group = ddo__config_env_bool(gv != NULL ? gv : "0");
-    bool enabled = cfg->opt.plan || strcmp(cfg->opt.execution_mode, "plan") != 0;
-    bool dynamic = dv != NULL ? ddo__config_env_bool(dv) : enabled;
+    bool dynamic = dv != NULL ? ddo__config_env_bool(dv) : settings_enabled(cfg);
     if (group || (quantized_backend && dynamic)) {
         snprintf(p->route_source, sizeof(p->route_source), "auto: %s",
                  group ? gsrc : "quantized backend");
@@ -262,16 +268,12 @@ static int group_policy(const ddo_config *cfg, ddo__errbuf *eb, const char *comp
     return 0;
 }
 
-int ddo_config_component_policy(const ddo_config *cfg, const char *component,
-                                const char *explicit_route, bool quantized_backend,
-                                ddo_component_policy *out)
+/* The policy of the normalised component comp (ddo_config_component_policy). */
+static int resolve_policy(const ddo_config *cfg, const char *comp, const char *explicit_route,
+                          bool quantized_backend, ddo_component_policy *out)
 {
-    if (cfg == NULL || out == NULL)
-        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
-                         "ddo_config_component_policy: NULL argument");
     ddo__errbuf *eb = (ddo__errbuf *)&cfg->err;
-    char comp[96], q[128];
-    normalize_component(component, comp, sizeof(comp));
+    char q[128];
     ddo_component_policy p;
     memset(&p, 0, sizeof(p));
     const char *word = route_word(cfg, comp, explicit_route, &p);
@@ -307,6 +309,47 @@ int ddo_config_component_policy(const ddo_config *cfg, const char *component,
         p.unit_granularity = cfg->opt.unit_granularity;
     } else {
         p.unit_granularity = "";
+    }
+    *out = p;
+    return 0;
+}
+
+int ddo_config_component_policy(const ddo_config *cfg, const char *component,
+                                const char *explicit_route, bool quantized_backend,
+                                ddo_component_policy *out)
+{
+    if (cfg == NULL || out == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo_config_component_policy: NULL argument");
+    char comp[96];
+    normalize_component(component, comp, sizeof(comp));
+    return resolve_policy(cfg, comp, explicit_route, quantized_backend, out);
+}
+
+int ddo_config_component_policy_with_overrides(const ddo_config *cfg, const char *component,
+                                               const char *explicit_route, bool quantized_backend,
+                                               bool overrides_given, ddo_component_policy *out)
+{
+    if (cfg == NULL || out == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo_config_component_policy_with_overrides: NULL argument");
+    char comp[96];
+    normalize_component(component, comp, sizeof(comp));
+    ddo_component_policy p;
+    int rc = resolve_policy(cfg, comp, explicit_route, quantized_backend, &p);
+    if (rc != 0)
+        return rc;
+    /* The seed's VAE policy: a host's explicit config or overrides bypass the preset's VAE
+     * route (it is not silently replaced with leaf offload); the VAE then routes as it would
+     * without that preset entry. A route from the environment or an API policy stays. */
+    if (overrides_given && explicit_route == NULL && strcmp(comp, "VAE") == 0 &&
+        strstr(p.route_source, "preset:") != NULL) {
+        const char *fallback = settings_enabled(cfg) ? "dynamic_offload" : "none";
+        rc = resolve_policy(cfg, comp, fallback, quantized_backend, &p);
+        if (rc != 0)
+            return rc;
+        snprintf(p.route_source, sizeof(p.route_source),
+                 "explicit config/overrides bypass the preset's VAE route");
     }
     *out = p;
     return 0;

@@ -456,6 +456,11 @@ static const char *const md_tail[] = {
     "VAE policy: under `auto`, `one_shot_fast`, `low_ram_safe` and `vmm_fast_runtime` route the "
     "VAE to leaf offload without a stream; `warm_process`, `wsl_compat` and `nvme_baseline` "
     "keep the VAE resident (`none`); `off` leaves it unmanaged.\n\n",
+    "A host's explicit configuration or runtime overrides (the Python `enable_offload`'s "
+    "`config=` fields and keyword overrides, given without policy arguments; "
+    "`ddo_config_component_policy_with_overrides`) bypass a preset's VAE route: the VAE then "
+    "routes `dynamic_offload` when the settings are enabled, else `none`. A VAE route from an "
+    "explicit route argument, an API policy or the environment is kept.\n\n",
     "## Numbers\n\n"
     "A number is decimal: an optional sign, digits with an optional point, an optional "
     "exponent (`0.5`, `+.5`, `1e3`, `1E+1`); integer options take digits only. Leading or "

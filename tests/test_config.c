@@ -977,6 +977,81 @@ static void test_component_lookup_order(void)
     ddo_config_destroy(c);
 }
 
+/* The seed's VAE rule: a host's explicit config or overrides bypass a preset's VAE route. */
+static void test_component_vae_overrides(void)
+{
+    static const char bypass[] = "explicit config/overrides bypass the preset's VAE route";
+    const char *e1[] = { "DDO_PRESET=one_shot_fast", NULL };
+    ddo_config *c = env_cfg(e1);
+    T_REQUIRE(c != NULL);
+    ddo_component_policy p;
+    /* Without overrides the preset's leaf offload without a stream stays. */
+    T_EQ_INT(ddo_config_component_policy_with_overrides(c, "vae", NULL, false, false, &p), 0);
+    T_EQ_STR(p.route, "diffusers_group_offload");
+    T_EQ_STR(p.route_source, "auto: preset:one_shot_fast");
+    T_CHECK(!p.use_stream);
+    /* With them the VAE routes as without that preset entry: dynamic (settings enabled). */
+    T_EQ_INT(ddo_config_component_policy_with_overrides(c, "__Vae__", NULL, false, true, &p), 0);
+    T_EQ_STR(p.route, "dynamic_offload");
+    T_EQ_STR(p.route_source, bypass);
+    T_EQ_STR(p.unit_granularity, "block");
+    /* Another component, or an explicit route, is never bypassed. */
+    T_EQ_INT(ddo_config_component_policy_with_overrides(c, "text_encoder", NULL, false, true, &p),
+             0);
+    T_EQ_STR(p.route, "diffusers_group_offload");
+    T_EQ_STR(p.route_source, "auto: preset:one_shot_fast");
+    T_EQ_INT(ddo_config_component_policy_with_overrides(c, "vae", "group", false, true, &p), 0);
+    T_EQ_STR(p.route, "diffusers_group_offload");
+    T_EQ_STR(p.route_source, "argument");
+    /* The plain call is the same as without overrides. */
+    T_EQ_INT(ddo_config_component_policy(c, "vae", NULL, false, &p), 0);
+    T_EQ_STR(p.route, "diffusers_group_offload");
+    /* An API policy is kept. */
+    T_EQ_INT(ddo_config_set_component_policy(c, "vae", "route", "none"), 0);
+    T_EQ_INT(ddo_config_component_policy_with_overrides(c, "vae", NULL, false, true, &p), 0);
+    T_EQ_STR(p.route, "none");
+    T_EQ_STR(p.route_source, "api");
+    ddo_config_destroy(c);
+    /* A preset's explicit VAE route is bypassed too; one from the environment is kept. */
+    const char *e2[] = { "DDO_PRESET=wsl_compat", NULL };
+    c = env_cfg(e2);
+    T_REQUIRE(c != NULL);
+    T_EQ_INT(ddo_config_component_policy_with_overrides(c, "vae", NULL, false, false, &p), 0);
+    T_EQ_STR(p.route, "none");
+    T_EQ_STR(p.route_source, "preset:wsl_compat");
+    T_EQ_INT(ddo_config_component_policy_with_overrides(c, "vae", NULL, false, true, &p), 0);
+    T_EQ_STR(p.route, "dynamic_offload");
+    T_EQ_STR(p.route_source, bypass);
+    ddo_config_destroy(c);
+    const char *e3[] = { "DDO_PRESET=wsl_compat", "DDO_VAE_ROUTE=group", NULL };
+    c = env_cfg(e3);
+    T_REQUIRE(c != NULL);
+    T_EQ_INT(ddo_config_component_policy_with_overrides(c, "vae", NULL, false, true, &p), 0);
+    T_EQ_STR(p.route, "diffusers_group_offload");
+    T_EQ_STR(p.route_source, "env:DDO_VAE_ROUTE");
+    ddo_config_destroy(c);
+    /* Settings disabled (plan mode): the bypassed VAE is unmanaged. */
+    const char *e4[] = { "DDO_PRESET=one_shot_fast", "DDO_EXECUTION_MODE=plan", NULL };
+    c = env_cfg(e4);
+    T_REQUIRE(c != NULL);
+    T_EQ_INT(ddo_config_component_policy_with_overrides(c, "vae", NULL, false, true, &p), 0);
+    T_EQ_STR(p.route, "none");
+    T_EQ_STR(p.route_source, bypass);
+    T_EQ_STR(p.unit_granularity, "");
+    /* The preset's route is resolved first: its errors come before the bypass. */
+    T_EQ_INT(ddo_config_set(c, "build_profile", "1"), 0);
+    T_EQ_INT(ddo_config_component_policy_with_overrides(c, "vae", NULL, false, true, &p),
+             DDO_E_CONFIG);
+    T_EQ_STR(ddo_config_error(c), "component VAE: Profile calibration requires the "
+                                  "dynamic_offload route (build_profile=true, route "
+                                  "diffusers_group_offload)");
+    T_EQ_INT(ddo_config_component_policy_with_overrides(c, "vae", NULL, false, true, NULL),
+             DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo_config_component_policy_with_overrides(NULL, "vae", NULL, false, true, &p),
+             DDO_E_INVALID_ARGUMENT);
+    ddo_config_destroy(c);
+}
+
 static void test_use_environment_false(void)
 {
     ddo_config *c = new_cfg();
@@ -1088,6 +1163,7 @@ int main(void)
     T_RUN(test_quote);
     T_RUN(test_component_names_and_aliases);
     T_RUN(test_component_lookup_order);
+    T_RUN(test_component_vae_overrides);
     T_RUN(test_use_environment_false);
     T_RUN(test_json);
     T_RUN(test_describe);

@@ -227,6 +227,8 @@ FUNCTIONS = {
                                            c_size_t]),
     "ddo_config_component_policy": (c_int, [P, c_char_p, c_char_p, c_bool,
                                             ctypes.POINTER(ComponentPolicy)]),
+    "ddo_config_component_policy_with_overrides": (
+        c_int, [P, c_char_p, c_char_p, c_bool, c_bool, ctypes.POINTER(ComponentPolicy)]),
     "ddo_host_info_get": (c_int, [ctypes.POINTER(HostInfo)]),
     "ddo_purge_standby": (c_int, [P, c_char_p, c_int, PCHARP, ctypes.POINTER(PurgeResult)]),
     # Capacity profiles.

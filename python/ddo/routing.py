@@ -149,11 +149,13 @@ def _remove_group_hooks(module):
                 pass
 
 
-def _policy(cfg, component, route, quantized):
+def _policy(cfg, component, route, quantized, overrides_given=False):
+    """The library's policy (ddo_config_component_policy_with_overrides: overrides_given says
+    the caller gave an explicit config or runtime overrides, for the seed's VAE rule)."""
     p = _lib.ComponentPolicy()
-    rc = _native.lib().ddo_config_component_policy(
+    rc = _native.lib().ddo_config_component_policy_with_overrides(
         cfg.h, component.encode(), route.encode() if route is not None else None,
-        bool(quantized), ctypes.byref(p))
+        bool(quantized), bool(overrides_given), ctypes.byref(p))
     if rc != 0:
         detail = _native.lib().ddo_config_error(cfg.h).decode(errors="replace")
         if "Profile calibration requires the dynamic_offload route" in detail:
@@ -165,25 +167,6 @@ def _policy(cfg, component, route, quantized):
             "use_stream": bool(p.use_stream), "record_stream": bool(p.record_stream),
             "low_cpu_mem_usage": bool(p.low_cpu_mem_usage),
             "num_blocks_per_group": int(p.num_blocks_per_group)}
-
-
-def _norm(component):
-    """The library's component normalisation (for comparisons only; the library resolves)."""
-    out, run = [], False
-    for ch in str(component).upper():
-        if ch.isascii() and ch.isalnum():
-            out.append(ch)
-            run = False
-        elif not run:
-            out.append("_")
-            run = True
-    return "".join(out).strip("_") or "MODEL"
-
-
-def st_enabled(cfg):
-    s = _lib.Settings()
-    _native.check(_native.lib().ddo_config_settings(cfg.h, ctypes.byref(s)))
-    return bool(s.enabled)
 
 
 def _explicit_policy_args(group_offload, dynamic_offload, offload_type, use_stream,
@@ -228,16 +211,10 @@ def resolve_route(module, preset="auto", *, component="model", route=None, setti
     quant = quantized_backend
     if quant is None:
         quant = bool(detect_quantized_backend_modules(module))
-    pol = _policy(cfg, component, route, quant)
-    # The seed's VAE policy: an explicit config or runtime overrides bypass the preset's VAE
-    # route fallback (they are not silently replaced with leaf offload): the component then
-    # routes as it would without that preset entry.
-    given = (config is not None and bool(config.explicit())) or bool(kw)
-    if route is None and given and not explicit and \
-            _norm(component) == "VAE" and "preset:" in pol["route_source"]:
-        fallback = "dynamic_offload" if st_enabled(cfg) else "none"
-        pol = _policy(cfg, component, fallback, quant)
-        pol["route_source"] = "explicit config/overrides bypass the preset's VAE route"
+    # The seed's VAE policy (the library's rule): an explicit config or runtime overrides,
+    # without policy arguments, bypass the preset's VAE route.
+    given = ((config is not None and bool(config.explicit())) or bool(kw)) and not explicit
+    pol = _policy(cfg, component, route, quant, overrides_given=given)
     return pol, cfg, DynamicOffloadSettings(cfg, merged)
 
 
