@@ -18,6 +18,23 @@
  *
  * Thread-safety: unless a comment says otherwise, one thread at a time per
  * handle; distinct handles may be used from distinct threads.
+ *
+ * Structs that grow (the ABI rule). Every struct the caller fills for the library —
+ * ddo_device_options with its per-device blocks ddo_cpu_options and ddo_cuda_options,
+ * ddo_plan_inputs, ddo_session_options, ddo_setup_options, ddo_profile_calibration — starts
+ * with `size_t size`: the caller sets it to sizeof the struct as its own ddo.h declares it,
+ * by initialising with the struct's DDO_<NAME>_INIT macro (which zeroes every other field),
+ * e.g. `ddo_session_options o = DDO_SESSION_OPTIONS_INIT;`; a binding sets the size of its
+ * own mirror. The library reads the fields that lie wholly within size and gives every field
+ * past it its default, which is always the field's zero value; so a program built against an
+ * older ddo.h keeps working when fields are added (they are only ever added at the end, past
+ * the previous sizeof). A size below sizeof(size_t), above the library's own sizeof (a program
+ * built against a newer ddo.h) or not a multiple of the alignment of size_t is refused with
+ * DDO_E_INVALID_ARGUMENT naming the struct. Where the library writes such a struct
+ * (ddo_plan_inputs_get, ddo_setup_plan_inputs, ddo_setup_profile_record), it writes only the
+ * fields within the caller's size. ddo_struct_size reports the library's sizes. Structs the
+ * library fills for the caller (ddo_device_caps, ddo_unit_info, ...) or returns pointers to
+ * keep their layout within a minor version.
  */
 #ifndef DDO_H
 #define DDO_H
@@ -50,6 +67,9 @@ extern "C" {
 #define DDO_VERSION_PATCH  0
 #define DDO_VERSION_NUMBER (DDO_VERSION_MAJOR * 10000 + DDO_VERSION_MINOR * 100 + DDO_VERSION_PATCH)
 #define DDO_VERSION_STRING "0.1.0"
+
+/* The initialiser of a struct that grows (see above): its size set, every other field zero. */
+#define DDO_STRUCT_INIT(type) { .size = sizeof(type) }
 
 /* The library's version, "MAJOR.MINOR.PATCH"; never NULL. */
 DDO_API const char *ddo_version_string(void);
@@ -434,30 +454,43 @@ typedef struct ddo_device_caps {
 } ddo_device_caps;
 
 /* Options of the cpu device (ignored by cuda). Zero means "unthrottled" / defaults. */
+typedef struct ddo_cpu_options {
+    size_t size;              /* DDO_CPU_OPTIONS_INIT */
+    uint64_t memory_bytes;    /* the "device" size; 0 = 64 GiB */
+    size_t granularity;       /* 0 = 2 MiB */
+    double bytes_per_s;       /* copy throttle; 0 = unthrottled */
+    uint64_t copy_latency_ns; /* added per copy */
+    double flops_per_s;       /* reference host compute throttle; 0 = as fast as it runs */
+} ddo_cpu_options;
+#define DDO_CPU_OPTIONS_INIT DDO_STRUCT_INIT(ddo_cpu_options)
+
+/* Options of the cuda device (ignored by cpu). */
+typedef struct ddo_cuda_options {
+    size_t size;              /* DDO_CUDA_OPTIONS_INIT */
+    const char *library_path; /* explicit libcuda path (bootstrap order: this, then
+                                 DDO_VMM_LIBRARY_PATH passed by the host, then discovery) */
+    const char *library_env;  /* the value of DDO_VMM_LIBRARY_PATH, if the host honours it */
+} ddo_cuda_options;
+#define DDO_CUDA_OPTIONS_INIT DDO_STRUCT_INIT(ddo_cuda_options)
+
+/* Options of ddo_device_create: one block per kind of device (NULL = that device's defaults),
+ * so a new kind of device adds a block and never moves another's fields. The blocks are read
+ * during the call only. */
 typedef struct ddo_device_options {
-    uint64_t cpu_memory_bytes;     /* the "device" size; 0 = 64 GiB */
-    size_t cpu_granularity;        /* 0 = 2 MiB */
-    double cpu_bytes_per_s;        /* copy throttle; 0 = unthrottled */
-    uint64_t cpu_copy_latency_ns;  /* added per copy */
-    double cpu_flops_per_s;        /* reference host compute throttle; 0 = as fast as it runs */
-    const char *cuda_library_path; /* explicit libcuda path (bootstrap order: this, then
-                                      DDO_VMM_LIBRARY_PATH passed by the host, then discovery) */
-    const char *cuda_library_env;  /* the value of DDO_VMM_LIBRARY_PATH, if the host honours it */
+    size_t size;                  /* DDO_DEVICE_OPTIONS_INIT */
+    const ddo_cpu_options *cpu;   /* the cpu device's options */
+    const ddo_cuda_options *cuda; /* the cuda device's options */
 } ddo_device_options;
+#define DDO_DEVICE_OPTIONS_INIT DDO_STRUCT_INIT(ddo_device_options)
 
 /*
- * Opens the device named by spec: "cpu", "cuda", "cuda:N". A cuda device
- * without a driver fails with DDO_E_NO_DEVICE ("no CUDA driver: ...").
+ * Opens the device named by spec: "cpu", "cuda", "cuda:N". opts may be NULL (defaults); every
+ * block it gives is checked (the ABI rule above), also the one the device ignores.
+ * Errors: DDO_E_INVALID_ARGUMENT (unknown spec, a struct's size), DDO_E_NO_DEVICE (no CUDA
+ * driver, no such GPU, a build without CUDA: "no CUDA driver: ..."), DDO_E_CONFIG (cpu options
+ * out of range), DDO_E_DEVICE, DDO_E_NO_MEMORY.
  */
 DDO_API int ddo_device_create(const char *spec, const ddo_device_options *opts, ddo_device **out);
-/*
- * Opens the device the configuration's execution_device names. When that is the default
- * (cuda:0, source "default") and no CUDA device answers, opens the cpu device instead and
- * writes why into note (may be NULL); a cuda device asked for explicitly is never replaced.
- * Errors: those of ddo_device_create.
- */
-DDO_API int ddo_device_create_from_config(const ddo_config *cfg, const ddo_device_options *opts,
-                                          ddo_device **out, char *note, size_t note_len);
 DDO_API void ddo_device_destroy(ddo_device *dev);
 DDO_API int ddo_device_caps_get(ddo_device *dev, ddo_device_caps *out);
 /* A stream for host work (priority 0 = normal; the copy stream is below). */
@@ -514,6 +547,7 @@ typedef struct ddo_plan ddo_plan;
 
 /* What the planner knows about the machine. Zero fields mean "unknown". */
 typedef struct ddo_plan_inputs {
+    size_t size;                 /* DDO_PLAN_INPUTS_INIT */
     uint64_t device_total_bytes; /* device memory; 0 = no device limit known */
     uint64_t device_free_bytes;
     size_t device_granularity; /* 0 = 2 MiB */
@@ -524,6 +558,7 @@ typedef struct ddo_plan_inputs {
     double flops_per_s;
     uint64_t tokens; /* activation rows for the cost model; 0 = 4096 */
 } ddo_plan_inputs;
+#define DDO_PLAN_INPUTS_INIT DDO_STRUCT_INIT(ddo_plan_inputs)
 
 typedef enum ddo_placement {
     DDO_PLACEMENT_RESIDENT,
@@ -641,6 +676,7 @@ typedef struct ddo_metrics ddo_metrics;
 typedef void (*ddo_progress_fn)(void *user, const char *phase, uint64_t done, uint64_t total);
 
 typedef struct ddo_session_options {
+    size_t size; /* DDO_SESSION_OPTIONS_INIT */
     ddo_progress_fn progress;
     void *progress_user;
     /* The configuration the plan was built from (borrowed during create only; may be
@@ -658,6 +694,7 @@ typedef struct ddo_session_options {
                   uint64_t bytes);
     void *trace_user;
 } ddo_session_options;
+#define DDO_SESSION_OPTIONS_INIT DDO_STRUCT_INIT(ddo_session_options)
 
 /*
  * Creates a session executing plan on dev, reading bytes from ck. Allocates
@@ -773,13 +810,9 @@ typedef struct ddo_host_info {
     bool running_on_wsl;          /* from the kernel release (or /proc/version) */
     char kernel_release[128];
 } ddo_host_info;
+/* This machine's RAM, cgroup limit, WSL and kernel release. Errors: DDO_E_INVALID_ARGUMENT
+ * (out is NULL). */
 DDO_API int ddo_host_info_get(ddo_host_info *out);
-/*
- * Plan inputs from what dev reports (memory, granularity, VMM, measured bus and compute
- * figures when the device has them) and from this machine (available RAM): what a host passes
- * to ddo_plan_build. Errors: DDO_E_INVALID_ARGUMENT, DDO_E_DEVICE.
- */
-DDO_API int ddo_plan_inputs_get(ddo_device *dev, ddo_plan_inputs *out);
 
 /* What a standby purge did for a phase (the seed's maybe_purge_windows_standby_cache). */
 typedef struct ddo_purge_result {
@@ -908,6 +941,159 @@ typedef struct ddo_profile_measured {
 DDO_API int ddo_profile_apply(ddo_config *cfg, const char *dir, const char *context_json,
                               ddo_profile_status *status, double *budget_gb,
                               ddo_profile_measured *measured);
+
+/* ------------------------------------------------------------------------ */
+/* Host layer: from a configuration to a running setup (docs/host.md)        */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * The policy every host would otherwise repeat, in one place: which device the configuration
+ * names and what stands in for it, which read backend a checkpoint is opened with, the plan
+ * inputs from the device and this machine, and the workload profile applied before planning
+ * and recorded after a calibration. A host validates its configuration, opens a ddo_setup,
+ * opens checkpoints with ddo_checkpoint_create_from_config, plans with ddo_setup_plan and runs
+ * the plan with ddo_session_create on ddo_setup_device. The functions below ddo_setup are
+ * usable on their own.
+ */
+
+/*
+ * Opens the device the configuration's execution_device names. When that is the default
+ * (cuda:0, source "default") and no CUDA device answers (DDO_E_NO_DEVICE), opens the cpu
+ * device instead and writes why into note (may be NULL): "no CUDA device (DETAIL); using the
+ * cpu device". A cuda device asked for explicitly (any other source) is never replaced: its
+ * failure is returned with the device's detail. Errors: DDO_E_INVALID_ARGUMENT (cfg or out is
+ * NULL), those of ddo_device_create.
+ */
+DDO_API int ddo_device_create_from_config(const ddo_config *cfg, const ddo_device_options *opts,
+                                          ddo_device **out, char *note, size_t note_len);
+/*
+ * Opens path (ddo_checkpoint_create) with the read backend cfg's load_safetensors_backend
+ * names: "mmap" DDO_READ_MMAP, "pread" DDO_READ_PREAD, anything else the default.
+ * Errors: DDO_E_INVALID_ARGUMENT (cfg is NULL), those of ddo_checkpoint_create.
+ */
+DDO_API int ddo_checkpoint_create_from_config(const char *path, const ddo_config *cfg,
+                                              ddo_checkpoint **out);
+/*
+ * Plan inputs from a device's capabilities (memory, granularity, VMM, cpu or not, and the bus
+ * and compute rates it reports: the cpu device's throttles; 0 on cuda) and from this machine
+ * (available RAM); caps NULL: no device known (its fields 0). tokens is left 0. Writes the
+ * fields within out->size (the ABI rule). Errors: DDO_E_INVALID_ARGUMENT (out NULL, its size).
+ */
+DDO_API int ddo_plan_inputs_from_caps(const ddo_device_caps *caps, ddo_plan_inputs *out);
+/* ddo_plan_inputs_from_caps of what dev reports now. Errors: DDO_E_INVALID_ARGUMENT (dev or
+ * out NULL, out's size), the errors of ddo_device_caps_get. */
+DDO_API int ddo_plan_inputs_get(ddo_device *dev, ddo_plan_inputs *out);
+
+/* A device (or none) with what a host knows about it and this machine: see ddo_setup_create. */
+typedef struct ddo_setup ddo_setup;
+
+/* Which device a setup opens. */
+typedef enum ddo_device_choice {
+    DDO_DEVICE_CHOICE_AUTO,  /* execution_device, the default cuda:0 replaced by cpu when no CUDA
+                               device answers (ddo_device_create_from_config) */
+    DDO_DEVICE_CHOICE_EXACT, /* execution_device exactly: when it does not open, neither does
+                               the setup */
+    DDO_DEVICE_CHOICE_NONE   /* no device: plans for this machine's facts and the figures the
+                               caller gives (what-if planning) */
+} ddo_device_choice;
+
+typedef struct ddo_setup_options {
+    size_t size;                              /* DDO_SETUP_OPTIONS_INIT */
+    ddo_device_choice device;                 /* 0 = DDO_DEVICE_CHOICE_AUTO */
+    const ddo_device_options *device_options; /* the device's options; NULL = defaults */
+    /* The host's environment block ("NAME=VALUE", NULL-terminated; pass environ), of which
+     * only DDO_PROFILE_DIR and HOME are read, for the profile directory (ddo_profile_dir).
+     * NULL = neither is set. */
+    const char *const *envp;
+} ddo_setup_options;
+#define DDO_SETUP_OPTIONS_INIT DDO_STRUCT_INIT(ddo_setup_options)
+
+/*
+ * Opens a setup for the validated configuration cfg (read during the call only; may be NULL
+ * with DDO_DEVICE_CHOICE_NONE): the device that opts->device asks for. opts may be NULL (AUTO,
+ * default device options, no environment). On failure *out is NULL and ddo_last_error() holds
+ * the device's detail. Errors: DDO_E_INVALID_ARGUMENT (out NULL, cfg NULL with a device, a
+ * struct's size, an unknown opts->device), DDO_E_NO_MEMORY, those of ddo_device_create.
+ */
+DDO_API int ddo_setup_create(const ddo_config *cfg, const ddo_setup_options *opts,
+                             ddo_setup **out);
+/* Destroys the setup and its device (which every session on it must have left). */
+DDO_API void ddo_setup_destroy(ddo_setup *setup);
+/* The setup's device (owned by the setup, valid until destroy), or NULL without one. */
+DDO_API ddo_device *ddo_setup_device(const ddo_setup *setup);
+/* The spec the device was opened with: execution_device as configured, "cpu" after the
+ * default was replaced, "" without a device. Never NULL. */
+DDO_API const char *ddo_setup_device_spec(const ddo_setup *setup);
+/* Why the device is not the one configured (the replacement's one line), else "". */
+DDO_API const char *ddo_setup_note(const ddo_setup *setup);
+/*
+ * What the setup knows for planning, now: ddo_plan_inputs_get of its device (without one:
+ * ddo_plan_inputs_from_caps(NULL)), then, for a bus or compute rate the device does not report,
+ * the rate measured by the profile last applied (ddo_setup_profile_apply). tokens is left 0.
+ * A host that measures a rate itself overrides the field. Writes the fields within out->size.
+ * Errors: DDO_E_INVALID_ARGUMENT (setup or out NULL, out's size), those of
+ * ddo_device_caps_get.
+ */
+DDO_API int ddo_setup_plan_inputs(ddo_setup *setup, ddo_plan_inputs *out);
+/*
+ * Plans ck under cfg for the setup: with inputs NULL, for ddo_setup_plan_inputs; otherwise
+ * for exactly *inputs (a host's edited copy of them). See ddo_plan_build, which this calls.
+ * Errors: DDO_E_INVALID_ARGUMENT (setup NULL, inputs' size), those of ddo_setup_plan_inputs
+ * and ddo_plan_build.
+ */
+DDO_API int ddo_setup_plan(ddo_setup *setup, const ddo_checkpoint *ck, const ddo_config *cfg,
+                           const ddo_plan_inputs *inputs, ddo_plan **out);
+/*
+ * Applies the workload profile cfg names (profile_name, build_profile) for ck to cfg before
+ * planning: ddo_profile_dir (profile_dir, else DDO_PROFILE_DIR, else HOME/.ddo/profiles),
+ * ddo_profile_workload_context(profile_name, ck), for a calibration ddo_profile_check_writable
+ * (so a calibration that could not save is refused before it runs), then ddo_profile_apply.
+ * The setup keeps the directory, the context and whether this is a calibration for
+ * ddo_setup_profile_record, and the measured rates for ddo_setup_plan_inputs. Without a
+ * profile_name: *status DDO_PROFILE_DISABLED, nothing else. status, budget_gb and measured may
+ * be NULL. On DDO_PROFILE_MISSING, ddo_last_error() says why. Errors: DDO_E_INVALID_ARGUMENT
+ * (setup, cfg or ck NULL; no profile directory), DDO_E_CONFIG (build_profile without
+ * profile_name, bad profile options), DDO_E_IO (a calibration's directory not writable),
+ * DDO_E_NO_MEMORY.
+ */
+DDO_API int ddo_setup_profile_apply(ddo_setup *setup, ddo_config *cfg, const ddo_checkpoint *ck,
+                                    ddo_profile_status *status, double *budget_gb,
+                                    ddo_profile_measured *measured);
+/* The profile directory of the last ddo_setup_profile_apply with a profile_name, else "". */
+DDO_API const char *ddo_setup_profile_dir(const ddo_setup *setup);
+
+/* What a calibration run measured (filled by the host), and what ddo_setup_profile_record made
+ * of it (written by the library). */
+typedef struct ddo_profile_calibration {
+    size_t size;                  /* DDO_PROFILE_CALIBRATION_INIT */
+    uint64_t total_bytes;         /* device memory */
+    uint64_t baseline_used_bytes; /* device bytes in use before the session (other users) */
+    uint64_t used_peak_bytes;     /* device bytes in use above the baseline, sampled during it */
+    uint64_t used_end_bytes;      /* above the baseline at the end of the steps */
+    uint64_t weights_peak_bytes;  /* the session's device_weights_peak_bytes */
+    double achieved_bytes_per_s;  /* the session's achieved_bytes_per_s; 0 = unknown */
+    double file_read_bytes_per_s; /* the setup's file read rate; 0 = unknown */
+    double flops_per_s;           /* the host's compute rate; 0 = unknown */
+    /* written by ddo_setup_profile_record */
+    double peak_gb;     /* ddo_profile_peak_gb of the run (nothing held at its start) */
+    double total_gb;    /* total_bytes in GiB */
+    double headroom_gb; /* profile_vram_headroom_gb */
+    double budget_gb;   /* the next run's resident budget */
+} ddo_profile_calibration;
+#define DDO_PROFILE_CALIBRATION_INIT DDO_STRUCT_INIT(ddo_profile_calibration)
+
+/*
+ * After a calibration's steps: records the observation (peak, total, headroom, achieved rate)
+ * and the next run's recommendation (ddo_profile_recommend_resident_budget, with the measured
+ * rates that are known) in the profile of the last ddo_setup_profile_apply, and writes the
+ * results into *cal. *path (may be NULL) receives the profile file (free with ddo_free).
+ * Errors: DDO_E_INVALID_ARGUMENT (setup, cfg or cal NULL, cal's size), DDO_E_STATE (the last
+ * apply was not a calibration), those of ddo_profile_record.
+ */
+DDO_API int ddo_setup_profile_record(ddo_setup *setup, const ddo_config *cfg,
+                                     ddo_profile_calibration *cal, char **path);
+/* The detail of the setup's last failure ("" if none). */
+DDO_API const char *ddo_setup_error(const ddo_setup *setup);
 
 /* ------------------------------------------------------------------------ */
 /* Pipelines: a Diffusers directory described by model_index.json           */
