@@ -94,7 +94,6 @@ int ddo__abi_out(const char *name, const void *src, size_t full, void *dst)
     int rc = caller_size(name, dst, full, &n);
     if (rc != 0)
         return rc;
-    memcpy((char *)dst + sizeof(size_t), (const char *)src + sizeof(size_t),
-           n - sizeof(size_t));
+    memcpy((char *)dst + sizeof(size_t), (const char *)src + sizeof(size_t), n - sizeof(size_t));
     return 0;
 }

@@ -55,8 +55,7 @@ int ddo_device_create_from_config(const ddo_config *cfg, const ddo_device_option
     return rc;
 }
 
-int ddo_checkpoint_create_from_config(const char *path, const ddo_config *cfg,
-                                      ddo_checkpoint **out)
+int ddo_checkpoint_create_from_config(const char *path, const ddo_config *cfg, ddo_checkpoint **out)
 {
     if (out != NULL)
         *out = NULL;
@@ -157,8 +156,8 @@ int ddo_setup_create(const ddo_config *cfg, const ddo_setup_options *opts, ddo_s
     }
     if (o.device != DDO_DEVICE_CHOICE_AUTO && o.device != DDO_DEVICE_CHOICE_EXACT &&
         o.device != DDO_DEVICE_CHOICE_NONE)
-        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
-                         "ddo_setup_create: unknown device choice %d", (int)o.device);
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_setup_create: unknown device choice %d",
+                         (int)o.device);
     ddo_setup *s = ddo__calloc(1, sizeof(*s));
     if (s == NULL || !copy_or_null(env_value(o.envp, "DDO_PROFILE_DIR"), &s->profile_env) ||
         !copy_or_null(env_value(o.envp, "HOME"), &s->home)) {
@@ -310,8 +309,8 @@ int ddo_setup_profile_apply(ddo_setup *setup, ddo_config *cfg, const ddo_checkpo
 }
 
 /* The observation and the recommendation of a calibration (c: its figures and results). */
-static void calibration_json(const ddo_profile_calibration *c, char *obs, size_t obs_len,
-                             char *rec, size_t rec_len)
+static void calibration_json(const ddo_profile_calibration *c, char *obs, size_t obs_len, char *rec,
+                             size_t rec_len)
 {
     snprintf(obs, obs_len,
              "{\"status\":\"success\",\"peak_vram_gb\":%.4f,\"total_vram_gb\":%.4f,"
@@ -320,8 +319,8 @@ static void calibration_json(const ddo_profile_calibration *c, char *obs, size_t
              "\"achieved_bytes_per_s\":%.6g}",
              c->peak_gb, c->total_gb, c->headroom_gb, c->achieved_bytes_per_s);
     /* At most 4 fields of about 40 bytes: rec_len (512) always holds them. */
-    size_t n = (size_t)snprintf(rec, rec_len, "{\"profile_resident_module_budget_gb\":%.4f",
-                                c->budget_gb);
+    size_t n =
+        (size_t)snprintf(rec, rec_len, "{\"profile_resident_module_budget_gb\":%.4f", c->budget_gb);
     if (c->achieved_bytes_per_s > 0)
         n += (size_t)snprintf(rec + n, rec_len - n, ",\"bus_bytes_per_s\":%.6g",
                               c->achieved_bytes_per_s);
@@ -333,8 +332,8 @@ static void calibration_json(const ddo_profile_calibration *c, char *obs, size_t
     snprintf(rec + n, rec_len - n, "}");
 }
 
-int ddo_setup_profile_record(ddo_setup *setup, const ddo_config *cfg,
-                             ddo_profile_calibration *cal, char **path)
+int ddo_setup_profile_record(ddo_setup *setup, const ddo_config *cfg, ddo_profile_calibration *cal,
+                             char **path)
 {
     if (path != NULL)
         *path = NULL;

@@ -479,7 +479,9 @@ static void test_cost_model_and_cost_selection(void)
     ddo_free(json);
     ddo_plan_destroy(p);
 
-    ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs), .bus_bytes_per_s = 1e9, .flops_per_s = 1e12, .tokens = 4096 };
+    ddo_plan_inputs in = {
+        .size = sizeof(ddo_plan_inputs), .bus_bytes_per_s = 1e9, .flops_per_s = 1e12, .tokens = 4096
+    };
     p = build(&tb, cfg, &in, 0);
     T_REQUIRE(p != NULL);
     ddo_unit_info ui;
@@ -539,7 +541,8 @@ static void test_json_schema_and_determinism(void)
     ddo_config *cfg = fx_one_shot_fast();
     T_REQUIRE(cfg != NULL);
     T_EQ_INT(ddo_config_set(cfg, "available_system_ram_gb", "64"), 0);
-    ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs), .device_total_bytes = 24 * fx_gib(1),
+    ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs),
+                           .device_total_bytes = 24 * fx_gib(1),
                            .bus_bytes_per_s = 55e9,
                            .flops_per_s = 790e12 };
     ddo_plan *a = build(&tb, cfg, &in, 0), *b = build(&tb, cfg, &in, 0);
@@ -590,7 +593,8 @@ static void test_speed_3500_tensors(void)
     T_EQ_INT(ddo_config_set(cfg, "available_system_ram_gb", "256"), 0);
     ddo_checkpoint *ck = fx_checkpoint(&tb);
     T_REQUIRE(ck != NULL);
-    ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs), .device_total_bytes = 80 * fx_gib(1),
+    ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs),
+                           .device_total_bytes = 80 * fx_gib(1),
                            .bus_bytes_per_s = 55e9,
                            .flops_per_s = 790e12 };
     double best = 1e9;

@@ -135,8 +135,8 @@ static void test_plan_inputs_and_plan(void)
 
     char path[512];
     ddo_checkpoint *ck = NULL;
-    T_REQUIRE(ddo_checkpoint_create_from_config(
-                  t_data(path, sizeof path, "safetensors/tiny_flux"), cfg, &ck) == 0);
+    T_REQUIRE(ddo_checkpoint_create_from_config(t_data(path, sizeof path, "safetensors/tiny_flux"),
+                                                cfg, &ck) == 0);
     ddo_plan *plan = NULL;
     T_REQUIRE(ddo_setup_plan(s, ck, cfg, NULL, &plan) == 0);
     ddo_plan_budgets b;

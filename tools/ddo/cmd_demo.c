@@ -168,8 +168,7 @@ static int setup_on(const char *spec, ddo_setup **setup)
 
 /* The best device: --device, else cuda:0 when it answers, else cpu. Opens a setup on it into
  * *setup and writes its spec and why it was chosen; -1 after a message when it does not open. */
-static int pick_device(const char *device_arg, char device[64], const char **why,
-                       ddo_setup **setup)
+static int pick_device(const char *device_arg, char device[64], const char **why, ddo_setup **setup)
 {
     *setup = NULL;
     if (device_arg != NULL) {

@@ -212,7 +212,8 @@ static int plan_setup(ddo_config *cfg, const plan_flags *f, ddo_setup **setup, d
     bool device = !is_cpu && f->device_gb < 0.0;
     ddo_setup_options so = DDO_SETUP_OPTIONS_INIT;
     so.device = DDO_DEVICE_CHOICE_EXACT;
-    if (device && ddo_setup_create(cfg, &so, setup) == 0 && ddo_setup_plan_inputs(*setup, in) != 0) {
+    if (device && ddo_setup_create(cfg, &so, setup) == 0 &&
+        ddo_setup_plan_inputs(*setup, in) != 0) {
         ddo_setup_destroy(*setup); /* the device did not answer: plan without its figures */
         *setup = NULL;
     }

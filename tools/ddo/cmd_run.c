@@ -41,7 +41,7 @@ typedef struct run_args {
     bool verify;
     const char *metrics_path;
     bool show_profile;
-    ddo_cpu_options cpu; /* --cpu-gbps, --cpu-gflops, --cpu-memory-gb */
+    ddo_cpu_options cpu;   /* --cpu-gbps, --cpu-gflops, --cpu-memory-gb */
     uint64_t corrupt_step; /* DDO_TEST_CORRUPT: tests only; 0 = off */
 } run_args;
 
