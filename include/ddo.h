@@ -1116,8 +1116,8 @@ typedef struct ddo_setup_options {
     ddo_device_choice device;                 /* 0 = DDO_DEVICE_CHOICE_AUTO */
     const ddo_device_options *device_options; /* the device's options; NULL = defaults */
     /* The host's environment block ("NAME=VALUE", NULL-terminated; pass environ), of which
-     * only DDO_PROFILE_DIR and HOME are read, for the profile directory (ddo_profile_dir).
-     * NULL = neither is set. */
+     * only DDO_PROFILE_DIR and HOME are read (and copied) during create, for the profile
+     * directory (ddo_profile_dir). NULL = neither is set. */
     const char *const *envp;
 } ddo_setup_options;
 #define DDO_SETUP_OPTIONS_INIT DDO_STRUCT_INIT(ddo_setup_options)
