@@ -121,9 +121,10 @@ static int run_case(const char *path, const char *backend, double gbps, size_t s
     ddo_plan *plan = NULL;
     ddo_session *s = NULL;
     ddo_stream *st = NULL;
-    ddo_device_options o;
-    memset(&o, 0, sizeof o);
-    o.cpu_bytes_per_s = gbps * 1e9;
+    ddo_cpu_options o_cpu = DDO_CPU_OPTIONS_INIT;
+    o_cpu.bytes_per_s = gbps * 1e9;
+    ddo_device_options o = DDO_DEVICE_OPTIONS_INIT;
+    o.cpu = &o_cpu;
     char slots_s[32];
     snprintf(slots_s, sizeof slots_s, "%zu", slots);
     int rc = ddo_checkpoint_create(path, DDO_READ_DEFAULT, &ck);
@@ -143,8 +144,7 @@ static int run_case(const char *path, const char *backend, double gbps, size_t s
         rc = ddo_device_create("cpu", &o, &dev);
     if (rc == 0) {
         ddo_device_caps caps;
-        ddo_plan_inputs in;
-        memset(&in, 0, sizeof in);
+        ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
         rc = ddo_device_caps_get(dev, &caps);
         in.device_total_bytes = caps.total_bytes;
         in.device_free_bytes = caps.free_bytes;

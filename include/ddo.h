@@ -8,7 +8,9 @@
  * Conventions (see STYLE.md):
  *   - Every fallible function returns int: 0 or a negative DDO_E_* code.
  *     Out-parameters are written only on success; handles are set to NULL on
- *     failure.
+ *     failure. Its comment lists the codes it returns ("Errors:"); any of them
+ *     may also return DDO_E_INTERNAL, which means a broken invariant of the
+ *     library (a bug to report), and is not listed.
  *   - The one-line detail of the most recent failure is kept on the handle
  *     that failed (ddo_<object>_error()) and, for every call, on the calling
  *     thread (ddo_last_error()), readable until the next failing call.
@@ -18,6 +20,23 @@
  *
  * Thread-safety: unless a comment says otherwise, one thread at a time per
  * handle; distinct handles may be used from distinct threads.
+ *
+ * Structs that grow (the ABI rule). Every struct the caller fills for the library —
+ * ddo_device_options with its per-device blocks ddo_cpu_options and ddo_cuda_options,
+ * ddo_plan_inputs, ddo_session_options, ddo_setup_options, ddo_profile_calibration — starts
+ * with `size_t size`: the caller sets it to sizeof the struct as its own ddo.h declares it,
+ * by initialising with the struct's DDO_<NAME>_INIT macro (which zeroes every other field),
+ * e.g. `ddo_session_options o = DDO_SESSION_OPTIONS_INIT;`; a binding sets the size of its
+ * own mirror. The library reads the fields that lie wholly within size and gives every field
+ * past it its default, which is always the field's zero value; so a program built against an
+ * older ddo.h keeps working when fields are added (they are only ever added at the end, past
+ * the previous sizeof). A size below sizeof(size_t), above the library's own sizeof (a program
+ * built against a newer ddo.h) or not a multiple of the alignment of size_t is refused with
+ * DDO_E_INVALID_ARGUMENT naming the struct. Where the library writes such a struct
+ * (ddo_plan_inputs_get, ddo_setup_plan_inputs, ddo_setup_profile_record), it writes only the
+ * fields within the caller's size. ddo_struct_size reports the library's sizes. Structs the
+ * library fills for the caller (ddo_device_caps, ddo_unit_info, ...) or returns pointers to
+ * keep their layout within a minor version.
  */
 #ifndef DDO_H
 #define DDO_H
@@ -50,6 +69,12 @@ extern "C" {
 #define DDO_VERSION_PATCH  0
 #define DDO_VERSION_NUMBER (DDO_VERSION_MAJOR * 10000 + DDO_VERSION_MINOR * 100 + DDO_VERSION_PATCH)
 #define DDO_VERSION_STRING "0.1.0"
+
+/* The initialiser of a struct that grows (see above): its size set, every other field zero. */
+#define DDO_STRUCT_INIT(type) \
+    {                         \
+        .size = sizeof(type)  \
+    }
 
 /* The library's version, "MAJOR.MINOR.PATCH"; never NULL. */
 DDO_API const char *ddo_version_string(void);
@@ -153,7 +178,8 @@ typedef enum ddo_dtype {
 DDO_API const char *ddo_dtype_name(ddo_dtype dtype);
 /* Bytes per element (1 for BOOL and the F8 types), 0 when out of range. */
 DDO_API size_t ddo_dtype_size(ddo_dtype dtype);
-/* Parses a safetensors dtype name (exact, case-sensitive). DDO_E_NOT_FOUND if unknown. */
+/* Parses a safetensors dtype name (exact, case-sensitive).
+ * Errors: DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_NOT_FOUND (unknown name). */
 DDO_API int ddo_dtype_from_name(const char *name, ddo_dtype *out);
 
 /* ------------------------------------------------------------------------ */
@@ -201,7 +227,11 @@ typedef struct ddo_block_group {
  * Every file is validated strictly before any tensor is used. Tensors are in
  * checkpoint order (file order, then data offset). On failure *out is NULL and
  * ddo_last_error() names the file, the tensor and the rule broken.
- * Errors: DDO_E_INVALID_ARGUMENT, DDO_E_NOT_FOUND, DDO_E_IO, DDO_E_FORMAT,
+ * Errors: DDO_E_INVALID_ARGUMENT (NULL or empty path, unknown backend),
+ * DDO_E_NOT_FOUND (no such file; a directory without a checkpoint), DDO_E_IO,
+ * DDO_E_FORMAT (a malformed file or index, not a regular file), DDO_E_UNSUPPORTED
+ * (a tensor of more than DDO_MAX_DIMS dimensions), DDO_E_OVERFLOW (the tensors'
+ * total exceeds 64 bits), DDO_E_FILE_CHANGED (a file changed while it was read),
  * DDO_E_NO_MEMORY.
  */
 DDO_API int ddo_checkpoint_create(const char *path, ddo_read_backend backend, ddo_checkpoint **out);
@@ -220,6 +250,9 @@ typedef struct ddo_tensor_desc {
  * keeps immutable and alive until the checkpoint is destroyed (a PyTorch host
  * passing its CPU tensors; tests and fuzzers building tables). Names are
  * copied. Duplicate names are rejected.
+ * Errors: DDO_E_INVALID_ARGUMENT (NULL tensors with a count, no name, an unknown dtype,
+ * too many dimensions, elements that do not fill whole bytes, a duplicate name),
+ * DDO_E_OVERFLOW (a size or the total exceeds 64 bits), DDO_E_NO_MEMORY.
  */
 DDO_API int ddo_checkpoint_create_from_memory(const ddo_tensor_desc *tensors, size_t count,
                                               ddo_checkpoint **out);
@@ -229,13 +262,16 @@ DDO_API void ddo_checkpoint_destroy(ddo_checkpoint *ck);
 DDO_API size_t ddo_checkpoint_tensor_count(const ddo_checkpoint *ck);
 /* The i-th tensor; NULL when out of range. Valid until destroy. */
 DDO_API const ddo_tensor_info *ddo_checkpoint_tensor(const ddo_checkpoint *ck, size_t i);
-/* Index of the tensor named name. DDO_E_NOT_FOUND if absent. */
+/* Index of the tensor named name. Errors: DDO_E_INVALID_ARGUMENT (NULL argument),
+ * DDO_E_NOT_FOUND (no such tensor). */
 DDO_API int ddo_checkpoint_find(const ddo_checkpoint *ck, const char *name, size_t *index);
 DDO_API size_t ddo_checkpoint_file_count(const ddo_checkpoint *ck);
 DDO_API const ddo_file_info *ddo_checkpoint_file(const ddo_checkpoint *ck, size_t i);
 DDO_API uint64_t ddo_checkpoint_total_bytes(const ddo_checkpoint *ck);
 /* __metadata__ entries of all files (sharded: the index's "metadata" strings first). */
 DDO_API size_t ddo_checkpoint_metadata_count(const ddo_checkpoint *ck);
+/* Entry i (strings valid until destroy). Errors: DDO_E_INVALID_ARGUMENT (NULL argument, i out of
+ * range). */
 DDO_API int ddo_checkpoint_metadata(const ddo_checkpoint *ck, size_t i, const char **key,
                                     const char **value);
 /* Block groups: outermost numbered groups prefix.N with >= 2 members holding bytes. */
@@ -251,9 +287,11 @@ DDO_API const ddo_block_group *ddo_checkpoint_block_group(const ddo_checkpoint *
  */
 DDO_API int ddo_checkpoint_read(const ddo_checkpoint *ck, size_t i, uint64_t offset, void *dst,
                                 size_t len);
-/* Re-checks every file's identity. DDO_E_FILE_CHANGED names the first changed file. */
+/* Re-checks every file's identity. Errors: DDO_E_INVALID_ARGUMENT (NULL ck),
+ * DDO_E_FILE_CHANGED (naming the first changed file), DDO_E_IO (a file cannot be examined). */
 DDO_API int ddo_checkpoint_check(const ddo_checkpoint *ck);
-/* The checkpoint as JSON (the `ddo inspect --json` document). Free with ddo_free. */
+/* The checkpoint as JSON (the `ddo inspect --json` document). Free with ddo_free.
+ * Errors: DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_NO_MEMORY. */
 DDO_API int ddo_checkpoint_to_json(const ddo_checkpoint *ck, char **json);
 /* The detail of the last failure on this handle ("" if none). */
 DDO_API const char *ddo_checkpoint_error(const ddo_checkpoint *ck);
@@ -286,20 +324,24 @@ typedef struct ddo_config_item {
     const char *help;
 } ddo_config_item;
 
-/* A config holding the dataclass defaults of DynamicOffloadConfig. */
+/* A config holding the dataclass defaults of DynamicOffloadConfig.
+ * Errors: DDO_E_INVALID_ARGUMENT (out is NULL), DDO_E_NO_MEMORY. */
 DDO_API int ddo_config_create(ddo_config **out);
 DDO_API void ddo_config_destroy(ddo_config *cfg);
-/* A deep copy. */
+/* A deep copy. Errors: DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_NO_MEMORY. */
 DDO_API int ddo_config_clone(const ddo_config *cfg, ddo_config **out);
 
 /*
  * Applies a preset for a route family: backend "linear" (or NULL) or "vmm";
  * preset "auto", "one_shot_fast", ..., "nvme_baseline". Values it sets get
- * source "preset:NAME". Unknown names: DDO_E_CONFIG naming DDO_PRESET.
+ * source "preset:NAME". cfg is unchanged on failure.
+ * Errors: DDO_E_INVALID_ARGUMENT (cfg or preset NULL), DDO_E_CONFIG (an unknown backend or
+ * preset, naming DDO_PRESET), DDO_E_NO_MEMORY.
  */
 DDO_API int ddo_config_apply_preset(ddo_config *cfg, const char *backend, const char *preset);
-/* Sets a value from text, source "api". DDO_E_NOT_FOUND for unknown keys, DDO_E_CONFIG for bad
- * values. */
+/* Sets a value from text, source "api"; the typed forms need an option of their type (a boolean;
+ * a number, whole for integer options; finite). Errors: DDO_E_INVALID_ARGUMENT (NULL argument),
+ * DDO_E_NOT_FOUND (unknown key), DDO_E_CONFIG (a bad value or the wrong type), DDO_E_NO_MEMORY. */
 DDO_API int ddo_config_set(ddo_config *cfg, const char *key, const char *value);
 DDO_API int ddo_config_set_bool(ddo_config *cfg, const char *key, bool value);
 DDO_API int ddo_config_set_int(ddo_config *cfg, const char *key, int64_t value);
@@ -307,24 +349,29 @@ DDO_API int ddo_config_set_double(ddo_config *cfg, const char *key, double value
 /*
  * Sets a value that wins over the environment and earlier flags (source "argument"): a host's
  * explicit arguments, such as the overrides of the Python enable_offload, which upstream
- * applies on top of the settings it read from DDO_*. DDO_E_NOT_FOUND for unknown keys (the
- * detail names the nearest key), DDO_E_CONFIG for bad values.
+ * applies on top of the settings it read from DDO_*. Errors: DDO_E_INVALID_ARGUMENT (NULL
+ * argument), DDO_E_NOT_FOUND (unknown key; the detail names the nearest key), DDO_E_CONFIG (a bad
+ * value), DDO_E_NO_MEMORY.
  */
 DDO_API int ddo_config_override(ddo_config *cfg, const char *key, const char *value);
-/* Reads a value (text form valid until the next change of cfg). */
+/* Reads a value (text form valid until the next change of cfg); the typed forms need an option
+ * of their type (get_int also reads booleans as 0/1; get_double integers). Errors:
+ * DDO_E_INVALID_ARGUMENT (NULL argument, the wrong type), DDO_E_NOT_FOUND (unknown key). */
 DDO_API int ddo_config_get(const ddo_config *cfg, const char *key, const char **value);
 DDO_API int ddo_config_get_bool(const ddo_config *cfg, const char *key, bool *value);
 DDO_API int ddo_config_get_int(const ddo_config *cfg, const char *key, int64_t *value);
 DDO_API int ddo_config_get_double(const ddo_config *cfg, const char *key, double *value);
-/* Where the value came from ("default", "preset:one_shot_fast", "env:DDO_X", "flag", "api"). */
+/* Where the value came from ("default", "preset:one_shot_fast", "env:DDO_X", "flag", "api").
+ * Errors: DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_NOT_FOUND (unknown key). */
 DDO_API int ddo_config_source(const ddo_config *cfg, const char *key, const char **source);
 
 /*
  * Applies a NULL-terminated "NAME=VALUE" environment block (pass environ to
  * use the process environment). DDO_PRESET and DDO_BACKEND select the preset
  * first; recognised DDO_* variables then override it (set, even to "", wins).
- * Unknown DDO_* variables produce warnings (see ddo_config_warning_*).
- * Errors: DDO_E_CONFIG naming the variable.
+ * Unknown DDO_* variables produce warnings (see ddo_config_warning_*). cfg is unchanged on
+ * failure. Errors: DDO_E_INVALID_ARGUMENT (cfg is NULL), DDO_E_CONFIG (naming the variable),
+ * DDO_E_NO_MEMORY.
  */
 DDO_API int ddo_config_apply_env(ddo_config *cfg, const char *const *envp);
 
@@ -332,22 +379,27 @@ DDO_API int ddo_config_apply_env(ddo_config *cfg, const char *const *envp);
  * Parses and removes --ddo-* flags from argv (leaving the host's arguments in
  * order, argv[*argc] = NULL). Accepts "--ddo-key value" and "--ddo-key=value";
  * boolean flags may omit the value. --ddo-backend and --ddo-preset select the
- * route. Flags do not merge the environment. Errors: DDO_E_CONFIG.
+ * route. Flags do not merge the environment. cfg and argv are unchanged on failure.
+ * Errors: DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_CONFIG (an unknown flag, a missing or
+ * bad value), DDO_E_NO_MEMORY.
  */
 DDO_API int ddo_config_parse_args(ddo_config *cfg, int *argc, char **argv);
 /* The help text for the --ddo-* flags, generated from the catalog. Static, never NULL. */
 DDO_API const char *ddo_config_flags_help(void);
 
-/* Validates and normalises (clamps ratios, worker counts). DDO_E_CONFIG with a one-line detail. */
+/* Validates and normalises (clamps ratios, worker counts). Errors: DDO_E_INVALID_ARGUMENT (cfg is
+ * NULL), DDO_E_CONFIG (with a one-line detail), DDO_E_NO_MEMORY. */
 DDO_API int ddo_config_validate(ddo_config *cfg);
 
-/* Iterates the catalog with resolved values. */
+/* Iterates the catalog with resolved values (strings valid until cfg changes).
+ * ddo_config_entry errors: DDO_E_INVALID_ARGUMENT (NULL argument, i out of range). */
 DDO_API size_t ddo_config_count(void);
 DDO_API int ddo_config_entry(const ddo_config *cfg, size_t i, ddo_config_item *out);
 /* Warnings gathered while applying the environment (unknown DDO_* variables, ...). */
 DDO_API size_t ddo_config_warning_count(const ddo_config *cfg);
 DDO_API const char *ddo_config_warning(const ddo_config *cfg, size_t i);
-/* The resolved settings (with sources and the settings object) as JSON. Free with ddo_free. */
+/* The resolved settings (with sources and the settings object) as JSON. Free with ddo_free.
+ * Errors: DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_NO_MEMORY. */
 DDO_API int ddo_config_to_json(const ddo_config *cfg, char **json);
 /* Settings object of the seed: requested/effective preset, enabled, plan, pinning, WSL. */
 typedef struct ddo_settings {
@@ -362,6 +414,7 @@ typedef struct ddo_settings {
     bool disable_pin_on_wsl;
     bool running_on_wsl;
 } ddo_settings;
+/* Errors: DDO_E_INVALID_ARGUMENT (NULL argument). */
 DDO_API int ddo_config_settings(const ddo_config *cfg, ddo_settings *out);
 /* Tells the config it runs on WSL (the tool detects it from the kernel release). */
 DDO_API void ddo_config_set_running_on_wsl(ddo_config *cfg, bool running_on_wsl);
@@ -379,12 +432,14 @@ DDO_API const char *ddo_config_error(const ddo_config *cfg);
  * environment only when captured by ddo_config_apply_env with use_environment.
  * Options: route, group_offload, dynamic_offload, offload_stream,
  * offload_record_stream, offload_type, offload_low_cpu_mem_usage,
- * num_blocks_per_group. DDO_E_NOT_FOUND for other names.
+ * num_blocks_per_group. Errors: DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_NOT_FOUND (another
+ * option name), DDO_E_NO_MEMORY.
  */
 DDO_API int ddo_config_set_component_policy(ddo_config *cfg, const char *component,
                                             const char *option, const char *value);
-/* The resolved text of a component option (DDO_E_NOT_FOUND when nothing sets it); source
- * (may be NULL) receives "api", "env:DDO_X", "preset:NAME". Valid until cfg changes. */
+/* The resolved text of a component option; source (may be NULL) receives "api", "env:DDO_X",
+ * "preset:NAME". Valid until cfg changes. Errors: DDO_E_INVALID_ARGUMENT (NULL argument),
+ * DDO_E_NOT_FOUND (an unknown option, or nothing sets it). */
 DDO_API int ddo_config_component_value(const ddo_config *cfg, const char *component,
                                        const char *option, const char **value, char *source,
                                        size_t source_len);
@@ -400,7 +455,8 @@ typedef struct ddo_component_policy {
 } ddo_component_policy;
 /* Resolves a component's route and group options. explicit_route (may be NULL) wins over
  * every policy; quantized_backend routes auto to group offload when dynamic is enabled.
- * Errors: DDO_E_CONFIG (unknown route word, build_profile off the dynamic route). */
+ * Errors: DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_CONFIG (unknown route word, bad group
+ * options, build_profile off the dynamic route). */
 DDO_API int ddo_config_component_policy(const ddo_config *cfg, const char *component,
                                         const char *explicit_route, bool quantized_backend,
                                         ddo_component_policy *out);
@@ -416,12 +472,14 @@ DDO_API int ddo_config_component_policy_with_overrides(const ddo_config *cfg, co
                                                        const char *explicit_route,
                                                        bool quantized_backend, bool overrides_given,
                                                        ddo_component_policy *out);
-/* Shorthand: the component's route (static string). */
+/* Shorthand: the component's route (static string). Errors: those of
+ * ddo_config_component_policy, DDO_E_INVALID_ARGUMENT (route is NULL). */
 DDO_API int ddo_config_component_route(const ddo_config *cfg, const char *component,
                                        const char **route);
 
 /* The catalog, presets, routes and resolution rules as text (`ddo config --list`) or as
- * Markdown (docs/options.md). Free with ddo_free. */
+ * Markdown (docs/options.md). Free with ddo_free. Errors: DDO_E_INVALID_ARGUMENT (text NULL, an
+ * unknown format), DDO_E_NO_MEMORY. */
 typedef enum ddo_config_doc { DDO_CONFIG_DOC_LIST, DDO_CONFIG_DOC_MARKDOWN } ddo_config_doc;
 DDO_API int ddo_config_describe(ddo_config_doc format, char **text);
 
@@ -446,36 +504,53 @@ typedef struct ddo_device_caps {
 } ddo_device_caps;
 
 /* Options of the cpu device (ignored by cuda). Zero means "unthrottled" / defaults. */
+typedef struct ddo_cpu_options {
+    size_t size;              /* DDO_CPU_OPTIONS_INIT */
+    uint64_t memory_bytes;    /* the "device" size; 0 = 64 GiB */
+    size_t granularity;       /* 0 = 2 MiB */
+    double bytes_per_s;       /* copy throttle; 0 = unthrottled */
+    uint64_t copy_latency_ns; /* added per copy */
+    double flops_per_s;       /* reference host compute throttle; 0 = as fast as it runs */
+} ddo_cpu_options;
+#define DDO_CPU_OPTIONS_INIT DDO_STRUCT_INIT(ddo_cpu_options)
+
+/* Options of the cuda device (ignored by cpu). */
+typedef struct ddo_cuda_options {
+    size_t size;              /* DDO_CUDA_OPTIONS_INIT */
+    const char *library_path; /* explicit libcuda path (bootstrap order: this, then
+                                 DDO_VMM_LIBRARY_PATH passed by the host, then discovery) */
+    const char *library_env;  /* the value of DDO_VMM_LIBRARY_PATH, if the host honours it */
+} ddo_cuda_options;
+#define DDO_CUDA_OPTIONS_INIT DDO_STRUCT_INIT(ddo_cuda_options)
+
+/* Options of ddo_device_create: one block per kind of device (NULL = that device's defaults),
+ * so a new kind of device adds a block and never moves another's fields. The blocks are read
+ * during the call only. */
 typedef struct ddo_device_options {
-    uint64_t cpu_memory_bytes;     /* the "device" size; 0 = 64 GiB */
-    size_t cpu_granularity;        /* 0 = 2 MiB */
-    double cpu_bytes_per_s;        /* copy throttle; 0 = unthrottled */
-    uint64_t cpu_copy_latency_ns;  /* added per copy */
-    double cpu_flops_per_s;        /* reference host compute throttle; 0 = as fast as it runs */
-    const char *cuda_library_path; /* explicit libcuda path (bootstrap order: this, then
-                                      DDO_VMM_LIBRARY_PATH passed by the host, then discovery) */
-    const char *cuda_library_env;  /* the value of DDO_VMM_LIBRARY_PATH, if the host honours it */
+    size_t size;                  /* DDO_DEVICE_OPTIONS_INIT */
+    const ddo_cpu_options *cpu;   /* the cpu device's options */
+    const ddo_cuda_options *cuda; /* the cuda device's options */
 } ddo_device_options;
+#define DDO_DEVICE_OPTIONS_INIT DDO_STRUCT_INIT(ddo_device_options)
 
 /*
- * Opens the device named by spec: "cpu", "cuda", "cuda:N". A cuda device
- * without a driver fails with DDO_E_NO_DEVICE ("no CUDA driver: ...").
+ * Opens the device named by spec: "cpu", "cuda", "cuda:N". opts may be NULL (defaults); every
+ * block it gives is checked (the ABI rule above), also the one the device ignores.
+ * Errors: DDO_E_INVALID_ARGUMENT (unknown spec, a struct's size), DDO_E_NO_DEVICE (no CUDA
+ * driver, no such GPU, a build without CUDA: "no CUDA driver: ..."), DDO_E_CONFIG (cpu options
+ * out of range), DDO_E_DEVICE, DDO_E_DEVICE_MEMORY (the driver's context), DDO_E_NO_MEMORY.
  */
 DDO_API int ddo_device_create(const char *spec, const ddo_device_options *opts, ddo_device **out);
-/*
- * Opens the device the configuration's execution_device names. When that is the default
- * (cuda:0, source "default") and no CUDA device answers, opens the cpu device instead and
- * writes why into note (may be NULL); a cuda device asked for explicitly is never replaced.
- * Errors: those of ddo_device_create.
- */
-DDO_API int ddo_device_create_from_config(const ddo_config *cfg, const ddo_device_options *opts,
-                                          ddo_device **out, char *note, size_t note_len);
 DDO_API void ddo_device_destroy(ddo_device *dev);
+/* What dev is and has now (free memory at the time of the call). Errors: DDO_E_INVALID_ARGUMENT
+ * (NULL argument), DDO_E_DEVICE (the driver's memory query failed). */
 DDO_API int ddo_device_caps_get(ddo_device *dev, ddo_device_caps *out);
-/* A stream for host work (priority 0 = normal; the copy stream is below). */
+/* A stream for host work (priority 0 = normal; the copy stream is below). Errors:
+ * DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_DEVICE, DDO_E_NO_MEMORY. */
 DDO_API int ddo_stream_create(ddo_device *dev, ddo_stream **out);
 DDO_API void ddo_stream_destroy(ddo_stream *s);
-/* Blocks until all work queued on s is done. */
+/* Blocks until all work queued on s is done. Errors: DDO_E_INVALID_ARGUMENT (s is NULL),
+ * DDO_E_DEVICE (the work failed). */
 DDO_API int ddo_stream_synchronize(ddo_stream *s);
 /* The native handle (a CUstream on cuda, NULL on cpu). */
 DDO_API void *ddo_stream_native(ddo_stream *s);
@@ -485,7 +560,8 @@ DDO_API void *ddo_stream_native(ddo_stream *s);
  * context (NULL or 0 = the legacy default stream) which ddo never destroys; on cpu, native
  * must be NULL and the stream is the calling thread: acquire blocks it until the unit's upload
  * is done, and release records that its work is already complete. ddo_stream_destroy ends the
- * borrow. Errors: DDO_E_INVALID_ARGUMENT (a native handle on cpu), DDO_E_NO_MEMORY.
+ * borrow. Errors: DDO_E_INVALID_ARGUMENT (dev or out NULL, a native handle on cpu),
+ * DDO_E_NO_MEMORY.
  */
 DDO_API int ddo_stream_wrap(ddo_device *dev, void *native, ddo_stream **out);
 DDO_API const char *ddo_device_error(const ddo_device *dev);
@@ -502,6 +578,8 @@ typedef struct ddo_device_bandwidth {
 /*
  * Measures dev's host->device paths with `bytes` per measurement (0 = 1 GiB; the median of
  * 3 passes each). Takes bytes of pinned host memory and of device memory for the duration.
+ * Errors: DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_DEVICE_MEMORY, DDO_E_NO_MEMORY (host
+ * memory, pinned or not), DDO_E_DEVICE, DDO_E_UNSUPPORTED (registration refused by the driver).
  */
 DDO_API int ddo_device_measure(ddo_device *dev, uint64_t bytes, ddo_device_bandwidth *out);
 
@@ -514,7 +592,10 @@ typedef struct ddo_file_speed {
 } ddo_file_speed;
 #define DDO_MEASURE_PAGE_CACHE 1u /* warm the cache, then the median of three passes */
 #define DDO_MEASURE_DIRECT     2u /* one O_DIRECT pass, 4 reads of 16 MiB in flight */
-/* Reads up to max_bytes (0 = whole file) of path, measuring what `what` asks for. */
+/* Reads up to max_bytes (0 = whole file) of path, measuring what `what` asks for. O_DIRECT
+ * refused by the file system is not an error (direct_bytes_per_s stays 0). Errors:
+ * DDO_E_INVALID_ARGUMENT (NULL argument, not a regular file), DDO_E_NOT_FOUND, DDO_E_IO,
+ * DDO_E_NO_MEMORY. */
 DDO_API int ddo_measure_file_read(const char *path, uint64_t max_bytes, unsigned what,
                                   ddo_file_speed *out);
 
@@ -545,6 +626,7 @@ typedef struct ddo_plan ddo_plan;
 
 /* What the planner knows about the machine. Zero fields mean "unknown". */
 typedef struct ddo_plan_inputs {
+    size_t size;                 /* DDO_PLAN_INPUTS_INIT */
     uint64_t device_total_bytes; /* device memory; 0 = no device limit known */
     uint64_t device_free_bytes;
     size_t device_granularity; /* 0 = 2 MiB */
@@ -555,6 +637,7 @@ typedef struct ddo_plan_inputs {
     double flops_per_s;
     uint64_t tokens; /* activation rows for the cost model; 0 = 4096 */
 } ddo_plan_inputs;
+#define DDO_PLAN_INPUTS_INIT DDO_STRUCT_INIT(ddo_plan_inputs)
 
 typedef enum ddo_placement {
     DDO_PLACEMENT_RESIDENT,
@@ -605,13 +688,17 @@ typedef struct ddo_plan_budgets {
 /*
  * Builds a plan: pure (no I/O, no device), deterministic. A plan whose
  * predicted peak exceeds a budget is refused with DDO_E_BUDGET naming the
- * budget, the need, the limit and the option to raise.
+ * budget, the need, the limit and the option to raise. inputs may be NULL (nothing known).
+ * Errors: DDO_E_INVALID_ARGUMENT (ck, cfg or out NULL; inputs' size), DDO_E_CONFIG (an option
+ * out of range or inconsistent with the route, a bad or too costly pattern), DDO_E_BUDGET,
+ * DDO_E_NO_MEMORY.
  */
 DDO_API int ddo_plan_build(const ddo_checkpoint *ck, const ddo_config *cfg,
                            const ddo_plan_inputs *inputs, ddo_plan **out);
 DDO_API void ddo_plan_destroy(ddo_plan *plan);
 
 DDO_API size_t ddo_plan_unit_count(const ddo_plan *plan);
+/* Unit `unit` in execution order. Errors: DDO_E_INVALID_ARGUMENT (NULL argument, out of range). */
 DDO_API int ddo_plan_unit(const ddo_plan *plan, size_t unit, ddo_unit_info *out);
 /* Checkpoint tensor indices of a unit, in order. Valid until destroy. */
 DDO_API const size_t *ddo_plan_unit_tensors(const ddo_plan *plan, size_t unit, size_t *count);
@@ -630,14 +717,19 @@ typedef struct ddo_tensor_location {
     uint64_t offset; /* bytes, within the unit's slot or the resident arena */
     uint64_t nbytes;
 } ddo_tensor_location;
+/* Errors: DDO_E_INVALID_ARGUMENT (NULL argument, tensor out of range). */
 DDO_API int ddo_plan_tensor_location(const ddo_plan *plan, size_t tensor, ddo_tensor_location *out);
+/* Errors: DDO_E_INVALID_ARGUMENT (NULL argument). */
 DDO_API int ddo_plan_budgets_get(const ddo_plan *plan, ddo_plan_budgets *out);
-/* Planner decision labels (key/value), e.g. auto_pin_weight_decision=budgeted. */
+/* Planner decision labels (key/value), e.g. auto_pin_weight_decision=budgeted; strings valid
+ * until destroy. ddo_plan_decision errors: DDO_E_INVALID_ARGUMENT (NULL argument, i out of
+ * range). */
 DDO_API size_t ddo_plan_decision_count(const ddo_plan *plan);
 DDO_API int ddo_plan_decision(const ddo_plan *plan, size_t i, const char **key, const char **value);
 /* The route the plan executes: "one_shot_fast", "vmm_fast_runtime", "vmm_runtime", "off", ... */
 DDO_API const char *ddo_plan_route(const ddo_plan *plan);
-/* JSON (documented in docs/plan.md). Free with ddo_free. */
+/* JSON (documented in docs/plan.md). Free with ddo_free. Errors: DDO_E_INVALID_ARGUMENT (NULL
+ * argument), DDO_E_NO_MEMORY. */
 DDO_API int ddo_plan_to_json(const ddo_plan *plan, char **json);
 DDO_API const char *ddo_plan_error(const ddo_plan *plan);
 /* Number of tensors the plan places (the checkpoint's tensor count). */
@@ -646,12 +738,15 @@ DDO_API size_t ddo_plan_tensor_count(const ddo_plan *plan);
 DDO_API const char *ddo_plan_decision_get(const ddo_plan *plan, const char *key);
 /* Rebuilds a plan from the text of ddo_plan_to_json (a saved plan); ddo_plan_to_json of the
  * result reproduces that text exactly. In ddo_plan_budgets a limit of 0 means "no limit".
- * Errors: DDO_E_FORMAT naming the field at fault, DDO_E_NO_MEMORY. */
+ * Errors: DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_FORMAT (naming the field at fault),
+ * DDO_E_NO_MEMORY. */
 DDO_API int ddo_plan_from_json(const char *json, ddo_plan **out);
 
 /* Resident selection of ddo-upstream.md section 3.5, exposed for hosts and tests:
- * fills order[0..count) with the indices of the chosen items (greedy, skip on
- * overflow, in the selection's order) and returns their number in *chosen. */
+ * fills chosen_idx[0..count) with the indices of the chosen items (greedy, skip on
+ * overflow, in the selection's order) and returns their number in *chosen.
+ * Errors: DDO_E_INVALID_ARGUMENT (NULL arrays with a count, chosen NULL, DDO_SELECTION_COST:
+ * it needs per-unit deficits, which only ddo_plan_build has), DDO_E_NO_MEMORY. */
 typedef enum ddo_selection {
     DDO_SELECTION_FIRST,
     DDO_SELECTION_SPREAD,
@@ -672,6 +767,7 @@ typedef struct ddo_metrics ddo_metrics;
 typedef void (*ddo_progress_fn)(void *user, const char *phase, uint64_t done, uint64_t total);
 
 typedef struct ddo_session_options {
+    size_t size; /* DDO_SESSION_OPTIONS_INIT */
     ddo_progress_fn progress;
     void *progress_user;
     /* The configuration the plan was built from (borrowed during create only; may be
@@ -689,6 +785,7 @@ typedef struct ddo_session_options {
                   uint64_t bytes);
     void *trace_user;
 } ddo_session_options;
+#define DDO_SESSION_OPTIONS_INIT DDO_STRUCT_INIT(ddo_session_options)
 
 /*
  * Creates a session executing plan on dev, reading bytes from ck. Allocates
@@ -698,6 +795,12 @@ typedef struct ddo_session_options {
  * device are borrowed and must outlive the session.
  * Thread-safety: one host thread at a time per session (every ddo_session_*
  * call); the session's own loader thread issues uploads on a copy stream.
+ * opts may be NULL. On failure everything taken is given back and *out is NULL.
+ * Errors: DDO_E_INVALID_ARGUMENT (NULL argument, opts' size, a plan that does not fit ck or
+ * its own slots), DDO_E_BUDGET (an account refused), DDO_E_NO_MEMORY, DDO_E_IO,
+ * DDO_E_FILE_CHANGED (reading the retained store), DDO_E_OVERFLOW, DDO_E_DEVICE,
+ * DDO_E_DEVICE_MEMORY, DDO_E_UNSUPPORTED (an operation the device or driver refuses, e.g.
+ * VMM).
  */
 DDO_API int ddo_session_create(const ddo_plan *plan, const ddo_checkpoint *ck, ddo_device *dev,
                                const ddo_session_options *opts, ddo_session **out);
@@ -708,25 +811,34 @@ DDO_API void ddo_session_destroy(ddo_session *s);
 /*
  * Leases unit for work on stream: the stream waits for the unit's upload (a
  * hit when a ready slot still holds it). Tensor addresses stay valid until
- * ddo_session_release. Errors: DDO_E_STATE (unloaded), DDO_E_BUSY (every
- * slot leased), DDO_E_FILE_CHANGED, DDO_E_DEVICE, ...
+ * ddo_session_release. Errors: DDO_E_INVALID_ARGUMENT (NULL argument, unit out
+ * of range), DDO_E_STATE (unloaded, already leased),
+ * DDO_E_BUSY (every slot leased, or the mapped budget held by leases), DDO_E_UNSAFE
+ * (the unit's range left mapped by a failed release), DDO_E_FILE_CHANGED, DDO_E_IO,
+ * DDO_E_BUDGET, DDO_E_NO_MEMORY, DDO_E_DEVICE, DDO_E_DEVICE_MEMORY (the upload's).
  */
 DDO_API int ddo_session_acquire(ddo_session *s, size_t unit, ddo_stream *stream);
-/* Records that stream's work on unit has been queued; the slot is reusable once it completes. */
+/* Records that stream's work on unit has been queued; the slot is reusable once it completes.
+ * Errors: DDO_E_INVALID_ARGUMENT (as acquire), DDO_E_STATE (not leased), DDO_E_DEVICE
+ * (recording the release event; the lease stays). */
 DDO_API int ddo_session_release(ddo_session *s, size_t unit, ddo_stream *stream);
-/* Device address of a tensor (resident, or streamed and currently leased). */
+/* Device address of a tensor (resident, or streamed and currently leased). Errors:
+ * DDO_E_INVALID_ARGUMENT (NULL argument, tensor out of range), DDO_E_NOT_FOUND (skipped
+ * tensor), DDO_E_STATE (unloaded, or its unit not leased). */
 DDO_API int ddo_session_tensor_address(ddo_session *s, size_t tensor, void **device_ptr);
 /*
  * The session-long address of a tensor on the VMM routes (its unit's own virtual range, or its
  * weight's on vmm_runtime), without a lease: what a host binds once. The bytes are there only
  * while the unit is leased. Errors: DDO_E_UNSUPPORTED on the linear route (addresses change per
- * lease), DDO_E_NOT_FOUND (skipped tensor), DDO_E_INVALID_ARGUMENT.
+ * lease), DDO_E_NOT_FOUND (skipped tensor), DDO_E_INVALID_ARGUMENT (NULL argument, tensor out of
+ * range).
  */
 DDO_API int ddo_session_tensor_stable_address(ddo_session *s, size_t tensor, void **device_ptr);
 /*
  * Every tensor address of unit in ddo_plan_unit_tensors order (ptrs[0..*n)): stable ones on
  * the VMM routes, the leased slot's on linear (which must be leased). *n is set to the tensor
- * count even when cap is too small. Errors: DDO_E_INVALID_ARGUMENT (cap too small, bad unit),
+ * count even when cap is too small. Errors: DDO_E_INVALID_ARGUMENT (NULL argument, cap too
+ * small, bad unit),
  * DDO_E_STATE (not leased on linear, or unloaded).
  */
 DDO_API int ddo_session_unit_addresses(ddo_session *s, size_t unit, void **ptrs, size_t cap,
@@ -741,29 +853,44 @@ DDO_API int ddo_session_unit_addresses(ddo_session *s, size_t unit, void **ptrs,
  * holds a reference on the session: ddo_session_destroy frees the session when the host's
  * handle and every view are gone (the view's deleter may run on any thread). The bytes are
  * valid only while the unit is leased (resident tensors: always). The plan, checkpoint and
- * device must outlive the last view. Errors: DDO_E_STATE, DDO_E_UNSUPPORTED (a dtype DLPack
- * cannot name without DDO_VIEW_BYTES), DDO_E_NOT_FOUND, DDO_E_NO_MEMORY.
+ * device must outlive the last view. Errors: DDO_E_INVALID_ARGUMENT (NULL argument, tensor
+ * out of range), DDO_E_STATE (its unit not leased, on the linear route), DDO_E_UNSUPPORTED (a
+ * dtype DLPack cannot name without DDO_VIEW_BYTES), DDO_E_NOT_FOUND (skipped tensor),
+ * DDO_E_OVERFLOW (a shape DLPack cannot hold), DDO_E_DEVICE (the device's ordinal),
+ * DDO_E_NO_MEMORY.
  */
 DDO_API int ddo_session_tensor_dlpack(ddo_session *s, size_t tensor, unsigned flags,
                                       void **managed);
 /* DLPack views of the session still alive (ddo_session_tensor_dlpack). */
 DDO_API size_t ddo_session_view_count(const ddo_session *s);
-/* Declares the execution order (unit indices); otherwise learned on the first pass. */
+/* Declares the execution order (unit indices); otherwise learned on the first pass. Errors:
+ * DDO_E_INVALID_ARGUMENT (NULL or empty, more units than the plan's, out of range, listed
+ * twice). */
 DDO_API int ddo_session_declare_order(ddo_session *s, const size_t *units, size_t count);
-/* Explicit reclaim: releases at most one completed idle slot's backing. *released = bytes. */
+/* Explicit reclaim: releases at most one completed idle slot's backing. *released = bytes.
+ * Errors: DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_DEVICE (unmapping or releasing). */
 DDO_API int ddo_session_reclaim(ddo_session *s, uint64_t *released);
-/* Unload: device weights invalidated; acquire fails with DDO_E_STATE until reload. */
+/* Unload: device weights invalidated; acquire fails with DDO_E_STATE until reload. Returns the
+ * first failure of waiting for the uploads and releasing (it releases what it can).
+ * Errors: DDO_E_INVALID_ARGUMENT (s is NULL), DDO_E_DEVICE. */
 DDO_API int ddo_session_unload(ddo_session *s);
+/* Reload after unload: the device state again (resident tensors uploaded). Errors:
+ * DDO_E_INVALID_ARGUMENT (s is NULL), DDO_E_STATE (the session was released), those of
+ * ddo_session_create's device steps (DDO_E_BUDGET, DDO_E_DEVICE, DDO_E_DEVICE_MEMORY, DDO_E_IO,
+ * DDO_E_FILE_CHANGED, DDO_E_NO_MEMORY). */
 DDO_API int ddo_session_reload(ddo_session *s);
 /*
  * Error boundary: runs phase(user). On failure attempts cleanup (unload) once
  * and returns the phase's original error; a cleanup failure is attached as a
  * diagnostic (ddo_session_error). Success does no implicit unload or wait.
+ * Errors: DDO_E_INVALID_ARGUMENT (s or phase NULL), the phase's own code.
  */
 DDO_API int ddo_session_run_phase(ddo_session *s, int (*phase)(void *user), void *user);
-/* Waits for all outstanding uploads (tests, benchmarks, shutdown). */
+/* Waits for all outstanding uploads (tests, benchmarks, shutdown). Errors:
+ * DDO_E_INVALID_ARGUMENT (s is NULL), DDO_E_DEVICE. */
 DDO_API int ddo_session_synchronize(ddo_session *s);
-/* A versioned metrics snapshot; collect_completed retires finished upload tickets. */
+/* A versioned metrics snapshot; collect_completed retires finished upload tickets. Errors:
+ * DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_NO_MEMORY. */
 DDO_API int ddo_session_metrics(ddo_session *s, bool collect_completed, ddo_metrics **out);
 DDO_API const char *ddo_session_error(const ddo_session *s);
 /*
@@ -772,6 +899,7 @@ DDO_API const char *ddo_session_error(const ddo_session *s);
  * account; re-created on the next upload that needs them). *released_bytes = bytes released.
  * Disabled (enabled=false, the default a host should use) does nothing and reports 0. Never
  * touches the retained source store, registration or admission.
+ * Errors: DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_DEVICE (a pending copy failed).
  */
 DDO_API int ddo_session_trim_host_cache(ddo_session *s, bool enabled, uint64_t *released_bytes);
 
@@ -782,15 +910,20 @@ DDO_API int ddo_session_trim_host_cache(ddo_session *s, bool enabled, uint64_t *
 #define DDO_METRICS_SCHEMA_VERSION 1
 
 DDO_API void ddo_metrics_destroy(ddo_metrics *m);
-/* Value of a numeric metric by catalog name (docs/metrics.md). DDO_E_NOT_FOUND if unknown. */
+/* Value of a numeric metric by catalog name (docs/metrics.md). Errors: DDO_E_INVALID_ARGUMENT
+ * (NULL argument), DDO_E_NOT_FOUND (no such metric). */
 DDO_API int ddo_metrics_get(const ddo_metrics *m, const char *name, double *value);
 /* A descriptive label of the snapshot ("route", "read_engine", "slot_kind", ...), or NULL. */
 DDO_API const char *ddo_metrics_label(const ddo_metrics *m, const char *key);
-/* JSON (as_dict), free with ddo_free. component may be NULL; it tags the snapshot. */
+/* JSON (as_dict), free with ddo_free. component may be NULL; it tags the snapshot.
+ * Errors: DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_NO_MEMORY. */
 DDO_API int ddo_metrics_to_json(const ddo_metrics *m, const char *component, char **json);
-/* The short human profile table. Free with ddo_free. */
+/* The short human profile table. Free with ddo_free. Errors: DDO_E_INVALID_ARGUMENT (NULL
+ * argument), DDO_E_NO_MEMORY. */
 DDO_API int ddo_metrics_format_profile(const ddo_metrics *m, char **text);
-/* Appends the JSON snapshot tagged with component as one line to path (record_ddo_metrics). */
+/* Appends the JSON snapshot tagged with component as one line to path (record_ddo_metrics).
+ * Errors: DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_IO (path cannot be appended to),
+ * DDO_E_NO_MEMORY. */
 DDO_API int ddo_metrics_record(const ddo_metrics *m, const char *component, const char *path);
 
 /* ------------------------------------------------------------------------ */
@@ -804,13 +937,9 @@ typedef struct ddo_host_info {
     bool running_on_wsl;          /* from the kernel release (or /proc/version) */
     char kernel_release[128];
 } ddo_host_info;
+/* This machine's RAM, cgroup limit, WSL and kernel release. Errors: DDO_E_INVALID_ARGUMENT
+ * (out is NULL). */
 DDO_API int ddo_host_info_get(ddo_host_info *out);
-/*
- * Plan inputs from what dev reports (memory, granularity, VMM, measured bus and compute
- * figures when the device has them) and from this machine (available RAM): what a host passes
- * to ddo_plan_build. Errors: DDO_E_INVALID_ARGUMENT, DDO_E_DEVICE.
- */
-DDO_API int ddo_plan_inputs_get(ddo_device *dev, ddo_plan_inputs *out);
 
 /* What a standby purge did for a phase (the seed's maybe_purge_windows_standby_cache). */
 typedef struct ddo_purge_result {
@@ -825,7 +954,8 @@ typedef struct ddo_purge_result {
  * config's effective preset (one_shot_fast enables BEFORE_RUN, AFTER_TEXT_ENCODER and
  * BEFORE_TRANSFORMER); 0 / 1 are explicit and leave the environment alone. The enable check
  * comes first; on other platforms an enabled purge returns purged=false, reason "non_windows"
- * and does nothing. cfg and envp may be NULL. Errors: DDO_E_INVALID_ARGUMENT (empty phase).
+ * and does nothing. cfg and envp may be NULL. Errors: DDO_E_INVALID_ARGUMENT (phase or out
+ * NULL, an empty or too long phase).
  */
 DDO_API int ddo_purge_standby(const ddo_config *cfg, const char *phase, int enabled,
                               const char *const *envp, ddo_purge_result *out);
@@ -852,18 +982,24 @@ typedef struct ddo_profile ddo_profile;
 #define DDO_PROFILE_MAX_FILE_BYTES (1u << 20)
 
 /* Resolves the profile directory: explicit (non-empty) > env_value (non-empty) >
- * home/.ddo/profiles. */
+ * home/.ddo/profiles ("~/" expanded). Free *dir with ddo_free. Errors: DDO_E_INVALID_ARGUMENT
+ * (all three empty), DDO_E_NO_MEMORY. */
 DDO_API int ddo_profile_dir(const char *explicit_dir, const char *env_value, const char *home,
                             char **dir);
 /* The key of a context (a JSON object): "ddo-capacity-v1-" + the first 24 hex digits of the
- * SHA-256 of its canonical JSON (sorted keys, no spaces, ASCII escapes). */
+ * SHA-256 of its canonical JSON (sorted keys, no spaces, ASCII escapes). Errors:
+ * DDO_E_INVALID_ARGUMENT (NULL, not JSON, not an object, or empty), DDO_E_NO_MEMORY. */
 DDO_API int ddo_profile_key(const char *context_json, char key[DDO_PROFILE_KEY_BYTES]);
-/* <dir>/<key>.json. Free with ddo_free. */
+/* <dir>/<key>.json. Free with ddo_free. Errors: those of ddo_profile_key,
+ * DDO_E_INVALID_ARGUMENT (dir or path NULL). */
 DDO_API int ddo_profile_path(const char *dir, const char *context_json, char **path);
-/* Loads the profile of context. DDO_E_NOT_FOUND when missing; DDO_E_FORMAT when unreadable,
- * not JSON, of another schema_version, another key or another context (detail says which). */
+/* Loads the profile of context. Errors: DDO_E_INVALID_ARGUMENT (NULL argument, a bad context),
+ * DDO_E_NOT_FOUND (missing), DDO_E_FORMAT (unreadable, not a regular file, too large, not JSON,
+ * of another schema_version, another key or another context; the detail says which),
+ * DDO_E_NO_MEMORY. */
 DDO_API int ddo_profile_load(const char *dir, const char *context_json, ddo_profile **out);
-/* Loads any profile file (for listing); the same checks except the context comparison. */
+/* Loads any profile file (for listing); the same checks except the context comparison. Errors:
+ * as ddo_profile_load. */
 DDO_API int ddo_profile_load_file(const char *path, ddo_profile **out);
 /*
  * Appends observation (a JSON object) to the profile of context, merging its capacity
@@ -871,24 +1007,32 @@ DDO_API int ddo_profile_load_file(const char *path, ddo_profile **out);
  * the last 20; replaces the recommendation when recommendation_json is non-NULL, else keeps the
  * previous one. Written atomically (temporary file + rename) while holding an flock on
  * "<profile>.json.lock", so concurrent records of one profile (threads or processes) each keep
- * their observation. *path_out may be NULL.
+ * their observation. A missing, corrupt or foreign previous file starts a fresh profile.
+ * *path_out may be NULL. Errors: DDO_E_INVALID_ARGUMENT (dir NULL or empty; context or
+ * observation NULL, not JSON or not an object; a bad recommendation), DDO_E_IO (the directory,
+ * the lock or the write), DDO_E_NO_MEMORY.
  */
 DDO_API int ddo_profile_record(const char *dir, const char *context_json,
                                const char *observation_json, const char *recommendation_json,
                                char **path_out);
 /* Creates dir (and its parents) when missing and checks that files can be created in it, so a
- * calibration can refuse to start instead of failing to save at its end. DDO_E_IO naming the
- * directory. */
+ * calibration can refuse to start instead of failing to save at its end. Errors:
+ * DDO_E_INVALID_ARGUMENT (dir NULL or empty), DDO_E_IO (naming the directory), DDO_E_NO_MEMORY. */
 DDO_API int ddo_profile_check_writable(const char *dir);
 DDO_API void ddo_profile_destroy(ddo_profile *p);
+/* The profile document. Free with ddo_free. Errors: DDO_E_INVALID_ARGUMENT (NULL argument),
+ * DDO_E_NO_MEMORY. */
 DDO_API int ddo_profile_to_json(const ddo_profile *p, char **json);
-/* The stored context (canonical JSON). Free with ddo_free. */
+/* The stored context (canonical JSON). Free with ddo_free. Errors: DDO_E_INVALID_ARGUMENT (NULL
+ * argument), DDO_E_NO_MEMORY. */
 DDO_API int ddo_profile_context(const ddo_profile *p, char **context_json);
 DDO_API size_t ddo_profile_observation_count(const ddo_profile *p);
-/* Capacity limits of metric; has_* tell which are present. DDO_E_NOT_FOUND if neither. */
+/* Capacity limits of metric; has_* tell which are present. Errors: DDO_E_INVALID_ARGUMENT (NULL
+ * argument), DDO_E_NOT_FOUND (neither is present). */
 DDO_API int ddo_profile_capacity(const ddo_profile *p, const char *metric, double *max_success,
                                  bool *has_max_success, double *min_failure, bool *has_min_failure);
-/* A numeric field of the recommendation. DDO_E_NOT_FOUND if absent or not a finite number. */
+/* A numeric field of the recommendation. Errors: DDO_E_INVALID_ARGUMENT (NULL argument),
+ * DDO_E_NOT_FOUND (absent or not a finite number). */
 DDO_API int ddo_profile_recommendation(const ddo_profile *p, const char *key, double *value);
 
 /* round(max(0, total - peak - headroom), 4): the next run's resident budget, GiB. */
@@ -907,7 +1051,8 @@ typedef struct ddo_profile_sample {
 DDO_API double ddo_profile_peak_gb(const ddo_profile_sample *s);
 
 /* The identity of a named workload: {"identity_version":2,"model_class":SIG,"name":NAME}
- * where SIG names the checkpoint's tensor table (names, dtypes, shapes). Free with ddo_free. */
+ * where SIG names the checkpoint's tensor table (names, dtypes, shapes). Free with ddo_free.
+ * Errors: DDO_E_INVALID_ARGUMENT (name NULL or empty, context_json NULL), DDO_E_NO_MEMORY. */
 DDO_API int ddo_profile_workload_context(const char *name, const ddo_checkpoint *ck,
                                          char **context_json);
 
@@ -929,7 +1074,9 @@ DDO_API const char *ddo_profile_status_name(ddo_profile_status status);
  * resident_module_budget_gb (auto policy off) or profile_resident_module_budget_gb (balanced),
  * with source "profile:NAME". Also copies measured bus_bytes_per_s / flops_per_s / file read
  * speed into *measured when the profile has them (may be NULL). A corrupt profile counts as
- * missing (the detail is kept in ddo_last_error()).
+ * missing (the detail is kept in ddo_last_error()). Errors: DDO_E_INVALID_ARGUMENT (cfg is
+ * NULL), DDO_E_CONFIG (build_profile without profile_name, a bad profile_vram_headroom_gb),
+ * DDO_E_NO_MEMORY.
  */
 typedef struct ddo_profile_measured {
     double bus_bytes_per_s;
@@ -939,6 +1086,158 @@ typedef struct ddo_profile_measured {
 DDO_API int ddo_profile_apply(ddo_config *cfg, const char *dir, const char *context_json,
                               ddo_profile_status *status, double *budget_gb,
                               ddo_profile_measured *measured);
+
+/* ------------------------------------------------------------------------ */
+/* Host layer: from a configuration to a running setup (docs/host.md)        */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * The policy every host would otherwise repeat, in one place: which device the configuration
+ * names and what stands in for it, which read backend a checkpoint is opened with, the plan
+ * inputs from the device and this machine, and the workload profile applied before planning
+ * and recorded after a calibration. A host validates its configuration, opens a ddo_setup,
+ * opens checkpoints with ddo_checkpoint_create_from_config, plans with ddo_setup_plan and runs
+ * the plan with ddo_session_create on ddo_setup_device. The functions below ddo_setup are
+ * usable on their own.
+ */
+
+/*
+ * Opens the device the configuration's execution_device names. When that is the default
+ * (cuda:0, source "default") and no CUDA device answers (DDO_E_NO_DEVICE), opens the cpu
+ * device instead and writes why into note (may be NULL): "no CUDA device (DETAIL); using the
+ * cpu device". A cuda device asked for explicitly (any other source) is never replaced: its
+ * failure is returned with the device's detail. Errors: DDO_E_INVALID_ARGUMENT (cfg or out is
+ * NULL), those of ddo_device_create.
+ */
+DDO_API int ddo_device_create_from_config(const ddo_config *cfg, const ddo_device_options *opts,
+                                          ddo_device **out, char *note, size_t note_len);
+/*
+ * Opens path (ddo_checkpoint_create) with the read backend cfg's load_safetensors_backend
+ * names: "mmap" DDO_READ_MMAP, "pread" DDO_READ_PREAD, anything else the default.
+ * Errors: DDO_E_INVALID_ARGUMENT (cfg is NULL), those of ddo_checkpoint_create.
+ */
+DDO_API int ddo_checkpoint_create_from_config(const char *path, const ddo_config *cfg,
+                                              ddo_checkpoint **out);
+/*
+ * Plan inputs from a device's capabilities (memory, granularity, VMM, cpu or not, and the bus
+ * and compute rates it reports: the cpu device's throttles; 0 on cuda) and from this machine
+ * (available RAM); caps NULL: no device known (its fields 0). tokens is left 0. Writes the
+ * fields within out->size (the ABI rule). Errors: DDO_E_INVALID_ARGUMENT (out NULL, its size).
+ */
+DDO_API int ddo_plan_inputs_from_caps(const ddo_device_caps *caps, ddo_plan_inputs *out);
+/* ddo_plan_inputs_from_caps of what dev reports now. Errors: DDO_E_INVALID_ARGUMENT (dev or
+ * out NULL, out's size), the errors of ddo_device_caps_get. */
+DDO_API int ddo_plan_inputs_get(ddo_device *dev, ddo_plan_inputs *out);
+
+/* A device (or none) with what a host knows about it and this machine: see ddo_setup_create. */
+typedef struct ddo_setup ddo_setup;
+
+/* Which device a setup opens. */
+typedef enum ddo_device_choice {
+    DDO_DEVICE_CHOICE_AUTO,  /* execution_device, the default cuda:0 replaced by cpu when no CUDA
+                               device answers (ddo_device_create_from_config) */
+    DDO_DEVICE_CHOICE_EXACT, /* execution_device exactly: when it does not open, neither does
+                               the setup */
+    DDO_DEVICE_CHOICE_NONE   /* no device: plans for this machine's facts and the figures the
+                               caller gives (what-if planning) */
+} ddo_device_choice;
+
+typedef struct ddo_setup_options {
+    size_t size;                              /* DDO_SETUP_OPTIONS_INIT */
+    ddo_device_choice device;                 /* 0 = DDO_DEVICE_CHOICE_AUTO */
+    const ddo_device_options *device_options; /* the device's options; NULL = defaults */
+    /* The host's environment block ("NAME=VALUE", NULL-terminated; pass environ), of which
+     * only DDO_PROFILE_DIR and HOME are read (and copied) during create, for the profile
+     * directory (ddo_profile_dir). NULL = neither is set. */
+    const char *const *envp;
+} ddo_setup_options;
+#define DDO_SETUP_OPTIONS_INIT DDO_STRUCT_INIT(ddo_setup_options)
+
+/*
+ * Opens a setup for the validated configuration cfg (read during the call only; may be NULL
+ * with DDO_DEVICE_CHOICE_NONE): the device that opts->device asks for. opts may be NULL (AUTO,
+ * default device options, no environment). On failure *out is NULL and ddo_last_error() holds
+ * the device's detail. Errors: DDO_E_INVALID_ARGUMENT (out NULL, cfg NULL with a device, a
+ * struct's size, an unknown opts->device), DDO_E_NO_MEMORY, those of ddo_device_create.
+ */
+DDO_API int ddo_setup_create(const ddo_config *cfg, const ddo_setup_options *opts, ddo_setup **out);
+/* Destroys the setup and its device (which every session on it must have left). */
+DDO_API void ddo_setup_destroy(ddo_setup *setup);
+/* The setup's device (owned by the setup, valid until destroy), or NULL without one. */
+DDO_API ddo_device *ddo_setup_device(const ddo_setup *setup);
+/* The spec the device was opened with: execution_device as configured, "cpu" after the
+ * default was replaced, "" without a device. Never NULL. */
+DDO_API const char *ddo_setup_device_spec(const ddo_setup *setup);
+/* Why the device is not the one configured (the replacement's one line), else "". */
+DDO_API const char *ddo_setup_note(const ddo_setup *setup);
+/*
+ * What the setup knows for planning, now: ddo_plan_inputs_get of its device (without one:
+ * ddo_plan_inputs_from_caps(NULL)), then, for a bus or compute rate the device does not report,
+ * the rate measured by the profile last applied (ddo_setup_profile_apply). tokens is left 0.
+ * A host that measures a rate itself overrides the field. Writes the fields within out->size.
+ * Errors: DDO_E_INVALID_ARGUMENT (setup or out NULL, out's size), those of
+ * ddo_device_caps_get.
+ */
+DDO_API int ddo_setup_plan_inputs(ddo_setup *setup, ddo_plan_inputs *out);
+/*
+ * Plans ck under cfg for the setup: with inputs NULL, for ddo_setup_plan_inputs; otherwise
+ * for exactly *inputs (a host's edited copy of them). See ddo_plan_build, which this calls.
+ * Errors: DDO_E_INVALID_ARGUMENT (setup NULL, inputs' size), those of ddo_setup_plan_inputs
+ * and ddo_plan_build.
+ */
+DDO_API int ddo_setup_plan(ddo_setup *setup, const ddo_checkpoint *ck, const ddo_config *cfg,
+                           const ddo_plan_inputs *inputs, ddo_plan **out);
+/*
+ * Applies the workload profile cfg names (profile_name, build_profile) for ck to cfg before
+ * planning: ddo_profile_dir (profile_dir, else DDO_PROFILE_DIR, else HOME/.ddo/profiles),
+ * ddo_profile_workload_context(profile_name, ck), for a calibration ddo_profile_check_writable
+ * (so a calibration that could not save is refused before it runs), then ddo_profile_apply.
+ * The setup keeps the directory, the context and whether this is a calibration for
+ * ddo_setup_profile_record, and the measured rates for ddo_setup_plan_inputs. Without a
+ * profile_name: *status DDO_PROFILE_DISABLED, nothing else. status, budget_gb and measured may
+ * be NULL. On DDO_PROFILE_MISSING, ddo_last_error() says why. Errors: DDO_E_INVALID_ARGUMENT
+ * (setup, cfg or ck NULL; no profile directory), DDO_E_CONFIG (build_profile without
+ * profile_name, bad profile options), DDO_E_IO (a calibration's directory not writable),
+ * DDO_E_NO_MEMORY.
+ */
+DDO_API int ddo_setup_profile_apply(ddo_setup *setup, ddo_config *cfg, const ddo_checkpoint *ck,
+                                    ddo_profile_status *status, double *budget_gb,
+                                    ddo_profile_measured *measured);
+/* The profile directory of the last ddo_setup_profile_apply with a profile_name, else "". */
+DDO_API const char *ddo_setup_profile_dir(const ddo_setup *setup);
+
+/* What a calibration run measured (filled by the host), and what ddo_setup_profile_record made
+ * of it (written by the library). */
+typedef struct ddo_profile_calibration {
+    size_t size;                  /* DDO_PROFILE_CALIBRATION_INIT */
+    uint64_t total_bytes;         /* device memory */
+    uint64_t baseline_used_bytes; /* device bytes in use before the session (other users) */
+    uint64_t used_peak_bytes;     /* device bytes in use above the baseline, sampled during it */
+    uint64_t used_end_bytes;      /* above the baseline at the end of the steps */
+    uint64_t weights_peak_bytes;  /* the session's device_weights_peak_bytes */
+    double achieved_bytes_per_s;  /* the session's achieved_bytes_per_s; 0 = unknown */
+    double file_read_bytes_per_s; /* the setup's file read rate; 0 = unknown */
+    double flops_per_s;           /* the host's compute rate; 0 = unknown */
+    /* written by ddo_setup_profile_record */
+    double peak_gb;     /* ddo_profile_peak_gb of the run (nothing held at its start) */
+    double total_gb;    /* total_bytes in GiB */
+    double headroom_gb; /* profile_vram_headroom_gb */
+    double budget_gb;   /* the next run's resident budget */
+} ddo_profile_calibration;
+#define DDO_PROFILE_CALIBRATION_INIT DDO_STRUCT_INIT(ddo_profile_calibration)
+
+/*
+ * After a calibration's steps: records the observation (peak, total, headroom, achieved rate)
+ * and the next run's recommendation (ddo_profile_recommend_resident_budget, with the measured
+ * rates that are known) in the profile of the last ddo_setup_profile_apply, and writes the
+ * results into *cal. *path (may be NULL) receives the profile file (free with ddo_free).
+ * Errors: DDO_E_INVALID_ARGUMENT (setup, cfg or cal NULL, cal's size), DDO_E_STATE (the last
+ * apply was not a calibration), those of ddo_profile_record.
+ */
+DDO_API int ddo_setup_profile_record(ddo_setup *setup, const ddo_config *cfg,
+                                     ddo_profile_calibration *cal, char **path);
+/* The detail of the setup's last failure ("" if none). */
+DDO_API const char *ddo_setup_error(const ddo_setup *setup);
 
 /* ------------------------------------------------------------------------ */
 /* Pipelines: a Diffusers directory described by model_index.json           */
@@ -972,7 +1271,7 @@ DDO_API void ddo_pipeline_destroy(ddo_pipeline *p);
 DDO_API const char *ddo_pipeline_class_name(const ddo_pipeline *p);
 DDO_API size_t ddo_pipeline_component_count(const ddo_pipeline *p);
 /* Component i (file order) into *info, valid until the pipeline is destroyed.
- * DDO_E_INVALID_ARGUMENT when out of range. */
+ * Errors: DDO_E_INVALID_ARGUMENT (NULL argument, i out of range). */
 DDO_API int ddo_pipeline_component(const ddo_pipeline *p, size_t i,
                                    ddo_pipeline_component_info *info);
 

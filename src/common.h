@@ -59,6 +59,19 @@ int ddo__fail_from_last(ddo__errbuf *eb, int code);
 /* Clears eb (a handle's detail is readable until its next failing call). */
 void ddo__errbuf_clear(ddo__errbuf *eb);
 
+/*
+ * The ABI rule of the structs that grow (ddo.h, abi.c). ddo__abi_in copies the caller's
+ * struct src, whose first member is its size, into dst of this library's size full: the
+ * caller's fields, zero past them, dst's size set to full. ddo__abi_out checks the caller's
+ * struct dst and writes the fields of src (full bytes) that lie within its size, keeping
+ * it. Both refuse a size below sizeof(size_t), above full or not aligned like a size_t with
+ * DDO_E_INVALID_ARGUMENT naming the struct (name) and writing nothing.
+ */
+int ddo__abi_in(const char *name, const void *src, size_t full, void *dst);
+int ddo__abi_out(const char *name, const void *src, size_t full, void *dst);
+#define DDO__ABI_IN(type, src, dst)  ddo__abi_in(#type, (src), sizeof(type), (dst))
+#define DDO__ABI_OUT(type, src, dst) ddo__abi_out(#type, (src), sizeof(type), (dst))
+
 /* Allocation; NULL on failure or on size overflow. Memory is freed with free(). */
 void *ddo__malloc(size_t size);
 void *ddo__calloc(size_t count, size_t size);

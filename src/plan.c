@@ -228,8 +228,8 @@ int ddo_plan_build(const ddo_checkpoint *ck, const ddo_config *cfg, const ddo_pl
     memset(&b, 0, sizeof(b));
     b.ck = ck;
     b.o = o;
-    if (inputs != NULL)
-        b.in = *inputs;
+    if (inputs != NULL && (rc = DDO__ABI_IN(ddo_plan_inputs, inputs, &b.in)) != 0)
+        return rc;
     if (ddo_config_settings(cfg, &b.settings) != 0) {
         memset(&b.settings, 0, sizeof(b.settings));
         b.settings.requested_pin_cpu_memory = o->pin_cpu_memory;

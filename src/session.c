@@ -480,6 +480,13 @@ int ddo_session_create(const ddo_plan *plan, const ddo_checkpoint *ck, ddo_devic
     if (plan == NULL || ck == NULL || dev == NULL || out == NULL)
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
                          "ddo_session_create: plan, checkpoint, device and out are required");
+    ddo_session_options taken;
+    if (opts != NULL) {
+        int rc = DDO__ABI_IN(ddo_session_options, opts, &taken);
+        if (rc != 0)
+            return rc;
+        opts = &taken;
+    }
     ddo_plan_budgets b;
     if (ddo_plan_budgets_get(plan, &b) != 0)
         return ddo__fail_from_last(NULL, DDO_E_INVALID_ARGUMENT);

@@ -178,12 +178,13 @@ static inline int fx_create(fx *f, const fx_opts *o)
         }
     }
 
-    ddo_device_options dopt;
-    memset(&dopt, 0, sizeof(dopt));
-    dopt.cpu_memory_bytes = f->o.device_bytes;
-    dopt.cpu_granularity = FX_GRAN;
-    dopt.cpu_bytes_per_s = f->o.bytes_per_s;
-    dopt.cpu_copy_latency_ns = f->o.latency_ns;
+    ddo_cpu_options dopt_cpu = DDO_CPU_OPTIONS_INIT;
+    dopt_cpu.memory_bytes = f->o.device_bytes;
+    dopt_cpu.granularity = FX_GRAN;
+    dopt_cpu.bytes_per_s = f->o.bytes_per_s;
+    dopt_cpu.copy_latency_ns = f->o.latency_ns;
+    ddo_device_options dopt = DDO_DEVICE_OPTIONS_INIT;
+    dopt.cpu = &dopt_cpu;
     if (ddo_device_create("cpu", &dopt, &f->dev) != 0) {
         fprintf(stderr, "  device: %s\n", ddo_last_error());
         return -1;
@@ -212,8 +213,7 @@ static inline int fx_create(fx *f, const fx_opts *o)
         return -1;
     }
 
-    ddo_plan_inputs in;
-    memset(&in, 0, sizeof(in));
+    ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
     in.device_total_bytes = f->o.device_bytes;
     in.device_free_bytes = f->o.device_bytes;
     in.device_granularity = FX_GRAN;
@@ -226,8 +226,7 @@ static inline int fx_create(fx *f, const fx_opts *o)
     }
     if (f->o.no_session)
         return 0;
-    ddo_session_options so;
-    memset(&so, 0, sizeof(so));
+    ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
     so.config = f->cfg;
     f->rc = ddo_session_create(f->plan, f->ck, f->dev, &so, &f->s);
     if (f->rc != 0)

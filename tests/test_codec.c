@@ -284,8 +284,7 @@ static void test_cpu_device_op(void)
     ddo__codec_plan *p = NULL;
     T_EQ_INT(ddo__codec_plan_create(coded, len, "t.weight", &p, NULL), 0);
     T_REQUIRE(p != NULL);
-    ddo_device_options o;
-    memset(&o, 0, sizeof(o));
+    ddo_device_options o = DDO_DEVICE_OPTIONS_INIT;
     ddo_device *dev = NULL;
     T_REQUIRE(ddo_device_create("cpu", &o, &dev) == 0);
     void *s = NULL;

@@ -12,12 +12,16 @@
 #include "device/device.h"
 #include "t.h"
 
+/* Options naming the driver library; the cuda block is shared, so each call replaces the
+ * paths of the options before it. */
 static ddo_device_options with_paths(const char *path, const char *env)
 {
-    ddo_device_options o;
-    memset(&o, 0, sizeof(o));
-    o.cuda_library_path = path;
-    o.cuda_library_env = env;
+    static ddo_cuda_options cuda;
+    cuda = (ddo_cuda_options)DDO_CUDA_OPTIONS_INIT;
+    cuda.library_path = path;
+    cuda.library_env = env;
+    ddo_device_options o = DDO_DEVICE_OPTIONS_INIT;
+    o.cuda = &cuda;
     return o;
 }
 

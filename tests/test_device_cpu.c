@@ -18,10 +18,11 @@
 
 static ddo_device *open_cpu(uint64_t size)
 {
-    ddo_device_options o;
-    memset(&o, 0, sizeof(o));
-    o.cpu_memory_bytes = size;
-    o.cpu_granularity = GRAN;
+    ddo_cpu_options o_cpu = DDO_CPU_OPTIONS_INIT;
+    o_cpu.memory_bytes = size;
+    o_cpu.granularity = GRAN;
+    ddo_device_options o = DDO_DEVICE_OPTIONS_INIT;
+    o.cpu = &o_cpu;
     ddo_device *dev = NULL;
     int rc = ddo_device_create("cpu", &o, &dev);
     if (rc != 0)
@@ -73,9 +74,10 @@ static void test_spec(void)
     ddo_device_destroy(dev);
     ddo_device_destroy(NULL);
 
-    ddo_device_options o;
-    memset(&o, 0, sizeof(o));
-    o.cpu_granularity = 1000;
+    ddo_cpu_options o_cpu = DDO_CPU_OPTIONS_INIT;
+    o_cpu.granularity = 1000;
+    ddo_device_options o = DDO_DEVICE_OPTIONS_INIT;
+    o.cpu = &o_cpu;
     T_EQ_INT(ddo_device_create("cpu", &o, &dev), DDO_E_CONFIG);
     T_CONTAINS(ddo_last_error(), "granularity 1000");
 }
@@ -449,9 +451,10 @@ static double ms_since(uint64_t t0)
 
 static void test_throttle_timing(void)
 {
-    ddo_device_options o;
-    memset(&o, 0, sizeof(o));
-    o.cpu_bytes_per_s = 1e9;
+    ddo_cpu_options o_cpu = DDO_CPU_OPTIONS_INIT;
+    o_cpu.bytes_per_s = 1e9;
+    ddo_device_options o = DDO_DEVICE_OPTIONS_INIT;
+    o.cpu = &o_cpu;
     ddo_device *dev = NULL;
     T_EQ_INT(ddo_device_create("cpu", &o, &dev), 0);
     T_REQUIRE(dev != NULL);

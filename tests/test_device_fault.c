@@ -30,10 +30,11 @@ typedef struct fixture {
 static bool fx_open(fixture *fx)
 {
     memset(fx, 0, sizeof(*fx));
-    ddo_device_options o;
-    memset(&o, 0, sizeof(o));
-    o.cpu_memory_bytes = 64 * MIB;
-    o.cpu_granularity = GRAN;
+    ddo_cpu_options o_cpu = DDO_CPU_OPTIONS_INIT;
+    o_cpu.memory_bytes = 64 * MIB;
+    o_cpu.granularity = GRAN;
+    ddo_device_options o = DDO_DEVICE_OPTIONS_INIT;
+    o.cpu = &o_cpu;
     if (ddo_device_create("cpu", &o, &fx->dev) != 0)
         return false;
     fx->host = calloc(1, MIB);

@@ -360,8 +360,7 @@ static int gfx_create(gfx *f, const char *mode, bool create_session)
         fprintf(stderr, "  config: %s\n", ddo_last_error());
         return -1;
     }
-    ddo_plan_inputs in;
-    memset(&in, 0, sizeof(in));
+    ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
     in.device_total_bytes = g_caps.total_bytes;
     in.device_free_bytes = g_caps.free_bytes;
     in.device_granularity = g_plan_granularity > 0 ? g_plan_granularity : g_caps.granularity;
@@ -375,8 +374,7 @@ static int gfx_create(gfx *f, const char *mode, bool create_session)
         return -1;
     if (!create_session)
         return 0;
-    ddo_session_options so;
-    memset(&so, 0, sizeof(so));
+    ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
     so.config = f->cfg;
     if (ddo_session_create(f->plan, f->ck, g_dev, &so, &f->s) != 0) {
         fprintf(stderr, "  session: %s\n", ddo_last_error());
@@ -639,8 +637,7 @@ static void test_fault_at_create(void)
                                       DDO__OP_HOST_ALLOC };
     for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
         ddo__device_inject_fault(g_dev, ops[i], 1, false, DDO_E_DEVICE);
-        ddo_session_options so;
-        memset(&so, 0, sizeof(so));
+        ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
         so.config = f.cfg;
         ddo_session *s = NULL;
         int rc = ddo_session_create(f.plan, f.ck, g_dev, &so, &s);
@@ -657,9 +654,10 @@ static void test_fault_at_create(void)
 
 int main(void)
 {
-    ddo_device_options o;
-    memset(&o, 0, sizeof(o));
-    o.cuda_library_env = getenv("DDO_VMM_LIBRARY_PATH");
+    ddo_cuda_options o_cuda = DDO_CUDA_OPTIONS_INIT;
+    o_cuda.library_env = getenv("DDO_VMM_LIBRARY_PATH");
+    ddo_device_options o = DDO_DEVICE_OPTIONS_INIT;
+    o.cuda = &o_cuda;
     int rc = ddo_device_create("cuda:0", &o, &g_dev);
     if (rc == DDO_E_NO_DEVICE) {
         fprintf(stderr, "skipped: %s\n", ddo_last_error());

@@ -63,7 +63,7 @@ static void test_worked_example_full_pin(void)
     T_EQ_INT(ddo_config_set(cfg, "available_system_ram_gb", "43.53"), 0);
     /* An 8 GiB card whose active weight capacity is the whole card. */
     T_EQ_INT(ddo_config_set(cfg, "vmm_resident_weight_budget_gb", "8"), 0);
-    ddo_plan_inputs in = { .device_total_bytes = 8 * fx_gib(1) };
+    ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs), .device_total_bytes = 8 * fx_gib(1) };
     ddo_plan *p = build(&tb, cfg, &in, 0);
     T_REQUIRE(p != NULL);
     T_EQ_STR(ddo_plan_route(p), "one_shot_fast");
@@ -144,7 +144,7 @@ static void test_worked_example_skip_insufficient_ram(void)
     T_REQUIRE(cfg != NULL);
     T_EQ_INT(ddo_config_set(cfg, "available_system_ram_gb", "32"), 0);
     T_EQ_INT(ddo_config_set(cfg, "vmm_resident_weight_budget_gb", "8"), 0);
-    ddo_plan_inputs in = { .device_total_bytes = 8 * fx_gib(1) };
+    ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs), .device_total_bytes = 8 * fx_gib(1) };
     ddo_plan *p = build(&tb, cfg, &in, 0);
     T_REQUIRE(p != NULL);
     T_EQ_STR(fx_decision(p, "auto_pin_weight_decision"), "skip_insufficient_ram");
@@ -171,7 +171,7 @@ static void test_auto_budget_leaves_room_for_slots(void)
     ddo_config *cfg = fx_one_shot_fast();
     T_REQUIRE(cfg != NULL);
     T_EQ_INT(ddo_config_set(cfg, "available_system_ram_gb", "43.53"), 0);
-    ddo_plan_inputs in = { .device_total_bytes = 8 * fx_gib(1) };
+    ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs), .device_total_bytes = 8 * fx_gib(1) };
     ddo_plan *p = build(&tb, cfg, &in, 0);
     T_REQUIRE(p != NULL);
     ddo_plan_budgets bg;
@@ -233,7 +233,7 @@ static void test_device_budget_refused(void)
     T_CONTAINS(ddo_last_error(), "unit_granularity=leaf");
     /* The device's own memory is the limit when nothing else is given. */
     T_EQ_INT(ddo_config_set(cfg, "vmm_resident_weight_budget_gb", "0"), 0);
-    ddo_plan_inputs in = { .device_total_bytes = fx_gib(1) };
+    ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs), .device_total_bytes = fx_gib(1) };
     p = build(&tb, cfg, &in, DDO_E_BUDGET);
     T_CONTAINS(ddo_last_error(), "(device memory 1.00 GiB)");
     ddo_config_destroy(cfg);
@@ -420,7 +420,7 @@ static void test_routes(void)
     T_CHECK(bg.staging_peak > 0);
     ddo_plan_destroy(p);
     /* A retained store bigger than the machine's RAM is refused. */
-    ddo_plan_inputs in = { .host_available_bytes = 2 * fx_gib(1) };
+    ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs), .host_available_bytes = 2 * fx_gib(1) };
     p = build(&tb, cfg, &in, DDO_E_BUDGET);
     T_CONTAINS(ddo_last_error(), "lower vmm_source_cache_gb");
     ddo_config_destroy(cfg);
@@ -479,7 +479,9 @@ static void test_cost_model_and_cost_selection(void)
     ddo_free(json);
     ddo_plan_destroy(p);
 
-    ddo_plan_inputs in = { .bus_bytes_per_s = 1e9, .flops_per_s = 1e12, .tokens = 4096 };
+    ddo_plan_inputs in = {
+        .size = sizeof(ddo_plan_inputs), .bus_bytes_per_s = 1e9, .flops_per_s = 1e12, .tokens = 4096
+    };
     p = build(&tb, cfg, &in, 0);
     T_REQUIRE(p != NULL);
     ddo_unit_info ui;
@@ -539,7 +541,8 @@ static void test_json_schema_and_determinism(void)
     ddo_config *cfg = fx_one_shot_fast();
     T_REQUIRE(cfg != NULL);
     T_EQ_INT(ddo_config_set(cfg, "available_system_ram_gb", "64"), 0);
-    ddo_plan_inputs in = { .device_total_bytes = 24 * fx_gib(1),
+    ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs),
+                           .device_total_bytes = 24 * fx_gib(1),
                            .bus_bytes_per_s = 55e9,
                            .flops_per_s = 790e12 };
     ddo_plan *a = build(&tb, cfg, &in, 0), *b = build(&tb, cfg, &in, 0);
@@ -590,7 +593,8 @@ static void test_speed_3500_tensors(void)
     T_EQ_INT(ddo_config_set(cfg, "available_system_ram_gb", "256"), 0);
     ddo_checkpoint *ck = fx_checkpoint(&tb);
     T_REQUIRE(ck != NULL);
-    ddo_plan_inputs in = { .device_total_bytes = 80 * fx_gib(1),
+    ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs),
+                           .device_total_bytes = 80 * fx_gib(1),
                            .bus_bytes_per_s = 55e9,
                            .flops_per_s = 790e12 };
     double best = 1e9;

@@ -704,8 +704,7 @@ static int nvme_fine_plan(fx *f, int slots, const char *budget_gb, double bytes_
     o.no_session = true;
     if (fx_create(f, &o) != 0)
         return -1;
-    ddo_plan_inputs in;
-    memset(&in, 0, sizeof(in));
+    ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
     in.device_total_bytes = DDO_GIB;
     in.device_free_bytes = DDO_GIB;
     in.device_granularity = 4096;
@@ -721,8 +720,7 @@ static int nvme_fine_plan(fx *f, int slots, const char *budget_gb, double bytes_
         fprintf(stderr, "  plan: %s\n", ddo_last_error());
         return -1;
     }
-    ddo_session_options so;
-    memset(&so, 0, sizeof(so));
+    ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
     so.config = f->cfg;
     if (ddo_session_create(f->plan, f->ck, f->dev, &so, &f->s) != 0) {
         fprintf(stderr, "  session: %s\n", ddo_last_error());
@@ -885,8 +883,7 @@ static void test_nvme_budget_refused(void)
     o.no_session = true;
     fx f;
     T_REQUIRE(fx_create(&f, &o) == 0);
-    ddo_plan_inputs in;
-    memset(&in, 0, sizeof(in));
+    ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
     in.device_total_bytes = DDO_GIB;
     in.device_free_bytes = DDO_GIB;
     in.device_granularity = FX_GRAN;
@@ -918,8 +915,7 @@ static void test_nvme_budget_refused(void)
     ddo_plan_destroy(f.plan);
     f.plan = p;
     ddo__device_stats_reset(f.dev);
-    ddo_session_options so;
-    memset(&so, 0, sizeof(so));
+    ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
     so.config = f.cfg;
     ddo_session *s = (ddo_session *)&f;
     T_EQ_INT(ddo_session_create(f.plan, f.ck, f.dev, &so, &s), DDO_E_BUDGET);
@@ -1061,8 +1057,7 @@ static void test_progress_and_options(void)
     fx_opts o = vmm_mem;
     o.no_session = true;
     T_REQUIRE(fx_create(&f, &o) == 0);
-    ddo_session_options so;
-    memset(&so, 0, sizeof(so));
+    ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
     so.progress = progress;
     so.config = f.cfg;
     memset(progress_calls, 0, sizeof(progress_calls));

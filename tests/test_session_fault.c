@@ -121,8 +121,7 @@ static void run_case(const fx_opts *o, ddo__devop op, uint64_t nth, bool persist
     fx_opts oo = *o;
     oo.no_session = true;
     T_REQUIRE(fx_create(&f, &oo) == 0);
-    ddo_session_options so;
-    memset(&so, 0, sizeof(so));
+    ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
     so.config = f.cfg;
     ddo__device_inject_fault(f.dev, op, nth, persistent, DDO_E_DEVICE);
     int stage = 0;
@@ -187,8 +186,7 @@ static void clean_counts(const fx_opts *o, uint64_t calls[DDO__OP_COUNT])
     memset(calls, 0, sizeof(uint64_t) * DDO__OP_COUNT);
     if (fx_create(&f, &oo) != 0)
         return;
-    ddo_session_options so;
-    memset(&so, 0, sizeof(so));
+    ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
     so.config = f.cfg;
     ddo__device_stats_reset(f.dev);
     int stage = 0;
@@ -266,8 +264,7 @@ static void run_read_case(const fx_opts *o, uint64_t nth, bool persistent)
     fx_opts oo = *o;
     oo.no_session = true;
     T_REQUIRE(fx_create(&f, &oo) == 0);
-    ddo_session_options so;
-    memset(&so, 0, sizeof(so));
+    ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
     so.config = f.cfg;
     ddo__source_fault_nth(nth, persistent);
     int stage = 0;
@@ -306,8 +303,7 @@ static uint64_t clean_reads(const fx_opts *o)
     oo.no_session = true;
     if (fx_create(&f, &oo) != 0)
         return 0;
-    ddo_session_options so;
-    memset(&so, 0, sizeof(so));
+    ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
     so.config = f.cfg;
     ddo__source_fault_nth(0, false);
     int stage = 0;
@@ -363,8 +359,7 @@ static void test_budget_refuses_first(void)
     /* the session takes the plan's figures as limits: a plan whose budgets are
      * exceeded is refused by the planner, so simulate device exhaustion instead */
     ddo__device_inject_fault(f.dev, DDO__OP_PHYS_CREATE, 2, false, DDO_E_DEVICE_MEMORY);
-    ddo_session_options so;
-    memset(&so, 0, sizeof(so));
+    ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
     so.config = f.cfg;
     ddo_session *s = NULL;
     T_EQ_INT(ddo_session_create(f.plan, f.ck, f.dev, &so, &s), DDO_E_DEVICE_MEMORY);

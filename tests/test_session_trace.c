@@ -68,13 +68,15 @@ static void test_trace_reports_uploads_and_maps(void)
     T_REQUIRE(ddo_config_set(cfg, "small_tensor_threshold_bytes", "0") == 0);
     T_REQUIRE(ddo_config_set(cfg, "vmm_resident_weight_budget_gb", "0.25") == 0);
     T_REQUIRE(ddo_config_set(cfg, "execution_slots", "2") == 0);
-    ddo_device_options dopt = { 0 };
-    dopt.cpu_memory_bytes = (uint64_t)1 << 30;
-    dopt.cpu_granularity = 64 * 1024;
+    ddo_cpu_options dopt_cpu = DDO_CPU_OPTIONS_INIT;
+    dopt_cpu.memory_bytes = (uint64_t)1 << 30;
+    dopt_cpu.granularity = 64 * 1024;
+    ddo_device_options dopt = DDO_DEVICE_OPTIONS_INIT;
+    dopt.cpu = &dopt_cpu;
     T_REQUIRE(ddo_device_create("cpu", &dopt, &dev) == 0);
     ddo_device_caps caps;
     T_REQUIRE(ddo_device_caps_get(dev, &caps) == 0);
-    ddo_plan_inputs in = { 0 };
+    ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
     in.device_total_bytes = caps.total_bytes;
     in.device_granularity = caps.granularity;
     in.device_is_cpu = true;
@@ -84,7 +86,7 @@ static void test_trace_reports_uploads_and_maps(void)
     seen sn;
     memset(&sn, 0, sizeof(sn));
     pthread_mutex_init(&sn.mu, NULL);
-    ddo_session_options so = { 0 };
+    ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
     so.config = cfg;
     so.trace = on_trace;
     so.trace_user = &sn;

@@ -130,13 +130,14 @@ static void test_dlpack_views_keep_the_session(void)
 
 static void test_plan_inputs_and_struct_sizes(void)
 {
-    ddo_device_options o;
-    memset(&o, 0, sizeof(o));
-    o.cpu_memory_bytes = 3 * DDO_GIB;
-    o.cpu_bytes_per_s = 5e9;
+    ddo_cpu_options o_cpu = DDO_CPU_OPTIONS_INIT;
+    o_cpu.memory_bytes = 3 * DDO_GIB;
+    o_cpu.bytes_per_s = 5e9;
+    ddo_device_options o = DDO_DEVICE_OPTIONS_INIT;
+    o.cpu = &o_cpu;
     ddo_device *dev = NULL;
     T_REQUIRE(ddo_device_create("cpu", &o, &dev) == 0);
-    ddo_plan_inputs in;
+    ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
     T_EQ_INT(ddo_plan_inputs_get(dev, &in), 0);
     T_EQ_U64(in.device_total_bytes, 3 * DDO_GIB);
     T_CHECK(in.device_is_cpu && in.device_vmm_supported && in.device_granularity > 0);
@@ -157,9 +158,10 @@ static void test_device_from_config(void)
     ddo_device *dev = NULL;
     char note[256];
     /* The default cuda:0 with no driver here falls back to cpu and says why. */
-    ddo_device_options o;
-    memset(&o, 0, sizeof(o));
-    o.cuda_library_path = "/nonexistent/libcuda.so.1";
+    ddo_cuda_options o_cuda = DDO_CUDA_OPTIONS_INIT;
+    o_cuda.library_path = "/nonexistent/libcuda.so.1";
+    ddo_device_options o = DDO_DEVICE_OPTIONS_INIT;
+    o.cuda = &o_cuda;
     T_EQ_INT(ddo_device_create_from_config(cfg, &o, &dev, note, sizeof(note)), 0);
     ddo_device_caps caps;
     T_REQUIRE(dev != NULL && ddo_device_caps_get(dev, &caps) == 0);

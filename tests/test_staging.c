@@ -13,8 +13,10 @@
 
 static ddo_device *open_cpu(double bytes_per_s)
 {
-    ddo_device_options o = { 0 };
-    o.cpu_bytes_per_s = bytes_per_s;
+    ddo_cpu_options o_cpu = DDO_CPU_OPTIONS_INIT;
+    o_cpu.bytes_per_s = bytes_per_s;
+    ddo_device_options o = DDO_DEVICE_OPTIONS_INIT;
+    o.cpu = &o_cpu;
     ddo_device *dev = NULL;
     if (ddo_device_create("cpu", &o, &dev) != 0) {
         fprintf(stderr, "  device: %s\n", ddo_last_error());

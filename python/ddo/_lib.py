@@ -24,6 +24,15 @@ c_void_p = ctypes.c_void_p
 MAX_DIMS = 8
 
 
+class Extensible(ctypes.Structure):
+    """A struct that grows (ddo.h, the ABI rule): its first field is its size, set here to
+    this mirror's size, and every other field starts zero, as the C DDO_<NAME>_INIT macros do."""
+
+    def __init__(self, **fields):
+        super().__init__(**fields)
+        self.size = ctypes.sizeof(self)
+
+
 class TensorInfo(ctypes.Structure):
     _fields_ = [("name", c_char_p), ("dtype", c_int), ("ndim", c_u32),
                 ("shape", c_u64 * MAX_DIMS), ("file_index", c_u32), ("offset", c_u64),
@@ -55,15 +64,22 @@ class DeviceCaps(ctypes.Structure):
                 ("driver_version", c_int), ("ordinal", c_int)]
 
 
-class DeviceOptions(ctypes.Structure):
-    _fields_ = [("cpu_memory_bytes", c_u64), ("cpu_granularity", c_size_t),
-                ("cpu_bytes_per_s", c_double), ("cpu_copy_latency_ns", c_u64),
-                ("cpu_flops_per_s", c_double), ("cuda_library_path", c_char_p),
-                ("cuda_library_env", c_char_p)]
+class CpuOptions(Extensible):
+    _fields_ = [("size", c_size_t), ("memory_bytes", c_u64), ("granularity", c_size_t),
+                ("bytes_per_s", c_double), ("copy_latency_ns", c_u64), ("flops_per_s", c_double)]
 
 
-class PlanInputs(ctypes.Structure):
-    _fields_ = [("device_total_bytes", c_u64), ("device_free_bytes", c_u64),
+class CudaOptions(Extensible):
+    _fields_ = [("size", c_size_t), ("library_path", c_char_p), ("library_env", c_char_p)]
+
+
+class DeviceOptions(Extensible):
+    _fields_ = [("size", c_size_t), ("cpu", ctypes.POINTER(CpuOptions)),
+                ("cuda", ctypes.POINTER(CudaOptions))]
+
+
+class PlanInputs(Extensible):
+    _fields_ = [("size", c_size_t), ("device_total_bytes", c_u64), ("device_free_bytes", c_u64),
                 ("device_granularity", c_size_t), ("device_is_cpu", c_bool),
                 ("device_vmm_supported", c_bool), ("host_available_bytes", c_u64),
                 ("bus_bytes_per_s", c_double), ("flops_per_s", c_double), ("tokens", c_u64)]
@@ -94,8 +110,8 @@ PROGRESS_FN = ctypes.CFUNCTYPE(None, c_void_p, c_char_p, c_u64, c_u64)
 TRACE_FN = ctypes.CFUNCTYPE(None, c_void_p, c_char_p, c_size_t, c_u64, c_u64, c_u64)
 
 
-class SessionOptions(ctypes.Structure):
-    _fields_ = [("progress", PROGRESS_FN), ("progress_user", c_void_p), ("config", c_void_p),
+class SessionOptions(Extensible):
+    _fields_ = [("size", c_size_t), ("progress", PROGRESS_FN), ("progress_user", c_void_p), ("config", c_void_p),
                 ("trace", TRACE_FN), ("trace_user", c_void_p)]
 
 
@@ -132,6 +148,7 @@ class ProfileMeasured(ctypes.Structure):
 STRUCTS = {
     "ddo_tensor_info": TensorInfo, "ddo_tensor_desc": TensorDesc,
     "ddo_config_item": ConfigItem, "ddo_settings": Settings, "ddo_device_caps": DeviceCaps,
+    "ddo_cpu_options": CpuOptions, "ddo_cuda_options": CudaOptions,
     "ddo_device_options": DeviceOptions, "ddo_plan_inputs": PlanInputs,
     "ddo_unit_info": UnitInfo, "ddo_plan_budgets": PlanBudgets,
     "ddo_tensor_location": TensorLocation, "ddo_session_options": SessionOptions,

@@ -280,14 +280,43 @@ static bool is_cuda_spec(const char *spec)
     return true;
 }
 
+/* The caller's options (NULL, or a struct of any released size) as the devices read them: every
+ * block present and whole. */
+typedef struct device_options {
+    ddo_device_options o;
+    ddo_cpu_options cpu;
+    ddo_cuda_options cuda;
+} device_options;
+
+static int take_options(const ddo_device_options *opts, device_options *t)
+{
+    memset(t, 0, sizeof(*t));
+    t->cpu.size = sizeof(t->cpu);
+    t->cuda.size = sizeof(t->cuda);
+    int rc = 0;
+    if (opts != NULL)
+        rc = DDO__ABI_IN(ddo_device_options, opts, &t->o);
+    if (rc == 0 && t->o.cpu != NULL)
+        rc = DDO__ABI_IN(ddo_cpu_options, t->o.cpu, &t->cpu);
+    if (rc == 0 && t->o.cuda != NULL)
+        rc = DDO__ABI_IN(ddo_cuda_options, t->o.cuda, &t->cuda);
+    t->o.size = sizeof(t->o);
+    t->o.cpu = &t->cpu;
+    t->o.cuda = &t->cuda;
+    return rc;
+}
+
 int ddo_device_create(const char *spec, const ddo_device_options *opts, ddo_device **out)
 {
-    static const ddo_device_options defaults;
     if (out == NULL)
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_device_create: out is NULL");
     *out = NULL;
     if (spec == NULL)
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_device_create: spec is NULL");
+    device_options taken;
+    int rc = take_options(opts, &taken);
+    if (rc != 0)
+        return rc;
     const ddo__device_ops *ops;
     if (strcmp(spec, "cpu") == 0) {
         ops = &ddo__device_cpu_ops;
@@ -311,7 +340,7 @@ int ddo_device_create(const char *spec, const ddo_device_options *opts, ddo_devi
     pthread_mutex_init(&dev->usage_lock, NULL);
 
     ddo__errbuf eb = { 0, "" };
-    int rc = ops->open(spec, opts ? opts : &defaults, &dev->st, &eb);
+    rc = ops->open(spec, &taken.o, &dev->st, &eb);
     if (rc != 0)
         goto fail;
     rc = ops->caps(dev->st, &dev->caps, &eb);

@@ -79,6 +79,8 @@ typedef struct ddo__codec_launch ddo__codec_launch;
  */
 typedef struct ddo__device_ops {
     const char *name; /* "cpu", "cuda" */
+    /* opts as device.c took it (ddo.h's ABI rule): from there, opts->cpu and opts->cuda are
+     * never NULL and are this library's full structs (zero past the caller's fields). */
     int (*open)(const char *spec, const ddo_device_options *opts, void **st, ddo__errbuf *eb);
     void (*close)(void *st);
     int (*caps)(void *st, ddo_device_caps *out, ddo__errbuf *eb);

@@ -129,25 +129,26 @@ static uint64_t map_rounded(uint64_t size)
 static int cpu_open(const char *spec, const ddo_device_options *opts, void **st, ddo__errbuf *eb)
 {
     (void)spec;
-    uint64_t size = opts->cpu_memory_bytes ? opts->cpu_memory_bytes : CPU_DEFAULT_SIZE;
-    uint64_t gran = opts->cpu_granularity ? opts->cpu_granularity : CPU_DEFAULT_GRANULARITY;
+    const ddo_cpu_options *o = opts->cpu; /* never NULL (device.h) */
+    uint64_t size = o->memory_bytes ? o->memory_bytes : CPU_DEFAULT_SIZE;
+    uint64_t gran = o->granularity ? o->granularity : CPU_DEFAULT_GRANULARITY;
     if (gran % page_size() != 0)
         return ddo__fail(eb, DDO_E_CONFIG,
                          "cpu device: granularity %" PRIu64
                          " bytes is not a multiple of the page size %" PRIu64,
                          gran, page_size());
-    if (!(opts->cpu_bytes_per_s >= 0.0 && opts->cpu_bytes_per_s < 1e300))
+    if (!(o->bytes_per_s >= 0.0 && o->bytes_per_s < 1e300))
         return ddo__fail(eb, DDO_E_CONFIG,
                          "cpu device: copy bandwidth %g bytes/s is not a finite value >= 0",
-                         opts->cpu_bytes_per_s);
+                         o->bytes_per_s);
     cpu_dev *d = ddo__calloc(1, sizeof(*d));
     if (d == NULL)
         return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu device: out of host memory");
     d->size = size;
     d->gran = gran;
-    d->flops_per_s = opts->cpu_flops_per_s > 0 ? opts->cpu_flops_per_s : 0;
-    d->bytes_per_s = opts->cpu_bytes_per_s;
-    d->latency_ns = opts->cpu_copy_latency_ns;
+    d->flops_per_s = o->flops_per_s > 0 ? o->flops_per_s : 0;
+    d->bytes_per_s = o->bytes_per_s;
+    d->latency_ns = o->copy_latency_ns;
     d->next_handle = 1;
     pthread_mutex_init(&d->lock, NULL);
     pthread_cond_init(&d->progress, NULL);

@@ -3,8 +3,8 @@
  * CUDA driver API, loaded at run time.
  *
  * Bootstrap (docs/cuda.md): the driver library is the explicit path
- * (ddo_device_options.cuda_library_path), else the value of
- * DDO_VMM_LIBRARY_PATH the host passed (cuda_library_env; the library never
+ * (ddo_cuda_options.library_path), else the value of
+ * DDO_VMM_LIBRARY_PATH the host passed (library_env; the library never
  * reads the environment), else dlopen("libcuda.so.1"). A missing or invalid
  * library fails with DDO_E_NO_DEVICE and nothing else is tried. Only
  * cuGetProcAddress is taken with dlsym; every other entry point comes through
@@ -369,11 +369,12 @@ static void cuda_close(void *st)
 /* The driver library to load: the option, else the environment's value, else the default. */
 static const char *driver_path(const ddo_device_options *opts)
 {
+    const ddo_cuda_options *o = opts != NULL ? opts->cuda : NULL;
     const char *path = DDO_CU_LIBRARY;
-    if (opts != NULL && opts->cuda_library_path != NULL && opts->cuda_library_path[0] != '\0')
-        path = opts->cuda_library_path;
-    else if (opts != NULL && opts->cuda_library_env != NULL && opts->cuda_library_env[0] != '\0')
-        path = opts->cuda_library_env;
+    if (o != NULL && o->library_path != NULL && o->library_path[0] != '\0')
+        path = o->library_path;
+    else if (o != NULL && o->library_env != NULL && o->library_env[0] != '\0')
+        path = o->library_env;
     return path;
 }
 
@@ -966,9 +967,10 @@ static int driver_proc(const char *library_path, const char *symbol, int cuda_ve
 {
     /* The device's rule: the path given, else discovery (the host passes the value of
      * DDO_VMM_LIBRARY_PATH if it honours it; the library never reads the environment). */
-    ddo_device_options o;
-    memset(&o, 0, sizeof(o));
-    o.cuda_library_path = library_path;
+    ddo_cuda_options c = DDO_CUDA_OPTIONS_INIT;
+    c.library_path = library_path;
+    ddo_device_options o = DDO_DEVICE_OPTIONS_INIT;
+    o.cuda = &c;
     const char *path = driver_path(&o);
     cu_loader l;
     int rc = open_driver(path, &l, NULL);

@@ -81,7 +81,7 @@ static ddo_config *fp_config(fp_reader *r, ddo_plan_inputs *in)
         ddo_config_destroy(cfg);
         return NULL;
     }
-    memset(in, 0, sizeof(*in));
+    *in = (ddo_plan_inputs)DDO_PLAN_INPUTS_INIT;
     in->device_total_bytes = (uint64_t)fp_byte(r) << 25;
     in->host_available_bytes = (uint64_t)fp_byte(r) << 26;
     unsigned cost = fp_byte(r);

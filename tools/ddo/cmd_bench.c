@@ -270,7 +270,7 @@ typedef struct bench_args {
     const char *trace_path;
     bench_case cases[MAX_CASES];
     size_t ncases;
-    ddo_device_options dev_opts;
+    ddo_cpu_options cpu; /* --cpu-gbps, --cpu-gflops, --cpu-memory-gb */
 } bench_args;
 
 static void usage(FILE *out)
@@ -371,7 +371,8 @@ typedef struct case_result {
 typedef struct bench {
     bench_args *a;
     ddo_config *cfg; /* the global configuration (environment + global flags) */
-    ddo_device *dev;
+    ddo_setup *setup;
+    ddo_device *dev; /* the setup's */
     ddo_device_caps caps;
     ddo_checkpoint *ck;
     ddo_stream *stream;
@@ -511,12 +512,15 @@ static int verify_step(bench *b, ddo_session *s, const ddo_plan *plan, uint64_t 
 /* The case's plan and execution order, printed; fails the case on error. */
 static int case_plan(bench *b, ddo_config *cfg, case_result *r, ddo_plan **plan, exec_order *o)
 {
-    ddo_plan_inputs in;
-    tool_plan_inputs(&in, &b->caps);
-    in.device_free_bytes = device_free(b->dev);
+    ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
+    int rc = ddo_setup_plan_inputs(b->setup, &in);
+    /* The measured bus limit; no compute rate (a cpu device's throttle included): the cases
+     * are timed, not predicted. */
     in.bus_bytes_per_s = b->bus_bps;
+    in.flops_per_s = 0;
     in.tokens = b->a->tokens;
-    int rc = ddo_plan_build(b->ck, cfg, &in, plan);
+    if (rc == 0)
+        rc = ddo_setup_plan(b->setup, b->ck, cfg, &in, plan);
     if (rc != 0) {
         fail_case(r, "plan", rc, ddo_last_error());
         return rc;
@@ -667,8 +671,7 @@ static int run_case(bench *b, ddo_config *cfg, uint64_t steps, uint64_t trace_st
         goto out;
     base_free = device_free(b->dev);
     min_free = base_free;
-    ddo_session_options so;
-    memset(&so, 0, sizeof(so));
+    ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
     so.config = cfg;
     if (b->a->trace_path != NULL) {
         so.trace = session_trace_fn;
@@ -965,7 +968,7 @@ static int parse_args(int argc, char **argv, bench_args *a)
             else if (strcmp(arg, "--direct-gib") == 0)
                 bad = tool_flag_real("bench", arg, val, 0.0, TOOL_MAX_MEMORY_GB, &a->direct_gib);
             else
-                bad = tool_device_flag("bench", arg, val, &a->dev_opts);
+                bad = tool_device_flag("bench", arg, val, &a->cpu);
             if (bad != 0)
                 return -1;
             i++;
@@ -1068,18 +1071,27 @@ out:
     return 0;
 }
 
-/* The configured device and a copy stream; -1 after a message. */
+/* The configured device exactly (no stand-in: a bench measures the device asked for) and a
+ * copy stream; -1 after a message. */
 static int open_device(bench *b, bench_args *a)
 {
     const char *spec = "cuda:0";
     ddo_config_get(b->cfg, "execution_device", &spec);
     char spec_buf[64];
     snprintf(spec_buf, sizeof(spec_buf), "%s", spec != NULL ? spec : "cuda:0");
-    a->dev_opts.cuda_library_env = getenv("DDO_VMM_LIBRARY_PATH");
-    if (ddo_device_create(spec_buf, &a->dev_opts, &b->dev) != 0) {
+    ddo_cuda_options cuda = DDO_CUDA_OPTIONS_INIT;
+    cuda.library_env = getenv("DDO_VMM_LIBRARY_PATH");
+    ddo_device_options dopt = DDO_DEVICE_OPTIONS_INIT;
+    dopt.cpu = &a->cpu;
+    dopt.cuda = &cuda;
+    ddo_setup_options so = DDO_SETUP_OPTIONS_INIT;
+    so.device = DDO_DEVICE_CHOICE_EXACT;
+    so.device_options = &dopt;
+    if (ddo_setup_create(b->cfg, &so, &b->setup) != 0) {
         fprintf(stderr, "ddo bench: device %s: %s\n", spec_buf, ddo_last_error());
         return -1;
     }
+    b->dev = ddo_setup_device(b->setup);
     if (ddo_device_caps_get(b->dev, &b->caps) != 0) {
         fprintf(stderr, "ddo bench: device %s: %s\n", spec_buf, ddo_device_error(b->dev));
         return -1;
@@ -1119,12 +1131,7 @@ static int open_checkpoint(bench *b, const bench_args *a, char *synth_path, size
                (double)written / GIB_D, (double)(tool_now_ns() - ts) / 1e9);
         path = synth_path;
     }
-    const char *backend_name = NULL;
-    ddo_read_backend rb = DDO_READ_DEFAULT;
-    if (ddo_config_get(b->cfg, "load_safetensors_backend", &backend_name) == 0 &&
-        backend_name != NULL && strcmp(backend_name, "mmap") == 0)
-        rb = DDO_READ_MMAP;
-    if (ddo_checkpoint_create(path, rb, &b->ck) != 0) {
+    if (ddo_checkpoint_create_from_config(path, b->cfg, &b->ck) != 0) {
         fprintf(stderr, "ddo bench: %s: %s\n", path, ddo_last_error());
         return -1;
     }
@@ -1147,9 +1154,8 @@ static int measure_limits(bench *b, const bench_args *a)
             return -1;
         }
         b->bus_how = "pinned, 16 MiB pieces";
-    } else if (b->caps.bus_bytes_per_s > 0 || a->dev_opts.cpu_bytes_per_s > 0) {
-        b->bus_bps =
-            b->caps.bus_bytes_per_s > 0 ? b->caps.bus_bytes_per_s : a->dev_opts.cpu_bytes_per_s;
+    } else if (b->caps.bus_bytes_per_s > 0 || a->cpu.bytes_per_s > 0) {
+        b->bus_bps = b->caps.bus_bytes_per_s > 0 ? b->caps.bus_bytes_per_s : a->cpu.bytes_per_s;
         b->bus_how = "cpu device throttle";
     } else {
         b->bus_bps = memcpy_bandwidth();
@@ -1240,6 +1246,7 @@ int ddo_cmd_bench(int argc, char **argv)
 {
     bench_args a;
     memset(&a, 0, sizeof(a));
+    a.cpu = (ddo_cpu_options)DDO_CPU_OPTIONS_INIT;
     a.scale = 1.0;
     a.tokens = 256;
     a.steps = 5;
@@ -1259,12 +1266,11 @@ int ddo_cmd_bench(int argc, char **argv)
     int synth_slot = -1;
     int status = DDO_EXIT_USAGE;
 
-    int rc = ddo_config_create(&b.cfg);
+    int rc = tool_config_create(&b.cfg);
     if (rc != 0) {
         fprintf(stderr, "ddo bench: %s\n", ddo_last_error());
         return DDO_EXIT_FAILURE;
     }
-    ddo_config_set_running_on_wsl(b.cfg, ddo_tool_running_on_wsl() != 0);
     rc = ddo_config_apply_env(b.cfg, (const char *const *)environ);
     if (rc == 0)
         rc = ddo_config_parse_args(b.cfg, &argc, argv);
@@ -1300,7 +1306,7 @@ int ddo_cmd_bench(int argc, char **argv)
     ref_host_config hc;
     memset(&hc, 0, sizeof(hc));
     hc.tokens = a.tokens;
-    hc.cpu_flops_per_s = a.dev_opts.cpu_flops_per_s;
+    hc.cpu_flops_per_s = a.cpu.flops_per_s;
     hc.checksum = false;
     rc = ref_host_create_ex(b.dev, b.ck, &hc, &b.timing);
     if (rc == 0) {
@@ -1331,7 +1337,7 @@ out:
         unlink(synth_path);
     tool_cleanup_forget(synth_slot);
     ddo_stream_destroy(b.stream);
-    ddo_device_destroy(b.dev);
+    ddo_setup_destroy(b.setup);
     ddo_config_destroy(b.cfg);
     for (size_t i = 0; i < a.ncases; i++)
         free(a.cases[i].flags);

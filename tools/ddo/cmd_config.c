@@ -65,12 +65,11 @@ int ddo_cmd_config(int argc, char **argv)
             return DDO_EXIT_OK;
         }
     ddo_config *cfg;
-    if (ddo_config_create(&cfg) != 0) {
+    if (tool_config_create(&cfg) != 0) {
         fprintf(stderr, "ddo config: %s\n", ddo_last_error());
         return DDO_EXIT_FAILURE;
     }
     int status = DDO_EXIT_FAILURE;
-    ddo_config_set_running_on_wsl(cfg, ddo_tool_running_on_wsl() != 0);
     if (ddo_config_apply_env(cfg, (const char *const *)environ) != 0 ||
         ddo_config_parse_args(cfg, &argc, argv) != 0) {
         fprintf(stderr, "ddo config: %s\n", ddo_config_error(cfg));

@@ -44,10 +44,10 @@ extern char **environ;
         "--ddo-vmm-source-cache-gb", "1", "--ddo-pin-cpu-memory", "1",                   \
         "--ddo-vmm-resident-weight-budget-gb", (budget)
 
-/* Builds the plan `ddo run` will build (environment, then the demo's flags) for budget_gb;
- * returns the plan's code. */
-static int try_plan(const ddo_checkpoint *ck, char *device, const ddo_device_caps *caps,
-                    double budget_gb, uint64_t tokens, ddo_plan_budgets *out)
+/* Builds the plan `ddo run` will build (environment, then the demo's flags) for budget_gb on
+ * the setup's device; returns the plan's code. */
+static int try_plan(ddo_setup *setup, const ddo_checkpoint *ck, char *device, double budget_gb,
+                    uint64_t tokens, ddo_plan_budgets *out)
 {
     ddo_config *cfg = NULL;
     ddo_plan *plan = NULL;
@@ -62,11 +62,12 @@ static int try_plan(const ddo_checkpoint *ck, char *device, const ddo_device_cap
         rc = ddo_config_parse_args(cfg, &nargs, args);
     if (rc == 0)
         rc = ddo_config_validate(cfg);
+    ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
+    if (rc == 0)
+        rc = ddo_setup_plan_inputs(setup, &in);
     if (rc == 0) {
-        ddo_plan_inputs in;
-        tool_plan_inputs(&in, caps);
         in.tokens = tokens;
-        rc = ddo_plan_build(ck, cfg, &in, &plan);
+        rc = ddo_setup_plan(setup, ck, cfg, &in, &plan);
     }
     if (rc == 0)
         rc = ddo_plan_budgets_get(plan, out);
@@ -77,26 +78,27 @@ static int try_plan(const ddo_checkpoint *ck, char *device, const ddo_device_cap
 
 /* A quarter of the model, or the nearest budget at which every unit still fits two execution
  * slots beside the resident tensors; -1 after a message when no budget plans. */
-static int choose_budget(const ddo_checkpoint *ck, char *device, const ddo_device_caps *caps,
-                         uint64_t tokens, double *budget_gb, ddo_plan_budgets *b)
+static int choose_budget(ddo_setup *setup, const ddo_checkpoint *ck, char *device,
+                         const ddo_device_caps *caps, uint64_t tokens, double *budget_gb,
+                         ddo_plan_budgets *b)
 {
     uint64_t total = ddo_checkpoint_total_bytes(ck);
     double quarter_gb = (double)total / 4.0 / GIB;
     *budget_gb = quarter_gb;
     memset(b, 0, sizeof *b);
-    int rc = try_plan(ck, device, caps, *budget_gb, tokens, b);
+    int rc = try_plan(setup, ck, device, *budget_gb, tokens, b);
     if (rc == 0 && b->slot_count >= 2)
         return 0;
     ddo_plan_budgets big;
     memset(&big, 0, sizeof big);
-    if (try_plan(ck, device, caps, (double)total / GIB * 2.0 + 1.0, tokens, &big) != 0) {
+    if (try_plan(setup, ck, device, (double)total / GIB * 2.0 + 1.0, tokens, &big) != 0) {
         fprintf(stderr, "ddo demo: no plan: %s\n", ddo_last_error());
         return -1;
     }
     double need = (double)(big.resident_bytes + 2 * big.slot_bytes);
     need += (double)(caps->granularity ? caps->granularity : 2u << 20);
     *budget_gb = need / GIB;
-    if (try_plan(ck, device, caps, *budget_gb, tokens, b) != 0) {
+    if (try_plan(setup, ck, device, *budget_gb, tokens, b) != 0) {
         fprintf(stderr, "ddo demo: no plan at %.3f GiB: %s\n", *budget_gb, ddo_last_error());
         return -1;
     }
@@ -149,21 +151,36 @@ static int parse_demo_args(int argc, char **argv, demo_args *a)
     return 1;
 }
 
-/* The best device: --device, else cuda:0 when it answers, else cpu. Opens it into *dev and
- * writes its spec and why it was chosen; -1 after a message when it does not open. */
-static int pick_device(const char *device_arg, char device[64], const char **why, ddo_device **dev)
+/* A setup on the device spec exactly (the demo's choice, not the environment's). */
+static int setup_on(const char *spec, ddo_setup **setup)
 {
-    *dev = NULL;
+    ddo_config *cfg = NULL;
+    ddo_setup_options so = DDO_SETUP_OPTIONS_INIT;
+    so.device = DDO_DEVICE_CHOICE_EXACT;
+    int rc = ddo_config_create(&cfg);
+    if (rc == 0)
+        rc = ddo_config_set(cfg, "execution_device", spec);
+    if (rc == 0)
+        rc = ddo_setup_create(cfg, &so, setup);
+    ddo_config_destroy(cfg);
+    return rc;
+}
+
+/* The best device: --device, else cuda:0 when it answers, else cpu. Opens a setup on it into
+ * *setup and writes its spec and why it was chosen; -1 after a message when it does not open. */
+static int pick_device(const char *device_arg, char device[64], const char **why, ddo_setup **setup)
+{
+    *setup = NULL;
     if (device_arg != NULL) {
         snprintf(device, 64, "%s", device_arg);
         *why = "chosen with --device";
-    } else if (ddo_device_create("cuda:0", NULL, dev) == 0) {
+    } else if (setup_on("cuda:0", setup) == 0) {
         if (ref_host_cuda_available() == 0) {
             snprintf(device, 64, "cuda:0");
             *why = "a GPU answered";
         } else {
-            ddo_device_destroy(*dev);
-            *dev = NULL;
+            ddo_setup_destroy(*setup);
+            *setup = NULL;
             snprintf(device, 64, "cpu");
             *why = "a GPU answered but this build has no cuBLASLt reference host; using host "
                    "memory as device memory";
@@ -172,7 +189,7 @@ static int pick_device(const char *device_arg, char device[64], const char **why
         snprintf(device, 64, "cpu");
         *why = "no GPU answered; host memory poses as device memory";
     }
-    if (*dev == NULL && ddo_device_create(device, NULL, dev) != 0) {
+    if (*setup == NULL && setup_on(device, setup) != 0) {
         fprintf(stderr, "ddo demo: device %s: %s\n", device, ddo_last_error());
         return -1;
     }
@@ -201,15 +218,15 @@ int ddo_cmd_demo(int argc, char **argv)
 
     char device[64];
     const char *why = "";
-    ddo_device *dev = NULL;
+    ddo_setup *setup = NULL; /* kept for planning; `ddo run` opens its own */
     ddo_device_caps caps;
     memset(&caps, 0, sizeof caps);
-    if (pick_device(da.device, device, &why, &dev) != 0)
+    if (pick_device(da.device, device, &why, &setup) != 0)
         return DDO_EXIT_FAILURE;
-    int rc = ddo_device_caps_get(dev, &caps);
-    ddo_device_destroy(dev);
+    int rc = ddo_device_caps_get(ddo_setup_device(setup), &caps);
     if (rc != 0) {
         fprintf(stderr, "ddo demo: device %s: %s\n", device, ddo_last_error());
+        ddo_setup_destroy(setup);
         return DDO_EXIT_FAILURE;
     }
 
@@ -219,6 +236,7 @@ int ddo_cmd_demo(int argc, char **argv)
     if (mkdtemp(dir) == NULL) {
         fprintf(stderr, "ddo demo: cannot create a temporary directory %s: %s\n", dir,
                 strerror(errno));
+        ddo_setup_destroy(setup);
         return DDO_EXIT_FAILURE;
     }
     snprintf(model, sizeof model, "%s/flux1-dev-synth.safetensors", dir);
@@ -250,7 +268,7 @@ int ddo_cmd_demo(int argc, char **argv)
 
     double budget_gb = 0;
     ddo_plan_budgets b;
-    if (choose_budget(ck, device, &caps, tokens, &budget_gb, &b) != 0)
+    if (choose_budget(setup, ck, device, &caps, tokens, &budget_gb, &b) != 0)
         goto out;
     printf("2. device %s (%s): device weight budget %.1f MiB for a %.1f MiB model (%.0f%%)\n",
            device, why, budget_gb * GIB / MIB, (double)total / MIB,
@@ -261,6 +279,8 @@ int ddo_cmd_demo(int argc, char **argv)
     fflush(stdout);
     ddo_checkpoint_destroy(ck);
     ck = NULL;
+    ddo_setup_destroy(setup);
+    setup = NULL;
 
     char budget_s[64], steps_s[32], tokens_s[32];
     snprintf(budget_s, sizeof budget_s, "%.6f", budget_gb);
@@ -277,6 +297,7 @@ int ddo_cmd_demo(int argc, char **argv)
            (double)(tool_now_ns() - t0) / 1e9);
 out:
     ddo_checkpoint_destroy(ck);
+    ddo_setup_destroy(setup);
     if (keep) {
         printf("ddo demo: kept %s\n", dir);
     } else {

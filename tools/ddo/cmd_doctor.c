@@ -82,9 +82,10 @@ static void probe_gpus(doctor *D, uint64_t measure_bytes, bool quiet)
         char spec[16];
         snprintf(spec, sizeof(spec), "cuda:%d", i);
         ddo_device *dev = NULL;
-        ddo_device_options dopt;
-        memset(&dopt, 0, sizeof(dopt));
-        dopt.cuda_library_env = getenv("DDO_VMM_LIBRARY_PATH");
+        ddo_cuda_options cuda = DDO_CUDA_OPTIONS_INIT;
+        cuda.library_env = getenv("DDO_VMM_LIBRARY_PATH");
+        ddo_device_options dopt = DDO_DEVICE_OPTIONS_INIT;
+        dopt.cuda = &cuda;
         if (ddo_device_create(spec, &dopt, &dev) != 0) {
             if (i == 0)
                 snprintf(D->driver_error, sizeof(D->driver_error), "%s", ddo_last_error());
@@ -140,20 +141,26 @@ static void auto_plan(doctor *D)
     }
     if (D->ck == NULL)
         return;
-    ddo_plan_inputs in;
-    memset(&in, 0, sizeof(in));
-    if (D->ngpu > 0) {
-        in.device_total_bytes = D->gpus[0].caps.total_bytes;
-        in.device_free_bytes = D->gpus[0].caps.free_bytes;
-        in.device_granularity = D->gpus[0].caps.granularity;
-        in.device_vmm_supported = D->gpus[0].caps.vmm_supported;
-        in.bus_bytes_per_s = D->gpus[0].bw.pinned_bytes_per_s;
-    } else {
-        in.device_is_cpu = true;
+    /* No device is kept: the plan is made for the first GPU as probed (its measured bus), or
+     * for the cpu device without a device limit. */
+    ddo_setup_options so = DDO_SETUP_OPTIONS_INIT;
+    so.device = DDO_DEVICE_CHOICE_NONE;
+    ddo_setup *setup = NULL;
+    ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
+    rc = ddo_setup_create(D->cfg, &so, &setup);
+    if (rc == 0)
+        rc = ddo_plan_inputs_from_caps(D->ngpu > 0 ? &D->gpus[0].caps : NULL, &in);
+    if (rc == 0) {
+        if (D->ngpu > 0)
+            in.bus_bytes_per_s = D->gpus[0].bw.pinned_bytes_per_s;
+        else
+            in.device_is_cpu = true;
+        in.host_available_bytes = D->host.ram_available_bytes;
+        rc = ddo_setup_plan(setup, D->ck, D->cfg, &in, &D->plan);
     }
-    in.host_available_bytes = D->host.ram_available_bytes;
-    if (ddo_plan_build(D->ck, D->cfg, &in, &D->plan) != 0)
+    if (rc != 0)
         snprintf(D->plan_error, sizeof(D->plan_error), "%s", ddo_last_error());
+    ddo_setup_destroy(setup);
 }
 
 /* The one-line recommendation. */

@@ -198,20 +198,35 @@ static int parse_flags(int argc, char **argv, plan_flags *f)
     return 0;
 }
 
-/* Plan inputs from the flags, else the configured device (opened into *dev) and the host. */
-static int fill_inputs(ddo_config *cfg, const plan_flags *f, ddo_plan_inputs *in, ddo_device **dev)
+/*
+ * The setup the plan is made for and its inputs: the configured device when it is a cuda one
+ * that opens and --device-memory-gb does not replace it, else none (the plan is made without
+ * the device's figures); the flags' figures over them. -1 after a message.
+ */
+static int plan_setup(ddo_config *cfg, const plan_flags *f, ddo_setup **setup, ddo_plan_inputs *in)
 {
-    memset(in, 0, sizeof(*in));
     const char *spec = "cpu";
     if (ddo_config_get(cfg, "execution_device", &spec) != 0 || spec == NULL)
         spec = "cpu";
-    in->device_is_cpu = strncmp(spec, "cuda", 4) != 0;
+    bool is_cpu = strncmp(spec, "cuda", 4) != 0;
+    bool device = !is_cpu && f->device_gb < 0.0;
+    ddo_setup_options so = DDO_SETUP_OPTIONS_INIT;
+    so.device = DDO_DEVICE_CHOICE_EXACT;
+    if (device && ddo_setup_create(cfg, &so, setup) == 0 &&
+        ddo_setup_plan_inputs(*setup, in) != 0) {
+        ddo_setup_destroy(*setup); /* the device did not answer: plan without its figures */
+        *setup = NULL;
+    }
+    so.device = DDO_DEVICE_CHOICE_NONE;
+    if (*setup == NULL &&
+        (ddo_setup_create(cfg, &so, setup) != 0 || ddo_setup_plan_inputs(*setup, in) != 0)) {
+        fprintf(stderr, "ddo plan: %s\n", ddo_last_error());
+        return -1;
+    }
+    in->device_is_cpu = in->device_is_cpu || is_cpu;
     if (f->device_gb >= 0.0) {
         in->device_total_bytes = (uint64_t)(f->device_gb * 1073741824.0); /* <= 1 PiB */
         in->device_free_bytes = in->device_total_bytes;
-    } else if (!in->device_is_cpu && ddo_device_create(spec, NULL, dev) == 0 &&
-               ddo_plan_inputs_get(*dev, in) != 0) {
-        memset(in, 0, sizeof(*in)); /* the device did not answer: plan without its figures */
     }
     if (f->host_gb >= 0.0) {
         in->host_available_bytes = (uint64_t)(f->host_gb * 1073741824.0);
@@ -219,8 +234,6 @@ static int fill_inputs(ddo_config *cfg, const plan_flags *f, ddo_plan_inputs *in
             fprintf(stderr, "ddo plan: %s\n", ddo_config_error(cfg));
             return -1;
         }
-    } else {
-        in->host_available_bytes = tool_host_available_bytes();
     }
     if (f->gbps > 0.0)
         in->bus_bytes_per_s = f->gbps * 1e9;
@@ -240,14 +253,13 @@ int ddo_cmd_plan(int argc, char **argv)
     ddo_config *cfg = NULL;
     ddo_checkpoint *ck = NULL;
     ddo_plan *plan = NULL;
-    ddo_device *dev = NULL;
+    ddo_setup *setup = NULL;
     char *saved = NULL;
     int status = DDO_EXIT_FAILURE;
-    if (ddo_config_create(&cfg) != 0) {
+    if (tool_config_create(&cfg) != 0) {
         fprintf(stderr, "ddo plan: %s\n", ddo_last_error());
         return DDO_EXIT_FAILURE;
     }
-    ddo_config_set_running_on_wsl(cfg, ddo_tool_running_on_wsl() != 0);
     if (ddo_config_apply_env(cfg, (const char *const *)environ) != 0 ||
         ddo_config_parse_args(cfg, &argc, argv) != 0) {
         fprintf(stderr, "ddo plan: %s\n", ddo_config_error(cfg));
@@ -292,10 +304,10 @@ int ddo_cmd_plan(int argc, char **argv)
         fprintf(stderr, "ddo plan: %s\n", ddo_last_error());
         goto out;
     }
-    ddo_plan_inputs in;
-    if (fill_inputs(cfg, &f, &in, &dev) != 0)
+    ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
+    if (plan_setup(cfg, &f, &setup, &in) != 0)
         goto out;
-    if (ddo_plan_build(ck, cfg, &in, &plan) != 0) {
+    if (ddo_setup_plan(setup, ck, cfg, &in, &plan) != 0) {
         fprintf(stderr, "ddo plan: %s\n", ddo_last_error());
         goto out;
     }
@@ -303,7 +315,7 @@ int ddo_cmd_plan(int argc, char **argv)
 out:
     free(saved);
     ddo_plan_destroy(plan);
-    ddo_device_destroy(dev);
+    ddo_setup_destroy(setup);
     ddo_checkpoint_destroy(ck);
     ddo_config_destroy(cfg);
     return status;

@@ -41,7 +41,7 @@ typedef struct run_args {
     bool verify;
     const char *metrics_path;
     bool show_profile;
-    ddo_device_options dev_opts;
+    ddo_cpu_options cpu;   /* --cpu-gbps, --cpu-gflops, --cpu-memory-gb */
     uint64_t corrupt_step; /* DDO_TEST_CORRUPT: tests only; 0 = off */
 } run_args;
 
@@ -155,18 +155,6 @@ static double measure_memcpy(void)
     return best;
 }
 
-static ddo_read_backend read_backend(const ddo_config *cfg)
-{
-    const char *v = NULL;
-    if (ddo_config_get(cfg, "load_safetensors_backend", &v) != 0 || v == NULL)
-        return DDO_READ_DEFAULT;
-    if (strcmp(v, "pread") == 0)
-        return DDO_READ_PREAD;
-    if (strcmp(v, "mmap") == 0)
-        return DDO_READ_MMAP;
-    return DDO_READ_DEFAULT;
-}
-
 /* ---- plan summary ------------------------------------------------------------------ */
 
 static void print_plan(const ddo_plan *plan, const ddo_checkpoint *ck, const char *device_name)
@@ -227,9 +215,9 @@ static void print_plan(const ddo_plan *plan, const ddo_checkpoint *ck, const cha
 typedef struct run_ctx {
     const run_args *args;
     ddo_config *cfg;
-    ddo_device *dev;
+    ddo_setup *setup; /* the device, the plan inputs, the workload profile */
+    ddo_device *dev;  /* the setup's */
     ddo_device_caps caps;
-    const char *device_spec;
     uint64_t baseline_used;
 } run_ctx;
 
@@ -274,7 +262,7 @@ static int reference_session(run_ctx *ctx, const ddo_checkpoint *ck, const exec_
     if (rc == 0)
         rc = ddo_config_apply_preset(rcfg, "linear", "one_shot_fast");
     if (rc == 0)
-        rc = ddo_config_set(rcfg, "execution_device", ctx->device_spec);
+        rc = ddo_config_set(rcfg, "execution_device", ddo_setup_device_spec(ctx->setup));
     if (rc == 0)
         rc = ddo_config_set(rcfg, "auto_budget_policy", "off");
     if (rc == 0)
@@ -283,10 +271,13 @@ static int reference_session(run_ctx *ctx, const ddo_checkpoint *ck, const exec_
         fail_msg("reference configuration", rc, ddo_config_error(rcfg));
         goto out;
     }
-    ddo_plan_inputs in;
-    tool_plan_inputs(&in, &ctx->caps);
+    ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
+    rc = ddo_setup_plan_inputs(ctx->setup, &in);
+    in.bus_bytes_per_s = 0; /* the reference needs no cost model */
+    in.flops_per_s = 0;
     in.tokens = ctx->args->tokens;
-    rc = ddo_plan_build(ck, rcfg, &in, &rplan);
+    if (rc == 0)
+        rc = ddo_setup_plan(ctx->setup, ck, rcfg, &in, &rplan);
     if (rc != 0) {
         fail_msg("reference plan (everything resident)", rc, ddo_last_error());
         goto out;
@@ -382,39 +373,31 @@ static int reference_checkpoint(const run_ctx *ctx, const ddo_checkpoint *ck, co
 }
 
 /*
- * The plan inputs for ck on ctx's device: its capabilities, the cpu device's throttles or
- * measured figures, then the last calibration's measured figures when nothing better is known.
+ * The plan inputs on ctx's device: the setup's (the device's figures, the cpu device's
+ * throttles, the last calibration's measured rates where the device has none); an unthrottled
+ * cpu device's rates measured here win over the calibration's.
  */
-static void plan_inputs(const run_ctx *ctx, const tool_profile *tp, ddo_plan_inputs *in)
+static int plan_inputs(const run_ctx *ctx, ddo_plan_inputs *in)
 {
     const run_args *a = ctx->args;
-    tool_plan_inputs(in, &ctx->caps);
-    in->bus_bytes_per_s =
-        ctx->caps.bus_bytes_per_s > 0 ? ctx->caps.bus_bytes_per_s : a->dev_opts.cpu_bytes_per_s;
-    in->flops_per_s =
-        ctx->caps.flops_per_s > 0 ? ctx->caps.flops_per_s : a->dev_opts.cpu_flops_per_s;
-    if (!ctx->caps.is_cpu) {
-        in->bus_bytes_per_s = ctx->caps.bus_bytes_per_s;
-        in->flops_per_s = ctx->caps.flops_per_s;
-    } else {
-        /* An unthrottled cpu device: measure what the cost model needs. */
-        if (in->flops_per_s <= 0) {
-            in->flops_per_s = ref_host_cpu_measure_flops(a->tokens);
-            printf("  cost model: reference loop measured at %.2f GFLOP/s\n",
-                   in->flops_per_s / 1e9);
-        }
-        if (in->bus_bytes_per_s <= 0) {
-            in->bus_bytes_per_s = measure_memcpy();
-            printf("  cost model: host memcpy measured at %.2f GB/s (the cpu device's bus)\n",
-                   in->bus_bytes_per_s / 1e9);
-        }
+    int rc = ddo_setup_plan_inputs(ctx->setup, in);
+    if (rc != 0)
+        return rc;
+    if (ctx->caps.is_cpu && !(ctx->caps.flops_per_s > 0)) {
+        double flops = ref_host_cpu_measure_flops(a->tokens);
+        printf("  cost model: reference loop measured at %.2f GFLOP/s\n", flops / 1e9);
+        if (flops > 0)
+            in->flops_per_s = flops;
     }
-    /* Measured figures of the last calibration feed the cost model when nothing better is known. */
-    if (in->bus_bytes_per_s <= 0 && tp->measured.bus_bytes_per_s > 0)
-        in->bus_bytes_per_s = tp->measured.bus_bytes_per_s;
-    if (in->flops_per_s <= 0 && tp->measured.flops_per_s > 0)
-        in->flops_per_s = tp->measured.flops_per_s;
+    if (ctx->caps.is_cpu && !(ctx->caps.bus_bytes_per_s > 0)) {
+        double bus = measure_memcpy();
+        printf("  cost model: host memcpy measured at %.2f GB/s (the cpu device's bus)\n",
+               bus / 1e9);
+        if (bus > 0)
+            in->bus_bytes_per_s = bus;
+    }
     in->tokens = a->tokens;
+    return 0;
 }
 
 /* Raises res->device_used_peak to the device bytes in use now above the baseline. */
@@ -430,8 +413,7 @@ static int create_session(run_ctx *ctx, const ddo_plan *plan, const ddo_checkpoi
                           ddo_config *cfg, progress_state *ps, ddo_session **s)
 {
     memset(ps, 0, sizeof *ps);
-    ddo_session_options so;
-    memset(&so, 0, sizeof so);
+    ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
     if (isatty(STDERR_FILENO)) {
         so.progress = progress;
         so.progress_user = ps;
@@ -550,26 +532,25 @@ static int run_steps(const run_ctx *ctx, ddo_session *s, ref_host *host, ddo_str
 }
 
 /* A calibrating run: records what it measured (m, hs, res) in the workload's profile. */
-static int finish_profile(const run_ctx *ctx, tool_profile *tp, ddo_config *cfg,
+static int finish_profile(const run_ctx *ctx, const tool_profile *tp, ddo_config *cfg,
                           const ddo_metrics *m, const ref_host *host, const ref_host_stats *hs,
                           const run_result *res)
 {
-    tool_profile_run pr;
-    memset(&pr, 0, sizeof pr);
-    pr.total_bytes = ctx->caps.total_bytes;
-    pr.baseline_used = ctx->baseline_used;
-    pr.used_peak = res->device_used_peak;
+    ddo_profile_calibration cal = DDO_PROFILE_CALIBRATION_INIT;
+    cal.total_bytes = ctx->caps.total_bytes;
+    cal.baseline_used_bytes = ctx->baseline_used;
+    cal.used_peak_bytes = res->device_used_peak;
     uint64_t used = device_used(ctx->dev);
-    pr.used_end = used > ctx->baseline_used ? used - ctx->baseline_used : 0;
-    pr.weights_peak = res->weights_peak;
-    pr.achieved_bytes_per_s = tool_metric(m, "achieved_bytes_per_s");
+    cal.used_end_bytes = used > ctx->baseline_used ? used - ctx->baseline_used : 0;
+    cal.weights_peak_bytes = res->weights_peak;
+    cal.achieved_bytes_per_s = tool_metric(m, "achieved_bytes_per_s");
     double read_ns = tool_metric(m, "setup_read_ns");
     if (read_ns > 0)
-        pr.file_read_bytes_per_s = tool_metric(m, "setup_read_bytes") / read_ns * 1e9;
+        cal.file_read_bytes_per_s = tool_metric(m, "setup_read_bytes") / read_ns * 1e9;
     uint64_t cns = ref_host_compute_ns(host);
     if (cns > 0 && hs->flops > 0)
-        pr.flops_per_s = (double)hs->flops / ((double)cns / 1e9);
-    return tool_profile_finish(tp, cfg, &pr);
+        cal.flops_per_s = (double)hs->flops / ((double)cns / 1e9);
+    return tool_profile_finish(tp, ctx->setup, cfg, &cal);
 }
 
 /* --show-profile prints the session's profile; --metrics appends m to the metrics file. */
@@ -635,7 +616,7 @@ static int create_host(const run_ctx *ctx, const ddo_checkpoint *ck, ref_host **
     ref_host_config hc = { 0 };
     hc.tokens = a->tokens;
     hc.checksum = true;
-    hc.cpu_flops_per_s = a->dev_opts.cpu_flops_per_s;
+    hc.cpu_flops_per_s = a->cpu.flops_per_s;
     return ref_host_create_ex(ctx->dev, ck, &hc, host);
 }
 
@@ -670,7 +651,7 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
     uint64_t used = 0;
     char b1[32], b4[32];
 
-    int rc = ddo_checkpoint_create(path, read_backend(cfg), &ck);
+    int rc = ddo_checkpoint_create_from_config(path, cfg, &ck);
     if (rc != 0) {
         fail_msg(path, rc, ddo_last_error());
         goto out;
@@ -686,16 +667,17 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
     }
     /* A named workload's profile is applied before planning (pipelines: per run, not per
      * component). */
-    if (component == NULL && tool_profile_prepare(&tp, cfg, ck) != 0)
+    if (component == NULL && tool_profile_prepare(&tp, ctx->setup, cfg, ck) != 0)
         goto out;
-    ddo_plan_inputs in;
-    plan_inputs(ctx, &tp, &in);
-    rc = ddo_plan_build(ck, cfg, &in, &plan);
+    ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
+    rc = plan_inputs(ctx, &in);
+    if (rc == 0)
+        rc = ddo_setup_plan(ctx->setup, ck, cfg, &in, &plan);
     if (rc != 0) {
         fail_msg("plan", rc, ddo_last_error());
         goto out;
     }
-    print_plan(plan, ck, ctx->caps.name[0] ? ctx->caps.name : ctx->device_spec);
+    print_plan(plan, ck, ctx->caps.name[0] ? ctx->caps.name : ddo_setup_device_spec(ctx->setup));
     ddo_plan_budgets budgets;
     memset(&budgets, 0, sizeof budgets);
     ddo_plan_budgets_get(plan, &budgets);
@@ -758,7 +740,6 @@ out:
         res->device_used_after = used > ctx->baseline_used ? used - ctx->baseline_used : 0;
     }
     exec_order_free(&o);
-    tool_profile_free(&tp);
     free(sums);
     free(refs);
     ddo_plan_destroy(plan);
@@ -993,7 +974,7 @@ static int parse_flags(int argc, char **argv, run_args *a)
             i++;
         } else if (strcmp(arg, "--cpu-gbps") == 0 || strcmp(arg, "--cpu-gflops") == 0 ||
                    strcmp(arg, "--cpu-memory-gb") == 0) {
-            if (tool_device_flag("run", arg, val, &a->dev_opts) != 0)
+            if (tool_device_flag("run", arg, val, &a->cpu) != 0)
                 return -1;
             i++;
         } else if (arg[0] == '-') {
@@ -1014,27 +995,25 @@ static int parse_flags(int argc, char **argv, run_args *a)
 }
 
 /*
- * Opens the device named by execution_device into spec_buf / *dev; the default cuda:0
- * falls back to the cpu device when there is no CUDA device, an explicit one does not.
+ * The setup on the device execution_device names: the default cuda:0 stands down to the cpu
+ * device when there is no CUDA device (said on stderr), an explicit one does not.
  */
-static int open_device(const ddo_config *cfg, run_args *a, char *spec_buf, size_t spec_len,
-                       ddo_device **dev)
+static int open_setup(const ddo_config *cfg, run_args *a, ddo_setup **setup)
 {
-    const char *src = NULL;
-    const char *spec = "cuda:0";
-    ddo_config_get(cfg, "execution_device", &spec);
-    snprintf(spec_buf, spec_len, "%s", spec != NULL ? spec : "cuda:0");
-    int rc = ddo_device_create(spec_buf, &a->dev_opts, dev);
-    if (rc == DDO_E_NO_DEVICE && ddo_config_source(cfg, "execution_device", &src) == 0 &&
-        src != NULL && strcmp(src, "default") == 0) {
-        fprintf(stderr, "ddo run: no CUDA device (%s); using the cpu device\n", ddo_last_error());
-        snprintf(spec_buf, spec_len, "cpu");
-        rc = ddo_device_create(spec_buf, &a->dev_opts, dev);
-    }
+    ddo_device_options dopt = DDO_DEVICE_OPTIONS_INIT;
+    dopt.cpu = &a->cpu;
+    ddo_setup_options so = DDO_SETUP_OPTIONS_INIT;
+    so.device_options = &dopt;
+    so.envp = (const char *const *)environ; /* DDO_PROFILE_DIR, HOME */
+    int rc = ddo_setup_create(cfg, &so, setup);
     if (rc != 0) {
-        fail_msg(spec_buf, rc, ddo_last_error());
+        const char *spec = NULL;
+        ddo_config_get(cfg, "execution_device", &spec);
+        fail_msg(spec != NULL && spec[0] != '\0' ? spec : "cuda:0", rc, ddo_last_error());
         return rc;
     }
+    if (ddo_setup_note(*setup)[0] != '\0')
+        fprintf(stderr, "ddo run: %s\n", ddo_setup_note(*setup));
     return 0;
 }
 
@@ -1042,10 +1021,11 @@ int ddo_cmd_run(int argc, char **argv)
 {
     run_args a;
     memset(&a, 0, sizeof a);
+    a.cpu = (ddo_cpu_options)DDO_CPU_OPTIONS_INIT;
     a.steps = 3;
     a.tokens = 16;
     ddo_config *cfg = NULL;
-    ddo_device *dev = NULL;
+    ddo_setup *setup = NULL;
     int status = DDO_EXIT_USAGE;
 
     for (int i = 1; i < argc; i++) {
@@ -1054,12 +1034,11 @@ int ddo_cmd_run(int argc, char **argv)
             return DDO_EXIT_OK;
         }
     }
-    int rc = ddo_config_create(&cfg);
+    int rc = tool_config_create(&cfg);
     if (rc != 0) {
         fail_msg("configuration", rc, ddo_last_error());
         return DDO_EXIT_FAILURE;
     }
-    ddo_config_set_running_on_wsl(cfg, ddo_tool_running_on_wsl() != 0);
     rc = ddo_config_apply_env(cfg, (const char *const *)environ);
     if (rc == 0)
         rc = ddo_config_parse_args(cfg, &argc, argv);
@@ -1090,18 +1069,17 @@ int ddo_cmd_run(int argc, char **argv)
     if (corrupt_env != NULL && tool_parse_u64(corrupt_env, &a.corrupt_step) != 0)
         a.corrupt_step = 0;
 
-    char spec_buf[64];
-    if (open_device(cfg, &a, spec_buf, sizeof spec_buf, &dev) != 0)
+    if (open_setup(cfg, &a, &setup) != 0)
         goto out;
     run_ctx ctx;
     memset(&ctx, 0, sizeof ctx);
     ctx.args = &a;
     ctx.cfg = cfg;
-    ctx.dev = dev;
-    ctx.device_spec = spec_buf;
-    if (ddo_device_caps_get(dev, &ctx.caps) != 0)
+    ctx.setup = setup;
+    ctx.dev = ddo_setup_device(setup);
+    if (ddo_device_caps_get(ctx.dev, &ctx.caps) != 0)
         memset(&ctx.caps, 0, sizeof ctx.caps);
-    ctx.baseline_used = device_used(dev);
+    ctx.baseline_used = device_used(ctx.dev);
     if (is_pipeline_dir(a.path)) {
         status = run_pipeline(&ctx, a.path);
     } else {
@@ -1109,7 +1087,7 @@ int ddo_cmd_run(int argc, char **argv)
         status = run_checkpoint(&ctx, a.path, NULL, cfg, &res);
     }
 out:
-    ddo_device_destroy(dev);
+    ddo_setup_destroy(setup);
     ddo_config_destroy(cfg);
     return status;
 }

@@ -28,10 +28,6 @@
 DDO_TOOL_COMMANDS(DDO_TOOL_DECLARE_)
 #undef DDO_TOOL_DECLARE_
 
-/* The library's WSL detection (ddo_host_info.running_on_wsl: the kernel release or
- * /proc/version says "microsoft" or "wsl", any case). */
-int ddo_tool_running_on_wsl(void);
-
 /* Small helpers shared by the commands (util.c). */
 #include <stddef.h>
 #include <stdint.h>
@@ -63,7 +59,10 @@ int tool_flag_count(const char *cmd, const char *flag, const char *text, uint64_
 int tool_flag_rate(const char *cmd, const char *flag, const char *text, double hi, double *out);
 /* The cpu device's flags --cpu-gbps, --cpu-gflops and --cpu-memory-gb into o: 0, -1 after
  * printing the error, 1 when flag is none of them. */
-int tool_device_flag(const char *cmd, const char *flag, const char *text, ddo_device_options *o);
+int tool_device_flag(const char *cmd, const char *flag, const char *text, ddo_cpu_options *o);
+/* A configuration told the facts of this machine it resolves settings from (WSL, from
+ * ddo_host_info_get): what every command starts from. */
+int tool_config_create(ddo_config **cfg);
 /* Opens path for appending (created when missing) and closes it again, so an output file
  * that cannot be written is reported before a run instead of after it. 0, or -1 after
  * printing `ddo CMD: FLAG "PATH": cannot write: REASON`. */
@@ -72,11 +71,6 @@ int tool_check_output_file(const char *cmd, const char *flag, const char *path);
 const char *tool_quote(const char *s, char *buf, size_t len);
 /* A numeric metric of a snapshot, 0 when absent. */
 double tool_metric(const ddo_metrics *m, const char *name);
-/* Available host RAM (MemAvailable), bytes; 0 when unknown. */
-uint64_t tool_host_available_bytes(void);
-/* Plan inputs from a device's capabilities (device fields) and the host's available RAM;
- * the cost-model fields and tokens are left 0. */
-void tool_plan_inputs(ddo_plan_inputs *in, const ddo_device_caps *caps);
 /* Formats fmt into err (when given) and returns code. */
 int tool_fail(char *err, size_t err_len, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

@@ -16,10 +16,13 @@
 #include <time.h>
 #include <unistd.h>
 
-int ddo_tool_running_on_wsl(void)
+int tool_config_create(ddo_config **cfg)
 {
-    ddo_host_info h;
-    return ddo_host_info_get(&h) == 0 && h.running_on_wsl;
+    int rc = ddo_config_create(cfg);
+    ddo_host_info host;
+    if (rc == 0 && ddo_host_info_get(&host) == 0)
+        ddo_config_set_running_on_wsl(*cfg, host.running_on_wsl);
+    return rc;
 }
 
 uint64_t tool_now_ns(void)
@@ -117,21 +120,21 @@ int tool_flag_rate(const char *cmd, const char *flag, const char *text, double h
     return 0;
 }
 
-int tool_device_flag(const char *cmd, const char *flag, const char *text, ddo_device_options *o)
+int tool_device_flag(const char *cmd, const char *flag, const char *text, ddo_cpu_options *o)
 {
     double v = 0;
     if (strcmp(flag, "--cpu-gbps") == 0) {
         if (tool_flag_rate(cmd, flag, text, TOOL_MAX_GBPS, &v) != 0)
             return -1;
-        o->cpu_bytes_per_s = v * 1e9;
+        o->bytes_per_s = v * 1e9;
     } else if (strcmp(flag, "--cpu-gflops") == 0) {
         if (tool_flag_rate(cmd, flag, text, TOOL_MAX_GFLOPS, &v) != 0)
             return -1;
-        o->cpu_flops_per_s = v * 1e9;
+        o->flops_per_s = v * 1e9;
     } else if (strcmp(flag, "--cpu-memory-gb") == 0) {
         if (tool_flag_real(cmd, flag, text, 0.0, TOOL_MAX_MEMORY_GB, &v) != 0)
             return -1;
-        o->cpu_memory_bytes = (uint64_t)(v * 1073741824.0);
+        o->memory_bytes = (uint64_t)(v * 1073741824.0);
     } else {
         return 1;
     }
@@ -169,25 +172,6 @@ int tool_fail(char *err, size_t err_len, int code, const char *fmt, ...)
         va_end(ap);
     }
     return code;
-}
-
-uint64_t tool_host_available_bytes(void)
-{
-    ddo_host_info h;
-    return ddo_host_info_get(&h) == 0 ? h.ram_available_bytes : 0;
-}
-
-void tool_plan_inputs(ddo_plan_inputs *in, const ddo_device_caps *caps)
-{
-    memset(in, 0, sizeof(*in));
-    if (caps != NULL) {
-        in->device_total_bytes = caps->total_bytes;
-        in->device_free_bytes = caps->free_bytes;
-        in->device_granularity = caps->granularity;
-        in->device_is_cpu = caps->is_cpu;
-        in->device_vmm_supported = caps->vmm_supported;
-    }
-    in->host_available_bytes = tool_host_available_bytes();
 }
 
 char *tool_read_file(const char *path, size_t max_bytes)
