@@ -72,8 +72,8 @@ static void host_registered(const builder *b, bool all_units, bool residents, ui
                 continue;
             *bytes = sat_add(*bytes, ti->nbytes);
             if (r != NULL)
-                r[n++] = (ddo__host_range){ ti->host_data, ti->nbytes, u,
-                                            p->tensors[t].loc.offset };
+                r[n++] =
+                    (ddo__host_range){ ti->host_data, ti->nbytes, u, p->tensors[t].loc.offset };
         }
     }
     for (size_t t = 0; residents && t < b->n; t++) {

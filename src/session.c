@@ -359,6 +359,7 @@ static int alloc_tables(ddo_session *s)
         if (ddo_plan_unit(s->plan, u, &info) != 0)
             return ddo__fail_from_last(&s->err, DDO_E_INTERNAL);
         s->units[u].slot = DDO__NONE;
+        s->units[u].alias_slot = DDO__NONE;
         s->units[u].resident = info.resident;
         s->units[u].name = info.name != NULL ? info.name : "?";
         s->order.pos[u] = DDO__NONE;

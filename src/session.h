@@ -87,6 +87,12 @@ typedef struct ddo__unit_rt {
     bool resident; /* the whole unit is resident: no slot */
     bool has_va;   /* VMM: range(s) reserved */
     uint64_t va;   /* VMM: the unit's own virtual range (slot_bytes); unused per weight */
+    /* vmm_fast_runtime: a slot whose handle this range still maps although the slot has moved
+     * on to another unit (DDO__NONE: none). A mapping kept as a cache, never a sign that the
+     * slot holds this unit's bytes: loading the unit into that slot again needs no remap.
+     * Written under mu. */
+    size_t alias_slot;
+    uint64_t alias_epoch; /* the order's epoch when the alias was made */
     const char *name;
 } ddo__unit_rt;
 
@@ -122,7 +128,8 @@ typedef struct ddo__order {
     size_t count;
     bool known;
     bool declared;
-    size_t *pos; /* unit -> position in units, DDO__NONE if absent */
+    uint64_t epoch; /* counts the orders set: aliases made under an older one do not bind */
+    size_t *pos;    /* unit -> position in units, DDO__NONE if absent */
     size_t *learn;
     size_t learn_count;
     bool *learn_seen;
@@ -247,10 +254,11 @@ void ddo__slot_set_unsafe(ddo_session *s, ddo__slot *slot);
  * Returns the number of upload tickets retired. Called with mu held. */
 size_t ddo__session_reap(ddo_session *s);
 
-enum ddo__pick { DDO__PICK_FOUND, DDO__PICK_WAIT, DDO__PICK_NONE };
-/* Chooses the slot for a new load (mu held); see session_slots.c. */
-enum ddo__pick ddo__session_pick_slot(ddo_session *s, bool prefetch, const size_t *keep,
-                                      size_t keep_count, size_t *out);
+/* DDO__PICK_SKIP: a prefetch of this unit should wait for its own slot (vmm_fast_runtime). */
+enum ddo__pick { DDO__PICK_FOUND, DDO__PICK_WAIT, DDO__PICK_NONE, DDO__PICK_SKIP };
+/* Chooses the slot for a new load of unit (mu held); see session_slots.c. */
+enum ddo__pick ddo__session_pick_slot(ddo_session *s, size_t unit, bool prefetch,
+                                      const size_t *keep, size_t keep_count, size_t *out);
 /* Assigns slot i to unit and queues its upload (mu held). */
 int ddo__session_start_load(ddo_session *s, size_t i, size_t unit, bool prefetch);
 /* Creates / releases one slot's backing (takes / gives the device account). */
@@ -302,6 +310,11 @@ int ddo__session_map_unit(ddo_session *s, uint64_t handle, size_t unit, size_t s
                           ddo__errbuf *eb);
 /* Unmaps unit's range(s); the device's code at the first failure. */
 int ddo__session_unmap_unit(ddo_session *s, size_t unit);
+/* vmm_fast_runtime: unmaps unit's range from the slot it still maps as an alias (after that
+ * slot's last upload and release passed); 0 when it maps none (mu held). */
+int ddo__session_drop_alias(ddo_session *s, size_t unit, ddo__errbuf *eb);
+/* Unmaps every alias of slot's handle (before the handle is released; mu held). */
+int ddo__session_drop_aliases(ddo_session *s, size_t slot);
 /* Frees unit's range if an idle slot other than `keep` still maps it (mu held). */
 int ddo__session_free_range(ddo_session *s, size_t unit, size_t keep);
 

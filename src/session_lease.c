@@ -47,7 +47,7 @@ static int claim_slot(ddo_session *s, size_t unit, size_t *slot, uint64_t *stall
 {
     size_t i;
     for (;;) {
-        enum ddo__pick p = ddo__session_pick_slot(s, false, NULL, 0, &i);
+        enum ddo__pick p = ddo__session_pick_slot(s, unit, false, NULL, 0, &i);
         if (p == DDO__PICK_FOUND)
             break;
         if (p == DDO__PICK_NONE)

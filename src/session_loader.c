@@ -1,11 +1,12 @@
 /*
  * session_loader.c - the loader thread. The host thread queues one job per load (under mu,
  * session_slots.c); the loader performs them in ticket order without holding mu: it waits
- * for the slot's previous consumer (the release event: stream-ordered on the linear route, a
- * host wait on the VMM routes where the handle must be remapped), remaps the handle into the
- * unit's own virtual range (vmm_fast_runtime) or binds every weight's own handle
- * (vmm_runtime, session_pool.c), issues the copies on the copy stream (session_transport.c)
- * and records the upload event. acquire makes the host stream wait on that event.
+ * for the slot's previous consumer (the release event: stream-ordered, except on vmm_runtime,
+ * where the handles must move and this thread waits), makes the slot's handle appear at the
+ * unit's own virtual range (vmm_fast_runtime: mapped once and kept, see place_handle) or binds
+ * every weight's own handle (vmm_runtime, session_pool.c), issues the copies on the copy stream
+ * (session_transport.c) and records the upload event. acquire makes the host stream wait on that
+ * event.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "session.h"
@@ -36,14 +37,15 @@ static void upload_done(void *user)
     ddo__session_trace(s, "upload", unit, start, now, bytes);
 }
 
-/* Makes the copy stream (or, with VMM, this thread) wait for the slot's previous consumer. */
+/* Makes the copy stream (or, on vmm_runtime, whose handles move, this thread) wait for the
+ * slot's previous consumer. */
 static int wait_previous(ddo_session *s, const ddo__job *job, const ddo__unit_rt *u,
                          ddo__errbuf *eb)
 {
     if (job->wait_release == NULL)
         return 0;
     int rc;
-    if (ddo__route_maps(s->route))
+    if (ddo__route_per_weight(s->route))
         rc = ddo__dev_event_synchronize(s->dev, job->wait_release);
     else
         rc = ddo__dev_stream_wait_event(s->dev, s->copy_stream, job->wait_release);
@@ -102,6 +104,49 @@ static int remap_slot(ddo_session *s, ddo__job *job, ddo__slot *slot, const ddo_
     job->mapped_after = job->unit;
     return 0;
 }
+/*
+ * vmm_fast_runtime: makes job->slot's handle appear at the unit's range. A slot's handle stays
+ * mapped into the ranges of the units it held before (aliases, a mapping cache): when the unit's
+ * range still maps this slot's handle, nothing is mapped (once every unit has settled into its
+ * slot, uploads cost no driver call and no host wait); otherwise the unit's range is unmapped
+ * from the slot it aliases, if any, and mapped to this slot's handle. The range the slot mapped
+ * until now stays mapped as an alias. Nothing the GPU may still read is unmapped: the copies
+ * into the slot wait for its previous consumer on the copy stream.
+ */
+static int place_handle(ddo_session *s, ddo__job *job, ddo__slot *slot, ddo__errbuf *eb)
+{
+    pthread_mutex_lock(&s->mu);
+    bool cached = s->units[job->unit].alias_slot == job->slot;
+    int rc = cached ? 0 : ddo__session_drop_alias(s, job->unit, eb);
+    if (cached)
+        s->units[job->unit].alias_slot = DDO__NONE;
+    pthread_mutex_unlock(&s->mu);
+    if (rc != 0)
+        return rc;
+    if (!cached) {
+        bool unsafe = false;
+        uint64_t t_map = ddo__now_ns();
+        rc = ddo__session_map_unit(s, slot->handle, job->unit, job->slot, &unsafe, eb);
+        ddo__session_trace(s, "map", job->unit, t_map, ddo__now_ns(), s->slot_bytes);
+        if (rc != 0) {
+            if (unsafe) {
+                job->unsafe_after = true;
+                job->mapped_after = job->unit;
+            }
+            return rc;
+        }
+        ddo__metrics_add(&s->metrics, DDO_M_vmm_maps, 1);
+    }
+    pthread_mutex_lock(&s->mu);
+    if (job->prev_mapped != DDO__NONE && job->prev_mapped != job->unit) {
+        s->units[job->prev_mapped].alias_slot = job->slot;
+        s->units[job->prev_mapped].alias_epoch = s->order.known ? s->order.epoch : 0;
+    }
+    pthread_mutex_unlock(&s->mu);
+    job->mapped_after = job->unit;
+    return 0;
+}
+
 /* Performs one job (no lock held). */
 static int run_job(ddo_session *s, ddo__job *job, ddo__errbuf *eb)
 {
@@ -118,7 +163,8 @@ static int run_job(ddo_session *s, ddo__job *job, ddo__errbuf *eb)
     if (ddo__route_maps(s->route)) {
         dst = u->va;
         if (job->prev_mapped != job->unit) {
-            rc = remap_slot(s, job, slot, u, eb);
+            rc = ddo__route_per_weight(s->route) ? remap_slot(s, job, slot, u, eb)
+                                                 : place_handle(s, job, slot, eb);
             if (rc != 0)
                 return rc;
         }

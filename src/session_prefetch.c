@@ -12,6 +12,11 @@
 
 static void set_order(ddo_session *s, const size_t *units, size_t count)
 {
+    /* The same order again keeps its epoch (and the slots its units settled into). */
+    bool same = s->order.known && s->order.count == count &&
+                memcmp(s->order.units, units, count * sizeof(*units)) == 0;
+    if (!same)
+        s->order.epoch++;
     memcpy(s->order.units, units, count * sizeof(*units));
     s->order.count = count;
     for (size_t u = 0; u < s->unit_count; u++)
@@ -86,7 +91,10 @@ void ddo__session_prefetch(ddo_session *s, size_t unit)
         size_t w = keep[1 + k];
         if (s->units[w].slot == DDO__NONE) {
             size_t i;
-            if (ddo__session_pick_slot(s, true, keep, n + 1, &i) != DDO__PICK_FOUND)
+            enum ddo__pick pk = ddo__session_pick_slot(s, w, true, keep, n + 1, &i);
+            if (pk == DDO__PICK_SKIP)
+                continue;
+            if (pk != DDO__PICK_FOUND)
                 break;
             if (ddo__route_per_weight(s->route) && !prefetch_fits(s, i, w))
                 break;

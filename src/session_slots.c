@@ -177,12 +177,21 @@ size_t ddo__session_reap(ddo_session *s)
  * prefetched loading slot whose copies are issued; DDO__PICK_WAIT when only
  * unissued loads remain; DDO__PICK_NONE when every slot is leased or unsafe.
  * Prefetch takes only the first three and never a slot holding a unit in
- * `keep` (the current unit and the prefetch window).
+ * `keep` (the current unit and the prefetch window). On vmm_fast_runtime a unit whose range
+ * still maps a slot's handle (an alias) takes that slot when it is free, ready or retiring;
+ * a prefetch waits for it otherwise (DDO__PICK_SKIP), so in a repeated order every unit keeps
+ * its slot and no upload remaps (a demand load takes any slot).
  */
-enum ddo__pick ddo__session_pick_slot(ddo_session *s, bool prefetch, const size_t *keep,
-                                      size_t keep_count, size_t *out)
+enum ddo__pick ddo__session_pick_slot(ddo_session *s, size_t unit, bool prefetch,
+                                      const size_t *keep, size_t keep_count, size_t *out)
 {
     size_t best[5] = { DDO__NONE, DDO__NONE, DDO__NONE, DDO__NONE, DDO__NONE };
+    /* The slot the unit's range still maps, if the alias was made under the order in force
+     * (after an order change, slots are chosen as before until they settle again). */
+    size_t own = DDO__NONE;
+    if (unit != DDO__NONE && s->order.known && s->units[unit].alias_epoch == s->order.epoch)
+        own = s->units[unit].alias_slot;
+    bool own_ok = false;
     bool unissued = false;
     for (size_t i = 0; i < s->slot_count; i++) {
         ddo__slot *sl = &s->slots[i];
@@ -218,6 +227,7 @@ enum ddo__pick ddo__session_pick_slot(ddo_session *s, bool prefetch, const size_
         }
         if (prefetch && cls > 2)
             continue;
+        own_ok = own_ok || (i == own && cls <= 2);
         size_t b = best[cls];
         if (b == DDO__NONE) {
             best[cls] = i;
@@ -231,6 +241,12 @@ enum ddo__pick ddo__session_pick_slot(ddo_session *s, bool prefetch, const size_
         if (key < bkey)
             best[cls] = i;
     }
+    if (own_ok) { /* the slot whose handle the unit's range still maps: no remap */
+        *out = own;
+        return DDO__PICK_FOUND;
+    }
+    if (own != DDO__NONE && prefetch)
+        return DDO__PICK_SKIP; /* its own slot is busy: load it when that slot frees */
     for (int c = 0; c < 5; c++) {
         if (best[c] != DDO__NONE) {
             *out = best[c];
@@ -283,6 +299,11 @@ int ddo__session_slot_unback(ddo_session *s, ddo__slot *slot)
     int rc = 0;
     bool per_weight = ddo__route_per_weight(s->route);
     if (ddo__route_maps(s->route)) {
+        rc = ddo__session_drop_aliases(s, (size_t)(slot - s->slots));
+        if (rc != 0) {
+            ddo__slot_set_unsafe(s, slot);
+            return rc;
+        }
         if (slot->mapped_unit != DDO__NONE) {
             rc = ddo__session_unmap_unit(s, slot->mapped_unit);
             if (rc != 0) {

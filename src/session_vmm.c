@@ -156,6 +156,8 @@ void ddo__session_release_ranges(ddo_session *s)
         bool mapped = false;
         for (size_t i = 0; i < s->slot_count; i++)
             mapped = mapped || (s->slots[i].unsafe && s->slots[i].mapped_unit == u);
+        size_t a = s->units[u].alias_slot;
+        mapped = mapped || (a != DDO__NONE && s->slots[a].unsafe);
         if (mapped)
             continue;
         if (ddo__route_per_weight(s->route))
@@ -258,6 +260,49 @@ int ddo__session_map_unit(ddo_session *s, uint64_t handle, size_t unit, size_t s
     if (mapped && ddo__dev_unmap(s->dev, s->units[unit].va, s->slot_bytes) != 0)
         *unsafe = true;
     return rc;
+}
+
+/* Waits (host) until the GPU is done with everything slot i's handle was used for so far:
+ * its last upload and its last release. */
+static int slot_quiet(ddo_session *s, const ddo__slot *sl)
+{
+    int rc = 0;
+    if (sl->upload_recorded)
+        rc = ddo__dev_event_synchronize(s->dev, sl->upload_event);
+    if (rc == 0 && sl->release_recorded)
+        rc = ddo__dev_event_synchronize(s->dev, sl->release_event);
+    return rc;
+}
+
+int ddo__session_drop_alias(ddo_session *s, size_t unit, ddo__errbuf *eb)
+{
+    ddo__unit_rt *u = &s->units[unit];
+    size_t b = u->alias_slot;
+    if (b == DDO__NONE)
+        return 0;
+    /* The unit's last upload into slot b and its last use from there are behind these. */
+    int rc = slot_quiet(s, &s->slots[b]);
+    if (rc == 0)
+        rc = ddo__dev_unmap(s->dev, u->va, s->slot_bytes);
+    if (rc != 0)
+        return ddo__session_fail_ctx(eb, rc, "unit \"%s\": unmapping its range from slot %zu",
+                                     u->name, b);
+    u->alias_slot = DDO__NONE;
+    return 0;
+}
+
+int ddo__session_drop_aliases(ddo_session *s, size_t slot)
+{
+    if (!ddo__route_maps(s->route) || ddo__route_per_weight(s->route))
+        return 0;
+    for (size_t u = 0; u < s->unit_count; u++) {
+        if (s->units[u].alias_slot != slot)
+            continue;
+        int rc = ddo__session_drop_alias(s, u, &s->err);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
 }
 
 int ddo__session_free_range(ddo_session *s, size_t unit, size_t keep)

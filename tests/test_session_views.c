@@ -212,8 +212,9 @@ static void test_host_tensors_move_in_merged_copies(void)
     static const char *modes[] = { "vmm_fast_runtime", "linear_runtime", "vmm_runtime" };
     for (int m = 0; m < 3; m++) {
         for (int large = 0; large < 2; large++) {
-            fx_opts o = { .blocks = 4, .pin = true, .cache_gb = 1, .mode = modes[m],
-                          .cols = large ? 1024 : 0 };
+            fx_opts o = {
+                .blocks = 4, .pin = true, .cache_gb = 1, .mode = modes[m], .cols = large ? 1024 : 0
+            };
             fx f;
             T_REQUIRE(fx_create(&f, &o) == 0 && f.rc == 0);
             double copies = 0, uploads = 0;
@@ -232,6 +233,38 @@ static void test_host_tensors_move_in_merged_copies(void)
     }
 }
 
+/* vmm_fast_runtime keeps a slot's handle mapped into the ranges of the units it held before:
+ * with a declared order, every unit settles into one slot and later uploads map nothing, the
+ * bytes stay right (fx_use checks them), and reclaim, unload and reload drop the mappings and
+ * settle again. */
+static void test_settled_slots_keep_their_mappings(void)
+{
+    fx_opts o = { .blocks = 6, .slots = 3 };
+    fx f;
+    T_REQUIRE(fx_create(&f, &o) == 0 && f.rc == 0);
+    size_t order[6];
+    for (int b = 0; b < 6; b++)
+        order[b] = fx_unit(&f, b);
+    T_REQUIRE(ddo_session_declare_order(f.s, order, 6) == 0);
+    double copies = 0, uploads = 0, maps[4] = { 0 };
+    for (int round = 0; round < 2; round++) {
+        for (int pass = 0; pass < 4; pass++) {
+            use_all(&f, &copies, &uploads);
+            maps[pass] = fx_metric(&f, "vmm_maps");
+        }
+        T_CHECK(maps[0] > 0);
+        T_NEAR(maps[3], maps[1], 0); /* settled after the second pass */
+        T_CHECK(fx_metric(&f, "uploads") > 0);
+        if (round == 0) {
+            uint64_t released = 0;
+            T_EQ_INT(ddo_session_reclaim(f.s, &released), 0);
+            T_REQUIRE(ddo_session_unload(f.s) == 0);
+            T_REQUIRE(ddo_session_reload(f.s) == 0);
+        }
+    }
+    fx_destroy(&f);
+}
+
 int main(void)
 {
     T_RUN(test_calling_thread_stream_waits_for_the_upload);
@@ -240,5 +273,6 @@ int main(void)
     T_RUN(test_plan_inputs_and_struct_sizes);
     T_RUN(test_device_from_config);
     T_RUN(test_host_tensors_move_in_merged_copies);
+    T_RUN(test_settled_slots_keep_their_mappings);
     return t_done();
 }

@@ -45,8 +45,9 @@
 typedef struct cpu_handle {
     uint64_t id;
     uint64_t size;
-    char *base;    /* the master view of the handle's pages */
-    unsigned refs; /* 1 while the handle is alive, +1 per mapped piece */
+    char *base;                  /* the master view of the handle's pages */
+    unsigned refs;               /* 1 while the handle is alive, +1 per mapped piece */
+    uint64_t last_va, last_size; /* its latest mapping */
 } cpu_handle;
 
 typedef struct cpu_range {
@@ -491,6 +492,30 @@ static int cpu_phys_release(void *st, uint64_t handle, ddo__errbuf *eb)
     return 0;
 }
 
+/*
+ * A handle mapped at several ranges (a session keeps a slot's handle mapped into the ranges of
+ * the units it held before) shares its pages, but the kernel counts them in RSS once per range
+ * whose page tables touched them. Before a range of h is written, the page table entries of the
+ * range used before are dropped: RSS stays a measure of memory (the shared pages remain; a
+ * later access there faults them back in, with their bytes). d->lock held.
+ */
+static void use_mapping(cpu_handle *h, uint64_t va, uint64_t size)
+{
+    if (h->last_va != 0 && h->last_va != va && h->refs > 2)
+        (void)madvise((void *)(uintptr_t)h->last_va, (size_t)h->last_size, MADV_DONTNEED);
+    h->last_va = va;
+    h->last_size = size;
+}
+
+/* Marks the range a copy to dst writes as its handle's range in use (see use_mapping). */
+static void use_mapping_at(cpu_dev *d, uint64_t dst, size_t size)
+{
+    cpu_range *r = range_of(d, dst, size);
+    size_t j = r != NULL ? ddo__devtab_floor(&r->pieces, dst) : SIZE_MAX;
+    if (j != SIZE_MAX)
+        use_mapping(r->pieces.v[j].obj, r->pieces.v[j].key, r->pieces.v[j].size);
+}
+
 static int cpu_map(void *st, uint64_t va, uint64_t size, uint64_t handle, uint64_t handle_offset,
                    ddo__errbuf *eb)
 {
@@ -540,6 +565,7 @@ static int cpu_map(void *st, uint64_t va, uint64_t size, uint64_t handle, uint64
                            strerror(e));
         } else {
             h->refs++;
+            use_mapping(h, va, size);
         }
     }
     pthread_mutex_unlock(&d->lock);
@@ -1019,6 +1045,8 @@ static int cpu_copy_h2d(void *st, uint64_t dst, const void *src, size_t size, vo
                        src, size);
     else
         enqueue(stream, op);
+    if (rc == 0)
+        use_mapping_at(d, dst, size);
     pthread_mutex_unlock(&d->lock);
     if (rc != 0)
         free(op);
