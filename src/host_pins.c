@@ -91,7 +91,8 @@ static uint64_t place_frags(frag *frags, size_t nf)
     for (size_t i = 0; i < nf; i++) {
         const frag *pv = i > 0 ? &frags[i - 1] : NULL;
         if (pv != NULL && pv->group == frags[i].group && pv->group != DDO__PIN_GROUP_NONE &&
-            frags[i].dst >= pv->dst + pv->len && frags[i].dst - (pv->dst + pv->len) < DDO_TENSOR_ALIGN)
+            frags[i].dst >= pv->dst + pv->len &&
+            frags[i].dst - (pv->dst + pv->len) < DDO_TENSOR_ALIGN)
             fb += frags[i].dst - (pv->dst + pv->len);
         frags[i].at = fb;
         fb += frags[i].len;

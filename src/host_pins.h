@@ -7,9 +7,9 @@
  * 64 KiB whole. The arena is laid out in device order (per group, with the destinations'
  * gaps), so a unit's fragments and small tensors that lie next to each other on the device
  * move in one copy: a streamed unit costs about one copy per large tensor plus one per gap
- * between them, not three per tensor. No byte outside the ranges is ever registered, so no other allocation shares a page with a registration (a copy from
- * memory that starts inside a registration and runs past its end is refused by the driver).
- * Internal.
+ * between them, not three per tensor. No byte outside the ranges is ever registered, so no other
+ * allocation shares a page with a registration (a copy from memory that starts inside a
+ * registration and runs past its end is refused by the driver). Internal.
  */
 #ifndef DDO_HOST_PINS_H
 #define DDO_HOST_PINS_H
@@ -57,11 +57,11 @@ uint64_t ddo__host_pins_bytes(const ddo__host_range *ranges, size_t count);
 
 /*
  * Registers the inner pages of ranges[0..count) and copies their end fragments (and the
- * small ranges whole) into a pinned arena, taking the bytes from acc before each registration or allocation. A failed
- * registration: with fallback its range stays pageable (registration_fallback_bytes) and its
- * bytes go back to acc; else the create fails with the device's code. On failure nothing is
- * left registered or allocated and *out is not written. Errors: DDO_E_BUDGET,
- * DDO_E_NO_MEMORY, DDO_E_DEVICE...
+ * small ranges whole) into a pinned arena, taking the bytes from acc before each registration or
+ * allocation. A failed registration: with fallback its range stays pageable
+ * (registration_fallback_bytes) and its bytes go back to acc; else the create fails with the
+ * device's code. On failure nothing is left registered or allocated and *out is not written.
+ * Errors: DDO_E_BUDGET, DDO_E_NO_MEMORY, DDO_E_DEVICE...
  */
 int ddo__host_pins_create(ddo_device *dev, const ddo__host_range *ranges, size_t count,
                           ddo__account *acc, bool fallback, ddo__metrics_acc *metrics,
@@ -72,8 +72,8 @@ bool ddo__host_pins_one_region(const ddo__host_pins *hp, const void *p, uint64_t
 /*
  * The pieces through which the range starting at p (len bytes, one of the ranges given to
  * create) is read directly: at most 3 (head fragment, inner pages, tail fragment; one arena
- * piece for a range of at most DDO__PIN_SMALL_BYTES), in order, covering [0, len). Returns their number, 0 when the range is not pinned (its registration
- * fell back: read it as pageable memory).
+ * piece for a range of at most DDO__PIN_SMALL_BYTES), in order, covering [0, len). Returns their
+ * number, 0 when the range is not pinned (its registration fell back: read it as pageable memory).
  */
 size_t ddo__host_pins_pieces(const ddo__host_pins *hp, const void *p, uint64_t len,
                              ddo__host_piece out[3]);

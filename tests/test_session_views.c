@@ -212,8 +212,9 @@ static void test_host_tensors_move_in_merged_copies(void)
     static const char *modes[] = { "vmm_fast_runtime", "linear_runtime", "vmm_runtime" };
     for (int m = 0; m < 3; m++) {
         for (int large = 0; large < 2; large++) {
-            fx_opts o = { .blocks = 4, .pin = true, .cache_gb = 1, .mode = modes[m],
-                          .cols = large ? 1024 : 0 };
+            fx_opts o = {
+                .blocks = 4, .pin = true, .cache_gb = 1, .mode = modes[m], .cols = large ? 1024 : 0
+            };
             fx f;
             T_REQUIRE(fx_create(&f, &o) == 0 && f.rc == 0);
             double copies = 0, uploads = 0;
