@@ -1,7 +1,8 @@
 /*
  * checkpoint_internal.h - what the files of the checkpoint module share: the
  * handle's layout (its name indexes are strmap.h tables) and the helpers used across
- * checkpoint.c (validation, opening), checkpoint_index.c (sharded sets),
+ * checkpoint.c (the handle, its tables, opening), checkpoint_header.c (header validation,
+ * opening one file), checkpoint_index.c (sharded sets),
  * checkpoint_blocks.c (block groups), checkpoint_io.c (identity, reads) and
  * checkpoint_query.c (queries, JSON). Private to those files.
  */
@@ -67,8 +68,17 @@ const char *ddo__checkpoint_base_name(const char *path);
 int ddo__checkpoint_add_file(ddo_checkpoint *ck, const char *path, uint32_t *index);
 /* Adds a metadata entry unless its key is present (the first value wins). */
 int ddo__checkpoint_add_metadata(ddo_checkpoint *ck, const char *key, const char *value);
-/* Opens, identifies and validates file fi, appending its tensors and metadata. */
+/* Appends a tensor (name copied); the caller fills the rest. NULL when out of memory. */
+ddo_tensor_info *ddo__checkpoint_add_tensor(ddo_checkpoint *ck, const char *name);
+/* Opens, identifies and validates file fi, appending its tensors and metadata
+ * (checkpoint_header.c). */
 int ddo__checkpoint_open_file(ddo_checkpoint *ck, uint32_t fi);
+/* Validates an image already in memory (data, size bytes) as file fi of ck, appending its
+ * tensors and metadata (checkpoint_header.c). */
+int ddo__checkpoint_parse_image(ddo_checkpoint *ck, uint32_t fi, const uint8_t *data,
+                                uint64_t size);
+/* "[4, 3, 3, 3]" from dims, cut to fit len (checkpoint_header.c). */
+void ddo__checkpoint_format_dims(char *buf, size_t len, const uint64_t *dims, size_t n);
 /* Absolute offsets, the name index, the total and the block groups. */
 int ddo__checkpoint_finish(ddo_checkpoint *ck, const char *what);
 

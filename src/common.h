@@ -115,6 +115,8 @@ char *ddo__sbuf_take(ddo__sbuf *b);
 /* Formats bytes for a message (text.c): "512.00 MiB", "22.17 GiB", "3.00 KiB", "12 B" (the
  * largest unit up to GiB that keeps the number at least 1, two decimals). Returns buf. */
 const char *ddo__format_bytes(uint64_t bytes, char *buf, size_t len);
+/* The same in GiB whatever the size ("0.50 GiB"), for figures compared with a GiB option. */
+const char *ddo__format_gib(uint64_t bytes, char *buf, size_t len);
 
 /* s for a one-line message (text.c): newline, return and tab as \n \r \t, other control bytes
  * as \xNN, C1 controls as \uNNNN, with quotes also " and \ escaped; cut with "..." to fit len

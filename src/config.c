@@ -1,12 +1,14 @@
 /*
- * config.c - the option catalog as data, a config's values with their
- * sources, typed set/get, iteration, validation and the settings object.
- * Presets live in presets.c, the environment in config_env.c, --ddo-* flags
- * in config_args.c, component routes in components.c, JSON and docs in
- * config_doc.c.
+ * config.c - the option catalog as data and a config's values: each option's value with its
+ * canonical text, source and rank, parsed from text by its catalog row and stored only over a
+ * value of no higher rank, reset to its base value; the string lists of LIST options and the
+ * warnings; the config's lifecycle (create, destroy, clone, move). Typed set/get, iteration
+ * and the settings object live in config_access.c, validation in config_validate.c, the
+ * text helpers and NAME=VALUE lists in config_text.c, presets in presets.c, the environment
+ * in config_env.c, --ddo-* flags in config_args.c, component routes in components.c, JSON
+ * and docs in config_doc.c.
  */
 #include "config_priv.h"
-#include "route.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -29,159 +31,8 @@ const ddo__optdesc ddo__optdescs[DDO_OPT_COUNT] = {
 };
 
 /* ------------------------------------------------------------------------ */
-/* Small text helpers                                                        */
+/* String lists and warnings                                                 */
 /* ------------------------------------------------------------------------ */
-
-char *ddo__config_trim_lower(const char *s)
-{
-    while (isspace((unsigned char)*s))
-        s++;
-    size_t n = strlen(s);
-    while (n > 0 && isspace((unsigned char)s[n - 1]))
-        n--;
-    char *d = ddo__strndup(s, n);
-    if (d != NULL)
-        for (size_t i = 0; i < n; i++)
-            d[i] = (char)tolower((unsigned char)d[i]);
-    return d;
-}
-
-static bool word_is(const char *s, const char *const *words)
-{
-    while (isspace((unsigned char)*s))
-        s++;
-    size_t n = strlen(s);
-    while (n > 0 && isspace((unsigned char)s[n - 1]))
-        n--;
-    for (; *words != NULL; words++)
-        if (strlen(*words) == n) {
-            size_t i = 0;
-            while (i < n && tolower((unsigned char)s[i]) == (*words)[i])
-                i++;
-            if (i == n)
-                return true;
-        }
-    return false;
-}
-
-static const char *const true_words[] = { "1", "true", "yes", "on", NULL };
-static const char *const false_words[] = { "0", "false", "no", "off", NULL };
-
-bool ddo__config_env_bool(const char *s)
-{
-    return word_is(s, true_words);
-}
-
-int ddo__config_strict_bool(const char *s, bool *out)
-{
-    if (word_is(s, true_words)) {
-        *out = true;
-        return 0;
-    }
-    if (word_is(s, false_words)) {
-        *out = false;
-        return 0;
-    }
-    return -1;
-}
-
-size_t ddo__edit_distance(const char *a, const char *b)
-{
-    /* Suggestions are for typos of short names: a hostile 1 MB name costs nothing. */
-    if (strlen(a) > 256 || strlen(b) > 256)
-        return SIZE_MAX;
-    size_t la = strlen(a), lb = strlen(b);
-    size_t *row = ddo__calloc(lb + 1, sizeof(size_t));
-    if (row == NULL)
-        return SIZE_MAX;
-    for (size_t j = 0; j <= lb; j++)
-        row[j] = j;
-    for (size_t i = 1; i <= la; i++) {
-        size_t diag = row[0];
-        row[0] = i;
-        for (size_t j = 1; j <= lb; j++) {
-            size_t up = row[j];
-            size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
-            size_t best = diag + cost;
-            if (up + 1 < best)
-                best = up + 1;
-            if (row[j - 1] + 1 < best)
-                best = row[j - 1] + 1;
-            row[j] = best;
-            diag = up;
-        }
-    }
-    size_t d = row[lb];
-    free(row);
-    return d;
-}
-
-void ddo__config_fmt_double(double v, char *buf, size_t len)
-{
-    ddo_format_real(v, buf, len);
-}
-
-/* ------------------------------------------------------------------------ */
-/* kvlist                                                                    */
-/* ------------------------------------------------------------------------ */
-
-const ddo__kv *ddo__kv_find(const ddo__kvlist *l, const char *name)
-{
-    for (size_t i = 0; i < l->count; i++)
-        if (strcmp(l->items[i].name, name) == 0)
-            return &l->items[i];
-    return NULL;
-}
-
-int ddo__kv_set(ddo__kvlist *l, const char *name, const char *value)
-{
-    char *v = ddo__strdup(value);
-    if (v == NULL)
-        return DDO_E_NO_MEMORY;
-    for (size_t i = 0; i < l->count; i++)
-        if (strcmp(l->items[i].name, name) == 0) {
-            free(l->items[i].value);
-            l->items[i].value = v;
-            return 0;
-        }
-    char *n = ddo__strdup(name);
-    ddo__kv *items = ddo__reallocarray(l->items, l->count + 1, sizeof(*items));
-    if (n == NULL || items == NULL) {
-        free(n);
-        free(v);
-        if (items != NULL)
-            l->items = items;
-        return DDO_E_NO_MEMORY;
-    }
-    l->items = items;
-    l->items[l->count].name = n;
-    l->items[l->count].value = v;
-    l->count++;
-    return 0;
-}
-
-void ddo__kv_free(ddo__kvlist *l)
-{
-    for (size_t i = 0; i < l->count; i++) {
-        free(l->items[i].name);
-        free(l->items[i].value);
-    }
-    free(l->items);
-    l->items = NULL;
-    l->count = 0;
-}
-
-int ddo__kv_copy(ddo__kvlist *dst, const ddo__kvlist *src)
-{
-    dst->items = NULL;
-    dst->count = 0;
-    for (size_t i = 0; i < src->count; i++)
-        if (ddo__kv_set(dst, src->items[i].name, src->items[i].value) != 0) {
-            ddo__kv_free(dst);
-            return DDO_E_NO_MEMORY;
-        }
-    return 0;
-}
 
 static void strlist_free(ddo__strlist *l)
 {
@@ -278,12 +129,12 @@ int ddo__config_find_flag(const char *name)
     return -1;
 }
 
-static void *field(ddo_config *cfg, int id)
+void *ddo__config_field(ddo_config *cfg, int id)
 {
     return (char *)&cfg->opt + ddo__optdescs[id].offset;
 }
 
-static const void *cfield(const ddo_config *cfg, int id)
+const void *ddo__config_cfield(const ddo_config *cfg, int id)
 {
     return (const char *)&cfg->opt + ddo__optdescs[id].offset;
 }
@@ -294,13 +145,13 @@ static void value_free(ddo_config *cfg, int id)
     switch (ddo__optdescs[id].type) {
     case DDO__OT_STRING:
     case DDO__OT_ENUM: {
-        char **p = field(cfg, id);
+        char **p = ddo__config_field(cfg, id);
         free(*p);
         *p = NULL;
         break;
     }
     case DDO__OT_LIST:
-        strlist_free(field(cfg, id));
+        strlist_free(ddo__config_field(cfg, id));
         break;
     default:
         break;
@@ -311,7 +162,7 @@ static void value_free(ddo_config *cfg, int id)
 static char *value_text(const ddo_config *cfg, int id)
 {
     char buf[64];
-    const void *f = cfield(cfg, id);
+    const void *f = ddo__config_cfield(cfg, id);
     switch (ddo__optdescs[id].type) {
     case DDO__OT_BOOL:
         return ddo__strdup(*(const bool *)f ? "true" : "false");
@@ -407,14 +258,9 @@ static int parse_int(const char *s, int64_t *out)
     return 0;
 }
 
-void ddo__config_quote(const char *s, char *buf, size_t len)
-{
-    ddo__quote(s, true, buf, len);
-}
-
 /* Options whose out-of-range values ddo_config_validate clamps (upstream normalisation)
  * instead of refusing: the pin ratio (to 0..1) and worker counts below one (to 1). */
-static bool clamped_below(int id)
+bool ddo__config_clamped_below(int id)
 {
     return id == DDO_OPT_ID_pin_weight_budget_ratio || id == DDO_OPT_ID_pin_cpu_workers;
 }
@@ -425,7 +271,7 @@ static int check_range(ddo_config *cfg, int id, double v, const char *text, cons
 {
     const ddo__optdesc *d = &ddo__optdescs[id];
     double scale = d->type == DDO__OT_KB && kib ? 1024.0 : 1.0;
-    bool low = v < d->lo && !clamped_below(id);
+    bool low = v < d->lo && !ddo__config_clamped_below(id);
     bool high = v > d->hi && id != DDO_OPT_ID_pin_weight_budget_ratio;
     if (!low && !high)
         return 0;
@@ -542,7 +388,7 @@ static int parse_value(ddo_config *cfg, int id, const char *text, const char *or
 static void put_value(ddo_config *cfg, int id, const ovalue *v)
 {
     value_free(cfg, id);
-    void *f = field(cfg, id);
+    void *f = ddo__config_field(cfg, id);
     switch (ddo__optdescs[id].type) {
     case DDO__OT_BOOL:
         *(bool *)f = v->b;
@@ -692,11 +538,11 @@ int ddo_config_clone(const ddo_config *cfg, ddo_config **out)
         switch (ddo__optdescs[i].type) {
         case DDO__OT_STRING:
         case DDO__OT_ENUM:
-            *(char **)field(c, i) = NULL;
+            *(char **)ddo__config_field(c, i) = NULL;
             break;
         case DDO__OT_LIST:
-            ((ddo__strlist *)field(c, i))->items = NULL;
-            ((ddo__strlist *)field(c, i))->count = 0;
+            ((ddo__strlist *)ddo__config_field(c, i))->items = NULL;
+            ((ddo__strlist *)ddo__config_field(c, i))->count = 0;
             break;
         default:
             break;
@@ -707,11 +553,12 @@ int ddo_config_clone(const ddo_config *cfg, ddo_config **out)
         switch (ddo__optdescs[i].type) {
         case DDO__OT_STRING:
         case DDO__OT_ENUM:
-            *(char **)field(c, i) = ddo__strdup(*(char *const *)cfield(cfg, i));
-            ok = *(char **)field(c, i) != NULL;
+            *(char **)ddo__config_field(c, i) =
+                ddo__strdup(*(char *const *)ddo__config_cfield(cfg, i));
+            ok = *(char **)ddo__config_field(c, i) != NULL;
             break;
         case DDO__OT_LIST:
-            ok = strlist_copy(field(c, i), cfield(cfg, i)) == 0;
+            ok = strlist_copy(ddo__config_field(c, i), ddo__config_cfield(cfg, i)) == 0;
             break;
         default:
             break;
@@ -756,525 +603,4 @@ const ddo__options *ddo__config_options(const ddo_config *cfg)
 const char *ddo_config_error(const ddo_config *cfg)
 {
     return cfg != NULL ? cfg->err.msg : "";
-}
-
-/* ------------------------------------------------------------------------ */
-/* Set and get                                                               */
-/* ------------------------------------------------------------------------ */
-
-static int lookup(const ddo_config *cfg, const char *key, const char *fn, int *id)
-{
-    if (cfg == NULL || key == NULL)
-        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "%s: NULL argument", fn);
-    int i = ddo__config_find(key);
-    if (i < 0) {
-        /* Suggest the nearest key. */
-        size_t best = SIZE_MAX;
-        int bi = 0;
-        for (int j = 0; j < DDO_OPT_COUNT; j++) {
-            size_t dist = ddo__edit_distance(key, ddo__optdescs[j].key);
-            if (dist < best) {
-                best = dist;
-                bi = j;
-            }
-        }
-        return ddo__fail((ddo__errbuf *)&cfg->err, DDO_E_NOT_FOUND,
-                         "%s: unknown option \"%s\" (nearest: %s)", fn, key, ddo__optdescs[bi].key);
-    }
-    *id = i;
-    return 0;
-}
-
-/* A write through the API: preset/backend changes re-resolve the preset atomically. */
-/* Stores a value set through the API at rank (the route-selecting options re-resolve). */
-static int ranked_store(ddo_config *cfg, int id, const char *text, ddo__rank rank,
-                        const char *source)
-{
-    if (id != DDO_OPT_ID_preset && id != DDO_OPT_ID_backend &&
-        id != DDO_OPT_ID_vmm_total_staging_gb && id != DDO_OPT_ID_execution_mode)
-        return ddo__config_store(cfg, id, text, rank, source, ddo__optdescs[id].key, false, false);
-    ddo_config *c;
-    int rc = ddo_config_clone(cfg, &c);
-    if (rc != 0)
-        return ddo__fail_from_last(&cfg->err, rc);
-    rc = ddo__config_store(c, id, text, rank, source, ddo__optdescs[id].key, false, false);
-    if (rc == 0)
-        rc = ddo__config_resolve(c);
-    return ddo__config_commit(cfg, c, rc);
-}
-
-static int api_store(ddo_config *cfg, int id, const char *text)
-{
-    return ranked_store(cfg, id, text, DDO__RANK_API, "api");
-}
-
-int ddo__config_commit(ddo_config *cfg, ddo_config *c, int rc)
-{
-    if (rc != 0) {
-        cfg->err = c->err;
-        ddo_config_destroy(c);
-        return rc;
-    }
-    ddo__config_move(cfg, c);
-    return 0;
-}
-
-int ddo_config_override(ddo_config *cfg, const char *key, const char *value)
-{
-    int id;
-    int rc = lookup(cfg, key, "ddo_config_override", &id);
-    if (rc != 0)
-        return rc;
-    if (value == NULL)
-        return ddo__fail(&cfg->err, DDO_E_INVALID_ARGUMENT,
-                         "ddo_config_override: %s: value is NULL", key);
-    return ranked_store(cfg, id, value, DDO__RANK_FLAG, "argument");
-}
-
-int ddo_config_set(ddo_config *cfg, const char *key, const char *value)
-{
-    int id;
-    int rc = lookup(cfg, key, "ddo_config_set", &id);
-    if (rc != 0)
-        return rc;
-    if (value == NULL)
-        return ddo__fail(&cfg->err, DDO_E_INVALID_ARGUMENT, "ddo_config_set: %s: value is NULL",
-                         key);
-    return api_store(cfg, id, value);
-}
-
-int ddo_config_set_bool(ddo_config *cfg, const char *key, bool value)
-{
-    int id;
-    int rc = lookup(cfg, key, "ddo_config_set_bool", &id);
-    if (rc != 0)
-        return rc;
-    if (ddo__optdescs[id].type != DDO__OT_BOOL)
-        return ddo__fail(&cfg->err, DDO_E_CONFIG, "ddo_config_set_bool: %s is not a boolean", key);
-    return api_store(cfg, id, value ? "true" : "false");
-}
-
-int ddo_config_set_int(ddo_config *cfg, const char *key, int64_t value)
-{
-    int id;
-    int rc = lookup(cfg, key, "ddo_config_set_int", &id);
-    if (rc != 0)
-        return rc;
-    char buf[32];
-    snprintf(buf, sizeof(buf), "%" PRId64, value);
-    switch (ddo__optdescs[id].type) {
-    case DDO__OT_INT:
-    case DDO__OT_KB:
-    case DDO__OT_GB:
-    case DDO__OT_MB:
-    case DDO__OT_FLOAT:
-        return api_store(cfg, id, buf);
-    default:
-        return ddo__fail(&cfg->err, DDO_E_CONFIG, "ddo_config_set_int: %s is not numeric", key);
-    }
-}
-
-int ddo_config_set_double(ddo_config *cfg, const char *key, double value)
-{
-    int id;
-    int rc = lookup(cfg, key, "ddo_config_set_double", &id);
-    if (rc != 0)
-        return rc;
-    char buf[64];
-    switch (ddo__optdescs[id].type) {
-    case DDO__OT_GB:
-    case DDO__OT_MB:
-    case DDO__OT_FLOAT:
-        if (!isfinite(value))
-            return ddo__fail(&cfg->err, DDO_E_CONFIG, "%s: expected a finite number", key);
-        ddo__config_fmt_double(value, buf, sizeof(buf));
-        return api_store(cfg, id, buf);
-    case DDO__OT_INT:
-    case DDO__OT_KB:
-        if (!(value == floor(value)) || fabs(value) > 9.0e18) {
-            if (isfinite(value))
-                ddo__config_fmt_double(value, buf, sizeof(buf));
-            else
-                snprintf(buf, sizeof(buf), "%s", isnan(value) ? "nan" : "inf");
-            return ddo__fail(&cfg->err, DDO_E_CONFIG,
-                             "%s=%s: expected a whole number within the range of the option", key,
-                             buf);
-        }
-        snprintf(buf, sizeof(buf), "%" PRId64, (int64_t)value);
-        return api_store(cfg, id, buf);
-    default:
-        return ddo__fail(&cfg->err, DDO_E_CONFIG, "ddo_config_set_double: %s is not numeric", key);
-    }
-}
-
-int ddo_config_get(const ddo_config *cfg, const char *key, const char **value)
-{
-    int id;
-    int rc = lookup(cfg, key, "ddo_config_get", &id);
-    if (rc != 0)
-        return rc;
-    if (value == NULL)
-        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_config_get: value is NULL");
-    *value = cfg->text[id];
-    return 0;
-}
-
-int ddo_config_get_bool(const ddo_config *cfg, const char *key, bool *value)
-{
-    int id;
-    int rc = lookup(cfg, key, "ddo_config_get_bool", &id);
-    if (rc != 0)
-        return rc;
-    if (ddo__optdescs[id].type != DDO__OT_BOOL || value == NULL)
-        return ddo__fail((ddo__errbuf *)&cfg->err, DDO_E_INVALID_ARGUMENT,
-                         "ddo_config_get_bool: %s is not a boolean", key);
-    *value = *(const bool *)cfield(cfg, id);
-    return 0;
-}
-
-int ddo_config_get_int(const ddo_config *cfg, const char *key, int64_t *value)
-{
-    int id;
-    int rc = lookup(cfg, key, "ddo_config_get_int", &id);
-    if (rc != 0)
-        return rc;
-    if (value == NULL)
-        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_config_get_int: value is NULL");
-    switch (ddo__optdescs[id].type) {
-    case DDO__OT_INT:
-    case DDO__OT_KB:
-        *value = *(const int64_t *)cfield(cfg, id);
-        return 0;
-    case DDO__OT_BOOL:
-        *value = *(const bool *)cfield(cfg, id) ? 1 : 0;
-        return 0;
-    default:
-        return ddo__fail((ddo__errbuf *)&cfg->err, DDO_E_INVALID_ARGUMENT,
-                         "ddo_config_get_int: %s is not an integer", key);
-    }
-}
-
-int ddo_config_get_double(const ddo_config *cfg, const char *key, double *value)
-{
-    int id;
-    int rc = lookup(cfg, key, "ddo_config_get_double", &id);
-    if (rc != 0)
-        return rc;
-    if (value == NULL)
-        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_config_get_double: value is NULL");
-    switch (ddo__optdescs[id].type) {
-    case DDO__OT_INT:
-    case DDO__OT_KB:
-        *value = (double)*(const int64_t *)cfield(cfg, id);
-        return 0;
-    case DDO__OT_GB:
-    case DDO__OT_MB:
-    case DDO__OT_FLOAT:
-        *value = *(const double *)cfield(cfg, id);
-        return 0;
-    default:
-        return ddo__fail((ddo__errbuf *)&cfg->err, DDO_E_INVALID_ARGUMENT,
-                         "ddo_config_get_double: %s is not numeric", key);
-    }
-}
-
-int ddo_config_source(const ddo_config *cfg, const char *key, const char **source)
-{
-    int id;
-    int rc = lookup(cfg, key, "ddo_config_source", &id);
-    if (rc != 0)
-        return rc;
-    if (source == NULL)
-        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_config_source: source is NULL");
-    *source = cfg->source[id];
-    return 0;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Iteration, warnings, settings                                             */
-/* ------------------------------------------------------------------------ */
-
-size_t ddo_config_count(void)
-{
-    return DDO_OPT_COUNT;
-}
-
-static ddo_option_type public_type(ddo__otype t)
-{
-    switch (t) {
-    case DDO__OT_BOOL:
-        return DDO_OPTION_BOOL;
-    case DDO__OT_INT:
-    case DDO__OT_KB:
-        return DDO_OPTION_INT;
-    case DDO__OT_GB:
-        return DDO_OPTION_SIZE_GB;
-    case DDO__OT_MB:
-        return DDO_OPTION_SIZE_MB;
-    case DDO__OT_FLOAT:
-        return DDO_OPTION_FLOAT;
-    case DDO__OT_STRING:
-        return DDO_OPTION_STRING;
-    case DDO__OT_ENUM:
-        return DDO_OPTION_ENUM;
-    case DDO__OT_LIST:
-        return DDO_OPTION_LIST;
-    }
-    return DDO_OPTION_STRING;
-}
-
-int ddo_config_entry(const ddo_config *cfg, size_t i, ddo_config_item *out)
-{
-    if (cfg == NULL || out == NULL || i >= DDO_OPT_COUNT)
-        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_config_entry: index %zu of %d", i,
-                         (int)DDO_OPT_COUNT);
-    const ddo__optdesc *d = &ddo__optdescs[i];
-    out->key = d->key;
-    out->env = d->env;
-    out->flag = d->flag;
-    out->type = public_type(d->type);
-    out->value = cfg->text[i];
-    out->source = cfg->source[i];
-    out->help = d->help;
-    return 0;
-}
-
-size_t ddo_config_warning_count(const ddo_config *cfg)
-{
-    return cfg != NULL ? cfg->warnings.count : 0;
-}
-
-const char *ddo_config_warning(const ddo_config *cfg, size_t i)
-{
-    if (cfg == NULL || i >= cfg->warnings.count)
-        return NULL;
-    return cfg->warnings.items[i];
-}
-
-void ddo_config_set_running_on_wsl(ddo_config *cfg, bool running_on_wsl)
-{
-    if (cfg != NULL)
-        cfg->running_on_wsl = running_on_wsl;
-}
-
-/* The route the settings select (docs/options.md, "Routes"). */
-static const char *route_of(const ddo_config *cfg)
-{
-    ddo__route r = DDO__ROUTE_LINEAR;
-    bool runtime = ddo__route_lookup(cfg->opt.execution_mode, &r);
-    if (runtime && ddo__route_maps(r))
-        return ddo__route_name(r);
-    if (cfg->effective_preset[0] != '\0')
-        return cfg->effective_preset;
-    if (runtime)
-        return ddo__route_name(r);
-    return cfg->opt.plan ? "plan" : "off";
-}
-
-int ddo_config_settings(const ddo_config *cfg, ddo_settings *out)
-{
-    if (cfg == NULL || out == NULL)
-        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_config_settings: NULL argument");
-    ddo_settings s;
-    s.requested_preset = cfg->opt.preset;
-    s.effective_preset = cfg->effective_preset;
-    s.backend = cfg->opt.backend;
-    s.route = route_of(cfg);
-    s.plan = cfg->opt.plan;
-    s.enabled = cfg->opt.plan || strcmp(cfg->opt.execution_mode, "plan") != 0;
-    s.requested_pin_cpu_memory = cfg->opt.pin_cpu_memory;
-    s.disable_pin_on_wsl = cfg->opt.disable_pin_on_wsl;
-    s.running_on_wsl = cfg->running_on_wsl;
-    s.effective_pin_cpu_memory =
-        cfg->opt.pin_cpu_memory && !(cfg->running_on_wsl && cfg->opt.disable_pin_on_wsl);
-    *out = s;
-    return 0;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Validation                                                                */
-/* ------------------------------------------------------------------------ */
-
-#define V(id) cfg->text[DDO_OPT_ID_##id], cfg->source[DDO_OPT_ID_##id]
-/* A text value quoted for a one-line message (into the caller's q), and its source. */
-#define QV(id) \
-    (ddo__config_quote(cfg->text[DDO_OPT_ID_##id], q, sizeof(q)), q), cfg->source[DDO_OPT_ID_##id]
-
-static bool device_ok(const char *s)
-{
-    if (strcmp(s, "cpu") == 0 || strcmp(s, "cuda") == 0)
-        return true;
-    if (strncmp(s, "cuda:", 5) != 0 || s[5] == '\0' || strlen(s) > 12)
-        return false;
-    for (const char *p = s + 5; *p != '\0'; p++)
-        if (!isdigit((unsigned char)*p))
-            return false;
-    return true;
-}
-
-static double num_value(const ddo_config *cfg, int id)
-{
-    switch (ddo__optdescs[id].type) {
-    case DDO__OT_INT:
-    case DDO__OT_KB:
-        return (double)*(const int64_t *)cfield(cfg, id);
-    default:
-        return *(const double *)cfield(cfg, id);
-    }
-}
-
-static bool is_numeric(ddo__otype t)
-{
-    return t == DDO__OT_INT || t == DDO__OT_KB || t == DDO__OT_GB || t == DDO__OT_MB ||
-           t == DDO__OT_FLOAT;
-}
-
-/* Rewrites a clamped number's text (the source stays). */
-static int clamp_to(ddo_config *cfg, int id, double v)
-{
-    char buf[64];
-    if (ddo__optdescs[id].type == DDO__OT_INT || ddo__optdescs[id].type == DDO__OT_KB) {
-        *(int64_t *)field(cfg, id) = (int64_t)v;
-        snprintf(buf, sizeof(buf), "%" PRId64, (int64_t)v);
-    } else {
-        *(double *)field(cfg, id) = v;
-        ddo__config_fmt_double(v, buf, sizeof(buf));
-    }
-    char *t = ddo__strdup(buf);
-    if (t == NULL)
-        return ddo__fail(&cfg->err, DDO_E_NO_MEMORY, "ddo_config_validate: out of memory");
-    free(cfg->text[id]);
-    cfg->text[id] = t;
-    return 0;
-}
-
-int ddo__config_check_ranges(const ddo_config *cfg)
-{
-    for (int i = 0; i < DDO_OPT_COUNT; i++) {
-        const ddo__optdesc *d = &ddo__optdescs[i];
-        if (!is_numeric(d->type))
-            continue;
-        double v = num_value(cfg, i);
-        if (i == DDO_OPT_ID_pin_weight_budget_ratio
-                ? isfinite(v)
-                : (v >= d->lo || clamped_below(i)) && v <= d->hi)
-            continue;
-        char a[64], b[64], t[64];
-        ddo__config_fmt_double(d->lo, a, sizeof(a));
-        ddo__config_fmt_double(d->hi, b, sizeof(b));
-        if (isfinite(v))
-            ddo__config_fmt_double(v, t, sizeof(t));
-        else
-            snprintf(t, sizeof(t), "%s", isnan(v) ? "nan" : "inf");
-        return ddo__fail(NULL, DDO_E_CONFIG, "%s=%s (%s): expected a value in %s..%s", d->key, t,
-                         cfg->source[i], a, b);
-    }
-    return 0;
-}
-
-static int check_rules(ddo_config *cfg);
-
-int ddo_config_validate(ddo_config *cfg)
-{
-    if (cfg == NULL)
-        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_config_validate: cfg is NULL");
-    const ddo__options *o = &cfg->opt;
-    int rc;
-
-    /* Normalisation first: the ratio is clamped to 0..1, worker counts to >= 1. */
-    if (o->pin_weight_budget_ratio < 0.0 || o->pin_weight_budget_ratio > 1.0) {
-        rc = clamp_to(cfg, DDO_OPT_ID_pin_weight_budget_ratio,
-                      o->pin_weight_budget_ratio < 0.0 ? 0.0 : 1.0);
-        if (rc != 0)
-            return rc;
-    }
-    if (o->pin_cpu_workers < 1 && (rc = clamp_to(cfg, DDO_OPT_ID_pin_cpu_workers, 1)) != 0)
-        return rc;
-
-    if ((rc = ddo__config_check_ranges(cfg)) != 0)
-        return ddo__fail_from_last(&cfg->err, rc);
-    return check_rules(cfg);
-}
-
-/* The devices and the route family. */
-static int check_route(ddo_config *cfg)
-{
-    const ddo__options *o = &cfg->opt;
-    char q[160];
-    if (!device_ok(o->execution_device))
-        return ddo__fail(&cfg->err, DDO_E_CONFIG,
-                         "execution_device=\"%s\" (%s): expected cpu, cuda or cuda:N",
-                         QV(execution_device));
-    if (strcmp(o->offload_device, "cpu") != 0)
-        return ddo__fail(&cfg->err, DDO_E_CONFIG,
-                         "offload_device=\"%s\" (%s): expected cpu (inactive weights are kept in "
-                         "host memory)",
-                         QV(offload_device));
-
-    bool is_vmm_backend = strcmp(o->backend, "vmm") == 0;
-    ddo__route route = DDO__ROUTE_LINEAR;
-    bool runtime = ddo__route_lookup(o->execution_mode, &route);
-    if (runtime && ddo__route_maps(route) && !is_vmm_backend)
-        return ddo__fail(&cfg->err, DDO_E_CONFIG,
-                         "execution_mode=%s (%s) needs backend=vmm, but backend=%s (%s): native "
-                         "VMM is never chosen silently; pass --ddo-backend vmm",
-                         V(execution_mode), V(backend));
-    if (is_vmm_backend && runtime && !ddo__route_maps(route))
-        return ddo__fail(&cfg->err, DDO_E_CONFIG,
-                         "execution_mode=%s (%s) conflicts with backend=vmm (%s): the vmm backend "
-                         "runs vmm_fast_runtime, vmm_runtime or plan",
-                         V(execution_mode), cfg->source[DDO_OPT_ID_backend]);
-    if (runtime && ddo__route_per_weight(route) && !(o->vmm_resident_weight_budget_gb > 0.0))
-        return ddo__fail(&cfg->err, DDO_E_CONFIG,
-                         "vmm_resident_weight_budget_gb=%s (%s): execution_mode=vmm_runtime (%s) "
-                         "needs a positive mapped weight budget in GiB",
-                         V(vmm_resident_weight_budget_gb), cfg->source[DDO_OPT_ID_execution_mode]);
-    return 0;
-}
-
-/* The cross-option rules (after the numbers are known to be in range). */
-static int check_rules(ddo_config *cfg)
-{
-    int rc = check_route(cfg);
-    if (rc != 0)
-        return rc;
-    const ddo__options *o = &cfg->opt;
-    ddo__route route = DDO__ROUTE_LINEAR;
-    bool mode_vmm_fast =
-        ddo__route_lookup(o->execution_mode, &route) && route == DDO__ROUTE_VMM_FAST;
-    if (o->vmm_execution_backing_reclaim && !mode_vmm_fast)
-        return ddo__fail(&cfg->err, DDO_E_CONFIG,
-                         "vmm_execution_backing_reclaim=true (%s) needs the native fast route "
-                         "(execution_mode=vmm_fast_runtime), but execution_mode=%s (%s)",
-                         cfg->source[DDO_OPT_ID_vmm_execution_backing_reclaim], V(execution_mode));
-    if (o->vmm_component_tensor_ownership && !mode_vmm_fast)
-        return ddo__fail(&cfg->err, DDO_E_CONFIG,
-                         "vmm_component_tensor_ownership=true (%s) needs the native fast route "
-                         "(execution_mode=vmm_fast_runtime), but execution_mode=%s (%s)",
-                         cfg->source[DDO_OPT_ID_vmm_component_tensor_ownership], V(execution_mode));
-    if (o->vmm_source_registered_gb > 0.0) {
-        if (o->vmm_source_registered_gb > o->vmm_source_cache_gb)
-            return ddo__fail(&cfg->err, DDO_E_CONFIG,
-                             "vmm_source_registered_gb=%s (%s) exceeds vmm_source_cache_gb=%s "
-                             "(%s): registration must fit within the retained storage",
-                             V(vmm_source_registered_gb), V(vmm_source_cache_gb));
-        double segments = o->vmm_source_registered_gb * 16.0; /* 64 MiB = 1/16 GiB */
-        if (fabs(segments - round(segments)) > 1e-9)
-            return ddo__fail(&cfg->err, DDO_E_CONFIG,
-                             "vmm_source_registered_gb=%s (%s): explicit registration must be "
-                             "whole 64 MiB segments (a multiple of 0.0625 GiB)",
-                             V(vmm_source_registered_gb));
-    }
-    if ((o->vmm_native_source_cache_slots > 0) != (o->vmm_native_source_cache_slot_mb > 0.0))
-        return ddo__fail(&cfg->err, DDO_E_CONFIG,
-                         "vmm_native_source_cache_slots=%s (%s) and "
-                         "vmm_native_source_cache_slot_mb=%s (%s): the legacy micro-cache takes a "
-                         "slot count and a slot size together (both 0 keeps it off)",
-                         V(vmm_native_source_cache_slots), V(vmm_native_source_cache_slot_mb));
-    if (o->build_profile && o->profile_name[0] == '\0')
-        return ddo__fail(&cfg->err, DDO_E_CONFIG,
-                         "build_profile=true (%s) needs profile_name: a calibration is saved "
-                         "under a workload name",
-                         cfg->source[DDO_OPT_ID_build_profile]);
-    return 0;
 }

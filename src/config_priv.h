@@ -1,9 +1,9 @@
 /*
  * config_priv.h - the configuration module's own shared state: the catalog
  * descriptors, the ddo_config structure and the helpers its files
- * (config.c, config_env.c, config_args.c, presets.c, components.c,
- * config_doc.c) use between them. Other modules read values through
- * ddo__config_options() in config.h only.
+ * (config.c, config_text.c, config_access.c, config_validate.c, config_env.c,
+ * config_args.c, presets.c, components.c, config_doc.c) use between them.
+ * Other modules read values through ddo__config_options() in config.h only.
  */
 #ifndef DDO_CONFIG_PRIV_H
 #define DDO_CONFIG_PRIV_H
@@ -108,6 +108,11 @@ int ddo__config_store(ddo_config *cfg, int id, const char *text, ddo__rank rank,
                       const char *origin, bool env_rules, bool kib);
 /* Resets option id to its base value (dataclass default or from_env default), rank default. */
 int ddo__config_reset(ddo_config *cfg, int id);
+/* Option id's field in cfg->opt (config.c). */
+void *ddo__config_field(ddo_config *cfg, int id);
+const void *ddo__config_cfield(const ddo_config *cfg, int id);
+/* Options whose out-of-range values ddo_config_validate clamps instead of refusing (config.c). */
+bool ddo__config_clamped_below(int id);
 /* Re-resolves the preset from opt.backend/opt.preset and derived values (staging). */
 int ddo__config_resolve(ddo_config *cfg);
 /* Moves src's content into dst (dst's old content freed); src is left empty and freed. */

@@ -40,7 +40,7 @@ static int build_tables(builder *b)
         p->tensors[i].name = ddo__strdup(b->ti[i]->name);
         if (p->tensors[i].name == NULL)
             return ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: tensor names");
-        p->total_bytes = sat_add(p->total_bytes, b->ti[i]->nbytes);
+        p->total_bytes = ddo__sat_add_u64(p->total_bytes, b->ti[i]->nbytes);
     }
     int rc;
     if ((rc = ddo__plan_build_modules(b)) != 0 || (rc = ddo__plan_compile_patterns(b)) != 0 ||
@@ -60,10 +60,10 @@ static void budget_policy(builder *b, budgets_in *bi)
     for (size_t i = 0; i < b->n; i++) {
         const pmod *m = &b->mods[b->tmod[i]];
         if (ddo__plan_is_eligible(b, i) && !m->always && b->ti[i]->nbytes > b->threshold)
-            W = sat_add(W, b->ti[i]->nbytes);
+            W = ddo__sat_add_u64(W, b->ti[i]->nbytes);
     }
     for (size_t s = 0; s < b->scope_count; s++)
-        M = sat_add(M, b->scopes[s].full_bytes);
+        M = ddo__sat_add_u64(M, b->scopes[s].full_bytes);
     memset(bi, 0, sizeof(*bi));
     bi->M = M;
     bi->A = o->available_system_ram_gb > 0.0 ? ddo__gb_to_bytes(o->available_system_ram_gb)
@@ -186,7 +186,7 @@ static int build(builder *b)
         uint64_t C = 0;
         for (size_t i = 0; i < b->n; i++)
             if (p->tensors[i].eligible && p->tensors[i].loc.placement == DDO_PLACEMENT_STREAMED)
-                C = sat_add(C, p->tensors[i].loc.nbytes);
+                C = ddo__sat_add_u64(C, p->tensors[i].loc.nbytes);
         ddo__pin_resolve(C, bi.pin_budget, bi.pin_ratio,
                          ddo__gb_to_bytes(o->max_pin_weight_budget_gb), bi.force_full, &pin, d);
     }
@@ -199,8 +199,9 @@ static int build(builder *b)
     for (size_t i = 0; i < b->n; i++) {
         const ddo_tensor_location *loc = &p->tensors[i].loc;
         p->bytes_by_placement[loc->placement] =
-            sat_add(p->bytes_by_placement[loc->placement], loc->nbytes);
-        p->bytes_by_reason[loc->reason] = sat_add(p->bytes_by_reason[loc->reason], loc->nbytes);
+            ddo__sat_add_u64(p->bytes_by_placement[loc->placement], loc->nbytes);
+        p->bytes_by_reason[loc->reason] =
+            ddo__sat_add_u64(p->bytes_by_reason[loc->reason], loc->nbytes);
     }
     if (d->failed || p->cost_reason == NULL || p->device_limit_source == NULL)
         return ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: decisions");

@@ -26,8 +26,9 @@
 /* The snap of section 3.8: a pin budget of at least 95 % of the candidates pins them all. */
 #define DDO_PIN_SNAP_FRACTION 0.95
 
-/* The planner's defence in depth (config.c): every numeric option of cfg within its catalog
- * range before the planner converts it. 0 or DDO_E_CONFIG naming the option (last error). */
+/* The planner's defence in depth (config_validate.c): every numeric option of cfg within its
+ * catalog range before the planner converts it. 0 or DDO_E_CONFIG naming the option (last
+ * error). */
 int ddo__config_check_ranges(const ddo_config *cfg);
 
 /* ---- decisions: an ordered key -> value list (re-recording a key replaces its value) ---- */

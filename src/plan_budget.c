@@ -214,8 +214,7 @@ static void balanced_pin(const ddo__balanced_in *in, const balanced_ctx *c, ddo_
         if (in->max_pin > 0)
             budget = min_u64(budget, in->max_pin);
         if (A > 0) {
-            uint64_t required =
-                W > UINT64_MAX - out->resident_budget ? UINT64_MAX : W + out->resident_budget;
+            uint64_t required = ddo__sat_add_u64(W, out->resident_budget);
             ddo__decisions_set_gb(d, "auto_required_system_ram_gb", required);
             if (usable < required) {
                 budget = 0;

@@ -85,26 +85,9 @@ typedef struct budgets_in {
     bool force_full, skip_pin, auto_resident;
 } budgets_in;
 
-static inline uint64_t sat_add(uint64_t a, uint64_t b)
-{
-    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
-}
-
-static inline uint64_t sat_mul(uint64_t a, uint64_t b)
-{
-    uint64_t r;
-    return ddo__mul_u64(a, b, &r) ? r : UINT64_MAX;
-}
-
 static inline uint64_t floor_to(uint64_t v, uint64_t unit)
 {
     return v - v % unit;
-}
-
-static inline const char *fmt_gib(uint64_t bytes, char *buf, size_t len)
-{
-    snprintf(buf, len, "%.2f GiB", ddo__bytes_to_gb(bytes));
-    return buf;
 }
 
 /* ---- plan_modules.c ---- */

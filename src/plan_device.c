@@ -41,7 +41,7 @@ static uint64_t per_weight_bytes(const ddo_plan *p, size_t u, uint64_t gran)
     for (size_t k = 0; k < un->tensor_count; k++) {
         const ddo_tensor_location *loc = &p->tensors[p->unit_tensors[un->first_tensor + k]].loc;
         if (loc->placement == DDO_PLACEMENT_STREAMED)
-            sum = sat_add(sum, handle_bytes(loc->nbytes, gran));
+            sum = ddo__sat_add_u64(sum, handle_bytes(loc->nbytes, gran));
     }
     return sum;
 }
@@ -121,7 +121,7 @@ int ddo__weight_layout_check(const ddo_plan *p, const ddo__weight_layout *wl,
     if (wl->too_large != SIZE_MAX)
         return ddo__fail(eb, DDO_E_BUDGET, "tensor \"%s\": too large to map",
                          p->tensors[wl->too_large].name);
-    uint64_t one = sat_add(resident_bytes, wl->slot_bytes);
+    uint64_t one = ddo__sat_add_u64(resident_bytes, wl->slot_bytes);
     if (limit == 0 || wl->largest_unit == SIZE_MAX || one <= limit)
         return 0;
     /* Not even the largest unit's weights fit; the mapped budget bounds every handle alive. */
@@ -198,10 +198,10 @@ static int refuse_device_weights(const ddo_plan *p, int64_t want, uint64_t limit
     return ddo__fail(NULL, DDO_E_BUDGET,
                      "device weights need %s (resident %s + %zu slots × %s) but the limit "
                      "is %s (%s); raise vmm_resident_weight_budget_gb%s",
-                     fmt_gib(bg->device_weights_peak, a, sizeof(a)),
-                     fmt_gib(bg->resident_bytes, r, sizeof(r)), bg->slot_count,
-                     fmt_gib(bg->slot_bytes, s, sizeof(s)), fmt_gib(limit, l, sizeof(l)),
-                     limit_source, advice);
+                     ddo__format_gib(bg->device_weights_peak, a, sizeof(a)),
+                     ddo__format_gib(bg->resident_bytes, r, sizeof(r)), bg->slot_count,
+                     ddo__format_gib(bg->slot_bytes, s, sizeof(s)),
+                     ddo__format_gib(limit, l, sizeof(l)), limit_source, advice);
 }
 
 /* Lays the resident tensors out in the arena; returns its bytes. (Before the host side too:
@@ -216,7 +216,7 @@ uint64_t ddo__plan_resident_arena(builder *b)
             continue;
         arena = ddo__round_up(arena, DDO_TENSOR_ALIGN);
         loc->offset = arena;
-        arena = sat_add(arena, loc->nbytes);
+        arena = ddo__sat_add_u64(arena, loc->nbytes);
     }
     return arena;
 }
@@ -273,7 +273,7 @@ int ddo__plan_device_side(builder *b, uint64_t limit, const char *limit_source)
     } else if (streaming) {
         slots = 3;
         how = "auto_three";
-        if (limit > 0 && sat_add(arena, sat_mul(3, bg->slot_bytes)) > limit) {
+        if (limit > 0 && ddo__sat_add_u64(arena, ddo__sat_mul_u64(3, bg->slot_bytes)) > limit) {
             slots = 2;
             how = "auto_two";
         }
@@ -284,7 +284,7 @@ int ddo__plan_device_side(builder *b, uint64_t limit, const char *limit_source)
         return rc;
     bg->slot_count = slots;
     ddo__decisions_set_str(d, "slot_count_decision", how);
-    bg->device_weights_peak = sat_add(arena, sat_mul(slots, bg->slot_bytes));
+    bg->device_weights_peak = ddo__sat_add_u64(arena, ddo__sat_mul_u64(slots, bg->slot_bytes));
     bg->device_weights_limit = limit;
     if (limit > 0 && bg->device_weights_peak > limit)
         return refuse_device_weights(p, want, limit, limit_source);
@@ -319,11 +319,11 @@ int ddo__plan_device_limit(builder *b, const budgets_in *bi, uint64_t *limit, ch
             /* As the resident target: never below 1 GiB (nor above the card). */
             *limit = V > h && V - h > DDO_GIB ? V - h : (V < DDO_GIB ? V : DDO_GIB);
             snprintf(source, len, "device memory %s minus %s auto VRAM headroom%s",
-                     fmt_gib(V, v1, sizeof(v1)), fmt_gib(h, v2, sizeof(v2)),
+                     ddo__format_gib(V, v1, sizeof(v1)), ddo__format_gib(h, v2, sizeof(v2)),
                      *limit == V - h ? "" : ", at least 1 GiB");
         } else {
             *limit = V;
-            snprintf(source, len, "device memory %s", fmt_gib(V, v1, sizeof(v1)));
+            snprintf(source, len, "device memory %s", ddo__format_gib(V, v1, sizeof(v1)));
         }
     }
     b->p->device_limit_source = ddo__strdup(source);
@@ -348,8 +348,9 @@ void ddo__plan_cap_auto_resident(builder *b, budgets_in *bi, uint64_t limit)
     }
     for (size_t i = 0; i < b->n; i++)
         if (p->tensors[i].loc.placement == DDO_PLACEMENT_RESIDENT)
-            fixed = sat_add(fixed, ddo__round_up(p->tensors[i].loc.nbytes, DDO_TENSOR_ALIGN));
-    uint64_t reserve = sat_add(fixed, sat_mul(2, ddo__round_up(largest, gran)));
+            fixed =
+                ddo__sat_add_u64(fixed, ddo__round_up(p->tensors[i].loc.nbytes, DDO_TENSOR_ALIGN));
+    uint64_t reserve = ddo__sat_add_u64(fixed, ddo__sat_mul_u64(2, ddo__round_up(largest, gran)));
     uint64_t room = limit > reserve ? limit - reserve : 0;
     if (bi->resident_budget > room) {
         bi->resident_budget = room;

@@ -43,7 +43,7 @@ static uint64_t bytes_of(const ddo_plan *p, bool retained_only, bool registered_
         if (un->resident || (retained_only && !un->retained) ||
             (registered_only && !un->registered))
             continue;
-        s = sat_add(s, un->bytes);
+        s = ddo__sat_add_u64(s, un->bytes);
     }
     return s;
 }
@@ -70,7 +70,7 @@ static void host_registered(const builder *b, bool all_units, bool residents, ui
             if (ti->file_index != UINT32_MAX || ti->host_data == NULL || ti->nbytes == 0 ||
                 p->tensors[t].loc.placement != DDO_PLACEMENT_STREAMED)
                 continue;
-            *bytes = sat_add(*bytes, ti->nbytes);
+            *bytes = ddo__sat_add_u64(*bytes, ti->nbytes);
             if (r != NULL)
                 r[n++] =
                     (ddo__host_range){ ti->host_data, ti->nbytes, u, p->tensors[t].loc.offset };
@@ -81,13 +81,14 @@ static void host_registered(const builder *b, bool all_units, bool residents, ui
         if (p->tensors[t].loc.placement != DDO_PLACEMENT_RESIDENT || ti->host_data == NULL ||
             ti->nbytes == 0)
             continue;
-        *bytes = sat_add(*bytes, ti->nbytes);
+        *bytes = ddo__sat_add_u64(*bytes, ti->nbytes);
         if (r != NULL) /* the resident arena: one more group */
             r[n++] = (ddo__host_range){ ti->host_data, ti->nbytes, p->unit_count,
                                         p->tensors[t].loc.offset };
     }
     /* Without the table (no memory), an upper bound: one more page per tensor. */
-    *pinned = r != NULL ? ddo__host_pins_bytes(r, n) : sat_add(*bytes, (uint64_t)b->n * 65536u);
+    *pinned =
+        r != NULL ? ddo__host_pins_bytes(r, n) : ddo__sat_add_u64(*bytes, (uint64_t)b->n * 65536u);
     free(r);
 }
 
@@ -205,8 +206,8 @@ static int registration(builder *b, host_ctx *h, const ddo__pin_resolution *pin,
         uint64_t hb = 0, hp = 0;
         host_registered(b, true, false, &hb, &hp);
         uint64_t fringe = hp > hb ? hp - hb : 0;
-        if (partial && sat_add(ddo__round_up(bytes_of(p, true, false), DDO_SEGMENT_BYTES), fringe) >
-                           reg_limit) {
+        if (partial && ddo__sat_add_u64(ddo__round_up(bytes_of(p, true, false), DDO_SEGMENT_BYTES),
+                                        fringe) > reg_limit) {
             memset(h->flags, 0, p->unit_count * sizeof(*h->flags));
             int rc = choose_units(p, h->list, rn, reg_limit > fringe ? reg_limit - fringe : 0,
                                   h->how, h->flags, NULL);
@@ -241,7 +242,7 @@ static int registration(builder *b, host_ctx *h, const ddo__pin_resolution *pin,
     bg->registered_peak = ddo__round_up(bytes_of(p, false, true) - host_bytes, DDO_SEGMENT_BYTES);
     if (bg->registered_peak > bg->retained_peak)
         bg->registered_peak = bg->retained_peak;
-    bg->registered_peak = sat_add(bg->registered_peak, residents ? rp : host_pages);
+    bg->registered_peak = ddo__sat_add_u64(bg->registered_peak, residents ? rp : host_pages);
     return 0;
 }
 
@@ -267,15 +268,17 @@ static int staging(builder *b, const host_ctx *h, uint64_t available)
         bg->staging_windows = windows < 2 ? 2 : windows;
     }
     bg->staging_peak = (uint64_t)bg->staging_windows * DDO_STAGING_WINDOW_BYTES;
-    if (h->vmm_fast && available > 0 && sat_add(bg->retained_peak, bg->staging_peak) > available) {
+    if (h->vmm_fast && available > 0 &&
+        ddo__sat_add_u64(bg->retained_peak, bg->staging_peak) > available) {
         char b1[32], b2[32], b3[32], b4[32];
-        return ddo__fail(NULL, DDO_E_BUDGET,
-                         "retained host needs %s (retained %s + staging %s) but %s of RAM are "
-                         "available; lower vmm_source_cache_gb",
-                         fmt_gib(sat_add(bg->retained_peak, bg->staging_peak), b1, sizeof(b1)),
-                         fmt_gib(bg->retained_peak, b2, sizeof(b2)),
-                         fmt_gib(bg->staging_peak, b3, sizeof(b3)),
-                         fmt_gib(available, b4, sizeof(b4)));
+        return ddo__fail(
+            NULL, DDO_E_BUDGET,
+            "retained host needs %s (retained %s + staging %s) but %s of RAM are "
+            "available; lower vmm_source_cache_gb",
+            ddo__format_gib(ddo__sat_add_u64(bg->retained_peak, bg->staging_peak), b1, sizeof(b1)),
+            ddo__format_gib(bg->retained_peak, b2, sizeof(b2)),
+            ddo__format_gib(bg->staging_peak, b3, sizeof(b3)),
+            ddo__format_gib(available, b4, sizeof(b4)));
     }
     return 0;
 }

@@ -7,6 +7,7 @@
 #include "plan_build.h"
 
 #include "config_priv.h" /* ddo__config_quote for the messages */
+#include "strmap.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -97,61 +98,6 @@ static int rxset_search(const rxset *s, const char *subject, size_t len, bool *h
     return 0;
 }
 
-/* ---- a string -> index map (open addressing; keys borrowed) ---- */
-
-typedef struct strmap {
-    const char **keys;
-    size_t *lens;
-    size_t *vals;
-    size_t cap; /* power of two */
-} strmap;
-
-static uint64_t hash_bytes(const char *s, size_t n)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= (unsigned char)s[i];
-        h *= 1099511628211ull;
-    }
-    return h;
-}
-
-static bool strmap_init(strmap *m, size_t expected)
-{
-    size_t cap = 16;
-    while (cap < expected * 2 + 1)
-        cap *= 2;
-    m->cap = cap;
-    m->keys = ddo__calloc(cap, sizeof(*m->keys));
-    m->lens = ddo__calloc(cap, sizeof(*m->lens));
-    m->vals = ddo__calloc(cap, sizeof(*m->vals));
-    return m->keys != NULL && m->lens != NULL && m->vals != NULL;
-}
-
-static void strmap_free(strmap *m)
-{
-    free(m->keys);
-    free(m->lens);
-    free(m->vals);
-    memset(m, 0, sizeof(*m));
-}
-
-/* Finds key, or inserts it with value *val; *val receives the stored value. */
-static void strmap_get_or_put(strmap *m, const char *key, size_t len, size_t *val)
-{
-    size_t i = (size_t)hash_bytes(key, len) & (m->cap - 1);
-    while (m->keys[i] != NULL) {
-        if (m->lens[i] == len && memcmp(m->keys[i], key, len) == 0) {
-            *val = m->vals[i];
-            return;
-        }
-        i = (i + 1) & (m->cap - 1);
-    }
-    m->keys[i] = key;
-    m->lens[i] = len;
-    m->vals[i] = *val;
-}
-
 bool ddo__plan_ends_with(const char *s, const char *suffix)
 {
     size_t a = strlen(s), b = strlen(suffix);
@@ -178,23 +124,21 @@ static size_t block_len(const char *m, size_t mlen, const char *prefix)
 /* Modules and blocks from the tensor names, in checkpoint order. */
 int ddo__plan_build_modules(builder *b)
 {
-    strmap mm = { 0 }, bm = { 0 };
+    ddo__strmap mm = { NULL, 0, 0 }, bm = { NULL, 0, 0 };
     int rc = 0;
     b->tmod = ddo__calloc(b->n ? b->n : 1, sizeof(*b->tmod));
     b->mods = ddo__calloc(b->n ? b->n : 1, sizeof(*b->mods));
     b->blocks = ddo__calloc(b->n ? b->n : 1, sizeof(*b->blocks));
-    if (b->tmod == NULL || b->mods == NULL || b->blocks == NULL || !strmap_init(&mm, b->n) ||
-        !strmap_init(&bm, b->n)) {
-        rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: %zu tensors", b->n);
-        goto out;
-    }
+    if (b->tmod == NULL || b->mods == NULL || b->blocks == NULL)
+        goto oom;
     size_t groups = ddo_checkpoint_block_group_count(b->ck);
     for (size_t i = 0; i < b->n; i++) {
         const char *name = b->ti[i]->name;
         const char *dot = strrchr(name, '.');
         size_t mlen = dot != NULL ? (size_t)(dot - name) : 0;
-        size_t idx = b->mod_count;
-        strmap_get_or_put(&mm, name, mlen, &idx);
+        size_t idx = ddo__strmap_put(&mm, name, mlen, b->mod_count);
+        if (idx == SIZE_MAX)
+            goto oom;
         b->tmod[i] = idx;
         if (idx < b->mod_count)
             continue;
@@ -209,8 +153,9 @@ int ddo__plan_build_modules(builder *b)
             size_t bl = bg != NULL ? block_len(name, mlen, bg->prefix) : 0;
             if (bl == 0)
                 continue;
-            size_t bidx = b->block_count;
-            strmap_get_or_put(&bm, name, bl, &bidx);
+            size_t bidx = ddo__strmap_put(&bm, name, bl, b->block_count);
+            if (bidx == SIZE_MAX)
+                goto oom;
             if (bidx == b->block_count) {
                 b->blocks[bidx].name = name;
                 b->blocks[bidx].len = bl;
@@ -222,9 +167,12 @@ int ddo__plan_build_modules(builder *b)
             break;
         }
     }
+    goto out;
+oom:
+    rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: %zu tensors", b->n);
 out:
-    strmap_free(&mm);
-    strmap_free(&bm);
+    ddo__strmap_free(&mm);
+    ddo__strmap_free(&bm);
     return rc;
 }
 
@@ -313,10 +261,10 @@ int ddo__plan_build_scopes(builder *b)
         pmod *m = &b->mods[b->tmod[i]];
         if (m->skipped)
             continue;
-        m->full_bytes = sat_add(m->full_bytes, b->ti[i]->nbytes);
+        m->full_bytes = ddo__sat_add_u64(m->full_bytes, b->ti[i]->nbytes);
         if (m->block != NONE)
             b->blocks[m->block].full_bytes =
-                sat_add(b->blocks[m->block].full_bytes, b->ti[i]->nbytes);
+                ddo__sat_add_u64(b->blocks[m->block].full_bytes, b->ti[i]->nbytes);
     }
     for (size_t i = 0; i < b->block_count; i++) {
         int rc =

@@ -62,10 +62,11 @@ int ddo__plan_place_units(builder *b)
         unit_of[i] = *slot;
         ddo__plan_unit *u = &p->units[*slot];
         u->tensor_count++;
-        u->bytes = sat_add(u->bytes, t->nbytes);
+        u->bytes = ddo__sat_add_u64(u->bytes, t->nbytes);
         if (t->ndim == 2 && ddo__plan_ends_with(t->name, ".weight"))
             u->flops_per_token =
-                sat_add(u->flops_per_token, sat_mul(2, sat_mul(t->shape[0], t->shape[1])));
+                ddo__sat_add_u64(u->flops_per_token,
+                                 ddo__sat_mul_u64(2, ddo__sat_mul_u64(t->shape[0], t->shape[1])));
     }
     /* Tensor ranges per unit, in checkpoint order. */
     size_t at = 0;
@@ -96,7 +97,7 @@ void ddo__plan_layout_units(builder *b)
             size_t i = p->unit_tensors[un->first_tensor + k];
             off = ddo__round_up(off, DDO_TENSOR_ALIGN);
             p->tensors[i].loc.offset = off;
-            off = sat_add(off, p->tensors[i].loc.nbytes);
+            off = ddo__sat_add_u64(off, p->tensors[i].loc.nbytes);
         }
         un->span_bytes = off;
     }

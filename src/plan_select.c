@@ -50,7 +50,7 @@ static void order_spread(const uint64_t *sizes, size_t n, uint64_t budget, size_
     }
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++)
-        total = (total > UINT64_MAX - sizes[i]) ? UINT64_MAX : total + sizes[i];
+        total = ddo__sat_add_u64(total, sizes[i]);
     uint64_t avg = total / n;
     if (avg < 1)
         avg = 1;

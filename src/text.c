@@ -97,10 +97,16 @@ bool ddo_decimal_syntax(const char *s, bool integer)
     return *p == '\0';
 }
 
+const char *ddo__format_gib(uint64_t bytes, char *buf, size_t len)
+{
+    snprintf(buf, len, "%.2f GiB", (double)bytes / (double)DDO_GIB);
+    return buf;
+}
+
 const char *ddo__format_bytes(uint64_t bytes, char *buf, size_t len)
 {
     if (bytes >= DDO_GIB)
-        snprintf(buf, len, "%.2f GiB", (double)bytes / (double)DDO_GIB);
+        ddo__format_gib(bytes, buf, len);
     else if (bytes >= DDO_MIB)
         snprintf(buf, len, "%.2f MiB", (double)bytes / (double)DDO_MIB);
     else if (bytes >= DDO_KIB)

@@ -1,6 +1,6 @@
 /*
  * test_common.c - the helpers every module of src/ shares, one of each: overflow-checked and
- * saturating arithmetic (common.c), the byte formatter of messages (text.c) and the string
+ * saturating arithmetic (common.c), the byte formatters of messages (text.c) and the string
  * map with its FNV-1a hash (strmap.c).
  *
  * ctest-labels: unit
@@ -46,6 +46,10 @@ static void test_format_bytes(void)
     T_EQ_STR(ddo__format_bytes(DDO_GIB + DDO_GIB / 2, b, sizeof(b)), "1.50 GiB");
     /* GiB is the largest unit. */
     T_EQ_STR(ddo__format_bytes(2048 * DDO_GIB, b, sizeof(b)), "2048.00 GiB");
+    /* GiB whatever the size. */
+    T_EQ_STR(ddo__format_gib(DDO_GIB / 2, b, sizeof(b)), "0.50 GiB");
+    T_EQ_STR(ddo__format_gib(0, b, sizeof(b)), "0.00 GiB");
+    T_EQ_STR(ddo__format_gib(3 * DDO_GIB, b, sizeof(b)), "3.00 GiB");
     /* Cut to fit, always terminated. */
     char small[5];
     T_EQ_STR(ddo__format_bytes(64 * DDO_MIB, small, sizeof(small)), "64.0");
