@@ -123,6 +123,10 @@ int ddo__plan_codec(builder *b)
     measure(b, &n);
     if (n.candidates == 0 && !explicit_codec)
         return fall_back(b, "auto: no retained BF16/F16/F32 tensor streams, nothing to code");
+    if (n.candidates == 0)
+        ddo__decisions_set_str(d, "weight_codec_note",
+                               "ddoc1: no retained BF16/F16/F32 tensor streams (vmm_runtime "
+                               "keeps no retained store): nothing to code, weights move raw");
     uint64_t area = 0;
     if (n.candidates > 0)
         area = sat_add(ddo__round_up(n.max_bound, AREA_ALIGN),
