@@ -33,10 +33,10 @@
 
 /* The sizes coding adds, from the plan's placement. */
 typedef struct codec_need {
-    uint64_t candidate;   /* raw bytes of the tensors that may be coded */
-    uint64_t max_bound;   /* the largest coded stream any of them can have */
-    uint64_t max_status;  /* the most status bytes one unit's coded tensors need */
-    size_t candidates;    /* how many tensors */
+    uint64_t candidate;  /* raw bytes of the tensors that may be coded */
+    uint64_t max_bound;  /* the largest coded stream any of them can have */
+    uint64_t max_status; /* the most status bytes one unit's coded tensors need */
+    size_t candidates;   /* how many tensors */
 } codec_need;
 
 bool ddo__plan_codec_candidate(const ddo_tensor_info *ti, bool retained)
@@ -122,11 +122,13 @@ int ddo__plan_codec(builder *b)
     codec_need n;
     measure(b, &n);
     if (n.candidates == 0 && !explicit_codec)
-        return fall_back(b, "auto: no retained BF16/F16/F32 tensor streams, nothing to code");
+        return fall_back(b, "auto: no retained BF16/F16/F32 tensor streams (all resident or not "
+                            "retained; vmm_runtime keeps no retained store): nothing to code");
     if (n.candidates == 0)
         ddo__decisions_set_str(d, "weight_codec_note",
-                               "ddoc1: no retained BF16/F16/F32 tensor streams (vmm_runtime "
-                               "keeps no retained store): nothing to code, weights move raw");
+                               "ddoc1: no retained BF16/F16/F32 tensor streams (all resident or "
+                               "not retained; vmm_runtime keeps no retained store): nothing to "
+                               "code, weights move raw");
     uint64_t area = 0;
     if (n.candidates > 0)
         area = sat_add(ddo__round_up(n.max_bound, AREA_ALIGN),
@@ -141,7 +143,8 @@ int ddo__plan_codec(builder *b)
         return ddo__fail(NULL, DDO_E_BUDGET,
                          "plan: weight_codec=ddoc1: the decode area (%s) does not fit the device "
                          "weights limit (%s, %s)",
-                         fmt_gib(area, a, sizeof(a)), fmt_gib(bg->device_weights_limit, l, sizeof(l)),
+                         fmt_gib(area, a, sizeof(a)),
+                         fmt_gib(bg->device_weights_limit, l, sizeof(l)),
                          p->device_limit_source != NULL ? p->device_limit_source : "?");
     }
     bg->device_weights_peak = peak;

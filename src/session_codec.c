@@ -77,8 +77,8 @@ static void size_area(ddo_session *s, ddo__session_codec *c)
                 continue;
             coded++;
             status += cp->launch.status_bytes;
-            c->scratch_bytes = cp->coded_bytes > c->scratch_bytes ? cp->coded_bytes
-                                                                  : c->scratch_bytes;
+            c->scratch_bytes =
+                cp->coded_bytes > c->scratch_bytes ? cp->coded_bytes : c->scratch_bytes;
         }
         c->status_bytes = status > c->status_bytes ? status : c->status_bytes;
         c->pending_cap = coded > c->pending_cap ? coded : c->pending_cap;

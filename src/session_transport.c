@@ -219,10 +219,10 @@ ddo__transport_id ddo__transport_for(const ddo_session *s, size_t tensor,
 {
     bool registered = false;
     *host = ddo__source_host_ptr(s->source, tensor, &registered);
-    return *host == NULL                             ? DDO__TRANSPORT_FILE
-           : ddo__source_coded(s->source, tensor)    ? DDO__TRANSPORT_CODED
-           : registered  ? DDO__TRANSPORT_REGISTERED
-                         : DDO__TRANSPORT_PAGEABLE;
+    return *host == NULL                          ? DDO__TRANSPORT_FILE
+           : ddo__source_coded(s->source, tensor) ? DDO__TRANSPORT_CODED
+           : registered                           ? DDO__TRANSPORT_REGISTERED
+                                                  : DDO__TRANSPORT_PAGEABLE;
 }
 
 /* ---- uploads ---- */

@@ -843,8 +843,8 @@ static int code_store(ddo__source *src, const ddo__source_params *p, layout *l, 
     for (size_t t = 0; t < src->tensor_count; t++) {
         if (src->entries[t].run != RUN_STORE)
             continue;
-        items[n] = (ddo__codec_item){ t, src->entries[t].pos,
-                                      ddo_checkpoint_tensor(src->ck, t)->nbytes };
+        items[n] =
+            (ddo__codec_item){ t, src->entries[t].pos, ddo_checkpoint_tensor(src->ck, t)->nbytes };
         split += items[n].pos < l->registered_end ? 1 : 0;
         n++;
     }

@@ -36,8 +36,8 @@ typedef struct fx_opts {
     bool reclaim;          /* vmm_execution_backing_reclaim */
     double bytes_per_s;    /* copy throttle */
     uint64_t latency_ns;
-    bool no_session; /* stop after the plan */
-    uint64_t cols;   /* columns of the block weights; 0 = FX_COLS */
+    bool no_session;          /* stop after the plan */
+    uint64_t cols;            /* columns of the block weights; 0 = FX_COLS */
     const char *weight_codec; /* weight_codec (NULL: the default) */
     bool trained;             /* block weights shaped like trained ones (Gaussian F32, so the
                                  codec really codes them); salt 0 only */

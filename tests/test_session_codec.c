@@ -63,8 +63,8 @@ static void coded_case(const char *route, const char *codec, int pin, int slots)
     T_EQ_STR(ddo_plan_decision_get(f.plan, "weight_codec"), "ddoc1");
     double raw = fx_metric(&f, "setup_encode_bytes");
     double coded = fx_metric(&f, "setup_coded_bytes");
-    T_CHECK_MSG(raw == (double)streamed_bytes(&f) && coded > 0 && coded < raw, "%s: %g -> %g",
-                what, raw, coded);
+    T_CHECK_MSG(raw == (double)streamed_bytes(&f) && coded > 0 && coded < raw, "%s: %g -> %g", what,
+                raw, coded);
     T_CHECK(fx_metric(&f, "setup_codec_raw_tensors") == 0);
     two_steps(&f, what);
     double decoded = fx_metric(&f, "bytes_decoded");
@@ -172,8 +172,8 @@ static uint64_t clean_calls(const fx_opts *o, ddo__devop op)
  * what failed, the session usable afterwards, every account at zero after release. */
 static void test_faults_during_decode(void)
 {
-    static const ddo__devop ops[] = { DDO__OP_CODEC_DECODE, DDO__OP_COPY_H2D,
-                                      DDO__OP_COPY_D2H, DDO__OP_STREAM_SYNCHRONIZE };
+    static const ddo__devop ops[] = { DDO__OP_CODEC_DECODE, DDO__OP_COPY_H2D, DDO__OP_COPY_D2H,
+                                      DDO__OP_STREAM_SYNCHRONIZE };
     for (int pin = 0; pin < 2; pin++)
         for (size_t k = 0; k < DDO_ARRAY_LEN(ops); k++) {
             fx_opts o = codec_opts("linear_runtime", "ddoc1", pin != 0, 2);
@@ -219,8 +219,7 @@ static void test_faults_during_encode(void)
         ddo__source_codec_fault_nth(nth);
         T_REQUIRE(fx_create(&f, &o) == 0);
         ddo__source_codec_fault_nth(0);
-        T_CHECK_MSG(f.rc == DDO_E_IO, "nth=%llu: %s", (unsigned long long)nth,
-                    ddo_errname(f.rc));
+        T_CHECK_MSG(f.rc == DDO_E_IO, "nth=%llu: %s", (unsigned long long)nth, ddo_errname(f.rc));
         T_CONTAINS(ddo_last_error(), "injected fault");
         T_CONTAINS(ddo_last_error(), "blocks.");
         T_CHECK(f.s == NULL);
