@@ -174,6 +174,7 @@ static const struct {
     { "execution_slots", "ddo addition" },
     { "unit_granularity", "ddo addition" },
     { "read_engine", "ddo addition" },
+    { "weight_codec", "ddo addition" },
     { "use_environment", "ddo addition; API only" },
 };
 

@@ -195,6 +195,8 @@ static int build(builder *b)
         return rc;
     if ((rc = ddo__plan_device_side(b, limit, source)) != 0)
         return rc;
+    if ((rc = ddo__plan_codec(b)) != 0)
+        return rc;
     p->budgets.predicted_step_s = ddo__plan_simulate(p, p->budgets.slot_count);
     for (size_t i = 0; i < b->n; i++) {
         const ddo_tensor_location *loc = &p->tensors[i].loc;

@@ -14,6 +14,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "session.h"
+#include "session_codec.h"
 
 #include "config.h"
 #include "device/device.h"
@@ -102,6 +103,9 @@ static int drop_device_state(ddo_session *s)
         s->units[u].leased = false;
         s->units[u].slot = DDO__NONE;
     }
+    int crc = ddo__session_codec_unback(s);
+    if (crc != 0 && first == 0)
+        first = crc;
     if (s->arena != 0 && !s->arena_unsafe) {
         int rc = ddo__dev_mem_free(s->dev, s->arena);
         if (rc != 0) {
@@ -135,6 +139,9 @@ static int make_device_state(ddo_session *s)
         if (s->opts.progress != NULL)
             s->opts.progress(s->opts.progress_user, "allocate", done, total);
     }
+    rc = ddo__session_codec_back(s);
+    if (rc != 0)
+        goto fail;
     if (s->b.resident_bytes > 0 && s->arena == 0 && !s->arena_unsafe) {
         rc = ddo__account_take(&s->acc_device, s->b.resident_bytes, &s->err);
         if (rc != 0)
@@ -263,6 +270,7 @@ void ddo__session_destroy_now(ddo_session *s)
     free(s->pool.handle);
     free(s->pool.size);
     ddo__weight_layout_free(&s->own_wl);
+    ddo__session_codec_destroy(s);
     free(s);
 }
 
@@ -326,6 +334,7 @@ static int build_source(ddo_session *s)
     p.metrics = &s->metrics;
     p.progress = s->opts.progress;
     p.progress_user = s->opts.progress_user;
+    p.codec = ddo__session_codec_wanted(s);
     int rc = ddo__source_create(&p, req, k, &s->source, &s->err);
     free(req);
     return rc;
@@ -436,6 +445,9 @@ static int setup(ddo_session *s)
         s->source = NULL;
         return rc;
     }
+    rc = ddo__session_codec_create(s);
+    if (rc != 0)
+        return rc;
     uint64_t t_alloc = ddo__now_ns();
 
     rc = ddo__session_create_buffers(s);

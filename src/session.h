@@ -10,6 +10,7 @@
  *   session_loader.c    the loader thread: one job per load, in ticket order
  *   session_transport.c how a tensor's bytes reach device memory (one table of
  *                       transports, session_transport.h), the staging windows
+ *   session_codec.c     the coded transport (weight_codec) and its decode area
  *   session_vmm.c       VMM ranges and mappings, the vmm_runtime layout it executes
  *   session_pool.c      vmm_runtime's per-weight handles: the pool, bind, evict
  *   session_views.c     addresses and DLPack views
@@ -193,6 +194,7 @@ struct ddo_session {
     ddo__staging *staging;
     void *bounce;
     void *copy_stream;
+    struct ddo__session_codec *codec; /* weight_codec: the decode area (session_codec.c) */
 
     /* The loader thread and its job ring (session_loader.c; jobs queued by session_slots.c). */
     pthread_mutex_t mu;

@@ -13,11 +13,14 @@
  *   checkpoint           resident tensors at setup and reload: ddo_checkpoint_read into a
  *                        window (a file or a caller's memory)
  *   resident_registered  a caller's resident tensor registered in place: direct DMA
+ *   coded                coded retained bytes (weight_codec): into the decode area, then
+ *                        decoded into place on the device (session_codec.c)
  */
 #define _POSIX_C_SOURCE 200809L
 #include "session_transport.h"
 
 #include "device/device.h"
+#include "session_codec.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -201,6 +204,8 @@ static const ddo__transport transports[DDO__TRANSPORT_COUNT] = {
                                     ddo__transport_staged, NULL, fill_checkpoint },
     [DDO__TRANSPORT_RESIDENT_REGISTERED] = { "resident_registered", DDO_M_bytes_resident_uploaded,
                                              ddo__transport_direct, NULL, NULL },
+    [DDO__TRANSPORT_CODED] = { "coded", DDO_M_bytes_coded_uploaded, ddo__transport_coded, NULL,
+                               NULL },
 };
 
 const ddo__transport *ddo__transport_get(ddo__transport_id id)
@@ -214,9 +219,10 @@ ddo__transport_id ddo__transport_for(const ddo_session *s, size_t tensor,
 {
     bool registered = false;
     *host = ddo__source_host_ptr(s->source, tensor, &registered);
-    return *host == NULL ? DDO__TRANSPORT_FILE
-           : registered  ? DDO__TRANSPORT_REGISTERED
-                         : DDO__TRANSPORT_PAGEABLE;
+    return *host == NULL                          ? DDO__TRANSPORT_FILE
+           : ddo__source_coded(s->source, tensor) ? DDO__TRANSPORT_CODED
+           : registered                           ? DDO__TRANSPORT_REGISTERED
+                                                  : DDO__TRANSPORT_PAGEABLE;
 }
 
 /* ---- uploads ---- */
@@ -320,7 +326,8 @@ int ddo__session_upload_unit(ddo_session *s, const ddo__job *job, uint64_t dst, 
     }
     if (rc == 0 && run.len > 0)
         rc = run_flush(s, &run, eb);
-    return rc;
+    int crc = ddo__session_codec_finish(s, rc == 0, eb); /* checks the unit's decodes */
+    return rc != 0 ? rc : crc;
 }
 
 int ddo__session_upload_residents(ddo_session *s)

@@ -20,6 +20,7 @@
 #include "source.h"
 
 #include "host_pins.h"
+#include "source_codec.h"
 
 #include "checkpoint.h"
 #include "device/device.h"
@@ -67,6 +68,7 @@ struct ddo__source {
     ddo__read_engine engine;
     bool use_uring;
     ddo__host_pins *host_pins; /* host-memory tensors registered in place */
+    ddo__source_codec *codec;  /* weight_codec: the coded tensors' plans (source_codec.c) */
 };
 
 /* ---- small helpers ---- */
@@ -824,6 +826,56 @@ static int take_store(ddo__source *src, const layout *l, ddo__errbuf *eb)
     return 0;
 }
 
+static int by_pos(const void *a, const void *b)
+{
+    const ddo__codec_item *x = a, *y = b;
+    return x->pos < y->pos ? -1 : x->pos > y->pos;
+}
+
+/* weight_codec: codes the read store in place (source_codec.c); the pages and account bytes
+ * it saved go back before the (now smaller) registered part is registered. */
+static int code_store(ddo__source *src, const ddo__source_params *p, layout *l, ddo__errbuf *eb)
+{
+    ddo__codec_item *items = ddo__calloc(src->tensor_count + 1, sizeof(*items));
+    if (items == NULL)
+        return ddo__fail(eb, DDO_E_NO_MEMORY, "retained store: out of host memory");
+    size_t n = 0, split = 0;
+    for (size_t t = 0; t < src->tensor_count; t++) {
+        if (src->entries[t].run != RUN_STORE)
+            continue;
+        items[n] =
+            (ddo__codec_item){ t, src->entries[t].pos, ddo_checkpoint_tensor(src->ck, t)->nbytes };
+        split += items[n].pos < l->registered_end ? 1 : 0;
+        n++;
+    }
+    qsort(items, n, sizeof(*items), by_pos);
+    uint64_t reg_end = 0, end = 0;
+    int rc = ddo__source_codec_pack(src->ck, src->base, items, n, split, (unsigned)p->workers,
+                                    src->retained, p->metrics, &src->codec, &reg_end, &end, eb);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        src->entries[items[i].tensor].pos = items[i].pos;
+        src->entries[items[i].tensor].ptr = src->base + items[i].pos;
+    }
+    free(items);
+    if (rc != 0)
+        return rc;
+    *l = (layout){ split > 0 ? reg_end : 0, end };
+    uint64_t all = store_bytes(l), reg = registered_bytes(l);
+    if (src->bytes > all)
+        ddo__source_codec_release_pages(src->base + all, (size_t)(src->bytes - all));
+    ddo__account_give(src->retained, src->retained_taken - all);
+    src->retained_taken = all;
+    ddo__account_give(src->registered, src->registered_taken - reg);
+    src->registered_taken = reg;
+    src->seg_count = (size_t)(reg / DDO_SEGMENT_BYTES);
+    return 0;
+}
+
+const ddo__codec_plan *ddo__source_coded(const ddo__source *src, size_t tensor)
+{
+    return src != NULL ? ddo__source_codec_plan(src->codec, tensor) : NULL;
+}
+
 int ddo__source_create(const ddo__source_params *p, const ddo__source_request *req, size_t count,
                        ddo__source **out, ddo__errbuf *eb)
 {
@@ -870,6 +922,8 @@ int ddo__source_create(const ddo__source_params *p, const ddo__source_request *r
         goto fail;
 
     rc = read_all(src, p, req, count, eb);
+    if (rc == 0 && p->codec)
+        rc = code_store(src, p, &l, eb);
     if (rc == 0)
         rc = register_all(src, p, eb);
     if (rc == 0)
@@ -896,6 +950,7 @@ void ddo__source_destroy(ddo__source *src)
     if (!leak_registered)
         free(src->base);
     ddo__host_pins_destroy(src->host_pins);
+    ddo__source_codec_destroy(src->codec);
     for (size_t f = 0; src->direct_fd != NULL && f < src->file_count; f++)
         ddo__os_file_close(src->direct_fd[f]);
     if (src->registered_taken > 0)
@@ -926,8 +981,10 @@ const void *ddo__source_host_ptr(const ddo__source *src, size_t tensor, bool *re
     }
     if (e->run == RUN_STORE && registered != NULL) {
         const ddo_tensor_info *t = ddo_checkpoint_tensor(src->ck, tensor);
+        const ddo__codec_plan *cp = ddo__source_codec_plan(src->codec, tensor);
+        uint64_t len = cp != NULL ? cp->coded_bytes : t->nbytes; /* the bytes stored */
         uint64_t first = e->pos / DDO_SEGMENT_BYTES;
-        uint64_t last = t->nbytes > 0 ? (e->pos + t->nbytes - 1) / DDO_SEGMENT_BYTES : first;
+        uint64_t last = len > 0 ? (e->pos + len - 1) / DDO_SEGMENT_BYTES : first;
         bool all = true;
         for (uint64_t s = first; s <= last && all; s++)
             all = s < src->seg_count && src->seg_registered[s];

@@ -49,6 +49,7 @@ typedef struct ddo__source_params {
     ddo__metrics_acc *metrics;    /* setup_read_*, setup_register_ns, registration_fallback_bytes */
     ddo_progress_fn progress;     /* phases "read" and "register" */
     void *progress_user;
+    bool codec; /* weight_codec: code the store's BF16/F16/F32 tensors (source_codec.h) */
 } ddo__source_params;
 
 /*
@@ -81,6 +82,10 @@ size_t ddo__source_host_pieces(const ddo__source *src, size_t tensor, ddo__host_
 /* True when [p, p + len) (host-tensor pieces) lies in one registration or the pinned arena,
  * so one copy may read it. */
 bool ddo__source_one_region(const ddo__source *src, const void *p, uint64_t len);
+
+/* The plan of tensor's coded bytes in the store (weight_codec), or NULL when its retained bytes
+ * are raw or it is not retained; ddo__source_host_ptr then points at the coded stream. */
+const struct ddo__codec_plan *ddo__source_coded(const ddo__source *src, size_t tensor);
 
 /* Where tensor's retained bytes are (NULL when not retained) and whether they are registered
  * (a registered host-memory tensor is read through ddo__source_host_pieces). */

@@ -277,3 +277,18 @@ def test_lifecycle_arguments_and_purge():
     assert r["reason"] == "disabled"
     with pytest.raises(ddo.DdoError):
         ddo.maybe_purge_windows_standby_cache("  ", environ={})
+
+
+def test_weight_codec_from_the_catalog():
+    # issue 13: the codec option reaches the native config from every Python entry point.
+    for value in ("none", "auto", "ddoc1"):
+        c = _native.Config()
+        ddo.DynamicOffloadConfig(weight_codec=value).apply_to(c)
+        c.validate()
+        assert resolved(c, "weight_codec") == value
+    assert CATALOG["weight_codec"]["flag"] == "--ddo-weight-codec"
+    assert CATALOG["weight_codec"]["env"] == "DDO_WEIGHT_CODEC"
+    with pytest.raises(Exception):
+        c = _native.Config()
+        ddo.DynamicOffloadConfig(weight_codec="zstd").apply_to(c)
+        c.validate()

@@ -1,0 +1,158 @@
+/*
+ * plan_codec.c - the planner's share of the weight codec (weight_codec, docs/codec.md):
+ * whether the plan codes the retained store, and what coding costs in the budgets.
+ *
+ *   weight_codec=none   nothing changes
+ *   weight_codec=auto   ddoc1 where the device has a decoder; else none, with a note
+ *   weight_codec=ddoc1  the codec; a device without a decoder refuses the plan (one line)
+ *
+ * What is coded: the retained file tensors of streamed units whose dtype the codec codes
+ * (BF16, F16, F32); the session's store (source_codec.c) keeps a tensor raw when its coded
+ * stream would not be smaller. Coded sizes are known only once the store is encoded, so the
+ * plan's retained and registered figures stay those of the raw bytes (setup reads them raw
+ * before coding; the store then gives back what coding saved) and the plan adds:
+ *
+ *   device     one decode area for the session: the largest coded stream (its bound) plus the
+ *              status words of the unit with the most coded blocks; the copy stream uploads a
+ *              tensor's coded bytes there and decodes them into the tensor's place in its
+ *              slot, one tensor after another
+ *   retained   the encoder's output buffer at setup: the bound of the largest coded tensor
+ *
+ * Decisions: weight_codec (none|ddoc1), weight_codec_note (why auto chose none),
+ * codec_candidate_gb (raw bytes that may be coded), codec_decode_area_gb,
+ * codec_encode_buffer_gb.
+ */
+#include "plan_build.h"
+
+#include "codec.h"
+
+#include <string.h>
+
+/* Rounding of the decode area's two parts (the cuda decoder wants 16-byte alignment). */
+#define AREA_ALIGN 256u
+
+/* The sizes coding adds, from the plan's placement. */
+typedef struct codec_need {
+    uint64_t candidate;  /* raw bytes of the tensors that may be coded */
+    uint64_t max_bound;  /* the largest coded stream any of them can have */
+    uint64_t max_status; /* the most status bytes one unit's coded tensors need */
+    size_t candidates;   /* how many tensors */
+} codec_need;
+
+bool ddo__plan_codec_candidate(const ddo_tensor_info *ti, bool retained)
+{
+    return retained && ti->file_index != UINT32_MAX && ti->nbytes > 0 &&
+           ddo__codec_codes_dtype(ti->dtype) && ddo__codec_bound(ti->dtype, ti->nbytes, 0) > 0;
+}
+
+uint64_t ddo__plan_codec_status_bytes(const ddo_tensor_info *ti)
+{
+    uint64_t esize = ti->dtype == DDO_DTYPE_F32 ? 4 : 2;
+    uint64_t elems = ti->nbytes / esize;
+    uint64_t blocks = (elems + DDO_CODEC_DEFAULT_BLOCK - 1) / DDO_CODEC_DEFAULT_BLOCK;
+    return 16 * blocks;
+}
+
+static void measure(const builder *b, codec_need *n)
+{
+    const ddo_plan *p = b->p;
+    memset(n, 0, sizeof(*n));
+    for (size_t u = 0; u < p->unit_count; u++) {
+        const ddo__plan_unit *un = &p->units[u];
+        if (un->resident)
+            continue;
+        uint64_t status = 0;
+        for (size_t k = 0; k < un->tensor_count; k++) {
+            size_t t = p->unit_tensors[un->first_tensor + k];
+            const ddo_tensor_info *ti = b->ti[t];
+            if (p->tensors[t].loc.placement != DDO_PLACEMENT_STREAMED ||
+                !ddo__plan_codec_candidate(ti, un->retained))
+                continue;
+            uint64_t bound = ddo__codec_bound(ti->dtype, ti->nbytes, 0);
+            n->max_bound = bound > n->max_bound ? bound : n->max_bound;
+            n->candidate = ddo__sat_add_u64(n->candidate, ti->nbytes);
+            status = ddo__sat_add_u64(status, ddo__plan_codec_status_bytes(ti));
+            n->candidates++;
+        }
+        n->max_status = status > n->max_status ? status : n->max_status;
+    }
+}
+
+/* True when the device the plan is for has a codec decoder. */
+static bool device_decodes(const builder *b, const char **why)
+{
+    const char *dev = b->o->execution_device != NULL ? b->o->execution_device : "";
+    if (b->in.device_is_cpu || strncmp(dev, "cpu", 3) == 0)
+        return true; /* the cpu device runs the C reference decoder */
+#if DDO_HAVE_CODEC_PTX
+    *why = "";
+    return true;
+#else
+    *why = "libddo was built without nvcc, so the cuda device has no codec decoder";
+    return false;
+#endif
+}
+
+/* auto without a way to code: none, and why. */
+static int fall_back(builder *b, const char *why)
+{
+    ddo__decisions *d = &b->p->decisions;
+    ddo__decisions_set_str(d, "weight_codec", "none");
+    ddo__decisions_set_str(d, "weight_codec_note", why);
+    return 0;
+}
+
+int ddo__plan_codec(builder *b)
+{
+    const char *mode = b->o->weight_codec != NULL ? b->o->weight_codec : "none";
+    ddo_plan *p = b->p;
+    ddo__decisions *d = &p->decisions;
+    if (strcmp(mode, "none") == 0) {
+        ddo__decisions_set_str(d, "weight_codec", "none");
+        return 0;
+    }
+    bool explicit_codec = strcmp(mode, "ddoc1") == 0;
+    const char *why = "";
+    if (!device_decodes(b, &why)) {
+        if (explicit_codec)
+            return ddo__fail(NULL, DDO_E_UNSUPPORTED, "plan: weight_codec=ddoc1: %s", why);
+        return fall_back(b, "auto: weights move raw: libddo was built without nvcc, so the cuda "
+                            "device has no codec decoder");
+    }
+    codec_need n;
+    measure(b, &n);
+    if (n.candidates == 0 && !explicit_codec)
+        return fall_back(b, "auto: no retained BF16/F16/F32 tensor streams (all resident or not "
+                            "retained; vmm_runtime keeps no retained store): nothing to code");
+    if (n.candidates == 0)
+        ddo__decisions_set_str(d, "weight_codec_note",
+                               "ddoc1: no retained BF16/F16/F32 tensor streams (all resident or "
+                               "not retained; vmm_runtime keeps no retained store): nothing to "
+                               "code, weights move raw");
+    uint64_t area = 0;
+    if (n.candidates > 0)
+        area = ddo__sat_add_u64(ddo__round_up(n.max_bound, AREA_ALIGN),
+                       ddo__round_up(n.max_status, AREA_ALIGN));
+    ddo_plan_budgets *bg = &p->budgets;
+    uint64_t peak = ddo__sat_add_u64(bg->device_weights_peak, area);
+    if (bg->device_weights_limit > 0 && peak > bg->device_weights_limit) {
+        char a[32], l[32];
+        if (!explicit_codec)
+            return fall_back(b, "auto: weights move raw: the decode area does not fit the device "
+                                "weights limit");
+        return ddo__fail(NULL, DDO_E_BUDGET,
+                         "plan: weight_codec=ddoc1: the decode area (%s) does not fit the device "
+                         "weights limit (%s, %s)",
+                         ddo__format_gib(area, a, sizeof(a)),
+                         ddo__format_gib(bg->device_weights_limit, l, sizeof(l)),
+                         p->device_limit_source != NULL ? p->device_limit_source : "?");
+    }
+    bg->device_weights_peak = peak;
+    uint64_t encode = n.candidates > 0 ? ddo__round_up(n.max_bound, AREA_ALIGN) : 0;
+    bg->retained_peak = ddo__sat_add_u64(bg->retained_peak, encode);
+    ddo__decisions_set_str(d, "weight_codec", "ddoc1");
+    ddo__decisions_set_gb(d, "codec_candidate_gb", n.candidate);
+    ddo__decisions_set_gb(d, "codec_decode_area_gb", area);
+    ddo__decisions_set_gb(d, "codec_encode_buffer_gb", encode);
+    return 0;
+}

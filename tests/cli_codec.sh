@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# cli_codec.sh - the weight codec through the tool on the cpu device: `ddo run --verify` with
+# --ddo-weight-codec ddoc1 and auto on a checkpoint of trained-like values (`ddo synth --values
+# normal`) is bit-identical on the retaining routes, with the same checksum as the raw run, the
+# bus carrying coded bytes; the plan shows the decision; a bad value is refused naming it.
+# ctest-labels: cli
+set -u
+: "${DDO_BIN:?DDO_BIN is not set}"
+T=$(mktemp -d "${TMPDIR:-/tmp}/ddo-cli-codec-XXXXXX")
+trap 'rm -rf "$T"' EXIT
+fails=0
+pass() { echo "ok: $1"; }
+fail() { echo "FAIL: $1"; fails=$((fails + 1)); }
+check() { if eval "$2"; then pass "$1"; else fail "$1"; fi; }
+
+{
+    echo '{"architecture": "cli-codec", "tensors": ['
+    echo '{"name": "embed.weight", "shape": [64, 32], "dtype": "BF16"},'
+    for i in 0 1 2 3 4 5; do
+        echo "{\"name\": \"blocks.$i.attn.weight\", \"shape\": [384, 256], \"dtype\": \"BF16\"},"
+        echo "{\"name\": \"blocks.$i.mlp.weight\", \"shape\": [256, 384], \"dtype\": \"F16\"},"
+        echo "{\"name\": \"blocks.$i.proj.weight\", \"shape\": [128, 256], \"dtype\": \"F32\"},"
+        echo "{\"name\": \"blocks.$i.q.weight\", \"shape\": [256, 384], \"dtype\": \"F8_E4M3\"},"
+    done
+    echo '{"name": "out.weight", "shape": [16, 64], "dtype": "BF16"}'
+    echo ']}'
+} >"$T/layout.json"
+"$DDO_BIN" synth --layout "$T/layout.json" --out "$T/model.safetensors" --seed 3 --values normal \
+    >"$T/synth.log" 2>&1 || { cat "$T/synth.log"; echo "FAIL: ddo synth"; exit 1; }
+
+BASE=(--ddo-execution-device cpu --ddo-vmm-resident-weight-budget-gb 0.01
+    --ddo-small-tensor-threshold-kb 16 --ddo-vmm-source-cache-gb 1 --steps 2 --tokens 5 --verify)
+sum_of() { sed -n 's/^verify: OK: .*(\([0-9a-f]*\))$/\1/p' "$1"; }
+metric() { # metric FILE NAME: the last line's value
+    tail -1 "$1" | grep -o "\"$2\":[0-9.e+]*" | head -1 | cut -d: -f2
+}
+
+"$DDO_BIN" run "$T/model.safetensors" "${BASE[@]}" --ddo-backend vmm >"$T/raw.out" 2>&1; rc=$?
+sum_raw=$(sum_of "$T/raw.out")
+check "raw run verifies" '[ $rc -eq 0 ] && [ -n "$sum_raw" ]'
+
+for route in vmm_fast_runtime linear_runtime; do
+    for codec in ddoc1 auto; do
+        for pin in false true; do
+            args=("${BASE[@]}" --ddo-execution-mode "$route" --ddo-weight-codec "$codec"
+                --ddo-pin-cpu-memory "$pin" --metrics "$T/$route.$codec.$pin.jsonl" --show-profile)
+            [ "$route" = vmm_fast_runtime ] && args+=(--ddo-backend vmm)
+            out="$T/$route.$codec.$pin.out"
+            "$DDO_BIN" run "$T/model.safetensors" "${args[@]}" >"$out" 2>&1; rc=$?
+            sum=$(sum_of "$out")
+            m="$T/$route.$codec.$pin.jsonl"
+            decoded=$(metric "$m" bytes_decoded)
+            bus=$(metric "$m" bytes_coded_uploaded)
+            check "$route $codec pin=$pin: verified, the raw run's checksum ($sum = $sum_raw)" \
+                '[ $rc -eq 0 ] && [ "$sum" = "$sum_raw" ]' || cat "$out"
+            check "$route $codec pin=$pin: coded bytes over the bus ($bus) below decoded ($decoded)" \
+                '[ -n "$bus" ] && [ -n "$decoded" ] && awk -v b="$bus" -v d="$decoded" "BEGIN{exit !(b > 0 && b < 0.9 * d)}"'
+            check "$route $codec pin=$pin: the profile shows the codec line" \
+                'grep -q "^  codec .*over the bus decoded into" "$out"'
+        done
+    done
+done
+
+"$DDO_BIN" plan "$T/model.safetensors" --ddo-execution-device cpu --ddo-backend vmm \
+    --ddo-vmm-source-cache-gb 1 --ddo-small-tensor-threshold-kb 16 --ddo-weight-codec ddoc1 \
+    --json >"$T/plan.json" 2>&1; rc=$?
+check "ddo plan --json records weight_codec ddoc1 and the decode area" \
+    '[ $rc -eq 0 ] && grep -q "\"weight_codec\": *\"ddoc1\"" "$T/plan.json" && grep -q "codec_decode_area_gb" "$T/plan.json"'
+"$DDO_BIN" run "$T/model.safetensors" "${BASE[@]}" --ddo-weight-codec zstd >"$T/bad.out" 2>&1; rc=$?
+check "an unknown codec is refused naming the option" \
+    '[ $rc -ne 0 ] && grep -qi "weight.codec" "$T/bad.out"'
+
+echo "$fails failed"
+[ "$fails" -eq 0 ]

@@ -1,0 +1,282 @@
+/*
+ * test_session_codec.c - the weight codec through sessions (weight_codec, docs/codec.md), on
+ * the cpu device whose C decoder is the reference: every route with weight_codec=ddoc1 and
+ * auto, registered and pageable retained bytes, delivers bytes identical to the raw ones
+ * while the store holds coded bytes and the bus carries them; the plan's decision and budget
+ * accounting; tensors that do not shrink stay raw; a corrupted coded stream fails the load
+ * naming the tensor; faults injected into the encoder, the decode and the copies around it
+ * end in clean errors with every account back at zero.
+ *
+ * ctest-labels: unit threads
+ */
+#include "session_fx.h"
+
+#include "source.h"
+#include "source_codec.h"
+
+static const char *const routes[] = { "linear_runtime", "vmm_fast_runtime", "vmm_runtime" };
+
+static fx_opts codec_opts(const char *route, const char *codec, bool pin, int slots)
+{
+    fx_opts o = { .blocks = 4, .slots = slots, .mode = route, .file = true, .cache_gb = 1 };
+    o.pin = pin;
+    o.weight_codec = codec;
+    o.trained = true;
+    return o;
+}
+
+/* Raw bytes of the streamed tensors of every unit (what the decoder writes per step). */
+static uint64_t streamed_bytes(fx *f)
+{
+    uint64_t sum = 0;
+    for (size_t u = 0; u < ddo_plan_unit_count(f->plan); u++) {
+        size_t n = 0;
+        const size_t *ts = ddo_plan_unit_tensors(f->plan, u, &n);
+        for (size_t k = 0; k < n; k++) {
+            ddo_tensor_location loc;
+            if (ddo_plan_tensor_location(f->plan, ts[k], &loc) == 0 &&
+                loc.placement == DDO_PLACEMENT_STREAMED)
+                sum += loc.nbytes;
+        }
+    }
+    return sum;
+}
+
+/* Streams every unit twice; the bytes of every lease are checked against the raw ones. */
+static void two_steps(fx *f, const char *what)
+{
+    for (int step = 0; step < 2; step++)
+        for (int b = 0; b < f->o.blocks; b++)
+            T_CHECK_MSG(fx_use(f, fx_unit(f, b)) == 0, "%s: step %d block %d", what, step, b);
+}
+
+/* One session with the codec on a route that retains (linear_runtime, vmm_fast_runtime). */
+static void coded_case(const char *route, const char *codec, int pin, int slots)
+{
+    char what[96];
+    snprintf(what, sizeof(what), "%s %s pin=%d slots=%d", route, codec, pin, slots);
+    fx f;
+    fx_opts o = codec_opts(route, codec, pin != 0, slots);
+    T_REQUIRE(fx_create(&f, &o) == 0);
+    T_CHECK_MSG(f.rc == 0, "%s", what);
+    T_REQUIRE(f.rc == 0);
+    T_EQ_STR(ddo_plan_decision_get(f.plan, "weight_codec"), "ddoc1");
+    double raw = fx_metric(&f, "setup_encode_bytes");
+    double coded = fx_metric(&f, "setup_coded_bytes");
+    T_CHECK_MSG(raw == (double)streamed_bytes(&f) && coded > 0 && coded < raw, "%s: %g -> %g", what,
+                raw, coded);
+    T_CHECK(fx_metric(&f, "setup_codec_raw_tensors") == 0);
+    two_steps(&f, what);
+    double decoded = fx_metric(&f, "bytes_decoded");
+    double bus = fx_metric(&f, "bytes_coded_uploaded");
+    if (slots >= f.o.blocks) { /* every unit loads once: exact figures */
+        T_CHECK_MSG(fx_metric(&f, "uploads") == f.o.blocks, "%s: uploads", what);
+        T_CHECK_MSG(decoded == raw && bus == coded, "%s: decoded %g of %g, bus %g of %g", what,
+                    decoded, raw, bus, coded);
+        T_CHECK(fx_metric(&f, "codec_decodes") == 2.0 * f.o.blocks);
+    }
+    T_CHECK_MSG(bus > 0 && bus < decoded, "%s: bus %g decoded %g", what, bus, decoded);
+    T_CHECK_MSG(fx_metric(&f, "copy_bytes") == bus + fx_metric(&f, "bytes_resident_uploaded"),
+                "%s: copy_bytes", what);
+    T_CHECK(fx_metric(&f, "bytes_from_registered") == 0);
+    T_CHECK(fx_metric(&f, "bytes_staged_from_retained") == 0);
+    fx_destroy(&f);
+}
+
+static void test_every_route_is_bit_identical(void)
+{
+    static const char *const codecs[] = { "ddoc1", "auto" };
+    for (size_t r = 0; r < 2; r++)
+        for (size_t c = 0; c < DDO_ARRAY_LEN(codecs); c++)
+            for (int pin = 0; pin < 2; pin++) {
+                coded_case(routes[r], codecs[c], pin, 4);
+                coded_case(routes[r], codecs[c], pin, 2); /* slots reused, area reused */
+            }
+    /* vmm_runtime keeps no retained store (it re-reads the file): nothing to code, bytes
+     * raw; auto says so, ddoc1 notes it. */
+    for (size_t c = 0; c < DDO_ARRAY_LEN(codecs); c++) {
+        fx f;
+        fx_opts o = codec_opts("vmm_runtime", codecs[c], false, 2);
+        T_REQUIRE(fx_create(&f, &o) == 0);
+        T_REQUIRE(f.rc == 0);
+        T_EQ_STR(ddo_plan_decision_get(f.plan, "weight_codec"), c == 0 ? "ddoc1" : "none");
+        T_CHECK(ddo_plan_decision_get(f.plan, "weight_codec_note") != NULL);
+        two_steps(&f, "vmm_runtime");
+        T_CHECK(fx_metric(&f, "bytes_decoded") == 0);
+        T_CHECK(fx_metric(&f, "bytes_staged_from_file") > 0);
+        fx_destroy(&f);
+    }
+}
+
+/* A coded tensor whose stored bytes change after setup (one flipped bit at many places): the
+ * load fails naming it, or (a bit of padding the decoder never reads) delivers the right
+ * bytes; never wrong weights. Restored, the same session loads it bit for bit. */
+static void test_corrupted_stream_is_detected(void)
+{
+    for (int pin = 0; pin < 2; pin++) {
+        fx f;
+        fx_opts o = codec_opts("vmm_fast_runtime", "ddoc1", pin != 0, 2);
+        T_REQUIRE(fx_create(&f, &o) == 0);
+        T_REQUIRE(f.rc == 0);
+        size_t t = fx_tensor(&f, "blocks.2.ff.weight");
+        const ddo__codec_plan *cp = ddo__source_coded(f.s->source, t);
+        T_REQUIRE(cp != NULL);
+        unsigned char *p = (unsigned char *)(uintptr_t)ddo__source_host_ptr(f.s->source, t, NULL);
+        T_REQUIRE(p != NULL);
+        size_t tried = 0, detected = 0;
+        for (size_t at = 7; at < cp->coded_bytes; at += 509) {
+            p[at] ^= (unsigned char)(1u << (at % 8));
+            size_t u = fx_unit(&f, 2);
+            int rc = ddo_session_acquire(f.s, u, f.stream);
+            tried++;
+            if (rc == DDO_E_FORMAT) {
+                detected++;
+                T_CONTAINS(ddo_session_error(f.s), "blocks.2.ff.weight");
+            } else {
+                T_CHECK_MSG(rc == 0, "pin=%d byte %zu: %s", pin, at, ddo_errname(rc));
+                T_REQUIRE(ddo_stream_synchronize(f.stream) == 0);
+                T_CHECK_MSG(fx_check_unit(&f, u, 0) == 0, "pin=%d byte %zu: wrong weights", pin,
+                            at);
+                (void)ddo_session_release(f.s, u, f.stream);
+            }
+            p[at] ^= (unsigned char)(1u << (at % 8));
+            T_CHECK(fx_use(&f, u) == 0);
+            /* evict it, so the next acquire decodes again */
+            T_CHECK(fx_use(&f, fx_unit(&f, 0)) == 0);
+            T_CHECK(fx_use(&f, fx_unit(&f, 1)) == 0);
+        }
+        fprintf(stderr, "  pin=%d: %zu of %zu flips detected\n", pin, detected, tried);
+        T_CHECK_MSG(tried > 40 && detected * 10 >= tried * 9, "pin=%d: %zu of %zu detected", pin,
+                    detected, tried);
+        fx_destroy(&f);
+    }
+}
+
+/* Calls of op in a clean run of two steps with the codec. */
+static uint64_t clean_calls(const fx_opts *o, ddo__devop op)
+{
+    fx f;
+    if (fx_create(&f, o) != 0 || f.rc != 0) {
+        T_CHECK_MSG(false, "clean run");
+        return 0;
+    }
+    ddo__device_stats_reset(f.dev);
+    two_steps(&f, "clean");
+    ddo__devop_stats st[DDO__OP_COUNT];
+    ddo__device_stats(f.dev, st);
+    fx_destroy(&f);
+    return st[op].calls;
+}
+
+/* Faults in the decode, the copies around it and the status read-back: a clean error naming
+ * what failed, the session usable afterwards, every account at zero after release. */
+static void test_faults_during_decode(void)
+{
+    static const ddo__devop ops[] = { DDO__OP_CODEC_DECODE, DDO__OP_COPY_H2D, DDO__OP_COPY_D2H,
+                                      DDO__OP_STREAM_SYNCHRONIZE };
+    for (int pin = 0; pin < 2; pin++)
+        for (size_t k = 0; k < DDO_ARRAY_LEN(ops); k++) {
+            fx_opts o = codec_opts("linear_runtime", "ddoc1", pin != 0, 2);
+            uint64_t calls = clean_calls(&o, ops[k]);
+            T_CHECK_MSG(calls > 0, "%s", ddo__devop_name(ops[k]));
+            for (uint64_t nth = 1; nth <= calls && nth <= 24; nth++) {
+                fx f;
+                T_REQUIRE(fx_create(&f, &o) == 0);
+                T_REQUIRE(f.rc == 0);
+                ddo__device_inject_fault(f.dev, ops[k], nth, false, DDO_E_DEVICE);
+                int failed = 0;
+                for (int step = 0; step < 2; step++)
+                    for (int b = 0; b < f.o.blocks; b++) {
+                        int rc = fx_use(&f, fx_unit(&f, b));
+                        T_CHECK_MSG(rc == 0 || rc == DDO_E_DEVICE || rc == FX_HOST_FAILED,
+                                    "%s nth=%llu: %d %s", ddo__devop_name(ops[k]),
+                                    (unsigned long long)nth, rc, ddo_session_error(f.s));
+                        failed += rc != 0;
+                    }
+                ddo__device_clear_faults(f.dev);
+                for (int b = 0; b < f.o.blocks; b++) /* usable again, bit for bit */
+                    T_CHECK_MSG(fx_use(&f, fx_unit(&f, b)) == 0, "%s nth=%llu after",
+                                ddo__devop_name(ops[k]), (unsigned long long)nth);
+                uint64_t used[4];
+                ddo__session_accounts(f.s, used);
+                T_CHECK(used[1] > 0); /* the coded store */
+                T_EQ_U64(ddo__session_release_all(f.s), 0);
+                ddo__session_accounts(f.s, used);
+                for (int a = 0; a < 4; a++)
+                    T_EQ_U64(used[a], 0);
+                fx_destroy(&f); /* checks the device holds nothing */
+                (void)failed;
+            }
+        }
+}
+
+/* A failing encoder at setup: the session is refused with the tensor named, nothing held. */
+static void test_faults_during_encode(void)
+{
+    for (uint64_t nth = 1; nth <= 8; nth++) {
+        fx f;
+        fx_opts o = codec_opts("vmm_fast_runtime", "ddoc1", nth % 2 == 0, 2);
+        ddo__source_codec_fault_nth(nth);
+        T_REQUIRE(fx_create(&f, &o) == 0);
+        ddo__source_codec_fault_nth(0);
+        T_CHECK_MSG(f.rc == DDO_E_IO, "nth=%llu: %s", (unsigned long long)nth, ddo_errname(f.rc));
+        T_CONTAINS(ddo_last_error(), "injected fault");
+        T_CONTAINS(ddo_last_error(), "blocks.");
+        T_CHECK(f.s == NULL);
+        fx_destroy(&f);
+    }
+}
+
+/* A tensor coding does not shrink (random bits) stays raw; the rest is coded. */
+static void test_incompressible_tensor_stays_raw(void)
+{
+    fx f;
+    fx_opts o = codec_opts("linear_runtime", "auto", true, 2);
+    o.trained = false; /* fx_byte patterns: bytes, not weights */
+    T_REQUIRE(fx_create(&f, &o) == 0);
+    T_REQUIRE(f.rc == 0);
+    double raw_tensors = fx_metric(&f, "setup_codec_raw_tensors");
+    double coded = fx_metric(&f, "setup_encode_bytes");
+    for (size_t t = 0; t < ddo_checkpoint_tensor_count(f.ck); t++) {
+        const ddo__codec_plan *cp = ddo__source_coded(f.s->source, t);
+        T_CHECK(cp == NULL || cp->coded_bytes < cp->decoded_bytes);
+    }
+    T_CHECK_MSG(raw_tensors + (coded > 0 ? 1 : 0) > 0, "raw %g coded %g", raw_tensors, coded);
+    two_steps(&f, "incompressible");
+    T_CHECK(fx_metric(&f, "bytes_from_registered") + fx_metric(&f, "bytes_coded_uploaded") > 0);
+    fx_destroy(&f);
+}
+
+/* The plan: the decode area in the device peak, the encoder's buffer in the retained peak. */
+static void test_plan_accounting(void)
+{
+    fx a, b;
+    fx_opts o = codec_opts("linear_runtime", "none", false, 2);
+    o.no_session = true;
+    T_REQUIRE(fx_create(&a, &o) == 0);
+    o.weight_codec = "ddoc1";
+    T_REQUIRE(fx_create(&b, &o) == 0);
+    ddo_plan_budgets ba, bb;
+    T_REQUIRE(ddo_plan_budgets_get(a.plan, &ba) == 0);
+    T_REQUIRE(ddo_plan_budgets_get(b.plan, &bb) == 0);
+    /* the largest weight: blocks.3.ff.weight, [67, 128] F32, one block */
+    uint64_t bound = 67 * 128 * 4 + 64 + 56;
+    uint64_t area = (bound + 255) / 256 * 256 + 256 /* two tensors' status, 32 bytes */;
+    T_EQ_U64(bb.device_weights_peak, ba.device_weights_peak + area);
+    T_EQ_U64(bb.retained_peak, ba.retained_peak + (bound + 255) / 256 * 256);
+    T_EQ_U64(bb.registered_peak, ba.registered_peak);
+    T_CHECK(ddo_plan_decision_get(b.plan, "codec_decode_area_gb") != NULL);
+    fx_destroy(&a);
+    fx_destroy(&b);
+}
+
+int main(void)
+{
+    T_RUN(test_every_route_is_bit_identical);
+    T_RUN(test_corrupted_stream_is_detected);
+    T_RUN(test_faults_during_decode);
+    T_RUN(test_faults_during_encode);
+    T_RUN(test_incompressible_tensor_stays_raw);
+    T_RUN(test_plan_accounting);
+    return t_done();
+}
