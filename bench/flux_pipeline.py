@@ -50,7 +50,6 @@ import math
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -152,8 +151,7 @@ def log(msg):
     print(f"[flux_pipeline {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def repo_root():
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+repo_root = tf.repo_root
 
 
 def configs(tiny):
@@ -859,22 +857,8 @@ def case_command(case, args, result_path, deadline_epoch):
 
 
 def run_subprocess(name, args, timeout_s):
-    result_path = os.path.join(args.workdir, f"result_{name}.json")
-    if os.path.exists(result_path):
-        os.remove(result_path)
-    cmd = case_command(name, args, result_path, time.time() + timeout_s)
-    log(f"{name}: starting (limit {timeout_s:.0f} s)")
-    t = time.time()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    try:
-        rc = subprocess.run(cmd, env=env, timeout=timeout_s).returncode
-    except subprocess.TimeoutExpired:
-        rc = "timeout"
-    wall = time.time() - t
-    res = {"case": name, "kind": CASES[name]["kind"]}
-    if os.path.exists(result_path):
-        with open(result_path) as f:
-            res = json.load(f)
+    found, rc, wall = tf.spawn_case(name, args, timeout_s, case_command, 0, say=log)
+    res = found if found is not None else {"case": name, "kind": CASES[name]["kind"]}
     if rc == "timeout":
         res["error"] = (res.get("error") or "") + f" killed after {timeout_s:.0f} s " \
             f"(the figures above are those written before)"

@@ -681,13 +681,15 @@ def drive(args):
     return 0
 
 
-def run_subprocess(name, args, timeout_s):
+def spawn_case(name, args, timeout_s, make_command, soft_margin_s, say=None):
+    """Runs one case in a fresh process (make_command(name, args, result_path, soft deadline))
+    under a kill after timeout_s; returns (its result dict or None, return code or "timeout",
+    wall seconds). Shared with bench/flux_pipeline.py."""
     result_path = os.path.join(args.workdir, f"result_{name}.json")
     if os.path.exists(result_path):
         os.remove(result_path)
-    # the case stops timing early (keeping >= 2 steps) at its soft deadline, 25 s before the kill
-    cmd = case_command(name, args, result_path, time.time() + timeout_s - 25)
-    log(f"{name}: starting (limit {timeout_s:.0f} s)")
+    cmd = make_command(name, args, result_path, time.time() + timeout_s - soft_margin_s)
+    (say or log)(f"{name}: starting (limit {timeout_s:.0f} s)")
     t = time.time()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
@@ -695,14 +697,19 @@ def run_subprocess(name, args, timeout_s):
     except subprocess.TimeoutExpired:
         rc = "timeout"
     wall = time.time() - t
-    res = {"case": name}
+    res = None
     if os.path.exists(result_path):
         with open(result_path) as f:
             res = json.load(f)
-    elif rc == "timeout":
-        res["error"] = f"killed after {timeout_s:.0f} s"
-    else:
-        res["error"] = f"process exited {rc} without a result"
+    return res, rc, wall
+
+
+def run_subprocess(name, args, timeout_s):
+    # the case stops timing early (keeping >= 2 steps) at its soft deadline, 25 s before the kill
+    res, rc, wall = spawn_case(name, args, timeout_s, case_command, 25)
+    if res is None:
+        res = {"case": name, "error": f"killed after {timeout_s:.0f} s" if rc == "timeout"
+               else f"process exited {rc} without a result"}
     res["process_rc"], res["process_wall_s"] = rc, wall
     status = res.get("skipped") or res.get("error") or f"median {res.get('median_step_s', 0):.4f} s"
     log(f"{name}: done in {wall:.1f} s: {status}")
