@@ -275,8 +275,7 @@ static int upload_into(ddo_session *s, const ddo__transport *t, const ddo__uploa
     if (c->read_recorded[a])
         rc = ddo__dev_stream_wait_event(s->dev, s->copy_stream, c->read[a]);
     if (rc != 0)
-        return ddo__session_fail_ctx(eb, rc, "tensor \"%s\": waiting for decode area %zu", name,
-                                     a);
+        return ddo__session_fail_ctx(eb, rc, "tensor \"%s\": waiting for decode area %zu", name, a);
     bool registered = false;
     (void)ddo__source_host_ptr(s->source, up->tensor, &registered);
     ddo__upload in = { up->tensor, c->mem + a * c->area_bytes, cp->coded_bytes, up->host };
@@ -312,8 +311,8 @@ int ddo__transport_coded(ddo_session *s, const ddo__transport *t, const ddo__upl
     ddo__codec_launch l = cp->launch;
     l.status_dev = c->mem + AREAS * c->area_bytes + c->cur_slot * c->status_bytes + cs->status_used;
     uint64_t src = c->mem + a * c->area_bytes;
-    rc = ddo__dev_codec_decode(s->dev, c->decode_stream, src, cp->coded_bytes, up->dst,
-                               up->nbytes, &l);
+    rc = ddo__dev_codec_decode(s->dev, c->decode_stream, src, cp->coded_bytes, up->dst, up->nbytes,
+                               &l);
     if (rc == 0) {
         c->read_recorded[a] = false;
         rc = ddo__dev_event_record(s->dev, c->read[a], c->decode_stream);
