@@ -25,6 +25,9 @@
 #define DDO_PLAN_DEFAULT_TOKENS 4096
 /* The snap of section 3.8: a pin budget of at least 95 % of the candidates pins them all. */
 #define DDO_PIN_SNAP_FRACTION 0.95
+/* weight_codec: the coded-bytes areas a session decodes from, in turn (plan_codec.c): the copy
+ * stream uploads a tensor into one while the decode stream decodes the one before. */
+#define DDO_CODEC_DECODE_AREAS 2
 
 /* The planner's defence in depth (config_validate.c): every numeric option of cfg within its
  * catalog range before the planner converts it. 0 or DDO_E_CONFIG naming the option (last

@@ -12,23 +12,25 @@
  * plan's retained and registered figures stay those of the raw bytes (setup reads them raw
  * before coding; the store then gives back what coding saved) and the plan adds:
  *
- *   device     one decode area for the session: the largest coded stream (its bound) plus the
- *              status words of the unit with the most coded blocks; the copy stream uploads a
- *              tensor's coded bytes there and decodes them into the tensor's place in its
- *              slot, one tensor after another
+ *   device     the session's decode memory: DDO_CODEC_DECODE_AREAS areas of the largest coded
+ *              stream (its bound), used in turn (the copy stream uploads a tensor's coded bytes
+ *              into one while the decode stream decodes the previous one into its place in its
+ *              slot), plus one status part per execution slot of the status words of the unit
+ *              with the most coded blocks (a load's status is checked when it is first leased)
  *   retained   the encoder's output buffer at setup: the bound of the largest coded tensor
  *
  * Decisions: weight_codec (none|ddoc1), weight_codec_note (why auto chose none),
- * codec_candidate_gb (raw bytes that may be coded), codec_decode_area_gb,
- * codec_encode_buffer_gb.
+ * codec_candidate_gb (raw bytes that may be coded), codec_decode_area_gb (the decode memory:
+ * areas and status parts), codec_decode_areas, codec_encode_buffer_gb.
  */
 #include "plan_build.h"
 
 #include "codec.h"
 
+#include <stdio.h>
 #include <string.h>
 
-/* Rounding of the decode area's two parts (the cuda decoder wants 16-byte alignment). */
+/* Rounding of the decode memory's parts (the cuda decoder wants 16-byte alignment). */
 #define AREA_ALIGN 256u
 
 /* The sizes coding adds, from the plan's placement. */
@@ -129,19 +131,20 @@ int ddo__plan_codec(builder *b)
                                "ddoc1: no retained BF16/F16/F32 tensor streams (all resident or "
                                "not retained; vmm_runtime keeps no retained store): nothing to "
                                "code, weights move raw");
+    ddo_plan_budgets *bg = &p->budgets;
     uint64_t area = 0;
     if (n.candidates > 0)
-        area = ddo__sat_add_u64(ddo__round_up(n.max_bound, AREA_ALIGN),
-                       ddo__round_up(n.max_status, AREA_ALIGN));
-    ddo_plan_budgets *bg = &p->budgets;
+        area = ddo__sat_add_u64(
+            ddo__sat_mul_u64(DDO_CODEC_DECODE_AREAS, ddo__round_up(n.max_bound, AREA_ALIGN)),
+            ddo__sat_mul_u64(bg->slot_count, ddo__round_up(n.max_status, AREA_ALIGN)));
     uint64_t peak = ddo__sat_add_u64(bg->device_weights_peak, area);
     if (bg->device_weights_limit > 0 && peak > bg->device_weights_limit) {
         char a[32], l[32];
         if (!explicit_codec)
-            return fall_back(b, "auto: weights move raw: the decode area does not fit the device "
-                                "weights limit");
+            return fall_back(b, "auto: weights move raw: the decode areas do not fit the "
+                                "device weights limit");
         return ddo__fail(NULL, DDO_E_BUDGET,
-                         "plan: weight_codec=ddoc1: the decode area (%s) does not fit the device "
+                         "plan: weight_codec=ddoc1: the decode areas (%s) do not fit the device "
                          "weights limit (%s, %s)",
                          ddo__format_gib(area, a, sizeof(a)),
                          ddo__format_gib(bg->device_weights_limit, l, sizeof(l)),
@@ -153,6 +156,9 @@ int ddo__plan_codec(builder *b)
     ddo__decisions_set_str(d, "weight_codec", "ddoc1");
     ddo__decisions_set_gb(d, "codec_candidate_gb", n.candidate);
     ddo__decisions_set_gb(d, "codec_decode_area_gb", area);
+    char areas[16];
+    snprintf(areas, sizeof(areas), "%d", n.candidates > 0 ? DDO_CODEC_DECODE_AREAS : 0);
+    ddo__decisions_set_str(d, "codec_decode_areas", areas);
     ddo__decisions_set_gb(d, "codec_encode_buffer_gb", encode);
     return 0;
 }

@@ -182,6 +182,9 @@ static int quiesce(ddo_session *s)
         if (rc != 0)
             first = fail_dev(&s->err, rc, "waiting for the copy stream");
     }
+    int crc = ddo__session_codec_sync(s);
+    if (crc != 0 && first == 0)
+        first = fail_dev(&s->err, crc, "waiting for the decode stream");
     if (s->staging != NULL) {
         ddo__errbuf eb;
         int rc = ddo__staging_drain(s->staging, &eb);

@@ -1,7 +1,7 @@
 /*
- * session_codec.h - the coded transport and its decode area (session_codec.c): what the
- * session calls at setup, with its device state, after each unit's uploads and at teardown.
- * Internal; never installed.
+ * session_codec.h - the coded transport and its decode memory (session_codec.c): what the
+ * session calls at setup, with its device state, around each unit's uploads, when a load is
+ * first leased and at teardown. Internal; never installed.
  */
 #ifndef DDO_SESSION_CODEC_H
 #define DDO_SESSION_CODEC_H
@@ -13,19 +13,35 @@ struct ddo__upload;
 
 /* True when the plan decided weight_codec=ddoc1 (the store codes its tensors). */
 bool ddo__session_codec_wanted(const ddo_session *s);
-/* After the store is built: sizes the decode area from the coded store. DDO_E_UNSUPPORTED
- * (one line) when the plan codes and the device has no decoder. No-op without the codec. */
+/* After the store is built: sizes the decode areas and the slots' status parts from the coded
+ * store and creates the decode stream and its events. DDO_E_UNSUPPORTED (one line) when the
+ * plan codes and the device has no decoder. No-op without the codec. */
 int ddo__session_codec_create(ddo_session *s);
 void ddo__session_codec_destroy(ddo_session *s);
-/* Allocates / frees the decode area with the other device state (device weights account). */
+/* Allocates / frees the decode memory with the other device state (device weights account). */
 int ddo__session_codec_back(ddo_session *s);
 int ddo__session_codec_unback(ddo_session *s);
-/* The coded row's upload: coded bytes into the area, then the decode into up->dst. */
+/* The stream a unit's upload event is recorded on: the decode stream when the session decodes
+ * (it has joined the copy stream's work by then, ddo__session_codec_finish), else NULL. */
+void *ddo__session_codec_stream(const ddo_session *s);
+/* Waits for the decode stream (no-op without one). */
+int ddo__session_codec_sync(ddo_session *s);
+/* The loader, before a unit's first upload into slot: the slot's decodes start afresh. */
+void ddo__session_codec_begin(ddo_session *s, size_t slot);
+/* The coded row's upload: coded bytes into the next decode area (copy stream), then the decode
+ * into up->dst (decode stream, after that upload). */
 int ddo__transport_coded(ddo_session *s, const struct ddo__transport *t,
                          const struct ddo__upload *up, ddo__errbuf *eb);
-/* After a unit's last tensor was queued: with check, waits for the copy stream and checks
- * every coded tensor's status (DDO_E_FORMAT naming the tensor and block); forgets the unit's
- * decodes either way. */
-int ddo__session_codec_finish(ddo_session *s, bool check, ddo__errbuf *eb);
+/* After a unit's last tensor was queued: when ok, the decode stream joins the copy stream and
+ * the slot's decodes are due for ddo__session_codec_verify; else they are forgotten (the loader
+ * waits for both streams itself). */
+int ddo__session_codec_finish(ddo_session *s, bool ok, ddo__errbuf *eb);
+/* True when slot's last load decoded tensors not verified yet (the host, mu held). */
+bool ddo__session_codec_due(const ddo_session *s, size_t slot);
+/* The host, before slot's load is first leased (mu not held): waits for its upload event,
+ * reads the slot's status words back and checks every decode of the load (DDO_E_FORMAT naming
+ * the tensor and block). The decodes are no longer due afterwards, either way; *unsafe when
+ * nothing says the slot's decodes have finished (the wait failed twice). */
+int ddo__session_codec_verify(ddo_session *s, size_t slot, bool *unsafe, ddo__errbuf *eb);
 
 #endif /* DDO_SESSION_CODEC_H */

@@ -8,6 +8,7 @@
 #include "session.h"
 
 #include "device/device.h"
+#include "session_codec.h"
 
 static void wait_issued(ddo_session *s, size_t i, uint64_t *stall)
 {
@@ -17,6 +18,36 @@ static void wait_issued(ddo_session *s, size_t i, uint64_t *stall)
     while (!s->slots[i].issued)
         pthread_cond_wait(&s->cv, &s->mu);
     *stall += ddo__now_ns() - t0;
+}
+
+/*
+ * weight_codec: the decodes of slot i's load are checked before the load is first leased
+ * (session_codec.c). mu is released while the host waits for them, so the loader goes on
+ * issuing the next units; only the host leases, so the slot still holds u afterwards. A
+ * failed check fails the acquire naming the tensor and frees the slot (the unit loads again
+ * on the next acquire); a slot whose decodes may still run is kept as unsafe.
+ */
+static int verify_decodes(ddo_session *s, size_t i, ddo__unit_rt *u)
+{
+    if (!ddo__session_codec_due(s, i))
+        return 0;
+    ddo__errbuf eb;
+    ddo__errbuf_clear(&eb);
+    bool unsafe = false;
+    pthread_mutex_unlock(&s->mu);
+    int rc = ddo__session_codec_verify(s, i, &unsafe, &eb);
+    pthread_mutex_lock(&s->mu);
+    if (rc == 0)
+        return 0;
+    ddo__fail(&s->err, rc, "acquire \"%s\": %s", u->name, eb.msg);
+    ddo__slot *sl = &s->slots[i];
+    if (unsafe)
+        ddo__slot_mark_unsafe(s, sl);
+    if (!sl->unsafe)
+        ddo__slot_enter(s, sl, DDO__SLOT_FREE);
+    else
+        u->slot = DDO__NONE; /* the unsafe slot keeps its record; the unit loads again */
+    return rc;
 }
 
 /* The refusal of an acquire of u when no slot can take it: all leased or unsafe. */
@@ -108,10 +139,17 @@ again:
                 u->slot = DDO__NONE; /* the unsafe slot keeps its record; the unit loads again */
             return rc;
         }
-        int rc = ddo__dev_stream_wait_event(s->dev, stream, sl->upload_event);
+        int rc = verify_decodes(s, i, u);
+        if (rc != 0)
+            return rc;
+        rc = ddo__dev_stream_wait_event(s->dev, stream, sl->upload_event);
         if (rc != 0)
             return ddo__session_fail_ctx(&s->err, rc, "acquire \"%s\": waiting for its upload",
                                          u->name);
+    } else {
+        int rc = verify_decodes(s, i, u); /* a load that finished before its first lease */
+        if (rc != 0)
+            return rc;
     }
     ddo__slot_enter(s, sl, DDO__SLOT_LEASED);
     u->leased = true;

@@ -12,6 +12,7 @@
 #include "session.h"
 
 #include "device/device.h"
+#include "session_codec.h"
 
 void ddo__session_trace(const ddo_session *s, const char *kind, size_t unit, uint64_t begin_ns,
                         uint64_t end_ns, uint64_t bytes)
@@ -184,7 +185,9 @@ static int run_job(ddo_session *s, ddo__job *job, ddo__errbuf *eb)
     pthread_mutex_unlock(&s->busy_mu);
     if (reread)
         ddo__metrics_add(&s->metrics, DDO_M_file_rereads, 1);
-    rc = ddo__dev_event_record(s->dev, slot->upload_event, s->copy_stream);
+    /* With the codec, after the unit's decodes too (the decode stream joined the copies). */
+    void *tail = ddo__session_codec_stream(s);
+    rc = ddo__dev_event_record(s->dev, slot->upload_event, tail != NULL ? tail : s->copy_stream);
     if (rc != 0)
         return ddo__session_fail_ctx(eb, rc, "unit \"%s\": upload event", u->name);
     slot->upload_recorded = true;
@@ -212,8 +215,10 @@ static void *loader_main(void *arg)
         int rc = run_job(s, &job, &eb);
         bool unsafe = job.unsafe_after;
         if (rc != 0) {
-            /* Copies of a failed job may still be in flight into the slot. */
+            /* Copies and decodes of a failed job may still be in flight into the slot. */
             if (ddo__dev_stream_synchronize(s->dev, s->copy_stream) != 0)
+                unsafe = true;
+            if (ddo__session_codec_sync(s) != 0)
                 unsafe = true;
             /* A failed load leaves no mapping behind: the unit may load elsewhere. */
             if (!unsafe && ddo__route_maps(s->route) && job.mapped_after != DDO__NONE) {

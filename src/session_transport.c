@@ -302,6 +302,7 @@ int ddo__session_upload_unit(ddo_session *s, const ddo__job *job, uint64_t dst, 
     const size_t *tensors = ddo_plan_unit_tensors(s->plan, job->unit, &count);
     copy_run run = { 0 };
     int rc = 0;
+    ddo__session_codec_begin(s, job->slot);
     for (size_t i = 0; i < count && rc == 0; i++) {
         size_t t = tensors[i];
         ddo_tensor_location loc;
@@ -326,7 +327,7 @@ int ddo__session_upload_unit(ddo_session *s, const ddo__job *job, uint64_t dst, 
     }
     if (rc == 0 && run.len > 0)
         rc = run_flush(s, &run, eb);
-    int crc = ddo__session_codec_finish(s, rc == 0, eb); /* checks the unit's decodes */
+    int crc = ddo__session_codec_finish(s, rc == 0, eb); /* the decode stream joins */
     return rc != 0 ? rc : crc;
 }
 

@@ -247,7 +247,8 @@ static void test_incompressible_tensor_stays_raw(void)
     fx_destroy(&f);
 }
 
-/* The plan: the decode area in the device peak, the encoder's buffer in the retained peak. */
+/* The plan: the decode memory in the device peak (two areas of the largest bound, a status
+ * part per slot), the encoder's buffer in the retained peak. */
 static void test_plan_accounting(void)
 {
     fx a, b;
@@ -261,11 +262,13 @@ static void test_plan_accounting(void)
     T_REQUIRE(ddo_plan_budgets_get(b.plan, &bb) == 0);
     /* the largest weight: blocks.3.ff.weight, [67, 128] F32, one block */
     uint64_t bound = 67 * 128 * 4 + 64 + 56;
-    uint64_t area = (bound + 255) / 256 * 256 + 256 /* two tensors' status, 32 bytes */;
+    uint64_t area = 2 * ((bound + 255) / 256 * 256) +
+                    2 * 256 /* two slots, each two tensors' status: 32 bytes */;
     T_EQ_U64(bb.device_weights_peak, ba.device_weights_peak + area);
     T_EQ_U64(bb.retained_peak, ba.retained_peak + (bound + 255) / 256 * 256);
     T_EQ_U64(bb.registered_peak, ba.registered_peak);
     T_CHECK(ddo_plan_decision_get(b.plan, "codec_decode_area_gb") != NULL);
+    T_EQ_STR(ddo_plan_decision_get(b.plan, "codec_decode_areas"), "2");
     fx_destroy(&a);
     fx_destroy(&b);
 }
