@@ -19,46 +19,24 @@
  *       the raw plane (elems * (esize - 1) bytes), the exponent streams
  *       (each lane's codes LSB first, zero-padded to 32 bits), each section
  *       zero-padded to 16 bytes.
+ *
+ * This file: the format's sizes and checks, the canonical codes, the plan and
+ * the reference decoder. The encoder (code lengths, blocks, worker threads):
+ * codec_encode.c; what the two share: codec_internal.h.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "codec.h"
+#include "codec_internal.h"
 
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define STREAM_MAGIC   0x434F4444u /* "DDOC" */
-#define BLOCK_MAGIC    0x424F4444u /* "DDOB" */
-#define VERSION        1u
-#define LENS_OFF       DDO_CODEC_BLOCK_HEADER
-#define TABLE_OFF      (LENS_OFF + 128)
-#define LUT_SIZE       (1u << DDO_CODEC_MAX_CODE_BITS)
-#define LANE_MAX_BYTES (DDO_CODEC_LANE_SYMS * DDO_CODEC_MAX_CODE_BITS / 8)
-
 /* ---- little helpers ---- */
-
-static uint32_t rd32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
 
 static uint64_t rd64(const uint8_t *p)
 {
-    return (uint64_t)rd32(p) | (uint64_t)rd32(p + 4) << 32;
-}
-
-static void wr32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void wr64(uint8_t *p, uint64_t v)
-{
-    wr32(p, (uint32_t)v);
-    wr32(p + 4, (uint32_t)(v >> 32));
+    return (uint64_t)ddo__codec_rd32(p) | (uint64_t)ddo__codec_rd32(p + 4) << 32;
 }
 
 static uint64_t pad16(uint64_t n)
@@ -66,26 +44,16 @@ static uint64_t pad16(uint64_t n)
     return (n + 15) & ~(uint64_t)15;
 }
 
-static uint64_t fmix64(uint64_t k)
-{
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdull;
-    k ^= k >> 33;
-    k *= 0xc4ceb9fe1a85ec53ull;
-    k ^= k >> 33;
-    return k;
-}
-
 uint64_t ddo__codec_checksum(const void *p, uint64_t n, uint64_t first_word)
 {
     const uint8_t *b = p;
     uint64_t sum = 0, words = n / 4, i = 0;
     for (; i < words; i++)
-        sum += fmix64((uint64_t)rd32(b + 4 * i) | (first_word + i) << 32);
+        sum += ddo__codec_fmix64((uint64_t)ddo__codec_rd32(b + 4 * i) | (first_word + i) << 32);
     if (n % 4 != 0) {
         uint8_t last[4] = { 0, 0, 0, 0 };
         memcpy(last, b + 4 * words, (size_t)(n % 4));
-        sum += fmix64((uint64_t)rd32(last) | (first_word + words) << 32);
+        sum += ddo__codec_fmix64((uint64_t)ddo__codec_rd32(last) | (first_word + words) << 32);
     }
     return sum;
 }
@@ -104,37 +72,32 @@ bool ddo__codec_codes_dtype(ddo_dtype dtype)
 }
 
 /* The stream's element size: the dtype's for coded dtypes, 1 (bytes) for every other. */
-static uint32_t stream_esize(ddo_dtype dtype)
+uint32_t ddo__codec_stream_esize(ddo_dtype dtype)
 {
     return ddo__codec_codes_dtype(dtype) ? (uint32_t)ddo_dtype_size(dtype) : 1u;
 }
 
-static uint64_t dir_end(uint64_t n_blocks)
+uint64_t ddo__codec_dir_end(uint64_t n_blocks)
 {
     return DDO_CODEC_STREAM_HEADER + pad16(8 * n_blocks);
 }
 
-static uint64_t raw_block_bytes(uint64_t bytes)
+uint64_t ddo__codec_raw_block_bytes(uint64_t bytes)
 {
     return DDO_CODEC_BLOCK_HEADER + pad16(bytes);
 }
 
-static uint64_t groups_of(uint64_t elems)
+uint64_t ddo__codec_groups_of(uint64_t elems)
 {
     return (elems + DDO_CODEC_GROUP_ELEMS - 1) / DDO_CODEC_GROUP_ELEMS;
 }
 
 static uint64_t table_bytes(uint64_t elems)
 {
-    return pad16((groups_of(elems) * DDO_CODEC_LANES + 1) * 4);
+    return pad16((ddo__codec_groups_of(elems) * DDO_CODEC_LANES + 1) * 4);
 }
 
-/* Byte offsets of a huff block's sections and its total length. */
-typedef struct huff_layout {
-    uint64_t raw_off, exp_off, total;
-} huff_layout;
-
-static huff_layout layout_of(uint64_t elems, uint32_t esize, uint64_t exp_bytes)
+huff_layout ddo__codec_layout_of(uint64_t elems, uint32_t esize, uint64_t exp_bytes)
 {
     huff_layout h;
     h.raw_off = TABLE_OFF + table_bytes(elems);
@@ -143,7 +106,7 @@ static huff_layout layout_of(uint64_t elems, uint32_t esize, uint64_t exp_bytes)
     return h;
 }
 
-static uint32_t block_param(uint32_t block_elems)
+uint32_t ddo__codec_block_param(uint32_t block_elems)
 {
     return block_elems == 0 ? DDO_CODEC_DEFAULT_BLOCK : block_elems;
 }
@@ -156,15 +119,15 @@ static bool block_param_ok(uint32_t block_elems)
 
 uint64_t ddo__codec_bound(ddo_dtype dtype, uint64_t src_bytes, uint32_t block_elems)
 {
-    block_elems = block_param(block_elems);
-    uint32_t es = stream_esize(dtype);
+    block_elems = ddo__codec_block_param(block_elems);
+    uint32_t es = ddo__codec_stream_esize(dtype);
     if (!block_param_ok(block_elems) || (unsigned)dtype >= DDO_DTYPE_COUNT || src_bytes % es != 0)
         return 0;
     uint64_t block_bytes = (uint64_t)block_elems * es;
     uint64_t n = (src_bytes + block_bytes - 1) / block_bytes;
     if (src_bytes > UINT64_MAX / 2 || n > UINT32_MAX)
         return 0;
-    return dir_end(n) + n * (DDO_CODEC_BLOCK_HEADER + 16) + src_bytes;
+    return ddo__codec_dir_end(n) + n * (DDO_CODEC_BLOCK_HEADER + 16) + src_bytes;
 }
 
 /* ---- symbols ---- */
@@ -183,78 +146,7 @@ static void join(uint8_t sym, const uint8_t *r, uint32_t esize, uint8_t *e)
     }
 }
 
-/* ---- Huffman code ---- */
-
-typedef struct hnode {
-    uint64_t w;
-    int parent;
-} hnode;
-
-static int by_weight(const void *a, const void *b)
-{
-    const uint32_t *x = a, *y = b; /* pairs (weight, symbol) */
-    if (x[0] != y[0])
-        return x[0] < y[0] ? -1 : 1;
-    return x[1] < y[1] ? -1 : (x[1] > y[1]);
-}
-
-/* Huffman code lengths of the nonzero weights (two-queue construction); returns the maximum. */
-static unsigned huff_lengths(const uint32_t w[256], uint8_t lens[256])
-{
-    uint32_t leaf[256][2];
-    hnode nd[511];
-    int m = 0;
-    memset(lens, 0, 256);
-    for (int s = 0; s < 256; s++)
-        if (w[s] != 0) {
-            leaf[m][0] = w[s];
-            leaf[m][1] = (uint32_t)s;
-            m++;
-        }
-    if (m == 1)
-        lens[leaf[0][1]] = 1;
-    if (m <= 1)
-        return (unsigned)m;
-    qsort(leaf, (size_t)m, sizeof(leaf[0]), by_weight);
-    for (int i = 0; i < m; i++)
-        nd[i] = (hnode){ leaf[i][0], -1 };
-    int q1 = 0, q2 = m, next = m;
-    for (int k = 0; k < m - 1; k++) {
-        int pick[2];
-        for (int j = 0; j < 2; j++) {
-            if (q1 < m && (q2 >= next || nd[q1].w <= nd[q2].w))
-                pick[j] = q1++;
-            else
-                pick[j] = q2++;
-        }
-        nd[next] = (hnode){ nd[pick[0]].w + nd[pick[1]].w, -1 };
-        nd[pick[0]].parent = nd[pick[1]].parent = next;
-        next++;
-    }
-    uint8_t depth[511];
-    depth[next - 1] = 0;
-    unsigned maxlen = 0;
-    for (int i = next - 2; i >= 0; i--) {
-        depth[i] = (uint8_t)(depth[nd[i].parent] + 1);
-        if (i < m) {
-            lens[leaf[i][1]] = depth[i];
-            if (depth[i] > maxlen)
-                maxlen = depth[i];
-        }
-    }
-    return maxlen;
-}
-
-/* Lengths limited to DDO_CODEC_MAX_CODE_BITS: weights are halved (kept >= 1) until they fit. */
-static void limited_lengths(const uint32_t hist[256], uint8_t lens[256])
-{
-    uint32_t w[256];
-    memcpy(w, hist, sizeof(w));
-    while (huff_lengths(w, lens) > DDO_CODEC_MAX_CODE_BITS)
-        for (int s = 0; s < 256; s++)
-            if (w[s] != 0)
-                w[s] = w[s] / 2 + 1;
-}
+/* ---- canonical codes (the encoder's and the decoders') ---- */
 
 static uint32_t reverse_bits(uint32_t code, unsigned len)
 {
@@ -269,7 +161,7 @@ static uint32_t reverse_bits(uint32_t code, unsigned len)
  * streams. False when a length is over the limit, no symbol has a code, or the
  * lengths oversubscribe the code space (Kraft sum over 1).
  */
-static bool canonical_codes(const uint8_t lens[256], uint16_t rev[256])
+bool ddo__codec_canonical_codes(const uint8_t lens[256], uint16_t rev[256])
 {
     uint32_t count[DDO_CODEC_MAX_CODE_BITS + 1] = { 0 };
     uint32_t kraft = 0;
@@ -297,7 +189,7 @@ static bool canonical_codes(const uint8_t lens[256], uint16_t rev[256])
 static bool build_lut(const uint8_t lens[256], uint16_t lut[LUT_SIZE])
 {
     uint16_t rev[256];
-    if (!canonical_codes(lens, rev))
+    if (!ddo__codec_canonical_codes(lens, rev))
         return false;
     memset(lut, 0, LUT_SIZE * sizeof(lut[0]));
     for (int s = 0; s < 256; s++)
@@ -307,298 +199,10 @@ static bool build_lut(const uint8_t lens[256], uint16_t lut[LUT_SIZE])
     return true;
 }
 
-/* ---- encoder ---- */
-
-/* Per-worker scratch: the symbols of a block and its lane offsets. */
-typedef struct enc_scratch {
-    uint8_t *syms;
-    uint8_t *raw; /* the raw plane */
-    uint32_t *lanes;
-} enc_scratch;
-
-/*
- * One pass over a block of 16-bit elements: the checksum, each element's symbol
- * (bits 14..7) and raw byte (sign << 7 | bits 6..0), and the histogram (four
- * interleaved counters, so runs of one symbol do not serialise on one counter).
- */
-static uint64_t split16(const uint8_t *src, uint32_t n, enc_scratch *sc, uint32_t hist[256])
-{
-    uint32_t h4[4][256];
-    memset(h4, 0, sizeof(h4));
-    uint64_t sum = 0;
-    for (uint32_t i = 0; i < (n + 1) / 2; i++) {
-        uint32_t e = 2 * i, w = 2 * i + 1 < n ? rd32(src + 4 * (uint64_t)i)
-                                              : (uint32_t)src[4 * (uint64_t)i] |
-                                                    (uint32_t)src[4 * (uint64_t)i + 1] << 8;
-        sum += fmix64((uint64_t)w | (uint64_t)i << 32);
-        for (uint32_t k = 0; k < 2 && e + k < n; k++) {
-            uint32_t v = (w >> (16 * k)) & 0xFFFFu;
-            uint8_t sym = (uint8_t)(v >> 7);
-            sc->syms[e + k] = sym;
-            sc->raw[e + k] = (uint8_t)(((v >> 8) & 0x80u) | (v & 0x7Fu));
-            h4[(e + k) & 3][sym]++;
-        }
-    }
-    for (int s = 0; s < 256; s++)
-        hist[s] = h4[0][s] + h4[1][s] + h4[2][s] + h4[3][s];
-    return sum;
-}
-
-/* The same for 32-bit elements: symbol bits 30..23, raw bytes 0, 1 and sign << 7 | 22..16. */
-static uint64_t split32(const uint8_t *src, uint32_t n, enc_scratch *sc, uint32_t hist[256])
-{
-    uint32_t h4[4][256];
-    memset(h4, 0, sizeof(h4));
-    uint64_t sum = 0;
-    for (uint32_t e = 0; e < n; e++) {
-        uint32_t w = rd32(src + 4 * (uint64_t)e);
-        sum += fmix64((uint64_t)w | (uint64_t)e << 32);
-        uint8_t sym = (uint8_t)(w >> 23);
-        uint8_t *r = sc->raw + 3 * (uint64_t)e;
-        r[0] = (uint8_t)w;
-        r[1] = (uint8_t)(w >> 8);
-        r[2] = (uint8_t)(((w >> 24) & 0x80u) | ((w >> 16) & 0x7Fu));
-        sc->syms[e] = sym;
-        h4[e & 3][sym]++;
-    }
-    for (int s = 0; s < 256; s++)
-        hist[s] = h4[0][s] + h4[1][s] + h4[2][s] + h4[3][s];
-    return sum;
-}
-
-static void put_header(uint8_t *b, uint8_t mode, uint32_t esize, uint32_t elems, uint64_t len,
-                       uint64_t exp_bytes, uint64_t checksum)
-{
-    memset(b, 0, DDO_CODEC_BLOCK_HEADER);
-    wr32(b, BLOCK_MAGIC);
-    b[4] = mode;
-    b[5] = (uint8_t)esize;
-    wr32(b + 8, elems);
-    wr32(b + 12, (uint32_t)len);
-    wr32(b + 16, (uint32_t)exp_bytes);
-    wr64(b + 24, checksum);
-}
-
-static uint64_t block_meta_hash(const uint8_t *b, uint64_t meta_end)
+uint64_t ddo__codec_block_meta_hash(const uint8_t *b, uint64_t meta_end)
 {
     return ddo__codec_checksum(b, 40, 0) +
            ddo__codec_checksum(b + DDO_CODEC_BLOCK_HEADER, meta_end - DDO_CODEC_BLOCK_HEADER, 12);
-}
-
-static uint64_t put_raw(const uint8_t *src, uint64_t bytes, uint32_t esize, uint64_t sum,
-                        uint8_t *out)
-{
-    uint64_t len = raw_block_bytes(bytes);
-    put_header(out, DDO_CODEC_MODE_RAW, esize, (uint32_t)(bytes / esize), len, 0, sum);
-    memcpy(out + DDO_CODEC_BLOCK_HEADER, src, (size_t)bytes);
-    memset(out + DDO_CODEC_BLOCK_HEADER + bytes, 0, (size_t)(len - DDO_CODEC_BLOCK_HEADER - bytes));
-    wr64(out + 40, block_meta_hash(out, DDO_CODEC_BLOCK_HEADER));
-    return len;
-}
-
-/* Lane offsets (bytes into the exponent streams) from the code lengths; returns the total. */
-static uint64_t lane_offsets(const uint8_t *syms, uint32_t n, const uint8_t lens[256],
-                             uint32_t *lanes)
-{
-    uint64_t lanes_n = groups_of(n) * DDO_CODEC_LANES, off = 0;
-    for (uint64_t li = 0; li < lanes_n; li++) {
-        uint64_t g = li / DDO_CODEC_LANES, l = li % DDO_CODEC_LANES, bits = 0;
-        for (uint64_t e = g * DDO_CODEC_GROUP_ELEMS + l;
-             e < n && e < (g + 1) * DDO_CODEC_GROUP_ELEMS; e += DDO_CODEC_LANES)
-            bits += lens[syms[e]];
-        lanes[li] = (uint32_t)off;
-        off += (bits + 31) / 32 * 4;
-    }
-    lanes[lanes_n] = (uint32_t)off;
-    return off;
-}
-
-static void put_lanes(const uint8_t *syms, uint32_t n, const uint8_t lens[256],
-                      const uint16_t rev[256], uint8_t *exp)
-{
-    uint64_t lanes_n = groups_of(n) * DDO_CODEC_LANES;
-    uint8_t *p = exp;
-    for (uint64_t li = 0; li < lanes_n; li++) {
-        uint64_t g = li / DDO_CODEC_LANES, l = li % DDO_CODEC_LANES, acc = 0;
-        unsigned nacc = 0;
-        for (uint64_t e = g * DDO_CODEC_GROUP_ELEMS + l;
-             e < n && e < (g + 1) * DDO_CODEC_GROUP_ELEMS; e += DDO_CODEC_LANES) {
-            acc |= (uint64_t)rev[syms[e]] << nacc;
-            nacc += lens[syms[e]];
-            if (nacc >= 32) {
-                wr32(p, (uint32_t)acc);
-                p += 4;
-                acc >>= 32;
-                nacc -= 32;
-            }
-        }
-        if (nacc > 0) {
-            wr32(p, (uint32_t)acc);
-            p += 4;
-        }
-    }
-}
-
-/* Encodes one block of n elements into out (room for its raw size); returns its length. */
-static uint64_t encode_block(const uint8_t *src, uint32_t n, uint32_t esize, enc_scratch *sc,
-                             uint8_t *out)
-{
-    uint64_t bytes = (uint64_t)n * esize;
-    if (esize == 1)
-        return put_raw(src, bytes, esize, ddo__codec_checksum(src, bytes, 0), out);
-    uint32_t hist[256];
-    uint64_t sum = esize == 2 ? split16(src, n, sc, hist) : split32(src, n, sc, hist);
-    uint8_t lens[256];
-    uint16_t rev[256];
-    limited_lengths(hist, lens);
-    if (!canonical_codes(lens, rev))
-        return put_raw(src, bytes, esize, sum, out);
-    uint64_t exp_bytes = lane_offsets(sc->syms, n, lens, sc->lanes);
-    huff_layout h = layout_of(n, esize, exp_bytes);
-    if (h.total >= raw_block_bytes(bytes))
-        return put_raw(src, bytes, esize, sum, out);
-    memset(out + TABLE_OFF, 0, (size_t)(h.total - TABLE_OFF));
-    put_header(out, DDO_CODEC_MODE_HUFF, esize, n, h.total, exp_bytes, sum);
-    for (int i = 0; i < 128; i++)
-        out[LENS_OFF + i] = (uint8_t)(lens[2 * i] | lens[2 * i + 1] << 4);
-    uint64_t lanes_n = groups_of(n) * DDO_CODEC_LANES;
-    for (uint64_t i = 0; i <= lanes_n; i++)
-        wr32(out + TABLE_OFF + 4 * i, sc->lanes[i]);
-    memcpy(out + h.raw_off, sc->raw, (size_t)n * (esize - 1));
-    put_lanes(sc->syms, n, lens, rev, out + h.exp_off);
-    wr64(out + 40, block_meta_hash(out, h.raw_off));
-    return h.total;
-}
-
-typedef struct enc_job {
-    const uint8_t *src;
-    uint64_t src_bytes;
-    uint32_t esize, block_elems, n_blocks;
-    uint8_t *dst;
-    uint64_t *lens; /* coded length of each block */
-    pthread_mutex_t lock;
-    uint32_t next;
-    bool failed;
-} enc_job;
-
-static uint64_t slot_offset(const enc_job *j, uint64_t b)
-{
-    return dir_end(j->n_blocks) + b * raw_block_bytes((uint64_t)j->block_elems * j->esize);
-}
-
-static void *enc_worker(void *arg)
-{
-    enc_job *j = arg;
-    enc_scratch sc;
-    sc.syms = ddo__malloc(j->block_elems);
-    sc.raw = ddo__malloc((size_t)j->block_elems * 3);
-    sc.lanes = ddo__calloc(j->block_elems / DDO_CODEC_LANE_SYMS + 1, sizeof(uint32_t));
-    for (;;) {
-        pthread_mutex_lock(&j->lock);
-        bool nomem = sc.syms == NULL || sc.raw == NULL || sc.lanes == NULL;
-        bool stop = j->failed || j->next >= j->n_blocks || nomem;
-        uint32_t b = j->next++;
-        if (nomem)
-            j->failed = true;
-        pthread_mutex_unlock(&j->lock);
-        if (stop)
-            break;
-        uint64_t e0 = (uint64_t)b * j->block_elems, total = j->src_bytes / j->esize;
-        uint32_t n = (uint32_t)(total - e0 < j->block_elems ? total - e0 : j->block_elems);
-        j->lens[b] =
-            encode_block(j->src + e0 * j->esize, n, j->esize, &sc, j->dst + slot_offset(j, b));
-    }
-    free(sc.syms);
-    free(sc.raw);
-    free(sc.lanes);
-    return NULL;
-}
-
-static void run_workers(enc_job *j, unsigned threads)
-{
-    enum { MAX_THREADS = 256 };
-    pthread_t tid[MAX_THREADS];
-    unsigned started = 0;
-    if (threads > MAX_THREADS)
-        threads = MAX_THREADS;
-    if (threads > j->n_blocks)
-        threads = j->n_blocks;
-    for (unsigned t = 1; t < threads; t++) {
-        if (pthread_create(&tid[started], NULL, enc_worker, j) != 0)
-            break;
-        started++;
-    }
-    enc_worker(j);
-    for (unsigned t = 0; t < started; t++)
-        pthread_join(tid[t], NULL);
-}
-
-/* Moves the blocks from their worst-case slots to their final places; writes header and dir. */
-static uint64_t finish_stream(const enc_job *j, ddo_dtype dtype)
-{
-    uint8_t *d = j->dst;
-    uint64_t off = dir_end(j->n_blocks);
-    memset(d, 0, (size_t)off);
-    for (uint32_t b = 0; b < j->n_blocks; b++) {
-        memmove(d + off, d + slot_offset(j, b), (size_t)j->lens[b]);
-        wr64(d + DDO_CODEC_STREAM_HEADER + 8 * (uint64_t)b, off);
-        off += j->lens[b];
-    }
-    wr32(d, STREAM_MAGIC);
-    d[4] = (uint8_t)VERSION;
-    d[6] = (uint8_t)dtype;
-    d[7] = (uint8_t)j->esize;
-    wr32(d + 8, j->block_elems);
-    wr32(d + 12, j->n_blocks);
-    wr64(d + 16, j->src_bytes);
-    wr64(d + 24, off);
-    uint64_t h = ddo__codec_checksum(d, 56, 0) +
-                 ddo__codec_checksum(d + DDO_CODEC_STREAM_HEADER,
-                                     dir_end(j->n_blocks) - DDO_CODEC_STREAM_HEADER, 16);
-    wr64(d + 56, h);
-    return off;
-}
-
-int ddo__codec_encode(const void *src, uint64_t src_bytes, ddo_dtype dtype,
-                      const ddo__codec_params *p, void *dst, uint64_t dst_cap,
-                      uint64_t *coded_bytes, const char *name, ddo__errbuf *eb)
-{
-    const char *nm = name ? name : "?";
-    uint32_t be = block_param(p ? p->block_elems : 0);
-    uint64_t bound = ddo__codec_bound(dtype, src_bytes, be);
-    if (bound == 0 || (src == NULL && src_bytes > 0) || dst == NULL || coded_bytes == NULL)
-        return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
-                         "codec: tensor `%s`: cannot encode %" PRIu64 " bytes of %s in blocks of "
-                         "%" PRIu32 " elements (a multiple of %u up to %" PRIu32
-                         ", whole elements)",
-                         nm, src_bytes, ddo_dtype_name(dtype) ? ddo_dtype_name(dtype) : "?", be,
-                         (unsigned)DDO_CODEC_GROUP_ELEMS, DDO_CODEC_MAX_BLOCK);
-    if (dst_cap < bound)
-        return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
-                         "codec: tensor `%s`: output of %" PRIu64 " bytes is under the bound "
-                         "%" PRIu64,
-                         nm, dst_cap, bound);
-    enc_job j;
-    memset(&j, 0, sizeof(j));
-    j.src = src;
-    j.src_bytes = src_bytes;
-    j.esize = stream_esize(dtype);
-    j.block_elems = be;
-    j.n_blocks = (uint32_t)((src_bytes / j.esize + be - 1) / be);
-    j.dst = dst;
-    j.lens = ddo__calloc(j.n_blocks ? j.n_blocks : 1, sizeof(uint64_t));
-    if (j.lens == NULL)
-        return ddo__fail(eb, DDO_E_NO_MEMORY, "codec: tensor `%s`: out of host memory", nm);
-    pthread_mutex_init(&j.lock, NULL);
-    run_workers(&j, p && p->threads > 1 ? p->threads : 1);
-    pthread_mutex_destroy(&j.lock);
-    int rc = 0;
-    if (j.failed)
-        rc = ddo__fail(eb, DDO_E_NO_MEMORY, "codec: tensor `%s`: out of host memory", nm);
-    else
-        *coded_bytes = finish_stream(&j, dtype);
-    free(j.lens);
-    return rc;
 }
 
 /* ---- validation and plan ---- */
@@ -614,18 +218,18 @@ typedef struct stream_hdr {
 static int parse_stream_header(const uint8_t *c, uint64_t len, const char *nm, stream_hdr *h,
                                ddo__errbuf *eb)
 {
-    if (len < DDO_CODEC_STREAM_HEADER || rd32(c) != STREAM_MAGIC)
+    if (len < DDO_CODEC_STREAM_HEADER || ddo__codec_rd32(c) != STREAM_MAGIC)
         return BAD("codec: tensor `%s`: not a DDOC stream (%" PRIu64 " bytes, no magic)", nm, len);
     if ((c[4] | c[5] << 8) != VERSION || !all_zero(c + 32, 24))
         return BAD("codec: tensor `%s`: stream header: version %u or reserved bytes invalid", nm,
                    (unsigned)(c[4] | c[5] << 8));
-    if (c[6] >= DDO_DTYPE_COUNT || c[7] != stream_esize((ddo_dtype)c[6]))
+    if (c[6] >= DDO_DTYPE_COUNT || c[7] != ddo__codec_stream_esize((ddo_dtype)c[6]))
         return BAD("codec: tensor `%s`: stream header: dtype %u / element size %u invalid", nm,
                    c[6], c[7]);
     h->dtype = (ddo_dtype)c[6];
     h->esize = c[7];
-    h->block_elems = rd32(c + 8);
-    h->n_blocks = rd32(c + 12);
+    h->block_elems = ddo__codec_rd32(c + 8);
+    h->n_blocks = ddo__codec_rd32(c + 12);
     h->decoded_bytes = rd64(c + 16);
     h->coded_bytes = rd64(c + 24);
     if (!block_param_ok(h->block_elems) || h->decoded_bytes % h->esize != 0 ||
@@ -637,13 +241,14 @@ static int parse_stream_header(const uint8_t *c, uint64_t len, const char *nm, s
     if (h->n_blocks != (h->decoded_bytes + bb - 1) / bb)
         return BAD("codec: tensor `%s`: stream header: %" PRIu32 " blocks for %" PRIu64 " bytes",
                    nm, h->n_blocks, h->decoded_bytes);
-    if (h->coded_bytes != len || dir_end(h->n_blocks) > len)
+    if (h->coded_bytes != len || ddo__codec_dir_end(h->n_blocks) > len)
         return BAD("codec: tensor `%s`: stream header says %" PRIu64 " coded bytes, %" PRIu64
                    " given",
                    nm, h->coded_bytes, len);
-    uint64_t want = ddo__codec_checksum(c, 56, 0) +
-                    ddo__codec_checksum(c + DDO_CODEC_STREAM_HEADER,
-                                        dir_end(h->n_blocks) - DDO_CODEC_STREAM_HEADER, 16);
+    uint64_t want =
+        ddo__codec_checksum(c, 56, 0) +
+        ddo__codec_checksum(c + DDO_CODEC_STREAM_HEADER,
+                            ddo__codec_dir_end(h->n_blocks) - DDO_CODEC_STREAM_HEADER, 16);
     if (rd64(c + 56) != want)
         return BAD("codec: tensor `%s`: stream header or block directory corrupted (hash)", nm);
     return 0;
@@ -665,13 +270,13 @@ static int check_huff(const uint8_t *blk, uint32_t n, uint32_t esize, uint64_t e
         lens[2 * i] = blk[LENS_OFF + i] & 15;
         lens[2 * i + 1] = blk[LENS_OFF + i] >> 4;
     }
-    if (!canonical_codes(lens, rev))
+    if (!ddo__codec_canonical_codes(lens, rev))
         return BAD("codec: tensor `%s`: block %" PRIu32 ": code lengths invalid", nm, b);
-    uint64_t lanes_n = groups_of(n) * DDO_CODEC_LANES;
-    huff_layout h = layout_of(n, esize, exp_bytes);
+    uint64_t lanes_n = ddo__codec_groups_of(n) * DDO_CODEC_LANES;
+    huff_layout h = ddo__codec_layout_of(n, esize, exp_bytes);
     uint32_t prev = 0;
     for (uint64_t i = 0; i <= lanes_n; i++) {
-        uint32_t o = rd32(blk + TABLE_OFF + 4 * i);
+        uint32_t o = ddo__codec_rd32(blk + TABLE_OFF + 4 * i);
         if (o % 4 != 0 || o < prev || (i == 0 && o != 0) || o - prev > LANE_MAX_BYTES ||
             (i == lanes_n && o != exp_bytes))
             return BAD("codec: tensor `%s`: block %" PRIu32 ": lane table entry %" PRIu64
@@ -693,21 +298,23 @@ static int check_block(const uint8_t *c, const stream_hdr *h, uint32_t b, uint64
         return BAD("codec: tensor `%s`: block %" PRIu32 ": offset %" PRIu64 " out of bounds", nm, b,
                    off);
     const uint8_t *blk = c + off;
-    uint32_t n = elems_of_block(h, b), len = rd32(blk + 12);
-    uint64_t exp_bytes = rd32(blk + 16), bytes = (uint64_t)n * h->esize;
+    uint32_t n = elems_of_block(h, b), len = ddo__codec_rd32(blk + 12);
+    uint64_t exp_bytes = ddo__codec_rd32(blk + 16), bytes = (uint64_t)n * h->esize;
     uint8_t mode = blk[4];
-    if (rd32(blk) != BLOCK_MAGIC || blk[5] != h->esize || rd32(blk + 8) != n || blk[6] || blk[7] ||
-        rd32(blk + 20) != 0 || rd64(blk + 32) != 0 || len % 16 != 0 || len > h->coded_bytes - off ||
+    if (ddo__codec_rd32(blk) != BLOCK_MAGIC || blk[5] != h->esize ||
+        ddo__codec_rd32(blk + 8) != n || blk[6] || blk[7] || ddo__codec_rd32(blk + 20) != 0 ||
+        rd64(blk + 32) != 0 || len % 16 != 0 || len > h->coded_bytes - off ||
         mode > DDO_CODEC_MODE_HUFF ||
         (mode == DDO_CODEC_MODE_HUFF && (h->esize == 1 || exp_bytes % 4 != 0)))
         return BAD("codec: tensor `%s`: block %" PRIu32 ": header invalid", nm, b);
-    uint64_t want = mode == DDO_CODEC_MODE_RAW ? raw_block_bytes(bytes)
-                                               : layout_of(n, h->esize, exp_bytes).total;
+    uint64_t want = mode == DDO_CODEC_MODE_RAW ? ddo__codec_raw_block_bytes(bytes)
+                                               : ddo__codec_layout_of(n, h->esize, exp_bytes).total;
     if (len != want || (mode == DDO_CODEC_MODE_RAW && exp_bytes != 0))
         return BAD("codec: tensor `%s`: block %" PRIu32 ": length %" PRIu32 " invalid", nm, b, len);
-    uint64_t meta_end = mode == DDO_CODEC_MODE_RAW ? DDO_CODEC_BLOCK_HEADER
-                                                   : layout_of(n, h->esize, exp_bytes).raw_off;
-    if (rd64(blk + 40) != block_meta_hash(blk, meta_end))
+    uint64_t meta_end = mode == DDO_CODEC_MODE_RAW
+                            ? DDO_CODEC_BLOCK_HEADER
+                            : ddo__codec_layout_of(n, h->esize, exp_bytes).raw_off;
+    if (rd64(blk + 40) != ddo__codec_block_meta_hash(blk, meta_end))
         return BAD("codec: tensor `%s`: block %" PRIu32 ": metadata corrupted (hash)", nm, b);
     if (mode == DDO_CODEC_MODE_RAW &&
         !all_zero(blk + DDO_CODEC_BLOCK_HEADER + bytes, len - DDO_CODEC_BLOCK_HEADER - bytes))
@@ -757,7 +364,7 @@ int ddo__codec_plan_create(const void *coded, uint64_t coded_bytes, const char *
         free(blocks);
         return ddo__fail(eb, DDO_E_NO_MEMORY, "codec: tensor `%s`: out of host memory", nm);
     }
-    uint64_t off = dir_end(h.n_blocks);
+    uint64_t off = ddo__codec_dir_end(h.n_blocks);
     for (uint32_t b = 0; b < h.n_blocks && rc == 0; b++) {
         uint64_t at = rd64(c + DDO_CODEC_STREAM_HEADER + 8 * (uint64_t)b);
         if (at != off)
@@ -807,7 +414,7 @@ static uint32_t decode_lane(const uint8_t *words, uint32_t nwords, const uint16_
     uint32_t wi = 0, flags = 0;
     for (uint32_t e = first; e < count; e += DDO_CODEC_LANES) {
         if (nb < 32 && wi < nwords) {
-            buf |= (uint64_t)rd32(words + 4 * (uint64_t)wi++) << nb;
+            buf |= (uint64_t)ddo__codec_rd32(words + 4 * (uint64_t)wi++) << nb;
             nb += 32;
         }
         uint16_t ent = lut[buf & (LUT_SIZE - 1)];
@@ -836,13 +443,14 @@ static uint64_t locate_block(const uint8_t *src, uint64_t src_bytes, const ddo__
     if (off % 16 != 0 || off < de || off > src_bytes || src_bytes - off < DDO_CODEC_BLOCK_HEADER)
         return UINT64_MAX;
     const uint8_t *blk = src + off;
-    uint64_t len = rd32(blk + 12), exp_bytes = rd32(blk + 16);
-    if (rd32(blk) != BLOCK_MAGIC || blk[5] != l->esize || rd32(blk + 8) != n ||
-        len > src_bytes - off || blk[4] > DDO_CODEC_MODE_HUFF)
+    uint64_t len = ddo__codec_rd32(blk + 12), exp_bytes = ddo__codec_rd32(blk + 16);
+    if (ddo__codec_rd32(blk) != BLOCK_MAGIC || blk[5] != l->esize ||
+        ddo__codec_rd32(blk + 8) != n || len > src_bytes - off || blk[4] > DDO_CODEC_MODE_HUFF)
         return UINT64_MAX;
     if (blk[4] == DDO_CODEC_MODE_RAW)
         return len >= DDO_CODEC_BLOCK_HEADER + (uint64_t)n * l->esize ? off : UINT64_MAX;
-    if (l->esize == 1 || exp_bytes % 4 != 0 || layout_of(n, l->esize, exp_bytes).total > len)
+    if (l->esize == 1 || exp_bytes % 4 != 0 ||
+        ddo__codec_layout_of(n, l->esize, exp_bytes).total > len)
         return UINT64_MAX;
     return off;
 }
@@ -857,15 +465,15 @@ static uint32_t decode_huff(const uint8_t *blk, uint32_t n, uint32_t esize, uint
     }
     if (!build_lut(lens, lut))
         return DDO_CODEC_BAD_TABLE;
-    uint64_t exp_bytes = rd32(blk + 16);
-    huff_layout h = layout_of(n, esize, exp_bytes);
+    uint64_t exp_bytes = ddo__codec_rd32(blk + 16);
+    huff_layout h = ddo__codec_layout_of(n, esize, exp_bytes);
     uint32_t flags = 0;
-    for (uint64_t g = 0; g < groups_of(n); g++) {
+    for (uint64_t g = 0; g < ddo__codec_groups_of(n); g++) {
         uint64_t g0 = g * DDO_CODEC_GROUP_ELEMS;
         uint32_t cnt = (uint32_t)(n - g0 < DDO_CODEC_GROUP_ELEMS ? n - g0 : DDO_CODEC_GROUP_ELEMS);
         for (uint32_t l = 0; l < DDO_CODEC_LANES; l++) {
             const uint8_t *t = blk + TABLE_OFF + 4 * (g * DDO_CODEC_LANES + l);
-            uint32_t s = rd32(t), e = rd32(t + 4);
+            uint32_t s = ddo__codec_rd32(t), e = ddo__codec_rd32(t + 4);
             if (s > e || e > exp_bytes || s % 4 != 0 || e % 4 != 0) {
                 flags |= DDO_CODEC_BAD_STREAM;
                 s = e = 0;

@@ -9,7 +9,7 @@
  * device_cpu.c (host memory posing as device memory; the reference every test
  * runs on) and device_cuda.c (the CUDA driver API, loaded at run time).
  *
- * The wrappers (device.c) check arguments, count calls and bytes, and inject
+ * The wrappers (device_calls.c) check arguments, count calls and bytes, and inject
  * faults (fail the Nth call of an operation once or from then on), so every
  * failure path of the session can be tested on the cpu device.
  *
@@ -155,7 +155,7 @@ typedef struct ddo__devop_stats {
     uint64_t ns;    /* time spent inside the call (not async completion) */
 } ddo__devop_stats;
 
-/* ---- wrappers (device.c): what every other module calls ---- */
+/* ---- wrappers (device_calls.c): what every other module calls ---- */
 
 const ddo__device_ops *ddo__device_ops_of(const ddo_device *dev);
 bool ddo__device_is_cpu(const ddo_device *dev);

@@ -13,7 +13,7 @@
  *
  * The device works in the device's primary context (shared with a PyTorch
  * host in the same process) and makes it current on every thread that calls
- * in. Every CUresult becomes a ddo error code in cu_code()/cu_fail() only.
+ * in. Every CUresult becomes a ddo error code in ddo__cu_code()/ddo__cu_fail() only.
  *
  * ddo_cuda_driver_proc hands a host the driver's entry points the same way
  * (same library, cuGetProcAddress at the version the host asks for), so a
@@ -21,240 +21,27 @@
  *
  * Thread-safety: after open the state is read-only; every operation may be
  * called from any thread.
+ *
+ * This file: open, close and the operation table. Loading the driver, the
+ * CUresult mapping and ddo_cuda_driver_proc: device_cuda_driver.c; what the two
+ * share: device_cuda.h.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "device.h"
+#include "device_cuda.h"
 
 #include "../codec.h"
 
 #if DDO_HAVE_CUDA_H
 
-#    include <cuda.h>
-#    include <cudaTypedefs.h>
-#    include <dlfcn.h>
 #    include <pthread.h>
-#    include <stdarg.h>
 #    include <stdio.h>
 #    include <stdlib.h>
 #    include <string.h>
-
-/* Every entry point is requested as the ABI of CUDA 12.0 (the PFN_ types below match it). */
-#    define DDO_CU_ABI 12000
-
-/* The default driver library name (discovery). */
-#    define DDO_CU_LIBRARY "libcuda.so.1"
-
-typedef struct cu_api {
-    PFN_cuGetErrorName_v6000 GetErrorName;
-    PFN_cuInit_v2000 Init;
-    PFN_cuDriverGetVersion_v2020 DriverGetVersion;
-    PFN_cuDeviceGetCount_v2000 DeviceGetCount;
-    PFN_cuDeviceGet_v2000 DeviceGet;
-    PFN_cuDeviceGetName_v2000 DeviceGetName;
-    PFN_cuDeviceGetAttribute_v2000 DeviceGetAttribute;
-    PFN_cuDeviceTotalMem_v3020 DeviceTotalMem;
-    PFN_cuDevicePrimaryCtxRetain_v7000 DevicePrimaryCtxRetain;
-    PFN_cuDevicePrimaryCtxRelease_v11000 DevicePrimaryCtxRelease;
-    PFN_cuCtxGetCurrent_v4000 CtxGetCurrent;
-    PFN_cuCtxSetCurrent_v4000 CtxSetCurrent;
-    PFN_cuCtxGetStreamPriorityRange_v5050 CtxGetStreamPriorityRange;
-    PFN_cuMemGetInfo_v3020 MemGetInfo;
-    PFN_cuMemGetAllocationGranularity_v10020 MemGetAllocationGranularity;
-    PFN_cuMemAddressReserve_v10020 MemAddressReserve;
-    PFN_cuMemAddressFree_v10020 MemAddressFree;
-    PFN_cuMemCreate_v10020 MemCreate;
-    PFN_cuMemRelease_v10020 MemRelease;
-    PFN_cuMemMap_v10020 MemMap;
-    PFN_cuMemUnmap_v10020 MemUnmap;
-    PFN_cuMemSetAccess_v10020 MemSetAccess;
-    PFN_cuMemAlloc_v3020 MemAlloc;
-    PFN_cuMemFree_v3020 MemFree;
-    PFN_cuMemHostRegister_v6050 MemHostRegister;
-    PFN_cuMemHostUnregister_v4000 MemHostUnregister;
-    PFN_cuMemHostAlloc_v2020 MemHostAlloc;
-    PFN_cuMemFreeHost_v2000 MemFreeHost;
-    PFN_cuStreamCreateWithPriority_v5050 StreamCreateWithPriority;
-    PFN_cuStreamDestroy_v4000 StreamDestroy;
-    PFN_cuStreamSynchronize_v2000 StreamSynchronize;
-    PFN_cuMemcpyHtoDAsync_v3020 MemcpyHtoDAsync;
-    PFN_cuMemcpyDtoH_v3020 MemcpyDtoH;
-    PFN_cuEventCreate_v2000 EventCreate;
-    PFN_cuEventDestroy_v4000 EventDestroy;
-    PFN_cuEventRecord_v2000 EventRecord;
-    PFN_cuEventQuery_v2000 EventQuery;
-    PFN_cuEventSynchronize_v2000 EventSynchronize;
-    PFN_cuStreamWaitEvent_v3020 StreamWaitEvent;
-    PFN_cuLaunchHostFunc_v10000 LaunchHostFunc;
-    PFN_cuModuleLoadData_v2000 ModuleLoadData;
-    PFN_cuModuleUnload_v2000 ModuleUnload;
-    PFN_cuModuleGetFunction_v2000 ModuleGetFunction;
-    PFN_cuLaunchKernel_v4000 LaunchKernel;
-    PFN_cuMemsetD32Async_v3020 MemsetD32Async;
-} cu_api;
-
-/* The symbol table: driver name and the field it fills (all at DDO_CU_ABI). */
-static const struct {
-    const char *symbol;
-    size_t offset;
-} cu_symbols[] = {
-#    define CU_SYM_(field)                       \
-        {                                        \
-            "cu" #field, offsetof(cu_api, field) \
-        }
-    CU_SYM_(GetErrorName),
-    CU_SYM_(Init),
-    CU_SYM_(DriverGetVersion),
-    CU_SYM_(DeviceGetCount),
-    CU_SYM_(DeviceGet),
-    CU_SYM_(DeviceGetName),
-    CU_SYM_(DeviceGetAttribute),
-    CU_SYM_(DeviceTotalMem),
-    CU_SYM_(DevicePrimaryCtxRetain),
-    CU_SYM_(DevicePrimaryCtxRelease),
-    CU_SYM_(CtxGetCurrent),
-    CU_SYM_(CtxSetCurrent),
-    CU_SYM_(CtxGetStreamPriorityRange),
-    CU_SYM_(MemGetInfo),
-    CU_SYM_(MemGetAllocationGranularity),
-    CU_SYM_(MemAddressReserve),
-    CU_SYM_(MemAddressFree),
-    CU_SYM_(MemCreate),
-    CU_SYM_(MemRelease),
-    CU_SYM_(MemMap),
-    CU_SYM_(MemUnmap),
-    CU_SYM_(MemSetAccess),
-    CU_SYM_(MemAlloc),
-    CU_SYM_(MemFree),
-    CU_SYM_(MemHostRegister),
-    CU_SYM_(MemHostUnregister),
-    CU_SYM_(MemHostAlloc),
-    CU_SYM_(MemFreeHost),
-    CU_SYM_(StreamCreateWithPriority),
-    CU_SYM_(StreamDestroy),
-    CU_SYM_(StreamSynchronize),
-    CU_SYM_(MemcpyHtoDAsync),
-    CU_SYM_(MemcpyDtoH),
-    CU_SYM_(EventCreate),
-    CU_SYM_(EventDestroy),
-    CU_SYM_(EventRecord),
-    CU_SYM_(EventQuery),
-    CU_SYM_(EventSynchronize),
-    CU_SYM_(StreamWaitEvent),
-    CU_SYM_(LaunchHostFunc),
-    CU_SYM_(ModuleLoadData),
-    CU_SYM_(ModuleUnload),
-    CU_SYM_(ModuleGetFunction),
-    CU_SYM_(LaunchKernel),
-    CU_SYM_(MemsetD32Async),
-#    undef CU_SYM_
-};
-
-typedef struct cuda_dev {
-    cu_api api;
-    void *lib;
-    char lib_path[512];
-    int ordinal;
-    CUdevice device;
-    CUcontext ctx;
-    bool ctx_retained;
-    bool vmm;
-    size_t granularity;
-    int prio_least;    /* numerically largest: the lowest priority */
-    int prio_greatest; /* numerically smallest: the highest priority */
-    int driver_version;
-    char name[128];
-    /* The codec decoder's module, loaded on first use (codec_lock guards these). */
-    pthread_mutex_t codec_lock;
-    CUmodule codec_mod;
-    CUfunction codec_fn;
-    int codec_rc; /* 0: not loaded yet; 1: loaded; < 0: loading failed with this code */
-    char codec_err[256];
-} cuda_dev;
 
 static double mib(uint64_t bytes)
 {
     return (double)bytes / (double)DDO_MIB;
 }
-
-/* The one mapping from CUresult to a ddo error code. */
-static int cu_code(CUresult r)
-{
-    switch (r) {
-    case CUDA_SUCCESS:
-        return 0;
-    case CUDA_ERROR_OUT_OF_MEMORY:
-        return DDO_E_DEVICE_MEMORY;
-    case CUDA_ERROR_NOT_READY:
-        return DDO_E_BUSY;
-    case CUDA_ERROR_NOT_SUPPORTED: /* e.g. cuMemMap at a non-zero handle offset */
-        return DDO_E_UNSUPPORTED;
-    case CUDA_ERROR_NO_DEVICE:
-    case CUDA_ERROR_INVALID_DEVICE:
-    case CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER:
-    case CUDA_ERROR_STUB_LIBRARY:
-    case CUDA_ERROR_SYSTEM_DRIVER_MISMATCH:
-    case CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE:
-        return DDO_E_NO_DEVICE;
-    default:
-        return DDO_E_DEVICE;
-    }
-}
-
-/* The driver's name of r ("CUDA_ERROR_OUT_OF_MEMORY"), or "CUresult N" when it has none. */
-static const char *cu_name(const cuda_dev *d, CUresult r, char *buf, size_t len)
-{
-    const char *s = NULL;
-    if (d != NULL && d->api.GetErrorName != NULL && d->api.GetErrorName(r, &s) == CUDA_SUCCESS &&
-        s != NULL)
-        return s;
-    snprintf(buf, len, "CUresult %d", (int)r);
-    return buf;
-}
-
-/*
- * Records a failed driver call: "cuMemMap: CUDA_ERROR_OUT_OF_MEMORY mapping 512.00 MiB".
- * Returns the ddo code of r.
- */
-static int cu_fail(const cuda_dev *d, ddo__errbuf *eb, CUresult r, const char *call,
-                   const char *fmt, ...) DDO_PRINTF(5, 6);
-static int cu_fail(const cuda_dev *d, ddo__errbuf *eb, CUresult r, const char *call,
-                   const char *fmt, ...)
-{
-    char what[384] = "";
-    if (fmt != NULL && fmt[0] != '\0') {
-        va_list ap;
-        va_start(ap, fmt);
-        what[0] = ' ';
-        vsnprintf(what + 1, sizeof(what) - 1, fmt, ap);
-        va_end(ap);
-        if (what[1] == '\0')
-            what[0] = '\0';
-    }
-    char nbuf[32];
-    int code = cu_code(r);
-    if (code == 0)
-        code = DDO_E_INTERNAL;
-    return ddo__fail(eb, code, "%s: %s%s", call, cu_name(d, r, nbuf, sizeof(nbuf)), what);
-}
-
-/* Makes the device's primary context current on the calling thread. */
-static int bind_ctx(const cuda_dev *d, ddo__errbuf *eb)
-{
-    CUcontext cur = NULL;
-    if (d->api.CtxGetCurrent(&cur) == CUDA_SUCCESS && cur == d->ctx)
-        return 0;
-    CUresult r = d->api.CtxSetCurrent(d->ctx);
-    if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuCtxSetCurrent", "(primary context of cuda:%d)", d->ordinal);
-    return 0;
-}
-
-#    define BIND(d, eb)                         \
-        do {                                    \
-            int bind_rc_ = bind_ctx((d), (eb)); \
-            if (bind_rc_ != 0)                  \
-                return bind_rc_;                \
-        } while (0)
 
 /* "cuda" -> 0, "cuda:N" -> N; -1 when malformed. */
 static int parse_ordinal(const char *spec)
@@ -274,83 +61,6 @@ static int parse_ordinal(const char *spec)
     return (int)v;
 }
 
-/* A loaded driver library and its cuGetProcAddress (the _v2 form when the driver has it). */
-typedef struct cu_loader {
-    void *lib;
-    PFN_cuGetProcAddress_v12000 gpa2;
-    PFN_cuGetProcAddress_v11030 gpa1;
-} cu_loader;
-
-/* dlopen(path) and its cuGetProcAddress, or DDO_E_NO_DEVICE with nothing left open. */
-static int open_driver(const char *path, cu_loader *l, ddo__errbuf *eb)
-{
-    memset(l, 0, sizeof(*l));
-    dlerror();
-    l->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (l->lib == NULL) {
-        const char *e = dlerror();
-        return ddo__fail(eb, DDO_E_NO_DEVICE, "no CUDA driver: dlopen(%s): %s", path,
-                         e != NULL ? e : "unknown error");
-    }
-    void *sym = dlsym(l->lib, "cuGetProcAddress_v2");
-    if (sym != NULL) {
-        memcpy(&l->gpa2, &sym, sizeof(sym));
-        return 0;
-    }
-    sym = dlsym(l->lib, "cuGetProcAddress");
-    if (sym == NULL) {
-        dlclose(l->lib);
-        l->lib = NULL;
-        return ddo__fail(eb, DDO_E_NO_DEVICE,
-                         "no CUDA driver: %s: no cuGetProcAddress_v2 or cuGetProcAddress "
-                         "(not a CUDA driver library, or a driver older than CUDA 11.3)",
-                         path);
-    }
-    memcpy(&l->gpa1, &sym, sizeof(sym));
-    return 0;
-}
-
-/* cuGetProcAddress(symbol, version) on the legacy default stream; *status says whether the
- * driver has it (always SUCCESS from the v1 form, whose result alone says). */
-static CUresult get_proc(const cu_loader *l, const char *symbol, int version, void **fn,
-                         CUdriverProcAddressQueryResult *status)
-{
-    *status = CU_GET_PROC_ADDRESS_SUCCESS;
-    if (l->gpa2 != NULL)
-        return l->gpa2(symbol, fn, version, CU_GET_PROC_ADDRESS_LEGACY_STREAM, status);
-    return l->gpa1(symbol, fn, version, CU_GET_PROC_ADDRESS_LEGACY_STREAM);
-}
-
-/* dlopen + cuGetProcAddress: fills d->api or fails with DDO_E_NO_DEVICE (no fallback). */
-static int load_driver(cuda_dev *d, const char *path, ddo__errbuf *eb)
-{
-    snprintf(d->lib_path, sizeof(d->lib_path), "%s", path);
-    cu_loader l;
-    int rc = open_driver(path, &l, eb);
-    if (rc != 0)
-        return rc;
-    d->lib = l.lib;
-    for (size_t i = 0; i < DDO_ARRAY_LEN(cu_symbols); i++) {
-        void *fn = NULL;
-        CUdriverProcAddressQueryResult status;
-        CUresult r = get_proc(&l, cu_symbols[i].symbol, DDO_CU_ABI, &fn, &status);
-        if (r != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS || fn == NULL) {
-            char nbuf[32];
-            dlclose(d->lib);
-            d->lib = NULL;
-            memset(&d->api, 0, sizeof(d->api));
-            return ddo__fail(eb, DDO_E_NO_DEVICE,
-                             "no CUDA driver: %s: cuGetProcAddress(%s, %d): %s (status %d); "
-                             "the driver is older than CUDA %d.%d",
-                             path, cu_symbols[i].symbol, DDO_CU_ABI,
-                             r != CUDA_SUCCESS ? cu_name(NULL, r, nbuf, sizeof(nbuf)) : "not found",
-                             (int)status, DDO_CU_ABI / 1000, DDO_CU_ABI % 1000 / 10);
-        }
-        memcpy((char *)&d->api + cu_symbols[i].offset, &fn, sizeof(fn));
-    }
-    return 0;
-}
-
 static void cuda_close(void *st)
 {
     cuda_dev *d = st;
@@ -366,36 +76,24 @@ static void cuda_close(void *st)
     free(d);
 }
 
-/* The driver library to load: the option, else the environment's value, else the default. */
-static const char *driver_path(const ddo_device_options *opts)
-{
-    const ddo_cuda_options *o = opts != NULL ? opts->cuda : NULL;
-    const char *path = DDO_CU_LIBRARY;
-    if (o != NULL && o->library_path != NULL && o->library_path[0] != '\0')
-        path = o->library_path;
-    else if (o != NULL && o->library_env != NULL && o->library_env[0] != '\0')
-        path = o->library_env;
-    return path;
-}
-
 /* cuInit, then finds device d->ordinal: its handle, name and VMM support. */
 static int find_device(cuda_dev *d, const char *spec, const char *path, ddo__errbuf *eb)
 {
     const cu_api *a = &d->api;
     CUresult r = a->Init(0);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuInit", "(driver %s)", path);
+        return ddo__cu_fail(d, eb, r, "cuInit", "(driver %s)", path);
     a->DriverGetVersion(&d->driver_version);
     int count = 0;
     r = a->DeviceGetCount(&count);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuDeviceGetCount", "(driver %s)", path);
+        return ddo__cu_fail(d, eb, r, "cuDeviceGetCount", "(driver %s)", path);
     if (d->ordinal >= count)
         return ddo__fail(eb, DDO_E_NO_DEVICE, "%s: no such device (%d CUDA device%s visible)", spec,
                          count, count == 1 ? "" : "s");
     r = a->DeviceGet(&d->device, d->ordinal);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuDeviceGet", "for %s", spec);
+        return ddo__cu_fail(d, eb, r, "cuDeviceGet", "for %s", spec);
     r = a->DeviceGetName(d->name, (int)sizeof(d->name), d->device);
     if (r != CUDA_SUCCESS)
         snprintf(d->name, sizeof(d->name), "cuda:%d", d->ordinal);
@@ -403,7 +101,8 @@ static int find_device(cuda_dev *d, const char *spec, const char *path, ddo__err
     r = a->DeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
                               d->device);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuDeviceGetAttribute", "(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)");
+        return ddo__cu_fail(d, eb, r, "cuDeviceGetAttribute",
+                            "(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)");
     d->vmm = vmm != 0;
     return 0;
 }
@@ -423,13 +122,13 @@ static int query_limits(cuda_dev *d, const char *spec, ddo__errbuf *eb)
         size_t g = 0;
         r = a->MemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
         if (r != CUDA_SUCCESS)
-            return cu_fail(d, eb, r, "cuMemGetAllocationGranularity", "for %s", spec);
+            return ddo__cu_fail(d, eb, r, "cuMemGetAllocationGranularity", "for %s", spec);
         if (g != 0)
             d->granularity = g;
     }
     r = a->CtxGetStreamPriorityRange(&d->prio_least, &d->prio_greatest);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuCtxGetStreamPriorityRange", "for %s", spec);
+        return ddo__cu_fail(d, eb, r, "cuCtxGetStreamPriorityRange", "for %s", spec);
     return 0;
 }
 
@@ -439,14 +138,14 @@ static int cuda_open(const char *spec, const ddo_device_options *opts, void **st
     if (ordinal < 0)
         return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
                          "execution_device \"%s\": expected cuda or cuda:N", spec ? spec : "");
-    const char *path = driver_path(opts);
+    const char *path = ddo__cuda_driver_path(opts);
 
     cuda_dev *d = ddo__calloc(1, sizeof(*d));
     if (d == NULL)
         return ddo__fail(eb, DDO_E_NO_MEMORY, "cuda:%d: out of host memory", ordinal);
     d->ordinal = ordinal;
     pthread_mutex_init(&d->codec_lock, NULL);
-    int rc = load_driver(d, path, eb);
+    int rc = ddo__cuda_load_driver(d, path, eb);
     if (rc != 0) {
         pthread_mutex_destroy(&d->codec_lock);
         free(d);
@@ -457,11 +156,11 @@ static int cuda_open(const char *spec, const ddo_device_options *opts, void **st
         goto fail;
     CUresult r = d->api.DevicePrimaryCtxRetain(&d->ctx, d->device);
     if (r != CUDA_SUCCESS) {
-        rc = cu_fail(d, eb, r, "cuDevicePrimaryCtxRetain", "for %s", spec);
+        rc = ddo__cu_fail(d, eb, r, "cuDevicePrimaryCtxRetain", "for %s", spec);
         goto fail;
     }
     d->ctx_retained = true;
-    rc = bind_ctx(d, eb);
+    rc = ddo__cuda_bind_ctx(d, eb);
     if (rc != 0)
         goto fail;
     rc = query_limits(d, spec, eb);
@@ -482,7 +181,7 @@ static int cuda_mem_info(void *st, uint64_t *free_bytes, uint64_t *total_bytes, 
     size_t f = 0, t = 0;
     CUresult r = d->api.MemGetInfo(&f, &t);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuMemGetInfo", "on cuda:%d", d->ordinal);
+        return ddo__cu_fail(d, eb, r, "cuMemGetInfo", "on cuda:%d", d->ordinal);
     *free_bytes = f;
     *total_bytes = t;
     return 0;
@@ -527,7 +226,7 @@ static int cuda_va_reserve(void *st, uint64_t size, uint64_t *va, ddo__errbuf *e
     CUdeviceptr p = 0;
     CUresult r = d->api.MemAddressReserve(&p, (size_t)size, 0, 0, 0);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuMemAddressReserve", "reserving %.2f MiB", mib(size));
+        return ddo__cu_fail(d, eb, r, "cuMemAddressReserve", "reserving %.2f MiB", mib(size));
     *va = (uint64_t)p;
     return 0;
 }
@@ -538,8 +237,8 @@ static int cuda_va_release(void *st, uint64_t va, uint64_t size, ddo__errbuf *eb
     BIND(d, eb);
     CUresult r = d->api.MemAddressFree((CUdeviceptr)va, (size_t)size);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuMemAddressFree", "freeing %.2f MiB at 0x%llx", mib(size),
-                       (unsigned long long)va);
+        return ddo__cu_fail(d, eb, r, "cuMemAddressFree", "freeing %.2f MiB at 0x%llx", mib(size),
+                            (unsigned long long)va);
     return 0;
 }
 
@@ -563,7 +262,7 @@ static int cuda_phys_create(void *st, uint64_t size, uint64_t *handle, ddo__errb
     CUmemGenericAllocationHandle h = 0;
     CUresult r = d->api.MemCreate(&h, (size_t)size, &prop, 0);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuMemCreate", "creating %.2f MiB", mib(size));
+        return ddo__cu_fail(d, eb, r, "cuMemCreate", "creating %.2f MiB", mib(size));
     *handle = (uint64_t)h;
     return 0;
 }
@@ -574,8 +273,8 @@ static int cuda_phys_release(void *st, uint64_t handle, ddo__errbuf *eb)
     BIND(d, eb);
     CUresult r = d->api.MemRelease((CUmemGenericAllocationHandle)handle);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuMemRelease", "releasing handle 0x%llx",
-                       (unsigned long long)handle);
+        return ddo__cu_fail(d, eb, r, "cuMemRelease", "releasing handle 0x%llx",
+                            (unsigned long long)handle);
     return 0;
 }
 
@@ -587,8 +286,8 @@ static int cuda_map(void *st, uint64_t va, uint64_t size, uint64_t handle, uint6
     CUresult r = d->api.MemMap((CUdeviceptr)va, (size_t)size, (size_t)handle_offset,
                                (CUmemGenericAllocationHandle)handle, 0);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuMemMap", "mapping %.2f MiB at 0x%llx (handle offset %llu)",
-                       mib(size), (unsigned long long)va, (unsigned long long)handle_offset);
+        return ddo__cu_fail(d, eb, r, "cuMemMap", "mapping %.2f MiB at 0x%llx (handle offset %llu)",
+                            mib(size), (unsigned long long)va, (unsigned long long)handle_offset);
     return 0;
 }
 
@@ -598,8 +297,8 @@ static int cuda_unmap(void *st, uint64_t va, uint64_t size, ddo__errbuf *eb)
     BIND(d, eb);
     CUresult r = d->api.MemUnmap((CUdeviceptr)va, (size_t)size);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuMemUnmap", "unmapping %.2f MiB at 0x%llx", mib(size),
-                       (unsigned long long)va);
+        return ddo__cu_fail(d, eb, r, "cuMemUnmap", "unmapping %.2f MiB at 0x%llx", mib(size),
+                            (unsigned long long)va);
     return 0;
 }
 
@@ -614,8 +313,8 @@ static int cuda_set_access(void *st, uint64_t va, uint64_t size, ddo__errbuf *eb
     acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     CUresult r = d->api.MemSetAccess((CUdeviceptr)va, (size_t)size, &acc, 1);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuMemSetAccess", "granting read-write on %.2f MiB at 0x%llx",
-                       mib(size), (unsigned long long)va);
+        return ddo__cu_fail(d, eb, r, "cuMemSetAccess", "granting read-write on %.2f MiB at 0x%llx",
+                            mib(size), (unsigned long long)va);
     return 0;
 }
 
@@ -626,7 +325,7 @@ static int cuda_mem_alloc(void *st, uint64_t size, uint64_t *ptr, ddo__errbuf *e
     CUdeviceptr p = 0;
     CUresult r = d->api.MemAlloc(&p, (size_t)size);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuMemAlloc", "allocating %.2f MiB", mib(size));
+        return ddo__cu_fail(d, eb, r, "cuMemAlloc", "allocating %.2f MiB", mib(size));
     *ptr = (uint64_t)p;
     return 0;
 }
@@ -637,7 +336,7 @@ static int cuda_mem_free(void *st, uint64_t ptr, ddo__errbuf *eb)
     BIND(d, eb);
     CUresult r = d->api.MemFree((CUdeviceptr)ptr);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuMemFree", "freeing 0x%llx", (unsigned long long)ptr);
+        return ddo__cu_fail(d, eb, r, "cuMemFree", "freeing 0x%llx", (unsigned long long)ptr);
     return 0;
 }
 
@@ -647,7 +346,8 @@ static int cuda_host_register(void *st, void *p, size_t size, ddo__errbuf *eb)
     BIND(d, eb);
     CUresult r = d->api.MemHostRegister(p, size, CU_MEMHOSTREGISTER_PORTABLE);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuMemHostRegister", "registering %.2f MiB at %p", mib(size), p);
+        return ddo__cu_fail(d, eb, r, "cuMemHostRegister", "registering %.2f MiB at %p", mib(size),
+                            p);
     return 0;
 }
 
@@ -657,7 +357,7 @@ static int cuda_host_unregister(void *st, void *p, ddo__errbuf *eb)
     BIND(d, eb);
     CUresult r = d->api.MemHostUnregister(p);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuMemHostUnregister", "unregistering %p", p);
+        return ddo__cu_fail(d, eb, r, "cuMemHostUnregister", "unregistering %p", p);
     return 0;
 }
 
@@ -668,8 +368,8 @@ static int cuda_host_alloc(void *st, size_t size, void **p, ddo__errbuf *eb)
     void *q = NULL;
     CUresult r = d->api.MemHostAlloc(&q, size, CU_MEMHOSTALLOC_PORTABLE);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuMemHostAlloc", "allocating %.2f MiB of pinned host memory",
-                       mib(size));
+        return ddo__cu_fail(d, eb, r, "cuMemHostAlloc", "allocating %.2f MiB of pinned host memory",
+                            mib(size));
     *p = q;
     return 0;
 }
@@ -680,7 +380,7 @@ static int cuda_host_free(void *st, void *p, ddo__errbuf *eb)
     BIND(d, eb);
     CUresult r = d->api.MemFreeHost(p);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuMemFreeHost", "freeing %p", p);
+        return ddo__cu_fail(d, eb, r, "cuMemFreeHost", "freeing %p", p);
     return 0;
 }
 
@@ -695,7 +395,7 @@ static int cuda_stream_create(void *st, int priority, void **stream, ddo__errbuf
     CUstream s = NULL;
     CUresult r = d->api.StreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, prio);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuStreamCreateWithPriority", "(priority %d)", prio);
+        return ddo__cu_fail(d, eb, r, "cuStreamCreateWithPriority", "(priority %d)", prio);
     *stream = s;
     return 0;
 }
@@ -706,7 +406,7 @@ static int cuda_stream_destroy(void *st, void *stream, ddo__errbuf *eb)
     BIND(d, eb);
     CUresult r = d->api.StreamDestroy((CUstream)stream);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuStreamDestroy", "on cuda:%d", d->ordinal);
+        return ddo__cu_fail(d, eb, r, "cuStreamDestroy", "on cuda:%d", d->ordinal);
     return 0;
 }
 
@@ -735,7 +435,7 @@ static int cuda_stream_synchronize(void *st, void *stream, ddo__errbuf *eb)
     BIND(d, eb);
     CUresult r = d->api.StreamSynchronize((CUstream)stream);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuStreamSynchronize", "on cuda:%d", d->ordinal);
+        return ddo__cu_fail(d, eb, r, "cuStreamSynchronize", "on cuda:%d", d->ordinal);
     return 0;
 }
 
@@ -746,8 +446,8 @@ static int cuda_copy_h2d(void *st, uint64_t dst, const void *src, size_t size, v
     BIND(d, eb);
     CUresult r = d->api.MemcpyHtoDAsync((CUdeviceptr)dst, src, size, (CUstream)stream);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuMemcpyHtoDAsync", "copying %.2f MiB to 0x%llx", mib(size),
-                       (unsigned long long)dst);
+        return ddo__cu_fail(d, eb, r, "cuMemcpyHtoDAsync", "copying %.2f MiB to 0x%llx", mib(size),
+                            (unsigned long long)dst);
     return 0;
 }
 
@@ -759,8 +459,8 @@ static int cuda_copy_d2h(void *st, void *dst, uint64_t src, size_t size, ddo__er
     BIND(d, eb);
     CUresult r = d->api.MemcpyDtoH(dst, (CUdeviceptr)src, size);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuMemcpyDtoH", "copying %.2f MiB from 0x%llx", mib(size),
-                       (unsigned long long)src);
+        return ddo__cu_fail(d, eb, r, "cuMemcpyDtoH", "copying %.2f MiB from 0x%llx", mib(size),
+                            (unsigned long long)src);
     return 0;
 }
 
@@ -771,7 +471,7 @@ static int cuda_event_create(void *st, void **event, ddo__errbuf *eb)
     CUevent e = NULL;
     CUresult r = d->api.EventCreate(&e, CU_EVENT_DISABLE_TIMING);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuEventCreate", "on cuda:%d", d->ordinal);
+        return ddo__cu_fail(d, eb, r, "cuEventCreate", "on cuda:%d", d->ordinal);
     *event = e;
     return 0;
 }
@@ -782,7 +482,7 @@ static int cuda_event_destroy(void *st, void *event, ddo__errbuf *eb)
     BIND(d, eb);
     CUresult r = d->api.EventDestroy((CUevent)event);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuEventDestroy", "on cuda:%d", d->ordinal);
+        return ddo__cu_fail(d, eb, r, "cuEventDestroy", "on cuda:%d", d->ordinal);
     return 0;
 }
 
@@ -792,7 +492,7 @@ static int cuda_event_record(void *st, void *event, void *stream, ddo__errbuf *e
     BIND(d, eb);
     CUresult r = d->api.EventRecord((CUevent)event, (CUstream)stream);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuEventRecord", "on cuda:%d", d->ordinal);
+        return ddo__cu_fail(d, eb, r, "cuEventRecord", "on cuda:%d", d->ordinal);
     return 0;
 }
 
@@ -804,8 +504,8 @@ static int cuda_event_query(void *st, void *event, ddo__errbuf *eb)
     if (r == CUDA_SUCCESS)
         return 0;
     if (r == CUDA_ERROR_NOT_READY)
-        return cu_code(r); /* not a failure: no detail recorded */
-    return cu_fail(d, eb, r, "cuEventQuery", "on cuda:%d", d->ordinal);
+        return ddo__cu_code(r); /* not a failure: no detail recorded */
+    return ddo__cu_fail(d, eb, r, "cuEventQuery", "on cuda:%d", d->ordinal);
 }
 
 static int cuda_event_synchronize(void *st, void *event, ddo__errbuf *eb)
@@ -814,7 +514,7 @@ static int cuda_event_synchronize(void *st, void *event, ddo__errbuf *eb)
     BIND(d, eb);
     CUresult r = d->api.EventSynchronize((CUevent)event);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuEventSynchronize", "on cuda:%d", d->ordinal);
+        return ddo__cu_fail(d, eb, r, "cuEventSynchronize", "on cuda:%d", d->ordinal);
     return 0;
 }
 
@@ -824,7 +524,7 @@ static int cuda_stream_wait_event(void *st, void *stream, void *event, ddo__errb
     BIND(d, eb);
     CUresult r = d->api.StreamWaitEvent((CUstream)stream, (CUevent)event, 0);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuStreamWaitEvent", "on cuda:%d", d->ordinal);
+        return ddo__cu_fail(d, eb, r, "cuStreamWaitEvent", "on cuda:%d", d->ordinal);
     return 0;
 }
 
@@ -834,7 +534,7 @@ static int cuda_host_fn(void *st, void *stream, ddo__host_fn fn, void *user, ddo
     BIND(d, eb);
     CUresult r = d->api.LaunchHostFunc((CUstream)stream, fn, user);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuLaunchHostFunc", "on cuda:%d", d->ordinal);
+        return ddo__cu_fail(d, eb, r, "cuLaunchHostFunc", "on cuda:%d", d->ordinal);
     return 0;
 }
 
@@ -858,8 +558,8 @@ static int codec_module(cuda_dev *d, ddo__errbuf *eb)
             d->codec_rc = 1;
         } else {
             ddo__errbuf e = { 0, "" };
-            d->codec_rc =
-                cu_fail(d, &e, r, call, "(codec decoder, %zu bytes of PTX)", ddo__codec_ptx_bytes);
+            d->codec_rc = ddo__cu_fail(d, &e, r, call, "(codec decoder, %zu bytes of PTX)",
+                                       ddo__codec_ptx_bytes);
             snprintf(d->codec_err, sizeof(d->codec_err), "%s", e.msg);
         }
     }
@@ -887,8 +587,8 @@ static int cuda_codec_decode(void *st, void *stream, uint64_t src, uint64_t src_
     CUresult r = d->api.MemsetD32Async((CUdeviceptr)l->status_dev, 0, (size_t)(l->status_bytes / 4),
                                        (CUstream)stream);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuMemsetD32Async", "clearing %llu status bytes",
-                       (unsigned long long)l->status_bytes);
+        return ddo__cu_fail(d, eb, r, "cuMemsetD32Async", "clearing %llu status bytes",
+                            (unsigned long long)l->status_bytes);
     CUdeviceptr s = (CUdeviceptr)src, o = (CUdeviceptr)dst, stat = (CUdeviceptr)l->status_dev;
     unsigned long long sb = src_bytes, db = dst_bytes, total = l->total_elems;
     unsigned int nb = l->n_blocks, be = l->block_elems, es = l->esize, cpb = l->ctas_per_block;
@@ -896,8 +596,8 @@ static int cuda_codec_decode(void *st, void *stream, uint64_t src, uint64_t src_
     r = d->api.LaunchKernel(d->codec_fn, (unsigned)grid, 1, 1, 32 * l->cta_warps, 1, 1, 0,
                             (CUstream)stream, args, NULL);
     if (r != CUDA_SUCCESS)
-        return cu_fail(d, eb, r, "cuLaunchKernel", "(codec decoder, %llu thread blocks)",
-                       (unsigned long long)grid);
+        return ddo__cu_fail(d, eb, r, "cuLaunchKernel", "(codec decoder, %llu thread blocks)",
+                            (unsigned long long)grid);
     return 0;
 }
 #    else
@@ -949,67 +649,8 @@ static const ddo__device_ops cuda_ops = {
 
 const ddo__device_ops *const ddo__device_cuda_ops = &cuda_ops;
 
-/* ---- driver entry points for a host (ddo_cuda_driver_proc) ---- */
-
-static const char *proc_status_text(CUdriverProcAddressQueryResult status)
-{
-    switch (status) {
-    case CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND:
-        return "the driver has no such entry point";
-    case CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT:
-        return "the driver is older than the version asked for";
-    default:
-        return "not found";
-    }
-}
-
-static int driver_proc(const char *library_path, const char *symbol, int cuda_version, void **fn)
-{
-    /* The device's rule: the path given, else discovery (the host passes the value of
-     * DDO_VMM_LIBRARY_PATH if it honours it; the library never reads the environment). */
-    ddo_cuda_options c = DDO_CUDA_OPTIONS_INIT;
-    c.library_path = library_path;
-    ddo_device_options o = DDO_DEVICE_OPTIONS_INIT;
-    o.cuda = &c;
-    const char *path = driver_path(&o);
-    cu_loader l;
-    int rc = open_driver(path, &l, NULL);
-    if (rc != 0)
-        return rc;
-    void *p = NULL;
-    CUdriverProcAddressQueryResult status;
-    CUresult r = get_proc(&l, symbol, cuda_version, &p, &status);
-    if (r != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS || p == NULL) {
-        char nbuf[32];
-        dlclose(l.lib);
-        return ddo__fail(NULL, DDO_E_NO_DEVICE, "no CUDA driver: %s: cuGetProcAddress(%s, %d): %s",
-                         path, symbol, cuda_version,
-                         r != CUDA_SUCCESS ? cu_name(NULL, r, nbuf, sizeof(nbuf))
-                                           : proc_status_text(status));
-    }
-    /* The library stays loaded for the life of the process: the entry point lives in it. */
-    *fn = p;
-    return 0;
-}
-
 #else /* !DDO_HAVE_CUDA_H */
 
 const ddo__device_ops *const ddo__device_cuda_ops = NULL;
 
-static int driver_proc(const char *library_path, const char *symbol, int cuda_version, void **fn)
-{
-    (void)library_path, (void)cuda_version, (void)fn;
-    return ddo__fail(NULL, DDO_E_NO_DEVICE, "%s: ddo was built without CUDA support", symbol);
-}
-
 #endif
-
-int ddo_cuda_driver_proc(const char *library_path, const char *symbol, int cuda_version, void **fn)
-{
-    if (symbol == NULL || symbol[0] == '\0' || fn == NULL || cuda_version <= 0)
-        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_cuda_driver_proc: %s",
-                         symbol == NULL || symbol[0] == '\0' ? "no symbol"
-                         : fn == NULL                        ? "fn is NULL"
-                                                             : "cuda_version <= 0");
-    return driver_proc(library_path, symbol, cuda_version, fn);
-}

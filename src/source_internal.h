@@ -1,0 +1,72 @@
+/*
+ * source_internal.h - what source.c (the store's layout, create and destroy,
+ * serving bytes) and source_read.c (the parallel jobs that fill and register
+ * it) share: the store's layout and the steps of its creation. Private to those
+ * two files; every other module goes through source.h.
+ */
+#ifndef DDO_SOURCE_INTERNAL_H
+#define DDO_SOURCE_INTERNAL_H
+
+#include "source.h"
+
+#include "host_pins.h"
+#include "source_codec.h"
+
+#include "os/read.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define IO_ALIGN       DDO__OS_DIRECT_ALIGN
+#define IO_CHUNK       DDO__OS_READ_CHUNK      /* one read request */
+#define IO_QUEUE_DEPTH DDO__OS_READ_DEPTH      /* requests in flight per ring */
+#define DIRECT_MIN     ((uint64_t)1 * DDO_MIB) /* smaller file reads use pread */
+/* Allocation alignment of the runs: huge-page friendly, a multiple of IO_ALIGN. */
+#define RUN_ALIGN ((size_t)2 * DDO_MIB)
+
+enum { RUN_NONE, RUN_STORE, RUN_HOST };
+
+typedef struct entry {
+    uint8_t run;
+    uint64_t pos; /* offset inside its run */
+    const uint8_t *ptr;
+} entry;
+
+struct ddo__source {
+    const ddo_checkpoint *ck;
+    ddo_device *dev;
+    ddo__account *retained;
+    ddo__account *registered;
+    uint64_t retained_taken;
+    uint64_t registered_taken;
+    uint8_t *base;           /* the store: whole segments */
+    uint64_t bytes;          /* allocated */
+    size_t seg_count;        /* segments to register (the first ones) */
+    uint8_t *seg_registered; /* per segment to register: did it succeed */
+    entry *entries;          /* per checkpoint tensor */
+    size_t tensor_count;
+    size_t file_count;
+    int *direct_fd;             /* per file; -1 when direct I/O is unavailable */
+    atomic_bool *direct_broken; /* a direct read failed with EINVAL: use pread from now on */
+    ddo__read_engine engine;
+    bool use_uring;
+    ddo__host_pins *host_pins; /* host-memory tensors registered in place */
+    ddo__source_codec *codec;  /* weight_codec: the coded tensors' plans (source_codec.c) */
+};
+
+/* source.c */
+uint64_t ddo__source_align_down(uint64_t v, uint64_t a);
+const char *ddo__source_file_name(const ddo__source *src, uint32_t file);
+
+/* source_read.c: the steps of ddo__source_create that read, register and pin */
+int ddo__source_read_all(ddo__source *src, const ddo__source_params *p,
+                         const ddo__source_request *req, size_t count, ddo__errbuf *eb);
+int ddo__source_register_all(ddo__source *src, const ddo__source_params *p, ddo__errbuf *eb);
+/* Registers in place the host-memory tensors the plan registers (no copy: the copy engine
+ * reads the caller's pages). */
+int ddo__source_pin_host_tensors(ddo__source *src, const ddo__source_params *p,
+                                 const ddo__source_request *req, size_t count, ddo__errbuf *eb);
+
+#endif
