@@ -236,7 +236,10 @@ typedef struct ddo_block_group {
  */
 DDO_API int ddo_checkpoint_create(const char *path, ddo_read_backend backend, ddo_checkpoint **out);
 
-/* Describes one tensor held in host memory by the caller (see below). */
+/* Describes one tensor held in host memory by the caller (see below). The array's element
+ * size travels with the call (ddo_checkpoint_create_from_memory is a macro passing
+ * sizeof(ddo_tensor_desc)), so fields can be appended: a library reads the fields an older
+ * caller's elements hold and takes zero for the rest. */
 typedef struct ddo_tensor_desc {
     const char *name;
     ddo_dtype dtype;
@@ -252,10 +255,16 @@ typedef struct ddo_tensor_desc {
  * copied. Duplicate names are rejected.
  * Errors: DDO_E_INVALID_ARGUMENT (NULL tensors with a count, no name, an unknown dtype,
  * too many dimensions, elements that do not fill whole bytes, a duplicate name),
- * DDO_E_OVERFLOW (a size or the total exceeds 64 bits), DDO_E_NO_MEMORY.
+ * DDO_E_OVERFLOW (a size or the total exceeds 64 bits), DDO_E_NO_MEMORY; DDO_E_INVALID_ARGUMENT
+ * also for a desc_size smaller than the first version's 40 bytes (on LP64), not a multiple
+ * of a pointer's size, or larger than this library's sizeof(ddo_tensor_desc).
+ * desc_size is the size of one element of tensors as the caller built them (a binding passes
+ * its mirror's size; C callers use the macro).
  */
-DDO_API int ddo_checkpoint_create_from_memory(const ddo_tensor_desc *tensors, size_t count,
-                                              ddo_checkpoint **out);
+DDO_API int ddo_checkpoint_create_from_memory_sized(const ddo_tensor_desc *tensors, size_t count,
+                                                    size_t desc_size, ddo_checkpoint **out);
+#define ddo_checkpoint_create_from_memory(tensors, count, out) \
+    ddo_checkpoint_create_from_memory_sized((tensors), (count), sizeof(ddo_tensor_desc), (out))
 
 DDO_API void ddo_checkpoint_destroy(ddo_checkpoint *ck);
 

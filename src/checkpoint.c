@@ -14,6 +14,7 @@
 #include "checkpoint_internal.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -311,18 +312,34 @@ int ddo__checkpoint_parse_buffer(const uint8_t *data, size_t size, const char *n
     return 0;
 }
 
-int ddo_checkpoint_create_from_memory(const ddo_tensor_desc *tensors, size_t count,
-                                      ddo_checkpoint **out)
+/* Element i of a caller's array of desc_size-byte descriptors, fields past it zero. */
+static ddo_tensor_desc desc_at(const ddo_tensor_desc *tensors, size_t desc_size, size_t i)
+{
+    ddo_tensor_desc d;
+    memset(&d, 0, sizeof(d));
+    memcpy(&d, (const unsigned char *)tensors + i * desc_size, desc_size);
+    return d;
+}
+
+int ddo_checkpoint_create_from_memory_sized(const ddo_tensor_desc *tensors, size_t count,
+                                            size_t desc_size, ddo_checkpoint **out)
 {
     if ((tensors == NULL && count > 0) || out == NULL)
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
                          "ddo_checkpoint_create_from_memory: NULL argument");
+    size_t first = offsetof(ddo_tensor_desc, data) + sizeof(void *);
+    if (desc_size < first || desc_size > sizeof(ddo_tensor_desc) || desc_size % sizeof(void *) != 0)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo_checkpoint_create_from_memory: an element of %zu bytes is not a "
+                         "ddo_tensor_desc this library reads (%zu to %zu bytes)",
+                         desc_size, first, sizeof(ddo_tensor_desc));
     ddo_checkpoint *ck = ck_new(DDO_READ_DEFAULT);
     if (ck == NULL)
         return ddo__fail(NULL, DDO_E_NO_MEMORY, "host tensors: out of memory");
     int rc = 0;
     for (size_t i = 0; i < count && rc == 0; i++) {
-        const ddo_tensor_desc *d = &tensors[i];
+        ddo_tensor_desc di = desc_at(tensors, desc_size, i);
+        const ddo_tensor_desc *d = &di;
         if (d->name == NULL) {
             rc = ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "host tensors: tensor %zu has no name", i);
             break;

@@ -228,6 +228,37 @@ static void test_older_session_options(void)
     ddo_checkpoint_destroy(ck);
 }
 
+/* ddo_tensor_desc arrays carry their element size: a larger element of a newer caller is
+ * refused, an element of this header's size is read at its stride, sizes below the first
+ * version or not a multiple of a pointer are refused. */
+static void test_tensor_desc_stride(void)
+{
+    static float a[4] = { 1, 2, 3, 4 }, b[2] = { 5, 6 };
+    uint64_t sa = 4, sb = 2;
+    struct wider {
+        ddo_tensor_desc d;
+        void *future; /* a field this library does not know */
+    } w[2] = { { { "a", DDO_DTYPE_F32, 1, &sa, a }, (void *)1 },
+               { { "b", DDO_DTYPE_F32, 1, &sb, b }, (void *)1 } };
+    ddo_checkpoint *ck = NULL;
+    T_EQ_INT(ddo_checkpoint_create_from_memory_sized(&w[0].d, 2, sizeof(w[0]), &ck),
+             DDO_E_INVALID_ARGUMENT);
+    T_CONTAINS(ddo_last_error(), "is not a ddo_tensor_desc this library reads");
+    T_CHECK(ck == NULL);
+    ddo_tensor_desc d[2] = { w[0].d, w[1].d };
+    T_EQ_INT(ddo_checkpoint_create_from_memory(d, 2, &ck), 0);
+    T_REQUIRE(ck != NULL);
+    T_EQ_U64(ddo_checkpoint_tensor_count(ck), 2);
+    T_CHECK(ddo_checkpoint_tensor(ck, 1)->host_data == b);
+    T_EQ_U64(ddo_checkpoint_tensor(ck, 1)->nbytes, 8);
+    ddo_checkpoint_destroy(ck);
+    ck = NULL;
+    T_EQ_INT(ddo_checkpoint_create_from_memory_sized(d, 2, sizeof(ddo_tensor_desc) - 1, &ck),
+             DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo_checkpoint_create_from_memory_sized(d, 2, 8, &ck), DDO_E_INVALID_ARGUMENT);
+    T_CHECK(ck == NULL);
+}
+
 static void test_struct_sizes(void)
 {
     T_EQ_U64(ddo_struct_size("ddo_cpu_options"), sizeof(ddo_cpu_options));
@@ -254,5 +285,6 @@ int main(void)
     T_RUN(test_outputs_stay_within_size);
     T_RUN(test_older_session_options);
     T_RUN(test_struct_sizes);
+    T_RUN(test_tensor_desc_stride);
     return t_done();
 }

@@ -298,8 +298,8 @@ class OffloadResult:
             descs[i].shape = shape
             descs[i].data = t.host.data_ptr() if t.host.numel() > 0 else None
         ck = ctypes.c_void_p()
-        _native.check(_native.lib().ddo_checkpoint_create_from_memory(
-            descs, len(self._tensors), ctypes.byref(ck)))
+        _native.check(_native.lib().ddo_checkpoint_create_from_memory_sized(
+            descs, len(self._tensors), ctypes.sizeof(_lib.TensorDesc), ctypes.byref(ck)))
         self._ck = ck
 
     def _plan_json(self):

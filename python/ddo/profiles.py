@@ -64,7 +64,8 @@ def _context(name, module, source):
             descs[i].name, descs[i].dtype, descs[i].ndim = nm, to_ddo[t.torch_dtype], len(t.shape)
             descs[i].shape = shape
             descs[i].data = t.host.data_ptr() if t.host.numel() > 0 else None
-        _native.check(L.ddo_checkpoint_create_from_memory(descs, len(tensors), ctypes.byref(ck)))
+        _native.check(L.ddo_checkpoint_create_from_memory_sized(
+            descs, len(tensors), ctypes.sizeof(_lib.TensorDesc), ctypes.byref(ck)))
     try:
         p = ctypes.c_void_p()
         _native.check(L.ddo_profile_workload_context(name.encode(), ck, ctypes.byref(p)))
