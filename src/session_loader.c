@@ -56,11 +56,11 @@ static int wait_previous(ddo_session *s, const ddo__job *job, const ddo__unit_rt
     return 0;
 }
 
-/* Moves the slot's handle from the unit it maps now (if any) to job->unit's range (VMM). */
+/* vmm_runtime: moves the slot from the unit it maps now (if any) to job->unit: the previous
+ * unit's weights are unmapped and their handles pooled, job->unit's weights bound and mapped. */
 static int remap_slot(ddo_session *s, ddo__job *job, ddo__slot *slot, const ddo__unit_rt *u,
                       ddo__errbuf *eb)
 {
-    bool per_weight = ddo__route_per_weight(s->route);
     int rc;
     if (job->prev_mapped != DDO__NONE) {
         /* The handle's previous upload must be complete before it moves. */
@@ -78,22 +78,17 @@ static int remap_slot(ddo_session *s, ddo__job *job, ddo__slot *slot, const ddo_
                                          job->slot);
         }
         job->mapped_after = DDO__NONE;
-        if (per_weight) {
-            pthread_mutex_lock(&s->mu);
-            ddo__session_unbind_unit(s, job->prev_mapped);
-            pthread_mutex_unlock(&s->mu);
-        }
+        pthread_mutex_lock(&s->mu);
+        ddo__session_unbind_unit(s, job->prev_mapped);
+        pthread_mutex_unlock(&s->mu);
     }
-    if (per_weight) {
-        rc = ddo__session_bind_unit(s, job, eb);
-        if (rc != 0)
-            return rc;
-    }
+    rc = ddo__session_bind_unit(s, job, eb);
+    if (rc != 0)
+        return rc;
     bool unsafe = false;
     uint64_t t_map = ddo__now_ns();
     rc = ddo__session_map_unit(s, slot->handle, job->unit, job->slot, &unsafe, eb);
-    ddo__session_trace(s, "map", job->unit, t_map, ddo__now_ns(),
-                       per_weight ? s->wl->unit_bytes[job->unit] : s->slot_bytes);
+    ddo__session_trace(s, "map", job->unit, t_map, ddo__now_ns(), s->wl->unit_bytes[job->unit]);
     if (rc != 0) {
         /* A mapping that could not be undone keeps its ranges reserved. */
         if (unsafe) {
@@ -105,6 +100,7 @@ static int remap_slot(ddo_session *s, ddo__job *job, ddo__slot *slot, const ddo_
     job->mapped_after = job->unit;
     return 0;
 }
+
 /*
  * vmm_fast_runtime: makes job->slot's handle appear at the unit's range. A slot's handle stays
  * mapped into the ranges of the units it held before (aliases, a mapping cache): when the unit's
