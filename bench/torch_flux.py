@@ -22,6 +22,7 @@ warm-up (torch._dynamo.utils.counters, the cudagraph tree manager) and the ratio
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -52,13 +53,21 @@ DDO_VMM_COMMON = {
     "vmm_source_cache_gb": 24,
 }
 DDO_ROOT_LEAVES = r"^(time_text_embed|context_embedder|x_embedder|norm_out|proj_out)(\.|$)"
+# The cost model learns each block's compute from a calibration: the zero-resident VMM case
+# runs its timed steps inside result.profile_run() (build_profile: it measures every unit's
+# forward and the copy rate, docs/plan.md "Cost model"), and the 16 GiB case, a later process
+# of the same call, plans with that profile and the simulated-step selection ("cost").
+DDO_PROFILE = {"profile_name": "torch_flux"}
 # Values are passed as Python values; the binding converts them (bools, numbers, strings).
 DDO_CASE_OPTIONS = {
-    "ddo_vmm0": ("vmm", dict(DDO_VMM_COMMON, **DDO_ZERO_RESIDENT, vmm_resident_weight_budget_gb=4)),
-    # 16 GiB device budget: 14 GiB of blocks resident (spread), the small root leaves resident.
-    "ddo_vmm16": ("vmm", dict(DDO_VMM_COMMON, vmm_resident_weight_budget_gb=16,
+    "ddo_vmm0": ("vmm", dict(DDO_VMM_COMMON, **DDO_ZERO_RESIDENT, **DDO_PROFILE,
+                             build_profile=True, vmm_resident_weight_budget_gb=4)),
+    # 16 GiB device budget: 14 GiB of blocks resident, chosen on the step simulated with the
+    # calibration's per-block compute; the small root leaves resident.
+    "ddo_vmm16": ("vmm", dict(DDO_VMM_COMMON, **DDO_PROFILE, vmm_resident_weight_budget_gb=16,
                               always_resident_modules_pattern=DDO_ROOT_LEAVES,
-                              resident_module_patterns="auto", resident_module_budget_gb=14)),
+                              resident_module_patterns="auto", resident_module_budget_gb=14,
+                              resident_module_selection="cost")),
     "ddo_linear0": ("linear", dict(DDO_ZERO_RESIDENT, execution_device="cuda:0",
                                    auto_budget_policy="off")),
 }
@@ -439,6 +448,8 @@ def enable(case, spec, model, args, res):
     overrides = dict(overrides)
     if dev == "cpu":
         overrides["execution_device"] = "cpu"
+    if "profile_name" in overrides:
+        overrides["profile_dir"] = os.path.join(args.workdir, "profiles")
     res["ddo_call"] = {"preset": DDO_PRESET, "backend": backend, "overrides": overrides}
     r = ddo.enable_offload(model, preset=DDO_PRESET, backend=backend, **overrides)
     return r.module, r
@@ -587,15 +598,25 @@ def run_steps(module, inputs, case, spec, args, deadline, res, handle, cuda):
         cc_before, cg_before = dynamo_counters(), cudagraph_state()
     bytes_before = ddo_bytes(handle)[0] if handle is not None else None
     times, out = [], first
-    while len(times) < args.steps and (len(times) < 2 or time.time() < deadline):
-        if cuda:
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        out = forward(module, inputs, args.toy, graphs)
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-        out = out.detach().cpu()
+    prof = getattr(handle, "_profile", None)
+    region = handle.profile_run() if prof is not None else contextlib.nullcontext()
+    with region:
+        while len(times) < args.steps and (len(times) < 2 or time.time() < deadline):
+            if cuda:
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            out = forward(module, inputs, args.toy, graphs)
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+            out = out.detach().cpu()
+    if prof is not None:
+        d = handle.plan.get("planner_decisions", {})
+        res["profile"] = {"status": prof.status, "saved": prof.saved_path,
+                          "unit_compute_source": d.get("unit_compute_source"),
+                          "resident_module_selection": d.get("resident_module_selection"),
+                          "measured_units": len(prof.unit_compute or {}),
+                          "selected_resident": handle.plan.get("selected_resident_modules")}
     res["step_times_s"] = times
     res["median_step_s"] = statistics.median(times)
     res["mean_step_s"] = statistics.fmean(times)

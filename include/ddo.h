@@ -645,6 +645,11 @@ typedef struct ddo_plan_inputs {
     double bus_bytes_per_s;        /* for the cost model; 0 = no cost columns */
     double flops_per_s;
     uint64_t tokens; /* activation rows for the cost model; 0 = 4096 */
+    /* Measured compute per unit, a JSON object {"unit name": seconds, ...} (a profile's
+     * recommendation "unit_compute_s"; docs/plan.md "Cost model"), borrowed for the call;
+     * NULL = none. Units it names use it instead of the FLOP estimate, and with it a bus rate
+     * alone enables the cost model. */
+    const char *unit_compute_json;
 } ddo_plan_inputs;
 #define DDO_PLAN_INPUTS_INIT DDO_STRUCT_INIT(ddo_plan_inputs)
 
@@ -1082,10 +1087,10 @@ DDO_API const char *ddo_profile_status_name(ddo_profile_status status);
  * profile_resident_module_budget_gb, capped by max_resident_module_budget_gb, becomes
  * resident_module_budget_gb (auto policy off) or profile_resident_module_budget_gb (balanced),
  * with source "profile:NAME". Also copies measured bus_bytes_per_s / flops_per_s / file read
- * speed into *measured when the profile has them (may be NULL). A corrupt profile counts as
- * missing (the detail is kept in ddo_last_error()). Errors: DDO_E_INVALID_ARGUMENT (cfg is
- * NULL), DDO_E_CONFIG (build_profile without profile_name, a bad profile_vram_headroom_gb),
- * DDO_E_NO_MEMORY.
+ * speed into *measured when the profile has them (may be NULL), a manual budget or not. A corrupt
+ * profile counts as missing (the detail is kept in ddo_last_error()). Errors:
+ * DDO_E_INVALID_ARGUMENT (cfg is NULL), DDO_E_CONFIG (build_profile without profile_name, a bad
+ * profile_vram_headroom_gb), DDO_E_NO_MEMORY.
  */
 typedef struct ddo_profile_measured {
     double bus_bytes_per_s;

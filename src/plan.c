@@ -136,22 +136,18 @@ static int place_and_select(builder *b, budgets_in *bi, uint64_t *limit, char *s
     if ((rc = ddo__plan_place_units(b)) != 0)
         return rc;
     ddo__plan_layout_units(b);
-    double *deficit = ddo__calloc(p->unit_count ? p->unit_count : 1, sizeof(double));
-    if (deficit == NULL)
-        return ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: cost model");
-    ddo__plan_cost_model(b, deficit);
+    if ((rc = ddo__plan_cost_model(b)) != 0)
+        return rc;
     p->cost_reason = ddo__strdup(p->cost_enabled ? ""
                                  : !(b->in.bus_bytes_per_s > 0.0)
                                      ? "no bus bandwidth (inputs.bus_bytes_per_s is 0)"
-                                     : "no compute rate (inputs.flops_per_s is 0)");
-    if ((rc = ddo__plan_device_limit(b, bi, limit, source, len)) != 0) {
-        free(deficit);
+                                     : "no compute rate (inputs.flops_per_s is 0, no "
+                                       "unit_compute_json)");
+    if ((rc = ddo__plan_device_limit(b, bi, limit, source, len)) != 0)
         return rc;
-    }
     ddo__plan_cap_auto_resident(b, bi, *limit);
     ddo__decisions_set_gb(&p->decisions, "resident_module_budget_gb", bi->resident_budget);
-    rc = ddo__plan_resident_selection(b, bi->resident_budget, deficit);
-    free(deficit);
+    rc = ddo__plan_resident_selection(b, bi->resident_budget);
     if (rc != 0)
         return rc;
     for (size_t u = 0; u < p->unit_count; u++) {
@@ -247,6 +243,7 @@ int ddo_plan_build(const ddo_checkpoint *ck, const ddo_config *cfg, const ddo_pl
         goto out;
     }
     b.p->inputs = b.in;
+    b.p->inputs.unit_compute_json = NULL; /* borrowed: the units keep what it said */
     for (size_t i = 0; i < b.n; i++) {
         b.ti[i] = ddo_checkpoint_tensor(ck, i);
         if (b.ti[i] == NULL || b.ti[i]->name == NULL) {

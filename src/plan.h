@@ -176,6 +176,7 @@ typedef struct ddo__plan_unit {
     bool registered;
     double transfer_s;
     double compute_s;
+    bool compute_measured; /* compute_s from the inputs' unit_compute_json */
     bool hidden;
 } ddo__plan_unit;
 

@@ -52,7 +52,6 @@ typedef struct pscope {
     bool is_block;
     size_t index; /* into blocks or mods */
     uint64_t full_bytes;
-    double deficit;
 } pscope;
 
 typedef struct builder {
@@ -112,12 +111,19 @@ bool ddo__plan_ends_with(const char *s, const char *suffix);
 int ddo__plan_place_units(builder *b);
 /* Slot layout of every unit: tensors at DDO_TENSOR_ALIGN-aligned offsets. */
 void ddo__plan_layout_units(builder *b);
-/* Per-unit transfer and compute time and the deficit against the previous unit's compute. */
-void ddo__plan_cost_model(builder *b, double *deficit);
+/* Per-unit transfer and compute time (measured compute where the inputs give it). */
+int ddo__plan_cost_model(builder *b);
+/* plan_cost.c: the inputs' unit_compute_json into the units (*measured: how many it named);
+ * the seconds per FLOP-per-token the measured units showed; the "cost" selection, greedy on
+ * the simulated step (SIZE_MAX: out of memory). */
+int ddo__plan_measured_compute(builder *b, size_t *measured);
+double ddo__plan_measured_rate(const ddo_plan *p);
+size_t ddo__plan_select_by_simulation(builder *b, const uint64_t *sizes, uint64_t budget,
+                                      size_t *chosen, uint64_t *taken);
 /* The predicted step time with slots execution slots (0 when the cost model is off). */
 double ddo__plan_simulate(const ddo_plan *p, size_t slots);
 /* The budget-resident scopes under budget, by resident_module_selection. */
-int ddo__plan_resident_selection(builder *b, uint64_t budget, const double *unit_deficit);
+int ddo__plan_resident_selection(builder *b, uint64_t budget);
 
 /* ---- plan_host.c ---- */
 

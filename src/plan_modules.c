@@ -287,7 +287,7 @@ int ddo__plan_build_scopes(builder *b)
                 block_seen[m->block] = true;
                 b->blocks[m->block].scope = b->scope_count;
                 b->scopes[b->scope_count++] =
-                    (pscope){ true, m->block, b->blocks[m->block].full_bytes, 0.0 };
+                    (pscope){ true, m->block, b->blocks[m->block].full_bytes };
             }
         } else if ((m->block == NONE || b->leaf) && m->len > 0) {
             int rc = rxset_search(&b->resident, m->name, m->len, &m->matches);
@@ -298,7 +298,7 @@ int ddo__plan_build_scopes(builder *b)
             if (!m->matches)
                 continue;
             m->scope = b->scope_count;
-            b->scopes[b->scope_count++] = (pscope){ false, i, m->full_bytes, 0.0 };
+            b->scopes[b->scope_count++] = (pscope){ false, i, m->full_bytes };
         }
     }
     free(block_seen);

@@ -103,24 +103,37 @@ void ddo__plan_layout_units(builder *b)
     }
 }
 
-/* Per-unit transfer and compute time and the deficit against the previous unit's compute. */
-void ddo__plan_cost_model(builder *b, double *deficit)
+/* Per-unit transfer and compute time: measured compute where the inputs give it
+ * (plan_cost.c), else the FLOP estimate at the inputs' rate or, without one, at the rate the
+ * measured units showed. */
+int ddo__plan_cost_model(builder *b)
 {
     ddo_plan *p = b->p;
     p->tokens = b->in.tokens > 0 ? b->in.tokens : DDO_PLAN_DEFAULT_TOKENS;
-    p->cost_enabled = b->in.bus_bytes_per_s > 0.0 && b->in.flops_per_s > 0.0;
+    size_t measured = 0;
+    int rc = ddo__plan_measured_compute(b, &measured);
+    if (rc != 0)
+        return rc;
+    double flops = b->in.flops_per_s;
+    double rate = flops > 0.0 ? 0.0 : ddo__plan_measured_rate(p);
+    p->cost_enabled = b->in.bus_bytes_per_s > 0.0 && (flops > 0.0 || measured > 0);
+    ddo__decisions_set_str(&p->decisions, "unit_compute_source",
+                           measured == 0               ? "flops"
+                           : measured == p->unit_count ? "measured"
+                                                       : "measured_and_flops");
     for (size_t u = 0; u < p->unit_count; u++) {
         ddo__plan_unit *un = &p->units[u];
-        if (p->cost_enabled) {
-            un->transfer_s = (double)un->bytes / b->in.bus_bytes_per_s;
-            un->compute_s = (double)p->tokens * (double)un->flops_per_token / b->in.flops_per_s;
+        if (!p->cost_enabled) {
+            un->compute_s = 0.0;
+            continue;
         }
+        un->transfer_s = (double)un->bytes / b->in.bus_bytes_per_s;
+        if (un->compute_measured)
+            continue;
+        un->compute_s = flops > 0.0 ? (double)p->tokens * (double)un->flops_per_token / flops
+                                    : rate * (double)un->flops_per_token;
     }
-    for (size_t u = 0; u < p->unit_count; u++) {
-        size_t prev = u > 0 ? u - 1 : p->unit_count - 1;
-        double d = p->units[u].transfer_s - p->units[prev].compute_s;
-        deficit[u] = p->cost_enabled && d > 0.0 ? d : 0.0;
-    }
+    return 0;
 }
 
 /* Predicted step time: copies serial on one engine, compute serial, a slot reused only after
@@ -183,7 +196,7 @@ static void make_budget_resident(builder *b)
     }
 }
 
-int ddo__plan_resident_selection(builder *b, uint64_t budget, const double *unit_deficit)
+int ddo__plan_resident_selection(builder *b, uint64_t budget)
 {
     ddo_plan *p = b->p;
     ddo__decisions *d = &p->decisions;
@@ -205,9 +218,8 @@ int ddo__plan_resident_selection(builder *b, uint64_t budget, const double *unit
     uint64_t *sizes = ddo__calloc(b->scope_count, sizeof(*sizes));
     size_t *order = ddo__calloc(b->scope_count, sizeof(*order));
     size_t *chosen = ddo__calloc(b->scope_count, sizeof(*chosen));
-    double *deficits = ddo__calloc(b->scope_count, sizeof(*deficits));
     int rc = 0;
-    if (sizes == NULL || order == NULL || chosen == NULL || deficits == NULL) {
+    if (sizes == NULL || order == NULL || chosen == NULL) {
         rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: resident selection");
         goto out;
     }
@@ -216,16 +228,11 @@ int ddo__plan_resident_selection(builder *b, uint64_t budget, const double *unit
     size_t n;
     uint64_t taken = 0;
     if (how == DDO_SELECTION_COST) {
-        /* A scope's deficit is the sum of its units' deficits (a unit lies in one scope). */
-        for (size_t u = 0; u < p->unit_count; u++) {
-            size_t first = p->unit_tensors[p->units[u].first_tensor];
-            const pmod *m = &b->mods[b->tmod[first]];
-            size_t s = m->block != NONE && b->blocks[m->block].matches ? b->blocks[m->block].scope
-                                                                       : m->scope;
-            if (s != NONE)
-                deficits[s] += unit_deficit[u];
+        n = ddo__plan_select_by_simulation(b, sizes, budget, chosen, &taken);
+        if (n == SIZE_MAX) {
+            rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: resident selection");
+            goto out;
         }
-        n = ddo__select_by_cost(sizes, deficits, b->scope_count, budget, chosen, &taken);
     } else {
         ddo__select_order(sizes, b->scope_count, budget, how, order);
         n = ddo__select_greedy(sizes, order, b->scope_count, budget, chosen, &taken);
@@ -253,6 +260,5 @@ out:
     free(sizes);
     free(order);
     free(chosen);
-    free(deficits);
     return rc;
 }

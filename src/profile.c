@@ -746,25 +746,33 @@ int ddo_profile_apply(ddo_config *cfg, const char *dir, const char *context_json
     }
     if (!named)
         goto done;
-    if (o->resident_module_budget_gb > 0.0) {
+    /* A manual budget wins over the recommended one; the measured figures still apply. */
+    bool manual = o->resident_module_budget_gb > 0.0;
+    if (manual) {
         st = DDO_PROFILE_MANUAL;
         budget = o->resident_module_budget_gb;
-        goto done;
     }
     ddo_profile *p = NULL;
     if (dir == NULL || context_json == NULL) {
-        ddo__fail(NULL, DDO_E_NOT_FOUND, "no profile directory or workload context");
-        st = DDO_PROFILE_MISSING;
+        if (!manual) {
+            ddo__fail(NULL, DDO_E_NOT_FOUND, "no profile directory or workload context");
+            st = DDO_PROFILE_MISSING;
+        }
         goto done;
     }
     if (ddo_profile_load(dir, context_json, &p) != 0) {
-        st = DDO_PROFILE_MISSING; /* the detail (missing, corrupt, too large...) stays */
+        if (!manual)
+            st = DDO_PROFILE_MISSING; /* the detail (missing, corrupt, too large...) stays */
         goto done;
     }
     if (measured != NULL) {
         measured->bus_bytes_per_s = measured_rate(p, "bus_bytes_per_s");
         measured->flops_per_s = measured_rate(p, "flops_per_s");
         measured->file_read_bytes_per_s = measured_rate(p, "file_read_bytes_per_s");
+    }
+    if (manual) {
+        ddo_profile_destroy(p);
+        goto done;
     }
     if (!usable_budget(p, dir, context_json, &budget)) {
         ddo_profile_destroy(p);

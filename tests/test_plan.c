@@ -534,6 +534,110 @@ static void test_cost_model_and_cost_selection(void)
     fx_free(&tb);
 }
 
+/* inputs.unit_compute_json: measured compute per unit replaces the FLOP estimate; units it
+ * does not name are estimated at the rate the measured ones showed; a bus rate alone then
+ * enables the cost model; bad input is refused naming the unit. */
+static void test_measured_unit_compute(void)
+{
+    fx_table tb = { 0 };
+    for (int b = 0; b < 6; b++)
+        fx_addf(&tb, DDO_DTYPE_BF16, 2, 4096, 4096, "blocks.%d.linear.weight", b);
+    ddo_config *cfg = NULL;
+    T_REQUIRE(ddo_config_create(&cfg) == 0);
+    ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs), .bus_bytes_per_s = 1e9 };
+    ddo_plan *p = build(&tb, cfg, &in, 0);
+    T_REQUIRE(p != NULL);
+    char *json = NULL;
+    T_EQ_INT(ddo_plan_to_json(p, &json), 0);
+    T_CONTAINS(json, "no unit_compute_json");
+    ddo_free(json);
+    ddo_plan_destroy(p);
+
+    in.unit_compute_json = "{\"blocks.0\": 0.5, \"blocks.1\": 0.25, \"elsewhere\": 9}";
+    p = build(&tb, cfg, &in, 0);
+    T_REQUIRE(p != NULL);
+    T_EQ_STR(fx_decision(p, "unit_compute_source"), "measured_and_flops");
+    ddo_unit_info ui;
+    T_EQ_INT(ddo_plan_unit(p, 0, &ui), 0);
+    T_NEAR(ui.compute_s, 0.5, 1e-12);
+    T_NEAR(ui.transfer_s, 32.0 * 1048576 / 1e9, 1e-12);
+    T_EQ_INT(ddo_plan_unit(p, 1, &ui), 0);
+    T_NEAR(ui.compute_s, 0.25, 1e-12);
+    T_EQ_INT(ddo_plan_unit(p, 4, &ui), 0);
+    T_NEAR(ui.compute_s, 0.375, 1e-12); /* (0.5 + 0.25) / 2 units of equal FLOPs */
+    ddo_plan_budgets bg;
+    ddo_plan_budgets_get(p, &bg);
+    T_CHECK(bg.predicted_step_s > 0.0);
+    /* The saved plan keeps the measured figures; its inputs do not keep the borrowed text. */
+    T_EQ_INT(ddo_plan_to_json(p, &json), 0);
+    ddo_plan *q = NULL;
+    T_EQ_INT(ddo_plan_from_json(json, &q), 0);
+    T_EQ_INT(ddo_plan_unit(q, 1, &ui), 0);
+    T_NEAR(ui.compute_s, 0.25, 1e-12);
+    ddo_plan_destroy(q);
+    ddo_free(json);
+    ddo_plan_destroy(p);
+
+    static const char *const bad[] = { "[1]", "{", "{\"blocks.2\": -1}", "{\"blocks.2\": \"x\"}",
+                                       "{\"blocks.2\": 1e300}" };
+    for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        in.unit_compute_json = bad[k];
+        p = build(&tb, cfg, &in, DDO_E_INVALID_ARGUMENT);
+        T_CHECK_MSG(p == NULL, "%s", bad[k]);
+        T_CONTAINS(ddo_last_error(), "unit_compute_json");
+        if (k >= 2)
+            T_CONTAINS(ddo_last_error(), "blocks.2");
+    }
+    ddo_config_destroy(cfg);
+    fx_free(&tb);
+}
+
+/* The "cost" selection simulates the step: with measured compute that the FLOP estimate gets
+ * wrong (large units that compute as briefly as small ones, as a Flux double block), it finds
+ * a resident set whose predicted step is no slower than first, spread or largest, and here
+ * strictly faster than spread. */
+static void test_cost_selection_simulates_the_step(void)
+{
+    fx_table tb = { 0 };
+    char uc[2048];
+    size_t at = 0;
+    at += (size_t)snprintf(uc + at, sizeof(uc) - at, "{");
+    for (int b = 0; b < 16; b++) {
+        bool big = b < 6;
+        fx_addf(&tb, DDO_DTYPE_BF16, 2, 4096, big ? 8192 : 3072, "blocks.%d.linear.weight", b);
+        at += (size_t)snprintf(uc + at, sizeof(uc) - at, "%s\"blocks.%d\": %s", b ? ", " : "", b,
+                               big ? "0.032" : "0.029");
+    }
+    snprintf(uc + at, sizeof(uc) - at, "}");
+    ddo_config *cfg = NULL;
+    T_REQUIRE(ddo_config_create(&cfg) == 0);
+    T_EQ_INT(ddo_config_set(cfg, "resident_module_patterns", "auto"), 0);
+    T_EQ_INT(ddo_config_set(cfg, "resident_module_budget_gb", "0.3"), 0);
+    /* 64 MiB big units need 0.13 s of bus, 24 MiB small ones 0.05 s, against ~0.03 s of
+     * compute each: which units stream decides how much of the bus hides behind compute. */
+    ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs),
+                           .bus_bytes_per_s = 5e8,
+                           .unit_compute_json = uc };
+    static const char *const how[] = { "first", "spread", "largest", "cost" };
+    double step[4];
+    for (size_t k = 0; k < 4; k++) {
+        T_EQ_INT(ddo_config_set(cfg, "resident_module_selection", how[k]), 0);
+        ddo_plan *p = build(&tb, cfg, &in, 0);
+        T_REQUIRE(p != NULL);
+        T_EQ_STR(fx_decision(p, "resident_module_selection"), how[k]);
+        ddo_plan_budgets bg;
+        ddo_plan_budgets_get(p, &bg);
+        step[k] = bg.predicted_step_s;
+        T_CHECK(bg.resident_bytes <= (uint64_t)(0.3 * 1073741824.0) + 4096);
+        ddo_plan_destroy(p);
+    }
+    for (size_t k = 0; k < 3; k++)
+        T_CHECK_MSG(step[3] <= step[k] + 1e-12, "cost %.4f vs %s %.4f", step[3], how[k], step[k]);
+    T_CHECK_MSG(step[3] < step[1] - 1e-6, "cost %.4f vs spread %.4f", step[3], step[1]);
+    ddo_config_destroy(cfg);
+    fx_free(&tb);
+}
+
 static void test_json_schema_and_determinism(void)
 {
     fx_table tb = { 0 };
@@ -705,6 +809,8 @@ int main(void)
     T_RUN(test_pattern_limits_and_ranges);
     T_RUN(test_routes);
     T_RUN(test_cost_model_and_cost_selection);
+    T_RUN(test_measured_unit_compute);
+    T_RUN(test_cost_selection_simulates_the_step);
     T_RUN(test_json_schema_and_determinism);
     T_RUN(test_speed_3500_tensors);
     return t_done();

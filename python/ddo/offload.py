@@ -211,9 +211,13 @@ enable_offload = enable_dynamic_offload
 class OffloadResult:
     """A module whose weights ddo streams; see enable_offload."""
 
-    def __init__(self, module, cfg, source=None):
+    def __init__(self, module, cfg, source=None, profile=None):
         self.module = module
         self._cfg = cfg
+        # profile: what profiles.prepare() found (measured rates and per-unit compute feed
+        # the plan's cost model); profile_run() times every unit's forward (_timing).
+        self._profile = profile
+        self._timing = None
         # source: a checkpoint path (file, sharded index, folder) the module's parameters
         # (meta tensors) are read from, instead of the module's CPU tensors (_source.py).
         self._source = source
@@ -264,6 +268,7 @@ class OffloadResult:
         self.device = torch.device("cpu") if caps.is_cpu else torch.device("cuda", caps.ordinal)
         inputs = _lib.PlanInputs()
         _native.check(L.ddo_plan_inputs_get(dev, ctypes.byref(inputs)))
+        self._measured_inputs(inputs)
         plan = ctypes.c_void_p()
         _native.check(L.ddo_plan_build(self._ck, self._cfg.h, ctypes.byref(inputs),
                                        ctypes.byref(plan)))
@@ -282,6 +287,21 @@ class OffloadResult:
         self._move_unmanaged()
         self._bind_residents()
         self._install_hooks()
+
+    def _measured_inputs(self, inputs):
+        """What a profile measured, where the device reports nothing: the bus and compute
+        rates and each unit's compute (docs/plan.md, "Cost model")."""
+        prof = self._profile
+        if prof is None:
+            return
+        m = prof.measured or {}
+        if not inputs.bus_bytes_per_s > 0 and m.get("bus_bytes_per_s", 0) > 0:
+            inputs.bus_bytes_per_s = m["bus_bytes_per_s"]
+        if not inputs.flops_per_s > 0 and m.get("flops_per_s", 0) > 0:
+            inputs.flops_per_s = m["flops_per_s"]
+        if prof.unit_compute:
+            self._unit_compute_text = json.dumps(prof.unit_compute).encode()
+            inputs.unit_compute_json = self._unit_compute_text
 
     def _host_checkpoint(self, to_ddo):
         descs = (_lib.TensorDesc * max(1, len(self._tensors)))()
@@ -504,8 +524,12 @@ class OffloadResult:
                            "blocks, not the hooks)")
         for u in units:
             self._acquire(u)
+        if self._timing is not None and len(units) == 1:
+            self._timing.begin(units[0], self.device)
 
     def _leave(self, units):
+        if self._timing is not None and len(units) == 1:
+            self._timing.end(units[0], self.device)
         for u in reversed(units):
             self._release(u)
 

@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import json
 import os
+import time
 
 from . import _lib, _native
 
@@ -31,6 +32,7 @@ class ProfileState:
         self.calibrating = calibrating
         self.saved_path = None
         self.recommendation = None
+        self.unit_compute = None  # {unit name: seconds} a calibration measured, or None
 
     def __repr__(self):
         return f"<ProfileState {self.name!r} {self.status} budget={self.budget_gb}>"
@@ -93,11 +95,76 @@ def prepare(module, cfg, source=None):
     cfg._check(L.ddo_profile_apply(cfg.h, d.encode(), context.encode(), ctypes.byref(status),
                                    ctypes.byref(budget), ctypes.byref(measured)))
     word = (L.ddo_profile_status_name(status.value) or b"").decode()
-    return ProfileState(name, d, context, word,
-                        budget.value, {"bus_bytes_per_s": measured.bus_bytes_per_s,
-                                       "flops_per_s": measured.flops_per_s,
-                                       "file_read_bytes_per_s": measured.file_read_bytes_per_s},
-                        build)
+    state = ProfileState(name, d, context, word,
+                         budget.value, {"bus_bytes_per_s": measured.bus_bytes_per_s,
+                                        "flops_per_s": measured.flops_per_s,
+                                        "file_read_bytes_per_s": measured.file_read_bytes_per_s},
+                         build)
+    if not build:
+        state.unit_compute = _saved_unit_compute(d, context)
+    return state
+
+
+def _saved_unit_compute(d, context):
+    """The recommendation's per-unit compute ({name: seconds}), or None. The planner checks
+    the values (docs/plan.md); a profile without them, or none at all, gives None."""
+    h = ctypes.c_void_p()
+    L = _native.lib()
+    if L.ddo_profile_load(d.encode(), context.encode(), ctypes.byref(h)) != 0:
+        return None
+    try:
+        p = ctypes.c_void_p()
+        _native.check(L.ddo_profile_to_json(h, ctypes.byref(p)))
+        rec = json.loads(_native.take_text(p)).get("recommendation") or {}
+    finally:
+        L.ddo_profile_destroy(h)
+    uc = rec.get("unit_compute_s")
+    return uc if isinstance(uc, dict) and uc else None
+
+
+class UnitTimer:
+    """Times every unit's forward during a calibration: CUDA events on the current stream
+    (recorded after the acquire, so a unit's upload wait is not counted, and before the
+    release) on a cuda device, the host clock on the cpu device (the forward runs there)."""
+
+    def __init__(self):
+        self._open = {}
+        self.samples = {}  # unit -> [start, end] pairs
+
+    def begin(self, unit, device):
+        import torch
+        if device.type == "cuda":
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+        else:
+            ev = time.perf_counter()
+        self._open[unit] = ev
+
+    def end(self, unit, device):
+        import torch
+        start = self._open.pop(unit, None)
+        if start is None:
+            return
+        if device.type == "cuda":
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+        else:
+            ev = time.perf_counter()
+        self.samples.setdefault(unit, []).append((start, ev))
+
+    def medians(self, names, device):
+        """{unit name: median seconds}: the median over the steps measured."""
+        import torch
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        out = {}
+        for u, pairs in self.samples.items():
+            if device.type == "cuda":
+                xs = sorted(a.elapsed_time(b) / 1e3 for a, b in pairs)
+            else:
+                xs = sorted(b - a for a, b in pairs)
+            out[names[u]] = xs[len(xs) // 2]
+        return out
 
 
 def _device_used(res):
@@ -115,8 +182,13 @@ def profile_run(res):
         yield res
         return
     total, free_start = _device_used(res)
-    yield res
+    res._timing = UnitTimer()
+    try:
+        yield res
+    finally:
+        timing, res._timing = res._timing, None
     _total, free_end = _device_used(res)
+    unit_compute = timing.medians(res._unit_names, res.device)
     m = res.metrics_snapshot(collect_completed=True)
     held_peak = int(m.get("device_weights_peak_bytes"))
     smp = _lib.ProfileSample(total_bytes=total, free_start_bytes=free_start,
@@ -131,6 +203,13 @@ def profile_run(res):
            "profile_measurement_kind": "baseline",
            "measurement": "device_free_plus_session_weights"}
     rec = {"profile_resident_module_budget_gb": budget}
+    if unit_compute:
+        obs["unit_compute_s"] = unit_compute
+        rec["unit_compute_s"] = unit_compute
+    bus = m.get("achieved_bytes_per_s")
+    if bus > 0:  # a zero-resident calibration keeps the copy engine busy: the bus it gets
+        obs["bus_bytes_per_s"] = bus
+        rec["bus_bytes_per_s"] = bus
     p = ctypes.c_void_p()
     _native.check(L.ddo_profile_record(prof.dir.encode(), prof.context.encode(),
                                        json.dumps(obs).encode(), json.dumps(rec).encode(),

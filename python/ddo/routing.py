@@ -267,7 +267,8 @@ def apply_route(module, pol, cfg, st, component, *, apply_hook=True, source=None
             cfg.override("unit_granularity", pol["unit_granularity"])
         owned = ownership.preflight(module, cfg, component)
         prof = profiles.prepare(module, cfg, source=source)
-        res = offload.OffloadResult(module, cfg, **({"source": source} if source else {}))
+        res = offload.OffloadResult(module, cfg, profile=prof,
+                                    **({"source": source} if source else {}))
         res.ownership = owned
         res.route = r
         res.component = component

@@ -98,3 +98,44 @@ def test_profile_errors():
         ddo.enable_offload(m, component="transformer", environ=CPU, profile_name="w",
                            build_profile=True, profile_dir="/proc/ddo-not-writable")
     assert getattr(m, "_ddo_offload", None) is None
+
+
+def test_calibration_measures_unit_compute_and_the_next_plan_uses_it(tmp_path):
+    """profile_run() times every unit's forward; the next plan of the workload takes those
+    figures as its per-unit compute (and the calibration's copy rate as its bus), so the
+    simulated-step ("cost") selection has a cost model without a FLOP rate."""
+    m = models.FluxLike(seed=13)
+    r = ddo.enable_offload(m, component="transformer", environ=CPU, profile_name="timed",
+                           build_profile=True, profile_dir=str(tmp_path),
+                           resident_module_patterns="auto", small_tensor_threshold_bytes=0)
+    names = list(r._unit_names)
+    with r.profile_run():
+        run(r, 3)
+    saved = json.loads(open(r._profile.saved_path).read())
+    r.close()
+    uc = saved["recommendation"]["unit_compute_s"]
+    assert sorted(uc) == sorted(names)
+    assert all(v > 0 for v in uc.values())
+    assert saved["recommendation"]["bus_bytes_per_s"] > 0
+    assert saved["observations"][-1]["unit_compute_s"] == uc
+
+    m2 = models.FluxLike(seed=13)
+    r2 = ddo.enable_offload(m2, component="transformer", environ=CPU, profile_name="timed",
+                            profile_dir=str(tmp_path), resident_module_patterns="auto",
+                            small_tensor_threshold_bytes=0, resident_module_selection="cost")
+    try:
+        d = r2.plan["planner_decisions"]
+        assert d["unit_compute_source"] == "measured"
+        assert d["resident_module_selection"] == "cost"
+        assert r2.plan["cost_model"]["enabled"] is True
+        # Every unit of this plan was a unit of the calibration (which also streamed the
+        # always-resident leaves), and its compute is the measured one.
+        got = {u["name"]: u["compute_s"] for u in r2.plan["units"]}
+        assert got and set(got) <= set(uc)
+        assert got == pytest.approx({k: uc[k] for k in got})
+        ref = models.FluxLike(seed=13)
+        x = torch.randn(1, 4, 64).to(torch.bfloat16)
+        with torch.no_grad():
+            assert torch.equal(r2.module(x), ref(x))
+    finally:
+        r2.close()

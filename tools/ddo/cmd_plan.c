@@ -17,11 +17,15 @@
 
 extern char **environ;
 
+/* A --unit-compute file larger than this is refused unread. */
+#define MAX_UNIT_COMPUTE_BYTES (16u << 20)
+
 static void usage(FILE *out)
 {
     fprintf(out,
             "usage: ddo plan PATH [--ddo-* flags] [--device-memory-gb N] [--host-memory-gb N]\n"
-            "                [--bandwidth-gbps B] [--tflops T] [--tokens N] [--json]\n"
+            "                [--bandwidth-gbps B] [--tflops T] [--tokens N]\n"
+            "                [--unit-compute FILE.json] [--json]\n"
             "       ddo plan --from-json FILE [--json]\n\n"
             "Prints the plan for a checkpoint: units in execution order with their bytes,\n"
             "placement, retention and predicted transfer/compute time; the predicted peak of\n"
@@ -31,6 +35,8 @@ static void usage(FILE *out)
             "  --bandwidth-gbps B    host->device bus bandwidth, GB/s (1e9 bytes/s)\n"
             "  --tflops T            compute rate, TFLOP/s\n"
             "  --tokens N            activation rows per unit for the cost model (default 4096)\n"
+            "  --unit-compute FILE   measured compute per unit, {\"unit\": seconds, ...} (a\n"
+            "                        profile's recommendation unit_compute_s; docs/plan.md)\n"
             "  --json                the plan as JSON (docs/plan.md)\n"
             "  --from-json FILE      print a plan saved with --json\n\n%s",
             ddo_config_flags_help());
@@ -155,7 +161,7 @@ static int emit(const ddo_plan *plan, bool json, const char *path)
 }
 
 typedef struct plan_flags {
-    const char *path, *from_json;
+    const char *path, *from_json, *unit_compute;
     bool json;
     double device_gb, host_gb, gbps, tflops;
     uint64_t tokens;
@@ -184,6 +190,8 @@ static int parse_flags(int argc, char **argv, plan_flags *f)
             bad = tool_flag_count("plan", a, v, 1, 65536, &f->tokens), i++;
         else if (strcmp(a, "--from-json") == 0 && v != NULL)
             f->from_json = v, i++;
+        else if (strcmp(a, "--unit-compute") == 0 && v != NULL)
+            f->unit_compute = v, i++;
         else if (a[0] != '-' && f->path == NULL)
             f->path = a;
         else {
@@ -307,6 +315,18 @@ int ddo_cmd_plan(int argc, char **argv)
     ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
     if (plan_setup(cfg, &f, &setup, &in) != 0)
         goto out;
+    if (f.unit_compute != NULL) {
+        saved = tool_read_file(f.unit_compute, MAX_UNIT_COMPUTE_BYTES);
+        if (saved == NULL) {
+            char q[512];
+            fprintf(stderr, "ddo plan: %s: %s\n", tool_quote(f.unit_compute, q, sizeof q),
+                    errno == EFBIG    ? "larger than 16 MiB"
+                    : errno == EINVAL ? "not a regular file"
+                                      : strerror(errno));
+            goto out;
+        }
+        in.unit_compute_json = saved;
+    }
     if (ddo_setup_plan(setup, ck, cfg, &in, &plan) != 0) {
         fprintf(stderr, "ddo plan: %s\n", ddo_last_error());
         goto out;

@@ -1,0 +1,296 @@
+/*
+ * plan_cost.c - what the cost model learns from measurements, and the resident selection it
+ * drives (docs/plan.md "Cost model"). Part of the build (plan_build.h).
+ *
+ * Measured compute: the FLOP estimate (2 * out * in per token of each 2-D weight at the
+ * inputs' FLOP rate) is wrong wherever a unit's weights do not all see every token: a Flux
+ * double block applies half its weights to the 512 text tokens only, so it computes about as
+ * long as a single block while holding 2.4 times its bytes. A profile's calibration measures
+ * each unit's compute (the binding times every unit's forward) and the next plan takes them
+ * as inputs.unit_compute_json; a unit it does not name is estimated from its FLOPs at the
+ * rate the measured units showed (or at the inputs' FLOP rate when there is one).
+ *
+ * Selection "cost": a search on the simulated step (ddo__plan_simulate). The starting sets are
+ * those of first, spread and largest and a greedy pass (from nothing resident, each round
+ * makes resident the scope that fits the remaining budget and gives the shortest predicted
+ * step; ties, a step the slots already hide, go to the scope with the larger deficit, its
+ * units' transfer not hidden behind the previous unit's compute, then the larger scope); the
+ * best of them (ties: less deficit left streamed, then more resident bytes) is improved by swapping a resident scope for a
+ * streamed one while that shortens the step (bounded passes; skipped for very large
+ * models). The result is never predicted slower than first, spread or largest. The simulation models what the budget cannot see from bytes
+ * alone: a streamed unit's upload must fit behind the compute of the units before it within
+ * the slots' prefetch depth, so which units stream matters, not only how many bytes.
+ */
+#include "plan_build.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A measured figure above this (seconds per unit) is refused as nonsense. */
+#define MAX_UNIT_COMPUTE_S 1e6
+
+int ddo__plan_measured_compute(builder *b, size_t *measured)
+{
+    ddo_plan *p = b->p;
+    *measured = 0;
+    const char *text = b->in.unit_compute_json;
+    if (text == NULL || text[0] == '\0')
+        return 0;
+    json_error_t jerr;
+    json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
+    if (root == NULL || !json_is_object(root)) {
+        json_decref(root);
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
+                         "plan inputs: unit_compute_json is not a JSON object of seconds");
+    }
+    int rc = 0;
+    for (size_t u = 0; u < p->unit_count && rc == 0; u++) {
+        json_t *v = json_object_get(root, p->units[u].name);
+        if (v == NULL)
+            continue;
+        double s = json_is_number(v) ? json_number_value(v) : -1.0;
+        if (!(s >= 0.0 && s <= MAX_UNIT_COMPUTE_S)) {
+            rc = ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
+                           "plan inputs: unit_compute_json: unit \"%s\": not a number of "
+                           "seconds in [0, %g]",
+                           p->units[u].name, MAX_UNIT_COMPUTE_S);
+            break;
+        }
+        p->units[u].compute_s = s;
+        p->units[u].compute_measured = true;
+        (*measured)++;
+    }
+    json_decref(root);
+    return rc;
+}
+
+/* Seconds per FLOP-per-token of the measured units (0 when they compute nothing). */
+double ddo__plan_measured_rate(const ddo_plan *p)
+{
+    double s = 0.0, f = 0.0;
+    for (size_t u = 0; u < p->unit_count; u++)
+        if (p->units[u].compute_measured) {
+            s += p->units[u].compute_s;
+            f += (double)p->units[u].flops_per_token;
+        }
+    return f > 0.0 ? s / f : 0.0;
+}
+
+/* The scope whose residency a unit follows (NONE: none). */
+static size_t unit_scope(const builder *b, size_t u)
+{
+    const ddo_plan *p = b->p;
+    size_t first = p->unit_tensors[p->units[u].first_tensor];
+    const pmod *m = &b->mods[b->tmod[first]];
+    return m->block != NONE && b->blocks[m->block].matches ? b->blocks[m->block].scope : m->scope;
+}
+
+/* The selection state: which scopes are in, and each unit's scope. */
+typedef struct sim_sel {
+    builder *b;
+    const uint64_t *sizes;
+    uint64_t budget;
+    size_t *scope_of; /* per unit */
+    bool *in;         /* per scope */
+    double *deficit;  /* per scope */
+    size_t slots;
+    uint64_t taken;
+} sim_sel;
+
+/* The predicted step of the set in (units of scopes in are resident). */
+static double step_of(sim_sel *x)
+{
+    ddo_plan *p = x->b->p;
+    for (size_t u = 0; u < p->unit_count; u++)
+        p->units[u].resident = x->scope_of[u] != NONE && x->in[x->scope_of[u]];
+    return ddo__plan_simulate(p, x->slots);
+}
+
+static void set_in(sim_sel *x, size_t s, bool on)
+{
+    if (x->in[s] != on)
+        x->taken = on ? x->taken + x->sizes[s] : x->taken - x->sizes[s];
+    x->in[s] = on;
+}
+
+static void clear_in(sim_sel *x)
+{
+    for (size_t s = 0; s < x->b->scope_count; s++)
+        set_in(x, s, false);
+}
+
+/* Per scope: the sum of its units' transfer beyond the previous unit's compute. */
+static void scope_deficits(const ddo_plan *p, const size_t *scope_of, double *deficit)
+{
+    for (size_t u = 0; u < p->unit_count; u++) {
+        size_t prev = u > 0 ? u - 1 : p->unit_count - 1;
+        double d = p->units[u].transfer_s - p->units[prev].compute_s;
+        if (scope_of[u] != NONE && d > 0.0)
+            deficit[scope_of[u]] += d;
+    }
+}
+
+static bool same_step(double a, double b)
+{
+    return fabs(a - b) <= 1e-12 * (b > 1.0 ? b : 1.0);
+}
+
+/* True when scope s (step t) beats the best so far (step best_t): a shorter step; on a tie
+ * the larger deficit, then the larger scope. */
+static bool better(const sim_sel *x, size_t s, double t, size_t best, double best_t)
+{
+    if (best == NONE)
+        return true;
+    if (!same_step(t, best_t))
+        return t < best_t;
+    if (x->deficit[s] != x->deficit[best])
+        return x->deficit[s] > x->deficit[best];
+    return x->sizes[s] > x->sizes[best];
+}
+
+/* Greedy from the current set: adds the best scope that fits until none does. */
+static void greedy(sim_sel *x)
+{
+    for (;;) {
+        size_t best = NONE;
+        double best_t = 0.0;
+        for (size_t s = 0; s < x->b->scope_count; s++) {
+            if (x->in[s] || x->sizes[s] == 0 || x->sizes[s] > x->budget - x->taken)
+                continue;
+            set_in(x, s, true);
+            double t = step_of(x);
+            set_in(x, s, false);
+            if (better(x, s, t, best, best_t)) {
+                best = s;
+                best_t = t;
+            }
+        }
+        if (best == NONE)
+            return;
+        set_in(x, best, true);
+    }
+}
+
+/* One pass of swaps (a chosen scope out, an unchosen one in, within the budget), keeping the
+ * first that shortens the step; true when one did. */
+static bool improve_once(sim_sel *x, double *cur)
+{
+    size_t n = x->b->scope_count;
+    for (size_t a = 0; a < n; a++) {
+        if (!x->in[a])
+            continue;
+        for (size_t c = 0; c < n; c++) {
+            if (x->in[c] || x->sizes[c] == 0 || x->sizes[c] > x->budget - x->taken + x->sizes[a])
+                continue;
+            set_in(x, a, false);
+            set_in(x, c, true);
+            double t = step_of(x);
+            if (t < *cur && !same_step(t, *cur)) {
+                *cur = t;
+                greedy(x); /* the swap may have freed room */
+                *cur = step_of(x);
+                return true;
+            }
+            set_in(x, c, false);
+            set_in(x, a, true);
+        }
+    }
+    return false;
+}
+
+/* Searches are quadratic in the scopes and linear in the units: above this many simulated
+ * units the selection keeps the best of the heuristics and the greedy pass only. */
+#define SEARCH_WORK_LIMIT 4e8
+#define SWAP_PASSES       16
+
+/* The heuristics' sets (first, spread, largest) as starting points. */
+static void heuristic(sim_sel *x, ddo_selection how, size_t *order, size_t *chosen)
+{
+    size_t n = x->b->scope_count;
+    uint64_t taken = 0;
+    ddo__select_order(x->sizes, n, x->budget, how, order);
+    size_t k = ddo__select_greedy(x->sizes, order, n, x->budget, chosen, &taken);
+    clear_in(x);
+    for (size_t i = 0; i < k; i++)
+        set_in(x, chosen[i], true);
+}
+
+/* The deficit left streamed: what jitter would expose first. */
+static double exposed_deficit(const sim_sel *x)
+{
+    double d = 0.0;
+    for (size_t s = 0; s < x->b->scope_count; s++)
+        d += x->in[s] ? 0.0 : x->deficit[s];
+    return d;
+}
+
+static void search(sim_sel *x, size_t *order, size_t *chosen, bool *best_in)
+{
+    size_t n = x->b->scope_count;
+    static const ddo_selection starts[] = { DDO_SELECTION_FIRST, DDO_SELECTION_SPREAD,
+                                            DDO_SELECTION_LARGEST };
+    double best = INFINITY, best_exposed = 0.0;
+    uint64_t best_taken = 0;
+    for (size_t k = 0; k <= DDO_ARRAY_LEN(starts); k++) {
+        if (k < DDO_ARRAY_LEN(starts))
+            heuristic(x, starts[k], order, chosen);
+        else {
+            clear_in(x);
+            greedy(x);
+        }
+        double t = step_of(x), exposed = exposed_deficit(x);
+        bool win = k == 0                      ? true
+                   : !same_step(t, best)       ? t < best
+                   : exposed != best_exposed ? exposed < best_exposed
+                                             : x->taken > best_taken;
+        if (win) {
+            best = t;
+            best_exposed = exposed;
+            best_taken = x->taken;
+            memcpy(best_in, x->in, n * sizeof(bool));
+        }
+    }
+    for (size_t s = 0; s < n; s++)
+        set_in(x, s, best_in[s]);
+    double w = (double)n * (double)n * 2.0 * (double)x->b->p->unit_count;
+    for (int pass = 0; pass < SWAP_PASSES && w <= SEARCH_WORK_LIMIT; pass++)
+        if (!improve_once(x, &best))
+            break;
+}
+
+size_t ddo__plan_select_by_simulation(builder *b, const uint64_t *sizes, uint64_t budget,
+                                      size_t *chosen, uint64_t *taken)
+{
+    ddo_plan *p = b->p;
+    size_t n = b->scope_count ? b->scope_count : 1, un = p->unit_count ? p->unit_count : 1;
+    sim_sel x = { b, sizes, budget, ddo__calloc(un, sizeof(size_t)), ddo__calloc(n, sizeof(bool)),
+                  ddo__calloc(n, sizeof(double)), 3, 0 };
+    size_t *order = ddo__calloc(n, sizeof(size_t));
+    bool *best_in = ddo__calloc(n, sizeof(bool));
+    size_t k = SIZE_MAX;
+    if (x.scope_of == NULL || x.in == NULL || x.deficit == NULL || order == NULL ||
+        best_in == NULL)
+        goto out;
+    for (size_t u = 0; u < p->unit_count; u++)
+        x.scope_of[u] = unit_scope(b, u);
+    scope_deficits(p, x.scope_of, x.deficit);
+    int64_t want = b->o->execution_slots;
+    x.slots = want > 0 ? (want < 2 ? 2 : (size_t)want) : 3;
+    search(&x, order, chosen, best_in);
+    k = 0;
+    for (size_t s = 0; s < b->scope_count; s++)
+        if (x.in[s])
+            chosen[k++] = s;
+    *taken = x.taken;
+out:
+    for (size_t u = 0; u < p->unit_count; u++)
+        p->units[u].resident = false; /* make_budget_resident sets them from the choice */
+    free(x.scope_of);
+    free(x.in);
+    free(x.deficit);
+    free(order);
+    free(best_in);
+    return k;
+}
