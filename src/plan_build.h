@@ -122,6 +122,8 @@ size_t ddo__plan_select_by_simulation(builder *b, const uint64_t *sizes, uint64_
                                       size_t *chosen, uint64_t *taken);
 /* The predicted step time with slots execution slots (0 when the cost model is off). */
 double ddo__plan_simulate(const ddo_plan *p, size_t slots);
+/* The same with every transfer taking transfer_scale times as long. */
+double ddo__plan_simulate_scaled(const ddo_plan *p, size_t slots, double transfer_scale);
 /* The budget-resident scopes under budget, by resident_module_selection. */
 int ddo__plan_resident_selection(builder *b, uint64_t budget);
 

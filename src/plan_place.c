@@ -141,6 +141,11 @@ int ddo__plan_cost_model(builder *b)
  * steps is the steady state. */
 double ddo__plan_simulate(const ddo_plan *p, size_t slots)
 {
+    return ddo__plan_simulate_scaled(p, slots, 1.0);
+}
+
+double ddo__plan_simulate_scaled(const ddo_plan *p, size_t slots, double transfer_scale)
+{
     if (!p->cost_enabled || p->unit_count == 0)
         return 0.0;
     double *ring = calloc(slots ? slots : 1, sizeof(double));
@@ -157,7 +162,7 @@ double ddo__plan_simulate(const ddo_plan *p, size_t slots)
             }
             double slot_free = ring[j % slots];
             double cs = copy_free > slot_free ? copy_free : slot_free;
-            double ce = cs + un->transfer_s;
+            double ce = cs + un->transfer_s * transfer_scale;
             copy_free = ce;
             double start = compute_free > ce ? compute_free : ce;
             compute_free = start + un->compute_s;

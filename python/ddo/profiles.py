@@ -182,13 +182,16 @@ def profile_run(res):
         yield res
         return
     total, free_start = _device_used(res)
+    copied0 = res.metrics_snapshot(collect_completed=True).get("copy_bytes")
     res._timing = UnitTimer()
+    t0 = time.perf_counter()
     try:
         yield res
     finally:
         timing, res._timing = res._timing, None
+    unit_compute = timing.medians(res._unit_names, res.device)  # synchronizes the device
+    wall = time.perf_counter() - t0
     _total, free_end = _device_used(res)
-    unit_compute = timing.medians(res._unit_names, res.device)
     m = res.metrics_snapshot(collect_completed=True)
     held_peak = int(m.get("device_weights_peak_bytes"))
     smp = _lib.ProfileSample(total_bytes=total, free_start_bytes=free_start,
@@ -206,10 +209,13 @@ def profile_run(res):
     if unit_compute:
         obs["unit_compute_s"] = unit_compute
         rec["unit_compute_s"] = unit_compute
-    bus = m.get("achieved_bytes_per_s")
-    if bus > 0:  # a zero-resident calibration keeps the copy engine busy: the bus it gets
-        obs["bus_bytes_per_s"] = bus
-        rec["bus_bytes_per_s"] = bus
+    # The rate the session's copies reached over the region's wall time: in a zero-resident
+    # calibration the copy engine is the bottleneck, so this is the bus as ddo's copies get it
+    # (per-tensor copies from the module's own pages); a lower bound when the region is not
+    # bus-bound, which only makes the next plan more careful.
+    copied = m.get("copy_bytes") - copied0
+    if copied > 0 and wall > 0:
+        obs["bus_bytes_per_s"] = rec["bus_bytes_per_s"] = copied / wall
     p = ctypes.c_void_p()
     _native.check(L.ddo_profile_record(prof.dir.encode(), prof.context.encode(),
                                        json.dumps(obs).encode(), json.dumps(rec).encode(),
