@@ -138,7 +138,8 @@ int ddo__plan_cost_model(builder *b)
 
 /* Predicted step time: copies serial on one engine, compute serial, a slot reused only after
  * the unit that held it has computed (prefetch depth slots - 1); the second of two simulated
- * steps is the steady state. */
+ * steps is the steady state. Streamed unit j of a step uses slot j mod slots in every step (a
+ * count of streamed units that slots does not divide costs depth at the wrap). */
 double ddo__plan_simulate(const ddo_plan *p, size_t slots)
 {
     return ddo__plan_simulate_scaled(p, slots, 1.0);
@@ -152,8 +153,9 @@ double ddo__plan_simulate_scaled(const ddo_plan *p, size_t slots, double transfe
     if (ring == NULL)
         return 0.0;
     double copy_free = 0.0, compute_free = 0.0, step_end[2] = { 0.0, 0.0 };
-    size_t j = 0;
     for (int step = 0; step < 2; step++) {
+        size_t j = 0; /* a streamed unit keeps its slot from step to step (its position mod
+                       * slots), as vmm_fast_runtime's mapped slots do */
         for (size_t u = 0; u < p->unit_count; u++) {
             const ddo__plan_unit *un = &p->units[u];
             if (un->resident || slots == 0) {
