@@ -125,6 +125,11 @@ static void prepare(fixture *fx, ddo__devop op, ctx *c)
         memset((void *)(uintptr_t)fx->buf, 0x6B, 4096);
         memset(fx->host, 0, 4096);
         break;
+    case DDO__OP_COPY_D2H_ASYNC: /* into pinned memory of its own */
+        T_EQ_INT(ddo__dev_host_alloc(dev, 4096, &c->q), 0);
+        memset((void *)(uintptr_t)fx->buf, 0x6B, 4096);
+        memset(c->q, 0, 4096);
+        break;
     case DDO__OP_EVENT_RECORD:
         /* Behind a slow copy a recorded event is busy; one not recorded stays complete. */
         T_EQ_INT(ddo__device_cpu_throttle(dev, 50e6, 0), 0);
@@ -179,6 +184,8 @@ static int invoke(fixture *fx, ddo__devop op, ctx *c)
         return ddo__dev_copy_h2d(dev, fx->buf, fx->host, 4096, fx->stream);
     case DDO__OP_COPY_D2H:
         return ddo__dev_copy_d2h(dev, fx->host, fx->buf, 4096);
+    case DDO__OP_COPY_D2H_ASYNC:
+        return ddo__dev_copy_d2h_async(dev, c->q, fx->buf, 4096, fx->stream);
     case DDO__OP_EVENT_CREATE:
         return ddo__dev_event_create(dev, &c->q);
     case DDO__OP_EVENT_DESTROY:
@@ -195,8 +202,12 @@ static int invoke(fixture *fx, ddo__devop op, ctx *c)
         return ddo__dev_host_fn(dev, fx->stream, bump, &c->n);
     case DDO__OP_CODEC_DECODE: {
         /* a one-block stream (not a valid one: the decoder flags it in the status words) */
-        ddo__codec_launch l = { 64, 16, 16, 1, DDO_CODEC_GROUP_ELEMS, 1, 8, 4, 16, fx->buf + 8192 };
-        return ddo__dev_codec_decode(dev, fx->stream, fx->buf, 1024, fx->buf + 4096, 16, &l);
+        ddo__codec_desc d = { fx->buf,
+                              1024,
+                              fx->buf + 4096,
+                              16,
+                              { 64, 16, 16, 1, DDO_CODEC_GROUP_ELEMS, 1, 8, 4, 16, fx->buf + 8192 } };
+        return ddo__dev_codec_decode(dev, fx->stream, &d, 1);
     }
     case DDO__OP_COUNT:
         break;
@@ -273,6 +284,11 @@ static void finish(fixture *fx, ddo__devop op, ctx *c, int rc)
         break;
     case DDO__OP_COPY_D2H:
         T_EQ_INT(fx->host[4095], rc == 0 ? 0x6B : 0);
+        break;
+    case DDO__OP_COPY_D2H_ASYNC:
+        T_EQ_INT(ddo__dev_stream_synchronize(dev, fx->stream), 0);
+        T_EQ_INT(((const unsigned char *)c->q)[4095], rc == 0 ? 0x6B : 0);
+        T_EQ_INT(ddo__dev_host_free(dev, c->q), 0);
         break;
     case DDO__OP_EVENT_CREATE:
         if (rc == 0)

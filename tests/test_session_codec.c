@@ -247,8 +247,8 @@ static void test_incompressible_tensor_stays_raw(void)
     fx_destroy(&f);
 }
 
-/* The plan: the decode memory in the device peak (two areas of the largest bound, a status
- * part per slot), the encoder's buffer in the retained peak. */
+/* The plan: the decode memory in the device peak (two areas of the largest unit's stream
+ * bounds, a status part per slot), the encoder's buffer in the retained peak. */
 static void test_plan_accounting(void)
 {
     fx a, b;
@@ -260,9 +260,10 @@ static void test_plan_accounting(void)
     ddo_plan_budgets ba, bb;
     T_REQUIRE(ddo_plan_budgets_get(a.plan, &ba) == 0);
     T_REQUIRE(ddo_plan_budgets_get(b.plan, &bb) == 0);
-    /* the largest weight: blocks.3.ff.weight, [67, 128] F32, one block */
-    uint64_t bound = 67 * 128 * 4 + 64 + 56;
-    uint64_t area = 2 * ((bound + 255) / 256 * 256) +
+    /* the largest weight: blocks.3.ff.weight, [67, 128] F32, one block; the largest unit:
+     * blocks.3 with it and attn.weight [64, 128]: one area holds both (a batch per unit) */
+    uint64_t bound = 67 * 128 * 4 + 64 + 56, attn = 64 * 128 * 4 + 64 + 56;
+    uint64_t area = 2 * ((bound + 255) / 256 * 256 + (attn + 255) / 256 * 256) +
                     2 * 256 /* two slots, each two tensors' status: 32 bytes */;
     T_EQ_U64(bb.device_weights_peak, ba.device_weights_peak + area);
     T_EQ_U64(bb.retained_peak, ba.retained_peak + (bound + 255) / 256 * 256);
