@@ -42,8 +42,9 @@ int ddo__session_codec_finish(ddo_session *s, bool ok, ddo__errbuf *eb);
 bool ddo__session_codec_due(const ddo_session *s, size_t slot);
 /* The host, before slot's load is first leased (mu not held): waits for its upload event
  * (which follows the status copy) and checks every decode of the load in the slot's pinned
- * status copy (DDO_E_FORMAT naming the tensor and block). The decodes are no longer due afterwards, either way; *unsafe when
- * nothing says the slot's decodes have finished (the wait failed twice). */
+ * status copy (DDO_E_FORMAT naming the tensor and block). The decodes are no longer due afterwards,
+ * either way; *unsafe when nothing says the slot's decodes have finished (the wait failed twice).
+ */
 int ddo__session_codec_verify(ddo_session *s, size_t slot, bool *unsafe, ddo__errbuf *eb);
 
 /* Tests: caps the decode areas at bytes (0: DDO_CODEC_AREA_CAP) for sessions created after

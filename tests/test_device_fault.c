@@ -206,7 +206,8 @@ static int invoke(fixture *fx, ddo__devop op, ctx *c)
                               1024,
                               fx->buf + 4096,
                               16,
-                              { 64, 16, 16, 1, DDO_CODEC_GROUP_ELEMS, 1, 8, 4, 16, fx->buf + 8192 } };
+                              { 64, 16, 16, 1, DDO_CODEC_GROUP_ELEMS, 1, 8, 4, 16,
+                                fx->buf + 8192 } };
         return ddo__dev_codec_decode(dev, fx->stream, &d, 1);
     }
     case DDO__OP_COUNT:

@@ -390,8 +390,8 @@ static int dbatch_open(dbatch *b, size_t n, uint8_t *const *coded, const uint64_
         rc = ddo__dev_mem_alloc(g_dev, b->status_total, &b->status);
     uint64_t so = 0, dof = 0, sto = 0;
     for (size_t i = 0; i < n && rc == 0; i++) {
-        b->d[i] = (ddo__codec_desc){ b->src + so, len[i], b->dst + dof,
-                                     b->plan[i]->decoded_bytes, b->plan[i]->launch };
+        b->d[i] = (ddo__codec_desc){ b->src + so, len[i], b->dst + dof, b->plan[i]->decoded_bytes,
+                                     b->plan[i]->launch };
         b->d[i].l.status_dev = b->status + sto;
         rc = ddo__dev_copy_h2d(g_dev, b->src + so, coded[i], len[i], g_stream);
         so += up256(len[i]);
@@ -433,8 +433,8 @@ static long dbatch_decode(dbatch *b, size_t per, uint8_t *const *raw, ddo__errbu
     long bad = rc == 0 ? (long)b->n : -1;
     for (size_t i = 0; i < b->n && rc == 0; i++) {
         uint64_t at = b->d[i].dst - b->dst, n = b->plan[i]->decoded_bytes;
-        if (ddo__codec_status_check(b->plan[i], st + (b->d[i].l.status_dev - b->status) / 8,
-                                    eb) != 0) {
+        if (ddo__codec_status_check(b->plan[i], st + (b->d[i].l.status_dev - b->status) / 8, eb) !=
+            0) {
             bad = bad == (long)b->n ? (long)i : bad;
             continue;
         }
@@ -453,10 +453,10 @@ static long dbatch_decode(dbatch *b, size_t per, uint8_t *const *raw, ddo__errbu
 static void test_batch_bit_identical(void)
 {
     enum { N = 7 };
-    const ddo_dtype dt[N] = { DDO_DTYPE_BF16, DDO_DTYPE_F32, DDO_DTYPE_U8,  DDO_DTYPE_BF16,
+    const ddo_dtype dt[N] = { DDO_DTYPE_BF16, DDO_DTYPE_F32,  DDO_DTYPE_U8, DDO_DTYPE_BF16,
                               DDO_DTYPE_F16,  DDO_DTYPE_BF16, DDO_DTYPE_F32 };
-    const uint64_t elems[N] = { 3 * GROUP + 17, GROUP + 1, 1000, 9 * GROUP + 4097, 31, 5 * GROUP,
-                                2 * GROUP };
+    const uint64_t elems[N] = { 3 * GROUP + 17, GROUP + 1, 1000, 9 * GROUP + 4097, 31,
+                                5 * GROUP,      2 * GROUP };
     uint8_t *raw[N], *coded[N];
     uint64_t len[N];
     for (size_t i = 0; i < N; i++) {
@@ -489,10 +489,10 @@ static void test_batch_bit_identical(void)
 /* The weights and biases of a Flux.1 double block (transformer_blocks.N of
  * data/layouts/flux1-dev.json): 32 BF16 tensors, 679.7 MB. */
 static const uint64_t flux_double[][2] = {
-    { 18432, 3072 }, { 18432, 1 }, { 18432, 3072 }, { 18432, 1 }, { 128, 1 },     { 128, 1 },
-    { 3072, 3072 },  { 3072, 1 },  { 3072, 3072 },  { 3072, 1 },  { 3072, 3072 }, { 3072, 1 },
-    { 3072, 3072 },  { 3072, 1 },  { 128, 1 },      { 128, 1 },   { 3072, 3072 }, { 3072, 1 },
-    { 3072, 3072 },  { 3072, 1 },  { 3072, 3072 },  { 3072, 1 },  { 3072, 3072 }, { 3072, 1 },
+    { 18432, 3072 }, { 18432, 1 }, { 18432, 3072 }, { 18432, 1 }, { 128, 1 },      { 128, 1 },
+    { 3072, 3072 },  { 3072, 1 },  { 3072, 3072 },  { 3072, 1 },  { 3072, 3072 },  { 3072, 1 },
+    { 3072, 3072 },  { 3072, 1 },  { 128, 1 },      { 128, 1 },   { 3072, 3072 },  { 3072, 1 },
+    { 3072, 3072 },  { 3072, 1 },  { 3072, 3072 },  { 3072, 1 },  { 3072, 3072 },  { 3072, 1 },
     { 12288, 3072 }, { 12288, 1 }, { 3072, 12288 }, { 3072, 1 },  { 12288, 3072 }, { 12288, 1 },
     { 3072, 12288 }, { 3072, 1 },
 };
@@ -509,8 +509,7 @@ static void time_batch(dbatch *b, size_t per, double *med, double *best)
         uint64_t t0 = ddo__now_ns();
         for (int k = 0; k < 5; k++)
             for (size_t i = 0; i < b->n; i += per)
-                ddo__dev_codec_decode(g_dev, g_stream, &b->d[i],
-                                      b->n - i < per ? b->n - i : per);
+                ddo__dev_codec_decode(g_dev, g_stream, &b->d[i], b->n - i < per ? b->n - i : per);
         ddo__dev_stream_synchronize(g_dev, g_stream);
         if (round >= 0)
             r[round] = 5.0 * (double)decoded / (double)(ddo__now_ns() - t0);
@@ -554,8 +553,7 @@ static void test_batch_throughput(void)
     T_REQUIRE(dbatch_open(&b, N, coded, len) == 0);
     /* the session's batches: tensors in order while their coded bytes fit a 256 MiB area */
     size_t split = 0;
-    for (uint64_t used = 0; split < N && used + up256(len[split]) <= ((uint64_t)256 << 20);
-         split++)
+    for (uint64_t used = 0; split < N && used + up256(len[split]) <= ((uint64_t)256 << 20); split++)
         used += up256(len[split]);
     printf("codec batch decode, Flux double block: %d BF16 tensors, %.1f MB -> %.1f MB coded, "
            "from %s\n",

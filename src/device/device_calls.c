@@ -537,8 +537,7 @@ static int check_desc(call *c, const ddo__codec_desc *d, size_t n, size_t i)
     if (l->n_blocks > 0 && (x->src == 0 || x->dst == 0 || l->status_dev == 0 ||
                             l->status_bytes < 16 * (uint64_t)l->n_blocks))
         return ddo__fail(&c->eb, DDO_E_INVALID_ARGUMENT,
-                         "codec_decode: tensor %zu: source, destination or status area missing",
-                         i);
+                         "codec_decode: tensor %zu: source, destination or status area missing", i);
     if (l->cta_warps != d[0].l.cta_warps)
         return ddo__fail(&c->eb, DDO_E_INVALID_ARGUMENT,
                          "codec_decode: tensor %zu: %u warps per thread block, tensor 0 %u (one "
@@ -547,12 +546,12 @@ static int check_desc(call *c, const ddo__codec_desc *d, size_t n, size_t i)
     for (size_t k = 0; k < n; k++)
         if ((k < i && overlap(x->dst, l->decoded_bytes, d[k].dst, d[k].l.decoded_bytes)) ||
             overlap(x->dst, l->decoded_bytes, d[k].src, d[k].l.coded_bytes))
-            return ddo__fail(&c->eb, DDO_E_INVALID_ARGUMENT,
-                             "codec_decode: tensor %zu: its destination overlaps tensor %zu's %s",
-                             i, k, k < i && overlap(x->dst, l->decoded_bytes, d[k].dst,
-                                                    d[k].l.decoded_bytes)
-                                       ? "destination"
-                                       : "source");
+            return ddo__fail(
+                &c->eb, DDO_E_INVALID_ARGUMENT,
+                "codec_decode: tensor %zu: its destination overlaps tensor %zu's %s", i, k,
+                k < i && overlap(x->dst, l->decoded_bytes, d[k].dst, d[k].l.decoded_bytes)
+                    ? "destination"
+                    : "source");
     return 0;
 }
 

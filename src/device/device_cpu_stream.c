@@ -359,8 +359,8 @@ int ddo__cpu_copy_d2h_async(void *st, void *dst, uint64_t src, size_t size, void
     pthread_mutex_lock(&d->lock);
     int rc = 0;
     if (!stream_known(d, stream))
-        rc = ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "cpu: copy_d2h_async: unknown stream %p",
-                       stream);
+        rc =
+            ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "cpu: copy_d2h_async: unknown stream %p", stream);
     else if (!ddo__cpu_device_bytes(d, src, size))
         rc = ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
                        "cpu: copy_d2h_async: source 0x%" PRIx64 " + %zu is not mapped device "

@@ -614,8 +614,8 @@ static int fill_batch(const ddo__codec_desc *x, size_t n, codec_kbatch *kb, uint
                              "codec_decode: tensor %zu: source, destination and status must be "
                              "16-byte aligned and the launch 1..16 warps x 1.. thread blocks",
                              i);
-        kb->d[i] = (codec_kdesc){ x[i].src,     x[i].src_bytes,  x[i].dst,      x[i].dst_bytes,
-                                  l->status_dev, l->total_elems,  l->n_blocks,   l->block_elems,
+        kb->d[i] = (codec_kdesc){ x[i].src,      x[i].src_bytes,    x[i].dst,        x[i].dst_bytes,
+                                  l->status_dev, l->total_elems,    l->n_blocks,     l->block_elems,
                                   l->esize,      l->ctas_per_block, (uint32_t)first, 0 };
         first += (uint64_t)l->n_blocks * l->ctas_per_block;
         if (first > INT32_MAX)
@@ -662,8 +662,8 @@ static int cuda_codec_decode(void *st, void *stream, const ddo__codec_desc *x, s
     if (rc != 0 || grid == 0)
         return rc;
     void *args[] = { &kb };
-    CUresult r = d->api.LaunchKernel(d->codec_fn, (unsigned)grid, 1, 1, 32 * x[0].l.cta_warps, 1,
-                                     1, 0, (CUstream)stream, args, NULL);
+    CUresult r = d->api.LaunchKernel(d->codec_fn, (unsigned)grid, 1, 1, 32 * x[0].l.cta_warps, 1, 1,
+                                     0, (CUstream)stream, args, NULL);
     if (r != CUDA_SUCCESS)
         return ddo__cu_fail(d, eb, r, "cuLaunchKernel",
                             "(codec decoder, %zu tensors, %llu thread blocks)", n,
