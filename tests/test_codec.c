@@ -340,6 +340,46 @@ static void test_cpu_device_op(void)
     free(src);
 }
 
+/* Batches the wrapper refuses before anything is queued: too many tensors, an output over
+ * another's or over a source, mixed warps per thread block. d: a valid batch of 3, src_off2
+ * tensor 2's source offset from tensor 0's. */
+static void refused_batches(ddo_device *dev, void *s, const ddo__codec_desc *d, uint64_t src_off2)
+{
+    ddo__codec_desc bad[3];
+    memcpy(bad, d, sizeof(bad));
+    bad[2].dst = bad[1].dst + 16; /* overlaps tensor 1's output */
+    T_EQ_INT(ddo__dev_codec_decode(dev, s, bad, 3), DDO_E_INVALID_ARGUMENT);
+    T_CONTAINS(ddo_last_error(), "overlaps tensor 1's destination");
+    memcpy(bad, d, sizeof(bad));
+    bad[0].dst = d[0].src + src_off2; /* over tensor 2's coded bytes */
+    T_EQ_INT(ddo__dev_codec_decode(dev, s, bad, 3), DDO_E_INVALID_ARGUMENT);
+    T_CONTAINS(ddo_last_error(), "source");
+    memcpy(bad, d, sizeof(bad));
+    bad[1].l.cta_warps = 4;
+    T_EQ_INT(ddo__dev_codec_decode(dev, s, bad, 3), DDO_E_INVALID_ARGUMENT);
+    ddo__codec_desc many[DDO_CODEC_BATCH_MAX + 1];
+    for (size_t i = 0; i < DDO_ARRAY_LEN(many); i++)
+        many[i] = d[0];
+    T_EQ_INT(ddo__dev_codec_decode(dev, s, many, DDO_ARRAY_LEN(many)), DDO_E_INVALID_ARGUMENT);
+}
+
+/* n Gaussian BF16 elements coded in blocks of one group (*src, *coded, *len), and the plan of
+ * the stream, named "t<i>.weight". */
+static ddo__codec_plan *encode_bf16(uint64_t n, int i, uint8_t **src, uint8_t **coded,
+                                    uint64_t *len)
+{
+    *src = make(DDO_DTYPE_BF16, n, false);
+    uint64_t bound = ddo__codec_bound(DDO_DTYPE_BF16, 2 * n, GROUP);
+    *coded = malloc(bound);
+    ddo__codec_params cp = { GROUP, 1 };
+    T_EQ_INT(ddo__codec_encode(*src, 2 * n, DDO_DTYPE_BF16, &cp, *coded, bound, len, "t", NULL), 0);
+    char name[16];
+    snprintf(name, sizeof(name), "t%d.weight", i);
+    ddo__codec_plan *p = NULL;
+    T_EQ_INT(ddo__codec_plan_create(*coded, *len, name, &p, NULL), 0);
+    return p;
+}
+
 /* Three coded tensors in one device buffer, decoded by one batch into one output buffer:
  * each tensor where it belongs, one status area per tensor, in one queued operation; the
  * middle tensor corrupted is reported by its own status alone; batches the wrapper refuses
@@ -353,16 +393,8 @@ static void test_cpu_device_batch(void)
     uint64_t len[N], off[N], out_off[N], st_off[N], in_total = 0, out_total = 0, st_total = 0;
     ddo__codec_plan *p[N];
     for (int i = 0; i < N; i++) {
-        src[i] = make(DDO_DTYPE_BF16, elems[i], false);
-        uint64_t bound = ddo__codec_bound(DDO_DTYPE_BF16, 2 * elems[i], GROUP);
-        coded[i] = malloc(bound);
-        ddo__codec_params cp = { GROUP, 1 };
-        T_EQ_INT(ddo__codec_encode(src[i], 2 * elems[i], DDO_DTYPE_BF16, &cp, coded[i], bound,
-                                   &len[i], "t", NULL),
-                 0);
-        char name[16];
-        snprintf(name, sizeof(name), "t%d.weight", i);
-        T_REQUIRE(ddo__codec_plan_create(coded[i], len[i], name, &p[i], NULL) == 0);
+        p[i] = encode_bf16(elems[i], i, &src[i], &coded[i], &len[i]);
+        T_REQUIRE(p[i] != NULL);
         off[i] = in_total;
         in_total += (len[i] + 255) / 256 * 256;
         out_off[i] = out_total;
@@ -415,23 +447,7 @@ static void test_cpu_device_batch(void)
                 T_CHECK(got[k] == 0x5A);
         }
     }
-    ddo__codec_desc bad[N];
-    memcpy(bad, d, sizeof(d));
-    bad[2].dst = bad[1].dst + 16; /* overlaps tensor 1's output */
-    T_EQ_INT(ddo__dev_codec_decode(dev, s, bad, N), DDO_E_INVALID_ARGUMENT);
-    T_CONTAINS(ddo_last_error(), "overlaps tensor 1's destination");
-    memcpy(bad, d, sizeof(d));
-    bad[0].dst = din + off[2]; /* over tensor 2's coded bytes */
-    bad[0].dst_bytes = 2 * elems[0];
-    T_EQ_INT(ddo__dev_codec_decode(dev, s, bad, N), DDO_E_INVALID_ARGUMENT);
-    T_CONTAINS(ddo_last_error(), "source");
-    memcpy(bad, d, sizeof(d));
-    bad[1].l.cta_warps = 4;
-    T_EQ_INT(ddo__dev_codec_decode(dev, s, bad, N), DDO_E_INVALID_ARGUMENT);
-    ddo__codec_desc many[DDO_CODEC_BATCH_MAX + 1];
-    for (size_t i = 0; i < DDO_ARRAY_LEN(many); i++)
-        many[i] = d[0];
-    T_EQ_INT(ddo__dev_codec_decode(dev, s, many, DDO_ARRAY_LEN(many)), DDO_E_INVALID_ARGUMENT);
+    refused_batches(dev, s, d, off[2]);
     T_EQ_INT(ddo__dev_codec_decode(dev, s, d, 0), 0); /* nothing to do */
     T_EQ_INT(ddo__dev_stream_destroy(dev, s), 0);
     T_EQ_INT(ddo__dev_mem_free(dev, din), 0);

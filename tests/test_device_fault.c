@@ -219,12 +219,35 @@ static int invoke(fixture *fx, ddo__devop op, ctx *c)
 /*
  * Checks the effect of the call (rc == 0) or its absence (rc != 0: a create
  * took nothing, a release that failed can be done again, a copy wrote
- * nothing), then puts the fixture back as it was. Faults must be off.
+ * nothing), then puts the fixture back as it was. Faults must be off. The operations
+ * queued on a stream: finish_queued.
  */
-static void finish(fixture *fx, ddo__devop op, ctx *c, int rc)
+static void finish_queued(fixture *fx, ddo__devop op, ctx *c, int rc)
 {
     ddo_device *dev = fx->dev;
     const unsigned char *dst = (const unsigned char *)(uintptr_t)fx->buf;
+    if (op != DDO__OP_COPY_D2H && op != DDO__OP_EVENT_RECORD)
+        T_EQ_INT(ddo__dev_stream_synchronize(dev, fx->stream), 0);
+    if (op == DDO__OP_COPY_H2D) {
+        T_EQ_INT(dst[4095], rc == 0 ? 0x5A : 0);
+    } else if (op == DDO__OP_COPY_D2H) {
+        T_EQ_INT(fx->host[4095], rc == 0 ? 0x6B : 0);
+    } else if (op == DDO__OP_COPY_D2H_ASYNC) {
+        T_EQ_INT(((const unsigned char *)c->q)[4095], rc == 0 ? 0x6B : 0);
+        T_EQ_INT(ddo__dev_host_free(dev, c->q), 0);
+    } else if (op == DDO__OP_EVENT_RECORD) {
+        T_EQ_INT(ddo__dev_event_query(dev, fx->event), rc == 0 ? DDO_E_BUSY : 0);
+        T_EQ_INT(ddo__dev_stream_synchronize(dev, fx->stream), 0);
+        T_EQ_INT(ddo__device_cpu_throttle(dev, 0, 0), 0);
+        T_EQ_INT(ddo__dev_event_query(dev, fx->event), 0);
+    } else if (op == DDO__OP_HOST_FN) {
+        T_EQ_INT(c->n, rc == 0 ? 1 : 0);
+    }
+}
+
+static void finish(fixture *fx, ddo__devop op, ctx *c, int rc)
+{
+    ddo_device *dev = fx->dev;
     switch (op) {
     case DDO__OP_VA_RESERVE:
         if (rc == 0)
@@ -280,33 +303,16 @@ static void finish(fixture *fx, ddo__devop op, ctx *c, int rc)
         }
         break;
     case DDO__OP_COPY_H2D:
-        T_EQ_INT(ddo__dev_stream_synchronize(dev, fx->stream), 0);
-        T_EQ_INT(dst[4095], rc == 0 ? 0x5A : 0);
-        break;
     case DDO__OP_COPY_D2H:
-        T_EQ_INT(fx->host[4095], rc == 0 ? 0x6B : 0);
-        break;
     case DDO__OP_COPY_D2H_ASYNC:
-        T_EQ_INT(ddo__dev_stream_synchronize(dev, fx->stream), 0);
-        T_EQ_INT(((const unsigned char *)c->q)[4095], rc == 0 ? 0x6B : 0);
-        T_EQ_INT(ddo__dev_host_free(dev, c->q), 0);
+    case DDO__OP_EVENT_RECORD:
+    case DDO__OP_HOST_FN:
+    case DDO__OP_CODEC_DECODE:
+        finish_queued(fx, op, c, rc);
         break;
     case DDO__OP_EVENT_CREATE:
         if (rc == 0)
             T_EQ_INT(ddo__dev_event_destroy(dev, c->q), 0);
-        break;
-    case DDO__OP_EVENT_RECORD:
-        T_EQ_INT(ddo__dev_event_query(dev, fx->event), rc == 0 ? DDO_E_BUSY : 0);
-        T_EQ_INT(ddo__dev_stream_synchronize(dev, fx->stream), 0);
-        T_EQ_INT(ddo__device_cpu_throttle(dev, 0, 0), 0);
-        T_EQ_INT(ddo__dev_event_query(dev, fx->event), 0);
-        break;
-    case DDO__OP_HOST_FN:
-        T_EQ_INT(ddo__dev_stream_synchronize(dev, fx->stream), 0);
-        T_EQ_INT(c->n, rc == 0 ? 1 : 0);
-        break;
-    case DDO__OP_CODEC_DECODE:
-        T_EQ_INT(ddo__dev_stream_synchronize(dev, fx->stream), 0);
         break;
     default:
         break;

@@ -130,7 +130,7 @@ int ddo__cpu_stream_wait_event(void *st, void *stream, void *event, ddo__errbuf 
 int ddo__cpu_host_fn(void *st, void *stream, ddo__host_fn fn, void *user, ddo__errbuf *eb);
 int ddo__cpu_copy_d2h_async(void *st, void *dst, uint64_t src, size_t size, void *stream,
                             ddo__errbuf *eb);
-int ddo__cpu_codec_decode(void *st, void *stream, const ddo__codec_desc *d, size_t n,
+int ddo__cpu_codec_decode(void *st, void *stream, const ddo__codec_desc *x, size_t n,
                           ddo__errbuf *eb);
 
 #endif
