@@ -412,16 +412,32 @@ static void dbatch_close(dbatch *b)
         ddo__codec_plan_destroy(b->plan[i]);
 }
 
-/* Decodes the batch in launches of at most per tensors; checks every status and output
+/* How many tensors from i go in one launch: at most per, and while their coded bytes (at
+ * 256-byte offsets) fit area bytes (0: no limit), as the session packs its decode areas. */
+static size_t launch_size(const dbatch *b, size_t i, size_t per, uint64_t area)
+{
+    size_t k = 0;
+    for (uint64_t used = 0; i + k < b->n && k < per; k++) {
+        used += up256(b->d[i + k].l.coded_bytes);
+        if (area > 0 && k > 0 && used > area)
+            break;
+    }
+    return k;
+}
+
+/* Decodes the batch in launches of launch_size tensors; checks every status and output
  * against raw (NULL: not compared). Returns the index of the first tensor whose status check
  * failed, b->n when none did, or -1 when a device call failed. */
-static long dbatch_decode(dbatch *b, size_t per, uint8_t *const *raw, ddo__errbuf *eb)
+static long dbatch_decode(dbatch *b, size_t per, uint64_t area, uint8_t *const *raw,
+                          ddo__errbuf *eb)
 {
     uint8_t *poison = malloc(b->dst_total);
     memset(poison, 0xA5, b->dst_total);
     int rc = ddo__dev_copy_h2d(g_dev, b->dst, poison, b->dst_total, g_stream);
-    for (size_t i = 0; i < b->n && rc == 0; i += per)
-        rc = ddo__dev_codec_decode(g_dev, g_stream, &b->d[i], b->n - i < per ? b->n - i : per);
+    for (size_t i = 0, k = 0; i < b->n && rc == 0; i += k) {
+        k = launch_size(b, i, per, area);
+        rc = ddo__dev_codec_decode(g_dev, g_stream, &b->d[i], k);
+    }
     if (rc == 0)
         rc = ddo__dev_stream_synchronize(g_dev, g_stream);
     uint8_t *got = malloc(b->dst_total);
@@ -472,11 +488,11 @@ static void test_batch_bit_identical(void)
     dbatch b;
     T_REQUIRE(dbatch_open(&b, N, coded, len) == 0);
     ddo__errbuf eb = { 0, "" };
-    T_EQ_INT(dbatch_decode(&b, N, raw, &eb), N);
-    T_EQ_INT(dbatch_decode(&b, 1, raw, &eb), N);
+    T_EQ_INT(dbatch_decode(&b, N, 0, raw, &eb), N);
+    T_EQ_INT(dbatch_decode(&b, 1, 0, raw, &eb), N);
     coded[3][b.plan[3]->blocks[2].coded_offset + 3000] ^= 0x40;
     T_EQ_INT(ddo__dev_copy_h2d(g_dev, b.d[3].src, coded[3], len[3], g_stream), 0);
-    T_EQ_INT(dbatch_decode(&b, N, raw, &eb), 3);
+    T_EQ_INT(dbatch_decode(&b, N, 0, raw, &eb), 3);
     T_CONTAINS(eb.msg, "batch.3.weight");
     T_CONTAINS(eb.msg, "block 2 of");
     dbatch_close(&b);
@@ -497,9 +513,9 @@ static const uint64_t flux_double[][2] = {
     { 3072, 12288 }, { 3072, 1 },
 };
 
-/* Times decoding the whole batch in launches of per tensors: median and best GB/s of 7
+/* Times decoding the whole batch in launches of launch_size tensors: median and best GB/s of 7
  * rounds of 5. */
-static void time_batch(dbatch *b, size_t per, double *med, double *best)
+static void time_batch(dbatch *b, size_t per, uint64_t area, double *med, double *best)
 {
     double r[7];
     uint64_t decoded = 0;
@@ -508,8 +524,10 @@ static void time_batch(dbatch *b, size_t per, double *med, double *best)
     for (int round = -1; round < 7; round++) {
         uint64_t t0 = ddo__now_ns();
         for (int k = 0; k < 5; k++)
-            for (size_t i = 0; i < b->n; i += per)
-                ddo__dev_codec_decode(g_dev, g_stream, &b->d[i], b->n - i < per ? b->n - i : per);
+            for (size_t i = 0, n = 0; i < b->n; i += n) {
+                n = launch_size(b, i, per, area);
+                ddo__dev_codec_decode(g_dev, g_stream, &b->d[i], n);
+            }
         ddo__dev_stream_synchronize(g_dev, g_stream);
         if (round >= 0)
             r[round] = 5.0 * (double)decoded / (double)(ddo__now_ns() - t0);
@@ -551,27 +569,27 @@ static void test_batch_throughput(void)
     }
     dbatch b;
     T_REQUIRE(dbatch_open(&b, N, coded, len) == 0);
-    /* the session's batches: tensors in order while their coded bytes fit a 256 MiB area */
-    size_t split = 0;
-    for (uint64_t used = 0; split < N && used + up256(len[split]) <= ((uint64_t)256 << 20); split++)
-        used += up256(len[split]);
     printf("codec batch decode, Flux double block: %d BF16 tensors, %.1f MB -> %.1f MB coded, "
            "from %s\n",
            N, 2.0 * (double)total / 1e6, (double)coded_total / 1e6, what);
     printf("%-34s %9s %10s %10s %10s\n", "launches", "count", "GB/s med", "GB/s best", "check");
     const struct {
         const char *name;
-        size_t per, launches;
-    } modes[] = { { "one per tensor (before batching)", 1, N },
-                  { "session batches (256 MiB areas)", split, (N + split - 1) / split },
-                  { "one batch", N, 1 } };
+        size_t per;
+        uint64_t area;
+    } modes[] = { { "one per tensor (before batching)", 1, 0 },
+                  { "session batches (256 MiB areas)", DDO_CODEC_BATCH_MAX, (uint64_t)256 << 20 },
+                  { "one batch", N, 0 } };
     for (size_t m = 0; m < DDO_ARRAY_LEN(modes); m++) {
+        size_t launches = 0;
+        for (size_t i = 0; i < N; i += launch_size(&b, i, modes[m].per, modes[m].area))
+            launches++;
         ddo__errbuf eb = { 0, "" };
-        long ok = dbatch_decode(&b, modes[m].per, raw, &eb);
+        long ok = dbatch_decode(&b, modes[m].per, modes[m].area, raw, &eb);
         T_CHECK_MSG(ok == N, "%s: %s", modes[m].name, eb.msg);
         double med = 0, best = 0;
-        time_batch(&b, modes[m].per, &med, &best);
-        printf("%-34s %9zu %10.1f %10.1f %10s\n", modes[m].name, modes[m].launches, med, best,
+        time_batch(&b, modes[m].per, modes[m].area, &med, &best);
+        printf("%-34s %9zu %10.1f %10.1f %10s\n", modes[m].name, launches, med, best,
                ok == N ? "identical" : "DIFFERS");
     }
     fflush(stdout);
