@@ -612,7 +612,8 @@ static int fill_batch(const ddo__codec_desc *x, size_t n, codec_kbatch *kb, uint
             l->cta_warps == 0 || l->cta_warps > 16 || l->ctas_per_block == 0)
             return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
                              "codec_decode: tensor %zu: source, destination and status must be "
-                             "16-byte aligned and the launch 1..16 warps x 1.. thread blocks",
+                             "16-byte aligned, with 1..16 warps and at least one thread block "
+                             "per coded block",
                              i);
         kb->d[i] = (codec_kdesc){ x[i].src,      x[i].src_bytes,    x[i].dst,        x[i].dst_bytes,
                                   l->status_dev, l->total_elems,    l->n_blocks,     l->block_elems,
