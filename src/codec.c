@@ -130,6 +130,13 @@ uint64_t ddo__codec_bound(ddo_dtype dtype, uint64_t src_bytes, uint32_t block_el
     return ddo__codec_dir_end(n) + n * (DDO_CODEC_BLOCK_HEADER + 16) + src_bytes;
 }
 
+uint64_t ddo__codec_area_bytes(uint64_t largest_stream, uint64_t largest_unit, uint64_t cap)
+{
+    uint64_t unit = largest_unit < cap ? largest_unit : cap;
+    uint64_t area = largest_stream > unit ? largest_stream : unit;
+    return ddo__round_up(area, DDO_CODEC_AREA_ALIGN);
+}
+
 /* ---- symbols ---- */
 
 /* Rebuilds element e from its symbol and raw bytes. */

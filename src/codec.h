@@ -111,6 +111,43 @@ typedef struct ddo__codec_launch {
     uint64_t status_dev;     /* device address of the status area (set by the caller) */
 } ddo__codec_launch;
 
+/*
+ * One tensor of a batched decode (ddo__dev_codec_decode): its coded stream at
+ * src (src_bytes of device memory the decoder may read, at least
+ * l.coded_bytes), its output at dst (dst_bytes, at least l.decoded_bytes), and
+ * the geometry and status area of its validated plan (l, status_dev set). A
+ * batch decodes up to DDO_CODEC_BATCH_MAX tensors in one launch: every thread
+ * block of every tensor in one grid, each writing only its own tensor's
+ * output and status words.
+ */
+typedef struct ddo__codec_desc {
+    uint64_t src, src_bytes;
+    uint64_t dst, dst_bytes;
+    ddo__codec_launch l;
+} ddo__codec_desc;
+
+/* The most tensors of one batch: their descriptors travel in the kernel's parameters
+ * (72 bytes each on the cuda device, within the 4 KiB the driver takes). */
+#define DDO_CODEC_BATCH_MAX 48
+
+/* Alignment of a coded stream inside a decode area (the cuda decoder wants 16). */
+#define DDO_CODEC_AREA_ALIGN 256u
+
+/* The batch size the session aims at: the decoder is latency-bound below a few hundred MiB
+ * of output (docs/codec.md, "Throughput"), so a decode area holds up to this many coded
+ * bytes (or the largest coded stream, when larger). */
+#define DDO_CODEC_AREA_CAP ((uint64_t)256 << 20)
+
+/*
+ * The bytes of one decode area (plan_codec.c and session_codec.c use this one rule):
+ * max(largest_stream, min(largest_unit, cap)), rounded up to DDO_CODEC_AREA_ALIGN, where
+ * largest_stream is the largest coded stream bound of any streamed tensor, largest_unit the
+ * most one streamed unit's stream bounds (each rounded to the alignment) add up to, and cap
+ * DDO_CODEC_AREA_CAP (or a smaller cap, > 0, a test asks for). A unit whose coded bytes fit
+ * the area decodes in one launch.
+ */
+uint64_t ddo__codec_area_bytes(uint64_t largest_stream, uint64_t largest_unit, uint64_t cap);
+
 /* A validated description of a coded stream. */
 typedef struct ddo__codec_plan {
     char name[160]; /* the tensor, for messages */

@@ -470,13 +470,13 @@ int ddo_metrics_format_profile(const ddo_metrics *m, char **text)
     if (v[DDO_M_setup_coded_bytes] > 0.0 || v[DDO_M_bytes_coded_uploaded] > 0.0)
         ddo__sbuf_printf(&s,
                          "  codec      setup coded %s into %s in %.4f s; %s over the bus "
-                         "decoded into %s (%.0f tensors), waited %.4f s\n",
+                         "decoded into %s (%.0f tensors, %.0f launches), waited %.4f s\n",
                          fmt_bytes(v[DDO_M_setup_encode_bytes], a, sizeof(a)),
                          fmt_bytes(v[DDO_M_setup_coded_bytes], b, sizeof(b)),
                          secs(v[DDO_M_setup_encode_ns]),
                          fmt_bytes(v[DDO_M_bytes_coded_uploaded], c, sizeof(c)),
                          fmt_bytes(v[DDO_M_bytes_decoded], d, sizeof(d)), v[DDO_M_codec_decodes],
-                         secs(v[DDO_M_codec_wait_ns]));
+                         v[DDO_M_codec_launches], secs(v[DDO_M_codec_wait_ns]));
     ddo__sbuf_printf(&s, "  peaks      (%s)\n", CAPACITY_NOTE);
     static const struct {
         const char *label;

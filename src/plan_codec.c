@@ -12,11 +12,17 @@
  * plan's retained and registered figures stay those of the raw bytes (setup reads them raw
  * before coding; the store then gives back what coding saved) and the plan adds:
  *
- *   device     the session's decode memory: DDO_CODEC_DECODE_AREAS areas of the largest coded
- *              stream (its bound), used in turn (the copy stream uploads a tensor's coded bytes
- *              into one while the decode stream decodes the previous one into its place in its
- *              slot), plus one status part per execution slot of the status words of the unit
- *              with the most coded blocks (a load's status is checked when it is first leased)
+ *   device     the session's decode memory: DDO_CODEC_DECODE_AREAS areas, used in turn (the
+ *              copy stream uploads a batch of a unit's coded tensors into one while the decode
+ *              stream decodes the previous batch, in one launch, into their places in the
+ *              slot), each of ddo__codec_area_bytes: the largest candidate's stream bound, or
+ *              the most stream bounds (each rounded to DDO_CODEC_AREA_ALIGN) one streamed unit
+ *              adds up to, capped at DDO_CODEC_AREA_CAP (256 MiB), whichever is larger; plus
+ *              one status part per execution slot of the status words of the unit with the
+ *              most coded blocks (a load's status is checked when it is first leased). The
+ *              session (session_codec.c) sizes its allocation by the same rule from the
+ *              tensors the store did code: this figure exactly when every candidate was coded,
+ *              never less
  *   retained   the encoder's output buffer at setup: the bound of the largest coded tensor
  *
  * Decisions: weight_codec (none|ddoc1), weight_codec_note (why auto chose none),
@@ -31,12 +37,13 @@
 #include <string.h>
 
 /* Rounding of the decode memory's parts (the cuda decoder wants 16-byte alignment). */
-#define AREA_ALIGN 256u
+#define AREA_ALIGN DDO_CODEC_AREA_ALIGN
 
 /* The sizes coding adds, from the plan's placement. */
 typedef struct codec_need {
     uint64_t candidate;  /* raw bytes of the tensors that may be coded */
     uint64_t max_bound;  /* the largest coded stream any of them can have */
+    uint64_t max_unit;   /* the most (rounded) stream bounds one unit's candidates add up to */
     uint64_t max_status; /* the most status bytes one unit's coded tensors need */
     size_t candidates;   /* how many tensors */
 } codec_need;
@@ -63,7 +70,7 @@ static void measure(const builder *b, codec_need *n)
         const ddo__plan_unit *un = &p->units[u];
         if (un->resident)
             continue;
-        uint64_t status = 0;
+        uint64_t status = 0, unit = 0;
         for (size_t k = 0; k < un->tensor_count; k++) {
             size_t t = p->unit_tensors[un->first_tensor + k];
             const ddo_tensor_info *ti = b->ti[t];
@@ -72,11 +79,13 @@ static void measure(const builder *b, codec_need *n)
                 continue;
             uint64_t bound = ddo__codec_bound(ti->dtype, ti->nbytes, 0);
             n->max_bound = bound > n->max_bound ? bound : n->max_bound;
+            unit = ddo__sat_add_u64(unit, ddo__round_up(bound, AREA_ALIGN));
             n->candidate = ddo__sat_add_u64(n->candidate, ti->nbytes);
             status = ddo__sat_add_u64(status, ddo__plan_codec_status_bytes(ti));
             n->candidates++;
         }
         n->max_status = status > n->max_status ? status : n->max_status;
+        n->max_unit = unit > n->max_unit ? unit : n->max_unit;
     }
 }
 
@@ -135,7 +144,9 @@ int ddo__plan_codec(builder *b)
     uint64_t area = 0;
     if (n.candidates > 0)
         area = ddo__sat_add_u64(
-            ddo__sat_mul_u64(DDO_CODEC_DECODE_AREAS, ddo__round_up(n.max_bound, AREA_ALIGN)),
+            ddo__sat_mul_u64(DDO_CODEC_DECODE_AREAS,
+                             ddo__codec_area_bytes(ddo__round_up(n.max_bound, AREA_ALIGN),
+                                                   n.max_unit, DDO_CODEC_AREA_CAP)),
             ddo__sat_mul_u64(bg->slot_count, ddo__round_up(n.max_status, AREA_ALIGN)));
     uint64_t peak = ddo__sat_add_u64(bg->device_weights_peak, area);
     if (bg->device_weights_limit > 0 && peak > bg->device_weights_limit) {

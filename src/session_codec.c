@@ -3,31 +3,45 @@
  * bytes are coded (source_codec.c) reaches its place in the slot in two steps on two streams:
  * the copy stream uploads its coded bytes into one of the session's decode areas (directly
  * from registered memory, or through a staging window), then the decode stream expands them
- * into the tensor's place, writing only there. The areas are used in turn
- * (DDO_CODEC_DECODE_AREAS), so the copy engine uploads the next tensor while the decoder
- * decodes this one; events order them:
+ * into the tensor's place, writing only there.
  *
- *   filled[a]  recorded on the copy stream after an upload into area a; the decode of that
- *              tensor waits for it (and so, transitively, for the slot's previous consumer,
+ * Batches: the decoder is latency-bound on small launches (docs/codec.md, "Throughput"), so
+ * the coded tensors of a unit are uploaded one after another into the same area, packed at
+ * DDO_CODEC_AREA_ALIGN offsets, until the next would not fit it (or the batch holds
+ * DDO_CODEC_BATCH_MAX tensors); then ONE codec_decode op decodes the whole batch (every
+ * thread block of every tensor in one grid, each tensor written only into its own place) and
+ * the next batch goes to the other area. A unit's last batch is launched when the unit's
+ * last tensor was queued (ddo__session_codec_finish); batches never span units. Raw tensors
+ * of the unit (kept raw by the store) go by their own transport on the copy stream between
+ * them. The areas are used in turn (DDO_CODEC_DECODE_AREAS), so the copy engine fills one
+ * while the decoder reads the other; events order them:
+ *
+ *   filled[a]  recorded on the copy stream after each upload into area a; the batch's decode
+ *              waits for the latest (and so, transitively, for the slot's previous consumer,
  *              which the copy stream waited for first)
- *   read[a]    recorded on the decode stream after the decode that read area a; the next
- *              upload into a waits for it
+ *   read[a]    recorded on the decode stream after the batch decode that read area a; the
+ *              copy stream waits for it before the first upload of the next batch in a
  *   join       recorded on the copy stream after a unit's last copy; the decode stream waits
  *              for it, and the unit's upload event is recorded on the decode stream after it
  *              (session_loader.c): the event acquire waits on covers copies and decodes
  *
  * Integrity without a host wait per unit: each decode writes its status words into its
- * slot's status part; the loader only notes which tensors a slot's load decoded. The first
- * acquire of that load (session_lease.c, mu released) waits for the slot's upload event,
- * reads the status part back and checks every decode against its plan
- * (ddo__codec_status_check): a corrupted stream, a decode that did not run and a decoding
- * error fail the acquire naming the tensor and block, and the slot is freed; weights whose
- * decodes were not verified are never leased.
+ * slot's status part (device memory). After the unit's last batch and the join, the decode
+ * stream copies the slot's status part into the slot's pinned host copy (copy_d2h_async),
+ * still before the unit's upload event is recorded. The loader only notes which tensors a
+ * slot's load decoded. The first acquire of that load (session_lease.c, mu released) waits
+ * for the slot's upload event alone and checks every decode in the pinned copy against its
+ * plan (ddo__codec_status_check): a corrupted stream, a decode that did not run and a
+ * decoding error fail the acquire naming the tensor and block, and the slot is freed; weights
+ * whose decodes were not verified are never leased.
  *
- * The memory: DDO_CODEC_DECODE_AREAS areas of the largest coded stream of any streamed unit,
- * then one status part per slot (the status words of the unit with the most coded blocks),
- * one allocation through the device weights account (the plan's decode area, plan_codec.c,
- * bounds it).
+ * The memory: DDO_CODEC_DECODE_AREAS areas of ddo__codec_area_bytes (the largest coded
+ * stream bound, or the most stream bounds one streamed unit adds up to, capped at
+ * DDO_CODEC_AREA_CAP: whichever is larger), then one status part per slot (the status words of
+ * the unit with the most coded blocks), one allocation through the device weights account;
+ * plan_codec.c computes the same figures from the plan's candidates (the session's, from the
+ * tensors the store did code, are at most those). The pinned host copies of the status parts
+ * (slot_count x status part, host_alloc) live as long as the session.
  */
 #include "session_codec.h"
 
@@ -35,10 +49,11 @@
 #include "device/device.h"
 #include "session_transport.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define AREA_ALIGN 256u
+#define AREA_ALIGN DDO_CODEC_AREA_ALIGN
 #define AREAS      DDO_CODEC_DECODE_AREAS
 
 typedef struct pending {
@@ -55,6 +70,16 @@ typedef struct codec_slot {
     bool due; /* decoded, not verified yet */
 } codec_slot;
 
+/* The batch being filled (the loader's): tensors uploaded into one area, not decoded yet. */
+typedef struct codec_batch {
+    bool open;
+    size_t area;
+    uint64_t used; /* bytes of the area taken */
+    size_t count;
+    size_t first_tensor; /* for messages */
+    ddo__codec_desc d[DDO_CODEC_BATCH_MAX];
+} codec_batch;
+
 typedef struct ddo__session_codec {
     uint64_t area_bytes;   /* one coded-bytes area */
     uint64_t status_bytes; /* one slot's status part */
@@ -66,10 +91,18 @@ typedef struct ddo__session_codec {
     bool read_recorded[AREAS];
     size_t next_area; /* the loader's */
     size_t cur_slot;  /* the slot of the job the loader runs */
+    codec_batch batch;
     codec_slot *slots;
     size_t slot_count, pending_cap;
-    uint64_t *status_host; /* status_bytes, read back by verify */
+    uint64_t *status_pinned; /* slot_count x status_bytes of pinned host memory (host_alloc) */
 } ddo__session_codec;
+
+static _Atomic uint64_t area_cap_test; /* 0: DDO_CODEC_AREA_CAP */
+
+void ddo__session_codec_test_area_cap(uint64_t bytes)
+{
+    atomic_store(&area_cap_test, bytes);
+}
 
 bool ddo__session_codec_wanted(const ddo_session *s)
 {
@@ -91,27 +124,36 @@ static bool device_decodes(const ddo_session *s, const char **why)
 #endif
 }
 
-/* The sizes from the coded store: per unit, its coded tensors and their status. */
+/* The sizes from the coded store (the rule of plan_codec.c): per unit, its coded tensors'
+ * stream bounds and status. */
 static void size_memory(ddo_session *s, ddo__session_codec *c)
 {
+    uint64_t largest = 0, largest_unit = 0;
     for (size_t u = 0; u < s->unit_count; u++) {
         if (s->units[u].resident)
             continue;
         size_t n = 0, coded = 0;
         const size_t *t = ddo_plan_unit_tensors(s->plan, u, &n);
-        uint64_t status = 0;
+        uint64_t status = 0, unit = 0;
         for (size_t i = 0; i < n; i++) {
             const ddo__codec_plan *cp = ddo__source_coded(s->source, t[i]);
             if (cp == NULL)
                 continue;
             coded++;
             status += cp->launch.status_bytes;
-            c->area_bytes = cp->coded_bytes > c->area_bytes ? cp->coded_bytes : c->area_bytes;
+            uint64_t bound = ddo__round_up(
+                ddo__codec_bound(cp->dtype, cp->decoded_bytes, cp->launch.block_elems), AREA_ALIGN);
+            bound = bound > cp->coded_bytes ? bound : ddo__round_up(cp->coded_bytes, AREA_ALIGN);
+            largest = bound > largest ? bound : largest;
+            unit += bound;
         }
+        largest_unit = unit > largest_unit ? unit : largest_unit;
         c->status_bytes = status > c->status_bytes ? status : c->status_bytes;
         c->pending_cap = coded > c->pending_cap ? coded : c->pending_cap;
     }
-    c->area_bytes = ddo__round_up(c->area_bytes, AREA_ALIGN);
+    uint64_t cap = atomic_load(&area_cap_test);
+    c->area_bytes =
+        ddo__codec_area_bytes(largest, largest_unit, cap > 0 ? cap : DDO_CODEC_AREA_CAP);
     c->status_bytes = ddo__round_up(c->status_bytes, AREA_ALIGN);
 }
 
@@ -137,9 +179,13 @@ static int create_streams(ddo_session *s, ddo__session_codec *c)
     }
     c->slot_count = s->slot_count;
     c->slots = ddo__calloc(c->slot_count, sizeof(*c->slots));
-    c->status_host = malloc((size_t)c->status_bytes);
-    if (c->slots == NULL || c->status_host == NULL)
+    if (c->slots == NULL)
         return ddo__fail(&s->err, DDO_E_NO_MEMORY, "session: codec: out of memory");
+    void *pinned = NULL;
+    rc = ddo__dev_host_alloc(s->dev, (size_t)(c->slot_count * c->status_bytes), &pinned);
+    if (rc != 0)
+        return ddo__session_fail_ctx(&s->err, rc, "session: pinning the decoder's status copies");
+    c->status_pinned = pinned;
     for (size_t i = 0; i < c->slot_count; i++) {
         c->slots[i].pending = ddo__calloc(c->pending_cap, sizeof(pending));
         if (c->slots[i].pending == NULL)
@@ -184,7 +230,8 @@ void ddo__session_codec_destroy(ddo_session *s)
     for (size_t i = 0; c->slots != NULL && i < c->slot_count; i++)
         free(c->slots[i].pending);
     free(c->slots);
-    free(c->status_host);
+    if (c->status_pinned != NULL)
+        (void)ddo__dev_host_free(s->dev, c->status_pinned);
     free(c);
     s->codec = NULL;
 }
@@ -251,6 +298,8 @@ void ddo__session_codec_begin(ddo_session *s, size_t slot)
     c->slots[slot].count = 0;
     c->slots[slot].status_used = 0;
     c->slots[slot].due = false;
+    c->batch.open = false;
+    c->batch.count = 0;
 }
 
 /* Coded bytes in pageable retained memory: memcpy into a window. */
@@ -265,27 +314,74 @@ static int fill_coded(ddo_session *s, const ddo__upload *up, uint64_t pos, size_
 static const ddo__transport coded_staged = { "coded_staged", DDO_M_bytes_coded_uploaded,
                                              ddo__transport_staged, NULL, fill_coded };
 
-/* Copy stream: the coded bytes of up into area a, after the decode that last read it. */
-static int upload_into(ddo_session *s, const ddo__transport *t, const ddo__upload *up,
-                       const ddo__codec_plan *cp, size_t a, ddo__errbuf *eb)
+/* The loader, before a batch's first upload: the next area, once the decode that last read
+ * it is done (the copy stream waits). */
+static int open_batch(ddo_session *s, size_t tensor, ddo__errbuf *eb)
 {
     ddo__session_codec *c = s->codec;
-    const char *name = ddo__session_tensor_name(s, up->tensor);
-    int rc = 0;
-    if (c->read_recorded[a])
-        rc = ddo__dev_stream_wait_event(s->dev, s->copy_stream, c->read[a]);
+    size_t a = c->next_area;
+    c->next_area = (a + 1) % AREAS;
+    if (c->read_recorded[a]) {
+        int rc = ddo__dev_stream_wait_event(s->dev, s->copy_stream, c->read[a]);
+        if (rc != 0)
+            return ddo__session_fail_ctx(eb, rc, "tensor \"%s\": waiting for decode area %zu",
+                                         ddo__session_tensor_name(s, tensor), a);
+    }
+    c->batch.open = true;
+    c->batch.area = a;
+    c->batch.used = 0;
+    c->batch.count = 0;
+    c->batch.first_tensor = tensor;
+    return 0;
+}
+
+/* The decode stream: the open batch's one decode, after its uploads; the batch is closed
+ * whatever happens. */
+static int launch_batch(ddo_session *s, ddo__errbuf *eb)
+{
+    ddo__session_codec *c = s->codec;
+    codec_batch *b = &c->batch;
+    size_t a = b->area, n = b->count;
+    b->open = false;
+    b->count = 0;
+    if (n == 0)
+        return 0;
+    int rc = ddo__dev_stream_wait_event(s->dev, c->decode_stream, c->filled[a]);
+    if (rc == 0)
+        rc = ddo__dev_codec_decode(s->dev, c->decode_stream, b->d, n);
+    if (rc == 0) {
+        c->read_recorded[a] = false;
+        rc = ddo__dev_event_record(s->dev, c->read[a], c->decode_stream);
+        c->read_recorded[a] = rc == 0;
+    }
     if (rc != 0)
-        return ddo__session_fail_ctx(eb, rc, "tensor \"%s\": waiting for decode area %zu", name, a);
+        return ddo__session_fail_ctx(eb, rc, "decode of %zu tensors (the first \"%s\")", n,
+                                     ddo__session_tensor_name(s, b->first_tensor));
+    double decoded = 0;
+    for (size_t i = 0; i < n; i++)
+        decoded += (double)b->d[i].l.decoded_bytes;
+    ddo__metrics_add(&s->metrics, DDO_M_bytes_decoded, decoded);
+    ddo__metrics_add(&s->metrics, DDO_M_codec_decodes, (double)n);
+    ddo__metrics_add(&s->metrics, DDO_M_codec_launches, 1);
+    return 0;
+}
+
+/* Copy stream: the coded bytes of up into the open batch's area at offset at. */
+static int upload_into(ddo_session *s, const ddo__transport *t, const ddo__upload *up,
+                       const ddo__codec_plan *cp, uint64_t at, ddo__errbuf *eb)
+{
+    ddo__session_codec *c = s->codec;
     bool registered = false;
     (void)ddo__source_host_ptr(s->source, up->tensor, &registered);
-    ddo__upload in = { up->tensor, c->mem + a * c->area_bytes, cp->coded_bytes, up->host };
-    rc = registered ? ddo__transport_direct(s, t, &in, eb)
-                    : ddo__transport_staged(s, &coded_staged, &in, eb);
+    ddo__upload in = { up->tensor, at, cp->coded_bytes, up->host };
+    int rc = registered ? ddo__transport_direct(s, t, &in, eb)
+                        : ddo__transport_staged(s, &coded_staged, &in, eb);
     if (rc != 0)
         return rc;
-    rc = ddo__dev_event_record(s->dev, c->filled[a], s->copy_stream);
+    rc = ddo__dev_event_record(s->dev, c->filled[c->batch.area], s->copy_stream);
     if (rc != 0)
-        return ddo__session_fail_ctx(eb, rc, "tensor \"%s\": recording its upload", name);
+        return ddo__session_fail_ctx(eb, rc, "tensor \"%s\": recording its upload",
+                                     ddo__session_tensor_name(s, up->tensor));
     return 0;
 }
 
@@ -294,36 +390,51 @@ int ddo__transport_coded(ddo_session *s, const ddo__transport *t, const ddo__upl
 {
     ddo__session_codec *c = s->codec;
     const ddo__codec_plan *cp = ddo__source_coded(s->source, up->tensor);
-    const char *name = ddo__session_tensor_name(s, up->tensor);
     codec_slot *cs = c != NULL && c->slots != NULL ? &c->slots[c->cur_slot] : NULL;
     if (cs == NULL || cp == NULL || c->mem == 0 || cp->coded_bytes > c->area_bytes ||
         cs->count >= c->pending_cap || cs->status_used + cp->launch.status_bytes > c->status_bytes)
         return ddo__fail(eb, DDO_E_INTERNAL, "session: tensor \"%s\": no room in the decode area",
-                         name);
-    size_t a = c->next_area;
-    c->next_area = (a + 1) % AREAS;
-    int rc = upload_into(s, t, up, cp, a, eb);
+                         ddo__session_tensor_name(s, up->tensor));
+    uint64_t need = ddo__round_up(cp->coded_bytes, AREA_ALIGN);
+    codec_batch *b = &c->batch;
+    int rc = 0;
+    if (b->open && (b->used + need > c->area_bytes || b->count == DDO_CODEC_BATCH_MAX))
+        rc = launch_batch(s, eb); /* full: decode it, the next batch takes the other area */
+    if (rc == 0 && !b->open)
+        rc = open_batch(s, up->tensor, eb);
+    uint64_t at = c->mem + b->area * c->area_bytes + b->used;
+    if (rc == 0)
+        rc = upload_into(s, t, up, cp, at, eb);
     if (rc != 0)
         return rc;
-    rc = ddo__dev_stream_wait_event(s->dev, c->decode_stream, c->filled[a]);
-    if (rc != 0)
-        return ddo__session_fail_ctx(eb, rc, "tensor \"%s\": ordering its decode", name);
-    ddo__codec_launch l = cp->launch;
-    l.status_dev = c->mem + AREAS * c->area_bytes + c->cur_slot * c->status_bytes + cs->status_used;
-    uint64_t src = c->mem + a * c->area_bytes;
-    rc = ddo__dev_codec_decode(s->dev, c->decode_stream, src, cp->coded_bytes, up->dst, up->nbytes,
-                               &l);
-    if (rc == 0) {
-        c->read_recorded[a] = false;
-        rc = ddo__dev_event_record(s->dev, c->read[a], c->decode_stream);
-        c->read_recorded[a] = rc == 0;
-    }
-    if (rc != 0)
-        return ddo__session_fail_ctx(eb, rc, "tensor \"%s\": decode", name);
+    ddo__codec_desc *d = &b->d[b->count++];
+    *d = (ddo__codec_desc){ at, cp->coded_bytes, up->dst, up->nbytes, cp->launch };
+    d->l.status_dev =
+        c->mem + AREAS * c->area_bytes + c->cur_slot * c->status_bytes + cs->status_used;
+    b->used += need;
     cs->pending[cs->count++] = (pending){ up->tensor, cs->status_used };
-    cs->status_used += l.status_bytes;
-    ddo__metrics_add(&s->metrics, DDO_M_bytes_decoded, (double)cp->decoded_bytes);
-    ddo__metrics_add(&s->metrics, DDO_M_codec_decodes, 1);
+    cs->status_used += cp->launch.status_bytes;
+    return 0;
+}
+
+/* The decode stream, after the unit's last batch: it joins the copy stream, then copies the
+ * slot's status part into its pinned copy (before the upload event, which the loader records
+ * on this stream next). */
+static int close_unit(ddo_session *s, codec_slot *cs, ddo__errbuf *eb)
+{
+    ddo__session_codec *c = s->codec;
+    int rc = ddo__dev_event_record(s->dev, c->join, s->copy_stream);
+    if (rc == 0)
+        rc = ddo__dev_stream_wait_event(s->dev, c->decode_stream, c->join);
+    if (rc != 0)
+        return ddo__session_fail_ctx(eb, rc, "decode stream (joining the copy stream)");
+    if (cs->count == 0)
+        return 0;
+    uint64_t part = c->mem + AREAS * c->area_bytes + c->cur_slot * c->status_bytes;
+    rc = ddo__dev_copy_d2h_async(s->dev, c->status_pinned + c->cur_slot * (c->status_bytes / 8),
+                                 part, (size_t)cs->status_used, c->decode_stream);
+    if (rc != 0)
+        return ddo__session_fail_ctx(eb, rc, "copying the decoder's status to the host");
     return 0;
 }
 
@@ -334,15 +445,18 @@ int ddo__session_codec_finish(ddo_session *s, bool ok, ddo__errbuf *eb)
         return 0;
     codec_slot *cs = &c->slots[c->cur_slot];
     if (!ok) {
-        cs->count = 0; /* a failed upload: the loader waits for both streams itself */
+        /* a failed upload: the loader waits for both streams itself; nothing is decoded */
+        cs->count = 0;
+        c->batch.open = false;
+        c->batch.count = 0;
         return 0;
     }
-    int rc = ddo__dev_event_record(s->dev, c->join, s->copy_stream);
+    int rc = c->batch.open ? launch_batch(s, eb) : 0;
     if (rc == 0)
-        rc = ddo__dev_stream_wait_event(s->dev, c->decode_stream, c->join);
+        rc = close_unit(s, cs, eb);
     if (rc != 0) {
         cs->count = 0;
-        return ddo__session_fail_ctx(eb, rc, "decode stream (joining the copy stream)");
+        return rc;
     }
     cs->due = cs->count > 0;
     return 0;
@@ -378,14 +492,12 @@ int ddo__session_codec_verify(ddo_session *s, size_t slot, bool *unsafe, ddo__er
     int rc = wait_load(s, slot, unsafe, eb);
     if (rc != 0)
         return rc;
-    uint64_t part = c->mem + AREAS * c->area_bytes + slot * c->status_bytes;
-    rc = ddo__dev_copy_d2h(s->dev, c->status_host, part, (size_t)cs->status_used);
-    if (rc != 0)
-        return ddo__session_fail_ctx(eb, rc, "reading the decoder's status");
     ddo__metrics_add(&s->metrics, DDO_M_codec_wait_ns, (double)(ddo__now_ns() - t0));
+    /* the upload event follows the status copy on the decode stream: the copy is complete */
+    const uint64_t *status = c->status_pinned + slot * (c->status_bytes / 8);
     for (size_t i = 0; i < cs->count; i++) {
         const ddo__codec_plan *cp = ddo__source_coded(s->source, cs->pending[i].tensor);
-        rc = ddo__codec_status_check(cp, c->status_host + cs->pending[i].status_off / 8, eb);
+        rc = ddo__codec_status_check(cp, status + cs->pending[i].status_off / 8, eb);
         if (rc != 0)
             return rc;
     }

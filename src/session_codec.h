@@ -28,20 +28,27 @@ void *ddo__session_codec_stream(const ddo_session *s);
 int ddo__session_codec_sync(ddo_session *s);
 /* The loader, before a unit's first upload into slot: the slot's decodes start afresh. */
 void ddo__session_codec_begin(ddo_session *s, size_t slot);
-/* The coded row's upload: coded bytes into the next decode area (copy stream), then the decode
- * into up->dst (decode stream, after that upload). */
+/* The coded row's upload: coded bytes into the open batch's decode area (copy stream); the
+ * batch's one decode into each tensor's up->dst (decode stream, after its uploads) is queued
+ * when the next tensor would not fit the area, or by ddo__session_codec_finish. */
 int ddo__transport_coded(ddo_session *s, const struct ddo__transport *t,
                          const struct ddo__upload *up, ddo__errbuf *eb);
-/* After a unit's last tensor was queued: when ok, the decode stream joins the copy stream and
- * the slot's decodes are due for ddo__session_codec_verify; else they are forgotten (the loader
- * waits for both streams itself). */
+/* After a unit's last tensor was queued: when ok, the unit's last batch is decoded, the
+ * decode stream joins the copy stream and copies the slot's status part to its pinned host
+ * copy, and the slot's decodes are due for ddo__session_codec_verify; else (or when one of
+ * those fails) they are forgotten (the loader waits for both streams itself). */
 int ddo__session_codec_finish(ddo_session *s, bool ok, ddo__errbuf *eb);
 /* True when slot's last load decoded tensors not verified yet (the host, mu held). */
 bool ddo__session_codec_due(const ddo_session *s, size_t slot);
-/* The host, before slot's load is first leased (mu not held): waits for its upload event,
- * reads the slot's status words back and checks every decode of the load (DDO_E_FORMAT naming
- * the tensor and block). The decodes are no longer due afterwards, either way; *unsafe when
- * nothing says the slot's decodes have finished (the wait failed twice). */
+/* The host, before slot's load is first leased (mu not held): waits for its upload event
+ * (which follows the status copy) and checks every decode of the load in the slot's pinned
+ * status copy (DDO_E_FORMAT naming the tensor and block). The decodes are no longer due afterwards,
+ * either way; *unsafe when nothing says the slot's decodes have finished (the wait failed twice).
+ */
 int ddo__session_codec_verify(ddo_session *s, size_t slot, bool *unsafe, ddo__errbuf *eb);
+
+/* Tests: caps the decode areas at bytes (0: DDO_CODEC_AREA_CAP) for sessions created after
+ * the call, so a small unit splits into several batches. */
+void ddo__session_codec_test_area_cap(uint64_t bytes);
 
 #endif /* DDO_SESSION_CODEC_H */

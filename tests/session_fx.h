@@ -20,7 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define FX_MAX_TENSORS 64
+#define FX_MAX_TENSORS 128
 #define FX_ROWS        64
 #define FX_COLS        128 /* F32 [64, 128] = 32 KiB per weight */
 
@@ -36,11 +36,15 @@ typedef struct fx_opts {
     bool reclaim;          /* vmm_execution_backing_reclaim */
     double bytes_per_s;    /* copy throttle */
     uint64_t latency_ns;
-    bool no_session;          /* stop after the plan */
-    uint64_t cols;            /* columns of the block weights; 0 = FX_COLS */
-    const char *weight_codec; /* weight_codec (NULL: the default) */
-    bool trained;             /* block weights shaped like trained ones (Gaussian F32, so the
-                                 codec really codes them); salt 0 only */
+    bool no_session;           /* stop after the plan */
+    uint64_t cols;             /* columns of the block weights; 0 = FX_COLS */
+    const char *weight_codec;  /* weight_codec (NULL: the default) */
+    bool trained;              /* block weights shaped like trained ones (Gaussian F32, so the
+                                  codec really codes them); salt 0 only */
+    int weights;               /* weights per block: attn, then blocks.N.wK.weight (K = 0..),
+                                  then ff; 0 = 2 (attn and ff) */
+    const char *random_tensor; /* with trained: this tensor holds random bits (the codec keeps
+                                  it raw) */
 } fx_opts;
 
 typedef struct fx {
@@ -171,6 +175,10 @@ static inline int fx_create(fx *f, const fx_opts *o)
         char name[64];
         snprintf(name, sizeof(name), "blocks.%d.attn.weight", b);
         fx_add(f, name, FX_ROWS, f->o.cols);
+        for (int k = 0; k + 2 < f->o.weights; k++) {
+            snprintf(name, sizeof(name), "blocks.%d.w%d.weight", b, k);
+            fx_add(f, name, FX_ROWS, f->o.cols);
+        }
         snprintf(name, sizeof(name), "blocks.%d.ff.weight", b);
         fx_add(f, name, FX_ROWS + (uint64_t)b, f->o.cols);
     }
@@ -178,6 +186,14 @@ static inline int fx_create(fx *f, const fx_opts *o)
     fx_fill(f, 0);
     if (f->o.trained)
         fx_fill_trained(f);
+    for (size_t t = 0; f->o.trained && f->o.random_tensor != NULL && t < f->nt; t++)
+        if (strcmp(f->names[t], f->o.random_tensor) == 0) {
+            uint64_t z = 88172645463325252ull;
+            for (size_t j = 0; j < f->sizes[t]; j++) {
+                z ^= z << 13, z ^= z >> 7, z ^= z << 17;
+                f->bytes[t][j] = (unsigned char)(z >> 24);
+            }
+        }
 
     if (f->o.file) {
         snprintf(f->dir, sizeof(f->dir), "/var/tmp/ddo_session_XXXXXX");

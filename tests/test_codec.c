@@ -4,8 +4,10 @@
  * payloads, all 65,536 BF16 and F16 patterns), results independent of the
  * encoder's thread count, raw fallback on random bits within the bound,
  * Gaussian BF16 weights coding smaller, corruption of every region of a
- * stream detected without a write outside the output, and the decode through
- * the cpu device's codec_decode operation equal to the C reference.
+ * stream detected without a write outside the output, the decode through
+ * the cpu device's codec_decode operation equal to the C reference (one tensor,
+ * and a batch of several in one operation, corruption reported per tensor,
+ * refused batches queuing nothing), and its asynchronous device->host copy.
  *
  * ctest-labels: unit threads
  */
@@ -293,15 +295,15 @@ static void test_cpu_device_op(void)
     T_EQ_INT(ddo__dev_mem_alloc(dev, len, &dsrc), 0);
     T_EQ_INT(ddo__dev_mem_alloc(dev, bytes, &ddst), 0);
     T_EQ_INT(ddo__dev_mem_alloc(dev, p->launch.status_bytes, &dst_st), 0);
-    ddo__codec_launch l = p->launch;
-    l.status_dev = dst_st;
+    ddo__codec_desc l = { dsrc, len, ddst, bytes, p->launch };
+    l.l.status_dev = dst_st;
     uint8_t *got = malloc(bytes);
     uint64_t st[6];
     for (int corrupt = 0; corrupt < 2; corrupt++) {
         if (corrupt)
             coded[p->blocks[2].coded_offset + 300] ^= 4;
         T_EQ_INT(ddo__dev_copy_h2d(dev, dsrc, coded, len, s), 0);
-        T_EQ_INT(ddo__dev_codec_decode(dev, s, dsrc, len, ddst, bytes, &l), 0);
+        T_EQ_INT(ddo__dev_codec_decode(dev, s, &l, 1), 0);
         T_EQ_INT(ddo__dev_stream_synchronize(dev, s), 0);
         T_EQ_INT(ddo__dev_copy_d2h(dev, got, ddst, bytes), 0);
         T_EQ_INT(ddo__dev_copy_d2h(dev, st, dst_st, sizeof(st)), 0);
@@ -313,13 +315,15 @@ static void test_cpu_device_op(void)
             T_CONTAINS(eb.msg, "block 2 of 3");
     }
     /* A destination smaller than the decoded stream is refused before anything is queued. */
-    T_EQ_INT(ddo__dev_codec_decode(dev, s, dsrc, len, ddst, bytes - 2, &l), DDO_E_INVALID_ARGUMENT);
-    ddo__codec_launch bad = l;
-    bad.status_dev = 0;
-    T_EQ_INT(ddo__dev_codec_decode(dev, s, dsrc, len, ddst, bytes, &bad), DDO_E_INVALID_ARGUMENT);
+    ddo__codec_desc bad = l;
+    bad.dst_bytes = bytes - 2;
+    T_EQ_INT(ddo__dev_codec_decode(dev, s, &bad, 1), DDO_E_INVALID_ARGUMENT);
     bad = l;
-    bad.status_dev = (uint64_t)(uintptr_t)st; /* host memory, not device memory */
-    T_EQ_INT(ddo__dev_codec_decode(dev, s, dsrc, len, ddst, bytes, &bad), DDO_E_INVALID_ARGUMENT);
+    bad.l.status_dev = 0;
+    T_EQ_INT(ddo__dev_codec_decode(dev, s, &bad, 1), DDO_E_INVALID_ARGUMENT);
+    bad = l;
+    bad.l.status_dev = (uint64_t)(uintptr_t)st; /* host memory, not device memory */
+    T_EQ_INT(ddo__dev_codec_decode(dev, s, &bad, 1), DDO_E_INVALID_ARGUMENT);
     ddo__devop_stats stats[DDO__OP_COUNT];
     ddo__device_stats(dev, stats);
     T_EQ_U64(stats[DDO__OP_CODEC_DECODE].calls, 5);
@@ -336,6 +340,176 @@ static void test_cpu_device_op(void)
     free(src);
 }
 
+/* Batches the wrapper refuses before anything is queued: too many tensors, an output over
+ * another's or over a source, mixed warps per thread block. d: a valid batch of 3, src_off2
+ * tensor 2's source offset from tensor 0's. */
+static void refused_batches(ddo_device *dev, void *s, const ddo__codec_desc *d, uint64_t src_off2)
+{
+    ddo__codec_desc bad[3];
+    memcpy(bad, d, sizeof(bad));
+    bad[2].dst = bad[1].dst + 16; /* overlaps tensor 1's output */
+    T_EQ_INT(ddo__dev_codec_decode(dev, s, bad, 3), DDO_E_INVALID_ARGUMENT);
+    T_CONTAINS(ddo_last_error(), "overlaps tensor 1's destination");
+    memcpy(bad, d, sizeof(bad));
+    bad[0].dst = d[0].src + src_off2; /* over tensor 2's coded bytes */
+    T_EQ_INT(ddo__dev_codec_decode(dev, s, bad, 3), DDO_E_INVALID_ARGUMENT);
+    T_CONTAINS(ddo_last_error(), "source");
+    memcpy(bad, d, sizeof(bad));
+    bad[1].l.cta_warps = 4;
+    T_EQ_INT(ddo__dev_codec_decode(dev, s, bad, 3), DDO_E_INVALID_ARGUMENT);
+    ddo__codec_desc many[DDO_CODEC_BATCH_MAX + 1];
+    for (size_t i = 0; i < DDO_ARRAY_LEN(many); i++)
+        many[i] = d[0];
+    T_EQ_INT(ddo__dev_codec_decode(dev, s, many, DDO_ARRAY_LEN(many)), DDO_E_INVALID_ARGUMENT);
+}
+
+/* n Gaussian BF16 elements coded in blocks of one group (*src, *coded, *len), and the plan of
+ * the stream, named "t<i>.weight". */
+static ddo__codec_plan *encode_bf16(uint64_t n, int i, uint8_t **src, uint8_t **coded,
+                                    uint64_t *len)
+{
+    *src = make(DDO_DTYPE_BF16, n, false);
+    uint64_t bound = ddo__codec_bound(DDO_DTYPE_BF16, 2 * n, GROUP);
+    *coded = malloc(bound);
+    ddo__codec_params cp = { GROUP, 1 };
+    T_EQ_INT(ddo__codec_encode(*src, 2 * n, DDO_DTYPE_BF16, &cp, *coded, bound, len, "t", NULL), 0);
+    char name[16];
+    snprintf(name, sizeof(name), "t%d.weight", i);
+    ddo__codec_plan *p = NULL;
+    T_EQ_INT(ddo__codec_plan_create(*coded, *len, name, &p, NULL), 0);
+    return p;
+}
+
+/* Three coded tensors in one device buffer, decoded by one batch into one output buffer:
+ * each tensor where it belongs, one status area per tensor, in one queued operation; the
+ * middle tensor corrupted is reported by its own status alone; batches the wrapper refuses
+ * (too many tensors, overlapping outputs, an output over a source, mixed warps) queue
+ * nothing. */
+static void test_cpu_device_batch(void)
+{
+    enum { N = 3 };
+    const uint64_t elems[N] = { 3 * GROUP + 77, GROUP, 2 * GROUP + 5 };
+    uint8_t *src[N], *coded[N];
+    uint64_t len[N], off[N], out_off[N], st_off[N], in_total = 0, out_total = 0, st_total = 0;
+    ddo__codec_plan *p[N];
+    for (int i = 0; i < N; i++) {
+        p[i] = encode_bf16(elems[i], i, &src[i], &coded[i], &len[i]);
+        T_REQUIRE(p[i] != NULL);
+        off[i] = in_total;
+        in_total += (len[i] + 255) / 256 * 256;
+        out_off[i] = out_total;
+        out_total += (2 * elems[i] + 255) / 256 * 256;
+        st_off[i] = st_total;
+        st_total += p[i]->launch.status_bytes;
+    }
+    ddo_device_options o = DDO_DEVICE_OPTIONS_INIT;
+    ddo_device *dev = NULL;
+    T_REQUIRE(ddo_device_create("cpu", &o, &dev) == 0);
+    void *s = NULL;
+    uint64_t din = 0, dout = 0, dst_st = 0;
+    T_EQ_INT(ddo__dev_stream_create(dev, 1, &s), 0);
+    T_EQ_INT(ddo__dev_mem_alloc(dev, in_total, &din), 0);
+    T_EQ_INT(ddo__dev_mem_alloc(dev, out_total, &dout), 0);
+    T_EQ_INT(ddo__dev_mem_alloc(dev, st_total, &dst_st), 0);
+    ddo__codec_desc d[N];
+    for (int i = 0; i < N; i++) {
+        d[i] = (ddo__codec_desc){ din + off[i], len[i], dout + out_off[i], 2 * elems[i],
+                                  p[i]->launch };
+        d[i].l.status_dev = dst_st + st_off[i];
+    }
+    uint64_t *st = malloc(st_total);
+    uint8_t *got = malloc(out_total);
+    for (int corrupt = 0; corrupt < 2; corrupt++) {
+        if (corrupt)
+            coded[1][p[1]->blocks[0].coded_offset + 400] ^= 8;
+        for (int i = 0; i < N; i++)
+            T_EQ_INT(ddo__dev_copy_h2d(dev, din + off[i], coded[i], len[i], s), 0);
+        memset((void *)(uintptr_t)dout, 0x5A, out_total);
+        ddo__devop_stats before[DDO__OP_COUNT], after[DDO__OP_COUNT];
+        ddo__device_stats(dev, before);
+        T_EQ_INT(ddo__dev_codec_decode(dev, s, d, N), 0);
+        ddo__device_stats(dev, after);
+        T_EQ_U64(after[DDO__OP_CODEC_DECODE].calls - before[DDO__OP_CODEC_DECODE].calls, 1);
+        T_EQ_INT(ddo__dev_stream_synchronize(dev, s), 0);
+        T_EQ_INT(ddo__dev_copy_d2h(dev, got, dout, out_total), 0);
+        T_EQ_INT(ddo__dev_copy_d2h(dev, st, dst_st, st_total), 0);
+        for (int i = 0; i < N; i++) {
+            ddo__errbuf eb = { 0, "" };
+            int want = corrupt && i == 1 ? DDO_E_FORMAT : 0;
+            T_EQ_INT(ddo__codec_status_check(p[i], st + st_off[i] / 8, &eb), want);
+            if (want != 0)
+                T_CONTAINS(eb.msg, "t1.weight");
+            if (want == 0)
+                T_CHECK_MSG(memcmp(got + out_off[i], src[i], 2 * elems[i]) == 0, "tensor %d", i);
+            /* the padding between outputs is never written */
+            for (uint64_t k = out_off[i] + 2 * elems[i];
+                 k < (i + 1 < N ? out_off[i + 1] : out_total); k++)
+                T_CHECK(got[k] == 0x5A);
+        }
+    }
+    refused_batches(dev, s, d, off[2]);
+    T_EQ_INT(ddo__dev_codec_decode(dev, s, d, 0), 0); /* nothing to do */
+    T_EQ_INT(ddo__dev_stream_destroy(dev, s), 0);
+    T_EQ_INT(ddo__dev_mem_free(dev, din), 0);
+    T_EQ_INT(ddo__dev_mem_free(dev, dout), 0);
+    T_EQ_INT(ddo__dev_mem_free(dev, dst_st), 0);
+    ddo_device_destroy(dev);
+    free(st);
+    free(got);
+    for (int i = 0; i < N; i++) {
+        ddo__codec_plan_destroy(p[i]);
+        free(coded[i]);
+        free(src[i]);
+    }
+}
+
+/* The asynchronous device->host copy: ordered on its stream, into pinned memory only. */
+static void test_cpu_d2h_async(void)
+{
+    ddo_device_options o = DDO_DEVICE_OPTIONS_INIT;
+    ddo_device *dev = NULL;
+    T_REQUIRE(ddo_device_create("cpu", &o, &dev) == 0);
+    void *s = NULL, *ev = NULL, *pinned = NULL;
+    uint64_t buf = 0;
+    T_EQ_INT(ddo__dev_stream_create(dev, 1, &s), 0);
+    T_EQ_INT(ddo__dev_event_create(dev, &ev), 0);
+    T_EQ_INT(ddo__dev_mem_alloc(dev, 4096, &buf), 0);
+    T_EQ_INT(ddo__dev_host_alloc(dev, 4096, &pinned), 0);
+    uint8_t pattern[4096], pageable[64];
+    memset(pattern, 0x3C, sizeof(pattern));
+    memset(pinned, 0, 4096);
+    /* slow h2d first: the d2h behind it on the same stream reads what it wrote */
+    T_EQ_INT(ddo__device_cpu_throttle(dev, 20e6, 0), 0);
+    T_EQ_INT(ddo__dev_copy_h2d(dev, buf, pattern, sizeof(pattern), s), 0);
+    T_EQ_INT(ddo__dev_copy_d2h_async(dev, (uint8_t *)pinned + 100, buf + 8, 3000, s), 0);
+    T_EQ_INT(ddo__dev_event_record(dev, ev, s), 0);
+    T_EQ_INT(ddo__dev_event_synchronize(dev, ev), 0);
+    T_EQ_INT(ddo__device_cpu_throttle(dev, 0, 0), 0);
+    const uint8_t *h = pinned;
+    T_CHECK(h[99] == 0 && h[100] == 0x3C && h[3099] == 0x3C && h[3100] == 0);
+    /* pageable host memory, a range past the pinned block, memory that is not the device's */
+    T_EQ_INT(ddo__dev_copy_d2h_async(dev, pageable, buf, sizeof(pageable), s),
+             DDO_E_INVALID_ARGUMENT);
+    T_CONTAINS(ddo_last_error(), "not pinned");
+    T_EQ_INT(ddo__dev_copy_d2h_async(dev, (uint8_t *)pinned + 4000, buf, 200, s),
+             DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo__dev_copy_d2h_async(dev, pinned, (uintptr_t)pattern, 64, s),
+             DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo__dev_copy_d2h_async(dev, pinned, buf, 64, NULL), DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo__dev_copy_d2h_async(dev, pinned, buf, 0, s), 0);
+    ddo__devop_stats stats[DDO__OP_COUNT];
+    ddo__device_stats(dev, stats);
+    T_EQ_U64(stats[DDO__OP_COPY_D2H_ASYNC].calls, 6);
+    T_EQ_U64(stats[DDO__OP_COPY_D2H_ASYNC].bytes, 3000);
+    T_EQ_STR(ddo__devop_name(DDO__OP_COPY_D2H_ASYNC), "copy_d2h_async");
+    T_EQ_INT(ddo__dev_stream_synchronize(dev, s), 0);
+    T_EQ_INT(ddo__dev_event_destroy(dev, ev), 0);
+    T_EQ_INT(ddo__dev_stream_destroy(dev, s), 0);
+    T_EQ_INT(ddo__dev_mem_free(dev, buf), 0);
+    T_EQ_INT(ddo__dev_host_free(dev, pinned), 0);
+    ddo_device_destroy(dev);
+}
+
 int main(void)
 {
     T_RUN(test_every_dtype);
@@ -346,5 +520,7 @@ int main(void)
     T_RUN(test_arguments);
     T_RUN(test_corruption_detected);
     T_RUN(test_cpu_device_op);
+    T_RUN(test_cpu_device_batch);
+    T_RUN(test_cpu_d2h_async);
     return t_done();
 }

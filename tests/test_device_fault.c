@@ -125,6 +125,11 @@ static void prepare(fixture *fx, ddo__devop op, ctx *c)
         memset((void *)(uintptr_t)fx->buf, 0x6B, 4096);
         memset(fx->host, 0, 4096);
         break;
+    case DDO__OP_COPY_D2H_ASYNC: /* into pinned memory of its own */
+        T_EQ_INT(ddo__dev_host_alloc(dev, 4096, &c->q), 0);
+        memset((void *)(uintptr_t)fx->buf, 0x6B, 4096);
+        memset(c->q, 0, 4096);
+        break;
     case DDO__OP_EVENT_RECORD:
         /* Behind a slow copy a recorded event is busy; one not recorded stays complete. */
         T_EQ_INT(ddo__device_cpu_throttle(dev, 50e6, 0), 0);
@@ -179,6 +184,8 @@ static int invoke(fixture *fx, ddo__devop op, ctx *c)
         return ddo__dev_copy_h2d(dev, fx->buf, fx->host, 4096, fx->stream);
     case DDO__OP_COPY_D2H:
         return ddo__dev_copy_d2h(dev, fx->host, fx->buf, 4096);
+    case DDO__OP_COPY_D2H_ASYNC:
+        return ddo__dev_copy_d2h_async(dev, c->q, fx->buf, 4096, fx->stream);
     case DDO__OP_EVENT_CREATE:
         return ddo__dev_event_create(dev, &c->q);
     case DDO__OP_EVENT_DESTROY:
@@ -195,8 +202,13 @@ static int invoke(fixture *fx, ddo__devop op, ctx *c)
         return ddo__dev_host_fn(dev, fx->stream, bump, &c->n);
     case DDO__OP_CODEC_DECODE: {
         /* a one-block stream (not a valid one: the decoder flags it in the status words) */
-        ddo__codec_launch l = { 64, 16, 16, 1, DDO_CODEC_GROUP_ELEMS, 1, 8, 4, 16, fx->buf + 8192 };
-        return ddo__dev_codec_decode(dev, fx->stream, fx->buf, 1024, fx->buf + 4096, 16, &l);
+        ddo__codec_desc d = { fx->buf,
+                              1024,
+                              fx->buf + 4096,
+                              16,
+                              { 64, 16, 16, 1, DDO_CODEC_GROUP_ELEMS, 1, 8, 4, 16,
+                                fx->buf + 8192 } };
+        return ddo__dev_codec_decode(dev, fx->stream, &d, 1);
     }
     case DDO__OP_COUNT:
         break;
@@ -207,12 +219,35 @@ static int invoke(fixture *fx, ddo__devop op, ctx *c)
 /*
  * Checks the effect of the call (rc == 0) or its absence (rc != 0: a create
  * took nothing, a release that failed can be done again, a copy wrote
- * nothing), then puts the fixture back as it was. Faults must be off.
+ * nothing), then puts the fixture back as it was. Faults must be off. The operations
+ * queued on a stream: finish_queued.
  */
-static void finish(fixture *fx, ddo__devop op, ctx *c, int rc)
+static void finish_queued(fixture *fx, ddo__devop op, ctx *c, int rc)
 {
     ddo_device *dev = fx->dev;
     const unsigned char *dst = (const unsigned char *)(uintptr_t)fx->buf;
+    if (op != DDO__OP_COPY_D2H && op != DDO__OP_EVENT_RECORD)
+        T_EQ_INT(ddo__dev_stream_synchronize(dev, fx->stream), 0);
+    if (op == DDO__OP_COPY_H2D) {
+        T_EQ_INT(dst[4095], rc == 0 ? 0x5A : 0);
+    } else if (op == DDO__OP_COPY_D2H) {
+        T_EQ_INT(fx->host[4095], rc == 0 ? 0x6B : 0);
+    } else if (op == DDO__OP_COPY_D2H_ASYNC) {
+        T_EQ_INT(((const unsigned char *)c->q)[4095], rc == 0 ? 0x6B : 0);
+        T_EQ_INT(ddo__dev_host_free(dev, c->q), 0);
+    } else if (op == DDO__OP_EVENT_RECORD) {
+        T_EQ_INT(ddo__dev_event_query(dev, fx->event), rc == 0 ? DDO_E_BUSY : 0);
+        T_EQ_INT(ddo__dev_stream_synchronize(dev, fx->stream), 0);
+        T_EQ_INT(ddo__device_cpu_throttle(dev, 0, 0), 0);
+        T_EQ_INT(ddo__dev_event_query(dev, fx->event), 0);
+    } else if (op == DDO__OP_HOST_FN) {
+        T_EQ_INT(c->n, rc == 0 ? 1 : 0);
+    }
+}
+
+static void finish(fixture *fx, ddo__devop op, ctx *c, int rc)
+{
+    ddo_device *dev = fx->dev;
     switch (op) {
     case DDO__OP_VA_RESERVE:
         if (rc == 0)
@@ -268,28 +303,16 @@ static void finish(fixture *fx, ddo__devop op, ctx *c, int rc)
         }
         break;
     case DDO__OP_COPY_H2D:
-        T_EQ_INT(ddo__dev_stream_synchronize(dev, fx->stream), 0);
-        T_EQ_INT(dst[4095], rc == 0 ? 0x5A : 0);
-        break;
     case DDO__OP_COPY_D2H:
-        T_EQ_INT(fx->host[4095], rc == 0 ? 0x6B : 0);
+    case DDO__OP_COPY_D2H_ASYNC:
+    case DDO__OP_EVENT_RECORD:
+    case DDO__OP_HOST_FN:
+    case DDO__OP_CODEC_DECODE:
+        finish_queued(fx, op, c, rc);
         break;
     case DDO__OP_EVENT_CREATE:
         if (rc == 0)
             T_EQ_INT(ddo__dev_event_destroy(dev, c->q), 0);
-        break;
-    case DDO__OP_EVENT_RECORD:
-        T_EQ_INT(ddo__dev_event_query(dev, fx->event), rc == 0 ? DDO_E_BUSY : 0);
-        T_EQ_INT(ddo__dev_stream_synchronize(dev, fx->stream), 0);
-        T_EQ_INT(ddo__device_cpu_throttle(dev, 0, 0), 0);
-        T_EQ_INT(ddo__dev_event_query(dev, fx->event), 0);
-        break;
-    case DDO__OP_HOST_FN:
-        T_EQ_INT(ddo__dev_stream_synchronize(dev, fx->stream), 0);
-        T_EQ_INT(c->n, rc == 0 ? 1 : 0);
-        break;
-    case DDO__OP_CODEC_DECODE:
-        T_EQ_INT(ddo__dev_stream_synchronize(dev, fx->stream), 0);
         break;
     default:
         break;

@@ -3,10 +3,14 @@
  * cuda device bit-identical to the C reference (every coded dtype, partial
  * groups and blocks, raw blocks, all 65,536 BF16 patterns), nothing written
  * outside the destination, corrupt input (payload, lane table, header)
- * detected through the status words, and the decoder's throughput printed
- * (GB/s of decoded BF16 output; Gaussian weights like `ddo synth --values
- * normal`, or the BF16 tensors of the checkpoint named by
- * DDO_CODEC_BENCH_CHECKPOINT).
+ * detected through the status words, batches (several tensors of every dtype
+ * in one launch, each written only into its own range, a corrupted middle
+ * tensor reported alone), and the decoder's throughput printed (GB/s of
+ * decoded BF16 output; Gaussian weights like `ddo synth --values normal`, or
+ * the BF16 tensors of the checkpoint named by DDO_CODEC_BENCH_CHECKPOINT): one
+ * stream of 64 MiB..DDO_CODEC_BENCH_MIB, and the 32 tensors of a Flux.1
+ * double block decoded one launch per tensor, in the session's batches and
+ * in one launch.
  *
  * Skips (77) when ddo_device_create("cuda:0") fails with DDO_E_NO_DEVICE.
  *
@@ -86,7 +90,7 @@ static uint8_t *encode(const void *src, uint64_t bytes, ddo_dtype dt, uint32_t b
 typedef struct dstream {
     ddo__codec_plan *plan;
     uint64_t src, dst, status, dst_bytes;
-    ddo__codec_launch l;
+    ddo__codec_desc d; /* a batch of one */
 } dstream;
 
 static int dstream_open(dstream *d, const uint8_t *coded, uint64_t len)
@@ -105,8 +109,8 @@ static int dstream_open(dstream *d, const uint8_t *coded, uint64_t len)
         rc = ddo__dev_mem_alloc(g_dev, d->plan->launch.status_bytes + 16, &d->status);
     if (rc == 0)
         rc = ddo__dev_copy_h2d(g_dev, d->src, coded, len, g_stream);
-    d->l = d->plan->launch;
-    d->l.status_dev = d->status;
+    d->d = (ddo__codec_desc){ d->src, len, d->dst, d->dst_bytes, d->plan->launch };
+    d->d.l.status_dev = d->status;
     return rc;
 }
 
@@ -126,16 +130,15 @@ static int dstream_decode(dstream *d, uint8_t *out, ddo__errbuf *eb)
     memset(poison, 0xA5, n);
     int rc = ddo__dev_copy_h2d(g_dev, d->dst, poison, n, g_stream);
     if (rc == 0)
-        rc = ddo__dev_codec_decode(g_dev, g_stream, d->src, d->plan->coded_bytes, d->dst,
-                                   d->dst_bytes, &d->l);
+        rc = ddo__dev_codec_decode(g_dev, g_stream, &d->d, 1);
     if (rc == 0)
         rc = ddo__dev_stream_synchronize(g_dev, g_stream);
     uint8_t *got = malloc(n);
-    uint64_t *st = malloc(d->l.status_bytes + 16);
+    uint64_t *st = malloc(d->d.l.status_bytes + 16);
     if (rc == 0)
         rc = ddo__dev_copy_d2h(g_dev, got, d->dst, n);
     if (rc == 0)
-        rc = ddo__dev_copy_d2h(g_dev, st, d->status, d->l.status_bytes);
+        rc = ddo__dev_copy_d2h(g_dev, st, d->status, d->d.l.status_bytes);
     T_CHECK_MSG(rc == 0, "decode on cuda: %s", ddo_last_error());
     if (rc == 0) {
         T_CHECK_MSG(memcmp(got + d->dst_bytes, poison, GUARD) == 0, "guard overwritten");
@@ -242,8 +245,9 @@ static void test_corrupt_detected(void)
     T_EQ_INT(dstream_decode(&d, out, &eb), 0);
     T_CHECK(memcmp(out, v, n * 2) == 0);
     /* A destination one element short is refused before anything runs. */
-    T_EQ_INT(ddo__dev_codec_decode(g_dev, g_stream, d.src, len, d.dst, n * 2 - 2, &d.l),
-             DDO_E_INVALID_ARGUMENT);
+    ddo__codec_desc short_dst = d.d;
+    short_dst.dst_bytes = n * 2 - 2;
+    T_EQ_INT(ddo__dev_codec_decode(g_dev, g_stream, &short_dst, 1), DDO_E_INVALID_ARGUMENT);
     dstream_close(&d);
     free(out);
     free(coded);
@@ -281,20 +285,18 @@ static uint16_t *bench_values(uint64_t n, const char **what)
 static void time_decode(dstream *d, uint32_t warps, double *med, double *best)
 {
     double r[7];
-    d->l.cta_warps = warps;
-    d->l.ctas_per_block = (d->l.block_elems / GROUP + warps - 1) / warps;
+    d->d.l.cta_warps = warps;
+    d->d.l.ctas_per_block = (d->d.l.block_elems / GROUP + warps - 1) / warps;
     /* the status check counts the thread blocks of the launch the plan records */
-    d->plan->launch.cta_warps = d->l.cta_warps;
-    d->plan->launch.ctas_per_block = d->l.ctas_per_block;
+    d->plan->launch.cta_warps = d->d.l.cta_warps;
+    d->plan->launch.ctas_per_block = d->d.l.ctas_per_block;
     for (int k = 0; k < 3; k++)
-        ddo__dev_codec_decode(g_dev, g_stream, d->src, d->plan->coded_bytes, d->dst, d->dst_bytes,
-                              &d->l);
+        ddo__dev_codec_decode(g_dev, g_stream, &d->d, 1);
     ddo__dev_stream_synchronize(g_dev, g_stream);
     for (int round = 0; round < 7; round++) {
         uint64_t t0 = ddo__now_ns();
         for (int k = 0; k < 10; k++)
-            ddo__dev_codec_decode(g_dev, g_stream, d->src, d->plan->coded_bytes, d->dst,
-                                  d->dst_bytes, &d->l);
+            ddo__dev_codec_decode(g_dev, g_stream, &d->d, 1);
         ddo__dev_stream_synchronize(g_dev, g_stream);
         r[round] = 10.0 * (double)d->dst_bytes / (double)(ddo__now_ns() - t0);
     }
@@ -350,6 +352,250 @@ static void test_throughput(void)
         dstream_close(&d);
         free(coded);
     }
+    free(v);
+}
+
+/* A batch on the device: n coded tensors packed in one source buffer (256-byte offsets),
+ * their outputs packed in one destination buffer, their status areas adjacent. */
+typedef struct dbatch {
+    size_t n;
+    ddo__codec_plan *plan[DDO_CODEC_BATCH_MAX];
+    ddo__codec_desc d[DDO_CODEC_BATCH_MAX];
+    uint64_t src, dst, status, src_total, dst_total, status_total;
+} dbatch;
+
+static uint64_t up256(uint64_t v)
+{
+    return (v + 255) / 256 * 256;
+}
+
+/* coded[i] (len[i] bytes, decoding to raw[i] bytes) into a batch on the device. */
+static int dbatch_open(dbatch *b, size_t n, uint8_t *const *coded, const uint64_t *len)
+{
+    memset(b, 0, sizeof(*b));
+    b->n = n;
+    for (size_t i = 0; i < n; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "batch.%zu.weight", i);
+        if (ddo__codec_plan_create(coded[i], len[i], name, &b->plan[i], NULL) != 0)
+            return -1;
+        b->src_total += up256(len[i]);
+        b->dst_total += up256(b->plan[i]->decoded_bytes);
+        b->status_total += b->plan[i]->launch.status_bytes;
+    }
+    int rc = ddo__dev_mem_alloc(g_dev, b->src_total, &b->src);
+    if (rc == 0)
+        rc = ddo__dev_mem_alloc(g_dev, b->dst_total, &b->dst);
+    if (rc == 0)
+        rc = ddo__dev_mem_alloc(g_dev, b->status_total, &b->status);
+    uint64_t so = 0, dof = 0, sto = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        b->d[i] = (ddo__codec_desc){ b->src + so, len[i], b->dst + dof, b->plan[i]->decoded_bytes,
+                                     b->plan[i]->launch };
+        b->d[i].l.status_dev = b->status + sto;
+        rc = ddo__dev_copy_h2d(g_dev, b->src + so, coded[i], len[i], g_stream);
+        so += up256(len[i]);
+        dof += up256(b->plan[i]->decoded_bytes);
+        sto += b->plan[i]->launch.status_bytes;
+    }
+    if (rc == 0)
+        rc = ddo__dev_stream_synchronize(g_dev, g_stream);
+    return rc;
+}
+
+static void dbatch_close(dbatch *b)
+{
+    ddo__dev_mem_free(g_dev, b->src);
+    ddo__dev_mem_free(g_dev, b->dst);
+    ddo__dev_mem_free(g_dev, b->status);
+    for (size_t i = 0; i < b->n; i++)
+        ddo__codec_plan_destroy(b->plan[i]);
+}
+
+/* How many tensors from i go in one launch: at most per, and while their coded bytes (at
+ * 256-byte offsets) fit area bytes (0: no limit), as the session packs its decode areas. */
+static size_t launch_size(const dbatch *b, size_t i, size_t per, uint64_t area)
+{
+    size_t k = 0;
+    for (uint64_t used = 0; i + k < b->n && k < per; k++) {
+        used += up256(b->d[i + k].l.coded_bytes);
+        if (area > 0 && k > 0 && used > area)
+            break;
+    }
+    return k;
+}
+
+/* Decodes the batch in launches of launch_size tensors; checks every status and output
+ * against raw (NULL: not compared). Returns the index of the first tensor whose status check
+ * failed, b->n when none did, or -1 when a device call failed. */
+static long dbatch_decode(dbatch *b, size_t per, uint64_t area, uint8_t *const *raw,
+                          ddo__errbuf *eb)
+{
+    uint8_t *poison = malloc(b->dst_total);
+    memset(poison, 0xA5, b->dst_total);
+    int rc = ddo__dev_copy_h2d(g_dev, b->dst, poison, b->dst_total, g_stream);
+    for (size_t i = 0, k = 0; i < b->n && rc == 0; i += k) {
+        k = launch_size(b, i, per, area);
+        rc = ddo__dev_codec_decode(g_dev, g_stream, &b->d[i], k);
+    }
+    if (rc == 0)
+        rc = ddo__dev_stream_synchronize(g_dev, g_stream);
+    uint8_t *got = malloc(b->dst_total);
+    uint64_t *st = malloc(b->status_total);
+    if (rc == 0)
+        rc = ddo__dev_copy_d2h(g_dev, got, b->dst, b->dst_total);
+    if (rc == 0)
+        rc = ddo__dev_copy_d2h(g_dev, st, b->status, b->status_total);
+    long bad = rc == 0 ? (long)b->n : -1;
+    for (size_t i = 0; i < b->n && rc == 0; i++) {
+        uint64_t at = b->d[i].dst - b->dst, n = b->plan[i]->decoded_bytes;
+        if (ddo__codec_status_check(b->plan[i], st + (b->d[i].l.status_dev - b->status) / 8, eb) !=
+            0) {
+            bad = bad == (long)b->n ? (long)i : bad;
+            continue;
+        }
+        T_CHECK_MSG(raw == NULL || memcmp(got + at, raw[i], n) == 0, "tensor %zu differs", i);
+        T_CHECK_MSG(memcmp(got + at + n, poison, up256(n) - n) == 0, "tensor %zu: padding", i);
+    }
+    free(st);
+    free(got);
+    free(poison);
+    return bad;
+}
+
+/* Tensors of every coded dtype and raw blocks in one batch: bit-identical to the source, the
+ * padding between outputs untouched, a corrupted middle tensor reported by its status alone;
+ * the same tensors in one launch each give the same bytes. */
+static void test_batch_bit_identical(void)
+{
+    enum { N = 7 };
+    const ddo_dtype dt[N] = { DDO_DTYPE_BF16, DDO_DTYPE_F32,  DDO_DTYPE_U8, DDO_DTYPE_BF16,
+                              DDO_DTYPE_F16,  DDO_DTYPE_BF16, DDO_DTYPE_F32 };
+    const uint64_t elems[N] = { 3 * GROUP + 17, GROUP + 1, 1000, 9 * GROUP + 4097, 31,
+                                5 * GROUP,      2 * GROUP };
+    uint8_t *raw[N], *coded[N];
+    uint64_t len[N];
+    for (size_t i = 0; i < N; i++) {
+        uint64_t bytes = elems[i] * ddo_dtype_size(dt[i]);
+        raw[i] = malloc(bytes + 8);
+        normal_bf16((uint16_t *)raw[i], bytes / 2 + 1, 0.02);
+        if (i == 5)
+            for (uint64_t k = GROUP; k < 2 * GROUP; k++)
+                ((uint16_t *)raw[i])[k] = (uint16_t)rnd(); /* a raw block */
+        coded[i] = encode(raw[i], bytes, dt[i], 2 * GROUP, &len[i]);
+        T_REQUIRE(coded[i] != NULL);
+    }
+    dbatch b;
+    T_REQUIRE(dbatch_open(&b, N, coded, len) == 0);
+    ddo__errbuf eb = { 0, "" };
+    T_EQ_INT(dbatch_decode(&b, N, 0, raw, &eb), N);
+    T_EQ_INT(dbatch_decode(&b, 1, 0, raw, &eb), N);
+    coded[3][b.plan[3]->blocks[2].coded_offset + 3000] ^= 0x40;
+    T_EQ_INT(ddo__dev_copy_h2d(g_dev, b.d[3].src, coded[3], len[3], g_stream), 0);
+    T_EQ_INT(dbatch_decode(&b, N, 0, raw, &eb), 3);
+    T_CONTAINS(eb.msg, "batch.3.weight");
+    T_CONTAINS(eb.msg, "block 2 of");
+    dbatch_close(&b);
+    for (size_t i = 0; i < N; i++) {
+        free(raw[i]);
+        free(coded[i]);
+    }
+}
+
+/* The weights and biases of a Flux.1 double block (transformer_blocks.N of
+ * data/layouts/flux1-dev.json): 32 BF16 tensors, 679.7 MB. */
+static const uint64_t flux_double[][2] = {
+    { 18432, 3072 }, { 18432, 1 }, { 18432, 3072 }, { 18432, 1 }, { 128, 1 },      { 128, 1 },
+    { 3072, 3072 },  { 3072, 1 },  { 3072, 3072 },  { 3072, 1 },  { 3072, 3072 },  { 3072, 1 },
+    { 3072, 3072 },  { 3072, 1 },  { 128, 1 },      { 128, 1 },   { 3072, 3072 },  { 3072, 1 },
+    { 3072, 3072 },  { 3072, 1 },  { 3072, 3072 },  { 3072, 1 },  { 3072, 3072 },  { 3072, 1 },
+    { 12288, 3072 }, { 12288, 1 }, { 3072, 12288 }, { 3072, 1 },  { 12288, 3072 }, { 12288, 1 },
+    { 3072, 12288 }, { 3072, 1 },
+};
+
+/* Times decoding the whole batch in launches of launch_size tensors: median and best GB/s of 7
+ * rounds of 5. */
+static void time_batch(dbatch *b, size_t per, uint64_t area, double *med, double *best)
+{
+    double r[7];
+    uint64_t decoded = 0;
+    for (size_t i = 0; i < b->n; i++)
+        decoded += b->plan[i]->decoded_bytes;
+    for (int round = -1; round < 7; round++) {
+        uint64_t t0 = ddo__now_ns();
+        for (int k = 0; k < 5; k++)
+            for (size_t i = 0, n = 0; i < b->n; i += n) {
+                n = launch_size(b, i, per, area);
+                ddo__dev_codec_decode(g_dev, g_stream, &b->d[i], n);
+            }
+        ddo__dev_stream_synchronize(g_dev, g_stream);
+        if (round >= 0)
+            r[round] = 5.0 * (double)decoded / (double)(ddo__now_ns() - t0);
+    }
+    for (int i = 0; i < 7; i++)
+        for (int j = i + 1; j < 7; j++)
+            if (r[j] < r[i]) {
+                double x = r[i];
+                r[i] = r[j];
+                r[j] = x;
+            }
+    *med = r[3];
+    *best = r[6];
+}
+
+/* A Flux double block decoded one launch per tensor (as before batching), as the session
+ * batches it (areas of 256 MiB: two launches) and in one launch; GB/s of decoded output. */
+static void test_batch_throughput(void)
+{
+    const char *env = getenv("DDO_CODEC_BENCH_MIB");
+    if (env != NULL && strtoull(env, NULL, 10) == 0)
+        T_SKIP("DDO_CODEC_BENCH_MIB=0");
+    enum { N = DDO_ARRAY_LEN(flux_double) };
+    uint64_t total = 0, len[N];
+    for (size_t i = 0; i < N; i++)
+        total += flux_double[i][0] * flux_double[i][1];
+    const char *what = "";
+    uint16_t *v = bench_values(total, &what);
+    T_REQUIRE(v != NULL);
+    uint8_t *raw[N], *coded[N];
+    uint64_t at = 0, coded_total = 0;
+    for (size_t i = 0; i < N; i++) {
+        uint64_t n = flux_double[i][0] * flux_double[i][1];
+        raw[i] = (uint8_t *)(v + at);
+        at += n;
+        coded[i] = encode(raw[i], 2 * n, DDO_DTYPE_BF16, 0, &len[i]);
+        T_REQUIRE(coded[i] != NULL);
+        coded_total += len[i];
+    }
+    dbatch b;
+    T_REQUIRE(dbatch_open(&b, N, coded, len) == 0);
+    printf("codec batch decode, Flux double block: %d BF16 tensors, %.1f MB -> %.1f MB coded, "
+           "from %s\n",
+           N, 2.0 * (double)total / 1e6, (double)coded_total / 1e6, what);
+    printf("%-34s %9s %10s %10s %10s\n", "launches", "count", "GB/s med", "GB/s best", "check");
+    const struct {
+        const char *name;
+        size_t per;
+        uint64_t area;
+    } modes[] = { { "one per tensor (before batching)", 1, 0 },
+                  { "session batches (256 MiB areas)", DDO_CODEC_BATCH_MAX, (uint64_t)256 << 20 },
+                  { "one batch", N, 0 } };
+    for (size_t m = 0; m < DDO_ARRAY_LEN(modes); m++) {
+        size_t launches = 0;
+        for (size_t i = 0; i < N; i += launch_size(&b, i, modes[m].per, modes[m].area))
+            launches++;
+        ddo__errbuf eb = { 0, "" };
+        long ok = dbatch_decode(&b, modes[m].per, modes[m].area, raw, &eb);
+        T_CHECK_MSG(ok == N, "%s: %s", modes[m].name, eb.msg);
+        double med = 0, best = 0;
+        time_batch(&b, modes[m].per, modes[m].area, &med, &best);
+        printf("%-34s %9zu %10.1f %10.1f %10s\n", modes[m].name, launches, med, best,
+               ok == N ? "identical" : "DIFFERS");
+    }
+    fflush(stdout);
+    dbatch_close(&b);
+    for (size_t i = 0; i < N; i++)
+        free(coded[i]);
     free(v);
 }
 
@@ -430,7 +676,9 @@ int main(int argc, char **argv)
     T_RUN(test_bit_identical);
     T_RUN(test_patterns_and_raw);
     T_RUN(test_corrupt_detected);
+    T_RUN(test_batch_bit_identical);
     T_RUN(test_throughput);
+    T_RUN(test_batch_throughput);
     ddo__dev_stream_destroy(g_dev, g_stream);
     ddo_device_destroy(g_dev);
     return t_done();

@@ -5,12 +5,16 @@
  * while the store holds coded bytes and the bus carries them; the plan's decision and budget
  * accounting; tensors that do not shrink stay raw; a corrupted coded stream fails the load
  * naming the tensor; faults injected into the encoder, the decode and the copies around it
- * end in clean errors with every account back at zero.
+ * end in clean errors with every account back at zero. Batches: a unit of many coded tensors
+ * decodes in fewer launches than tensors (codec_launches), batches split at the batch size,
+ * at a full area and never at a raw tensor, a corrupted middle tensor of a batch is named,
+ * the status comes back by one asynchronous copy per load.
  *
  * ctest-labels: unit threads
  */
 #include "session_fx.h"
 
+#include "session_codec.h"
 #include "source.h"
 #include "source_codec.h"
 
@@ -173,7 +177,7 @@ static uint64_t clean_calls(const fx_opts *o, ddo__devop op)
 static void test_faults_during_decode(void)
 {
     static const ddo__devop ops[] = { DDO__OP_CODEC_DECODE, DDO__OP_COPY_H2D, DDO__OP_COPY_D2H,
-                                      DDO__OP_STREAM_SYNCHRONIZE };
+                                      DDO__OP_STREAM_SYNCHRONIZE, DDO__OP_COPY_D2H_ASYNC };
     for (int pin = 0; pin < 2; pin++)
         for (size_t k = 0; k < DDO_ARRAY_LEN(ops); k++) {
             fx_opts o = codec_opts("linear_runtime", "ddoc1", pin != 0, 2);
@@ -247,8 +251,8 @@ static void test_incompressible_tensor_stays_raw(void)
     fx_destroy(&f);
 }
 
-/* The plan: the decode memory in the device peak (two areas of the largest bound, a status
- * part per slot), the encoder's buffer in the retained peak. */
+/* The plan: the decode memory in the device peak (two areas of the largest unit's stream
+ * bounds, a status part per slot), the encoder's buffer in the retained peak. */
 static void test_plan_accounting(void)
 {
     fx a, b;
@@ -260,9 +264,10 @@ static void test_plan_accounting(void)
     ddo_plan_budgets ba, bb;
     T_REQUIRE(ddo_plan_budgets_get(a.plan, &ba) == 0);
     T_REQUIRE(ddo_plan_budgets_get(b.plan, &bb) == 0);
-    /* the largest weight: blocks.3.ff.weight, [67, 128] F32, one block */
-    uint64_t bound = 67 * 128 * 4 + 64 + 56;
-    uint64_t area = 2 * ((bound + 255) / 256 * 256) +
+    /* the largest weight: blocks.3.ff.weight, [67, 128] F32, one block; the largest unit:
+     * blocks.3 with it and attn.weight [64, 128]: one area holds both (a batch per unit) */
+    uint64_t bound = 67 * 128 * 4 + 64 + 56, attn = 64 * 128 * 4 + 64 + 56;
+    uint64_t area = 2 * ((bound + 255) / 256 * 256 + (attn + 255) / 256 * 256) +
                     2 * 256 /* two slots, each two tensors' status: 32 bytes */;
     T_EQ_U64(bb.device_weights_peak, ba.device_weights_peak + area);
     T_EQ_U64(bb.retained_peak, ba.retained_peak + (bound + 255) / 256 * 256);
@@ -273,6 +278,225 @@ static void test_plan_accounting(void)
     fx_destroy(&b);
 }
 
+/* Calls of op since the last reset. */
+static uint64_t op_calls(fx *f, ddo__devop op)
+{
+    ddo__devop_stats st[DDO__OP_COUNT];
+    ddo__device_stats(f->dev, st);
+    return st[op].calls;
+}
+
+/* The plan's tensors of unit u that the store coded, in upload order. */
+static size_t coded_of_unit(fx *f, size_t u, const ddo__codec_plan **out, size_t cap)
+{
+    size_t n = 0, k = 0;
+    const size_t *ts = ddo_plan_unit_tensors(f->plan, u, &n);
+    for (size_t i = 0; i < n; i++) {
+        const ddo__codec_plan *cp = ddo__source_coded(f->s->source, ts[i]);
+        if (cp != NULL && k < cap)
+            out[k++] = cp;
+    }
+    return k;
+}
+
+/* Launches the session's packing gives unit u with areas of area bytes: tensors in order
+ * while their coded bytes (256-byte aligned) fit, at most DDO_CODEC_BATCH_MAX a batch. */
+static size_t expected_launches(fx *f, size_t u, uint64_t area)
+{
+    const ddo__codec_plan *cp[FX_MAX_TENSORS];
+    size_t n = coded_of_unit(f, u, cp, FX_MAX_TENSORS), launches = 0, count = 0;
+    uint64_t used = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t need = (cp[i]->coded_bytes + 255) / 256 * 256;
+        if (count == 0 || used + need > area || count == DDO_CODEC_BATCH_MAX) {
+            launches++;
+            used = count = 0;
+        }
+        used += need;
+        count++;
+    }
+    return launches;
+}
+
+/* A unit of many coded tensors decodes in one launch per load (linear and vmm_fast routes,
+ * registered and pageable retained bytes), bit for bit; the status comes back by one
+ * asynchronous copy per load (no synchronous read-back by the session); the device memory
+ * the session holds is the plan's figure exactly. */
+static void test_batches_fewer_launches(void)
+{
+    for (size_t r = 0; r < 2; r++)
+        for (int pin = 0; pin < 2; pin++) {
+            char what[96];
+            snprintf(what, sizeof(what), "%s pin=%d", routes[r], pin);
+            fx f;
+            fx_opts o = codec_opts(routes[r], "ddoc1", pin != 0, 4);
+            o.weights = 8;
+            T_REQUIRE(fx_create(&f, &o) == 0);
+            T_REQUIRE(f.rc == 0);
+            T_REQUIRE(fx_metric(&f, "setup_codec_raw_tensors") == 0);
+            ddo_plan_budgets b;
+            T_REQUIRE(ddo_plan_budgets_get(f.plan, &b) == 0);
+            uint64_t used[4];
+            ddo__session_accounts(f.s, used);
+            if (r == 0) /* linear: every slot backed, the decode memory allocated */
+                T_CHECK_MSG(used[0] == b.device_weights_peak, "%s: device %llu, plan %llu", what,
+                            (unsigned long long)used[0], (unsigned long long)b.device_weights_peak);
+            ddo__device_stats_reset(f.dev);
+            two_steps(&f, what); /* every lease checked byte for byte */
+            double loads = fx_metric(&f, "uploads");
+            T_CHECK_MSG(loads == f.o.blocks, "%s: %g loads", what, loads);
+            T_CHECK_MSG(fx_metric(&f, "codec_decodes") == 8.0 * loads, "%s: decodes %g", what,
+                        fx_metric(&f, "codec_decodes"));
+            T_CHECK_MSG(fx_metric(&f, "codec_launches") == loads, "%s: launches %g for %g loads",
+                        what, fx_metric(&f, "codec_launches"), loads);
+            T_EQ_U64(op_calls(&f, DDO__OP_CODEC_DECODE), (uint64_t)loads);
+            T_EQ_U64(op_calls(&f, DDO__OP_COPY_D2H_ASYNC), (uint64_t)loads);
+            /* the only synchronous read-backs: the fixture's own checks of every lease */
+            T_EQ_U64(op_calls(&f, DDO__OP_COPY_D2H), 2 * 8 * (uint64_t)f.o.blocks);
+            fx_destroy(&f);
+        }
+}
+
+/* Batches split where they must: more coded tensors than one batch takes, coded bytes over
+ * the area (areas capped for the test), and a raw tensor in the middle of a unit goes by the
+ * raw transport without splitting its unit's batch. Bit for bit throughout. */
+static void test_batches_split(void)
+{
+    for (size_t r = 0; r < 2; r++) {
+        /* 50 coded tensors a unit: a full batch of 48, then 2 */
+        fx f;
+        fx_opts o = codec_opts(routes[r], "ddoc1", r == 0, 2);
+        o.blocks = 2;
+        o.weights = 50;
+        T_REQUIRE(fx_create(&f, &o) == 0);
+        T_REQUIRE(f.rc == 0);
+        two_steps(&f, "50 weights");
+        double loads = fx_metric(&f, "uploads");
+        T_CHECK(loads == 2);
+        T_CHECK_MSG(fx_metric(&f, "codec_launches") == 2 * loads, "launches %g",
+                    fx_metric(&f, "codec_launches"));
+        T_CHECK(fx_metric(&f, "codec_decodes") == 50 * loads);
+        fx_destroy(&f);
+
+        /* areas of 64 KiB: two or so coded tensors a batch */
+        ddo__session_codec_test_area_cap(64 * 1024);
+        o = codec_opts(routes[r], "ddoc1", r != 0, 4);
+        o.weights = 8;
+        T_REQUIRE(fx_create(&f, &o) == 0);
+        ddo__session_codec_test_area_cap(0);
+        T_REQUIRE(f.rc == 0);
+        size_t want = 0;
+        for (int b = 0; b < f.o.blocks; b++)
+            want += expected_launches(&f, fx_unit(&f, b), 64 * 1024);
+        T_CHECK_MSG(want > (size_t)f.o.blocks && want < 8 * (size_t)f.o.blocks, "%zu", want);
+        two_steps(&f, "64 KiB areas");
+        T_CHECK_MSG(fx_metric(&f, "codec_launches") == (double)want, "launches %g, want %zu",
+                    fx_metric(&f, "codec_launches"), want);
+        T_CHECK(fx_metric(&f, "codec_decodes") == 8.0 * f.o.blocks);
+        fx_destroy(&f);
+
+        /* a raw (random-bits) tensor in the middle of blocks.1 */
+        for (int pin = 0; pin < 2; pin++) {
+            o = codec_opts(routes[r], "ddoc1", pin != 0, 4);
+            o.weights = 8;
+            o.random_tensor = "blocks.1.w3.weight";
+            T_REQUIRE(fx_create(&f, &o) == 0);
+            T_REQUIRE(f.rc == 0);
+            size_t t = fx_tensor(&f, "blocks.1.w3.weight"), n = 0, at = SIZE_MAX;
+            const size_t *ts = ddo_plan_unit_tensors(f.plan, fx_unit(&f, 1), &n);
+            for (size_t k = 0; k < n; k++)
+                at = ts[k] == t ? k : at;
+            T_CHECK_MSG(at > 0 && at + 1 < n, "position %zu of %zu", at, n);
+            T_CHECK(ddo__source_coded(f.s->source, t) == NULL);
+            T_CHECK(fx_metric(&f, "setup_codec_raw_tensors") == 1);
+            two_steps(&f, "raw in the middle");
+            T_CHECK(fx_metric(&f, "uploads") == f.o.blocks);
+            T_CHECK(fx_metric(&f, "codec_launches") == f.o.blocks); /* not split by it */
+            T_CHECK(fx_metric(&f, "codec_decodes") == 8.0 * f.o.blocks - 1);
+            /* by a raw transport (registered or pageable: the store registers what fits) */
+            double raw = fx_metric(&f, "bytes_from_registered") +
+                         fx_metric(&f, "bytes_staged_from_retained");
+            T_CHECK_MSG(raw == 64.0 * FX_COLS * 4, "pin=%d: %g raw bytes", pin, raw);
+            fx_destroy(&f);
+        }
+    }
+}
+
+/* A corrupted tensor in the middle of a batch fails the acquire naming it (no other tensor of
+ * the batch); the other units stay usable, and once restored it loads bit for bit. */
+static void test_corrupted_middle_of_batch(void)
+{
+    for (size_t r = 0; r < 2; r++) {
+        fx f;
+        fx_opts o = codec_opts(routes[r], "ddoc1", r == 1, 2);
+        o.weights = 8;
+        T_REQUIRE(fx_create(&f, &o) == 0);
+        T_REQUIRE(f.rc == 0);
+        size_t t = fx_tensor(&f, "blocks.2.w3.weight");
+        const ddo__codec_plan *cp = ddo__source_coded(f.s->source, t);
+        T_REQUIRE(cp != NULL);
+        unsigned char *p = (unsigned char *)(uintptr_t)ddo__source_host_ptr(f.s->source, t, NULL);
+        T_REQUIRE(p != NULL);
+        uint64_t at = cp->blocks[0].coded_offset + cp->blocks[0].coded_bytes / 2;
+        p[at] ^= 0x10;
+        size_t u = fx_unit(&f, 2);
+        T_EQ_INT(ddo_session_acquire(f.s, u, f.stream), DDO_E_FORMAT);
+        T_CONTAINS(ddo_session_error(f.s), "blocks.2.w3.weight");
+        T_CHECK(strstr(ddo_session_error(f.s), "w2.weight") == NULL &&
+                strstr(ddo_session_error(f.s), "w4.weight") == NULL);
+        T_CHECK(fx_metric(&f, "codec_launches") >= 1);
+        p[at] ^= 0x10; /* restored before anything prefetches blocks.2 again */
+        T_CHECK(fx_use(&f, fx_unit(&f, 1)) == 0);
+        T_CHECK(fx_use(&f, u) == 0);
+        T_EQ_U64(ddo__session_release_all(f.s), 0);
+        fx_destroy(&f);
+    }
+}
+
+/* Faults in the batched decode and the asynchronous status copy of a unit of many coded
+ * tensors: each fails its load cleanly (never a lease of unverified weights), the session is
+ * usable again bit for bit, and every account ends at zero. */
+static void test_faults_in_batches(void)
+{
+    static const ddo__devop ops[] = { DDO__OP_CODEC_DECODE, DDO__OP_COPY_D2H_ASYNC,
+                                      DDO__OP_STREAM_WAIT_EVENT, DDO__OP_EVENT_RECORD };
+    for (size_t k = 0; k < DDO_ARRAY_LEN(ops); k++)
+        for (uint64_t nth = 1; nth <= 6; nth++) {
+            fx f;
+            fx_opts o = codec_opts("vmm_fast_runtime", "ddoc1", nth % 2 == 0, 2);
+            o.weights = 8;
+            T_REQUIRE(fx_create(&f, &o) == 0);
+            T_REQUIRE(f.rc == 0);
+            ddo__device_inject_fault(f.dev, ops[k], nth, false, DDO_E_DEVICE);
+            int failed = 0;
+            for (int b = 0; b < f.o.blocks; b++) {
+                int rc = fx_use(&f, fx_unit(&f, b));
+                T_CHECK_MSG(rc == 0 || rc == DDO_E_DEVICE || rc == FX_HOST_FAILED,
+                            "%s nth=%llu: %d %s", ddo__devop_name(ops[k]), (unsigned long long)nth,
+                            rc, ddo_session_error(f.s));
+                failed += rc != 0;
+            }
+            /* one launch and one status copy per load, at least one load per unit: the fault
+             * fired once (a prefetch it failed is loaded again by its acquire) */
+            ddo__devop_stats st[DDO__OP_COUNT];
+            ddo__device_stats(f.dev, st);
+            if ((ops[k] == DDO__OP_CODEC_DECODE || ops[k] == DDO__OP_COPY_D2H_ASYNC) &&
+                nth <= (uint64_t)f.o.blocks)
+                T_CHECK_MSG(st[ops[k]].failures == 1 && failed <= 1, "%s nth=%llu: %d failed",
+                            ddo__devop_name(ops[k]), (unsigned long long)nth, failed);
+            ddo__device_clear_faults(f.dev);
+            for (int b = 0; b < f.o.blocks; b++)
+                T_CHECK_MSG(fx_use(&f, fx_unit(&f, b)) == 0, "%s nth=%llu after",
+                            ddo__devop_name(ops[k]), (unsigned long long)nth);
+            T_EQ_U64(ddo__session_release_all(f.s), 0);
+            uint64_t used[4];
+            ddo__session_accounts(f.s, used);
+            for (int a = 0; a < 4; a++)
+                T_EQ_U64(used[a], 0);
+            fx_destroy(&f);
+        }
+}
+
 int main(void)
 {
     T_RUN(test_every_route_is_bit_identical);
@@ -281,5 +505,9 @@ int main(void)
     T_RUN(test_faults_during_encode);
     T_RUN(test_incompressible_tensor_stays_raw);
     T_RUN(test_plan_accounting);
+    T_RUN(test_batches_fewer_launches);
+    T_RUN(test_batches_split);
+    T_RUN(test_corrupted_middle_of_batch);
+    T_RUN(test_faults_in_batches);
     return t_done();
 }

@@ -4,17 +4,24 @@
  * libddo and loaded through the driver API (cuModuleLoadData), so libddo has
  * no CUDA runtime dependency.
  *
- * Work split: thread block c decodes part (c % ctas_per_block) of coded block
- * (c / ctas_per_block); each warp decodes one group of 32768 elements, lane l
+ * One launch decodes a batch of up to MAX_BATCH tensors (their descriptors in
+ * the kernel parameters, struct kbatch): tensor i owns thread blocks
+ * [first_cta_i, first_cta_i + n_blocks_i * ctas_per_block_i) of the grid, and
+ * a thread block finds its tensor by a binary search over first_cta.
+ *
+ * Work split within a tensor: its thread block c decodes part
+ * (c % ctas_per_block) of coded block (c / ctas_per_block); each warp decodes
+ * one group of 32768 elements, lane l
  * its lane stream (elements k*32 + l), so the raw-plane loads and the stores
  * of a warp are contiguous. The decoding table (4096 entries of symbol and
  * length, from the block's 4-bit canonical code lengths) lives in shared
  * memory; each element costs one table lookup.
  *
  * Safety: geometry (block count and size, element size, total) comes from the
- * kernel arguments, which the host took from a validated plan; everything
- * read from the coded bytes is checked against src_bytes before use, and
- * writes go only to dst[0, total_elems * esize) (checked against dst_bytes).
+ * kernel arguments, which the host took from validated plans; everything read
+ * from a tensor's coded bytes is checked against its src_bytes before use, and
+ * writes go only to its dst[0, total_elems * esize) (checked against its
+ * dst_bytes) and its status words.
  * Integrity: every block adds the checksum of what it decoded into its first
  * status word, ORs flags into the second and counts its finished thread
  * blocks in that word's high half; the host compares (ddo__codec_status_check).
@@ -31,6 +38,7 @@
 #define BAD_HEADER  1u
 #define BAD_TABLE   2u
 #define BAD_STREAM  4u
+#define MAX_BATCH   48 /* DDO_CODEC_BATCH_MAX (codec.h) */
 
 typedef unsigned long long u64;
 typedef unsigned int u32;
@@ -241,41 +249,54 @@ static __device__ u64 decode_group(const unsigned char *blk, u32 n, u32 exp_byte
     return sum;
 }
 
-extern "C" __global__ void __launch_bounds__(512)
-    ddo_codec_decode(const unsigned char *__restrict__ src, u64 src_bytes,
-                     unsigned char *__restrict__ dst, u64 dst_bytes, u64 *__restrict__ status,
-                     u32 n_blocks, u32 block_elems, u32 esize, u64 total_elems, u32 ctas_per_block)
+/* One tensor of a batch, as the host lays it out (device_cuda.c, struct codec_kdesc). */
+struct kdesc {
+    u64 src, src_bytes, dst, dst_bytes, status, total_elems;
+    u32 n_blocks, block_elems, esize, ctas_per_block, first_cta, pad;
+};
+
+/* The kernel's parameters: the batch's descriptors, first_cta ascending from 0. */
+struct kbatch {
+    u32 count, pad;
+    kdesc d[MAX_BATCH];
+};
+
+/* Thread block cta of one tensor: part (cta % ctas_per_block) of its coded block
+ * (cta / ctas_per_block). */
+static __device__ __forceinline__ void decode_cta(const kdesc &x, u32 cta)
 {
     __shared__ unsigned short lut[LUT_SIZE];
     __shared__ unsigned short codes[256];
     __shared__ unsigned char lens[256];
     __shared__ block_info bi;
     __shared__ u32 ok;
-    u32 b = blockIdx.x / ctas_per_block, part = blockIdx.x % ctas_per_block;
-    if (b >= n_blocks)
+    const unsigned char *src = (const unsigned char *)x.src;
+    u64 src_bytes = x.src_bytes;
+    u32 b = cta / x.ctas_per_block, part = cta % x.ctas_per_block;
+    if (b >= x.n_blocks)
         return;
-    u64 e0 = (u64)b * block_elems;
-    u32 n = (u32)min((u64)block_elems, total_elems - e0);
-    u64 *st = status + 2ull * b;
+    u64 e0 = (u64)b * x.block_elems;
+    u32 n = (u32)min((u64)x.block_elems, x.total_elems - e0);
+    u64 *st = (u64 *)x.status + 2ull * b;
     if (threadIdx.x == 0) {
-        locate(src, src_bytes, n_blocks, b, n, esize, &bi);
-        if ((e0 + n) * esize > dst_bytes)
+        locate(src, src_bytes, x.n_blocks, b, n, x.esize, &bi);
+        if ((e0 + n) * x.esize > x.dst_bytes)
             bi.flags = BAD_HEADER;
     }
     __syncthreads();
     u64 sum = 0;
     u32 flags = bi.flags;
-    unsigned char *out = dst + e0 * esize;
+    unsigned char *out = (unsigned char *)x.dst + e0 * x.esize;
     const unsigned char *blk = src + bi.off;
     if (flags == 0 && bi.mode == 0) {
-        sum = copy_raw(blk, out, (u64)n * esize, part, ctas_per_block);
+        sum = copy_raw(blk, out, (u64)n * x.esize, part, x.ctas_per_block);
     } else if (flags == 0) {
         if (!build_lut(blk, lut, codes, lens, &ok)) {
             flags = BAD_TABLE;
         } else {
             u32 warps = blockDim.x / 32, g = part * warps + threadIdx.x / 32;
             if ((u64)g * GROUP_ELEMS < n) {
-                if (esize == 2)
+                if (x.esize == 2)
                     sum = decode_group<2>(blk, n, bi.exp_bytes, g, lut, out, &flags);
                 else
                     sum = decode_group<4>(blk, n, bi.exp_bytes, g, lut, out, &flags);
@@ -293,4 +314,23 @@ extern "C" __global__ void __launch_bounds__(512)
     __syncthreads();
     if (threadIdx.x == 0)
         atomicAdd(st + 1, 1ull << 32);
+}
+
+/* A batch: every thread block of every tensor in one grid; each finds its tensor by a binary
+ * search over the first thread block of each (uniform across the block: no divergence). */
+extern "C" __global__ void __launch_bounds__(512) ddo_codec_decode_batch(const __grid_constant__ kbatch p)
+{
+    if (p.count == 0 || p.count > MAX_BATCH)
+        return;
+    u32 lo = 0, hi = p.count - 1;
+    while (lo < hi) {
+        u32 mid = (lo + hi + 1) / 2;
+        if (p.d[mid].first_cta <= blockIdx.x)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    if (blockIdx.x < p.d[lo].first_cta)
+        return;
+    decode_cta(p.d[lo], blockIdx.x - p.d[lo].first_cta);
 }

@@ -6,8 +6,9 @@
 #   1. build dependencies from .deps/ when the image lacks them (as bench/gpu_suite.sh does)
 #   2. build (Release, CUDA, nvcc -> embedded PTX) from SOURCE.tar (a `git archive` of the
 #      commit under test) or from the working tree
-#   3. test_gpu_codec: bit-identical to the C reference, corruption, throughput on in-process
-#      Gaussian BF16 (64, 256, 1024 MiB; 4/8/16 warps per thread block)
+#   3. test_gpu_codec: bit-identical to the C reference, corruption, batches, throughput on
+#      in-process Gaussian BF16 (64, 256, 1024 MiB; 4/8/16 warps per thread block) and of a
+#      Flux double block's 32 tensors (one launch each, the session's batches, one launch)
 #   4. compute-sanitizer memcheck on test_gpu_codec (its correctness tests)
 #   5. ddo synth --values normal of the full Flux.1-dev layout, its coded ratio
 #      (test_gpu_codec --ratio) and the throughput on its BF16 tensors
@@ -63,7 +64,7 @@ step build 150 "$OUT/build.log" cmake --build $B -j "$(nproc)" --target ddo_tool
 cp $B/codec_decode.ptx "$OUT/" 2>/dev/null
 
 export DDO_CODEC_BENCH_MIB=1024
-step "test_gpu_codec (Gaussian)" 90 "$OUT/gpu_codec.log" $B/test_gpu_codec
+step "test_gpu_codec (Gaussian)" 120 "$OUT/gpu_codec.log" $B/test_gpu_codec
 step "test_codec" 30 "$OUT/gpu_codec.log" $B/test_codec
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 [ -n "$SAN" ] && DDO_CODEC_BENCH_MIB=0 step "compute-sanitizer memcheck" 70 "$OUT/sanitizer.log" \
@@ -81,7 +82,7 @@ say "done"
     echo "== summary =="
     grep -E '^\[[0-9]+s\] (ok|FAILED|SKIPPED|STOP)' "$LOG"
     for f in gpu_codec.log gpu_codec_synth.log; do
-        [ -f "$OUT/$f" ] && { echo "-- $f"; grep -E "throughput|MiB|^ +[0-9]+ |passed|FAILED|check failed" "$OUT/$f"; }
+        [ -f "$OUT/$f" ] && { echo "-- $f"; grep -E "throughput|batch|MiB|^ +[0-9]+ |^(one|session) |passed|FAILED|check failed" "$OUT/$f"; }
     done
     [ -f "$OUT/ratio.log" ] && { echo "-- ratio"; cat "$OUT/ratio.log"; }
     [ -f "$OUT/sanitizer.log" ] && { echo "-- sanitizer"; tail -3 "$OUT/sanitizer.log"; }

@@ -47,6 +47,7 @@
     X(STREAM_SYNCHRONIZE, stream_synchronize) \
     X(COPY_H2D, copy_h2d)                     \
     X(COPY_D2H, copy_d2h)                     \
+    X(COPY_D2H_ASYNC, copy_d2h_async)         \
     X(EVENT_CREATE, event_create)             \
     X(EVENT_DESTROY, event_destroy)           \
     X(EVENT_RECORD, event_record)             \
@@ -68,8 +69,8 @@ const char *ddo__devop_name(ddo__devop op);
 
 typedef void (*ddo__host_fn)(void *user);
 
-/* The geometry of a coded stream for a device decoder (codec.h). */
-typedef struct ddo__codec_launch ddo__codec_launch;
+/* One tensor of a batched decode for a device decoder (codec.h). */
+typedef struct ddo__codec_desc ddo__codec_desc;
 
 /*
  * The operation table. Every function returns 0 or a negative DDO_E_* code
@@ -123,6 +124,11 @@ typedef struct ddo__device_ops {
                     ddo__errbuf *eb);
     /* Synchronous device->host copy (verification, tests). */
     int (*copy_d2h)(void *st, void *dst, uint64_t src, size_t size, ddo__errbuf *eb);
+    /* Asynchronous device->host copy ordered on stream into pinned host memory (host_alloc,
+     * or registered); dst is written when the stream reaches it (an event recorded after it
+     * tells when). */
+    int (*copy_d2h_async)(void *st, void *dst, uint64_t src, size_t size, void *stream,
+                          ddo__errbuf *eb);
 
     /* Events: query returns 0 when complete, DDO_E_BUSY when not yet. */
     int (*event_create)(void *st, void **event, ddo__errbuf *eb);
@@ -133,14 +139,16 @@ typedef struct ddo__device_ops {
     int (*stream_wait_event)(void *st, void *stream, void *event, ddo__errbuf *eb);
     /* Runs fn(user) on a host thread once all earlier work on stream is done. */
     int (*host_fn)(void *st, void *stream, ddo__host_fn fn, void *user, ddo__errbuf *eb);
-    /* Queues the decode of the coded stream at src (src_bytes of device memory) into dst
-     * (dst_bytes) on stream, with the geometry of a validated plan; the decoder writes the
-     * status words at desc->status_dev (desc->status_bytes of device memory), which the
-     * caller reads after the stream and checks with ddo__codec_status_check. Writes only
-     * dst[0, decoded) and the status area. DDO_E_UNSUPPORTED where the device has no decoder
-     * (cuda built without nvcc). */
-    int (*codec_decode)(void *st, void *stream, uint64_t src, uint64_t src_bytes, uint64_t dst,
-                        uint64_t dst_bytes, const ddo__codec_launch *desc, ddo__errbuf *eb);
+    /* Queues ONE decode of a batch of n (1..DDO_CODEC_BATCH_MAX) coded streams on stream,
+     * each d[i] with the geometry of a validated plan: tensor i's stream at d[i].src
+     * (d[i].src_bytes of device memory) into d[i].dst (d[i].dst_bytes); the decoder writes
+     * tensor i's status words at d[i].l.status_dev (d[i].l.status_bytes of device memory),
+     * which the caller reads after the stream and checks with ddo__codec_status_check. Writes
+     * only each d[i].dst[0, decoded) and the status areas. cuda: one kernel launch; cpu: the
+     * C decoder on each in order. DDO_E_UNSUPPORTED where the device has no decoder (cuda
+     * built without nvcc). */
+    int (*codec_decode)(void *st, void *stream, const ddo__codec_desc *d, size_t n,
+                        ddo__errbuf *eb);
 } ddo__device_ops;
 
 extern const ddo__device_ops ddo__device_cpu_ops;
@@ -181,6 +189,7 @@ int ddo__dev_stream_destroy(ddo_device *dev, void *stream);
 int ddo__dev_stream_synchronize(ddo_device *dev, void *stream);
 int ddo__dev_copy_h2d(ddo_device *dev, uint64_t dst, const void *src, size_t size, void *stream);
 int ddo__dev_copy_d2h(ddo_device *dev, void *dst, uint64_t src, size_t size);
+int ddo__dev_copy_d2h_async(ddo_device *dev, void *dst, uint64_t src, size_t size, void *stream);
 int ddo__dev_event_create(ddo_device *dev, void **event);
 int ddo__dev_event_destroy(ddo_device *dev, void *event);
 int ddo__dev_event_record(ddo_device *dev, void *event, void *stream);
@@ -188,9 +197,11 @@ int ddo__dev_event_query(ddo_device *dev, void *event);
 int ddo__dev_event_synchronize(ddo_device *dev, void *event);
 int ddo__dev_stream_wait_event(ddo_device *dev, void *stream, void *event);
 int ddo__dev_host_fn(ddo_device *dev, void *stream, ddo__host_fn fn, void *user);
-/* Checks desc (decoded length within dst, status area given) and queues the decode. */
-int ddo__dev_codec_decode(ddo_device *dev, void *stream, uint64_t src, uint64_t src_bytes,
-                          uint64_t dst, uint64_t dst_bytes, const ddo__codec_launch *desc);
+/* Checks the batch (1..DDO_CODEC_BATCH_MAX descriptors, n == 0 a no-op; each decoded length
+ * within its dst and coded length within its src, status area given, one cta_warps for the
+ * batch, destinations disjoint from each other and from every source) and queues its one
+ * decode. */
+int ddo__dev_codec_decode(ddo_device *dev, void *stream, const ddo__codec_desc *d, size_t n);
 
 /* The device's native stream handle behind a public ddo_stream. */
 void *ddo__stream_handle(const ddo_stream *s);

@@ -438,6 +438,19 @@ int ddo__dev_copy_d2h(ddo_device *dev, void *dst, uint64_t src, size_t size)
     return leave(dev, &c, rc, size);
 }
 
+int ddo__dev_copy_d2h_async(ddo_device *dev, void *dst, uint64_t src, size_t size, void *stream)
+{
+    BEGIN(DDO__OP_COPY_D2H_ASYNC);
+    if (stream == NULL)
+        rc = bad_arg(&c, "stream is NULL");
+    else if (size != 0 && (dst == NULL || src == 0))
+        rc = bad_arg(&c, dst == NULL ? "destination is NULL" : "source is NULL");
+    else if (size == 0)
+        return leave(dev, &c, 0, 0);
+    INVOKE(dev->ops->copy_d2h_async(dev->st, dst, src, size, stream, &c.eb));
+    return leave(dev, &c, rc, size);
+}
+
 int ddo__dev_event_create(ddo_device *dev, void **event)
 {
     BEGIN(DDO__OP_EVENT_CREATE);
@@ -504,25 +517,63 @@ int ddo__dev_host_fn(ddo_device *dev, void *stream, ddo__host_fn fn, void *user)
     return leave(dev, &c, rc, 0);
 }
 
-int ddo__dev_codec_decode(ddo_device *dev, void *stream, uint64_t src, uint64_t src_bytes,
-                          uint64_t dst, uint64_t dst_bytes, const ddo__codec_launch *desc)
+/* True when [a, a + an) and [b, b + bn) overlap. */
+static bool overlap(uint64_t a, uint64_t an, uint64_t b, uint64_t bn)
+{
+    return an > 0 && bn > 0 && a < b + bn && b < a + an;
+}
+
+/* Checks one descriptor of a batch and that its output overlaps no earlier descriptor's
+ * output and no source of the batch. */
+static int check_desc(call *c, const ddo__codec_desc *d, size_t n, size_t i)
+{
+    const ddo__codec_desc *x = &d[i];
+    const ddo__codec_launch *l = &x->l;
+    if (l->decoded_bytes > x->dst_bytes || l->coded_bytes > x->src_bytes)
+        return ddo__fail(&c->eb, DDO_E_INVALID_ARGUMENT,
+                         "codec_decode: tensor %zu: %" PRIu64 " coded bytes into %" PRIu64
+                         " decoded bytes do not fit source %" PRIu64 " / destination %" PRIu64,
+                         i, l->coded_bytes, l->decoded_bytes, x->src_bytes, x->dst_bytes);
+    if (l->n_blocks > 0 && (x->src == 0 || x->dst == 0 || l->status_dev == 0 ||
+                            l->status_bytes < 16 * (uint64_t)l->n_blocks))
+        return ddo__fail(&c->eb, DDO_E_INVALID_ARGUMENT,
+                         "codec_decode: tensor %zu: source, destination or status area missing", i);
+    if (l->cta_warps != d[0].l.cta_warps)
+        return ddo__fail(&c->eb, DDO_E_INVALID_ARGUMENT,
+                         "codec_decode: tensor %zu: %u warps per thread block, tensor 0 %u (one "
+                         "launch has one)",
+                         i, l->cta_warps, d[0].l.cta_warps);
+    for (size_t k = 0; k < n; k++)
+        if ((k < i && overlap(x->dst, l->decoded_bytes, d[k].dst, d[k].l.decoded_bytes)) ||
+            overlap(x->dst, l->decoded_bytes, d[k].src, d[k].l.coded_bytes))
+            return ddo__fail(
+                &c->eb, DDO_E_INVALID_ARGUMENT,
+                "codec_decode: tensor %zu: its destination overlaps tensor %zu's %s", i, k,
+                k < i && overlap(x->dst, l->decoded_bytes, d[k].dst, d[k].l.decoded_bytes)
+                    ? "destination"
+                    : "source");
+    return 0;
+}
+
+int ddo__dev_codec_decode(ddo_device *dev, void *stream, const ddo__codec_desc *d, size_t n)
 {
     BEGIN(DDO__OP_CODEC_DECODE);
-    if (stream == NULL || desc == NULL)
-        rc = bad_arg(&c, stream == NULL ? "stream is NULL" : "launch description is NULL");
-    else if (desc->decoded_bytes > dst_bytes || desc->coded_bytes > src_bytes)
-        rc = ddo__fail(&c.eb, DDO_E_INVALID_ARGUMENT,
-                       "codec_decode: %" PRIu64 " coded bytes into %" PRIu64
-                       " decoded bytes do not fit source %" PRIu64 " / destination %" PRIu64,
-                       desc->coded_bytes, desc->decoded_bytes, src_bytes, dst_bytes);
-    else if (desc->n_blocks > 0 && (src == 0 || dst == 0 || desc->status_dev == 0 ||
-                                    desc->status_bytes < 16 * (uint64_t)desc->n_blocks))
-        rc = bad_arg(&c, "source, destination or status area missing");
-    else if (desc->n_blocks == 0)
+    uint64_t bytes = 0;
+    if (n == 0)
         return leave(dev, &c, 0, 0);
-    else if (dev->ops->codec_decode == NULL)
+    if (stream == NULL || d == NULL)
+        rc = bad_arg(&c, stream == NULL ? "stream is NULL" : "descriptors are NULL");
+    else if (n > DDO_CODEC_BATCH_MAX)
+        rc = ddo__fail(&c.eb, DDO_E_INVALID_ARGUMENT,
+                       "codec_decode: %zu tensors in one batch (at most %d)", n,
+                       DDO_CODEC_BATCH_MAX);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        rc = check_desc(&c, d, n, i);
+        bytes += d[i].l.decoded_bytes;
+    }
+    if (rc == 0 && dev->ops->codec_decode == NULL)
         rc = ddo__fail(&c.eb, DDO_E_UNSUPPORTED, "codec_decode: device \"%s\" has no decoder",
                        dev->spec);
-    INVOKE(dev->ops->codec_decode(dev->st, stream, src, src_bytes, dst, dst_bytes, desc, &c.eb));
-    return leave(dev, &c, rc, rc == 0 ? desc->decoded_bytes : 0);
+    INVOKE(dev->ops->codec_decode(dev->st, stream, d, n, &c.eb));
+    return leave(dev, &c, rc, rc == 0 ? bytes : 0);
 }

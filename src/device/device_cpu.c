@@ -195,6 +195,7 @@ const ddo__device_ops ddo__device_cpu_ops = {
     .stream_synchronize = ddo__cpu_stream_synchronize,
     .copy_h2d = ddo__cpu_copy_h2d,
     .copy_d2h = ddo__cpu_copy_d2h,
+    .copy_d2h_async = ddo__cpu_copy_d2h_async,
     .event_create = ddo__cpu_event_create,
     .event_destroy = ddo__cpu_event_destroy,
     .event_record = ddo__cpu_event_record,

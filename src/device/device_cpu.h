@@ -34,7 +34,7 @@ typedef struct cpu_range {
     ddo__devtab pieces; /* mapped pieces: va -> size, obj = cpu_handle * */
 } cpu_range;
 
-typedef enum op_kind { OP_COPY, OP_MARK, OP_WAIT, OP_FN } op_kind;
+typedef enum op_kind { OP_COPY, OP_READ, OP_MARK, OP_WAIT, OP_FN } op_kind;
 
 typedef struct cpu_event {
     uint64_t rec_gen;  /* generation of the latest record */
@@ -128,7 +128,9 @@ int ddo__cpu_event_query(void *st, void *event, ddo__errbuf *eb);
 int ddo__cpu_event_synchronize(void *st, void *event, ddo__errbuf *eb);
 int ddo__cpu_stream_wait_event(void *st, void *stream, void *event, ddo__errbuf *eb);
 int ddo__cpu_host_fn(void *st, void *stream, ddo__host_fn fn, void *user, ddo__errbuf *eb);
-int ddo__cpu_codec_decode(void *st, void *stream, uint64_t src, uint64_t src_bytes, uint64_t dst,
-                          uint64_t dst_bytes, const ddo__codec_launch *desc, ddo__errbuf *eb);
+int ddo__cpu_copy_d2h_async(void *st, void *dst, uint64_t src, size_t size, void *stream,
+                            ddo__errbuf *eb);
+int ddo__cpu_codec_decode(void *st, void *stream, const ddo__codec_desc *x, size_t n,
+                          ddo__errbuf *eb);
 
 #endif

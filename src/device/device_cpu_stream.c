@@ -72,6 +72,11 @@ static void run_op(cpu_dev *d, cpu_stream *s, cpu_op *op)
         pthread_mutex_lock(&d->lock);
         break;
     }
+    case OP_READ: /* device -> host: the copy engine's other direction, not throttled */
+        pthread_mutex_unlock(&d->lock);
+        memcpy((void *)(uintptr_t)op->dst, op->src, op->size);
+        pthread_mutex_lock(&d->lock);
+        break;
     case OP_MARK:
         if (op->ev->done_gen < op->gen)
             op->ev->done_gen = op->gen;
@@ -326,6 +331,55 @@ int ddo__cpu_copy_d2h(void *st, void *dst, uint64_t src, size_t size, ddo__errbu
     return 0;
 }
 
+/* True when [p, p + size) lies inside one pinned (host_alloc) or registered range (lock
+ * held). */
+static bool host_pinned(cpu_dev *d, const void *p, size_t size)
+{
+    const ddo__devtab *tabs[2] = { &d->pinned, &d->regs };
+    uint64_t a = (uintptr_t)p;
+    for (int k = 0; k < 2; k++) {
+        size_t i = ddo__devtab_floor(tabs[k], a);
+        if (i != SIZE_MAX && a - tabs[k]->v[i].key <= tabs[k]->v[i].size &&
+            size <= tabs[k]->v[i].size - (a - tabs[k]->v[i].key))
+            return true;
+    }
+    return false;
+}
+
+int ddo__cpu_copy_d2h_async(void *st, void *dst, uint64_t src, size_t size, void *stream,
+                            ddo__errbuf *eb)
+{
+    cpu_dev *d = st;
+    cpu_op *op = new_op(OP_READ);
+    if (op == NULL)
+        return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: copy_d2h_async: out of host memory");
+    op->dst = (uintptr_t)dst;
+    op->src = (const void *)(uintptr_t)src;
+    op->size = size;
+    pthread_mutex_lock(&d->lock);
+    int rc = 0;
+    if (!stream_known(d, stream))
+        rc =
+            ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "cpu: copy_d2h_async: unknown stream %p", stream);
+    else if (!ddo__cpu_device_bytes(d, src, size))
+        rc = ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
+                       "cpu: copy_d2h_async: source 0x%" PRIx64 " + %zu is not mapped device "
+                       "memory",
+                       src, size);
+    else if (!host_pinned(d, dst, size))
+        /* cuMemcpyDtoHAsync into pageable memory is not asynchronous; ddo's callers pin. */
+        rc = ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
+                       "cpu: copy_d2h_async: destination %p + %zu is not pinned host memory "
+                       "(host_alloc or host_register)",
+                       dst, size);
+    else
+        enqueue(stream, op);
+    pthread_mutex_unlock(&d->lock);
+    if (rc != 0)
+        free(op);
+    return rc;
+}
+
 /* ---- events ---- */
 
 int ddo__cpu_event_create(void *st, void **event, ddo__errbuf *eb)
@@ -472,25 +526,42 @@ int ddo__cpu_host_fn(void *st, void *stream, ddo__host_fn fn, void *user, ddo__e
     return rc;
 }
 
-/* A queued decode: the C reference decoder run in order on the stream's worker. */
+/* A queued batch: the C reference decoder run on each tensor in order on the stream's
+ * worker. */
 typedef struct cpu_codec_job {
-    uint64_t src, src_bytes, dst, dst_bytes;
-    ddo__codec_launch l;
+    size_t n;
+    ddo__codec_desc d[DDO_CODEC_BATCH_MAX];
 } cpu_codec_job;
 
 static void run_codec_job(void *user)
 {
     cpu_codec_job *j = user;
-    ddo__codec_decode_status((const void *)(uintptr_t)j->src, j->src_bytes,
-                             (void *)(uintptr_t)j->dst, j->dst_bytes, &j->l,
-                             (uint64_t *)(uintptr_t)j->l.status_dev);
+    for (size_t i = 0; i < j->n; i++) {
+        const ddo__codec_desc *x = &j->d[i];
+        ddo__codec_decode_status((const void *)(uintptr_t)x->src, x->src_bytes,
+                                 (void *)(uintptr_t)x->dst, x->dst_bytes, &x->l,
+                                 (uint64_t *)(uintptr_t)x->l.status_dev);
+    }
     free(j);
 }
 
-int ddo__cpu_codec_decode(void *st, void *stream, uint64_t src, uint64_t src_bytes, uint64_t dst,
-                          uint64_t dst_bytes, const ddo__codec_launch *desc, ddo__errbuf *eb)
+/* True when every descriptor's source, destination and status area is device memory. */
+static bool batch_in_device(cpu_dev *d, const ddo__codec_desc *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!ddo__cpu_device_bytes(d, x[i].src, x[i].src_bytes) ||
+            !ddo__cpu_device_bytes(d, x[i].dst, x[i].dst_bytes) ||
+            !ddo__cpu_device_bytes(d, x[i].l.status_dev, x[i].l.status_bytes))
+            return false;
+    return true;
+}
+
+int ddo__cpu_codec_decode(void *st, void *stream, const ddo__codec_desc *x, size_t n,
+                          ddo__errbuf *eb)
 {
     cpu_dev *d = st;
+    if (n > DDO_CODEC_BATCH_MAX)
+        return ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "cpu: codec_decode: %zu tensors", n);
     cpu_codec_job *j = ddo__calloc(1, sizeof(*j));
     cpu_op *op = new_op(OP_FN);
     if (j == NULL || op == NULL) {
@@ -498,16 +569,15 @@ int ddo__cpu_codec_decode(void *st, void *stream, uint64_t src, uint64_t src_byt
         free(op);
         return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: codec_decode: out of host memory");
     }
-    *j = (cpu_codec_job){ src, src_bytes, dst, dst_bytes, *desc };
+    j->n = n;
+    memcpy(j->d, x, n * sizeof(*x));
     op->fn = run_codec_job;
     op->user = j;
     pthread_mutex_lock(&d->lock);
     int rc = 0;
     if (!stream_known(d, stream))
         rc = ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "cpu: codec_decode: unknown stream %p", stream);
-    else if (!ddo__cpu_device_bytes(d, src, src_bytes) ||
-             !ddo__cpu_device_bytes(d, dst, dst_bytes) ||
-             !ddo__cpu_device_bytes(d, desc->status_dev, desc->status_bytes))
+    else if (!batch_in_device(d, x, n))
         rc = ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
                        "cpu: codec_decode: source, destination or status area is not device "
                        "memory");

@@ -464,6 +464,20 @@ static int cuda_copy_d2h(void *st, void *dst, uint64_t src, size_t size, ddo__er
     return 0;
 }
 
+/* Ordered on stream; dst is pinned host memory (the caller's rule), so the copy is
+ * asynchronous and never touches the legacy stream. */
+static int cuda_copy_d2h_async(void *st, void *dst, uint64_t src, size_t size, void *stream,
+                               ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    CUresult r = d->api.MemcpyDtoHAsync(dst, (CUdeviceptr)src, size, (CUstream)stream);
+    if (r != CUDA_SUCCESS)
+        return ddo__cu_fail(d, eb, r, "cuMemcpyDtoHAsync", "copying %zu bytes from 0x%llx", size,
+                            (unsigned long long)src);
+    return 0;
+}
+
 static int cuda_event_create(void *st, void **event, ddo__errbuf *eb)
 {
     cuda_dev *d = st;
@@ -552,7 +566,7 @@ static int codec_module(cuda_dev *d, ddo__errbuf *eb)
         const char *call = "cuModuleLoadData";
         if (r == CUDA_SUCCESS) {
             call = "cuModuleGetFunction";
-            r = d->api.ModuleGetFunction(&d->codec_fn, d->codec_mod, "ddo_codec_decode");
+            r = d->api.ModuleGetFunction(&d->codec_fn, d->codec_mod, "ddo_codec_decode_batch");
         }
         if (r == CUDA_SUCCESS) {
             d->codec_rc = 1;
@@ -570,41 +584,98 @@ static int codec_module(cuda_dev *d, ddo__errbuf *eb)
     return ddo__fail(eb, rc, "%s", d->codec_err);
 }
 
-static int cuda_codec_decode(void *st, void *stream, uint64_t src, uint64_t src_bytes, uint64_t dst,
-                             uint64_t dst_bytes, const ddo__codec_launch *l, ddo__errbuf *eb)
+/* One tensor of a batch as the kernel takes it (struct kdesc of codec_decode.cu). */
+typedef struct codec_kdesc {
+    uint64_t src, src_bytes, dst, dst_bytes, status, total_elems;
+    uint32_t n_blocks, block_elems, esize, ctas_per_block, first_cta, pad;
+} codec_kdesc;
+
+/* The kernel's one parameter (struct kbatch): within the driver's 4 KiB of parameters. */
+typedef struct codec_kbatch {
+    uint32_t count, pad;
+    codec_kdesc d[DDO_CODEC_BATCH_MAX];
+} codec_kbatch;
+
+_Static_assert(sizeof(codec_kdesc) == 72, "codec_kdesc must match codec_decode.cu");
+_Static_assert(sizeof(codec_kbatch) <= 4096, "a batch must fit the kernel parameters");
+
+/* The kernel's parameters for x[0, n); *grid the thread blocks of all. */
+static int fill_batch(const ddo__codec_desc *x, size_t n, codec_kbatch *kb, uint64_t *grid,
+                      ddo__errbuf *eb)
+{
+    memset(kb, 0, sizeof(*kb));
+    kb->count = (uint32_t)n;
+    uint64_t first = 0;
+    for (size_t i = 0; i < n; i++) {
+        const ddo__codec_launch *l = &x[i].l;
+        if (x[i].src % 16 != 0 || x[i].dst % 16 != 0 || l->status_dev % 16 != 0 ||
+            l->cta_warps == 0 || l->cta_warps > 16 || l->ctas_per_block == 0)
+            return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
+                             "codec_decode: tensor %zu: source, destination and status must be "
+                             "16-byte aligned, with 1..16 warps and at least one thread block "
+                             "per coded block",
+                             i);
+        kb->d[i] = (codec_kdesc){ x[i].src,      x[i].src_bytes,    x[i].dst,        x[i].dst_bytes,
+                                  l->status_dev, l->total_elems,    l->n_blocks,     l->block_elems,
+                                  l->esize,      l->ctas_per_block, (uint32_t)first, 0 };
+        first += (uint64_t)l->n_blocks * l->ctas_per_block;
+        if (first > INT32_MAX)
+            return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
+                             "codec_decode: a batch of more than 2^31 thread blocks");
+    }
+    *grid = first;
+    return 0;
+}
+
+/* Zeroes the batch's status words: one memset per run of adjacent status areas (a session's
+ * batch: one run). */
+static int clear_status(cuda_dev *d, const ddo__codec_desc *x, size_t n, CUstream stream,
+                        ddo__errbuf *eb)
+{
+    for (size_t i = 0; i < n;) {
+        uint64_t at = x[i].l.status_dev, len = x[i].l.status_bytes;
+        size_t k = i + 1;
+        for (; k < n && x[k].l.status_dev == at + len; k++)
+            len += x[k].l.status_bytes;
+        CUresult r = d->api.MemsetD32Async((CUdeviceptr)at, 0, (size_t)(len / 4), stream);
+        if (r != CUDA_SUCCESS)
+            return ddo__cu_fail(d, eb, r, "cuMemsetD32Async", "clearing %llu status bytes",
+                                (unsigned long long)len);
+        i = k;
+    }
+    return 0;
+}
+
+static int cuda_codec_decode(void *st, void *stream, const ddo__codec_desc *x, size_t n,
+                             ddo__errbuf *eb)
 {
     cuda_dev *d = st;
     BIND(d, eb);
-    uint64_t grid = (uint64_t)l->n_blocks * l->ctas_per_block;
-    if (src % 16 != 0 || dst % 16 != 0 || l->status_dev % 16 != 0 || l->cta_warps == 0 ||
-        l->cta_warps > 16 || l->ctas_per_block == 0 || grid > INT32_MAX)
-        return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
-                         "codec_decode: source, destination and status must be 16-byte aligned "
-                         "and the launch 1..16 warps x 1..2^31 thread blocks");
-    int rc = codec_module(d, eb);
-    if (rc != 0)
+    codec_kbatch kb;
+    uint64_t grid = 0;
+    if (n == 0 || n > DDO_CODEC_BATCH_MAX)
+        return ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "codec_decode: %zu tensors in a batch", n);
+    int rc = fill_batch(x, n, &kb, &grid, eb);
+    if (rc == 0)
+        rc = codec_module(d, eb);
+    if (rc == 0)
+        rc = clear_status(d, x, n, (CUstream)stream, eb);
+    if (rc != 0 || grid == 0)
         return rc;
-    CUresult r = d->api.MemsetD32Async((CUdeviceptr)l->status_dev, 0, (size_t)(l->status_bytes / 4),
-                                       (CUstream)stream);
+    void *args[] = { &kb };
+    CUresult r = d->api.LaunchKernel(d->codec_fn, (unsigned)grid, 1, 1, 32 * x[0].l.cta_warps, 1, 1,
+                                     0, (CUstream)stream, args, NULL);
     if (r != CUDA_SUCCESS)
-        return ddo__cu_fail(d, eb, r, "cuMemsetD32Async", "clearing %llu status bytes",
-                            (unsigned long long)l->status_bytes);
-    CUdeviceptr s = (CUdeviceptr)src, o = (CUdeviceptr)dst, stat = (CUdeviceptr)l->status_dev;
-    unsigned long long sb = src_bytes, db = dst_bytes, total = l->total_elems;
-    unsigned int nb = l->n_blocks, be = l->block_elems, es = l->esize, cpb = l->ctas_per_block;
-    void *args[] = { &s, &sb, &o, &db, &stat, &nb, &be, &es, &total, &cpb };
-    r = d->api.LaunchKernel(d->codec_fn, (unsigned)grid, 1, 1, 32 * l->cta_warps, 1, 1, 0,
-                            (CUstream)stream, args, NULL);
-    if (r != CUDA_SUCCESS)
-        return ddo__cu_fail(d, eb, r, "cuLaunchKernel", "(codec decoder, %llu thread blocks)",
+        return ddo__cu_fail(d, eb, r, "cuLaunchKernel",
+                            "(codec decoder, %zu tensors, %llu thread blocks)", n,
                             (unsigned long long)grid);
     return 0;
 }
 #    else
-static int cuda_codec_decode(void *st, void *stream, uint64_t src, uint64_t src_bytes, uint64_t dst,
-                             uint64_t dst_bytes, const ddo__codec_launch *l, ddo__errbuf *eb)
+static int cuda_codec_decode(void *st, void *stream, const ddo__codec_desc *x, size_t n,
+                             ddo__errbuf *eb)
 {
-    (void)st, (void)stream, (void)src, (void)src_bytes, (void)dst, (void)dst_bytes, (void)l;
+    (void)st, (void)stream, (void)x, (void)n;
     return ddo__fail(eb, DDO_E_UNSUPPORTED,
                      "codec_decode: libddo was built without nvcc, so the cuda device has no "
                      "codec decoder");
@@ -637,6 +708,7 @@ static const ddo__device_ops cuda_ops = {
     .stream_unwrap = cuda_stream_unwrap,
     .copy_h2d = cuda_copy_h2d,
     .copy_d2h = cuda_copy_d2h,
+    .copy_d2h_async = cuda_copy_d2h_async,
     .event_create = cuda_event_create,
     .event_destroy = cuda_event_destroy,
     .event_record = cuda_event_record,

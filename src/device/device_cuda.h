@@ -58,6 +58,7 @@ typedef struct cu_api {
     PFN_cuStreamSynchronize_v2000 StreamSynchronize;
     PFN_cuMemcpyHtoDAsync_v3020 MemcpyHtoDAsync;
     PFN_cuMemcpyDtoH_v3020 MemcpyDtoH;
+    PFN_cuMemcpyDtoHAsync_v3020 MemcpyDtoHAsync;
     PFN_cuEventCreate_v2000 EventCreate;
     PFN_cuEventDestroy_v4000 EventDestroy;
     PFN_cuEventRecord_v2000 EventRecord;

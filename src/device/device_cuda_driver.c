@@ -57,6 +57,7 @@ static const struct {
     CU_SYM_(StreamSynchronize),
     CU_SYM_(MemcpyHtoDAsync),
     CU_SYM_(MemcpyDtoH),
+    CU_SYM_(MemcpyDtoHAsync),
     CU_SYM_(EventCreate),
     CU_SYM_(EventDestroy),
     CU_SYM_(EventRecord),
