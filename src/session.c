@@ -338,6 +338,8 @@ static int build_source(ddo_session *s)
     p.progress = s->opts.progress;
     p.progress_user = s->opts.progress_user;
     p.codec = ddo__session_codec_wanted(s);
+    const ddo__options *o = s->opts.config != NULL ? ddo__config_options(s->opts.config) : NULL;
+    p.codec_cache_dir = o != NULL ? o->weight_codec_cache_dir : NULL;
     int rc = ddo__source_create(&p, req, k, &s->source, &s->err);
     free(req);
     return rc;
@@ -709,6 +711,11 @@ int ddo_session_metrics(ddo_session *s, bool collect_completed, ddo_metrics **ou
         s->source == NULL                                         ? "none"
         : ddo__source_engine(s->source) == DDO__READ_ENGINE_PREAD ? "pread"
                                                                   : "io_uring",
+        /* weight_codec: where the store's coded bytes came from, and what the sidecars did */
+        "codec_store",
+        ddo__source_codec_origin(s->source),
+        "codec_sidecar_note",
+        ddo__source_codec_note(s->source),
     };
     int rc = ddo__metrics_snapshot(m, s->plan, labels, DDO_ARRAY_LEN(labels) / 2, out);
     if (rc != 0)
