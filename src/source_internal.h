@@ -38,9 +38,9 @@ enum {
 
 typedef struct entry {
     uint8_t run;
-    uint8_t side;  /* SIDE_* */
-    bool reread;   /* read again from the checkpoint (its sidecar was rejected) */
-    uint64_t pos;  /* offset inside its run */
+    uint8_t side; /* SIDE_* */
+    bool reread;  /* read again from the checkpoint (its sidecar was rejected) */
+    uint64_t pos; /* offset inside its run */
     const uint8_t *ptr;
     const ddo__sidecar_entry *se; /* its sidecar entry (SIDE_CODED, SIDE_RAW) */
 } entry;
@@ -66,7 +66,7 @@ struct ddo__source {
     ddo__host_pins *host_pins; /* host-memory tensors registered in place */
     ddo__source_codec *codec;  /* weight_codec: the coded tensors' plans (source_codec.c) */
     /* weight_codec_cache_dir (source_sidecar_use.c), during create only */
-    ddo__sidecar **sidecars;    /* per file; NULL: none */
+    ddo__sidecar **sidecars;         /* per file; NULL: none */
     atomic_uint_fast64_t *side_sums; /* per tensor: hash of its coded bytes as read */
     atomic_bool *side_failed;        /* per file: a read of its sidecar failed */
     bool reread_pass;                /* ddo__source_read_all reads the reread tensors only */

@@ -242,9 +242,9 @@ static bool piece_fault(job *j, const piece *p)
 {
     if (ddo__source_fault_hit() == 0)
         return false;
-    job_error(j, DDO_E_IO, true, "retained store: %s: read of %llu bytes at %llu: injected fault",
-              ddo__source_file_name(j->src, p->file), (unsigned long long)p->len,
-              (unsigned long long)p->off);
+    job_error(j, DDO_E_IO, true, "retained store: %s%s: read of %llu bytes at %llu: injected fault",
+              p->side_fd >= 0 ? "the sidecar of " : "", ddo__source_file_name(j->src, p->file),
+              (unsigned long long)p->len, (unsigned long long)p->off);
     return true;
 }
 
@@ -447,8 +447,12 @@ static int make_pieces(ddo__source *src, const ddo__source_request *req, size_t 
                 }
                 pieces = np;
             }
-            pieces[n++] = (piece){ .file = t->file_index, .off = s, .len = end - s, .dst = dst,
-                                   .side_fd = side_fd, .tensor = req[i].tensor,
+            pieces[n++] = (piece){ .file = t->file_index,
+                                   .off = s,
+                                   .len = end - s,
+                                   .dst = dst,
+                                   .side_fd = side_fd,
+                                   .tensor = req[i].tensor,
                                    .stream_off = stream_off };
             dst += end - s;
             s = end;

@@ -44,9 +44,8 @@ uint64_t ddo__sidecar_hash(const void *p, uint64_t n, uint64_t first_word)
 
 char *ddo__sidecar_path(const char *dir, const ddo__file_id *id)
 {
-    const uint64_t key[] = { id->dev,      id->ino,       id->size,
-                             id->mtime_ns, id->ctime_ns,  VERSION,
-                             CODEC_VERSION, DDO_CODEC_DEFAULT_BLOCK };
+    const uint64_t key[] = { id->dev,      id->ino, id->size,      id->mtime_ns,
+                             id->ctime_ns, VERSION, CODEC_VERSION, DDO_CODEC_DEFAULT_BLOCK };
     uint64_t h1 = 0x243f6a8885a308d3ull, h2 = 0x13198a2e03707344ull;
     for (size_t i = 0; i < DDO_ARRAY_LEN(key); i++) {
         h1 = ddo__codec_fmix64(h1 ^ key[i]) + GOLDEN * (i + 1);
@@ -69,7 +68,9 @@ static void header_write(uint8_t h[DDO__SIDECAR_HEADER], const ddo__file_id *id,
     ddo__codec_wr32(h + 12, CODEC_VERSION);
     ddo__codec_wr32(h + 16, DDO_CODEC_DEFAULT_BLOCK);
     ddo__codec_wr32(h + 20, count);
-    const uint64_t v[] = { id->dev, id->ino, id->size, id->mtime_ns, id->ctime_ns, bytes, data_off };
+    const uint64_t v[] = {
+        id->dev, id->ino, id->size, id->mtime_ns, id->ctime_ns, bytes, data_off
+    };
     for (size_t i = 0; i < DDO_ARRAY_LEN(v); i++)
         ddo__codec_wr64(h + 24 + 8 * i, v[i]);
     ddo__codec_wr64(h + TABLE_HASH_AT, table_hash);
@@ -120,8 +121,8 @@ static int entry_check(const uint8_t *t, size_t i, const ddo__sidecar_entry *pre
                        uint64_t data_off, uint64_t file_bytes, uint64_t ck_bytes,
                        ddo__sidecar_entry *e, char *why, size_t why_len)
 {
-    *e = (ddo__sidecar_entry){ rd64(t), rd64(t + 8), rd64(t + 16), rd64(t + 24), rd64(t + 32),
-                               ddo__codec_rd32(t + 40) };
+    *e = (ddo__sidecar_entry){ rd64(t),      rd64(t + 8),  rd64(t + 16),
+                               rd64(t + 24), rd64(t + 32), ddo__codec_rd32(t + 40) };
     uint64_t end = 0, cend = 0;
     if (!ddo__add_u64(e->offset, e->raw_bytes, &end) || end > ck_bytes || e->raw_bytes == 0 ||
         ddo__codec_rd32(t + 44) != 0 || !ddo__codec_codes_dtype((ddo_dtype)e->dtype))
@@ -224,7 +225,7 @@ const ddo__sidecar_entry *ddo__sidecar_find(const ddo__sidecar *s, uint64_t offs
         return NULL;
     const ddo__sidecar_entry *e = &s->entries[lo];
     return e->offset == offset && e->raw_bytes == raw_bytes && e->dtype == (uint32_t)dtype ? e
-                                                                                          : NULL;
+                                                                                           : NULL;
 }
 
 void ddo__sidecar_close(ddo__sidecar *s)
@@ -246,8 +247,8 @@ static int by_offset(const void *a, const void *b)
 
 static const uint8_t zeros[DDO__SIDECAR_ALIGN];
 
-int ddo__sidecar_write(const char *path, const ddo__file_id *id, ddo__sidecar_item *items,
-                       size_t n, uint64_t *written, char *why, size_t why_len)
+int ddo__sidecar_write(const char *path, const ddo__file_id *id, ddo__sidecar_item *items, size_t n,
+                       uint64_t *written, char *why, size_t why_len)
 {
     qsort(items, n, sizeof(*items), by_offset);
     size_t tb = n * DDO__SIDECAR_ENTRY;

@@ -88,7 +88,7 @@ void ddo__sidecar_close(ddo__sidecar *s);
  * without a name until complete, then renamed). 0 and *written (its length), or an errno
  * value with *why (one line).
  */
-int ddo__sidecar_write(const char *path, const ddo__file_id *id, ddo__sidecar_item *items,
-                       size_t n, uint64_t *written, char *why, size_t why_len);
+int ddo__sidecar_write(const char *path, const ddo__file_id *id, ddo__sidecar_item *items, size_t n,
+                       uint64_t *written, char *why, size_t why_len);
 
 #endif /* DDO_SOURCE_SIDECAR_H */

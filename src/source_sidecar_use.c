@@ -103,8 +103,7 @@ void ddo__source_sidecar_prepare(ddo__source *src, const ddo__source_params *p)
         if (e->run != RUN_STORE || ti->file_index >= src->file_count ||
             src->sidecars[ti->file_index] == NULL || !candidate(ti))
             continue;
-        e->se = ddo__sidecar_find(src->sidecars[ti->file_index], ti->offset, ti->nbytes,
-                                  ti->dtype);
+        e->se = ddo__sidecar_find(src->sidecars[ti->file_index], ti->offset, ti->nbytes, ti->dtype);
         if (e->se != NULL)
             e->side = e->se->coded_bytes > 0 ? SIDE_CODED : SIDE_RAW;
     }
