@@ -229,13 +229,27 @@ static void spoil(damage d)
     T_REQUIRE(len > 8192 && len < sizeof(b));
     uint8_t *e0 = b + DDO__SIDECAR_HEADER, *e1 = e0 + DDO__SIDECAR_ENTRY;
     switch (d) {
-    case FLIP_STREAM: b[len - 100] ^= 0x10; break;
-    case FLIP_HEADER: b[30] ^= 1; break;
-    case TRUNCATE: len = len / 2; break;
-    case MAGIC: b[0] = 'X'; break;
-    case HUGE_LEN: ddo__codec_wr64(e0 + 24, UINT64_MAX - 4096), rehash(b, len); break;
-    case HUGE_COUNT: ddo__codec_wr32(b + 20, UINT32_MAX), rehash(b, len); break;
-    case OVERLAP: memcpy(e1 + 16, e0 + 16, 8), rehash(b, len); break;
+    case FLIP_STREAM:
+        b[len - 100] ^= 0x10;
+        break;
+    case FLIP_HEADER:
+        b[30] ^= 1;
+        break;
+    case TRUNCATE:
+        len = len / 2;
+        break;
+    case MAGIC:
+        b[0] = 'X';
+        break;
+    case HUGE_LEN:
+        ddo__codec_wr64(e0 + 24, UINT64_MAX - 4096), rehash(b, len);
+        break;
+    case HUGE_COUNT:
+        ddo__codec_wr32(b + 20, UINT32_MAX), rehash(b, len);
+        break;
+    case OVERLAP:
+        memcpy(e1 + 16, e0 + 16, 8), rehash(b, len);
+        break;
     }
     fp = fopen(path, "wb");
     T_REQUIRE(fp != NULL);
@@ -249,9 +263,13 @@ static void test_damaged_sidecar_is_ignored(void)
                                          "truncated",           "wrong magic",
                                          "huge stream length",  "huge entry count",
                                          "overlapping streams" };
-    static const char *const why[] = { "stream hash differs", "header hash differs",
-                                       "differs from the header", "magic", "out of place",
-                                       "more than the checkpoint's tensors", "out of place" };
+    static const char *const why[] = { "stream hash differs",
+                                       "header hash differs",
+                                       "differs from the header",
+                                       "magic",
+                                       "out of place",
+                                       "more than the checkpoint's tensors",
+                                       "out of place" };
     for (int d = FLIP_STREAM; d <= OVERLAP; d++) {
         clear_cache();
         fx f;
@@ -268,7 +286,8 @@ static void test_damaged_sidecar_is_ignored(void)
         T_CONTAINS(b, path);
         T_CONTAINS(b, why[d]);
         T_CHECK_MSG(fx_metric(&f, "codec_sidecar_ignored") == 1, "%s", names[d]);
-        T_CHECK_MSG(fx_metric(&f, "codec_sidecar_written_bytes") > 0, "%s: not rewritten", names[d]);
+        T_CHECK_MSG(fx_metric(&f, "codec_sidecar_written_bytes") > 0, "%s: not rewritten",
+                    names[d]);
         resession(&f); /* the rewritten sidecar serves the next setup */
         expect_sidecar(&f, names[d]);
         fx_destroy(&f);
