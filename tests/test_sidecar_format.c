@@ -9,9 +9,9 @@
  * ctest-labels: unit
  */
 #define _POSIX_C_SOURCE 200809L
+#include "t.h"
 #include "codec_internal.h"
 #include "source_sidecar.h"
-#include "t.h"
 
 #include <errno.h>
 #include <stdio.h>
