@@ -12,6 +12,7 @@
 
 #include "common.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -100,6 +101,12 @@ int ddo__checkpoint_open_direct(const ddo_checkpoint *ck, uint32_t file, int *fd
 
 /* The file's name as used in messages (its basename). NULL for a bad index. */
 const char *ddo__checkpoint_file_name(const ddo_checkpoint *ck, uint32_t file);
+
+struct ddo__file_id;
+/* The identity file `file` had at open (os/file.h); false for a bad index or a memory image
+ * (no file). */
+bool ddo__checkpoint_file_identity(const ddo_checkpoint *ck, uint32_t file,
+                                   struct ddo__file_id *id);
 
 /*
  * Parses and validates a whole safetensors file image held in memory

@@ -96,6 +96,14 @@ const char *ddo__checkpoint_file_name(const ddo_checkpoint *ck, uint32_t file)
     return ck->files[file].label;
 }
 
+bool ddo__checkpoint_file_identity(const ddo_checkpoint *ck, uint32_t file, ddo__file_id *id)
+{
+    if (ck == NULL || id == NULL || file >= ck->file_count || ck->files[file].fd < 0)
+        return false;
+    *id = ck->files[file].id;
+    return true;
+}
+
 /* ------------------------------------------------------------------------ */
 /* JSON                                                                      */
 /* ------------------------------------------------------------------------ */

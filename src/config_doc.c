@@ -175,6 +175,7 @@ static const struct {
     { "unit_granularity", "ddo addition" },
     { "read_engine", "ddo addition" },
     { "weight_codec", "ddo addition" },
+    { "weight_codec_cache_dir", "ddo addition" },
     { "use_environment", "ddo addition; API only" },
 };
 

@@ -58,6 +58,7 @@ static void settings_from(const ddo_session_options *opts, ddo__route route,
     out->engine = DDO__READ_ENGINE_AUTO;
     out->allow_register_fallback = true;
     out->pressure_reclaim = false;
+    out->codec_cache_dir = NULL;
     if (opts == NULL || opts->config == NULL)
         return;
     const ddo__options *o = ddo__config_options(opts->config);
@@ -71,6 +72,7 @@ static void settings_from(const ddo_session_options *opts, ddo__route route,
     out->allow_register_fallback = o->allow_pin_memory_fallback;
     /* The automatic pressure policy exists on the native fast route only. */
     out->pressure_reclaim = o->vmm_execution_backing_reclaim && route == DDO__ROUTE_VMM_FAST;
+    out->codec_cache_dir = o->weight_codec_cache_dir;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -338,6 +340,7 @@ static int build_source(ddo_session *s)
     p.progress = s->opts.progress;
     p.progress_user = s->opts.progress_user;
     p.codec = ddo__session_codec_wanted(s);
+    p.codec_cache_dir = s->set.codec_cache_dir;
     int rc = ddo__source_create(&p, req, k, &s->source, &s->err);
     free(req);
     return rc;
@@ -549,6 +552,7 @@ int ddo_session_create(const ddo_plan *plan, const ddo_checkpoint *ck, ddo_devic
                        "ddo_session_create: the plan streams units but has no execution slots");
     if (rc == 0)
         rc = setup(s);
+    s->set.codec_cache_dir = NULL; /* the config's string: borrowed during create only */
     if (rc != 0) {
         ddo__errbuf keep = s->err;
         ddo_session_destroy(s);
@@ -709,6 +713,11 @@ int ddo_session_metrics(ddo_session *s, bool collect_completed, ddo_metrics **ou
         s->source == NULL                                         ? "none"
         : ddo__source_engine(s->source) == DDO__READ_ENGINE_PREAD ? "pread"
                                                                   : "io_uring",
+        /* weight_codec: where the store's coded bytes came from, and what the sidecars did */
+        "codec_store",
+        ddo__source_codec_origin(s->source),
+        "codec_sidecar_note",
+        ddo__source_codec_note(s->source),
     };
     int rc = ddo__metrics_snapshot(m, s->plan, labels, DDO_ARRAY_LEN(labels) / 2, out);
     if (rc != 0)

@@ -114,7 +114,8 @@ typedef struct ddo__session_settings {
     size_t workers;
     ddo__read_engine engine;
     bool allow_register_fallback;
-    bool pressure_reclaim; /* vmm_execution_backing_reclaim on vmm_fast_runtime */
+    bool pressure_reclaim;       /* vmm_execution_backing_reclaim on vmm_fast_runtime */
+    const char *codec_cache_dir; /* weight_codec_cache_dir: the config's, borrowed during create */
 } ddo__session_settings;
 
 /* vmm_runtime's unbound handles, waiting for a weight of the same size (session_pool.c). */

@@ -286,8 +286,13 @@ static int code_store(ddo__source *src, const ddo__source_params *p, layout *l, 
     for (size_t t = 0; t < src->tensor_count; t++) {
         if (src->entries[t].run != RUN_STORE)
             continue;
-        items[n] =
-            (ddo__codec_item){ t, src->entries[t].pos, ddo_checkpoint_tensor(src->ck, t)->nbytes };
+        const entry *e = &src->entries[t];
+        items[n] = (ddo__codec_item){ t, DDO__CODEC_FROM_RAW_READ, e->pos,
+                                      ddo_checkpoint_tensor(src->ck, t)->nbytes };
+        if (e->side == SIDE_CODED) /* its coded stream, from the sidecar */
+            items[n] = (ddo__codec_item){ t, DDO__CODEC_FROM_CODED, e->pos, e->se->coded_bytes };
+        else if (e->side == SIDE_RAW)
+            items[n].from = DDO__CODEC_FROM_KEEP_RAW;
         split += items[n].pos < l->registered_end ? 1 : 0;
         n++;
     }
@@ -299,6 +304,8 @@ static int code_store(ddo__source *src, const ddo__source_params *p, layout *l, 
         src->entries[items[i].tensor].pos = items[i].pos;
         src->entries[items[i].tensor].ptr = src->base + items[i].pos;
     }
+    if (rc == 0)
+        ddo__source_sidecar_save(src, p, items, n);
     free(items);
     if (rc != 0)
         return rc;
@@ -364,9 +371,13 @@ int ddo__source_create(const ddo__source_params *p, const ddo__source_request *r
     if (rc != 0)
         goto fail;
 
+    ddo__source_sidecar_prepare(src, p);
     rc = ddo__source_read_all(src, p, req, count, eb);
     if (rc == 0 && p->codec)
+        rc = ddo__source_sidecar_verify(src, p, req, count, eb);
+    if (rc == 0 && p->codec)
         rc = code_store(src, p, &l, eb);
+    ddo__source_sidecar_release(src);
     if (rc == 0)
         rc = ddo__source_register_all(src, p, eb);
     if (rc == 0)
@@ -394,6 +405,7 @@ void ddo__source_destroy(ddo__source *src)
         free(src->base);
     ddo__host_pins_destroy(src->host_pins);
     ddo__source_codec_destroy(src->codec);
+    ddo__source_sidecar_release(src);
     for (size_t f = 0; src->direct_fd != NULL && f < src->file_count; f++)
         ddo__os_file_close(src->direct_fd[f]);
     if (src->registered_taken > 0)

@@ -50,6 +50,9 @@ typedef struct ddo__source_params {
     ddo_progress_fn progress;     /* phases "read" and "register" */
     void *progress_user;
     bool codec; /* weight_codec: code the store's BF16/F16/F32 tensors (source_codec.h) */
+    /* weight_codec_cache_dir: where the coded sidecars are read and written (NULL or "": none;
+     * docs/codec.md "Sidecar"). Metrics codec_sidecar_*. */
+    const char *codec_cache_dir;
 } ddo__source_params;
 
 /*
@@ -90,6 +93,12 @@ const struct ddo__codec_plan *ddo__source_coded(const ddo__source *src, size_t t
 /* Where tensor's retained bytes are (NULL when not retained) and whether they are registered
  * (a registered host-memory tensor is read through ddo__source_host_pieces). */
 const void *ddo__source_host_ptr(const ddo__source *src, size_t tensor, bool *registered);
+
+/* Where the store's coded bytes came from: "none" (no codec), "encoded" (coded at setup),
+ * "sidecar" (read from coded sidecars) or "sidecar+encoded"; and the note of what happened
+ * to the sidecars ("" when nothing worth saying): ignored ones with why, failed writes. */
+const char *ddo__source_codec_origin(const ddo__source *src);
+const char *ddo__source_codec_note(const ddo__source *src);
 
 /*
  * Bytes from byte `offset` of a retained tensor to the end of its 64 MiB registration segment

@@ -67,7 +67,8 @@ static uint64_t buffer_bytes(const ddo_checkpoint *ck, const ddo__codec_item *it
     uint64_t most = 0;
     for (size_t i = 0; i < n; i++) {
         const ddo_tensor_info *ti = ddo_checkpoint_tensor(ck, items[i].tensor);
-        if (!ddo__codec_codes_dtype(ti->dtype) || items[i].nbytes == 0)
+        if (!ddo__codec_codes_dtype(ti->dtype) || items[i].nbytes == 0 ||
+            items[i].from != DDO__CODEC_FROM_RAW_READ)
             continue;
         uint64_t b = ddo__codec_bound(ti->dtype, items[i].nbytes, 0);
         most = b > most ? b : most;
@@ -86,14 +87,32 @@ typedef struct packer {
     uint64_t cursor;
 } packer;
 
+/* A coded stream read from a sidecar (validated there): moved to the cursor and planned. */
+static int keep_coded(packer *pk, ddo__codec_item *it, ddo__errbuf *eb)
+{
+    const ddo_tensor_info *ti = ddo_checkpoint_tensor(pk->ck, it->tensor);
+    uint8_t *at = pk->base + pk->cursor;
+    if (at != pk->base + it->pos)
+        memmove(at, pk->base + it->pos, (size_t)it->nbytes);
+    int rc = ddo__codec_plan_create(at, it->nbytes, ti->name, &pk->c->plans[it->tensor], eb);
+    if (rc != 0)
+        return rc;
+    it->pos = pk->cursor;
+    pk->cursor += it->nbytes;
+    return 0;
+}
+
 /* Codes one item (when its dtype is coded and coding shrinks it) and moves it to the cursor. */
 static int pack_item(packer *pk, ddo__codec_item *it, ddo__errbuf *eb)
 {
+    if (it->from == DDO__CODEC_FROM_CODED)
+        return keep_coded(pk, it, eb);
     const ddo_tensor_info *ti = ddo_checkpoint_tensor(pk->ck, it->tensor);
     uint8_t *at = pk->base + pk->cursor;
     uint64_t coded = 0;
     bool candidate = ddo__codec_codes_dtype(ti->dtype) && it->nbytes > 0 &&
-                     ddo__codec_bound(ti->dtype, it->nbytes, 0) > 0;
+                     ddo__codec_bound(ti->dtype, it->nbytes, 0) > 0 &&
+                     it->from == DDO__CODEC_FROM_RAW_READ;
     if (candidate) {
         if (fault_hit())
             return ddo__fail(eb, DDO_E_IO, "codec: tensor `%s`: encoding: injected fault",

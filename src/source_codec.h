@@ -18,8 +18,15 @@
 typedef struct ddo__source_codec ddo__source_codec;
 
 /* One stored tensor, in store order (increasing pos). */
+enum {
+    DDO__CODEC_FROM_RAW_READ, /* raw bytes read from the checkpoint: code them */
+    DDO__CODEC_FROM_CODED,    /* a coded stream already (a sidecar's): validate and keep */
+    DDO__CODEC_FROM_KEEP_RAW  /* raw bytes known not to shrink (a sidecar says so): keep */
+};
+
 typedef struct ddo__codec_item {
     size_t tensor;
+    uint8_t from;    /* DDO__CODEC_FROM_* */
     uint64_t pos;    /* in: where its raw bytes lie in the store; out: where its bytes lie now */
     uint64_t nbytes; /* in: raw bytes; out: bytes stored (coded, or raw when coding did not pay) */
 } ddo__codec_item;

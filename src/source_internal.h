@@ -11,6 +11,7 @@
 
 #include "host_pins.h"
 #include "source_codec.h"
+#include "source_sidecar.h"
 
 #include "os/read.h"
 
@@ -28,10 +29,20 @@
 
 enum { RUN_NONE, RUN_STORE, RUN_HOST };
 
+/* Where a stored tensor's bytes come from (weight_codec_cache_dir, source_sidecar_use.c). */
+enum {
+    SIDE_NONE,  /* read raw from the checkpoint, then coded */
+    SIDE_CODED, /* its coded stream read from its file's sidecar */
+    SIDE_RAW    /* read raw and kept raw: the sidecar says coding does not shrink it */
+};
+
 typedef struct entry {
     uint8_t run;
+    uint8_t side; /* SIDE_* */
+    bool reread;  /* read again from the checkpoint (its sidecar was rejected) */
     uint64_t pos; /* offset inside its run */
     const uint8_t *ptr;
+    const ddo__sidecar_entry *se; /* its sidecar entry (SIDE_CODED, SIDE_RAW) */
 } entry;
 
 struct ddo__source {
@@ -54,6 +65,14 @@ struct ddo__source {
     bool use_uring;
     ddo__host_pins *host_pins; /* host-memory tensors registered in place */
     ddo__source_codec *codec;  /* weight_codec: the coded tensors' plans (source_codec.c) */
+    /* weight_codec_cache_dir (source_sidecar_use.c), during create only */
+    ddo__sidecar **sidecars;         /* per file; NULL: none */
+    atomic_uint_fast64_t *side_sums; /* per tensor: hash of its coded bytes as read */
+    atomic_bool *side_failed;        /* per file: a read of its sidecar failed */
+    bool reread_pass;                /* ddo__source_read_all reads the reread tensors only */
+    size_t side_hits;                /* tensors stored from a sidecar */
+    size_t encoded;                  /* tensors coded at setup */
+    char codec_note[512];            /* what happened to the sidecars ("" when nothing) */
 };
 
 /* source.c */
@@ -68,5 +87,21 @@ int ddo__source_register_all(ddo__source *src, const ddo__source_params *p, ddo_
  * reads the caller's pages). */
 int ddo__source_pin_host_tensors(ddo__source *src, const ddo__source_params *p,
                                  const ddo__source_request *req, size_t count, ddo__errbuf *eb);
+
+/* source_sidecar_use.c: the coded sidecars of a setup with weight_codec_cache_dir */
+/* Opens the sidecars of the checkpoint's files and marks the stored tensors they hold. */
+void ddo__source_sidecar_prepare(ddo__source *src, const ddo__source_params *p);
+/* After the read: checks every stream read from a sidecar; a sidecar with any bad stream is
+ * ignored (a note) and its tensors are read again from the checkpoint, to be coded. */
+int ddo__source_sidecar_verify(ddo__source *src, const ddo__source_params *p,
+                               const ddo__source_request *req, size_t count, ddo__errbuf *eb);
+/* After coding: writes the sidecar of each file whose tensors were coded now (a note when it
+ * cannot). items: the packed store. */
+void ddo__source_sidecar_save(ddo__source *src, const ddo__source_params *p,
+                              const ddo__codec_item *items, size_t n);
+/* Closes the sidecars and frees what prepare allocated. */
+void ddo__source_sidecar_release(ddo__source *src);
+/* Appends one line to the store's codec note. */
+void ddo__source_note(ddo__source *src, const char *fmt, ...) DDO_PRINTF(2, 3);
 
 #endif

@@ -11,6 +11,7 @@
 #include "checkpoint.h"
 #include "device/device.h"
 #include "os/file.h"
+#include "source_sidecar.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -202,10 +203,31 @@ typedef struct piece {
     uint64_t off; /* absolute file offset */
     uint64_t len;
     uint8_t *dst;
+    int side_fd;         /* >= 0: read from file's sidecar instead (its coded stream) */
+    size_t tensor;       /* with side_fd: the tensor whose stream this is part of */
+    uint64_t stream_off; /* with side_fd: where that stream starts in the sidecar */
 } piece;
+
+/* A piece of a coded stream from a sidecar: its hash is added to the tensor's, and a failed
+ * read marks the sidecar (source_sidecar_use.c then ignores it); never a setup error. */
+static void read_piece_sidecar(job *j, const piece *p)
+{
+    ddo__source *src = j->src;
+    int e = ddo__os_pread_full(p->side_fd, p->dst, (size_t)p->len, p->off);
+    if (e != 0)
+        atomic_store(&src->side_failed[p->file], true);
+    else
+        atomic_fetch_add(&src->side_sums[p->tensor],
+                         ddo__sidecar_hash(p->dst, p->len, (p->off - p->stream_off) / 8));
+    job_progress(j, p->len);
+}
 
 static void read_piece_pread(job *j, const piece *p)
 {
+    if (p->side_fd >= 0) {
+        read_piece_sidecar(j, p);
+        return;
+    }
     int rc = ddo__checkpoint_read_range(j->src->ck, p->file, p->off, p->dst, p->len);
     if (rc != 0) {
         char why[DDO_ERRBUF_BYTES];
@@ -220,9 +242,9 @@ static bool piece_fault(job *j, const piece *p)
 {
     if (ddo__source_fault_hit() == 0)
         return false;
-    job_error(j, DDO_E_IO, true, "retained store: %s: read of %llu bytes at %llu: injected fault",
-              ddo__source_file_name(j->src, p->file), (unsigned long long)p->len,
-              (unsigned long long)p->off);
+    job_error(j, DDO_E_IO, true, "retained store: %s%s: read of %llu bytes at %llu: injected fault",
+              p->side_fd >= 0 ? "the sidecar of " : "", ddo__source_file_name(j->src, p->file),
+              (unsigned long long)p->len, (unsigned long long)p->off);
     return true;
 }
 
@@ -260,7 +282,7 @@ static bool start_piece(job *j, ddo__os_ring *ring, const piece *p, inflight *f,
     uint64_t s = p->off, e = p->off + p->len;
     uint64_t ms = ddo__round_up(s, IO_ALIGN), me = ddo__source_align_down(e, IO_ALIGN);
     uint8_t *mdst = p->dst + (ms - s);
-    if (fd < 0 || atomic_load(&src->direct_broken[p->file]) || me <= ms ||
+    if (p->side_fd >= 0 || fd < 0 || atomic_load(&src->direct_broken[p->file]) || me <= ms ||
         (uintptr_t)mdst % IO_ALIGN != 0) {
         read_piece_pread(j, p);
         return false;
@@ -401,10 +423,17 @@ static int make_pieces(ddo__source *src, const ddo__source_request *req, size_t 
     uint64_t bytes = 0;
     for (size_t i = 0; i < count; i++) {
         const entry *en = &src->entries[req[i].tensor];
-        if (en->run != RUN_STORE)
+        if (en->run != RUN_STORE || (src->reread_pass && !en->reread))
             continue;
         const ddo_tensor_info *t = ddo_checkpoint_tensor(src->ck, req[i].tensor);
         uint64_t s = t->offset, e = t->offset + t->nbytes;
+        int side_fd = -1;
+        if (en->side == SIDE_CODED) { /* the coded stream, from the sidecar */
+            side_fd = src->sidecars[t->file_index]->fd;
+            s = en->se->coded_off;
+            e = s + en->se->coded_bytes;
+        }
+        uint64_t stream_off = s;
         uint8_t *dst = src->base + en->pos;
         while (s < e) {
             uint64_t next = ddo__source_align_down(s, IO_ALIGN) + IO_CHUNK;
@@ -418,11 +447,17 @@ static int make_pieces(ddo__source *src, const ddo__source_request *req, size_t 
                 }
                 pieces = np;
             }
-            pieces[n++] = (piece){ .file = t->file_index, .off = s, .len = end - s, .dst = dst };
+            pieces[n++] = (piece){ .file = t->file_index,
+                                   .off = s,
+                                   .len = end - s,
+                                   .dst = dst,
+                                   .side_fd = side_fd,
+                                   .tensor = req[i].tensor,
+                                   .stream_off = stream_off };
             dst += end - s;
             s = end;
         }
-        bytes += t->nbytes;
+        bytes += side_fd >= 0 ? en->se->coded_bytes : t->nbytes;
     }
     *out = pieces;
     *n_out = n;

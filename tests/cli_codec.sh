@@ -70,5 +70,20 @@ check "ddo plan --json records weight_codec ddoc1 and the decode area" \
 check "an unknown codec is refused naming the option" \
     '[ $rc -ne 0 ] && grep -qi "weight.codec" "$T/bad.out"'
 
+# weight_codec_cache_dir: the first run codes and writes the sidecar, the second reads it;
+# both verify with the raw run's checksum.
+for n in 1 2; do
+    "$DDO_BIN" run "$T/model.safetensors" "${BASE[@]}" --ddo-backend vmm --ddo-weight-codec ddoc1 \
+        --ddo-weight-codec-cache-dir "$T/cache" --metrics "$T/side$n.jsonl" >"$T/side$n.out" 2>&1
+    rc=$?
+    sum=$(sum_of "$T/side$n.out")
+    check "sidecar run $n: verified, the raw run's checksum ($sum = $sum_raw)" \
+        '[ $rc -eq 0 ] && [ "$sum" = "$sum_raw" ]' || cat "$T/side$n.out"
+done
+hits1=$(metric "$T/side1.jsonl" codec_sidecar_hits)
+hits2=$(metric "$T/side2.jsonl" codec_sidecar_hits)
+check "the first run wrote a sidecar, the second took the store from it ($hits1, $hits2 tensors)" \
+    '[ "$(ls "$T/cache" | grep -c "\.ddoc$")" = 1 ] && [ "$hits1" = 0 ] && awk -v h="$hits2" "BEGIN{exit !(h > 0)}" && grep -q "\"codec_store\": *\"sidecar\"" "$T/side2.jsonl"'
+
 echo "$fails failed"
 [ "$fails" -eq 0 ]

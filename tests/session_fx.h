@@ -36,15 +36,16 @@ typedef struct fx_opts {
     bool reclaim;          /* vmm_execution_backing_reclaim */
     double bytes_per_s;    /* copy throttle */
     uint64_t latency_ns;
-    bool no_session;           /* stop after the plan */
-    uint64_t cols;             /* columns of the block weights; 0 = FX_COLS */
-    const char *weight_codec;  /* weight_codec (NULL: the default) */
-    bool trained;              /* block weights shaped like trained ones (Gaussian F32, so the
-                                  codec really codes them); salt 0 only */
-    int weights;               /* weights per block: attn, then blocks.N.wK.weight (K = 0..),
-                                  then ff; 0 = 2 (attn and ff) */
-    const char *random_tensor; /* with trained: this tensor holds random bits (the codec keeps
-                                  it raw) */
+    bool no_session;             /* stop after the plan */
+    uint64_t cols;               /* columns of the block weights; 0 = FX_COLS */
+    const char *weight_codec;    /* weight_codec (NULL: the default) */
+    const char *codec_cache_dir; /* weight_codec_cache_dir (NULL: the default) */
+    bool trained;                /* block weights shaped like trained ones (Gaussian F32, so the
+                                    codec really codes them); salt 0 only */
+    int weights;                 /* weights per block: attn, then blocks.N.wK.weight (K = 0..),
+                                    then ff; 0 = 2 (attn and ff) */
+    const char *random_tensor;   /* with trained: this tensor holds random bits (the codec keeps
+                                    it raw) */
 } fx_opts;
 
 typedef struct fx {
@@ -253,6 +254,8 @@ static inline int fx_create(fx *f, const fx_opts *o)
     fx_set(f, "vmm_execution_backing_reclaim", f->o.reclaim ? "true" : "false");
     if (f->o.weight_codec != NULL)
         fx_set(f, "weight_codec", f->o.weight_codec);
+    if (f->o.codec_cache_dir != NULL)
+        fx_set(f, "weight_codec_cache_dir", f->o.codec_cache_dir);
     if (ddo_config_validate(f->cfg) != 0) {
         fprintf(stderr, "  config: %s\n", ddo_last_error());
         return -1;

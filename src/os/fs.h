@@ -32,6 +32,15 @@ int ddo__os_read_small_file(const char *path, size_t max_bytes, char **data, siz
  */
 int ddo__os_write_atomic(const char *path, const void *data, size_t len, bool stop_before_rename);
 
+/* One piece of a file written by ddo__os_write_atomic_parts. */
+typedef struct ddo__os_part {
+    const void *data;
+    size_t len;
+} ddo__os_part;
+/* The same for a file made of n parts written in order (no copy into one buffer). */
+int ddo__os_write_atomic_parts(const char *path, const ddo__os_part *parts, size_t n,
+                               bool stop_before_rename);
+
 /*
  * Appends len bytes to path in one write (created 0644 when missing), so lines of concurrent
  * writers stay whole. Opens without blocking: a FIFO without a reader or a directory is

@@ -1,0 +1,254 @@
+/*
+ * source_sidecar_use.c - the coded sidecars in a setup with weight_codec and
+ * weight_codec_cache_dir (docs/codec.md "Sidecar"; the format: source_sidecar.c).
+ *
+ *   prepare  before the read: each checkpoint file's sidecar (named from the file's identity)
+ *            is opened and validated; each stored tensor it holds is marked SIDE_CODED (its
+ *            coded stream is read from the sidecar into its place, by the same parallel read
+ *            as the raw bytes: source_read.c) or SIDE_RAW (read raw, not coded again).
+ *   verify   after the read: every stream read is checked (its hash, then
+ *            ddo__codec_plan_create). A sidecar with one bad stream or a failed read is
+ *            ignored whole, with a note naming it: its tensors are read again from the
+ *            checkpoint and coded, so a bad sidecar costs time, never weights.
+ *   save     after coding: each file whose tensors were coded now gets its sidecar written
+ *            atomically; a failure is a note, never an error.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "source_internal.h"
+
+#include "checkpoint.h"
+#include "codec.h"
+#include "os/file.h"
+#include "os/fs.h"
+#include "source_sidecar.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void ddo__source_note(ddo__source *src, const char *fmt, ...)
+{
+    size_t used = strlen(src->codec_note);
+    if (used + 3 >= sizeof(src->codec_note))
+        return;
+    if (used > 0) {
+        memcpy(src->codec_note + used, "; ", 3);
+        used += 2;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(src->codec_note + used, sizeof(src->codec_note) - used, fmt, ap);
+    va_end(ap);
+}
+
+const char *ddo__source_codec_origin(const ddo__source *src)
+{
+    if (src == NULL || src->codec == NULL)
+        return "none";
+    if (src->side_hits > 0)
+        return src->encoded > 0 ? "sidecar+encoded" : "sidecar";
+    return "encoded";
+}
+
+const char *ddo__source_codec_note(const ddo__source *src)
+{
+    return src != NULL ? src->codec_note : "";
+}
+
+static bool candidate(const ddo_tensor_info *t)
+{
+    return ddo__codec_codes_dtype(t->dtype) && t->nbytes > 0 &&
+           ddo__codec_bound(t->dtype, t->nbytes, 0) > 0;
+}
+
+/* Opens file f's sidecar into src->sidecars[f] (a note when one exists but is unusable). */
+static void open_one(ddo__source *src, const ddo__source_params *p, uint32_t f)
+{
+    ddo__file_id id;
+    if (!ddo__checkpoint_file_identity(src->ck, f, &id))
+        return;
+    char *path = ddo__sidecar_path(p->codec_cache_dir, &id);
+    if (path == NULL)
+        return;
+    char why[256];
+    int e = ddo__sidecar_open(path, &id, src->tensor_count, &src->sidecars[f], why, sizeof(why));
+    if (e != 0 && e != ENOENT) {
+        ddo__source_note(src, "sidecar %s ignored: %s", path, why);
+        ddo__metrics_add(p->metrics, DDO_M_codec_sidecar_ignored, 1);
+    }
+    free(path);
+}
+
+void ddo__source_sidecar_prepare(ddo__source *src, const ddo__source_params *p)
+{
+    if (!p->codec || p->codec_cache_dir == NULL || p->codec_cache_dir[0] == '\0')
+        return;
+    src->sidecars = ddo__calloc(src->file_count + 1, sizeof(*src->sidecars));
+    src->side_failed = ddo__calloc(src->file_count + 1, sizeof(*src->side_failed));
+    src->side_sums = ddo__calloc(src->tensor_count + 1, sizeof(*src->side_sums));
+    if (src->sidecars == NULL || src->side_failed == NULL || src->side_sums == NULL) {
+        ddo__source_sidecar_release(src);
+        return;
+    }
+    for (uint32_t f = 0; f < src->file_count; f++) {
+        atomic_init(&src->side_failed[f], false);
+        open_one(src, p, f);
+    }
+    for (size_t t = 0; t < src->tensor_count; t++) {
+        entry *e = &src->entries[t];
+        const ddo_tensor_info *ti = ddo_checkpoint_tensor(src->ck, t);
+        atomic_init(&src->side_sums[t], 0);
+        if (e->run != RUN_STORE || ti->file_index >= src->file_count ||
+            src->sidecars[ti->file_index] == NULL || !candidate(ti))
+            continue;
+        e->se = ddo__sidecar_find(src->sidecars[ti->file_index], ti->offset, ti->nbytes, ti->dtype);
+        if (e->se != NULL)
+            e->side = e->se->coded_bytes > 0 ? SIDE_CODED : SIDE_RAW;
+    }
+}
+
+/* Why the stream of tensor t (SIDE_CODED) is unusable, or NULL. */
+static const char *stream_bad(ddo__source *src, size_t t, char *why, size_t len)
+{
+    const entry *e = &src->entries[t];
+    const ddo_tensor_info *ti = ddo_checkpoint_tensor(src->ck, t);
+    if (atomic_load(&src->side_failed[ti->file_index]))
+        return "a read failed";
+    if (atomic_load(&src->side_sums[t]) != e->se->hash) {
+        snprintf(why, len, "tensor `%s`: stream hash differs", ti->name);
+        return why;
+    }
+    ddo__codec_plan *plan = NULL;
+    ddo__errbuf eb = { 0 };
+    if (ddo__codec_plan_create(e->ptr, e->se->coded_bytes, ti->name, &plan, &eb) != 0) {
+        snprintf(why, len, "%s", eb.msg);
+        return why;
+    }
+    ddo__codec_plan_destroy(plan);
+    return NULL;
+}
+
+/* Ignores file f's sidecar: its tensors are read again (coded ones) and coded. */
+static size_t reject(ddo__source *src, const ddo__source_params *p, uint32_t f, const char *why)
+{
+    ddo__source_note(src, "sidecar %s ignored: %s", src->sidecars[f]->path, why);
+    ddo__metrics_add(p->metrics, DDO_M_codec_sidecar_ignored, 1);
+    size_t reread = 0;
+    for (size_t t = 0; t < src->tensor_count; t++) {
+        entry *e = &src->entries[t];
+        if (e->side == SIDE_NONE || ddo_checkpoint_tensor(src->ck, t)->file_index != f)
+            continue;
+        e->reread = e->side == SIDE_CODED;
+        reread += e->reread ? 1 : 0;
+        e->side = SIDE_NONE;
+        e->se = NULL;
+    }
+    ddo__sidecar_close(src->sidecars[f]);
+    src->sidecars[f] = NULL;
+    return reread;
+}
+
+int ddo__source_sidecar_verify(ddo__source *src, const ddo__source_params *p,
+                               const ddo__source_request *req, size_t count, ddo__errbuf *eb)
+{
+    if (src->sidecars == NULL)
+        return 0;
+    size_t reread = 0;
+    char why[DDO_ERRBUF_BYTES];
+    for (size_t t = 0; t < src->tensor_count; t++) {
+        const ddo_tensor_info *ti = ddo_checkpoint_tensor(src->ck, t);
+        if (src->entries[t].side != SIDE_CODED)
+            continue;
+        const char *bad = stream_bad(src, t, why, sizeof(why));
+        if (bad != NULL)
+            reread += reject(src, p, ti->file_index, bad);
+    }
+    uint64_t hits = 0, bytes = 0;
+    for (size_t t = 0; t < src->tensor_count; t++) {
+        const entry *e = &src->entries[t];
+        hits += e->side != SIDE_NONE ? 1 : 0;
+        bytes += e->side == SIDE_CODED ? e->se->coded_bytes : 0;
+    }
+    src->side_hits = (size_t)hits;
+    ddo__metrics_add(p->metrics, DDO_M_codec_sidecar_hits, (double)hits);
+    ddo__metrics_add(p->metrics, DDO_M_codec_sidecar_read_bytes, (double)bytes);
+    if (reread == 0)
+        return 0;
+    src->reread_pass = true;
+    int rc = ddo__source_read_all(src, p, req, count, eb);
+    src->reread_pass = false;
+    return rc;
+}
+
+/* Writes file f's sidecar from the packed store (items). */
+static void save_one(ddo__source *src, const ddo__source_params *p, const ddo__codec_item *items,
+                     size_t n, uint32_t f, ddo__sidecar_item *out)
+{
+    ddo__file_id id;
+    size_t k = 0;
+    bool fresh = false;
+    for (size_t i = 0; i < n; i++) {
+        const ddo_tensor_info *ti = ddo_checkpoint_tensor(src->ck, items[i].tensor);
+        if (ti->file_index != f || !candidate(ti))
+            continue;
+        const ddo__codec_plan *cp = ddo__source_codec_plan(src->codec, items[i].tensor);
+        out[k++] = (ddo__sidecar_item){ ti->offset, ti->nbytes, ti->dtype,
+                                        cp != NULL ? src->base + items[i].pos : NULL,
+                                        cp != NULL ? items[i].nbytes : 0 };
+        fresh = fresh || items[i].from == DDO__CODEC_FROM_RAW_READ;
+    }
+    if (!fresh || k == 0 || !ddo__checkpoint_file_identity(src->ck, f, &id))
+        return;
+    char *path = ddo__sidecar_path(p->codec_cache_dir, &id);
+    char why[256];
+    uint64_t written = 0;
+    int e = ddo__os_make_dirs(p->codec_cache_dir);
+    if (e != 0)
+        snprintf(why, sizeof(why), "%s", ddo__os_fs_strerror(e));
+    else if (path == NULL)
+        snprintf(why, sizeof(why), "out of memory"), e = ENOMEM;
+    else
+        e = ddo__sidecar_write(path, &id, out, k, &written, why, sizeof(why));
+    if (e != 0)
+        ddo__source_note(src, "sidecar %s not written: %s",
+                         path != NULL ? path : p->codec_cache_dir, why);
+    else
+        ddo__metrics_add(p->metrics, DDO_M_codec_sidecar_written_bytes, (double)written);
+    free(path);
+}
+
+void ddo__source_sidecar_save(ddo__source *src, const ddo__source_params *p,
+                              const ddo__codec_item *items, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        src->encoded += items[i].from == DDO__CODEC_FROM_RAW_READ &&
+                                ddo__source_codec_plan(src->codec, items[i].tensor) != NULL
+                            ? 1
+                            : 0;
+    if (!p->codec || p->codec_cache_dir == NULL || p->codec_cache_dir[0] == '\0')
+        return;
+    ddo__sidecar_item *out = ddo__calloc(n + 1, sizeof(*out));
+    if (out == NULL) {
+        ddo__source_note(src, "sidecars not written: out of memory");
+        return;
+    }
+    for (uint32_t f = 0; f < src->file_count; f++)
+        save_one(src, p, items, n, f, out);
+    free(out);
+}
+
+void ddo__source_sidecar_release(ddo__source *src)
+{
+    for (size_t f = 0; src->sidecars != NULL && f < src->file_count; f++)
+        ddo__sidecar_close(src->sidecars[f]);
+    free(src->sidecars);
+    free(src->side_failed);
+    free(src->side_sums);
+    src->sidecars = NULL;
+    src->side_failed = NULL;
+    src->side_sums = NULL;
+    for (size_t t = 0; src->entries != NULL && t < src->tensor_count; t++)
+        src->entries[t].se = NULL;
+}
