@@ -17,7 +17,7 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: ddo synth --layout FILE.json --out PATH [--scale S] [--seed N]\n"
-            "                 [--values uniform|normal]\n\n"
+            "                 [--values uniform|normal] [--threads N]\n\n"
             "Writes a .safetensors file with exactly the tensor names, shapes and dtypes of\n"
             "the layout (data/layouts/*.json), in layout order, filled with deterministic\n"
             "pseudo-random finite values.\n"
@@ -26,7 +26,9 @@ static void usage(FILE *out)
             "              same bytes\n"
             "  --values V  uniform (default: exponents in a narrow band) or normal (shaped like\n"
             "              trained weights: per tensor a Gaussian of standard deviation\n"
-            "              1/sqrt(fan_in), never repeating; what codec ratios are measured on)\n");
+            "              1/sqrt(fan_in), never repeating; what codec ratios are measured on)\n"
+            "  --threads N the generator threads, 1..1024 (default: the online CPU count); the\n"
+            "              bytes do not depend on it\n");
 }
 
 static double now_s(void)
@@ -41,7 +43,7 @@ int ddo_cmd_synth(int argc, char **argv)
     const char *layout = NULL, *out = NULL;
     double scale = 1.0;
     ddo_tool_values values = DDO_TOOL_VALUES_UNIFORM;
-    uint64_t seed = 0;
+    uint64_t seed = 0, threads = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -60,6 +62,10 @@ int ddo_cmd_synth(int argc, char **argv)
             i++;
         } else if (strcmp(a, "--seed") == 0) {
             if (tool_flag_count("synth", a, v, 0, UINT64_MAX, &seed) != 0)
+                return DDO_EXIT_USAGE;
+            i++;
+        } else if (strcmp(a, "--threads") == 0) {
+            if (tool_flag_count("synth", a, v, 1, 1024, &threads) != 0)
                 return DDO_EXIT_USAGE;
             i++;
         } else if (strcmp(a, "--values") == 0 && v != NULL &&
@@ -81,7 +87,8 @@ int ddo_cmd_synth(int argc, char **argv)
     uint64_t bytes = 0;
     double t0 = now_s();
     int rc =
-        ddo_tool_synth_values(layout, out, scale, (uint64_t)seed, values, &bytes, err, sizeof(err));
+        ddo_tool_synth_values(layout, out, scale, (uint64_t)seed, values, (unsigned)threads, &bytes,
+                              err, sizeof(err));
     double dt = now_s() - t0;
     if (rc != 0) {
         fprintf(stderr, "ddo synth: %s\n", err[0] != '\0' ? err : ddo_strerror(rc));
