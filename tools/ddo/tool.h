@@ -13,11 +13,11 @@
 #define DDO_EXIT_USAGE   2
 
 #define DDO_TOOL_COMMANDS(X)                                                                     \
-    X(inspect, "inspect PATH [--json]: the tensors, dtypes and block groups of a checkpoint")    \
+    X(inspect, "inspect PATH [--json] [--codec]: tensors, dtypes, block groups (coded ratio)")   \
     X(config, "config [--ddo-* flags] [--json] [--list]: resolved settings and their sources")   \
     X(plan, "plan PATH [--ddo-* flags] [...]: what will be resident, streamed, pinned, and why") \
     X(synth,                                                                                     \
-      "synth --layout FILE --out PATH [--scale S] [--seed N]: write a synthetic checkpoint")     \
+      "synth --layout FILE --out PATH [--scale S] [--values V] [--threads N]: synthetic file")   \
     X(run, "run PATH [--ddo-* flags] [--steps N] [--tokens T] [--verify]: the reference host")   \
     X(demo, "demo: synthesise a small real-layout model and stream it, verified")                \
     X(bench, "bench PATH | --layout FILE [...]: bus limit, resident and streamed step times")    \
