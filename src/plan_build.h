@@ -114,6 +114,9 @@ int ddo__plan_place_units(builder *b);
 void ddo__plan_layout_units(builder *b);
 /* Per-unit transfer and compute time and the deficit against the previous unit's compute. */
 void ddo__plan_cost_model(builder *b, double *deficit);
+/* A unit's transfer: its bus bytes (coded_bytes when coded) / bus, for a coded unit at least
+ * its decoded bytes / decode_rate (the upload and the decode overlap). */
+double ddo__plan_unit_transfer_s(const builder *b, const ddo__plan_unit *un, double decode_rate);
 /* The predicted step time with slots execution slots (0 when the cost model is off). */
 double ddo__plan_simulate(const ddo_plan *p, size_t slots);
 /* The budget-resident scopes under budget, by resident_module_selection. */

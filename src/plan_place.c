@@ -103,6 +103,19 @@ void ddo__plan_layout_units(builder *b)
     }
 }
 
+/* A unit's transfer time: its bytes over the bus; a coded unit (weight_codec) moves its coded
+ * bytes while the decoder writes its decoded bytes, overlapped: the longer of the two. */
+double ddo__plan_unit_transfer_s(const builder *b, const ddo__plan_unit *un, double decode_rate)
+{
+    uint64_t bus_bytes = un->coded_bytes > 0 ? un->coded_bytes : un->bytes;
+    double t = (double)bus_bytes / b->in.bus_bytes_per_s;
+    if (un->coded_bytes > 0 && decode_rate > 0.0) {
+        double dec = (double)un->decoded_bytes / decode_rate;
+        t = dec > t ? dec : t;
+    }
+    return t;
+}
+
 /* Per-unit transfer and compute time and the deficit against the previous unit's compute. */
 void ddo__plan_cost_model(builder *b, double *deficit)
 {
@@ -112,7 +125,7 @@ void ddo__plan_cost_model(builder *b, double *deficit)
     for (size_t u = 0; u < p->unit_count; u++) {
         ddo__plan_unit *un = &p->units[u];
         if (p->cost_enabled) {
-            un->transfer_s = (double)un->bytes / b->in.bus_bytes_per_s;
+            un->transfer_s = ddo__plan_unit_transfer_s(b, un, b->in.decode_bytes_per_s);
             un->compute_s = (double)p->tokens * (double)un->flops_per_token / b->in.flops_per_s;
         }
     }
