@@ -16,7 +16,8 @@
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: ddo inspect PATH [--json] [--codec [--threads N]]\n"
+    fprintf(out, "usage: ddo inspect PATH [--json]\n"
+                 "       ddo inspect --codec PATH [--json] [--threads N]\n"
                  "  PATH    a .safetensors file, a *.safetensors.index.json sharded set, or a\n"
                  "          directory holding either (Diffusers/Transformers layout)\n"
                  "  --json  print the checkpoint as JSON (see docs/inspect.md)\n"
