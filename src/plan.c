@@ -310,8 +310,8 @@ int ddo_plan_unit_coded(const ddo_plan *p, size_t unit, uint64_t *coded_bytes,
                         uint64_t *decoded_bytes)
 {
     if (p == NULL || unit >= p->unit_count)
-        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
-                         "ddo_plan_unit_coded: unit %zu out of range", unit);
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_plan_unit_coded: unit %zu out of range",
+                         unit);
     const ddo__plan_unit *u = &p->units[unit];
     if (coded_bytes != NULL)
         *coded_bytes = u->coded_bytes > 0 ? u->coded_bytes : u->bytes;

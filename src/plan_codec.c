@@ -117,7 +117,7 @@ static int fall_back(builder *b, const char *why)
 /* The estimated coded size of candidate ti. */
 static uint64_t coded_estimate(const builder *b, const ddo_tensor_info *ti)
 {
-    double r = b->in.codec_ratio > 0.0               ? b->in.codec_ratio
+    double r = b->in.codec_ratio > 0.0       ? b->in.codec_ratio
                : ti->dtype == DDO_DTYPE_BF16 ? DDO_PLAN_CODEC_RATIO_BF16
                : ti->dtype == DDO_DTYPE_F16  ? DDO_PLAN_CODEC_RATIO_F16
                                              : DDO_PLAN_CODEC_RATIO_F32;
@@ -171,7 +171,8 @@ static void estimate(builder *b)
     char text[32];
     snprintf(text, sizeof(text), "%.4f", b->in.codec_ratio > 0.0 ? b->in.codec_ratio : -1.0);
     ddo__decisions_set_str(d, "codec_ratio_estimate",
-                           b->in.codec_ratio > 0.0 ? text : "per dtype: BF16 0.67, F16 0.85, F32 0.83");
+                           b->in.codec_ratio > 0.0 ? text
+                                                   : "per dtype: BF16 0.67, F16 0.85, F32 0.83");
     ddo__decisions_set_str(d, "codec_ratio_source", b->in.codec_ratio > 0.0 ? "inputs" : "default");
     ddo__decisions_set_gb(d, "codec_raw_streamed_gb", raw);
     ddo__decisions_set_gb(d, "codec_coded_streamed_gb", coded);

@@ -849,7 +849,8 @@ static void print_codec_table(const case_result *res, size_t n)
         any = any || (res[i].ran && res[i].coded);
     if (!any)
         return;
-    printf("\nweight codec (per step; bounds: bytes / bus, the raw one as if nothing were coded)\n");
+    printf(
+        "\nweight codec (per step; bounds: bytes / bus, the raw one as if nothing were coded)\n");
     printf("%-14s %12s %12s %12s %11s %11s %8s %8s\n", "case", "coded GiB", "decoded GiB",
            "moved GiB", "raw bound", "coded bnd", "/raw", "/coded");
     for (size_t i = 0; i < n; i++) {

@@ -20,26 +20,27 @@ extern char **environ;
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: ddo plan PATH [--ddo-* flags] [--device-memory-gb N] [--host-memory-gb N]\n"
-            "                [--bandwidth-gbps B] [--tflops T] [--tokens N] [--codec-ratio R]\n"
-            "                [--decode-gbps D] [--json]\n"
-            "       ddo plan --from-json FILE [--json]\n\n"
-            "Prints the plan for a checkpoint: units in execution order with their bytes,\n"
-            "placement, retention and predicted transfer/compute time; the predicted peak of\n"
-            "every budget; the planner's decisions. Nothing is allocated.\n"
-            "  --device-memory-gb N  device memory in GiB (default: the GPU's, when one opens)\n"
-            "  --host-memory-gb N    available host RAM in GiB (default: MemAvailable)\n"
-            "  --bandwidth-gbps B    host->device bus bandwidth, GB/s (1e9 bytes/s)\n"
-            "  --tflops T            compute rate, TFLOP/s\n"
-            "  --tokens N            activation rows per unit for the cost model (default 4096)\n"
-            "  --codec-ratio R       weight_codec: coded/raw of the BF16/F16/F32 tensors, as\n"
-            "                        ddo inspect --codec prints it (default per dtype, docs/codec.md)\n"
-            "  --decode-gbps D       weight_codec: the decoder's output, GB/s (default: cuda 400,\n"
-            "                        the cpu device 1)\n"
-            "  --json                the plan as JSON (docs/plan.md)\n"
-            "  --from-json FILE      print a plan saved with --json\n\n%s",
-            ddo_config_flags_help());
+    fprintf(
+        out,
+        "usage: ddo plan PATH [--ddo-* flags] [--device-memory-gb N] [--host-memory-gb N]\n"
+        "                [--bandwidth-gbps B] [--tflops T] [--tokens N] [--codec-ratio R]\n"
+        "                [--decode-gbps D] [--json]\n"
+        "       ddo plan --from-json FILE [--json]\n\n"
+        "Prints the plan for a checkpoint: units in execution order with their bytes,\n"
+        "placement, retention and predicted transfer/compute time; the predicted peak of\n"
+        "every budget; the planner's decisions. Nothing is allocated.\n"
+        "  --device-memory-gb N  device memory in GiB (default: the GPU's, when one opens)\n"
+        "  --host-memory-gb N    available host RAM in GiB (default: MemAvailable)\n"
+        "  --bandwidth-gbps B    host->device bus bandwidth, GB/s (1e9 bytes/s)\n"
+        "  --tflops T            compute rate, TFLOP/s\n"
+        "  --tokens N            activation rows per unit for the cost model (default 4096)\n"
+        "  --codec-ratio R       weight_codec: coded/raw of the BF16/F16/F32 tensors, as\n"
+        "                        ddo inspect --codec prints it (default per dtype, docs/codec.md)\n"
+        "  --decode-gbps D       weight_codec: the decoder's output, GB/s (default: cuda 400,\n"
+        "                        the cpu device 1)\n"
+        "  --json                the plan as JSON (docs/plan.md)\n"
+        "  --from-json FILE      print a plan saved with --json\n\n%s",
+        ddo_config_flags_help());
 }
 
 static const char *gib(uint64_t bytes, char *buf, size_t len)

@@ -86,9 +86,8 @@ int ddo_cmd_synth(int argc, char **argv)
     char err[1024] = "";
     uint64_t bytes = 0;
     double t0 = now_s();
-    int rc =
-        ddo_tool_synth_values(layout, out, scale, (uint64_t)seed, values, (unsigned)threads, &bytes,
-                              err, sizeof(err));
+    int rc = ddo_tool_synth_values(layout, out, scale, (uint64_t)seed, values, (unsigned)threads,
+                                   &bytes, err, sizeof(err));
     double dt = now_s() - t0;
     if (rc != 0) {
         fprintf(stderr, "ddo synth: %s\n", err[0] != '\0' ? err : ddo_strerror(rc));

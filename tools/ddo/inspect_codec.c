@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 typedef struct ic_tensor {
-    uint64_t coded; /* the bytes as the store would keep them */
+    uint64_t coded;  /* the bytes as the store would keep them */
     bool coded_kept; /* the coded stream was smaller */
 } ic_tensor;
 
@@ -174,9 +174,9 @@ static int ic_print(const ddo_checkpoint *ck, const ic_run *r, unsigned threads,
     }
     double gbps = secs > 0 ? (double)total.raw / secs / 1e9 : 0.0;
     if (json) {
-        json_t *o = json_pack("{s:s, s:I, s:f, s:f, s:f}", "codec", "ddoc1", "threads",
-                              (json_int_t)threads, "seconds", secs, "gb_per_s", gbps, "codec_ratio",
-                              ratio_of(&codable));
+        json_t *o =
+            json_pack("{s:s, s:I, s:f, s:f, s:f}", "codec", "ddoc1", "threads", (json_int_t)threads,
+                      "seconds", secs, "gb_per_s", gbps, "codec_ratio", ratio_of(&codable));
         json_t *ad = json_array(), *ag = json_array();
         for (int d = 0; d < DDO_DTYPE_COUNT; d++)
             if (dt[d].tensors > 0)
@@ -184,8 +184,9 @@ static int ic_print(const ddo_checkpoint *ck, const ic_run *r, unsigned threads,
         for (size_t g = 0; g <= ng; g++)
             if (gs[g].tensors > 0)
                 json_array_append_new(
-                    ag, sum_json("group", g < ng ? ddo_checkpoint_block_group(ck, g)->prefix : "(root)",
-                                 &gs[g]));
+                    ag,
+                    sum_json("group", g < ng ? ddo_checkpoint_block_group(ck, g)->prefix : "(root)",
+                             &gs[g]));
         json_object_set_new(o, "dtypes", ad);
         json_object_set_new(o, "groups", ag);
         json_object_set_new(o, "total", sum_json("name", "total", &total));

@@ -326,7 +326,8 @@ static void fill_piece(const synth_pipe *sp, uint64_t p, uint8_t *dst)
         t1 = t1 < b ? t1 : b;
         if (t1 <= t0)
             continue;
-        fill_kind fk = { t->dtype, sp->values, 1.0 / sqrt((double)(t->fan_in > 1 ? t->fan_in : 1)) };
+        fill_kind fk = { t->dtype, sp->values,
+                         1.0 / sqrt((double)(t->fan_in > 1 ? t->fan_in : 1)) };
         uint64_t state = sp->seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(i + 1));
         splitmix64(&state);
         fill_range(dst + (t0 - a), &fk, state, t0 - t->offset, t1 - t->offset);
