@@ -650,7 +650,7 @@ typedef struct ddo_plan_inputs {
      * inspect --codec` measures); 0 = the defaults per dtype (BF16 0.67, F16 0.85, F32 0.83,
      * measured on `ddo synth --values normal`). decode_bytes_per_s: the device decoder's
      * decoded output per second for the cost model; 0 = the default (cuda 400e9, the cpu
-     * device's C decoder 1e9). */
+     * device's C decoder 0.25e9). */
     double codec_ratio;
     double decode_bytes_per_s;
 } ddo_plan_inputs;

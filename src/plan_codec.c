@@ -176,7 +176,7 @@ static void estimate(builder *b)
     ddo__decisions_set_str(d, "codec_ratio_source", b->in.codec_ratio > 0.0 ? "inputs" : "default");
     ddo__decisions_set_gb(d, "codec_raw_streamed_gb", raw);
     ddo__decisions_set_gb(d, "codec_coded_streamed_gb", coded);
-    snprintf(text, sizeof(text), "%.1f", rate / 1e9);
+    snprintf(text, sizeof(text), "%.3g", rate / 1e9);
     ddo__decisions_set_str(d, "codec_decode_gbps", text);
     if (p->cost_enabled) {
         snprintf(text, sizeof(text), "%.6f", raw_step);

@@ -83,6 +83,14 @@ rr=$(jget "$T/r.json" 'd["total"]["ratio"]')
 kept=$(jget "$T/r.json" 'd["total"]["kept_raw"]')
 check "random bits: stored raw, ratio 1 ($rr, kept raw $kept)" '[ "$rr" = "1.0" ] && [ "$kept" = 1 ]'
 
+"$DDO_BIN" inspect --codec --verify --json "$T/normal.safetensors" >"$T/v.json" 2>&1; rc=$?
+nv=$(jget "$T/v.json" 'd["verified_streams"]')
+ncoded=$(jget "$T/v.json" 'sum(x["tensors"] for x in d["dtypes"] if x["dtype"] in ("BF16", "F16", "F32"))')
+check "inspect --codec --verify: every stream of a coded dtype decoded bit-identical ($nv of $ncoded)" \
+    '[ $rc -eq 0 ] && [ "$nv" = "$ncoded" ] && [ "$(jget "$T/v.json" "d[\"decoder_gb_per_s_per_thread\"] > 0")" = True ]'
+"$DDO_BIN" inspect --codec --verify "$T/random.safetensors" >"$T/vr.txt" 2>&1; rc=$?
+check "inspect --codec --verify on random bits (raw blocks)" \
+    '[ $rc -eq 0 ] && grep -q "^verify: 1 coded streams .* bit-identical" "$T/vr.txt"'
 "$DDO_BIN" inspect --codec --threads 0 "$T/normal.safetensors" >/dev/null 2>"$T/err"; rc=$?
 check "inspect --threads 0 is a usage error" '[ $rc -eq 2 ] && grep -q "threads" "$T/err"'
 
@@ -109,10 +117,15 @@ check "plan (text): a coded MiB column, raw and coded totals, the coded and raw 
      grep -Eq "streamed, coded .* GiB raw -> .* GiB coded over the bus" "$T/p.txt" &&
      grep -Eq "predicted step +[0-9.]+ s coded \([0-9.]+ s raw\)" "$T/p.txt" &&
      grep -q "codec_ratio_source  *default" "$T/p.txt" &&
-     grep -q "codec_decode_gbps  *1.0" "$T/p.txt"'
-coded_step=$(sed -n 's/.*predicted step *\([0-9.]*\) s coded (\([0-9.]*\) s raw).*/\1 \2/p' "$T/p.txt")
-check "the coded step below the raw one on a slow bus ($coded_step)" \
-    'lt ${coded_step% *} ${coded_step#* }'
+     grep -q "codec_decode_gbps  *0.25" "$T/p.txt"'
+steps() { sed -n 's/.*predicted step *\([0-9.]*\) s coded (\([0-9.]*\) s raw).*/\1 \2/p' "$1"; }
+st=$(steps "$T/p.txt")
+check "the cpu device's decoder (0.25 GB/s) is slower than this 1 GB/s bus: coded step above raw ($st)" \
+    'lt ${st#* } ${st% *}'
+"$DDO_BIN" plan "$T/normal.safetensors" "${P[@]}" --ddo-weight-codec ddoc1 --decode-gbps 100 \
+    >"$T/pf.txt" 2>&1
+st=$(steps "$T/pf.txt")
+check "a fast decoder: the coded step below the raw one on a slow bus ($st)" 'lt ${st% *} ${st#* }'
 "$DDO_BIN" plan "$T/normal.safetensors" "${P[@]}" >"$T/pn.txt" 2>&1
 check "without the codec: no coded column" '! grep -q "coded MiB" "$T/pn.txt"'
 "$DDO_BIN" plan --from-json "$T/p.json" >"$T/pj.txt" 2>&1; rc=$?

@@ -37,7 +37,7 @@ static void usage(FILE *out)
         "  --codec-ratio R       weight_codec: coded/raw of the BF16/F16/F32 tensors, as\n"
         "                        ddo inspect --codec prints it (default per dtype, docs/codec.md)\n"
         "  --decode-gbps D       weight_codec: the decoder's output, GB/s (default: cuda 400,\n"
-        "                        the cpu device 1)\n"
+        "                        the cpu device 0.25)\n"
         "  --json                the plan as JSON (docs/plan.md)\n"
         "  --from-json FILE      print a plan saved with --json\n\n%s",
         ddo_config_flags_help());

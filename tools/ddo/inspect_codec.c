@@ -7,6 +7,8 @@
  * as the session's store keeps it (src/source_codec.c); every other dtype counts raw. Printed:
  * coded/raw per dtype, per block group (the planner's prefixes; "(root)" for the rest), in
  * total, the ratio over the coded dtypes (what `ddo plan --codec-ratio` takes) and the time.
+ * --verify also decodes every stream with the C reference decoder, compares it with the
+ * tensor and prints the decoder's throughput per thread.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "inspect_codec.h"
@@ -32,55 +34,89 @@ typedef struct ic_tensor {
 typedef struct ic_run {
     const ddo_checkpoint *ck;
     size_t n;
+    bool verify;
     ic_tensor *res;
     pthread_mutex_t mu;
     size_t next;
     int rc;
     char err[512];
+    uint64_t decode_ns, decoded, verified; /* --verify: summed over the workers */
 } ic_run;
 
-/* Codes tensor i into scratch (grown as needed); 0 or a DDO_E_* code with the message in err. */
-static int code_one(ic_run *r, size_t i, uint8_t **raw, size_t *raw_cap, uint8_t **dst,
-                    size_t *dst_cap, char *err, size_t err_len)
+/* A worker's buffers: the tensor, its coded stream, its decoded copy (--verify). */
+typedef struct ic_scratch {
+    uint8_t *buf[3];
+    size_t cap[3];
+} ic_scratch;
+
+static uint8_t *scratch(ic_scratch *s, int k, uint64_t bytes)
+{
+    if (s->cap[k] < bytes) {
+        free(s->buf[k]);
+        s->cap[k] = 0;
+        if ((s->buf[k] = malloc((size_t)bytes)) == NULL)
+            return NULL;
+        s->cap[k] = (size_t)bytes;
+    }
+    return s->buf[k];
+}
+
+/* --verify: decodes the stream of tensor t with the C reference decoder (what the cpu device
+ * runs) and compares it with the tensor's bytes. */
+static int verify_one(ic_run *r, const ddo_tensor_info *t, ic_scratch *s, uint64_t coded, char *err,
+                      size_t err_len)
+{
+    uint8_t *out = scratch(s, 2, t->nbytes);
+    if (out == NULL)
+        return tool_fail(err, err_len, DDO_E_NO_MEMORY, "out of memory for %s", t->name);
+    ddo__errbuf eb;
+    eb.msg[0] = '\0';
+    uint64_t t0 = tool_now_ns();
+    int rc = ddo__codec_decode(s->buf[1], coded, out, t->nbytes, t->name, &eb);
+    uint64_t dt = tool_now_ns() - t0;
+    if (rc != 0)
+        return tool_fail(err, err_len, rc, "%s", eb.msg[0] ? eb.msg : ddo_strerror(rc));
+    if (memcmp(out, s->buf[0], (size_t)t->nbytes) != 0)
+        return tool_fail(err, err_len, DDO_E_INTERNAL,
+                         "codec: tensor %s: decoded bytes differ from the tensor's", t->name);
+    pthread_mutex_lock(&r->mu);
+    r->decode_ns += dt;
+    r->decoded += t->nbytes;
+    r->verified++;
+    pthread_mutex_unlock(&r->mu);
+    return 0;
+}
+
+/* Codes tensor i into the worker's scratch; 0 or a DDO_E_* code with the message in err. */
+static int code_one(ic_run *r, size_t i, ic_scratch *s, char *err, size_t err_len)
 {
     const ddo_tensor_info *t = ddo_checkpoint_tensor(r->ck, i);
     r->res[i] = (ic_tensor){ t->nbytes, false };
     uint64_t bound = ddo__codec_bound(t->dtype, t->nbytes, 0);
     if (t->nbytes == 0 || !ddo__codec_codes_dtype(t->dtype) || bound == 0)
         return 0;
-    if (*raw_cap < t->nbytes) {
-        free(*raw);
-        *raw_cap = 0;
-        if ((*raw = malloc((size_t)t->nbytes)) == NULL)
-            return tool_fail(err, err_len, DDO_E_NO_MEMORY, "out of memory for %s", t->name);
-        *raw_cap = (size_t)t->nbytes;
-    }
-    if (*dst_cap < bound) {
-        free(*dst);
-        *dst_cap = 0;
-        if ((*dst = malloc((size_t)bound)) == NULL)
-            return tool_fail(err, err_len, DDO_E_NO_MEMORY, "out of memory for %s", t->name);
-        *dst_cap = (size_t)bound;
-    }
-    if (ddo_checkpoint_read(r->ck, i, 0, *raw, (size_t)t->nbytes) != 0)
+    if (scratch(s, 0, t->nbytes) == NULL || scratch(s, 1, bound) == NULL)
+        return tool_fail(err, err_len, DDO_E_NO_MEMORY, "out of memory for %s", t->name);
+    if (ddo_checkpoint_read(r->ck, i, 0, s->buf[0], (size_t)t->nbytes) != 0)
         return tool_fail(err, err_len, DDO_E_IO, "%s", ddo_last_error());
     ddo__codec_params p = { 0, 1 };
     ddo__errbuf eb;
     eb.msg[0] = '\0';
     uint64_t coded = 0;
-    int rc = ddo__codec_encode(*raw, t->nbytes, t->dtype, &p, *dst, bound, &coded, t->name, &eb);
+    int rc = ddo__codec_encode(s->buf[0], t->nbytes, t->dtype, &p, s->buf[1], bound, &coded,
+                               t->name, &eb);
     if (rc != 0)
         return tool_fail(err, err_len, rc, "%s", eb.msg[0] ? eb.msg : ddo_strerror(rc));
     if (coded < t->nbytes)
         r->res[i] = (ic_tensor){ coded, true };
-    return 0;
+    return r->verify ? verify_one(r, t, s, coded, err, err_len) : 0;
 }
 
 static void *ic_worker(void *arg)
 {
     ic_run *r = arg;
-    uint8_t *raw = NULL, *dst = NULL;
-    size_t raw_cap = 0, dst_cap = 0;
+    ic_scratch s;
+    memset(&s, 0, sizeof(s));
     char err[512];
     for (;;) {
         pthread_mutex_lock(&r->mu);
@@ -88,7 +124,7 @@ static void *ic_worker(void *arg)
         pthread_mutex_unlock(&r->mu);
         if (i >= r->n)
             break;
-        int rc = code_one(r, i, &raw, &raw_cap, &dst, &dst_cap, err, sizeof err);
+        int rc = code_one(r, i, &s, err, sizeof err);
         if (rc != 0) {
             pthread_mutex_lock(&r->mu);
             if (r->rc == 0) {
@@ -98,8 +134,8 @@ static void *ic_worker(void *arg)
             pthread_mutex_unlock(&r->mu);
         }
     }
-    free(raw);
-    free(dst);
+    for (int k = 0; k < 3; k++)
+        free(s.buf[k]);
     return NULL;
 }
 
@@ -173,6 +209,7 @@ static int ic_print(const ddo_checkpoint *ck, const ic_run *r, unsigned threads,
             add_to(&codable, t, &r->res[i]);
     }
     double gbps = secs > 0 ? (double)total.raw / secs / 1e9 : 0.0;
+    double dec_gbps = r->decode_ns > 0 ? (double)r->decoded / (double)r->decode_ns : 0.0;
     if (json) {
         json_t *o =
             json_pack("{s:s, s:I, s:f, s:f, s:f}", "codec", "ddoc1", "threads", (json_int_t)threads,
@@ -190,6 +227,10 @@ static int ic_print(const ddo_checkpoint *ck, const ic_run *r, unsigned threads,
         json_object_set_new(o, "dtypes", ad);
         json_object_set_new(o, "groups", ag);
         json_object_set_new(o, "total", sum_json("name", "total", &total));
+        if (r->verify) {
+            json_object_set_new(o, "verified_streams", json_integer((json_int_t)r->verified));
+            json_object_set_new(o, "decoder_gb_per_s_per_thread", json_real(dec_gbps));
+        }
         char *text = json_dumps(o, JSON_INDENT(2));
         json_decref(o);
         if (text != NULL)
@@ -214,17 +255,22 @@ static int ic_print(const ddo_checkpoint *ck, const ic_run *r, unsigned threads,
     printf("\ncodec_ratio %.4f (coded / raw over the BF16, F16 and F32 tensors; "
            "ddo plan --codec-ratio takes it)\n",
            ratio_of(&codable));
+    if (r->verify)
+        printf("verify: %" PRIu64 " coded streams decoded by the C reference decoder, "
+               "bit-identical; %.2f GB/s of decoded bytes per thread (the cpu device's decoder; "
+               "ddo plan --decode-gbps)\n",
+               r->verified, dec_gbps);
     free(gs);
     return 0;
 }
 
-int ddo_tool_inspect_codec(const ddo_checkpoint *ck, unsigned threads, bool json)
+int ddo_tool_inspect_codec(const ddo_checkpoint *ck, unsigned threads, bool verify, bool json)
 {
     if (threads == 0) {
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
         threads = ncpu > 1 ? (unsigned)ncpu : 1;
     }
-    ic_run r = { .ck = ck, .n = ddo_checkpoint_tensor_count(ck) };
+    ic_run r = { .ck = ck, .n = ddo_checkpoint_tensor_count(ck), .verify = verify };
     if ((size_t)threads > r.n)
         threads = r.n > 0 ? (unsigned)r.n : 1;
     r.res = calloc(r.n > 0 ? r.n : 1, sizeof(*r.res));

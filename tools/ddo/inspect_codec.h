@@ -10,7 +10,8 @@
 #include <stdbool.h>
 
 /* Codes every tensor of ck on `threads` workers (0: the online CPU count) and prints the
- * ratios (JSON when json); returns the exit status. */
-int ddo_tool_inspect_codec(const ddo_checkpoint *ck, unsigned threads, bool json);
+ * ratios (JSON when json); verify: also decodes each stream, compares it and times the
+ * decoder. Returns the exit status. */
+int ddo_tool_inspect_codec(const ddo_checkpoint *ck, unsigned threads, bool verify, bool json);
 
 #endif /* DDO_TOOL_INSPECT_CODEC_H */
