@@ -166,8 +166,8 @@ DDO=$BUILD/ddo
 # ---- 2b. the weight codec (CODEC=1; the suite stops after it) ------------------------------
 # The full-size layout with trained-like values (ddo synth --values normal, on every core),
 # in the page cache; test_gpu_codec (bit-identical to the C reference, corruption, the
-# decoder's throughput, also on this checkpoint's BF16 tensors); ddo inspect --codec (the
-# ratio per dtype and block group); ddo bench --steps 4 with zero resident weights and a
+# decoder's throughput, also on this checkpoint's BF16 tensors); ddo inspect --codec --verify (the
+# ratio per dtype and block group, every stream decoded on the host and compared); ddo bench --steps 4 with zero resident weights and a
 # 16 GiB device budget, each raw and with --ddo-weight-codec ddoc1 (the codec table: coded
 # bytes per step, the step against the raw and the coded bus bound), the trace of the coded
 # zero-resident case's steps. CODEC_WORKERS (16): pin_cpu_workers of every case (the
@@ -187,7 +187,7 @@ if [ "${CODEC:-0}" = 1 ]; then
     else
         say "SKIPPED test_gpu_codec: not built (or SKIP_TESTS=1)"
     fi
-    step "ddo inspect --codec" 120 "$OUT/bench.log" "$DDO" inspect --codec "$CK" || STATUS=1
+    step "ddo inspect --codec --verify" 120 "$OUT/bench.log" "$DDO" inspect --codec --verify "$CK" || STATUS=1
     CW=${CODEC_WORKERS:-16}
     VMM="--ddo-backend vmm --ddo-preset auto --ddo-pin-cpu-workers $CW"
     NONE="--ddo-always-resident-module-patterns ^\$ --ddo-small-tensor-threshold-kb 0 --ddo-resident-module-budget-gb 0"
