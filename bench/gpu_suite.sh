@@ -166,11 +166,11 @@ DDO=$BUILD/ddo
 # ---- 2b. the weight codec (CODEC=1; the suite stops after it) ------------------------------
 # The full-size layout with trained-like values (ddo synth --values normal, on every core),
 # in the page cache; test_gpu_codec (bit-identical to the C reference, corruption, the
-# decoder's throughput, also on this checkpoint's BF16 tensors); ddo inspect --codec --verify (the
-# ratio per dtype and block group, every stream decoded on the host and compared); ddo bench --steps 4 with zero resident weights and a
-# 16 GiB device budget, each raw and with --ddo-weight-codec ddoc1 (the codec table: coded
-# bytes per step, the step against the raw and the coded bus bound), the trace of the coded
-# zero-resident case's steps. CODEC_WORKERS (16): pin_cpu_workers of every case (the
+# decoder's throughput, also on this checkpoint's BF16 tensors); ddo inspect --codec --verify
+# (the ratio per dtype and block group, every stream decoded on the host and compared); ddo
+# bench --steps 4 with zero resident weights and a 16 GiB device budget, each raw and with
+# --ddo-weight-codec ddoc1 (the codec table: coded bytes per step, the step against the raw
+# and the coded bus bound), the trace of the coded zero-resident case's steps. CODEC_WORKERS (16): pin_cpu_workers of every case (the
 # encoder's threads at setup). Files: suite.log build.log ctest.log bench.log (inspect's
 # table first) bench.json trace.json summary.txt.
 if [ "${CODEC:-0}" = 1 ]; then
