@@ -15,20 +15,21 @@
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: ddo synth --layout FILE.json --out PATH [--scale S] [--seed N]\n"
-            "                 [--values uniform|normal] [--threads N]\n\n"
-            "Writes a .safetensors file with exactly the tensor names, shapes and dtypes of\n"
-            "the layout (data/layouts/*.json), in layout order, filled with deterministic\n"
-            "pseudo-random finite values.\n"
-            "  --scale S   0 < S <= 1: every dimension d becomes max(1, round(d * S)) (default 1)\n"
-            "  --seed N    the generator seed (default 0); same layout, scale and seed give the\n"
-            "              same bytes\n"
-            "  --values V  uniform (default: exponents in a narrow band) or normal (shaped like\n"
-            "              trained weights: per tensor a Gaussian of standard deviation\n"
-            "              1/sqrt(fan_in), never repeating; what codec ratios are measured on)\n"
-            "  --threads N the generator threads, 1..1024 (default: the online CPU count); the\n"
-            "              bytes do not depend on it\n");
+    fprintf(
+        out,
+        "usage: ddo synth --layout FILE.json --out PATH [--scale S] [--seed N]\n"
+        "                 [--values uniform|normal] [--threads N]\n\n"
+        "Writes a .safetensors file with exactly the tensor names, shapes and dtypes of\n"
+        "the layout (data/layouts/*.json), in layout order, filled with deterministic\n"
+        "pseudo-random finite values.\n"
+        "  --scale S   0 < S <= 1: every dimension d becomes max(1, round(d * S)) (default 1)\n"
+        "  --seed N    the generator seed (default 0); same layout, scale and seed give the\n"
+        "              same bytes\n"
+        "  --values V  uniform (default: exponents in a narrow band) or normal (shaped like\n"
+        "              trained weights: per tensor a Gaussian of standard deviation\n"
+        "              1/sqrt(fan_in), never repeating; what codec ratios are measured on)\n"
+        "  --threads N the generator threads, 1..256 (default: the online CPU count; each holds\n"
+        "              an 8 MiB piece); the bytes do not depend on it\n");
 }
 
 static double now_s(void)
@@ -65,7 +66,7 @@ int ddo_cmd_synth(int argc, char **argv)
                 return DDO_EXIT_USAGE;
             i++;
         } else if (strcmp(a, "--threads") == 0) {
-            if (tool_flag_count("synth", a, v, 1, 1024, &threads) != 0)
+            if (tool_flag_count("synth", a, v, 1, 256, &threads) != 0)
                 return DDO_EXIT_USAGE;
             i++;
         } else if (strcmp(a, "--values") == 0 && v != NULL &&

@@ -292,6 +292,7 @@ static int put_header(int fd, const char *header, size_t hlen, size_t padded)
  * not on which worker filled it, so the file is the same for any thread count.
  */
 #define SYNTH_PIECE_BYTES ((size_t)8 << 20)
+#define SYNTH_MAX_THREADS 256u /* (threads + 2) pieces in memory: at most about 2 GiB */
 
 typedef struct synth_pipe {
     const lt *ts;
@@ -494,6 +495,7 @@ int ddo_tool_synth_values(const char *layout_path, const char *out_path, double 
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
         threads = ncpu > 1 ? (unsigned)ncpu : 1;
     }
+    threads = threads > SYNTH_MAX_THREADS ? SYNTH_MAX_THREADS : threads;
     /* The bytes go to a temporary name beside out_path, renamed over it at the end: an
      * interrupted synth leaves an existing out_path intact (and a signal removes the
      * temporary file, see cleanup.h). A path that exists and is not a regular file
