@@ -30,7 +30,9 @@
 # PIPE_SMOKE=0; the suite stops after it; results pipe.log flux_pipeline_tiny.json
 # flux_pipeline.json; the full run is skipped when the smoke test's resident case failed; do
 # not combine with TORCH=1, which adds two files to the eight),
-# SUITE_BUDGET_S, BENCH_STEPS (5), BENCH_TOKENS (4608), SYNTH_SCALE (1), LAYOUT
+# CODEC=1 (issue 13: the weight codec on the full-size layout, then the suite stops; see
+# section 2b; results suite.log build.log ctest.log bench.log bench.json trace.json
+# summary.txt), SUITE_BUDGET_S, BENCH_STEPS (5), BENCH_TOKENS (4608), SYNTH_SCALE (1), LAYOUT
 # (data/layouts/flux1-dev.json), WORK (build-gpu/work: the synthetic checkpoint),
 # SKIP_SANITIZER=1, SKIP_TESTS=1, DEPS_DIR (.deps: *.deb build dependencies to unpack
 # into /tmp/ddo-deps when the image lacks them; see docs/cuda.md).
@@ -160,6 +162,50 @@ step "configure" 60 "$OUT/build.log" cmake -S "$ROOT" -B "$BUILD" $GEN -DCMAKE_B
 step "build" 240 "$OUT/build.log" cmake --build "$BUILD" -j "$(nproc)" || stop "build failed: see build.log"
 DDO=$BUILD/ddo
 [ -x "$DDO" ] || stop "no ddo binary in $BUILD"
+
+# ---- 2b. the weight codec (CODEC=1; the suite stops after it) ------------------------------
+# The full-size layout with trained-like values (ddo synth --values normal, on every core),
+# in the page cache; test_gpu_codec (bit-identical to the C reference, corruption, the
+# decoder's throughput, also on this checkpoint's BF16 tensors); ddo inspect --codec --verify
+# (the ratio per dtype and block group, every stream decoded on the host and compared); ddo
+# bench --steps 4 with zero resident weights and a 16 GiB device budget, each raw and with
+# --ddo-weight-codec ddoc1 (the codec table: coded bytes per step, the step against the raw
+# and the coded bus bound), the trace of the coded zero-resident case's steps. CODEC_WORKERS (16): pin_cpu_workers of every case (the
+# encoder's threads at setup). Files: suite.log build.log ctest.log bench.log (inspect's
+# table first) bench.json trace.json summary.txt.
+if [ "${CODEC:-0}" = 1 ]; then
+    mkdir -p "$WORK"
+    CK=$WORK/flux1-dev-normal.safetensors
+    step "synth $(basename "$LAYOUT") --values normal" 240 "$LOG" "$DDO" synth --layout "$LAYOUT" \
+        --out "$CK" --scale "${SYNTH_SCALE:-1}" --values normal || stop "ddo synth failed"
+    ls -l "$CK" >>"$LOG"
+    step "warm page cache" 60 "$LOG" dd if="$CK" of=/dev/null bs=16M || say "FAILED to warm the page cache (continuing)"
+    if [ -x "$BUILD/test_gpu_codec" ] && [ "${SKIP_TESTS:-0}" != 1 ]; then
+        DDO_CODEC_BENCH_MIB=1024 step "test_gpu_codec" 90 "$OUT/ctest.log" "$BUILD/test_gpu_codec" || STATUS=1
+        DDO_CODEC_BENCH_CHECKPOINT=$CK step "test_gpu_codec (checkpoint BF16)" 90 "$OUT/ctest.log" \
+            "$BUILD/test_gpu_codec" || STATUS=1
+    else
+        say "SKIPPED test_gpu_codec: not built (or SKIP_TESTS=1)"
+    fi
+    step "ddo inspect --codec --verify" 120 "$OUT/bench.log" "$DDO" inspect --codec --verify "$CK" || STATUS=1
+    CW=${CODEC_WORKERS:-16}
+    VMM="--ddo-backend vmm --ddo-preset auto --ddo-pin-cpu-workers $CW"
+    NONE="--ddo-always-resident-module-patterns ^\$ --ddo-small-tensor-threshold-kb 0 --ddo-resident-module-budget-gb 0"
+    ZERO="$VMM $NONE --ddo-vmm-resident-weight-budget-gb 4 --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1"
+    B16="$VMM --ddo-vmm-resident-weight-budget-gb 16 --ddo-always-resident-module-patterns ^(time_text_embed|context_embedder|x_embedder|norm_out|proj_out)(\\.|\$) --ddo-resident-module-patterns auto --ddo-resident-module-budget-gb 14 --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1"
+    step "ddo bench (codec)" "$(($(left) - 30))" "$OUT/bench.log" "$DDO" bench "$CK" --tokens "$TOKENS" \
+        --steps "${BENCH_STEPS:-4}" --trace-steps 0 --bus-gib 4 --direct-gib 0 \
+        --case "vmm-zero $ZERO" \
+        --case "codec-zero $ZERO --ddo-weight-codec ddoc1 --trace-steps 1" \
+        --case "budget-16g $B16" \
+        --case "codec-16g $B16 --ddo-weight-codec ddoc1" \
+        --json "$OUT/bench.json" --trace "$OUT/trace.json" || STATUS=1
+    rm -f "$CK"
+    [ $STATUS -eq 0 ] && say "ok suite" || say "FAILED suite: see the lines above"
+    summary
+    grep -E "^(DTYPE|BF16|F16|F32|GROUP|transformer|single|\(root\)|total|codec)" "$OUT/bench.log" | head -20
+    exit $STATUS
+fi
 
 # ---- 3. GPU tests -------------------------------------------------------------------
 if [ "${SKIP_TESTS:-0}" != 1 ]; then

@@ -650,6 +650,14 @@ typedef struct ddo_plan_inputs {
      * NULL = none. Units it names use it instead of the FLOP estimate, and with it a bus rate
      * alone enables the cost model. */
     const char *unit_compute_json;
+    /* weight_codec (docs/codec.md, "Estimates"): the plan estimates coded sizes before the
+     * store is coded. codec_ratio: coded / raw of the tensors of coded dtypes (what `ddo
+     * inspect --codec` measures); 0 = the defaults per dtype (BF16 0.67, F16 0.85, F32 0.83,
+     * measured on `ddo synth --values normal`). decode_bytes_per_s: the device decoder's
+     * decoded output per second for the cost model; 0 = the default (cuda 400e9, the cpu
+     * device's C decoder 0.25e9). */
+    double codec_ratio;
+    double decode_bytes_per_s;
 } ddo_plan_inputs;
 #define DDO_PLAN_INPUTS_INIT DDO_STRUCT_INIT(ddo_plan_inputs)
 
@@ -714,6 +722,14 @@ DDO_API void ddo_plan_destroy(ddo_plan *plan);
 DDO_API size_t ddo_plan_unit_count(const ddo_plan *plan);
 /* Unit `unit` in execution order. Errors: DDO_E_INVALID_ARGUMENT (NULL argument, out of range). */
 DDO_API int ddo_plan_unit(const ddo_plan *plan, size_t unit, ddo_unit_info *out);
+/*
+ * weight_codec: the estimated bytes unit moves over the bus when its retained tensors are
+ * coded (*coded_bytes; the unit's raw streamed bytes when nothing of it is coded) and the raw
+ * bytes its decoder writes (*decoded_bytes, 0 when nothing is coded). Either pointer may be
+ * NULL. Errors: DDO_E_INVALID_ARGUMENT (unit out of range).
+ */
+DDO_API int ddo_plan_unit_coded(const ddo_plan *plan, size_t unit, uint64_t *coded_bytes,
+                                uint64_t *decoded_bytes);
 /* Checkpoint tensor indices of a unit, in order. Valid until destroy. */
 DDO_API const size_t *ddo_plan_unit_tensors(const ddo_plan *plan, size_t unit, size_t *count);
 DDO_API ddo_placement ddo_plan_tensor_placement(const ddo_plan *plan, size_t tensor,

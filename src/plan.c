@@ -303,6 +303,20 @@ size_t ddo_plan_unit_count(const ddo_plan *p)
     return p != NULL ? p->unit_count : 0;
 }
 
+int ddo_plan_unit_coded(const ddo_plan *p, size_t unit, uint64_t *coded_bytes,
+                        uint64_t *decoded_bytes)
+{
+    if (p == NULL || unit >= p->unit_count)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_plan_unit_coded: unit %zu out of range",
+                         unit);
+    const ddo__plan_unit *u = &p->units[unit];
+    if (coded_bytes != NULL)
+        *coded_bytes = u->coded_bytes > 0 ? u->coded_bytes : u->bytes;
+    if (decoded_bytes != NULL)
+        *decoded_bytes = u->decoded_bytes;
+    return 0;
+}
+
 int ddo_plan_unit(const ddo_plan *p, size_t unit, ddo_unit_info *out)
 {
     if (p == NULL || out == NULL || unit >= p->unit_count)

@@ -23,6 +23,15 @@
 #define DDO_STAGING_WINDOW_BYTES (32 * DDO_MIB)
 /* Tokens the cost model assumes when the inputs give none. */
 #define DDO_PLAN_DEFAULT_TOKENS 4096
+/* weight_codec estimates (docs/codec.md, "Estimates"): coded / raw per coded dtype when the
+ * inputs give no codec_ratio (measured on `ddo synth --values normal`), and the decoder's
+ * output rate when they give no decode_bytes_per_s (cuda: the H200's, docs/codec.md; the cpu
+ * device: its C decoder on one thread, `ddo inspect --codec --verify` on the build machine). */
+#define DDO_PLAN_CODEC_RATIO_BF16       0.67
+#define DDO_PLAN_CODEC_RATIO_F16        0.85
+#define DDO_PLAN_CODEC_RATIO_F32        0.83
+#define DDO_PLAN_DECODE_BYTES_PER_S     400e9
+#define DDO_PLAN_CPU_DECODE_BYTES_PER_S 0.25e9
 /* The snap of section 3.8: a pin budget of at least 95 % of the candidates pins them all. */
 #define DDO_PIN_SNAP_FRACTION 0.95
 /* weight_codec: the coded-bytes areas a session decodes from, in turn (plan_codec.c): the copy
@@ -178,6 +187,8 @@ typedef struct ddo__plan_unit {
     double compute_s;
     bool compute_measured; /* compute_s from the inputs' unit_compute_json */
     bool hidden;
+    uint64_t coded_bytes;   /* weight_codec: estimated bytes over the bus; 0 = not coded */
+    uint64_t decoded_bytes; /* weight_codec: raw bytes of its coded tensors (decoder output) */
 } ddo__plan_unit;
 
 typedef struct ddo__plan_tensor {

@@ -120,6 +120,9 @@ int ddo__plan_measured_compute(builder *b, size_t *measured);
 double ddo__plan_measured_rate(const ddo_plan *p);
 size_t ddo__plan_select_by_simulation(builder *b, const uint64_t *sizes, uint64_t budget,
                                       size_t *chosen, uint64_t *taken);
+/* A unit's transfer: its bus bytes (coded_bytes when coded) / bus, for a coded unit at least
+ * its decoded bytes / decode_rate (the upload and the decode overlap). */
+double ddo__plan_unit_transfer_s(const builder *b, const ddo__plan_unit *un, double decode_rate);
 /* The predicted step time with slots execution slots (0 when the cost model is off). */
 double ddo__plan_simulate(const ddo_plan *p, size_t slots);
 /* The same with every transfer taking transfer_scale times as long. */

@@ -25,9 +25,19 @@
  *              never less
  *   retained   the encoder's output buffer at setup: the bound of the largest coded tensor
  *
+ * Estimates (docs/codec.md, "Estimates"): each candidate of a streamed unit is expected to code
+ * to codec_ratio (the plan inputs; 0: DDO_PLAN_CODEC_RATIO_<dtype>) of its bytes, raw when that
+ * is not smaller; a unit's coded_bytes are what it then moves over the bus and its
+ * decoded_bytes what the decoder writes, and its transfer in the cost model is the longer of
+ * coded_bytes / bus and decoded_bytes / decode_bytes_per_s (0: DDO_PLAN_DECODE_BYTES_PER_S, on
+ * the cpu device DDO_PLAN_CPU_DECODE_BYTES_PER_S). The budgets stay as above.
+ *
  * Decisions: weight_codec (none|ddoc1), weight_codec_note (why auto chose none),
  * codec_candidate_gb (raw bytes that may be coded), codec_decode_area_gb (the decode memory:
- * areas and status parts), codec_decode_areas, codec_encode_buffer_gb.
+ * areas and status parts), codec_decode_areas, codec_encode_buffer_gb; codec_ratio_estimate
+ * and codec_ratio_source (inputs | default), codec_raw_streamed_gb and codec_coded_streamed_gb
+ * (the streamed units' bytes raw and estimated coded), codec_decode_gbps and, with the cost
+ * model on, codec_raw_predicted_step_s (the step were nothing coded).
  */
 #include "plan_build.h"
 
@@ -113,6 +123,76 @@ static int fall_back(builder *b, const char *why)
     return 0;
 }
 
+/* The estimated coded size of candidate ti. */
+static uint64_t coded_estimate(const builder *b, const ddo_tensor_info *ti)
+{
+    double r = b->in.codec_ratio > 0.0       ? b->in.codec_ratio
+               : ti->dtype == DDO_DTYPE_BF16 ? DDO_PLAN_CODEC_RATIO_BF16
+               : ti->dtype == DDO_DTYPE_F16  ? DDO_PLAN_CODEC_RATIO_F16
+                                             : DDO_PLAN_CODEC_RATIO_F32;
+    double est = (double)ti->nbytes * r;
+    return est < (double)ti->nbytes ? (uint64_t)est + 1 : ti->nbytes;
+}
+
+/* Each streamed unit's estimated coded and decoded bytes, its transfer in the cost model, and
+ * the estimate's decisions. */
+static void estimate(builder *b)
+{
+    ddo_plan *p = b->p;
+    double rate = b->in.decode_bytes_per_s;
+    if (!(rate > 0.0))
+        rate = b->in.device_is_cpu || (b->o->execution_device != NULL &&
+                                       strncmp(b->o->execution_device, "cpu", 3) == 0)
+                   ? DDO_PLAN_CPU_DECODE_BYTES_PER_S
+                   : DDO_PLAN_DECODE_BYTES_PER_S;
+    uint64_t raw = 0, coded = 0;
+    double raw_step = ddo__plan_simulate(p, p->budgets.slot_count);
+    for (size_t u = 0; u < p->unit_count; u++) {
+        ddo__plan_unit *un = &p->units[u];
+        if (un->resident)
+            continue;
+        uint64_t saved = 0, decoded = 0;
+        for (size_t k = 0; k < un->tensor_count; k++) {
+            size_t t = p->unit_tensors[un->first_tensor + k];
+            const ddo_tensor_info *ti = b->ti[t];
+            if (p->tensors[t].loc.placement != DDO_PLACEMENT_STREAMED ||
+                !ddo__plan_codec_candidate(ti, un->retained))
+                continue;
+            uint64_t c = coded_estimate(b, ti);
+            if (c < ti->nbytes) {
+                saved += ti->nbytes - c;
+                decoded += ti->nbytes;
+            }
+        }
+        un->decoded_bytes = decoded;
+        un->coded_bytes = decoded > 0 ? un->bytes - saved : 0;
+        raw = ddo__sat_add_u64(raw, un->bytes);
+        coded = ddo__sat_add_u64(coded, un->coded_bytes > 0 ? un->coded_bytes : un->bytes);
+        if (p->cost_enabled && un->coded_bytes > 0)
+            un->transfer_s = ddo__plan_unit_transfer_s(b, un, rate);
+    }
+    for (size_t u = 0; u < p->unit_count; u++) {
+        size_t prev = u > 0 ? u - 1 : p->unit_count - 1;
+        p->units[u].hidden =
+            p->units[u].resident || p->units[u].transfer_s <= p->units[prev].compute_s;
+    }
+    ddo__decisions *d = &p->decisions;
+    char text[32];
+    snprintf(text, sizeof(text), "%.4f", b->in.codec_ratio > 0.0 ? b->in.codec_ratio : -1.0);
+    ddo__decisions_set_str(d, "codec_ratio_estimate",
+                           b->in.codec_ratio > 0.0 ? text
+                                                   : "per dtype: BF16 0.67, F16 0.85, F32 0.83");
+    ddo__decisions_set_str(d, "codec_ratio_source", b->in.codec_ratio > 0.0 ? "inputs" : "default");
+    ddo__decisions_set_gb(d, "codec_raw_streamed_gb", raw);
+    ddo__decisions_set_gb(d, "codec_coded_streamed_gb", coded);
+    snprintf(text, sizeof(text), "%.3g", rate / 1e9);
+    ddo__decisions_set_str(d, "codec_decode_gbps", text);
+    if (p->cost_enabled) {
+        snprintf(text, sizeof(text), "%.6f", raw_step);
+        ddo__decisions_set_str(d, "codec_raw_predicted_step_s", text);
+    }
+}
+
 int ddo__plan_codec(builder *b)
 {
     const char *mode = b->o->weight_codec != NULL ? b->o->weight_codec : "none";
@@ -171,5 +251,7 @@ int ddo__plan_codec(builder *b)
     snprintf(areas, sizeof(areas), "%d", n.candidates > 0 ? DDO_CODEC_DECODE_AREAS : 0);
     ddo__decisions_set_str(d, "codec_decode_areas", areas);
     ddo__decisions_set_gb(d, "codec_encode_buffer_gb", encode);
+    if (n.candidates > 0)
+        estimate(b);
     return 0;
 }

@@ -72,6 +72,8 @@ static json_t *inputs_json(const ddo_plan_inputs *in, bool *ok)
         put(ji, "bus_bytes_per_s", json_real(in->bus_bytes_per_s), ok);
         put(ji, "flops_per_s", json_real(in->flops_per_s), ok);
         put(ji, "tokens", jint(in->tokens), ok);
+        put(ji, "codec_ratio", json_real(in->codec_ratio), ok);
+        put(ji, "decode_bytes_per_s", json_real(in->decode_bytes_per_s), ok);
     }
     return ji;
 }
@@ -148,6 +150,8 @@ static json_t *units_json(const ddo_plan *p, bool *ok)
         put(o, "transfer_s", json_real(un->transfer_s), ok);
         put(o, "compute_s", json_real(un->compute_s), ok);
         put(o, "hidden", json_boolean(un->hidden), ok);
+        put(o, "coded_bytes", jint(un->coded_bytes), ok);
+        put(o, "decoded_bytes", jint(un->decoded_bytes), ok);
         json_t *tl = json_array();
         put(o, "tensors", tl, ok);
         for (size_t k = 0; tl != NULL && k < un->tensor_count; k++)
@@ -275,6 +279,17 @@ static double get_real(reader *r, json_t *o, const char *key)
     return json_number_value(v);
 }
 
+/* Fields added after schema version 1 was first written: 0 when absent, else checked. */
+static double opt_real(reader *r, json_t *o, const char *key)
+{
+    return json_is_object(o) && json_object_get(o, key) != NULL ? get_real(r, o, key) : 0.0;
+}
+
+static uint64_t opt_u64(reader *r, json_t *o, const char *key)
+{
+    return json_is_object(o) && json_object_get(o, key) != NULL ? get_u64(r, o, key) : 0;
+}
+
 static bool get_bool(reader *r, json_t *o, const char *key)
 {
     json_t *v = field(r, o, key);
@@ -348,6 +363,9 @@ static void read_inputs(reader *r, json_t *ji, ddo_plan_inputs *in)
     in->bus_bytes_per_s = get_real(r, ji, "bus_bytes_per_s");
     in->flops_per_s = get_real(r, ji, "flops_per_s");
     in->tokens = get_u64(r, ji, "tokens");
+    /* Added with the codec estimates: absent in older plans (0). */
+    in->codec_ratio = opt_real(r, ji, "codec_ratio");
+    in->decode_bytes_per_s = opt_real(r, ji, "decode_bytes_per_s");
 }
 
 /* The "cost_model" object jc into p. */
@@ -469,6 +487,8 @@ static void read_units(reader *r, json_t *ju, size_t n, ddo_plan *p)
         x->transfer_s = get_real(r, o, "transfer_s");
         x->compute_s = get_real(r, o, "compute_s");
         x->hidden = get_bool(r, o, "hidden");
+        x->coded_bytes = opt_u64(r, o, "coded_bytes");
+        x->decoded_bytes = opt_u64(r, o, "decoded_bytes");
         json_t *tl = field(r, o, "tensors");
         if (!json_is_array(tl) || json_array_size(tl) > n - at) {
             if (r->err == NULL)

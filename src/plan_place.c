@@ -103,6 +103,19 @@ void ddo__plan_layout_units(builder *b)
     }
 }
 
+/* A unit's transfer time: its bytes over the bus; a coded unit (weight_codec) moves its coded
+ * bytes while the decoder writes its decoded bytes, overlapped: the longer of the two. */
+double ddo__plan_unit_transfer_s(const builder *b, const ddo__plan_unit *un, double decode_rate)
+{
+    uint64_t bus_bytes = un->coded_bytes > 0 ? un->coded_bytes : un->bytes;
+    double t = (double)bus_bytes / b->in.bus_bytes_per_s;
+    if (un->coded_bytes > 0 && decode_rate > 0.0) {
+        double dec = (double)un->decoded_bytes / decode_rate;
+        t = dec > t ? dec : t;
+    }
+    return t;
+}
+
 /* Per-unit transfer and compute time: measured compute where the inputs give it
  * (plan_cost.c), else the FLOP estimate at the inputs' rate or, without one, at the rate the
  * measured units showed. */
@@ -127,7 +140,7 @@ int ddo__plan_cost_model(builder *b)
             un->compute_s = 0.0;
             continue;
         }
-        un->transfer_s = (double)un->bytes / b->in.bus_bytes_per_s;
+        un->transfer_s = ddo__plan_unit_transfer_s(b, un, b->in.decode_bytes_per_s);
         if (un->compute_measured)
             continue;
         un->compute_s = flops > 0.0 ? (double)p->tokens * (double)un->flops_per_token / flops

@@ -60,6 +60,19 @@ cmp -s "$ck" "$T/again.safetensors" || fail "synth is not deterministic"
 "$DDO" synth --layout "$SRC/data/layouts/flux1-dev.json" --out "$T/other.safetensors" \
     --scale 0.05 --seed 8 >/dev/null || fail "synth seed 8"
 cmp -s "$ck" "$T/other.safetensors" && fail "a different seed gave the same bytes"
+# The bytes do not depend on the generator's thread count (uniform and normal values; a
+# scale whose tensors cross the generator's 8 MiB pieces at odd offsets).
+for values in uniform normal; do
+    for th in 1 2 5; do
+        "$DDO" synth --layout "$SRC/data/layouts/flux1-dev.json" --out "$T/th$th.safetensors" \
+            --scale 0.07 --seed 7 --values "$values" --threads "$th" >/dev/null ||
+            fail "synth --values $values --threads $th"
+    done
+    cmp -s "$T/th1.safetensors" "$T/th2.safetensors" || fail "synth $values: 1 and 2 threads differ"
+    cmp -s "$T/th1.safetensors" "$T/th5.safetensors" || fail "synth $values: 1 and 5 threads differ"
+done
+"$DDO" synth --layout "$SRC/data/layouts/flux1-dev.json" --out "$T/th0.safetensors" --threads 0 \
+    >/dev/null 2>&1 && fail "synth --threads 0 accepted"
 
 # Without a device limit the plan says so.
 "$DDO" plan "$ck" --ddo-execution-device cpu --host-memory-gb 32 >"$T/nolimit.txt" 2>&1 ||

@@ -83,7 +83,8 @@ class PlanInputs(Extensible):
                 ("device_granularity", c_size_t), ("device_is_cpu", c_bool),
                 ("device_vmm_supported", c_bool), ("host_available_bytes", c_u64),
                 ("bus_bytes_per_s", c_double), ("flops_per_s", c_double), ("tokens", c_u64),
-                ("unit_compute_json", c_char_p)]
+                ("unit_compute_json", c_char_p),
+                ("codec_ratio", c_double), ("decode_bytes_per_s", c_double)]
 
 
 class UnitInfo(ctypes.Structure):

@@ -354,6 +354,11 @@ typedef struct case_result {
     double file_bytes;     /* per step: staged from the file */
     double copy_bytes;     /* per step */
     double hits;           /* per step */
+    bool coded;            /* the plan codes weights (weight_codec=ddoc1) */
+    double coded_bytes;    /* per step: coded bytes uploaded (copy_bytes counts them too) */
+    double decoded_bytes;  /* per step: what the decoder wrote from them */
+    double raw_bound_s;    /* coded cases: the bytes raw (copy - coded + decoded) / bus */
+    double coded_bound_s;  /* coded cases: copy_bytes (coded and raw) / bus */
     uint64_t plan_peak;    /* the plan's device weights peak */
     uint64_t plan_limit;   /* the device weights budget (0 = none) */
     uint64_t session_peak; /* device_weights_peak_bytes */
@@ -526,6 +531,10 @@ static int case_plan(bench *b, ddo_config *cfg, case_result *r, ddo_plan **plan,
         return rc;
     }
     snprintf(r->route, sizeof(r->route), "%s", ddo_plan_route(*plan));
+    /* Coded: weight_codec=ddoc1 with something to code (an explicit ddoc1 may have nothing). */
+    const char *wc = ddo_plan_decision_get(*plan, "weight_codec");
+    const char *cand = ddo_plan_decision_get(*plan, "codec_candidate_gb");
+    r->coded = wc != NULL && strcmp(wc, "ddoc1") == 0 && cand != NULL && strtod(cand, NULL) > 0.0;
     const char *engine = NULL;
     if (ddo_config_get(cfg, "read_engine", &engine) == 0 && engine != NULL)
         snprintf(r->read_engine, sizeof(r->read_engine), "%s", engine);
@@ -561,11 +570,14 @@ static int timed_steps(bench *b, ddo_session *s, const exec_order *o, uint64_t s
         fail_case(r, "metrics", rc, ddo_session_error(s));
         return rc;
     }
-    double m0[5] = { tool_metric(m, "stall_ns"),
+    double m0[7] = { tool_metric(m, "stall_ns"),
                      tool_metric(m, "bytes_from_registered") +
                          tool_metric(m, "bytes_staged_from_retained"),
-                     tool_metric(m, "bytes_staged_from_file"), tool_metric(m, "copy_bytes"),
-                     tool_metric(m, "hits") };
+                     tool_metric(m, "bytes_staged_from_file"),
+                     tool_metric(m, "copy_bytes"),
+                     tool_metric(m, "hits"),
+                     tool_metric(m, "bytes_coded_uploaded"),
+                     tool_metric(m, "bytes_decoded") };
     ddo_metrics_destroy(m);
     m = NULL;
     double total = 0, best = 0;
@@ -592,6 +604,8 @@ static int timed_steps(bench *b, ddo_session *s, const exec_order *o, uint64_t s
     r->file_bytes = (tool_metric(m, "bytes_staged_from_file") - m0[2]) / ns;
     r->copy_bytes = (tool_metric(m, "copy_bytes") - m0[3]) / ns;
     r->hits = (tool_metric(m, "hits") - m0[4]) / ns;
+    r->coded_bytes = (tool_metric(m, "bytes_coded_uploaded") - m0[5]) / ns;
+    r->decoded_bytes = (tool_metric(m, "bytes_decoded") - m0[6]) / ns;
     ddo_metrics_destroy(m);
     return 0;
 }
@@ -733,6 +747,10 @@ static void finish_result(const bench *b, case_result *r)
         bound = r->file_bytes / file_bps;
     r->bound_s = bound;
     r->ratio = bound > 0 ? r->step_s / bound : 0;
+    if (r->coded && b->bus_bps > 0) {
+        r->raw_bound_s = (r->copy_bytes - r->coded_bytes + r->decoded_bytes) / b->bus_bps;
+        r->coded_bound_s = r->copy_bytes / b->bus_bps;
+    }
     r->gbps = r->step_s > 0 ? r->copy_bytes / r->step_s / 1e9 : 0;
     /* The session's own peak never above the plan's, the plan's never above its limit, and
      * the driver's figure (sampled) within the plan's prediction plus 64 MiB of driver
@@ -824,6 +842,31 @@ static const char *yes_no(int v)
     return v < 0 ? "-" : v ? "yes" : "NO";
 }
 
+/* The cases whose plan codes weights: bytes over the bus per step coded and raw, the step
+ * against the raw bound (the bytes raw / bus) and the coded bound (the bytes moved / bus). */
+static void print_codec_table(const case_result *res, size_t n)
+{
+    bool any = false;
+    for (size_t i = 0; i < n; i++)
+        any = any || (res[i].ran && res[i].coded);
+    if (!any)
+        return;
+    printf(
+        "\nweight codec (per step; bounds: bytes / bus, the raw one as if nothing were coded)\n");
+    printf("%-14s %12s %12s %12s %11s %11s %8s %8s\n", "case", "coded GiB", "decoded GiB",
+           "moved GiB", "raw bound", "coded bnd", "/raw", "/coded");
+    for (size_t i = 0; i < n; i++) {
+        const case_result *r = &res[i];
+        if (!r->ran || !r->coded)
+            continue;
+        printf("%-14s %12.3f %12.3f %12.3f %11.4f %11.4f %8.3f %8.3f\n", r->name,
+               r->coded_bytes / GIB_D, r->decoded_bytes / GIB_D, r->copy_bytes / GIB_D,
+               r->raw_bound_s, r->coded_bound_s,
+               r->raw_bound_s > 0 ? r->step_s / r->raw_bound_s : 0.0,
+               r->coded_bound_s > 0 ? r->step_s / r->coded_bound_s : 0.0);
+    }
+}
+
 static void print_table(const bench *b, const case_result *res, size_t n)
 {
     printf("\nbus %.2f GB/s (%s); page-cache read %.2f GB/s (%.2f s for %.2f GiB)",
@@ -854,7 +897,23 @@ static void print_table(const bench *b, const case_result *res, size_t n)
                (double)r->plan_peak / GIB_D, budget, r->peak_ok ? "ok" : "OVER",
                yes_no(r->identical));
     }
+    print_codec_table(res, n);
     fflush(stdout);
+}
+
+/* A coded case's codec figures (per step). */
+static void add_codec_json(json_t *o, const case_result *r)
+{
+    json_object_set_new(o, "coded_bytes_per_step", json_real(r->coded_bytes));
+    json_object_set_new(o, "decoded_bytes_per_step", json_real(r->decoded_bytes));
+    json_object_set_new(o, "raw_bytes_per_step",
+                        json_real(r->copy_bytes - r->coded_bytes + r->decoded_bytes));
+    json_object_set_new(o, "raw_bound_s", json_real(r->raw_bound_s));
+    json_object_set_new(o, "coded_bound_s", json_real(r->coded_bound_s));
+    json_object_set_new(o, "step_over_raw_bound",
+                        json_real(r->raw_bound_s > 0 ? r->step_s / r->raw_bound_s : 0.0));
+    json_object_set_new(o, "step_over_coded_bound",
+                        json_real(r->coded_bound_s > 0 ? r->step_s / r->coded_bound_s : 0.0));
 }
 
 static int write_json(const bench *b, const case_result *res, size_t n, const char *path)
@@ -917,6 +976,9 @@ static int write_json(const bench *b, const case_result *res, size_t n, const ch
                             r->identical < 0 ? json_null() : json_boolean(r->identical == 1));
         json_object_set_new(o, "weights_computed", json_integer((json_int_t)r->computed));
         json_object_set_new(o, "weights_skipped", json_integer((json_int_t)r->skipped));
+        json_object_set_new(o, "weight_codec", json_string(r->coded ? "ddoc1" : "none"));
+        if (r->coded)
+            add_codec_json(o, r);
         json_array_append_new(arr, o);
     }
     json_object_set_new(root, "cases", arr);

@@ -1,9 +1,11 @@
 /*
- * cmd_inspect.c - `ddo inspect PATH [--json]`: the tensors, dtypes and block
- * groups of a checkpoint (docs/inspect.md). Exit 0 on success, 1 when the
+ * cmd_inspect.c - `ddo inspect PATH [--json] [--codec [--threads N]]`: the tensors, dtypes
+ * and block groups of a checkpoint, or with --codec the ratio the weight codec would give
+ * them (inspect_codec.c; docs/inspect.md). Exit 0 on success, 1 when the
  * checkpoint is rejected (one line on stderr, nothing on stdout), 2 on a
  * usage error.
  */
+#include "inspect_codec.h"
 #include "tool.h"
 
 #include <inttypes.h>
@@ -15,9 +17,17 @@
 static void usage(FILE *out)
 {
     fprintf(out, "usage: ddo inspect PATH [--json]\n"
+                 "       ddo inspect --codec PATH [--json] [--threads N] [--verify]\n"
                  "  PATH    a .safetensors file, a *.safetensors.index.json sharded set, or a\n"
                  "          directory holding either (Diffusers/Transformers layout)\n"
-                 "  --json  print the checkpoint as JSON (see docs/inspect.md)\n");
+                 "  --json  print the checkpoint as JSON (see docs/inspect.md)\n"
+                 "  --codec read and code every tensor with the weight codec (ddoc1) and print\n"
+                 "          coded/raw per dtype, per block group and in total, the time, and the\n"
+                 "          codec_ratio that ddo plan --codec-ratio takes (JSON with --json)\n"
+                 "  --threads N  the coding workers, 1..1024 (default: the online CPU count);\n"
+                 "          each holds one tensor and its coded copy at a time\n"
+                 "  --verify     with --codec: decode every stream with the C reference decoder,\n"
+                 "          compare it with the tensor and print the decoder's GB/s per thread\n");
 }
 
 /* One escaped character of s at *p (advanced): newline, tab, CR, backslash as \n \t \r \\,
@@ -180,11 +190,21 @@ static void print_human(const ddo_checkpoint *ck, const char *path)
 int ddo_cmd_inspect(int argc, char **argv)
 {
     const char *path = NULL;
-    int json = 0;
+    int json = 0, codec = 0, verify = 0;
+    uint64_t threads = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--json") == 0) {
             json = 1;
+        } else if (strcmp(a, "--codec") == 0) {
+            codec = 1;
+        } else if (strcmp(a, "--verify") == 0) {
+            verify = 1;
+        } else if (strcmp(a, "--threads") == 0) {
+            if (tool_flag_count("inspect", a, i + 1 < argc ? argv[i + 1] : NULL, 1, 1024,
+                                &threads) != 0)
+                return DDO_EXIT_USAGE;
+            i++;
         } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return DDO_EXIT_OK;
@@ -217,6 +237,15 @@ int ddo_cmd_inspect(int argc, char **argv)
     if (rc != 0) {
         fprintf(stderr, "ddo inspect: %s\n", ddo_last_error());
         return DDO_EXIT_FAILURE;
+    }
+    if (codec) {
+        rc = ddo_tool_inspect_codec(ck, (unsigned)threads, verify != 0, json != 0);
+        ddo_checkpoint_destroy(ck);
+        if (rc == DDO_EXIT_OK && (fflush(stdout) != 0 || ferror(stdout))) {
+            fprintf(stderr, "ddo inspect: cannot write the output\n");
+            return DDO_EXIT_FAILURE;
+        }
+        return rc;
     }
     if (json) {
         char *text = NULL;

@@ -1,6 +1,7 @@
 /*
  * cmd_plan.c - `ddo plan PATH [--ddo-* flags] [--device-memory-gb N]
- * [--host-memory-gb N] [--bandwidth-gbps B] [--tflops T] [--tokens N] [--json]`:
+ * [--host-memory-gb N] [--bandwidth-gbps B] [--tflops T] [--tokens N] [--codec-ratio R]
+ * [--decode-gbps D] [--json]`:
  * what will be resident, streamed, retained and registered, the predicted
  * peak of every budget and the planner's decisions, before anything is
  * allocated. `--from-json FILE` prints a saved plan again.
@@ -22,30 +23,49 @@ extern char **environ;
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: ddo plan PATH [--ddo-* flags] [--device-memory-gb N] [--host-memory-gb N]\n"
-            "                [--bandwidth-gbps B] [--tflops T] [--tokens N]\n"
-            "                [--unit-compute FILE.json] [--json]\n"
-            "       ddo plan --from-json FILE [--json]\n\n"
-            "Prints the plan for a checkpoint: units in execution order with their bytes,\n"
-            "placement, retention and predicted transfer/compute time; the predicted peak of\n"
-            "every budget; the planner's decisions. Nothing is allocated.\n"
-            "  --device-memory-gb N  device memory in GiB (default: the GPU's, when one opens)\n"
-            "  --host-memory-gb N    available host RAM in GiB (default: MemAvailable)\n"
-            "  --bandwidth-gbps B    host->device bus bandwidth, GB/s (1e9 bytes/s)\n"
-            "  --tflops T            compute rate, TFLOP/s\n"
-            "  --tokens N            activation rows per unit for the cost model (default 4096)\n"
-            "  --unit-compute FILE   measured compute per unit, {\"unit\": seconds, ...} (a\n"
-            "                        profile's recommendation unit_compute_s; docs/plan.md)\n"
-            "  --json                the plan as JSON (docs/plan.md)\n"
-            "  --from-json FILE      print a plan saved with --json\n\n%s",
-            ddo_config_flags_help());
+    fprintf(
+        out,
+        "usage: ddo plan PATH [--ddo-* flags] [--device-memory-gb N] [--host-memory-gb N]\n"
+        "                [--bandwidth-gbps B] [--tflops T] [--tokens N] [--codec-ratio R]\n"
+        "                [--decode-gbps D] [--unit-compute FILE.json] [--json]\n"
+        "       ddo plan --from-json FILE [--json]\n\n"
+        "Prints the plan for a checkpoint: units in execution order with their bytes,\n"
+        "placement, retention and predicted transfer/compute time; the predicted peak of\n"
+        "every budget; the planner's decisions. Nothing is allocated.\n"
+        "  --device-memory-gb N  device memory in GiB (default: the GPU's, when one opens)\n"
+        "  --host-memory-gb N    available host RAM in GiB (default: MemAvailable)\n"
+        "  --bandwidth-gbps B    host->device bus bandwidth, GB/s (1e9 bytes/s)\n"
+        "  --tflops T            compute rate, TFLOP/s\n"
+        "  --tokens N            activation rows per unit for the cost model (default 4096)\n"
+        "  --codec-ratio R       weight_codec: coded/raw of the BF16/F16/F32 tensors, as\n"
+        "                        ddo inspect --codec prints it (default per dtype, docs/codec.md)\n"
+        "  --decode-gbps D       weight_codec: the decoder's output, GB/s (default: cuda 400,\n"
+        "                        the cpu device 0.25)\n"
+        "  --unit-compute FILE   measured compute per unit, {\"unit\": seconds, ...} (a\n"
+        "                        profile's recommendation unit_compute_s; docs/plan.md)\n"
+        "  --json                the plan as JSON (docs/plan.md)\n"
+        "  --from-json FILE      print a plan saved with --json\n\n%s",
+        ddo_config_flags_help());
 }
 
 static const char *gib(uint64_t bytes, char *buf, size_t len)
 {
     snprintf(buf, len, "%.2f GiB", (double)bytes / 1073741824.0);
     return buf;
+}
+
+/* weight_codec: the streamed units' bytes raw and (estimated) coded, and what the estimate
+ * assumed. */
+static void print_codec(const ddo_plan *plan)
+{
+    const char *raw = ddo_plan_decision_get(plan, "codec_raw_streamed_gb");
+    const char *coded = ddo_plan_decision_get(plan, "codec_coded_streamed_gb");
+    const char *ratio = ddo_plan_decision_get(plan, "codec_ratio_estimate");
+    const char *dec = ddo_plan_decision_get(plan, "codec_decode_gbps");
+    double r = raw != NULL ? strtod(raw, NULL) : 0.0, c = coded != NULL ? strtod(coded, NULL) : 0.0;
+    printf("  streamed, coded  %.2f GiB raw -> %.2f GiB coded over the bus (%.4f; estimate: ratio "
+           "%s, decoder %s GB/s)\n",
+           r, c, r > 0.0 ? c / r : 1.0, ratio != NULL ? ratio : "?", dec != NULL ? dec : "?");
 }
 
 static void print_table(const ddo_plan *plan, const char *path)
@@ -93,8 +113,13 @@ static void print_table(const ddo_plan *plan, const char *path)
         if (ddo_plan_unit(plan, u, &ui) == 0 && (ui.transfer_s > 0.0 || ui.compute_s > 0.0))
             cost_on = true;
     }
+    const char *wc = ddo_plan_decision_get(plan, "weight_codec");
+    bool codec = wc != NULL && strcmp(wc, "ddoc1") == 0 &&
+                 ddo_plan_decision_get(plan, "codec_coded_streamed_gb") != NULL;
     printf("\nunits: %zu (execution order)\n", nu);
     printf("  %4s  %-44s %10s  %-9s %-9s", "#", "unit", "MiB", "placement", "host");
+    if (codec)
+        printf(" %10s", "coded MiB");
     if (cost_on)
         printf(" %11s %11s  %s", "transfer ms", "compute ms", "hidden");
     printf("\n");
@@ -108,6 +133,9 @@ static void print_table(const ddo_plan *plan, const char *path)
                                            : "file";
         printf("  %4zu  %-44s %10.2f  %-9s %-9s", u, ui.name[0] ? ui.name : "(root)",
                (double)ui.bytes / 1048576.0, ui.resident ? "resident" : "streamed", host);
+        uint64_t coded = ui.bytes;
+        if (codec && ddo_plan_unit_coded(plan, u, &coded, NULL) == 0)
+            printf(" %10.2f", ui.resident ? 0.0 : (double)coded / 1048576.0);
         if (cost_on)
             printf(" %11.3f %11.3f  %s", ui.transfer_s * 1e3, ui.compute_s * 1e3,
                    ui.hidden ? "yes" : "no");
@@ -128,7 +156,13 @@ static void print_table(const ddo_plan *plan, const char *path)
            bg.registered_limit ? gib(bg.registered_limit, b, sizeof(b)) : "no limit");
     printf("  staging          %s  (%zu windows x %.0f MiB)\n", gib(bg.staging_peak, a, sizeof(a)),
            bg.staging_windows, (double)bg.staging_window_bytes / 1048576.0);
-    if (cost_on)
+    if (codec)
+        print_codec(plan);
+    const char *raw_step = codec ? ddo_plan_decision_get(plan, "codec_raw_predicted_step_s") : NULL;
+    if (cost_on && raw_step != NULL)
+        printf("  predicted step   %.3f s coded (%.3f s raw)\n", bg.predicted_step_s,
+               strtod(raw_step, NULL));
+    else if (cost_on)
         printf("  predicted step   %.3f s\n", bg.predicted_step_s);
     else
         printf("  predicted step   (cost model off: give --bandwidth-gbps and --tflops)\n");
@@ -163,7 +197,7 @@ static int emit(const ddo_plan *plan, bool json, const char *path)
 typedef struct plan_flags {
     const char *path, *from_json, *unit_compute;
     bool json;
-    double device_gb, host_gb, gbps, tflops;
+    double device_gb, host_gb, gbps, tflops, codec_ratio, decode_gbps;
     uint64_t tokens;
 } plan_flags;
 
@@ -188,6 +222,10 @@ static int parse_flags(int argc, char **argv, plan_flags *f)
             bad = tool_flag_real("plan", a, v, 0.0, TOOL_MAX_GFLOPS / 1e3, &f->tflops), i++;
         else if (strcmp(a, "--tokens") == 0)
             bad = tool_flag_count("plan", a, v, 1, 65536, &f->tokens), i++;
+        else if (strcmp(a, "--codec-ratio") == 0)
+            bad = tool_flag_real("plan", a, v, 0.001, 1.0, &f->codec_ratio), i++;
+        else if (strcmp(a, "--decode-gbps") == 0)
+            bad = tool_flag_real("plan", a, v, 0.001, TOOL_MAX_GBPS, &f->decode_gbps), i++;
         else if (strcmp(a, "--from-json") == 0 && v != NULL)
             f->from_json = v, i++;
         else if (strcmp(a, "--unit-compute") == 0 && v != NULL)
@@ -248,6 +286,9 @@ static int plan_setup(ddo_config *cfg, const plan_flags *f, ddo_setup **setup, d
     if (f->tflops > 0.0)
         in->flops_per_s = f->tflops * 1e12;
     in->tokens = f->tokens;
+    in->codec_ratio = f->codec_ratio;
+    if (f->decode_gbps > 0.0)
+        in->decode_bytes_per_s = f->decode_gbps * 1e9;
     return 0;
 }
 

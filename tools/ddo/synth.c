@@ -1,8 +1,8 @@
 /*
  * synth.c - synthetic checkpoints with the exact tensor names, shapes and
  * dtypes of a real architecture layout (data/layouts/<name>.json), filled with
- * deterministic finite pseudo-random values from splitmix64, generated into a
- * large buffer and written with large write() calls.
+ * deterministic finite pseudo-random values from splitmix64, generated in pieces on
+ * several threads and written in order with large write() calls.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "synth.h"
@@ -24,8 +24,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#define SYNTH_BUFFER_BYTES ((size_t)64 << 20)
 
 static uint64_t splitmix64(uint64_t *s)
 {
@@ -165,70 +163,27 @@ static uint64_t value_word(const fill_kind *fk, uint64_t state, uint64_t k)
     return shape_word(mix64(state + (k + 1) * GOLDEN), fk->dt);
 }
 
-/* splitmix64 is counter based: word k of a tensor is mix(state + (k + 1) * golden), so
- * any range can be filled independently (and so in parallel) with the same bytes. */
-static void fill_at(uint8_t *dst, size_t n, const fill_kind *fk, uint64_t state, uint64_t word0)
+/* splitmix64 is counter based: word k of a tensor is mix(state + (k + 1) * golden), so any
+ * byte range [a, b) of a tensor can be filled on its own (and so in parallel) with the same
+ * bytes: a range that starts or ends inside a word takes that word's bytes. */
+static void fill_range(uint8_t *dst, const fill_kind *fk, uint64_t state, uint64_t a, uint64_t b)
 {
-    size_t words = n / 8;
-    for (size_t i = 0; i < words; i++) {
-        uint64_t w = value_word(fk, state, word0 + i);
-        memcpy(dst + 8 * i, &w, 8);
+    while (a < b && a % 8 != 0) { /* the head: part of one word */
+        uint64_t w = value_word(fk, state, a / 8);
+        size_t at = (size_t)(a % 8), n = 8 - at;
+        n = (uint64_t)n > b - a ? (size_t)(b - a) : n;
+        memcpy(dst, (const uint8_t *)&w + at, n);
+        dst += n;
+        a += n;
     }
-    if (n % 8 != 0) {
-        uint64_t w = value_word(fk, state, word0 + words);
-        memcpy(dst + 8 * words, &w, n % 8);
+    for (; a + 8 <= b; a += 8, dst += 8) {
+        uint64_t w = value_word(fk, state, a / 8);
+        memcpy(dst, &w, 8);
     }
-}
-
-typedef struct fill_job {
-    uint8_t *dst;
-    size_t n;
-    const fill_kind *fk;
-    uint64_t state, word0;
-} fill_job;
-
-static void *fill_thread(void *arg)
-{
-    fill_job *j = arg;
-    fill_at(j->dst, j->n, j->fk, j->state, j->word0);
-    return NULL;
-}
-
-#define FILL_THREADS_MAX  16
-#define FILL_PARALLEL_MIN ((size_t)8 << 20)
-
-/* Fills n bytes starting at word `word0` of a tensor, on several threads when it is large.
- * *state advances as if splitmix64 had been called once per word written. */
-static void fill(uint8_t *dst, size_t n, const fill_kind *fk, uint64_t *state, uint64_t word0)
-{
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    size_t threads = ncpu > 1 ? (size_t)ncpu : 1;
-    if (threads > FILL_THREADS_MAX)
-        threads = FILL_THREADS_MAX;
-    if (n < FILL_PARALLEL_MIN || threads == 1) {
-        fill_at(dst, n, fk, *state, word0);
-        return;
+    if (a < b) {
+        uint64_t w = value_word(fk, state, a / 8);
+        memcpy(dst, &w, (size_t)(b - a));
     }
-    fill_job jobs[FILL_THREADS_MAX];
-    pthread_t tid[FILL_THREADS_MAX];
-    size_t per = (n / threads) & ~(size_t)7, off = 0;
-    size_t started = 0;
-    for (size_t t = 0; t < threads; t++) {
-        size_t len = t + 1 == threads ? n - off : per;
-        jobs[t] = (fill_job){ dst + off, len, fk, *state, word0 + off / 8 };
-        if (t + 1 < threads && pthread_create(&tid[t], NULL, fill_thread, &jobs[t]) == 0)
-            started = t + 1;
-        else
-            fill_thread(&jobs[t]);
-        off += len;
-        if (started != t + 1 && t + 1 < threads) {
-            /* Thread creation failed: do the rest here. */
-            fill_at(dst + off, n - off, fk, *state, word0 + off / 8);
-            break;
-        }
-    }
-    for (size_t t = 0; t < started; t++)
-        pthread_join(tid[t], NULL);
 }
 
 static int write_all(int fd, const uint8_t *p, size_t n)
@@ -252,6 +207,7 @@ typedef struct lt {
     size_t esize;
     uint64_t nbytes;
     uint64_t fan_in;
+    uint64_t offset; /* in the data section */
 } lt;
 
 /*
@@ -305,81 +261,175 @@ static int add_tensor(json_t *hdr, json_t *t, size_t i, const char *layout_path,
     json_array_append_new(offs, json_integer((json_int_t)(*off + nb)));
     json_object_set_new(e, "data_offsets", offs);
     json_object_set_new(hdr, name, e);
-    *out = (lt){ name, dt, ddo_dtype_size(dt), nb, dim0 ? numel / dim0 : 0 };
+    *out = (lt){ name, dt, ddo_dtype_size(dt), nb, dim0 ? numel / dim0 : 0, *off };
     *off += nb;
     return 0;
 }
 
-/*
- * Puts the 8-byte length and the header padded with spaces to `padded` bytes at the start
- * of buf (or writes them straight to fd when they do not fit); *used: the bytes held in buf.
- * -1 with errno on a failed write.
- */
-static int put_header(int fd, uint8_t *buf, const char *header, size_t hlen, size_t padded,
-                      size_t *used)
+/* Writes the 8-byte length and the header padded with spaces to `padded` bytes; -1 with errno. */
+static int put_header(int fd, const char *header, size_t hlen, size_t padded)
 {
+    uint8_t b[64];
     uint64_t hl = padded;
     for (int i = 0; i < 8; i++)
-        buf[i] = (uint8_t)(hl >> (8 * i));
-    *used = 8;
-    if (padded + 8 > SYNTH_BUFFER_BYTES) {
-        /* A header bigger than the buffer: write it straight out. */
-        if (write_all(fd, buf, 8) != 0 || write_all(fd, (const uint8_t *)header, hlen) != 0)
+        b[i] = (uint8_t)(hl >> (8 * i));
+    if (write_all(fd, b, 8) != 0 || write_all(fd, (const uint8_t *)header, hlen) != 0)
+        return -1;
+    memset(b, ' ', sizeof b);
+    for (size_t left = padded - hlen; left > 0;) {
+        size_t k = left < sizeof b ? left : sizeof b;
+        if (write_all(fd, b, k) != 0)
             return -1;
-        memset(buf, ' ', padded - hlen);
-        if (write_all(fd, buf, padded - hlen) != 0)
-            return -1;
-        *used = 0;
-    } else {
-        memcpy(buf + *used, header, hlen);
-        memset(buf + *used + hlen, ' ', padded - hlen);
-        *used += padded;
+        left -= k;
     }
     return 0;
 }
 
-/* Writes the values of the n tensors ts after the `used` bytes in buf; -1 with errno. */
-static int write_values(int fd, uint8_t *buf, size_t used, const lt *ts, size_t n, uint64_t seed,
-                        ddo_tool_values values)
+/*
+ * The data section is cut into pieces of SYNTH_PIECE_BYTES, filled by `threads` workers (each
+ * takes the next piece) into a ring of threads + 2 buffers and written in order by the calling
+ * thread with write() (so --out may be a FIFO): the bytes of a piece depend only on its place,
+ * not on which worker filled it, so the file is the same for any thread count.
+ */
+#define SYNTH_PIECE_BYTES ((size_t)8 << 20)
+#define SYNTH_MAX_THREADS 256u /* (threads + 2) pieces in memory: at most about 2 GiB */
+
+typedef struct synth_pipe {
+    const lt *ts;
+    size_t n;
+    uint64_t seed, data_bytes, pieces;
+    ddo_tool_values values;
+    uint8_t **buf;
+    uint64_t *done; /* per buffer: 1 + the piece it holds, filled */
+    size_t nbuf;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t next, written; /* the next piece to claim; the pieces written */
+    bool stop;
+} synth_pipe;
+
+/* Fills piece p (bytes [p * piece, ...) of the data section) into dst. */
+static void fill_piece(const synth_pipe *sp, uint64_t p, uint8_t *dst)
 {
-    for (size_t i = 0; i < n; i++) {
-        fill_kind fk = { ts[i].dtype, values,
-                         1.0 / sqrt((double)(ts[i].fan_in > 1 ? ts[i].fan_in : 1)) };
-        uint64_t state = seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(i + 1));
-        splitmix64(&state);
-        uint64_t left = ts[i].nbytes;
-        uint64_t word = 0;
-        while (left > 0) {
-            if (used == SYNTH_BUFFER_BYTES) {
-                if (write_all(fd, buf, used) != 0)
-                    return -1;
-                used = 0;
-            }
-            size_t room = SYNTH_BUFFER_BYTES - used;
-            size_t chunk = left < room ? (size_t)left : room;
-            /* Keep chunks whole words so values do not depend on buffer boundaries. */
-            if (chunk < left && chunk >= 8)
-                chunk -= chunk % 8;
-            else if (chunk < left) {
-                if (write_all(fd, buf, used) != 0)
-                    return -1;
-                used = 0;
-                continue;
-            }
-            fill(buf + used, chunk, &fk, &state, word);
-            word += chunk / 8;
-            used += chunk;
-            left -= chunk;
-        }
+    uint64_t a = p * SYNTH_PIECE_BYTES, b = a + SYNTH_PIECE_BYTES;
+    b = b > sp->data_bytes ? sp->data_bytes : b;
+    size_t lo = 0, hi = sp->n; /* the last tensor starting at or before a */
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (sp->ts[mid].offset <= a)
+            lo = mid;
+        else
+            hi = mid;
     }
-    if (used > 0 && write_all(fd, buf, used) != 0)
-        return -1;
+    for (size_t i = lo; i < sp->n && sp->ts[i].offset < b; i++) {
+        const lt *t = &sp->ts[i];
+        uint64_t t0 = t->offset > a ? t->offset : a, t1 = t->offset + t->nbytes;
+        t1 = t1 < b ? t1 : b;
+        if (t1 <= t0)
+            continue;
+        fill_kind fk = { t->dtype, sp->values,
+                         1.0 / sqrt((double)(t->fan_in > 1 ? t->fan_in : 1)) };
+        uint64_t state = sp->seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(i + 1));
+        splitmix64(&state);
+        fill_range(dst + (t0 - a), &fk, state, t0 - t->offset, t1 - t->offset);
+    }
+}
+
+static void *synth_worker(void *arg)
+{
+    synth_pipe *sp = arg;
+    pthread_mutex_lock(&sp->mu);
+    while (!sp->stop && sp->next < sp->pieces) {
+        uint64_t p = sp->next;
+        if (p >= sp->written + sp->nbuf) { /* its buffer still holds an unwritten piece */
+            pthread_cond_wait(&sp->cv, &sp->mu);
+            continue;
+        }
+        sp->next++;
+        pthread_mutex_unlock(&sp->mu);
+        fill_piece(sp, p, sp->buf[p % sp->nbuf]);
+        pthread_mutex_lock(&sp->mu);
+        sp->done[p % sp->nbuf] = p + 1;
+        pthread_cond_broadcast(&sp->cv);
+    }
+    pthread_mutex_unlock(&sp->mu);
+    return NULL;
+}
+
+/* Writes the pieces in order as the workers fill them; -1 with errno. */
+static int synth_write_pieces(int fd, synth_pipe *sp)
+{
+    for (uint64_t p = 0; p < sp->pieces; p++) {
+        size_t slot = (size_t)(p % sp->nbuf);
+        pthread_mutex_lock(&sp->mu);
+        while (sp->done[slot] != p + 1)
+            pthread_cond_wait(&sp->cv, &sp->mu);
+        pthread_mutex_unlock(&sp->mu);
+        uint64_t left = sp->data_bytes - p * SYNTH_PIECE_BYTES;
+        size_t len = left < SYNTH_PIECE_BYTES ? (size_t)left : SYNTH_PIECE_BYTES;
+        int rc = write_all(fd, sp->buf[slot], len);
+        pthread_mutex_lock(&sp->mu);
+        sp->written = p + 1;
+        sp->stop = rc != 0;
+        pthread_cond_broadcast(&sp->cv);
+        pthread_mutex_unlock(&sp->mu);
+        if (rc != 0)
+            return -1;
+    }
     return 0;
+}
+
+/* Writes the values of the n tensors ts (data_bytes in all) on `threads` workers; -1 with
+ * errno (ENOMEM when no buffer or worker could be had). */
+static int write_values(int fd, const lt *ts, size_t n, uint64_t data_bytes, uint64_t seed,
+                        ddo_tool_values values, unsigned threads)
+{
+    synth_pipe sp = { .ts = ts, .n = n, .seed = seed, .values = values, .data_bytes = data_bytes };
+    sp.pieces = (data_bytes + SYNTH_PIECE_BYTES - 1) / SYNTH_PIECE_BYTES;
+    if (sp.pieces == 0)
+        return 0;
+    threads = threads == 0 ? 1 : threads;
+    if ((uint64_t)threads > sp.pieces)
+        threads = (unsigned)sp.pieces;
+    sp.nbuf = (size_t)threads + 2;
+    sp.buf = calloc(sp.nbuf, sizeof(*sp.buf));
+    sp.done = calloc(sp.nbuf, sizeof(*sp.done));
+    pthread_t *tid = calloc(threads, sizeof(*tid));
+    bool ok = sp.buf != NULL && sp.done != NULL && tid != NULL;
+    for (size_t i = 0; ok && i < sp.nbuf; i++)
+        ok = (sp.buf[i] = malloc(SYNTH_PIECE_BYTES)) != NULL;
+    unsigned started = 0;
+    int rc = -1, saved = ENOMEM;
+    if (ok) {
+        pthread_mutex_init(&sp.mu, NULL);
+        pthread_cond_init(&sp.cv, NULL);
+        while (started < threads && pthread_create(&tid[started], NULL, synth_worker, &sp) == 0)
+            started++;
+        if (started > 0) { /* fewer workers than asked for give the same bytes */
+            rc = synth_write_pieces(fd, &sp);
+            saved = errno;
+        }
+        pthread_mutex_lock(&sp.mu);
+        sp.stop = true;
+        pthread_cond_broadcast(&sp.cv);
+        pthread_mutex_unlock(&sp.mu);
+        for (unsigned t = 0; t < started; t++)
+            pthread_join(tid[t], NULL);
+        pthread_cond_destroy(&sp.cv);
+        pthread_mutex_destroy(&sp.mu);
+    }
+    for (size_t i = 0; sp.buf != NULL && i < sp.nbuf; i++)
+        free(sp.buf[i]);
+    free(sp.buf);
+    free(sp.done);
+    free(tid);
+    errno = saved;
+    return rc;
 }
 
 int ddo_tool_synth_values(const char *layout_path, const char *out_path, double scale,
-                          uint64_t seed, ddo_tool_values values, uint64_t *bytes_written, char *err,
-                          size_t err_len)
+                          uint64_t seed, ddo_tool_values values, unsigned threads,
+                          uint64_t *bytes_written, char *err, size_t err_len)
 {
     if (layout_path == NULL || out_path == NULL || !(scale > 0.0) || scale > 1.0)
         return tool_fail(err, err_len, DDO_E_INVALID_ARGUMENT,
@@ -405,7 +455,6 @@ int ddo_tool_synth_values(const char *layout_path, const char *out_path, double 
     int rc = 0, fd = -1, tmp_slot = -1;
     bool created = false;
     char tmp_path[4200];
-    uint8_t *buf = NULL;
     char *header = NULL;
     lt *ts = NULL;
     json_t *hdr = json_object(), *meta = json_object();
@@ -442,11 +491,11 @@ int ddo_tool_synth_values(const char *layout_path, const char *out_path, double 
         goto out;
     }
     size_t hlen = strlen(header), padded = (hlen + 7) / 8 * 8;
-    buf = malloc(SYNTH_BUFFER_BYTES);
-    if (buf == NULL) {
-        rc = tool_fail(err, err_len, DDO_E_NO_MEMORY, "synth: out of memory");
-        goto out;
+    if (threads == 0) {
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = ncpu > 1 ? (unsigned)ncpu : 1;
     }
+    threads = threads > SYNTH_MAX_THREADS ? SYNTH_MAX_THREADS : threads;
     /* The bytes go to a temporary name beside out_path, renamed over it at the end: an
      * interrupted synth leaves an existing out_path intact (and a signal removes the
      * temporary file, see cleanup.h). A path that exists and is not a regular file
@@ -466,9 +515,8 @@ int ddo_tool_synth_values(const char *layout_path, const char *out_path, double 
     }
     created = !in_place;
     tmp_slot = in_place ? -1 : tool_cleanup_add(tmp_path, false);
-    size_t used = 0;
-    if (put_header(fd, buf, header, hlen, padded, &used) != 0 ||
-        write_values(fd, buf, used, ts, n, seed, values) != 0)
+    if (put_header(fd, header, hlen, padded) != 0 ||
+        write_values(fd, ts, n, off, seed, values, threads) != 0)
         goto io_fail;
     if (close(fd) != 0) {
         fd = -1;
@@ -492,7 +540,6 @@ out:
     if (created)
         unlink(tmp_path);
     tool_cleanup_forget(tmp_slot);
-    free(buf);
     free(header);
     free(ts);
     json_decref(meta);
@@ -504,7 +551,7 @@ out:
 int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, uint64_t seed,
                    uint64_t *bytes_written, char *err, size_t err_len)
 {
-    return ddo_tool_synth_values(layout_path, out_path, scale, seed, DDO_TOOL_VALUES_UNIFORM,
+    return ddo_tool_synth_values(layout_path, out_path, scale, seed, DDO_TOOL_VALUES_UNIFORM, 0,
                                  bytes_written, err, err_len);
 }
 

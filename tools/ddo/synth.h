@@ -27,10 +27,11 @@ int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, 
  */
 typedef enum ddo_tool_values { DDO_TOOL_VALUES_UNIFORM, DDO_TOOL_VALUES_NORMAL } ddo_tool_values;
 
-/* ddo_tool_synth with a choice of values. */
+/* ddo_tool_synth with a choice of values, generated on `threads` threads (0: the online CPU
+ * count; at most 256); the bytes do not depend on the thread count. ddo_tool_synth uses 0. */
 int ddo_tool_synth_values(const char *layout_path, const char *out_path, double scale,
-                          uint64_t seed, ddo_tool_values values, uint64_t *bytes_written, char *err,
-                          size_t err_len);
+                          uint64_t seed, ddo_tool_values values, unsigned threads,
+                          uint64_t *bytes_written, char *err, size_t err_len);
 
 /* The layout file the demo uses, resolved against the install/source tree; NULL if absent. */
 const char *ddo_tool_default_layout(void);

@@ -1,7 +1,8 @@
 /*
  * tool.h - the ddo command-line tool: one file per command (cmd_<name>.c),
  * each an `int ddo_cmd_<name>(int argc, char **argv)` returning the exit
- * status (0 success, 1 failure, 2 usage error). The tool uses only ddo.h.
+ * status (0 success, 1 failure, 2 usage error). The tool uses only ddo.h (inspect_codec.c
+ * also src/codec.h: the encoder and the C decoder).
  */
 #ifndef DDO_TOOL_H
 #define DDO_TOOL_H
@@ -13,11 +14,11 @@
 #define DDO_EXIT_USAGE   2
 
 #define DDO_TOOL_COMMANDS(X)                                                                     \
-    X(inspect, "inspect PATH [--json]: the tensors, dtypes and block groups of a checkpoint")    \
+    X(inspect, "inspect PATH [--json] [--codec]: tensors, dtypes, block groups (coded ratio)")   \
     X(config, "config [--ddo-* flags] [--json] [--list]: resolved settings and their sources")   \
     X(plan, "plan PATH [--ddo-* flags] [...]: what will be resident, streamed, pinned, and why") \
     X(synth,                                                                                     \
-      "synth --layout FILE --out PATH [--scale S] [--seed N]: write a synthetic checkpoint")     \
+      "synth --layout FILE --out PATH [--scale S] [--values V] [--threads N]: synthetic file")   \
     X(run, "run PATH [--ddo-* flags] [--steps N] [--tokens T] [--verify]: the reference host")   \
     X(demo, "demo: synthesise a small real-layout model and stream it, verified")                \
     X(bench, "bench PATH | --layout FILE [...]: bus limit, resident and streamed step times")    \
