@@ -192,15 +192,20 @@ if [ "${CODEC:-0}" = 1 ]; then
     VMM="--ddo-backend vmm --ddo-preset auto --ddo-pin-cpu-workers $CW"
     NONE="--ddo-always-resident-module-patterns ^\$ --ddo-small-tensor-threshold-kb 0 --ddo-resident-module-budget-gb 0"
     ZERO="$VMM $NONE --ddo-vmm-resident-weight-budget-gb 4 --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1"
-    B16="$VMM --ddo-vmm-resident-weight-budget-gb 16 --ddo-always-resident-module-patterns ^(time_text_embed|context_embedder|x_embedder|norm_out|proj_out)(\\.|\$) --ddo-resident-module-patterns auto --ddo-resident-module-budget-gb 14 --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1"
+    # 16 GiB: 14 GiB of blocks resident raw; coded, 13.25 (the two 256 MiB decode areas must fit).
+    B16="$VMM --ddo-vmm-resident-weight-budget-gb 16 --ddo-always-resident-module-patterns ^(time_text_embed|context_embedder|x_embedder|norm_out|proj_out)(\\.|\$) --ddo-resident-module-patterns auto --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1"
+    # The first coded case codes at setup and writes the sidecar; the later ones read it.
+    SIDECAR=$WORK/codec-sidecar
+    rm -rf "$SIDECAR" && mkdir -p "$SIDECAR"
     step "ddo bench (codec)" "$(($(left) - 30))" "$OUT/bench.log" "$DDO" bench "$CK" --tokens "$TOKENS" \
         --steps "${BENCH_STEPS:-4}" --trace-steps 0 --bus-gib 4 --direct-gib 0 \
         --case "vmm-zero $ZERO" \
-        --case "codec-zero $ZERO --ddo-weight-codec ddoc1 --trace-steps 1" \
-        --case "budget-16g $B16" \
-        --case "codec-16g $B16 --ddo-weight-codec ddoc1" \
+        --case "codec-zero $ZERO --ddo-weight-codec ddoc1 --ddo-weight-codec-cache-dir $SIDECAR --trace-steps 1" \
+        --case "codec-zero-sidecar $ZERO --ddo-weight-codec ddoc1 --ddo-weight-codec-cache-dir $SIDECAR" \
+        --case "budget-16g $B16 --ddo-resident-module-budget-gb 14" \
+        --case "codec-16g $B16 --ddo-resident-module-budget-gb 13.25 --ddo-weight-codec ddoc1 --ddo-weight-codec-cache-dir $SIDECAR" \
         --json "$OUT/bench.json" --trace "$OUT/trace.json" || STATUS=1
-    rm -f "$CK"
+    rm -rf "$CK" "$SIDECAR"
     [ $STATUS -eq 0 ] && say "ok suite" || say "FAILED suite: see the lines above"
     summary
     grep -E "^(DTYPE|BF16|F16|F32|GROUP|transformer|single|\(root\)|total|codec)" "$OUT/bench.log" | head -20
