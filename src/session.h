@@ -274,9 +274,6 @@ int ddo__session_slot_unback(ddo_session *s, ddo__slot *slot);
 void ddo__session_learn(ddo_session *s, size_t unit);
 /* Keeps the units after unit loading in the other slots (mu held). */
 void ddo__session_prefetch(ddo_session *s, size_t unit);
-/* After unit's release from slot (mu held): vmm_fast_runtime under a declared, settled order
- * loads the unit that maps that slot next, when it is among the next `slots` units. */
-void ddo__session_prefetch_released(ddo_session *s, size_t unit, size_t slot);
 
 /* ---- session_loader.c ---- */
 

@@ -215,10 +215,8 @@ int ddo_session_release(ddo_session *s, size_t unit, ddo_stream *stream)
         return ddo__session_fail_ctx(&s->err, rc, "release \"%s\": recording the release event",
                                      u->name);
     }
-    size_t slot = u->slot;
     ddo__slot_enter(s, sl, DDO__SLOT_RETIRING);
     u->leased = false;
-    ddo__session_prefetch_released(s, unit, slot);
     pthread_mutex_unlock(&s->mu);
     return 0;
 }

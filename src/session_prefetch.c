@@ -3,12 +3,7 @@
  * (ddo_session_declare_order), else learned from the first pass of acquires (a unit seen
  * twice closes the cycle), else the plan's unit order. After every acquire the next
  * `slots - 1` units of that order are kept loading; on vmm_runtime only when they fit the
- * mapped budget without displacing a leased, loading or prefetched unit. On vmm_fast_runtime
- * under a declared (a host's promise, not a learned guess) and settled order, a release also
- * starts the load of the unit whose range still maps the released slot, when it is among the
- * next `slots` units: its copies are ordered after the release on the copy stream, so the copy
- * engine runs as far ahead as the slots allow while the host computes resident units, which
- * take no lease and so trigger no prefetch.
+ * mapped budget without displacing a leased, loading or prefetched unit.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "session.h"
@@ -45,8 +40,6 @@ void ddo__session_learn(ddo_session *s, size_t unit)
 }
 
 /* The next units after `unit` (wrapping), skipping resident ones, at most max. */
-#define DDO__MAX_RELEASE_WINDOW 64
-
 static size_t window_after(ddo_session *s, size_t unit, size_t *out, size_t max)
 {
     size_t n = 0;
@@ -85,21 +78,20 @@ static bool prefetch_fits(ddo_session *s, size_t i, size_t unit)
     return held <= s->acc_device.limit && s->wl->unit_bytes[unit] <= s->acc_device.limit - held;
 }
 
-/* Keeps the next `max` units after `unit` loading; keep_unit: `unit` itself is leased (an
- * acquire) and its slot stays out of reach. Returns how many of them are on their way. */
-static size_t prefetch_window(ddo_session *s, size_t unit, size_t max, bool keep_unit)
+void ddo__session_prefetch(ddo_session *s, size_t unit)
 {
+    if (s->slot_count < 2)
+        return;
+    size_t max = s->slot_count - 1;
     size_t *keep = s->order.learn + s->unit_count; /* scratch after the learn list */
     keep[0] = unit;
     size_t n = window_after(s, unit, keep + 1, max);
-    const size_t *kept = keep_unit ? keep : keep + 1;
-    size_t kept_n = keep_unit ? n + 1 : n;
     size_t depth = 0;
     for (size_t k = 0; k < n; k++) {
         size_t w = keep[1 + k];
         if (s->units[w].slot == DDO__NONE) {
             size_t i;
-            enum ddo__pick pk = ddo__session_pick_slot(s, w, true, kept, kept_n, &i);
+            enum ddo__pick pk = ddo__session_pick_slot(s, w, true, keep, n + 1, &i);
             if (pk == DDO__PICK_SKIP)
                 continue;
             if (pk != DDO__PICK_FOUND)
@@ -120,36 +112,8 @@ static size_t prefetch_window(ddo_session *s, size_t unit, size_t max, bool keep
             s->slots[i].state == DDO__SLOT_RETIRING)
             depth++;
     }
-    return depth;
-}
-
-void ddo__session_prefetch(ddo_session *s, size_t unit)
-{
-    if (s->slot_count < 2)
-        return;
-    size_t depth = prefetch_window(s, unit, s->slot_count - 1, true);
     ddo__metrics_add(&s->metrics, DDO_M_prefetch_depth_sum, (double)depth);
     ddo__metrics_max(&s->metrics, DDO_M_prefetch_depth_max, (double)depth);
-}
-
-void ddo__session_prefetch_released(ddo_session *s, size_t unit, size_t slot)
-{
-    /* vmm_fast_runtime under a declared, settled order: the unit whose range still maps this
-     * slot, if it is among the next `slots` units, loads into it now (its copies wait for the
-     * release on the copy stream); any other slot choice waits for the next acquire as before. */
-    if (s->route != DDO__ROUTE_VMM_FAST || !s->order.known || !s->order.declared ||
-        s->slot_count < 2)
-        return;
-    size_t win[DDO__MAX_RELEASE_WINDOW];
-    size_t max = s->slot_count < DDO__MAX_RELEASE_WINDOW ? s->slot_count : DDO__MAX_RELEASE_WINDOW;
-    size_t n = window_after(s, unit, win, max);
-    for (size_t k = 0; k < n; k++) {
-        const ddo__unit_rt *w = &s->units[win[k]];
-        if (w->slot == DDO__NONE && w->alias_epoch == s->order.epoch && w->alias_slot == slot) {
-            (void)prefetch_window(s, unit, k + 1, false);
-            return;
-        }
-    }
 }
 
 int ddo_session_declare_order(ddo_session *s, const size_t *units, size_t count)

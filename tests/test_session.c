@@ -277,38 +277,6 @@ static void test_prefetch_learned_order(void)
     fx_destroy(&f);
 }
 
-/* vmm_fast_runtime under a settled order: a release starts the load of the unit whose range
- * still maps the released slot (three positions on with three slots), so the copy engine does
- * not wait for the host's next acquire; on linear_runtime a release starts nothing. */
-static void test_release_loads_the_slot_s_next_unit(void)
-{
-    for (int vmm = 0; vmm < 2; vmm++) {
-        fx_opts o = vmm_mem;
-        o.blocks = 6;
-        o.mode = vmm ? "vmm_fast_runtime" : "linear_runtime";
-        fx f;
-        T_REQUIRE(fx_create(&f, &o) == 0);
-        T_REQUIRE(f.rc == 0);
-        size_t order[6];
-        for (int b = 0; b < 6; b++)
-            order[b] = fx_unit(&f, b);
-        T_EQ_INT(ddo_session_declare_order(f.s, order, 6), 0);
-        for (int pass = 0; pass < 2; pass++) /* every unit settles into its slot */
-            for (int b = 0; b < 6; b++)
-                T_CHECK(fx_use(&f, fx_unit(&f, b)) == 0);
-        settle(&f);
-        T_REQUIRE(ddo_session_acquire(f.s, fx_unit(&f, 0), f.stream) == 0);
-        T_CHECK_MSG(!(held_blocks(&f, 6) & (1u << 3)), "vmm=%d: block 3 before the release", vmm);
-        T_REQUIRE(ddo_session_release(f.s, fx_unit(&f, 0), f.stream) == 0);
-        bool loading = (held_blocks(&f, 6) & (1u << 3)) != 0;
-        T_CHECK_MSG(loading == (vmm != 0), "vmm=%d: block 3 after the release: %d", vmm, loading);
-        for (int b = 1; b < 6; b++)
-            T_CHECK(fx_use(&f, fx_unit(&f, b)) == 0);
-        settle(&f);
-        fx_destroy(&f);
-    }
-}
-
 static void test_reclaim_explicit(void)
 {
     fx f;
@@ -1117,7 +1085,6 @@ int main(void)
     T_RUN(test_lease_errors);
     T_RUN(test_prefetch_declared_order_wraps);
     T_RUN(test_prefetch_learned_order);
-    T_RUN(test_release_loads_the_slot_s_next_unit);
     T_RUN(test_reclaim_explicit);
     T_RUN(test_reclaim_pressure);
     T_RUN(test_unload_reload);
