@@ -68,11 +68,17 @@ DDO_CASE_OPTIONS = {
                               always_resident_modules_pattern=DDO_ROOT_LEAVES,
                               resident_module_patterns="auto", resident_module_budget_gb=14,
                               resident_module_selection="cost")),
+    # The same 16 GiB case with the spread selection (no profile): the comparison in one call.
+    "ddo_vmm16_spread": ("vmm", dict(DDO_VMM_COMMON, vmm_resident_weight_budget_gb=16,
+                                     always_resident_modules_pattern=DDO_ROOT_LEAVES,
+                                     resident_module_patterns="auto",
+                                     resident_module_budget_gb=14)),
     "ddo_linear0": ("linear", dict(DDO_ZERO_RESIDENT, execution_device="cuda:0",
                                    auto_budget_policy="off")),
 }
 # The device-weight budget each ddo case must stay under (GiB), for the "never over budget" check.
-DDO_CASE_BUDGET_GIB = {"ddo_vmm0": 4, "ddo_vmm16": 16, "ddo_linear0": None}
+DDO_CASE_BUDGET_GIB = {"ddo_vmm0": 4, "ddo_vmm16": 16, "ddo_vmm16_spread": 16,
+                       "ddo_linear0": None}
 
 # case name -> what it runs. ref: which resident output it is compared with (and resident cases
 # write). compile: None, "default" (compile_repeated_blocks) or "reduce-overhead" (CUDA graphs).
@@ -82,6 +88,7 @@ CASES = {
     "group_leaf": dict(kind="group", offload_type="leaf_level", ref="eager", compile=None),
     "ddo_vmm0": dict(kind="ddo", ref="eager", compile=None),
     "ddo_vmm16": dict(kind="ddo", ref="eager", compile=None),
+    "ddo_vmm16_spread": dict(kind="ddo", ref="eager", compile=None),
     "ddo_linear0": dict(kind="ddo", ref="eager", compile=None),
     "resident_compile": dict(kind="resident", ref="compile", compile="default",
                              eager="resident"),
