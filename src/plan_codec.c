@@ -72,6 +72,16 @@ uint64_t ddo__plan_codec_status_bytes(const ddo_tensor_info *ti)
     return 16 * blocks;
 }
 
+/* The unit's k-th tensor when the codec may code it (streamed, retained, a coded dtype). */
+static const ddo_tensor_info *unit_candidate(const builder *b, const ddo__plan_unit *un, size_t k)
+{
+    size_t t = b->p->unit_tensors[un->first_tensor + k];
+    const ddo_tensor_info *ti = b->ti[t];
+    bool ok = b->p->tensors[t].loc.placement == DDO_PLACEMENT_STREAMED &&
+              ddo__plan_codec_candidate(ti, un->retained);
+    return ok ? ti : NULL;
+}
+
 static void measure(const builder *b, codec_need *n)
 {
     const ddo_plan *p = b->p;
@@ -82,10 +92,8 @@ static void measure(const builder *b, codec_need *n)
             continue;
         uint64_t status = 0, unit = 0;
         for (size_t k = 0; k < un->tensor_count; k++) {
-            size_t t = p->unit_tensors[un->first_tensor + k];
-            const ddo_tensor_info *ti = b->ti[t];
-            if (p->tensors[t].loc.placement != DDO_PLACEMENT_STREAMED ||
-                !ddo__plan_codec_candidate(ti, un->retained))
+            const ddo_tensor_info *ti = unit_candidate(b, un, k);
+            if (ti == NULL)
                 continue;
             uint64_t bound = ddo__codec_bound(ti->dtype, ti->nbytes, 0);
             n->max_bound = bound > n->max_bound ? bound : n->max_bound;
@@ -153,10 +161,8 @@ static void estimate(builder *b)
             continue;
         uint64_t saved = 0, decoded = 0;
         for (size_t k = 0; k < un->tensor_count; k++) {
-            size_t t = p->unit_tensors[un->first_tensor + k];
-            const ddo_tensor_info *ti = b->ti[t];
-            if (p->tensors[t].loc.placement != DDO_PLACEMENT_STREAMED ||
-                !ddo__plan_codec_candidate(ti, un->retained))
+            const ddo_tensor_info *ti = unit_candidate(b, un, k);
+            if (ti == NULL)
                 continue;
             uint64_t c = coded_estimate(b, ti);
             if (c < ti->nbytes) {
