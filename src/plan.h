@@ -27,11 +27,15 @@
  * inputs give no codec_ratio (measured on `ddo synth --values normal`), and the decoder's
  * output rate when they give no decode_bytes_per_s (cuda: the H200's, docs/codec.md; the cpu
  * device: its C decoder on one thread, `ddo inspect --codec --verify` on the build machine). */
+/* weight_codec=auto codes only when the coded step is predicted this much shorter. */
+#define DDO_PLAN_CODEC_MIN_GAIN         0.02
 #define DDO_PLAN_CODEC_RATIO_BF16       0.67
 #define DDO_PLAN_CODEC_RATIO_F16        0.85
 #define DDO_PLAN_CODEC_RATIO_F32        0.83
 #define DDO_PLAN_DECODE_BYTES_PER_S     400e9
 #define DDO_PLAN_CPU_DECODE_BYTES_PER_S 0.25e9
+/* weight_codec=auto codes only when the coded step is predicted this much shorter. */
+#define DDO_PLAN_CODEC_MIN_GAIN 0.02
 /* The snap of section 3.8: a pin budget of at least 95 % of the candidates pins them all. */
 #define DDO_PIN_SNAP_FRACTION 0.95
 /* weight_codec: the coded-bytes areas a session decodes from, in turn (plan_codec.c): the copy
