@@ -337,8 +337,12 @@ def _pipeline_components(pipeline, components):
 def enable_pipeline_offload(pipeline, preset="auto", *, settings=None, components=None,
                             component_policies=None, routes=None, use_environment=True,
                             environ=None, backend=None, config=None, running_on_wsl=None,
-                            apply_hook=True, **overrides):
+                            apply_hook=True, start_unloaded=False, **overrides):
     """Routes every torch.nn.Module component of pipeline; returns {name: result}.
+
+    start_unloaded: every ddo session is unloaded as soon as it is set up, so the device holds
+    one component's weights at a time while the pipeline is set up (the peak is the largest
+    component's, not their sum, as a small card needs); reload() each before its phase.
 
     components: a mapping used as is, a list of names, else pipeline.components' keys, else
     upstream's fixed list. Non-module components (schedulers, tokenizers) are skipped.
@@ -378,6 +382,8 @@ def enable_pipeline_offload(pipeline, preset="auto", *, settings=None, component
         for name, (pol, cfg, st) in plans.items():
             results[name] = apply_route(modules[name], pol, cfg, st, name,
                                         apply_hook=apply_hook)
+            if start_unloaded and isinstance(results[name], offload.OffloadResult):
+                results[name].unload()
     except BaseException:
         for r in reversed(list(results.values())):
             try:

@@ -245,6 +245,30 @@ def test_pipeline_offload_routes_modules_and_skips_others(group):
     ddo.close_pipeline_offload(pipe)
 
 
+def test_pipeline_start_unloaded(group):
+    """start_unloaded: each ddo session is unloaded right after its setup (a small card holds one
+    component's weights at a time); a forward refuses until reload(), then is bit-identical."""
+    pipe = Pipe()
+    x = torch.randn(1, 4, 64).to(torch.bfloat16)
+    with torch.no_grad():
+        ref = pipe.transformer(x)
+    results = ddo.enable_pipeline_offload(pipe, environ=CPU, running_on_wsl=False,
+                                          start_unloaded=True, resident_module_patterns="auto")
+    try:
+        r = results["transformer"]
+        assert r.route == "dynamic_offload"
+        assert r.metrics_snapshot().get("device_weights_bytes") == 0
+        with pytest.raises(ddo.DdoError) as e, torch.no_grad():
+            pipe.transformer(x)
+        assert "reload" in str(e.value)
+        r.reload()
+        with torch.no_grad():
+            assert torch.equal(pipe.transformer(x), ref)
+        assert r.metrics_snapshot().get("device_weights_bytes") > 0
+    finally:
+        ddo.close_pipeline_offload(pipe)
+
+
 def test_pipeline_bad_input_leaves_it_as_it_was(group):
     pipe = Pipe()
     before = {n: [p.data_ptr() for p in m.parameters()] for n, m in
