@@ -5,7 +5,8 @@
  * others' coded streams from the sidecar (coded_file: bytes_staged_from_sidecar, fewer file
  * bytes than the raw run) with the leased bytes identical over two steps, on linear_runtime
  * and vmm_fast_runtime; a corrupted stream of a streamed tensor is read raw from the
- * checkpoint instead, with a note and a count, the bytes still identical; every device budget
+ * checkpoint instead, with a note and a count, the bytes still identical; a changed checkpoint
+ * fails the next streamed load (DDO_E_FILE_CHANGED); every device budget
  * is back at zero after teardown (fx_destroy).
  *
  * ctest-labels: unit threads
@@ -17,6 +18,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <time.h>
 
 static char cache[256];
 
@@ -212,6 +214,34 @@ static void test_corrupted_stream_reads_raw(void)
     }
 }
 
+/* The checkpoint changes under a session streaming from its sidecar: the next load of a
+ * streamed unit is refused (DDO_E_FILE_CHANGED), as a raw file read is. */
+static void test_changed_checkpoint_is_refused(void)
+{
+    double raw = 0;
+    fx f;
+    setup(&f, "vmm_fast_runtime", &raw);
+    replan(&f, SMALL_GB, cache);
+    two_steps(&f, "before the change");
+    T_CHECK(fx_metric(&f, "bytes_staged_from_sidecar") > 0);
+    T_EQ_INT(ddo_session_synchronize(f.s), 0);
+    T_EQ_INT(ddo_stream_synchronize(f.stream), 0);
+    struct timespec ts = { 0, 50 * 1000 * 1000 };
+    nanosleep(&ts, NULL); /* a later mtime on coarse clocks too */
+    T_REQUIRE(fx_write_file(&f) == 0);
+    int rc = 0;
+    for (int b = 0; b < f.o.blocks && rc == 0; b++) {
+        size_t u = fx_unit(&f, b);
+        if (ddo__session_unit_state(f.s, u, NULL) != -1)
+            continue; /* still held from before the change: no load */
+        rc = ddo_session_acquire(f.s, u, f.stream);
+        if (rc == 0)
+            (void)ddo_session_release(f.s, u, f.stream);
+    }
+    T_EQ_INT(rc, DDO_E_FILE_CHANGED);
+    fx_destroy(&f);
+}
+
 int main(void)
 {
     snprintf(cache, sizeof(cache), "/var/tmp/ddo_sidestream_XXXXXX");
@@ -219,6 +249,7 @@ int main(void)
         return 1;
     T_RUN(test_streams_from_sidecar);
     T_RUN(test_corrupted_stream_reads_raw);
+    T_RUN(test_changed_checkpoint_is_refused);
     clear_cache();
     rmdir(cache);
     return t_done();
