@@ -112,10 +112,11 @@ static void replan(fx *f, double gb, const char *dir)
 /* One checkpoint file: the small-store session's raw file bytes over two steps (*raw), then a
  * whole-store session that writes the sidecar of every tensor, then the small-store session
  * again with the sidecar dir. */
-static void setup(fx *f, const char *route, double *raw)
+static void setup(fx *f, const char *route, bool pin, double *raw)
 {
     clear_cache();
     fx_opts o = stream_opts(route, 1, NULL);
+    o.pin = pin; /* pin_cpu_memory: staging from pinned windows either way */
     T_REQUIRE(fx_create(f, &o) == 0);
     T_REQUIRE(f->rc == 0);
     replan(f, SMALL_GB, NULL);
@@ -166,11 +167,12 @@ static void corrupt_streamed(fx *f, bool *done)
 static void test_streams_from_sidecar(void)
 {
     static const char *const routes[] = { "linear_runtime", "vmm_fast_runtime" };
-    for (size_t r = 0; r < DDO_ARRAY_LEN(routes); r++) {
-        const char *what = routes[r];
+    for (size_t k = 0; k < 2 * DDO_ARRAY_LEN(routes); k++) {
+        char what[64];
+        snprintf(what, sizeof(what), "%s pin=%zu", routes[k / 2], k % 2);
         double raw = 0;
         fx f;
-        setup(&f, what, &raw);
+        setup(&f, routes[k / 2], k % 2 != 0, &raw);
         T_CHECK_MSG(raw > 0, "%s: the small store streams from the file", what);
         replan(&f, SMALL_GB, cache);
         two_steps(&f, what);
@@ -192,7 +194,7 @@ static void test_corrupted_stream_reads_raw(void)
         const char *what = routes[r];
         double raw = 0;
         fx f;
-        setup(&f, what, &raw);
+        setup(&f, what, false, &raw);
         replan(&f, SMALL_GB, cache); /* plans for the small store, before the sidecar changes */
         ddo_session_destroy(f.s);
         f.s = NULL;
@@ -220,7 +222,7 @@ static void test_changed_checkpoint_is_refused(void)
 {
     double raw = 0;
     fx f;
-    setup(&f, "vmm_fast_runtime", &raw);
+    setup(&f, "vmm_fast_runtime", false, &raw);
     replan(&f, SMALL_GB, cache);
     two_steps(&f, "before the change");
     T_CHECK(fx_metric(&f, "bytes_staged_from_sidecar") > 0);
