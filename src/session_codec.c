@@ -151,7 +151,8 @@ static bool coded_size(const ddo_session *s, size_t t, uint64_t *bound, uint64_t
         *bound = ddo__round_up(
             ddo__codec_bound(cp->dtype, cp->decoded_bytes, cp->launch.block_elems), AREA_ALIGN);
         cb = cp->coded_bytes;
-    } else if (ddo__source_has_stream(s->source, t, &cb)) {
+    } else if (!ddo__route_per_weight(s->route) && ddo__source_has_stream(s->source, t, &cb)) {
+        /* coded_file (vmm_runtime streams raw: its plan has no decode memory for it) */
         const ddo_tensor_info *ti = ddo_checkpoint_tensor(s->ck, t);
         *status = default_status_bytes(ti->dtype, ti->nbytes);
         *bound = ddo__round_up(ddo__codec_bound(ti->dtype, ti->nbytes, 0), AREA_ALIGN);
@@ -494,7 +495,7 @@ bool ddo__session_codec_streams(const ddo_session *s, size_t tensor)
 {
     const ddo__session_codec *c = s->codec;
     return c != NULL && c->slots != NULL && tensor < c->tensor_count && !c->file_bad[tensor] &&
-           ddo__source_has_stream(s->source, tensor, NULL);
+           !ddo__route_per_weight(s->route) && ddo__source_has_stream(s->source, tensor, NULL);
 }
 
 const char *ddo__session_codec_stream_note(const ddo_session *s)

@@ -6,7 +6,7 @@
  * bytes than the raw run) with the leased bytes identical over two steps, on linear_runtime
  * and vmm_fast_runtime; a corrupted stream of a streamed tensor is read raw from the
  * checkpoint instead, with a note and a count, the bytes still identical; a changed checkpoint
- * fails the next streamed load (DDO_E_FILE_CHANGED); every device budget
+ * fails the next streamed load (DDO_E_FILE_CHANGED); vmm_runtime streams raw; every device budget
  * is back at zero after teardown (fx_destroy).
  *
  * ctest-labels: unit threads
@@ -244,6 +244,22 @@ static void test_changed_checkpoint_is_refused(void)
     fx_destroy(&f);
 }
 
+/* vmm_runtime (per-weight handles) streams raw bytes even with a sidecar of every tensor. */
+static void test_vmm_runtime_streams_raw(void)
+{
+    double raw = 0;
+    fx f;
+    setup(&f, "vmm_fast_runtime", false, &raw);
+    fx_set(&f, "execution_mode", "vmm_runtime");
+    f.o.mode = "vmm_runtime";
+    replan(&f, SMALL_GB, cache);
+    T_EQ_STR(ddo_plan_route(f.plan), "vmm_runtime");
+    two_steps(&f, "vmm_runtime");
+    T_CHECK(fx_metric(&f, "bytes_staged_from_sidecar") == 0);
+    T_CHECK(fx_metric(&f, "bytes_staged_from_file") > 0);
+    fx_destroy(&f);
+}
+
 int main(void)
 {
     snprintf(cache, sizeof(cache), "/var/tmp/ddo_sidestream_XXXXXX");
@@ -252,6 +268,7 @@ int main(void)
     T_RUN(test_streams_from_sidecar);
     T_RUN(test_corrupted_stream_reads_raw);
     T_RUN(test_changed_checkpoint_is_refused);
+    T_RUN(test_vmm_runtime_streams_raw);
     clear_cache();
     rmdir(cache);
     return t_done();
