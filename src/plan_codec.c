@@ -10,10 +10,13 @@
  *   weight_codec=ddoc1  the codec; a device without a decoder refuses the plan (one line)
  *
  * What is coded: the retained file tensors of streamed units whose dtype the codec codes
- * (BF16, F16, F32); the session's store (source_codec.c) keeps a tensor raw when its coded
- * stream would not be smaller. Coded sizes are known only once the store is encoded, so the
- * plan's retained and registered figures stay those of the raw bytes (setup reads them raw
- * before coding; the store then gives back what coding saved) and the plan adds:
+ * (BF16, F16, F32), and with weight_codec_cache_dir set the non-retained ones too (streamed
+ * from their sidecar's coded streams, session_codec.c coded_file; their staging windows stay
+ * sized by raw bytes, a stream being shorter than its tensor); the session's store (source_codec.c)
+ * keeps a tensor raw when its coded stream would not be smaller. Coded sizes are known only once
+ * the store is encoded, so the plan's retained and registered figures stay those of the raw bytes
+ * (setup reads them raw before coding; the store then gives back what coding saved) and the plan
+ * adds:
  *
  *   device     the session's decode memory: DDO_CODEC_DECODE_AREAS areas, used in turn (the
  *              copy stream uploads a batch of a unit's coded tensors into one while the decode
@@ -75,13 +78,17 @@ uint64_t ddo__plan_codec_status_bytes(const ddo_tensor_info *ti)
     return 16 * blocks;
 }
 
-/* The unit's k-th tensor when the codec may code it (streamed, retained, a coded dtype). */
+/* The unit's k-th tensor when the codec may code it (streamed, a coded dtype, and retained or,
+ * with weight_codec_cache_dir set, a file tensor streamed from its sidecar's coded stream;
+ * vmm_runtime streams raw). */
 static const ddo_tensor_info *unit_candidate(const builder *b, const ddo__plan_unit *un, size_t k)
 {
     size_t t = b->p->unit_tensors[un->first_tensor + k];
     const ddo_tensor_info *ti = b->ti[t];
+    const char *dir = b->o->weight_codec_cache_dir;
+    bool sidecar = dir != NULL && dir[0] != '\0' && b->p->route != DDO__ROUTE_VMM_RUNTIME;
     bool ok = b->p->tensors[t].loc.placement == DDO_PLACEMENT_STREAMED &&
-              ddo__plan_codec_candidate(ti, un->retained);
+              ddo__plan_codec_candidate(ti, un->retained || sidecar);
     return ok ? ti : NULL;
 }
 

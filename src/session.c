@@ -718,6 +718,9 @@ int ddo_session_metrics(ddo_session *s, bool collect_completed, ddo_metrics **ou
         ddo__source_codec_origin(s->source),
         "codec_sidecar_note",
         ddo__source_codec_note(s->source),
+        /* coded_file: the first sidecar stream read raw instead, and why */
+        "codec_stream_note",
+        ddo__session_codec_stream_note(s),
     };
     int rc = ddo__metrics_snapshot(m, s->plan, labels, DDO_ARRAY_LEN(labels) / 2, out);
     if (rc != 0)

@@ -50,6 +50,7 @@
 #include "session_transport.h"
 
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -95,6 +96,13 @@ typedef struct ddo__session_codec {
     codec_slot *slots;
     size_t slot_count, pending_cap;
     uint64_t *status_pinned; /* slot_count x status_bytes of pinned host memory (host_alloc) */
+    /* coded_file: per checkpoint tensor, the plan of its sidecar stream (built by the loader at
+     * its first load, kept for the status checks) and whether its stream failed (read raw) */
+    ddo__codec_plan **file_plans;
+    bool *file_bad;
+    size_t tensor_count;
+    atomic_bool noted; /* stream_note is written (once, by the loader) */
+    char stream_note[DDO_ERRBUF_BYTES + 32];
 } ddo__session_codec;
 
 static _Atomic uint64_t area_cap_test; /* 0: DDO_CODEC_AREA_CAP */
@@ -124,6 +132,38 @@ static bool device_decodes(const ddo_session *s, const char **why)
 #endif
 }
 
+/* The status bytes of a stream of the default block size decoding to nbytes of dtype. */
+static uint64_t default_status_bytes(ddo_dtype dtype, uint64_t nbytes)
+{
+    uint64_t esize = dtype == DDO_DTYPE_F32 ? 4 : 2;
+    uint64_t blocks = (nbytes / esize + DDO_CODEC_DEFAULT_BLOCK - 1) / DDO_CODEC_DEFAULT_BLOCK;
+    return 16 * blocks;
+}
+
+/* Whether tensor t moves coded (a coded retained tensor, or a file tensor with a sidecar
+ * stream, coded_file): its area bound (rounded) and its status bytes. */
+static bool coded_size(const ddo_session *s, size_t t, uint64_t *bound, uint64_t *status)
+{
+    const ddo__codec_plan *cp = ddo__source_coded(s->source, t);
+    uint64_t cb = 0;
+    if (cp != NULL) {
+        *status = cp->launch.status_bytes;
+        *bound = ddo__round_up(
+            ddo__codec_bound(cp->dtype, cp->decoded_bytes, cp->launch.block_elems), AREA_ALIGN);
+        cb = cp->coded_bytes;
+    } else if (!ddo__route_per_weight(s->route) && ddo__source_has_stream(s->source, t, &cb)) {
+        /* coded_file (vmm_runtime streams raw: its plan has no decode memory for it) */
+        const ddo_tensor_info *ti = ddo_checkpoint_tensor(s->ck, t);
+        *status = default_status_bytes(ti->dtype, ti->nbytes);
+        *bound = ddo__round_up(ddo__codec_bound(ti->dtype, ti->nbytes, 0), AREA_ALIGN);
+    } else {
+        return false;
+    }
+    uint64_t own = ddo__round_up(cb, AREA_ALIGN);
+    *bound = *bound > own ? *bound : own;
+    return true;
+}
+
 /* The sizes from the coded store (the rule of plan_codec.c): per unit, its coded tensors'
  * stream bounds and status. */
 static void size_memory(ddo_session *s, ddo__session_codec *c)
@@ -136,14 +176,11 @@ static void size_memory(ddo_session *s, ddo__session_codec *c)
         const size_t *t = ddo_plan_unit_tensors(s->plan, u, &n);
         uint64_t status = 0, unit = 0;
         for (size_t i = 0; i < n; i++) {
-            const ddo__codec_plan *cp = ddo__source_coded(s->source, t[i]);
-            if (cp == NULL)
+            uint64_t bound = 0, st = 0;
+            if (!coded_size(s, t[i], &bound, &st))
                 continue;
             coded++;
-            status += cp->launch.status_bytes;
-            uint64_t bound = ddo__round_up(
-                ddo__codec_bound(cp->dtype, cp->decoded_bytes, cp->launch.block_elems), AREA_ALIGN);
-            bound = bound > cp->coded_bytes ? bound : ddo__round_up(cp->coded_bytes, AREA_ALIGN);
+            status += st;
             largest = bound > largest ? bound : largest;
             unit += bound;
         }
@@ -206,6 +243,12 @@ int ddo__session_codec_create(ddo_session *s)
     if (c == NULL)
         return ddo__fail(&s->err, DDO_E_NO_MEMORY, "session: codec: out of memory");
     s->codec = c;
+    c->tensor_count = ddo_checkpoint_tensor_count(s->ck);
+    c->file_plans = ddo__calloc(c->tensor_count + 1, sizeof(*c->file_plans));
+    c->file_bad = ddo__calloc(c->tensor_count + 1, sizeof(*c->file_bad));
+    atomic_init(&c->noted, false);
+    if (c->file_plans == NULL || c->file_bad == NULL)
+        return ddo__fail(&s->err, DDO_E_NO_MEMORY, "session: codec: out of memory");
     size_memory(s, c);
     if (c->pending_cap == 0 || s->slot_count == 0)
         return 0; /* nothing was coded: every tensor moves raw */
@@ -230,6 +273,10 @@ void ddo__session_codec_destroy(ddo_session *s)
     for (size_t i = 0; c->slots != NULL && i < c->slot_count; i++)
         free(c->slots[i].pending);
     free(c->slots);
+    for (size_t t = 0; c->file_plans != NULL && t < c->tensor_count; t++)
+        ddo__codec_plan_destroy(c->file_plans[t]);
+    free(c->file_plans);
+    free(c->file_bad);
     if (c->status_pinned != NULL)
         (void)ddo__dev_host_free(s->dev, c->status_pinned);
     free(c);
@@ -385,35 +432,162 @@ static int upload_into(ddo_session *s, const ddo__transport *t, const ddo__uploa
     return 0;
 }
 
-int ddo__transport_coded(ddo_session *s, const ddo__transport *t, const ddo__upload *up,
-                         ddo__errbuf *eb)
+/* Whether the open batch (or a new one) and the slot's tables have room for a tensor of
+ * coded_bytes and status_bytes. */
+static bool has_room(const ddo__session_codec *c, uint64_t coded_bytes, uint64_t status_bytes)
+{
+    const codec_slot *cs = c != NULL && c->slots != NULL ? &c->slots[c->cur_slot] : NULL;
+    return cs != NULL && c->mem != 0 && coded_bytes <= c->area_bytes &&
+           cs->count < c->pending_cap && cs->status_used + status_bytes <= c->status_bytes;
+}
+
+/* The place of the next tensor's need bytes in the open batch's area (the batch decoded
+ * first when full, the next one opened). */
+static int batch_place(ddo_session *s, size_t tensor, uint64_t need, uint64_t *at, ddo__errbuf *eb)
 {
     ddo__session_codec *c = s->codec;
-    const ddo__codec_plan *cp = ddo__source_coded(s->source, up->tensor);
-    codec_slot *cs = c != NULL && c->slots != NULL ? &c->slots[c->cur_slot] : NULL;
-    if (cs == NULL || cp == NULL || c->mem == 0 || cp->coded_bytes > c->area_bytes ||
-        cs->count >= c->pending_cap || cs->status_used + cp->launch.status_bytes > c->status_bytes)
-        return ddo__fail(eb, DDO_E_INTERNAL, "session: tensor \"%s\": no room in the decode area",
-                         ddo__session_tensor_name(s, up->tensor));
-    uint64_t need = ddo__round_up(cp->coded_bytes, AREA_ALIGN);
     codec_batch *b = &c->batch;
     int rc = 0;
     if (b->open && (b->used + need > c->area_bytes || b->count == DDO_CODEC_BATCH_MAX))
         rc = launch_batch(s, eb); /* full: decode it, the next batch takes the other area */
     if (rc == 0 && !b->open)
-        rc = open_batch(s, up->tensor, eb);
-    uint64_t at = c->mem + b->area * c->area_bytes + b->used;
-    if (rc == 0)
-        rc = upload_into(s, t, up, cp, at, eb);
-    if (rc != 0)
-        return rc;
+        rc = open_batch(s, tensor, eb);
+    *at = c->mem + b->area * c->area_bytes + b->used;
+    return rc;
+}
+
+/* The uploaded tensor joins the batch: its decode of cp from at into up->dst. */
+static void batch_add(ddo_session *s, const ddo__upload *up, const ddo__codec_plan *cp, uint64_t at)
+{
+    ddo__session_codec *c = s->codec;
+    codec_batch *b = &c->batch;
+    codec_slot *cs = &c->slots[c->cur_slot];
     ddo__codec_desc *d = &b->d[b->count++];
     *d = (ddo__codec_desc){ at, cp->coded_bytes, up->dst, up->nbytes, cp->launch };
     d->l.status_dev =
         c->mem + AREAS * c->area_bytes + c->cur_slot * c->status_bytes + cs->status_used;
-    b->used += need;
+    b->used += ddo__round_up(cp->coded_bytes, AREA_ALIGN);
     cs->pending[cs->count++] = (pending){ up->tensor, cs->status_used };
     cs->status_used += cp->launch.status_bytes;
+}
+
+int ddo__transport_coded(ddo_session *s, const ddo__transport *t, const ddo__upload *up,
+                         ddo__errbuf *eb)
+{
+    ddo__session_codec *c = s->codec;
+    const ddo__codec_plan *cp = ddo__source_coded(s->source, up->tensor);
+    if (cp == NULL || !has_room(c, cp->coded_bytes, cp->launch.status_bytes))
+        return ddo__fail(eb, DDO_E_INTERNAL, "session: tensor \"%s\": no room in the decode area",
+                         ddo__session_tensor_name(s, up->tensor));
+    uint64_t at = 0;
+    int rc = batch_place(s, up->tensor, ddo__round_up(cp->coded_bytes, AREA_ALIGN), &at, eb);
+    if (rc == 0)
+        rc = upload_into(s, t, up, cp, at, eb);
+    if (rc != 0)
+        return rc;
+    batch_add(s, up, cp, at);
+    return 0;
+}
+
+/* ---- coded_file: a file tensor's coded stream from its sidecar ---- */
+
+bool ddo__session_codec_streams(const ddo_session *s, size_t tensor)
+{
+    const ddo__session_codec *c = s->codec;
+    return c != NULL && c->slots != NULL && tensor < c->tensor_count && !c->file_bad[tensor] &&
+           !ddo__route_per_weight(s->route) && ddo__source_has_stream(s->source, tensor, NULL);
+}
+
+const char *ddo__session_codec_stream_note(const ddo_session *s)
+{
+    const ddo__session_codec *c = s->codec;
+    return c != NULL && atomic_load(&c->noted) ? c->stream_note : "";
+}
+
+/* The stream of tensor is unusable (why): it is read raw from now on, with a note (the
+ * first) and a count. */
+static void stream_failed(ddo_session *s, size_t tensor, const char *why)
+{
+    ddo__session_codec *c = s->codec;
+    c->file_bad[tensor] = true;
+    ddo__metrics_add(&s->metrics, DDO_M_codec_stream_fallbacks, 1);
+    if (!atomic_load(&c->noted)) {
+        snprintf(c->stream_note, sizeof(c->stream_note), "read raw instead: %s", why);
+        atomic_store(&c->noted, true);
+    }
+}
+
+/* The tensor's plan for this load's stream: the first load's is kept (the stream never
+ * changes: its hash is checked at every load) for the status checks. */
+static const ddo__codec_plan *keep_plan(ddo__session_codec *c, size_t tensor, ddo__codec_plan *plan)
+{
+    if (c->file_plans[tensor] == NULL)
+        c->file_plans[tensor] = plan;
+    else
+        ddo__codec_plan_destroy(plan);
+    return c->file_plans[tensor];
+}
+
+/* Reads the stream into window w (*cp its plan; *raw when it must be read raw instead). */
+static int read_stream(ddo_session *s, const ddo__upload *up, ddo__window *w, const void **data,
+                       const ddo__codec_plan **cp, bool *raw, ddo__errbuf *eb)
+{
+    ddo__session_codec *c = s->codec;
+    ddo__codec_plan *plan = NULL;
+    ddo__errbuf why = { 0 };
+    uint64_t cb = 0;
+    (void)ddo__source_has_stream(s->source, up->tensor, &cb);
+    const ddo_tensor_info *ti = ddo_checkpoint_tensor(s->ck, up->tensor);
+    *raw = true;
+    if (cb > w->cap || !has_room(c, cb, default_status_bytes(ti->dtype, ti->nbytes)))
+        return 0; /* does not fit one window or the decode area: raw, no note */
+    int rc = ddo__source_read_coded(s->source, up->tensor, w->p, w->cap, data, &plan, &why);
+    if (rc == DDO_E_FILE_CHANGED)
+        return ddo__fail(eb, rc, "%s", why.msg);
+    if (rc == 0 && has_room(c, plan->coded_bytes, plan->launch.status_bytes) &&
+        plan->decoded_bytes == up->nbytes) {
+        *cp = keep_plan(c, up->tensor, plan);
+        *raw = false;
+        return 0;
+    }
+    ddo__codec_plan_destroy(plan);
+    stream_failed(s, up->tensor, rc != 0 ? why.msg : "its stream does not fit the decode area");
+    return 0;
+}
+
+int ddo__transport_coded_file(ddo_session *s, const ddo__transport *t, const ddo__upload *up,
+                              ddo__errbuf *eb)
+{
+    ddo__window w;
+    int rc = ddo__window_get(s, &w, eb);
+    if (rc != 0)
+        return rc;
+    const void *data = NULL;
+    const ddo__codec_plan *cp = NULL;
+    bool raw = true;
+    uint64_t at = 0;
+    rc = read_stream(s, up, &w, &data, &cp, &raw, eb);
+    if (rc == 0 && !raw)
+        rc = batch_place(s, up->tensor, ddo__round_up(cp->coded_bytes, AREA_ALIGN), &at, eb);
+    if (rc == 0 && !raw) {
+        rc = ddo__dev_copy_h2d(s->dev, at, data, (size_t)cp->coded_bytes, s->copy_stream);
+        if (rc == 0)
+            rc = ddo__dev_event_record(s->dev, s->codec->filled[s->codec->batch.area],
+                                       s->copy_stream);
+        if (rc != 0)
+            rc = ddo__session_fail_ctx(eb, rc, "tensor \"%s\": upload of its coded stream",
+                                       ddo__session_tensor_name(s, up->tensor));
+    }
+    int prc = ddo__window_put(s, &w, eb); /* released after its copy (the ring's event) */
+    rc = rc != 0 ? rc : prc;
+    if (rc != 0)
+        return rc;
+    if (raw) /* the checkpoint's raw bytes instead: never wrong weights */
+        return ddo__transport_staged(s, ddo__transport_get(DDO__TRANSPORT_FILE), up, eb);
+    ddo__metrics_add(&s->metrics, t->metric, (double)cp->coded_bytes);
+    ddo__metrics_add(&s->metrics, DDO_M_copy_bytes, (double)cp->coded_bytes);
+    ddo__metrics_add(&s->metrics, DDO_M_copies, 1);
+    batch_add(s, up, cp, at);
     return 0;
 }
 
@@ -496,7 +670,9 @@ int ddo__session_codec_verify(ddo_session *s, size_t slot, bool *unsafe, ddo__er
     /* the upload event follows the status copy on the decode stream: the copy is complete */
     const uint64_t *status = c->status_pinned + slot * (c->status_bytes / 8);
     for (size_t i = 0; i < cs->count; i++) {
-        const ddo__codec_plan *cp = ddo__source_coded(s->source, cs->pending[i].tensor);
+        size_t t = cs->pending[i].tensor;
+        const ddo__codec_plan *cp = ddo__source_coded(s->source, t);
+        cp = cp != NULL ? cp : c->file_plans[t]; /* coded_file */
         rc = ddo__codec_status_check(cp, status + cs->pending[i].status_off / 8, eb);
         if (rc != 0)
             return rc;

@@ -33,6 +33,18 @@ void ddo__session_codec_begin(ddo_session *s, size_t slot);
  * when the next tensor would not fit the area, or by ddo__session_codec_finish. */
 int ddo__transport_coded(ddo_session *s, const struct ddo__transport *t,
                          const struct ddo__upload *up, ddo__errbuf *eb);
+/* The coded_file row's upload (a file tensor with a sidecar stream): the stream is read into a
+ * staging window (ddo__source_read_coded: identity, hash, plan), uploaded into the open
+ * batch's decode area and decoded as in the coded row. A stream that is unusable (its hash,
+ * its read, its plan) is a note and a count (codec_stream_fallbacks), and the tensor is read
+ * raw from the checkpoint, this load and every later one; one that does not fit a window or
+ * the decode area is read raw without a note. */
+int ddo__transport_coded_file(ddo_session *s, const struct ddo__transport *t,
+                              const struct ddo__upload *up, ddo__errbuf *eb);
+/* True when tensor (a file tensor) goes by coded_file. */
+bool ddo__session_codec_streams(const ddo_session *s, size_t tensor);
+/* The first coded_file fallback's note ("" when none). */
+const char *ddo__session_codec_stream_note(const ddo_session *s);
 /* After a unit's last tensor was queued: when ok, the unit's last batch is decoded, the
  * decode stream joins the copy stream and copies the slot's status part to its pinned host
  * copy, and the slot's decodes are due for ddo__session_codec_verify; else (or when one of

@@ -15,6 +15,8 @@
  *   resident_registered  a caller's resident tensor registered in place: direct DMA
  *   coded                coded retained bytes (weight_codec): into the decode area, then
  *                        decoded into place on the device (session_codec.c)
+ *   coded_file           a file tensor's coded stream from its sidecar (weight_codec_cache_dir)
+ *                        into a window, then as coded (session_codec.c); raw file on a bad one
  */
 #define _POSIX_C_SOURCE 200809L
 #include "session_transport.h"
@@ -206,6 +208,8 @@ static const ddo__transport transports[DDO__TRANSPORT_COUNT] = {
                                              ddo__transport_direct, NULL, NULL },
     [DDO__TRANSPORT_CODED] = { "coded", DDO_M_bytes_coded_uploaded, ddo__transport_coded, NULL,
                                NULL },
+    [DDO__TRANSPORT_CODED_FILE] = { "coded_file", DDO_M_bytes_staged_from_sidecar,
+                                    ddo__transport_coded_file, NULL, NULL },
 };
 
 const ddo__transport *ddo__transport_get(ddo__transport_id id)
@@ -219,10 +223,11 @@ ddo__transport_id ddo__transport_for(const ddo_session *s, size_t tensor,
 {
     bool registered = false;
     *host = ddo__source_host_ptr(s->source, tensor, &registered);
-    return *host == NULL                          ? DDO__TRANSPORT_FILE
-           : ddo__source_coded(s->source, tensor) ? DDO__TRANSPORT_CODED
-           : registered                           ? DDO__TRANSPORT_REGISTERED
-                                                  : DDO__TRANSPORT_PAGEABLE;
+    return *host == NULL && ddo__session_codec_streams(s, tensor) ? DDO__TRANSPORT_CODED_FILE
+           : *host == NULL                                        ? DDO__TRANSPORT_FILE
+           : ddo__source_coded(s->source, tensor)                 ? DDO__TRANSPORT_CODED
+           : registered                                           ? DDO__TRANSPORT_REGISTERED
+                                                                  : DDO__TRANSPORT_PAGEABLE;
 }
 
 /* ---- uploads ---- */
@@ -313,7 +318,7 @@ int ddo__session_upload_unit(ddo_session *s, const ddo__job *job, uint64_t dst, 
         uint64_t to = ddo__route_per_weight(s->route) ? s->w_va[t] : dst + loc.offset;
         const unsigned char *host = NULL;
         ddo__transport_id kind = ddo__transport_for(s, t, &host);
-        *reread = *reread || kind == DDO__TRANSPORT_FILE;
+        *reread = *reread || kind == DDO__TRANSPORT_FILE || kind == DDO__TRANSPORT_CODED_FILE;
         ddo__host_piece pieces[3];
         size_t np =
             kind == DDO__TRANSPORT_REGISTERED ? ddo__source_host_pieces(s->source, t, pieces) : 0;

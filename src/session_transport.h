@@ -22,8 +22,10 @@ typedef enum ddo__transport_id {
     DDO__TRANSPORT_CHECKPOINT, /* ddo_checkpoint_read into a window (resident tensors) */
     DDO__TRANSPORT_RESIDENT_REGISTERED, /* a resident host tensor the copy engine reads
                                            directly (registered in place) */
-    DDO__TRANSPORT_CODED, /* coded retained bytes: uploaded into the decode area and decoded
-                             into place on the device (session_codec.c) */
+    DDO__TRANSPORT_CODED,      /* coded retained bytes: uploaded into the decode area and decoded
+                                  into place on the device (session_codec.c) */
+    DDO__TRANSPORT_CODED_FILE, /* a file tensor's coded stream read from its sidecar into a
+                                  window, then uploaded into the decode area and decoded */
     DDO__TRANSPORT_COUNT
 } ddo__transport_id;
 

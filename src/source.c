@@ -377,7 +377,7 @@ int ddo__source_create(const ddo__source_params *p, const ddo__source_request *r
         rc = ddo__source_sidecar_verify(src, p, req, count, eb);
     if (rc == 0 && p->codec)
         rc = code_store(src, p, &l, eb);
-    ddo__source_sidecar_release(src);
+    ddo__source_sidecar_keep(src);
     if (rc == 0)
         rc = ddo__source_register_all(src, p, eb);
     if (rc == 0)

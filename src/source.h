@@ -118,6 +118,23 @@ uint64_t ddo__source_segment_left(const ddo__source *src, size_t tensor, uint64_
 int ddo__source_read_file(ddo__source *src, size_t tensor, uint64_t offset, size_t len, void *dst,
                           size_t dst_cap, const void **data, ddo__errbuf *eb);
 
+/*
+ * Streaming from the coded sidecar (weight_codec_cache_dir, docs/codec.md "Sidecar"): whether
+ * tensor, not retained, has a coded stream in its file's sidecar (and its length: what a
+ * load then moves instead of the tensor's bytes, always fewer).
+ */
+bool ddo__source_has_stream(const ddo__source *src, size_t tensor, uint64_t *coded_bytes);
+/*
+ * Reads that stream into dst (dst_cap bytes, at least its length) with the checkpoint's
+ * identity checked before and after (DDO_E_FILE_CHANGED), checks its hash (DDO_E_FORMAT) and
+ * builds its plan: 0, *data == dst and *plan (the caller destroys it). The plan is built per
+ * load: building them at setup would read every streamed tensor's stream once more, which
+ * is the read streaming exists to avoid. DDO_E_NOT_FOUND: no stream; any failure but
+ * DDO_E_FILE_CHANGED means "read this tensor raw instead". Thread-safe.
+ */
+int ddo__source_read_coded(ddo__source *src, size_t tensor, void *dst, size_t dst_cap,
+                           const void **data, struct ddo__codec_plan **plan, ddo__errbuf *eb);
+
 /* Bytes needed in a staging window to read len bytes with O_DIRECT alignment (len + 2 pages). */
 size_t ddo__source_window_need(size_t len);
 

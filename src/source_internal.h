@@ -43,6 +43,8 @@ typedef struct entry {
     uint64_t pos; /* offset inside its run */
     const uint8_t *ptr;
     const ddo__sidecar_entry *se; /* its sidecar entry (SIDE_CODED, SIDE_RAW) */
+    /* not retained: its coded stream in its file's sidecar (kept open after create), or NULL */
+    const ddo__sidecar_entry *stream;
 } entry;
 
 struct ddo__source {
@@ -65,7 +67,8 @@ struct ddo__source {
     bool use_uring;
     ddo__host_pins *host_pins; /* host-memory tensors registered in place */
     ddo__source_codec *codec;  /* weight_codec: the coded tensors' plans (source_codec.c) */
-    /* weight_codec_cache_dir (source_sidecar_use.c), during create only */
+    /* weight_codec_cache_dir (source_sidecar_use.c); after create only the sidecars that hold
+     * a non-retained tensor's stream stay open (ddo__source_read_coded) */
     ddo__sidecar **sidecars;         /* per file; NULL: none */
     atomic_uint_fast64_t *side_sums; /* per tensor: hash of its coded bytes as read */
     atomic_bool *side_failed;        /* per file: a read of its sidecar failed */
@@ -99,6 +102,9 @@ int ddo__source_sidecar_verify(ddo__source *src, const ddo__source_params *p,
  * cannot). items: the packed store. */
 void ddo__source_sidecar_save(ddo__source *src, const ddo__source_params *p,
                               const ddo__codec_item *items, size_t n);
+/* At the end of create: records each non-retained tensor's stream (entry.stream), keeps the
+ * sidecars that hold one open and closes the others. */
+void ddo__source_sidecar_keep(ddo__source *src);
 /* Closes the sidecars and frees what prepare allocated. */
 void ddo__source_sidecar_release(ddo__source *src);
 /* Appends one line to the store's codec note. */

@@ -239,6 +239,83 @@ void ddo__source_sidecar_save(ddo__source *src, const ddo__source_params *p,
     free(out);
 }
 
+void ddo__source_sidecar_keep(ddo__source *src)
+{
+    if (src->sidecars == NULL)
+        return;
+    free(src->side_failed);
+    free(src->side_sums);
+    src->side_failed = NULL;
+    src->side_sums = NULL;
+    bool *used = ddo__calloc(src->file_count + 1, sizeof(*used));
+    for (size_t t = 0; t < src->tensor_count; t++) {
+        entry *e = &src->entries[t];
+        const ddo_tensor_info *ti = ddo_checkpoint_tensor(src->ck, t);
+        e->se = NULL;
+        if (used == NULL || e->run != RUN_NONE || ti->file_index >= src->file_count ||
+            src->sidecars[ti->file_index] == NULL || !candidate(ti))
+            continue;
+        const ddo__sidecar_entry *se =
+            ddo__sidecar_find(src->sidecars[ti->file_index], ti->offset, ti->nbytes, ti->dtype);
+        if (se != NULL && se->coded_bytes > 0) {
+            e->stream = se;
+            used[ti->file_index] = true;
+        }
+    }
+    for (size_t f = 0; f < src->file_count; f++) {
+        if (used == NULL || !used[f]) {
+            ddo__sidecar_close(src->sidecars[f]);
+            src->sidecars[f] = NULL;
+        }
+    }
+    free(used);
+}
+
+bool ddo__source_has_stream(const ddo__source *src, size_t tensor, uint64_t *coded_bytes)
+{
+    const entry *e = src != NULL && tensor < src->tensor_count ? &src->entries[tensor] : NULL;
+    if (coded_bytes != NULL)
+        *coded_bytes = e != NULL && e->stream != NULL ? e->stream->coded_bytes : 0;
+    return e != NULL && e->stream != NULL;
+}
+
+int ddo__source_read_coded(ddo__source *src, size_t tensor, void *dst, size_t dst_cap,
+                           const void **data, ddo__codec_plan **plan, ddo__errbuf *eb)
+{
+    if (src == NULL || dst == NULL || data == NULL || plan == NULL || tensor >= src->tensor_count)
+        return ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "coded read: invalid argument");
+    *plan = NULL;
+    const entry *e = &src->entries[tensor];
+    const ddo_tensor_info *ti = ddo_checkpoint_tensor(src->ck, tensor);
+    if (e->stream == NULL)
+        return ddo__fail(eb, DDO_E_NOT_FOUND, "tensor `%s`: no stream in a sidecar", ti->name);
+    const ddo__sidecar *s = src->sidecars[ti->file_index];
+    uint64_t len = e->stream->coded_bytes;
+    if (len > dst_cap)
+        return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
+                         "coded read: tensor `%s`: its stream (%llu bytes) does not fit the "
+                         "window (%zu bytes)",
+                         ti->name, (unsigned long long)len, dst_cap);
+    /* The sidecar is named from the checkpoint's identity: a changed checkpoint is refused
+     * before and after, as in ddo__source_read_file. */
+    if (ddo__checkpoint_check_file(src->ck, ti->file_index) != 0)
+        return ddo__fail_from_last(eb, DDO_E_FILE_CHANGED);
+    int rc = ddo__os_pread_full(s->fd, dst, (size_t)len, e->stream->coded_off);
+    if (rc != 0)
+        return ddo__fail(eb, DDO_E_IO, "sidecar %s: tensor `%s`: read of %llu bytes: %s", s->path,
+                         ti->name, (unsigned long long)len, ddo__os_file_strerror(rc));
+    if (ddo__checkpoint_check_file(src->ck, ti->file_index) != 0)
+        return ddo__fail_from_last(eb, DDO_E_FILE_CHANGED);
+    if (ddo__sidecar_hash(dst, len, 0) != e->stream->hash)
+        return ddo__fail(eb, DDO_E_FORMAT, "sidecar %s: tensor `%s`: stream hash differs", s->path,
+                         ti->name);
+    rc = ddo__codec_plan_create(dst, len, ti->name, plan, eb);
+    if (rc != 0)
+        return rc;
+    *data = dst;
+    return 0;
+}
+
 void ddo__source_sidecar_release(ddo__source *src)
 {
     for (size_t f = 0; src->sidecars != NULL && f < src->file_count; f++)

@@ -1,0 +1,275 @@
+/*
+ * test_session_sidecar_stream.c - file streaming from the coded sidecar (weight_codec_cache_dir,
+ * docs/codec.md "Sidecar"), cpu device, vmm_source_cache_gb smaller than the model: once a
+ * sidecar holds every tensor's stream, a session whose store keeps only some units streams the
+ * others' coded streams from the sidecar (coded_file: bytes_staged_from_sidecar, fewer file
+ * bytes than the raw run) with the leased bytes identical over two steps, on linear_runtime
+ * and vmm_fast_runtime; a corrupted stream of a streamed tensor is read raw from the
+ * checkpoint instead, with a note and a count, the bytes still identical; a changed checkpoint
+ * fails the next streamed load (DDO_E_FILE_CHANGED); vmm_runtime streams raw; every device budget
+ * is back at zero after teardown (fx_destroy).
+ *
+ * ctest-labels: unit threads
+ */
+#include "session_fx.h"
+
+#include "checkpoint.h"
+#include "source_sidecar.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <time.h>
+
+static char cache[256];
+
+/* vmm_source_cache_gb below one segment: the store keeps no unit (linear_runtime: the host
+ * memory left, replan) */
+#define SMALL_GB (96.0 * 1024.0 / (double)DDO_GIB)
+
+static fx_opts stream_opts(const char *route, double cache_gb, const char *dir)
+{
+    fx_opts o = { .blocks = 4, .slots = 2, .mode = route, .file = true, .cache_gb = cache_gb };
+    o.weight_codec = "ddoc1";
+    o.trained = true;
+    o.codec_cache_dir = dir;
+    return o;
+}
+
+static const char *label(fx *f, const char *key, char *buf, size_t len)
+{
+    ddo_metrics *m = NULL;
+    buf[0] = '\0';
+    if (ddo_session_metrics(f->s, false, &m) == 0) {
+        const char *v = ddo_metrics_label(m, key);
+        snprintf(buf, len, "%s", v != NULL ? v : "(none)");
+        ddo_metrics_destroy(m);
+    }
+    return buf;
+}
+
+static void two_steps(fx *f, const char *what)
+{
+    for (int step = 0; step < 2; step++)
+        for (int b = 0; b < f->o.blocks; b++)
+            T_CHECK_MSG(fx_use(f, fx_unit(f, b)) == 0, "%s: step %d block %d", what, step, b);
+}
+
+static int sidecar_path(char *path, size_t len)
+{
+    DIR *d = opendir(cache);
+    int n = 0;
+    struct dirent *de;
+    while (d != NULL && (de = readdir(d)) != NULL) {
+        size_t l = strlen(de->d_name);
+        if (l > 5 && strcmp(de->d_name + l - 5, ".ddoc") == 0) {
+            n++;
+            if (path != NULL)
+                snprintf(path, len, "%s/%s", cache, de->d_name);
+        }
+    }
+    if (d != NULL)
+        closedir(d);
+    return n;
+}
+
+static void clear_cache(void)
+{
+    char p[600];
+    while (sidecar_path(p, sizeof(p)) > 0)
+        T_REQUIRE(unlink(p) == 0);
+}
+
+/* A new plan with vmm_source_cache_gb = gb and cache dir dir (NULL: none) and a new session on
+ * the same checkpoint file (so the same sidecar). */
+static void replan(fx *f, double gb, const char *dir)
+{
+    /* linear_runtime sizes its store by the host memory left: a small store is little memory */
+    bool linear = strcmp(f->o.mode, "linear_runtime") == 0;
+    ddo_session_destroy(f->s);
+    f->s = NULL;
+    ddo_plan_destroy(f->plan);
+    f->plan = NULL;
+    char v[64];
+    snprintf(v, sizeof(v), "%g", gb);
+    fx_set(f, "vmm_source_cache_gb", v);
+    fx_set(f, "weight_codec_cache_dir", dir != NULL ? dir : "");
+    ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
+    in.device_total_bytes = f->o.device_bytes;
+    in.device_free_bytes = f->o.device_bytes;
+    in.device_granularity = FX_GRAN;
+    in.device_is_cpu = true;
+    in.device_vmm_supported = true;
+    in.host_available_bytes = linear && gb < 1 ? 1 : 8 * DDO_GIB;
+    T_REQUIRE(ddo_plan_build(f->ck, f->cfg, &in, &f->plan) == 0);
+    ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
+    so.config = f->cfg;
+    f->rc = ddo_session_create(f->plan, f->ck, f->dev, &so, &f->s);
+    if (f->rc != 0)
+        fprintf(stderr, "  session: %s\n", ddo_last_error());
+    T_REQUIRE(f->rc == 0);
+}
+
+/* One checkpoint file: the small-store session's raw file bytes over two steps (*raw), then a
+ * whole-store session that writes the sidecar of every tensor, then the small-store session
+ * again with the sidecar dir. */
+static void setup(fx *f, const char *route, bool pin, double *raw)
+{
+    clear_cache();
+    fx_opts o = stream_opts(route, 1, NULL);
+    o.pin = pin; /* pin_cpu_memory: staging from pinned windows either way */
+    T_REQUIRE(fx_create(f, &o) == 0);
+    T_REQUIRE(f->rc == 0);
+    replan(f, SMALL_GB, NULL);
+    two_steps(f, "raw");
+    *raw = fx_metric(f, "bytes_staged_from_file");
+    T_CHECK_MSG(fx_metric(f, "bytes_staged_from_sidecar") == 0, "%s: raw run", route);
+    replan(f, 1, cache);
+    T_CHECK(fx_metric(f, "codec_sidecar_written_bytes") > 0);
+    T_REQUIRE(sidecar_path(NULL, 0) == 1);
+}
+
+/* Flips a byte inside the stream of the first tensor of the first unit the store does not
+ * keep; *done false when every unit is kept. */
+static void corrupt_streamed(fx *f, bool *done)
+{
+    *done = false;
+    for (int b = 0; b < f->o.blocks; b++) {
+        ddo_unit_info ui;
+        T_REQUIRE(ddo_plan_unit(f->plan, fx_unit(f, b), &ui) == 0);
+        if (ui.retained)
+            continue;
+        size_t n = 0;
+        const size_t *t = ddo_plan_unit_tensors(f->plan, fx_unit(f, b), &n);
+        T_REQUIRE(n > 0);
+        const ddo_tensor_info *ti = ddo_checkpoint_tensor(f->ck, t[0]);
+        ddo__file_id id;
+        T_REQUIRE(ddo__checkpoint_file_identity(f->ck, ti->file_index, &id));
+        char path[600], why[256];
+        T_REQUIRE(sidecar_path(path, sizeof(path)) == 1);
+        ddo__sidecar *s = NULL;
+        T_REQUIRE(ddo__sidecar_open(path, &id, 1024, &s, why, sizeof(why)) == 0);
+        const ddo__sidecar_entry *e = ddo__sidecar_find(s, ti->offset, ti->nbytes, ti->dtype);
+        T_REQUIRE(e != NULL && e->coded_bytes > 64);
+        uint64_t at = e->coded_off + e->coded_bytes / 2;
+        ddo__sidecar_close(s);
+        int fd = open(path, O_RDWR);
+        T_REQUIRE(fd >= 0);
+        unsigned char c = 0;
+        T_REQUIRE(pread(fd, &c, 1, (off_t)at) == 1);
+        c ^= 0x5a;
+        T_REQUIRE(pwrite(fd, &c, 1, (off_t)at) == 1);
+        close(fd);
+        *done = true;
+        return;
+    }
+}
+
+static void test_streams_from_sidecar(void)
+{
+    static const char *const routes[] = { "linear_runtime", "vmm_fast_runtime" };
+    for (size_t k = 0; k < 2 * DDO_ARRAY_LEN(routes); k++) {
+        char what[64];
+        snprintf(what, sizeof(what), "%s pin=%zu", routes[k / 2], k % 2);
+        double raw = 0;
+        fx f;
+        setup(&f, routes[k / 2], k % 2 != 0, &raw);
+        T_CHECK_MSG(raw > 0, "%s: the small store streams from the file", what);
+        replan(&f, SMALL_GB, cache);
+        two_steps(&f, what);
+        double side = fx_metric(&f, "bytes_staged_from_sidecar");
+        double file = fx_metric(&f, "bytes_staged_from_file");
+        T_CHECK_MSG(side > 0, "%s: nothing streamed from the sidecar", what);
+        T_CHECK_MSG(side + file < raw, "%s: %g + %g bytes against %g raw", what, side, file, raw);
+        T_CHECK_MSG(fx_metric(&f, "codec_stream_fallbacks") == 0, "%s", what);
+        char b[600];
+        T_EQ_STR(label(&f, "codec_stream_note", b, sizeof(b)), "");
+        fx_destroy(&f);
+    }
+}
+
+static void test_corrupted_stream_reads_raw(void)
+{
+    static const char *const routes[] = { "linear_runtime", "vmm_fast_runtime" };
+    for (size_t r = 0; r < DDO_ARRAY_LEN(routes); r++) {
+        const char *what = routes[r];
+        double raw = 0;
+        fx f;
+        setup(&f, what, false, &raw);
+        replan(&f, SMALL_GB, cache); /* plans for the small store, before the sidecar changes */
+        ddo_session_destroy(f.s);
+        f.s = NULL;
+        bool done = false;
+        corrupt_streamed(&f, &done);
+        T_REQUIRE(done);
+        ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
+        so.config = f.cfg;
+        T_REQUIRE(ddo_session_create(f.plan, f.ck, f.dev, &so, &f.s) == 0);
+        two_steps(&f, what);
+        T_CHECK_MSG(fx_metric(&f, "codec_stream_fallbacks") == 1, "%s: %g fallbacks", what,
+                    fx_metric(&f, "codec_stream_fallbacks"));
+        T_CHECK_MSG(fx_metric(&f, "bytes_staged_from_sidecar") > 0, "%s", what);
+        T_CHECK_MSG(fx_metric(&f, "bytes_staged_from_file") > 0, "%s", what);
+        char b[600];
+        T_CHECK_MSG(strstr(label(&f, "codec_stream_note", b, sizeof(b)), "hash") != NULL,
+                    "%s: note \"%s\"", what, b);
+        fx_destroy(&f);
+    }
+}
+
+/* The checkpoint changes under a session streaming from its sidecar: the next load of a
+ * streamed unit is refused (DDO_E_FILE_CHANGED), as a raw file read is. */
+static void test_changed_checkpoint_is_refused(void)
+{
+    double raw = 0;
+    fx f;
+    setup(&f, "vmm_fast_runtime", false, &raw);
+    replan(&f, SMALL_GB, cache);
+    two_steps(&f, "before the change");
+    T_CHECK(fx_metric(&f, "bytes_staged_from_sidecar") > 0);
+    T_EQ_INT(ddo_session_synchronize(f.s), 0);
+    T_EQ_INT(ddo_stream_synchronize(f.stream), 0);
+    struct timespec ts = { 0, 50 * 1000 * 1000 };
+    nanosleep(&ts, NULL); /* a later mtime on coarse clocks too */
+    T_REQUIRE(fx_write_file(&f) == 0);
+    int rc = 0;
+    for (int b = 0; b < f.o.blocks && rc == 0; b++) {
+        size_t u = fx_unit(&f, b);
+        if (ddo__session_unit_state(f.s, u, NULL) != -1)
+            continue; /* still held from before the change: no load */
+        rc = ddo_session_acquire(f.s, u, f.stream);
+        if (rc == 0)
+            (void)ddo_session_release(f.s, u, f.stream);
+    }
+    T_EQ_INT(rc, DDO_E_FILE_CHANGED);
+    fx_destroy(&f);
+}
+
+/* vmm_runtime (per-weight handles) streams raw bytes even with a sidecar of every tensor. */
+static void test_vmm_runtime_streams_raw(void)
+{
+    double raw = 0;
+    fx f;
+    setup(&f, "vmm_fast_runtime", false, &raw);
+    fx_set(&f, "execution_mode", "vmm_runtime");
+    f.o.mode = "vmm_runtime";
+    replan(&f, SMALL_GB, cache);
+    T_EQ_STR(ddo_plan_route(f.plan), "vmm_runtime");
+    two_steps(&f, "vmm_runtime");
+    T_CHECK(fx_metric(&f, "bytes_staged_from_sidecar") == 0);
+    T_CHECK(fx_metric(&f, "bytes_staged_from_file") > 0);
+    fx_destroy(&f);
+}
+
+int main(void)
+{
+    snprintf(cache, sizeof(cache), "/var/tmp/ddo_sidestream_XXXXXX");
+    if (mkdtemp(cache) == NULL)
+        return 1;
+    T_RUN(test_streams_from_sidecar);
+    T_RUN(test_corrupted_stream_reads_raw);
+    T_RUN(test_changed_checkpoint_is_refused);
+    T_RUN(test_vmm_runtime_streams_raw);
+    clear_cache();
+    rmdir(cache);
+    return t_done();
+}
