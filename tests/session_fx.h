@@ -407,4 +407,25 @@ static inline double fx_metric(fx *f, const char *name)
     return v;
 }
 
+/* A label of the session's metrics into buf ("(none)" when absent). */
+static inline const char *fx_label(fx *f, const char *key, char *buf, size_t len)
+{
+    ddo_metrics *m = NULL;
+    buf[0] = '\0';
+    if (ddo_session_metrics(f->s, false, &m) == 0) {
+        const char *v = ddo_metrics_label(m, key);
+        snprintf(buf, len, "%s", v != NULL ? v : "(none)");
+        ddo_metrics_destroy(m);
+    }
+    return buf;
+}
+
+/* Streams every unit twice, each lease checked against the raw bytes. */
+static inline void fx_two_steps(fx *f, const char *what)
+{
+    for (int step = 0; step < 2; step++)
+        for (int b = 0; b < f->o.blocks; b++)
+            T_CHECK_MSG(fx_use(f, fx_unit(f, b)) == 0, "%s: step %d block %d", what, step, b);
+}
+
 #endif /* DDO_SESSION_FX_H */

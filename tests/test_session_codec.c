@@ -46,14 +46,6 @@ static uint64_t streamed_bytes(fx *f)
     return sum;
 }
 
-/* Streams every unit twice; the bytes of every lease are checked against the raw ones. */
-static void two_steps(fx *f, const char *what)
-{
-    for (int step = 0; step < 2; step++)
-        for (int b = 0; b < f->o.blocks; b++)
-            T_CHECK_MSG(fx_use(f, fx_unit(f, b)) == 0, "%s: step %d block %d", what, step, b);
-}
-
 /* One session with the codec on a route that retains (linear_runtime, vmm_fast_runtime). */
 static void coded_case(const char *route, const char *codec, int pin, int slots)
 {
@@ -70,7 +62,7 @@ static void coded_case(const char *route, const char *codec, int pin, int slots)
     T_CHECK_MSG(raw == (double)streamed_bytes(&f) && coded > 0 && coded < raw, "%s: %g -> %g", what,
                 raw, coded);
     T_CHECK(fx_metric(&f, "setup_codec_raw_tensors") == 0);
-    two_steps(&f, what);
+    fx_two_steps(&f, what);
     double decoded = fx_metric(&f, "bytes_decoded");
     double bus = fx_metric(&f, "bytes_coded_uploaded");
     if (slots >= f.o.blocks) { /* every unit loads once: exact figures */
@@ -105,7 +97,7 @@ static void test_every_route_is_bit_identical(void)
         T_REQUIRE(f.rc == 0);
         T_EQ_STR(ddo_plan_decision_get(f.plan, "weight_codec"), c == 0 ? "ddoc1" : "none");
         T_CHECK(ddo_plan_decision_get(f.plan, "weight_codec_note") != NULL);
-        two_steps(&f, "vmm_runtime");
+        fx_two_steps(&f, "vmm_runtime");
         T_CHECK(fx_metric(&f, "bytes_decoded") == 0);
         T_CHECK(fx_metric(&f, "bytes_staged_from_file") > 0);
         fx_destroy(&f);
@@ -165,7 +157,7 @@ static uint64_t clean_calls(const fx_opts *o, ddo__devop op)
         return 0;
     }
     ddo__device_stats_reset(f.dev);
-    two_steps(&f, "clean");
+    fx_two_steps(&f, "clean");
     ddo__devop_stats st[DDO__OP_COUNT];
     ddo__device_stats(f.dev, st);
     fx_destroy(&f);
@@ -246,7 +238,7 @@ static void test_incompressible_tensor_stays_raw(void)
         T_CHECK(cp == NULL || cp->coded_bytes < cp->decoded_bytes);
     }
     T_CHECK_MSG(raw_tensors + (coded > 0 ? 1 : 0) > 0, "raw %g coded %g", raw_tensors, coded);
-    two_steps(&f, "incompressible");
+    fx_two_steps(&f, "incompressible");
     T_CHECK(fx_metric(&f, "bytes_from_registered") + fx_metric(&f, "bytes_coded_uploaded") > 0);
     fx_destroy(&f);
 }
@@ -342,7 +334,7 @@ static void test_batches_fewer_launches(void)
                 T_CHECK_MSG(used[0] == b.device_weights_peak, "%s: device %llu, plan %llu", what,
                             (unsigned long long)used[0], (unsigned long long)b.device_weights_peak);
             ddo__device_stats_reset(f.dev);
-            two_steps(&f, what); /* every lease checked byte for byte */
+            fx_two_steps(&f, what); /* every lease checked byte for byte */
             double loads = fx_metric(&f, "uploads");
             T_CHECK_MSG(loads == f.o.blocks, "%s: %g loads", what, loads);
             T_CHECK_MSG(fx_metric(&f, "codec_decodes") == 8.0 * loads, "%s: decodes %g", what,
@@ -370,7 +362,7 @@ static void test_batches_split(void)
         o.weights = 50;
         T_REQUIRE(fx_create(&f, &o) == 0);
         T_REQUIRE(f.rc == 0);
-        two_steps(&f, "50 weights");
+        fx_two_steps(&f, "50 weights");
         double loads = fx_metric(&f, "uploads");
         T_CHECK(loads == 2);
         T_CHECK_MSG(fx_metric(&f, "codec_launches") == 2 * loads, "launches %g",
@@ -389,7 +381,7 @@ static void test_batches_split(void)
         for (int b = 0; b < f.o.blocks; b++)
             want += expected_launches(&f, fx_unit(&f, b), 64 * 1024);
         T_CHECK_MSG(want > (size_t)f.o.blocks && want < 8 * (size_t)f.o.blocks, "%zu", want);
-        two_steps(&f, "64 KiB areas");
+        fx_two_steps(&f, "64 KiB areas");
         T_CHECK_MSG(fx_metric(&f, "codec_launches") == (double)want, "launches %g, want %zu",
                     fx_metric(&f, "codec_launches"), want);
         T_CHECK(fx_metric(&f, "codec_decodes") == 8.0 * f.o.blocks);
@@ -409,7 +401,7 @@ static void test_batches_split(void)
             T_CHECK_MSG(at > 0 && at + 1 < n, "position %zu of %zu", at, n);
             T_CHECK(ddo__source_coded(f.s->source, t) == NULL);
             T_CHECK(fx_metric(&f, "setup_codec_raw_tensors") == 1);
-            two_steps(&f, "raw in the middle");
+            fx_two_steps(&f, "raw in the middle");
             T_CHECK(fx_metric(&f, "uploads") == f.o.blocks);
             T_CHECK(fx_metric(&f, "codec_launches") == f.o.blocks); /* not split by it */
             T_CHECK(fx_metric(&f, "codec_decodes") == 8.0 * f.o.blocks - 1);

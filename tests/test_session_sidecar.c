@@ -29,26 +29,6 @@ static fx_opts side_opts(const char *route, bool pin, bool trained)
     return o;
 }
 
-static const char *label(fx *f, const char *key, char *buf, size_t len)
-{
-    ddo_metrics *m = NULL;
-    buf[0] = '\0';
-    if (ddo_session_metrics(f->s, false, &m) == 0) {
-        const char *v = ddo_metrics_label(m, key);
-        snprintf(buf, len, "%s", v != NULL ? v : "(none)");
-        ddo_metrics_destroy(m);
-    }
-    return buf;
-}
-
-/* Streams every unit twice, each lease checked against the raw bytes. */
-static void two_steps(fx *f, const char *what)
-{
-    for (int step = 0; step < 2; step++)
-        for (int b = 0; b < f->o.blocks; b++)
-            T_CHECK_MSG(fx_use(f, fx_unit(f, b)) == 0, "%s: step %d block %d", what, step, b);
-}
-
 /* A new session on the same plan, checkpoint and device (the old one destroyed). */
 static void resession(fx *f)
 {
@@ -93,10 +73,10 @@ static void expect_encoded(fx *f, const char *what)
     char b[600];
     T_CHECK_MSG(f->rc == 0, "%s", what);
     T_REQUIRE(f->rc == 0);
-    T_EQ_STR(label(f, "codec_store", b, sizeof(b)), "encoded");
+    T_EQ_STR(fx_label(f, "codec_store", b, sizeof(b)), "encoded");
     T_CHECK_MSG(fx_metric(f, "codec_sidecar_hits") == 0, "%s", what);
     T_CHECK_MSG(fx_metric(f, "setup_encode_bytes") > 0, "%s", what);
-    two_steps(f, what);
+    fx_two_steps(f, what);
 }
 
 /* Expects a setup that took the whole store from the sidecar, identical bytes. */
@@ -105,13 +85,13 @@ static void expect_sidecar(fx *f, const char *what)
     char b[600];
     T_CHECK_MSG(f->rc == 0, "%s", what);
     T_REQUIRE(f->rc == 0);
-    T_EQ_STR(label(f, "codec_store", b, sizeof(b)), "sidecar");
-    T_EQ_STR(label(f, "codec_sidecar_note", b, sizeof(b)), "");
+    T_EQ_STR(fx_label(f, "codec_store", b, sizeof(b)), "sidecar");
+    T_EQ_STR(fx_label(f, "codec_sidecar_note", b, sizeof(b)), "");
     T_CHECK_MSG(fx_metric(f, "codec_sidecar_hits") == 2.0 * f->o.blocks, "%s: hits %g", what,
                 fx_metric(f, "codec_sidecar_hits"));
     T_CHECK_MSG(fx_metric(f, "setup_encode_bytes") == 0, "%s: encoded again", what);
     T_CHECK_MSG(fx_metric(f, "codec_sidecar_written_bytes") == 0, "%s: rewritten", what);
-    two_steps(f, what);
+    fx_two_steps(f, what);
 }
 
 /* First setup codes and writes; the second reads the sidecar: same store, same bytes. */
@@ -155,14 +135,14 @@ static void test_raw_entries(void)
     T_REQUIRE(fx_create(&f, &o) == 0);
     T_REQUIRE(f.rc == 0);
     double raw = fx_metric(&f, "setup_codec_raw_tensors");
-    two_steps(&f, "raw first");
+    fx_two_steps(&f, "raw first");
     resession(&f);
     T_REQUIRE(f.rc == 0);
     T_CHECK(fx_metric(&f, "codec_sidecar_hits") == 2.0 * f.o.blocks);
     T_CHECK(fx_metric(&f, "setup_codec_raw_tensors") == 0);
     T_CHECK(fx_metric(&f, "setup_encode_bytes") == 0);
     T_CHECK_MSG(raw > 0 || fx_metric(&f, "codec_sidecar_read_bytes") > 0, "raw %g", raw);
-    two_steps(&f, "raw second");
+    fx_two_steps(&f, "raw second");
     fx_destroy(&f);
 }
 
@@ -281,7 +261,7 @@ static void test_damaged_sidecar_is_ignored(void)
         spoil((damage)d);
         resession(&f);
         expect_encoded(&f, names[d]);
-        label(&f, "codec_sidecar_note", b, sizeof(b));
+        fx_label(&f, "codec_sidecar_note", b, sizeof(b));
         T_CONTAINS(b, "ignored");
         T_CONTAINS(b, path);
         T_CONTAINS(b, why[d]);
@@ -308,7 +288,7 @@ static void test_unwritable_dir_is_a_note(void)
     o.codec_cache_dir = dir;
     T_REQUIRE(fx_create(&f, &o) == 0);
     expect_encoded(&f, "unwritable");
-    label(&f, "codec_sidecar_note", b, sizeof(b));
+    fx_label(&f, "codec_sidecar_note", b, sizeof(b));
     T_CONTAINS(b, "not written");
     T_CONTAINS(b, dir);
     T_CHECK(fx_metric(&f, "codec_sidecar_written_bytes") == 0);
@@ -334,7 +314,7 @@ static void test_faults_reading_sidecar(void)
             T_CONTAINS(ddo_last_error(), "injected fault");
             T_CHECK(f.s == NULL);
         } else {
-            two_steps(&f, "fault beyond the reads");
+            fx_two_steps(&f, "fault beyond the reads");
         }
     }
     resession(&f);

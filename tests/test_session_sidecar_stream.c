@@ -35,25 +35,6 @@ static fx_opts stream_opts(const char *route, double cache_gb, const char *dir)
     return o;
 }
 
-static const char *label(fx *f, const char *key, char *buf, size_t len)
-{
-    ddo_metrics *m = NULL;
-    buf[0] = '\0';
-    if (ddo_session_metrics(f->s, false, &m) == 0) {
-        const char *v = ddo_metrics_label(m, key);
-        snprintf(buf, len, "%s", v != NULL ? v : "(none)");
-        ddo_metrics_destroy(m);
-    }
-    return buf;
-}
-
-static void two_steps(fx *f, const char *what)
-{
-    for (int step = 0; step < 2; step++)
-        for (int b = 0; b < f->o.blocks; b++)
-            T_CHECK_MSG(fx_use(f, fx_unit(f, b)) == 0, "%s: step %d block %d", what, step, b);
-}
-
 static int sidecar_path(char *path, size_t len)
 {
     DIR *d = opendir(cache);
@@ -120,7 +101,7 @@ static void setup(fx *f, const char *route, bool pin, double *raw)
     T_REQUIRE(fx_create(f, &o) == 0);
     T_REQUIRE(f->rc == 0);
     replan(f, SMALL_GB, NULL);
-    two_steps(f, "raw");
+    fx_two_steps(f, "raw");
     *raw = fx_metric(f, "bytes_staged_from_file");
     T_CHECK_MSG(fx_metric(f, "bytes_staged_from_sidecar") == 0, "%s: raw run", route);
     replan(f, 1, cache);
@@ -175,14 +156,14 @@ static void test_streams_from_sidecar(void)
         setup(&f, routes[k / 2], k % 2 != 0, &raw);
         T_CHECK_MSG(raw > 0, "%s: the small store streams from the file", what);
         replan(&f, SMALL_GB, cache);
-        two_steps(&f, what);
+        fx_two_steps(&f, what);
         double side = fx_metric(&f, "bytes_staged_from_sidecar");
         double file = fx_metric(&f, "bytes_staged_from_file");
         T_CHECK_MSG(side > 0, "%s: nothing streamed from the sidecar", what);
         T_CHECK_MSG(side + file < raw, "%s: %g + %g bytes against %g raw", what, side, file, raw);
         T_CHECK_MSG(fx_metric(&f, "codec_stream_fallbacks") == 0, "%s", what);
         char b[600];
-        T_EQ_STR(label(&f, "codec_stream_note", b, sizeof(b)), "");
+        T_EQ_STR(fx_label(&f, "codec_stream_note", b, sizeof(b)), "");
         fx_destroy(&f);
     }
 }
@@ -204,13 +185,13 @@ static void test_corrupted_stream_reads_raw(void)
         ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
         so.config = f.cfg;
         T_REQUIRE(ddo_session_create(f.plan, f.ck, f.dev, &so, &f.s) == 0);
-        two_steps(&f, what);
+        fx_two_steps(&f, what);
         T_CHECK_MSG(fx_metric(&f, "codec_stream_fallbacks") == 1, "%s: %g fallbacks", what,
                     fx_metric(&f, "codec_stream_fallbacks"));
         T_CHECK_MSG(fx_metric(&f, "bytes_staged_from_sidecar") > 0, "%s", what);
         T_CHECK_MSG(fx_metric(&f, "bytes_staged_from_file") > 0, "%s", what);
         char b[600];
-        T_CHECK_MSG(strstr(label(&f, "codec_stream_note", b, sizeof(b)), "hash") != NULL,
+        T_CHECK_MSG(strstr(fx_label(&f, "codec_stream_note", b, sizeof(b)), "hash") != NULL,
                     "%s: note \"%s\"", what, b);
         fx_destroy(&f);
     }
@@ -224,7 +205,7 @@ static void test_changed_checkpoint_is_refused(void)
     fx f;
     setup(&f, "vmm_fast_runtime", false, &raw);
     replan(&f, SMALL_GB, cache);
-    two_steps(&f, "before the change");
+    fx_two_steps(&f, "before the change");
     T_CHECK(fx_metric(&f, "bytes_staged_from_sidecar") > 0);
     T_EQ_INT(ddo_session_synchronize(f.s), 0);
     T_EQ_INT(ddo_stream_synchronize(f.stream), 0);
@@ -254,7 +235,7 @@ static void test_vmm_runtime_streams_raw(void)
     f.o.mode = "vmm_runtime";
     replan(&f, SMALL_GB, cache);
     T_EQ_STR(ddo_plan_route(f.plan), "vmm_runtime");
-    two_steps(&f, "vmm_runtime");
+    fx_two_steps(&f, "vmm_runtime");
     T_CHECK(fx_metric(&f, "bytes_staged_from_sidecar") == 0);
     T_CHECK(fx_metric(&f, "bytes_staged_from_file") > 0);
     fx_destroy(&f);
