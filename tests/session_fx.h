@@ -13,6 +13,7 @@
 #include "session.h"
 #include "t.h"
 
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -426,6 +427,33 @@ static inline void fx_two_steps(fx *f, const char *what)
     for (int step = 0; step < 2; step++)
         for (int b = 0; b < f->o.blocks; b++)
             T_CHECK_MSG(fx_use(f, fx_unit(f, b)) == 0, "%s: step %d block %d", what, step, b);
+}
+
+/* The coded sidecars (*.ddoc) in dir: their count, and the path of the last one seen. */
+static inline int fx_sidecars(const char *dir, char *path, size_t len)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *de;
+    while (d != NULL && (de = readdir(d)) != NULL) {
+        size_t l = strlen(de->d_name);
+        if (l > 5 && strcmp(de->d_name + l - 5, ".ddoc") == 0) {
+            n++;
+            if (path != NULL)
+                snprintf(path, len, "%s/%s", dir, de->d_name);
+        }
+    }
+    if (d != NULL)
+        closedir(d);
+    return n;
+}
+
+/* Removes every coded sidecar in dir. */
+static inline void fx_clear_sidecars(const char *dir)
+{
+    char p[600];
+    while (fx_sidecars(dir, p, sizeof(p)) > 0)
+        T_REQUIRE(unlink(p) == 0);
 }
 
 #endif /* DDO_SESSION_FX_H */

@@ -41,32 +41,6 @@ static void resession(fx *f)
         fprintf(stderr, "  session: %s\n", ddo_last_error());
 }
 
-/* The sidecar files in the cache directory: their count, and the path of the last. */
-static int sidecars(char *path, size_t len)
-{
-    DIR *d = opendir(cache);
-    int n = 0;
-    struct dirent *de;
-    while (d != NULL && (de = readdir(d)) != NULL) {
-        size_t l = strlen(de->d_name);
-        if (l > 5 && strcmp(de->d_name + l - 5, ".ddoc") == 0) {
-            n++;
-            if (path != NULL)
-                snprintf(path, len, "%s/%s", cache, de->d_name);
-        }
-    }
-    if (d != NULL)
-        closedir(d);
-    return n;
-}
-
-static void clear_cache(void)
-{
-    char p[600];
-    while (sidecars(p, sizeof(p)) > 0)
-        T_REQUIRE(unlink(p) == 0);
-}
-
 /* Expects a setup that coded the store (no sidecar used), identical bytes. */
 static void expect_encoded(fx *f, const char *what)
 {
@@ -102,7 +76,7 @@ static void test_second_setup_uses_sidecar(void)
         for (int pin = 0; pin < 2; pin++) {
             char what[96];
             snprintf(what, sizeof(what), "%s pin=%d", routes[r], pin);
-            clear_cache();
+            fx_clear_sidecars(cache);
             fx f;
             fx_opts o = side_opts(routes[r], pin != 0, true);
             T_REQUIRE(fx_create(&f, &o) == 0);
@@ -111,7 +85,7 @@ static void test_second_setup_uses_sidecar(void)
             double written = fx_metric(&f, "codec_sidecar_written_bytes");
             T_CHECK_MSG(written > coded && written < coded + 3 * 4096 * 10, "%s: %g for %g", what,
                         written, coded);
-            T_CHECK(sidecars(NULL, 0) == 1);
+            T_CHECK(fx_sidecars(cache, NULL, 0) == 1);
             uint64_t first[4], second[4];
             ddo__session_accounts(f.s, first);
             resession(&f);
@@ -129,7 +103,7 @@ static void test_second_setup_uses_sidecar(void)
 /* Tensors that coding does not shrink are kept raw in the table: not coded again. */
 static void test_raw_entries(void)
 {
-    clear_cache();
+    fx_clear_sidecars(cache);
     fx f;
     fx_opts o = side_opts("linear_runtime", true, false); /* byte patterns: some stay raw */
     T_REQUIRE(fx_create(&f, &o) == 0);
@@ -172,14 +146,14 @@ static void rewrite_and_reopen(fx *f)
 
 static void test_changed_checkpoint_gets_new_sidecar(void)
 {
-    clear_cache();
+    fx_clear_sidecars(cache);
     fx f;
     fx_opts o = side_opts("vmm_fast_runtime", false, true);
     T_REQUIRE(fx_create(&f, &o) == 0);
     expect_encoded(&f, "first");
     rewrite_and_reopen(&f);
     expect_encoded(&f, "rewritten"); /* the old sidecar has another identity: not used */
-    T_CHECK(sidecars(NULL, 0) == 2);
+    T_CHECK(fx_sidecars(cache, NULL, 0) == 2);
     resession(&f);
     expect_sidecar(&f, "rewritten, again");
     fx_destroy(&f);
@@ -200,7 +174,7 @@ typedef enum { FLIP_STREAM, FLIP_HEADER, TRUNCATE, MAGIC, HUGE_LEN, HUGE_COUNT, 
 static void spoil(damage d)
 {
     char path[600];
-    T_REQUIRE(sidecars(path, sizeof(path)) == 1);
+    T_REQUIRE(fx_sidecars(cache, path, sizeof(path)) == 1);
     FILE *fp = fopen(path, "rb");
     T_REQUIRE(fp != NULL);
     static uint8_t b[1 << 20];
@@ -251,13 +225,13 @@ static void test_damaged_sidecar_is_ignored(void)
                                        "more than the checkpoint's tensors",
                                        "out of place" };
     for (int d = FLIP_STREAM; d <= OVERLAP; d++) {
-        clear_cache();
+        fx_clear_sidecars(cache);
         fx f;
         fx_opts o = side_opts(d % 2 ? "linear_runtime" : "vmm_fast_runtime", d % 3 == 0, true);
         T_REQUIRE(fx_create(&f, &o) == 0);
         expect_encoded(&f, names[d]);
         char path[600], b[600];
-        T_REQUIRE(sidecars(path, sizeof(path)) == 1);
+        T_REQUIRE(fx_sidecars(cache, path, sizeof(path)) == 1);
         spoil((damage)d);
         resession(&f);
         expect_encoded(&f, names[d]);
@@ -299,7 +273,7 @@ static void test_unwritable_dir_is_a_note(void)
 /* Read faults while the store is read from the sidecar: clean errors, nothing left. */
 static void test_faults_reading_sidecar(void)
 {
-    clear_cache();
+    fx_clear_sidecars(cache);
     fx f;
     fx_opts o = side_opts("vmm_fast_runtime", true, true);
     T_REQUIRE(fx_create(&f, &o) == 0);
@@ -333,7 +307,7 @@ int main(void)
     T_RUN(test_damaged_sidecar_is_ignored);
     T_RUN(test_unwritable_dir_is_a_note);
     T_RUN(test_faults_reading_sidecar);
-    clear_cache();
+    fx_clear_sidecars(cache);
     rmdir(cache);
     return t_done();
 }

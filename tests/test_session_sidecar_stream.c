@@ -35,31 +35,6 @@ static fx_opts stream_opts(const char *route, double cache_gb, const char *dir)
     return o;
 }
 
-static int sidecar_path(char *path, size_t len)
-{
-    DIR *d = opendir(cache);
-    int n = 0;
-    struct dirent *de;
-    while (d != NULL && (de = readdir(d)) != NULL) {
-        size_t l = strlen(de->d_name);
-        if (l > 5 && strcmp(de->d_name + l - 5, ".ddoc") == 0) {
-            n++;
-            if (path != NULL)
-                snprintf(path, len, "%s/%s", cache, de->d_name);
-        }
-    }
-    if (d != NULL)
-        closedir(d);
-    return n;
-}
-
-static void clear_cache(void)
-{
-    char p[600];
-    while (sidecar_path(p, sizeof(p)) > 0)
-        T_REQUIRE(unlink(p) == 0);
-}
-
 /* A new plan with vmm_source_cache_gb = gb and cache dir dir (NULL: none) and a new session on
  * the same checkpoint file (so the same sidecar). */
 static void replan(fx *f, double gb, const char *dir)
@@ -95,7 +70,7 @@ static void replan(fx *f, double gb, const char *dir)
  * again with the sidecar dir. */
 static void setup(fx *f, const char *route, bool pin, double *raw)
 {
-    clear_cache();
+    fx_clear_sidecars(cache);
     fx_opts o = stream_opts(route, 1, NULL);
     o.pin = pin; /* pin_cpu_memory: staging from pinned windows either way */
     T_REQUIRE(fx_create(f, &o) == 0);
@@ -106,7 +81,7 @@ static void setup(fx *f, const char *route, bool pin, double *raw)
     T_CHECK_MSG(fx_metric(f, "bytes_staged_from_sidecar") == 0, "%s: raw run", route);
     replan(f, 1, cache);
     T_CHECK(fx_metric(f, "codec_sidecar_written_bytes") > 0);
-    T_REQUIRE(sidecar_path(NULL, 0) == 1);
+    T_REQUIRE(fx_sidecars(cache, NULL, 0) == 1);
 }
 
 /* Flips a byte inside the stream of the first tensor of the first unit the store does not
@@ -126,7 +101,7 @@ static void corrupt_streamed(fx *f, bool *done)
         ddo__file_id id;
         T_REQUIRE(ddo__checkpoint_file_identity(f->ck, ti->file_index, &id));
         char path[600], why[256];
-        T_REQUIRE(sidecar_path(path, sizeof(path)) == 1);
+        T_REQUIRE(fx_sidecars(cache, path, sizeof(path)) == 1);
         ddo__sidecar *s = NULL;
         T_REQUIRE(ddo__sidecar_open(path, &id, 1024, &s, why, sizeof(why)) == 0);
         const ddo__sidecar_entry *e = ddo__sidecar_find(s, ti->offset, ti->nbytes, ti->dtype);
@@ -250,7 +225,7 @@ int main(void)
     T_RUN(test_corrupted_stream_reads_raw);
     T_RUN(test_changed_checkpoint_is_refused);
     T_RUN(test_vmm_runtime_streams_raw);
-    clear_cache();
+    fx_clear_sidecars(cache);
     rmdir(cache);
     return t_done();
 }
