@@ -451,10 +451,13 @@ static int setup(ddo_session *s)
         s->source = NULL;
         return rc;
     }
+    uint64_t t_codec = ddo__now_ns();
     rc = ddo__session_codec_create(s);
     if (rc != 0)
         return rc;
     uint64_t t_alloc = ddo__now_ns();
+    if (s->codec != NULL)
+        ddo__metrics_add(&s->metrics, DDO_M_setup_codec_ns, (double)(t_alloc - t_codec));
 
     rc = ddo__session_create_buffers(s);
     if (rc != 0)

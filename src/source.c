@@ -80,7 +80,23 @@ static int validate_requests(const ddo_checkpoint *ck, const ddo__source_request
     return 0;
 }
 
-/* Places every retained tensor (registered ones first); entries may be NULL (sizes only). */
+/* The bytes tensor t takes in the store as read: its coded stream when a sidecar gives it
+ * (SIDE_CODED), else its raw bytes; *from: where they start in their file (the 4 KiB
+ * congruence of the direct reads). */
+static uint64_t stored_bytes(const entry *entries, size_t t, const ddo_tensor_info *ti,
+                             uint64_t *from)
+{
+    const entry *e = entries != NULL ? &entries[t] : NULL;
+    if (e != NULL && e->side == SIDE_CODED) {
+        *from = e->se->coded_off;
+        return e->se->coded_bytes;
+    }
+    *from = ti->offset;
+    return ti->nbytes;
+}
+
+/* Places every retained tensor (registered ones first) at the size it is read at
+ * (stored_bytes); entries may be NULL (raw sizes only). */
 static int place(const ddo_checkpoint *ck, const ddo__source_request *req, size_t count,
                  entry *entries, layout *out, ddo__errbuf *eb)
 {
@@ -90,8 +106,9 @@ static int place(const ddo_checkpoint *ck, const ddo__source_request *req, size_
         const ddo_tensor_info *t = ddo_checkpoint_tensor(ck, req[i].tensor);
         if (!req[i].retain || t->file_index == UINT32_MAX)
             continue;
-        if (!ddo__add_u64(total, t->nbytes, &total) ||
-            (req[i].register_ && !ddo__add_u64(reg, t->nbytes, &reg)) ||
+        uint64_t from, nb = stored_bytes(entries, req[i].tensor, t, &from);
+        if (!ddo__add_u64(total, nb, &total) ||
+            (req[i].register_ && !ddo__add_u64(reg, nb, &reg)) ||
             ddo__round_up(total, DDO_SEGMENT_BYTES) > (uint64_t)SIZE_MAX / 2)
             return ddo__fail(eb, DDO_E_OVERFLOW, "retained store: tensor \"%s\": size overflow",
                              t->name);
@@ -114,7 +131,8 @@ static int place(const ddo_checkpoint *ck, const ddo__source_request *req, size_
                 }
                 continue;
             }
-            uint64_t pad = (t->offset % IO_ALIGN + IO_ALIGN - pos % IO_ALIGN) % IO_ALIGN;
+            uint64_t from, nb = stored_bytes(entries, req[i].tensor, t, &from);
+            uint64_t pad = (from % IO_ALIGN + IO_ALIGN - pos % IO_ALIGN) % IO_ALIGN;
             if (pads + pad <= total_slack && (!registered || reg_pads + pad <= reg_slack)) {
                 pos += pad;
                 pads += pad;
@@ -124,7 +142,7 @@ static int place(const ddo_checkpoint *ck, const ddo__source_request *req, size_
                 entries[req[i].tensor].run = RUN_STORE;
                 entries[req[i].tensor].pos = pos;
             }
-            pos += t->nbytes;
+            pos += nb;
             if (registered)
                 reg_end = pos;
         }
@@ -269,6 +287,21 @@ static int take_store(ddo__source *src, const layout *l, ddo__errbuf *eb)
     return 0;
 }
 
+/* Undoes take_store (nothing registered yet): for a second layout after a rejected sidecar. */
+static void give_store(ddo__source *src)
+{
+    free(src->base);
+    free(src->seg_registered);
+    src->base = NULL;
+    src->bytes = 0;
+    src->seg_registered = NULL;
+    src->seg_count = 0;
+    ddo__account_give(src->registered, src->registered_taken);
+    ddo__account_give(src->retained, src->retained_taken);
+    src->registered_taken = 0;
+    src->retained_taken = 0;
+}
+
 static int by_pos(const void *a, const void *b)
 {
     const ddo__codec_item *x = a, *y = b;
@@ -367,14 +400,24 @@ int ddo__source_create(const ddo__source_params *p, const ddo__source_request *r
 
     choose_engine(src, p);
 
-    rc = take_store(src, &l, eb);
-    if (rc != 0)
-        goto fail;
-
+    /* With sidecars the store is laid out at the coded sizes, so their streams are read into
+     * their final places (no move, and the retained account never holds the raw bytes); a
+     * rejected sidecar gives its file's tensors their raw sizes again, and the store is laid
+     * out and read again. */
     ddo__source_sidecar_prepare(src, p);
-    rc = ddo__source_read_all(src, p, req, count, eb);
-    if (rc == 0 && p->codec)
-        rc = ddo__source_sidecar_verify(src, p, req, count, eb);
+    for (;;) {
+        rc = place(p->ck, req, count, src->entries, &l, eb);
+        if (rc == 0)
+            rc = take_store(src, &l, eb);
+        if (rc == 0)
+            rc = ddo__source_read_all(src, p, req, count, eb);
+        size_t rejected = 0;
+        if (rc == 0 && p->codec)
+            rc = ddo__source_sidecar_verify(src, p, &rejected);
+        if (rc != 0 || rejected == 0)
+            break;
+        give_store(src);
+    }
     if (rc == 0 && p->codec)
         rc = code_store(src, p, &l, eb);
     ddo__source_sidecar_keep(src);

@@ -87,13 +87,27 @@ typedef struct packer {
     uint64_t cursor;
 } packer;
 
+/* The store's 4 KiB congruence pads (source.c): an item that is kept as it was read and that
+ * only such a pad separates from the one before stays where it is. With every tensor from a
+ * sidecar, laid out at its coded size, nothing then moves. */
+#define KEEP_GAP ((uint64_t)4096)
+
+static void skip_pad(packer *pk, const ddo__codec_item *it)
+{
+    if (it->pos > pk->cursor && it->pos - pk->cursor < KEEP_GAP)
+        pk->cursor = it->pos;
+}
+
 /* A coded stream read from a sidecar (validated there): moved to the cursor and planned. */
 static int keep_coded(packer *pk, ddo__codec_item *it, ddo__errbuf *eb)
 {
     const ddo_tensor_info *ti = ddo_checkpoint_tensor(pk->ck, it->tensor);
+    skip_pad(pk, it);
     uint8_t *at = pk->base + pk->cursor;
-    if (at != pk->base + it->pos)
+    if (at != pk->base + it->pos) {
         memmove(at, pk->base + it->pos, (size_t)it->nbytes);
+        ddo__metrics_add(pk->metrics, DDO_M_setup_moved_bytes, (double)it->nbytes);
+    }
     int rc = ddo__codec_plan_create(at, it->nbytes, ti->name, &pk->c->plans[it->tensor], eb);
     if (rc != 0)
         return rc;
@@ -134,8 +148,12 @@ static int pack_item(packer *pk, ddo__codec_item *it, ddo__errbuf *eb)
     } else {
         if (candidate)
             ddo__metrics_add(pk->metrics, DDO_M_setup_codec_raw_tensors, 1);
-        if (at != pk->base + it->pos)
+        skip_pad(pk, it);
+        at = pk->base + pk->cursor;
+        if (at != pk->base + it->pos) {
             memmove(at, pk->base + it->pos, (size_t)it->nbytes);
+            ddo__metrics_add(pk->metrics, DDO_M_setup_moved_bytes, (double)it->nbytes);
+        }
     }
     it->pos = pk->cursor;
     pk->cursor += it->nbytes;

@@ -39,7 +39,6 @@ enum {
 typedef struct entry {
     uint8_t run;
     uint8_t side; /* SIDE_* */
-    bool reread;  /* read again from the checkpoint (its sidecar was rejected) */
     uint64_t pos; /* offset inside its run */
     const uint8_t *ptr;
     const ddo__sidecar_entry *se; /* its sidecar entry (SIDE_CODED, SIDE_RAW) */
@@ -72,7 +71,6 @@ struct ddo__source {
     ddo__sidecar **sidecars;         /* per file; NULL: none */
     atomic_uint_fast64_t *side_sums; /* per tensor: hash of its coded bytes as read */
     atomic_bool *side_failed;        /* per file: a read of its sidecar failed */
-    bool reread_pass;                /* ddo__source_read_all reads the reread tensors only */
     size_t side_hits;                /* tensors stored from a sidecar */
     size_t encoded;                  /* tensors coded at setup */
     char codec_note[512];            /* what happened to the sidecars ("" when nothing) */
@@ -95,9 +93,9 @@ int ddo__source_pin_host_tensors(ddo__source *src, const ddo__source_params *p,
 /* Opens the sidecars of the checkpoint's files and marks the stored tensors they hold. */
 void ddo__source_sidecar_prepare(ddo__source *src, const ddo__source_params *p);
 /* After the read: checks every stream read from a sidecar; a sidecar with any bad stream is
- * ignored (a note) and its tensors are read again from the checkpoint, to be coded. */
-int ddo__source_sidecar_verify(ddo__source *src, const ddo__source_params *p,
-                               const ddo__source_request *req, size_t count, ddo__errbuf *eb);
+ * ignored (a note) and its tensors go back to their raw sizes. *rejected: how many were
+ * ignored (then the caller lays the store out and reads it again). */
+int ddo__source_sidecar_verify(ddo__source *src, const ddo__source_params *p, size_t *rejected);
 /* After coding: writes the sidecar of each file whose tensors were coded now (a note when it
  * cannot). items: the packed store. */
 void ddo__source_sidecar_save(ddo__source *src, const ddo__source_params *p,

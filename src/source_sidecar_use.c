@@ -8,8 +8,9 @@
  *            as the raw bytes: source_read.c) or SIDE_RAW (read raw, not coded again).
  *   verify   after the read: every stream read is checked (its hash, then
  *            ddo__codec_plan_create). A sidecar with one bad stream or a failed read is
- *            ignored whole, with a note naming it: its tensors are read again from the
- *            checkpoint and coded, so a bad sidecar costs time, never weights.
+ *            ignored whole, with a note naming it: the store is laid out again with its
+ *            tensors' raw sizes and read again (source.c), and they are coded, so a bad
+ *            sidecar costs time, never weights.
  *   save     after coding: each file whose tensors were coded now gets its sidecar written
  *            atomically; a failure is a note, never an error.
  */
@@ -130,40 +131,42 @@ static const char *stream_bad(ddo__source *src, size_t t, char *why, size_t len)
     return NULL;
 }
 
-/* Ignores file f's sidecar: its tensors are read again (coded ones) and coded. */
-static size_t reject(ddo__source *src, const ddo__source_params *p, uint32_t f, const char *why)
+/* Ignores file f's sidecar: its tensors are read raw again and coded. */
+static void reject(ddo__source *src, const ddo__source_params *p, uint32_t f, const char *why)
 {
     ddo__source_note(src, "sidecar %s ignored: %s", src->sidecars[f]->path, why);
     ddo__metrics_add(p->metrics, DDO_M_codec_sidecar_ignored, 1);
-    size_t reread = 0;
     for (size_t t = 0; t < src->tensor_count; t++) {
         entry *e = &src->entries[t];
         if (e->side == SIDE_NONE || ddo_checkpoint_tensor(src->ck, t)->file_index != f)
             continue;
-        e->reread = e->side == SIDE_CODED;
-        reread += e->reread ? 1 : 0;
         e->side = SIDE_NONE;
         e->se = NULL;
     }
     ddo__sidecar_close(src->sidecars[f]);
     src->sidecars[f] = NULL;
-    return reread;
 }
 
-int ddo__source_sidecar_verify(ddo__source *src, const ddo__source_params *p,
-                               const ddo__source_request *req, size_t count, ddo__errbuf *eb)
+int ddo__source_sidecar_verify(ddo__source *src, const ddo__source_params *p, size_t *rejected)
 {
+    *rejected = 0;
     if (src->sidecars == NULL)
         return 0;
-    size_t reread = 0;
     char why[DDO_ERRBUF_BYTES];
     for (size_t t = 0; t < src->tensor_count; t++) {
         const ddo_tensor_info *ti = ddo_checkpoint_tensor(src->ck, t);
         if (src->entries[t].side != SIDE_CODED)
             continue;
         const char *bad = stream_bad(src, t, why, sizeof(why));
-        if (bad != NULL)
-            reread += reject(src, p, ti->file_index, bad);
+        if (bad != NULL) {
+            reject(src, p, ti->file_index, bad);
+            *rejected += 1;
+        }
+    }
+    if (*rejected > 0) { /* the store is read again: the hashes start from zero */
+        for (size_t t = 0; t < src->tensor_count; t++)
+            atomic_store(&src->side_sums[t], 0);
+        return 0;
     }
     uint64_t hits = 0, bytes = 0;
     for (size_t t = 0; t < src->tensor_count; t++) {
@@ -174,12 +177,7 @@ int ddo__source_sidecar_verify(ddo__source *src, const ddo__source_params *p,
     src->side_hits = (size_t)hits;
     ddo__metrics_add(p->metrics, DDO_M_codec_sidecar_hits, (double)hits);
     ddo__metrics_add(p->metrics, DDO_M_codec_sidecar_read_bytes, (double)bytes);
-    if (reread == 0)
-        return 0;
-    src->reread_pass = true;
-    int rc = ddo__source_read_all(src, p, req, count, eb);
-    src->reread_pass = false;
-    return rc;
+    return 0;
 }
 
 /* Writes file f's sidecar from the packed store (items). */

@@ -93,6 +93,9 @@ static void test_second_setup_uses_sidecar(void)
             T_CHECK_MSG(fx_metric(&f, "codec_sidecar_read_bytes") == coded, "%s: read %g of %g",
                         what, fx_metric(&f, "codec_sidecar_read_bytes"), coded);
             T_CHECK(fx_metric(&f, "bytes_coded_uploaded") > 0);
+            /* laid out at the coded sizes: every stream is read into its final place */
+            T_CHECK_MSG(fx_metric(&f, "setup_moved_bytes") == 0, "%s: %g bytes moved", what,
+                        fx_metric(&f, "setup_moved_bytes"));
             ddo__session_accounts(f.s, second);
             for (int k = 0; k < 4; k++)
                 T_EQ_U64(second[k], first[k]);

@@ -1,5 +1,6 @@
-# embed.cmake - writes the PTX file IN into the C source OUT as the byte array NAME
-# (NUL-terminated, as cuModuleLoadData wants PTX) and its length NAME_bytes (without the NUL).
+# embed.cmake - writes the module image IN (a fatbin or PTX) into the C source OUT as the byte
+# array NAME (NUL-terminated, as cuModuleLoadData wants PTX) and its length NAME_bytes (without
+# the NUL).
 # Run by CMake at build time: cmake -DIN=... -DOUT=... -DNAME=... -P embed.cmake
 file(READ "${IN}" hex HEX)
 string(LENGTH "${hex}" digits)

@@ -553,16 +553,17 @@ static int cuda_host_fn(void *st, void *stream, ddo__host_fn fn, void *user, ddo
 }
 
 #    if DDO_HAVE_CODEC_PTX
-/* The PTX of src/cuda/codec_decode.cu (generated at build time). */
-extern const unsigned char ddo__codec_ptx[];
-extern const size_t ddo__codec_ptx_bytes;
+/* The fatbin of src/cuda/codec_decode.cu (generated at build time, CMakeLists.txt). */
+extern const unsigned char ddo__codec_image[];
+extern const size_t ddo__codec_image_bytes;
 
-/* Loads the decoder's module once (the driver compiles the PTX for this GPU). */
+/* Loads the decoder's module once (machine code for sm_80/sm_90; on other GPUs the driver
+ * compiles the image's PTX). */
 static int codec_module(cuda_dev *d, ddo__errbuf *eb)
 {
     pthread_mutex_lock(&d->codec_lock);
     if (d->codec_rc == 0) {
-        CUresult r = d->api.ModuleLoadData(&d->codec_mod, ddo__codec_ptx);
+        CUresult r = d->api.ModuleLoadData(&d->codec_mod, ddo__codec_image);
         const char *call = "cuModuleLoadData";
         if (r == CUDA_SUCCESS) {
             call = "cuModuleGetFunction";
@@ -572,8 +573,8 @@ static int codec_module(cuda_dev *d, ddo__errbuf *eb)
             d->codec_rc = 1;
         } else {
             ddo__errbuf e = { 0, "" };
-            d->codec_rc = ddo__cu_fail(d, &e, r, call, "(codec decoder, %zu bytes of PTX)",
-                                       ddo__codec_ptx_bytes);
+            d->codec_rc = ddo__cu_fail(d, &e, r, call, "(codec decoder, a %zu-byte image)",
+                                       ddo__codec_image_bytes);
             snprintf(d->codec_err, sizeof(d->codec_err), "%s", e.msg);
         }
     }

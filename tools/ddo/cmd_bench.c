@@ -335,6 +335,12 @@ static int split_words(char *buf, char **argv, int max)
 
 /* ---- results ----------------------------------------------------------------------- */
 
+/* The session's setup, phase by phase (the setup_* metrics in seconds, in the JSON). */
+static const char *const setup_phase_metric[] = {
+    "setup_read_ns", "setup_register_ns", "setup_encode_ns", "setup_codec_ns", "setup_allocate_ns",
+};
+#define SETUP_PHASES (sizeof(setup_phase_metric) / sizeof(setup_phase_metric[0]))
+
 typedef struct case_result {
     char name[64];
     char route[32];
@@ -344,8 +350,9 @@ typedef struct case_result {
     uint64_t steps;
     double setup_s;
     double setup_read_s;
-    double step_s;     /* mean of the timed steps */
-    double step_min_s; /* fastest timed step */
+    double setup_phase_s[SETUP_PHASES]; /* setup_phase_metric[] of the session's metrics */
+    double step_s;                      /* mean of the timed steps */
+    double step_min_s;                  /* fastest timed step */
     double bound_s;
     double ratio;
     double gbps;           /* bytes copied per step / step time */
@@ -706,6 +713,8 @@ static int run_case(bench *b, ddo_config *cfg, uint64_t steps, uint64_t trace_st
         min_free = f;
     if (ddo_session_metrics(s, false, &m) == 0) {
         r->setup_read_s = tool_metric(m, "setup_read_ns") / 1e9;
+        for (size_t k = 0; k < SETUP_PHASES; k++)
+            r->setup_phase_s[k] = tool_metric(m, setup_phase_metric[k]) / 1e9;
         ddo_metrics_destroy(m);
         m = NULL;
     }
@@ -958,6 +967,10 @@ static int write_json(const bench *b, const case_result *res, size_t n, const ch
         json_object_set_new(o, "hits_per_step", json_real(r->hits));
         json_object_set_new(o, "setup_s", json_real(r->setup_s));
         json_object_set_new(o, "setup_read_s", json_real(r->setup_read_s));
+        json_t *phases = json_object();
+        for (size_t k = 0; k < SETUP_PHASES; k++)
+            json_object_set_new(phases, setup_phase_metric[k], json_real(r->setup_phase_s[k]));
+        json_object_set_new(o, "setup_phases_s", phases);
         json_object_set_new(o, "setup_over_read",
                             json_real(b->read_s > 0 ? r->setup_s / b->read_s : 0));
         json_object_set_new(o, "plan_device_peak_bytes", json_integer((json_int_t)r->plan_peak));
