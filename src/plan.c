@@ -145,6 +145,7 @@ static int place_and_select(builder *b, budgets_in *bi, uint64_t *limit, char *s
                                        "unit_compute_json)");
     if ((rc = ddo__plan_device_limit(b, bi, limit, source, len)) != 0)
         return rc;
+    b->device_limit = *limit;
     ddo__plan_cap_auto_resident(b, bi, *limit);
     ddo__decisions_set_gb(&p->decisions, "resident_module_budget_gb", bi->resident_budget);
     rc = ddo__plan_resident_selection(b, bi->resident_budget);

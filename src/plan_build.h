@@ -73,6 +73,8 @@ typedef struct builder {
     bool leaf;
     bool clear_always;
     uint64_t threshold;
+    uint64_t device_limit; /* the device-weights limit (0: none), once ddo__plan_device_limit ran */
+    size_t chosen_slots;   /* the "cost" selection's slot count (0: none chosen) */
 } builder;
 
 /* The budgets build() carries from the policy to placement, pinning and the device side. */
@@ -123,6 +125,8 @@ size_t ddo__plan_select_by_simulation(builder *b, const uint64_t *sizes, uint64_
 /* A unit's transfer: its bus bytes (coded_bytes when coded) / bus, for a coded unit at least
  * its decoded bytes / decode_rate (the upload and the decode overlap). */
 double ddo__plan_unit_transfer_s(const builder *b, const ddo__plan_unit *un, double decode_rate);
+/* The execution-slot page (vmm_page_mb, else the device granularity). */
+int ddo__plan_slot_page(const builder *b, uint64_t *page);
 /* The predicted step time with slots execution slots (0 when the cost model is off). */
 double ddo__plan_simulate(const ddo_plan *p, size_t slots);
 /* The same with every transfer taking transfer_scale times as long. */

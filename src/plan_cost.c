@@ -105,14 +105,61 @@ typedef struct sim_sel {
     double *deficit;  /* per scope */
     size_t slots;
     uint64_t taken;
+    /* The device fit (limit 0: not checked): the arena of the fixed residents and of each
+     * scope's streamed tensors (each rounded up to DDO_TENSOR_ALIGN, never less than the
+     * arena), plus the slots at the largest streamed unit's span rounded to the page. */
+    uint64_t limit, page, fixed;
+    uint64_t *arena; /* per scope */
 } sim_sel;
+
+/* Marks the units of the scopes in resident. */
+static void mark(sim_sel *x)
+{
+    ddo_plan *p = x->b->p;
+    for (size_t u = 0; u < p->unit_count; u++)
+        p->units[u].resident = x->scope_of[u] != NONE && x->in[x->scope_of[u]];
+}
+
+/* Whether the set in fits the device limit together with the slots its streamed units need:
+ * streaming only small units makes the slots smaller and leaves room for more residents. */
+static bool fits(sim_sel *x)
+{
+    if (x->limit == 0)
+        return true;
+    ddo_plan *p = x->b->p;
+    mark(x);
+    uint64_t need = x->fixed, largest = 0;
+    for (size_t s = 0; s < x->b->scope_count; s++)
+        need = x->in[s] ? ddo__sat_add_u64(need, x->arena[s]) : need;
+    for (size_t u = 0; u < p->unit_count; u++)
+        if (!p->units[u].resident && p->units[u].span_bytes > largest)
+            largest = p->units[u].span_bytes;
+    if (largest > 0)
+        need = ddo__sat_add_u64(need, ddo__sat_mul_u64(x->slots, ddo__round_up(largest, x->page)));
+    return need <= x->limit;
+}
+
+/* The fixed residents' and every scope's arena bytes (x->limit > 0). */
+static void arena_sizes(sim_sel *x)
+{
+    ddo_plan *p = x->b->p;
+    for (size_t i = 0; i < x->b->n; i++) {
+        const ddo_tensor_location *loc = &p->tensors[i].loc;
+        uint64_t a = ddo__round_up(loc->nbytes, DDO_TENSOR_ALIGN);
+        if (loc->placement == DDO_PLACEMENT_RESIDENT)
+            x->fixed = ddo__sat_add_u64(x->fixed, a);
+        else if (loc->placement == DDO_PLACEMENT_STREAMED && loc->unit != NONE &&
+                 x->scope_of[loc->unit] != NONE)
+            x->arena[x->scope_of[loc->unit]] =
+                ddo__sat_add_u64(x->arena[x->scope_of[loc->unit]], a);
+    }
+}
 
 /* The predicted step of the set in (units of scopes in are resident). */
 static double step_of(sim_sel *x)
 {
     ddo_plan *p = x->b->p;
-    for (size_t u = 0; u < p->unit_count; u++)
-        p->units[u].resident = x->scope_of[u] != NONE && x->in[x->scope_of[u]];
+    mark(x);
     double t = 0.0;
     for (size_t k = 0; k < DDO_ARRAY_LEN(transfer_scales); k++)
         t += ddo__plan_simulate_scaled(p, x->slots, transfer_scales[k]);
@@ -171,6 +218,10 @@ static void greedy(sim_sel *x)
             if (x->in[s] || x->sizes[s] == 0 || x->sizes[s] > x->budget - x->taken)
                 continue;
             set_in(x, s, true);
+            if (!fits(x)) {
+                set_in(x, s, false);
+                continue;
+            }
             double t = step_of(x);
             set_in(x, s, false);
             if (better(x, s, t, best, best_t)) {
@@ -197,7 +248,7 @@ static bool improve_once(sim_sel *x, double *cur)
                 continue;
             set_in(x, a, false);
             set_in(x, c, true);
-            double t = step_of(x);
+            double t = fits(x) ? step_of(x) : INFINITY;
             if (t < *cur && !same_step(t, *cur)) {
                 *cur = t;
                 greedy(x); /* the swap may have freed room */
@@ -237,6 +288,42 @@ static double exposed_deficit(const sim_sel *x)
     return d;
 }
 
+/* How many size-class starts the search tries at most (the distinct unit spans, largest
+ * first; a transformer has a few). */
+#define SIZE_CLASS_STARTS 8
+
+/* A size-class start: every scope with a unit of span >= span is in (so the slots shrink to
+ * the next smaller span), then greedy; false when that set exceeds the budget or the device.
+ * Swapping one scope at a time cannot find it: the slots shrink only once every large unit is
+ * resident (a Flux transformer's 19 double blocks). */
+static bool size_class(sim_sel *x, uint64_t span)
+{
+    const ddo_plan *p = x->b->p;
+    clear_in(x);
+    for (size_t u = 0; u < p->unit_count; u++)
+        if (p->units[u].span_bytes >= span && x->scope_of[u] != NONE)
+            set_in(x, x->scope_of[u], true);
+    if (x->taken > x->budget || !fits(x))
+        return false;
+    greedy(x);
+    return true;
+}
+
+/* The k-th largest distinct unit span (0 when there are fewer). */
+static uint64_t span_class(const ddo_plan *p, size_t k)
+{
+    uint64_t above = UINT64_MAX, v = 0;
+    for (size_t i = 0; i <= k; i++, above = v) {
+        v = 0;
+        for (size_t u = 0; u < p->unit_count; u++)
+            if (p->units[u].span_bytes < above && p->units[u].span_bytes > v)
+                v = p->units[u].span_bytes;
+        if (v == 0)
+            return 0;
+    }
+    return v;
+}
+
 static void search(sim_sel *x, size_t *order, size_t *chosen, bool *best_in)
 {
     size_t n = x->b->scope_count;
@@ -244,15 +331,24 @@ static void search(sim_sel *x, size_t *order, size_t *chosen, bool *best_in)
                                             DDO_SELECTION_LARGEST };
     double best = INFINITY, best_exposed = 0.0;
     uint64_t best_taken = 0;
-    for (size_t k = 0; k <= DDO_ARRAY_LEN(starts); k++) {
-        if (k < DDO_ARRAY_LEN(starts))
+    size_t classes = x->limit > 0 ? SIZE_CLASS_STARTS : 0;
+    for (size_t k = 0; k <= DDO_ARRAY_LEN(starts) + classes; k++) {
+        if (k < DDO_ARRAY_LEN(starts)) {
             heuristic(x, starts[k], order, chosen);
-        else {
+            if (!fits(x))
+                continue; /* a heuristic's set without room for its slots */
+        } else if (k == DDO_ARRAY_LEN(starts)) {
             clear_in(x);
             greedy(x);
+        } else {
+            uint64_t span = span_class(x->b->p, k - DDO_ARRAY_LEN(starts) - 1);
+            if (span == 0)
+                break;
+            if (!size_class(x, span))
+                continue;
         }
         double t = step_of(x), exposed = exposed_deficit(x);
-        bool win = k == 0                    ? true
+        bool win = best == INFINITY          ? true
                    : !same_step(t, best)     ? t < best
                    : exposed != best_exposed ? exposed < best_exposed
                                              : x->taken > best_taken;
@@ -271,6 +367,37 @@ static void search(sim_sel *x, size_t *order, size_t *chosen, bool *best_in)
             break;
 }
 
+/* With the device fit known and execution_slots automatic, the slot count is part of the
+ * choice: fewer slots leave room for more residents, more slots prefetch deeper. Tried in this
+ * order, a later count only on a shorter step; b->chosen_slots takes the winner. */
+static const size_t slot_choices[] = { 3, 2, 4, 5, 6 };
+
+static void search_slots(sim_sel *x, size_t *order, size_t *chosen, bool *best_in)
+{
+    size_t n = x->b->scope_count, best_slots = 0;
+    double best = INFINITY;
+    bool *keep = ddo__calloc(n ? n : 1, sizeof(bool));
+    for (size_t k = 0; k < DDO_ARRAY_LEN(slot_choices) && keep != NULL; k++) {
+        x->slots = slot_choices[k];
+        search(x, order, chosen, best_in);
+        double t = fits(x) ? step_of(x) : INFINITY;
+        if (best_slots == 0 || (t < best && !same_step(t, best))) {
+            best = t;
+            best_slots = x->slots;
+            memcpy(keep, x->in, n * sizeof(bool));
+        }
+    }
+    if (keep == NULL) {
+        search(x, order, chosen, best_in); /* out of memory: the default count only */
+        return;
+    }
+    x->slots = best_slots;
+    for (size_t s = 0; s < n; s++)
+        set_in(x, s, keep[s]);
+    x->b->chosen_slots = best_slots;
+    free(keep);
+}
+
 size_t ddo__plan_select_by_simulation(builder *b, const uint64_t *sizes, uint64_t budget,
                                       size_t *chosen, uint64_t *taken)
 {
@@ -283,7 +410,11 @@ size_t ddo__plan_select_by_simulation(builder *b, const uint64_t *sizes, uint64_
                   ddo__calloc(n, sizeof(bool)),
                   ddo__calloc(n, sizeof(double)),
                   3,
-                  0 };
+                  0,
+                  0,
+                  0,
+                  0,
+                  NULL };
     size_t *order = ddo__calloc(n, sizeof(size_t));
     bool *best_in = ddo__calloc(n, sizeof(bool));
     size_t k = SIZE_MAX;
@@ -294,7 +425,20 @@ size_t ddo__plan_select_by_simulation(builder *b, const uint64_t *sizes, uint64_
     scope_deficits(p, x.scope_of, x.deficit);
     int64_t want = b->o->execution_slots;
     x.slots = want > 0 ? (want < 2 ? 2 : (size_t)want) : 3;
-    search(&x, order, chosen, best_in);
+    /* vmm_runtime's slots hold per-weight handles (plan_device.c): its fit stays the device
+     * side's check. */
+    if (b->device_limit > 0 && !ddo__route_per_weight(p->route) &&
+        ddo__plan_slot_page(b, &x.page) == 0) {
+        x.arena = ddo__calloc(n, sizeof(uint64_t));
+        if (x.arena == NULL)
+            goto out;
+        x.limit = b->device_limit;
+        arena_sizes(&x);
+    }
+    if (x.limit > 0 && want <= 0)
+        search_slots(&x, order, chosen, best_in);
+    else
+        search(&x, order, chosen, best_in);
     k = 0;
     for (size_t s = 0; s < b->scope_count; s++)
         if (x.in[s])
@@ -306,6 +450,7 @@ out:
     free(x.scope_of);
     free(x.in);
     free(x.deficit);
+    free(x.arena);
     free(order);
     free(best_in);
     return k;

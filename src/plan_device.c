@@ -249,14 +249,20 @@ static int slot_size(builder *b, uint64_t page, bool *streaming)
     return 0;
 }
 
+int ddo__plan_slot_page(const builder *b, uint64_t *page)
+{
+    uint64_t gran = ddo__plan_granularity(b->p);
+    *page = gran;
+    return slot_page(b->o->vmm_page_mb, gran, page);
+}
+
 int ddo__plan_device_side(builder *b, uint64_t limit, const char *limit_source)
 {
     ddo_plan *p = b->p;
     ddo_plan_budgets *bg = &p->budgets;
     ddo__decisions *d = &p->decisions;
-    uint64_t gran = ddo__plan_granularity(p);
-    uint64_t page = gran;
-    int rc = slot_page(b->o->vmm_page_mb, gran, &page);
+    uint64_t page = 0;
+    int rc = ddo__plan_slot_page(b, &page);
     if (rc != 0)
         return rc;
     uint64_t arena = ddo__plan_resident_arena(b);
@@ -270,6 +276,9 @@ int ddo__plan_device_side(builder *b, uint64_t limit, const char *limit_source)
     if (streaming && want > 0) {
         slots = want < 2 ? 2 : (size_t)want;
         how = want < 2 ? "raised_to_two" : "explicit";
+    } else if (streaming && b->chosen_slots > 0) {
+        slots = b->chosen_slots; /* resident_module_selection=cost chose it (plan_cost.c) */
+        how = "cost";
     } else if (streaming) {
         slots = 3;
         how = "auto_three";

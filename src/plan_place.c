@@ -152,7 +152,10 @@ int ddo__plan_cost_model(builder *b)
 /* Predicted step time: copies serial on one engine, compute serial, a slot reused only after
  * the unit that held it has computed (prefetch depth slots - 1); the second of two simulated
  * steps is the steady state. Streamed unit j of a step uses slot j mod slots in every step (a
- * count of streamed units that slots does not divide costs depth at the wrap). */
+ * count of streamed units that slots does not divide costs depth at the wrap). A step ends
+ * when both its compute and its copies have (the host synchronizes between steps, as every
+ * benchmark here does): copies for the next step that the slots let start early count in
+ * this one, and the next starts with the copy engine idle. */
 double ddo__plan_simulate(const ddo_plan *p, size_t slots)
 {
     return ddo__plan_simulate_scaled(p, slots, 1.0);
@@ -184,6 +187,7 @@ double ddo__plan_simulate_scaled(const ddo_plan *p, size_t slots, double transfe
             ring[j % slots] = compute_free;
             j++;
         }
+        compute_free = copy_free = compute_free > copy_free ? compute_free : copy_free;
         step_end[step] = compute_free;
     }
     free(ring);

@@ -638,6 +638,68 @@ static void test_cost_selection_simulates_the_step(void)
     fx_free(&tb);
 }
 
+/* With a device limit, "cost" fits the residents and the slots together: streaming only the
+ * small units makes the slots small and leaves room for every large unit, a set no swap of one
+ * scope reaches (the slots shrink only once all large units are resident), and the slot count
+ * is part of the choice. Here the budget is the whole limit: the heuristics' sets leave no room
+ * for their slots and are refused, cost fits. */
+static void test_cost_selection_fits_the_slots(void)
+{
+    fx_table tb = { 0 };
+    char uc[2048];
+    size_t at = 0;
+    at += (size_t)snprintf(uc + at, sizeof(uc) - at, "{");
+    for (int b = 0; b < 16; b++) {
+        bool big = b < 6;
+        fx_addf(&tb, DDO_DTYPE_BF16, 2, 4096, big ? 8192 : 3072, "blocks.%d.linear.weight", b);
+        at += (size_t)snprintf(uc + at, sizeof(uc) - at, "%s\"blocks.%d\": %s", b ? ", " : "", b,
+                               big ? "0.032" : "0.029");
+    }
+    snprintf(uc + at, sizeof(uc) - at, "}");
+    ddo_config *cfg = NULL;
+    T_REQUIRE(ddo_config_create(&cfg) == 0);
+    T_EQ_INT(ddo_config_set(cfg, "backend", "vmm"), 0);
+    T_EQ_INT(ddo_config_set(cfg, "execution_device", "cpu"), 0);
+    T_EQ_INT(ddo_config_set(cfg, "resident_module_patterns", "auto"), 0);
+    T_EQ_INT(ddo_config_set(cfg, "vmm_resident_weight_budget_gb", "0.5"), 0);
+    T_EQ_INT(ddo_config_set(cfg, "resident_module_budget_gb", "0.5"), 0);
+    ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs),
+                           .bus_bytes_per_s = 5e8,
+                           .unit_compute_json = uc };
+    T_EQ_INT(ddo_config_set(cfg, "resident_module_selection", "spread"), 0);
+    ddo_plan *p = build(&tb, cfg, &in, DDO_E_BUDGET);
+    T_CHECK(p == NULL);
+    T_EQ_INT(ddo_config_set(cfg, "resident_module_selection", "cost"), 0);
+    p = build(&tb, cfg, &in, 0);
+    T_REQUIRE(p != NULL);
+    ddo_plan_budgets bg;
+    ddo_plan_budgets_get(p, &bg);
+    T_EQ_STR(fx_decision(p, "slot_count_decision"), "cost");
+    T_CHECK(bg.slot_count >= 2 && bg.slot_count <= 6);
+    T_CHECK(bg.device_weights_peak <= bg.device_weights_limit);
+    T_EQ_U64(bg.slot_bytes, (uint64_t)24 << 20); /* only small units stream */
+    for (int b = 0; b < 6; b++) {
+        char name[32];
+        snprintf(name, sizeof(name), "blocks.%d", b);
+        ddo_unit_info ui;
+        T_REQUIRE(ddo_plan_unit(p, find_unit(p, name), &ui) == 0);
+        T_CHECK_MSG(ui.resident, "%s streams", name);
+    }
+    double fitted = bg.predicted_step_s;
+    ddo_plan_destroy(p);
+    /* The way before: the resident budget leaves room for three slots of the largest unit. */
+    T_EQ_INT(ddo_config_set(cfg, "resident_module_budget_gb", "0.3125"), 0);
+    T_EQ_INT(ddo_config_set(cfg, "execution_slots", "3"), 0);
+    p = build(&tb, cfg, &in, 0);
+    T_REQUIRE(p != NULL);
+    ddo_plan_budgets_get(p, &bg);
+    T_CHECK_MSG(fitted < bg.predicted_step_s - 1e-6, "fitted %.4f vs %.4f", fitted,
+                bg.predicted_step_s);
+    ddo_plan_destroy(p);
+    ddo_config_destroy(cfg);
+    fx_free(&tb);
+}
+
 static void test_json_schema_and_determinism(void)
 {
     fx_table tb = { 0 };
@@ -811,6 +873,7 @@ int main(void)
     T_RUN(test_cost_model_and_cost_selection);
     T_RUN(test_measured_unit_compute);
     T_RUN(test_cost_selection_simulates_the_step);
+    T_RUN(test_cost_selection_fits_the_slots);
     T_RUN(test_json_schema_and_determinism);
     T_RUN(test_speed_3500_tensors);
     return t_done();
