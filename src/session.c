@@ -184,6 +184,11 @@ static int quiesce(ddo_session *s)
         if (rc != 0)
             first = fail_dev(&s->err, rc, "waiting for the copy stream");
     }
+    if (s->notify_stream != NULL) {
+        int rc = ddo__dev_stream_synchronize(s->dev, s->notify_stream);
+        if (rc != 0 && first == 0)
+            first = fail_dev(&s->err, rc, "waiting for the upload notes");
+    }
     int crc = ddo__session_codec_sync(s);
     if (crc != 0 && first == 0)
         first = fail_dev(&s->err, crc, "waiting for the decode stream");
@@ -235,6 +240,10 @@ uint64_t ddo__session_release_all(ddo_session *s)
     if (s->copy_stream != NULL) {
         (void)ddo__dev_stream_destroy(s->dev, s->copy_stream);
         s->copy_stream = NULL;
+    }
+    if (s->notify_stream != NULL) {
+        (void)ddo__dev_stream_destroy(s->dev, s->notify_stream);
+        s->notify_stream = NULL;
     }
     uint64_t left = 0;
     if (s->accounts_ready) {
@@ -445,6 +454,9 @@ static int setup(ddo_session *s)
         s->copy_stream = NULL;
         return fail_dev(&s->err, rc, "creating the copy stream");
     }
+    /* Without it the notes go on the copy stream (session_loader.c): slower, not wrong. */
+    if (ddo__dev_stream_create(s->dev, 1, &s->notify_stream) != 0)
+        s->notify_stream = NULL;
 
     rc = build_source(s);
     if (rc != 0) {
@@ -633,6 +645,9 @@ int ddo_session_synchronize(ddo_session *s)
     int rc = ddo__dev_stream_synchronize(s->dev, s->copy_stream);
     if (rc != 0)
         return fail_dev(&s->err, rc, "waiting for the copy stream");
+    if (s->notify_stream != NULL &&
+        (rc = ddo__dev_stream_synchronize(s->dev, s->notify_stream)) != 0)
+        return fail_dev(&s->err, rc, "waiting for the upload notes");
     if (s->staging != NULL) {
         rc = ddo__staging_drain(s->staging, &s->err);
         if (rc != 0)

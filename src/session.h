@@ -74,13 +74,20 @@ typedef struct ddo__slot {
     uint64_t last_use;     /* LRU tick */
     uint64_t release_tick; /* when the release event was recorded */
     uint64_t ticket;       /* upload ticket (ordinal of the load) */
-    uint64_t issue_ns;     /* when the loader started issuing (copy busy time; busy_mu) */
-    size_t issue_unit;     /* the unit of that upload, and its bytes (for the trace) */
-    uint64_t issue_bytes;
     int load_rc;
     ddo__errbuf load_err;
     struct ddo_session *owner;
 } ddo__slot;
+
+/* One upload as its completion callback sees it (copy busy time and the trace): notes are
+ * taken in issue order from a ring (session_loader.c). */
+typedef struct ddo__upload_note {
+    struct ddo_session *owner;
+    uint64_t issue_ns; /* when the loader started issuing */
+    size_t unit;
+    uint64_t bytes;
+} ddo__upload_note;
+#define DDO__UPLOAD_NOTES 64
 
 typedef struct ddo__unit_rt {
     size_t slot;   /* slot holding the unit (DDO__NONE: none) */
@@ -209,6 +216,12 @@ struct ddo_session {
     size_t job_head, job_count;
     pthread_mutex_t busy_mu; /* copy-engine busy time, updated from the device's thread */
     uint64_t busy_last_done;
+    /* Upload completions are noted by host functions on this stream, each after its upload's
+     * event, never on the copy stream: a host function there would hold the next copies until
+     * the driver's callback thread ran it. */
+    void *notify_stream;
+    ddo__upload_note notes[DDO__UPLOAD_NOTES]; /* busy_mu */
+    uint64_t note_seq;
 
     ddo__order order; /* session_prefetch.c, under mu */
 

@@ -21,21 +21,38 @@ void ddo__session_trace(const ddo_session *s, const char *kind, size_t unit, uin
         s->opts.trace(s->opts.trace_user, kind, unit, begin_ns, end_ns, bytes);
 }
 
-/* Runs on the copy stream's host thread when an upload's copies completed. */
+/* Runs on the device's callback thread when an upload's copies completed. */
 static void upload_done(void *user)
 {
-    ddo__slot *slot = user;
-    ddo_session *s = slot->owner;
+    ddo__upload_note *note = user;
+    ddo_session *s = note->owner;
     uint64_t now = ddo__now_ns();
     pthread_mutex_lock(&s->busy_mu);
-    uint64_t start = slot->issue_ns > s->busy_last_done ? slot->issue_ns : s->busy_last_done;
+    uint64_t start = note->issue_ns > s->busy_last_done ? note->issue_ns : s->busy_last_done;
     if (now > start)
         ddo__metrics_add(&s->metrics, DDO_M_copy_busy_ns, (double)(now - start));
     s->busy_last_done = now;
-    size_t unit = slot->issue_unit;
-    uint64_t bytes = slot->issue_bytes;
+    size_t unit = note->unit;
+    uint64_t bytes = note->bytes;
     pthread_mutex_unlock(&s->busy_mu);
     ddo__session_trace(s, "upload", unit, start, now, bytes);
+}
+
+/* Notes the upload just issued (its event recorded) for upload_done: on the notify stream
+ * after the event (on the copy stream only if that stream could not be created). A failure
+ * costs a metric, not the upload. */
+static void note_upload(ddo_session *s, ddo__slot *slot, size_t unit, uint64_t issue_ns,
+                        uint64_t bytes)
+{
+    pthread_mutex_lock(&s->busy_mu);
+    ddo__upload_note *note = &s->notes[s->note_seq++ % DDO__UPLOAD_NOTES];
+    *note = (ddo__upload_note){ s, issue_ns, unit, bytes };
+    pthread_mutex_unlock(&s->busy_mu);
+    void *stream = s->copy_stream;
+    if (s->notify_stream != NULL &&
+        ddo__dev_stream_wait_event(s->dev, s->notify_stream, slot->upload_event) == 0)
+        stream = s->notify_stream;
+    (void)ddo__dev_host_fn(s->dev, stream, upload_done, note);
 }
 
 /* Makes the copy stream (or, on vmm_runtime, whose handles move, this thread) wait for the
@@ -167,18 +184,12 @@ static int run_job(ddo_session *s, ddo__job *job, ddo__errbuf *eb)
         }
     }
 
-    pthread_mutex_lock(&s->busy_mu);
-    slot->issue_ns = ddo__now_ns();
-    slot->issue_unit = job->unit;
-    pthread_mutex_unlock(&s->busy_mu);
+    uint64_t issue_ns = ddo__now_ns();
     uint64_t ubytes = 0;
     bool reread = false;
     rc = ddo__session_upload_unit(s, job, dst, &ubytes, &reread, eb);
     if (rc != 0)
         return rc;
-    pthread_mutex_lock(&s->busy_mu);
-    slot->issue_bytes = ubytes;
-    pthread_mutex_unlock(&s->busy_mu);
     if (reread)
         ddo__metrics_add(&s->metrics, DDO_M_file_rereads, 1);
     /* With the codec, after the unit's decodes too (the decode stream joined the copies). */
@@ -188,8 +199,7 @@ static int run_job(ddo_session *s, ddo__job *job, ddo__errbuf *eb)
         return ddo__session_fail_ctx(eb, rc, "unit \"%s\": upload event", u->name);
     slot->upload_recorded = true;
     ddo__metrics_add(&s->metrics, DDO_M_uploads, 1);
-    /* Copy-engine busy time only; a failure here costs a metric, not the upload. */
-    (void)ddo__dev_host_fn(s->dev, s->copy_stream, upload_done, slot);
+    note_upload(s, slot, job->unit, issue_ns, ubytes);
     return 0;
 }
 
