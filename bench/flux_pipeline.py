@@ -45,6 +45,7 @@ run still leaves what it measured. Nothing here is estimated except where a fiel
 """
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -800,8 +801,13 @@ def run_case(case, args, write_result):
         torch.cuda.reset_peak_memory_stats()
         sampler = tf.Sampler(True)
         sampler.start()
+        # The garbage collector is off while the pipeline runs, every case alike (as in
+        # torch_flux.py's timed steps: a collection pass stalls the host that issues the work).
+        gc.collect()
+        gc.disable()
         try:
-            outputs = run_pipeline(pipe, mode, args, res, write)
+            with tf.gc_enabled_after():
+                outputs = run_pipeline(pipe, mode, args, res, write)
         finally:
             finish(spec, args, res, sampler, outputs, ref)
             sampler = None
@@ -873,7 +879,6 @@ def run_subprocess(name, args, timeout_s):
 def run_in_process(name, args):
     """--in-process (the smoke test): the case in the driver's own process, one import of
     Diffusers for all cases; device and RSS figures then include the earlier cases."""
-    import gc
     import torch
     log(f"{name}: in process")
     t = time.time()
