@@ -592,6 +592,21 @@ static void test_measured_unit_compute(void)
     fx_free(&tb);
 }
 
+/* A Flux-like stack: 6 large units (64 MiB) that compute about as long as the 10 small ones
+ * (24 MiB), as a Flux double block against a single one; uc: their measured compute (JSON). */
+static void flux_like(fx_table *tb, char *uc, size_t len)
+{
+    size_t at = 0;
+    at += (size_t)snprintf(uc + at, len - at, "{");
+    for (int b = 0; b < 16; b++) {
+        bool big = b < 6;
+        fx_addf(tb, DDO_DTYPE_BF16, 2, 4096, big ? 8192 : 3072, "blocks.%d.linear.weight", b);
+        at += (size_t)snprintf(uc + at, len - at, "%s\"blocks.%d\": %s", b ? ", " : "", b,
+                               big ? "0.032" : "0.029");
+    }
+    snprintf(uc + at, len - at, "}");
+}
+
 /* The "cost" selection simulates the step: with measured compute that the FLOP estimate gets
  * wrong (large units that compute as briefly as small ones, as a Flux double block), it finds
  * a resident set whose predicted step is no slower than first, spread or largest, and here
@@ -600,15 +615,7 @@ static void test_cost_selection_simulates_the_step(void)
 {
     fx_table tb = { 0 };
     char uc[2048];
-    size_t at = 0;
-    at += (size_t)snprintf(uc + at, sizeof(uc) - at, "{");
-    for (int b = 0; b < 16; b++) {
-        bool big = b < 6;
-        fx_addf(&tb, DDO_DTYPE_BF16, 2, 4096, big ? 8192 : 3072, "blocks.%d.linear.weight", b);
-        at += (size_t)snprintf(uc + at, sizeof(uc) - at, "%s\"blocks.%d\": %s", b ? ", " : "", b,
-                               big ? "0.032" : "0.029");
-    }
-    snprintf(uc + at, sizeof(uc) - at, "}");
+    flux_like(&tb, uc, sizeof(uc));
     ddo_config *cfg = NULL;
     T_REQUIRE(ddo_config_create(&cfg) == 0);
     T_EQ_INT(ddo_config_set(cfg, "resident_module_patterns", "auto"), 0);
@@ -647,15 +654,7 @@ static void test_cost_selection_fits_the_slots(void)
 {
     fx_table tb = { 0 };
     char uc[2048];
-    size_t at = 0;
-    at += (size_t)snprintf(uc + at, sizeof(uc) - at, "{");
-    for (int b = 0; b < 16; b++) {
-        bool big = b < 6;
-        fx_addf(&tb, DDO_DTYPE_BF16, 2, 4096, big ? 8192 : 3072, "blocks.%d.linear.weight", b);
-        at += (size_t)snprintf(uc + at, sizeof(uc) - at, "%s\"blocks.%d\": %s", b ? ", " : "", b,
-                               big ? "0.032" : "0.029");
-    }
-    snprintf(uc + at, sizeof(uc) - at, "}");
+    flux_like(&tb, uc, sizeof(uc));
     ddo_config *cfg = NULL;
     T_REQUIRE(ddo_config_create(&cfg) == 0);
     T_EQ_INT(ddo_config_set(cfg, "backend", "vmm"), 0);
