@@ -53,6 +53,7 @@ typedef enum derived_id {
     DERIVED_ACHIEVED_BYTES_PER_S,
     DERIVED_MEAN_PREFETCH_DEPTH,
     DERIVED_HIT_RATE,
+    DERIVED_DECODE_BYTES_PER_S,
     DERIVED_COUNT
 } derived_id;
 
@@ -61,6 +62,9 @@ static const metric_row derived_rows[DERIVED_COUNT] = {
       "copy_bytes / copy_busy_ns (0 when nothing was copied)" },
     { "mean_prefetch_depth", DDO__METRIC_GAUGE, "count", "prefetch_depth_sum / acquires" },
     { "hit_rate", DDO__METRIC_GAUGE, "ratio", "hits / acquires (0 when nothing was acquired)" },
+    { "decode_bytes_per_s", DDO__METRIC_GAUGE, "bytes_per_s",
+      "codec_decode_timed_bytes / codec_decode_ns: the device decoder's throughput (0 when "
+      "nothing was decoded)" },
 };
 
 #define CAPACITY_NOTE "capacity (does not prove physical placement)"
@@ -211,6 +215,8 @@ static void compute_derived(ddo_metrics *s)
     s->derived[DERIVED_MEAN_PREFETCH_DEPTH] =
         ratio(s->v[DDO_M_prefetch_depth_sum], s->v[DDO_M_acquires]);
     s->derived[DERIVED_HIT_RATE] = ratio(s->v[DDO_M_hits], s->v[DDO_M_acquires]);
+    s->derived[DERIVED_DECODE_BYTES_PER_S] =
+        ratio(s->v[DDO_M_codec_decode_timed_bytes], s->v[DDO_M_codec_decode_ns] / 1e9);
 }
 
 static void fill_from_plan(ddo_metrics *s, const ddo_plan *plan)
@@ -470,13 +476,15 @@ int ddo_metrics_format_profile(const ddo_metrics *m, char **text)
     if (v[DDO_M_setup_coded_bytes] > 0.0 || v[DDO_M_bytes_coded_uploaded] > 0.0)
         ddo__sbuf_printf(&s,
                          "  codec      setup coded %s into %s in %.4f s; %s over the bus "
-                         "decoded into %s (%.0f tensors, %.0f launches), waited %.4f s\n",
+                         "decoded into %s (%.0f tensors, %.0f launches, %.1f GB/s), waited "
+                         "%.4f s\n",
                          fmt_bytes(v[DDO_M_setup_encode_bytes], a, sizeof(a)),
                          fmt_bytes(v[DDO_M_setup_coded_bytes], b, sizeof(b)),
                          secs(v[DDO_M_setup_encode_ns]),
                          fmt_bytes(v[DDO_M_bytes_coded_uploaded], c, sizeof(c)),
                          fmt_bytes(v[DDO_M_bytes_decoded], d, sizeof(d)), v[DDO_M_codec_decodes],
-                         v[DDO_M_codec_launches], secs(v[DDO_M_codec_wait_ns]));
+                         v[DDO_M_codec_launches], m->derived[DERIVED_DECODE_BYTES_PER_S] / 1e9,
+                         secs(v[DDO_M_codec_wait_ns]));
     ddo__sbuf_printf(&s, "  peaks      (%s)\n", CAPACITY_NOTE);
     static const struct {
         const char *label;

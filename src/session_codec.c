@@ -69,6 +69,13 @@ typedef struct codec_slot {
     size_t count;
     uint64_t status_used;
     bool due; /* decoded, not verified yet */
+    /* The load's launches, each between two timed events (timed[2k], timed[2k + 1]; NULL
+     * when they could not be created: the decodes go untimed), and the bytes each wrote: the
+     * acquire that checks the load adds their device time to codec_decode_ns. A load launches
+     * at most once per coded tensor (pending_cap). */
+    void **timed;
+    uint64_t *timed_bytes;
+    size_t launches;
 } codec_slot;
 
 /* The batch being filled (the loader's): tensors uploaded into one area, not decoded yet. */
@@ -195,6 +202,29 @@ static void size_memory(ddo_session *s, ddo__session_codec *c)
 }
 
 /* The decode stream and its events; the slots' tables. */
+static void destroy_timing(ddo_session *s, codec_slot *cs, size_t cap)
+{
+    for (size_t k = 0; cs->timed != NULL && k < 2 * cap; k++)
+        if (cs->timed[k] != NULL)
+            (void)ddo__dev_event_destroy(s->dev, cs->timed[k]);
+    free(cs->timed);
+    free(cs->timed_bytes);
+    cs->timed = NULL;
+    cs->timed_bytes = NULL;
+}
+
+/* A slot's timed events (cap launches); without them its decodes go untimed, not wrong. */
+static void create_timing(ddo_session *s, codec_slot *cs, size_t cap)
+{
+    cs->timed = ddo__calloc(2 * cap, sizeof(void *));
+    cs->timed_bytes = ddo__calloc(cap, sizeof(uint64_t));
+    bool ok = cs->timed != NULL && cs->timed_bytes != NULL;
+    for (size_t k = 0; ok && k < 2 * cap; k++)
+        ok = ddo__dev_event_create_timed(s->dev, &cs->timed[k]) == 0;
+    if (!ok)
+        destroy_timing(s, cs, cap);
+}
+
 static int create_streams(ddo_session *s, ddo__session_codec *c)
 {
     int rc = ddo__dev_stream_create(s->dev, 1, &c->decode_stream);
@@ -227,6 +257,7 @@ static int create_streams(ddo_session *s, ddo__session_codec *c)
         c->slots[i].pending = ddo__calloc(c->pending_cap, sizeof(pending));
         if (c->slots[i].pending == NULL)
             return ddo__fail(&s->err, DDO_E_NO_MEMORY, "session: codec: out of memory");
+        create_timing(s, &c->slots[i], c->pending_cap);
     }
     return 0;
 }
@@ -270,8 +301,10 @@ void ddo__session_codec_destroy(ddo_session *s)
             (void)ddo__dev_event_destroy(s->dev, ev[k]);
     if (c->decode_stream != NULL)
         (void)ddo__dev_stream_destroy(s->dev, c->decode_stream);
-    for (size_t i = 0; c->slots != NULL && i < c->slot_count; i++)
+    for (size_t i = 0; c->slots != NULL && i < c->slot_count; i++) {
         free(c->slots[i].pending);
+        destroy_timing(s, &c->slots[i], c->pending_cap);
+    }
     free(c->slots);
     for (size_t t = 0; c->file_plans != NULL && t < c->tensor_count; t++)
         ddo__codec_plan_destroy(c->file_plans[t]);
@@ -345,6 +378,7 @@ void ddo__session_codec_begin(ddo_session *s, size_t slot)
     c->slots[slot].count = 0;
     c->slots[slot].status_used = 0;
     c->slots[slot].due = false;
+    c->slots[slot].launches = 0;
     c->batch.open = false;
     c->batch.count = 0;
 }
@@ -393,9 +427,16 @@ static int launch_batch(ddo_session *s, ddo__errbuf *eb)
     b->count = 0;
     if (n == 0)
         return 0;
+    codec_slot *cs = &c->slots[c->cur_slot];
+    void **t =
+        cs->timed != NULL && cs->launches < c->pending_cap ? &cs->timed[2 * cs->launches] : NULL;
     int rc = ddo__dev_stream_wait_event(s->dev, c->decode_stream, c->filled[a]);
+    if (rc == 0 && t != NULL) /* completes when the uploads have: the decode alone is timed */
+        rc = ddo__dev_event_record(s->dev, t[0], c->decode_stream);
     if (rc == 0)
         rc = ddo__dev_codec_decode(s->dev, c->decode_stream, b->d, n);
+    if (rc == 0 && t != NULL)
+        rc = ddo__dev_event_record(s->dev, t[1], c->decode_stream);
     if (rc == 0) {
         c->read_recorded[a] = false;
         rc = ddo__dev_event_record(s->dev, c->read[a], c->decode_stream);
@@ -407,6 +448,8 @@ static int launch_batch(ddo_session *s, ddo__errbuf *eb)
     double decoded = 0;
     for (size_t i = 0; i < n; i++)
         decoded += (double)b->d[i].l.decoded_bytes;
+    if (t != NULL)
+        cs->timed_bytes[cs->launches++] = (uint64_t)decoded;
     ddo__metrics_add(&s->metrics, DDO_M_bytes_decoded, decoded);
     ddo__metrics_add(&s->metrics, DDO_M_codec_decodes, (double)n);
     ddo__metrics_add(&s->metrics, DDO_M_codec_launches, 1);
@@ -654,6 +697,23 @@ static int wait_load(ddo_session *s, size_t slot, bool *unsafe, ddo__errbuf *eb)
     return ddo__session_fail_ctx(eb, rc, "waiting for the slot's decodes");
 }
 
+/* The device time of the checked load's launches (their events are complete: the upload
+ * event follows them on the decode stream). */
+static void add_decode_time(ddo_session *s, codec_slot *cs)
+{
+    double ns = 0.0, bytes = 0.0;
+    for (size_t k = 0; k < cs->launches; k++) {
+        double sec = 0.0;
+        if (ddo__dev_event_elapsed(s->dev, cs->timed[2 * k], cs->timed[2 * k + 1], &sec) != 0)
+            continue;
+        ns += sec * 1e9;
+        bytes += (double)cs->timed_bytes[k];
+    }
+    cs->launches = 0;
+    ddo__metrics_add(&s->metrics, DDO_M_codec_decode_ns, ns);
+    ddo__metrics_add(&s->metrics, DDO_M_codec_decode_timed_bytes, bytes);
+}
+
 int ddo__session_codec_verify(ddo_session *s, size_t slot, bool *unsafe, ddo__errbuf *eb)
 {
     *unsafe = false;
@@ -667,6 +727,7 @@ int ddo__session_codec_verify(ddo_session *s, size_t slot, bool *unsafe, ddo__er
     if (rc != 0)
         return rc;
     ddo__metrics_add(&s->metrics, DDO_M_codec_wait_ns, (double)(ddo__now_ns() - t0));
+    add_decode_time(s, cs);
     /* the upload event follows the status copy on the decode stream: the copy is complete */
     const uint64_t *status = c->status_pinned + slot * (c->status_bytes / 8);
     for (size_t i = 0; i < cs->count; i++) {

@@ -296,6 +296,39 @@ static void test_copies_ordered(void)
     ddo_device_destroy(dev);
 }
 
+/* Timed events: the time between two completions, busy until both completed. */
+static void test_event_elapsed(void)
+{
+    ddo_device *dev = open_cpu(256 * MIB);
+    T_REQUIRE(dev != NULL);
+    void *s = NULL, *a = NULL, *b = NULL;
+    uint64_t buf = 0;
+    T_EQ_INT(ddo__dev_stream_create(dev, 1, &s), 0);
+    T_EQ_INT(ddo__dev_event_create_timed(dev, &a), 0);
+    T_EQ_INT(ddo__dev_event_create_timed(dev, &b), 0);
+    T_EQ_INT(ddo__dev_mem_alloc(dev, 4 * MIB, &buf), 0);
+    unsigned char *src = calloc(1, 4 * MIB);
+    T_REQUIRE(src != NULL);
+    double sec = -1.0;
+    T_EQ_INT(ddo__dev_event_elapsed(dev, a, b, &sec), DDO_E_INVALID_ARGUMENT); /* never recorded */
+    T_EQ_INT(ddo__device_cpu_throttle(dev, 100e6, 0), 0); /* 4 MiB take ~42 ms */
+    T_EQ_INT(ddo__dev_event_record(dev, a, s), 0);
+    T_EQ_INT(ddo__dev_copy_h2d(dev, buf, src, 4 * MIB, s), 0);
+    T_EQ_INT(ddo__dev_event_record(dev, b, s), 0);
+    T_EQ_INT(ddo__dev_event_elapsed(dev, a, b, &sec), DDO_E_BUSY);
+    T_EQ_INT(ddo__dev_event_synchronize(dev, b), 0);
+    T_EQ_INT(ddo__dev_event_elapsed(dev, a, b, &sec), 0);
+    T_CHECK_MSG(sec > 0.030 && sec < 2.0, "%.4f s for a ~42 ms copy", sec);
+    T_EQ_INT(ddo__dev_event_elapsed(dev, a, NULL, &sec), DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo__dev_event_destroy(dev, a), 0);
+    T_EQ_INT(ddo__dev_event_destroy(dev, b), 0);
+    T_EQ_INT(ddo__dev_stream_destroy(dev, s), 0);
+    T_EQ_INT(ddo__dev_mem_free(dev, buf), 0);
+    free(src);
+    check_usage_zero(dev);
+    ddo_device_destroy(dev);
+}
+
 static void test_events(void)
 {
     ddo_device *dev = open_cpu(256 * MIB);
@@ -716,6 +749,7 @@ int main(void)
     T_RUN(test_budget);
     T_RUN(test_copies_ordered);
     T_RUN(test_events);
+    T_RUN(test_event_elapsed);
     T_RUN(test_stream_wait_event);
     T_RUN(test_host_fn_order);
     T_RUN(test_throttle_timing);

@@ -84,6 +84,7 @@ typedef struct ctx {
     uint64_t v, h, p, f0;
     void *q;
     int n;
+    double s;
 } ctx;
 
 /* Sets up what op needs (with other operations). */
@@ -116,6 +117,11 @@ static void prepare(fixture *fx, ddo__devop op, ctx *c)
         break;
     case DDO__OP_EVENT_DESTROY:
         T_EQ_INT(ddo__dev_event_create(dev, &c->q), 0);
+        break;
+    case DDO__OP_EVENT_ELAPSED: /* a timed event, recorded and complete */
+        T_EQ_INT(ddo__dev_event_create_timed(dev, &c->q), 0);
+        T_EQ_INT(ddo__dev_event_record(dev, c->q, fx->stream), 0);
+        T_EQ_INT(ddo__dev_stream_synchronize(dev, fx->stream), 0);
         break;
     case DDO__OP_COPY_H2D:
         memset((void *)(uintptr_t)fx->buf, 0, 4096);
@@ -210,6 +216,11 @@ static int invoke(fixture *fx, ddo__devop op, ctx *c)
                                 fx->buf + 8192 } };
         return ddo__dev_codec_decode(dev, fx->stream, &d, 1);
     }
+    case DDO__OP_EVENT_CREATE_TIMED:
+        return ddo__dev_event_create_timed(dev, &c->q);
+    case DDO__OP_EVENT_ELAPSED:
+        c->s = -1.0;
+        return ddo__dev_event_elapsed(dev, c->q, c->q, &c->s);
     case DDO__OP_COUNT:
         break;
     }
@@ -311,8 +322,13 @@ static void finish(fixture *fx, ddo__devop op, ctx *c, int rc)
         finish_queued(fx, op, c, rc);
         break;
     case DDO__OP_EVENT_CREATE:
+    case DDO__OP_EVENT_CREATE_TIMED:
         if (rc == 0)
             T_EQ_INT(ddo__dev_event_destroy(dev, c->q), 0);
+        break;
+    case DDO__OP_EVENT_ELAPSED: /* one event against itself: no time; untouched on a fault */
+        T_CHECK(rc == 0 ? c->s == 0.0 : c->s == -1.0);
+        T_EQ_INT(ddo__dev_event_destroy(dev, c->q), 0);
         break;
     default:
         break;

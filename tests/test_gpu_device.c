@@ -152,10 +152,15 @@ static void test_plain_buffers_and_events(void)
     T_REQUIRE(ddo__dev_stream_create(g_dev, 1, &copy) == 0);
     T_REQUIRE(ddo__dev_stream_create(g_dev, 0, &host) == 0);
     T_REQUIRE(ddo__dev_event_create(g_dev, &ev) == 0);
+    void *t0 = NULL, *t1 = NULL; /* timed: the copies' device time */
+    T_REQUIRE(ddo__dev_event_create_timed(g_dev, &t0) == 0);
+    T_REQUIRE(ddo__dev_event_create_timed(g_dev, &t1) == 0);
     T_EQ_INT(ddo__dev_mem_alloc(g_dev, size, &p), 0);
+    T_EQ_INT(ddo__dev_event_record(g_dev, t0, copy), 0);
     for (uint64_t off = 0; off < size; off += 16 * MIB)
         T_EQ_INT(ddo__dev_copy_h2d(g_dev, p + off, src + off, 16 * MIB, copy), 0);
     T_EQ_INT(ddo__dev_event_record(g_dev, ev, copy), 0);
+    T_EQ_INT(ddo__dev_event_record(g_dev, t1, copy), 0);
     int q = ddo__dev_event_query(g_dev, ev);
     T_CHECK(q == 0 || q == DDO_E_BUSY);
     T_EQ_INT(ddo__dev_stream_wait_event(g_dev, host, ev), 0);
@@ -163,6 +168,13 @@ static void test_plain_buffers_and_events(void)
     /* the host stream waited for the copies: the event is complete */
     T_EQ_INT(ddo__dev_event_query(g_dev, ev), 0);
     T_EQ_INT(ddo__dev_event_synchronize(g_dev, ev), 0);
+    T_EQ_INT(ddo__dev_event_synchronize(g_dev, t1), 0);
+    double sec = 0.0;
+    T_EQ_INT(ddo__dev_event_elapsed(g_dev, t0, t1, &sec), 0);
+    /* 64 MiB over a bus of 1-100 GB/s */
+    T_CHECK_MSG(sec > 0.0006 && sec < 0.07, "64 MiB copied in %.6f s", sec);
+    T_EQ_INT(ddo__dev_event_destroy(g_dev, t0), 0);
+    T_EQ_INT(ddo__dev_event_destroy(g_dev, t1), 0);
     T_CHECK(device_equals(p, src, (size_t)size));
     T_EQ_INT(ddo__dev_mem_free(g_dev, p), 0);
     T_EQ_INT(ddo__dev_event_destroy(g_dev, ev), 0);

@@ -72,6 +72,13 @@ static void coded_case(const char *route, const char *codec, int pin, int slots)
         T_CHECK(fx_metric(&f, "codec_decodes") == 2.0 * f.o.blocks);
     }
     T_CHECK_MSG(bus > 0 && bus < decoded, "%s: bus %g decoded %g", what, bus, decoded);
+    /* Every checked load's decodes are timed: their bytes and device time (the profile table
+     * shows the throughput); loads prefetched and never acquired are not checked, not timed. */
+    double timed = fx_metric(&f, "codec_decode_timed_bytes");
+    T_CHECK_MSG(timed > 0 && timed <= decoded, "%s: timed %g of %g", what, timed, decoded);
+    if (slots >= f.o.blocks)
+        T_CHECK_MSG(timed == decoded, "%s: timed %g of %g", what, timed, decoded);
+    T_CHECK_MSG(fx_metric(&f, "codec_decode_ns") > 0, "%s: no decode time", what);
     T_CHECK_MSG(fx_metric(&f, "copy_bytes") == bus + fx_metric(&f, "bytes_resident_uploaded"),
                 "%s: copy_bytes", what);
     T_CHECK(fx_metric(&f, "bytes_from_registered") == 0);

@@ -299,6 +299,8 @@ class OffloadResult:
             inputs.bus_bytes_per_s = m["bus_bytes_per_s"]
         if not inputs.flops_per_s > 0 and m.get("flops_per_s", 0) > 0:
             inputs.flops_per_s = m["flops_per_s"]
+        if not inputs.decode_bytes_per_s > 0 and prof.decode_bytes_per_s > 0:
+            inputs.decode_bytes_per_s = prof.decode_bytes_per_s
         if prof.unit_compute:
             self._unit_compute_text = json.dumps(prof.unit_compute).encode()
             inputs.unit_compute_json = self._unit_compute_text

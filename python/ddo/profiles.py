@@ -33,6 +33,7 @@ class ProfileState:
         self.saved_path = None
         self.recommendation = None
         self.unit_compute = None  # {unit name: seconds} a calibration measured, or None
+        self.decode_bytes_per_s = 0.0  # the device decoder's throughput it measured, or 0
 
     def __repr__(self):
         return f"<ProfileState {self.name!r} {self.status} budget={self.budget_gb}>"
@@ -101,25 +102,29 @@ def prepare(module, cfg, source=None):
                                         "file_read_bytes_per_s": measured.file_read_bytes_per_s},
                          build)
     if not build:
-        state.unit_compute = _saved_unit_compute(d, context)
+        rec = _saved_recommendation(d, context)
+        uc = rec.get("unit_compute_s")
+        state.unit_compute = uc if isinstance(uc, dict) and uc else None
+        rate = rec.get("decode_bytes_per_s")
+        state.decode_bytes_per_s = float(rate) if isinstance(rate, (int, float)) and rate > 0 \
+            else 0.0
     return state
 
 
-def _saved_unit_compute(d, context):
-    """The recommendation's per-unit compute ({name: seconds}), or None. The planner checks
-    the values (docs/plan.md); a profile without them, or none at all, gives None."""
+def _saved_recommendation(d, context):
+    """The stored profile's recommendation (a dict; {} without a profile). The planner checks
+    the per-unit compute it carries (docs/plan.md)."""
     h = ctypes.c_void_p()
     L = _native.lib()
     if L.ddo_profile_load(d.encode(), context.encode(), ctypes.byref(h)) != 0:
-        return None
+        return {}
     try:
         p = ctypes.c_void_p()
         _native.check(L.ddo_profile_to_json(h, ctypes.byref(p)))
         rec = json.loads(_native.take_text(p)).get("recommendation") or {}
     finally:
         L.ddo_profile_destroy(h)
-    uc = rec.get("unit_compute_s")
-    return uc if isinstance(uc, dict) and uc else None
+    return rec if isinstance(rec, dict) else {}
 
 
 class UnitTimer:
@@ -182,7 +187,9 @@ def profile_run(res):
         yield res
         return
     total, free_start = _device_used(res)
-    copied0 = res.metrics_snapshot(collect_completed=True).get("copy_bytes")
+    m0 = res.metrics_snapshot(collect_completed=True)
+    copied0 = m0.get("copy_bytes")
+    decoded0, decode_ns0 = m0.get("codec_decode_timed_bytes"), m0.get("codec_decode_ns")
     res._timing = UnitTimer()
     t0 = time.perf_counter()
     try:
@@ -216,6 +223,12 @@ def profile_run(res):
     copied = m.get("copy_bytes") - copied0
     if copied > 0 and wall > 0:
         obs["bus_bytes_per_s"] = rec["bus_bytes_per_s"] = copied / wall
+    # With weight_codec: the decoder's throughput over the region's timed decodes (device time
+    # between events around each launch), the cost model's decode_bytes_per_s next time.
+    decoded = m.get("codec_decode_timed_bytes") - decoded0
+    decode_ns = m.get("codec_decode_ns") - decode_ns0
+    if decoded > 0 and decode_ns > 0:
+        obs["decode_bytes_per_s"] = rec["decode_bytes_per_s"] = decoded / (decode_ns / 1e9)
     p = ctypes.c_void_p()
     _native.check(L.ddo_profile_record(prof.dir.encode(), prof.context.encode(),
                                        json.dumps(obs).encode(), json.dumps(rec).encode(),

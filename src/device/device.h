@@ -55,7 +55,9 @@
     X(EVENT_SYNCHRONIZE, event_synchronize)   \
     X(STREAM_WAIT_EVENT, stream_wait_event)   \
     X(HOST_FN, host_fn)                       \
-    X(CODEC_DECODE, codec_decode)
+    X(CODEC_DECODE, codec_decode)             \
+    X(EVENT_CREATE_TIMED, event_create_timed) \
+    X(EVENT_ELAPSED, event_elapsed)
 
 typedef enum ddo__devop {
 #define DDO_DEVOP_ENUM_(NAME, name) DDO__OP_##NAME,
@@ -149,6 +151,12 @@ typedef struct ddo__device_ops {
      * built without nvcc). */
     int (*codec_decode)(void *st, void *stream, const ddo__codec_desc *d, size_t n,
                         ddo__errbuf *eb);
+    /* An event that also takes the time when it completes (event_create's do not: they cost
+     * less to record and wait on), for event_elapsed. */
+    int (*event_create_timed)(void *st, void **event, ddo__errbuf *eb);
+    /* *seconds between two timed events' completions (start before end); DDO_E_BUSY while
+     * either is not complete. */
+    int (*event_elapsed)(void *st, void *start, void *end, double *seconds, ddo__errbuf *eb);
 } ddo__device_ops;
 
 extern const ddo__device_ops ddo__device_cpu_ops;
@@ -202,6 +210,9 @@ int ddo__dev_host_fn(ddo_device *dev, void *stream, ddo__host_fn fn, void *user)
  * batch, destinations disjoint from each other and from every source) and queues its one
  * decode. */
 int ddo__dev_codec_decode(ddo_device *dev, void *stream, const ddo__codec_desc *d, size_t n);
+int ddo__dev_event_create_timed(ddo_device *dev, void **event);
+/* DDO_E_BUSY (not a failure) while either event is not complete. */
+int ddo__dev_event_elapsed(ddo_device *dev, void *start, void *end, double *seconds);
 
 /* The device's native stream handle behind a public ddo_stream. */
 void *ddo__stream_handle(const ddo_stream *s);

@@ -76,7 +76,8 @@ static int leave(ddo_device *dev, call *c, int rc, uint64_t bytes)
 {
     uint64_t dt = ddo__now_ns() - c->t0;
     atomic_fetch_add_explicit(&dev->stats[c->op][STAT_NS], dt, memory_order_relaxed);
-    if (rc == 0 || (rc == DDO_E_BUSY && c->op == DDO__OP_EVENT_QUERY)) {
+    if (rc == 0 ||
+        (rc == DDO_E_BUSY && (c->op == DDO__OP_EVENT_QUERY || c->op == DDO__OP_EVENT_ELAPSED))) {
         if (bytes)
             atomic_fetch_add_explicit(&dev->stats[c->op][STAT_BYTES], bytes, memory_order_relaxed);
         return rc;
@@ -487,6 +488,27 @@ int ddo__dev_event_query(ddo_device *dev, void *event)
     if (event == NULL)
         rc = bad_arg(&c, "event is NULL");
     INVOKE(dev->ops->event_query(dev->st, event, &c.eb));
+    return leave(dev, &c, rc, 0);
+}
+
+int ddo__dev_event_create_timed(ddo_device *dev, void **event)
+{
+    BEGIN(DDO__OP_EVENT_CREATE_TIMED);
+    void *e = NULL;
+    if (event == NULL)
+        rc = bad_arg(&c, "event is NULL");
+    INVOKE(dev->ops->event_create_timed(dev->st, &e, &c.eb));
+    if (rc == 0)
+        *event = e;
+    return leave(dev, &c, rc, 0);
+}
+
+int ddo__dev_event_elapsed(ddo_device *dev, void *start, void *end, double *seconds)
+{
+    BEGIN(DDO__OP_EVENT_ELAPSED);
+    if (start == NULL || end == NULL || seconds == NULL)
+        rc = bad_arg(&c, seconds == NULL ? "seconds is NULL" : "event is NULL");
+    INVOKE(dev->ops->event_elapsed(dev->st, start, end, seconds, &c.eb));
     return leave(dev, &c, rc, 0);
 }
 

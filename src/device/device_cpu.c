@@ -206,4 +206,6 @@ const ddo__device_ops ddo__device_cpu_ops = {
     .stream_unwrap = ddo__cpu_stream_unwrap,
     .host_fn = ddo__cpu_host_fn,
     .codec_decode = ddo__cpu_codec_decode,
+    .event_create_timed = ddo__cpu_event_create, /* every cpu event takes its time */
+    .event_elapsed = ddo__cpu_event_elapsed,
 };

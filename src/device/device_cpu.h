@@ -39,6 +39,7 @@ typedef enum op_kind { OP_COPY, OP_READ, OP_MARK, OP_WAIT, OP_FN } op_kind;
 typedef struct cpu_event {
     uint64_t rec_gen;  /* generation of the latest record */
     uint64_t done_gen; /* highest generation whose marker has run */
+    uint64_t done_ns;  /* when that marker ran (event_elapsed) */
     unsigned refs;     /* 1 while alive, +1 per queued marker or wait */
 } cpu_event;
 
@@ -125,6 +126,7 @@ int ddo__cpu_event_create(void *st, void **event, ddo__errbuf *eb);
 int ddo__cpu_event_destroy(void *st, void *event, ddo__errbuf *eb);
 int ddo__cpu_event_record(void *st, void *event, void *stream, ddo__errbuf *eb);
 int ddo__cpu_event_query(void *st, void *event, ddo__errbuf *eb);
+int ddo__cpu_event_elapsed(void *st, void *start, void *end, double *seconds, ddo__errbuf *eb);
 int ddo__cpu_event_synchronize(void *st, void *event, ddo__errbuf *eb);
 int ddo__cpu_stream_wait_event(void *st, void *stream, void *event, ddo__errbuf *eb);
 int ddo__cpu_host_fn(void *st, void *stream, ddo__host_fn fn, void *user, ddo__errbuf *eb);

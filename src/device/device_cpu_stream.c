@@ -78,8 +78,10 @@ static void run_op(cpu_dev *d, cpu_stream *s, cpu_op *op)
         pthread_mutex_lock(&d->lock);
         break;
     case OP_MARK:
-        if (op->ev->done_gen < op->gen)
+        if (op->ev->done_gen < op->gen) {
             op->ev->done_gen = op->gen;
+            op->ev->done_ns = ddo__now_ns();
+        }
         ddo__cpu_event_unref(op->ev);
         break;
     case OP_WAIT:
@@ -450,6 +452,29 @@ int ddo__cpu_event_query(void *st, void *event, ddo__errbuf *eb)
     } else {
         const cpu_event *e = event;
         rc = e->done_gen >= e->rec_gen ? 0 : DDO_E_BUSY;
+    }
+    pthread_mutex_unlock(&d->lock);
+    return rc;
+}
+
+int ddo__cpu_event_elapsed(void *st, void *start, void *end, double *seconds, ddo__errbuf *eb)
+{
+    cpu_dev *d = st;
+    pthread_mutex_lock(&d->lock);
+    int rc = 0;
+    if (!event_known(d, start) || !event_known(d, end)) {
+        rc = ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "cpu: event_elapsed: unknown event %p",
+                       event_known(d, start) ? end : start);
+    } else {
+        const cpu_event *a = start, *b = end;
+        if (a->done_gen < a->rec_gen || b->done_gen < b->rec_gen)
+            rc = DDO_E_BUSY;
+        else if (a->rec_gen == 0 || b->rec_gen == 0)
+            rc = ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
+                           "cpu: event_elapsed: an event never "
+                           "recorded");
+        else
+            *seconds = b->done_ns >= a->done_ns ? (double)(b->done_ns - a->done_ns) / 1e9 : 0.0;
     }
     pthread_mutex_unlock(&d->lock);
     return rc;

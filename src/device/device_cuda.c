@@ -478,15 +478,38 @@ static int cuda_copy_d2h_async(void *st, void *dst, uint64_t src, size_t size, v
     return 0;
 }
 
-static int cuda_event_create(void *st, void **event, ddo__errbuf *eb)
+static int event_create(cuda_dev *d, unsigned flags, void **event, ddo__errbuf *eb)
 {
-    cuda_dev *d = st;
     BIND(d, eb);
     CUevent e = NULL;
-    CUresult r = d->api.EventCreate(&e, CU_EVENT_DISABLE_TIMING);
+    CUresult r = d->api.EventCreate(&e, flags);
     if (r != CUDA_SUCCESS)
         return ddo__cu_fail(d, eb, r, "cuEventCreate", "on cuda:%d", d->ordinal);
     *event = e;
+    return 0;
+}
+
+static int cuda_event_create(void *st, void **event, ddo__errbuf *eb)
+{
+    return event_create(st, CU_EVENT_DISABLE_TIMING, event, eb);
+}
+
+static int cuda_event_create_timed(void *st, void **event, ddo__errbuf *eb)
+{
+    return event_create(st, CU_EVENT_DEFAULT, event, eb);
+}
+
+static int cuda_event_elapsed(void *st, void *start, void *end, double *seconds, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    BIND(d, eb);
+    float ms = 0.0f;
+    CUresult r = d->api.EventElapsedTime(&ms, (CUevent)start, (CUevent)end);
+    if (r == CUDA_ERROR_NOT_READY)
+        return ddo__cu_code(r); /* not a failure: no detail recorded */
+    if (r != CUDA_SUCCESS)
+        return ddo__cu_fail(d, eb, r, "cuEventElapsedTime", "on cuda:%d", d->ordinal);
+    *seconds = ms > 0.0f ? (double)ms / 1e3 : 0.0;
     return 0;
 }
 
@@ -718,6 +741,8 @@ static const ddo__device_ops cuda_ops = {
     .stream_wait_event = cuda_stream_wait_event,
     .host_fn = cuda_host_fn,
     .codec_decode = cuda_codec_decode,
+    .event_create_timed = cuda_event_create_timed,
+    .event_elapsed = cuda_event_elapsed,
 };
 
 const ddo__device_ops *const ddo__device_cuda_ops = &cuda_ops;

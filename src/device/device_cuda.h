@@ -64,6 +64,7 @@ typedef struct cu_api {
     PFN_cuEventRecord_v2000 EventRecord;
     PFN_cuEventQuery_v2000 EventQuery;
     PFN_cuEventSynchronize_v2000 EventSynchronize;
+    PFN_cuEventElapsedTime_v2000 EventElapsedTime;
     PFN_cuStreamWaitEvent_v3020 StreamWaitEvent;
     PFN_cuLaunchHostFunc_v10000 LaunchHostFunc;
     PFN_cuModuleLoadData_v2000 ModuleLoadData;

@@ -63,6 +63,7 @@ static const struct {
     CU_SYM_(EventRecord),
     CU_SYM_(EventQuery),
     CU_SYM_(EventSynchronize),
+    CU_SYM_(EventElapsedTime),
     CU_SYM_(StreamWaitEvent),
     CU_SYM_(LaunchHostFunc),
     CU_SYM_(ModuleLoadData),

@@ -238,3 +238,39 @@ def test_host_rss_stays_below_the_model(tmp_path):
     peak = int(last)
     assert model_bytes > 128 << 20
     assert peak < model_bytes, (peak, model_bytes)
+
+
+def test_codec_calibration_learns_the_decoder(checkpoint, tmp_path):
+    """From the files with weight_codec: the store is coded, decodes are bit-identical, a
+    calibration saves the decoder's throughput (its timed decodes) and the next plan of the
+    workload takes it as the cost model's decode_bytes_per_s (docs/codec.md)."""
+    ref, path = checkpoint
+    x = torch.randn(2, 3, 32)
+    with torch.no_grad():
+        want = ref(x)
+    opts = dict(CPU_STREAM, weight_codec="ddoc1", profile_name="coded",
+                profile_dir=str(tmp_path))
+    res = ddo.from_pretrained_with_dynamic_offload(path, model_loader=TinyDiT)
+    r = ddo.enable_offload(res.module, component="transformer", environ={}, build_profile=True,
+                           **opts)
+    try:
+        assert r.plan["planner_decisions"]["weight_codec"] == "ddoc1"
+        with r.profile_run(), torch.no_grad():
+            for _ in range(2):
+                assert torch.equal(r.module(x), want)
+        snap = r.metrics_snapshot(collect_completed=True)
+        assert snap.get("bytes_decoded") > 0 and snap.get("codec_decode_ns") > 0
+        rate = json.loads(open(r._profile.saved_path).read())["recommendation"][
+            "decode_bytes_per_s"]
+        assert rate == pytest.approx(snap.get("codec_decode_timed_bytes") /
+                                     (snap.get("codec_decode_ns") / 1e9), rel=0.5)
+    finally:
+        r.close()
+    res2 = ddo.from_pretrained_with_dynamic_offload(path, model_loader=TinyDiT)
+    r2 = ddo.enable_offload(res2.module, component="transformer", environ={}, **opts)
+    try:
+        assert r2.plan["inputs"]["decode_bytes_per_s"] == pytest.approx(rate)
+        with torch.no_grad():
+            assert torch.equal(r2.module(x), want)
+    finally:
+        r2.close()

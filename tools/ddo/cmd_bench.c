@@ -364,6 +364,7 @@ typedef struct case_result {
     bool coded;            /* the plan codes weights (weight_codec=ddoc1) */
     double coded_bytes;    /* per step: coded bytes uploaded (copy_bytes counts them too) */
     double decoded_bytes;  /* per step: what the decoder wrote from them */
+    double decode_rate;    /* the timed decodes' bytes per second of device time */
     double raw_bound_s;    /* coded cases: the bytes raw (copy - coded + decoded) / bus */
     double coded_bound_s;  /* coded cases: copy_bytes (coded and raw) / bus */
     uint64_t plan_peak;    /* the plan's device weights peak */
@@ -577,14 +578,16 @@ static int timed_steps(bench *b, ddo_session *s, const exec_order *o, uint64_t s
         fail_case(r, "metrics", rc, ddo_session_error(s));
         return rc;
     }
-    double m0[7] = { tool_metric(m, "stall_ns"),
+    double m0[9] = { tool_metric(m, "stall_ns"),
                      tool_metric(m, "bytes_from_registered") +
                          tool_metric(m, "bytes_staged_from_retained"),
                      tool_metric(m, "bytes_staged_from_file"),
                      tool_metric(m, "copy_bytes"),
                      tool_metric(m, "hits"),
                      tool_metric(m, "bytes_coded_uploaded"),
-                     tool_metric(m, "bytes_decoded") };
+                     tool_metric(m, "bytes_decoded"),
+                     tool_metric(m, "codec_decode_timed_bytes"),
+                     tool_metric(m, "codec_decode_ns") };
     ddo_metrics_destroy(m);
     m = NULL;
     double total = 0, best = 0;
@@ -613,6 +616,9 @@ static int timed_steps(bench *b, ddo_session *s, const exec_order *o, uint64_t s
     r->hits = (tool_metric(m, "hits") - m0[4]) / ns;
     r->coded_bytes = (tool_metric(m, "bytes_coded_uploaded") - m0[5]) / ns;
     r->decoded_bytes = (tool_metric(m, "bytes_decoded") - m0[6]) / ns;
+    double timed_ns = tool_metric(m, "codec_decode_ns") - m0[8];
+    r->decode_rate =
+        timed_ns > 0 ? (tool_metric(m, "codec_decode_timed_bytes") - m0[7]) / (timed_ns / 1e9) : 0;
     ddo_metrics_destroy(m);
     return 0;
 }
@@ -862,17 +868,17 @@ static void print_codec_table(const case_result *res, size_t n)
         return;
     printf(
         "\nweight codec (per step; bounds: bytes / bus, the raw one as if nothing were coded)\n");
-    printf("%-14s %12s %12s %12s %11s %11s %8s %8s\n", "case", "coded GiB", "decoded GiB",
-           "moved GiB", "raw bound", "coded bnd", "/raw", "/coded");
+    printf("%-14s %12s %12s %12s %11s %11s %8s %8s %10s\n", "case", "coded GiB", "decoded GiB",
+           "moved GiB", "raw bound", "coded bnd", "/raw", "/coded", "dec GB/s");
     for (size_t i = 0; i < n; i++) {
         const case_result *r = &res[i];
         if (!r->ran || !r->coded)
             continue;
-        printf("%-14s %12.3f %12.3f %12.3f %11.4f %11.4f %8.3f %8.3f\n", r->name,
+        printf("%-14s %12.3f %12.3f %12.3f %11.4f %11.4f %8.3f %8.3f %10.1f\n", r->name,
                r->coded_bytes / GIB_D, r->decoded_bytes / GIB_D, r->copy_bytes / GIB_D,
                r->raw_bound_s, r->coded_bound_s,
                r->raw_bound_s > 0 ? r->step_s / r->raw_bound_s : 0.0,
-               r->coded_bound_s > 0 ? r->step_s / r->coded_bound_s : 0.0);
+               r->coded_bound_s > 0 ? r->step_s / r->coded_bound_s : 0.0, r->decode_rate / 1e9);
     }
 }
 
@@ -915,6 +921,7 @@ static void add_codec_json(json_t *o, const case_result *r)
 {
     json_object_set_new(o, "coded_bytes_per_step", json_real(r->coded_bytes));
     json_object_set_new(o, "decoded_bytes_per_step", json_real(r->decoded_bytes));
+    json_object_set_new(o, "decode_bytes_per_s", json_real(r->decode_rate));
     json_object_set_new(o, "raw_bytes_per_step",
                         json_real(r->copy_bytes - r->coded_bytes + r->decoded_bytes));
     json_object_set_new(o, "raw_bound_s", json_real(r->raw_bound_s));
