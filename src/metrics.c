@@ -437,6 +437,26 @@ static double secs(double ns)
     return ns / 1e9;
 }
 
+/* The profile table's codec line (only when something was coded). */
+static void format_codec_line(const ddo_metrics *m, ddo__sbuf *s)
+{
+    const double *v = m->v;
+    char a[32], b[32], c[32], d[32];
+    if (!(v[DDO_M_setup_coded_bytes] > 0.0 || v[DDO_M_bytes_coded_uploaded] > 0.0))
+        return;
+    ddo__sbuf_printf(s,
+                     "  codec      setup coded %s into %s in %.4f s; %s over the bus "
+                     "decoded into %s (%.0f tensors, %.0f launches, %.1f GB/s), waited "
+                     "%.4f s\n",
+                     fmt_bytes(v[DDO_M_setup_encode_bytes], a, sizeof(a)),
+                     fmt_bytes(v[DDO_M_setup_coded_bytes], b, sizeof(b)),
+                     secs(v[DDO_M_setup_encode_ns]),
+                     fmt_bytes(v[DDO_M_bytes_coded_uploaded], c, sizeof(c)),
+                     fmt_bytes(v[DDO_M_bytes_decoded], d, sizeof(d)), v[DDO_M_codec_decodes],
+                     v[DDO_M_codec_launches], m->derived[DERIVED_DECODE_BYTES_PER_S] / 1e9,
+                     secs(v[DDO_M_codec_wait_ns]));
+}
+
 int ddo_metrics_format_profile(const ddo_metrics *m, char **text)
 {
     if (m == NULL || text == NULL)
@@ -473,18 +493,7 @@ int ddo_metrics_format_profile(const ddo_metrics *m, char **text)
     ddo__sbuf_printf(&s, "  copies     %s in %.4f s busy = %.2f GB/s achieved; host stall %.4f s\n",
                      fmt_bytes(v[DDO_M_copy_bytes], a, sizeof(a)), secs(v[DDO_M_copy_busy_ns]),
                      m->derived[DERIVED_ACHIEVED_BYTES_PER_S] / 1e9, secs(v[DDO_M_stall_ns]));
-    if (v[DDO_M_setup_coded_bytes] > 0.0 || v[DDO_M_bytes_coded_uploaded] > 0.0)
-        ddo__sbuf_printf(&s,
-                         "  codec      setup coded %s into %s in %.4f s; %s over the bus "
-                         "decoded into %s (%.0f tensors, %.0f launches, %.1f GB/s), waited "
-                         "%.4f s\n",
-                         fmt_bytes(v[DDO_M_setup_encode_bytes], a, sizeof(a)),
-                         fmt_bytes(v[DDO_M_setup_coded_bytes], b, sizeof(b)),
-                         secs(v[DDO_M_setup_encode_ns]),
-                         fmt_bytes(v[DDO_M_bytes_coded_uploaded], c, sizeof(c)),
-                         fmt_bytes(v[DDO_M_bytes_decoded], d, sizeof(d)), v[DDO_M_codec_decodes],
-                         v[DDO_M_codec_launches], m->derived[DERIVED_DECODE_BYTES_PER_S] / 1e9,
-                         secs(v[DDO_M_codec_wait_ns]));
+    format_codec_line(m, &s);
     ddo__sbuf_printf(&s, "  peaks      (%s)\n", CAPACITY_NOTE);
     static const struct {
         const char *label;
