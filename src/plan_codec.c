@@ -304,7 +304,8 @@ int ddo__plan_codec(builder *b)
                                 "device weights limit");
         return ddo__fail(NULL, DDO_E_BUDGET,
                          "plan: weight_codec=ddoc1: the decode areas (%s) do not fit the device "
-                         "weights limit (%s, %s)",
+                         "weights limit (%s, %s) beside the residents and slots; lower "
+                         "resident_module_budget_gb by that much or raise the limit",
                          ddo__format_gib(area, a, sizeof(a)),
                          ddo__format_gib(bg->device_weights_limit, l, sizeof(l)),
                          p->device_limit_source != NULL ? p->device_limit_source : "?");
