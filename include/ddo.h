@@ -807,7 +807,8 @@ typedef struct ddo_session_options {
     const ddo_config *config;
     /* Optional trace of what the session does on its own threads (the loader and the copy
      * stream's host thread): kind "upload" (the copy engine's span for one unit: from when it
-     * could start — issue time or the previous upload's end — to completion), "map" / "unmap"
+     * could start — issue time or the previous upload's end — to completion; a coded unit's
+     * completes when its decodes have), "map" / "unmap"
      * (a slot's backing moved into / out of a unit's range), "reclaim" (backing released).
      * unit is the plan's unit index, times are CLOCK_MONOTONIC ns, bytes moved or mapped.
      * Called concurrently from several threads: it must be thread-safe and quick. */
