@@ -158,6 +158,19 @@ static inline void fx_set(fx *f, const char *key, const char *value)
 }
 
 /* Builds everything; f->rc is ddo_session_create's result (others must succeed). */
+/* The plan inputs of the fixture's cpu device: device_bytes of memory, free, FX_GRAN, VMM. */
+static inline ddo_plan_inputs fx_cpu_inputs(uint64_t device_bytes, uint64_t host_bytes)
+{
+    ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
+    in.device_total_bytes = device_bytes;
+    in.device_free_bytes = device_bytes;
+    in.device_granularity = FX_GRAN;
+    in.device_is_cpu = true;
+    in.device_vmm_supported = true;
+    in.host_available_bytes = host_bytes;
+    return in;
+}
+
 static inline int fx_create(fx *f, const fx_opts *o)
 {
     memset(f, 0, sizeof(*f));
@@ -262,13 +275,7 @@ static inline int fx_create(fx *f, const fx_opts *o)
         return -1;
     }
 
-    ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
-    in.device_total_bytes = f->o.device_bytes;
-    in.device_free_bytes = f->o.device_bytes;
-    in.device_granularity = FX_GRAN;
-    in.device_is_cpu = true;
-    in.device_vmm_supported = true;
-    in.host_available_bytes = 8 * DDO_GIB;
+    ddo_plan_inputs in = fx_cpu_inputs(f->o.device_bytes, 8 * DDO_GIB);
     if (ddo_plan_build(f->ck, f->cfg, &in, &f->plan) != 0) {
         fprintf(stderr, "  plan: %s\n", ddo_last_error());
         return -1;

@@ -883,13 +883,7 @@ static void test_nvme_budget_refused(void)
     o.no_session = true;
     fx f;
     T_REQUIRE(fx_create(&f, &o) == 0);
-    ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
-    in.device_total_bytes = DDO_GIB;
-    in.device_free_bytes = DDO_GIB;
-    in.device_granularity = FX_GRAN;
-    in.device_is_cpu = true;
-    in.device_vmm_supported = true;
-    in.host_available_bytes = 8 * DDO_GIB;
+    ddo_plan_inputs in = fx_cpu_inputs(DDO_GIB, 8 * DDO_GIB);
     T_REQUIRE(ddo_config_set(f.cfg, "vmm_resident_weight_budget_gb", "0.0001") == 0);
     ddo_plan *p = NULL;
     T_EQ_INT(ddo_plan_build(f.ck, f.cfg, &in, &p), DDO_E_BUDGET);

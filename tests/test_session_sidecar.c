@@ -136,13 +136,7 @@ static void rewrite_and_reopen(fx *f)
     nanosleep(&pause, NULL); /* a later mtime on coarse clocks too */
     T_REQUIRE(fx_write_file(f) == 0);
     T_REQUIRE(ddo_checkpoint_create(f->path, DDO_READ_DEFAULT, &f->ck) == 0);
-    ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
-    in.device_total_bytes = f->o.device_bytes;
-    in.device_free_bytes = f->o.device_bytes;
-    in.device_granularity = FX_GRAN;
-    in.device_is_cpu = true;
-    in.device_vmm_supported = true;
-    in.host_available_bytes = 8 * DDO_GIB;
+    ddo_plan_inputs in = fx_cpu_inputs(f->o.device_bytes, 8 * DDO_GIB);
     T_REQUIRE(ddo_plan_build(f->ck, f->cfg, &in, &f->plan) == 0);
     resession(f);
 }

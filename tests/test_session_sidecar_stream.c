@@ -49,13 +49,7 @@ static void replan(fx *f, double gb, const char *dir)
     snprintf(v, sizeof(v), "%g", gb);
     fx_set(f, "vmm_source_cache_gb", v);
     fx_set(f, "weight_codec_cache_dir", dir != NULL ? dir : "");
-    ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
-    in.device_total_bytes = f->o.device_bytes;
-    in.device_free_bytes = f->o.device_bytes;
-    in.device_granularity = FX_GRAN;
-    in.device_is_cpu = true;
-    in.device_vmm_supported = true;
-    in.host_available_bytes = linear && gb < 1 ? 1 : 8 * DDO_GIB;
+    ddo_plan_inputs in = fx_cpu_inputs(f->o.device_bytes, linear && gb < 1 ? 1 : 8 * DDO_GIB);
     T_REQUIRE(ddo_plan_build(f->ck, f->cfg, &in, &f->plan) == 0);
     ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
     so.config = f->cfg;
