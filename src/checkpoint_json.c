@@ -147,11 +147,16 @@ static void collect_low(void *vctx, const char *t, size_t n, char *out, size_t *
     (void)o;
     fix_ctx *c = vctx;
     uint64_t big;
-    if (t[0] != '-' || n < 20 || classify(t, n, &big) != TOK_PLAIN)
+    /* The token is not NUL-terminated (it may end the buffer): strtoll reads a copy. An int64
+     * literal has at most 20 characters; a longer one is out of range anyway. */
+    char lit[32];
+    if (t[0] != '-' || n < 20 || n >= sizeof(lit) || classify(t, n, &big) != TOK_PLAIN)
         return;
+    memcpy(lit, t, n);
+    lit[n] = '\0';
     char *end = NULL;
-    long long v = strtoll(t, &end, 10);
-    if (end != t + n || v >= INT64_MIN + ((int64_t)1 << 32))
+    long long v = strtoll(lit, &end, 10);
+    if (end != lit + n || v >= INT64_MIN + ((int64_t)1 << 32))
         return;
     if (c->low_count == c->low_cap) {
         size_t cap = c->low_cap == 0 ? 16 : c->low_cap * 2;
