@@ -874,6 +874,25 @@ DDO_API int ddo_session_tensor_stable_address(ddo_session *s, size_t tensor, voi
  */
 DDO_API int ddo_session_unit_addresses(ddo_session *s, size_t unit, void **ptrs, size_t cap,
                                        size_t *n);
+/*
+ * weight_codec with a checkpoint of a caller's host tensors (ddo_checkpoint_create_from_memory):
+ * *owned is true when the session coded tensor into host memory of its own and never reads the
+ * caller's bytes again, so the caller may free them while the session lives (a tensor that
+ * does not shrink, a resident one, or any tensor without the codec: false, the caller's memory
+ * serves it). Errors: DDO_E_INVALID_ARGUMENT (NULL argument, tensor out of range).
+ */
+DDO_API int ddo_session_tensor_host_owned(ddo_session *s, size_t tensor, bool *owned);
+/*
+ * Copies tensor's bytes, exactly as the checkpoint held them, from the session's host memory
+ * into dst (dst_bytes, at least the tensor's nbytes): decoded when the session stores them
+ * coded. What a host calls to get back a tensor it freed (ddo_session_tensor_host_owned).
+ * Errors: DDO_E_INVALID_ARGUMENT (NULL argument, tensor out of range, dst too small),
+ * DDO_E_NOT_FOUND (the session keeps no host bytes of it: a skipped tensor, or a file's
+ * tensor the retained store does not hold),
+ * DDO_E_FORMAT (its coded bytes do not decode: corruption, named), DDO_E_NO_MEMORY.
+ */
+DDO_API int ddo_session_tensor_read_host(ddo_session *s, size_t tensor, void *dst,
+                                         uint64_t dst_bytes);
 /* ddo_session_tensor_dlpack flag: a one-dimensional uint8 view of the tensor's bytes (for
  * dtypes DLPack or the host cannot name, such as the F8 types: view them as the dtype). */
 #define DDO_VIEW_BYTES 1u

@@ -71,6 +71,11 @@ bool ddo__codec_codes_dtype(ddo_dtype dtype)
     return dtype == DDO_DTYPE_BF16 || dtype == DDO_DTYPE_F16 || dtype == DDO_DTYPE_F32;
 }
 
+bool ddo__codec_codes_tensor(ddo_dtype dtype, uint64_t nbytes)
+{
+    return ddo__codec_codes_dtype(dtype) && nbytes > 0 && ddo__codec_bound(dtype, nbytes, 0) > 0;
+}
+
 /* The stream's element size: the dtype's for coded dtypes, 1 (bytes) for every other. */
 uint32_t ddo__codec_stream_esize(ddo_dtype dtype)
 {

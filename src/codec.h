@@ -63,6 +63,10 @@ typedef struct ddo__codec_params {
 /* True when the codec codes dtype (BF16, F16, F32); every other dtype is stored raw. */
 bool ddo__codec_codes_dtype(ddo_dtype dtype);
 
+/* True when a tensor of dtype and nbytes is one the codec tries to code (a coded dtype, not
+ * empty, a whole number of elements): the rule the planner, the store and the sidecars share. */
+bool ddo__codec_codes_tensor(ddo_dtype dtype, uint64_t nbytes);
+
 /*
  * The most bytes ddo__codec_encode can write for src_bytes of dtype in blocks
  * of block_elems (0: the default): raw plus 64 bytes plus 56 per block. 0 when

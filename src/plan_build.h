@@ -157,8 +157,8 @@ int ddo__plan_device_side(builder *b, uint64_t limit, const char *limit_source);
 /* weight_codec: the decision, the decode area in the device peak, the encoder's buffer in the
  * retained peak. DDO_E_UNSUPPORTED / DDO_E_BUDGET for an explicit codec that cannot run. */
 int ddo__plan_codec(builder *b);
-/* A tensor the store may code (retained, in a file, a coded dtype), and the status bytes its
- * decode needs (16 per block). Shared with the session's store (source_codec.c). */
+/* A tensor the store may code (retained, in a file or in host memory, a coded dtype), and the
+ * status bytes its decode needs (16 per block). */
 bool ddo__plan_codec_candidate(const ddo_tensor_info *ti, bool retained);
 uint64_t ddo__plan_codec_status_bytes(const ddo_tensor_info *ti);
 

@@ -62,12 +62,14 @@ typedef struct codec_need {
     uint64_t max_unit;   /* the most (rounded) stream bounds one unit's candidates add up to */
     uint64_t max_status; /* the most status bytes one unit's coded tensors need */
     size_t candidates;   /* how many tensors */
+    uint64_t host;       /* raw bytes of the candidates in a caller's host memory */
+    uint64_t host_reg;   /* of those, in registered units */
 } codec_need;
 
 bool ddo__plan_codec_candidate(const ddo_tensor_info *ti, bool retained)
 {
-    return retained && ti->file_index != UINT32_MAX && ti->nbytes > 0 &&
-           ddo__codec_codes_dtype(ti->dtype) && ddo__codec_bound(ti->dtype, ti->nbytes, 0) > 0;
+    bool has_bytes = ti->file_index != UINT32_MAX || ti->host_data != NULL;
+    return retained && has_bytes && ddo__codec_codes_tensor(ti->dtype, ti->nbytes);
 }
 
 uint64_t ddo__plan_codec_status_bytes(const ddo_tensor_info *ti)
@@ -80,14 +82,16 @@ uint64_t ddo__plan_codec_status_bytes(const ddo_tensor_info *ti)
 
 /* The unit's k-th tensor when the codec may code it (streamed, a coded dtype, and retained or,
  * with weight_codec_cache_dir set, a file tensor streamed from its sidecar's coded stream;
- * vmm_runtime streams raw). */
+ * vmm_runtime streams raw, a caller's host tensors too: it keeps no store of its own). */
 static const ddo_tensor_info *unit_candidate(const builder *b, const ddo__plan_unit *un, size_t k)
 {
     size_t t = b->p->unit_tensors[un->first_tensor + k];
     const ddo_tensor_info *ti = b->ti[t];
     const char *dir = b->o->weight_codec_cache_dir;
-    bool sidecar = dir != NULL && dir[0] != '\0' && b->p->route != DDO__ROUTE_VMM_RUNTIME;
+    bool runtime = b->p->route == DDO__ROUTE_VMM_RUNTIME;
+    bool sidecar = dir != NULL && dir[0] != '\0' && !runtime;
     bool ok = b->p->tensors[t].loc.placement == DDO_PLACEMENT_STREAMED &&
+              !(runtime && ti->file_index == UINT32_MAX) &&
               ddo__plan_codec_candidate(ti, un->retained || sidecar);
     return ok ? ti : NULL;
 }
@@ -109,6 +113,10 @@ static void measure(const builder *b, codec_need *n)
             n->max_bound = bound > n->max_bound ? bound : n->max_bound;
             unit = ddo__sat_add_u64(unit, ddo__round_up(bound, AREA_ALIGN));
             n->candidate = ddo__sat_add_u64(n->candidate, ti->nbytes);
+            if (ti->file_index == UINT32_MAX) {
+                n->host = ddo__sat_add_u64(n->host, ti->nbytes);
+                n->host_reg = ddo__sat_add_u64(n->host_reg, un->registered ? ti->nbytes : 0);
+            }
             status = ddo__sat_add_u64(status, ddo__plan_codec_status_bytes(ti));
             n->candidates++;
         }
@@ -261,6 +269,48 @@ static bool coding_pays(builder *b, double *raw_s, double *coded_s)
     return *coded_s < *raw_s * (1.0 - DDO_PLAN_CODEC_MIN_GAIN);
 }
 
+/* A caller's host-memory tensors (the binding's): each candidate gets a raw-sized place in a
+ * store of ddo's own and is coded into it from the caller's memory (source_codec.c); the
+ * coded store is registered where its units are. The retained and registered peaks take the
+ * store at its raw size (the coded size is known only after coding; the pages past it are
+ * never touched). A candidate that coding does not shrink stays where it is, registered in
+ * place as before (already in the registered peak). Returns 1 when the store does not fit a
+ * limit and auto falls back. */
+static int host_store(builder *b, const codec_need *n, bool explicit_codec)
+{
+    ddo_plan_budgets *bg = &b->p->budgets;
+    if (n->host == 0)
+        return 0;
+    uint64_t ret = ddo__sat_add_u64(bg->retained_peak, ddo__round_up(n->host, DDO_SEGMENT_BYTES));
+    uint64_t reg =
+        ddo__sat_add_u64(bg->registered_peak, ddo__round_up(n->host_reg, DDO_SEGMENT_BYTES));
+    const char *over = bg->retained_limit > 0 && ret > bg->retained_limit       ? "retained"
+                       : bg->registered_limit > 0 && reg > bg->registered_limit ? "registered"
+                                                                                : NULL;
+    if (over != NULL) {
+        bool r = over[1] == 'e' && over[2] == 't';
+        char a[32], l[32];
+        if (!explicit_codec) {
+            fall_back(b, "auto: weights move raw: the coded copy of the host tensors does not "
+                         "fit the host limits");
+            return 1;
+        }
+        return ddo__fail(
+            NULL, DDO_E_BUDGET,
+            "plan: weight_codec=ddoc1: the coded copy of the host tensors needs %s "
+            "of %s host memory (at their raw size until coded) but the limit is %s; "
+            "raise %s (0: no limit) or use weight_codec=none",
+            ddo__format_gib(r ? ret : reg, a, sizeof(a)), over,
+            ddo__format_gib(r ? bg->retained_limit : bg->registered_limit, l, sizeof(l)),
+            r ? "vmm_source_cache_gb" : "vmm_source_registered_gb");
+    }
+    bg->retained_peak = ret;
+    bg->registered_peak = reg;
+    ddo__decisions_set_str(&b->p->decisions, "retained_store", "host_memory_coded");
+    ddo__decisions_set_gb(&b->p->decisions, "codec_host_store_gb", n->host);
+    return 0;
+}
+
 int ddo__plan_codec(builder *b)
 {
     const char *mode = b->o->weight_codec != NULL ? b->o->weight_codec : "none";
@@ -319,6 +369,9 @@ int ddo__plan_codec(builder *b)
                  coded_s, raw_s);
         return fall_back(b, note);
     }
+    int rc = host_store(b, &n, explicit_codec);
+    if (rc != 0)
+        return rc > 0 ? 0 : rc;
     bg->device_weights_peak = peak;
     uint64_t encode = n.candidates > 0 ? ddo__round_up(n.max_bound, AREA_ALIGN) : 0;
     bg->retained_peak = ddo__sat_add_u64(bg->retained_peak, encode);

@@ -290,6 +290,9 @@ void ddo__session_destroy_now(ddo_session *s)
 
 static int build_source(ddo_session *s)
 {
+    /* vmm_runtime keeps no store of its own (plan_codec.c): a caller's tensors move raw. */
+    bool codec = ddo__session_codec_wanted(s);
+    bool code_host = codec && !ddo__route_per_weight(s->route);
     size_t count = 0;
     for (size_t u = 0; u < s->unit_count; u++) {
         size_t n = 0;
@@ -333,6 +336,7 @@ static int build_source(ddo_session *s)
             req[k].register_ = info.retained && info.registered;
             req[k].group = u;
             req[k].dst = loc.offset;
+            req[k].code_host = code_host;
             k++;
         }
     }
@@ -348,7 +352,7 @@ static int build_source(ddo_session *s)
     p.metrics = &s->metrics;
     p.progress = s->opts.progress;
     p.progress_user = s->opts.progress_user;
-    p.codec = ddo__session_codec_wanted(s);
+    p.codec = codec;
     p.codec_cache_dir = s->set.codec_cache_dir;
     int rc = ddo__source_create(&p, req, k, &s->source, &s->err);
     free(req);

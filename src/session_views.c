@@ -1,8 +1,8 @@
 /*
  * session_views.c - what a framework host needs to see ddo's device memory as its own
  * tensors: a tensor's address while its unit is leased, session-long addresses on the VMM
- * routes, every address of a leased unit in one call, and DLPack views that keep the session
- * alive while they live.
+ * routes, every address of a leased unit in one call, DLPack views that keep the session
+ * alive while they live, and the host bytes of a tensor whose host copy the session owns.
  */
 #include "session.h"
 
@@ -295,4 +295,37 @@ int ddo_session_tensor_dlpack(ddo_session *s, size_t tensor, unsigned flags, voi
     atomic_fetch_add(&s->refs, 1);
     *managed = &v->m;
     return 0;
+}
+
+/* ---- host copies ---- */
+
+int ddo_session_tensor_host_owned(ddo_session *s, size_t tensor, bool *owned)
+{
+    if (s == NULL || owned == NULL)
+        return ddo__fail(s != NULL ? &s->err : NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_tensor_host_owned: session and owned are required");
+    size_t n = ddo_checkpoint_tensor_count(s->ck);
+    if (tensor >= n)
+        return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_tensor_host_owned: tensor %zu out of range (%zu tensors)",
+                         tensor, n);
+    *owned = ddo_checkpoint_tensor(s->ck, tensor)->file_index == UINT32_MAX &&
+             ddo__source_owns_host_tensor(s->source, tensor);
+    return 0;
+}
+
+int ddo_session_tensor_read_host(ddo_session *s, size_t tensor, void *dst, uint64_t dst_bytes)
+{
+    static const char fn[] = "ddo_session_tensor_read_host";
+    if (s == NULL || dst == NULL)
+        return ddo__fail(s != NULL ? &s->err : NULL, DDO_E_INVALID_ARGUMENT,
+                         "%s: session and dst are required", fn);
+    size_t n = ddo_checkpoint_tensor_count(s->ck);
+    if (tensor >= n)
+        return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
+                         "%s: tensor %zu out of range (%zu tensors)", fn, tensor, n);
+    if (s->source == NULL)
+        return ddo__fail(&s->err, DDO_E_NOT_FOUND, "%s: tensor \"%s\": no host copy of it is kept",
+                         fn, ddo_checkpoint_tensor(s->ck, tensor)->name);
+    return ddo__source_copy_out(s->source, tensor, dst, dst_bytes, &s->err);
 }

@@ -95,6 +95,16 @@ static uint64_t stored_bytes(const entry *entries, size_t t, const ddo_tensor_in
     return ti->nbytes;
 }
 
+/* True when tensor t has a place in the store: a file tensor, or with code_host (its request's)
+ * a caller's host-memory tensor the codec codes (coded from its memory into that place,
+ * source_codec.c). */
+static bool stored(const ddo_tensor_info *t, bool code_host)
+{
+    if (t->file_index != UINT32_MAX)
+        return true;
+    return code_host && t->host_data != NULL && ddo__codec_codes_tensor(t->dtype, t->nbytes);
+}
+
 /* Places every retained tensor (registered ones first) at the size it is read at
  * (stored_bytes); entries may be NULL (raw sizes only). */
 static int place(const ddo_checkpoint *ck, const ddo__source_request *req, size_t count,
@@ -104,7 +114,7 @@ static int place(const ddo_checkpoint *ck, const ddo__source_request *req, size_
     uint64_t reg = 0, total = 0;
     for (size_t i = 0; i < count; i++) {
         const ddo_tensor_info *t = ddo_checkpoint_tensor(ck, req[i].tensor);
-        if (!req[i].retain || t->file_index == UINT32_MAX)
+        if (!req[i].retain || !stored(t, req[i].code_host))
             continue;
         uint64_t from, nb = stored_bytes(entries, req[i].tensor, t, &from);
         if (!ddo__add_u64(total, nb, &total) ||
@@ -124,7 +134,8 @@ static int place(const ddo_checkpoint *ck, const ddo__source_request *req, size_
             if (!req[i].retain || req[i].register_ != registered)
                 continue;
             const ddo_tensor_info *t = ddo_checkpoint_tensor(ck, req[i].tensor);
-            if (t->file_index == UINT32_MAX) {
+            bool host = t->file_index == UINT32_MAX;
+            if (host && !stored(t, req[i].code_host)) {
                 if (entries != NULL) {
                     entries[req[i].tensor].run = RUN_HOST;
                     entries[req[i].tensor].ptr = t->host_data;
@@ -132,6 +143,7 @@ static int place(const ddo_checkpoint *ck, const ddo__source_request *req, size_
                 continue;
             }
             uint64_t from, nb = stored_bytes(entries, req[i].tensor, t, &from);
+            from = host ? pos : from; /* no direct read: no congruence pad */
             uint64_t pad = (from % IO_ALIGN + IO_ALIGN - pos % IO_ALIGN) % IO_ALIGN;
             if (pads + pad <= total_slack && (!registered || reg_pads + pad <= reg_slack)) {
                 pos += pad;
@@ -140,6 +152,7 @@ static int place(const ddo_checkpoint *ck, const ddo__source_request *req, size_
             }
             if (entries != NULL) {
                 entries[req[i].tensor].run = RUN_STORE;
+                entries[req[i].tensor].host = host;
                 entries[req[i].tensor].pos = pos;
             }
             pos += nb;
@@ -320,8 +333,8 @@ static int code_store(ddo__source *src, const ddo__source_params *p, layout *l, 
         if (src->entries[t].run != RUN_STORE)
             continue;
         const entry *e = &src->entries[t];
-        items[n] = (ddo__codec_item){ t, DDO__CODEC_FROM_RAW_READ, e->pos,
-                                      ddo_checkpoint_tensor(src->ck, t)->nbytes };
+        items[n] = (ddo__codec_item){ t, e->host ? DDO__CODEC_FROM_HOST : DDO__CODEC_FROM_RAW_READ,
+                                      e->pos, ddo_checkpoint_tensor(src->ck, t)->nbytes };
         if (e->side == SIDE_CODED) /* its coded stream, from the sidecar */
             items[n] = (ddo__codec_item){ t, DDO__CODEC_FROM_CODED, e->pos, e->se->coded_bytes };
         else if (e->side == SIDE_RAW)
@@ -334,8 +347,12 @@ static int code_store(ddo__source *src, const ddo__source_params *p, layout *l, 
     int rc = ddo__source_codec_pack(src->ck, src->base, items, n, split, (unsigned)p->workers,
                                     src->retained, p->metrics, &src->codec, &reg_end, &end, eb);
     for (size_t i = 0; rc == 0 && i < n; i++) {
-        src->entries[items[i].tensor].pos = items[i].pos;
-        src->entries[items[i].tensor].ptr = src->base + items[i].pos;
+        entry *e = &src->entries[items[i].tensor];
+        e->pos = items[i].pos;
+        e->ptr = src->base + items[i].pos;
+        if (items[i].from == DDO__CODEC_LEFT_IN_HOST) /* served from the caller's memory */
+            *e = (entry){ .run = RUN_HOST,
+                          .ptr = ddo_checkpoint_tensor(src->ck, items[i].tensor)->host_data };
     }
     if (rc == 0)
         ddo__source_sidecar_save(src, p, items, n);
@@ -489,6 +506,36 @@ const void *ddo__source_host_ptr(const ddo__source *src, size_t tensor, bool *re
         *registered = all;
     }
     return e->ptr;
+}
+
+bool ddo__source_owns_host_tensor(const ddo__source *src, size_t tensor)
+{
+    return src != NULL && tensor < src->tensor_count && src->entries[tensor].run == RUN_STORE &&
+           src->entries[tensor].host;
+}
+
+int ddo__source_copy_out(const ddo__source *src, size_t tensor, void *dst, uint64_t dst_bytes,
+                         ddo__errbuf *eb)
+{
+    if (src == NULL || dst == NULL || tensor >= src->tensor_count)
+        return ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "retained store: invalid argument");
+    const ddo_tensor_info *t = ddo_checkpoint_tensor(src->ck, tensor);
+    const entry *e = &src->entries[tensor];
+    /* A caller's tensor the store does not hold (resident, or in place): its own bytes. */
+    const uint8_t *at = e->run != RUN_NONE ? e->ptr : (const uint8_t *)t->host_data;
+    if (at == NULL && t->nbytes > 0)
+        return ddo__fail(eb, DDO_E_NOT_FOUND,
+                         "retained store: tensor \"%s\": no host copy of it is kept", t->name);
+    if (dst_bytes < t->nbytes)
+        return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
+                         "retained store: tensor \"%s\": %llu bytes do not fit %llu", t->name,
+                         (unsigned long long)t->nbytes, (unsigned long long)dst_bytes);
+    const ddo__codec_plan *cp = ddo__source_codec_plan(src->codec, tensor);
+    if (cp != NULL)
+        return ddo__codec_decode(at, cp->coded_bytes, dst, dst_bytes, t->name, eb);
+    if (t->nbytes > 0)
+        memcpy(dst, at, (size_t)t->nbytes);
+    return 0;
 }
 
 size_t ddo__source_host_pieces(const ddo__source *src, size_t tensor, ddo__host_piece out[3])

@@ -36,6 +36,8 @@ typedef struct ddo__source_request {
     bool register_; /* and register them (only with retain) */
     size_t group;   /* a host tensor registered in place: its unit (host_pins.h groups) */
     uint64_t dst;   /* and its offset in that unit's device layout */
+    bool code_host; /* weight_codec: a caller's host tensor the store codes into its own memory
+                     * (a streamed one; source_codec.h) */
 } ddo__source_request;
 
 typedef struct ddo__source_params {
@@ -93,6 +95,20 @@ const struct ddo__codec_plan *ddo__source_coded(const ddo__source *src, size_t t
 /* Where tensor's retained bytes are (NULL when not retained) and whether they are registered
  * (a registered host-memory tensor is read through ddo__source_host_pieces). */
 const void *ddo__source_host_ptr(const ddo__source *src, size_t tensor, bool *registered);
+
+/* True when the store holds its own copy (coded) of a caller's host-memory tensor, so the
+ * caller's bytes are never read again (weight_codec; source_codec.h). */
+bool ddo__source_owns_host_tensor(const ddo__source *src, size_t tensor);
+
+/*
+ * Copies tensor's bytes as the checkpoint holds them into dst (dst_bytes, at least the
+ * tensor's): decoded from the store when it is stored coded, else from the store, or from the
+ * caller's memory for a host tensor the store does not hold. Errors: DDO_E_NOT_FOUND (a file
+ * tensor the store does not hold), DDO_E_INVALID_ARGUMENT (dst too small),
+ * DDO_E_FORMAT (a coded stream that does not decode), DDO_E_NO_MEMORY.
+ */
+int ddo__source_copy_out(const ddo__source *src, size_t tensor, void *dst, uint64_t dst_bytes,
+                         ddo__errbuf *eb);
 
 /* Where the store's coded bytes came from: "none" (no codec), "encoded" (coded at setup),
  * "sidecar" (read from coded sidecars) or "sidecar+encoded"; and the note of what happened

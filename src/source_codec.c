@@ -1,7 +1,9 @@
 /*
  * source_codec.c - coding the retained store in place (source_codec.h). Setup reads the raw
  * bytes (source.c); with weight_codec on, this pass codes each BF16/F16/F32 tensor into one
- * buffer and moves every tensor, coded or raw, down to the end of the one before it. A stored
+ * buffer and moves every tensor, coded or raw, down to the end of the one before it. A
+ * caller's host-memory tensor has a raw-sized place in the store but is coded from its own
+ * memory; when coding does not shrink it, nothing is stored and its own bytes serve it. A stored
  * item is never larger than its raw bytes, so the write position never passes the read
  * position of a tensor not yet coded, and the store shrinks to its coded size; source.c then
  * gives the pages and the account bytes that coding saved back and registers the coded
@@ -67,8 +69,8 @@ static uint64_t buffer_bytes(const ddo_checkpoint *ck, const ddo__codec_item *it
     uint64_t most = 0;
     for (size_t i = 0; i < n; i++) {
         const ddo_tensor_info *ti = ddo_checkpoint_tensor(ck, items[i].tensor);
-        if (!ddo__codec_codes_dtype(ti->dtype) || items[i].nbytes == 0 ||
-            items[i].from != DDO__CODEC_FROM_RAW_READ)
+        if (!ddo__codec_codes_tensor(ti->dtype, items[i].nbytes) ||
+            (items[i].from != DDO__CODEC_FROM_RAW_READ && items[i].from != DDO__CODEC_FROM_HOST))
             continue;
         uint64_t b = ddo__codec_bound(ti->dtype, items[i].nbytes, 0);
         most = b > most ? b : most;
@@ -122,18 +124,19 @@ static int pack_item(packer *pk, ddo__codec_item *it, ddo__errbuf *eb)
     if (it->from == DDO__CODEC_FROM_CODED)
         return keep_coded(pk, it, eb);
     const ddo_tensor_info *ti = ddo_checkpoint_tensor(pk->ck, it->tensor);
+    bool host = it->from == DDO__CODEC_FROM_HOST;
+    const uint8_t *raw = host ? (const uint8_t *)ti->host_data : pk->base + it->pos;
     uint8_t *at = pk->base + pk->cursor;
     uint64_t coded = 0;
-    bool candidate = ddo__codec_codes_dtype(ti->dtype) && it->nbytes > 0 &&
-                     ddo__codec_bound(ti->dtype, it->nbytes, 0) > 0 &&
-                     it->from == DDO__CODEC_FROM_RAW_READ;
+    bool candidate = ddo__codec_codes_tensor(ti->dtype, it->nbytes) &&
+                     (it->from == DDO__CODEC_FROM_RAW_READ || host);
     if (candidate) {
         if (fault_hit())
             return ddo__fail(eb, DDO_E_IO, "codec: tensor `%s`: encoding: injected fault",
                              ti->name);
         ddo__codec_params cp = { 0, pk->threads };
-        int rc = ddo__codec_encode(pk->base + it->pos, it->nbytes, ti->dtype, &cp, pk->buf,
-                                   pk->buf_bytes, &coded, ti->name, eb);
+        int rc = ddo__codec_encode(raw, it->nbytes, ti->dtype, &cp, pk->buf, pk->buf_bytes, &coded,
+                                   ti->name, eb);
         if (rc != 0)
             return rc;
     }
@@ -145,6 +148,11 @@ static int pack_item(packer *pk, ddo__codec_item *it, ddo__errbuf *eb)
         ddo__metrics_add(pk->metrics, DDO_M_setup_encode_bytes, (double)it->nbytes);
         ddo__metrics_add(pk->metrics, DDO_M_setup_coded_bytes, (double)coded);
         it->nbytes = coded;
+    } else if (host) { /* the caller's bytes serve it: nothing stored */
+        if (candidate)
+            ddo__metrics_add(pk->metrics, DDO_M_setup_codec_raw_tensors, 1);
+        it->from = DDO__CODEC_LEFT_IN_HOST;
+        it->nbytes = 0;
     } else {
         if (candidate)
             ddo__metrics_add(pk->metrics, DDO_M_setup_codec_raw_tensors, 1);

@@ -21,18 +21,24 @@ typedef struct ddo__source_codec ddo__source_codec;
 enum {
     DDO__CODEC_FROM_RAW_READ, /* raw bytes read from the checkpoint: code them */
     DDO__CODEC_FROM_CODED,    /* a coded stream already (a sidecar's): validate and keep */
-    DDO__CODEC_FROM_KEEP_RAW  /* raw bytes known not to shrink (a sidecar says so): keep */
+    DDO__CODEC_FROM_KEEP_RAW, /* raw bytes known not to shrink (a sidecar says so): keep */
+    DDO__CODEC_FROM_HOST,     /* a caller's host-memory tensor (its bytes at host_data, not in
+                               * the store): code it into the store */
+    DDO__CODEC_LEFT_IN_HOST   /* out, for FROM_HOST: coding did not shrink it, so nothing was
+                               * stored (nbytes 0) and the caller's bytes serve it */
 };
 
 typedef struct ddo__codec_item {
     size_t tensor;
     uint8_t from;    /* DDO__CODEC_FROM_* */
-    uint64_t pos;    /* in: where its raw bytes lie in the store; out: where its bytes lie now */
+    uint64_t pos;    /* in: where its raw bytes lie (FROM_HOST: its place, raw-sized) in the
+                      * store; out: where its bytes lie now */
     uint64_t nbytes; /* in: raw bytes; out: bytes stored (coded, or raw when coding did not pay) */
 } ddo__codec_item;
 
 /*
- * Codes the store at base in place: each item whose dtype the codec codes is encoded on
+ * Codes the store at base in place: each item whose dtype the codec codes (FROM_HOST: from the
+ * caller's memory, ddo_tensor_info.host_data) is encoded on
  * `threads` workers into a buffer of its bound (taken from `retained` for the time of the
  * coding: the plan counts it) and kept coded when that is smaller; every item is then moved
  * down to the end of the one before it, so the store ends at the returned *end (the position

@@ -39,6 +39,7 @@ enum {
 typedef struct entry {
     uint8_t run;
     uint8_t side; /* SIDE_* */
+    bool host;    /* RUN_STORE for a caller's host-memory tensor, to be coded from its memory */
     uint64_t pos; /* offset inside its run */
     const uint8_t *ptr;
     const ddo__sidecar_entry *se; /* its sidecar entry (SIDE_CODED, SIDE_RAW) */

@@ -423,7 +423,7 @@ static int make_pieces(ddo__source *src, const ddo__source_request *req, size_t 
     uint64_t bytes = 0;
     for (size_t i = 0; i < count; i++) {
         const entry *en = &src->entries[req[i].tensor];
-        if (en->run != RUN_STORE)
+        if (en->run != RUN_STORE || en->host) /* a host tensor is coded from its memory */
             continue;
         const ddo_tensor_info *t = ddo_checkpoint_tensor(src->ck, req[i].tensor);
         uint64_t s = t->offset, e = t->offset + t->nbytes;

@@ -60,8 +60,7 @@ const char *ddo__source_codec_note(const ddo__source *src)
 
 static bool candidate(const ddo_tensor_info *t)
 {
-    return ddo__codec_codes_dtype(t->dtype) && t->nbytes > 0 &&
-           ddo__codec_bound(t->dtype, t->nbytes, 0) > 0;
+    return ddo__codec_codes_tensor(t->dtype, t->nbytes);
 }
 
 /* Opens file f's sidecar into src->sidecars[f] (a note when one exists but is unusable). */

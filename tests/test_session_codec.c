@@ -250,6 +250,121 @@ static void test_incompressible_tensor_stays_raw(void)
     fx_destroy(&f);
 }
 
+/* A checkpoint of a caller's host tensors (what the Python binding builds): with the codec
+ * each tensor that shrinks is coded into the session's own store and the caller's bytes are
+ * never read again (poisoned here after setup, the loads stay exact); one that does not
+ * shrink is served from the caller's memory in place. ddo_session_tensor_read_host gives
+ * back every tensor's bytes exactly; the plan's retained and registered peaks hold. */
+static void host_memory_case(const char *route, bool pin, const char *random_tensor)
+{
+    char what[96];
+    snprintf(what, sizeof(what), "host memory %s pin=%d %s", route, pin,
+             random_tensor != NULL ? random_tensor : "");
+    fx f;
+    fx_opts o = codec_opts(route, "ddoc1", pin, 2);
+    o.file = false;
+    o.random_tensor = random_tensor;
+    T_REQUIRE(fx_create(&f, &o) == 0);
+    T_CHECK_MSG(f.rc == 0, "%s", what);
+    T_REQUIRE(f.rc == 0);
+    T_EQ_STR(ddo_plan_decision_get(f.plan, "retained_store"), "host_memory_coded");
+    size_t owned_n = 0, in_place = 0;
+    unsigned char *poisoned[FX_MAX_TENSORS] = { 0 };
+    for (size_t t = 0; t < ddo_checkpoint_tensor_count(f.ck); t++) {
+        size_t l = fx_local(&f, t);
+        bool owned = true;
+        T_EQ_INT(ddo_session_tensor_host_owned(f.s, t, &owned), 0);
+        unsigned char *back = malloc(f.sizes[l]);
+        T_REQUIRE(back != NULL);
+        T_EQ_INT(ddo_session_tensor_read_host(f.s, t, back, f.sizes[l] - 1),
+                 DDO_E_INVALID_ARGUMENT);
+        T_EQ_INT(ddo_session_tensor_read_host(f.s, t, back, f.sizes[l]), 0);
+        T_CHECK_MSG(memcmp(back, f.bytes[l], f.sizes[l]) == 0, "%s: %s read back", what,
+                    f.names[l]);
+        bool named_random = random_tensor != NULL && strcmp(f.names[l], random_tensor) == 0;
+        ddo_tensor_location loc;
+        T_REQUIRE(ddo_plan_tensor_location(f.plan, t, &loc) == 0);
+        if (named_random || loc.placement != DDO_PLACEMENT_STREAMED)
+            T_CHECK_MSG(!owned, "%s: %s is served in place", what, f.names[l]);
+        else
+            T_CHECK_MSG(owned, "%s: %s is the session's", what, f.names[l]);
+        if (owned) { /* the caller frees its copy: the test keeps it, poisoned */
+            poisoned[l] = f.bytes[l];
+            f.bytes[l] = back;
+            memset(poisoned[l], 0xA5, f.sizes[l]);
+            owned_n++;
+        } else {
+            in_place += loc.placement == DDO_PLACEMENT_STREAMED ? 1 : 0;
+            free(back);
+        }
+    }
+    T_CHECK_MSG(owned_n == 2u * (size_t)f.o.blocks - (random_tensor != NULL ? 1 : 0), "%s: %zu",
+                what, owned_n);
+    T_CHECK_MSG(in_place == (random_tensor != NULL ? 1u : 0u), "%s: in place %zu", what, in_place);
+    fx_two_steps(&f, what);
+    T_CHECK_MSG(fx_metric(&f, "bytes_decoded") > 0, "%s: nothing decoded", what);
+    ddo_plan_budgets b;
+    T_REQUIRE(ddo_plan_budgets_get(f.plan, &b) == 0);
+    T_CHECK_MSG(fx_metric(&f, "retained_peak_bytes") <= (double)b.retained_peak &&
+                    fx_metric(&f, "retained_peak_bytes") > 0,
+                "%s: retained peak %g of %llu", what, fx_metric(&f, "retained_peak_bytes"),
+                (unsigned long long)b.retained_peak);
+    T_CHECK_MSG(fx_metric(&f, "registered_peak_bytes") <= (double)b.registered_peak,
+                "%s: registered peak %g of %llu", what, fx_metric(&f, "registered_peak_bytes"),
+                (unsigned long long)b.registered_peak);
+    fx_destroy(&f);
+    for (size_t l = 0; l < FX_MAX_TENSORS; l++)
+        free(poisoned[l]);
+}
+
+static void test_host_memory_is_coded(void)
+{
+    for (size_t r = 0; r < 2; r++)
+        for (int pin = 0; pin < 2; pin++) {
+            host_memory_case(routes[r], pin != 0, NULL);
+            host_memory_case(routes[r], pin != 0, "blocks.1.attn.weight");
+        }
+    /* vmm_runtime keeps no store of its own: the caller's tensors move raw, with a note. */
+    fx f;
+    fx_opts o = codec_opts("vmm_runtime", "ddoc1", false, 2);
+    o.file = false;
+    T_REQUIRE(fx_create(&f, &o) == 0);
+    T_REQUIRE(f.rc == 0);
+    T_EQ_STR(ddo_plan_decision_get(f.plan, "retained_store"), "host_memory");
+    T_CONTAINS(ddo_plan_decision_get(f.plan, "weight_codec_note"), "nothing to code");
+    fx_two_steps(&f, "host memory vmm_runtime");
+    T_CHECK(fx_metric(&f, "bytes_decoded") == 0);
+    fx_destroy(&f);
+    /* Errors, and a file checkpoint's tensor the store does not hold. */
+    o = codec_opts("vmm_fast_runtime", "ddoc1", false, 2);
+    o.cache_gb = 0;
+    T_REQUIRE(fx_create(&f, &o) == 0);
+    T_REQUIRE(f.rc == 0);
+    bool owned = true;
+    unsigned char buf[8];
+    size_t t = fx_tensor(&f, "blocks.0.attn.weight");
+    T_EQ_INT(ddo_session_tensor_host_owned(f.s, t, &owned), 0);
+    T_CHECK(!owned);
+    unsigned char *big = malloc(1u << 20);
+    T_REQUIRE(big != NULL);
+    T_EQ_INT(ddo_session_tensor_read_host(f.s, t, big, 1u << 20), DDO_E_NOT_FOUND);
+    free(big);
+    T_CONTAINS(ddo_session_error(f.s), "blocks.0.attn.weight");
+    T_EQ_INT(ddo_session_tensor_host_owned(f.s, 999, &owned), DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo_session_tensor_read_host(NULL, t, buf, 8), DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo_session_tensor_host_owned(f.s, t, NULL), DDO_E_INVALID_ARGUMENT);
+    fx_destroy(&f);
+    /* A failing encoder on host tensors: refused, the tensor named, nothing held. */
+    o = codec_opts("linear_runtime", "ddoc1", true, 2);
+    o.file = false;
+    ddo__source_codec_fault_nth(3);
+    T_REQUIRE(fx_create(&f, &o) == 0);
+    ddo__source_codec_fault_nth(0);
+    T_EQ_INT(f.rc, DDO_E_IO);
+    T_CONTAINS(ddo_last_error(), "injected fault");
+    fx_destroy(&f);
+}
+
 /* The plan: the decode memory in the device peak (two areas of the largest unit's stream
  * bounds, a status part per slot), the encoder's buffer in the retained peak. */
 static void test_plan_accounting(void)
@@ -503,6 +618,7 @@ int main(void)
     T_RUN(test_faults_during_decode);
     T_RUN(test_faults_during_encode);
     T_RUN(test_incompressible_tensor_stays_raw);
+    T_RUN(test_host_memory_is_coded);
     T_RUN(test_plan_accounting);
     T_RUN(test_batches_fewer_launches);
     T_RUN(test_batches_split);

@@ -148,7 +148,7 @@ static size_t requests(const ddo_checkpoint *ck, ddo__source_request *req)
         size_t idx = SIZE_MAX;
         if (ddo_checkpoint_find(ck, name, &idx) != 0)
             return 0;
-        req[n++] = (ddo__source_request){ idx, i != 5, i % 2 == 0, 0, 0 };
+        req[n++] = (ddo__source_request){ idx, i != 5, i % 2 == 0, 0, 0, false };
     }
     return n;
 }
@@ -261,10 +261,10 @@ static void test_sizes_are_the_planner_formula(void)
      * round_up(registered) and round_up(retained)), and the create fits exactly */
     fixture fx;
     T_REQUIRE(fixture_open(&fx, 64 * MIB, 64 * MIB) == 0);
-    ddo__source_request req[4] = { { tensor_index(fx.ck, 1), true, false, 0, 0 },
-                                   { tensor_index(fx.ck, 4), true, true, 0, 0 },
-                                   { tensor_index(fx.ck, 6), true, false, 0, 0 },
-                                   { tensor_index(fx.ck, 5), false, false, 0, 0 } };
+    ddo__source_request req[4] = { { tensor_index(fx.ck, 1), true, false, 0, 0, false },
+                                   { tensor_index(fx.ck, 4), true, true, 0, 0, false },
+                                   { tensor_index(fx.ck, 6), true, false, 0, 0, false },
+                                   { tensor_index(fx.ck, 5), false, false, 0, 0, false } };
     uint64_t ret = 0, reg = 0;
     T_EQ_INT(ddo__source_bytes(fx.ck, req, 4, &ret, &reg, NULL), 0);
     T_EQ_U64(ret, 64 * MIB);
@@ -306,7 +306,7 @@ static void test_bytes_io_uring_engine(void)
 static size_t all_registered(const ddo_checkpoint *ck, ddo__source_request *req)
 {
     for (size_t i = 0; i < NT; i++)
-        req[i] = (ddo__source_request){ tensor_index(ck, i), true, true, 0, 0 };
+        req[i] = (ddo__source_request){ tensor_index(ck, i), true, true, 0, 0, false };
     return NT;
 }
 
@@ -580,7 +580,7 @@ static void test_host_tensor_pieces(void)
     ddo__source_params p = {
         .ck = ck, .dev = dev, .workers = 1, .retained = &ret, .registered = &reg
     };
-    ddo__source_request req[1] = { { 0, true, true, 0, 0 } };
+    ddo__source_request req[1] = { { 0, true, true, 0, 0, false } };
     ddo__source *src = NULL;
     T_REQUIRE(ddo__source_create(&p, req, 1, &src, NULL) == 0);
     ddo__host_piece pc[3];
@@ -630,7 +630,8 @@ static void test_host_memory_tensors(void)
     };
     size_t ia = SIZE_MAX, ib = SIZE_MAX;
     T_REQUIRE(ddo_checkpoint_find(ck, "a", &ia) == 0 && ddo_checkpoint_find(ck, "b", &ib) == 0);
-    ddo__source_request req[2] = { { ia, true, true, 0, 0 }, { ib, false, false, 0, 0 } };
+    ddo__source_request req[2] = { { ia, true, true, 0, 0, false },
+                                   { ib, false, false, 0, 0, false } };
     uint64_t r1 = 1, r2 = 1;
     T_EQ_INT(ddo__source_bytes(ck, req, 2, &r1, &r2, NULL), 0);
     T_EQ_U64(r1, 0); /* the caller's memory: the store copies nothing */
@@ -667,10 +668,11 @@ static void test_host_memory_tensors(void)
     ddo__source_destroy(src);
     T_EQ_U64(ddo__account_used(&reg), 0); /* unregistered */
     /* bad requests */
-    ddo__source_request dup[2] = { { ia, true, false, 0, 0 }, { ia, true, false, 0, 0 } };
+    ddo__source_request dup[2] = { { ia, true, false, 0, 0, false },
+                                   { ia, true, false, 0, 0, false } };
     T_EQ_INT(ddo__source_create(&p, dup, 2, &src, &eb), DDO_E_INVALID_ARGUMENT);
     T_CONTAINS(eb.msg, "tensor \"a\": requested twice");
-    ddo__source_request bad[1] = { { ib, false, true, 0, 0 } };
+    ddo__source_request bad[1] = { { ib, false, true, 0, 0, false } };
     T_EQ_INT(ddo__source_create(&p, bad, 1, &src, &eb), DDO_E_INVALID_ARGUMENT);
     T_CONTAINS(eb.msg, "register_ without retain");
     ddo__account_fini(&ret);

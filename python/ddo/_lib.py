@@ -227,6 +227,8 @@ FUNCTIONS = {
     "ddo_session_unit_addresses": (c_int, [P, c_size_t, PP, c_size_t, PSIZE]),
     "ddo_session_tensor_stable_address": (c_int, [P, c_size_t, PP]),
     "ddo_session_tensor_dlpack": (c_int, [P, c_size_t, ctypes.c_uint, PP]),
+    "ddo_session_tensor_host_owned": (c_int, [P, c_size_t, ctypes.POINTER(c_bool)]),
+    "ddo_session_tensor_read_host": (c_int, [P, c_size_t, P, c_u64]),
     "ddo_session_view_count": (c_size_t, [P]),
     "ddo_session_unload": (c_int, [P]),
     "ddo_session_reload": (c_int, [P]),

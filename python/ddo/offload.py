@@ -4,6 +4,8 @@ How it works (docs/python.md has the whole story):
   - The module's CPU tensors become a ddo checkpoint in host memory (one tensor per storage:
     tied weights are one). The session registers them in place (no second host copy), so the
     copy engine reads the module's own pages; they stay the module's, 1 x the model in RAM.
+    With weight_codec the session codes them into host memory of its own instead, and the
+    module's copies of the coded tensors are let go (close() reads them back, decoded).
   - The plan's units (blocks or leaves) are found in the module tree. A forward pre-hook on
     each unit's module acquires the unit on torch's current stream and binds its parameters
     to views of ddo's device memory (``param.data = view``: every Parameter keeps its
@@ -102,6 +104,26 @@ class _Param:
         self.shape = tuple(host.shape)
         self.placement = _PLACEMENT_STREAMED
         self.unit = None
+
+
+def _trim_host_heap():
+    """Gives the pages of freed host tensors back to the system where the C library can
+    (glibc's malloc_trim): torch's tensors of a few MiB live in malloc's heap, whose free
+    pages below its top stay in RSS until trimmed. A no-op elsewhere."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+
+
+def _nbytes(t):
+    """The bytes of ddo tensor t (its shape and dtype)."""
+    n = 1
+    for d in t.shape:
+        n *= d
+    return n * torch.empty(0, dtype=t.torch_dtype).element_size()
 
 
 def _collect(module, to_ddo):
@@ -234,6 +256,7 @@ class OffloadResult:
         self._versions = {}
         self.device = None
         self.unmanaged_bytes = 0
+        self.host_bytes_released = 0
         self.device_bytes_after_close = None
         self.device_note = ""
         try:
@@ -283,10 +306,13 @@ class OffloadResult:
                                            ctypes.byref(s)))
         self._session = s
         self._place()
+        self._drop_owned_host()
         self._declare_order()
         self._move_unmanaged()
-        self._bind_residents()
+        self._bind_residents()  # the Parameters let go of the released copies here
         self._install_hooks()
+        if self.host_bytes_released:
+            _trim_host_heap()
 
     def _measured_inputs(self, inputs):
         """What a profile measured, where the device reports nothing: the bus and compute
@@ -348,6 +374,34 @@ class OffloadResult:
             members = [self._tensors[idx[k]] for k in range(n.value)]
             self._unit_tensors.append([t for t in members if t.placement == _PLACEMENT_STREAMED])
         self.vmm = self.plan.get("route") in ("vmm_fast_runtime", "vmm_runtime")
+
+    def _drop_owned_host(self):
+        """weight_codec: the tensors the session coded into host memory of its own are never
+        read from the module's copies again, so those copies are let go (host RAM then holds
+        the coded bytes, not both); close() reads them back, decoded (_host_back)."""
+        if self._source is not None:
+            return
+        L = _native.lib()
+        owned = ctypes.c_bool()
+        for t in self._tensors:
+            if t.placement != _PLACEMENT_STREAMED:
+                continue
+            _native.check(L.ddo_session_tensor_host_owned(self._session, t.index,
+                                                          ctypes.byref(owned)),
+                          L.ddo_session_error(self._session))
+            if owned.value:
+                t.host = None
+                self.host_bytes_released += _nbytes(t)
+
+    def _host_back(self, t):
+        """A host tensor with t's bytes, read from the session (ddo_session_tensor_read_host)."""
+        host = torch.empty(t.shape, dtype=t.torch_dtype)
+        L = _native.lib()
+        _native.check(L.ddo_session_tensor_read_host(self._session, t.index,
+                                                     ctypes.c_void_p(host.data_ptr()),
+                                                     _nbytes(t)),
+                      L.ddo_session_error(self._session))
+        return host
 
     def _declare_order(self):
         if self._unit_count == 0:
@@ -664,7 +718,14 @@ class OffloadResult:
             except AttributeError:
                 pass
             self._orig_forward = None
+        lost = None
         for t in getattr(self, "_tensors", []):
+            if t.host is None and t.params:  # the session's own copy (weight_codec)
+                try:
+                    t.host = self._host_back(t)
+                except DdoError as e:  # the rest is still torn down; this is raised after
+                    lost = lost or e
+                    continue
             for p in t.params:
                 p.data = t.host
         for item in self._moved:
@@ -704,6 +765,8 @@ class OffloadResult:
             self._source_restore = None
         if getattr(self.module, "_ddo_offload", None) is self:
             del self.module._ddo_offload
+        if lost is not None:
+            raise lost
 
     def __enter__(self):
         return self

@@ -1,0 +1,127 @@
+"""weight_codec on a module already in host RAM (ddo_checkpoint_create_from_memory), on the cpu
+device whose C decoder is the reference (docs/codec.md, docs/python.md "weight_codec").
+
+The session codes each streamed tensor that shrinks into host memory of its own; the binding
+then lets the module's copies go (host RAM holds the coded bytes, not both) and close() reads
+them back, decoded, bit for bit.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import ddo
+import models
+from conftest import ROOT, ZERO_RESIDENT
+
+ROUTES = [("linear", "auto", "one_shot_fast"), ("vmm", "auto", "vmm_fast_runtime")]
+
+
+def steps(module, x, n=3):
+    with torch.no_grad():
+        return [module(x) for _ in range(n)]
+
+
+@pytest.mark.parametrize("backend,preset,route", ROUTES)
+@pytest.mark.parametrize("granularity", ["block", "leaf"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_coded_host_module_is_bit_identical(backend, preset, route, granularity, dtype):
+    m = models.FluxLike(dtype=dtype, seed=5)
+    x = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(6)).to(dtype)
+    ref = steps(m, x)
+    before = {n: p for n, p in m.named_parameters()}
+    values = {n: p.detach().clone() for n, p in m.named_parameters()}
+    r = ddo.enable_offload(m, preset, backend=backend, unit_granularity=granularity,
+                           weight_codec="ddoc1", **ZERO_RESIDENT)
+    try:
+        d = r.plan["planner_decisions"]
+        assert d["weight_codec"] == "ddoc1" and d["retained_store"] == "host_memory_coded"
+        for a, b in zip(steps(r.module, x), ref):
+            assert torch.equal(a, b)
+        snap = r.metrics_snapshot(collect_completed=True).as_dict()
+        codec = snap["codec"]
+        assert 0 < codec["setup_coded_bytes"] < codec["setup_encode_bytes"]
+        assert codec["bytes_decoded"] > codec["bytes_coded_uploaded"] > 0
+        # the module's copies of every coded tensor were let go
+        assert r.host_bytes_released == codec["setup_encode_bytes"]
+        budgets = r.budgets()
+        assert 0 < snap["capacities"]["retained_peak_bytes"] <= budgets["retained_peak"]
+    finally:
+        r.close()
+    assert r.device_bytes_after_close == 0
+    for n, p in m.named_parameters():  # the same Parameters, host tensors again, same bits
+        assert p is before[n] and p.device.type == "cpu"
+        assert torch.equal(p.data, values[n])
+    assert torch.equal(steps(m, x, 1)[0], ref[0])
+
+
+def test_vmm_runtime_moves_host_tensors_raw():
+    m = models.FluxLike(seed=7)
+    x = torch.randn(1, 4, 64).to(torch.bfloat16)
+    ref = steps(m, x, 1)
+    r = ddo.enable_offload(m, "nvme_baseline", backend="vmm", weight_codec="ddoc1",
+                           **ZERO_RESIDENT)
+    try:
+        d = r.plan["planner_decisions"]
+        assert d["retained_store"] == "host_memory"
+        assert "nothing to code" in d["weight_codec_note"]
+        assert torch.equal(steps(r.module, x, 1)[0], ref[0])
+        assert r.host_bytes_released == 0
+    finally:
+        r.close()
+
+
+CHILD = r"""
+import sys, torch
+sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2])
+import ddo, test_pipeline_loading as T
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+open("/proc/self/clear_refs", "w").write("5")
+base = status("VmRSS:")
+if status("VmHWM:") > base + (16 << 20):  # not Linux's accounting (gVisor counts pages
+    print("SKIP")                          # allocated but never touched)
+    sys.exit(0)
+m = T.TinyDiT(1024, 40, torch.bfloat16)
+g = torch.Generator().manual_seed(3)
+with torch.no_grad():  # values shaped like trained weights (the codec's case)
+    for p in m.parameters():
+        p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+model = sum(p.numel() * p.element_size() for p in m.parameters())
+x = torch.randn(1, 4, 1024).to(torch.bfloat16)
+with torch.no_grad():
+    want = m(x)
+held = status("VmRSS:") - base
+r = ddo.enable_offload(m, component="transformer", environ={}, backend="vmm",
+                       weight_codec="ddoc1", **T.CPU_STREAM)
+after = status("VmRSS:") - base
+with torch.no_grad():  # (the test model's float32 temporaries then refill malloc's heap)
+    out = [r.module(x) for _ in range(2)]
+coded = r.metrics_snapshot().get("setup_coded_bytes")
+r.close()
+with torch.no_grad():
+    assert torch.equal(out[0], want) and torch.equal(out[1], want) and torch.equal(m(x), want)
+print(model, held, after, int(coded))
+"""
+
+
+def test_host_ram_holds_the_coded_bytes():
+    """The module's 340 MB of Gaussian bf16 weights: after enable_offload the process holds
+    less than the model (the coded store replaces the module's copies, which were in RAM
+    before: without the release it held both, 1.6 x the model)."""
+    out = subprocess.run([sys.executable, "-c", CHILD, str(ROOT / "python"),
+                          os.path.dirname(__file__)], capture_output=True, text=True,
+                         env=dict(os.environ), timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    if out.stdout.strip().splitlines()[-1] == "SKIP":
+        pytest.skip("this kernel does not reset VmHWM through /proc/self/clear_refs")
+    model, held, after, coded = map(int, out.stdout.split()[-4:])
+    assert model > 300 << 20 and held >= 0.95 * model  # the module's copies were in RAM
+    assert coded < 0.75 * model, (coded, model)
+    # the coded bytes, the cpu device's slots and decode areas, the small tensors
+    assert after < coded + (48 << 20) and after < 0.85 * model, (after, model, coded)
