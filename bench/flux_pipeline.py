@@ -457,14 +457,17 @@ def encode(pipe, ids, device):
     return pe, pooled
 
 
-def denoise(pipe, pe, pooled, args, events):
-    """The pipeline from the embeddings; a CUDA event after every step (callback)."""
+def denoise(pipe, pe, pooled, args, events, probes=None, probe=None):
+    """The pipeline from the embeddings; a CUDA event after every step (callback), and with
+    probe the host clock and probe()'s figures there too (probes)."""
     import torch
 
     def on_step(_pipe, _i, _t, kwargs):
         ev = torch.cuda.Event(enable_timing=True)
         ev.record()
         events.append(ev)
+        if probes is not None:
+            probes.append((time.perf_counter(), probe() if probe is not None else None))
         return kwargs
 
     g = torch.Generator("cpu").manual_seed(args.seed)
@@ -534,6 +537,10 @@ class Mode:
     def copy_bytes(self, comps):
         return None
 
+    def step_probe(self):
+        """Cumulative figures read at every denoise step's end (None: nothing to read)."""
+        return None
+
     def close(self):
         pass
 
@@ -582,6 +589,16 @@ class DdoMode(Mode):
     def leave(self, comps):
         for c in comps:
             self.handles[c].unload()
+
+    def step_probe(self):
+        """The transformer session's host stall (acquire waiting for uploads or slots), copy
+        engine busy time and bytes so far: per step, they tell a host-bound step (little
+        stall, idle copy engine) from a copy-bound one."""
+        r = self.handles.get("transformer")
+        if r is None:
+            return None
+        snap = r.metrics_snapshot()
+        return {k: snap.get(k) for k in ("stall_ns", "copy_busy_ns", "copy_bytes")}
 
     def copy_bytes(self, comps):
         total = 0
@@ -695,6 +712,21 @@ def cap_torch(spec, args, res, comps_bytes):
                                                                    split["torch_cap_bytes"])
 
 
+def step_probes(probes):
+    """Per denoise step: the host's time to the step's callback (the host issuing ahead of
+    the device makes it shorter than the step's device time) and the deltas of the probe's
+    figures, in seconds and bytes."""
+    out = {"step_host_s": [b[0] - a[0] for a, b in zip(probes, probes[1:])]}
+    if probes and probes[0][1] is not None:
+        def delta(key, scale):
+            return [None if a[1].get(key) is None or b[1].get(key) is None
+                    else (b[1][key] - a[1][key]) * scale for a, b in zip(probes, probes[1:])]
+        out["step_ddo_stall_s"] = delta("stall_ns", 1e-9)
+        out["step_ddo_copy_busy_s"] = delta("copy_busy_ns", 1e-9)
+        out["step_ddo_copy_bytes"] = delta("copy_bytes", 1)
+    return out
+
+
 def run_pipeline(pipe, mode, args, res, write):
     """setup, then the three phases; every figure into res; returns (embeds, latents, image)."""
     import torch
@@ -708,13 +740,14 @@ def run_pipeline(pipe, mode, args, res, write):
     dev = args.device
     pe, pooled = timed_phase(mode, "encode", PHASES[0][1], lambda: encode(pipe, ids, dev), res,
                              write)
-    events = []
+    events, probes = [], []
     start = torch.cuda.Event(enable_timing=True)
 
     def run_denoise():
         start.record()
         t = time.perf_counter()
-        lat = denoise(pipe, pe, pooled, args, events)
+        probes.append((t, mode.step_probe()))
+        lat = denoise(pipe, pe, pooled, args, events, probes, mode.step_probe)
         torch.cuda.synchronize()
         res["denoise_s"] = time.perf_counter() - t
         return lat
@@ -722,6 +755,7 @@ def run_pipeline(pipe, mode, args, res, write):
     latents = timed_phase(mode, "denoise", PHASES[1][1], run_denoise, res, write)
     marks = [start] + events
     res["step_times_s"] = [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]
+    res.update(step_probes(probes))
     if len(res["step_times_s"]) > 1:
         res["median_step_s"] = statistics.median(res["step_times_s"][1:])
     den = res["phases"]["denoise"]
@@ -770,7 +804,8 @@ def finish(spec, args, res, sampler, outputs, ref):
 def run_case(case, args, write_result):
     """Everything one case records; never raises (errors go into the result)."""
     spec = CASES[case]
-    res = {"case": case, "kind": spec["kind"], "what": spec["what"], "pid": os.getpid()}
+    res = {"case": case, "kind": spec["kind"], "what": spec["what"], "pid": os.getpid(),
+           "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING", "(unset)")}
     write = lambda: write_result(res)  # noqa: E731
     mode, sampler, outputs = None, None, None
     try:
@@ -1069,6 +1104,10 @@ def parse_args(argv=None):
     p.add_argument("--in-process", action="store_true",
                    help="driver: run the cases in this process (smoke test: one import; the "
                         "device and RSS figures then include the earlier cases)")
+    p.add_argument("--module-loading", choices=["default", "lazy", "eager"], default="default",
+                   help="driver: CUDA_MODULE_LOADING for every case alike (lazy, CUDA 12's "
+                        "default, loads each kernel at its first launch: host time in the first "
+                        "denoise step; eager moves it to context creation)")
     p.add_argument("--deadline-epoch", type=float, default=0.0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     side = 256 if a.tiny else 1024
@@ -1093,6 +1132,8 @@ def main(argv=None):
     if args.list:
         list_cases()
         return 0
+    if args.module_loading != "default":  # before torch initialises CUDA; the cases inherit it
+        os.environ["CUDA_MODULE_LOADING"] = args.module_loading.upper()
     if args.case:
         os.makedirs(args.workdir, exist_ok=True)
 

@@ -60,6 +60,9 @@ def test_arguments_and_cases(fp):
     assert cmd[cmd.index("--case") + 1] == "ddo" and "--tiny" in cmd
     assert cmd[cmd.index("--ddo-resident-gib") + 1] == "0.0"
     assert fp.parse_args(cmd[2:]).ddo_resident_bytes == 0
+    assert fp.parse_args(["--all"]).module_loading == "default"
+    assert fp.parse_args(["--all", "--module-loading", "eager"]).module_loading == "eager"
+    assert fp.step_probes([(1.0, None), (1.25, None)]) == {"step_host_s": [0.25]}
 
 
 def test_configurations(fp):
@@ -241,11 +244,18 @@ def test_ddo_mode_on_the_cpu_device(fp):
             pipe.transformer(x)  # unloaded after setup
         before = mode.copy_bytes(["transformer"])
         mode.enter(["transformer"])
+        probes = [(0.0, mode.step_probe())]
         with torch.no_grad():
             got = pipe.transformer(x)
+        probes.append((0.5, mode.step_probe()))
         mode.leave(["transformer"])
         assert torch.equal(got, want)
         assert mode.copy_bytes(["transformer"]) > before
+        steps = fp.step_probes(probes)  # the per-step figures of the ddo case
+        assert steps["step_host_s"] == [0.5]
+        assert steps["step_ddo_copy_bytes"][0] == probes[1][1]["copy_bytes"] - \
+            probes[0][1]["copy_bytes"] > 0
+        assert steps["step_ddo_copy_busy_s"][0] > 0 and steps["step_ddo_stall_s"][0] >= 0
         mode.enter(["vae"])
         with torch.no_grad():
             pipe.vae(x)
