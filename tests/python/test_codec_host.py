@@ -78,14 +78,10 @@ CHILD = r"""
 import sys, torch
 sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2])
 import ddo, test_pipeline_loading as T
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
-open("/proc/self/clear_refs", "w").write("5")
-base = status("VmRSS:")
-if status("VmHWM:") > base + (16 << 20):  # not Linux's accounting (gVisor counts pages
-    print("SKIP")                          # allocated but never touched)
+status = T.proc_status
+base = T.reset_peak()
+if base is None:  # not Linux's accounting (gVisor counts pages allocated, never touched)
+    print("SKIP")
     sys.exit(0)
 m = T.TinyDiT(1024, 40, torch.bfloat16)
 g = torch.Generator().manual_seed(3)

@@ -175,18 +175,30 @@ def test_torch_dtype_differs_falls_back_to_host_tensors(checkpoint):
     assert same.load_note == "" and same.module.embed.weight.device.type == "meta"
 
 
+def proc_status(key):
+    """A byte figure of /proc/self/status ("VmRSS:", "VmHWM:")."""
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def reset_peak():
+    """Resets the process's RSS peak (VmHWM); the RSS then, or None where the kernel does not
+    reset it (gVisor, on the GPU machine, which also counts allocated pages never touched)."""
+    open("/proc/self/clear_refs", "w").write("5")
+    base = proc_status("VmRSS:")
+    return None if proc_status("VmHWM:") > base + (16 << 20) else base
+
+
 CHILD = r"""
 import sys, torch
 sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2])
 import ddo, test_pipeline_loading as T
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
+status = T.proc_status
 x = torch.randn(1, 4, 1024).to(torch.bfloat16)
-open("/proc/self/clear_refs", "w").write("5")
-base = status("VmRSS:")
-if status("VmHWM:") > base + (16 << 20):  # the kernel did not reset the peak (gVisor)
+base = T.reset_peak()
+if base is None:
     print("SKIP")
     sys.exit(0)
 res = ddo.from_pretrained_with_dynamic_offload(sys.argv[3], model_loader=lambda: T.TinyDiT(
