@@ -793,7 +793,8 @@ DDO_API int ddo_select_under_budget(const uint64_t *sizes, size_t count, uint64_
 typedef struct ddo_session ddo_session;
 typedef struct ddo_metrics ddo_metrics;
 
-/* Setup progress: phase ("read", "register", "allocate", "resident"), done/total bytes. */
+/* Setup progress: phase ("read", "register", "allocate", "resident", and "sidecar" while
+ * weight_codec codes file-streamed tensors into their sidecar), done/total bytes. */
 typedef void (*ddo_progress_fn)(void *user, const char *phase, uint64_t done, uint64_t total);
 
 typedef struct ddo_session_options {

@@ -48,6 +48,7 @@
 #include "plan_build.h"
 
 #include "codec.h"
+#include "source.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -57,13 +58,16 @@
 
 /* The sizes coding adds, from the plan's placement. */
 typedef struct codec_need {
-    uint64_t candidate;  /* raw bytes of the tensors that may be coded */
-    uint64_t max_bound;  /* the largest coded stream any of them can have */
-    uint64_t max_unit;   /* the most (rounded) stream bounds one unit's candidates add up to */
-    uint64_t max_status; /* the most status bytes one unit's coded tensors need */
-    size_t candidates;   /* how many tensors */
-    uint64_t host;       /* raw bytes of the candidates in a caller's host memory */
-    uint64_t host_reg;   /* of those, in registered units */
+    uint64_t candidate;   /* raw bytes of the tensors that may be coded */
+    uint64_t max_bound;   /* the largest coded stream any of them can have */
+    uint64_t max_unit;    /* the most (rounded) stream bounds one unit's candidates add up to */
+    uint64_t max_status;  /* the most status bytes one unit's coded tensors need */
+    size_t candidates;    /* how many tensors */
+    uint64_t host;        /* raw bytes of the candidates in a caller's host memory */
+    uint64_t host_reg;    /* of those, in registered units */
+    uint64_t build_raw;   /* the read window and the encoder buffer that code the
+                           * file-streamed candidates for their sidecar, one at a time */
+    uint64_t build_bound; /* (source_sidecar_use.c): the largest of each */
 } codec_need;
 
 bool ddo__plan_codec_candidate(const ddo_tensor_info *ti, bool retained)
@@ -116,6 +120,11 @@ static void measure(const builder *b, codec_need *n)
             if (ti->file_index == UINT32_MAX) {
                 n->host = ddo__sat_add_u64(n->host, ti->nbytes);
                 n->host_reg = ddo__sat_add_u64(n->host_reg, un->registered ? ti->nbytes : 0);
+            } else if (!un->retained) {
+                uint64_t w = ddo__source_window_need((size_t)ti->nbytes);
+                uint64_t c = ddo__round_up(bound, AREA_ALIGN);
+                n->build_raw = w > n->build_raw ? w : n->build_raw;
+                n->build_bound = c > n->build_bound ? c : n->build_bound;
             }
             status = ddo__sat_add_u64(status, ddo__plan_codec_status_bytes(ti));
             n->candidates++;
@@ -373,7 +382,11 @@ int ddo__plan_codec(builder *b)
     if (rc != 0)
         return rc > 0 ? 0 : rc;
     bg->device_weights_peak = peak;
+    /* The store's encoder buffer, or after it (never beside it) the buffers that code the
+     * file-streamed tensors for their sidecar, whichever is larger. */
     uint64_t encode = n.candidates > 0 ? ddo__round_up(n.max_bound, AREA_ALIGN) : 0;
+    uint64_t build = n.build_raw > 0 ? ddo__sat_add_u64(n.build_raw, n.build_bound) : 0;
+    encode = build > encode ? build : encode;
     bg->retained_peak = ddo__sat_add_u64(bg->retained_peak, encode);
     ddo__decisions_set_str(d, "weight_codec", "ddoc1");
     ddo__decisions_set_gb(d, "codec_candidate_gb", n.candidate);

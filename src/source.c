@@ -410,6 +410,8 @@ int ddo__source_create(const ddo__source_params *p, const ddo__source_request *r
     layout l;
     rc = validate_requests(p->ck, req, count, seen, eb);
     free(seen);
+    for (size_t i = 0; rc == 0 && i < count; i++)
+        src->entries[req[i].tensor].streamed = !req[i].retain;
     if (rc == 0)
         rc = place(p->ck, req, count, src->entries, &l, eb);
     if (rc != 0)

@@ -49,7 +49,7 @@ typedef struct ddo__source_params {
     ddo__account *retained;       /* "retained host" account */
     ddo__account *registered;     /* "registered host" account */
     ddo__metrics_acc *metrics;    /* setup_read_*, setup_register_ns, registration_fallback_bytes */
-    ddo_progress_fn progress;     /* phases "read" and "register" */
+    ddo_progress_fn progress;     /* phases "read", "register" and "sidecar" */
     void *progress_user;
     bool codec; /* weight_codec: code the store's BF16/F16/F32 tensors (source_codec.h) */
     /* weight_codec_cache_dir: where the coded sidecars are read and written (NULL or "": none;

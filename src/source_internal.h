@@ -38,9 +38,10 @@ enum {
 
 typedef struct entry {
     uint8_t run;
-    uint8_t side; /* SIDE_* */
-    bool host;    /* RUN_STORE for a caller's host-memory tensor, to be coded from its memory */
-    uint64_t pos; /* offset inside its run */
+    uint8_t side;  /* SIDE_* */
+    bool host;     /* RUN_STORE for a caller's host-memory tensor, to be coded from its memory */
+    bool streamed; /* requested and not retained: read from its file (or sidecar) per load */
+    uint64_t pos;  /* offset inside its run */
     const uint8_t *ptr;
     const ddo__sidecar_entry *se; /* its sidecar entry (SIDE_CODED, SIDE_RAW) */
     /* not retained: its coded stream in its file's sidecar (kept open after create), or NULL */

@@ -245,48 +245,80 @@ static int by_offset(const void *a, const void *b)
     return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
-static const uint8_t zeros[DDO__SIDECAR_ALIGN];
+/* The sidecar being written (ddo__os_write_atomic_with): the streams go at increasing
+ * aligned offsets after the table's room as they are produced, then the table and the header
+ * (which hash what precedes them) at the start. */
+typedef struct writer {
+    const ddo__file_id *id;
+    ddo__sidecar_item *items;
+    size_t n;
+    ddo__sidecar_produce_fn produce;
+    void *user;
+    uint64_t written;
+    char *why;
+    size_t why_len;
+} writer;
+
+static int write_all_streams(void *user, int fd)
+{
+    writer *w = user;
+    char *why = w->why;
+    size_t why_len = w->why_len;
+    size_t tb = w->n * DDO__SIDECAR_ENTRY;
+    uint8_t *t = ddo__calloc(tb > 0 ? tb : 1, 1);
+    if (t == NULL)
+        return WHY("out of memory");
+    uint64_t data_off = ddo__round_up(DDO__SIDECAR_HEADER + tb, DDO__SIDECAR_ALIGN), pos = data_off;
+    int e = 0;
+    for (size_t i = 0; i < w->n && e == 0; i++) {
+        const ddo__sidecar_item *it = &w->items[i];
+        const void *coded = it->coded;
+        uint64_t len = it->coded_bytes;
+        if (it->produce && (e = w->produce(w->user, it, &coded, &len, why, why_len)) != 0)
+            break;
+        bool keep = coded != NULL && len > 0;
+        uint64_t at = keep ? ddo__round_up(pos, DDO__SIDECAR_ALIGN) : 0;
+        if (keep && (e = ddo__os_pwrite_full(fd, coded, (size_t)len, at)) != 0)
+            e = WHY("%s", ddo__os_fs_strerror(e));
+        pos = keep ? at + len : pos;
+        const uint64_t v[] = { it->offset, it->raw_bytes, at, keep ? len : 0,
+                               keep ? ddo__sidecar_hash(coded, len, 0) : 0 };
+        uint8_t *en = t + i * DDO__SIDECAR_ENTRY;
+        for (size_t k = 0; k < DDO_ARRAY_LEN(v); k++)
+            ddo__codec_wr64(en + 8 * k, v[k]);
+        ddo__codec_wr32(en + 40, (uint32_t)it->dtype);
+    }
+    uint8_t h[DDO__SIDECAR_HEADER];
+    header_write(h, w->id, (uint32_t)w->n, pos, data_off, ddo__sidecar_hash(t, tb, 0));
+    if (e == 0 && ((e = ddo__os_set_length(fd, pos)) != 0 ||
+                   (e = ddo__os_pwrite_full(fd, t, tb, DDO__SIDECAR_HEADER)) != 0 ||
+                   (e = ddo__os_pwrite_full(fd, h, sizeof(h), 0)) != 0))
+        e = WHY("%s", ddo__os_fs_strerror(e));
+    free(t);
+    w->written = pos;
+    return e;
+}
+
+int ddo__sidecar_write_produced(const char *path, const ddo__file_id *id, ddo__sidecar_item *items,
+                                size_t n, ddo__sidecar_produce_fn produce, void *user,
+                                uint64_t *written, char *why, size_t why_len)
+{
+    if (n > DDO__SIDECAR_MAX_ENTRIES)
+        return WHY("%zu entries: more than a sidecar holds", n);
+    qsort(items, n, sizeof(*items), by_offset);
+    why[0] = '\0';
+    writer w = { id, items, n, produce, user, 0, why, why_len };
+    int e = ddo__os_write_atomic_with(path, write_all_streams, &w, false);
+    if (e != 0 && why[0] == '\0')
+        return WHY("%s", ddo__os_fs_strerror(e));
+    if (e != 0)
+        return e;
+    *written = w.written;
+    return 0;
+}
 
 int ddo__sidecar_write(const char *path, const ddo__file_id *id, ddo__sidecar_item *items, size_t n,
                        uint64_t *written, char *why, size_t why_len)
 {
-    qsort(items, n, sizeof(*items), by_offset);
-    size_t tb = n * DDO__SIDECAR_ENTRY;
-    uint8_t *t = ddo__calloc(tb > 0 ? tb : 1, 1);
-    ddo__os_part *parts = ddo__calloc(2 * n + 3, sizeof(*parts));
-    if (t == NULL || parts == NULL || n > DDO__SIDECAR_MAX_ENTRIES) {
-        free(t);
-        free(parts);
-        return WHY("out of memory");
-    }
-    uint8_t h[DDO__SIDECAR_HEADER];
-    uint64_t pos = ddo__round_up(DDO__SIDECAR_HEADER + tb, DDO__SIDECAR_ALIGN), data_off = pos;
-    size_t np = 3;
-    for (size_t i = 0; i < n; i++) {
-        uint8_t *e = t + i * DDO__SIDECAR_ENTRY;
-        const ddo__sidecar_item *it = &items[i];
-        bool coded = it->coded != NULL && it->coded_bytes > 0;
-        uint64_t at = coded ? ddo__round_up(pos, DDO__SIDECAR_ALIGN) : 0;
-        if (coded && at > pos)
-            parts[np++] = (ddo__os_part){ zeros, (size_t)(at - pos) };
-        if (coded)
-            parts[np++] = (ddo__os_part){ it->coded, (size_t)it->coded_bytes };
-        pos = coded ? at + it->coded_bytes : pos;
-        const uint64_t v[] = { it->offset, it->raw_bytes, at, coded ? it->coded_bytes : 0,
-                               coded ? ddo__sidecar_hash(it->coded, it->coded_bytes, 0) : 0 };
-        for (size_t k = 0; k < DDO_ARRAY_LEN(v); k++)
-            ddo__codec_wr64(e + 8 * k, v[k]);
-        ddo__codec_wr32(e + 40, (uint32_t)it->dtype);
-    }
-    header_write(h, id, (uint32_t)n, pos, data_off, ddo__sidecar_hash(t, tb, 0));
-    parts[0] = (ddo__os_part){ h, sizeof(h) };
-    parts[1] = (ddo__os_part){ t, tb };
-    parts[2] = (ddo__os_part){ zeros, (size_t)(data_off - DDO__SIDECAR_HEADER - tb) };
-    int e = ddo__os_write_atomic_parts(path, parts, np, false);
-    free(t);
-    free(parts);
-    if (e != 0)
-        return WHY("%s", ddo__os_fs_strerror(e));
-    *written = pos;
-    return 0;
+    return ddo__sidecar_write_produced(path, id, items, n, NULL, NULL, written, why, why_len);
 }

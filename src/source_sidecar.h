@@ -57,7 +57,16 @@ typedef struct ddo__sidecar_item {
     ddo_dtype dtype;
     const void *coded; /* its stream; NULL: kept raw */
     uint64_t coded_bytes;
+    bool produce; /* its stream comes from the writer's producer instead (coded unused) */
+    size_t tag;   /* the producer's own reference to the tensor */
 } ddo__sidecar_item;
+
+/* Gives item's stream while the sidecar is written: *coded (valid until the next call) and
+ * *coded_bytes, or *coded NULL to keep it raw. 0, or an errno value with *why (one line):
+ * the sidecar is then not written. */
+typedef int (*ddo__sidecar_produce_fn)(void *user, const ddo__sidecar_item *item,
+                                       const void **coded, uint64_t *coded_bytes, char *why,
+                                       size_t why_len);
 
 /*
  * Hash of n bytes at p that start at 64-bit word first_word of a stream: the sum, modulo
@@ -90,5 +99,10 @@ void ddo__sidecar_close(ddo__sidecar *s);
  */
 int ddo__sidecar_write(const char *path, const ddo__file_id *id, ddo__sidecar_item *items, size_t n,
                        uint64_t *written, char *why, size_t why_len);
+/* The same, with the items marked produce coded one at a time by produce(user, ...) as the
+ * file is written (one stream in memory at a time, not all of them). */
+int ddo__sidecar_write_produced(const char *path, const ddo__file_id *id, ddo__sidecar_item *items,
+                                size_t n, ddo__sidecar_produce_fn produce, void *user,
+                                uint64_t *written, char *why, size_t why_len);
 
 #endif /* DDO_SOURCE_SIDECAR_H */

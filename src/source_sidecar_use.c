@@ -12,7 +12,11 @@
  *            tensors' raw sizes and read again (source.c), and they are coded, so a bad
  *            sidecar costs time, never weights.
  *   save     after coding: each file whose tensors were coded now gets its sidecar written
- *            atomically; a failure is a note, never an error.
+ *            atomically; a failure is a note, never an error. It holds the stored tensors
+ *            and the file-streamed ones (vmm_source_cache_gb smaller than the model): those
+ *            are read and coded one at a time while the sidecar is written (or copied from
+ *            the old sidecar, checked), so the session streams their coded bytes from the
+ *            first run on.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "source_internal.h"
@@ -179,7 +183,130 @@ int ddo__source_sidecar_verify(ddo__source *src, const ddo__source_params *p, si
     return 0;
 }
 
-/* Writes file f's sidecar from the packed store (items). */
+/* What codes the streams of the tensors the store does not hold (file streaming) while a
+ * sidecar is written: one tensor at a time through a read window and an encoder buffer, taken
+ * from the retained account (the plan counts them: plan_codec.c). */
+typedef struct producer {
+    ddo__source *src;
+    const ddo__source_params *p;
+    const ddo__sidecar *old; /* the file's sidecar as setup found it, or NULL */
+    uint8_t *raw;
+    size_t raw_cap;
+    uint8_t *coded;
+    uint64_t coded_cap;
+    uint64_t done, total; /* raw bytes coded, for the progress callback */
+} producer;
+
+/* A stream the old sidecar holds, read and checked (hash and structure); false when unusable. */
+static bool reuse_stream(producer *pr, const ddo_tensor_info *ti, const ddo__sidecar_entry *se)
+{
+    if (se->coded_bytes > pr->coded_cap ||
+        ddo__os_pread_full(pr->old->fd, pr->coded, (size_t)se->coded_bytes, se->coded_off) != 0 ||
+        ddo__sidecar_hash(pr->coded, se->coded_bytes, 0) != se->hash)
+        return false;
+    ddo__codec_plan *plan = NULL;
+    ddo__errbuf eb = { 0 };
+    bool ok = ddo__codec_plan_create(pr->coded, se->coded_bytes, ti->name, &plan, &eb) == 0;
+    ddo__codec_plan_destroy(plan);
+    return ok;
+}
+
+static int produce(void *user, const ddo__sidecar_item *it, const void **coded,
+                   uint64_t *coded_bytes, char *why, size_t why_len)
+{
+    producer *pr = user;
+    const ddo_tensor_info *ti = ddo_checkpoint_tensor(pr->src->ck, it->tag);
+    const ddo__sidecar_entry *se =
+        pr->old != NULL ? ddo__sidecar_find(pr->old, ti->offset, ti->nbytes, ti->dtype) : NULL;
+    *coded = NULL;
+    *coded_bytes = 0;
+    if (se != NULL && se->coded_bytes == 0)
+        return 0; /* known not to shrink */
+    if (se != NULL && reuse_stream(pr, ti, se)) {
+        *coded = pr->coded;
+        *coded_bytes = se->coded_bytes;
+        return 0;
+    }
+    const void *data = NULL;
+    ddo__errbuf eb = { 0 };
+    ddo__codec_params cp = { 0, (unsigned)pr->p->workers };
+    uint64_t len = 0;
+    int rc = ddo__source_read_file(pr->src, it->tag, 0, (size_t)ti->nbytes, pr->raw, pr->raw_cap,
+                                   &data, &eb);
+    if (rc == 0)
+        rc = ddo__codec_encode(data, ti->nbytes, ti->dtype, &cp, pr->coded, pr->coded_cap, &len,
+                               ti->name, &eb);
+    if (rc != 0) {
+        snprintf(why, why_len, "%s", eb.msg);
+        return EIO;
+    }
+    if (len < ti->nbytes) {
+        *coded = pr->coded;
+        *coded_bytes = len;
+    }
+    ddo__metrics_add(pr->p->metrics, DDO_M_codec_sidecar_encoded_bytes, (double)ti->nbytes);
+    pr->done += ti->nbytes;
+    if (pr->p->progress != NULL)
+        pr->p->progress(pr->p->progress_user, "sidecar", pr->done, pr->total);
+    return 0;
+}
+
+/* The file-streamed candidates of file f as items to produce (after the k store items in out);
+ * *fresh when one of them has no entry in the old sidecar; the largest raw and bound bytes. */
+static size_t streamed_items(ddo__source *src, uint32_t f, const ddo__sidecar *old,
+                             ddo__sidecar_item *out, size_t k, bool *fresh, producer *pr)
+{
+    for (size_t t = 0; t < src->tensor_count; t++) {
+        const entry *e = &src->entries[t];
+        const ddo_tensor_info *ti = ddo_checkpoint_tensor(src->ck, t);
+        if (ti->file_index != f || !e->streamed || e->run != RUN_NONE || !candidate(ti))
+            continue;
+        if (old == NULL || ddo__sidecar_find(old, ti->offset, ti->nbytes, ti->dtype) == NULL) {
+            *fresh = true;
+            pr->total += ti->nbytes;
+        }
+        out[k++] = (ddo__sidecar_item){ ti->offset, ti->nbytes, ti->dtype, NULL, 0, true, t };
+        uint64_t need = ddo__source_window_need((size_t)ti->nbytes);
+        uint64_t bound = ddo__round_up(ddo__codec_bound(ti->dtype, ti->nbytes, 0), 256);
+        pr->raw_cap = need > pr->raw_cap ? (size_t)need : pr->raw_cap;
+        pr->coded_cap = bound > pr->coded_cap ? bound : pr->coded_cap;
+    }
+    return k;
+}
+
+/* Writes the sidecar at path from out (k items, producing the file-streamed ones through pr,
+ * whose buffers are taken from the retained account for the time of the write). */
+static int write_sidecar(ddo__source *src, const char *path, const ddo__file_id *id,
+                         ddo__sidecar_item *out, size_t k, producer *pr, uint64_t *written,
+                         char *why, size_t why_len)
+{
+    uint64_t take = pr->raw_cap > 0 ? pr->raw_cap + pr->coded_cap : 0;
+    ddo__errbuf eb = { 0 };
+    if (take > 0 && ddo__account_take(src->retained, take, &eb) != 0) {
+        snprintf(why, why_len, "%s", eb.msg);
+        return ENOMEM;
+    }
+    void *raw = NULL;
+    if (take > 0 && (posix_memalign(&raw, 4096, pr->raw_cap) != 0 ||
+                     (pr->coded = malloc((size_t)pr->coded_cap)) == NULL)) {
+        free(raw);
+        ddo__account_give(src->retained, take);
+        snprintf(why, why_len, "out of memory");
+        return ENOMEM;
+    }
+    pr->raw = raw;
+    int e = ddo__sidecar_write_produced(path, id, out, k, produce, pr, written, why, why_len);
+    free(pr->raw);
+    free(pr->coded);
+    pr->raw = pr->coded = NULL;
+    if (take > 0)
+        ddo__account_give(src->retained, take);
+    return e;
+}
+
+/* Writes file f's sidecar: the stored tensors from the packed store (items), the file-streamed
+ * ones coded now (or copied from the old sidecar), when any of them was coded now. The new
+ * sidecar replaces the old one for the session's file streaming (ddo__source_sidecar_keep). */
 static void save_one(ddo__source *src, const ddo__source_params *p, const ddo__codec_item *items,
                      size_t n, uint32_t f, ddo__sidecar_item *out)
 {
@@ -191,15 +318,22 @@ static void save_one(ddo__source *src, const ddo__source_params *p, const ddo__c
         if (ti->file_index != f || !candidate(ti))
             continue;
         const ddo__codec_plan *cp = ddo__source_codec_plan(src->codec, items[i].tensor);
-        out[k++] = (ddo__sidecar_item){ ti->offset, ti->nbytes, ti->dtype,
+        out[k++] = (ddo__sidecar_item){ ti->offset,
+                                        ti->nbytes,
+                                        ti->dtype,
                                         cp != NULL ? src->base + items[i].pos : NULL,
-                                        cp != NULL ? items[i].nbytes : 0 };
+                                        cp != NULL ? items[i].nbytes : 0,
+                                        false,
+                                        0 };
         fresh = fresh || items[i].from == DDO__CODEC_FROM_RAW_READ;
     }
+    ddo__sidecar *old = src->sidecars != NULL ? src->sidecars[f] : NULL;
+    producer pr = { src, p, old, NULL, 0, NULL, 0, 0, 0 };
+    k = streamed_items(src, f, old, out, k, &fresh, &pr);
     if (!fresh || k == 0 || !ddo__checkpoint_file_identity(src->ck, f, &id))
         return;
     char *path = ddo__sidecar_path(p->codec_cache_dir, &id);
-    char why[256];
+    char why[DDO_ERRBUF_BYTES];
     uint64_t written = 0;
     int e = ddo__os_make_dirs(p->codec_cache_dir);
     if (e != 0)
@@ -207,12 +341,19 @@ static void save_one(ddo__source *src, const ddo__source_params *p, const ddo__c
     else if (path == NULL)
         snprintf(why, sizeof(why), "out of memory"), e = ENOMEM;
     else
-        e = ddo__sidecar_write(path, &id, out, k, &written, why, sizeof(why));
-    if (e != 0)
+        e = write_sidecar(src, path, &id, out, k, &pr, &written, why, sizeof(why));
+    if (e != 0) {
         ddo__source_note(src, "sidecar %s not written: %s",
                          path != NULL ? path : p->codec_cache_dir, why);
-    else
+    } else {
         ddo__metrics_add(p->metrics, DDO_M_codec_sidecar_written_bytes, (double)written);
+        ddo__sidecar *now = NULL;
+        if (src->sidecars != NULL &&
+            ddo__sidecar_open(path, &id, src->tensor_count, &now, why, sizeof(why)) == 0) {
+            ddo__sidecar_close(old);
+            src->sidecars[f] = now;
+        }
+    }
     free(path);
 }
 
@@ -226,7 +367,7 @@ void ddo__source_sidecar_save(ddo__source *src, const ddo__source_params *p,
                             : 0;
     if (!p->codec || p->codec_cache_dir == NULL || p->codec_cache_dir[0] == '\0')
         return;
-    ddo__sidecar_item *out = ddo__calloc(n + 1, sizeof(*out));
+    ddo__sidecar_item *out = ddo__calloc(src->tensor_count + 1, sizeof(*out));
     if (out == NULL) {
         ddo__source_note(src, "sidecars not written: out of memory");
         return;

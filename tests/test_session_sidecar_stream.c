@@ -6,7 +6,9 @@
  * bytes than the raw run) with the leased bytes identical over two steps, on linear_runtime
  * and vmm_fast_runtime; a corrupted stream of a streamed tensor is read raw from the
  * checkpoint instead, with a note and a count, the bytes still identical; a changed checkpoint
- * fails the next streamed load (DDO_E_FILE_CHANGED); vmm_runtime streams raw; every device budget
+ * fails the next streamed load (DDO_E_FILE_CHANGED); the first setup with a small store codes
+ * the streamed tensors into the sidecar, so it already streams coded bytes; vmm_runtime streams
+ * raw; every device budget
  * is back at zero after teardown (fx_destroy).
  *
  * ctest-labels: unit threads
@@ -14,6 +16,7 @@
 #include "session_fx.h"
 
 #include "checkpoint.h"
+#include "source.h"
 #include "source_sidecar.h"
 
 #include <dirent.h>
@@ -194,6 +197,108 @@ static void test_changed_checkpoint_is_refused(void)
     fx_destroy(&f);
 }
 
+typedef struct phases {
+    uint64_t sidecar_done, sidecar_total;
+    int sidecar_calls;
+} phases;
+
+static void on_progress(void *user, const char *phase, uint64_t done, uint64_t total)
+{
+    phases *ph = user;
+    if (strcmp(phase, "sidecar") == 0) {
+        ph->sidecar_done = done;
+        ph->sidecar_total = total;
+        ph->sidecar_calls++;
+    }
+}
+
+/* The first setup with a small store and no sidecar yet: the file-streamed tensors are read
+ * and coded one at a time into the sidecar with the stored ones, so this very session streams
+ * their coded bytes (and says how far the coding got through the progress callback); the next
+ * setup writes nothing and streams the same way. The retained peak stays within the plan's. */
+static void test_first_run_codes_streamed_tensors(void)
+{
+    static const char *const routes[] = { "linear_runtime", "vmm_fast_runtime" };
+    for (size_t r = 0; r < DDO_ARRAY_LEN(routes); r++) {
+        const char *what = routes[r];
+        double raw = 0;
+        fx f;
+        fx_clear_sidecars(cache);
+        fx_opts o = stream_opts(what, 1, NULL);
+        T_REQUIRE(fx_create(&f, &o) == 0);
+        T_REQUIRE(f.rc == 0);
+        replan(&f, SMALL_GB, NULL);
+        fx_two_steps(&f, "raw");
+        raw = fx_metric(&f, "bytes_staged_from_file");
+        T_REQUIRE(fx_sidecars(cache, NULL, 0) == 0);
+        for (int run = 0; run < 2; run++) {
+            ddo_session_destroy(f.s);
+            f.s = NULL;
+            ddo_plan_destroy(f.plan);
+            f.plan = NULL;
+            fx_set(&f, "weight_codec_cache_dir", cache);
+            ddo_plan_inputs in = fx_cpu_inputs(f.o.device_bytes, r == 0 ? 1 : 8 * DDO_GIB);
+            T_REQUIRE(ddo_plan_build(f.ck, f.cfg, &in, &f.plan) == 0);
+            phases ph = { 0 };
+            ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
+            so.config = f.cfg;
+            so.progress = on_progress;
+            so.progress_user = &ph;
+            T_REQUIRE(ddo_session_create(f.plan, f.ck, f.dev, &so, &f.s) == 0);
+            double coded = fx_metric(&f, "codec_sidecar_encoded_bytes");
+            double written = fx_metric(&f, "codec_sidecar_written_bytes");
+            if (run == 0) {
+                T_CHECK_MSG(coded > 0 && written > 0, "%s: coded %g written %g", what, coded,
+                            written);
+                T_CHECK_MSG(ph.sidecar_calls > 0 && ph.sidecar_done == ph.sidecar_total &&
+                                (double)ph.sidecar_total == coded,
+                            "%s: progress %d calls, %llu of %llu", what, ph.sidecar_calls,
+                            (unsigned long long)ph.sidecar_done,
+                            (unsigned long long)ph.sidecar_total);
+                T_REQUIRE(fx_sidecars(cache, NULL, 0) == 1);
+            } else {
+                T_CHECK_MSG(coded == 0 && written == 0 && ph.sidecar_calls == 0,
+                            "%s: the second setup coded %g, wrote %g", what, coded, written);
+            }
+            fx_two_steps(&f, what);
+            double side = fx_metric(&f, "bytes_staged_from_sidecar");
+            double file = fx_metric(&f, "bytes_staged_from_file");
+            T_CHECK_MSG(side > 0 && side + file < raw, "%s run %d: %g + %g against %g raw", what,
+                        run, side, file, raw);
+            T_CHECK_MSG(fx_metric(&f, "codec_stream_fallbacks") == 0, "%s", what);
+            ddo_plan_budgets b;
+            T_REQUIRE(ddo_plan_budgets_get(f.plan, &b) == 0);
+            T_CHECK_MSG(fx_metric(&f, "retained_peak_bytes") <= (double)b.retained_peak,
+                        "%s: retained peak %g of %llu", what, fx_metric(&f, "retained_peak_bytes"),
+                        (unsigned long long)b.retained_peak);
+        }
+        fx_destroy(&f);
+    }
+}
+
+/* A read that fails while the streamed tensors are coded for the sidecar: no sidecar, a note
+ * naming the tensor, and the session streams raw bytes, identical. */
+static void test_failed_sidecar_build_is_a_note(void)
+{
+    fx_clear_sidecars(cache);
+    fx f;
+    fx_opts o = stream_opts("vmm_fast_runtime", 1, NULL);
+    T_REQUIRE(fx_create(&f, &o) == 0);
+    T_REQUIRE(f.rc == 0);
+    ddo__source_fault_nth(1, false); /* the first file read from now on */
+    replan(&f, SMALL_GB, cache);
+    ddo__source_fault_nth(0, false);
+    char b[600];
+    fx_label(&f, "codec_sidecar_note", b, sizeof(b));
+    T_CONTAINS(b, "not written");
+    T_CONTAINS(b, "injected fault");
+    T_CHECK(fx_sidecars(cache, NULL, 0) == 0);
+    fx_two_steps(&f, "raw after a failed sidecar");
+    T_CHECK(fx_metric(&f, "bytes_staged_from_sidecar") == 0);
+    T_CHECK(fx_metric(&f, "bytes_staged_from_file") > 0);
+    fx_destroy(&f);
+}
+
 /* vmm_runtime (per-weight handles) streams raw bytes even with a sidecar of every tensor. */
 static void test_vmm_runtime_streams_raw(void)
 {
@@ -216,6 +321,8 @@ int main(void)
     if (mkdtemp(cache) == NULL)
         return 1;
     T_RUN(test_streams_from_sidecar);
+    T_RUN(test_first_run_codes_streamed_tensors);
+    T_RUN(test_failed_sidecar_build_is_a_note);
     T_RUN(test_corrupted_stream_reads_raw);
     T_RUN(test_changed_checkpoint_is_refused);
     T_RUN(test_vmm_runtime_streams_raw);

@@ -29,9 +29,9 @@ static void write_sample(uint64_t *len, char **out)
         blob_b[i] = (uint8_t)(i * 37 + 5);
     memset(blob_a, 0xab, sizeof(blob_a));
     ddo__sidecar_item items[] = {
-        { 9000, 20000, DDO_DTYPE_F32, blob_b, sizeof(blob_b) },
-        { 200, 400, DDO_DTYPE_BF16, blob_a, sizeof(blob_a) },
-        { 600, 800, DDO_DTYPE_F16, NULL, 0 }, /* kept raw */
+        { 9000, 20000, DDO_DTYPE_F32, blob_b, sizeof(blob_b), false, 0 },
+        { 200, 400, DDO_DTYPE_BF16, blob_a, sizeof(blob_a), false, 0 },
+        { 600, 800, DDO_DTYPE_F16, NULL, 0, false, 0 }, /* kept raw */
     };
     char *path = ddo__sidecar_path(dir, &id);
     *out = path;

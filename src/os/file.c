@@ -138,6 +138,39 @@ int ddo__os_pread_full(int fd, void *dst, size_t len, uint64_t offset)
     return 0;
 }
 
+int ddo__os_pwrite_full(int fd, const void *src, size_t len, uint64_t offset)
+{
+    const unsigned char *p = src;
+    while (len > 0) {
+        if (offset > (uint64_t)INT64_MAX)
+            return EOVERFLOW;
+        size_t piece = len < PIECE_BYTES ? len : PIECE_BYTES;
+        ssize_t n = pwrite(fd, p, piece, (off_t)offset);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;
+        }
+        if (n == 0)
+            return EIO;
+        p += n;
+        len -= (size_t)n;
+        offset += (uint64_t)n;
+    }
+    return 0;
+}
+
+int ddo__os_set_length(int fd, uint64_t length)
+{
+    if (length > (uint64_t)INT64_MAX)
+        return EOVERFLOW;
+    int rc;
+    do {
+        rc = ftruncate(fd, (off_t)length);
+    } while (rc != 0 && errno == EINTR);
+    return rc == 0 ? 0 : errno;
+}
+
 int ddo__os_map_file(int fd, uint64_t size, const void **map)
 {
     if (size == 0 || size > (uint64_t)SIZE_MAX)

@@ -64,6 +64,12 @@ bool ddo__os_file_id_equal(const ddo__file_id *a, const ddo__file_id *b);
  */
 int ddo__os_pread_full(int fd, void *dst, size_t len, uint64_t offset);
 
+/* Writes exactly len bytes at offset (short writes continued, EINTR retried). 0 or an errno
+ * value. */
+int ddo__os_pwrite_full(int fd, const void *src, size_t len, uint64_t offset);
+/* Sets the file's length (ftruncate). 0 or an errno value. */
+int ddo__os_set_length(int fd, uint64_t length);
+
 /* Maps size bytes of fd read-only (size > 0). 0 or an errno value. */
 int ddo__os_map_file(int fd, uint64_t size, const void **map);
 void ddo__os_unmap_file(const void *map, uint64_t size);

@@ -138,16 +138,22 @@ static int temp_name(const char *path, char *buf, size_t len)
     return n < 0 || (size_t)n >= len ? ENAMETOOLONG : 0;
 }
 
-static int write_parts(int fd, const ddo__os_part *parts, size_t n)
+typedef struct parts_gen {
+    const ddo__os_part *parts;
+    size_t n;
+} parts_gen;
+
+static int write_parts(void *user, int fd)
 {
+    const parts_gen *g = user;
     int e = 0;
-    for (size_t i = 0; i < n && e == 0; i++)
-        e = write_all(fd, parts[i].data, parts[i].len);
+    for (size_t i = 0; i < g->n && e == 0; i++)
+        e = write_all(fd, g->parts[i].data, g->parts[i].len);
     return e;
 }
 
 /* The portable way: a named temporary file, removed again on any failure. */
-static int write_named(const char *path, const ddo__os_part *parts, size_t n, bool stop)
+static int write_named(const char *path, ddo__os_write_fn gen, void *user, bool stop)
 {
     char tmp[4200];
     int e = temp_name(path, tmp, sizeof(tmp));
@@ -156,7 +162,7 @@ static int write_named(const char *path, const ddo__os_part *parts, size_t n, bo
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0)
         return errno;
-    e = write_parts(fd, parts, n);
+    e = gen(user, fd);
     if (e == 0 && fsync(fd) != 0)
         e = errno;
     if (close(fd) != 0 && e == 0)
@@ -172,7 +178,7 @@ static int write_named(const char *path, const ddo__os_part *parts, size_t n, bo
 
 #if defined(__linux__) && defined(O_TMPFILE)
 /* O_TMPFILE: the file has no name until linkat gives it one right before the rename. */
-static int write_unnamed(const char *path, const ddo__os_part *parts, size_t n, bool stop)
+static int write_unnamed(const char *path, ddo__os_write_fn gen, void *user, bool stop)
 {
     char dir[4096];
     const char *slash = strrchr(path, '/');
@@ -187,7 +193,7 @@ static int write_unnamed(const char *path, const ddo__os_part *parts, size_t n, 
     int fd = open(dir, O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
     if (fd < 0)
         return -errno; /* negative: fall back to a named file */
-    int e = write_parts(fd, parts, n);
+    int e = gen(user, fd);
     if (e == 0 && fsync(fd) != 0)
         e = errno;
     if (e == 0 && stop)
@@ -209,16 +215,23 @@ static int write_unnamed(const char *path, const ddo__os_part *parts, size_t n, 
 }
 #endif
 
-int ddo__os_write_atomic_parts(const char *path, const ddo__os_part *parts, size_t n,
-                               bool stop_before_rename)
+int ddo__os_write_atomic_with(const char *path, ddo__os_write_fn gen, void *user,
+                              bool stop_before_rename)
 {
 #if defined(__linux__) && defined(O_TMPFILE)
-    int e = write_unnamed(path, parts, n, stop_before_rename);
+    int e = write_unnamed(path, gen, user, stop_before_rename);
     if (e >= 0)
         return e;
         /* The file system has no O_TMPFILE (or /proc is missing): the portable way. */
 #endif
-    return write_named(path, parts, n, stop_before_rename);
+    return write_named(path, gen, user, stop_before_rename);
+}
+
+int ddo__os_write_atomic_parts(const char *path, const ddo__os_part *parts, size_t n,
+                               bool stop_before_rename)
+{
+    parts_gen g = { parts, n };
+    return ddo__os_write_atomic_with(path, write_parts, &g, stop_before_rename);
 }
 
 int ddo__os_write_atomic(const char *path, const void *data, size_t len, bool stop_before_rename)

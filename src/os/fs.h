@@ -42,6 +42,15 @@ int ddo__os_write_atomic_parts(const char *path, const ddo__os_part *parts, size
                                bool stop_before_rename);
 
 /*
+ * The same for a file gen(user, fd) writes (write and pwrite on fd, which is open for
+ * writing only; 0 or an errno value): for a file whose first bytes depend on what follows.
+ * A failing gen leaves the old file.
+ */
+typedef int (*ddo__os_write_fn)(void *user, int fd);
+int ddo__os_write_atomic_with(const char *path, ddo__os_write_fn gen, void *user,
+                              bool stop_before_rename);
+
+/*
  * Appends len bytes to path in one write (created 0644 when missing), so lines of concurrent
  * writers stay whole. Opens without blocking: a FIFO without a reader or a directory is
  * refused. 0 or an errno value; *opened says whether the open succeeded (the failure was
