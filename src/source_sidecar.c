@@ -116,10 +116,12 @@ static int header_check(const uint8_t *h, const ddo__file_id *id, uint64_t file_
     return 0;
 }
 
-/* Decodes and checks entry i of the table (prev: the one before, NULL for the first). */
-static int entry_check(const uint8_t *t, size_t i, const ddo__sidecar_entry *prev,
-                       uint64_t data_off, uint64_t file_bytes, uint64_t ck_bytes,
-                       ddo__sidecar_entry *e, char *why, size_t why_len)
+/* Decodes and checks entry i of the table (prev: the one before, NULL for the first; *lo:
+ * where the next stream may start, the end of the last stream before it, raw entries between
+ * them or not). */
+static int entry_check(const uint8_t *t, size_t i, const ddo__sidecar_entry *prev, uint64_t *lo,
+                       uint64_t file_bytes, uint64_t ck_bytes, ddo__sidecar_entry *e, char *why,
+                       size_t why_len)
 {
     *e = (ddo__sidecar_entry){ rd64(t),      rd64(t + 8),  rd64(t + 16),
                                rd64(t + 24), rd64(t + 32), ddo__codec_rd32(t + 40) };
@@ -131,14 +133,12 @@ static int entry_check(const uint8_t *t, size_t i, const ddo__sidecar_entry *pre
         return WHY("entry %zu: not after entry %zu", i, i - 1);
     if (e->coded_bytes == 0)
         return e->coded_off == 0 && e->hash == 0 ? 0 : WHY("entry %zu: raw entry not zero", i);
-    uint64_t lo = data_off;
-    if (prev != NULL && prev->coded_bytes > 0)
-        lo = prev->coded_off + prev->coded_bytes;
     if (e->coded_bytes >= e->raw_bytes || e->coded_off % DDO__SIDECAR_ALIGN != 0 ||
-        e->coded_off < lo || !ddo__add_u64(e->coded_off, e->coded_bytes, &cend) ||
+        e->coded_off < *lo || !ddo__add_u64(e->coded_off, e->coded_bytes, &cend) ||
         cend > file_bytes)
         return WHY("entry %zu: stream at %llu (%llu bytes) out of place", i,
                    (unsigned long long)e->coded_off, (unsigned long long)e->coded_bytes);
+    *lo = cend;
     return 0;
 }
 
@@ -164,8 +164,9 @@ static int table_read(ddo__sidecar *s, const uint8_t *h, const ddo__file_id *id,
     }
     if (ddo__sidecar_hash(t, tb, 0) != rd64(h + TABLE_HASH_AT))
         e = WHY("table hash differs");
+    uint64_t lo = data_off;
     for (size_t i = 0; e == 0 && i < count; i++)
-        e = entry_check(t + i * DDO__SIDECAR_ENTRY, i, i > 0 ? &s->entries[i - 1] : NULL, data_off,
+        e = entry_check(t + i * DDO__SIDECAR_ENTRY, i, i > 0 ? &s->entries[i - 1] : NULL, &lo,
                         s->bytes, id->size, &s->entries[i], why, why_len);
     free(t);
     s->count = (size_t)count;
