@@ -28,6 +28,8 @@
 #include "codec_internal.h"
 
 #include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -563,8 +565,29 @@ int ddo__codec_status_check(const ddo__codec_plan *plan, const uint64_t *status,
     return 0;
 }
 
-int ddo__codec_decode(const void *coded, uint64_t coded_bytes, void *dst, uint64_t dst_bytes,
-                      const char *name, ddo__errbuf *eb)
+/* The blocks of one decode, shared by its worker threads (each takes the next block). */
+typedef struct dec_job {
+    const uint8_t *src;
+    uint64_t src_bytes;
+    uint8_t *dst;
+    uint64_t dst_bytes;
+    const ddo__codec_launch *l;
+    uint64_t *status; /* two words per block */
+    atomic_uint next;
+} dec_job;
+
+static void *dec_worker(void *arg)
+{
+    dec_job *j = arg;
+    for (uint32_t b; (b = atomic_fetch_add(&j->next, 1)) < j->l->n_blocks;)
+        decode_one(j->src, j->src_bytes, j->dst, j->dst_bytes, j->l, b,
+                   j->status + 2 * (uint64_t)b);
+    return NULL;
+}
+
+int ddo__codec_decode_threads(const void *coded, uint64_t coded_bytes, void *dst,
+                              uint64_t dst_bytes, const char *name, unsigned threads,
+                              ddo__errbuf *eb)
 {
     ddo__codec_plan *p = NULL;
     int rc = ddo__codec_plan_create(coded, coded_bytes, name, &p, eb);
@@ -575,13 +598,29 @@ int ddo__codec_decode(const void *coded, uint64_t coded_bytes, void *dst, uint64
                        "codec: tensor `%s`: output of %" PRIu64 " bytes for %" PRIu64
                        " decoded bytes",
                        p->name, dst ? dst_bytes : 0, p->decoded_bytes);
-    for (uint32_t b = 0; b < p->launch.n_blocks && rc == 0; b++) {
-        uint64_t st[2];
-        decode_one(coded, coded_bytes, dst, dst_bytes, &p->launch, b, st);
-        const char *what = block_problem(&p->launch, p->blocks[b].checksum, st);
-        if (what != NULL)
-            rc = corrupted(eb, p, b, what);
+    uint64_t *status = rc == 0 ? ddo__calloc(2 * (size_t)p->launch.n_blocks + 2, 8) : NULL;
+    if (rc == 0 && status == NULL)
+        rc = ddo__fail(eb, DDO_E_NO_MEMORY, "codec: tensor `%s`: out of memory", p->name);
+    if (rc == 0) {
+        enum { MAX_THREADS = 64 };
+        dec_job j = { coded, coded_bytes, dst, dst_bytes, &p->launch, status, 0 };
+        pthread_t tid[MAX_THREADS];
+        unsigned started = 0, want = threads < MAX_THREADS ? threads : MAX_THREADS;
+        while (started + 1 < want && started + 1 < p->launch.n_blocks &&
+               pthread_create(&tid[started], NULL, dec_worker, &j) == 0)
+            started++;
+        dec_worker(&j);
+        for (unsigned t = 0; t < started; t++)
+            pthread_join(tid[t], NULL);
+        rc = ddo__codec_status_check(p, status, eb);
     }
+    free(status);
     ddo__codec_plan_destroy(p);
     return rc;
+}
+
+int ddo__codec_decode(const void *coded, uint64_t coded_bytes, void *dst, uint64_t dst_bytes,
+                      const char *name, ddo__errbuf *eb)
+{
+    return ddo__codec_decode_threads(coded, coded_bytes, dst, dst_bytes, name, 1, eb);
 }

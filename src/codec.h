@@ -183,6 +183,10 @@ void ddo__codec_plan_destroy(ddo__codec_plan *plan);
  */
 int ddo__codec_decode(const void *coded, uint64_t coded_bytes, void *dst, uint64_t dst_bytes,
                       const char *name, ddo__errbuf *eb);
+/* The same on `threads` threads (the blocks shared out; 0 or 1: the calling thread only). */
+int ddo__codec_decode_threads(const void *coded, uint64_t coded_bytes, void *dst,
+                              uint64_t dst_bytes, const char *name, unsigned threads,
+                              ddo__errbuf *eb);
 
 /*
  * What a device decoder does, in C (the cpu device runs it on its stream

@@ -87,12 +87,21 @@ static void limited_lengths(const uint32_t hist[256], uint8_t lens[256])
 
 /* ---- encoder ---- */
 
-/* Per-worker scratch: the symbols of a block and its lane offsets. */
+/* Per-worker scratch: the symbols of a block, its lane offsets and its exponent streams. */
 typedef struct enc_scratch {
     uint8_t *syms;
     uint8_t *raw; /* the raw plane */
     uint32_t *lanes;
+    uint8_t *exp; /* the lane streams, before the block's layout is known */
 } enc_scratch;
+
+/* The most bytes the lane streams of n elements take: every code at its longest, every lane
+ * padded to a whole word. */
+static uint64_t exp_cap(uint32_t n)
+{
+    return ((uint64_t)n * DDO_CODEC_MAX_CODE_BITS + 7) / 8 +
+           4 * (ddo__codec_groups_of(n) * DDO_CODEC_LANES + 1);
+}
 
 /*
  * One pass over a block of 16-bit elements: the checksum, each element's symbol
@@ -168,31 +177,17 @@ static uint64_t put_raw(const uint8_t *src, uint64_t bytes, uint32_t esize, uint
     return len;
 }
 
-/* Lane offsets (bytes into the exponent streams) from the code lengths; returns the total. */
-static uint64_t lane_offsets(const uint8_t *syms, uint32_t n, const uint8_t lens[256],
-                             uint32_t *lanes)
-{
-    uint64_t lanes_n = ddo__codec_groups_of(n) * DDO_CODEC_LANES, off = 0;
-    for (uint64_t li = 0; li < lanes_n; li++) {
-        uint64_t g = li / DDO_CODEC_LANES, l = li % DDO_CODEC_LANES, bits = 0;
-        for (uint64_t e = g * DDO_CODEC_GROUP_ELEMS + l;
-             e < n && e < (g + 1) * DDO_CODEC_GROUP_ELEMS; e += DDO_CODEC_LANES)
-            bits += lens[syms[e]];
-        lanes[li] = (uint32_t)off;
-        off += (bits + 31) / 32 * 4;
-    }
-    lanes[lanes_n] = (uint32_t)off;
-    return off;
-}
-
-static void put_lanes(const uint8_t *syms, uint32_t n, const uint8_t lens[256],
-                      const uint16_t rev[256], uint8_t *exp)
+/* The lane streams into exp (one pass: each lane's bits follow the one before, padded to a
+ * word) and each lane's offset into lanes (the last entry: the total); returns the total. */
+static uint64_t put_lanes(const uint8_t *syms, uint32_t n, const uint8_t lens[256],
+                          const uint16_t rev[256], uint32_t *lanes, uint8_t *exp)
 {
     uint64_t lanes_n = ddo__codec_groups_of(n) * DDO_CODEC_LANES;
     uint8_t *p = exp;
     for (uint64_t li = 0; li < lanes_n; li++) {
         uint64_t g = li / DDO_CODEC_LANES, l = li % DDO_CODEC_LANES, acc = 0;
         unsigned nacc = 0;
+        lanes[li] = (uint32_t)(p - exp);
         for (uint64_t e = g * DDO_CODEC_GROUP_ELEMS + l;
              e < n && e < (g + 1) * DDO_CODEC_GROUP_ELEMS; e += DDO_CODEC_LANES) {
             acc |= (uint64_t)rev[syms[e]] << nacc;
@@ -209,6 +204,8 @@ static void put_lanes(const uint8_t *syms, uint32_t n, const uint8_t lens[256],
             p += 4;
         }
     }
+    lanes[lanes_n] = (uint32_t)(p - exp);
+    return (uint64_t)(p - exp);
 }
 
 /* Encodes one block of n elements into out (room for its raw size); returns its length. */
@@ -225,7 +222,7 @@ static uint64_t encode_block(const uint8_t *src, uint32_t n, uint32_t esize, enc
     limited_lengths(hist, lens);
     if (!ddo__codec_canonical_codes(lens, rev))
         return put_raw(src, bytes, esize, sum, out);
-    uint64_t exp_bytes = lane_offsets(sc->syms, n, lens, sc->lanes);
+    uint64_t exp_bytes = put_lanes(sc->syms, n, lens, rev, sc->lanes, sc->exp);
     huff_layout h = ddo__codec_layout_of(n, esize, exp_bytes);
     if (h.total >= ddo__codec_raw_block_bytes(bytes))
         return put_raw(src, bytes, esize, sum, out);
@@ -237,7 +234,7 @@ static uint64_t encode_block(const uint8_t *src, uint32_t n, uint32_t esize, enc
     for (uint64_t i = 0; i <= lanes_n; i++)
         ddo__codec_wr32(out + TABLE_OFF + 4 * i, sc->lanes[i]);
     memcpy(out + h.raw_off, sc->raw, (size_t)n * (esize - 1));
-    put_lanes(sc->syms, n, lens, rev, out + h.exp_off);
+    memcpy(out + h.exp_off, sc->exp, (size_t)exp_bytes);
     ddo__codec_wr64(out + 40, ddo__codec_block_meta_hash(out, h.raw_off));
     return h.total;
 }
@@ -266,9 +263,10 @@ static void *enc_worker(void *arg)
     sc.syms = ddo__malloc(j->block_elems);
     sc.raw = ddo__malloc((size_t)j->block_elems * 3);
     sc.lanes = ddo__calloc(j->block_elems / DDO_CODEC_LANE_SYMS + 1, sizeof(uint32_t));
+    sc.exp = ddo__malloc((size_t)exp_cap(j->block_elems));
     for (;;) {
         pthread_mutex_lock(&j->lock);
-        bool nomem = sc.syms == NULL || sc.raw == NULL || sc.lanes == NULL;
+        bool nomem = sc.syms == NULL || sc.raw == NULL || sc.lanes == NULL || sc.exp == NULL;
         bool stop = j->failed || j->next >= j->n_blocks || nomem;
         uint32_t b = j->next++;
         if (nomem)
@@ -284,6 +282,7 @@ static void *enc_worker(void *arg)
     free(sc.syms);
     free(sc.raw);
     free(sc.lanes);
+    free(sc.exp);
     return NULL;
 }
 

@@ -390,6 +390,7 @@ int ddo__source_create(const ddo__source_params *p, const ddo__source_request *r
     src->retained = p->retained;
     src->registered = p->registered;
     src->tensor_count = ddo_checkpoint_tensor_count(p->ck);
+    src->workers = (unsigned)p->workers;
     src->file_count = ddo_checkpoint_file_count(p->ck);
     int rc = 0;
     uint8_t *seen = ddo__calloc(src->tensor_count, 1);
@@ -534,7 +535,8 @@ int ddo__source_copy_out(const ddo__source *src, size_t tensor, void *dst, uint6
                          (unsigned long long)t->nbytes, (unsigned long long)dst_bytes);
     const ddo__codec_plan *cp = ddo__source_codec_plan(src->codec, tensor);
     if (cp != NULL)
-        return ddo__codec_decode(at, cp->coded_bytes, dst, dst_bytes, t->name, eb);
+        return ddo__codec_decode_threads(at, cp->coded_bytes, dst, dst_bytes, t->name, src->workers,
+                                         eb);
     if (t->nbytes > 0)
         memcpy(dst, at, (size_t)t->nbytes);
     return 0;

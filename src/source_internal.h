@@ -62,7 +62,8 @@ struct ddo__source {
     entry *entries;          /* per checkpoint tensor */
     size_t tensor_count;
     size_t file_count;
-    int *direct_fd;             /* per file; -1 when direct I/O is unavailable */
+    unsigned workers; /* pin_cpu_workers: also the threads of ddo__source_copy_out's decode */
+    int *direct_fd;   /* per file; -1 when direct I/O is unavailable */
     atomic_bool *direct_broken; /* a direct read failed with EINVAL: use pread from now on */
     ddo__read_engine engine;
     bool use_uring;
