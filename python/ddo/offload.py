@@ -638,7 +638,8 @@ class OffloadResult:
         _native.check(L.ddo_session_metrics(self._session, bool(collect_completed),
                                             ctypes.byref(m)), L.ddo_session_error(self._session))
         return MetricsReport(m, component, {"unmanaged_bytes": self.unmanaged_bytes,
-                                            "unmanaged_tensors": len(self._moved)})
+                                            "unmanaged_tensors": len(self._moved),
+                                            "host_bytes_released": self.host_bytes_released})
 
     def budgets(self):
         """The plan's predicted peaks and limits (bytes), as a dict."""

@@ -47,6 +47,7 @@ def test_coded_host_module_is_bit_identical(backend, preset, route, granularity,
         assert codec["bytes_decoded"] > codec["bytes_coded_uploaded"] > 0
         # the module's copies of every coded tensor were let go
         assert r.host_bytes_released == codec["setup_encode_bytes"]
+        assert snap["binding"]["host_bytes_released"] == r.host_bytes_released
         budgets = r.budgets()
         assert 0 < snap["capacities"]["retained_peak_bytes"] <= budgets["retained_peak"]
     finally:
