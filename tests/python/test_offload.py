@@ -62,6 +62,30 @@ def test_parameters_keep_identity_and_return_to_host():
         assert p.data.data_ptr() == before[n][1]  # the module's own host tensors, not copies
 
 
+def test_vmm_views_are_made_at_setup():
+    """On VMM every streamed tensor's view exists before the first forward (its host time is
+    spent in enable_offload, not in the first step) and again after reload(); linear makes
+    them per lease."""
+    m = models.FluxLike(seed=4)
+    r = ddo.enable_offload(m, backend="vmm", **ZERO_RESIDENT)
+    try:
+        streamed = [t for t in r._tensors if t.placement == 1]
+        assert streamed and all((t.index, 0) in r._views for t in streamed)
+        r.unload()
+        assert not r._views
+        r.reload()
+        assert all((t.index, 0) in r._views for t in streamed)
+    finally:
+        r.close()
+    m = models.FluxLike(seed=4)
+    r = ddo.enable_offload(m, backend="linear", **ZERO_RESIDENT)
+    try:
+        assert not any(t.placement == 1 and any(k[0] == t.index for k in r._views)
+                       for t in r._tensors)
+    finally:
+        r.close()
+
+
 def test_stable_addresses_on_vmm_rebinding_on_linear():
     x = torch.randn(1, 4, 64).to(torch.bfloat16)
     m = models.FluxLike(seed=4)
