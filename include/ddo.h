@@ -877,10 +877,11 @@ DDO_API int ddo_session_unit_addresses(ddo_session *s, size_t unit, void **ptrs,
                                        size_t *n);
 /*
  * weight_codec with a checkpoint of a caller's host tensors (ddo_checkpoint_create_from_memory):
- * *owned is true when the session coded tensor into host memory of its own and never reads the
- * caller's bytes again, so the caller may free them while the session lives (a tensor that
- * does not shrink, a resident one, or any tensor without the codec: false, the caller's memory
- * serves it). Errors: DDO_E_INVALID_ARGUMENT (NULL argument, tensor out of range).
+ * *owned is true when the session keeps tensor in host memory of its own (coded, or raw where
+ * coding does not shrink it) and never reads the caller's bytes again, so the caller may free
+ * them while the session lives (a resident tensor, a dtype the codec does not code, or any
+ * tensor without the codec or on vmm_runtime: false, the caller's memory serves it). Errors:
+ * DDO_E_INVALID_ARGUMENT (NULL argument, tensor out of range).
  */
 DDO_API int ddo_session_tensor_host_owned(ddo_session *s, size_t tensor, bool *owned);
 /*

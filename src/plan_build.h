@@ -161,5 +161,9 @@ int ddo__plan_codec(builder *b);
  * status bytes its decode needs (16 per block). */
 bool ddo__plan_codec_candidate(const ddo_tensor_info *ti, bool retained);
 uint64_t ddo__plan_codec_status_bytes(const ddo_tensor_info *ti);
+/* A caller's host tensors with weight_codec: what registering in place takes for the ones the
+ * codec does not code (streamed in registered units, and the residents when they are
+ * registered in place: decision host_residents), plan_host.c. */
+uint64_t ddo__plan_host_pins_uncoded(const builder *b);
 
 #endif /* DDO_PLAN_BUILD_H */

@@ -279,20 +279,20 @@ static bool coding_pays(builder *b, double *raw_s, double *coded_s)
 }
 
 /* A caller's host-memory tensors (the binding's): each candidate gets a raw-sized place in a
- * store of ddo's own and is coded into it from the caller's memory (source_codec.c); the
- * coded store is registered where its units are. The retained and registered peaks take the
+ * store of ddo's own and is coded into it from the caller's memory (source_codec.c; one that
+ * coding does not shrink is copied there raw), so the caller's copies are never read again;
+ * the store is registered where its units are. The retained and registered peaks take the
  * store at its raw size (the coded size is known only after coding; the pages past it are
- * never touched). A candidate that coding does not shrink stays where it is, registered in
- * place as before (already in the registered peak). Returns 1 when the store does not fit a
- * limit and auto falls back. */
+ * never touched); the registered peak keeps the in-place registration of the other host
+ * tensors only. Returns 1 when the store does not fit a limit and auto falls back. */
 static int host_store(builder *b, const codec_need *n, bool explicit_codec)
 {
     ddo_plan_budgets *bg = &b->p->budgets;
     if (n->host == 0)
         return 0;
     uint64_t ret = ddo__sat_add_u64(bg->retained_peak, ddo__round_up(n->host, DDO_SEGMENT_BYTES));
-    uint64_t reg =
-        ddo__sat_add_u64(bg->registered_peak, ddo__round_up(n->host_reg, DDO_SEGMENT_BYTES));
+    uint64_t reg = ddo__sat_add_u64(ddo__plan_host_pins_uncoded(b),
+                                    ddo__round_up(n->host_reg, DDO_SEGMENT_BYTES));
     const char *over = bg->retained_limit > 0 && ret > bg->retained_limit       ? "retained"
                        : bg->registered_limit > 0 && reg > bg->registered_limit ? "registered"
                                                                                 : NULL;

@@ -6,6 +6,7 @@
  */
 #include "plan_build.h"
 
+#include "codec.h"
 #include "host_pins.h"
 
 #include <stdlib.h>
@@ -51,9 +52,10 @@ static uint64_t bytes_of(const ddo_plan *p, bool retained_only, bool registered_
 /* Host-memory tensors of registered units are registered in place (host_pins.h; the retained
  * store never copies them). Sums, over the streamed host tensors of the registered units (all
  * streamed units with all_units), their bytes and what the registered account takes for them
- * (their inner pages plus the pinned arena of their end fragments). */
-static void host_registered(const builder *b, bool all_units, bool residents, uint64_t *bytes,
-                            uint64_t *pinned)
+ * (their inner pages plus the pinned arena of their end fragments); skip_coded leaves out the
+ * tensors weight_codec codes into ddo's own store (plan_codec.c). */
+static void host_registered(const builder *b, bool all_units, bool residents, bool skip_coded,
+                            uint64_t *bytes, uint64_t *pinned)
 {
     const ddo_plan *p = b->p;
     *bytes = 0;
@@ -68,7 +70,8 @@ static void host_registered(const builder *b, bool all_units, bool residents, ui
             size_t t = p->unit_tensors[un->first_tensor + k];
             const ddo_tensor_info *ti = b->ti[t];
             if (ti->file_index != UINT32_MAX || ti->host_data == NULL || ti->nbytes == 0 ||
-                p->tensors[t].loc.placement != DDO_PLACEMENT_STREAMED)
+                p->tensors[t].loc.placement != DDO_PLACEMENT_STREAMED ||
+                (skip_coded && ddo__codec_codes_tensor(ti->dtype, ti->nbytes)))
                 continue;
             *bytes = ddo__sat_add_u64(*bytes, ti->nbytes);
             if (r != NULL)
@@ -90,6 +93,15 @@ static void host_registered(const builder *b, bool all_units, bool residents, ui
     *pinned =
         r != NULL ? ddo__host_pins_bytes(r, n) : ddo__sat_add_u64(*bytes, (uint64_t)b->n * 65536u);
     free(r);
+}
+
+uint64_t ddo__plan_host_pins_uncoded(const builder *b)
+{
+    const char *hr = ddo__decisions_get(&b->p->decisions, "host_residents");
+    bool residents = hr != NULL && strcmp(hr, "registered_in_place") == 0;
+    uint64_t bytes = 0, pinned = 0;
+    host_registered(b, false, residents, true, &bytes, &pinned);
+    return pinned;
 }
 
 /* True for a checkpoint of a caller's host tensors (one built for planning only, without
@@ -204,7 +216,7 @@ static int registration(builder *b, host_ctx *h, const ddo__pin_resolution *pin,
                 h->list[rn++] = h->list[k];
         /* Host tensors take their arena's rounding on top of their bytes: keep room for it. */
         uint64_t hb = 0, hp = 0;
-        host_registered(b, true, false, &hb, &hp);
+        host_registered(b, true, false, false, &hb, &hp);
         uint64_t fringe = hp > hb ? hp - hb : 0;
         if (partial && ddo__sat_add_u64(ddo__round_up(bytes_of(p, true, false), DDO_SEGMENT_BYTES),
                                         fringe) > reg_limit) {
@@ -225,7 +237,7 @@ static int registration(builder *b, host_ctx *h, const ddo__pin_resolution *pin,
     ddo__decisions_set_str(&p->decisions, "registration", reg);
     bg->registered_limit = reg_limit;
     uint64_t host_bytes = 0, host_pages = 0; /* pages: what registering them in place takes */
-    host_registered(b, false, false, &host_bytes, &host_pages);
+    host_registered(b, false, false, false, &host_bytes, &host_pages);
     /* A caller's resident tensors are registered in place too when every streamed byte is and
      * the limit allows (their setup upload and every reload then read them directly); else
      * they are uploaded through the bounce buffer. */
@@ -233,7 +245,7 @@ static int registration(builder *b, host_ctx *h, const ddo__pin_resolution *pin,
     bool residents = holds_host_data(b) &&
                      (strcmp(reg, "all_retained") == 0 || strcmp(reg, "nothing_retained") == 0);
     if (residents) {
-        host_registered(b, false, true, &rb, &rp);
+        host_registered(b, false, true, false, &rb, &rp);
         residents = reg_limit == 0 || rp <= reg_limit;
     }
     if (holds_host_data(b))

@@ -350,9 +350,6 @@ static int code_store(ddo__source *src, const ddo__source_params *p, layout *l, 
         entry *e = &src->entries[items[i].tensor];
         e->pos = items[i].pos;
         e->ptr = src->base + items[i].pos;
-        if (items[i].from == DDO__CODEC_LEFT_IN_HOST) /* served from the caller's memory */
-            *e = (entry){ .run = RUN_HOST,
-                          .ptr = ddo_checkpoint_tensor(src->ck, items[i].tensor)->host_data };
     }
     if (rc == 0)
         ddo__source_sidecar_save(src, p, items, n);

@@ -96,8 +96,9 @@ const struct ddo__codec_plan *ddo__source_coded(const ddo__source *src, size_t t
  * (a registered host-memory tensor is read through ddo__source_host_pieces). */
 const void *ddo__source_host_ptr(const ddo__source *src, size_t tensor, bool *registered);
 
-/* True when the store holds its own copy (coded) of a caller's host-memory tensor, so the
- * caller's bytes are never read again (weight_codec; source_codec.h). */
+/* True when the store holds its own copy (coded, or raw where coding does not shrink it) of a
+ * caller's host-memory tensor, so the caller's bytes are never read again (weight_codec;
+ * source_codec.h). */
 bool ddo__source_owns_host_tensor(const ddo__source *src, size_t tensor);
 
 /*

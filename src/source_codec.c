@@ -3,7 +3,7 @@
  * bytes (source.c); with weight_codec on, this pass codes each BF16/F16/F32 tensor into one
  * buffer and moves every tensor, coded or raw, down to the end of the one before it. A
  * caller's host-memory tensor has a raw-sized place in the store but is coded from its own
- * memory; when coding does not shrink it, nothing is stored and its own bytes serve it. A stored
+ * memory (copied there raw when coding does not shrink it). A stored
  * item is never larger than its raw bytes, so the write position never passes the read
  * position of a tensor not yet coded, and the store shrinks to its coded size; source.c then
  * gives the pages and the account bytes that coding saved back and registers the coded
@@ -148,11 +148,10 @@ static int pack_item(packer *pk, ddo__codec_item *it, ddo__errbuf *eb)
         ddo__metrics_add(pk->metrics, DDO_M_setup_encode_bytes, (double)it->nbytes);
         ddo__metrics_add(pk->metrics, DDO_M_setup_coded_bytes, (double)coded);
         it->nbytes = coded;
-    } else if (host) { /* the caller's bytes serve it: nothing stored */
+    } else if (host) { /* kept raw, in the store too: the caller's bytes are never read again */
         if (candidate)
             ddo__metrics_add(pk->metrics, DDO_M_setup_codec_raw_tensors, 1);
-        it->from = DDO__CODEC_LEFT_IN_HOST;
-        it->nbytes = 0;
+        memcpy(at, raw, (size_t)it->nbytes);
     } else {
         if (candidate)
             ddo__metrics_add(pk->metrics, DDO_M_setup_codec_raw_tensors, 1);

@@ -22,10 +22,8 @@ enum {
     DDO__CODEC_FROM_RAW_READ, /* raw bytes read from the checkpoint: code them */
     DDO__CODEC_FROM_CODED,    /* a coded stream already (a sidecar's): validate and keep */
     DDO__CODEC_FROM_KEEP_RAW, /* raw bytes known not to shrink (a sidecar says so): keep */
-    DDO__CODEC_FROM_HOST,     /* a caller's host-memory tensor (its bytes at host_data, not in
-                               * the store): code it into the store */
-    DDO__CODEC_LEFT_IN_HOST   /* out, for FROM_HOST: coding did not shrink it, so nothing was
-                               * stored (nbytes 0) and the caller's bytes serve it */
+    DDO__CODEC_FROM_HOST      /* a caller's host-memory tensor (its bytes at host_data, not in
+                               * the store): code it into the store (or copy it there raw) */
 };
 
 typedef struct ddo__codec_item {

@@ -253,8 +253,10 @@ static void test_incompressible_tensor_stays_raw(void)
 /* A checkpoint of a caller's host tensors (what the Python binding builds): with the codec
  * each tensor that shrinks is coded into the session's own store and the caller's bytes are
  * never read again (poisoned here after setup, the loads stay exact); one that does not
- * shrink is served from the caller's memory in place. ddo_session_tensor_read_host gives
- * back every tensor's bytes exactly; the plan's retained and registered peaks hold. */
+ * shrink is copied into the store raw, so it is the session's too (the resident ones stay the
+ * caller's). ddo_session_tensor_read_host gives back every tensor's bytes exactly; the plan's
+ * retained and registered peaks hold, and the registered one is the store's segments plus the
+ * residents' in-place registration (no in-place share for the coded tensors). */
 static void host_memory_case(const char *route, bool pin, const char *random_tensor)
 {
     char what[96];
@@ -281,13 +283,15 @@ static void host_memory_case(const char *route, bool pin, const char *random_ten
         T_EQ_INT(ddo_session_tensor_read_host(f.s, t, back, f.sizes[l]), 0);
         T_CHECK_MSG(memcmp(back, f.bytes[l], f.sizes[l]) == 0, "%s: %s read back", what,
                     f.names[l]);
-        bool named_random = random_tensor != NULL && strcmp(f.names[l], random_tensor) == 0;
         ddo_tensor_location loc;
         T_REQUIRE(ddo_plan_tensor_location(f.plan, t, &loc) == 0);
-        if (named_random || loc.placement != DDO_PLACEMENT_STREAMED)
+        if (loc.placement != DDO_PLACEMENT_STREAMED)
             T_CHECK_MSG(!owned, "%s: %s is served in place", what, f.names[l]);
         else
             T_CHECK_MSG(owned, "%s: %s is the session's", what, f.names[l]);
+        const ddo__codec_plan *cp = ddo__source_coded(f.s->source, t);
+        if (random_tensor != NULL && strcmp(f.names[l], random_tensor) == 0)
+            T_CHECK_MSG(cp == NULL, "%s: %s is stored raw", what, f.names[l]);
         if (owned) { /* the caller frees its copy: the test keeps it, poisoned */
             poisoned[l] = f.bytes[l];
             f.bytes[l] = back;
@@ -298,9 +302,10 @@ static void host_memory_case(const char *route, bool pin, const char *random_ten
             free(back);
         }
     }
-    T_CHECK_MSG(owned_n == 2u * (size_t)f.o.blocks - (random_tensor != NULL ? 1 : 0), "%s: %zu",
-                what, owned_n);
-    T_CHECK_MSG(in_place == (random_tensor != NULL ? 1u : 0u), "%s: in place %zu", what, in_place);
+    T_CHECK_MSG(owned_n == 2u * (size_t)f.o.blocks, "%s: %zu", what, owned_n);
+    T_CHECK_MSG(in_place == 0, "%s: in place %zu", what, in_place);
+    T_CHECK_MSG(fx_metric(&f, "setup_codec_raw_tensors") == (random_tensor != NULL ? 1 : 0),
+                "%s: %g kept raw", what, fx_metric(&f, "setup_codec_raw_tensors"));
     fx_two_steps(&f, what);
     T_CHECK_MSG(fx_metric(&f, "bytes_decoded") > 0, "%s: nothing decoded", what);
     ddo_plan_budgets b;
@@ -312,6 +317,10 @@ static void host_memory_case(const char *route, bool pin, const char *random_ten
     T_CHECK_MSG(fx_metric(&f, "registered_peak_bytes") <= (double)b.registered_peak,
                 "%s: registered peak %g of %llu", what, fx_metric(&f, "registered_peak_bytes"),
                 (unsigned long long)b.registered_peak);
+    /* registered: the store's one segment and the residents' arena page, not also the
+     * in-place share of the coded tensors (8 of 32 KiB) */
+    T_CHECK_MSG(b.registered_peak == 0 || b.registered_peak <= DDO_SEGMENT_BYTES + 16384,
+                "%s: registered %llu", what, (unsigned long long)b.registered_peak);
     fx_destroy(&f);
     for (size_t l = 0; l < FX_MAX_TENSORS; l++)
         free(poisoned[l]);
