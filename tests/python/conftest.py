@@ -16,6 +16,15 @@ ZERO_RESIDENT = dict(execution_device="cpu", always_resident_modules_pattern="^$
                      small_tensor_threshold_bytes=0, resident_module_budget_gb=0)
 
 
+def load_bench(name):
+    """bench/<name>.py as a module (the benchmarks are scripts, not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 @pytest.fixture(autouse=True)
 def _no_ddo_environment(monkeypatch):
     for k in list(os.environ):

@@ -3,7 +3,6 @@ table, the budget arithmetic (checked against the library's own planner on the r
 layout, through `ddo plan` on a header-only sparse checkpoint), the targets computed from
 results, and its ddo mode driving real ddo sessions on the cpu device."""
 
-import importlib.util
 import json
 import os
 import struct
@@ -13,7 +12,7 @@ import pytest
 import torch
 
 import models
-from conftest import ROOT
+from conftest import ROOT, load_bench
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -21,11 +20,7 @@ MIB = 1 << 20
 
 @pytest.fixture(scope="module")
 def fp():
-    spec = importlib.util.spec_from_file_location("flux_pipeline_bench",
-                                                  ROOT / "bench" / "flux_pipeline.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("flux_pipeline")
 
 
 def flux_tensors():

@@ -1,20 +1,14 @@
 """bench/torch_flux.py without a GPU or Diffusers: the case table and the bound arithmetic,
 the codec case's raw bound included."""
 
-import importlib.util
-
 import pytest
 
-from conftest import ROOT
+from conftest import load_bench
 
 
 @pytest.fixture(scope="module")
 def tf():
-    spec = importlib.util.spec_from_file_location("torch_flux_bench",
-                                                  ROOT / "bench" / "torch_flux.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("torch_flux")
 
 
 def test_cases(tf):
