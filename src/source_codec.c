@@ -31,7 +31,7 @@ void ddo__source_codec_fault_nth(uint64_t nth)
     atomic_store(&fault_nth, nth);
 }
 
-static bool fault_hit(void)
+bool ddo__source_codec_fault_hit(void)
 {
     uint64_t n = atomic_fetch_add(&fault_count, 1) + 1;
     uint64_t nth = atomic_load(&fault_nth);
@@ -131,7 +131,7 @@ static int pack_item(packer *pk, ddo__codec_item *it, ddo__errbuf *eb)
     bool candidate = ddo__codec_codes_tensor(ti->dtype, it->nbytes) &&
                      (it->from == DDO__CODEC_FROM_RAW_READ || host);
     if (candidate) {
-        if (fault_hit())
+        if (ddo__source_codec_fault_hit())
             return ddo__fail(eb, DDO_E_IO, "codec: tensor `%s`: encoding: injected fault",
                              ti->name);
         ddo__codec_params cp = { 0, pk->threads };

@@ -63,5 +63,7 @@ void ddo__source_codec_release_pages(void *p, size_t len);
  * process-wide) fails with DDO_E_IO. 0 clears.
  */
 void ddo__source_codec_fault_nth(uint64_t nth);
+/* Counts one encoding; true when the injected fault hits it (every encoder calls it). */
+bool ddo__source_codec_fault_hit(void);
 
 #endif /* DDO_SOURCE_CODEC_H */

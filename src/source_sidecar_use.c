@@ -233,6 +233,8 @@ static int produce(void *user, const ddo__sidecar_item *it, const void **coded,
     uint64_t len = 0;
     int rc = ddo__source_read_file(pr->src, it->tag, 0, (size_t)ti->nbytes, pr->raw, pr->raw_cap,
                                    &data, &eb);
+    if (rc == 0 && ddo__source_codec_fault_hit())
+        rc = ddo__fail(&eb, DDO_E_IO, "codec: tensor `%s`: encoding: injected fault", ti->name);
     if (rc == 0)
         rc = ddo__codec_encode(data, ti->nbytes, ti->dtype, &cp, pr->coded, pr->coded_cap, &len,
                                ti->name, &eb);

@@ -17,6 +17,7 @@
 
 #include "checkpoint.h"
 #include "source.h"
+#include "source_codec.h"
 #include "source_sidecar.h"
 
 #include <dirent.h>
@@ -276,8 +277,8 @@ static void test_first_run_codes_streamed_tensors(void)
     }
 }
 
-/* A read that fails while the streamed tensors are coded for the sidecar: no sidecar, a note
- * naming the tensor, and the session streams raw bytes, identical. */
+/* A read or an encoding that fails while the streamed tensors are coded for the sidecar: no
+ * sidecar, a note naming the fault, and the session streams raw bytes, identical. */
 static void test_failed_sidecar_build_is_a_note(void)
 {
     fx_clear_sidecars(cache);
@@ -285,17 +286,23 @@ static void test_failed_sidecar_build_is_a_note(void)
     fx_opts o = stream_opts("vmm_fast_runtime", 1, NULL);
     T_REQUIRE(fx_create(&f, &o) == 0);
     T_REQUIRE(f.rc == 0);
-    ddo__source_fault_nth(1, false); /* the first file read from now on */
-    replan(&f, SMALL_GB, cache);
-    ddo__source_fault_nth(0, false);
-    char b[600];
-    fx_label(&f, "codec_sidecar_note", b, sizeof(b));
-    T_CONTAINS(b, "not written");
-    T_CONTAINS(b, "injected fault");
-    T_CHECK(fx_sidecars(cache, NULL, 0) == 0);
-    fx_two_steps(&f, "raw after a failed sidecar");
-    T_CHECK(fx_metric(&f, "bytes_staged_from_sidecar") == 0);
-    T_CHECK(fx_metric(&f, "bytes_staged_from_file") > 0);
+    for (int k = 0; k < 2; k++) { /* a failing read, then a failing encoder */
+        if (k == 0)
+            ddo__source_fault_nth(1, false); /* the first file read from now on */
+        else
+            ddo__source_codec_fault_nth(2); /* the second tensor coded from now on */
+        replan(&f, SMALL_GB, cache);
+        ddo__source_fault_nth(0, false);
+        ddo__source_codec_fault_nth(0);
+        char b[600];
+        fx_label(&f, "codec_sidecar_note", b, sizeof(b));
+        T_CONTAINS(b, "not written");
+        T_CONTAINS(b, "injected fault");
+        T_CHECK(fx_sidecars(cache, NULL, 0) == 0);
+        fx_two_steps(&f, "raw after a failed sidecar");
+        T_CHECK(fx_metric(&f, "bytes_staged_from_sidecar") == 0);
+        T_CHECK(fx_metric(&f, "bytes_staged_from_file") > 0);
+    }
     fx_destroy(&f);
 }
 
