@@ -615,6 +615,7 @@ int ddo_session_reload(ddo_session *s)
     if (rc == 0) {
         s->unloaded = false;
         ddo__metrics_add(&s->metrics, DDO_M_reloads, 1);
+        ddo__session_prefetch_head(s); /* the next pass's first units, loading already */
     }
     pthread_mutex_unlock(&s->mu);
     return rc;

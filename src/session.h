@@ -287,6 +287,9 @@ int ddo__session_slot_unback(ddo_session *s, ddo__slot *slot);
 void ddo__session_learn(ddo_session *s, size_t unit);
 /* Keeps the units after unit loading in the other slots (mu held). */
 void ddo__session_prefetch(ddo_session *s, size_t unit);
+/* With the order known and nothing leased: the order's first streamed unit and the window
+ * after it start loading (mu held; declare_order, reload). */
+void ddo__session_prefetch_head(ddo_session *s);
 
 /* ---- session_loader.c ---- */
 

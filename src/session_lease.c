@@ -121,6 +121,17 @@ again:
     ddo__slot *sl = &s->slots[i];
     if (sl->state == DDO__SLOT_LOADING) {
         wait_issued(s, i, stall);
+        if (sl->unit != unit) {
+            /* While mu was released the load failed and its slot let the unit go (a slot
+             * that turned unsafe forgets it): load it again, once. */
+            if (retried)
+                return ddo__fail(&s->err, DDO_E_DEVICE,
+                                 "acquire \"%s\": its load was abandoned twice (slot %zu "
+                                 "failed)",
+                                 u->name, i);
+            retried = true;
+            goto again;
+        }
         if (sl->load_rc != 0 && sl->prefetched && !retried) {
             /* A failed prefetch is not this acquire's error: load on demand instead. */
             if (!sl->unsafe)

@@ -3,7 +3,9 @@
  * (ddo_session_declare_order), else learned from the first pass of acquires (a unit seen
  * twice closes the cycle), else the plan's unit order. After every acquire the next
  * `slots - 1` units of that order are kept loading; on vmm_runtime only when they fit the
- * mapped budget without displacing a leased, loading or prefetched unit.
+ * mapped budget without displacing a leased, loading or prefetched unit. When an order is
+ * declared, and again after a reload, the first `slots` units of it start loading at once, so
+ * the first pass does not begin by waiting for its first unit.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "session.h"
@@ -116,6 +118,33 @@ void ddo__session_prefetch(ddo_session *s, size_t unit)
     ddo__metrics_max(&s->metrics, DDO_M_prefetch_depth_max, (double)depth);
 }
 
+void ddo__session_prefetch_head(ddo_session *s)
+{
+    if (!s->order.known || s->slot_count == 0 || s->unloaded)
+        return;
+    size_t first = DDO__NONE;
+    for (size_t u = 0; u < s->unit_count; u++)
+        if (s->units[u].leased)
+            return; /* a pass is under way: its acquires prefetch */
+    for (size_t k = 0; k < s->order.count && first == DDO__NONE; k++)
+        if (!s->units[s->order.units[k]].resident)
+            first = s->order.units[k];
+    if (first == DDO__NONE)
+        return;
+    if (s->units[first].slot == DDO__NONE) {
+        size_t keep[1] = { first }, i;
+        if (ddo__session_pick_slot(s, first, true, keep, 1, &i) != DDO__PICK_FOUND ||
+            (ddo__route_per_weight(s->route) && !prefetch_fits(s, i, first)))
+            return;
+        ddo__errbuf saved = s->err; /* a failure here is not the caller's: it loads on demand */
+        if (ddo__session_start_load(s, i, first, true) != 0) {
+            s->err = saved;
+            return;
+        }
+    }
+    ddo__session_prefetch(s, first);
+}
+
 int ddo_session_declare_order(ddo_session *s, const size_t *units, size_t count)
 {
     if (s == NULL || units == NULL || count == 0)
@@ -139,6 +168,7 @@ int ddo_session_declare_order(ddo_session *s, const size_t *units, size_t count)
     pthread_mutex_lock(&s->mu);
     set_order(s, units, count);
     s->order.declared = true;
+    ddo__session_prefetch_head(s);
     pthread_mutex_unlock(&s->mu);
     return 0;
 }
