@@ -915,9 +915,10 @@ DDO_API int ddo_session_tensor_dlpack(ddo_session *s, size_t tensor, unsigned fl
                                       void **managed);
 /* DLPack views of the session still alive (ddo_session_tensor_dlpack). */
 DDO_API size_t ddo_session_view_count(const ddo_session *s);
-/* Declares the execution order (unit indices); otherwise learned on the first pass. Errors:
- * DDO_E_INVALID_ARGUMENT (NULL or empty, more units than the plan's, out of range, listed
- * twice). */
+/* Declares the execution order (unit indices); otherwise learned on the first pass. With no
+ * unit leased, the order's first `execution slots` streamed units start loading at once (as
+ * after ddo_session_reload). Errors: DDO_E_INVALID_ARGUMENT (NULL or empty, more units than
+ * the plan's, out of range, listed twice). */
 DDO_API int ddo_session_declare_order(ddo_session *s, const size_t *units, size_t count);
 /* Explicit reclaim: releases at most one completed idle slot's backing. *released = bytes.
  * Errors: DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_DEVICE (unmapping or releasing). */
@@ -926,7 +927,8 @@ DDO_API int ddo_session_reclaim(ddo_session *s, uint64_t *released);
  * first failure of waiting for the uploads and releasing (it releases what it can).
  * Errors: DDO_E_INVALID_ARGUMENT (s is NULL), DDO_E_DEVICE. */
 DDO_API int ddo_session_unload(ddo_session *s);
-/* Reload after unload: the device state again (resident tensors uploaded). Errors:
+/* Reload after unload: the device state again (resident tensors uploaded; with an order
+ * known, its first units start loading, as ddo_session_declare_order does). Errors:
  * DDO_E_INVALID_ARGUMENT (s is NULL), DDO_E_STATE (the session was released), those of
  * ddo_session_create's device steps (DDO_E_BUDGET, DDO_E_DEVICE, DDO_E_DEVICE_MEMORY, DDO_E_IO,
  * DDO_E_FILE_CHANGED, DDO_E_NO_MEMORY). */
