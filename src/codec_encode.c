@@ -113,18 +113,27 @@ static uint64_t split16(const uint8_t *src, uint32_t n, enc_scratch *sc, uint32_
     uint32_t h4[4][256];
     memset(h4, 0, sizeof(h4));
     uint64_t sum = 0;
-    for (uint32_t i = 0; i < (n + 1) / 2; i++) {
-        uint32_t e = 2 * i, w = 2 * i + 1 < n ? ddo__codec_rd32(src + 4 * (uint64_t)i)
-                                              : (uint32_t)src[4 * (uint64_t)i] |
-                                                    (uint32_t)src[4 * (uint64_t)i + 1] << 8;
+    uint32_t pairs = n / 2;
+    for (uint32_t i = 0; i < pairs; i++) { /* whole words: two elements, no tail tests */
+        uint32_t w = ddo__codec_rd32(src + 4 * (uint64_t)i);
         sum += ddo__codec_fmix64((uint64_t)w | (uint64_t)i << 32);
-        for (uint32_t k = 0; k < 2 && e + k < n; k++) {
-            uint32_t v = (w >> (16 * k)) & 0xFFFFu;
-            uint8_t sym = (uint8_t)(v >> 7);
-            sc->syms[e + k] = sym;
-            sc->raw[e + k] = (uint8_t)(((v >> 8) & 0x80u) | (v & 0x7Fu));
-            h4[(e + k) & 3][sym]++;
-        }
+        uint8_t s0 = (uint8_t)(w >> 7), s1 = (uint8_t)(w >> 23);
+        uint32_t r = ((w >> 8) & 0x00800080u) | (w & 0x007F007Fu); /* both raw bytes */
+        sc->syms[2 * i] = s0;
+        sc->syms[2 * i + 1] = s1;
+        sc->raw[2 * i] = (uint8_t)r;
+        sc->raw[2 * i + 1] = (uint8_t)(r >> 16);
+        h4[(2 * i) & 3][s0]++;
+        h4[(2 * i + 1) & 3][s1]++;
+    }
+    if (n & 1u) { /* the last element alone: its word zero-padded */
+        uint32_t e = n - 1,
+                 v = (uint32_t)src[2 * (uint64_t)e] | (uint32_t)src[2 * (uint64_t)e + 1] << 8;
+        sum += ddo__codec_fmix64((uint64_t)v | (uint64_t)pairs << 32);
+        uint8_t sym = (uint8_t)(v >> 7);
+        sc->syms[e] = sym;
+        sc->raw[e] = (uint8_t)(((v >> 8) & 0x80u) | (v & 0x7Fu));
+        h4[e & 3][sym]++;
     }
     for (int s = 0; s < 256; s++)
         hist[s] = h4[0][s] + h4[1][s] + h4[2][s] + h4[3][s];
@@ -186,10 +195,10 @@ static uint64_t put_lanes(const uint8_t *syms, uint32_t n, const uint8_t lens[25
     uint8_t *p = exp;
     for (uint64_t li = 0; li < lanes_n; li++) {
         uint64_t g = li / DDO_CODEC_LANES, l = li % DDO_CODEC_LANES, acc = 0;
+        uint64_t end = (g + 1) * DDO_CODEC_GROUP_ELEMS < n ? (g + 1) * DDO_CODEC_GROUP_ELEMS : n;
         unsigned nacc = 0;
         lanes[li] = (uint32_t)(p - exp);
-        for (uint64_t e = g * DDO_CODEC_GROUP_ELEMS + l;
-             e < n && e < (g + 1) * DDO_CODEC_GROUP_ELEMS; e += DDO_CODEC_LANES) {
+        for (uint64_t e = g * DDO_CODEC_GROUP_ELEMS + l; e < end; e += DDO_CODEC_LANES) {
             acc |= (uint64_t)rev[syms[e]] << nacc;
             nacc += lens[syms[e]];
             if (nacc >= 32) {
