@@ -293,11 +293,9 @@ static int host_store(builder *b, const codec_need *n, bool explicit_codec)
     uint64_t ret = ddo__sat_add_u64(bg->retained_peak, ddo__round_up(n->host, DDO_SEGMENT_BYTES));
     uint64_t reg = ddo__sat_add_u64(ddo__plan_host_pins_uncoded(b),
                                     ddo__round_up(n->host_reg, DDO_SEGMENT_BYTES));
-    const char *over = bg->retained_limit > 0 && ret > bg->retained_limit       ? "retained"
-                       : bg->registered_limit > 0 && reg > bg->registered_limit ? "registered"
-                                                                                : NULL;
-    if (over != NULL) {
-        bool r = over[1] == 'e' && over[2] == 't';
+    bool r = bg->retained_limit > 0 && ret > bg->retained_limit; /* else: registered */
+    if (r || (bg->registered_limit > 0 && reg > bg->registered_limit)) {
+        const char *over = r ? "retained" : "registered";
         char a[32], l[32];
         if (!explicit_codec) {
             fall_back(b, "auto: weights move raw: the coded copy of the host tensors does not "

@@ -309,8 +309,7 @@ int ddo_session_tensor_host_owned(ddo_session *s, size_t tensor, bool *owned)
         return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
                          "ddo_session_tensor_host_owned: tensor %zu out of range (%zu tensors)",
                          tensor, n);
-    *owned = ddo_checkpoint_tensor(s->ck, tensor)->file_index == UINT32_MAX &&
-             ddo__source_owns_host_tensor(s->source, tensor);
+    *owned = ddo__source_owns_host_tensor(s->source, tensor); /* host tensors only */
     return 0;
 }
 

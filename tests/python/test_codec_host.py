@@ -125,3 +125,20 @@ def test_host_ram_holds_the_coded_bytes():
     assert coded < 0.75 * model, (coded, model)
     # the coded bytes, the cpu device's slots and decode areas, the small tensors
     assert after < coded + (48 << 20) and after < 0.85 * model, (after, model, coded)
+
+
+def test_a_store_over_the_retained_limit():
+    """A set vmm_source_cache_gb the coded store (at its raw size until coded) exceeds: ddoc1
+    is refused naming the option, auto falls back to raw with a note."""
+    opts = dict(backend="vmm", vmm_source_registered_gb=0.0625, vmm_source_cache_gb=0.0625,
+                **ZERO_RESIDENT)
+    m = models.FluxLike(dim=1024, seed=1)  # 116 MiB of bf16
+    with pytest.raises(ddo.DdoError) as e:
+        ddo.enable_offload(m, weight_codec="ddoc1", **opts)
+    assert e.value.code == "DDO_E_BUDGET" and "vmm_source_cache_gb" in str(e.value)
+    r = ddo.enable_offload(m, weight_codec="auto", **opts)
+    try:
+        d = r.plan["planner_decisions"]
+        assert d["weight_codec"] == "none" and "host limits" in d["weight_codec_note"]
+    finally:
+        r.close()
