@@ -34,3 +34,22 @@ def test_raw_bound_of_a_coded_case(tf):
     assert r["bus_bound_s"] == pytest.approx(0.2) and r["ratio"] == pytest.approx(1.5)
     assert r["raw_bus_bound_s"] == pytest.approx(0.4)
     assert r["ratio_raw_bound"] == pytest.approx(0.75)
+
+
+def test_every_reference_is_compared(tf, tmp_path):
+    import argparse
+    import torch
+    args = argparse.Namespace(workdir=str(tmp_path))
+    eager = torch.arange(8, dtype=torch.float32).to(torch.bfloat16)
+    graphs = eager.clone()
+    graphs[3] += 1
+    for name, ref in (("resident", eager), ("resident_graphs", graphs)):
+        res = {}
+        tf.compare(ref, ref, name, tf.CASES[name], args, res)
+        assert res["identical"] is True
+    res = {}  # a graph case equal to the eager reference but not to its own
+    tf.compare(eager, eager, "ddo_vmm0_graphs", tf.CASES["ddo_vmm0_graphs"], args, res)
+    assert res["identical"] is False and res["max_abs_diff"] == 1.0
+    assert res["against"] == {"eager": {"identical": True, "max_abs_diff": 0.0}}
+    assert tf.same_bits(eager, eager.float()) == {"identical": False,
+                                                   "shape_or_dtype_differs": True}
