@@ -225,9 +225,14 @@ static void create_timing(ddo_session *s, codec_slot *cs, size_t cap)
         destroy_timing(s, cs, cap);
 }
 
+/* The decode stream gets the high priority (0): a batch's decode stands between the copy
+ * engine and the next upload into its area (event read), and at the low priority its thread
+ * blocks wait until the host's compute kernels have drained the SMs, stalling the copies
+ * behind them. At the high priority they are dispatched first as SMs free up; running blocks
+ * are not preempted, so the host's compute loses only the decode's own device time. */
 static int create_streams(ddo_session *s, ddo__session_codec *c)
 {
-    int rc = ddo__dev_stream_create(s->dev, 1, &c->decode_stream);
+    int rc = ddo__dev_stream_create(s->dev, 0, &c->decode_stream);
     if (rc != 0) {
         c->decode_stream = NULL;
         return ddo__session_fail_ctx(&s->err, rc, "session: creating the decode stream");

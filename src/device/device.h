@@ -112,7 +112,8 @@ typedef struct ddo__device_ops {
     int (*host_alloc)(void *st, size_t size, void **p, ddo__errbuf *eb);
     int (*host_free)(void *st, void *p, ddo__errbuf *eb);
 
-    /* Streams: priority 0 = normal (host compute); 1 = lower (ddo's copy stream). */
+    /* Streams: priority 0 = high (the reference host's compute, ddo's decode stream);
+     * 1 = low (ddo's copy and notify streams). */
     int (*stream_create)(void *st, int priority, void **stream, ddo__errbuf *eb);
     int (*stream_destroy)(void *st, void *stream, ddo__errbuf *eb);
     int (*stream_synchronize)(void *st, void *stream, ddo__errbuf *eb);

@@ -384,9 +384,9 @@ static int cuda_host_free(void *st, void *p, ddo__errbuf *eb)
     return 0;
 }
 
-/* Priority 0 (host compute) gets the context's highest priority, 1 (ddo's copy stream)
- * the lowest: CUDA's default priority 0 is already the lowest, so a copy stream cannot go
- * below a host stream created at the default. */
+/* Priority 0 (the reference host's compute, ddo's decode stream) gets the context's highest
+ * priority, 1 (ddo's copy stream) the lowest: CUDA's default priority 0 is already the
+ * lowest, so a copy stream cannot go below a host stream created at the default (torch's). */
 static int cuda_stream_create(void *st, int priority, void **stream, ddo__errbuf *eb)
 {
     cuda_dev *d = st;
