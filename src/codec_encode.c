@@ -103,37 +103,53 @@ static uint64_t exp_cap(uint32_t n)
            4 * (ddo__codec_groups_of(n) * DDO_CODEC_LANES + 1);
 }
 
+/* Two elements of a 16-bit block from one little-endian word: their symbols (bits 14..7) and
+ * raw bytes (sign << 7 | bits 6..0), and the word's share of the checksum. */
+static inline uint64_t split_word(uint32_t w, uint64_t i, uint8_t *syms, uint8_t *raw)
+{
+    uint32_t r = ((w >> 8) & 0x00800080u) | (w & 0x007F007Fu); /* both raw bytes */
+    syms[0] = (uint8_t)(w >> 7);
+    syms[1] = (uint8_t)(w >> 23);
+    raw[0] = (uint8_t)r;
+    raw[1] = (uint8_t)(r >> 16);
+    return ddo__codec_fmix64((uint64_t)w | i << 32);
+}
+
 /*
- * One pass over a block of 16-bit elements: the checksum, each element's symbol
- * (bits 14..7) and raw byte (sign << 7 | bits 6..0), and the histogram (four
- * interleaved counters, so runs of one symbol do not serialise on one counter).
+ * One pass over a block of 16-bit elements: the checksum, each element's symbol and raw
+ * byte, and the histogram. Two words (four elements) a step, each element into its own of
+ * four interleaved counters, so runs of one symbol do not serialise on one counter and no
+ * counter index is computed.
  */
 static uint64_t split16(const uint8_t *src, uint32_t n, enc_scratch *sc, uint32_t hist[256])
 {
     uint32_t h4[4][256];
     memset(h4, 0, sizeof(h4));
     uint64_t sum = 0;
-    uint32_t pairs = n / 2;
-    for (uint32_t i = 0; i < pairs; i++) { /* whole words: two elements, no tail tests */
-        uint32_t w = ddo__codec_rd32(src + 4 * (uint64_t)i);
-        sum += ddo__codec_fmix64((uint64_t)w | (uint64_t)i << 32);
-        uint8_t s0 = (uint8_t)(w >> 7), s1 = (uint8_t)(w >> 23);
-        uint32_t r = ((w >> 8) & 0x00800080u) | (w & 0x007F007Fu); /* both raw bytes */
-        sc->syms[2 * i] = s0;
-        sc->syms[2 * i + 1] = s1;
-        sc->raw[2 * i] = (uint8_t)r;
-        sc->raw[2 * i + 1] = (uint8_t)(r >> 16);
-        h4[(2 * i) & 3][s0]++;
-        h4[(2 * i + 1) & 3][s1]++;
+    uint32_t pairs = n / 2, i = 0;
+    uint8_t *sy = sc->syms, *rw = sc->raw;
+    for (; i + 2 <= pairs; i += 2) { /* whole words, no tail tests */
+        sum += split_word(ddo__codec_rd32(src + 4 * (uint64_t)i), i, sy + 2 * i, rw + 2 * i);
+        sum += split_word(ddo__codec_rd32(src + 4 * (uint64_t)i + 4), i + 1, sy + 2 * i + 2,
+                          rw + 2 * i + 2);
+        h4[0][sy[2 * i]]++;
+        h4[1][sy[2 * i + 1]]++;
+        h4[2][sy[2 * i + 2]]++;
+        h4[3][sy[2 * i + 3]]++;
+    }
+    if (i < pairs) { /* an odd word */
+        sum += split_word(ddo__codec_rd32(src + 4 * (uint64_t)i), i, sy + 2 * i, rw + 2 * i);
+        h4[0][sy[2 * i]]++;
+        h4[1][sy[2 * i + 1]]++;
     }
     if (n & 1u) { /* the last element alone: its word zero-padded */
         uint32_t e = n - 1,
                  v = (uint32_t)src[2 * (uint64_t)e] | (uint32_t)src[2 * (uint64_t)e + 1] << 8;
         sum += ddo__codec_fmix64((uint64_t)v | (uint64_t)pairs << 32);
         uint8_t sym = (uint8_t)(v >> 7);
-        sc->syms[e] = sym;
-        sc->raw[e] = (uint8_t)(((v >> 8) & 0x80u) | (v & 0x7Fu));
-        h4[e & 3][sym]++;
+        sy[e] = sym;
+        rw[e] = (uint8_t)(((v >> 8) & 0x80u) | (v & 0x7Fu));
+        h4[0][sym]++;
     }
     for (int s = 0; s < 256; s++)
         hist[s] = h4[0][s] + h4[1][s] + h4[2][s] + h4[3][s];
