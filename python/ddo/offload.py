@@ -16,8 +16,11 @@ How it works (docs/python.md has the whole story):
 
 import contextlib
 import ctypes
+import inspect
 import json
+import sys
 import threading
+import weakref
 
 import torch
 
@@ -26,10 +29,25 @@ from .config import DynamicOffloadConfig
 from ._native import DdoError, UnknownOptionError
 
 _PLACEMENT_RESIDENT, _PLACEMENT_STREAMED, _PLACEMENT_SKIPPED = 0, 1, 2
-# Modules whose forward reads their children's parameters without calling the children.
-_FUSED_READERS = (torch.nn.MultiheadAttention,)
+# Modules whose forward reads their children's parameters without calling the children
+# (MultiheadAttention reads out_proj.weight; the transformer layers' fast path reads every
+# child's weights in one fused op).
+_FUSED_READERS = (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer,
+                  torch.nn.TransformerDecoderLayer)
 # Owners freed while DLPack views of their session still lived (kept so views stay valid).
 _GRAVEYARD = []
+# id of every Parameter a live OffloadResult manages -> (a weak reference to it, a tag naming
+# that result): one module tree is managed by one session (its parent or child is refused).
+# (Not a WeakKeyDictionary: that compares tensors with ==.)
+_MANAGED = {}
+
+
+def _managed_by(p):
+    """The tag of the result that manages Parameter p (None: none)."""
+    entry = _MANAGED.get(id(p))
+    return entry[1] if entry is not None and entry[0]() is p else None
+# torch >= 2.0 runs a forward hook registered with always_call even when the forward raised.
+_ALWAYS_CALL = "always_call" in inspect.signature(torch.nn.Module.register_forward_hook).parameters
 
 
 class MetricsReport:
@@ -164,8 +182,9 @@ def _collect(module, to_ddo):
 
 def _check_param(name, p, to_ddo):
     if type(p) is not torch.nn.Parameter or type(p.data) is not torch.Tensor:
+        kind = type(p).__name__ if type(p) is not torch.nn.Parameter else type(p.data).__name__
         raise DdoError("DDO_E_UNSUPPORTED",
-                       f"parameter {name}: {type(p.data).__name__} is a tensor subclass ddo "
+                       f"parameter {name}: {kind} is a tensor subclass ddo "
                        f"cannot move as plain bytes: route this module through the "
                        f"compatibility route (route='diffusers_group_offload' or 'none')")
     if p.is_quantized or p.is_sparse or p.dtype not in to_ddo:
@@ -244,9 +263,15 @@ class OffloadResult:
         # (meta tensors) are read from, instead of the module's CPU tensors (_source.py).
         self._source = source
         self._lock = threading.Lock()
-        self._owner = None
+        self._owner = None  # [thread ident, depth] while a forward or a unit's hook runs
+        self._in_root = 0   # root forwards running on the owner thread
+        self._dirty = False  # a device copy was written: restored when no lease is held
         self._handles = []
         self._leases = {}
+        self._root_units = ()
+        self._ph_versions = {}  # id(Parameter) -> its version when it got a placeholder
+        self._res_versions = []  # (Parameter, version) of the resident tensors bound
+        self._own_forward = None
         self._state = "new"
         self._ck = self._dev = self._plan = self._session = None
         self._streams = {}
@@ -265,6 +290,10 @@ class OffloadResult:
             self._teardown()
             raise
         module._ddo_offload = self
+        self._managed_tag = f"{type(module).__name__} at 0x{id(self):x} (enable_offload)"
+        for t in self._tensors:
+            for p in t.params:
+                _MANAGED[id(p)] = (weakref.ref(p), self._managed_tag)
         self._state = "ready"
 
     # ---- setup ----
@@ -272,6 +301,11 @@ class OffloadResult:
     def _setup(self):
         L = _native.lib()
         to_ddo, _ = _torch.dtype_tables()
+        for name, p in self.module.named_parameters():
+            if _managed_by(p) is not None:
+                raise DdoError("DDO_E_STATE", f"parameter {name} is already managed by ddo "
+                               f"through another module of this tree ({_managed_by(p)}): one "
+                               f"session per module tree; close() that result first")
         if self._source is not None:
             from . import _source
             self._tensors, self._ddo_path, self._modules_of, self._ck = \
@@ -424,10 +458,15 @@ class OffloadResult:
                     p.data = dev_t
                 self.unmanaged_bytes += t.host.numel() * t.host.element_size()
                 self._moved.append(("param", t))
-        for _name, m in self.module.named_modules():
+        for name, m in self.module.named_modules():
             for bname, b in list(m.named_buffers(recurse=False)):
                 if b is None or b.device == self.device:
                     continue
+                if b.device.type == "meta":
+                    full = f"{name}.{bname}" if name else bname
+                    raise DdoError("DDO_E_INVALID_ARGUMENT",
+                                   f"buffer {full} is on the meta device: ddo moves buffers to "
+                                   f"the device once and needs their values (load them first)")
                 m._buffers[bname] = b.to(self.device)
                 self.unmanaged_bytes += b.numel() * b.element_size()
                 self._moved.append(("buffer", m, bname, b))
@@ -465,15 +504,45 @@ class OffloadResult:
             self._placeholders[(t.torch_dtype,)] = ph
         return ph
 
+    def _to_placeholder(self, t):
+        """t's Parameters show the empty placeholder; their versions are noted, so a write to
+        one outside its lease (it would do nothing) is refused at its next binding."""
+        ph = self._placeholder(t)
+        for p in t.params:
+            p.data = ph
+            self._ph_versions[id(p)] = p._version
+
+    def _placeholder_writes(self, tensors):
+        """The refusal of writes to tensors' Parameters while they showed the placeholder
+        (None: none); each write is refused once."""
+        written = []
+        for t in tensors:
+            for p in t.params:
+                before = self._ph_versions.get(id(p))
+                if before is not None and p._version != before:
+                    written.append(t.name)
+                    self._ph_versions[id(p)] = p._version  # refused once, not forever
+        if not written:
+            return None
+        return DdoError("DDO_E_STATE", f"{', '.join(sorted(set(written)))}: written in place "
+                        f"while ddo held the weight off the device (outside its forward, where "
+                        f"it is an empty placeholder): the write did nothing; merge such "
+                        f"changes into the host module before enable_offload")
+
     def _bind_residents(self):
+        err = self._placeholder_writes(
+            [t for t in self._tensors if t.placement == _PLACEMENT_RESIDENT])
+        self._res_versions = []
         for t in self._tensors:
             if t.placement == _PLACEMENT_RESIDENT:
                 v = self._view(t)
                 for p in t.params:
                     p.data = v
+                    self._res_versions.append((p, p._version, t.name))
             elif t.placement == _PLACEMENT_STREAMED:
-                for p in t.params:
-                    p.data = self._placeholder(t)
+                self._to_placeholder(t)
+        if err is not None:
+            raise err
 
     def _hook_modules(self):
         """hook module -> the units its forward needs (a unit is hooked where it is read)."""
@@ -503,7 +572,26 @@ class OffloadResult:
                         units = needs.setdefault(id(m), (m, []))[1]
                         if t.unit not in units:
                             units.append(t.unit)
+        self._shared_readers(needs)
         return list(needs.values())
+
+    def _shared_readers(self, needs):
+        """A submodule object in two hooked modules' trees (one module shared by two blocks) is
+        named, and its weights placed, under the first: the second hooked module needs that
+        unit too, unless a module inside it is hooked for it."""
+        entry = {id(p): t for t in self._tensors if t.placement == _PLACEMENT_STREAMED
+                 for p in t.params}
+        hooked_for = {}
+        for m, units in needs.values():
+            for u in units:
+                hooked_for.setdefault(u, set()).add(id(m))
+        for m, units in list(needs.values()):
+            below = {id(x) for x in m.modules()} - {id(m)}
+            for p in m.parameters():
+                t = entry.get(id(p))
+                if t is None or t.unit in units or hooked_for.get(t.unit, set()) & below:
+                    continue
+                units.append(t.unit)
 
     def _reader_of(self, name, m):
         """The outermost ancestor that reads m's parameters itself (MultiheadAttention)."""
@@ -516,12 +604,31 @@ class OffloadResult:
         return found
 
     def _install_hooks(self):
-        for m, units in self._hook_modules():
+        root = []
+        hooks = self._hook_modules()
+        slots = self.budgets()["slot_count"] if self._unit_count else 0
+        for m, units in hooks:
+            if len(units) > max(slots, 1):
+                name = next((n for n, x in self.module.named_modules() if x is m), "?")
+                raise DdoError("DDO_E_BUDGET", f"{type(m).__name__} {name or '(root)'} reads "
+                               f"the weights of {len(units)} units at once (its forward reads "
+                               f"its children's weights itself) and the plan leases at most "
+                               f"{slots}: use unit_granularity='block' or raise execution_slots")
+        for m, units in hooks:
             units = tuple(units)
+            if m is self.module:  # acquired by the forward itself, around the whole call
+                root.extend(units)
+                continue
             self._handles.append(m.register_forward_pre_hook(
                 _torch.no_compile(lambda mod, args, units=units: self._enter(units))))
-            self._handles.append(m.register_forward_hook(
-                _torch.no_compile(lambda mod, args, out, units=units: self._leave(units))))
+            leave = _torch.no_compile(lambda mod, args, out, units=units: self._leave(units, out))
+            self._handles.append(m.register_forward_hook(leave, **(
+                {"always_call": True} if _ALWAYS_CALL else {})))
+        self._root_units = tuple(root)
+        for m in {id(t_m): t_m for t in self._tensors for p in t.params
+                  for t_m in self._modules_of.get(id(p), [])}.values():
+            self._handles.append(m._register_state_dict_hook(self._state_dict_hook))
+        self._own_forward = self.module.__dict__.get("forward")  # one a user installed
         orig = self.module.forward
         result = self
 
@@ -529,14 +636,37 @@ class OffloadResult:
         def forward(*args, **kwargs):
             result._begin()
             try:
-                return orig(*args, **kwargs)
-            finally:
-                result._end()
+                out = orig(*args, **kwargs)
+            except BaseException:
+                result._abort()
+                raise
+            result._end()
+            return out
 
         self.module.forward = forward
         self._orig_forward = orig
 
+    def _state_dict_hook(self, module, state_dict, prefix, local_metadata):
+        """state_dict() of a managed module holds the host values (not the placeholders or
+        device views the Parameters show), as the unmanaged module's would; with keep_vars the
+        Parameters themselves stay."""
+        entries = {id(p): t for t in self._tensors for p in t.params}
+        for pname, p in module._parameters.items():
+            key = prefix + pname
+            t = entries.get(id(p))
+            if t is None or t.placement == _PLACEMENT_SKIPPED or state_dict.get(key) is p:
+                continue
+            if key in state_dict:
+                state_dict[key] = t.host if t.host is not None else self._host_back(t)
+        return state_dict
+
     # ---- leases ----
+    #
+    # One thread at a time works on the session: the owner, from the first hook or forward
+    # that claims it to the last that lets go (depth). The root forward acquires the units
+    # hooked on the root module itself around the whole call; other units are acquired by
+    # their modules' pre-hooks and released by their forward hooks. Any error in a forward
+    # aborts: every lease released, the owner cleared, a written device copy restored.
 
     def _stream(self):
         native = _torch.current_stream_handle(self.device)
@@ -548,7 +678,7 @@ class OffloadResult:
             self._streams[native] = st
         return st
 
-    def _begin(self):
+    def _claim(self):
         me = threading.get_ident()
         with self._lock:
             if self._owner is not None and self._owner[0] != me:
@@ -557,23 +687,85 @@ class OffloadResult:
             if self._owner is None:
                 self._owner = [me, 0]
             self._owner[1] += 1
-        if self._state != "ready":
-            self._end()
-            self._refuse()
 
-    def _end(self):
+    def _unclaim(self):
+        """Ends one claim; at the outermost, with no lease left, a written copy is restored."""
         with self._lock:
             if self._owner is None:
                 return
             self._owner[1] -= 1
-            outer = self._owner[1] == 0
-        if outer:
-            try:
-                for u in list(self._leases):  # a forward that raised left these leased
+            if self._owner[1] > 0:
+                return
+            self._owner = None
+        if self._dirty and not self._leases:
+            self._restore()
+
+    def _abort(self):
+        """After an error in a forward: every lease released unchecked, the owner cleared."""
+        try:
+            for u in list(self._leases):
+                self._release(u, force=True)
+        finally:
+            with self._lock:
+                self._owner = None
+                self._in_root = 0
+            if self._dirty and self._state == "ready":
+                self._restore()
+
+    def _restore(self):
+        """A device copy was written in place (refused): the session drops and uploads its
+        weights again from the host copy (unload + reload), so later forwards read the
+        checkpoint's values, not the refused write."""
+        self._dirty = False
+        self._unbind_all()
+        L = _native.lib()
+        _native.check(L.ddo_session_unload(self._session), L.ddo_session_error(self._session))
+        _native.check(L.ddo_session_reload(self._session), L.ddo_session_error(self._session))
+        self._make_views()
+        self._bind_residents()
+
+    def _begin(self):
+        with self._lock:
+            stale = (self._owner is not None and self._owner[0] == threading.get_ident() and
+                     self._in_root == 0)
+        if stale:  # a unit's forward called directly raised (torch without always_call)
+            self._abort()
+        if self._state != "ready":
+            self._refuse()
+        self._claim()
+        self._in_root += 1
+        try:
+            for u in self._root_units:
+                self._acquire(u)
+        except BaseException:
+            self._abort()
+            raise
+
+    def _end(self):
+        """The root forward returned: its units released (checked), the residents checked."""
+        try:
+            for u in reversed(self._root_units):
+                self._release(u)
+            self._in_root -= 1
+            if self._in_root == 0:
+                for u in list(self._leases):  # left by a hook that did not run
                     self._release(u, force=True)
-            finally:
-                with self._lock:
-                    self._owner = None
+                self._check_residents()
+        except BaseException:
+            self._abort()
+            raise
+        self._unclaim()
+
+    def _check_residents(self):
+        written = sorted({name for p, v, name in self._res_versions if p._version != v})
+        if written:
+            self._res_versions = [(p, p._version, name) for p, _v, name in self._res_versions]
+            self._dirty = True
+            raise DdoError("DDO_E_STATE", f"{', '.join(written)}: a resident weight was written "
+                           f"in place during the forward; ddo uploads weights from the host "
+                           f"copy, so the change would be lost at the next reload (merge such "
+                           f"changes into the host module before enable_offload); the device "
+                           f"copy is restored")
 
     def _refuse(self):
         if self._state == "unloaded":
@@ -583,28 +775,44 @@ class OffloadResult:
                        f"closed: its module runs unmanaged again only through its own forward")
 
     def _enter(self, units):
-        if self._state != "ready":
-            self._refuse()
-        if _torch.capturing(self.device):
-            raise DdoError("DDO_E_STATE", "acquire inside a CUDA-graph capture: ddo cannot "
-                           "upload weights while a graph is captured (capture the compiled "
-                           "blocks, not the hooks)")
-        for u in units:
-            self._acquire(u)
+        self._claim()
+        acquired = []
+        try:
+            if self._state != "ready":
+                self._refuse()
+            if _torch.capturing(self.device):
+                raise DdoError("DDO_E_STATE", "acquire inside a CUDA-graph capture: ddo cannot "
+                               "upload weights while a graph is captured (capture the compiled "
+                               "blocks, not the hooks)")
+            for u in units:
+                self._acquire(u)
+                acquired.append(u)
+        except BaseException:
+            for u in reversed(acquired):
+                self._release(u, force=True)
+            self._unclaim()
+            raise
         if self._timing is not None and len(units) == 1:
             self._timing.begin(units[0], self.device)
 
-    def _leave(self, units):
-        if self._timing is not None and len(units) == 1:
+    def _leave(self, units, out=None):
+        failed = out is None and sys.exc_info()[0] is not None  # always_call after a raise
+        if self._timing is not None and len(units) == 1 and not failed:
             self._timing.end(units[0], self.device)
-        for u in reversed(units):
-            self._release(u)
+        try:
+            for u in reversed(units):
+                self._release(u, force=failed)
+        finally:
+            self._unclaim()
 
     def _acquire(self, u):
         n = self._leases.get(u, 0)
         if n > 0:
             self._leases[u] = n + 1
             return
+        err = self._placeholder_writes(self._unit_tensors[u])
+        if err is not None:
+            raise err
         L = _native.lib()
         rc = L.ddo_session_acquire(self._session, u, self._stream())
         _native.check(rc, L.ddo_session_error(self._session) if rc else None)
@@ -627,9 +835,9 @@ class OffloadResult:
         before = self._versions.pop(u, None)
         changed = before is not None and [p._version for p in written] != before
         for t in self._unit_tensors[u]:
-            ph = self._placeholder(t)
-            for p in t.params:
-                p.data = ph
+            self._to_placeholder(t)
+        if changed:
+            self._dirty = True  # restored when no lease is held (_unclaim, _abort)
         L = _native.lib()
         rc = L.ddo_session_release(self._session, u, self._stream())
         _native.check(rc, L.ddo_session_error(self._session) if rc else None)
@@ -637,7 +845,15 @@ class OffloadResult:
             raise DdoError("DDO_E_STATE", f"unit {self._unit_names[u]}: a streamed weight was "
                            f"written in place during the forward; ddo re-uploads weights from "
                            f"the host copy, so the change would be lost (merge such changes "
-                           f"into the host module before enable_offload)")
+                           f"into the host module before enable_offload); the device copy is "
+                           f"restored")
+
+    def _unbind_all(self):
+        """Every managed Parameter shows its placeholder (no lease may be held)."""
+        for t in self._tensors:
+            if t.placement != _PLACEMENT_SKIPPED:
+                self._to_placeholder(t)
+        self._views.clear()
 
     # ---- public ----
 
@@ -687,11 +903,8 @@ class OffloadResult:
         self._alive("unload")
         for u in list(self._leases):
             self._release(u, force=True)
-        for t in self._tensors:
-            if t.placement == _PLACEMENT_RESIDENT:
-                for p in t.params:
-                    p.data = self._placeholder(t)
-        self._views.clear()
+        self._unbind_all()
+        self._dirty = False  # reload() uploads every weight from the host copy again
         L = _native.lib()
         _native.check(L.ddo_session_unload(self._session), L.ddo_session_error(self._session))
         self._state = "unloaded"
@@ -704,8 +917,8 @@ class OffloadResult:
         L = _native.lib()
         _native.check(L.ddo_session_reload(self._session), L.ddo_session_error(self._session))
         self._state = "ready"
-        self._bind_residents()
         self._make_views()
+        self._bind_residents()  # raises, bound, if a weight was written while unloaded
 
     def close(self):
         """Removes the hooks, ends the session; the module holds its host tensors again."""
@@ -730,7 +943,14 @@ class OffloadResult:
                 del self.module.forward
             except AttributeError:
                 pass
+            if self._own_forward is not None:  # a forward the user had installed
+                self.module.forward = self._own_forward
             self._orig_forward = None
+        tag = getattr(self, "_managed_tag", None)
+        for t in getattr(self, "_tensors", []):
+            for p in t.params:
+                if tag is not None and _managed_by(p) == tag:
+                    del _MANAGED[id(p)]
         lost = None
         for t in getattr(self, "_tensors", []):
             if t.host is None and t.params:  # the session's own copy (weight_codec)

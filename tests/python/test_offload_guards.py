@@ -1,0 +1,278 @@
+"""The binding's guards (torch 1.13 on the cpu device): one module tree per session, written
+weights refused and their device copies restored, calls outside the root forward, module trees
+that share or fuse, state_dict while managed. Each case's module stays usable afterwards."""
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import ddo
+import models
+from conftest import ZERO_RESIDENT
+
+RETAINED = dict(ZERO_RESIDENT, always_resident_modules_pattern="zzzz")  # the root a unit too
+
+
+def steps(module, x, n=1):
+    with torch.no_grad():
+        return [module(x) for _ in range(n)]
+
+
+def bf16(*shape):
+    return torch.randn(*shape).to(torch.bfloat16)
+
+
+def scribble(mod, args):
+    with torch.no_grad():
+        mod.weight.add_(1)
+
+
+@pytest.mark.parametrize("first", ["child", "parent"])
+def test_a_parent_or_child_of_a_managed_module_is_refused(first):
+    m = models.FluxLike(seed=20)
+    x = bf16(1, 4, 64)
+    ref = steps(m, x)[0]
+    child = m.transformer_blocks[0]
+    r = ddo.enable_offload(child if first == "child" else m, backend="vmm", **ZERO_RESIDENT)
+    with pytest.raises(ddo.DdoError, match="already managed by ddo") as e:
+        ddo.enable_offload(m if first == "child" else child, backend="vmm", **ZERO_RESIDENT)
+    assert e.value.code == "DDO_E_STATE"
+    assert torch.equal(steps(m, x)[0], ref)  # the managed one still runs
+    r.close()
+    assert torch.equal(steps(m, x)[0], ref)
+    r = ddo.enable_offload(m, backend="vmm", **ZERO_RESIDENT)  # and either can be managed now
+    assert torch.equal(steps(r.module, x)[0], ref)
+    r.close()
+
+
+@pytest.mark.parametrize("backend", ["vmm", "linear"])
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_a_refused_write_is_not_kept_in_a_device_copy(backend, n):
+    # Leaf units of plain Linears, each kept in its slot between forwards: a write refused at
+    # release must not stay in the copy the next forward reuses.
+    torch.manual_seed(n)
+    m = nn.Sequential(*[models.Linear(32, 32) for _ in range(n)])
+    x = torch.randn(2, 5, 32)
+    ref = steps(m, x)[0]
+    r = ddo.enable_offload(m, backend=backend, unit_granularity="leaf", **RETAINED)
+    h = m[0].register_forward_pre_hook(scribble)
+    with pytest.raises(ddo.DdoError, match="written in place during the forward"):
+        steps(r.module, x)
+    h.remove()
+    assert r._leases == {}
+    assert torch.equal(steps(r.module, x)[0], ref)
+    assert torch.equal(steps(r.module, x)[0], ref)
+    r.close()
+    assert torch.equal(steps(m, x)[0], ref)
+
+
+def test_a_written_resident_weight_is_refused_and_restored():
+    m = models.FluxLike(seed=21)
+    x = bf16(1, 4, 64)
+    ref = steps(m, x)[0]
+    r = ddo.enable_offload(m, backend="vmm", execution_device="cpu")  # small: all resident
+    assert {t.placement for t in r._tensors} == {0}
+    h = m.transformer_blocks[1].attn.to_k.register_forward_pre_hook(scribble)
+    with pytest.raises(ddo.DdoError, match="resident weight was written") as e:
+        steps(r.module, x)
+    assert "transformer_blocks.1.attn.to_k.weight" in str(e.value)
+    h.remove()
+    assert torch.equal(steps(r.module, x)[0], ref)
+    r.close()
+
+
+class WritingLinear(models.Linear):
+    write = False
+
+    def forward(self, x):
+        if self.write:
+            with torch.no_grad():
+                self.weight.add_(1)
+        return super().forward(x)
+
+
+def test_a_root_that_is_a_unit_is_checked_too():
+    torch.manual_seed(3)
+    lin = WritingLinear(32, 32)
+    x = torch.randn(2, 5, 32)
+    ref = steps(lin, x)[0]
+    r = ddo.enable_offload(lin, backend="vmm", unit_granularity="leaf", **RETAINED)
+    assert r._unit_names == [""]  # the whole module is one unit, acquired by its forward
+    lin.write = True
+    with pytest.raises(ddo.DdoError, match="written in place during the forward"):
+        steps(r.module, x)
+    lin.write = False
+    assert torch.equal(steps(r.module, x)[0], ref)
+    h = lin.register_forward_pre_hook(scribble)  # before the forward: on the placeholder
+    with pytest.raises(ddo.DdoError, match="the write did nothing"):
+        steps(r.module, x)
+    h.remove()
+    assert torch.equal(steps(r.module, x)[0], ref)
+    r.close()
+
+
+def test_a_write_outside_the_forward_is_refused_once():
+    m = models.FluxLike(seed=22)
+    x = bf16(1, 4, 64)
+    ref = steps(m, x)[0]
+    r = ddo.enable_offload(m, backend="vmm", **ZERO_RESIDENT)
+    w = m.transformer_blocks[0].attn.to_q.weight
+    with torch.no_grad():
+        w.fill_(0)  # an empty placeholder: the write does nothing
+    with pytest.raises(ddo.DdoError, match="to_q.weight: written in place while ddo held"):
+        steps(r.module, x)
+    assert r._leases == {} and r._owner is None
+    assert torch.equal(steps(r.module, x)[0], ref)  # refused once; the weights were untouched
+    r.close()
+    assert torch.equal(steps(m, x)[0], ref)
+
+
+def test_a_unit_called_outside_the_root_forward():
+    m = models.FluxLike(seed=23)
+    x = bf16(1, 4, 64)
+    ref = steps(m, x)[0]
+    r = ddo.enable_offload(m, backend="vmm", **ZERO_RESIDENT)
+    blk = m.transformer_blocks[0]
+    with torch.no_grad():
+        assert blk(x).shape == x.shape
+    assert r._leases == {} and r._owner is None
+    with pytest.raises(RuntimeError):
+        with torch.no_grad():
+            blk(bf16(1, 4, 63))  # raises inside the block
+    assert torch.equal(steps(r.module, x)[0], ref)  # any lease it left is released first
+    assert r._leases == {}
+
+    inside, go, errors = threading.Event(), threading.Event(), []
+
+    def slow(mod, args):
+        inside.set()
+        go.wait(10)
+
+    h = m.proj_out.register_forward_pre_hook(slow)
+    t = threading.Thread(target=lambda: steps(r.module, x))
+    t.start()
+    inside.wait(10)
+    try:
+        with torch.no_grad():
+            blk(x)  # another thread's unit call while a forward runs
+    except ddo.DdoError as e:
+        errors.append(e)
+    go.set()
+    t.join()
+    h.remove()
+    assert errors and errors[0].code == "DDO_E_BUSY"
+    assert torch.equal(steps(r.module, x)[0], ref)
+    r.close()
+
+
+class Shared(nn.Module):
+    """One submodule object inside two blocks."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(models.Block(32, 2) for _ in range(3))
+        self.blocks[2].norm1 = self.blocks[0].norm1
+        self.head = models.Linear(32, 32)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("granularity", ["block", "leaf"])
+def test_a_submodule_shared_by_two_blocks(granularity):
+    torch.manual_seed(4)
+    m = Shared()
+    x = torch.randn(2, 5, 32)
+    ref = steps(m, x)[0]
+    r = ddo.enable_offload(m, backend="vmm", unit_granularity=granularity, **ZERO_RESIDENT)
+    assert torch.equal(steps(r.module, x, 2)[-1], ref)
+    r.close()
+
+
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0,
+                                                               batch_first=True)
+                                    for _ in range(2))
+        self.head = nn.Linear(32, 32)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def test_transformer_layers_read_their_children_weights():
+    torch.manual_seed(5)
+    m = Encoder().eval()  # eval: the fused fast path reads every child's weights itself
+    x = torch.randn(2, 5, 32)
+    ref = steps(m, x)[0]
+    r = ddo.enable_offload(m, backend="vmm", **ZERO_RESIDENT)
+    assert torch.equal(steps(r.module, x, 2)[-1], ref)
+    r.close()
+    with pytest.raises(ddo.DdoError, match="reads the weights of 6 units at once") as e:
+        ddo.enable_offload(m, backend="vmm", unit_granularity="leaf", **ZERO_RESIDENT)
+    assert e.value.code == "DDO_E_BUDGET"
+    r = ddo.enable_offload(m, backend="vmm", unit_granularity="leaf", execution_slots=8,
+                           **ZERO_RESIDENT)
+    assert torch.equal(steps(r.module, x, 2)[-1], ref)
+    r.close()
+
+
+@pytest.mark.parametrize("codec", ["none", "ddoc1"])
+def test_state_dict_while_managed_holds_the_host_values(codec):
+    m = models.FluxLike(seed=24)
+    want = {k: v.clone() for k, v in m.state_dict().items()}
+    r = ddo.enable_offload(m, backend="vmm", weight_codec=codec, **ZERO_RESIDENT)
+    got = m.state_dict()
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert torch.equal(got[k].view(torch.int16) if v.dtype == torch.bfloat16 else got[k],
+                           v.view(torch.int16) if v.dtype == torch.bfloat16 else v), k
+    sub = m.transformer_blocks[1].state_dict()  # a submodule's too
+    assert torch.equal(sub["attn.to_q.weight"].float(),
+                       want["transformer_blocks.1.attn.to_q.weight"].float())
+    kept = m.state_dict(keep_vars=True)  # keep_vars: the Parameters themselves
+    assert kept["proj_out.weight"] is m.proj_out.weight
+    r.close()
+
+
+def test_close_gives_back_a_forward_the_user_installed():
+    m = models.FluxLike(seed=25)
+    x = bf16(1, 4, 64)
+    calls = []
+    orig = m.forward
+
+    def patched(*a, **k):
+        calls.append(1)
+        return orig(*a, **k)
+
+    m.forward = patched
+    r = ddo.enable_offload(m, backend="vmm", **ZERO_RESIDENT)
+    steps(r.module, x)
+    assert calls == [1]
+    r.close()
+    assert m.__dict__.get("forward") is patched
+    steps(m, x)
+    assert calls == [1, 1]
+
+
+def test_bad_buffers_and_parameter_subclasses_are_named():
+    lin = nn.Linear(8, 8)
+    lin.register_buffer("scale", torch.empty(8, device="meta"))
+    with pytest.raises(ddo.DdoError, match="buffer scale is on the meta device"):
+        ddo.enable_offload(lin, **ZERO_RESIDENT)
+    assert lin.weight.numel() == 64 and not hasattr(lin, "_ddo_offload")
+
+    class MyParameter(nn.Parameter):
+        pass
+
+    lin = nn.Linear(8, 8)
+    lin.weight = MyParameter(lin.weight.data)
+    with pytest.raises(ddo.DdoError, match="parameter weight: MyParameter is a tensor subclass"):
+        ddo.enable_offload(lin, **ZERO_RESIDENT)
