@@ -625,6 +625,7 @@ class OffloadResult:
             self._handles.append(m.register_forward_hook(leave, **(
                 {"always_call": True} if _ALWAYS_CALL else {})))
         self._root_units = tuple(root)
+        self._entry_of = {id(p): t for t in self._tensors for p in t.params}
         for m in {id(t_m): t_m for t in self._tensors for p in t.params
                   for t_m in self._modules_of.get(id(p), [])}.values():
             self._handles.append(m._register_state_dict_hook(self._state_dict_hook))
@@ -650,10 +651,9 @@ class OffloadResult:
         """state_dict() of a managed module holds the host values (not the placeholders or
         device views the Parameters show), as the unmanaged module's would; with keep_vars the
         Parameters themselves stay."""
-        entries = {id(p): t for t in self._tensors for p in t.params}
         for pname, p in module._parameters.items():
             key = prefix + pname
-            t = entries.get(id(p))
+            t = self._entry_of.get(id(p))
             if t is None or t.placement == _PLACEMENT_SKIPPED or state_dict.get(key) is p:
                 continue
             if key in state_dict:
