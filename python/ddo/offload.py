@@ -629,6 +629,7 @@ class OffloadResult:
         for m in {id(t_m): t_m for t in self._tensors for p in t.params
                   for t_m in self._modules_of.get(id(p), [])}.values():
             self._handles.append(m._register_state_dict_hook(self._state_dict_hook))
+        self._refuse_merges()
         self._own_forward = self.module.__dict__.get("forward")  # one a user installed
         orig = self.module.forward
         result = self
@@ -646,6 +647,25 @@ class OffloadResult:
 
         self.module.forward = forward
         self._orig_forward = orig
+
+    # Methods that write adapters into the weights in place through p.data (not seen by the
+    # version counters): refused while ddo manages the module.
+    _MERGES = ("fuse_lora", "merge_adapter")
+
+    def _refuse_merges(self):
+        self._own_merges = {}
+        for name in self._MERGES:
+            if not callable(getattr(self.module, name, None)):
+                continue
+            self._own_merges[name] = self.module.__dict__.get(name)
+
+            def refused(*args, _name=name, **kwargs):
+                raise DdoError("DDO_E_STATE", f"{type(self.module).__name__}.{_name}: it writes "
+                               f"into the weights in place, and ddo uploads them from the host "
+                               f"copy, so the merge would be lost: {_name} before "
+                               f"enable_offload (or close(), {_name}, enable_offload again)")
+
+            setattr(self.module, name, refused)
 
     def _state_dict_hook(self, module, state_dict, prefix, local_metadata):
         """state_dict() of a managed module holds the host values (not the placeholders or
@@ -946,6 +966,11 @@ class OffloadResult:
             if self._own_forward is not None:  # a forward the user had installed
                 self.module.forward = self._own_forward
             self._orig_forward = None
+        for name, own in getattr(self, "_own_merges", {}).items():
+            self.module.__dict__.pop(name, None)
+            if own is not None:
+                setattr(self.module, name, own)
+        self._own_merges = {}
         tag = getattr(self, "_managed_tag", None)
         for t in getattr(self, "_tensors", []):
             for p in t.params:

@@ -276,3 +276,24 @@ def test_bad_buffers_and_parameter_subclasses_are_named():
     lin.weight = MyParameter(lin.weight.data)
     with pytest.raises(ddo.DdoError, match="parameter weight: MyParameter is a tensor subclass"):
         ddo.enable_offload(lin, **ZERO_RESIDENT)
+
+
+class WithLora(models.FluxLike):
+    """Stands in for a Diffusers model with PeftAdapterMixin's fuse_lora (no Diffusers here)."""
+
+    def fuse_lora(self, scale=1.0):
+        with torch.no_grad():
+            self.proj_out.weight.data.add_(scale)  # through .data: no version counter sees it
+        return "fused"
+
+
+def test_fuse_lora_is_refused_while_managed():
+    m = WithLora(seed=26)
+    x = bf16(1, 4, 64)
+    ref = steps(m, x)[0]
+    r = ddo.enable_offload(m, backend="vmm", **ZERO_RESIDENT)
+    with pytest.raises(ddo.DdoError, match="fuse_lora before enable_offload"):
+        m.fuse_lora()
+    assert torch.equal(steps(r.module, x)[0], ref)
+    r.close()
+    assert "fuse_lora" not in m.__dict__ and m.fuse_lora(0.0) == "fused"
