@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ from torch import nn
 import ddo
 import models
 from conftest import ROOT, ZERO_RESIDENT
+from forwards import during_a_forward
 
 ROUTES = [("linear", "auto", "one_shot_fast"), ("vmm", "auto", "vmm_fast_runtime"),
           ("vmm", "nvme_baseline", "vmm_runtime")]
@@ -304,24 +304,8 @@ def test_two_forwards_at_once_are_refused():
     m = models.FluxLike(seed=14)
     r = ddo.enable_offload(m, backend="vmm", **ZERO_RESIDENT)
     x = torch.randn(1, 4, 64).to(torch.bfloat16)
-    inside, go, errors = threading.Event(), threading.Event(), []
-
-    def slow(mod, args):
-        inside.set()
-        go.wait(10)
-
-    h = m.proj_out.register_forward_pre_hook(slow)
-    t = threading.Thread(target=lambda: steps(r.module, x, 1))
-    t.start()
-    inside.wait(10)
-    try:
-        steps(r.module, x, 1)
-    except ddo.DdoError as e:
-        errors.append(e)
-    go.set()
-    t.join()
-    h.remove()
-    assert errors and errors[0].code == "DDO_E_BUSY"
+    e = during_a_forward(r.module, m.proj_out, x, lambda: steps(r.module, x, 1))
+    assert isinstance(e, ddo.DdoError) and e.code == "DDO_E_BUSY"
     steps(r.module, x, 1)  # and the next forward works
     r.close()
 

@@ -2,8 +2,6 @@
 weights refused and their device copies restored, calls outside the root forward, module trees
 that share or fuse, state_dict while managed. Each case's module stays usable afterwards."""
 
-import threading
-
 import pytest
 import torch
 from torch import nn
@@ -11,6 +9,7 @@ from torch import nn
 import ddo
 import models
 from conftest import ZERO_RESIDENT
+from forwards import during_a_forward
 
 RETAINED = dict(ZERO_RESIDENT, always_resident_modules_pattern="zzzz")  # the root a unit too
 
@@ -144,25 +143,12 @@ def test_a_unit_called_outside_the_root_forward():
     assert torch.equal(steps(r.module, x)[0], ref)  # any lease it left is released first
     assert r._leases == {}
 
-    inside, go, errors = threading.Event(), threading.Event(), []
-
-    def slow(mod, args):
-        inside.set()
-        go.wait(10)
-
-    h = m.proj_out.register_forward_pre_hook(slow)
-    t = threading.Thread(target=lambda: steps(r.module, x))
-    t.start()
-    inside.wait(10)
-    try:
+    def unit_call():  # another thread's unit call while a forward runs
         with torch.no_grad():
-            blk(x)  # another thread's unit call while a forward runs
-    except ddo.DdoError as e:
-        errors.append(e)
-    go.set()
-    t.join()
-    h.remove()
-    assert errors and errors[0].code == "DDO_E_BUSY"
+            blk(x)
+
+    e = during_a_forward(r.module, m.proj_out, x, unit_call)
+    assert isinstance(e, ddo.DdoError) and e.code == "DDO_E_BUSY"
     assert torch.equal(steps(r.module, x)[0], ref)
     r.close()
 
