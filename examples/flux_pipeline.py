@@ -12,7 +12,9 @@ original error preserved.
 transformer through ddo.from_pretrained_with_dynamic_offload (meta device, streamed from its
 files), the rest with Diffusers. --stand-in runs a tiny pipeline of the same shape with random
 weights (what CI runs). Every --ddo-* flag of the catalog is accepted (`ddo config --list`);
-the flags build the config alone (DDO_* variables are not merged into it, as the seed says).
+the flags build the config alone (DDO_* variables are not merged into it, as the seed says),
+and only the flags given are explicit in it. They land in args.ddo_<key>, so this runner's own
+--show-profile (print the profiles) is not --ddo-show-profile.
 """
 
 import argparse
@@ -207,10 +209,9 @@ class _boundaries:
 
 
 def purge(name, args, settings):
+    """The phase boundary's standby purge (it prints what it did; a no-op off Windows)."""
     enabled = getattr(args, f"purge_windows_standby_{name}", None)
-    r = ddo.maybe_purge_windows_standby_cache(name, settings=settings, enabled=enabled)
-    if r["purged"]:
-        print(f"[windows-memory] {name}: standby cache purged")
+    ddo.maybe_purge_windows_standby_cache(settings, name, enabled=enabled)
 
 
 def run(args):

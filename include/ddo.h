@@ -363,6 +363,18 @@ DDO_API int ddo_config_set_double(ddo_config *cfg, const char *key, double value
  * value), DDO_E_NO_MEMORY.
  */
 DDO_API int ddo_config_override(ddo_config *cfg, const char *key, const char *value);
+/*
+ * A list option from its elements, none of them split, at the rank of ddo_config_override
+ * (source "argument") or of ddo_config_set (source "api"): a pattern may hold ',' or ';' (a
+ * text value, as DDO_* and --ddo-* flags, is split on both). Empty elements are dropped.
+ * Errors: DDO_E_INVALID_ARGUMENT (NULL cfg or key, NULL items with count > 0, a NULL item),
+ * DDO_E_NOT_FOUND (unknown key, naming the nearest), DDO_E_CONFIG (not a list option, more
+ * elements than a list holds), DDO_E_NO_MEMORY.
+ */
+DDO_API int ddo_config_override_list(ddo_config *cfg, const char *key, const char *const *items,
+                                     size_t count);
+DDO_API int ddo_config_set_list(ddo_config *cfg, const char *key, const char *const *items,
+                                size_t count);
 /* Reads a value (text form valid until the next change of cfg); the typed forms need an option
  * of their type (get_int also reads booleans as 0/1; get_double integers). Errors:
  * DDO_E_INVALID_ARGUMENT (NULL argument, the wrong type), DDO_E_NOT_FOUND (unknown key). */

@@ -15,7 +15,9 @@ DDO_VMM_LIBRARY_PATH, then discovery: the copy inside the ddo package, then the 
 build/libddo.so), checks that it is a libddo this binding can use (version and struct
 layouts, the same check as ``import ddo``), and passes the resolved path on (DDO_LIBRARY
 and DDO_VMM_LIBRARY_PATH in os.environ) so that ddo and any child use the same artifact. It
-never compiles or downloads anything, and imports neither torch nor CUDA.
+writes the seed's allocator_cache_mib (default 512) to DDO_VMM_TORCH_CACHE_MIB, which has no
+effect on ddo (there is no replaced allocator whose cache it would size). It never compiles
+or downloads anything, and imports neither torch nor CUDA.
 """
 
 import importlib.util
@@ -80,13 +82,30 @@ def resolve_library(library_path=None, environ=None):
                          " (nothing is compiled or downloaded)")
 
 
-def ensure_vmm_fast_process(library_path=None, *, environ=None):
+DEFAULT_ALLOCATOR_CACHE_MIB = 512
+ALLOCATOR_CACHE_NOTE = ("DDO_VMM_TORCH_CACHE_MIB has no effect on ddo: ddo does not replace "
+                        "torch's allocator (it is written for a host or child that reads it)")
+
+
+def ensure_vmm_fast_process(library_path=None, *, allocator_cache_mib=DEFAULT_ALLOCATOR_CACHE_MIB,
+                            environ=None):
     """Resolves and checks the native library and passes its path on; returns what it did.
 
-    Returns {"library_path", "origin", "version", "fresh_process": False, "reason"}. Raises
-    BootstrapError (one line) for a missing or invalid library.
+    allocator_cache_mib (the seed's bootstrap control, default 512 MiB): written to
+    DDO_VMM_TORCH_CACHE_MIB for the child, replacing a value already there (the seed: a
+    conflicting pre-existing value is not honoured). It has no effect on ddo, which does not
+    replace torch's allocator and so has no allocator cache to size.
+
+    Returns {"library_path", "origin", "version", "fresh_process": False, "reason",
+    "allocator_cache_mib", "allocator_cache_note"}. Raises BootstrapError (one line) for a
+    missing or invalid library, ValueError for an allocator_cache_mib that is not a whole
+    number of MiB >= 0.
     """
     env = os.environ if environ is None else environ
+    if isinstance(allocator_cache_mib, bool) or not isinstance(allocator_cache_mib, int) or \
+            allocator_cache_mib < 0:
+        raise ValueError(f"ddo_vmm_bootstrap: allocator_cache_mib must be a whole number of "
+                         f"MiB >= 0, not {allocator_cache_mib!r}")
     path, origin = resolve_library(library_path, env)
     if not os.path.isfile(path):
         raise BootstrapError(f"ddo_vmm_bootstrap: {path} ({origin}) does not exist")
@@ -98,6 +117,9 @@ def ensure_vmm_fast_process(library_path=None, *, environ=None):
                              f"{e}") from None
     env["DDO_LIBRARY"] = path
     env["DDO_VMM_LIBRARY_PATH"] = path
+    env["DDO_VMM_TORCH_CACHE_MIB"] = str(allocator_cache_mib)
     return {"library_path": path, "origin": origin, "version": lib.ddo_version,
             "fresh_process": False,
-            "reason": "ddo does not replace torch's allocator: no fresh process is needed"}
+            "reason": "ddo does not replace torch's allocator: no fresh process is needed",
+            "allocator_cache_mib": allocator_cache_mib,
+            "allocator_cache_note": ALLOCATOR_CACHE_NOTE}

@@ -412,10 +412,32 @@ static void put_value(ddo_config *cfg, int id, const ovalue *v)
     }
 }
 
+/* Moves the parsed value v into option id with its source and rank (v is freed on failure). */
+static int commit_value(ddo_config *cfg, int id, ovalue *v, ddo__rank rank, const char *source,
+                        const char *origin)
+{
+    const ddo__optdesc *d = &ddo__optdescs[id];
+    char *src = ddo__strdup(source);
+    if (src == NULL) {
+        if (d->type == DDO__OT_STRING || d->type == DDO__OT_ENUM)
+            free(v->s);
+        else if (d->type == DDO__OT_LIST)
+            strlist_free(&v->l);
+        return ddo__fail(&cfg->err, DDO_E_NO_MEMORY, "%s: out of memory", origin);
+    }
+    put_value(cfg, id, v);
+    char *t = value_text(cfg, id);
+    free(cfg->text[id]);
+    cfg->text[id] = t != NULL ? t : ddo__strdup("");
+    free(cfg->source[id]);
+    cfg->source[id] = src;
+    cfg->rank[id] = (unsigned char)rank;
+    return 0;
+}
+
 int ddo__config_store(ddo_config *cfg, int id, const char *text, ddo__rank rank, const char *source,
                       const char *origin, bool env_rules, bool kib)
 {
-    const ddo__optdesc *d = &ddo__optdescs[id];
     if ((int)rank < (int)cfg->rank[id])
         return 0;
     if (id == DDO_OPT_ID_vmm_staging_buffer_gb)
@@ -425,22 +447,33 @@ int ddo__config_store(ddo_config *cfg, int id, const char *text, ddo__rank rank,
     int rc = parse_value(cfg, id, text, origin, env_rules, kib, &v);
     if (rc != 0)
         return rc;
-    char *src = ddo__strdup(source);
-    if (src == NULL) {
-        if (d->type == DDO__OT_STRING || d->type == DDO__OT_ENUM)
-            free(v.s);
-        else if (d->type == DDO__OT_LIST)
+    return commit_value(cfg, id, &v, rank, source, origin);
+}
+
+int ddo__config_store_list(ddo_config *cfg, int id, const char *const *items, size_t count,
+                           ddo__rank rank, const char *source)
+{
+    const char *key = ddo__optdescs[id].key;
+    if (ddo__optdescs[id].type != DDO__OT_LIST)
+        return ddo__fail(&cfg->err, DDO_E_CONFIG, "%s: not a list option", key);
+    if (count > DDO__CONFIG_MAX_LIST_ITEMS)
+        return ddo__fail(&cfg->err, DDO_E_CONFIG,
+                         "%s: %zu patterns, more than the %d a list may "
+                         "hold",
+                         key, count, DDO__CONFIG_MAX_LIST_ITEMS);
+    if ((int)rank < (int)cfg->rank[id])
+        return 0;
+    ovalue v;
+    memset(&v, 0, sizeof(v));
+    for (size_t i = 0; i < count; i++) {
+        if (items[i][0] == '\0')
+            continue; /* as the text form: no empty pattern */
+        if (strlist_push(&v.l, items[i], strlen(items[i])) != 0) {
             strlist_free(&v.l);
-        return ddo__fail(&cfg->err, DDO_E_NO_MEMORY, "%s: out of memory", origin);
+            return ddo__fail(&cfg->err, DDO_E_NO_MEMORY, "%s: out of memory", key);
+        }
     }
-    put_value(cfg, id, &v);
-    char *t = value_text(cfg, id);
-    free(cfg->text[id]);
-    cfg->text[id] = t != NULL ? t : ddo__strdup("");
-    free(cfg->source[id]);
-    cfg->source[id] = src;
-    cfg->rank[id] = (unsigned char)rank;
-    return 0;
+    return commit_value(cfg, id, &v, rank, source, key);
 }
 
 /* The from_env operational defaults (config reference, "DynamicOffloadSettings.from_env"). */

@@ -85,6 +85,34 @@ int ddo_config_override(ddo_config *cfg, const char *key, const char *value)
     return ranked_store(cfg, id, value, DDO__RANK_FLAG, "argument");
 }
 
+static int list_store(ddo_config *cfg, const char *key, const char *const *items, size_t count,
+                      const char *fn, ddo__rank rank, const char *source)
+{
+    int id;
+    int rc = lookup(cfg, key, fn, &id);
+    if (rc != 0)
+        return rc;
+    if (items == NULL && count > 0)
+        return ddo__fail(&cfg->err, DDO_E_INVALID_ARGUMENT, "%s: %s: items is NULL", fn, key);
+    for (size_t i = 0; i < count; i++)
+        if (items[i] == NULL)
+            return ddo__fail(&cfg->err, DDO_E_INVALID_ARGUMENT, "%s: %s: item %zu is NULL", fn, key,
+                             i);
+    return ddo__config_store_list(cfg, id, items, count, rank, source);
+}
+
+int ddo_config_override_list(ddo_config *cfg, const char *key, const char *const *items,
+                             size_t count)
+{
+    return list_store(cfg, key, items, count, "ddo_config_override_list", DDO__RANK_FLAG,
+                      "argument");
+}
+
+int ddo_config_set_list(ddo_config *cfg, const char *key, const char *const *items, size_t count)
+{
+    return list_store(cfg, key, items, count, "ddo_config_set_list", DDO__RANK_API, "api");
+}
+
 int ddo_config_set(ddo_config *cfg, const char *key, const char *value)
 {
     int id;

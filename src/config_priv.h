@@ -106,6 +106,9 @@ int ddo__config_find_flag(const char *name);
  */
 int ddo__config_store(ddo_config *cfg, int id, const char *text, ddo__rank rank, const char *source,
                       const char *origin, bool env_rules, bool kib);
+/* A list option from its elements, none split (ddo_config_override_list). */
+int ddo__config_store_list(ddo_config *cfg, int id, const char *const *items, size_t count,
+                           ddo__rank rank, const char *source);
 /* Resets option id to its base value (dataclass default or from_env default), rank default. */
 int ddo__config_reset(ddo_config *cfg, int id);
 /* Option id's field in cfg->opt (config.c). */

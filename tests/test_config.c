@@ -223,6 +223,46 @@ static void test_clone_is_deep(void)
     ddo_config_destroy(b);
 }
 
+/* A list from its elements keeps a ',' or ';' inside a pattern (a regex quantifier). */
+static void test_override_list(void)
+{
+    ddo_config *c = new_cfg(), *d = NULL;
+    T_REQUIRE(c != NULL);
+    const char *items[] = { "blocks\\.\\d{1,2}\\.attn", "a;b", "" };
+    T_EQ_INT(ddo_config_override_list(c, "always_resident_modules_pattern", items, 3), 0);
+    const ddo__strlist *l = &ddo__config_options(c)->always_resident_modules_pattern;
+    T_EQ_INT((long long)l->count, 2); /* the empty element dropped */
+    T_EQ_STR(l->items[0], items[0]);
+    T_EQ_STR(l->items[1], "a;b");
+    T_EQ_STR(src(c, "always_resident_modules_pattern"), "argument");
+    const char *env[] = { "DDO_ALWAYS_RESIDENT_MODULES_PATTERN=x", NULL };
+    T_EQ_INT(ddo_config_apply_env(c, env), 0); /* an argument wins over DDO_* */
+    T_EQ_INT(ddo_config_clone(c, &d), 0);
+    T_EQ_INT((long long)ddo__config_options(d)->always_resident_modules_pattern.count, 2);
+    T_EQ_STR(ddo__config_options(d)->always_resident_modules_pattern.items[0], items[0]);
+    ddo_config_destroy(d);
+    T_EQ_INT(ddo_config_override_list(c, "always_resident_modules_pattern", NULL, 0), 0);
+    T_EQ_INT((long long)ddo__config_options(c)->always_resident_modules_pattern.count, 0);
+    T_EQ_INT(ddo_config_override_list(c, "pin_cpu_workers", items, 1), DDO_E_CONFIG);
+    T_EQ_STR(ddo_config_error(c), "pin_cpu_workers: not a list option");
+    T_EQ_INT(ddo_config_override_list(c, "always_resident_module_pattern", items, 1),
+             DDO_E_NOT_FOUND);
+    const char *holes[] = { "x", NULL };
+    T_EQ_INT(ddo_config_override_list(c, "skip_modules_pattern", holes, 2), DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo_config_override_list(c, "skip_modules_pattern", NULL, 1), DDO_E_INVALID_ARGUMENT);
+    ddo_config_destroy(c);
+    /* At the API rank the environment wins, as over ddo_config_set. */
+    T_REQUIRE((c = new_cfg()) != NULL);
+    T_EQ_INT(ddo_config_set_list(c, "skip_modules_pattern", items, 2), 0);
+    T_EQ_STR(src(c, "skip_modules_pattern"), "api");
+    T_EQ_STR(ddo__config_options(c)->skip_modules_pattern.items[1], "a;b");
+    const char *env2[] = { "DDO_SKIP_MODULES_PATTERN=x;y", NULL };
+    T_EQ_INT(ddo_config_apply_env(c, env2), 0);
+    T_EQ_INT((long long)ddo__config_options(c)->skip_modules_pattern.count, 2);
+    T_EQ_STR(ddo__config_options(c)->skip_modules_pattern.items[1], "y");
+    ddo_config_destroy(c);
+}
+
 static void test_boolean_vocabulary(void)
 {
     static const char *const truthy[] = { "1", "true", "TRUE", "Yes", " on ", "On\t" };
@@ -1148,6 +1188,7 @@ int main(void)
     T_RUN(test_iteration);
     T_RUN(test_set_get_typed);
     T_RUN(test_clone_is_deep);
+    T_RUN(test_override_list);
     T_RUN(test_boolean_vocabulary);
     T_RUN(test_env_parsing);
     T_RUN(test_set_even_empty_wins_over_preset);

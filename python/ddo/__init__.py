@@ -15,16 +15,16 @@ planner and runtime are the library's. See docs/python.md.
 """
 
 from ._lib import LibraryError
-from ._native import DdoError, UnknownOptionError, set_library as load_library
+from ._native import ConfigError, DdoError, UnknownOptionError, set_library as load_library
 from ._native import lib as _lib_handle
 from .config import DynamicOffloadConfig
-from .offload import MetricsReport, OffloadResult, enable_dynamic_offload
+from .offload import MetricsReport, OffloadResult
 from .settings import (DynamicOffloadSettings, is_wsl_environment,
                        load_dynamic_offload_settings_from_env)
 from .cli import (add_dynamic_offload_arguments, add_dynamic_offload_lifecycle_arguments,
                   build_config_from_args, maybe_purge_windows_standby_cache)
 from .routing import (RouteResult, close_pipeline_offload, detect_quantized_backend_modules,
-                      enable_offload, enable_pipeline_offload)
+                      enable_dynamic_offload, enable_offload, enable_pipeline_offload)
 from .metrics import MetricsTracker
 from .loading import DynamicOffloadLoadResult, from_pretrained_with_dynamic_offload
 
@@ -35,7 +35,7 @@ __all__ = ["enable_offload", "enable_dynamic_offload", "enable_pipeline_offload"
            "add_dynamic_offload_arguments", "build_config_from_args",
            "add_dynamic_offload_lifecycle_arguments", "maybe_purge_windows_standby_cache",
            "detect_quantized_backend_modules", "from_pretrained_with_dynamic_offload",
-           "DynamicOffloadLoadResult", "DdoError", "UnknownOptionError",
+           "DynamicOffloadLoadResult", "DdoError", "ConfigError", "UnknownOptionError",
            "LibraryError", "load_library", "library_version"]
 
 

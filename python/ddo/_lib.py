@@ -188,6 +188,8 @@ FUNCTIONS = {
     "ddo_config_apply_preset": (c_int, [P, c_char_p, c_char_p]),
     "ddo_config_set": (c_int, [P, c_char_p, c_char_p]),
     "ddo_config_override": (c_int, [P, c_char_p, c_char_p]),
+    "ddo_config_override_list": (c_int, [P, c_char_p, PCHARP, c_size_t]),
+    "ddo_config_set_list": (c_int, [P, c_char_p, PCHARP, c_size_t]),
     "ddo_config_get": (c_int, [P, c_char_p, PCHARP]),
     "ddo_config_source": (c_int, [P, c_char_p, PCHARP]),
     "ddo_config_apply_env": (c_int, [P, PCHARP]),

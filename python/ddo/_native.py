@@ -36,6 +36,16 @@ class UnknownOptionError(DdoError, TypeError):
     """An override that is not an option of the catalog (a TypeError, as upstream raises)."""
 
 
+class ConfigError(DdoError, ValueError):
+    """DDO_E_CONFIG: a bad value, preset, route or option word (a ValueError, as upstream
+    raises for an invalid preset or route)."""
+
+
+def error(code, detail):
+    """The exception for a library error name: ConfigError for DDO_E_CONFIG, else DdoError."""
+    return (ConfigError if code == "DDO_E_CONFIG" else DdoError)(code, detail)
+
+
 def error_name(rc):
     return lib().ddo_errname(rc).decode()
 
@@ -48,8 +58,7 @@ def check(rc, detail=None):
         detail = lib().ddo_last_error()
     if isinstance(detail, bytes):
         detail = detail.decode(errors="replace")
-    name = error_name(rc)
-    raise DdoError(name, detail or "")
+    raise error(error_name(rc), detail or "")
 
 
 def take_text(ptr):
@@ -102,13 +111,26 @@ class Config:
         self._check(lib().ddo_config_apply_env(self.h, arr))
 
     def override(self, key, value):
-        rc = lib().ddo_config_override(self.h, key.encode(), to_text(value).encode())
+        """value at argument rank (it wins over DDO_*); a list or tuple element by element."""
+        self._store(key, value, lib().ddo_config_override, lib().ddo_config_override_list)
+
+    def set(self, key, value):
+        """value at API rank (DDO_* wins over it, as over from_env's keyword arguments)."""
+        self._store(key, value, lib().ddo_config_set, lib().ddo_config_set_list)
+
+    def _store(self, key, value, set_text, set_list):
+        if isinstance(value, (list, tuple)):
+            items = [_element(v).encode() for v in value]
+            arr = (ctypes.c_char_p * max(1, len(items)))(*items)
+            rc = set_list(self.h, key.encode(), arr, len(items))
+        else:
+            rc = set_text(self.h, key.encode(), to_text(value).encode())
         if rc != 0:
             detail = lib().ddo_config_error(self.h).decode(errors="replace")
             name = error_name(rc)
             if name == "DDO_E_NOT_FOUND":
                 raise UnknownOptionError(name, detail)
-            raise DdoError(name, detail)
+            raise error(name, detail)
 
     def get(self, key):
         v = ctypes.c_char_p()
@@ -144,14 +166,33 @@ class Config:
         return out
 
 
-def to_text(value):
-    """A Python value as the catalog's text form."""
+def _element(v):
+    """One element of a list option: a class is its name (target_module_classes=(nn.Linear,)
+    is "Linear", the catalog's word), anything else its str."""
+    return v.__name__ if isinstance(v, type) else str(v)
+
+
+def to_text(value, key=None):
+    """A Python value as the catalog's text form (for a flag or a policy value).
+
+    A str is the text itself (a list option's text is split on ',' and ';', as DDO_*); a list
+    or tuple is joined with ',', so an element holding ',' or ';' is refused here (key names
+    the option): Config.override and Config.set pass lists element by element instead."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value)
+        items = [_element(v) for v in value]
+        bad = next((t for t in items if "," in t or ";" in t), None)
+        if bad is not None:
+            raise ConfigError("DDO_E_CONFIG", f"{key or 'a list option'}: pattern '{bad}' holds "
+                              f"',' or ';', which a text list value is split on; pass the "
+                              f"option through enable_offload or DynamicOffloadConfig, which "
+                              f"take list elements as they are")
+        return ",".join(items)
     if value is None:
         return ""
+    if isinstance(value, type):
+        return value.__name__
     return str(value)
 
 

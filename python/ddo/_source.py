@@ -88,10 +88,14 @@ def match(module, ck, where, check_dtype=True):
                                    f"class)")
         _n, dt, shape, _nb = tab[i]
         if tuple(p.shape) != shape or (check_dtype and to_ddo.get(p.dtype) != dt):
+            why = "it does not match the model class"
+            if tuple(p.shape) == shape and dt in to_torch:  # the dtype alone differs
+                why = (f"pass torch_dtype={to_torch[dt]} to build the model in the "
+                       f"checkpoint's dtype")
             raise _native.DdoError(
                 "DDO_E_FORMAT", f"{where}: tensor {name} is {_dtype_name(dt)} "
                 f"{list(shape)} in the checkpoint but {kind} declares {p.dtype} "
-                f"{list(p.shape)} (it does not match the model class)")
+                f"{list(p.shape)} ({why})")
         by_param[id(p)] = i
         by_index.setdefault(i, []).append(p)
     loads = []

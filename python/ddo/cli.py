@@ -5,9 +5,11 @@ phase booleans and the Windows standby purge (ddo_purge_standby).
 
 import argparse
 import ctypes
+import time
 
 from . import _lib, _native
 from .config import CATALOG, DynamicOffloadConfig
+from .settings import DynamicOffloadSettings
 
 _BOOL = 0  # DDO_OPTION_BOOL
 # Phase boundaries a staged host has (the presets' DDO_PURGE_WINDOWS_STANDBY_<PHASE>).
@@ -27,13 +29,20 @@ def _bool_word(text):
                                      f"got {text!r}")
 
 
+def dest_of(key):
+    """The namespace attribute of option key's flag: ddo_<key> (--ddo-show-profile is
+    args.ddo_show_profile), so that a host's own --show-profile or --verbose keeps its dest."""
+    return f"ddo_{key}"
+
+
 def add_dynamic_offload_arguments(parser):
     """Adds every --ddo-* flag of the catalog (help from the catalog) to parser; returns the
-    argument group. Values stay text: build_config_from_args hands them to the library, which
-    checks them. An option not given is absent from the namespace (default SUPPRESS)."""
+    argument group. Each lands in ddo_<key> (dest_of). Values stay text: build_config_from_args
+    hands them to the library, which checks them. An option not given is absent from the
+    namespace (default SUPPRESS)."""
     group = parser.add_argument_group("ddo", "ddo offload options (`ddo config --list`)")
     for key, flag, typ, help_ in _flags():
-        kw = dict(dest=key, default=argparse.SUPPRESS, help=help_.replace("%", "%%"))
+        kw = dict(dest=dest_of(key), default=argparse.SUPPRESS, help=help_.replace("%", "%%"))
         if typ == _BOOL:
             group.add_argument(flag, nargs="?", const="true", type=_bool_word,
                                metavar="BOOL", **kw)
@@ -47,8 +56,9 @@ def _argv_from(args):
     values = vars(args) if not isinstance(args, dict) else args
     argv = []
     for key, flag, _typ, _help in _flags():
-        if key in values and values[key] is not None:
-            argv += [flag, _native.to_text(values[key])]
+        v = values.get(dest_of(key))
+        if v is not None:
+            argv += [flag, _native.to_text(v, key)]
     return argv
 
 
@@ -62,8 +72,8 @@ def build_native_config(args):
     cfg._check(_native.lib().ddo_config_parse_args(cfg.h, ctypes.byref(argc), arr))
     if argc.value != 1:
         left = [arr[i].decode() for i in range(1, argc.value)]
-        raise _native.DdoError("DDO_E_CONFIG", f"build_config_from_args: arguments not "
-                               f"understood: {' '.join(left)}")
+        raise _native.ConfigError("DDO_E_CONFIG", f"build_config_from_args: arguments not "
+                                  f"understood: {' '.join(left)}")
     cfg.validate()
     return cfg
 
@@ -71,17 +81,24 @@ def build_native_config(args):
 def build_config_from_args(args):
     """A DynamicOffloadConfig from the namespace alone (the seed: no DDO_* merge).
 
-    Every value the flags (or the preset they select) set is an explicit field of the result,
-    so enable_offload(config=...) applies it over the environment and the preset.
+    Only what the flags gave is explicit in the result: --ddo-backend and --ddo-preset (first,
+    so that where the config is applied the library applies that route family and preset
+    again, at the config's rank) and the values whose source is a flag (those the library
+    derives from flags included, such as --ddo-vmm-total-staging-gb's staging size). A value
+    the selected preset fills is not copied: omission keeps the route-specific defaults and
+    the preset route fallback (the seed's VAE policy), and an empty namespace gives an empty
+    config that leaves enable_offload's preset= alone. The flags are still checked together
+    (ddo_config_parse_args, ddo_config_validate).
     """
     cfg = build_native_config(args)
+    values = cfg.to_json()["options"]  # typed values (true, 3, 0.5, lists)
+    given = [key for key, _t, _text, source, _h, _e, _f in cfg.items()
+             if source == "flag" and key in DynamicOffloadConfig.fields()
+             and key != "use_environment"]
+    given.sort(key=lambda k: {"backend": 0, "preset": 1}.get(k, 2))  # stable otherwise
     out = DynamicOffloadConfig()
-    for key, _typ, text, source, _h, _e, _f in cfg.items():
-        if source == "default" or key not in DynamicOffloadConfig.fields():
-            continue
-        if key in ("use_environment",):
-            continue
-        setattr(out, key, text)
+    for key in given:
+        setattr(out, key, values[key]["value"])
     return out
 
 
@@ -101,23 +118,74 @@ def add_dynamic_offload_lifecycle_arguments(parser, phases=LIFECYCLE_PHASES):
     return group
 
 
-def maybe_purge_windows_standby_cache(phase, settings=None, enabled=None, *, environ=None):
-    """The Windows standby purge for a phase, through ddo_purge_standby.
+def maybe_purge_windows_standby_cache(settings_or_phase=None, phase=None, *, settings=None,
+                                      preset="auto", execution_device="cuda:0",
+                                      offload_device="cpu", running_on_wsl=None,
+                                      record_event=None, event_name=None, default="0",
+                                      print_message=True, ignore_errors=True, environ=None,
+                                      enabled=None):
+    """The Windows standby purge for a phase (upstream's signature), through ddo_purge_standby.
 
-    enabled None inherits DDO_PURGE_WINDOWS_STANDBY_<PHASE> (set, even empty, wins) and then
-    the settings' effective preset; True/False are explicit and leave the environment alone.
-    Returns {"purged", "reason", "phase", "variable"}; off Windows a safe no-op whose reason is
-    "non_windows" (checked after the enable check, as upstream).
+    Call maybe_purge_windows_standby_cache(settings, "before_run") or
+    maybe_purge_windows_standby_cache("before_run", preset="auto"); without settings they are
+    built from the environment with default_preset=preset (and the devices, running_on_wsl).
+    enabled (the seed's lifecycle flag): None inherits DDO_PURGE_WINDOWS_STANDBY_<PHASE> (set,
+    even empty, wins), then the settings' preset, then default; True/False win and leave the
+    environment alone. Returns {"purged", "reason", "phase", "variable"}: reason "disabled",
+    off Windows "non_windows" (checked after the enable check), "purged", or a failure's class
+    (with "error"; raised instead when not ignore_errors). An attempted purge is recorded as
+    record_event(event_name or "purge_windows_standby_<phase>", seconds, **result) and printed
+    ("[windows-memory] ...") when print_message.
     """
+    if isinstance(settings_or_phase, str):
+        phase = settings_or_phase if phase is None else phase
+    elif settings_or_phase is not None and settings is None:
+        settings = settings_or_phase
+    if phase is None:
+        raise TypeError("maybe_purge_windows_standby_cache: phase is required")
     if not isinstance(phase, str):
         raise TypeError(f"maybe_purge_windows_standby_cache: phase must be a str, "
                         f"not {type(phase).__name__}")
-    cfg = getattr(settings, "_cfg", None)
     env = _native.environ_block(environ)
+    if settings is None:
+        settings = DynamicOffloadSettings.from_env(
+            env, default_preset=preset, running_on_wsl=running_on_wsl,
+            execution_device=str(execution_device), offload_device=str(offload_device))
+    cfg = getattr(settings, "_cfg", None)
+    flag = -1 if enabled is None else (1 if enabled else 0)
+    t0 = time.perf_counter()
+    out = _purge(cfg, phase, flag, env)
+    if out["reason"] == "disabled" and flag < 0 and out["variable"] not in env:
+        # Neither the environment nor the preset enables this phase (presets only ever set a
+        # phase to 1): default decides, parsed by the library as a DDO_* value would be.
+        t0 = time.perf_counter()
+        out = _purge(cfg, phase, flag, dict(env, **{out["variable"]: str(default)}))
+    seconds = time.perf_counter() - t0
+    if out["reason"] in ("disabled", "non_windows"):
+        return out
+    name = event_name or out["variable"].lower()[len("ddo_"):]
+    if not out["purged"]:
+        if not ignore_errors:
+            raise (PermissionError if out["reason"] == "PermissionError" else OSError)(
+                f"standby cache purge for phase {out['phase']}: {out['reason']}")
+        out["error"] = out["reason"]
+        if record_event is not None:
+            record_event(name, 0.0, **out)
+        if print_message:
+            print(f"  [windows-memory] {name}: standby cache purge skipped ({out['reason']})",
+                  flush=True)
+        return out
+    if record_event is not None:
+        record_event(name, seconds, **out)
+    if print_message:
+        print(f"  [windows-memory] {name}: standby cache purge requested", flush=True)
+    return out
+
+
+def _purge(cfg, phase, flag, env):
     items = [f"{k}={v}".encode() for k, v in env.items()]
     arr = (ctypes.c_char_p * (len(items) + 1))(*items, None)
     out = _lib.PurgeResult()
-    flag = -1 if enabled is None else (1 if enabled else 0)
     _native.check(_native.lib().ddo_purge_standby(cfg.h if cfg is not None else None,
                                                   phase.encode(), flag, arr, ctypes.byref(out)))
     return {"purged": bool(out.purged), "reason": (out.reason or b"").decode(),

@@ -11,6 +11,7 @@ asked dtype instead and says so (``result.load_note``, a warning).
 """
 
 import contextlib
+import inspect
 import os
 import warnings
 
@@ -42,7 +43,8 @@ class DynamicOffloadLoadResult:
     """What from_pretrained_with_dynamic_offload returns (upstream's fields).
 
     module: the model (meta parameters associated with the files, or host tensors on the
-    dtype fallback); source: the checkpoint path; hook: the OffloadResult when apply_dynamic;
+    dtype fallback or from a from_pretrained loader); source: the checkpoint path (None when
+    the loader read the weights itself); hook: the OffloadResult when apply_dynamic;
     should_move_to_execution_device: True when no ddo session was attached; load_note.
     """
 
@@ -64,7 +66,16 @@ class DynamicOffloadLoadResult:
                 f"hook={'attached' if self.hook is not None else 'none'}>")
 
 
-def _build(model_loader, path, subfolder, kwargs):
+LOADER_SHAPES = ("a Diffusers model class (load_config/from_config: built on the meta device), "
+                 "an object with from_pretrained(path, **kwargs) (upstream's loader: it reads "
+                 "the weights), or a callable loader(path, **kwargs) returning the model "
+                 "(called with its parameters on the meta device)")
+
+
+def _build(model_loader, path, subfolder, torch_dtype, kwargs):
+    """(module, how): the model from model_loader in upstream's contract (ddo-upstream.md
+    §1.3: getattr(model_loader, "from_pretrained", model_loader)(path, **kwargs)), on the meta
+    device where the loader lets ddo build it without its weights."""
     if model_loader is None:
         try:
             from diffusers import AutoModel as model_loader
@@ -72,15 +83,41 @@ def _build(model_loader, path, subfolder, kwargs):
             raise _native.DdoError("DDO_E_UNSUPPORTED", f"from_pretrained_with_dynamic_offload: "
                                    f"no model_loader given and Diffusers' AutoModel cannot be "
                                    f"imported ({e}): pass model_loader=YourModelClass") from None
-    with init_empty_weights():
-        if hasattr(model_loader, "load_config") and hasattr(model_loader, "from_config"):
+    if hasattr(model_loader, "load_config") and hasattr(model_loader, "from_config"):
+        with init_empty_weights():
             cfg = model_loader.load_config(path, subfolder=subfolder) if subfolder else \
                 model_loader.load_config(path)
-            return model_loader.from_config(cfg, **kwargs)
-        if callable(model_loader):
-            return model_loader(**kwargs)
-    raise TypeError(f"model_loader must be a class with from_config/load_config or a callable "
-                    f"building the model, not {type(model_loader).__name__}")
+            return model_loader.from_config(cfg, **kwargs), "from_config"
+    # Upstream's loader gets every keyword the caller gave, subfolder and torch_dtype included.
+    call_kw = dict(kwargs)
+    if subfolder is not None:
+        call_kw["subfolder"] = subfolder
+    if torch_dtype is not None:
+        call_kw["torch_dtype"] = torch_dtype
+    from_pretrained = getattr(model_loader, "from_pretrained", None)
+    if from_pretrained is not None and callable(from_pretrained):
+        _check_callable(from_pretrained, path, call_kw, "model_loader.from_pretrained")
+        return from_pretrained(path, **call_kw), "from_pretrained"
+    if callable(model_loader):
+        _check_callable(model_loader, path, call_kw, "model_loader")
+        with init_empty_weights():
+            return model_loader(path, **call_kw), "callable"
+    raise TypeError(f"from_pretrained_with_dynamic_offload: model_loader must be "
+                    f"{LOADER_SHAPES}; {type(model_loader).__name__} is none of them")
+
+
+def _check_callable(fn, path, kw, what):
+    """One line when fn cannot be called as fn(path, **kw) (checked before calling it)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: just call it
+        return
+    try:
+        sig.bind(path, **kw)
+    except TypeError as e:
+        raise TypeError(f"from_pretrained_with_dynamic_offload: {what} cannot be called as "
+                        f"{what}(path{''.join(', ' + k + '=...' for k in kw)}) ({e}); "
+                        f"model_loader must be {LOADER_SHAPES}") from None
 
 
 def materialize(module, source, torch_dtype=None):
@@ -123,11 +160,20 @@ def from_pretrained_with_dynamic_offload(path, *, model_loader=None, dynamic_off
                                          **from_pretrained_kwargs):
     """Builds the model without its weights in host RAM and associates it with the files.
 
-    model_loader: a Diffusers model class (from_config/load_config) or a callable returning
-    the model (called with from_pretrained_kwargs); None: Diffusers' AutoModel. apply_dynamic:
-    attach the ddo session now (ddo.enable_offload with dynamic_offload_config and the profile
-    options); otherwise call ddo.enable_offload(result.module, ...) later. A profile request
-    needs apply_dynamic (upstream's rule).
+    model_loader, in upstream's contract (getattr(model_loader, "from_pretrained",
+    model_loader)(path, **from_pretrained_kwargs), subfolder and torch_dtype included):
+      - a Diffusers model class (load_config/from_config; None: Diffusers' AutoModel): built
+        with from_config(load_config(path)) on the meta device, associated with the files;
+      - an object with from_pretrained(path, **kwargs): called as upstream does; it reads the
+        weights into host tensors, which enable_offload streams from host memory (the files
+        are not associated; load_note says so);
+      - a callable loader(path, **kwargs): called with its parameters created on the meta
+        device, and associated with the files.
+    Anything else, or a callable that cannot take (path, **kwargs), is refused with one line
+    naming these shapes. apply_dynamic: attach the ddo session now (ddo.enable_dynamic_offload
+    with dynamic_offload_config and the profile options, which the loader never sees);
+    otherwise call ddo.enable_offload(result.module, ...) later. A profile request needs
+    apply_dynamic (upstream's rule).
     """
     if (profile_name or build_profile) and not apply_dynamic:
         raise ValueError("profile_name/build_profile need apply_dynamic=True (the profile is "
@@ -136,10 +182,19 @@ def from_pretrained_with_dynamic_offload(path, *, model_loader=None, dynamic_off
             not isinstance(dynamic_offload_config, DynamicOffloadConfig):
         raise TypeError("dynamic_offload_config must be a ddo.DynamicOffloadConfig")
     source = _checkpoint_path(path, subfolder)
-    module = _build(model_loader, path, subfolder, from_pretrained_kwargs)
+    module, how = _build(model_loader, path, subfolder, torch_dtype, from_pretrained_kwargs)
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"the model loader returned {type(module).__name__}, not a "
                         f"torch.nn.Module")
+    if not any(p.device.type == "meta" for p in module.parameters()):
+        # The loader read the weights itself (from_pretrained): an ordinary host module,
+        # which enable_offload streams from host memory; the files are not associated.
+        note = (f"model_loader.{how} loaded the weights into host tensors: they are streamed "
+                f"from host memory, not from the files") if how != "callable" else \
+            "model_loader returned host tensors: they are streamed from host memory"
+        hook = _attach(module, apply_dynamic, dynamic_offload_config, profile_name,
+                       build_profile)
+        return DynamicOffloadLoadResult(module, None, hook, note)
     if torch_dtype is not None:
         module.to(torch_dtype)  # meta parameters: only their dtype changes
     ck = _source.open_checkpoint(source)
@@ -160,14 +215,18 @@ def from_pretrained_with_dynamic_offload(path, *, model_loader=None, dynamic_off
     else:
         _source.load_buffers(module, source)
         module._ddo_source = source
-    hook = None
-    if apply_dynamic:
-        from .routing import enable_offload
-        kw = {}
-        if profile_name:
-            kw["profile_name"] = profile_name
-        if build_profile:
-            kw["build_profile"] = True
-        hook = enable_offload(module, route="dynamic_offload", config=dynamic_offload_config,
-                              **kw)
+    hook = _attach(module, apply_dynamic, dynamic_offload_config, profile_name, build_profile)
     return DynamicOffloadLoadResult(module, source, hook, note)
+
+
+def _attach(module, apply_dynamic, config, profile_name, build_profile):
+    """The ddo session of apply_dynamic=True (the dynamic route, with the profile options)."""
+    if not apply_dynamic:
+        return None
+    from .routing import enable_dynamic_offload
+    kw = {}
+    if profile_name:
+        kw["profile_name"] = profile_name
+    if build_profile:
+        kw["build_profile"] = True
+    return enable_dynamic_offload(module, config=config, **kw)

@@ -279,6 +279,12 @@ class OffloadResult:
         self._placeholders = {}
         self._moved = []
         self._versions = {}
+        # Upstream's result fields (the route layer, routing.py, sets them for its routes).
+        self.hook = self
+        self.route = "dynamic_offload"
+        self.settings = None
+        self.should_move_to_execution_device = False
+        self.event_payload = {}
         self.device = None
         self.unmanaged_bytes = 0
         self.host_bytes_released = 0

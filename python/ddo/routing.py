@@ -1,4 +1,5 @@
-"""enable_offload / enable_pipeline_offload: each component routed as upstream's enable_offload.
+"""enable_offload / enable_pipeline_offload / enable_dynamic_offload: each component routed as
+upstream's enable_offload (enable_dynamic_offload: the dynamic route, no route selection).
 
 The route of a component comes from the library (ddo_config_component_policy: an explicit
 route, then API component policies, then DDO_<COMPONENT>_* and DDO_RUNNER_<COMPONENT>_* from
@@ -10,15 +11,22 @@ session (ddo.offload.OffloadResult), ``diffusers_group_offload`` hands it to Dif
 
 import contextlib
 import ctypes
+import time
 
 import torch
 
 from . import _lib, _native, offload, ownership, profiles
-from .settings import DynamicOffloadSettings, resolve_config
+from .settings import DynamicOffloadSettings, resolve_config, same_component
 
 ROUTES = ("dynamic_offload", "diffusers_group_offload", "none")
 DEFAULT_PIPELINE_COMPONENTS = ("text_encoder", "text_encoder_2", "transformer", "unet", "vae")
 PROFILE_ROUTE_ERROR = "Profile calibration requires the dynamic_offload route."
+# enable_offload's per-component policy arguments (upstream's names).
+POLICY_ARGS = ("group_offload", "dynamic_offload", "offload_type", "use_stream",
+               "record_stream", "group_low_cpu_mem_usage", "num_blocks_per_group")
+# Named parameters of upstream's enable_offload that are not config overrides (§1.3): they
+# do not bypass the preset's VAE route.
+DEVICE_PARAMS = ("execution_device", "offload_device")
 
 
 def _import_apply_group_offloading():
@@ -70,23 +78,29 @@ class _RouteReport:
 
 
 class RouteResult:
-    """A component on a non-dynamic route: the same lifecycle methods as OffloadResult.
+    """A component on a non-dynamic route, or any route with apply_hook=False: the same
+    lifecycle methods as OffloadResult, and upstream's result fields (hook None,
+    should_move_to_execution_device, event_payload, settings, route).
 
     route "none": unload() moves the module to the CPU, reload() back to the device, close()
     leaves it where it is. route "diffusers_group_offload": Diffusers' hooks keep the weights
     on the CPU between uses, so unload/reload only record the phase; close() removes the
-    hooks when Diffusers' registry is there.
+    hooks when Diffusers' registry is there. Not attached (apply_hook=False): the module was
+    not touched, should_move_to_execution_device is True and every method is a no-op.
     """
 
-    def __init__(self, module, route, component, device, settings, payload, group_hooks=None):
+    def __init__(self, module, route, component, device, settings, payload, group_hooks=None,
+                 attached=True):
         self.module = module
         self.route = route
         self.component = component
         self.device = device
         self.settings = settings
         self.event_payload = dict(payload)
-        self.should_move_to_execution_device = False
-        self._group_hooks = group_hooks
+        self.hook = None
+        self.should_move_to_execution_device = not attached
+        self.attached = attached
+        self._group_hooks = group_hooks if attached else None
         self._state = "ready"
         first = next(iter(module.parameters()), None)
         self._origin = first.device if first is not None else torch.device("cpu")
@@ -95,7 +109,7 @@ class RouteResult:
         if self._state == "closed":
             raise _native.DdoError("DDO_E_STATE", f"unload: component {self.component} is "
                                    f"closed")
-        if self.route == "none" and self._state == "ready":
+        if self.route == "none" and self.attached and self._state == "ready":
             self.module.to("cpu")
         self._state = "unloaded"
 
@@ -103,7 +117,7 @@ class RouteResult:
         if self._state == "closed":
             raise _native.DdoError("DDO_E_STATE", f"reload: component {self.component} is "
                                    f"closed")
-        if self.route == "none" and self._state == "unloaded":
+        if self.route == "none" and self.attached and self._state == "unloaded":
             self.module.to(self.device)
         self._state = "ready"
 
@@ -112,7 +126,7 @@ class RouteResult:
         (enable_pipeline_offload's rollback)."""
         if self._state == "closed":
             return
-        if restore and self.route == "none":
+        if restore and self.route == "none" and self.attached:
             self.module.to(self._origin)
         if self._group_hooks is not None:
             self._group_hooks(self.module)
@@ -160,7 +174,7 @@ def _policy(cfg, component, route, quantized, overrides_given=False):
         detail = _native.lib().ddo_config_error(cfg.h).decode(errors="replace")
         if "Profile calibration requires the dynamic_offload route" in detail:
             raise ValueError(PROFILE_ROUTE_ERROR)
-        raise _native.DdoError(_native.error_name(rc), detail)
+        raise _native.error(_native.error_name(rc), detail)
     return {"route": p.route.decode(), "route_source": p.route_source.decode(),
             "offload_type": p.offload_type.decode(),
             "unit_granularity": (p.unit_granularity or b"").decode(),
@@ -198,8 +212,12 @@ def _component_cfg(settings, preset, backend, config, use_environment, environ,
 
 def resolve_route(module, preset="auto", *, component="model", route=None, settings=None,
                   component_policies=None, use_environment=True, environ=None, backend=None,
-                  config=None, running_on_wsl=None, quantized_backend=None, **kw):
-    """(route policy dict, C config, settings) for one component, without touching it."""
+                  config=None, running_on_wsl=None, quantized_backend=None,
+                  low_cpu_mem_usage=True, **kw):
+    """(route policy dict, C config, settings) for one component, without touching it.
+
+    low_cpu_mem_usage: upstream's default of the group route's low_cpu_mem_usage, used when
+    no policy, environment variable or preset sets offload_low_cpu_mem_usage."""
     explicit = _explicit_policy_args(*(kw.pop(k, None) for k in (
         "group_offload", "dynamic_offload", "offload_type", "use_stream", "record_stream",
         "group_low_cpu_mem_usage", "num_blocks_per_group")))
@@ -212,10 +230,32 @@ def resolve_route(module, preset="auto", *, component="model", route=None, setti
     if quant is None:
         quant = bool(detect_quantized_backend_modules(module))
     # The seed's VAE policy (the library's rule): an explicit config or runtime overrides,
-    # without policy arguments, bypass the preset's VAE route.
-    given = ((config is not None and bool(config.explicit())) or bool(kw)) and not explicit
+    # without policy arguments, bypass the preset's VAE route. The devices are named
+    # parameters upstream, not overrides (§1.3); None is not given; a config's preset and
+    # backend (--ddo-preset, --ddo-backend) select the preset whose route fallback applies.
+    overridden = any(v is not None and k not in DEVICE_PARAMS for k, v in kw.items())
+    configured = config is not None and any(k not in ("preset", "backend")
+                                            for k in config.explicit())
+    given = (configured or overridden) and not explicit
     pol = _policy(cfg, component, route, quant, overrides_given=given)
+    if not low_cpu_mem_usage and not _option_set(cfg, component, "offload_low_cpu_mem_usage"):
+        pol["low_cpu_mem_usage"] = False
     return pol, cfg, DynamicOffloadSettings(cfg, merged)
+
+
+def _option_set(cfg, component, option):
+    """Whether anything (a policy, DDO_*, the preset) sets a component option (the library's
+    lookup, ddo_config_component_value: DDO_E_NOT_FOUND when nothing does)."""
+    v = ctypes.c_char_p()
+    src = ctypes.create_string_buffer(96)
+    rc = _native.lib().ddo_config_component_value(cfg.h, component.encode(), option.encode(),
+                                                  ctypes.byref(v), src, len(src))
+    if rc == 0:
+        return True
+    if _native.error_name(rc) == "DDO_E_NOT_FOUND":
+        return False
+    raise _native.error(_native.error_name(rc), _native.lib().ddo_config_error(cfg.h).decode(
+        errors="replace"))
 
 
 def enable_offload(module_or_pipeline, preset="auto", *, component="model", route=None,
@@ -223,25 +263,59 @@ def enable_offload(module_or_pipeline, preset="auto", *, component="model", rout
                    backend=None, config=None, running_on_wsl=None, quantized_backend=None,
                    group_offload=None, dynamic_offload=None, offload_type=None, use_stream=None,
                    record_stream=None, group_low_cpu_mem_usage=None, num_blocks_per_group=None,
-                   apply_hook=True, **overrides):
+                   low_cpu_mem_usage=True, apply_hook=True, record_event=None,
+                   dynamic_event_name=None, group_event_name=None, **overrides):
     """Routes a module (or every module component of a pipeline) as upstream's enable_offload.
 
     Returns an OffloadResult (route dynamic_offload) or a RouteResult (diffusers_group_offload,
-    none); a pipeline (an object with a ``components`` mapping) gets enable_pipeline_offload.
+    none, or any route with apply_hook=False: nothing attached, the module untouched). A
+    pipeline (an object with a ``components`` mapping) gets enable_pipeline_offload, with
+    ``route`` for every component; the arguments that describe one component (component,
+    the group/dynamic policy arguments, quantized_backend) are refused there with one line.
+    component_policies must name the component routed (the library's normalisation:
+    "Transformer" is transformer); a policy for another one is refused. record_event(name,
+    seconds, **payload), as upstream: "setup_<component>_dynamic_offload" (dynamic_event_name),
+    "setup_<component>_group_offload" (group_event_name), "move_<component>_to_execution_device"
+    (route none, when the module was moved).
     """
     if not isinstance(module_or_pipeline, torch.nn.Module):
         if isinstance(getattr(module_or_pipeline, "components", None), dict):
+            pipeline = module_or_pipeline
+            one = {"component": None if component == "model" else component,
+                   "group_offload": group_offload, "dynamic_offload": dynamic_offload,
+                   "offload_type": offload_type, "use_stream": use_stream,
+                   "record_stream": record_stream,
+                   "group_low_cpu_mem_usage": group_low_cpu_mem_usage,
+                   "num_blocks_per_group": num_blocks_per_group,
+                   "quantized_backend": quantized_backend,
+                   "dynamic_event_name": dynamic_event_name,
+                   "group_event_name": group_event_name}
+            given = [k for k, v in one.items() if v is not None]
+            if given:
+                raise TypeError(
+                    f"enable_offload({type(pipeline).__name__}): {', '.join(given)}: "
+                    f"per-component arguments, and a pipeline has several components: pass "
+                    f"component_policies={{name: {{option: value}}}} (or routes={{name: "
+                    f"route}} to ddo.enable_pipeline_offload), or enable_offload each module")
+            routes = None
+            if route is not None:
+                routes = {n: route for n in _pipeline_components(pipeline, None)}
             return enable_pipeline_offload(
-                module_or_pipeline, preset, settings=settings,
-                component_policies=component_policies, use_environment=use_environment,
-                environ=environ, backend=backend, config=config,
-                running_on_wsl=running_on_wsl, apply_hook=apply_hook, **overrides)
+                pipeline, preset, settings=settings, component_policies=component_policies,
+                routes=routes, use_environment=use_environment, environ=environ,
+                backend=backend, config=config, running_on_wsl=running_on_wsl,
+                low_cpu_mem_usage=low_cpu_mem_usage, apply_hook=apply_hook,
+                record_event=record_event, **overrides)
         raise TypeError(f"enable_offload takes a torch.nn.Module or a pipeline with a "
                         f"components mapping, not {type(module_or_pipeline).__name__}")
     module = module_or_pipeline
-    if getattr(module, "_ddo_offload", None) is not None:
-        raise _native.DdoError("DDO_E_STATE", f"{type(module).__name__} is already managed "
-                               f"by ddo: close() its result first")
+    _refuse_managed(module)
+    for name in (component_policies or {}):
+        if not same_component(name, component):
+            raise _native.DdoError(
+                "DDO_E_NOT_FOUND", f"enable_offload: component_policies names {name!r}, not "
+                f"the component routed ({component!r}): key the policy {component!r} or pass "
+                f"component={name!r}")
     pol, cfg, st = resolve_route(
         module, preset, component=component, route=route, settings=settings,
         component_policies=component_policies, use_environment=use_environment,
@@ -249,16 +323,106 @@ def enable_offload(module_or_pipeline, preset="auto", *, component="model", rout
         quantized_backend=quantized_backend, group_offload=group_offload,
         dynamic_offload=dynamic_offload, offload_type=offload_type, use_stream=use_stream,
         record_stream=record_stream, group_low_cpu_mem_usage=group_low_cpu_mem_usage,
-        num_blocks_per_group=num_blocks_per_group, **overrides)
-    return apply_route(module, pol, cfg, st, component, apply_hook=apply_hook)
+        num_blocks_per_group=num_blocks_per_group, low_cpu_mem_usage=low_cpu_mem_usage,
+        **overrides)
+    return apply_route(module, pol, cfg, st, component, apply_hook=apply_hook,
+                       record_event=record_event,
+                       event_names={"dynamic_offload": dynamic_event_name,
+                                    "diffusers_group_offload": group_event_name})
 
 
-def apply_route(module, pol, cfg, st, component, *, apply_hook=True, source=None):
-    """Applies a resolved route to module (the second half of enable_offload)."""
+def enable_dynamic_offload(module, preset="auto", *, settings=None, config=None, backend=None,
+                           use_environment=True, environ=None, running_on_wsl=None,
+                           apply_hook=True, record_event=None,
+                           event_name="setup_dynamic_offload", **overrides):
+    """Streams module through a ddo session: enable_offload's route ``dynamic_offload``.
+
+    Upstream's low-level entry point (ddo-upstream.md §1.3): no component route is selected
+    (the seed), everything else is enable_offload's: settings= (or preset, backend, the DDO_*
+    environment when use_environment, running_on_wsl), config= and ``overrides`` (option keys
+    of the catalog, which win; None is not given, so always_resident_modules_pattern=None keeps
+    the built-in list), the ownership preflight, named profiles (profile_name=,
+    build_profile=). Returns an OffloadResult (hook: the result itself,
+    should_move_to_execution_device False, event_payload, settings, route), or with
+    apply_hook=False a RouteResult that attached nothing (hook None,
+    should_move_to_execution_device True). record_event(event_name, seconds, **event_payload)
+    is called once, as upstream.
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"enable_dynamic_offload takes a torch.nn.Module, not "
+                        f"{type(module).__name__}")
+    routing = [k for k in overrides if k in POLICY_ARGS or k in (
+        "route", "component", "component_policies", "quantized_backend", "low_cpu_mem_usage",
+        "dynamic_event_name", "group_event_name")]
+    if routing:
+        raise _native.UnknownOptionError(
+            "DDO_E_NOT_FOUND", f"Unknown DynamicOffloadConfig override(s): "
+            f"{', '.join(routing)} (enable_dynamic_offload selects no component route: use "
+            f"ddo.enable_offload)")
+    _refuse_managed(module)
+    pol, cfg, st = resolve_route(module, preset, route="dynamic_offload", settings=settings,
+                                 use_environment=use_environment, environ=environ,
+                                 backend=backend, config=config,
+                                 running_on_wsl=running_on_wsl, **overrides)
+    return apply_route(module, pol, cfg, st, "model", apply_hook=apply_hook,
+                       record_event=record_event,
+                       event_names={"dynamic_offload": event_name})
+
+
+def _refuse_managed(module):
+    if getattr(module, "_ddo_offload", None) is not None:
+        raise _native.DdoError("DDO_E_STATE", f"{type(module).__name__} is already managed "
+                               f"by ddo: close() its result first")
+
+
+def apply_route(module, pol, cfg, st, component, *, apply_hook=True, source=None,
+                record_event=None, event_names=None):
+    """Applies a resolved route to module (the second half of enable_offload).
+
+    apply_hook=False attaches nothing and leaves the module as it is (upstream §1.3 step 5,
+    §1.4): a RouteResult with should_move_to_execution_device True on every route.
+    record_event(name, seconds, **payload) is the host's event callback (upstream's)."""
+    t0 = time.perf_counter()
+    res = _apply_route(module, pol, cfg, st, component, apply_hook, source)
+    if record_event is not None:
+        names = event_names or {}
+        r = res.route
+        if r == "dynamic_offload":
+            record_event(names.get(r) or f"setup_{component}_dynamic_offload",
+                         time.perf_counter() - t0, **res.event_payload)
+        elif r == "diffusers_group_offload":
+            record_event(names.get(r) or f"setup_{component}_group_offload",
+                         time.perf_counter() - t0, **res.event_payload)
+        elif "unmanaged_module_moved_to_execution_device" in res.event_payload:
+            record_event(f"move_{component}_to_execution_device", time.perf_counter() - t0,
+                         route="none", execution_device=str(res.device))
+    return res
+
+
+def _apply_route(module, pol, cfg, st, component, apply_hook, source):
     r = pol["route"]
+    if r not in ROUTES:
+        raise ValueError(f"component {component}: route {r!r}: expected one of "
+                         f"{', '.join(ROUTES)}")
+    quantized = detect_quantized_backend_modules(module)
+    device = _execution_device(cfg)
+    payload = {"route": r, "route_source": pol["route_source"]}
+    if r == "dynamic_offload":
+        payload["execution_mode"] = cfg.get("execution_mode")
+    if quantized and r != "none":
+        payload["quantized_backend"] = quantized  # upstream's key (§6.2, its test 11)
+    if not apply_hook:
+        if r == "dynamic_offload" and cfg.get("build_profile") == "true":
+            raise ValueError("build_profile needs apply_hook=True (the ddo session measures "
+                             "the calibration run)")
+        if r == "diffusers_group_offload":
+            payload.update(_group_kwargs(pol, device, with_devices=False))
+        res = RouteResult(module, r, component, device, st, payload, attached=False)
+        res.route_policy = pol
+        return res
     if source is None:
         source = getattr(module, "_ddo_source", None)  # from_pretrained_with_dynamic_offload
-    if source is not None and r != "dynamic_offload" and apply_hook:
+    if source is not None and r != "dynamic_offload":
         from .loading import materialize
         materialize(module, source)  # only ddo streams from the files: host tensors here
         source = None
@@ -276,37 +440,41 @@ def apply_route(module, pol, cfg, st, component, *, apply_hook=True, source=None
         res.route_policy = pol
         res._profile = prof
         res.profile_run = lambda res=res: profiles.profile_run(res)
+        # Upstream's result fields (DynamicOffloadApplyResult): the session is the hook, and
+        # the module runs on the device through it.
+        res.hook = res
+        res.should_move_to_execution_device = False
+        res.event_payload = payload
         return res
-    device = _execution_device(cfg)
-    payload = {"route": r, "route_source": pol["route_source"]}
     if r == "diffusers_group_offload":
         apply_group = _import_apply_group_offloading()
-        kwargs = dict(onload_device=device, offload_device=torch.device("cpu"),
-                      offload_type=pol["offload_type"], use_stream=pol["use_stream"],
-                      record_stream=pol["record_stream"],
-                      low_cpu_mem_usage=pol["low_cpu_mem_usage"])
-        if pol["offload_type"] == "block_level":
-            kwargs["num_blocks_per_group"] = pol["num_blocks_per_group"]
+        kwargs = _group_kwargs(pol, device, with_devices=True)
         payload.update({k: v for k, v in kwargs.items() if k not in ("onload_device",
                                                                       "offload_device")})
-        if apply_hook:
-            apply_group(module, **kwargs)
+        apply_group(module, **kwargs)
         res = RouteResult(module, r, component, device, st, payload, _remove_group_hooks)
-    elif r == "none":
+    else:  # none
         first = next(iter(module.parameters()), None)
         origin = first.device if first is not None else torch.device("cpu")
-        if apply_hook:
-            module.to(device)
-            payload["unmanaged_module_moved_to_execution_device"] = str(device)
+        module.to(device)
+        payload["unmanaged_module_moved_to_execution_device"] = str(device)
         res = RouteResult(module, r, component, device, st, payload)
         res._origin = origin
-        res.should_move_to_execution_device = not apply_hook
-    else:
-        raise ValueError(f"component {component}: route {r!r}: expected one of "
-                         f"{', '.join(ROUTES)}")
     res.route_policy = pol
     module._ddo_offload = res
     return res
+
+
+def _group_kwargs(pol, device, with_devices):
+    """apply_group_offloading's arguments from the library's policy."""
+    kwargs = dict(onload_device=device, offload_device=torch.device("cpu")) \
+        if with_devices else {}
+    kwargs.update(offload_type=pol["offload_type"], use_stream=pol["use_stream"],
+                  record_stream=pol["record_stream"],
+                  low_cpu_mem_usage=pol["low_cpu_mem_usage"])
+    if pol["offload_type"] == "block_level":
+        kwargs["num_blocks_per_group"] = pol["num_blocks_per_group"]
+    return kwargs
 
 
 def _pipeline_components(pipeline, components):
@@ -337,7 +505,8 @@ def _pipeline_components(pipeline, components):
 def enable_pipeline_offload(pipeline, preset="auto", *, settings=None, components=None,
                             component_policies=None, routes=None, use_environment=True,
                             environ=None, backend=None, config=None, running_on_wsl=None,
-                            apply_hook=True, start_unloaded=False, **overrides):
+                            low_cpu_mem_usage=True, apply_hook=True, record_event=None,
+                            start_unloaded=False, **overrides):
     """Routes every torch.nn.Module component of pipeline; returns {name: result}.
 
     start_unloaded: every ddo session is unloaded as soon as it is set up, so the device holds
@@ -349,12 +518,18 @@ def enable_pipeline_offload(pipeline, preset="auto", *, settings=None, component
     component_policies and routes ({name: route}) must name components of the pipeline.
     Every route is resolved before any component is touched; on an error the components
     already set up are closed (the pipeline is left as it was). A second call on the same
-    pipeline is refused.
+    pipeline is refused while a result of the first is open (ddo.close_pipeline_offload
+    closes them all); apply_hook=False attaches nothing and is never in the way.
     """
-    if getattr(pipeline, "_ddo_pipeline_offload", None) is not None:
-        raise _native.DdoError("DDO_E_STATE", f"enable_pipeline_offload: this "
-                               f"{type(pipeline).__name__} is already offloaded by ddo: close "
-                               f"its results first")
+    earlier = getattr(pipeline, "_ddo_pipeline_offload", None)
+    if earlier is not None:
+        still = [n for n, r in earlier.items() if getattr(r, "_state", "closed") != "closed"]
+        if still:
+            raise _native.DdoError(
+                "DDO_E_STATE", f"enable_pipeline_offload: this {type(pipeline).__name__} is "
+                f"already offloaded by ddo (still open: {', '.join(still)}): call "
+                f"ddo.close_pipeline_offload(pipe) first")
+        close_pipeline_offload(pipeline)  # every result was closed one by one: forget them
     comps = _pipeline_components(pipeline, components)
     modules = {n: m for n, m in comps.items() if isinstance(m, torch.nn.Module)}
     for what, given in (("component_policies", component_policies), ("routes", routes)):
@@ -376,12 +551,12 @@ def enable_pipeline_offload(pipeline, preset="auto", *, settings=None, component
         plans[name] = resolve_route(m, preset, component=name,
                                     route=(routes or {}).get(name), settings=settings,
                                     component_policies=component_policies, config=config,
-                                    **overrides)
+                                    low_cpu_mem_usage=low_cpu_mem_usage, **overrides)
     results = {}
     try:
         for name, (pol, cfg, st) in plans.items():
             results[name] = apply_route(modules[name], pol, cfg, st, name,
-                                        apply_hook=apply_hook)
+                                        apply_hook=apply_hook, record_event=record_event)
             if start_unloaded and isinstance(results[name], offload.OffloadResult):
                 results[name].unload()
     except BaseException:
@@ -391,10 +566,11 @@ def enable_pipeline_offload(pipeline, preset="auto", *, settings=None, component
             except Exception:  # the original error is what the caller needs
                 pass
         raise
-    try:
-        pipeline._ddo_pipeline_offload = results
-    except AttributeError:
-        pass
+    if apply_hook:
+        try:
+            pipeline._ddo_pipeline_offload = results
+        except AttributeError:
+            pass
     return results
 
 

@@ -11,11 +11,6 @@ import ctypes
 from . import _lib, _native
 from .config import DynamicOffloadConfig
 
-_POLICY_OPTIONS = ("route", "group_offload", "dynamic_offload", "offload_stream",
-                   "offload_record_stream", "offload_type", "offload_low_cpu_mem_usage",
-                   "num_blocks_per_group")
-
-
 def host_info():
     """The library's facts about this machine: RAM, cgroup limit, WSL, kernel release."""
     h = _lib.HostInfo()
@@ -38,7 +33,7 @@ def set_component_policies(cfg, policies):
     """Sets {component: {option: value}} on a C config (API rank: over environment/preset).
 
     Option names are tried as upstream does (lowercased, '-' as '_'); an unknown one is
-    refused by the library with its one line.
+    refused by the library with its one line (which lists the options).
     """
     for comp, opts in (policies or {}).items():
         if not isinstance(opts, dict):
@@ -46,15 +41,28 @@ def set_component_policies(cfg, policies):
                             f"not {type(opts).__name__}")
         for opt, value in opts.items():
             key = str(opt).strip().lower().replace("-", "_")
-            text = _native.to_text(value)
+            text = _native.to_text(value, key)
             rc = _native.lib().ddo_config_set_component_policy(
                 cfg.h, str(comp).encode(), key.encode(), text.encode())
             if rc != 0:
                 L = _native.lib()
                 detail = _text(L.ddo_config_error(cfg.h)) or _text(L.ddo_last_error())
-                raise _native.DdoError(_native.error_name(rc),
-                                       f"component_policies[{comp!r}][{opt!r}]: {detail} "
-                                       f"(options: {', '.join(_POLICY_OPTIONS)})")
+                raise _native.error(_native.error_name(rc),
+                                    f"component_policies[{comp!r}][{opt!r}]: {detail}")
+
+
+def same_component(name, other):
+    """True when the library takes name and other for one component (its normalisation:
+    "Text-Encoder" is text_encoder), asked through a scratch config's API policy."""
+    cfg = _native.Config()
+    L = _native.lib()
+    if L.ddo_config_set_component_policy(cfg.h, str(name).encode(), b"route", b"auto") != 0:
+        return False
+    v = ctypes.c_char_p()
+    src = ctypes.create_string_buffer(96)
+    rc = L.ddo_config_component_value(cfg.h, str(other).encode(), b"route", ctypes.byref(v),
+                                      src, len(src))
+    return rc == 0 and src.value == b"api"
 
 
 def resolve_config(*, preset="", backend=None, environ=None, use_environment=True,
@@ -79,12 +87,9 @@ def resolve_config(*, preset="", backend=None, environ=None, use_environment=Tru
         wsl = host_info()["running_on_wsl"] if running_on_wsl is None else bool(running_on_wsl)
         L.ddo_config_set_running_on_wsl(cfg.h, wsl)
         for k, v in (fields or {}).items():
-            rc = L.ddo_config_set(cfg.h, str(k).encode(), _native.to_text(v).encode())
-            if rc != 0:
-                detail = _text(L.ddo_config_error(cfg.h))
-                cls = _native.UnknownOptionError if _native.error_name(rc) == \
-                    "DDO_E_NOT_FOUND" else _native.DdoError
-                raise cls(_native.error_name(rc), detail)
+            if v is None:  # upstream's None defaults: not given (the built-in value stays)
+                continue
+            cfg.set(str(k), v)
         cfg.apply_env(_native.environ_block(environ) if use_environment else {})
     if config is not None:
         if not isinstance(config, DynamicOffloadConfig):
@@ -93,6 +98,8 @@ def resolve_config(*, preset="", backend=None, environ=None, use_environment=Tru
         config.apply_to(cfg)
     bad = []
     for k, v in (overrides or {}).items():
+        if v is None:  # not given, as upstream's None parameter defaults
+            continue
         try:
             cfg.override(k, v)
         except _native.UnknownOptionError as e:
@@ -163,10 +170,38 @@ class DynamicOffloadSettings:
         return self._cfg.source(key)
 
     def as_metrics(self):
-        """The settings as a flat dict for event payloads (upstream's as_metrics)."""
-        out = {k: getattr(self, k) for k in self._FIELDS if k not in ("config",)}
-        out["execution_mode"] = self.execution_mode
-        return out
+        """The settings as a flat dict for event payloads: upstream's keys (all prefixed
+        dynamic_offload_; empty presets, cache namespace and safetensors backend as None),
+        plus ddo's dynamic_offload_backend and dynamic_offload_route."""
+        c = self.config
+        out = {"requested_preset": self.requested_preset or None,
+               "effective_preset": self.effective_preset or None,
+               "execution_mode": c.execution_mode,
+               "linear_runtime_strategy": c.linear_runtime_strategy,
+               "pin_cpu_memory": self.requested_pin_cpu_memory,
+               "effective_pin_cpu_memory": self.effective_pin_cpu_memory,
+               "allow_pin_memory_fallback": c.allow_pin_memory_fallback,
+               "disable_pin_on_wsl": self.disable_pin_on_wsl}
+        for k in ("pin_cpu_workers", "cache_plan", "cache_pinned_weights"):
+            out[k] = getattr(c, k)
+        out["pinned_weight_cache_namespace"] = c.pinned_weight_cache_namespace or None
+        for k in ("auto_budget_policy", "max_resident_module_budget_gb",
+                  "auto_vram_headroom_gb", "profile_vram_headroom_gb", "profile_name",
+                  "build_profile", "auto_full_pin_min_model_to_vram_ratio",
+                  "profile_resident_module_budget_gb", "max_pin_weight_budget_gb",
+                  "available_system_ram_gb", "system_ram_headroom_gb", "pin_weight_budget_gb",
+                  "pin_weight_budget_ratio", "pin_weight_selection"):
+            out[k] = getattr(c, k)
+        out["small_tensor_threshold_kb"] = int(c.small_tensor_threshold_bytes) // 1024
+        for k in ("resident_module_budget_gb", "resident_module_patterns",
+                  "resident_module_selection"):
+            out[k] = getattr(c, k)
+        out["load_safetensors_backend"] = c.load_safetensors_backend or None
+        out["show_profile"] = c.show_profile
+        out["component_policies"] = {k: dict(v) for k, v in self.component_policies.items()}
+        out["backend"] = self.backend
+        out["route"] = self.route
+        return {f"dynamic_offload_{k}": v for k, v in out.items()}
 
     @classmethod
     def from_env(cls, environ=None, *, default_preset="", backend=None, running_on_wsl=None,
@@ -176,7 +211,10 @@ class DynamicOffloadSettings:
         default_preset "" means no preset unless DDO_PRESET is set (upstream's from_env).
         running_on_wsl None asks the library (ddo_host_info_get). fields are option keys
         (execution_device="cpu", always_resident_modules_pattern=...) given by the caller;
-        a recognised DDO_* variable wins over them, as the seed's override order says.
+        a recognised DDO_* variable wins over them, as the seed's override order says. A
+        field given as None is not given (always_resident_modules_pattern=None keeps the
+        built-in list, as upstream); classes are their names (target_module_classes=
+        (nn.Linear, nn.Embedding) is "Linear,Embedding"); a list is element by element.
         component_policies: {component: {option: value}}, which win over the environment.
         """
         cfg = resolve_config(preset=default_preset, backend=backend, environ=environ,

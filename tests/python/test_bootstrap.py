@@ -72,3 +72,18 @@ def test_parent_imports_neither_torch_nor_ddo():
                           "--ddo-backend", "vmm"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "clean"
+
+
+def test_allocator_cache_mib_is_written_for_the_child():
+    # The seed: default 512 MiB, DDO_VMM_TORCH_CACHE_MIB written, a pre-existing value not
+    # honoured. ddo does not replace torch's allocator, so it has no effect on ddo itself.
+    env = {"DDO_VMM_TORCH_CACHE_MIB": "64"}
+    out = boot.ensure_vmm_fast_process(LIB, environ=env)
+    assert env["DDO_VMM_TORCH_CACHE_MIB"] == "512" and out["allocator_cache_mib"] == 512
+    out = boot.ensure_vmm_fast_process(LIB, allocator_cache_mib=1024, environ=env)
+    assert env["DDO_VMM_TORCH_CACHE_MIB"] == "1024" and out["allocator_cache_mib"] == 1024
+    assert "no effect" in out["allocator_cache_note"]
+    for bad in (-1, "lots", 1.5):
+        with pytest.raises(ValueError) as e:
+            boot.ensure_vmm_fast_process(LIB, allocator_cache_mib=bad, environ={})
+        assert "allocator_cache_mib" in str(e.value)

@@ -77,3 +77,17 @@ def test_bad_route_is_one_line(capsys):
     assert ex.main(ARGS + ["--route", "vae=sideways"]) == 1
     err = capsys.readouterr().err
     assert "sideways" in err and err.count("\n") == 1
+
+
+def test_host_show_profile_is_not_a_ddo_flag():
+    # The example's own --show-profile and ddo's --ddo-show-profile have separate dests.
+    ex = load_example()
+    import ddo
+    args = ex.parse_args(ARGS + ["--show-profile"])
+    assert args.show_profile is True
+    conf = ddo.build_config_from_args(args)
+    assert "show_profile" not in conf.explicit()
+    assert conf.explicit() == ["execution_device"]
+    args = ex.parse_args(ARGS + ["--ddo-show-profile"])
+    assert args.show_profile is False
+    assert ddo.build_config_from_args(args).show_profile is True

@@ -57,3 +57,18 @@ def test_partial_alias_and_skips_are_refused():
                            vmm_component_tensor_ownership=True)
     assert "vmm_fast_runtime" in str(e.value)
     assert getattr(m2, "_ddo_offload", None) is None
+
+
+def test_enable_dynamic_offload_runs_the_preflight():
+    # ddo.enable_dynamic_offload is the dynamic route of enable_offload: the same preflight.
+    m = models.FluxLike(seed=24, double=2, single=0)
+    m.register_buffer("table", torch.zeros(1 << 19))
+    with pytest.raises(ddo.DdoError) as e:
+        ddo.enable_dynamic_offload(m, environ={}, **OWN)
+    assert "vmm_component_buffer_limit_mb" in str(e.value)
+    m = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+    m[1].bias = nn.Parameter(m[0].weight.data[1])
+    with pytest.raises(ddo.DdoError) as e:
+        ddo.enable_dynamic_offload(m, environ={}, **OWN)
+    assert "partial alias" in str(e.value)
+    assert getattr(m, "_ddo_offload", None) is None

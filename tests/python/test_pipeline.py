@@ -170,8 +170,16 @@ def test_precedence_explicit_route_policy_environment(group):
 
 def test_vae_policy_bypassed_by_explicit_config(group):
     vae = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64)).to(torch.bfloat16)
+    # execution_device= and offload_device= are named parameters of upstream's enable_offload
+    # (ddo-upstream.md §1.3), not config overrides: the preset's VAE route stays.
+    for kw in ({"execution_device": "cpu"}, {"offload_device": "cpu"}):
+        r = ddo.enable_offload(vae, component="vae", environ={}, **kw)
+        assert r.route == "diffusers_group_offload", kw
+        assert group.calls[-1][1]["use_stream"] is False
+        r.close()
     n = len(group.calls)
-    r = ddo.enable_offload(vae, component="vae", environ={}, execution_device="cpu")
+    r = ddo.enable_offload(vae, component="vae", environ={}, execution_device="cpu",
+                           resident_module_budget_gb=0)
     assert r.route == "dynamic_offload"  # an override: not silently the preset's leaf route
     assert len(group.calls) == n
     r.close()
@@ -198,6 +206,13 @@ def test_bad_routes_and_policies_are_one_line(group):
         ddo.enable_offload(m, component="transformer", environ=CPU,
                            component_policies={"transformer": {"colour": "blue"}})
     assert "colour" in str(e.value)
+    assert str(e.value).count("offload_low_cpu_mem_usage") == 1  # the option list once
+    # A policy for another component than the one routed: one line naming both.
+    with pytest.raises(ddo.DdoError) as e:
+        ddo.enable_offload(m, component="transformer", environ=CPU,
+                           component_policies={"transfomer": {"route": "none"}})
+    assert "'transfomer'" in str(e.value) and "'transformer'" in str(e.value)
+    assert "\n" not in str(e.value)
     with pytest.raises(ddo.DdoError) as e:
         ddo.enable_offload(m, component="transformer",
                            environ=dict(CPU, DDO_TRANSFORMER_ROUTE="nowhere"))
@@ -345,3 +360,185 @@ def test_metrics_tracker_records_dynamic_reports(tmp_path):
     r.close()
     with pytest.raises(TypeError):
         t.record_ddo_metrics({"a": 1})
+
+
+def test_config_from_no_flags_keeps_the_preset_route(group):
+    # build_config_from_args(parse([])) sets nothing: "Omission preserves the existing
+    # route-specific staging default", so the VAE routes as without a config.
+    import argparse
+    p = argparse.ArgumentParser()
+    ddo.add_dynamic_offload_arguments(p)
+    conf = ddo.build_config_from_args(p.parse_args([]))
+    vae = nn.Sequential(nn.Linear(64, 64)).to(torch.bfloat16)
+    r = ddo.enable_offload(vae, component="vae", config=conf, environ=CPU, running_on_wsl=False)
+    assert r.route == "diffusers_group_offload" and group.calls[-1][1]["use_stream"] is False
+    r.close()
+    # preset= is not overridden by an empty flags config.
+    m = models.FluxLike(seed=9)
+    r = ddo.enable_offload(m, "low_ram_safe", component="transformer", config=conf,
+                           environ=CPU, running_on_wsl=False)
+    assert r.settings.effective_preset == "low_ram_safe"
+    assert float(r._cfg.get("resident_module_budget_gb")) == 3.0
+    assert r._cfg.get("pin_cpu_memory") == "false"
+    r.close()
+    # --ddo-preset low_ram_safe keeps low_ram_safe's values wherever the config is used.
+    conf = ddo.build_config_from_args(p.parse_args(["--ddo-preset", "low_ram_safe",
+                                                    "--ddo-pin-cpu-workers", "3"]))
+    r = ddo.enable_offload(m, component="transformer", config=conf, environ=CPU,
+                           running_on_wsl=False)
+    assert r.settings.effective_preset == "low_ram_safe"
+    assert float(r._cfg.get("resident_module_budget_gb")) == 3.0
+    assert r._cfg.get("pin_cpu_memory") == "false" and r._cfg.get("pin_cpu_workers") == "3"
+    r.close()
+    # The preset a flag selects keeps its own VAE route (low_ram_safe: leaf, no stream); a
+    # flag that sets a value is an explicit config and bypasses it (the seed).
+    conf = ddo.build_config_from_args(p.parse_args(["--ddo-preset", "low_ram_safe"]))
+    r = ddo.enable_offload(vae, component="vae", config=conf, environ=CPU, running_on_wsl=False)
+    assert r.route == "diffusers_group_offload" and group.calls[-1][1]["use_stream"] is False
+    assert r.settings.effective_preset == "low_ram_safe"
+    r.close()
+    conf = ddo.build_config_from_args(p.parse_args(["--ddo-preset", "low_ram_safe",
+                                                    "--ddo-verbose"]))
+    r = ddo.enable_offload(vae, component="vae", config=conf, environ=CPU, running_on_wsl=False)
+    assert r.route == "dynamic_offload"
+    r.close()
+
+
+def test_enable_offload_on_a_pipeline_forwards_route_refuses_component_arguments(group):
+    pipe = Pipe()
+    results = ddo.enable_offload(pipe, route="none", environ=CPU)
+    assert {k: v.route for k, v in results.items()} == {
+        "text_encoder": "none", "transformer": "none", "vae": "none"}
+    ddo.close_pipeline_offload(pipe)
+    for kw in ({"component": "transformer"}, {"group_offload": True},
+               {"dynamic_offload": False}, {"offload_type": "block_level"},
+               {"use_stream": False}, {"record_stream": True},
+               {"group_low_cpu_mem_usage": False}, {"num_blocks_per_group": 2},
+               {"quantized_backend": True}):
+        with pytest.raises(TypeError) as e:
+            ddo.enable_offload(pipe, environ=CPU, **kw)
+        msg = str(e.value)
+        assert list(kw)[0] in msg and "component_policies" in msg and "\n" not in msg
+        assert getattr(pipe, "_ddo_pipeline_offload", None) is None
+        assert all(getattr(m, "_ddo_offload", None) is None
+                   for m in (pipe.text_encoder, pipe.transformer, pipe.vae))
+
+
+def test_apply_hook_false_leaves_the_module_untouched(group):
+    # Upstream §1.3 step 5 and §1.4: without apply_hook no hook, the module untouched,
+    # should_move_to_execution_device True.
+    m = models.FluxLike(seed=10)
+    ptrs = [p.data_ptr() for p in m.parameters()]
+    for fn in (lambda: ddo.enable_offload(m, component="transformer", environ=CPU,
+                                          apply_hook=False),
+               lambda: ddo.enable_dynamic_offload(m, environ=CPU, apply_hook=False)):
+        r = fn()
+        assert r.route == "dynamic_offload"
+        assert r.hook is None and r.should_move_to_execution_device is True
+        assert [p.data_ptr() for p in m.parameters()] == ptrs
+        assert all(not x._forward_pre_hooks and not x._forward_hooks for x in m.modules())
+        assert getattr(m, "_ddo_offload", None) is None
+        r.close()
+    r = ddo.enable_offload(m, component="transformer", environ=CPU)  # still free to manage
+    assert r.hook is r and r.should_move_to_execution_device is False
+    r.close()
+    with pytest.raises(ValueError):  # a calibration needs the session that measures it
+        ddo.enable_offload(m, component="transformer", environ=CPU, apply_hook=False,
+                           profile_name="w", build_profile=True)
+
+
+def test_enable_dynamic_offload_is_the_dynamic_route(group, tmp_path, monkeypatch):
+    # ddo.enable_dynamic_offload goes through the route machinery (route dynamic_offload,
+    # no component route selection: the seed): settings=, profiles and upstream's result
+    # fields (ddo-upstream.md §1.3).
+    monkeypatch.setenv("DDO_PROFILE_DIR", str(tmp_path))
+    m = models.FluxLike(seed=11)
+    s = ddo.DynamicOffloadSettings.from_env(CPU, default_preset="diffusers_offload_compat")
+    r = ddo.enable_dynamic_offload(m, settings=s)  # that preset routes transformers to group
+    assert isinstance(r, ddo.OffloadResult) and r.route == "dynamic_offload"
+    assert r.settings.effective_preset == "diffusers_offload_compat"
+    assert r.hook is r and r.should_move_to_execution_device is False
+    assert r.event_payload["route"] == "dynamic_offload"
+    r.close()
+    r = ddo.enable_dynamic_offload(m, environ=CPU, profile_name="w", build_profile=True)
+    assert r._profile is not None and r._profile.calibrating
+    with r.profile_run():
+        with torch.no_grad():
+            r.module(torch.randn(1, 4, 64).to(torch.bfloat16))
+    assert r._profile.saved_path is not None
+    r.close()
+    assert len(group.calls) == 0
+
+
+def test_quantized_backend_in_the_event_payload(group):
+    # Upstream test 11 (§8.1) and §6.2: the SDNQ detection is in the payload.
+    q = models.FluxLike(seed=12)
+    q.sdnq_dequantizer = object()
+    r = ddo.enable_offload(q, component="transformer", environ=CPU, running_on_wsl=False)
+    assert r.route == "diffusers_group_offload"
+    assert r.event_payload["quantized_backend"]["sdnq_status"] == "detected_forward_preserved"
+    r.close()
+    r = ddo.enable_offload(q, component="transformer", route="dynamic", environ=CPU)
+    assert r.event_payload["quantized_backend"]["sdnq_module_count"] == 1
+    r.close()
+    m = models.FluxLike(seed=13)
+    r = ddo.enable_offload(m, component="transformer", environ=CPU)
+    assert "quantized_backend" not in r.event_payload
+    r.close()
+
+
+def test_second_pipeline_offload_after_every_result_closed(group):
+    pipe = Pipe()
+    results = ddo.enable_pipeline_offload(pipe, environ=CPU, running_on_wsl=False)
+    for r in results.values():
+        r.close()
+    again = ddo.enable_pipeline_offload(pipe, environ=CPU, running_on_wsl=False)
+    try:
+        assert set(again) == {"text_encoder", "transformer", "vae"}
+        again["vae"].close()
+        with pytest.raises(ddo.DdoError) as e:
+            ddo.enable_pipeline_offload(pipe, environ=CPU)
+        msg = str(e.value)
+        assert "ddo.close_pipeline_offload" in msg
+        assert "still open: text_encoder, transformer)" in msg  # only the open ones named
+    finally:
+        ddo.close_pipeline_offload(pipe)
+
+
+def test_upstream_event_and_low_cpu_mem_usage_parameters(group):
+    # enable_offload's record_event / dynamic_event_name / group_event_name and
+    # low_cpu_mem_usage (upstream's default for the group route), ddo-upstream.md §1.3.
+    events = []
+
+    def rec(name, seconds, **meta):
+        events.append((name, meta))
+        assert seconds >= 0
+
+    m = models.FluxLike(seed=14)
+    r = ddo.enable_offload(m, component="transformer", environ=CPU, record_event=rec)
+    assert events[-1][0] == "setup_transformer_dynamic_offload"
+    assert events[-1][1]["route"] == "dynamic_offload"
+    r.close()
+    r = ddo.enable_offload(m, component="text_encoder", environ=CPU, record_event=rec,
+                           group_event_name="te_group", low_cpu_mem_usage=False)
+    assert events[-1] == ("te_group", r.event_payload)
+    assert group.calls[-1][1]["low_cpu_mem_usage"] is False  # nothing else sets it
+    r.close()
+    env = dict(CPU, DDO_TEXT_ENCODER_OFFLOAD_LOW_CPU_MEM_USAGE="1")  # the environment wins
+    r = ddo.enable_offload(m, component="text_encoder", environ=env, low_cpu_mem_usage=False)
+    assert group.calls[-1][1]["low_cpu_mem_usage"] is True
+    r.close()
+    r = ddo.enable_offload(m, component="vae", route="none", environ=CPU, record_event=rec)
+    assert events[-1] == ("move_vae_to_execution_device",
+                          {"route": "none", "execution_device": "cpu"})
+    r.close()
+    r = ddo.enable_dynamic_offload(m, environ=CPU, record_event=rec)
+    assert events[-1][0] == "setup_dynamic_offload"
+    r.close()
+    pipe = Pipe()
+    events.clear()
+    ddo.enable_pipeline_offload(pipe, environ=CPU, record_event=rec, running_on_wsl=False)
+    assert [e[0] for e in events] == ["setup_text_encoder_group_offload",
+                                      "setup_transformer_dynamic_offload",
+                                      "setup_vae_group_offload"]
+    ddo.close_pipeline_offload(pipe)

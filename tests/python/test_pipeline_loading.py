@@ -57,7 +57,10 @@ class Block(nn.Module):
 
 
 class TinyDiT(nn.Module):
-    """A model class of the test: embedder, numbered blocks, an output projection, a buffer."""
+    """A model class of the test: embedder, numbered blocks, an output projection, a buffer.
+
+    load_config/from_config STAND IN FOR DIFFUSERS' ConfigMixin (Diffusers is not installed
+    in CI): the loader shape ddo builds on the meta device."""
 
     def __init__(self, dim=32, depth=4, dtype=torch.float32):
         super().__init__()
@@ -66,6 +69,14 @@ class TinyDiT(nn.Module):
         self.proj_out = Lin(dim, dim)
         self.register_buffer("scale", torch.ones(dim))
         self.to(dtype)
+
+    @classmethod
+    def load_config(cls, path, subfolder=None):
+        return {}
+
+    @classmethod
+    def from_config(cls, config, **kwargs):
+        return cls(**config, **kwargs)
 
     def forward(self, x):
         x = self.embed(x)
@@ -129,6 +140,62 @@ def test_apply_dynamic_and_profiles_need_it(checkpoint, tmp_path):
         ddo.from_pretrained_with_dynamic_offload(path, model_loader=TinyDiT, profile_name="w")
 
 
+def test_loader_shapes_as_upstream(checkpoint, tmp_path, monkeypatch):
+    # Upstream: from_pretrained = getattr(model_loader, "from_pretrained", model_loader);
+    # module = from_pretrained(path, **from_pretrained_kwargs) (ddo-upstream.md §1.3).
+    ref, path = checkpoint
+    x = torch.randn(1, 2, 32)
+    calls = []
+
+    def loader(p, **kw):  # a callable: built on the meta device, streamed from the files
+        calls.append((p, kw))
+        return TinyDiT()
+
+    # Upstream's named-profile loader test: the profile options are not forwarded.
+    monkeypatch.setenv("DDO_PROFILE_DIR", str(tmp_path / "profiles"))
+    res = ddo.from_pretrained_with_dynamic_offload(
+        path, model_loader=loader, apply_dynamic=True, profile_name="example",
+        build_profile=True, dynamic_offload_config=ddo.DynamicOffloadConfig(**CPU_STREAM))
+    assert calls == [(path, {})]
+    assert res.source == str(path) and res.hook._source == str(path)
+    with res.profile_run():
+        with torch.no_grad():
+            assert torch.equal(res.module(x), ref(x))
+    assert res.hook._profile.saved_path is not None
+    res.hook.close()
+    calls.clear()
+    ddo.from_pretrained_with_dynamic_offload(path, model_loader=loader, subfolder=None,
+                                             revision="main")
+    assert calls == [(path, {"revision": "main"})]
+
+    class FromPretrained:
+        """A transformers-like loader: from_pretrained(path, **kwargs) reads the weights."""
+
+        @classmethod
+        def from_pretrained(cls, p, **kw):
+            calls.append(("from_pretrained", p, kw))
+            m = TinyDiT()
+            m.load_state_dict(ref.state_dict())
+            return m
+
+    calls.clear()
+    res = ddo.from_pretrained_with_dynamic_offload(path, model_loader=FromPretrained,
+                                                   variant="fp32")
+    assert calls == [("from_pretrained", path, {"variant": "fp32"})]
+    assert res.source is None and "from_pretrained" in res.load_note
+    assert all(p.device.type == "cpu" for p in res.module.parameters())
+    r = ddo.enable_offload(res.module, component="transformer", environ={}, **CPU_STREAM)
+    with torch.no_grad():
+        assert torch.equal(r.module(x), ref(x))
+    r.close()
+    # Anything else: one line naming the shapes ddo takes.
+    for bad in (42, lambda: TinyDiT()):
+        with pytest.raises(TypeError) as e:
+            ddo.from_pretrained_with_dynamic_offload(path, model_loader=bad)
+        msg = str(e.value)
+        assert "from_config" in msg and "from_pretrained" in msg and "\n" not in msg
+
+
 def test_non_streaming_routes_read_host_tensors(checkpoint):
     ref, path = checkpoint
     res = ddo.from_pretrained_with_dynamic_offload(path, model_loader=TinyDiT)
@@ -143,19 +210,20 @@ def test_non_streaming_routes_read_host_tensors(checkpoint):
 def test_mismatches_are_one_line(tmp_path, checkpoint):
     _ref, path = checkpoint
     with pytest.raises(ddo.DdoError) as e:
-        ddo.from_pretrained_with_dynamic_offload(path, model_loader=lambda: TinyDiT(dim=16))
+        ddo.from_pretrained_with_dynamic_offload(path, model_loader=lambda p: TinyDiT(dim=16))
     assert "shape" in str(e.value) or "[" in str(e.value)
     assert str(path) in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(ddo.DdoError) as e:
-        ddo.from_pretrained_with_dynamic_offload(path, model_loader=lambda: TinyDiT(depth=5))
+        ddo.from_pretrained_with_dynamic_offload(path, model_loader=lambda p: TinyDiT(depth=5))
     assert "blocks.4" in str(e.value)
     with pytest.raises(ddo.DdoError) as e:
-        ddo.from_pretrained_with_dynamic_offload(path, model_loader=lambda: TinyDiT(depth=3))
+        ddo.from_pretrained_with_dynamic_offload(path, model_loader=lambda p: TinyDiT(depth=3))
     assert "blocks.3" in str(e.value) and "not a parameter" in str(e.value)
     with pytest.raises(ddo.DdoError) as e:
         ddo.from_pretrained_with_dynamic_offload(
-            path, model_loader=lambda: TinyDiT(dtype=torch.bfloat16))
+            path, model_loader=lambda p: TinyDiT(dtype=torch.bfloat16))
     assert "F32" in str(e.value) and "bfloat16" in str(e.value)
+    assert "torch_dtype=torch.float32" in str(e.value)  # a dtype-only mismatch: the way out
     with pytest.raises(ddo.DdoError):
         ddo.from_pretrained_with_dynamic_offload(tmp_path / "absent.safetensors",
                                                  model_loader=TinyDiT)
@@ -201,7 +269,7 @@ base = T.reset_peak()
 if base is None:
     print("SKIP")
     sys.exit(0)
-res = ddo.from_pretrained_with_dynamic_offload(sys.argv[3], model_loader=lambda: T.TinyDiT(
+res = ddo.from_pretrained_with_dynamic_offload(sys.argv[3], model_loader=lambda p: T.TinyDiT(
     1024, 40, torch.bfloat16))
 # The native route with a retained store of a fifth of the model: the rest is re-read from
 # the files on every use. On the cpu device the "device" slots are host memory too, and where

@@ -108,7 +108,7 @@ def test_env_flag_and_override_agree(key, meta):
         ddo.add_dynamic_offload_arguments(p)
         argv = [a for k, v in extra.items() for a in (CATALOG[k]["flag"], v)]
         ns = p.parse_args(argv + [meta["flag"], text])
-        assert getattr(ns, key) is not None
+        assert getattr(ns, f"ddo_{key}") is not None
         from ddo.cli import build_native_config
         cfg = build_native_config(ns)
         assert cfg.source(key) == "flag"
@@ -132,7 +132,7 @@ def test_every_flag_is_added_with_catalog_help():
     for key, m in CATALOG.items():
         if not m["flag"]:
             continue
-        a = actions[key]
+        a = actions[f"ddo_{key}"]
         assert m["flag"] in a.option_strings
         assert a.help == m["help"].replace("%", "%%")
         assert a.default is argparse.SUPPRESS
@@ -146,8 +146,10 @@ def test_build_config_from_args_ignores_environment(monkeypatch):
     ddo.add_dynamic_offload_arguments(p)
     conf = ddo.build_config_from_args(p.parse_args(["--ddo-preset", "low_ram_safe",
                                                     "--ddo-pin-cpu-workers", "3"]))
-    assert float(conf.resident_module_budget_gb) == 3.0  # the preset's, not DDO_*'s 9
-    assert conf.pin_cpu_workers in ("3", 3)
+    # Only what the flags gave is explicit: the preset (re-applied where the config is used)
+    # and the worker count; nothing of DDO_*'s 9 and none of the preset's own values.
+    assert conf.explicit() == ["preset", "pin_cpu_workers"]
+    assert conf.preset == "low_ram_safe" and conf.pin_cpu_workers in ("3", 3)
 
 
 def test_total_staging_flag_becomes_two_nvme_slots():
@@ -247,8 +249,43 @@ def test_settings_are_immutable_and_unknown_variables_warn():
     with pytest.raises(AttributeError):
         s.enabled = True
     assert any("DDO_VERBSE" in w for w in s.warnings())
-    assert set(s.as_metrics()) >= {"requested_preset", "effective_preset", "enabled",
-                                   "effective_pin_cpu_memory", "execution_mode"}
+
+
+
+# Upstream's DynamicOffloadSettings.as_metrics() keys (ddo-upstream.md §6.2), all prefixed.
+UPSTREAM_METRICS = {f"dynamic_offload_{k}" for k in (
+    "requested_preset", "effective_preset", "execution_mode", "linear_runtime_strategy",
+    "pin_cpu_memory", "effective_pin_cpu_memory", "allow_pin_memory_fallback",
+    "disable_pin_on_wsl", "pin_cpu_workers", "cache_plan", "cache_pinned_weights",
+    "pinned_weight_cache_namespace", "auto_budget_policy", "max_resident_module_budget_gb",
+    "auto_vram_headroom_gb", "profile_vram_headroom_gb", "profile_name", "build_profile",
+    "auto_full_pin_min_model_to_vram_ratio", "profile_resident_module_budget_gb",
+    "max_pin_weight_budget_gb", "available_system_ram_gb", "system_ram_headroom_gb",
+    "pin_weight_budget_gb", "pin_weight_budget_ratio", "pin_weight_selection",
+    "small_tensor_threshold_kb", "resident_module_budget_gb", "resident_module_patterns",
+    "resident_module_selection", "load_safetensors_backend", "show_profile",
+    "component_policies")}
+
+
+def test_as_metrics_has_upstreams_keys():
+    # Upstream test 5: the profile headroom is a regular setting, reported as metric.
+    s = ddo.DynamicOffloadSettings.from_env({"DDO_PROFILE_VRAM_HEADROOM_GB": "1.25"},
+                                            running_on_wsl=False)
+    m = s.as_metrics()
+    assert UPSTREAM_METRICS <= set(m)
+    assert set(m) - UPSTREAM_METRICS == {"dynamic_offload_backend", "dynamic_offload_route"}
+    assert m["dynamic_offload_profile_vram_headroom_gb"] == 1.25
+    assert m["dynamic_offload_requested_preset"] is None  # "" is reported as None
+    assert m["dynamic_offload_effective_preset"] is None
+    assert m["dynamic_offload_small_tensor_threshold_kb"] == 1024
+    assert m["dynamic_offload_load_safetensors_backend"] is None
+    fast = ddo.DynamicOffloadSettings.from_env({"DDO_PRESET": "one_shot_fast"},
+                                               running_on_wsl=True)
+    m = fast.as_metrics()
+    assert m["dynamic_offload_effective_preset"] == "one_shot_fast"
+    assert m["dynamic_offload_pin_cpu_memory"] is True  # requested
+    assert m["dynamic_offload_effective_pin_cpu_memory"] is False  # the WSL rule
+    assert m["dynamic_offload_resident_module_patterns"] == ("auto",)
 
 
 def test_lifecycle_arguments_and_purge():
@@ -292,3 +329,118 @@ def test_weight_codec_from_the_catalog():
         c = _native.Config()
         ddo.DynamicOffloadConfig(weight_codec="zstd").apply_to(c)
         c.validate()
+
+
+def test_argument_dests_do_not_collide_with_the_hosts():
+    # The host's own --show-profile / --verbose (examples/flux_pipeline.py has --show-profile)
+    # keep their dests; ddo's flags land in ddo_<key> and are mapped back.
+    p = argparse.ArgumentParser()
+    p.add_argument("--show-profile", action="store_true")
+    p.add_argument("--verbose", action="store_true")
+    ddo.add_dynamic_offload_arguments(p)
+    ns = p.parse_args(["--show-profile", "--verbose"])
+    assert ns.show_profile is True and ns.verbose is True
+    assert ddo.build_config_from_args(ns).explicit() == []  # the host's flags are not ddo's
+    ns = p.parse_args(["--ddo-show-profile", "--ddo-verbose", "0"])
+    assert ns.show_profile is False and ns.verbose is False
+    assert ns.ddo_show_profile == "true" and ns.ddo_verbose == "0"
+    conf = ddo.build_config_from_args(ns)
+    assert conf.explicit() == ["verbose", "show_profile"]
+    assert conf.show_profile is True and conf.verbose is False
+
+
+def test_from_env_keyword_defaults_as_upstream():
+    # Upstream's from_env(target_module_classes=(nn.Linear, nn.Embedding),
+    # always_resident_modules_pattern=None): None means the built-in list, classes their
+    # names (the catalog's vocabulary, "Linear,Embedding").
+    from torch import nn
+    builtin = ddo.DynamicOffloadSettings.from_env({}).config.always_resident_modules_pattern
+    assert len(builtin) == 1
+    s = ddo.DynamicOffloadSettings.from_env({}, always_resident_modules_pattern=None,
+                                            target_module_classes=(nn.Linear, nn.Embedding))
+    assert s.config.always_resident_modules_pattern == builtin
+    assert s.config.target_module_classes == ("Linear", "Embedding")
+    s = ddo.DynamicOffloadSettings.from_env({}, target_module_classes=(nn.Linear,))
+    assert s.config.target_module_classes == ("Linear",)
+    assert s.source("target_module_classes") == "api"
+
+
+def test_list_elements_are_not_split():
+    # A Python list of regexes is taken element by element (upstream §9.25: only environment
+    # variables cannot carry ',' or ';'): ddo_config_set_list / ddo_config_override_list.
+    s = ddo.DynamicOffloadSettings.from_env({}, skip_modules_pattern=[r"a\.b", "c"])
+    assert s.config.skip_modules_pattern == (r"a\.b", "c")
+    pat = r"blocks\.\d{1,2}\.attn"
+    s = ddo.DynamicOffloadSettings.from_env({}, always_resident_modules_pattern=[pat, "x;y"])
+    assert s.config.always_resident_modules_pattern == (pat, "x;y")
+    cfg = ddo.DynamicOffloadConfig(resident_module_patterns=("auto", "x;y"))
+    cfg.validate()
+    assert cfg.resident_module_patterns == ("auto", "x;y")
+    # The environment form stays a separated list (the seed's vocabulary), and a text value's
+    # list (a flag) too; joining a list into one text refuses an element with a separator.
+    s = ddo.DynamicOffloadSettings.from_env({"DDO_SKIP_MODULES_PATTERN": "a,b"})
+    assert s.config.skip_modules_pattern == ("a", "b")
+    with pytest.raises(ValueError) as e:
+        ddo._native.to_text([pat], "always_resident_modules_pattern")
+    assert pat in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_comma_regex_selects_the_modules_it_names():
+    # Through enable_offload: blocks 0-1 of the Flux-like stack resident by a {m,n} regex.
+    import models
+    m = models.FluxLike(seed=3)
+    r = ddo.enable_offload(m, backend="vmm", execution_device="cpu",
+                           small_tensor_threshold_bytes=0, resident_module_budget_gb=0,
+                           always_resident_modules_pattern=[r"^transformer_blocks\.[0-1]{1,1}\."])
+    resident = {t.name.split(".")[1] for t in r._tensors
+                if t.placement == 0 and t.name.startswith("transformer_blocks.")}
+    r.close()
+    assert resident == {"0", "1"}
+
+
+def test_invalid_preset_and_route_are_value_errors():
+    # Upstream raises ValueError for an invalid preset (§1.2) and an unknown route (§1.3
+    # step 8); ddo's error is also a DdoError with the code and the one-line detail.
+    with pytest.raises(ValueError) as e:
+        ddo.DynamicOffloadSettings.from_env({"DDO_PRESET": "windows_fast"})
+    assert isinstance(e.value, ddo.DdoError) and e.value.code == "DDO_E_CONFIG"
+    assert "DDO_PRESET" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ValueError):
+        ddo.DynamicOffloadSettings.from_env({}, default_preset="windows_fast")
+    with pytest.raises(ValueError) as e:
+        ddo.DynamicOffloadConfig(pin_weight_selection="most").validate()
+    assert e.value.code == "DDO_E_CONFIG"
+    assert issubclass(ddo.ConfigError, ddo.DdoError) and issubclass(ddo.ConfigError, ValueError)
+
+
+def test_purge_signature_as_upstream():
+    # ddo-upstream.md §1.2 and its tests 26/27; off Windows the purge is a no-op whose reason
+    # is "non_windows", checked after the enable check.
+    events = []
+    rec = lambda name, seconds, **kw: events.append(name)  # noqa: E731
+    # No settings: built from the environment with preset auto (one_shot_fast purges here).
+    r = ddo.maybe_purge_windows_standby_cache("before_run", environ={}, record_event=rec)
+    assert r["reason"] == "non_windows" and r["purged"] is False
+    assert r["phase"] == "before_run"
+    r = ddo.maybe_purge_windows_standby_cache("before_run", preset="off", print_message=False,
+                                              environ={})
+    assert r["reason"] == "disabled"
+    off = ddo.DynamicOffloadSettings.from_env({"DDO_PRESET": "off"})
+    assert ddo.maybe_purge_windows_standby_cache(off, "before_run", environ={})["reason"] == \
+        "disabled"
+    fast = ddo.DynamicOffloadSettings.from_env({"DDO_PRESET": "one_shot_fast"})
+    assert ddo.maybe_purge_windows_standby_cache(fast, "before_run", environ={})["reason"] == \
+        "non_windows"
+    # default: the value when neither the environment nor the preset sets the phase.
+    r = ddo.maybe_purge_windows_standby_cache("after_vae", preset="off", default="1",
+                                              environ={})
+    assert r["reason"] == "non_windows"
+    r = ddo.maybe_purge_windows_standby_cache(
+        "after_vae", preset="off", default="1",
+        environ={"DDO_PURGE_WINDOWS_STANDBY_AFTER_VAE": "0"})
+    assert r["reason"] == "disabled"
+    assert events == []  # events are recorded only for an attempted purge (Windows)
+    with pytest.raises(TypeError):
+        ddo.maybe_purge_windows_standby_cache(settings=fast)
+    with pytest.raises(TypeError):
+        ddo.maybe_purge_windows_standby_cache()
