@@ -1025,6 +1025,17 @@ typedef struct ddo_purge_result {
  */
 DDO_API int ddo_purge_standby(const ddo_config *cfg, const char *phase, int enabled,
                               const char *const *envp, ddo_purge_result *out);
+/*
+ * A DDO_* variable of the preset tables as a host phase reads it (the settings' preset_value
+ * and preset_bool of the seeds): the environment block's value when it sets name (even to ""),
+ * else the config's effective preset's value, else none (*value NULL; preset_bool: fallback,
+ * "0" when NULL, read with the boolean vocabulary 1/true/yes/on). cfg and envp may be NULL.
+ * Errors: DDO_E_INVALID_ARGUMENT (name or value NULL).
+ */
+DDO_API int ddo_config_preset_value(const ddo_config *cfg, const char *name,
+                                    const char *const *envp, const char **value);
+DDO_API int ddo_config_preset_bool(const ddo_config *cfg, const char *name,
+                                   const char *const *envp, const char *fallback, bool *value);
 
 /* ------------------------------------------------------------------------ */
 /* Capacity profiles                                                         */

@@ -23,23 +23,37 @@ int ddo_host_info_get(ddo_host_info *out)
     return 0;
 }
 
-/* Upstream's boolean vocabulary: 1, true, yes, on (any case, trimmed). */
-static bool truthy(const char *v)
+int ddo_config_preset_value(const ddo_config *cfg, const char *name, const char *const *envp,
+                            const char **value)
 {
-    while (isspace((unsigned char)*v))
-        v++;
-    char w[8];
-    size_t n = 0;
-    while (v[n] != '\0' && !isspace((unsigned char)v[n]) && n + 1 < sizeof(w)) {
-        w[n] = (char)tolower((unsigned char)v[n]);
-        n++;
+    if (name == NULL || value == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_config_preset_value: NULL argument");
+    *value = NULL;
+    size_t len = strlen(name);
+    for (const char *const *e = envp; e != NULL && *e != NULL; e++)
+        if (strncmp(*e, name, len) == 0 && (*e)[len] == '=')
+            *value = *e + len + 1; /* the last one set, as a process environment */
+    if (*value == NULL && cfg != NULL) {
+        ddo_settings st;
+        if (ddo_config_settings(cfg, &st) == 0 && st.effective_preset != NULL)
+            *value = ddo__preset_value(st.effective_preset, name);
     }
-    w[n] = '\0';
-    for (const char *p = v + n; *p != '\0'; p++)
-        if (!isspace((unsigned char)*p))
-            return false;
-    return strcmp(w, "1") == 0 || strcmp(w, "true") == 0 || strcmp(w, "yes") == 0 ||
-           strcmp(w, "on") == 0;
+    return 0;
+}
+
+int ddo_config_preset_bool(const ddo_config *cfg, const char *name, const char *const *envp,
+                           const char *fallback, bool *value)
+{
+    const char *v = NULL;
+    if (value == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_config_preset_bool: NULL argument");
+    int rc = ddo_config_preset_value(cfg, name, envp, &v);
+    if (rc != 0)
+        return rc;
+    if (v == NULL)
+        v = fallback != NULL ? fallback : "0";
+    *value = ddo__config_env_bool(v);
+    return 0;
 }
 
 int ddo_purge_standby(const ddo_config *cfg, const char *phase, int enabled,
@@ -64,22 +78,9 @@ int ddo_purge_standby(const ddo_config *cfg, const char *phase, int enabled,
         r.variable[n++] = (char)toupper((unsigned char)phase[i]);
     r.variable[n] = '\0';
 
-    bool on = false;
-    if (enabled >= 0) {
-        on = enabled != 0;
-    } else {
-        const char *value = NULL;
-        size_t vlen = strlen(r.variable);
-        for (const char *const *e = envp; e != NULL && *e != NULL; e++)
-            if (strncmp(*e, r.variable, vlen) == 0 && (*e)[vlen] == '=')
-                value = *e + vlen + 1;
-        if (value == NULL && cfg != NULL) {
-            ddo_settings st;
-            if (ddo_config_settings(cfg, &st) == 0 && st.effective_preset != NULL)
-                value = ddo__preset_value(st.effective_preset, r.variable);
-        }
-        on = value != NULL && truthy(value);
-    }
+    bool on = enabled != 0;
+    if (enabled < 0)
+        (void)ddo_config_preset_bool(cfg, r.variable, envp, "0", &on);
     r.purged = false;
     if (!on)
         r.reason = "disabled";

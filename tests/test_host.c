@@ -79,6 +79,34 @@ static void test_purge_preset_and_env(void)
     ddo_config_destroy(cfg);
 }
 
+/* The settings' preset_value / preset_bool: the environment (set, even empty, wins), then the
+ * effective preset, then none / the fallback. */
+static void test_preset_value(void)
+{
+    ddo_config *cfg = preset("one_shot_fast");
+    T_REQUIRE(cfg != NULL);
+    const char *v = "x";
+    bool b = false;
+    T_EQ_INT(ddo_config_preset_value(cfg, "DDO_PURGE_WINDOWS_STANDBY_BEFORE_RUN", NULL, &v), 0);
+    T_EQ_STR(v, "1");
+    T_EQ_INT(ddo_config_preset_bool(cfg, "DDO_PURGE_WINDOWS_STANDBY_BEFORE_RUN", NULL, "0", &b), 0);
+    T_CHECK(b);
+    const char *env[] = { "DDO_PURGE_WINDOWS_STANDBY_BEFORE_RUN=", "DDO_X=off", NULL };
+    T_EQ_INT(ddo_config_preset_value(cfg, "DDO_PURGE_WINDOWS_STANDBY_BEFORE_RUN", env, &v), 0);
+    T_EQ_STR(v, "");
+    T_EQ_INT(ddo_config_preset_bool(cfg, "DDO_PURGE_WINDOWS_STANDBY_BEFORE_RUN", env, "1", &b), 0);
+    T_CHECK(!b); /* set empty: not the fallback */
+    T_EQ_INT(ddo_config_preset_value(cfg, "DDO_NOT_A_PRESET_VARIABLE", env, &v), 0);
+    T_CHECK(v == NULL);
+    T_EQ_INT(ddo_config_preset_bool(NULL, "DDO_NOT_A_PRESET_VARIABLE", NULL, " Yes ", &b), 0);
+    T_CHECK(b);
+    T_EQ_INT(ddo_config_preset_bool(NULL, "DDO_X", env, "1", &b), 0);
+    T_CHECK(!b);
+    T_EQ_INT(ddo_config_preset_value(cfg, NULL, NULL, &v), DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo_config_preset_bool(cfg, "DDO_X", NULL, NULL, NULL), DDO_E_INVALID_ARGUMENT);
+    ddo_config_destroy(cfg);
+}
+
 /* A file of 20 MiB + 123 bytes (more than one 16 MiB read request, not a whole block) in dir;
  * 0 or -1. Not in /tmp: O_DIRECT needs a real file system (tmpfs may refuse it). */
 static int write_file(const char *path, size_t bytes)
@@ -138,6 +166,7 @@ int main(void)
     T_RUN(test_host_info);
     T_RUN(test_purge_disabled_for_off);
     T_RUN(test_purge_preset_and_env);
+    T_RUN(test_preset_value);
     T_RUN(test_measure_file_read);
     return t_done();
 }

@@ -106,9 +106,7 @@ class Config:
             self.h, backend.encode() if backend else None, (preset or "auto").encode()))
 
     def apply_env(self, environ):
-        items = [f"{k}={v}".encode() for k, v in environ.items()]
-        arr = (ctypes.c_char_p * (len(items) + 1))(*items, None)
-        self._check(lib().ddo_config_apply_env(self.h, arr))
+        self._check(lib().ddo_config_apply_env(self.h, env_array(environ)))
 
     def override(self, key, value):
         """value at argument rank (it wins over DDO_*); a list or tuple element by element."""
@@ -194,6 +192,12 @@ def to_text(value, key=None):
     if isinstance(value, type):
         return value.__name__
     return str(value)
+
+
+def env_array(environ=None):
+    """environ (default os.environ) as the NULL-terminated NAME=VALUE block libddo takes."""
+    items = [f"{k}={v}".encode() for k, v in environ_block(environ).items()]
+    return (ctypes.c_char_p * (len(items) + 1))(*items, None)
 
 
 def environ_block(environ=None):

@@ -183,8 +183,7 @@ def maybe_purge_windows_standby_cache(settings_or_phase=None, phase=None, *, set
 
 
 def _purge(cfg, phase, flag, env):
-    items = [f"{k}={v}".encode() for k, v in env.items()]
-    arr = (ctypes.c_char_p * (len(items) + 1))(*items, None)
+    arr = _native.env_array(env)
     out = _lib.PurgeResult()
     _native.check(_native.lib().ddo_purge_standby(cfg.h if cfg is not None else None,
                                                   phase.encode(), flag, arr, ctypes.byref(out)))

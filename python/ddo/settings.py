@@ -169,6 +169,24 @@ class DynamicOffloadSettings:
         """Where an option's value came from ("default", "preset:X", "env:DDO_X", ...)."""
         return self._cfg.source(key)
 
+    def preset_value(self, name, default="", environ=None):
+        """A DDO_* variable as a host phase reads it (upstream's preset_value): environ's value
+        when it sets name (even to ""), else the effective preset's, else default
+        (ddo_config_preset_value)."""
+        v = ctypes.c_char_p()
+        _native.check(_native.lib().ddo_config_preset_value(
+            self._cfg.h, str(name).encode(), _native.env_array(environ), ctypes.byref(v)))
+        return default if v.value is None else v.value.decode()
+
+    def preset_bool(self, name, default="0", environ=None):
+        """preset_value read with the boolean vocabulary (1/true/yes/on, any case; default
+        when nothing sets name) (ddo_config_preset_bool)."""
+        b = ctypes.c_bool()
+        _native.check(_native.lib().ddo_config_preset_bool(
+            self._cfg.h, str(name).encode(), _native.env_array(environ), str(default).encode(),
+            ctypes.byref(b)))
+        return bool(b.value)
+
     def as_metrics(self):
         """The settings as a flat dict for event payloads: upstream's keys (all prefixed
         dynamic_offload_; empty presets, cache namespace and safetensors backend as None),

@@ -444,3 +444,19 @@ def test_purge_signature_as_upstream():
         ddo.maybe_purge_windows_standby_cache(settings=fast)
     with pytest.raises(TypeError):
         ddo.maybe_purge_windows_standby_cache()
+
+
+def test_preset_value_and_preset_bool():
+    # Upstream's DynamicOffloadSettings.preset_value / preset_bool, answered by the library
+    # (ddo_config_preset_value): the environment (set, even empty, wins), the effective preset,
+    # the default.
+    s = ddo.DynamicOffloadSettings.from_env({}, default_preset="one_shot_fast")
+    name = "DDO_PURGE_WINDOWS_STANDBY_BEFORE_RUN"
+    assert s.preset_value(name, environ={}) == "1" and s.preset_bool(name, environ={})
+    assert s.preset_value(name, "x", environ={name: ""}) == ""
+    assert not s.preset_bool(name, "1", environ={name: ""})
+    assert s.preset_value("DDO_NOT_IN_ANY_PRESET", "fallback", environ={}) == "fallback"
+    assert s.preset_bool("DDO_NOT_IN_ANY_PRESET", " Yes ", environ={})
+    assert not s.preset_bool("DDO_NOT_IN_ANY_PRESET", environ={})
+    off = ddo.DynamicOffloadSettings.from_env({}, default_preset="off")
+    assert not off.preset_bool(name, environ={})
