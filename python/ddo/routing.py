@@ -240,7 +240,10 @@ def resolve_route(module, preset="auto", *, component="model", route=None, setti
     pol = _policy(cfg, component, route, quant, overrides_given=given)
     if not low_cpu_mem_usage and not _option_set(cfg, component, "offload_low_cpu_mem_usage"):
         pol["low_cpu_mem_usage"] = False
-    return pol, cfg, DynamicOffloadSettings(cfg, merged)
+    # Nothing changed the given settings: the same object (upstream's identity rule, §1.3).
+    unchanged = (settings is not None and config is None and not policies and
+                 all(v is None for v in kw.values()))
+    return pol, cfg, settings if unchanged else DynamicOffloadSettings(cfg, merged)
 
 
 def _option_set(cfg, component, option):

@@ -542,3 +542,25 @@ def test_upstream_event_and_low_cpu_mem_usage_parameters(group):
                                       "setup_transformer_dynamic_offload",
                                       "setup_vae_group_offload"]
     ddo.close_pipeline_offload(pipe)
+
+
+def test_one_settings_object_through_a_pipeline():
+    # Upstream test 13: a pipeline reuses the settings it was given (identity), and non-module
+    # components are dropped.
+    from torch import nn
+
+    class Pipe:
+        pass
+
+    p = Pipe()
+    p.text_encoder, p.transformer, p.scheduler = nn.Linear(4, 4), nn.Linear(4, 4), object()
+    p.components = {"text_encoder": p.text_encoder, "transformer": p.transformer,
+                    "scheduler": p.scheduler}
+    s = ddo.DynamicOffloadSettings.from_env({}, default_preset="auto", execution_device="cpu")
+    rs = ddo.enable_pipeline_offload(p, settings=s, apply_hook=False)
+    assert set(rs) == {"text_encoder", "transformer"}
+    assert rs["text_encoder"].route == "diffusers_group_offload"
+    assert rs["transformer"].route == "dynamic_offload"
+    assert all(r.settings is s for r in rs.values())
+    r = ddo.enable_offload(p.transformer, settings=s, apply_hook=False, pin_cpu_workers=2)
+    assert r.settings is not s and r.settings.config.pin_cpu_workers == 2  # a change: a copy
