@@ -2,10 +2,14 @@
  * fuzz_config.c - bytes become an environment block (first half) and a
  * --ddo-* argument vector (second half, split at NUL or newline); the config
  * must parse, validate, describe itself as JSON and clean up without a crash,
- * a leak or an undefined behaviour, whatever the input.
+ * a leak or an undefined behaviour, whatever the input. The same items are also
+ * set as the elements of a list option (ddo_config_set_list /
+ * ddo_config_override_list, never split), and each environment entry's name is
+ * read as a host phase reads a DDO_* variable (ddo_config_preset_value).
  */
 #include "ddo.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +62,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         (void)ddo_config_apply_env(cfg, (const char *const *)env);
         int n = argc;
         (void)ddo_config_parse_args(cfg, &n, args);
+        static const char *const lists[] = { "always_resident_modules_pattern",
+                                             "skip_modules_pattern", "resident_module_patterns",
+                                             "target_module_classes", "pin_cpu_workers" };
+        const char *key = lists[size % (sizeof(lists) / sizeof(lists[0]))];
+        if (size & 2)
+            (void)ddo_config_override_list(cfg, key, (const char *const *)args + 1,
+                                           (size_t)argc - 1);
+        else
+            (void)ddo_config_set_list(cfg, key, (const char *const *)args + 1, (size_t)argc - 1);
+        for (size_t i = 0; i < nenv; i++) {
+            char name[128];
+            size_t k = strcspn(env[i], "=");
+            if (k >= sizeof(name))
+                continue;
+            memcpy(name, env[i], k);
+            name[k] = '\0';
+            const char *v = NULL;
+            bool b = false;
+            if (ddo_config_preset_value(cfg, name, (const char *const *)env, &v) != 0 ||
+                ddo_config_preset_bool(cfg, name, (const char *const *)env, v, &b) != 0)
+                abort(); /* never fails on a non-NULL name */
+        }
         (void)ddo_config_validate(cfg);
         char *json = NULL;
         if (ddo_config_to_json(cfg, &json) == 0)
