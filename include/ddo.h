@@ -1034,8 +1034,8 @@ DDO_API int ddo_purge_standby(const ddo_config *cfg, const char *phase, int enab
  */
 DDO_API int ddo_config_preset_value(const ddo_config *cfg, const char *name,
                                     const char *const *envp, const char **value);
-DDO_API int ddo_config_preset_bool(const ddo_config *cfg, const char *name,
-                                   const char *const *envp, const char *fallback, bool *value);
+DDO_API int ddo_config_preset_bool(const ddo_config *cfg, const char *name, const char *const *envp,
+                                   const char *fallback, bool *value);
 
 /* ------------------------------------------------------------------------ */
 /* Capacity profiles                                                         */
