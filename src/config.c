@@ -91,6 +91,17 @@ static int strlist_parse(ddo__strlist *out, const char *s)
     return 0;
 }
 
+/* A list of more patterns than a list may hold is freed and refused. */
+static int list_limit(ddo_config *cfg, const char *origin, ddo__strlist *l)
+{
+    if (l->count <= DDO__CONFIG_MAX_LIST_ITEMS)
+        return 0;
+    size_t n = l->count;
+    strlist_free(l);
+    return ddo__fail(&cfg->err, DDO_E_CONFIG, "%s: %zu patterns, more than the %d a list may hold",
+                     origin, n, DDO__CONFIG_MAX_LIST_ITEMS);
+}
+
 void ddo__config_warn(ddo_config *cfg, const char *fmt, ...)
 {
     va_list ap;
@@ -369,15 +380,7 @@ static int parse_value(ddo_config *cfg, int id, const char *text, const char *or
     case DDO__OT_LIST:
         if (strlist_parse(&v->l, text) != 0)
             return ddo__fail(&cfg->err, DDO_E_NO_MEMORY, "%s: out of memory", origin);
-        if (v->l.count > DDO__CONFIG_MAX_LIST_ITEMS) {
-            size_t n = v->l.count;
-            strlist_free(&v->l);
-            return ddo__fail(&cfg->err, DDO_E_CONFIG,
-                             "%s: %zu patterns, more than the %d a list "
-                             "may hold",
-                             origin, n, DDO__CONFIG_MAX_LIST_ITEMS);
-        }
-        return 0;
+        return list_limit(cfg, origin, &v->l);
     }
     if (v->s == NULL)
         return ddo__fail(&cfg->err, DDO_E_NO_MEMORY, "%s: out of memory", origin);
@@ -456,13 +459,6 @@ int ddo__config_store_list(ddo_config *cfg, int id, const char *const *items, si
     const char *key = ddo__optdescs[id].key;
     if (ddo__optdescs[id].type != DDO__OT_LIST)
         return ddo__fail(&cfg->err, DDO_E_CONFIG, "%s: not a list option", key);
-    if (count > DDO__CONFIG_MAX_LIST_ITEMS)
-        return ddo__fail(&cfg->err, DDO_E_CONFIG,
-                         "%s: %zu patterns, more than the %d a list may "
-                         "hold",
-                         key, count, DDO__CONFIG_MAX_LIST_ITEMS);
-    if ((int)rank < (int)cfg->rank[id])
-        return 0;
     ovalue v;
     memset(&v, 0, sizeof(v));
     for (size_t i = 0; i < count; i++) {
@@ -472,6 +468,13 @@ int ddo__config_store_list(ddo_config *cfg, int id, const char *const *items, si
             strlist_free(&v.l);
             return ddo__fail(&cfg->err, DDO_E_NO_MEMORY, "%s: out of memory", key);
         }
+    }
+    int rc = list_limit(cfg, key, &v.l);
+    if (rc != 0)
+        return rc;
+    if ((int)rank < (int)cfg->rank[id]) {
+        strlist_free(&v.l);
+        return 0;
     }
     return commit_value(cfg, id, &v, rank, source, key);
 }

@@ -250,6 +250,13 @@ static void test_override_list(void)
     const char *holes[] = { "x", NULL };
     T_EQ_INT(ddo_config_override_list(c, "skip_modules_pattern", holes, 2), DDO_E_INVALID_ARGUMENT);
     T_EQ_INT(ddo_config_override_list(c, "skip_modules_pattern", NULL, 1), DDO_E_INVALID_ARGUMENT);
+    const char *many[DDO__CONFIG_MAX_LIST_ITEMS + 1];
+    for (size_t i = 0; i < DDO_ARRAY_LEN(many); i++)
+        many[i] = "p";
+    T_EQ_INT(ddo_config_override_list(c, "skip_modules_pattern", many, DDO_ARRAY_LEN(many)),
+             DDO_E_CONFIG);
+    T_CONTAINS(ddo_config_error(c), "patterns, more than the");
+    T_EQ_INT(ddo_config_override_list(c, "skip_modules_pattern", many, DDO_ARRAY_LEN(many) - 1), 0);
     ddo_config_destroy(c);
     /* At the API rank the environment wins, as over ddo_config_set. */
     T_REQUIRE((c = new_cfg()) != NULL);
