@@ -46,7 +46,7 @@ def _managed_by(p):
     """The tag of the result that manages Parameter p (None: none)."""
     entry = _MANAGED.get(id(p))
     return entry[1] if entry is not None and entry[0]() is p else None
-# torch >= 2.0 runs a forward hook registered with always_call even when the forward raised.
+# torch >= 2.1 runs a forward hook registered with always_call even when the forward raised.
 _ALWAYS_CALL = "always_call" in inspect.signature(torch.nn.Module.register_forward_hook).parameters
 
 
@@ -585,8 +585,6 @@ class OffloadResult:
         """A submodule object in two hooked modules' trees (one module shared by two blocks) is
         named, and its weights placed, under the first: the second hooked module needs that
         unit too, unless a module inside it is hooked for it."""
-        entry = {id(p): t for t in self._tensors if t.placement == _PLACEMENT_STREAMED
-                 for p in t.params}
         hooked_for = {}
         for m, units in needs.values():
             for u in units:
@@ -594,8 +592,9 @@ class OffloadResult:
         for m, units in list(needs.values()):
             below = {id(x) for x in m.modules()} - {id(m)}
             for p in m.parameters():
-                t = entry.get(id(p))
-                if t is None or t.unit in units or hooked_for.get(t.unit, set()) & below:
+                t = self._entry_of.get(id(p))
+                if t is None or t.placement != _PLACEMENT_STREAMED or t.unit in units or \
+                        hooked_for.get(t.unit, set()) & below:
                     continue
                 units.append(t.unit)
 
@@ -611,6 +610,7 @@ class OffloadResult:
 
     def _install_hooks(self):
         root = []
+        self._entry_of = {id(p): t for t in self._tensors for p in t.params}
         hooks = self._hook_modules()
         slots = self.budgets()["slot_count"] if self._unit_count else 0
         for m, units in hooks:
@@ -631,7 +631,6 @@ class OffloadResult:
             self._handles.append(m.register_forward_hook(leave, **(
                 {"always_call": True} if _ALWAYS_CALL else {})))
         self._root_units = tuple(root)
-        self._entry_of = {id(p): t for t in self._tensors for p in t.params}
         for m in {id(t_m): t_m for t in self._tensors for p in t.params
                   for t_m in self._modules_of.get(id(p), [])}.values():
             self._handles.append(m._register_state_dict_hook(self._state_dict_hook))
@@ -723,7 +722,7 @@ class OffloadResult:
             if self._owner[1] > 0:
                 return
             self._owner = None
-        if self._dirty and not self._leases:
+        if self._dirty and not self._leases and self._state == "ready":
             self._restore()
 
     def _abort(self):
