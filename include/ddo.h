@@ -538,9 +538,11 @@ typedef struct ddo_cpu_options {
 /* Options of the cuda device (ignored by cpu). */
 typedef struct ddo_cuda_options {
     size_t size;              /* DDO_CUDA_OPTIONS_INIT */
-    const char *library_path; /* explicit libcuda path (bootstrap order: this, then
-                                 DDO_VMM_LIBRARY_PATH passed by the host, then discovery) */
-    const char *library_env;  /* the value of DDO_VMM_LIBRARY_PATH, if the host honours it */
+    const char *library_path; /* explicit libcuda path (order: this, then library_env, then
+                                 discovery: libcuda.so.1) */
+    const char *library_env;  /* a driver path a host took from its own setting; ddo's tools
+                                 pass none (DDO_VMM_LIBRARY_PATH is not a driver path: the
+                                 seeds' variable names ddo's own library, docs/cuda.md) */
 } ddo_cuda_options;
 #define DDO_CUDA_OPTIONS_INIT DDO_STRUCT_INIT(ddo_cuda_options)
 
@@ -626,9 +628,9 @@ DDO_API int ddo_measure_file_read(const char *path, uint64_t max_bytes, unsigned
  * the legacy default stream, symbol being the driver's base name ("cuMemAlloc", not
  * "cuMemAlloc_v2") and cuda_version the ABI asked for (12000 = CUDA 12.0), to be called through
  * the matching PFN_ type of cudaTypedefs.h. The driver library is found as the cuda device
- * finds it (docs/cuda.md): library_path when it is neither NULL nor empty (a host honouring
- * DDO_VMM_LIBRARY_PATH passes its value here, as it does in cuda_library_env), else
- * "libcuda.so.1"; nothing else is tried. The library stays loaded for the life of the
+ * finds it (docs/cuda.md): library_path when it is neither NULL nor empty (a host with a
+ * driver path of its own passes it here, as in ddo_cuda_options), else "libcuda.so.1";
+ * nothing else is tried. The library stays loaded for the life of the
  * process. Needs no device and no cuInit. *fn is written only on success. Thread-safe.
  * Errors: DDO_E_INVALID_ARGUMENT (symbol NULL or empty, fn NULL, cuda_version <= 0);
  * DDO_E_NO_DEVICE when there is no usable driver ("no CUDA driver: dlopen(PATH): ...", a

@@ -660,11 +660,7 @@ int main(int argc, char **argv)
 {
     if (argc >= 3 && strcmp(argv[1], "--ratio") == 0)
         return ratio_main(argv[2], argc >= 4 && strcmp(argv[3], "--verify") == 0);
-    ddo_cuda_options o_cuda = DDO_CUDA_OPTIONS_INIT;
-    o_cuda.library_env = getenv("DDO_VMM_LIBRARY_PATH");
-    ddo_device_options o = DDO_DEVICE_OPTIONS_INIT;
-    o.cuda = &o_cuda;
-    int rc = ddo_device_create("cuda:0", &o, &g_dev);
+    int rc = ddo_device_create("cuda:0", NULL, &g_dev);
     if (rc == DDO_E_NO_DEVICE) {
         fprintf(stderr, "skipped: %s\n", ddo_last_error());
         return 77;

@@ -30,10 +30,9 @@ from ._native import DdoError, UnknownOptionError
 
 _PLACEMENT_RESIDENT, _PLACEMENT_STREAMED, _PLACEMENT_SKIPPED = 0, 1, 2
 # Modules whose forward reads their children's parameters without calling the children
-# (MultiheadAttention reads out_proj.weight; the transformer layers' fast path reads every
-# child's weights in one fused op).
-_FUSED_READERS = (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer,
-                  torch.nn.TransformerDecoderLayer)
+# (MultiheadAttention reads out_proj.weight; TransformerEncoderLayer's eval fast path reads
+# every child's weights in one fused op; the decoder layer has no such path).
+_FUSED_READERS = (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer)
 # Owners freed while DLPack views of their session still lived (kept so views stay valid).
 _GRAVEYARD = []
 # id of every Parameter a live OffloadResult manages -> (a weak reference to it, a tag naming
@@ -265,6 +264,7 @@ class OffloadResult:
         self._lock = threading.Lock()
         self._owner = None  # [thread ident, depth] while a forward or a unit's hook runs
         self._in_root = 0   # root forwards running on the owner thread
+        self._frames = []   # the owner's unit frames whose pre-hook succeeded (_enter)
         self._dirty = False  # a device copy was written: restored when no lease is held
         self._handles = []
         self._leases = {}
@@ -616,10 +616,13 @@ class OffloadResult:
         for m, units in hooks:
             if len(units) > max(slots, 1):
                 name = next((n for n, x in self.module.named_modules() if x is m), "?")
+                leaf = self.plan.get("unit_granularity", "block") == "leaf"
                 raise DdoError("DDO_E_BUDGET", f"{type(m).__name__} {name or '(root)'} reads "
                                f"the weights of {len(units)} units at once (its forward reads "
                                f"its children's weights itself) and the plan leases at most "
-                               f"{slots}: use unit_granularity='block' or raise execution_slots")
+                               f"{slots}: " + ("use unit_granularity='block' or raise "
+                                               "execution_slots" if leaf else
+                                               f"raise execution_slots to {len(units)}"))
         for m, units in hooks:
             units = tuple(units)
             if m is self.module:  # acquired by the forward itself, around the whole call
@@ -690,8 +693,11 @@ class OffloadResult:
     # One thread at a time works on the session: the owner, from the first hook or forward
     # that claims it to the last that lets go (depth). The root forward acquires the units
     # hooked on the root module itself around the whole call; other units are acquired by
-    # their modules' pre-hooks and released by their forward hooks. Any error in a forward
-    # aborts: every lease released, the owner cleared, a written device copy restored.
+    # their modules' pre-hooks and released by their forward hooks. A pre-hook that succeeded
+    # pushes its units on the owner's frame stack, and only the forward hook of a frame on the
+    # stack releases anything (torch >= 2.1 calls always_call hooks after a failed pre-hook
+    # too). Any error in a root forward aborts: every lease released, a written device copy
+    # restored while the owner still holds the session, then the owner cleared.
 
     def _stream(self):
         native = _torch.current_stream_handle(self.device)
@@ -711,41 +717,52 @@ class OffloadResult:
                                "another thread: one forward at a time per OffloadResult")
             if self._owner is None:
                 self._owner = [me, 0]
+                self._frames = []
             self._owner[1] += 1
 
     def _unclaim(self):
-        """Ends one claim; at the outermost, with no lease left, a written copy is restored."""
+        """Ends one claim; the outermost restores a written copy (no lease held) and then lets
+        the session go."""
         with self._lock:
-            if self._owner is None:
+            if self._owner is None or self._owner[0] != threading.get_ident():
                 return
             self._owner[1] -= 1
             if self._owner[1] > 0:
                 return
-            self._owner = None
-        if self._dirty and not self._leases and self._state == "ready":
-            self._restore()
+        self._let_go()
 
-    def _abort(self):
-        """After an error in a forward: every lease released unchecked, the owner cleared."""
+    def _let_go(self):
+        """The owner's last step: a written copy restored while it still holds the session,
+        then the owner, its frames and root depth cleared."""
         try:
-            for u in list(self._leases):
-                self._release(u, force=True)
+            if self._dirty and not self._leases and self._state == "ready":
+                self._restore()
         finally:
             with self._lock:
                 self._owner = None
+                self._frames = []
                 self._in_root = 0
-            if self._dirty and self._state == "ready":
-                self._restore()
+
+    def _abort(self):
+        """After an error in a root forward: every lease released unchecked, then _let_go."""
+        try:
+            for u in list(self._leases):
+                self._release(u, check=False, whole=True)
+        finally:
+            self._let_go()
 
     def _restore(self):
         """A device copy was written in place (refused): the session drops and uploads its
         weights again from the host copy (unload + reload), so later forwards read the
-        checkpoint's values, not the refused write."""
+        checkpoint's values, not the refused write. A failed reload leaves the result
+        unloaded (reload() tries again)."""
         self._dirty = False
         self._unbind_all()
         L = _native.lib()
         _native.check(L.ddo_session_unload(self._session), L.ddo_session_error(self._session))
+        self._state = "unloaded"
         _native.check(L.ddo_session_reload(self._session), L.ddo_session_error(self._session))
+        self._state = "ready"
         self._make_views()
         self._bind_residents()
 
@@ -753,13 +770,15 @@ class OffloadResult:
         with self._lock:
             stale = (self._owner is not None and self._owner[0] == threading.get_ident() and
                      self._in_root == 0)
-        if stale:  # a unit's forward called directly raised (torch without always_call)
+        if stale:  # a unit's module called directly raised (torch without always_call)
             self._abort()
         if self._state != "ready":
             self._refuse()
         self._claim()
         self._in_root += 1
         try:
+            if self._in_root == 1:
+                self._check_residents()  # a write between forwards, before this one computes
             for u in self._root_units:
                 self._acquire(u)
         except BaseException:
@@ -767,19 +786,22 @@ class OffloadResult:
             raise
 
     def _end(self):
-        """The root forward returned: its units released (checked), the residents checked."""
+        """The root forward returned: its units released (checked), the residents checked; the
+        outermost root forward ends every claim made inside it (a unit's module that raised
+        inside and was caught keeps none)."""
         try:
-            for u in reversed(self._root_units):
-                self._release(u)
+            self._release_all(reversed(self._root_units))
             self._in_root -= 1
-            if self._in_root == 0:
-                for u in list(self._leases):  # left by a hook that did not run
-                    self._release(u, force=True)
-                self._check_residents()
+            if self._in_root > 0:
+                self._unclaim()
+                return
+            for u in list(self._leases):  # left by a hook that did not run
+                self._release(u, check=False, whole=True)
+            self._check_residents()
         except BaseException:
             self._abort()
             raise
-        self._unclaim()
+        self._let_go()
 
     def _check_residents(self):
         written = sorted({name for p, v, name in self._res_versions if p._version != v})
@@ -787,10 +809,9 @@ class OffloadResult:
             self._res_versions = [(p, p._version, name) for p, _v, name in self._res_versions]
             self._dirty = True
             raise DdoError("DDO_E_STATE", f"{', '.join(written)}: a resident weight was written "
-                           f"in place during the forward; ddo uploads weights from the host "
-                           f"copy, so the change would be lost at the next reload (merge such "
-                           f"changes into the host module before enable_offload); the device "
-                           f"copy is restored")
+                           f"in place; ddo uploads weights from the host copy, so the change "
+                           f"would be lost at the next reload (merge such changes into the "
+                           f"host module before enable_offload); the device copy is restored")
 
     def _refuse(self):
         if self._state == "unloaded":
@@ -814,21 +835,37 @@ class OffloadResult:
                 acquired.append(u)
         except BaseException:
             for u in reversed(acquired):
-                self._release(u, force=True)
+                self._release(u, check=False)
             self._unclaim()
             raise
+        self._frames.append(units)
         if self._timing is not None and len(units) == 1:
             self._timing.begin(units[0], self.device)
 
     def _leave(self, units, out=None):
+        with self._lock:
+            mine = self._owner is not None and self._owner[0] == threading.get_ident()
+        if not mine or not self._frames or self._frames[-1] is not units:
+            return  # its pre-hook did not succeed (refused, or an earlier pre-hook raised)
+        self._frames.pop()
         failed = out is None and sys.exc_info()[0] is not None  # always_call after a raise
         if self._timing is not None and len(units) == 1 and not failed:
             self._timing.end(units[0], self.device)
         try:
-            for u in reversed(units):
-                self._release(u, force=failed)
+            self._release_all(reversed(units), check=not failed)
         finally:
             self._unclaim()
+
+    def _release_all(self, units, check=True):
+        """Releases each unit once; the first refusal is raised after all were released."""
+        first = None
+        for u in units:
+            try:
+                self._release(u, check=check)
+            except DdoError as e:
+                first = first or e
+        if first is not None:
+            raise first
 
     def _acquire(self, u):
         n = self._leases.get(u, 0)
@@ -848,11 +885,12 @@ class OffloadResult:
                 p.data = v
         self._versions[u] = [p._version for t in self._unit_tensors[u] for p in t.params]
 
-    def _release(self, u, force=False):
+    def _release(self, u, check=True, whole=False):
+        """One lease of u ends (whole: every one); the last checks the unit's versions."""
         n = self._leases.get(u, 0)
         if n == 0:
             return
-        if n > 1 and not force:
+        if n > 1 and not whole:
             self._leases[u] = n - 1
             return
         del self._leases[u]
@@ -866,7 +904,7 @@ class OffloadResult:
         L = _native.lib()
         rc = L.ddo_session_release(self._session, u, self._stream())
         _native.check(rc, L.ddo_session_error(self._session) if rc else None)
-        if changed and not force:
+        if changed and check:
             raise DdoError("DDO_E_STATE", f"unit {self._unit_names[u]}: a streamed weight was "
                            f"written in place during the forward; ddo re-uploads weights from "
                            f"the host copy, so the change would be lost (merge such changes "
@@ -927,7 +965,9 @@ class OffloadResult:
             return
         self._alive("unload")
         for u in list(self._leases):
-            self._release(u, force=True)
+            self._release(u, check=False, whole=True)
+        with self._lock:  # a unit's module that raised outside a forward left its claim
+            self._owner, self._frames, self._in_root = None, [], 0
         self._unbind_all()
         self._dirty = False  # reload() uploads every weight from the host copy again
         L = _native.lib()
@@ -951,7 +991,7 @@ class OffloadResult:
             return
         if self._session is not None and self._state == "ready":
             for u in list(self._leases):
-                self._release(u, force=True)
+                self._release(u, check=False, whole=True)
         self._teardown()
         self._state = "closed"
 

@@ -174,8 +174,9 @@ class DynamicOffloadSettings:
         when it sets name (even to ""), else the effective preset's, else default
         (ddo_config_preset_value)."""
         v = ctypes.c_char_p()
+        env = _native.env_array(environ)  # *v may point into it: read it while env lives
         _native.check(_native.lib().ddo_config_preset_value(
-            self._cfg.h, str(name).encode(), _native.env_array(environ), ctypes.byref(v)))
+            self._cfg.h, str(name).encode(), env, ctypes.byref(v)))
         return default if v.value is None else v.value.decode()
 
     def preset_bool(self, name, default="0", environ=None):

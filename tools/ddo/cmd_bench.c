@@ -1161,11 +1161,8 @@ static int open_device(bench *b, bench_args *a)
     ddo_config_get(b->cfg, "execution_device", &spec);
     char spec_buf[64];
     snprintf(spec_buf, sizeof(spec_buf), "%s", spec != NULL ? spec : "cuda:0");
-    ddo_cuda_options cuda = DDO_CUDA_OPTIONS_INIT;
-    cuda.library_env = getenv("DDO_VMM_LIBRARY_PATH");
     ddo_device_options dopt = DDO_DEVICE_OPTIONS_INIT;
     dopt.cpu = &a->cpu;
-    dopt.cuda = &cuda;
     ddo_setup_options so = DDO_SETUP_OPTIONS_INIT;
     so.device = DDO_DEVICE_CHOICE_EXACT;
     so.device_options = &dopt;

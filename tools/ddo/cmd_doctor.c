@@ -82,11 +82,7 @@ static void probe_gpus(doctor *D, uint64_t measure_bytes, bool quiet)
         char spec[16];
         snprintf(spec, sizeof(spec), "cuda:%d", i);
         ddo_device *dev = NULL;
-        ddo_cuda_options cuda = DDO_CUDA_OPTIONS_INIT;
-        cuda.library_env = getenv("DDO_VMM_LIBRARY_PATH");
-        ddo_device_options dopt = DDO_DEVICE_OPTIONS_INIT;
-        dopt.cuda = &cuda;
-        if (ddo_device_create(spec, &dopt, &dev) != 0) {
+        if (ddo_device_create(spec, NULL, &dev) != 0) {
             if (i == 0)
                 snprintf(D->driver_error, sizeof(D->driver_error), "%s", ddo_last_error());
             break;

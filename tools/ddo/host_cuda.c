@@ -7,7 +7,7 @@
  * cuBLASLt is loaded at run time with dlopen/dlsym (the tool links only
  * libddo): libcublasLt.so.13, then .12, then libcublasLt.so. The few driver
  * calls the tool needs come from the library (ddo_cuda_driver_proc: the
- * driver of DDO_VMM_LIBRARY_PATH when set, else libcuda.so.1, through
+ * driver the library's cuda device opens, libcuda.so.1, through
  * cuGetProcAddress at the library's pinned ABI), so there is one driver
  * loader in the tree.
  *
@@ -127,9 +127,6 @@ static int load_cu(void)
 {
     if (g_cu_state != 0)
         return g_cu_state > 0 ? 0 : g_cu_state;
-    /* The driver the library's cuda device opened: DDO_VMM_LIBRARY_PATH when set, else
-     * libcuda.so.1 (the library's rule; it never reads the environment itself). */
-    const char *path = getenv("DDO_VMM_LIBRARY_PATH");
     static const struct {
         const char *name;
         size_t offset;
@@ -149,7 +146,10 @@ static int load_cu(void)
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         void *fn = NULL;
-        int rc = ddo_cuda_driver_proc(path, names[i].name, TOOL_CU_ABI, &fn);
+        /* The driver the library's cuda device opened: the tool gives it no path, so
+         * libcuda.so.1 (DDO_VMM_LIBRARY_PATH is not a driver path: the seeds' variable names
+         * ddo's own native library, which the Python bootstrap resolves). */
+        int rc = ddo_cuda_driver_proc(NULL, names[i].name, TOOL_CU_ABI, &fn);
         if (rc != 0) {
             snprintf(g_cu_err, sizeof(g_cu_err), "%s", ddo_last_error());
             memset(&g_cu, 0, sizeof(g_cu));
