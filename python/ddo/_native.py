@@ -130,6 +130,19 @@ class Config:
                 raise UnknownOptionError(name, detail)
             raise error(name, detail)
 
+    def component_value(self, component, option):
+        """(value, source) of a component option by the library's lookup (policy, DDO_*,
+        preset); None when nothing sets it (DDO_E_NOT_FOUND)."""
+        v = ctypes.c_char_p()
+        src = ctypes.create_string_buffer(96)
+        rc = lib().ddo_config_component_value(self.h, str(component).encode(),
+                                              str(option).encode(), ctypes.byref(v), src,
+                                              len(src))
+        if rc != 0 and error_name(rc) == "DDO_E_NOT_FOUND":
+            return None
+        self._check(rc)
+        return (v.value or b"").decode(), src.value.decode()
+
     def get(self, key):
         v = ctypes.c_char_p()
         self._check(lib().ddo_config_get(self.h, key.encode(), ctypes.byref(v)))
@@ -194,10 +207,14 @@ def to_text(value, key=None):
     return str(value)
 
 
+def c_strings(items):
+    """A NULL-terminated char *[] of items (bytes), as libddo takes argv and environ blocks."""
+    return (ctypes.c_char_p * (len(items) + 1))(*items, None)
+
+
 def env_array(environ=None):
     """environ (default os.environ) as the NULL-terminated NAME=VALUE block libddo takes."""
-    items = [f"{k}={v}".encode() for k, v in environ_block(environ).items()]
-    return (ctypes.c_char_p * (len(items) + 1))(*items, None)
+    return c_strings([f"{k}={v}".encode() for k, v in environ_block(environ).items()])
 
 
 def environ_block(environ=None):

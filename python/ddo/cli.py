@@ -67,7 +67,7 @@ def build_native_config(args):
     argv = _argv_from(args)
     cfg = _native.Config()
     items = [b"host"] + [a.encode() for a in argv]
-    arr = (ctypes.c_char_p * (len(items) + 1))(*items, None)
+    arr = _native.c_strings(items)
     argc = ctypes.c_int(len(items))
     cfg._check(_native.lib().ddo_config_parse_args(cfg.h, ctypes.byref(argc), arr))
     if argc.value != 1:

@@ -25,8 +25,7 @@ import weakref
 import torch
 
 from . import _lib, _native, _torch
-from .config import DynamicOffloadConfig
-from ._native import DdoError, UnknownOptionError
+from ._native import DdoError
 
 _PLACEMENT_RESIDENT, _PLACEMENT_STREAMED, _PLACEMENT_SKIPPED = 0, 1, 2
 # Modules whose forward reads their children's parameters without calling the children
@@ -201,55 +200,8 @@ def _check_param(name, p, to_ddo):
                        f"(make it contiguous: p.data = p.data.contiguous())")
 
 
-def _resolve_config(preset, backend, config, use_environment, environ, overrides):
-    if config is not None and not isinstance(config, DynamicOffloadConfig):
-        raise TypeError(f"config must be a ddo.DynamicOffloadConfig, not {type(config).__name__}")
-    cfg = _native.Config()
-    cfg.apply_preset(backend, preset)
-    if use_environment:
-        cfg.apply_env(_native.environ_block(environ))
-    if backend is not None:
-        cfg.override("backend", backend)
-    if config is not None:
-        config.apply_to(cfg)
-    bad = []
-    for k, v in overrides.items():
-        try:
-            cfg.override(k, v)
-        except UnknownOptionError as e:
-            bad.append(e.detail)
-    if bad:
-        raise UnknownOptionError("DDO_E_NOT_FOUND", "Unknown DynamicOffloadConfig override(s): " +
-                                 "; ".join(bad))
-    cfg.validate()
-    return cfg
-
-
-def enable_dynamic_offload(module, preset="auto", *, backend=None, config=None,
-                           use_environment=True, environ=None, **overrides):
-    """Streams module's weights through a ddo session; returns an OffloadResult.
-
-    Resolution (upstream's enable_dynamic_offload): the preset for the route family
-    (``backend`` "linear" or "vmm"), then the DDO_* environment (``environ``, default
-    os.environ) when ``use_environment``, then the fields set on ``config``, then
-    ``overrides`` (option keys of the catalog), which win.
-    """
-    if not isinstance(module, torch.nn.Module):
-        raise TypeError(f"enable_offload takes a torch.nn.Module, not {type(module).__name__}")
-    if getattr(module, "_ddo_offload", None) is not None:
-        raise DdoError("DDO_E_STATE", f"{type(module).__name__} is already managed by ddo: "
-                       f"close() its OffloadResult first")
-    cfg = _resolve_config(preset, backend, config, use_environment, environ, overrides)
-    return OffloadResult(module, cfg)
-
-
-# The entry point of the PyTorch issue; the pipeline routing (upstream's enable_offload, which
-# also routes to Diffusers' group offload or leaves a module unmanaged) builds on it.
-enable_offload = enable_dynamic_offload
-
-
 class OffloadResult:
-    """A module whose weights ddo streams; see enable_offload."""
+    """A module whose weights ddo streams (routing.py: enable_offload, enable_dynamic_offload)."""
 
     def __init__(self, module, cfg, source=None, profile=None):
         self.module = module

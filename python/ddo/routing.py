@@ -248,17 +248,8 @@ def resolve_route(module, preset="auto", *, component="model", route=None, setti
 
 def _option_set(cfg, component, option):
     """Whether anything (a policy, DDO_*, the preset) sets a component option (the library's
-    lookup, ddo_config_component_value: DDO_E_NOT_FOUND when nothing does)."""
-    v = ctypes.c_char_p()
-    src = ctypes.create_string_buffer(96)
-    rc = _native.lib().ddo_config_component_value(cfg.h, component.encode(), option.encode(),
-                                                  ctypes.byref(v), src, len(src))
-    if rc == 0:
-        return True
-    if _native.error_name(rc) == "DDO_E_NOT_FOUND":
-        return False
-    raise _native.error(_native.error_name(rc), _native.lib().ddo_config_error(cfg.h).decode(
-        errors="replace"))
+    lookup, ddo_config_component_value)."""
+    return cfg.component_value(component, option) is not None
 
 
 def enable_offload(module_or_pipeline, preset="auto", *, component="model", route=None,

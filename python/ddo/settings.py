@@ -58,11 +58,11 @@ def same_component(name, other):
     L = _native.lib()
     if L.ddo_config_set_component_policy(cfg.h, str(name).encode(), b"route", b"auto") != 0:
         return False
-    v = ctypes.c_char_p()
-    src = ctypes.create_string_buffer(96)
-    rc = L.ddo_config_component_value(cfg.h, str(other).encode(), b"route", ctypes.byref(v),
-                                      src, len(src))
-    return rc == 0 and src.value == b"api"
+    try:
+        found = cfg.component_value(other, "route")
+    except _native.DdoError:  # a name the library refuses is no component
+        return False
+    return found is not None and found[1] == "api"
 
 
 def resolve_config(*, preset="", backend=None, environ=None, use_environment=True,
