@@ -221,6 +221,11 @@ class OffloadResult:
         self._handles = []
         self._leases = {}
         self._root_units = ()
+        # The first root forward's acquire order (each unit's first acquire): the plan's unit
+        # order is declared at setup, and where the forward calls its units in another order
+        # (a model's embedders often run in another order than they are declared) the
+        # observed one is declared after that forward (_declare_observed). None: not observing.
+        self._observed = None
         self._ph_versions = {}  # id(Parameter) -> its version when it got a placeholder
         self._res_versions = []  # (Parameter, version) of the resident tensors bound
         self._own_forward = None
@@ -399,10 +404,29 @@ class OffloadResult:
     def _declare_order(self):
         if self._unit_count == 0:
             return
-        order = (ctypes.c_size_t * self._unit_count)(*range(self._unit_count))
-        _native.check(_native.lib().ddo_session_declare_order(self._session, order,
-                                                              self._unit_count),
+        self._declare(range(self._unit_count))
+        self._observed = []
+
+    def _declare(self, units):
+        units = list(units)
+        order = (ctypes.c_size_t * len(units))(*units)
+        _native.check(_native.lib().ddo_session_declare_order(self._session, order, len(units)),
                       _native.lib().ddo_session_error(self._session))
+
+    def _declare_observed(self):
+        """After the first root forward that acquired units: where they were acquired in
+        another order than the plan's, that order is declared (the units no forward acquired
+        after it, in the plan's order). Else the session prefetches by the plan's order at
+        every pass: on the VMM routes a unit then misses its prefetch where the order differs,
+        and the slots its range maps shift each pass (remaps)."""
+        seen, self._observed = self._observed, None
+        if not seen:
+            self._observed = []  # nothing acquired yet (every unit resident, or none called)
+            return
+        seen_set = set(seen)
+        order = seen + [u for u in range(self._unit_count) if u not in seen_set]
+        if order != list(range(self._unit_count)):
+            self._declare(order)
 
     def _move_unmanaged(self):
         """Buffers and skipped tensors: moved to the device once (reported in stats())."""
@@ -697,6 +721,8 @@ class OffloadResult:
 
     def _abort(self):
         """After an error in a root forward: every lease released unchecked, then _let_go."""
+        if self._observed:
+            self._observed = []  # a forward that raised: its order is observed again
         try:
             for u in list(self._leases):
                 self._release(u, check=False, whole=True)
@@ -750,6 +776,8 @@ class OffloadResult:
             for u in list(self._leases):  # left by a hook that did not run
                 self._release(u, check=False, whole=True)
             self._check_residents()
+            if self._observed is not None:
+                self._declare_observed()
         except BaseException:
             self._abort()
             raise
@@ -831,6 +859,8 @@ class OffloadResult:
         rc = L.ddo_session_acquire(self._session, u, self._stream())
         _native.check(rc, L.ddo_session_error(self._session) if rc else None)
         self._leases[u] = 1
+        if self._observed is not None and u not in self._observed:
+            self._observed.append(u)
         for t in self._unit_tensors[u]:
             v = self._view(t)
             for p in t.params:

@@ -250,7 +250,10 @@ def test_ddo_mode_on_the_cpu_device(fp):
         assert steps["step_host_s"] == [0.5]
         assert steps["step_ddo_copy_bytes"][0] == probes[1][1]["copy_bytes"] - \
             probes[0][1]["copy_bytes"] > 0
-        assert steps["step_ddo_copy_busy_s"][0] > 0 and steps["step_ddo_stall_s"][0] >= 0
+        # busy time is added when an upload's completion note runs (the device's callback
+        # thread), which may come after the probe: zero is a valid reading (seen on the H200
+        # machine's CPU with torch 2.11), negative is not
+        assert steps["step_ddo_copy_busy_s"][0] >= 0 and steps["step_ddo_stall_s"][0] >= 0
         mode.enter(["vae"])
         with torch.no_grad():
             pipe.vae(x)

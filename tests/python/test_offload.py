@@ -413,3 +413,46 @@ def test_a_library_that_is_not_libddo_is_refused_in_one_line():
     assert p.returncode != 0
     last = p.stderr.strip().splitlines()[-1]
     assert "LibraryError" in last and "is not libddo" in last
+
+
+class _CalledOutOfOrder(nn.Module):
+    """Embedders declared in another order than the forward calls them (as Diffusers' Flux
+    declares time_text_embed and context_embedder before x_embedder, which runs first)."""
+
+    def __init__(self, d=32, n=24):
+        super().__init__()
+        self.t1, self.t2, self.ctx = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.x_embedder = nn.Linear(8, d)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.LayerNorm(d), nn.Linear(d, d))
+                                     for _ in range(n)])
+        self.proj_out = nn.Linear(d, 8)
+
+    def forward(self, x):
+        h = self.x_embedder(x)
+        h = h + self.ctx(h) + self.t2(self.t1(h))
+        for b in self.blocks:
+            h = h + b(h)
+        return self.proj_out(h)
+
+
+def test_the_observed_order_is_declared_after_the_first_forward():
+    # The plan's unit order (declared at setup) is not the forward's: after the first forward
+    # the observed one is declared, so from the third pass on (the second settles the slots
+    # under the new order) every unit is prefetched in time and, on vmm_fast_runtime, keeps
+    # the slot its range maps: no miss and no remap. The plan's order missed about 3 units
+    # a pass here, and remapped as many.
+    torch.manual_seed(0)
+    m = _CalledOutOfOrder().to(torch.bfloat16)
+    x = torch.randn(1, 4, 8).to(torch.bfloat16)
+    ref = steps(m, x, 1)[0]
+    r = ddo.enable_offload(m, backend="vmm", execution_slots=3, **ZERO_RESIDENT)
+    assert r.plan["route"] == "vmm_fast_runtime"
+    outs = steps(r.module, x, 2)
+    before = r.metrics_snapshot().as_dict()["leases"]
+    outs += steps(r.module, x, 5)
+    after = r.metrics_snapshot().as_dict()["leases"]
+    assert all(torch.equal(o, ref) for o in outs)
+    assert after["acquires"] - before["acquires"] == 5 * r.plan["unit_count"]
+    assert after["misses"] == before["misses"], (before, after)
+    assert after["vmm_maps"] == before["vmm_maps"], (before, after)
+    r.close()
