@@ -154,20 +154,50 @@ int ddo__plan_cost_model(builder *b)
  * steps is the steady state. Streamed unit j of a step uses slot j mod slots in every step (a
  * count of streamed units that slots does not divide costs depth at the wrap). A step ends
  * when both its compute and its copies have (the host synchronizes between steps, as every
- * benchmark here does): copies for the next step that the slots let start early count in
- * this one, and the next starts with the copy engine idle. */
+ * benchmark here does). The prefetch window of a step's last units reaches into the next
+ * step, as the session's does: the next step's first slots - 1 streamed units load in this one
+ * (after the unit that held their slot has computed), and this step's end waits for them,
+ * except the one whose slot the last streamed unit holds (leased when its window is issued,
+ * so it loads at its own acquire, in the next step); the next step starts with the others
+ * loaded. */
 double ddo__plan_simulate(const ddo_plan *p, size_t slots)
 {
     return ddo__plan_simulate_scaled(p, slots, 1.0);
+}
+
+/* The transfer times of the first `max` streamed units, in order; returns how many there are
+ * in all (not only the first max). */
+static size_t first_streamed(const ddo_plan *p, double *transfer, size_t max, double scale)
+{
+    size_t n = 0;
+    for (size_t u = 0; u < p->unit_count; u++) {
+        if (p->units[u].resident)
+            continue;
+        if (n < max)
+            transfer[n] = p->units[u].transfer_s * scale;
+        n++;
+    }
+    return n;
 }
 
 double ddo__plan_simulate_scaled(const ddo_plan *p, size_t slots, double transfer_scale)
 {
     if (!p->cost_enabled || p->unit_count == 0)
         return 0.0;
-    double *ring = calloc(slots ? slots : 1, sizeof(double));
-    if (ring == NULL)
+    size_t ring_n = slots ? slots : 1;
+    double *ring = calloc(ring_n, sizeof(double));
+    double *head = calloc(ring_n, sizeof(double)); /* the first streamed units' transfers */
+    bool *loaded = calloc(ring_n, sizeof(bool));   /* ... loaded by the step before */
+    if (ring == NULL || head == NULL || loaded == NULL) {
+        free(ring);
+        free(head);
+        free(loaded);
         return 0.0;
+    }
+    size_t streamed = first_streamed(p, head, ring_n, transfer_scale);
+    /* With no more streamed units than slots, each keeps a slot of its own (no window wraps
+     * onto a busy slot): the model below still copies each unit every step. */
+    size_t wrap = slots > 1 && streamed > slots ? slots - 1 : 0;
     double copy_free = 0.0, compute_free = 0.0, step_end[2] = { 0.0, 0.0 };
     for (int step = 0; step < 2; step++) {
         size_t j = 0; /* a streamed unit keeps its slot from step to step (its position mod
@@ -178,19 +208,34 @@ double ddo__plan_simulate_scaled(const ddo_plan *p, size_t slots, double transfe
                 compute_free += un->compute_s;
                 continue;
             }
-            double slot_free = ring[j % slots];
-            double cs = copy_free > slot_free ? copy_free : slot_free;
-            double ce = cs + un->transfer_s * transfer_scale;
-            copy_free = ce;
+            double ce = 0.0; /* loaded by the step before: its copy ended by this step's start */
+            if (!(j < wrap && loaded[j])) {
+                double slot_free = ring[j % slots];
+                double cs = copy_free > slot_free ? copy_free : slot_free;
+                ce = cs + un->transfer_s * transfer_scale;
+                copy_free = ce;
+            }
             double start = compute_free > ce ? compute_free : ce;
             compute_free = start + un->compute_s;
             ring[j % slots] = compute_free;
             j++;
         }
+        /* The last units' window: the next step's first units (not the one whose slot the
+         * last streamed unit, j - 1, holds). */
+        for (size_t k = 0; k < wrap; k++) {
+            loaded[k] = (j - 1) % slots != k % slots;
+            if (!loaded[k])
+                continue;
+            double slot_free = ring[k % slots];
+            double cs = copy_free > slot_free ? copy_free : slot_free;
+            copy_free = cs + head[k];
+        }
         compute_free = copy_free = compute_free > copy_free ? compute_free : copy_free;
         step_end[step] = compute_free;
     }
     free(ring);
+    free(head);
+    free(loaded);
     return step_end[1] - step_end[0];
 }
 

@@ -699,6 +699,47 @@ static void test_cost_selection_fits_the_slots(void)
     fx_free(&tb);
 }
 
+/* The simulated step counts the prefetch that reaches into the next step, as the session's
+ * window does, where the benchmarks synchronize between steps: 8 units of 10 ms compute, 2
+ * slots, unit 2 large (64 MiB: 13.42 ms over the bus), the others 24 MiB (5.03 ms). Streaming
+ * 2, 3, 6 and 7, the last units' window loads unit 2 of the next step into the slot unit 6 held,
+ * over unit 7's 10 ms: the step ends 3.42 ms after the compute. Streaming 2, 3 and 7, unit 7
+ * holds that slot when its window is issued, so unit 2 loads in the next step, behind the two
+ * resident units before it: the step is the compute. */
+static void test_simulated_step_counts_the_wrap(void)
+{
+    fx_table tb = { 0 };
+    char uc[512];
+    size_t at = (size_t)snprintf(uc, sizeof(uc), "{");
+    for (int b = 0; b < 8; b++) {
+        fx_addf(&tb, DDO_DTYPE_BF16, 2, 4096, b == 2 ? 8192 : 3072, "blocks.%d.linear.weight", b);
+        at += (size_t)snprintf(uc + at, sizeof(uc) - at, "%s\"blocks.%d\": 0.01", b ? ", " : "", b);
+    }
+    snprintf(uc + at, sizeof(uc) - at, "}");
+    ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs),
+                           .bus_bytes_per_s = 5e9,
+                           .unit_compute_json = uc };
+    static const char *const resident[] = { "^blocks\\.(0|1|4|5)$", "^blocks\\.(0|1|4|5|6)$" };
+    static const double want[] = { 0.08 + (67108864 / 5e9 - 0.01), 0.08 };
+    for (size_t k = 0; k < 2; k++) {
+        ddo_config *cfg = NULL;
+        T_REQUIRE(ddo_config_create(&cfg) == 0);
+        T_EQ_INT(ddo_config_set(cfg, "execution_slots", "2"), 0);
+        T_EQ_INT(ddo_config_set(cfg, "resident_module_patterns", resident[k]), 0);
+        T_EQ_INT(ddo_config_set(cfg, "resident_module_budget_gb", "1"), 0);
+        T_EQ_INT(ddo_config_set(cfg, "resident_module_selection", "first"), 0);
+        ddo_plan *p = build(&tb, cfg, &in, 0);
+        T_REQUIRE(p != NULL);
+        ddo_plan_budgets bg;
+        ddo_plan_budgets_get(p, &bg);
+        T_EQ_U64(bg.slot_count, 2);
+        T_NEAR(bg.predicted_step_s, want[k], 1e-9);
+        ddo_plan_destroy(p);
+        ddo_config_destroy(cfg);
+    }
+    fx_free(&tb);
+}
+
 static void test_json_schema_and_determinism(void)
 {
     fx_table tb = { 0 };
@@ -873,6 +914,7 @@ int main(void)
     T_RUN(test_measured_unit_compute);
     T_RUN(test_cost_selection_simulates_the_step);
     T_RUN(test_cost_selection_fits_the_slots);
+    T_RUN(test_simulated_step_counts_the_wrap);
     T_RUN(test_json_schema_and_determinism);
     T_RUN(test_speed_3500_tensors);
     return t_done();
