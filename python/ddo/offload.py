@@ -423,10 +423,10 @@ class OffloadResult:
         if not seen:
             self._observed = []  # nothing acquired yet (every unit resident, or none called)
             return
+        if seen == sorted(seen):
+            return  # the plan's order (units no forward acquired, resident ones, aside)
         seen_set = set(seen)
-        order = seen + [u for u in range(self._unit_count) if u not in seen_set]
-        if order != list(range(self._unit_count)):
-            self._declare(order)
+        self._declare(seen + [u for u in range(self._unit_count) if u not in seen_set])
 
     def _move_unmanaged(self):
         """Buffers and skipped tensors: moved to the device once (reported in stats())."""

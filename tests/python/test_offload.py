@@ -456,3 +456,23 @@ def test_the_observed_order_is_declared_after_the_first_forward():
     assert after["misses"] == before["misses"], (before, after)
     assert after["vmm_maps"] == before["vmm_maps"], (before, after)
     r.close()
+
+
+def test_the_plans_order_is_kept_when_the_forward_follows_it():
+    # Units acquired in the plan's order, two budget-resident units (never acquired) among
+    # them: the order is not declared again (a new order makes the session settle its slots
+    # anew).
+    torch.manual_seed(0)
+    m = nn.Sequential(*[nn.Linear(32, 32) for _ in range(12)]).to(torch.bfloat16)
+    x = torch.randn(1, 4, 32).to(torch.bfloat16)
+    ref = steps(m, x, 1)[0]
+    opts = dict(ZERO_RESIDENT, resident_module_patterns=r"^(2|3)$", resident_module_budget_gb=1)
+    r = ddo.enable_offload(m, backend="vmm", execution_slots=3, unit_granularity="leaf", **opts)
+    resident = [u["name"] for u in r.plan["units"] if u.get("resident")]
+    assert resident == ["2", "3"], resident
+    declared = []
+    r._declare = declared.append
+    outs = steps(r.module, x, 3)
+    assert all(torch.equal(o, ref) for o in outs)
+    assert declared == []
+    r.close()
