@@ -495,6 +495,11 @@ def apply_compile(module, mode, res):
         res["compile_via"] = f"torch.compile per block ({n})"
     res["compile_mode"] = mode
     res["torch_compile_available"] = hasattr(torch, "compile")
+    try:  # inductor's run-to-run determinism (no benchmark-chosen kernels), where it exists
+        import torch._inductor.config as inductor_config
+        res["inductor_deterministic"] = bool(getattr(inductor_config, "deterministic", None))
+    except Exception:  # noqa: BLE001
+        res["inductor_deterministic"] = None
 
 
 def ddo_bytes(handle):
@@ -833,6 +838,7 @@ def bounds(results):
 
 def meta(args, names, wall):
     m = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+         "TORCHINDUCTOR_DETERMINISTIC": os.environ.get("TORCHINDUCTOR_DETERMINISTIC"),
          "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cases": names,
          "driver_wall_s": wall, "steps": args.steps, "tokens": list(tokens(args)),
          "tiny": args.tiny, "toy": args.toy, "ddo_preset": DDO_PRESET,
