@@ -180,6 +180,15 @@ static size_t first_streamed(const ddo_plan *p, double *transfer, size_t max, do
     return n;
 }
 
+/* One copy of transfer seconds into a slot free at slot_free: it starts when both the copy
+ * engine (*copy_free) and the slot are free; returns its end, which frees the engine. */
+static double copy_into(double *copy_free, double slot_free, double transfer)
+{
+    double cs = *copy_free > slot_free ? *copy_free : slot_free;
+    *copy_free = cs + transfer;
+    return *copy_free;
+}
+
 double ddo__plan_simulate_scaled(const ddo_plan *p, size_t slots, double transfer_scale)
 {
     if (!p->cost_enabled || p->unit_count == 0)
@@ -209,12 +218,8 @@ double ddo__plan_simulate_scaled(const ddo_plan *p, size_t slots, double transfe
                 continue;
             }
             double ce = 0.0; /* loaded by the step before: its copy ended by this step's start */
-            if (!(j < wrap && loaded[j])) {
-                double slot_free = ring[j % slots];
-                double cs = copy_free > slot_free ? copy_free : slot_free;
-                ce = cs + un->transfer_s * transfer_scale;
-                copy_free = ce;
-            }
+            if (!(j < wrap && loaded[j]))
+                ce = copy_into(&copy_free, ring[j % slots], un->transfer_s * transfer_scale);
             double start = compute_free > ce ? compute_free : ce;
             compute_free = start + un->compute_s;
             ring[j % slots] = compute_free;
@@ -224,11 +229,8 @@ double ddo__plan_simulate_scaled(const ddo_plan *p, size_t slots, double transfe
          * last streamed unit, j - 1, holds). */
         for (size_t k = 0; k < wrap; k++) {
             loaded[k] = (j - 1) % slots != k % slots;
-            if (!loaded[k])
-                continue;
-            double slot_free = ring[k % slots];
-            double cs = copy_free > slot_free ? copy_free : slot_free;
-            copy_free = cs + head[k];
+            if (loaded[k])
+                copy_into(&copy_free, ring[k % slots], head[k]);
         }
         compute_free = copy_free = compute_free > copy_free ? compute_free : copy_free;
         step_end[step] = compute_free;
