@@ -63,6 +63,9 @@ static void coded_case(const char *route, const char *codec, int pin, int slots)
                 raw, coded);
     T_CHECK(fx_metric(&f, "setup_codec_raw_tensors") == 0);
     fx_two_steps(&f, what);
+    /* the figures are read with no upload in flight: the window's prefetch after the last
+     * acquire may still be copying (its bytes counted in one metric and not yet the other) */
+    T_CHECK(ddo_session_synchronize(f.s) == 0);
     double decoded = fx_metric(&f, "bytes_decoded");
     double bus = fx_metric(&f, "bytes_coded_uploaded");
     if (slots >= f.o.blocks) { /* every unit loads once: exact figures */
