@@ -264,7 +264,8 @@ def gib_ceil(n):
     return f"{math.ceil(n / GIB * 1e4) / 1e4:.4f}"
 
 
-def ddo_budgets(component_tensors, ddo_bytes, resident_override=None, threshold=MIB):
+def ddo_budgets(component_tensors, ddo_bytes, resident_override=None, threshold=MIB,
+                transformer_slots=3):
     """Per component: the plan arithmetic and the ddo options, so that every phase's sessions
     together stay within ddo_bytes (the encode phase holds CLIP and T5 at once).
 
@@ -285,10 +286,11 @@ def ddo_budgets(component_tensors, ddo_bytes, resident_override=None, threshold=
             limit = probe["peak_bound_bytes"] + 32 * MIB
         else:
             limit = ddo_bytes
-        plan = component_plan(tensors, limit, always, blocks, threshold=threshold,
+        slots = transformer_slots if name == "transformer" else 3
+        plan = component_plan(tensors, limit, always, blocks, threshold=threshold, slots=slots,
                               resident_override=resident_override if blocks else None)
         limits[name] = limit
-        opts = dict(DDO_COMMON, always_resident_modules_pattern=always,
+        opts = dict(DDO_COMMON, execution_slots=slots, always_resident_modules_pattern=always,
                     small_tensor_threshold_bytes=threshold,
                     vmm_resident_weight_budget_gb=gib_ceil(limit) if name != "transformer"
                     else gib_floor(limit),
@@ -742,6 +744,164 @@ def step_probes(probes):
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# --probe: where a denoise step's host time goes (diagnosis of the first call's extra time)
+# ---------------------------------------------------------------------------------------------
+def transformer_children(transformer):
+    """The transformer's top-level children in call order, ModuleLists expanded."""
+    import torch
+    out = []
+    for name, m in transformer.named_children():
+        if isinstance(m, torch.nn.ModuleList):
+            out += [(f"{name}.{i}", c) for i, c in enumerate(m)]
+        else:
+            out.append((name, m))
+    return out
+
+
+class UnitProbe:
+    """--probe units: per transformer call (one per denoise step) and per top-level child
+    (embedders, every block, the output layers), the host clock before the other hooks (ddo's
+    acquire) run (a), when the child's own forward starts (b) and ends (c), after ddo's release
+    (d); CUDA events at b and c. Hooks added after ddo's, the outer ones prepended (torch >= 2;
+    on torch 1.13 a = b and c = d, stamped after ddo's hooks). Only the clock and events: the step's work is unchanged."""
+
+    def __init__(self, transformer):
+        import torch
+        self.torch = torch
+        self.calls, self.cur, self.handles = [], None, []
+        self.names = []
+        kw = {"prepend": True}
+        try:
+            transformer.register_forward_pre_hook(lambda *a: None, **kw).remove()
+        except TypeError:
+            kw = None
+        self.handles.append(transformer.register_forward_pre_hook(self._begin, **(kw or {})))
+        self.handles.append(transformer.register_forward_hook(self._end))
+        for i, (name, m) in enumerate(transformer_children(transformer)):
+            self.names.append(name)
+            if kw is not None:
+                self.handles.append(m.register_forward_pre_hook(
+                    lambda mod, args, i=i: self._stamp(i, "a"), **kw))
+                self.handles.append(m.register_forward_hook(
+                    lambda mod, args, out, i=i: self._stamp(i, "c", True), **kw))
+            self.handles.append(m.register_forward_pre_hook(
+                lambda mod, args, i=i: self._stamp(i, "b", True)))
+            self.handles.append(m.register_forward_hook(
+                lambda mod, args, out, i=i: self._stamp(i, "d") if kw is not None else
+                (self._stamp(i, "c", True), self._stamp(i, "d"))))
+
+    def _event(self):
+        ev = self.torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def _begin(self, mod, args):
+        self.cur = {"t0": time.perf_counter(), "e0": self._event(), "u": {}}
+
+    def _stamp(self, i, key, event=False):
+        if self.cur is None:
+            return
+        rec = self.cur["u"].setdefault(i, {})
+        rec[key] = time.perf_counter()
+        if event:
+            rec["e" + key] = self._event()
+
+    def _end(self, mod, args, out):
+        if self.cur is not None:
+            self.cur["t1"] = time.perf_counter()
+            self.cur["e1"] = self._event()
+            self.calls.append(self.cur)
+        self.cur = None
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+    def summary(self, steps):
+        """Per call: host totals (ms) and, for the first two calls of every run and the last
+        call, per child: a's offset from the call's start, ddo's pre-hook (b - a), the forward
+        (c - b), ddo's post-hook (d - c) in host ms, and the GPU's start offset and duration."""
+        self.torch.cuda.synchronize()
+        out = []
+        for k, c in enumerate(self.calls):
+            t0, e0 = c["t0"], c["e0"]
+            us = [c["u"].get(i, {}) for i in range(len(self.names))]
+            ms = lambda x: round(x * 1e3, 3)  # noqa: E731
+            a = [u.get("a", u.get("b")) for u in us]
+            d = [u.get("d", u.get("c")) for u in us]
+            row = {"call": k, "run": k // steps, "step": k % steps,
+                   "host_ms": ms(c["t1"] - t0),
+                   "gpu_ms": round(e0.elapsed_time(c["e1"]), 3),
+                   "host_pre_hooks_ms": ms(sum(u["b"] - x for u, x in zip(us, a) if "b" in u)),
+                   "host_forward_ms": ms(sum(u["c"] - u["b"] for u in us if "c" in u)),
+                   "host_post_hooks_ms": ms(sum(x - u["c"] for u, x in zip(us, d) if "c" in u)),
+                   "host_between_ms": ms((c["t1"] - t0) - sum(
+                       y - x for x, y in zip(a, d) if x is not None and y is not None))}
+            if k % steps < 2 or k == len(self.calls) - 1:
+                row["units"] = {
+                    "name": self.names,
+                    "host_a_ms": [ms(x - t0) if x else None for x in a],
+                    "host_pre_ms": [ms(u["b"] - x) if "b" in u else None for u, x in zip(us, a)],
+                    "host_fwd_ms": [ms(u["c"] - u["b"]) if "c" in u else None for u in us],
+                    "host_post_ms": [ms(x - u["c"]) if "c" in u else None
+                                     for u, x in zip(us, d)],
+                    "gpu_start_ms": [round(e0.elapsed_time(u["eb"]), 3) if "eb" in u else None
+                                     for u in us],
+                    "gpu_ms": [round(u["eb"].elapsed_time(u["ec"]), 3) if "ec" in u else None
+                               for u in us]}
+            out.append(row)
+        return out
+
+
+class PythonProbe:
+    """--probe python: cProfile over each run's denoise call (the pipeline call alone); per run
+    the functions with the most own time, and the first run's excess over the last run's."""
+
+    def __init__(self):
+        self.stats = []
+
+    def run(self, fn):
+        import cProfile
+        prof = cProfile.Profile()
+        prof.enable()
+        try:
+            return fn()
+        finally:
+            prof.disable()
+            self.stats.append(prof)
+
+    def summary(self, top=40):
+        import pstats
+
+        def table(prof):
+            st = pstats.Stats(prof)
+            rows = {}
+            for (f, line, fn), (cc, nc, tt, ct, _) in st.stats.items():
+                rows[f"{os.path.basename(f)}:{line}({fn})"] = (nc, tt, ct)
+            return rows
+
+        tabs = [table(p) for p in self.stats]
+        out = {"runs": []}
+        for t in tabs:
+            best = sorted(t.items(), key=lambda kv: -kv[1][1])[:top]
+            out["runs"].append([[k, n, round(tt * 1e3, 3), round(ct * 1e3, 3)]
+                                for k, (n, tt, ct) in best])
+        if len(tabs) > 1:
+            first, last = tabs[0], tabs[-1]
+            diff = {k: (v[1] - last.get(k, (0, 0, 0))[1], v[2] - last.get(k, (0, 0, 0))[2],
+                        v[0], last.get(k, (0, 0, 0))[0]) for k, v in first.items()}
+            out["first_minus_last_tottime"] = [
+                [k, round(dt * 1e3, 3), round(dc * 1e3, 3), n1, n2]
+                for k, (dt, dc, n1, n2) in sorted(diff.items(), key=lambda kv: -kv[1][0])[:top]]
+            out["first_minus_last_cumtime"] = [
+                [k, round(dt * 1e3, 3), round(dc * 1e3, 3), n1, n2]
+                for k, (dt, dc, n1, n2) in sorted(diff.items(), key=lambda kv: -kv[1][1])[:top]]
+        return out
+
+
+
 def run_pipeline(pipe, mode, args, res, write):
     """setup, then the three phases; every figure into res; returns (embeds, latents, image).
     With --runs N the phases run N times: the first run's figures are res's own (a process's
@@ -754,6 +914,8 @@ def run_pipeline(pipe, mode, args, res, write):
     res["setup_s"] = time.perf_counter() - t0
     res["setup_torch_max_reserved_bytes"] = torch.cuda.max_memory_reserved()
     write()
+    args.probe_obj = (UnitProbe(pipe.transformer) if args.probe == "units" else
+                      PythonProbe() if args.probe == "python" else None)
     out = run_phases(pipe, mode, args, res, write, ids)
     res["total_s"] = time.perf_counter() - t0
     for _ in range(1, args.runs):
@@ -764,6 +926,12 @@ def run_pipeline(pipe, mode, args, res, write):
         again["phases_s"] = time.perf_counter() - t
         again["latents_equal_first_run"] = bool(torch.equal(repeat[1], out[1]))
         write()
+    if args.probe_obj is not None:
+        res["probe"] = {"kind": args.probe, "summary": (args.probe_obj.summary(args.steps)
+                        if args.probe == "units" else args.probe_obj.summary())}
+        if args.probe == "units":
+            args.probe_obj.close()
+        args.probe_obj = None
     return out
 
 
@@ -780,7 +948,8 @@ def run_phases(pipe, mode, args, res, write, ids):
         start.record()
         t = time.perf_counter()
         probes.append((t, mode.step_probe()))
-        lat = denoise(pipe, pe, pooled, args, events, probes, mode.step_probe)
+        call = lambda: denoise(pipe, pe, pooled, args, events, probes, mode.step_probe)  # noqa
+        lat = (args.probe_obj.run(call) if isinstance(args.probe_obj, PythonProbe) else call())
         torch.cuda.synchronize()
         res["denoise_s"] = time.perf_counter() - t
         return lat
@@ -859,7 +1028,8 @@ def run_case(case, args, write_result):
         if spec["kind"] == "ddo":
             res["ddo_budgets"] = ddo_budgets({n: tensors_of(comps[n]) for n in COMPONENTS},
                                              res["split"]["ddo_bytes"], args.ddo_resident_bytes,
-                                             threshold=0 if args.tiny else MIB)
+                                             threshold=0 if args.tiny else MIB,
+                                             transformer_slots=args.ddo_slots)
             if not res["ddo_budgets"]["ok"]:
                 raise RuntimeError(f"ddo budgets do not fit: {res['ddo_budgets']['why']}")
         ref = load_ref(args, res) if spec["kind"] != "resident" else None
@@ -921,9 +1091,11 @@ def case_command(case, args, result_path, deadline_epoch):
            "--text-tokens", str(args.text_tokens), "--device", args.device,
            "--device-gib", str(args.device_gib), "--torch-gib", str(args.torch_gib),
            "--margin-gib", str(args.margin_gib), "--bus-gib", str(args.bus_gib),
-           "--runs", str(args.runs), "--deadline-epoch", f"{deadline_epoch:.3f}"]
+           "--runs", str(args.runs), "--probe", args.probe,
+           "--deadline-epoch", f"{deadline_epoch:.3f}"]
     if args.ddo_resident_gib is not None:
         cmd += ["--ddo-resident-gib", str(args.ddo_resident_gib)]
+    cmd += ["--ddo-slots", str(args.ddo_slots)]
     if args.tiny:
         cmd.append("--tiny")
     return cmd
@@ -1013,10 +1185,12 @@ def meta(args, names, wall):
     m = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv),
          "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cases": names,
          "driver_wall_s": wall, "tiny": args.tiny, "height": args.height, "width": args.width,
-         "steps": args.steps, "runs": args.runs, "guidance": args.guidance, "seed": args.seed,
+         "steps": args.steps, "runs": args.runs, "probe": args.probe,
+         "guidance": args.guidance, "seed": args.seed,
          "text_tokens": args.text_tokens, "device_gib": args.device_gib,
          "torch_gib": args.torch_gib, "margin_gib": args.margin_gib,
-         "ddo_resident_gib": args.ddo_resident_gib, "ddo_preset": DDO_PRESET,
+         "ddo_resident_gib": args.ddo_resident_gib, "ddo_slots": args.ddo_slots,
+         "ddo_preset": DDO_PRESET,
          "ddo_backend": DDO_BACKEND, "ddo_common": DDO_COMMON, "ddo_always": DDO_ALWAYS,
          "case_table": {k: v["what"] for k, v in CASES.items()}}
     for mod in ("torch", "diffusers", "transformers", "accelerate"):
@@ -1138,6 +1312,9 @@ def parse_args(argv=None):
     p.add_argument("--ddo-resident-gib", type=float, default=None,
                    help="ddo case: the transformer's resident blocks (default: what the budget "
                         "leaves after three slots; --tiny: 0, every block streams)")
+    p.add_argument("--ddo-slots", type=int, default=3,
+                   help="ddo case: the transformer's execution_slots (how far its uploads may "
+                        "run ahead of the compute)")
     p.add_argument("--bus-gib", type=float, default=None,
                    help="size of the pinned bus copy (default 4; --tiny: 1)")
     p.add_argument("--deadline-s", type=float, default=420.0,
@@ -1153,6 +1330,12 @@ def parse_args(argv=None):
                    help="driver: CUDA_MODULE_LOADING for every case alike (lazy, CUDA 12's "
                         "default, loads each kernel at its first launch: host time in the first "
                         "denoise step; eager moves it to context creation)")
+    p.add_argument("--probe", choices=["none", "units", "python"], default="none",
+                   help="diagnosis of where a denoise step's host time goes (results under "
+                        "'probe'): units: the host clock and CUDA events around every "
+                        "top-level child of the transformer and ddo's hooks, per step; python: "
+                        "cProfile over each run's denoise call (slows the host: its timings "
+                        "are not the benchmark's)")
     p.add_argument("--deadline-epoch", type=float, default=0.0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     side = 256 if a.tiny else 1024
