@@ -764,7 +764,8 @@ class UnitProbe:
     (embedders, every block, the output layers), the host clock before the other hooks (ddo's
     acquire) run (a), when the child's own forward starts (b) and ends (c), after ddo's release
     (d); CUDA events at b and c. Hooks added after ddo's, the outer ones prepended (torch >= 2;
-    on torch 1.13 a = b and c = d, stamped after ddo's hooks). Only the clock and events: the step's work is unchanged."""
+    on torch 1.13 a = b and c = d, stamped after ddo's hooks). Only the clock and events: the
+    step's work is unchanged."""
 
     def __init__(self, transformer):
         import torch
@@ -855,6 +856,55 @@ class UnitProbe:
         return out
 
 
+class TorchProbe:
+    """--probe torch: torch.profiler (CPU and CUDA activities) over each run's denoise call;
+    per run the host calls of 1 ms or more in time order (CUDA runtime calls and aten ops, with
+    their start in ms from the call's start) and the runtime calls' totals by name. The
+    profiler is started once in setup so that its own start-up is not in the first call."""
+
+    def __init__(self):
+        import torch
+        self.torch, self.runs = torch, []
+        with torch.profiler.profile(activities=self._acts()):
+            torch.zeros(1, device="cuda").add_(1)
+        torch.cuda.synchronize()
+
+    def _acts(self):
+        a = self.torch.profiler.ProfilerActivity
+        return [a.CPU, a.CUDA]
+
+    def run(self, fn):
+        with self.torch.profiler.profile(activities=self._acts()) as prof:
+            out = fn()
+        self.runs.append(self._digest(prof))
+        return out
+
+    def _digest(self, prof):
+        evs = list(prof.events())
+        t0 = min((e.time_range.start for e in evs), default=0)
+        long, totals = [], {}
+        for e in evs:
+            if e.device_type.name != "CPU":
+                continue
+            dur = (e.time_range.end - e.time_range.start) / 1e3
+            rt = e.name.startswith(("cuda", "cu"))
+            if rt:
+                t = totals.setdefault(e.name, [0, 0.0, 0.0])
+                t[0] += 1
+                t[1] += dur
+                t[2] = max(t[2], dur)
+            if dur >= 1.0 and (rt or e.name.startswith("aten::")):
+                long.append([round((e.time_range.start - t0) / 1e3, 3), round(dur, 3), e.name])
+        long.sort()
+        return {"long_calls": long[:400],
+                "runtime_totals": sorted([[k, n, round(t, 3), round(m, 3)]
+                                          for k, (n, t, m) in totals.items()],
+                                         key=lambda r: -r[2])[:40]}
+
+    def summary(self, top=40):
+        return {"runs": self.runs}
+
+
 class PythonProbe:
     """--probe python: cProfile over each run's denoise call (the pipeline call alone); per run
     the functions with the most own time, and the first run's excess over the last run's."""
@@ -915,7 +965,8 @@ def run_pipeline(pipe, mode, args, res, write):
     res["setup_torch_max_reserved_bytes"] = torch.cuda.max_memory_reserved()
     write()
     args.probe_obj = (UnitProbe(pipe.transformer) if args.probe == "units" else
-                      PythonProbe() if args.probe == "python" else None)
+                      PythonProbe() if args.probe == "python" else
+                      TorchProbe() if args.probe == "torch" else None)
     out = run_phases(pipe, mode, args, res, write, ids)
     res["total_s"] = time.perf_counter() - t0
     for _ in range(1, args.runs):
@@ -935,6 +986,21 @@ def run_pipeline(pipe, mode, args, res, write):
     return out
 
 
+def prewarm_torch_pool(gib, device, res):
+    """--prewarm-torch-gib: one allocation of gib, freed at once, so that torch's caching
+    allocator holds a segment the step's large activations are cut from (a cudaMalloc in the
+    middle of a step waits for the device). Inside denoise_s; an error is recorded, not
+    raised."""
+    import torch
+    before = torch.cuda.memory_reserved(device)
+    try:
+        x = torch.empty(int(gib * GIB), dtype=torch.uint8, device=device)
+        del x
+    except Exception as e:  # noqa: BLE001
+        res["prewarm_error"] = f"{type(e).__name__}: {e}"[:300]
+    res["prewarm_reserved_bytes"] = [before, torch.cuda.memory_reserved(device)]
+
+
 def run_phases(pipe, mode, args, res, write, ids):
     """encode -> denoise -> decode (each reloads its components and unloads them after)."""
     import torch
@@ -947,9 +1013,12 @@ def run_phases(pipe, mode, args, res, write, ids):
     def run_denoise():
         start.record()
         t = time.perf_counter()
+        if args.prewarm_torch_gib:
+            prewarm_torch_pool(args.prewarm_torch_gib, dev, res)
         probes.append((t, mode.step_probe()))
         call = lambda: denoise(pipe, pe, pooled, args, events, probes, mode.step_probe)  # noqa
-        lat = (args.probe_obj.run(call) if isinstance(args.probe_obj, PythonProbe) else call())
+        lat = (args.probe_obj.run(call) if isinstance(args.probe_obj, (PythonProbe, TorchProbe))
+               else call())
         torch.cuda.synchronize()
         res["denoise_s"] = time.perf_counter() - t
         return lat
@@ -1095,7 +1164,8 @@ def case_command(case, args, result_path, deadline_epoch):
            "--deadline-epoch", f"{deadline_epoch:.3f}"]
     if args.ddo_resident_gib is not None:
         cmd += ["--ddo-resident-gib", str(args.ddo_resident_gib)]
-    cmd += ["--ddo-slots", str(args.ddo_slots)]
+    cmd += ["--ddo-slots", str(args.ddo_slots),
+            "--prewarm-torch-gib", str(args.prewarm_torch_gib)]
     if args.tiny:
         cmd.append("--tiny")
     return cmd
@@ -1190,6 +1260,8 @@ def meta(args, names, wall):
          "text_tokens": args.text_tokens, "device_gib": args.device_gib,
          "torch_gib": args.torch_gib, "margin_gib": args.margin_gib,
          "ddo_resident_gib": args.ddo_resident_gib, "ddo_slots": args.ddo_slots,
+         "prewarm_torch_gib": args.prewarm_torch_gib,
+         "pytorch_cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
          "ddo_preset": DDO_PRESET,
          "ddo_backend": DDO_BACKEND, "ddo_common": DDO_COMMON, "ddo_always": DDO_ALWAYS,
          "case_table": {k: v["what"] for k, v in CASES.items()}}
@@ -1312,6 +1384,11 @@ def parse_args(argv=None):
     p.add_argument("--ddo-resident-gib", type=float, default=None,
                    help="ddo case: the transformer's resident blocks (default: what the budget "
                         "leaves after three slots; --tiny: 0, every block streams)")
+    p.add_argument("--prewarm-torch-gib", type=float, default=0.0,
+                   help="every case: before each pipeline call (inside denoise_s), torch "
+                        "allocates and frees this many GiB, so its caching allocator cuts the "
+                        "first step's activations from one segment instead of calling "
+                        "cudaMalloc during the step")
     p.add_argument("--ddo-slots", type=int, default=3,
                    help="ddo case: the transformer's execution_slots (how far its uploads may "
                         "run ahead of the compute)")
@@ -1330,12 +1407,13 @@ def parse_args(argv=None):
                    help="driver: CUDA_MODULE_LOADING for every case alike (lazy, CUDA 12's "
                         "default, loads each kernel at its first launch: host time in the first "
                         "denoise step; eager moves it to context creation)")
-    p.add_argument("--probe", choices=["none", "units", "python"], default="none",
+    p.add_argument("--probe", choices=["none", "units", "python", "torch"], default="none",
                    help="diagnosis of where a denoise step's host time goes (results under "
                         "'probe'): units: the host clock and CUDA events around every "
                         "top-level child of the transformer and ddo's hooks, per step; python: "
-                        "cProfile over each run's denoise call (slows the host: its timings "
-                        "are not the benchmark's)")
+                        "cProfile over each run's denoise call; torch: torch.profiler over it, "
+                        "the host calls of 1 ms or more (python and torch slow the host: their "
+                        "timings are not the benchmark's)")
     p.add_argument("--deadline-epoch", type=float, default=0.0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     side = 256 if a.tiny else 1024
