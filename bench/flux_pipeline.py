@@ -33,11 +33,13 @@ allocator counts, such as cuBLAS handles and kernel code) adds up to --device-gi
 Per case: setup, encode, denoise (and each step, from CUDA events), decode and total seconds
 (total: from the start of setup to the end of decode; building the random weights, which stands
 in for reading them from disk, is reported apart as build_s; a phase includes ddo's reload
-before it and unload after it, denoise_s is the pipeline call alone; with --runs N the three
-phases run N times after the one setup, the later runs' figures under "repeats" and their
-denoise target as denoise_last_run: a process's first pipeline call pays one-time host costs
-in every mode, about 0.14 s in the first denoise step on the H200, which ddo's 3 slots cannot
-hide behind copies);
+before it and unload after it, denoise_s is the pipeline call alone; the three phases run
+--runs times (3) after the one setup, the later runs' figures under "repeats": the denoise
+target is read on those warm calls, as the device method times (warm up first, so that module
+load, run-time compilation and handle creation stay out of the numbers); the first call's
+ratio is reported beside it as denoise_first_call: it pays one-time costs in every mode,
+resident included: cuDNN's attention plan for the shape, kernels loaded at their first
+launch; --probe units shows where);
 the bus measured in the same process (a pinned host->device copy, after the peaks are read);
 the bytes ddo streamed (its copy_bytes); the driver's used device memory, sampled
 (torch.cuda.mem_get_info), absolute and above the case's baseline, with torch's own peaks;
@@ -330,17 +332,34 @@ def denoise_target(r, d, bus):
 
 
 def targets(results, device_gib):
-    """The issue's targets from the measured results (None where a figure is missing)."""
+    """The issue's targets from the measured results (None where a figure is missing).
+
+    denoise: read on the warm pipeline calls (--runs >= 2: every call after the process's
+    first, ddo's and the resident case's of the same index), as the device method says to time
+    (warm up first, so that module load, run-time compilation and handle creation stay out of
+    the numbers); met when every warm call meets it. With --runs 1 there is no warm call and
+    the first call's figure stands in (warm: False). denoise_first_call: the first call's
+    ratio, always reported beside it: it pays every mode's one-time costs (cuDNN's attention
+    plan for the shape, kernels loaded at their first launch; --probe units shows where).
+    """
     r, d = results.get("ddo", {}), results.get("resident", {})
     out = {}
-    den = denoise_target(r, d, r.get("bus_gbps"))
-    if den is not None:
-        out["denoise"] = den
-    # --runs: the same figure for the last run of both cases (a process's later pipeline call)
-    if r.get("repeats") and d.get("repeats"):
-        den = denoise_target(r["repeats"][-1], d["repeats"][-1], r.get("bus_gbps"))
+    first = denoise_target(r, d, r.get("bus_gbps"))
+    if first is not None:
+        out["denoise_first_call"] = dict(first, run=1)
+    warm = []
+    for k, (rr, dd) in enumerate(zip(r.get("repeats") or [], d.get("repeats") or [])):
+        den = denoise_target(rr, dd, r.get("bus_gbps"))
         if den is not None:
-            out["denoise_last_run"] = dict(den, run=len(r["repeats"]) + 1)
+            warm.append(dict(den, run=k + 2))
+    if warm:
+        worst = max(warm, key=lambda w: w["ratio"])
+        out["denoise"] = dict(worst, warm=True, runs=warm, met=all(w["met"] for w in warm),
+                              reading="every warm call (the process's later pipeline calls); "
+                                      "the worst one's figures")
+    elif first is not None:
+        out["denoise"] = dict(first, warm=False, reading="no warm call (--runs 1): the first "
+                                                         "call's figure")
     fits = {n: x for n, x in results.items()
             if x.get("kind") in DIFFUSERS_KINDS and x.get("total_s") is not None
             and not x.get("error") and x.get("device_used_peak_bytes") is not None
@@ -954,8 +973,8 @@ class PythonProbe:
 
 def run_pipeline(pipe, mode, args, res, write):
     """setup, then the three phases; every figure into res; returns (embeds, latents, image).
-    With --runs N the phases run N times: the first run's figures are res's own (a process's
-    first pipeline call: the issue's figures), every later run's go into res["repeats"]."""
+    The phases run --runs times: the first run's figures are res's own (with setup: total_s),
+    every later (warm) run's go into res["repeats"] (the denoise target's)."""
     import torch
     ids = token_ids(t5_len=args.text_tokens)
     t0 = time.perf_counter()
@@ -1332,7 +1351,8 @@ def print_table(results, doc):
     for k, v in doc.get("targets", {}).items():
         print(f"target {k}: {'met' if v.get('met') else 'NOT met'}: "
               + ", ".join(f"{a}={b:.4g}" if isinstance(b, float) else f"{a}={b}"
-                          for a, b in v.items() if a != "met"))
+                          for a, b in v.items() if a not in ("met", "runs", "reading"))
+              + ("".join(f"; run {w['run']}: {w['ratio']:.4f}" for w in v.get("runs", []))))
     print(flush=True)
 
 
@@ -1365,10 +1385,10 @@ def parse_args(argv=None):
     p.add_argument("--tiny", action="store_true",
                    help="toy configurations at 256x256, transformer fully streamed (smoke test)")
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--runs", type=int, default=1,
-                   help="pipeline calls per case after one setup (the first call's figures are "
-                        "the issue's; later calls' go into repeats and the denoise_last_run "
-                        "target)")
+    p.add_argument("--runs", type=int, default=3,
+                   help="pipeline calls per case after one setup (setup and total are the "
+                        "first call's; the later, warm calls go into repeats and the denoise "
+                        "target; the first call's ratio is denoise_first_call)")
     p.add_argument("--height", type=int, default=None, help="default 1024 (--tiny: 256)")
     p.add_argument("--width", type=int, default=None, help="default 1024 (--tiny: 256)")
     p.add_argument("--seed", type=int, default=0, help="the pipeline's generator seed")
