@@ -920,7 +920,7 @@ class TorchProbe:
                                           for k, (n, t, m) in totals.items()],
                                          key=lambda r: -r[2])[:40]}
 
-    def summary(self, top=40):
+    def summary(self):
         return {"runs": self.runs}
 
 
