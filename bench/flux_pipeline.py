@@ -808,8 +808,7 @@ class UnitProbe:
             self.handles.append(m.register_forward_pre_hook(
                 lambda mod, args, i=i: self._stamp(i, "b", True)))
             self.handles.append(m.register_forward_hook(
-                lambda mod, args, out, i=i: self._stamp(i, "d") if kw is not None else
-                (self._stamp(i, "c", True), self._stamp(i, "d"))))
+                lambda mod, args, out, i=i: self._post(i, kw is None)))
 
     def _event(self):
         ev = self.torch.cuda.Event(enable_timing=True)
@@ -827,12 +826,22 @@ class UnitProbe:
         if event:
             rec["e" + key] = self._event()
 
+    def _post(self, i, also_c):
+        """The last post-hook (d); on torch 1.13 also c (no prepended hook stamps it). Returns
+        None: a forward hook's value would replace the module's output."""
+        if also_c:
+            self._stamp(i, "c", True)
+        self._stamp(i, "d")
+
     def _end(self, mod, args, out):
         if self.cur is not None:
             self.cur["t1"] = time.perf_counter()
             self.cur["e1"] = self._event()
             self.calls.append(self.cur)
         self.cur = None
+
+    def run(self, fn):
+        return fn()  # the hooks do the probing
 
     def close(self):
         for h in self.handles:
@@ -920,8 +929,11 @@ class TorchProbe:
                                           for k, (n, t, m) in totals.items()],
                                          key=lambda r: -r[2])[:40]}
 
-    def summary(self):
+    def summary(self, steps):
         return {"runs": self.runs}
+
+    def close(self):
+        pass
 
 
 class PythonProbe:
@@ -941,7 +953,10 @@ class PythonProbe:
             prof.disable()
             self.stats.append(prof)
 
-    def summary(self, top=40):
+    def close(self):
+        pass
+
+    def summary(self, steps, top=40):
         import pstats
 
         def table(prof):
@@ -997,10 +1012,8 @@ def run_pipeline(pipe, mode, args, res, write):
         again["latents_equal_first_run"] = bool(torch.equal(repeat[1], out[1]))
         write()
     if args.probe_obj is not None:
-        res["probe"] = {"kind": args.probe, "summary": (args.probe_obj.summary(args.steps)
-                        if args.probe == "units" else args.probe_obj.summary())}
-        if args.probe == "units":
-            args.probe_obj.close()
+        res["probe"] = {"kind": args.probe, "summary": args.probe_obj.summary(args.steps)}
+        args.probe_obj.close()
         args.probe_obj = None
     return out
 
@@ -1036,8 +1049,7 @@ def run_phases(pipe, mode, args, res, write, ids):
             prewarm_torch_pool(args.prewarm_torch_gib, dev, res)
         probes.append((t, mode.step_probe()))
         call = lambda: denoise(pipe, pe, pooled, args, events, probes, mode.step_probe)  # noqa
-        lat = (args.probe_obj.run(call) if isinstance(args.probe_obj, (PythonProbe, TorchProbe))
-               else call())
+        lat = call() if args.probe_obj is None else args.probe_obj.run(call)
         torch.cuda.synchronize()
         res["denoise_s"] = time.perf_counter() - t
         return lat
