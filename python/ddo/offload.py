@@ -203,8 +203,11 @@ def _check_param(name, p, to_ddo):
 class OffloadResult:
     """A module whose weights ddo streams (routing.py: enable_offload, enable_dynamic_offload)."""
 
-    def __init__(self, module, cfg, source=None, profile=None):
+    def __init__(self, module, cfg, source=None, profile=None, before_session=None):
         self.module = module
+        # before_session(self): called once the plan is built, before the session takes any
+        # device memory (enable_pipeline_offload's stager makes room for it there).
+        self._before_session = before_session
         self._cfg = cfg
         # profile: what profiles.prepare() found (measured rates and per-unit compute feed
         # the plan's cost model); profile_run() times every unit's forward (_timing).
@@ -294,6 +297,8 @@ class OffloadResult:
                                        ctypes.byref(plan)))
         self._plan = plan
         self.plan = json.loads(self._plan_json())
+        if self._before_session is not None:
+            self._before_session(self)
         if self.device.type == "cuda":
             torch.cuda.init()  # torch's context is the primary one ddo retains
         opts = _lib.SessionOptions()

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from . import _lib, _native, offload, ownership, profiles
+from . import _lib, _native, offload, ownership, profiles, staging
 from .settings import DynamicOffloadSettings, resolve_config, same_component
 
 ROUTES = ("dynamic_offload", "diffusers_group_offload", "none")
@@ -39,6 +39,15 @@ def _import_apply_group_offloading():
             f"apply_group_offloading, which cannot be imported ({e}): install diffusers or "
             f"choose route='dynamic_offload' or 'none'") from None
     return apply_group_offloading
+
+
+def _diffusers_available():
+    """Whether the diffusers_group_offload route can run here."""
+    try:
+        _import_apply_group_offloading()
+    except _native.DdoError:
+        return False
+    return True
 
 
 def detect_quantized_backend_modules(module):
@@ -238,6 +247,13 @@ def resolve_route(module, preset="auto", *, component="model", route=None, setti
                                             for k in config.explicit())
     given = (configured or overridden) and not explicit
     pol = _policy(cfg, component, route, quant, overrides_given=given)
+    if pol["route"] == "diffusers_group_offload" and route is None and not explicit and \
+            pol["route_source"].startswith(("auto", "default", "preset:")) and \
+            not _diffusers_available():
+        # A default, not a request: without Diffusers the component is streamed by ddo.
+        why = pol["route_source"]
+        pol = _policy(cfg, component, "dynamic_offload", quant, overrides_given=given)
+        pol["route_source"] = f"{why}; Diffusers not importable: dynamic_offload"
     if not low_cpu_mem_usage and not _option_set(cfg, component, "offload_low_cpu_mem_usage"):
         pol["low_cpu_mem_usage"] = False
     # Nothing changed the given settings: the same object (upstream's identity rule, §1.3).
@@ -370,14 +386,14 @@ def _refuse_managed(module):
 
 
 def apply_route(module, pol, cfg, st, component, *, apply_hook=True, source=None,
-                record_event=None, event_names=None):
+                record_event=None, event_names=None, stager=None):
     """Applies a resolved route to module (the second half of enable_offload).
 
     apply_hook=False attaches nothing and leaves the module as it is (upstream §1.3 step 5,
     §1.4): a RouteResult with should_move_to_execution_device True on every route.
     record_event(name, seconds, **payload) is the host's event callback (upstream's)."""
     t0 = time.perf_counter()
-    res = _apply_route(module, pol, cfg, st, component, apply_hook, source)
+    res = _apply_route(module, pol, cfg, st, component, apply_hook, source, stager)
     if record_event is not None:
         names = event_names or {}
         r = res.route
@@ -393,7 +409,7 @@ def apply_route(module, pol, cfg, st, component, *, apply_hook=True, source=None
     return res
 
 
-def _apply_route(module, pol, cfg, st, component, apply_hook, source):
+def _apply_route(module, pol, cfg, st, component, apply_hook, source, stager=None):
     r = pol["route"]
     if r not in ROUTES:
         raise ValueError(f"component {component}: route {r!r}: expected one of "
@@ -425,8 +441,9 @@ def _apply_route(module, pol, cfg, st, component, apply_hook, source):
             cfg.override("unit_granularity", pol["unit_granularity"])
         owned = ownership.preflight(module, cfg, component)
         prof = profiles.prepare(module, cfg, source=source)
-        res = offload.OffloadResult(module, cfg, profile=prof,
-                                    **({"source": source} if source else {}))
+        res = offload.OffloadResult(
+            module, cfg, profile=prof, **({"source": source} if source else {}),
+            before_session=stager.before_session(component) if stager is not None else None)
         res.ownership = owned
         res.route = r
         res.component = component
@@ -441,7 +458,10 @@ def _apply_route(module, pol, cfg, st, component, apply_hook, source):
         res.event_payload = payload
         return res
     if r == "diffusers_group_offload":
-        apply_group = _import_apply_group_offloading()
+        try:
+            apply_group = _import_apply_group_offloading()
+        except _native.DdoError as e:
+            raise _native.DdoError(e.code, f"component {component}: {e.detail}") from None
         kwargs = _group_kwargs(pol, device, with_devices=True)
         payload.update({k: v for k, v in kwargs.items() if k not in ("onload_device",
                                                                       "offload_device")})
@@ -450,6 +470,8 @@ def _apply_route(module, pol, cfg, st, component, apply_hook, source):
     else:  # none
         first = next(iter(module.parameters()), None)
         origin = first.device if first is not None else torch.device("cpu")
+        if stager is not None:
+            stager.before_move(component, module)
         module.to(device)
         payload["unmanaged_module_moved_to_execution_device"] = str(device)
         res = RouteResult(module, r, component, device, st, payload)
@@ -500,8 +522,15 @@ def enable_pipeline_offload(pipeline, preset="auto", *, settings=None, component
                             component_policies=None, routes=None, use_environment=True,
                             environ=None, backend=None, config=None, running_on_wsl=None,
                             low_cpu_mem_usage=True, apply_hook=True, record_event=None,
-                            start_unloaded=False, **overrides):
+                            start_unloaded=False, staged=True, **overrides):
     """Routes every torch.nn.Module component of pipeline; returns {name: result}.
+
+    staged (the default): ``pipe(...)`` runs within the device budget with no hand-written
+    phases. Each component is loaded when it is first called, and the components used least
+    recently are unloaded when their device memory is needed (ddo.staging); where everything
+    fits, nothing is unloaded. The results' reload()/unload(), metrics and close() still work
+    as explicit phases; ``results.stager.events`` lists what was loaded and unloaded.
+    staged=False: nothing is loaded or unloaded for you (a forward after unload() raises).
 
     start_unloaded: every ddo session is unloaded as soon as it is set up, so the device holds
     one component's weights at a time while the pipeline is set up (the peak is the largest
@@ -546,13 +575,19 @@ def enable_pipeline_offload(pipeline, preset="auto", *, settings=None, component
                                     route=(routes or {}).get(name), settings=settings,
                                     component_policies=component_policies, config=config,
                                     low_cpu_mem_usage=low_cpu_mem_usage, **overrides)
-    results = {}
+    results = PipelineOffload()
+    stager = staging.PipelineStager() if staged and apply_hook else None
     try:
         for name, (pol, cfg, st) in plans.items():
             results[name] = apply_route(modules[name], pol, cfg, st, name,
-                                        apply_hook=apply_hook, record_event=record_event)
+                                        apply_hook=apply_hook, record_event=record_event,
+                                        stager=stager)
+            if stager is not None:
+                stager.added(name, results[name])
             if start_unloaded and isinstance(results[name], offload.OffloadResult):
                 results[name].unload()
+                if stager is not None:
+                    stager.unloaded(name)
     except BaseException:
         for r in reversed(list(results.values())):
             try:
@@ -560,6 +595,9 @@ def enable_pipeline_offload(pipeline, preset="auto", *, settings=None, component
             except Exception:  # the original error is what the caller needs
                 pass
         raise
+    if stager is not None:
+        stager.install()
+        results.stager = stager
     if apply_hook:
         try:
             pipeline._ddo_pipeline_offload = results
@@ -568,9 +606,19 @@ def enable_pipeline_offload(pipeline, preset="auto", *, settings=None, component
     return results
 
 
+class PipelineOffload(dict):
+    """enable_pipeline_offload's {component: result}; ``stager`` is its PipelineStager (None
+    with staged=False)."""
+
+    stager = None
+
+
 def close_pipeline_offload(pipeline):
     """Closes every result enable_pipeline_offload made; the pipeline can be offloaded again."""
     results = getattr(pipeline, "_ddo_pipeline_offload", None) or {}
+    stager = getattr(results, "stager", None)
+    if stager is not None:
+        stager.remove()
     for r in reversed(list(results.values())):
         r.close()
     try:

@@ -226,12 +226,20 @@ def test_bad_routes_and_policies_are_one_line(group):
 
 
 def test_without_diffusers_group_route_fails_clearly():
+    """Without Diffusers a default group route becomes ddo's own; a requested one fails in one
+    line naming the component."""
     if importlib.util.find_spec("diffusers") is not None:
         pytest.skip("Diffusers is installed here")
     m = models.FluxLike(seed=6)
+    r = ddo.enable_offload(m, component="text_encoder", environ=CPU)
+    assert r.route == "dynamic_offload"
+    assert "Diffusers not importable" in r.route_policy["route_source"]
+    r.close()
     with pytest.raises(ddo.DdoError) as e:
-        ddo.enable_offload(m, component="text_encoder", environ=CPU)
+        ddo.enable_offload(m, component="text_encoder", environ=CPU,
+                           route="diffusers_group_offload")
     assert "Diffusers" in str(e.value) and "\n" not in str(e.value)
+    assert "component text_encoder" in str(e.value)
     assert getattr(m, "_ddo_offload", None) is None
 
 
@@ -262,13 +270,15 @@ def test_pipeline_offload_routes_modules_and_skips_others(group):
 
 def test_pipeline_start_unloaded(group):
     """start_unloaded: each ddo session is unloaded right after its setup (a small card holds one
-    component's weights at a time); a forward refuses until reload(), then is bit-identical."""
+    component's weights at a time); with staged=False a forward refuses until reload(), then is
+    bit-identical."""
     pipe = Pipe()
     x = torch.randn(1, 4, 64).to(torch.bfloat16)
     with torch.no_grad():
         ref = pipe.transformer(x)
     results = ddo.enable_pipeline_offload(pipe, environ=CPU, running_on_wsl=False,
-                                          start_unloaded=True, resident_module_patterns="auto")
+                                          start_unloaded=True, resident_module_patterns="auto",
+                                          staged=False)
     try:
         r = results["transformer"]
         assert r.route == "dynamic_offload"
@@ -544,9 +554,9 @@ def test_upstream_event_and_low_cpu_mem_usage_parameters(group):
     ddo.close_pipeline_offload(pipe)
 
 
-def test_one_settings_object_through_a_pipeline():
+def test_one_settings_object_through_a_pipeline(group):
     # Upstream test 13: a pipeline reuses the settings it was given (identity), and non-module
-    # components are dropped.
+    # components are dropped (group: Diffusers' route is available).
     from torch import nn
 
     class Pipe:

@@ -1,0 +1,167 @@
+"""One line for a pipeline: components loaded when first called, others unloaded when their
+device memory is needed.
+
+enable_pipeline_offload (staged=True, the default) hands its results to a PipelineStager. It
+puts a forward pre-hook on each staged component's module and on that module's direct
+children (Diffusers' ``vae.decode`` calls ``vae.decoder`` and ``post_quant_conv``, not
+``vae.forward``). When a hook finds its component unloaded, the stager unloads the least
+recently used other components until the component's device weights fit beside the ones
+still loaded, then reloads it: the chain of hooks Diffusers' ``enable_model_cpu_offload``
+builds, applied to ddo's sessions. When everything fits, nothing is ever unloaded.
+
+The budget is the smallest ``device_weights_limit`` of the components' plans (the device
+budget every plan was made within); a component's need is its plan's
+``device_weights_peak`` (dynamic_offload) or its parameters' and buffers' bytes (route
+none). Components on the diffusers_group_offload route keep their weights on the host between
+uses (Diffusers' hooks) and are not staged. The same rule runs during setup: before a session
+is created (its plan is known then) or a module is moved to the device, room is made for it.
+"""
+
+import torch
+
+from . import _native
+
+_STAGED_ROUTES = ("dynamic_offload", "none")
+
+
+def module_bytes(module):
+    """Bytes of a module's parameters and buffers (the device memory route none takes)."""
+    n = 0
+    for t in list(module.parameters()) + list(module.buffers()):
+        n += t.numel() * t.element_size()
+    return n
+
+
+class PipelineStager:
+    """Loads, unloads and accounts the staged components of one pipeline.
+
+    events: ("load" | "unload", component) in the order they happened (setup included);
+    limit: the device budget in bytes (None: not known yet, nothing is unloaded);
+    need: component -> device bytes while it is loaded.
+    """
+
+    def __init__(self):
+        self.results = {}
+        self.need = {}
+        self.limit = None
+        self.active = []  # loaded components, least recently used first
+        self.events = []
+        self._handles = []
+
+    # ---- setup (enable_pipeline_offload) ----
+
+    def before_session(self, name):
+        """A callback for OffloadResult: its plan is built, its session not yet created."""
+        def make_room(result):
+            b = result.budgets()
+            limit = b["device_weights_limit"]
+            if limit > 0:
+                self.limit = limit if self.limit is None else min(self.limit, limit)
+            self.need[name] = b["device_weights_peak"]
+            self.make_room(name)
+        return make_room
+
+    def before_move(self, name, module):
+        """Route none: room for the module's bytes before it is moved to the device."""
+        self.need[name] = module_bytes(module)
+        self.make_room(name)
+
+    def added(self, name, result):
+        """A component was set up (loaded, unless its session was unloaded at once)."""
+        if result.route not in _STAGED_ROUTES or not getattr(result, "attached", True):
+            return
+        self.results[name] = result
+        if name not in self.need:
+            self.need[name] = _need(result)
+        if _loaded(result):
+            self.active.append(name)
+            self.events.append(("load", name))
+
+    def unloaded(self, name):
+        """A component was unloaded by its caller (start_unloaded)."""
+        if name in self.active:
+            self.active.remove(name)
+            self.events.append(("unload", name))
+
+    # ---- the hooks ----
+
+    def install(self):
+        for name, r in self.results.items():
+            mods = [r.module] + list(r.module.children())
+            for m in mods:
+                h = m.register_forward_pre_hook(_no_compile(
+                    lambda mod, args, name=name: self.enter(name)))
+                # First among the module's pre-hooks: ddo's own unit hook (on a module that is
+                # a unit) must find the component loaded.
+                m._forward_pre_hooks.move_to_end(h.id, last=False)
+                self._handles.append(h)
+
+    def remove(self):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def enter(self, name):
+        """The component is called: loaded if it is not (room made first)."""
+        r = self.results[name]
+        if self.active and self.active[-1] == name and r._state == "ready":
+            return
+        if _loaded(r):  # loaded by its caller (reload()) or used earlier: now the newest
+            if name in self.active:
+                self.active.remove(name)
+            self.active.append(name)
+            return
+        if getattr(r, "_state", None) == "closed":
+            return  # its own forward (or RouteResult) says what a closed result means
+        if name in self.active:
+            self.active.remove(name)  # unloaded by its caller
+        self.make_room(name)
+        r.reload()
+        self.active.append(name)
+        self.events.append(("load", name))
+
+    def make_room(self, name):
+        """Unloads the least recently used other components until name's need fits."""
+        if self.limit is None:
+            return
+        need = self.need.get(name, 0)
+        for other in list(self.active):
+            if self.in_use(besides=name) + need <= self.limit:
+                return
+            if other == name or _busy(self.results[other]):
+                continue
+            self.results[other].unload()
+            self.active.remove(other)
+            self.events.append(("unload", other))
+
+    def in_use(self, besides=None):
+        """Device bytes of the loaded components (besides: one left out)."""
+        return sum(self.need.get(n, 0) for n in self.active if n != besides)
+
+
+def _need(result):
+    if result.route == "dynamic_offload":
+        return result.budgets()["device_weights_peak"]
+    return module_bytes(result.module)
+
+
+def _loaded(result):
+    if result.route == "none":
+        return getattr(result, "_state", "ready") == "ready"
+    return result._state == "ready"
+
+
+def _busy(result):
+    """A forward of the component runs now (a component calling another): never unloaded."""
+    owner = getattr(result, "_owner", None)
+    return owner is not None and getattr(result, "_in_root", 0) > 0
+
+
+def _no_compile(fn):
+    from . import _torch
+    return _torch.no_compile(fn)
+
+
+def stager_of(pipeline):
+    """The PipelineStager enable_pipeline_offload gave pipeline (None: not staged)."""
+    return getattr(pipeline, "_ddo_pipeline_stager", None)
