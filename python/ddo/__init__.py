@@ -24,12 +24,13 @@ from .settings import (DynamicOffloadSettings, is_wsl_environment,
 from .cli import (add_dynamic_offload_arguments, add_dynamic_offload_lifecycle_arguments,
                   build_config_from_args, maybe_purge_windows_standby_cache)
 from .routing import (RouteResult, close_pipeline_offload, detect_quantized_backend_modules,
-                      enable_dynamic_offload, enable_offload, enable_pipeline_offload)
+                      enable_dynamic_offload, enable_offload, enable_pipeline_offload,
+                      pipeline_offload)
 from .metrics import MetricsTracker
 from .loading import DynamicOffloadLoadResult, from_pretrained_with_dynamic_offload
 
 __all__ = ["enable_offload", "enable_dynamic_offload", "enable_pipeline_offload",
-           "close_pipeline_offload", "OffloadResult", "RouteResult", "MetricsReport",
+           "close_pipeline_offload", "pipeline_offload", "OffloadResult", "RouteResult", "MetricsReport",
            "MetricsTracker", "DynamicOffloadConfig", "DynamicOffloadSettings",
            "load_dynamic_offload_settings_from_env", "is_wsl_environment",
            "add_dynamic_offload_arguments", "build_config_from_args",

@@ -613,6 +613,23 @@ class PipelineOffload(dict):
     stager = None
 
 
+@contextlib.contextmanager
+def pipeline_offload(pipeline, preset="auto", **kwargs):
+    """enable_pipeline_offload as a ``with`` block: every result is closed at its end; on an
+    error the original is raised (a failing close is a note on it)."""
+    results = enable_pipeline_offload(pipeline, preset, **kwargs)
+    try:
+        yield results
+    except BaseException as e:
+        try:
+            close_pipeline_offload(pipeline)
+        except Exception as ce:  # the original error is what the caller needs
+            if hasattr(e, "add_note"):
+                e.add_note(f"ddo cleanup (close) also failed: {ce}")
+        raise
+    close_pipeline_offload(pipeline)
+
+
 def close_pipeline_offload(pipeline):
     """Closes every result enable_pipeline_offload made; the pipeline can be offloaded again."""
     results = getattr(pipeline, "_ddo_pipeline_offload", None) or {}

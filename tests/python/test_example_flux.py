@@ -1,6 +1,7 @@
-"""examples/flux_pipeline.py with its stand-in pipeline on the cpu device: the phases run,
-metrics are reported and recorded, the output equals the same pipeline run without ddo, and an
-error inside a phase is the one the caller sees, with every component closed."""
+"""examples/flux_pipeline.py with its stand-in pipeline (default options: the cpu device, no
+Diffusers): one pipe(...) call, metrics reported and recorded, the output equals the same
+pipeline run without ddo, and an error inside a component is the one the caller sees, with every
+component closed."""
 
 import importlib.util
 import json
@@ -14,8 +15,7 @@ import torch
 from conftest import ROOT
 
 EXAMPLE = ROOT / "examples" / "flux_pipeline.py"
-ARGS = ["--stand-in", "--ddo-execution-device", "cpu", "--route", "text_encoder=dynamic",
-        "--route", "vae=none", "--steps", "2", "--width", "64", "--height", "64"]
+ARGS = ["--stand-in", "--steps", "2", "--width", "64", "--height", "64"]
 
 
 def load_example():
@@ -27,10 +27,7 @@ def load_example():
 
 def unmanaged_output(ex, args):
     pipe = ex.StandInPipeline(args.seed)
-    cpu = torch.device("cpu")
-    emb = pipe.encode(args.prompt, cpu)
-    lat = pipe.denoise(emb, args, cpu)
-    return pipe.decode(lat, args, cpu)
+    return ex.generate(pipe, args, torch.device("cpu"))
 
 
 def test_runs_phases_and_records_metrics(tmp_path):
@@ -40,7 +37,8 @@ def test_runs_phases_and_records_metrics(tmp_path):
                           "--show-metrics", "--metrics", str(metrics), "--output",
                           str(out_file)], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "timings:" in run.stdout and "denoise" in run.stdout
+    assert "timings:" in run.stdout and "call" in run.stdout
+    assert "_unpack_latents" not in EXAMPLE.read_text()  # no private Diffusers names
     recs = [json.loads(x) for x in metrics.read_text().splitlines()]
     assert [r["component"] for r in recs] == ["text_encoder", "transformer", "vae"]
     assert recs[1]["schema_version"] == 1
@@ -59,11 +57,11 @@ def test_phase_error_is_preserved_and_everything_closed(monkeypatch):
         orig(self, seed)
         made.append(self)
 
-    def boom(self, embeds, args, device):
+    def boom(self, latents, context):
         raise RuntimeError("denoise failed")
 
     monkeypatch.setattr(ex.StandInPipeline, "__init__", init)
-    monkeypatch.setattr(ex.StandInPipeline, "denoise", boom)
+    monkeypatch.setattr(ex._Transformer, "forward", boom)
     with pytest.raises(RuntimeError, match="denoise failed"):
         ex.main(ARGS)
     pipe = made[0]
@@ -87,7 +85,7 @@ def test_host_show_profile_is_not_a_ddo_flag():
     assert args.show_profile is True
     conf = ddo.build_config_from_args(args)
     assert "show_profile" not in conf.explicit()
-    assert conf.explicit() == ["execution_device"]
+    assert conf.explicit() == []
     args = ex.parse_args(ARGS + ["--ddo-show-profile"])
     assert args.show_profile is False
     assert ddo.build_config_from_args(args).show_profile is True
