@@ -20,11 +20,12 @@ import inspect
 import json
 import sys
 import threading
+import time
 import weakref
 
 import torch
 
-from . import _lib, _native, _torch
+from . import _lib, _native, _talk, _torch
 from ._native import DdoError
 
 _PLACEMENT_RESIDENT, _PLACEMENT_STREAMED, _PLACEMENT_SKIPPED = 0, 1, 2
@@ -75,10 +76,12 @@ class MetricsReport:
         _native.check(_native.lib().ddo_metrics_get(self._h, name.encode(), ctypes.byref(v)))
         return v.value
 
-    def format_profile(self):
+    def format_profile(self, verbose=False):
+        """The profile for people: empty keys dropped; the planner's decisions wrapped under
+        verbose=True, else one line saying how many there are."""
         p = ctypes.c_void_p()
         _native.check(_native.lib().ddo_metrics_format_profile(self._h, ctypes.byref(p)))
-        return _native.take_text(p)
+        return _talk.tidy_profile(_native.take_text(p), verbose)
 
     def record(self, path, component=None):
         """Appends the snapshot as one JSON line to path (record_ddo_metrics)."""
@@ -203,8 +206,12 @@ def _check_param(name, p, to_ddo):
 class OffloadResult:
     """A module whose weights ddo streams (routing.py: enable_offload, enable_dynamic_offload)."""
 
-    def __init__(self, module, cfg, source=None, profile=None, before_session=None):
+    def __init__(self, module, cfg, source=None, profile=None, before_session=None, talk=None):
         self.module = module
+        # talk: what the binding says (_talk): {"label", "progress", "trace", "trace_owner"}.
+        self._talk = dict(talk or {})
+        self._trace = self._talk.get("trace")
+        self._trace_pid = 0
         # before_session(self): called once the plan is built, before the session takes any
         # device memory (enable_pipeline_offload's stager makes room for it there).
         self._before_session = before_session
@@ -232,6 +239,7 @@ class OffloadResult:
         self._ph_versions = {}  # id(Parameter) -> its version when it got a placeholder
         self._res_versions = []  # (Parameter, version) of the resident tensors bound
         self._own_forward = None
+        self._trace_t = {}  # units -> when their compute began (trace=)
         self._state = "new"
         self._ck = self._dev = self._plan = self._session = None
         self._streams = {}
@@ -289,6 +297,9 @@ class OffloadResult:
         caps = _lib.DeviceCaps()
         _native.check(L.ddo_device_caps_get(dev, ctypes.byref(caps)), L.ddo_device_error(dev))
         self.device = torch.device("cpu") if caps.is_cpu else torch.device("cuda", caps.ordinal)
+        if caps.is_cpu and self.device_note and self._cfg.source("execution_device") == "default":
+            _talk.warn(f"{self._label()}: {self.device_note} (execution_device='cpu' says so "
+                       f"and silences this)")
         inputs = _lib.PlanInputs()
         _native.check(L.ddo_plan_inputs_get(dev, ctypes.byref(inputs)))
         self._measured_inputs(inputs)
@@ -303,11 +314,22 @@ class OffloadResult:
             torch.cuda.init()  # torch's context is the primary one ddo retains
         opts = _lib.SessionOptions()
         opts.config = self._cfg.h
+        progress = _talk.Progress(self._label(), self._talk.get("progress"))
+        opts.progress = progress.fn
+        trace_units = []
+        if self._trace is not None:
+            self._trace_pid = self._trace.process(self._label())
+            opts.trace = self._trace.session_fn(self._trace_pid, trace_units)
         s = ctypes.c_void_p()
-        _native.check(L.ddo_session_create(plan, self._ck, dev, ctypes.byref(opts),
-                                           ctypes.byref(s)))
+        try:
+            _native.check(L.ddo_session_create(plan, self._ck, dev, ctypes.byref(opts),
+                                               ctypes.byref(s)))
+        finally:
+            progress.close()
         self._session = s
         self._place()
+        trace_units.extend(self._unit_names)
+        self._tell_plan()
         self._drop_owned_host()
         self._declare_order()
         self._move_unmanaged()
@@ -316,6 +338,35 @@ class OffloadResult:
         self._install_hooks()
         if self.host_bytes_released:
             _trim_host_heap()
+
+    def _label(self):
+        return self._talk.get("label") or type(self.module).__name__
+
+    def _tell_plan(self):
+        """verbose: the plan's summary on stderr; a warning when nothing can stream."""
+        b = self.budgets()
+        total = sum(_nbytes(t) for t in self._tensors)
+        streamed = sum(_nbytes(t) for t in self._tensors if t.placement == _PLACEMENT_STREAMED)
+        if self._cfg.get("verbose") == "true":
+            print(f"ddo: {self._label()}: route {self.plan.get('route')}, "
+                  f"{self._unit_count} units, {len(self._tensors)} tensors "
+                  f"({_talk.size(total)}): streamed {_talk.size(streamed)}, resident "
+                  f"{_talk.size(b['resident_bytes'])}, {b['slot_count']} slots x "
+                  f"{_talk.size(b['slot_bytes'])}; device weights {_talk.size(b['device_weights_peak'])}"
+                  f" of {_talk.size(b['device_weights_limit'])}", file=sys.stderr)
+        if streamed == 0 and b["device_weights_limit"] and total > b["device_weights_limit"]:
+            _talk.warn(f"{self._label()}: the plan streams nothing although the model "
+                       f"({_talk.size(total)}) exceeds the device budget "
+                       f"({_talk.size(b['device_weights_limit'])}): its tensors are under "
+                       f"small_tensor_threshold_bytes="
+                       f"{self._cfg.get('small_tensor_threshold_bytes')} or not in a unit")
+        elif self._unit_count == 0 and total > 0:
+            _talk.warn(f"{self._label()}: no unit to stream was found in {len(self._tensors)} "
+                       f"tensors ({_talk.size(total)}): all stay on the device (tensors under "
+                       f"small_tensor_threshold_bytes={self._cfg.get('small_tensor_threshold_bytes')}"
+                       f" are moved once; ddo streams blocks of nn.ModuleList/nn.Sequential and "
+                       f"leaf modules)")
+
 
     def _measured_inputs(self, inputs):
         """What a profile measured, where the device reports nothing: the bus and compute
@@ -824,6 +875,8 @@ class OffloadResult:
             self._unclaim()
             raise
         self._frames.append(units)
+        if self._trace is not None:
+            self._trace_t[units] = time.monotonic_ns()
         if self._timing is not None and len(units) == 1:
             self._timing.begin(units[0], self.device)
 
@@ -833,6 +886,10 @@ class OffloadResult:
         if not mine or not self._frames or self._frames[-1] is not units:
             return  # its pre-hook did not succeed (refused, or an earlier pre-hook raised)
         self._frames.pop()
+        if self._trace is not None and units in self._trace_t:
+            self._trace.span(self._trace_pid, _talk.TID_COMPUTE,
+                             "+".join(self._unit_names[u] for u in units), "compute",
+                             self._trace_t.pop(units), time.monotonic_ns())
         failed = out is None and sys.exc_info()[0] is not None  # always_call after a raise
         if self._timing is not None and len(units) == 1 and not failed:
             self._timing.end(units[0], self.device)
@@ -861,8 +918,12 @@ class OffloadResult:
         if err is not None:
             raise err
         L = _native.lib()
+        t0 = time.monotonic_ns() if self._trace is not None else 0
         rc = L.ddo_session_acquire(self._session, u, self._stream())
         _native.check(rc, L.ddo_session_error(self._session) if rc else None)
+        if self._trace is not None:
+            self._trace.span(self._trace_pid, _talk.TID_ACQUIRE, self._unit_names[u],
+                             "acquire", t0, time.monotonic_ns())
         self._leases[u] = 1
         if self._observed is not None and u not in self._observed:
             self._observed.append(u)
@@ -979,8 +1040,13 @@ class OffloadResult:
         if self._session is not None and self._state == "ready":
             for u in list(self._leases):
                 self._release(u, check=False, whole=True)
+        if self._session is not None and self._cfg.get("show_profile") == "true":
+            rep = self.metrics_snapshot(True).format_profile(self._cfg.get("verbose") == "true")
+            print(f"[{self._label()}]\n{rep}", file=sys.stderr)
         self._teardown()
         self._state = "closed"
+        if self._trace is not None and self._talk.get("trace_owner"):
+            self._trace.write()
 
     def _alive(self, what):
         if self._state == "closed":

@@ -11,11 +11,12 @@ session (ddo.offload.OffloadResult), ``diffusers_group_offload`` hands it to Dif
 
 import contextlib
 import ctypes
+import os
 import time
 
 import torch
 
-from . import _lib, _native, offload, ownership, profiles, staging
+from . import _lib, _native, _talk, offload, ownership, profiles, staging
 from .settings import DynamicOffloadSettings, resolve_config, same_component
 
 ROUTES = ("dynamic_offload", "diffusers_group_offload", "none")
@@ -27,6 +28,38 @@ POLICY_ARGS = ("group_offload", "dynamic_offload", "offload_type", "use_stream",
 # Named parameters of upstream's enable_offload that are not config overrides (§1.3): they
 # do not bypass the preset's VAE route.
 DEVICE_PARAMS = ("execution_device", "offload_device")
+
+
+def check_args(fn, preset="auto", component="model", route=None, config=None, progress=None,
+               trace=None):
+    """Argument types, checked at the door: a wrong one is a TypeError naming the parameter
+    (not an AttributeError from deep inside)."""
+    from .config import DynamicOffloadConfig
+    if preset is not None and not isinstance(preset, str):
+        raise TypeError(f"{fn}: the argument after the module is preset, a name such as "
+                        f"'auto', not {type(preset).__name__} {preset!r}; options are "
+                        f"keywords (a device budget in GiB: vmm_resident_weight_budget_gb="
+                        f"{preset!r})")
+    for name, value in (("component", component), ("route", route)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{fn}: {name} must be a str, not {type(value).__name__}")
+    if config is not None and not isinstance(config, DynamicOffloadConfig):
+        raise TypeError(f"{fn}: config must be a ddo.DynamicOffloadConfig, not "
+                        f"{type(config).__name__}")
+    if not (progress is None or isinstance(progress, bool) or callable(progress)):
+        raise TypeError(f"{fn}: progress must be True, False, None or a tqdm-compatible "
+                        f"class, not {type(progress).__name__}")
+    if trace is not None and not isinstance(trace, (str, os.PathLike)):
+        raise TypeError(f"{fn}: trace must be a file path (str or os.PathLike), not "
+                        f"{type(trace).__name__}")
+
+
+def _talk_of(component, progress, trace):
+    """OffloadResult's talk: a Trace it owns (writes at close) when trace is a path."""
+    if isinstance(trace, _talk.Trace):
+        return {"label": component, "progress": progress, "trace": trace}
+    return {"label": component, "progress": progress,
+            "trace": _talk.Trace(trace) if trace is not None else None, "trace_owner": True}
 
 
 def _import_apply_group_offloading():
@@ -274,7 +307,8 @@ def enable_offload(module_or_pipeline, preset="auto", *, component="model", rout
                    group_offload=None, dynamic_offload=None, offload_type=None, use_stream=None,
                    record_stream=None, group_low_cpu_mem_usage=None, num_blocks_per_group=None,
                    low_cpu_mem_usage=True, apply_hook=True, record_event=None,
-                   dynamic_event_name=None, group_event_name=None, **overrides):
+                   dynamic_event_name=None, group_event_name=None, progress=None, trace=None,
+                   **overrides):
     """Routes a module (or every module component of a pipeline) as upstream's enable_offload.
 
     Returns an OffloadResult (route dynamic_offload) or a RouteResult (diffusers_group_offload,
@@ -287,7 +321,13 @@ def enable_offload(module_or_pipeline, preset="auto", *, component="model", rout
     seconds, **payload), as upstream: "setup_<component>_dynamic_offload" (dynamic_event_name),
     "setup_<component>_group_offload" (group_event_name), "move_<component>_to_execution_device"
     (route none, when the module was moved).
+
+    progress: a bar per setup phase (read, register, allocate, resident) on stderr; None: on
+    when stderr is a terminal; a tqdm-compatible class draws it. trace="file.json": the
+    Perfetto trace ``ddo bench --trace`` writes, written at close() (ui.perfetto.dev opens it).
     """
+    check_args("enable_offload", preset, None if component == "model" else component, route,
+               config, progress, trace)
     if not isinstance(module_or_pipeline, torch.nn.Module):
         if isinstance(getattr(module_or_pipeline, "components", None), dict):
             pipeline = module_or_pipeline
@@ -315,7 +355,7 @@ def enable_offload(module_or_pipeline, preset="auto", *, component="model", rout
                 routes=routes, use_environment=use_environment, environ=environ,
                 backend=backend, config=config, running_on_wsl=running_on_wsl,
                 low_cpu_mem_usage=low_cpu_mem_usage, apply_hook=apply_hook,
-                record_event=record_event, **overrides)
+                record_event=record_event, progress=progress, trace=trace, **overrides)
         raise TypeError(f"enable_offload takes a torch.nn.Module or a pipeline with a "
                         f"components mapping, not {type(module_or_pipeline).__name__}")
     module = module_or_pipeline
@@ -338,13 +378,15 @@ def enable_offload(module_or_pipeline, preset="auto", *, component="model", rout
     return apply_route(module, pol, cfg, st, component, apply_hook=apply_hook,
                        record_event=record_event,
                        event_names={"dynamic_offload": dynamic_event_name,
-                                    "diffusers_group_offload": group_event_name})
+                                    "diffusers_group_offload": group_event_name},
+                       talk=_talk_of(component, progress, trace))
 
 
 def enable_dynamic_offload(module, preset="auto", *, settings=None, config=None, backend=None,
                            use_environment=True, environ=None, running_on_wsl=None,
                            apply_hook=True, record_event=None,
-                           event_name="setup_dynamic_offload", **overrides):
+                           event_name="setup_dynamic_offload", progress=None, trace=None,
+                           **overrides):
     """Streams module through a ddo session: enable_offload's route ``dynamic_offload``.
 
     Upstream's low-level entry point (ddo-upstream.md §1.3): no component route is selected
@@ -358,6 +400,7 @@ def enable_dynamic_offload(module, preset="auto", *, settings=None, config=None,
     should_move_to_execution_device True). record_event(event_name, seconds, **event_payload)
     is called once, as upstream.
     """
+    check_args("enable_dynamic_offload", preset, config=config, progress=progress, trace=trace)
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"enable_dynamic_offload takes a torch.nn.Module, not "
                         f"{type(module).__name__}")
@@ -376,7 +419,8 @@ def enable_dynamic_offload(module, preset="auto", *, settings=None, config=None,
                                  running_on_wsl=running_on_wsl, **overrides)
     return apply_route(module, pol, cfg, st, "model", apply_hook=apply_hook,
                        record_event=record_event,
-                       event_names={"dynamic_offload": event_name})
+                       event_names={"dynamic_offload": event_name},
+                       talk=_talk_of("model", progress, trace))
 
 
 def _refuse_managed(module):
@@ -386,14 +430,14 @@ def _refuse_managed(module):
 
 
 def apply_route(module, pol, cfg, st, component, *, apply_hook=True, source=None,
-                record_event=None, event_names=None, stager=None):
+                record_event=None, event_names=None, stager=None, talk=None):
     """Applies a resolved route to module (the second half of enable_offload).
 
     apply_hook=False attaches nothing and leaves the module as it is (upstream §1.3 step 5,
     §1.4): a RouteResult with should_move_to_execution_device True on every route.
     record_event(name, seconds, **payload) is the host's event callback (upstream's)."""
     t0 = time.perf_counter()
-    res = _apply_route(module, pol, cfg, st, component, apply_hook, source, stager)
+    res = _apply_route(module, pol, cfg, st, component, apply_hook, source, stager, talk)
     if record_event is not None:
         names = event_names or {}
         r = res.route
@@ -409,7 +453,7 @@ def apply_route(module, pol, cfg, st, component, *, apply_hook=True, source=None
     return res
 
 
-def _apply_route(module, pol, cfg, st, component, apply_hook, source, stager=None):
+def _apply_route(module, pol, cfg, st, component, apply_hook, source, stager=None, talk=None):
     r = pol["route"]
     if r not in ROUTES:
         raise ValueError(f"component {component}: route {r!r}: expected one of "
@@ -443,7 +487,8 @@ def _apply_route(module, pol, cfg, st, component, apply_hook, source, stager=Non
         prof = profiles.prepare(module, cfg, source=source)
         res = offload.OffloadResult(
             module, cfg, profile=prof, **({"source": source} if source else {}),
-            before_session=stager.before_session(component) if stager is not None else None)
+            before_session=stager.before_session(component) if stager is not None else None,
+            talk=talk)
         res.ownership = owned
         res.route = r
         res.component = component
@@ -522,7 +567,8 @@ def enable_pipeline_offload(pipeline, preset="auto", *, settings=None, component
                             component_policies=None, routes=None, use_environment=True,
                             environ=None, backend=None, config=None, running_on_wsl=None,
                             low_cpu_mem_usage=True, apply_hook=True, record_event=None,
-                            start_unloaded=False, staged=True, **overrides):
+                            start_unloaded=False, staged=True, progress=None, trace=None,
+                            **overrides):
     """Routes every torch.nn.Module component of pipeline; returns {name: result}.
 
     staged (the default): ``pipe(...)`` runs within the device budget with no hand-written
@@ -544,6 +590,8 @@ def enable_pipeline_offload(pipeline, preset="auto", *, settings=None, component
     pipeline is refused while a result of the first is open (ddo.close_pipeline_offload
     closes them all); apply_hook=False attaches nothing and is never in the way.
     """
+    check_args("enable_pipeline_offload", preset, config=config, progress=progress,
+               trace=trace)
     earlier = getattr(pipeline, "_ddo_pipeline_offload", None)
     if earlier is not None:
         still = [n for n, r in earlier.items() if getattr(r, "_state", "closed") != "closed"]
@@ -576,12 +624,15 @@ def enable_pipeline_offload(pipeline, preset="auto", *, settings=None, component
                                     component_policies=component_policies, config=config,
                                     low_cpu_mem_usage=low_cpu_mem_usage, **overrides)
     results = PipelineOffload()
+    results.trace = _talk.Trace(trace) if trace is not None else None
     stager = staging.PipelineStager() if staged and apply_hook else None
     try:
         for name, (pol, cfg, st) in plans.items():
             results[name] = apply_route(modules[name], pol, cfg, st, name,
                                         apply_hook=apply_hook, record_event=record_event,
-                                        stager=stager)
+                                        stager=stager,
+                                        talk={"label": name, "progress": progress,
+                                              "trace": results.trace})
             if stager is not None:
                 stager.added(name, results[name])
             if start_unloaded and isinstance(results[name], offload.OffloadResult):
@@ -608,9 +659,10 @@ def enable_pipeline_offload(pipeline, preset="auto", *, settings=None, component
 
 class PipelineOffload(dict):
     """enable_pipeline_offload's {component: result}; ``stager`` is its PipelineStager (None
-    with staged=False)."""
+    with staged=False), ``trace`` the trace written by close_pipeline_offload (trace=)."""
 
     stager = None
+    trace = None
 
 
 @contextlib.contextmanager
@@ -638,6 +690,8 @@ def close_pipeline_offload(pipeline):
         stager.remove()
     for r in reversed(list(results.values())):
         r.close()
+    if getattr(results, "trace", None) is not None:
+        results.trace.write()
     try:
         del pipeline._ddo_pipeline_offload
     except AttributeError:
