@@ -23,7 +23,11 @@ exactly as FluxPipeline does after its loop.
 Cases, each in a fresh process, in this order (CASES below): resident (uncapped, everything on
 the GPU: the reference latents and the compute figure), ddo (phase-staged: every component
 streamed or held by its own ddo session, reloaded for its phase and unloaded after it),
-group_offload (Diffusers' enable_group_offload on every component, leaf_level, use_stream,
+ddo_one_line (the same sessions and options through ddo.enable_pipeline_offload(pipe): no
+phase entered or left by hand, the pipeline's own calls load each component and unload the
+least recently used when its device memory is needed; target: its total, on the first call
+and on every warm call, at most 1.05 x the ddo case's, latents bit-identical, device peak
+within --device-gib: targets()["one_line"]), group_offload (Diffusers' enable_group_offload on every component, leaf_level, use_stream,
 record_stream), sequential_cpu_offload and model_cpu_offload (Diffusers + accelerate).
 Every case but resident runs with torch's caching allocator capped by
 torch.cuda.set_per_process_memory_fraction so that the process's device memory (its baseline
@@ -121,6 +125,11 @@ CASES = {
     "ddo": dict(kind="ddo", capped=True, timeout_s=170,
                 what="ddo.enable_offload per component (route dynamic_offload, vmm), each "
                      "session reloaded for its phase and unloaded after it; torch capped"),
+    "ddo_one_line": dict(kind="ddo_pipeline", capped=True, timeout_s=170,
+                         what="ddo.enable_pipeline_offload(pipe) with the ddo case's options: "
+                              "no hand-written phases, each component loaded when the "
+                              "pipeline first calls it and the least recently used unloaded "
+                              "when its device memory is needed; torch capped"),
     "group_offload": dict(kind="group", capped=True, timeout_s=220,
                           offload_type="leaf_level", use_stream=True, record_stream=True,
                           what="pipe.enable_group_offload on every component: leaf_level, "
@@ -133,7 +142,9 @@ CASES = {
                                    "a 9.5 GB T5 or a 23.8 GB transformer cannot fit, so an OOM "
                                    "is its expected result (also checked by arithmetic)"),
 }
-ALL_CASES = ["resident", "ddo", "group_offload", "sequential_cpu_offload", "model_cpu_offload"]
+ALL_CASES = ["resident", "ddo", "ddo_one_line", "group_offload", "sequential_cpu_offload",
+             "model_cpu_offload"]
+DDO_KINDS = ("ddo", "ddo_pipeline")
 DIFFUSERS_KINDS = ("group", "sequential", "model")
 
 # ---------------------------------------------------------------------------------------------
@@ -381,7 +392,32 @@ def targets(results, device_gib):
     if "latents_identical" in r:
         out["latents_identical"] = {"met": r["latents_identical"],
                                     "max_abs_diff": r.get("latents_max_abs_diff")}
+    one = one_line_target(r, results.get("ddo_one_line", {}), device_gib)
+    if one is not None:
+        out["one_line"] = one
     return out
+
+
+def one_line_target(explicit, one, device_gib, target=1.05):
+    """The one-line form (ddo_one_line) against the explicit phases (ddo): its total time on
+    the first call (setup and the three phases, total_s) and on every warm call (the phases,
+    phases_s of each repeat) at most target x the explicit case's; its latents bit-identical to
+    the resident reference; its device peak within device_gib. None: no one-line figures."""
+    if one.get("total_s") is None or explicit.get("total_s") is None:
+        return None
+    calls = [{"run": 1, "one_line_s": one["total_s"], "explicit_s": explicit["total_s"]}]
+    for k, (o, e) in enumerate(zip(one.get("repeats") or [], explicit.get("repeats") or [])):
+        if o.get("phases_s") is not None and e.get("phases_s") is not None:
+            calls.append({"run": k + 2, "one_line_s": o["phases_s"], "explicit_s": e["phases_s"]})
+    for c in calls:
+        c["ratio"] = c["one_line_s"] / c["explicit_s"]
+        c["met"] = c["ratio"] <= target
+    peak = one.get("device_used_peak_bytes")
+    return {"target": target, "calls": calls, "met": all(c["met"] for c in calls),
+            "worst_ratio": max(c["ratio"] for c in calls),
+            "latents_identical": one.get("latents_identical"),
+            "device_peak_bytes": peak, "device_limit_bytes": int(device_gib * GIB),
+            "device_peak_met": peak is not None and peak <= device_gib * GIB}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -660,6 +696,58 @@ class DdoMode(Mode):
         self.handles = {}
 
 
+class PipelineMode(DdoMode):
+    """The one-line form: ddo.enable_pipeline_offload(pipe) with the ddo case's per-component
+    options; no phase is entered or left by hand (enter/leave do nothing): the stager's hooks
+    load each component when the pipeline first calls it and unload the least recently used
+    when its device memory is needed."""
+
+    def setup(self):
+        import ddo
+        b = self.res["ddo_budgets"]
+        opts = {n: dict(b["components"][n]["options"], execution_device=self.device)
+                for n in COMPONENTS}
+        for attempt in range(3):
+            try:
+                self.results = ddo.enable_pipeline_offload(
+                    self.pipe, DDO_PRESET, components=list(COMPONENTS), backend=DDO_BACKEND,
+                    routes={n: "dynamic_offload" for n in COMPONENTS}, use_environment=False,
+                    component_options=opts)
+                break
+            except ddo.DdoError as e:
+                # As the ddo case: the planner refused the transformer's resident budget:
+                # one slot less (recorded; the setup time includes the refused plans).
+                tr = opts["transformer"]
+                left = float(tr["resident_module_budget_gb"]) * GIB
+                if e.code != "DDO_E_BUDGET" or left <= 0 or attempt == 2:
+                    raise
+                self.res.setdefault("ddo_budget_retries", []).append(
+                    {"component": "transformer", "error": str(e)[:500]})
+                slot = b["components"]["transformer"]["plan"]["slot_bytes"] or 64 * MIB
+                tr["resident_module_budget_gb"] = gib_floor(max(0, left - slot))
+        self.handles = dict(self.results)
+        for name, r in self.handles.items():
+            self.res.setdefault("ddo_plan_budgets", {})[name] = r.budgets()
+            self.res.setdefault("ddo_plan_summary", {})[name] = tf.scalars(r.plan)
+        self.res["ddo_call"] = {"call": "enable_pipeline_offload", "preset": DDO_PRESET,
+                                "backend": DDO_BACKEND, "route": "dynamic_offload",
+                                "use_environment": False, "component_options": opts,
+                                "stager_limit_bytes": self.results.stager.limit}
+
+    def enter(self, comps):
+        pass
+
+    def leave(self, comps):
+        pass
+
+    def close(self):
+        import ddo
+        if getattr(self, "results", None) is not None and self.results.stager is not None:
+            self.res["ddo_stager_events"] = [list(e) for e in self.results.stager.events]
+        super().close()  # closes every result (the stager's hooks stay until the next line)
+        ddo.close_pipeline_offload(self.pipe)
+
+
 # ---------------------------------------------------------------------------------------------
 # One case (its own process)
 # ---------------------------------------------------------------------------------------------
@@ -737,9 +825,9 @@ def cap_torch(spec, args, res, comps_bytes):
         res["split"] = {"baseline_bytes": base, "torch_cap_bytes": None, "uncapped": True}
         return
     split = device_split(args.device_gib, base, args.torch_gib, args.margin_gib,
-                         ddo=spec["kind"] == "ddo")
+                         ddo=spec["kind"] in DDO_KINDS)
     res["split"] = split
-    if split["torch_cap_bytes"] <= 0 or (spec["kind"] == "ddo" and split["ddo_bytes"] <= 0):
+    if split["torch_cap_bytes"] <= 0 or (spec["kind"] in DDO_KINDS and split["ddo_bytes"] <= 0):
         raise RuntimeError(f"no room in {args.device_gib} GiB: {split}")
     torch.cuda.set_per_process_memory_fraction(split["torch_cap_bytes"] / total, 0)
     res["torch_memory_fraction"] = split["torch_cap_bytes"] / total
@@ -1118,14 +1206,14 @@ def run_case(case, args, write_result):
             if importlib.util.find_spec("accelerate") is None:
                 res["skipped"] = "accelerate is not installed (Diffusers needs it for this mode)"
                 return res
-        if spec["kind"] == "ddo":
+        if spec["kind"] in DDO_KINDS:
             import ddo
             res["ddo_module"], res["ddo_library"] = ddo.__file__, ddo.library_version()[1]
         comps = build_components(args, res)
         res["rss_after_build_bytes"] = tf.read_status_kib("VmRSS") * 1024
         pipe = make_pipeline(comps)
         cap_torch(spec, args, res, {n: i["bytes"] for n, i in res["components"].items()})
-        if spec["kind"] == "ddo":
+        if spec["kind"] in DDO_KINDS:
             res["ddo_budgets"] = ddo_budgets({n: tensors_of(comps[n]) for n in COMPONENTS},
                                              res["split"]["ddo_bytes"], args.ddo_resident_bytes,
                                              threshold=0 if args.tiny else MIB,
@@ -1134,7 +1222,8 @@ def run_case(case, args, write_result):
                 raise RuntimeError(f"ddo budgets do not fit: {res['ddo_budgets']['why']}")
         ref = load_ref(args, res) if spec["kind"] != "resident" else None
         write()
-        mode = (DdoMode if spec["kind"] == "ddo" else Mode)(pipe, spec, args, res)
+        mode = {"ddo": DdoMode, "ddo_pipeline": PipelineMode}.get(spec["kind"], Mode)(
+            pipe, spec, args, res)
         torch.cuda.reset_peak_memory_stats()
         sampler = tf.Sampler(True)
         sampler.start()

@@ -568,7 +568,7 @@ def enable_pipeline_offload(pipeline, preset="auto", *, settings=None, component
                             environ=None, backend=None, config=None, running_on_wsl=None,
                             low_cpu_mem_usage=True, apply_hook=True, record_event=None,
                             start_unloaded=False, staged=True, progress=None, trace=None,
-                            **overrides):
+                            component_options=None, **overrides):
     """Routes every torch.nn.Module component of pipeline; returns {name: result}.
 
     staged (the default): ``pipe(...)`` runs within the device budget with no hand-written
@@ -577,6 +577,8 @@ def enable_pipeline_offload(pipeline, preset="auto", *, settings=None, component
     fits, nothing is unloaded. The results' reload()/unload(), metrics and close() still work
     as explicit phases; ``results.stager.events`` lists what was loaded and unloaded.
     staged=False: nothing is loaded or unloaded for you (a forward after unload() raises).
+    component_options: {name: {option: value}}, catalog options for one component on top of
+    ``overrides`` (a budget or resident pattern of its own).
 
     start_unloaded: every ddo session is unloaded as soon as it is set up, so the device holds
     one component's weights at a time while the pipeline is set up (the peak is the largest
@@ -603,7 +605,8 @@ def enable_pipeline_offload(pipeline, preset="auto", *, settings=None, component
         close_pipeline_offload(pipeline)  # every result was closed one by one: forget them
     comps = _pipeline_components(pipeline, components)
     modules = {n: m for n, m in comps.items() if isinstance(m, torch.nn.Module)}
-    for what, given in (("component_policies", component_policies), ("routes", routes)):
+    for what, given in (("component_policies", component_policies), ("routes", routes),
+                        ("component_options", component_options)):
         unknown = [k for k in (given or {}) if k not in comps]
         if unknown:
             raise _native.DdoError(
@@ -622,7 +625,8 @@ def enable_pipeline_offload(pipeline, preset="auto", *, settings=None, component
         plans[name] = resolve_route(m, preset, component=name,
                                     route=(routes or {}).get(name), settings=settings,
                                     component_policies=component_policies, config=config,
-                                    low_cpu_mem_usage=low_cpu_mem_usage, **overrides)
+                                    low_cpu_mem_usage=low_cpu_mem_usage,
+                                    **dict(overrides, **(component_options or {}).get(name, {})))
     results = PipelineOffload()
     results.trace = _talk.Trace(trace) if trace is not None else None
     stager = staging.PipelineStager() if staged and apply_hook else None

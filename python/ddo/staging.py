@@ -9,8 +9,9 @@ recently used other components until the component's device weights fit beside t
 still loaded, then reloads it: the chain of hooks Diffusers' ``enable_model_cpu_offload``
 builds, applied to ddo's sessions. When everything fits, nothing is ever unloaded.
 
-The budget is the smallest ``device_weights_limit`` of the components' plans (the device
-budget every plan was made within); a component's need is its plan's
+The budget is the largest ``device_weights_limit`` of the components' plans (the device
+budget; a component given a lower limit of its own through component_options still shares the
+device's); a component's need is its plan's
 ``device_weights_peak`` (dynamic_offload) or its parameters' and buffers' bytes (route
 none). Components on the diffusers_group_offload route keep their weights on the host between
 uses (Diffusers' hooks) and are not staged. The same rule runs during setup: before a session
@@ -56,7 +57,7 @@ class PipelineStager:
             b = result.budgets()
             limit = b["device_weights_limit"]
             if limit > 0:
-                self.limit = limit if self.limit is None else min(self.limit, limit)
+                self.limit = limit if self.limit is None else max(self.limit, limit)
             self.need[name] = b["device_weights_peak"]
             self.make_room(name)
         return make_room

@@ -50,7 +50,12 @@ def test_arguments_and_cases(fp):
     # The resident reference first, then ddo, then the Diffusers modes; only resident uncapped.
     assert fp.ALL_CASES[:2] == ["resident", "ddo"] and set(fp.ALL_CASES) == set(fp.CASES)
     assert [n for n in fp.ALL_CASES if not fp.CASES[n]["capped"]] == ["resident"]
-    assert {fp.CASES[n]["kind"] for n in fp.ALL_CASES[2:]} == set(fp.DIFFUSERS_KINDS)
+    # The one-line form right after the explicit phases it is measured against.
+    assert fp.ALL_CASES[2] == "ddo_one_line" and fp.CASES["ddo_one_line"]["capped"]
+    assert fp.CASES["ddo_one_line"]["kind"] == "ddo_pipeline" and "ddo_pipeline" in fp.DDO_KINDS
+    assert {fp.CASES[n]["kind"] for n in fp.ALL_CASES[3:]} == set(fp.DIFFUSERS_KINDS)
+    one = fp.case_command("ddo_one_line", t, "/tmp/r.json", 123.0)
+    assert fp.parse_args(one[2:]).case == "ddo_one_line"
     cmd = fp.case_command("ddo", t, "/tmp/r.json", 123.0)
     assert cmd[cmd.index("--case") + 1] == "ddo" and "--tiny" in cmd
     assert cmd[cmd.index("--ddo-resident-gib") + 1] == "0.0"
@@ -222,6 +227,25 @@ def test_targets(fp):
     t = fp.targets(res, 8)["denoise"]
     assert [x["run"] for x in t["runs"]] == [2] and t["bound_s"] == pytest.approx(3.5)
     assert "total" not in fp.targets({"ddo": res["ddo"]}, 8)
+    assert "one_line" not in fp.targets(res, 8)  # no one-line figures: no verdict
+
+
+def test_one_line_target(fp):
+    explicit = {"total_s": 10.0, "repeats": [{"phases_s": 6.0}, {"phases_s": 6.0}]}
+    one = {"total_s": 10.4, "repeats": [{"phases_s": 6.2}, {"phases_s": 6.1}],
+           "latents_identical": True, "device_used_peak_bytes": 7 * GIB}
+    t = fp.targets({"ddo": explicit, "ddo_one_line": one}, 8)["one_line"]
+    assert [c["run"] for c in t["calls"]] == [1, 2, 3]  # the first call and every warm call
+    assert t["met"] and t["worst_ratio"] == pytest.approx(10.4 / 10.0)
+    assert t["latents_identical"] and t["device_peak_met"]
+    one["repeats"][1]["phases_s"] = 6.31  # one warm call over 1.05 x: not met
+    t = fp.targets({"ddo": explicit, "ddo_one_line": one}, 8)["one_line"]
+    assert not t["met"] and [c["met"] for c in t["calls"]] == [True, True, False]
+    one["total_s"] = 10.6  # the first call over (setup included)
+    assert not fp.one_line_target(explicit, dict(one, repeats=[]), 8)["met"]
+    one["device_used_peak_bytes"] = 9 * GIB
+    assert not fp.one_line_target(explicit, one, 8)["device_peak_met"]
+    assert fp.one_line_target(explicit, {"total_s": None}, 8) is None
     m = fp.model_offload_arithmetic({"vae": 1, "text_encoder_2": 9 * GIB, "transformer": 22 * GIB},
                                     7 * GIB)
     assert m["largest_component"] == "transformer" and not m["fits"]
@@ -287,6 +311,48 @@ def test_ddo_mode_on_the_cpu_device(fp):
     assert getattr(pipe.transformer, "_ddo_offload", None) is None
     with torch.no_grad():
         assert torch.equal(pipe.transformer(x), want)
+
+
+def test_one_line_mode_on_the_cpu_device(fp):
+    """PipelineMode: enable_pipeline_offload with the ddo case's options; the components are
+    called without enter/leave and the stager loads and unloads them within the budget."""
+    pipe = StandIn()
+    x = torch.randn(1, 8, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    with torch.no_grad():
+        want = {n: getattr(pipe, n)(x) for n in fp.COMPONENTS}
+    budgets = fp.ddo_budgets({n: fp.tensors_of(getattr(pipe, n)) for n in fp.COMPONENTS},
+                             64 * MIB, resident_override=0, threshold=0)
+    args = fp.parse_args(["--case", "ddo_one_line", "--device", "cpu", "--tiny"])
+    res = {"ddo_budgets": budgets}
+    mode = fp.PipelineMode(pipe, fp.CASES["ddo_one_line"], args, res)
+    try:
+        mode.setup()
+        assert res["ddo_call"]["call"] == "enable_pipeline_offload"
+        assert res["ddo_call"]["stager_limit_bytes"] == \
+            mode.handles["transformer"].budgets()["device_weights_limit"]
+        for name, r in mode.handles.items():
+            assert r.route == "dynamic_offload"
+            # each component's own options (the ddo case's), not one set for all
+            assert r.budgets()["device_weights_limit"] <= 64 * MIB
+        for _ in range(2):
+            for name in fp.COMPONENTS:
+                mode.enter([name])  # nothing: the hooks do it
+                with torch.no_grad():
+                    assert torch.equal(getattr(pipe, name)(x), want[name])
+                mode.leave([name])
+        stager = mode.results.stager
+        assert stager.in_use() <= stager.limit
+        before = mode.copy_bytes(["transformer"])
+        with torch.no_grad():
+            pipe.transformer(x)
+        assert mode.copy_bytes(["transformer"]) > before
+    finally:
+        mode.close()
+    assert res["ddo_stager_events"][0] == ["load", "text_encoder"]
+    assert getattr(pipe, "_ddo_pipeline_offload", None) is None
+    assert getattr(pipe.transformer, "_ddo_offload", None) is None
+    with torch.no_grad():
+        assert torch.equal(pipe.transformer(x), want["transformer"])
 
 
 def test_ddo_mode_retries_a_refused_resident_budget(fp, monkeypatch):
