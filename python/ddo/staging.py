@@ -18,10 +18,6 @@ uses (Diffusers' hooks) and are not staged. The same rule runs during setup: bef
 is created (its plan is known then) or a module is moved to the device, room is made for it.
 """
 
-import torch
-
-from . import _native
-
 _STAGED_ROUTES = ("dynamic_offload", "none")
 
 
