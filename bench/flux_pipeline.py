@@ -27,8 +27,9 @@ ddo_one_line (the same sessions and options through ddo.enable_pipeline_offload(
 phase entered or left by hand, the pipeline's own calls load each component and unload the
 least recently used when its device memory is needed; target: its total, on the first call
 and on every warm call, at most 1.05 x the ddo case's, latents bit-identical, device peak
-within --device-gib: targets()["one_line"]), group_offload (Diffusers' enable_group_offload on every component, leaf_level, use_stream,
-record_stream), sequential_cpu_offload and model_cpu_offload (Diffusers + accelerate).
+within --device-gib: targets()["one_line"]), group_offload (Diffusers' enable_group_offload
+on every component, leaf_level, use_stream, record_stream), sequential_cpu_offload and
+model_cpu_offload (Diffusers + accelerate).
 Every case but resident runs with torch's caching allocator capped by
 torch.cuda.set_per_process_memory_fraction so that the process's device memory (its baseline
 at the start, the CUDA context; torch's cap; ddo's device weight budget; a margin for what no

@@ -6,9 +6,13 @@
     print(result.metrics_snapshot().format_profile())
     result.close()                          # hooks removed, host tensors back
 
-Pipelines (Diffusers or any object with a ``components`` mapping):
+A whole pipeline (Diffusers or any object with a ``components`` mapping) in one line: each
+component is loaded when the pipeline first calls it, the least recently used unloaded when the
+device budget needs the room:
 
-    results = ddo.enable_pipeline_offload(pipe, preset="auto")   # {name: result}
+    ddo.enable_pipeline_offload(pipe, vmm_resident_weight_budget_gb=8)   # {name: result}
+    image = pipe("a red fox").images[0]
+    ddo.close_pipeline_offload(pipe)
 
 A thin ctypes layer over libddo (include/ddo.h): the options, presets, component routes,
 planner and runtime are the library's. See docs/python.md.

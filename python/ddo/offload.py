@@ -352,7 +352,8 @@ class OffloadResult:
                   f"{self._unit_count} units, {len(self._tensors)} tensors "
                   f"({_talk.size(total)}): streamed {_talk.size(streamed)}, resident "
                   f"{_talk.size(b['resident_bytes'])}, {b['slot_count']} slots x "
-                  f"{_talk.size(b['slot_bytes'])}; device weights {_talk.size(b['device_weights_peak'])}"
+                  f"{_talk.size(b['slot_bytes'])}; device weights "
+                  f"{_talk.size(b['device_weights_peak'])}"
                   f" of {_talk.size(b['device_weights_limit'])}", file=sys.stderr)
         if streamed == 0 and b["device_weights_limit"] and total > b["device_weights_limit"]:
             _talk.warn(f"{self._label()}: the plan streams nothing although the model "
@@ -363,7 +364,8 @@ class OffloadResult:
         elif self._unit_count == 0 and total > 0:
             _talk.warn(f"{self._label()}: no unit to stream was found in {len(self._tensors)} "
                        f"tensors ({_talk.size(total)}): all stay on the device (tensors under "
-                       f"small_tensor_threshold_bytes={self._cfg.get('small_tensor_threshold_bytes')}"
+                       f"small_tensor_threshold_bytes="
+                       f"{self._cfg.get('small_tensor_threshold_bytes')}"
                        f" are moved once; ddo streams blocks of nn.ModuleList/nn.Sequential and "
                        f"leaf modules)")
 

@@ -1,5 +1,6 @@
-"""enable_offload / enable_pipeline_offload / enable_dynamic_offload: each component routed as
-upstream's enable_offload (enable_dynamic_offload: the dynamic route, no route selection).
+"""enable_offload / enable_pipeline_offload / enable_dynamic_offload: each component routed by
+the library's rules (enable_dynamic_offload: the dynamic route, no route selection); a
+pipeline's components staged within the device budget (staging.py).
 
 The route of a component comes from the library (ddo_config_component_policy: an explicit
 route, then API component policies, then DDO_<COMPONENT>_* and DDO_RUNNER_<COMPONENT>_* from
@@ -22,10 +23,10 @@ from .settings import DynamicOffloadSettings, resolve_config, same_component
 ROUTES = ("dynamic_offload", "diffusers_group_offload", "none")
 DEFAULT_PIPELINE_COMPONENTS = ("text_encoder", "text_encoder_2", "transformer", "unet", "vae")
 PROFILE_ROUTE_ERROR = "Profile calibration requires the dynamic_offload route."
-# enable_offload's per-component policy arguments (upstream's names).
+# enable_offload's per-component policy arguments (the earlier design's names).
 POLICY_ARGS = ("group_offload", "dynamic_offload", "offload_type", "use_stream",
                "record_stream", "group_low_cpu_mem_usage", "num_blocks_per_group")
-# Named parameters of upstream's enable_offload that are not config overrides (§1.3): they
+# Named parameters of the earlier design's enable_offload that are not config overrides: they
 # do not bypass the preset's VAE route.
 DEVICE_PARAMS = ("execution_device", "offload_device")
 
@@ -84,7 +85,7 @@ def _diffusers_available():
 
 
 def detect_quantized_backend_modules(module):
-    """Upstream's SDNQ detection: submodules (root included) with an sdnq_dequantizer."""
+    """the earlier design's SDNQ detection: submodules (root included) with an sdnq_dequantizer."""
     n = sum(1 for m in module.modules() if hasattr(m, "sdnq_dequantizer"))
     return {} if n == 0 else {"sdnq_module_count": n,
                               "sdnq_status": "detected_forward_preserved"}
@@ -121,7 +122,7 @@ class _RouteReport:
 
 class RouteResult:
     """A component on a non-dynamic route, or any route with apply_hook=False: the same
-    lifecycle methods as OffloadResult, and upstream's result fields (hook None,
+    lifecycle methods as OffloadResult, and the earlier design's result fields (hook None,
     should_move_to_execution_device, event_payload, settings, route).
 
     route "none": unload() moves the module to the CPU, reload() back to the device, close()
@@ -207,7 +208,7 @@ def _remove_group_hooks(module):
 
 def _policy(cfg, component, route, quantized, overrides_given=False):
     """The library's policy (ddo_config_component_policy_with_overrides: overrides_given says
-    the caller gave an explicit config or runtime overrides, for the seed's VAE rule)."""
+    the caller gave an explicit config or runtime overrides, for the earlier design's VAE rule)."""
     p = _lib.ComponentPolicy()
     rc = _native.lib().ddo_config_component_policy_with_overrides(
         cfg.h, component.encode(), route.encode() if route is not None else None,
@@ -258,7 +259,8 @@ def resolve_route(module, preset="auto", *, component="model", route=None, setti
                   low_cpu_mem_usage=True, **kw):
     """(route policy dict, C config, settings) for one component, without touching it.
 
-    low_cpu_mem_usage: upstream's default of the group route's low_cpu_mem_usage, used when
+    low_cpu_mem_usage: the earlier design's default of the group route's low_cpu_mem_usage,
+    used when
     no policy, environment variable or preset sets offload_low_cpu_mem_usage."""
     explicit = _explicit_policy_args(*(kw.pop(k, None) for k in (
         "group_offload", "dynamic_offload", "offload_type", "use_stream", "record_stream",
@@ -271,9 +273,9 @@ def resolve_route(module, preset="auto", *, component="model", route=None, setti
     quant = quantized_backend
     if quant is None:
         quant = bool(detect_quantized_backend_modules(module))
-    # The seed's VAE policy (the library's rule): an explicit config or runtime overrides,
+    # the earlier design's VAE policy (the library's rule): an explicit config or runtime overrides,
     # without policy arguments, bypass the preset's VAE route. The devices are named
-    # parameters upstream, not overrides (§1.3); None is not given; a config's preset and
+    # parameters the earlier design, not overrides; None is not given; a config's preset and
     # backend (--ddo-preset, --ddo-backend) select the preset whose route fallback applies.
     overridden = any(v is not None and k not in DEVICE_PARAMS for k, v in kw.items())
     configured = config is not None and any(k not in ("preset", "backend")
@@ -289,7 +291,7 @@ def resolve_route(module, preset="auto", *, component="model", route=None, setti
         pol["route_source"] = f"{why}; Diffusers not importable: dynamic_offload"
     if not low_cpu_mem_usage and not _option_set(cfg, component, "offload_low_cpu_mem_usage"):
         pol["low_cpu_mem_usage"] = False
-    # Nothing changed the given settings: the same object (upstream's identity rule, §1.3).
+    # Nothing changed the given settings: the same object (the earlier design's identity rule).
     unchanged = (settings is not None and config is None and not policies and
                  all(v is None for v in kw.values()))
     return pol, cfg, settings if unchanged else DynamicOffloadSettings(cfg, merged)
@@ -309,7 +311,8 @@ def enable_offload(module_or_pipeline, preset="auto", *, component="model", rout
                    low_cpu_mem_usage=True, apply_hook=True, record_event=None,
                    dynamic_event_name=None, group_event_name=None, progress=None, trace=None,
                    **overrides):
-    """Routes a module (or every module component of a pipeline) as upstream's enable_offload.
+    """Routes a module (or every module component of a pipeline): each gets its route from the
+    library's rules (a ddo session, Diffusers' group offload, or none).
 
     Returns an OffloadResult (route dynamic_offload) or a RouteResult (diffusers_group_offload,
     none, or any route with apply_hook=False: nothing attached, the module untouched). A
@@ -318,7 +321,8 @@ def enable_offload(module_or_pipeline, preset="auto", *, component="model", rout
     the group/dynamic policy arguments, quantized_backend) are refused there with one line.
     component_policies must name the component routed (the library's normalisation:
     "Transformer" is transformer); a policy for another one is refused. record_event(name,
-    seconds, **payload), as upstream: "setup_<component>_dynamic_offload" (dynamic_event_name),
+    seconds, **payload), as the earlier design: "setup_<component>_dynamic_offload"
+    (dynamic_event_name),
     "setup_<component>_group_offload" (group_event_name), "move_<component>_to_execution_device"
     (route none, when the module was moved).
 
@@ -389,8 +393,8 @@ def enable_dynamic_offload(module, preset="auto", *, settings=None, config=None,
                            **overrides):
     """Streams module through a ddo session: enable_offload's route ``dynamic_offload``.
 
-    Upstream's low-level entry point (ddo-upstream.md §1.3): no component route is selected
-    (the seed), everything else is enable_offload's: settings= (or preset, backend, the DDO_*
+    The low-level entry point: no component route is selected, everything else is
+    enable_offload's: settings= (or preset, backend, the DDO_*
     environment when use_environment, running_on_wsl), config= and ``overrides`` (option keys
     of the catalog, which win; None is not given, so always_resident_modules_pattern=None keeps
     the built-in list), the ownership preflight, named profiles (profile_name=,
@@ -398,7 +402,7 @@ def enable_dynamic_offload(module, preset="auto", *, settings=None, config=None,
     should_move_to_execution_device False, event_payload, settings, route), or with
     apply_hook=False a RouteResult that attached nothing (hook None,
     should_move_to_execution_device True). record_event(event_name, seconds, **event_payload)
-    is called once, as upstream.
+    is called once, as the earlier design.
     """
     check_args("enable_dynamic_offload", preset, config=config, progress=progress, trace=trace)
     if not isinstance(module, torch.nn.Module):
@@ -433,9 +437,9 @@ def apply_route(module, pol, cfg, st, component, *, apply_hook=True, source=None
                 record_event=None, event_names=None, stager=None, talk=None):
     """Applies a resolved route to module (the second half of enable_offload).
 
-    apply_hook=False attaches nothing and leaves the module as it is (upstream §1.3 step 5,
-    §1.4): a RouteResult with should_move_to_execution_device True on every route.
-    record_event(name, seconds, **payload) is the host's event callback (upstream's)."""
+    apply_hook=False attaches nothing and leaves the module as it is (the earlier design's
+    rule): a RouteResult with should_move_to_execution_device True on every route.
+    record_event(name, seconds, **payload) is the host's event callback (the earlier design's)."""
     t0 = time.perf_counter()
     res = _apply_route(module, pol, cfg, st, component, apply_hook, source, stager, talk)
     if record_event is not None:
@@ -464,7 +468,7 @@ def _apply_route(module, pol, cfg, st, component, apply_hook, source, stager=Non
     if r == "dynamic_offload":
         payload["execution_mode"] = cfg.get("execution_mode")
     if quantized and r != "none":
-        payload["quantized_backend"] = quantized  # upstream's key (§6.2, its test 11)
+        payload["quantized_backend"] = quantized  # the earlier design's key
     if not apply_hook:
         if r == "dynamic_offload" and cfg.get("build_profile") == "true":
             raise ValueError("build_profile needs apply_hook=True (the ddo session measures "
@@ -496,7 +500,8 @@ def _apply_route(module, pol, cfg, st, component, apply_hook, source, stager=Non
         res.route_policy = pol
         res._profile = prof
         res.profile_run = lambda res=res: profiles.profile_run(res)
-        # Upstream's result fields (DynamicOffloadApplyResult): the session is the hook, and
+        # The earlier design's result fields (DynamicOffloadApplyResult): the session is the
+        # hook, and
         # the module runs on the device through it.
         res.hook = res
         res.should_move_to_execution_device = False
@@ -585,7 +590,7 @@ def enable_pipeline_offload(pipeline, preset="auto", *, settings=None, component
     component's, not their sum, as a small card needs); reload() each before its phase.
 
     components: a mapping used as is, a list of names, else pipeline.components' keys, else
-    upstream's fixed list. Non-module components (schedulers, tokenizers) are skipped.
+    the earlier design's fixed list. Non-module components (schedulers, tokenizers) are skipped.
     component_policies and routes ({name: route}) must name components of the pipeline.
     Every route is resolved before any component is touched; on an error the components
     already set up are closed (the pipeline is left as it was). A second call on the same
