@@ -361,7 +361,9 @@ class OffloadResult:
                        f"({_talk.size(b['device_weights_limit'])}): its tensors are under "
                        f"small_tensor_threshold_bytes="
                        f"{self._cfg.get('small_tensor_threshold_bytes')} or not in a unit")
-        elif self._unit_count == 0 and total > 0:
+        elif self._unit_count == 0 and total > 0 and self._cfg.source(
+                "always_resident_modules_pattern").startswith(("default", "preset")):
+            # (a pattern the caller gave that keeps everything resident is not a surprise)
             _talk.warn(f"{self._label()}: no unit to stream was found in {len(self._tensors)} "
                        f"tensors ({_talk.size(total)}): all stay on the device (tensors under "
                        f"small_tensor_threshold_bytes="

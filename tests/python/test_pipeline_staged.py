@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import ddo
+from ddo import staging
 import models
 from conftest import ZERO_RESIDENT
 
@@ -122,6 +123,25 @@ def test_one_line_runs_one_component_at_a_time(staged):
     results["vae"].unload()
     assert meter.now() == 0
     assert torch.equal(pipe(seed=1), want)
+
+
+def test_route_none_is_staged_too():
+    """A component on route none (moved to the device whole) is loaded and unloaded by the same
+    rule, its need being its bytes."""
+    pipe = StandInPipeline()
+    want = pipe(seed=4)
+    gb, _ = budget_for_one(pipe)
+    results = ddo.enable_pipeline_offload(pipe, vmm_resident_weight_budget_gb=gb,
+                                          routes={"vae": "none"}, **ZERO_RESIDENT)
+    try:
+        st = results.stager
+        assert results["vae"].route == "none" and st.need["vae"] == staging.module_bytes(pipe.vae)
+        n = len(st.events)
+        assert torch.equal(pipe(seed=4), want)
+        assert ("load", "vae") in st.events[n:] and ("unload", "transformer") in st.events[n:]
+        assert st.in_use() <= st.limit
+    finally:
+        ddo.close_pipeline_offload(pipe)
 
 
 def test_everything_fits_nothing_unloaded():

@@ -149,6 +149,9 @@ def test_no_unit_found_warns():
     m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
     with pytest.warns(UserWarning, match="no unit to stream"):
         ddo.enable_offload(m, execution_device="cpu", small_tensor_threshold_bytes=2**20).close()
+    with warnings.catch_warnings():  # everything resident because the caller said so: silent
+        warnings.simplefilter("error")
+        ddo.enable_offload(m, execution_device="cpu", always_resident_modules_pattern="^").close()
 
 
 def test_nothing_streamed_over_budget_is_not_silent():
