@@ -17,7 +17,7 @@ Each refusal is one line naming the component, the tensor and the option.
 
 import torch
 
-from . import _native, _torch
+from . import _native, _talk, _torch
 
 
 def _refuse(component, what):
@@ -72,7 +72,7 @@ def preflight(module, cfg, component):
         if n > largest[1]:
             largest = (name, n)
     if total > limit:
-        _refuse(component, f"its buffers hold {total} bytes (largest {largest[0]}, "
-                f"{largest[1]} bytes), over vmm_component_buffer_limit_mb="
+        _refuse(component, f"its buffers hold {_talk.size(total)} (largest {largest[0]}, "
+                f"{_talk.size(largest[1])}), over vmm_component_buffer_limit_mb="
                 f"{cfg.get('vmm_component_buffer_limit_mb')} MiB")
     return {"tensors": tensors, "buffer_bytes": total, "buffer_limit_bytes": int(limit)}
