@@ -152,6 +152,8 @@ def run(args):
     config = ddo.build_config_from_args(args)
     if args.stand_in and "execution_device" not in config.explicit():
         config.execution_device = "cpu"  # the toy pipeline is a cpu demonstration
+    if args.stand_in and "small_tensor_threshold_bytes" not in config.explicit():
+        config.small_tensor_threshold_bytes = 0  # its toy tensors stream too
     pipe = load_pipeline(args)
     routes = dict(r.split("=", 1) for r in args.route)
     timings = {}

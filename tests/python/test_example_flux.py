@@ -89,3 +89,24 @@ def test_host_show_profile_is_not_a_ddo_flag():
     args = ex.parse_args(ARGS + ["--ddo-show-profile"])
     assert args.show_profile is False
     assert ddo.build_config_from_args(args).show_profile is True
+
+
+def test_small_budget_stages_the_components(tmp_path, monkeypatch):
+    """A budget that holds one component at a time: the example's one pipe(...) call still gives
+    the unmanaged output (the components were unloaded and reloaded by ddo, not by the
+    example)."""
+    import ddo.routing
+    ex = load_example()
+    out_file = tmp_path / "out.pt"
+    made, orig = [], ddo.routing.enable_pipeline_offload
+
+    def spy(pipe, *a, **kw):
+        made.append(orig(pipe, *a, **kw))
+        return made[-1]
+
+    monkeypatch.setattr(ddo.routing, "enable_pipeline_offload", spy)
+    assert ex.main(ARGS + ["--ddo-vmm-resident-weight-budget-gb", "0.01", "--output",
+                           str(out_file)]) == 0
+    assert ("unload", "text_encoder") in made[0].stager.events
+    want = unmanaged_output(ex, ex.parse_args(ARGS))
+    assert torch.equal(torch.load(out_file)["output"], want)
