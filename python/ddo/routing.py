@@ -583,7 +583,9 @@ def enable_pipeline_offload(pipeline, preset="auto", *, settings=None, component
     as explicit phases; ``results.stager.events`` lists what was loaded and unloaded.
     staged=False: nothing is loaded or unloaded for you (a forward after unload() raises).
     component_options: {name: {option: value}}, catalog options for one component on top of
-    ``overrides`` (a budget or resident pattern of its own).
+    ``overrides`` (a budget or resident pattern of its own). progress and trace as
+    enable_offload's (one trace for the whole pipeline, a process per component, written by
+    close_pipeline_offload).
 
     start_unloaded: every ddo session is unloaded as soon as it is set up, so the device holds
     one component's weights at a time while the pipeline is set up (the peak is the largest
