@@ -125,6 +125,9 @@ class PipelineStager:
         for other in list(self.active):
             if self.in_use(besides=name) + need <= self.limit:
                 return
+            if self.results[other]._state == "closed":  # closed by its caller: holds nothing
+                self.active.remove(other)
+                continue
             if other == name or _busy(self.results[other]):
                 continue
             self.results[other].unload()

@@ -188,6 +188,16 @@ def test_interrupt_or_error_inside_a_component(staged, exc, where):
     assert meter.peak <= results.stager.limit
 
 
+def test_a_component_closed_by_hand(staged):
+    """Closing one result by hand: it runs unmanaged again and the others keep being staged."""
+    pipe, results, want, meter = staged
+    assert results.stager.active == ["vae"]  # loaded last at setup
+    results["vae"].close()
+    assert torch.equal(pipe(seed=1), want)
+    assert torch.equal(pipe(seed=1), want)
+    assert "vae" not in results.stager.active
+
+
 def test_staged_false_keeps_explicit_phases():
     pipe = StandInPipeline()
     results = ddo.enable_pipeline_offload(pipe, staged=False, **ZERO_RESIDENT)
