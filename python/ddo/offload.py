@@ -298,8 +298,8 @@ class OffloadResult:
         _native.check(L.ddo_device_caps_get(dev, ctypes.byref(caps)), L.ddo_device_error(dev))
         self.device = torch.device("cpu") if caps.is_cpu else torch.device("cuda", caps.ordinal)
         if caps.is_cpu and self.device_note and self._cfg.source("execution_device") == "default":
-            _talk.warn(f"{self._label()}: {self.device_note} (execution_device='cpu' says so "
-                       f"and silences this)")
+            # (no component name: a pipeline's components share one warning at the caller's line)
+            _talk.warn(f"{self.device_note} (execution_device='cpu' says so and silences this)")
         inputs = _lib.PlanInputs()
         _native.check(L.ddo_plan_inputs_get(dev, ctypes.byref(inputs)))
         self._measured_inputs(inputs)
