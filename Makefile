@@ -14,7 +14,8 @@ WHEEL_PACKAGES = $(DEB_PACKAGES) binutils python3
 # python3-venv: they run against the wheel installed in a fresh venv.
 TEST_PACKAGES = $(WHEEL_PACKAGES) python3-torch python3-pytest python3-numpy python3-venv
 
-.PHONY: all deps test-deps install-packages configure build demo wheel test clean format format-check
+.PHONY: all deps test-deps install-packages configure build demo wheel test clean format \
+	format-check
 
 all: build
 

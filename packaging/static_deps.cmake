@@ -27,7 +27,8 @@ set(DDO_JANSSON_LIB ${CMAKE_BINARY_DIR}/static-deps/libjansson.a)
 set(stdin_o ${CMAKE_BINARY_DIR}/static-deps/jansson_stdin.o)
 add_custom_command(OUTPUT ${DDO_JANSSON_LIB}
     COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/static-deps
-    COMMAND ${CMAKE_C_COMPILER} -O2 -fPIC -c ${CMAKE_SOURCE_DIR}/packaging/jansson_stdin.c -o ${stdin_o}
+    COMMAND ${CMAKE_C_COMPILER} -O2 -fPIC -c ${CMAKE_SOURCE_DIR}/packaging/jansson_stdin.c
+        -o ${stdin_o}
     COMMAND ${CMAKE_COMMAND} -E copy ${DDO_JANSSON_A} ${DDO_JANSSON_LIB}
     COMMAND ${DDO_OBJCOPY} --redefine-sym stdin=ddo__jansson_stdin ${DDO_JANSSON_LIB}
     COMMAND ${CMAKE_AR} rs ${DDO_JANSSON_LIB} ${stdin_o}

@@ -1,9 +1,10 @@
 """Loading libddo and declaring its C functions and structs (ctypes).
 
 The library is found in this order: an explicit path given to ``load``, the ``DDO_LIBRARY``
-environment variable, the copy inside this package (the wheel's), then, in a source checkout, the
-build tree (``<repo>/build/libddo.so``). A missing library or one whose version or struct layouts differ
-from what this module mirrors fails with one line naming the paths tried and what was found.
+environment variable, the copy inside this package (the wheel's), then, in a source checkout,
+the build tree (``<repo>/build/libddo.so``). A missing library or one whose version or struct
+layouts differ from what this module mirrors fails with one line naming the paths tried and
+what was found.
 """
 
 import ctypes

@@ -3,6 +3,7 @@ package (ddo/bin/ddo) with this process's arguments. They need no torch: ``impor
 ``exec_if_command`` first, which replaces the process with the tool before torch is imported.
 """
 
+import importlib
 import os
 import pathlib
 import sys
@@ -55,7 +56,7 @@ def exec_if_command() -> None:
 def require_torch() -> None:
     """One line naming what to install when torch cannot be imported."""
     try:
-        import torch  # noqa: F401
+        importlib.import_module("torch")
     except ImportError as e:
         raise ImportError(
             f"ddo needs torch >= 1.13 in this interpreter ({sys.executable}; {e}): "

@@ -4,10 +4,11 @@
 # Debian's python3-torch and python3-pytest belong to /usr/bin/python3 (another python3 may be
 # first on PATH); DDO_LIBRARY (set by CTest) is the library under test.
 #
-# With DDOTEST_WHEEL (`make test` builds the wheel and sets it; not DDO_*, which the tool checks) the tests run as a user has ddo: the
-# wheel installed into a fresh `python3 -m venv --system-site-packages` (torch from Debian), the
-# tests run from outside the source tree against the installed package and its own libddo.so,
-# and the venv's `ddo --help`, `python -m ddo version` and `ddo demo` run first.
+# With DDOTEST_WHEEL (`make test` builds the wheel and sets it; not a DDO_* name, which the tool
+# would warn about) the tests run as a user has ddo: the wheel installed into a fresh
+# `python3 -m venv --system-site-packages` (torch from Debian), the tests run from outside the
+# source tree against the installed package and its own libddo.so, and the venv's `ddo --help`,
+# `python -m ddo version` and `ddo demo` run first.
 set -u
 PY=${DDO_PYTHON:-/usr/bin/python3}
 if ! "$PY" -c "import torch, pytest" 2>/dev/null; then

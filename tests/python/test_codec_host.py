@@ -15,7 +15,7 @@ import torch
 
 import ddo
 import models
-from conftest import PYTHON_DIR, ROOT, ZERO_RESIDENT
+from conftest import PYTHON_DIR, ZERO_RESIDENT
 
 ROUTES = [("linear", "auto", "one_shot_fast"), ("vmm", "auto", "vmm_fast_runtime")]
 

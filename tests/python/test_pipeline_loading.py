@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ddo
-from conftest import PYTHON_DIR, ROOT
+from conftest import PYTHON_DIR
 
 DT = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
 CPU_STREAM = dict(execution_device="cpu", always_resident_modules_pattern="^$",
