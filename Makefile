@@ -6,10 +6,16 @@ BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 DEB_PACKAGES = cmake make gcc pkg-config libjansson-dev libpcre2-dev liburing-dev libssl-dev
-# The Python binding's tests also need Debian's torch and pytest (for /usr/bin/python3).
-TEST_PACKAGES = $(DEB_PACKAGES) python3-torch python3-pytest python3-numpy
+# The wheel: a build with the dependencies linked statically, packed by /usr/bin/python3.
+WHEEL_BUILD ?= build-wheel
+DIST ?= dist
+WHEEL_PACKAGES = $(DEB_PACKAGES) binutils python3
+# The Python binding's tests also need Debian's torch and pytest (for /usr/bin/python3), and
+# python3-venv: they run against the wheel installed in a fresh venv.
+TEST_PACKAGES = $(WHEEL_PACKAGES) python3-torch python3-pytest python3-numpy python3-venv
 
-.PHONY: all deps test-deps install-packages configure build demo test clean format format-check
+.PHONY: all deps test-deps install-packages configure build demo wheel test clean format \
+	format-check
 
 all: build
 
@@ -42,12 +48,25 @@ build: configure
 	@MAKEFLAGS= MAKELEVEL= cmake --build $(BUILD) -j $(JOBS)
 	@cp -f $(BUILD)/libddo.so python/ddo/libddo.so
 
+# The demo also builds the shared library and copies it into python/ddo, where `import ddo`
+# (PYTHONPATH=python /usr/bin/python3) finds it next.
 demo: configure
-	@MAKEFLAGS= MAKELEVEL= cmake --build $(BUILD) -j $(JOBS) --target ddo_tool
+	@MAKEFLAGS= MAKELEVEL= cmake --build $(BUILD) -j $(JOBS) --target ddo_tool ddo
+	@cp -f $(BUILD)/libddo.so python/ddo/libddo.so
 	./$(BUILD)/ddo demo
 
-test: test-deps build
-	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+# dist/ddo-<version>-py3-none-manylinux_2_<N>_x86_64.whl: libddo.so and the tool linked
+# statically against their dependencies (python/build_backend/ddo_build.py checks and tags it).
+wheel:
+	@$(MAKE) --no-print-directory install-packages PACKAGES="$(WHEEL_PACKAGES)"
+	@cmake -S . -B $(WHEEL_BUILD) -DDDO_STATIC_DEPS=ON $(CMAKE_FLAGS) >/dev/null
+	@MAKEFLAGS= MAKELEVEL= cmake --build $(WHEEL_BUILD) -j $(JOBS) --target ddo ddo_tool
+	@rm -f $(DIST)/ddo-*.whl
+	@/usr/bin/python3 python/build_backend/ddo_build.py --build-dir $(WHEEL_BUILD) --out $(DIST)
+
+# The Python tests (CTest's python_binding) run against the wheel installed in a fresh venv.
+test: test-deps build wheel
+	DDOTEST_WHEEL="$$(ls $(abspath $(DIST))/ddo-*.whl)" ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
@@ -56,4 +75,4 @@ format-check:
 	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(WHEEL_BUILD) $(DIST)

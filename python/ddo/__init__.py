@@ -18,7 +18,12 @@ A thin ctypes layer over libddo (include/ddo.h): the options, presets, component
 planner and runtime are the library's. See docs/python.md.
 """
 
-from ._lib import LibraryError
+from . import _tool
+
+_tool.exec_if_command()  # the `ddo` command and `python -m ddo` start the C tool (no torch needed)
+_tool.require_torch()    # else one line naming what to install
+
+from ._lib import LibraryError  # noqa: E402
 from ._native import ConfigError, DdoError, UnknownOptionError, set_library as load_library
 from ._native import lib as _lib_handle
 from .config import DynamicOffloadConfig

@@ -1,9 +1,10 @@
 """Loading libddo and declaring its C functions and structs (ctypes).
 
 The library is found in this order: an explicit path given to ``load``, the ``DDO_LIBRARY``
-environment variable, the copy inside this package, then the build tree next to it
-(``<repo>/build/libddo.so``). A missing library or one whose version or struct layouts differ
-from what this module mirrors fails with one line naming the paths tried and what was found.
+environment variable, the copy inside this package (the wheel's), then, in a source checkout,
+the build tree (``<repo>/build/libddo.so``). A missing library or one whose version or struct
+layouts differ from what this module mirrors fails with one line naming the paths tried and
+what was found.
 """
 
 import ctypes
@@ -289,11 +290,13 @@ def _candidates(path):
     if env:
         out.append(("DDO_LIBRARY", env))
     out.append(("package", str(here / "libddo.so")))
-    out.append(("build tree", str(here.parent.parent / "build" / "libddo.so")))
+    checkout = here.parent.parent
+    if here.parent.name == "python" and (checkout / "CMakeLists.txt").is_file():
+        out.append(("build tree", str(checkout / "build" / "libddo.so")))
     return out
 
 
-def _check(lib, where):
+def _check(lib, where, tried=()):
     try:
         version = lib.ddo_version_string().decode()
         size_of = lib.ddo_struct_size
@@ -301,8 +304,11 @@ def _check(lib, where):
         raise LibraryError(f"ddo: {where} is not a libddo this binding can use ({e})") from None
     major, minor = (int(x) for x in version.split(".")[:2])
     if (major, minor) != ABI_VERSION:
-        raise LibraryError(f"ddo: {where} is libddo {version}; this binding needs "
-                           f"{ABI_VERSION[0]}.{ABI_VERSION[1]}.x")
+        before = f" (tried before: {'; '.join(tried)})" if tried else ""
+        raise LibraryError(f"ddo: {where} is libddo {version}; this binding "
+                           f"({pathlib.Path(__file__).resolve().parent}) needs "
+                           f"{ABI_VERSION[0]}.{ABI_VERSION[1]}.x{before}: install the matching "
+                           f"wheel or rebuild (`make`)")
     for cname, py in STRUCTS.items():
         n = size_of(cname.encode())
         if n != ctypes.sizeof(py):
@@ -347,11 +353,12 @@ def load(path=None):
             except AttributeError:
                 raise LibraryError(f"ddo: {p} ({origin}) is not libddo (it has no "
                                    f"ddo_version_string / ddo_struct_size)") from None
-            version = _check(lib, f"{p} ({origin})")
+            version = _check(lib, f"{p} ({origin})", tried)
             _declare(lib)
             lib.ddo_path = p
             lib.ddo_version = version
             return lib
         tried.append(f"{p} ({origin}: absent)")
     raise LibraryError("ddo: libddo.so not found; tried " + "; ".join(tried) +
-                       " (build it with `make`, or set DDO_LIBRARY)")
+                       ": install the wheel (pip install ddo-*.whl; `make wheel` builds it), "
+                       "build it in this checkout (`make`), or set DDO_LIBRARY")

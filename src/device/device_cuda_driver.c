@@ -279,9 +279,7 @@ static int driver_proc(const char *library_path, const char *symbol, int cuda_ve
     return 0;
 }
 
-#else /* !DDO_HAVE_CUDA_H */
-
-const ddo__device_ops *const ddo__device_cuda_ops = NULL;
+#else /* !DDO_HAVE_CUDA_H (ddo__device_cuda_ops is NULL in device_cuda.c) */
 
 static int driver_proc(const char *library_path, const char *symbol, int cuda_version, void **fn)
 {

@@ -1,6 +1,8 @@
-"""pytest setup for the binding's tests: the package from python/, the library from the build
-tree (DDO_LIBRARY, set by CTest), the cpu device, and a clean DDO_* environment."""
+"""pytest setup for the binding's tests: the package from python/ and the library from the build
+tree (DDO_LIBRARY, set by CTest), or with DDOTEST_INSTALLED=1 the installed wheel's package
+(run.sh installs it in a fresh venv); the cpu device, and a clean DDO_* environment."""
 
+import importlib.util
 import os
 import pathlib
 import sys
@@ -8,8 +10,14 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "python"))
+INSTALLED = os.environ.get("DDOTEST_INSTALLED") == "1"
+if not INSTALLED:
+    sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+# The directory that holds the ddo package under test (children put it on their sys.path).
+PYTHON_DIR = pathlib.Path(importlib.util.find_spec("ddo").origin).resolve().parents[1]
+if INSTALLED and PYTHON_DIR == ROOT / "python":
+    raise RuntimeError(f"DDOTEST_INSTALLED=1 but ddo comes from the source tree ({PYTHON_DIR})")
 
 # Zero-resident streaming on the cpu device: every block is a streamed unit.
 ZERO_RESIDENT = dict(execution_device="cpu", always_resident_modules_pattern="^$",

@@ -8,12 +8,14 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import PYTHON_DIR, ROOT
 
-sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(PYTHON_DIR))
 import ddo_vmm_bootstrap as boot  # noqa: E402
 
-LIB = os.environ.get("DDO_LIBRARY", str(ROOT / "build" / "libddo.so"))
+LIB = os.environ.get("DDO_LIBRARY") or str(
+    PYTHON_DIR / "ddo" / "libddo.so" if (PYTHON_DIR / "ddo" / "libddo.so").exists()
+    else ROOT / "build" / "libddo.so")
 
 
 def test_vmm_fast_requested():
@@ -68,7 +70,7 @@ def test_parent_imports_neither_torch_nor_ddo():
             "assert r is not None; "
             "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.') or "
             "m == 'ddo' or m.startswith('ddo.')]; assert not bad, bad; print('clean')")
-    out = subprocess.run([sys.executable, "-c", code, str(ROOT / "python"), LIB,
+    out = subprocess.run([sys.executable, "-c", code, str(PYTHON_DIR), LIB,
                           "--ddo-backend", "vmm"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "clean"

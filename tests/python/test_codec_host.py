@@ -15,7 +15,7 @@ import torch
 
 import ddo
 import models
-from conftest import ROOT, ZERO_RESIDENT
+from conftest import PYTHON_DIR, ZERO_RESIDENT
 
 ROUTES = [("linear", "auto", "one_shot_fast"), ("vmm", "auto", "vmm_fast_runtime")]
 
@@ -129,7 +129,7 @@ print(model, held, after, int(coded))
 
 
 def child(mode):
-    out = subprocess.run([sys.executable, "-c", CHILD, str(ROOT / "python"),
+    out = subprocess.run([sys.executable, "-c", CHILD, str(PYTHON_DIR),
                           os.path.dirname(__file__), mode], capture_output=True, text=True,
                          env=dict(os.environ), timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

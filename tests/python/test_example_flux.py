@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import PYTHON_DIR, ROOT
 
 EXAMPLE = ROOT / "examples" / "flux_pipeline.py"
 ARGS = ["--stand-in", "--steps", "2", "--width", "64", "--height", "64"]
@@ -32,7 +32,7 @@ def unmanaged_output(ex, args):
 
 def test_runs_phases_and_records_metrics(tmp_path):
     out_file, metrics = tmp_path / "out.pt", tmp_path / "metrics.jsonl"
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
     run = subprocess.run([sys.executable, str(EXAMPLE), *ARGS, "--show-profile",
                           "--show-metrics", "--metrics", str(metrics), "--output",
                           str(out_file)], capture_output=True, text=True, env=env, timeout=300)

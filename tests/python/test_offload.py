@@ -11,7 +11,7 @@ from torch import nn
 
 import ddo
 import models
-from conftest import ROOT, ZERO_RESIDENT
+from conftest import PYTHON_DIR, ROOT, ZERO_RESIDENT
 from forwards import during_a_forward
 
 ROUTES = [("linear", "auto", "one_shot_fast"), ("vmm", "auto", "vmm_fast_runtime"),
@@ -329,7 +329,7 @@ def test_in_place_write_to_a_streamed_weight_is_refused():
 
 def _import_with(env):
     code = "import ddo; print(ddo.library_version()[0])"
-    e = dict(os.environ, PYTHONPATH=str(ROOT / "python"), **env)
+    e = dict(os.environ, PYTHONPATH=str(PYTHON_DIR), **env)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e)
 
 

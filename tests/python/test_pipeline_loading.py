@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ddo
-from conftest import ROOT
+from conftest import PYTHON_DIR
 
 DT = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
 CPU_STREAM = dict(execution_device="cpu", always_resident_modules_pattern="^$",
@@ -308,7 +308,7 @@ def test_host_rss_stays_below_the_model(tmp_path):
     model_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
     write_safetensors(path, tensors)
     del tensors
-    out = subprocess.run([sys.executable, "-c", CHILD, str(ROOT / "python"),
+    out = subprocess.run([sys.executable, "-c", CHILD, str(PYTHON_DIR),
                           os.path.dirname(__file__), str(path)], capture_output=True,
                          text=True, env=dict(os.environ), timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
