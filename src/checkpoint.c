@@ -365,7 +365,9 @@ int ddo_checkpoint_create_from_memory_sized(const ddo_tensor_desc *tensors, size
                            "host tensors: tensor \"%s\": %s %s: %s", Q(d->name),
                            ddo_dtype_name(d->dtype), shape_text,
                            rc == DDO_E_OVERFLOW ? "element count or size overflows 64 bits"
-                                                : "the elements do not fill whole bytes");
+                           : ddo_dtype_block(d->dtype, NULL) != 0
+                               ? "the last dimension is not a whole number of blocks"
+                               : "the elements do not fill whole bytes");
             break;
         }
         ddo_tensor_info *t = ddo__checkpoint_add_tensor(ck, d->name);

@@ -28,6 +28,7 @@ typedef struct ddo__checkpoint_file {
     ddo__file_id id;     /* identity at open */
     const uint8_t *data; /* mapping (mmap backend) or memory image; NULL otherwise */
     bool mapped;         /* data came from mmap */
+    bool in_set;         /* a shard of an index (GGUF files are refused there) */
 } ddo__checkpoint_file;
 
 struct ddo_checkpoint {
@@ -77,6 +78,11 @@ int ddo__checkpoint_open_file(ddo_checkpoint *ck, uint32_t fi);
  * tensors and metadata (checkpoint_header.c). */
 int ddo__checkpoint_parse_image(ddo_checkpoint *ck, uint32_t fi, const uint8_t *data,
                                 uint64_t size);
+/* Validates a GGUF file as file fi of ck (checkpoint_gguf.c): read through its descriptor, or
+ * from image (size bytes) when that is not NULL; appends its tensors (offsets relative to its
+ * data section, sorted) and metadata and fills its file info. */
+int ddo__checkpoint_parse_gguf(ddo_checkpoint *ck, uint32_t fi, const uint8_t *image,
+                               uint64_t size);
 /* "[4, 3, 3, 3]" from dims, cut to fit len (checkpoint_header.c). */
 void ddo__checkpoint_format_dims(char *buf, size_t len, const uint64_t *dims, size_t n);
 /* Absolute offsets, the name index, the total and the block groups. */
