@@ -42,8 +42,8 @@ enum {
 };
 
 static const char *const value_names[GV_COUNT] = {
-    "UINT8", "INT8",   "UINT16", "INT16", "UINT32", "INT32",  "FLOAT32",
-    "BOOL",  "STRING", "ARRAY",  "UINT64", "INT64", "FLOAT64",
+    "UINT8", "INT8",   "UINT16", "INT16",  "UINT32", "INT32",   "FLOAT32",
+    "BOOL",  "STRING", "ARRAY",  "UINT64", "INT64",  "FLOAT64",
 };
 
 /* Bytes of a fixed-size value; 0 for STRING and ARRAY. */
@@ -57,20 +57,47 @@ static unsigned value_size(uint32_t type)
 static int dtype_of_ggml(uint32_t id)
 {
     static const int8_t map[] = {
-        [0] = DDO_DTYPE_F32,      [1] = DDO_DTYPE_F16,      [2] = DDO_DTYPE_Q4_0,
-        [3] = DDO_DTYPE_Q4_1,     [4] = -1,                 [5] = -1,
-        [6] = DDO_DTYPE_Q5_0,     [7] = DDO_DTYPE_Q5_1,     [8] = DDO_DTYPE_Q8_0,
-        [9] = DDO_DTYPE_Q8_1,     [10] = DDO_DTYPE_Q2_K,    [11] = DDO_DTYPE_Q3_K,
-        [12] = DDO_DTYPE_Q4_K,    [13] = DDO_DTYPE_Q5_K,    [14] = DDO_DTYPE_Q6_K,
-        [15] = DDO_DTYPE_Q8_K,    [16] = DDO_DTYPE_IQ2_XXS, [17] = DDO_DTYPE_IQ2_XS,
-        [18] = DDO_DTYPE_IQ3_XXS, [19] = DDO_DTYPE_IQ1_S,   [20] = DDO_DTYPE_IQ4_NL,
-        [21] = DDO_DTYPE_IQ3_S,   [22] = DDO_DTYPE_IQ2_S,   [23] = DDO_DTYPE_IQ4_XS,
-        [24] = DDO_DTYPE_I8,      [25] = DDO_DTYPE_I16,     [26] = DDO_DTYPE_I32,
-        [27] = DDO_DTYPE_I64,     [28] = DDO_DTYPE_F64,     [29] = DDO_DTYPE_IQ1_M,
-        [30] = DDO_DTYPE_BF16,    [31] = -1,                [32] = -1,
-        [33] = -1,                [34] = DDO_DTYPE_TQ1_0,   [35] = DDO_DTYPE_TQ2_0,
-        [36] = -1,                [37] = -1,                [38] = -1,
-        [39] = DDO_DTYPE_MXFP4,   [40] = DDO_DTYPE_NVFP4,
+        [0] = DDO_DTYPE_F32,
+        [1] = DDO_DTYPE_F16,
+        [2] = DDO_DTYPE_Q4_0,
+        [3] = DDO_DTYPE_Q4_1,
+        [4] = -1,
+        [5] = -1,
+        [6] = DDO_DTYPE_Q5_0,
+        [7] = DDO_DTYPE_Q5_1,
+        [8] = DDO_DTYPE_Q8_0,
+        [9] = DDO_DTYPE_Q8_1,
+        [10] = DDO_DTYPE_Q2_K,
+        [11] = DDO_DTYPE_Q3_K,
+        [12] = DDO_DTYPE_Q4_K,
+        [13] = DDO_DTYPE_Q5_K,
+        [14] = DDO_DTYPE_Q6_K,
+        [15] = DDO_DTYPE_Q8_K,
+        [16] = DDO_DTYPE_IQ2_XXS,
+        [17] = DDO_DTYPE_IQ2_XS,
+        [18] = DDO_DTYPE_IQ3_XXS,
+        [19] = DDO_DTYPE_IQ1_S,
+        [20] = DDO_DTYPE_IQ4_NL,
+        [21] = DDO_DTYPE_IQ3_S,
+        [22] = DDO_DTYPE_IQ2_S,
+        [23] = DDO_DTYPE_IQ4_XS,
+        [24] = DDO_DTYPE_I8,
+        [25] = DDO_DTYPE_I16,
+        [26] = DDO_DTYPE_I32,
+        [27] = DDO_DTYPE_I64,
+        [28] = DDO_DTYPE_F64,
+        [29] = DDO_DTYPE_IQ1_M,
+        [30] = DDO_DTYPE_BF16,
+        [31] = -1,
+        [32] = -1,
+        [33] = -1,
+        [34] = DDO_DTYPE_TQ1_0,
+        [35] = DDO_DTYPE_TQ2_0,
+        [36] = -1,
+        [37] = -1,
+        [38] = -1,
+        [39] = DDO_DTYPE_MXFP4,
+        [40] = DDO_DTYPE_NVFP4,
     };
     return id < DDO_ARRAY_LEN(map) ? map[id] : -1;
 }
@@ -115,8 +142,8 @@ static int need(gg *g, uint64_t n, const char *what)
     if (g->image != NULL || end <= g->have)
         return 0;
     uint64_t want = g->have < 32768 ? 65536 : g->have * 2;
-    uint64_t cap = g->size < DDO__CHECKPOINT_MAX_HEADER_BYTES ? g->size
-                                                              : DDO__CHECKPOINT_MAX_HEADER_BYTES;
+    uint64_t cap =
+        g->size < DDO__CHECKPOINT_MAX_HEADER_BYTES ? g->size : DDO__CHECKPOINT_MAX_HEADER_BYTES;
     want = want < end ? end : want > cap ? cap : want;
     uint8_t *b = realloc(g->buf, (size_t)want);
     if (b == NULL)
@@ -342,8 +369,8 @@ static int key_value(gg *g, ddo_checkpoint *ck)
     if (rc == 0 && ddo__strmap_get(&ck->meta_by_key, key, strlen(key)) != SIZE_MAX)
         rc = ddo__fail(NULL, DDO_E_FORMAT, "%s: duplicate metadata key \"%s\"", g->fname, Q(key));
     if (rc == 0 && type >= GV_COUNT)
-        rc = ddo__fail(NULL, DDO_E_FORMAT, "%s: key \"%s\": unknown value type %" PRIu32,
-                       g->fname, Q(key), type);
+        rc = ddo__fail(NULL, DDO_E_FORMAT, "%s: key \"%s\": unknown value type %" PRIu32, g->fname,
+                       Q(key), type);
     if (rc == 0)
         rc = value(g, key, type, 0, &text);
     if (rc == 0)
@@ -395,10 +422,10 @@ static int tensor_shape(gg *g, const char *name, ddo_tensor_info *t)
         return ddo__fail(NULL, DDO_E_FORMAT,
                          "%s: tensor \"%s\": %s ne %s: element count or size overflows 64 bits",
                          g->fname, Q(name), ddo_dtype_name(t->dtype), dims);
-    return ddo__fail(NULL, DDO_E_FORMAT,
-                     "%s: tensor \"%s\": %s ne %s: ne[0] is not a multiple of the %zu-element block",
-                     g->fname, Q(name), ddo_dtype_name(t->dtype), dims,
-                     ddo_dtype_block(t->dtype, NULL));
+    return ddo__fail(
+        NULL, DDO_E_FORMAT,
+        "%s: tensor \"%s\": %s ne %s: ne[0] is not a multiple of the %zu-element block", g->fname,
+        Q(name), ddo_dtype_name(t->dtype), dims, ddo_dtype_block(t->dtype, NULL));
 }
 
 /* One tensor info, appended to ck with its offset relative to the data section. */
@@ -536,8 +563,7 @@ static int parse(gg *g, ddo_checkpoint *ck, uint32_t fi)
                       ck->tensor_count - first, g->size - data_offset);
 }
 
-int ddo__checkpoint_parse_gguf(ddo_checkpoint *ck, uint32_t fi, const uint8_t *image,
-                               uint64_t size)
+int ddo__checkpoint_parse_gguf(ddo_checkpoint *ck, uint32_t fi, const uint8_t *image, uint64_t size)
 {
     ddo__checkpoint_file *f = &ck->files[fi];
     if (f->in_set)

@@ -77,17 +77,17 @@ static const struct {
     uint32_t id, block, bytes;
     ddo_dtype dt;
 } ggml[] = {
-    { 0, 1, 4, DDO_DTYPE_F32 },        { 1, 1, 2, DDO_DTYPE_F16 },
-    { 30, 1, 2, DDO_DTYPE_BF16 },      { 2, 32, 18, DDO_DTYPE_Q4_0 },
-    { 3, 32, 20, DDO_DTYPE_Q4_1 },     { 6, 32, 22, DDO_DTYPE_Q5_0 },
-    { 7, 32, 24, DDO_DTYPE_Q5_1 },     { 8, 32, 34, DDO_DTYPE_Q8_0 },
-    { 10, 256, 84, DDO_DTYPE_Q2_K },   { 11, 256, 110, DDO_DTYPE_Q3_K },
-    { 12, 256, 144, DDO_DTYPE_Q4_K },  { 13, 256, 176, DDO_DTYPE_Q5_K },
-    { 14, 256, 210, DDO_DTYPE_Q6_K },  { 15, 256, 292, DDO_DTYPE_Q8_K },
+    { 0, 1, 4, DDO_DTYPE_F32 },         { 1, 1, 2, DDO_DTYPE_F16 },
+    { 30, 1, 2, DDO_DTYPE_BF16 },       { 2, 32, 18, DDO_DTYPE_Q4_0 },
+    { 3, 32, 20, DDO_DTYPE_Q4_1 },      { 6, 32, 22, DDO_DTYPE_Q5_0 },
+    { 7, 32, 24, DDO_DTYPE_Q5_1 },      { 8, 32, 34, DDO_DTYPE_Q8_0 },
+    { 10, 256, 84, DDO_DTYPE_Q2_K },    { 11, 256, 110, DDO_DTYPE_Q3_K },
+    { 12, 256, 144, DDO_DTYPE_Q4_K },   { 13, 256, 176, DDO_DTYPE_Q5_K },
+    { 14, 256, 210, DDO_DTYPE_Q6_K },   { 15, 256, 292, DDO_DTYPE_Q8_K },
     { 16, 256, 66, DDO_DTYPE_IQ2_XXS }, { 20, 32, 18, DDO_DTYPE_IQ4_NL },
     { 23, 256, 136, DDO_DTYPE_IQ4_XS }, { 29, 256, 56, DDO_DTYPE_IQ1_M },
-    { 34, 256, 54, DDO_DTYPE_TQ1_0 },  { 39, 32, 17, DDO_DTYPE_MXFP4 },
-    { 24, 1, 1, DDO_DTYPE_I8 },        { 28, 1, 8, DDO_DTYPE_F64 },
+    { 34, 256, 54, DDO_DTYPE_TQ1_0 },   { 39, 32, 17, DDO_DTYPE_MXFP4 },
+    { 24, 1, 1, DDO_DTYPE_I8 },         { 28, 1, 8, DDO_DTYPE_F64 },
 };
 
 static size_t ggml_index(uint32_t id)
@@ -402,8 +402,8 @@ static uint8_t *one(const buf *kv, uint64_t n_kv, uint32_t nd, const uint64_t *n
     return b.p;
 }
 
-static void refuse_one(const buf *kv, uint64_t n_kv, uint32_t nd, const uint64_t *ne,
-                       uint32_t type, uint64_t offset, int code, const char *want)
+static void refuse_one(const buf *kv, uint64_t n_kv, uint32_t nd, const uint64_t *ne, uint32_t type,
+                       uint64_t offset, int code, const char *want)
 {
     size_t size;
     uint8_t *img = one(kv, n_kv, nd, ne, type, offset, &size);
@@ -425,8 +425,9 @@ static void test_tensor_infos(void)
     refuse_one(NULL, 0, 2, ne32, 77, 0, DDO_E_FORMAT, "tensor \"w\": unknown GGML type 77");
     refuse_one(NULL, 0, 2, ne32, 4, 0, DDO_E_FORMAT, "unknown GGML type 4"); /* removed Q4_2 */
     refuse_one(NULL, 0, 2, ne32, 0xFFFFFFFFu, 0, DDO_E_FORMAT, "unknown GGML type 4294967295");
-    refuse_one(NULL, 0, 2, ne32, 8, 16, DDO_E_FORMAT, "offset 16 is not a multiple of the "
-                                                      "alignment 32");
+    refuse_one(NULL, 0, 2, ne32, 8, 16, DDO_E_FORMAT,
+               "offset 16 is not a multiple of the "
+               "alignment 32");
     refuse_one(NULL, 0, 2, ne32, 8, 256, DDO_E_FORMAT, "runs past the end of the data section");
     refuse_one(NULL, 0, 5, ne5, 0, 0, DDO_E_FORMAT, "5 dimensions; GGUF allows at most 4");
     refuse_one(NULL, 0, 0xFFFFFFFFu, ne5, 0, 0, DDO_E_FORMAT, "4294967295 dimensions");

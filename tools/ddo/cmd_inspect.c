@@ -16,18 +16,19 @@
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: ddo inspect PATH [--json]\n"
-                 "       ddo inspect --codec PATH [--json] [--threads N] [--verify]\n"
-                 "  PATH    a .safetensors file, a *.safetensors.index.json sharded set, or a\n"
-                 "          directory holding either (Diffusers/Transformers layout)\n"
-                 "  --json  print the checkpoint as JSON (see docs/inspect.md)\n"
-                 "  --codec read and code every tensor with the weight codec (ddoc1) and print\n"
-                 "          coded/raw per dtype, per block group and in total, the time, and the\n"
-                 "          codec_ratio that ddo plan --codec-ratio takes (JSON with --json)\n"
-                 "  --threads N  the coding workers, 1..1024 (default: the online CPU count);\n"
-                 "          each holds one tensor and its coded copy at a time\n"
-                 "  --verify     with --codec: decode every stream with the C reference decoder,\n"
-                 "          compare it with the tensor and print the decoder's GB/s per thread\n");
+    fprintf(out,
+            "usage: ddo inspect PATH [--json]\n"
+            "       ddo inspect --codec PATH [--json] [--threads N] [--verify]\n"
+            "  PATH    a .safetensors or .gguf file, a *.safetensors.index.json sharded set, or a\n"
+            "          directory holding either (Diffusers/Transformers layout)\n"
+            "  --json  print the checkpoint as JSON (see docs/inspect.md)\n"
+            "  --codec read and code every tensor with the weight codec (ddoc1) and print\n"
+            "          coded/raw per dtype, per block group and in total, the time, and the\n"
+            "          codec_ratio that ddo plan --codec-ratio takes (JSON with --json)\n"
+            "  --threads N  the coding workers, 1..1024 (default: the online CPU count);\n"
+            "          each holds one tensor and its coded copy at a time\n"
+            "  --verify     with --codec: decode every stream with the C reference decoder,\n"
+            "          compare it with the tensor and print the decoder's GB/s per thread\n");
 }
 
 /* One escaped character of s at *p (advanced): newline, tab, CR, backslash as \n \t \r \\,

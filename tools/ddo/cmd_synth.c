@@ -19,7 +19,9 @@ static void usage(FILE *out)
         out,
         "usage: ddo synth --layout FILE.json --out PATH [--scale S] [--seed N]\n"
         "                 [--values uniform|normal] [--threads N]\n\n"
-        "Writes a .safetensors file with exactly the tensor names, shapes and dtypes of\n"
+        "Writes a .safetensors file (a .gguf v3 file when PATH ends in .gguf: GGML's types\n"
+        "and block types such as Q8_0 and Q4_K, the last dimension rounded up to whole\n"
+        "blocks, random block bytes) with exactly the tensor names, shapes and dtypes of\n"
         "the layout (data/layouts/*.json), in layout order, filled with deterministic\n"
         "pseudo-random finite values.\n"
         "  --scale S   0 < S <= 1: every dimension d becomes max(1, round(d * S)) (default 1)\n"
