@@ -319,6 +319,27 @@ DDO_API size_t ddo_checkpoint_block_group_count(const ddo_checkpoint *ck);
 DDO_API const ddo_block_group *ddo_checkpoint_block_group(const ddo_checkpoint *ck, size_t i);
 
 /*
+ * A layer stored in ComfyUI's safetensors quantization layout (ddo's own extension;
+ * docs/formats.md): <layer>.weight with its scales and a format read from <layer>.comfy_quant
+ * or the __metadata__ entry _quantization_metadata, or the older layout (F8 weights, F32
+ * <layer>.scale_weight, a scaled_fp8 marker tensor). Found and validated when a checkpoint of
+ * files is opened (a malformed layout refuses the checkpoint, DDO_E_FORMAT); the tensors keep
+ * their stored dtypes and bytes, and the names put a layer's tensors in one module (one unit).
+ */
+typedef struct ddo_quant_layer {
+    const char *layer;  /* the weight's name without ".weight" */
+    const char *format; /* "float8_e4m3fn", "nvfp4", ...; "scaled_fp8" for the older layout */
+    const char *source; /* "comfy_quant", "_quantization_metadata" or "scaled_fp8" */
+    /* Tensor indices, SIZE_MAX when absent: the weight, weight_scale (older layout:
+     * scale_weight), weight_scale_2, input_scale (older layout: scale_input), and the marker
+     * (the <layer>.comfy_quant tensor, or the scaled_fp8 tensor). */
+    size_t weight, weight_scale, weight_scale_2, input_scale, marker;
+} ddo_quant_layer;
+DDO_API size_t ddo_checkpoint_quant_layer_count(const ddo_checkpoint *ck);
+/* Layer i (in weight order); NULL when out of range. Valid until destroy. */
+DDO_API const ddo_quant_layer *ddo_checkpoint_quant_layer(const ddo_checkpoint *ck, size_t i);
+
+/*
  * Copies len bytes of tensor i starting at byte offset into dst. The file's
  * identity (device, inode, size, mtime ns) is checked first: a changed file
  * fails with DDO_E_FILE_CHANGED and nothing is read. Short reads and EINTR are

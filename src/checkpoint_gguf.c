@@ -183,10 +183,37 @@ static int get_u32(gg *g, const char *what, uint32_t *v)
     return rc;
 }
 
+/* Whether p[0..n) is UTF-8 (no overlong forms, surrogates or values past U+10FFFF). */
+static bool utf8_valid(const uint8_t *p, uint64_t n)
+{
+    for (uint64_t i = 0; i < n;) {
+        uint8_t c = p[i];
+        unsigned len = c < 0x80             ? 1
+                       : (c & 0xE0) == 0xC0 ? 2
+                       : (c & 0xF0) == 0xE0 ? 3
+                       : (c & 0xF8) == 0xF0 ? 4
+                                            : 0;
+        if (len == 0 || len > n - i)
+            return false;
+        uint32_t v = len == 1 ? c : c & (0x7Fu >> len);
+        for (unsigned k = 1; k < len; k++) {
+            if ((p[i + k] & 0xC0) != 0x80)
+                return false;
+            v = (v << 6) | (p[i + k] & 0x3Fu);
+        }
+        static const uint32_t least[5] = { 0, 0, 0x80, 0x800, 0x10000 };
+        if (v < least[len] || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF))
+            return false;
+        i += len;
+    }
+    return true;
+}
+
 /*
  * A string: u64 length, then the bytes. The claimed length is checked against the file and
  * against limit before it is read; *out (may be NULL: skipped) gets a NUL-terminated copy,
- * and a string holding NUL is refused then (ddo's names and metadata are C strings).
+ * and a string holding NUL or not UTF-8 is refused then (ddo's names and metadata are C
+ * strings, and its JSON documents hold them).
  */
 static int get_string(gg *g, const char *what, uint64_t limit, char **out)
 {
@@ -213,6 +240,10 @@ static int get_string(gg *g, const char *what, uint64_t limit, char **out)
                              "%s: %s: the string at byte %" PRIu64
                              " holds a NUL byte (refused: stricter than GGML)",
                              g->fname, what, g->pos - 8);
+        if (!utf8_valid(at(g), n))
+            return ddo__fail(NULL, DDO_E_FORMAT,
+                             "%s: %s: the string at byte %" PRIu64 " is not UTF-8", g->fname, what,
+                             g->pos - 8);
         *out = ddo__strndup((const char *)at(g), (size_t)n);
         if (*out == NULL)
             return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory reading the header",
@@ -578,6 +609,7 @@ int ddo__checkpoint_parse_gguf(ddo_checkpoint *ck, uint32_t fi, const uint8_t *i
     g.image = image;
     g.size = size;
     g.alignment = 32;
+    f->gguf = true;
     int rc = parse(&g, ck, fi);
     free(g.buf);
     return rc;

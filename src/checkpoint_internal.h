@@ -29,6 +29,7 @@ typedef struct ddo__checkpoint_file {
     const uint8_t *data; /* mapping (mmap backend) or memory image; NULL otherwise */
     bool mapped;         /* data came from mmap */
     bool in_set;         /* a shard of an index (GGUF files are refused there) */
+    bool gguf;           /* a GGUF file (no ComfyUI layout is looked for) */
 } ddo__checkpoint_file;
 
 struct ddo_checkpoint {
@@ -53,6 +54,9 @@ struct ddo_checkpoint {
 
     ddo_block_group *groups; /* prefixes owned */
     size_t group_count;
+
+    ddo_quant_layer *quant; /* layer and format owned */
+    size_t quant_count;
 };
 
 /* Copies the thread's last detail onto the handle (under its lock: reads may
@@ -125,6 +129,12 @@ int ddo__checkpoint_json_failure(const char *fname, const char *what, const json
 /* A non-negative JSON integer (or a big one of bigs, which may be NULL), or false. */
 bool ddo__checkpoint_json_u64(const json_t *v, const ddo__json_bigs *bigs, uint64_t *out);
 const char *ddo__checkpoint_json_type(const json_t *v);
+
+/* Finds and validates the ComfyUI quantization layout of a checkpoint of files (its name index
+ * built): ck->quant (checkpoint_quant.c). */
+int ddo__checkpoint_quant(ddo_checkpoint *ck, const char *what);
+/* Frees ck->quant. */
+void ddo__checkpoint_quant_free(ddo_checkpoint *ck);
 
 /* Opens a sharded set through its *.safetensors.index.json (checkpoint_index.c). */
 int ddo__checkpoint_open_index(ddo_checkpoint *ck, const char *path);

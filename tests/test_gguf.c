@@ -519,6 +519,16 @@ static void test_metadata(void)
     le(&k, U8, 4), le(&k, 0, 8);
     refuse_one(&k, 1, 1, ne, 0, 0, DDO_E_FORMAT, "arrays nested deeper than 8");
     free(k.p);
+    /* a key that is not UTF-8 */
+    memset(&k, 0, sizeof(k));
+    str(&k, "\xffkey"), le(&k, U8, 4), le(&k, 1, 1);
+    refuse_one(&k, 1, 1, ne, 0, 0, DDO_E_FORMAT,
+               "a metadata key: the string at byte 24 is not UTF-8");
+    free(k.p);
+    memset(&k, 0, sizeof(k));
+    str(&k, "k"), le(&k, STR, 4), str(&k, "\xed\xa0\x80"); /* a surrogate */
+    refuse_one(&k, 1, 1, ne, 0, 0, DDO_E_FORMAT, "is not UTF-8");
+    free(k.p);
     /* a NUL inside a tensor name */
     buf b = { 0 };
     put(&b, "GGUF", 4), le(&b, 3, 4), le(&b, 1, 8), le(&b, 0, 8);
