@@ -501,6 +501,19 @@ static int gguf_header(const lt *ts, size_t n, const char *arch, const char *des
     return rc;
 }
 
+/* The header bytes (*len): a .gguf's, or the safetensors JSON of hdr; NULL when out of
+ * memory. */
+static char *make_header(bool gguf, const lt *ts, size_t n, const char *arch, const char *desc,
+                         const json_t *hdr, size_t *len)
+{
+    uint8_t *gh = NULL;
+    if (gguf)
+        return gguf_header(ts, n, arch, desc, &gh, len) == 0 ? (char *)gh : NULL;
+    char *text = json_dumps(hdr, JSON_COMPACT);
+    *len = text != NULL ? strlen(text) : 0;
+    return text;
+}
+
 int ddo_tool_synth_values(const char *layout_path, const char *out_path, double scale,
                           uint64_t seed, ddo_tool_values values, unsigned threads,
                           uint64_t *bytes_written, char *err, size_t err_len)
@@ -560,13 +573,9 @@ int ddo_tool_synth_values(const char *layout_path, const char *out_path, double 
             goto out;
     }
     size_t hlen = 0;
-    uint8_t *gh = NULL;
-    if (gguf && (rc = gguf_header(ts, n, json_is_string(arch) ? json_string_value(arch) : "?", desc,
-                                  &gh, &hlen)) == 0)
-        header = (char *)gh;
-    else if (!gguf && (header = json_dumps(hdr, JSON_COMPACT)) != NULL)
-        hlen = strlen(header);
-    if (rc != 0 || header == NULL) {
+    header = make_header(gguf, ts, n, json_is_string(arch) ? json_string_value(arch) : "?", desc,
+                         hdr, &hlen);
+    if (header == NULL) {
         rc = tool_fail(err, err_len, DDO_E_NO_MEMORY, "synth: out of memory");
         goto out;
     }
