@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # cli_gguf.sh - GGUF files in the tool: `ddo synth` writes one (Q8_0, Q4_K, F16, F32, BF16),
 # `ddo inspect` shows its dtypes, shapes and exact sizes (text and JSON), `ddo plan` and
-# `ddo run --verify` stream it bit-identical to direct reads on several routes (a corrupted
-# slot is caught), `ddo bench` runs it; malformed files written here (truncated, an unknown
+# `ddo run --verify` stream it bit-identical to direct reads on several routes, the weight
+# codec's among them (a corrupted slot is caught), `ddo bench` runs it; malformed files written here (truncated, an unknown
 # GGML type, a misaligned tensor, a 4 GiB claimed string) are refused with one line and exit 1.
 #
 # ctest-labels: cli
@@ -54,10 +54,12 @@ check "inspect --json names the block dtypes" 'grep -q "\"Q4_K\"" "$T/inspect.js
 "$DDO_BIN" plan "$T/model.gguf" --ddo-small-tensor-threshold-kb 16 >"$T/plan.out" 2>&1
 check "plan streams the blocks" '[ $? -eq 0 ] && grep -Eq "streamed +[1-9]" "$T/plan.out"'
 
-# --- run --verify: every streamed tensor's bytes against direct reads, on several routes ----
+# --- run --verify: every streamed tensor's bytes against direct reads, on several routes (the
+# weight codec codes the F16/F32/BF16 tensors and moves the GGML blocks raw) ----------------
 STREAM=(--ddo-small-tensor-threshold-kb 16 --ddo-execution-device cpu)
 sums=""
-for route in "" "--ddo-backend linear" "--ddo-backend vmm" "--ddo-unit-granularity leaf"; do
+for route in "" "--ddo-backend linear" "--ddo-backend vmm" "--ddo-unit-granularity leaf" \
+    "--ddo-weight-codec ddoc1"; do
     # shellcheck disable=SC2086
     "$DDO_BIN" run "$T/model.gguf" "${STREAM[@]}" $route --steps 2 --tokens 4 --verify \
         >"$T/run.out" 2>&1; rc=$?
@@ -74,6 +76,19 @@ check "a corrupted slot fails --verify" '[ $rc -eq 1 ] && grep -q "step 2: MISMA
 "$DDO_BIN" bench "$T/model.gguf" --ddo-execution-device cpu --ddo-small-tensor-threshold-kb 0 \
     --tokens 4 --steps 2 --cpu-gbps 2 >"$T/bench.out" 2>&1
 check "bench runs a .gguf" '[ $? -eq 0 ] && grep -Eq "^default +" "$T/bench.out"'
+
+# --quant: 2-D float tensors whose rows are whole blocks take the block type, the rest stay
+cat >"$T/q.json" <<'EOF2'
+{"tensors": [{"name": "a.weight", "shape": [4, 512], "dtype": "BF16"},
+             {"name": "a.bias", "shape": [512], "dtype": "BF16"},
+             {"name": "b.weight", "shape": [4, 100], "dtype": "F32"}]}
+EOF2
+"$DDO_BIN" synth --layout "$T/q.json" --out "$T/q.gguf" --quant Q4_K >"$T/out" 2>&1 &&
+    "$DDO_BIN" inspect "$T/q.gguf" >"$T/q.out" 2>&1
+check "synth --quant Q4_K" '[ $? -eq 0 ] && grep -Eq "^a\.weight +Q4_K +\[4, 512\] +1152$" "$T/q.out" &&
+    grep -Eq "^a\.bias +BF16 " "$T/q.out" && grep -Eq "^b\.weight +F32 " "$T/q.out"'
+"$DDO_BIN" synth --layout "$T/q.json" --out "$T/q.safetensors" --quant Q4_K >"$T/out" 2>&1
+check "synth --quant needs a .gguf" '[ $? -eq 1 ] && grep -q "takes a .gguf output" "$T/out"'
 
 # synth refuses a dtype GGML lacks
 echo '{"tensors": [{"name": "w", "shape": [4], "dtype": "F8_E4M3"}]}' >"$T/f8.json"

@@ -248,7 +248,7 @@ static int check_dtype(ddo_dtype dt, bool gguf, const char *layout_path, const c
  * describes it in *out and advances *off.
  */
 static int add_tensor(json_t *hdr, json_t *t, size_t i, const char *layout_path, double scale,
-                      bool gguf, lt *out, uint64_t *off, char *err, size_t err_len)
+                      bool gguf, ddo_dtype quant, lt *out, uint64_t *off, char *err, size_t err_len)
 {
     json_t *jn = json_object_get(t, "name"), *js = json_object_get(t, "shape"),
            *jd = json_object_get(t, "dtype");
@@ -290,6 +290,11 @@ static int add_tensor(json_t *hdr, json_t *t, size_t i, const char *layout_path,
         }
         out->shape[k] = v;
     }
+    /* --quant: 2-D float weights whose rows are whole blocks take the block type */
+    size_t qblock = gguf && quant != DDO_DTYPE_COUNT ? ddo_dtype_block(quant, NULL) : 0;
+    if (qblock != 0 && out->ndim == 2 && out->shape[1] % qblock == 0 &&
+        (dt == DDO_DTYPE_BF16 || dt == DDO_DTYPE_F16 || dt == DDO_DTYPE_F32))
+        dt = out->dtype = quant;
     uint64_t nb = tensor_bytes(dt, out->ndim, out->shape);
     for (uint32_t k = 0; k < out->ndim; k++) {
         numel *= out->shape[k];
@@ -501,6 +506,17 @@ static int gguf_header(const lt *ts, size_t n, const char *arch, const char *des
     return rc;
 }
 
+/* The synth's description, kept in the file's metadata. */
+static void describe(char *desc, size_t len, const json_t *arch, double scale, uint64_t seed,
+                     ddo_tool_values values, ddo_dtype quant)
+{
+    snprintf(desc, len, "layout=%s scale=%g seed=%llu%s%s%s",
+             json_is_string(arch) ? json_string_value(arch) : "?", scale, (unsigned long long)seed,
+             values == DDO_TOOL_VALUES_NORMAL ? " values=normal" : "",
+             quant != DDO_DTYPE_COUNT ? " quant=" : "",
+             quant != DDO_DTYPE_COUNT ? ddo_dtype_name(quant) : "");
+}
+
 /* The header bytes (*len): a .gguf's, or the safetensors JSON of hdr; NULL when out of
  * memory. */
 static char *make_header(bool gguf, const lt *ts, size_t n, const char *arch, const char *desc,
@@ -515,7 +531,7 @@ static char *make_header(bool gguf, const lt *ts, size_t n, const char *arch, co
 }
 
 int ddo_tool_synth_values(const char *layout_path, const char *out_path, double scale,
-                          uint64_t seed, ddo_tool_values values, unsigned threads,
+                          uint64_t seed, ddo_tool_values values, unsigned threads, ddo_dtype quant,
                           uint64_t *bytes_written, char *err, size_t err_len)
 {
     if (layout_path == NULL || out_path == NULL || !(scale > 0.0) || scale > 1.0)
@@ -559,16 +575,14 @@ int ddo_tool_synth_values(const char *layout_path, const char *out_path, double 
         goto out;
     }
     char desc[256];
-    snprintf(desc, sizeof(desc), "layout=%s scale=%g seed=%llu%s",
-             json_is_string(arch) ? json_string_value(arch) : "?", scale, (unsigned long long)seed,
-             values == DDO_TOOL_VALUES_NORMAL ? " values=normal" : "");
+    describe(desc, sizeof(desc), arch, scale, seed, values, quant);
     json_object_set_new(meta, "format", json_string("pt"));
     json_object_set_new(meta, "ddo_synth", json_string(desc));
     json_object_set(hdr, "__metadata__", meta);
     uint64_t off = 0;
     for (size_t i = 0; i < n; i++) {
-        rc = add_tensor(hdr, json_array_get(tensors, i), i, layout_path, scale, gguf, &ts[i], &off,
-                        err, err_len);
+        rc = add_tensor(hdr, json_array_get(tensors, i), i, layout_path, scale, gguf, quant, &ts[i],
+                        &off, err, err_len);
         if (rc != 0)
             goto out;
     }
@@ -642,7 +656,7 @@ int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, 
                    uint64_t *bytes_written, char *err, size_t err_len)
 {
     return ddo_tool_synth_values(layout_path, out_path, scale, seed, DDO_TOOL_VALUES_UNIFORM, 0,
-                                 bytes_written, err, err_len);
+                                 DDO_DTYPE_COUNT, bytes_written, err, err_len);
 }
 
 const char *ddo_tool_default_layout(void)
