@@ -9,8 +9,8 @@
  *    shape (one value, or at least one per group of a row), <layer>.weight_scale_2 where the
  *    format has one (nvfp4), and an <layer>.input_scale, when present, of one value.
  *  - the older layout: a scaled_fp8 marker tensor of an F8 dtype; then every F8 <layer>.weight
- *    needs <layer>.scale_weight of one value (or one per output row) and an optional
- *    <layer>.scale_input of one value.
+ *    needs <layer>.scale_weight (or <layer>.weight_scale) of one value (or one per output row)
+ *    and an optional <layer>.scale_input (or <layer>.input_scale) of one value.
  *
  * Each layer becomes a ddo_quant_layer naming its tensors. Nothing is converted: the tensors
  * keep their stored dtypes and bytes. Part of the checkpoint (checkpoint_internal.h).
@@ -322,6 +322,10 @@ static int legacy_layer(ddo_checkpoint *ck, ddo__strmap *map, const char *what, 
     q->marker = marker;
     q->weight_scale = find(ck, q->layer, ".scale_weight");
     q->input_scale = find(ck, q->layer, ".scale_input");
+    if (q->weight_scale == NONE) /* the newer spelling, which loaders of this layout also take */
+        q->weight_scale = find(ck, q->layer, ".weight_scale");
+    if (q->input_scale == NONE)
+        q->input_scale = find(ck, q->layer, ".input_scale");
     if (q->weight_scale == NONE)
         return ddo__fail(NULL, DDO_E_FORMAT,
                          "%s: layer \"%s\" (scaled_fp8): scale tensor \"%s.scale_weight\" is "

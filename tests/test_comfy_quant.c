@@ -319,6 +319,13 @@ static void test_scaled_fp8(void)
     b[2] = s[7];
     refused(b, DDO_ARRAY_LEN(b) - 1, NULL, "scale tensor \"blocks.0.q.scale_weight\" is missing");
     memcpy(b, s, sizeof(b));
+    b[5].name = "blocks.0.k.weight_scale"; /* the newer spelling is taken too */
+    ck = open_ok(b, DDO_ARRAY_LEN(b), NULL, &img);
+    T_REQUIRE(ck != NULL);
+    T_EQ_U64(ddo_checkpoint_quant_layer(ck, 1)->weight_scale, idx(ck, "blocks.0.k.weight_scale"));
+    ddo_checkpoint_destroy(ck);
+    free(img);
+    memcpy(b, s, sizeof(b));
     b[0].dtype = "U8";
     refused(b, DDO_ARRAY_LEN(b), NULL,
             "marker tensor \"scaled_fp8\" is U8, not F8_E4M3 or F8_E5M2");
