@@ -573,8 +573,8 @@ static void test_preamble(void)
     free(b.p);
 }
 
-/* A 4 GiB string claimed in a sparse file of 5 GiB: refused by the header limit without
- * reading or allocating it (the test's address-space limit would fail an allocation). */
+/* A 4 GiB string claimed in a sparse file of 5 GiB (so the file does hold that many bytes):
+ * refused by the header limit, checked before the string is read or anything allocated. */
 static void test_claimed_string_in_big_file(void)
 {
     const char *p = path_of("sparse.gguf");
