@@ -71,27 +71,26 @@ static const char *fmt_bytes(double b, char *buf, size_t len)
 
 static void usage(FILE *out)
 {
-    fprintf(
-        out,
-        "usage: ddo run PATH [--ddo-* flags] [--steps N] [--tokens T] [--verify]\n"
-        "               [--metrics FILE] [--show-profile]\n"
-        "               [--cpu-gbps B] [--cpu-gflops C] [--cpu-memory-gb M]\n\n"
-        "The reference host: streams PATH (a .safetensors or .gguf file, a sharded index, a\n"
-        "model directory, or a Diffusers pipeline directory with model_index.json) through a\n"
-        "ddo session and runs every 2-D weight's product Y = X W^T on the device (tensors of\n"
-        "other dtypes, such as GGUF's quantized blocks, are moved and checksummed as bytes).\n\n"
-        "  --steps N        steps to run (default 3)\n"
-        "  --tokens T       activation rows per product (default 16)\n"
-        "  --verify         compare every step's checksum with an independent reference\n"
-        "                   (cpu: tensors read straight from the file, no session; cuda: a\n"
-        "                   session with everything resident); exit 1 on any difference\n"
-        "  --metrics FILE   append the metrics JSON line of each run to FILE\n"
-        "  --show-profile   print the profile table\n"
-        "  --cpu-gbps B     cpu device: throttle copies to B GB/s (10^9 bytes/s)\n"
-        "  --cpu-gflops C   cpu device: a unit's compute takes at least flops / C GFLOP/s\n"
-        "  --cpu-memory-gb M  cpu device: its memory size in GiB\n\n"
-        "The environment (DDO_*) applies first, then the --ddo-* flags; `ddo config --list`\n"
-        "lists them. Pipeline components take their route from DDO_<COMPONENT>_ROUTE.\n");
+    fprintf(out,
+            "usage: ddo run PATH [--ddo-* flags] [--steps N] [--tokens T] [--verify]\n"
+            "               [--metrics FILE] [--show-profile]\n"
+            "               [--cpu-gbps B] [--cpu-gflops C] [--cpu-memory-gb M]\n\n"
+            "The reference host: streams PATH (a .safetensors or .gguf file, a sharded index,\n"
+            "a model directory, or a Diffusers pipeline directory with model_index.json)\n"
+            "through a ddo session and runs every 2-D weight's product Y = X W^T on the\n"
+            "device (other dtypes, such as GGUF's blocks, are moved and checksummed).\n\n"
+            "  --steps N        steps to run (default 3)\n"
+            "  --tokens T       activation rows per product (default 16)\n"
+            "  --verify         compare every step's checksum with an independent reference\n"
+            "                   (cpu: tensors read straight from the file, no session; cuda: a\n"
+            "                   session with everything resident); exit 1 on any difference\n"
+            "  --metrics FILE   append the metrics JSON line of each run to FILE\n"
+            "  --show-profile   print the profile table\n"
+            "  --cpu-gbps B     cpu device: throttle copies to B GB/s (10^9 bytes/s)\n"
+            "  --cpu-gflops C   cpu device: a unit's compute takes at least flops / C GFLOP/s\n"
+            "  --cpu-memory-gb M  cpu device: its memory size in GiB\n\n"
+            "The environment (DDO_*) applies first, then the --ddo-* flags; `ddo config --list`\n"
+            "lists them. Pipeline components take their route from DDO_<COMPONENT>_ROUTE.\n");
 }
 
 /* ---- progress bar ------------------------------------------------------------------ */
