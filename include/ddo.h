@@ -171,6 +171,34 @@ typedef enum ddo_dtype {
     DDO_DTYPE_F8_E4M3FNUZ,
     DDO_DTYPE_F8_E5M2FNUZ,
     DDO_DTYPE_C64,
+    /* GGML block types (GGUF files; ddo's own extension): a tensor of these is stored as blocks
+     * of ddo_dtype_block() elements along its last (innermost) dimension, which must be a
+     * multiple of the block; ddo_dtype_size() returns 0 for them. Named as GGML names them. */
+    DDO_DTYPE_Q4_0,
+    DDO_DTYPE_Q4_1,
+    DDO_DTYPE_Q5_0,
+    DDO_DTYPE_Q5_1,
+    DDO_DTYPE_Q8_0,
+    DDO_DTYPE_Q8_1,
+    DDO_DTYPE_Q2_K,
+    DDO_DTYPE_Q3_K,
+    DDO_DTYPE_Q4_K,
+    DDO_DTYPE_Q5_K,
+    DDO_DTYPE_Q6_K,
+    DDO_DTYPE_Q8_K,
+    DDO_DTYPE_IQ2_XXS,
+    DDO_DTYPE_IQ2_XS,
+    DDO_DTYPE_IQ3_XXS,
+    DDO_DTYPE_IQ1_S,
+    DDO_DTYPE_IQ4_NL,
+    DDO_DTYPE_IQ3_S,
+    DDO_DTYPE_IQ2_S,
+    DDO_DTYPE_IQ4_XS,
+    DDO_DTYPE_IQ1_M,
+    DDO_DTYPE_TQ1_0,
+    DDO_DTYPE_TQ2_0,
+    DDO_DTYPE_MXFP4,
+    DDO_DTYPE_NVFP4,
     DDO_DTYPE_COUNT
 } ddo_dtype;
 
@@ -178,9 +206,12 @@ typedef enum ddo_dtype {
 DDO_API const char *ddo_dtype_name(ddo_dtype dtype);
 /* Bytes per element (1 for BOOL and the F8 types), 0 when out of range. */
 DDO_API size_t ddo_dtype_size(ddo_dtype dtype);
-/* Parses a safetensors dtype name (exact, case-sensitive).
+/* Parses a dtype name (exact, case-sensitive): a safetensors name or a GGML block type's.
  * Errors: DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_NOT_FOUND (unknown name). */
 DDO_API int ddo_dtype_from_name(const char *name, ddo_dtype *out);
+/* Elements per block of a GGML block type (32 for Q8_0, 256 for Q4_K) and, in *block_bytes
+ * (may be NULL), the bytes of one block (34, 144); 0 for element types and out of range. */
+DDO_API size_t ddo_dtype_block(ddo_dtype dtype, size_t *block_bytes);
 
 /* ------------------------------------------------------------------------ */
 /* Checkpoint: safetensors files, sharded sets, or host memory               */
@@ -286,6 +317,27 @@ DDO_API int ddo_checkpoint_metadata(const ddo_checkpoint *ck, size_t i, const ch
 /* Block groups: outermost numbered groups prefix.N with >= 2 members holding bytes. */
 DDO_API size_t ddo_checkpoint_block_group_count(const ddo_checkpoint *ck);
 DDO_API const ddo_block_group *ddo_checkpoint_block_group(const ddo_checkpoint *ck, size_t i);
+
+/*
+ * A layer stored in ComfyUI's safetensors quantization layout (ddo's own extension;
+ * docs/formats.md): <layer>.weight with its scales and a format read from <layer>.comfy_quant
+ * or the __metadata__ entry _quantization_metadata, or the older layout (F8 weights, F32
+ * <layer>.scale_weight, a scaled_fp8 marker tensor). Found and validated when a checkpoint of
+ * files is opened (a malformed layout refuses the checkpoint, DDO_E_FORMAT); the tensors keep
+ * their stored dtypes and bytes, and the names put a layer's tensors in one module (one unit).
+ */
+typedef struct ddo_quant_layer {
+    const char *layer;  /* the weight's name without ".weight" */
+    const char *format; /* "float8_e4m3fn", "nvfp4", ...; "scaled_fp8" for the older layout */
+    const char *source; /* "comfy_quant", "_quantization_metadata" or "scaled_fp8" */
+    /* Tensor indices, SIZE_MAX when absent: the weight, weight_scale (older layout:
+     * scale_weight), weight_scale_2, input_scale (older layout: scale_input), and the marker
+     * (the <layer>.comfy_quant tensor, or the scaled_fp8 tensor). */
+    size_t weight, weight_scale, weight_scale_2, input_scale, marker;
+} ddo_quant_layer;
+DDO_API size_t ddo_checkpoint_quant_layer_count(const ddo_checkpoint *ck);
+/* Layer i (in weight order); NULL when out of range. Valid until destroy. */
+DDO_API const ddo_quant_layer *ddo_checkpoint_quant_layer(const ddo_checkpoint *ck, size_t i);
 
 /*
  * Copies len bytes of tensor i starting at byte offset into dst. The file's

@@ -86,6 +86,7 @@ void ddo_checkpoint_destroy(ddo_checkpoint *ck)
     for (size_t i = 0; i < ck->group_count; i++)
         free((char *)(uintptr_t)ck->groups[i].prefix);
     free(ck->groups);
+    ddo__checkpoint_quant_free(ck);
     pthread_mutex_destroy(&ck->err_lock);
     free(ck);
 }
@@ -204,7 +205,8 @@ int ddo__checkpoint_finish(ddo_checkpoint *ck, const char *what)
         }
     }
     ck->total_bytes = total;
-    return ddo__checkpoint_block_groups(ck, what);
+    int rc = ck->file_count > 0 && !ck->files[0].gguf ? ddo__checkpoint_quant(ck, what) : 0;
+    return rc != 0 ? rc : ddo__checkpoint_block_groups(ck, what);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -365,7 +367,9 @@ int ddo_checkpoint_create_from_memory_sized(const ddo_tensor_desc *tensors, size
                            "host tensors: tensor \"%s\": %s %s: %s", Q(d->name),
                            ddo_dtype_name(d->dtype), shape_text,
                            rc == DDO_E_OVERFLOW ? "element count or size overflows 64 bits"
-                                                : "the elements do not fill whole bytes");
+                           : ddo_dtype_block(d->dtype, NULL) != 0
+                               ? "the last dimension is not a whole number of blocks"
+                               : "the elements do not fill whole bytes");
             break;
         }
         ddo_tensor_info *t = ddo__checkpoint_add_tensor(ck, d->name);

@@ -39,6 +39,11 @@
 #define DDO__CHECKPOINT_MAX_INDEX_BYTES ((uint64_t)64 << 20)
 /* Distinct numbered prefixes (blocks and their groups) that block discovery may track. */
 #define DDO__CHECKPOINT_MAX_BLOCK_PREFIXES 4194304
+/* GGUF (docs/formats.md): the metadata and tensor infos together are bounded by
+ * DDO__CHECKPOINT_MAX_HEADER_BYTES, keys and tensor names by DDO__CHECKPOINT_MAX_NAME_BYTES;
+ * arrays of arrays nest at most this deep; a tensor has at most GGML's 4 dimensions. */
+#define DDO__GGUF_MAX_ARRAY_DEPTH 8
+#define DDO__GGUF_MAX_DIMS        4
 
 /*
  * Reads a small JSON file through the reader's guards: a regular file only (FIFOs, sockets
@@ -55,8 +60,9 @@ unsigned ddo__dtype_bits(ddo_dtype dtype);
 /*
  * The byte size of a tensor as the official reader computes it: the element count (checked for
  * overflow dimension by dimension, so a zero after an overflow does not hide it), times the
- * bits, which must be a whole number of bytes. 0; DDO_E_OVERFLOW; DDO_E_FORMAT when the bits
- * do not fill whole bytes.
+ * bits, which must be a whole number of bytes; for a GGML block type, whole blocks along the
+ * last dimension. 0; DDO_E_OVERFLOW; DDO_E_FORMAT when the bits do not fill whole bytes or the
+ * last dimension is not a whole number of blocks (no dimension at all for a block type).
  */
 int ddo__dtype_nbytes(ddo_dtype dtype, const uint64_t *dims, size_t ndim, uint64_t *nbytes);
 

@@ -247,7 +247,8 @@ static int parse_entry(ddo_checkpoint *ck, const char *fname, uint32_t file_inde
         return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\": \"dtype\" is %s, not a string",
                          fname, Q(name), ddo__checkpoint_json_type(jdtype));
     ddo_dtype dtype;
-    if (ddo_dtype_from_name(json_string_value(jdtype), &dtype) != 0)
+    if (ddo_dtype_from_name(json_string_value(jdtype), &dtype) != 0 ||
+        ddo_dtype_block(dtype, NULL) != 0) /* GGML block types are GGUF's, not safetensors' */
         return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\": unknown dtype \"%s\"", fname,
                          Q(name), Q(json_string_value(jdtype)));
     if (jshape == NULL)
@@ -479,6 +480,8 @@ int ddo__checkpoint_parse_image(ddo_checkpoint *ck, uint32_t fi, const uint8_t *
     ddo__checkpoint_file *f = &ck->files[fi];
     if (size < 8)
         return too_small(f->label, size);
+    if (memcmp(data, "GGUF", 4) == 0)
+        return ddo__checkpoint_parse_gguf(ck, fi, data, size);
     uint64_t hdr_len;
     int rc = check_prefix(f->label, data, size, &hdr_len);
     if (rc != 0)
@@ -500,7 +503,32 @@ int ddo__checkpoint_os_failure(const char *path, const char *what, int e)
                      ddo__os_file_strerror(e));
 }
 
-/* Opens, identifies and validates one safetensors file as file `fi`. */
+/* Reads and validates the safetensors header of file fi (size bytes, its first 8 in prefix). */
+static int read_header(ddo_checkpoint *ck, uint32_t fi, const uint8_t prefix[8], uint64_t size)
+{
+    ddo__checkpoint_file *f = &ck->files[fi];
+    uint64_t hdr_len;
+    int rc = check_prefix(f->label, prefix, size, &hdr_len);
+    if (rc != 0)
+        return rc;
+    f->info.size = size;
+    f->info.header_bytes = hdr_len;
+    f->info.data_offset = 8 + hdr_len;
+    uint8_t *hdr = ddo__malloc((size_t)hdr_len);
+    if (hdr == NULL)
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory for a %" PRIu64 "-byte header",
+                         f->label, hdr_len);
+    int e = ddo__os_pread_full(f->fd, hdr, (size_t)hdr_len, 8);
+    if (e != 0) {
+        free(hdr);
+        return ddo__checkpoint_os_failure(f->info.path, "read", e);
+    }
+    rc = parse_header(ck, fi, f->label, hdr, (size_t)hdr_len, size - 8 - hdr_len);
+    free(hdr);
+    return rc;
+}
+
+/* Opens, identifies and validates one safetensors or GGUF file as file `fi`. */
 int ddo__checkpoint_open_file(ddo_checkpoint *ck, uint32_t fi)
 {
     ddo__checkpoint_file *f = &ck->files[fi];
@@ -522,24 +550,8 @@ int ddo__checkpoint_open_file(ddo_checkpoint *ck, uint32_t fi)
     e = ddo__os_pread_full(f->fd, prefix, 8, 0);
     if (e != 0)
         return ddo__checkpoint_os_failure(f->info.path, "read", e);
-    uint64_t hdr_len;
-    int rc = check_prefix(f->label, prefix, size, &hdr_len);
-    if (rc != 0)
-        return rc;
-    f->info.size = size;
-    f->info.header_bytes = hdr_len;
-    f->info.data_offset = 8 + hdr_len;
-    uint8_t *hdr = ddo__malloc((size_t)hdr_len);
-    if (hdr == NULL)
-        return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory for a %" PRIu64 "-byte header",
-                         f->label, hdr_len);
-    e = ddo__os_pread_full(f->fd, hdr, (size_t)hdr_len, 8);
-    if (e != 0) {
-        free(hdr);
-        return ddo__checkpoint_os_failure(f->info.path, "read", e);
-    }
-    rc = parse_header(ck, fi, f->label, hdr, (size_t)hdr_len, size - 8 - hdr_len);
-    free(hdr);
+    int rc = memcmp(prefix, "GGUF", 4) == 0 ? ddo__checkpoint_parse_gguf(ck, fi, NULL, size)
+                                            : read_header(ck, fi, prefix, size);
     if (rc != 0)
         return rc;
     rc = ddo__checkpoint_check_file(ck, fi); /* changed while we read it? */

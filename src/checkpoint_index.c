@@ -162,6 +162,7 @@ static int open_shard(ddo_checkpoint *ck, const char *iname, const json_t *wm, c
     if (rc != 0)
         return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", iname);
     size_t first = ck->tensor_count;
+    ck->files[fi].in_set = true;
     rc = ddo__checkpoint_open_file(ck, fi);
     if (rc != 0)
         return rc;

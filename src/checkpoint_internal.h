@@ -28,6 +28,8 @@ typedef struct ddo__checkpoint_file {
     ddo__file_id id;     /* identity at open */
     const uint8_t *data; /* mapping (mmap backend) or memory image; NULL otherwise */
     bool mapped;         /* data came from mmap */
+    bool in_set;         /* a shard of an index (GGUF files are refused there) */
+    bool gguf;           /* a GGUF file (no ComfyUI layout is looked for) */
 } ddo__checkpoint_file;
 
 struct ddo_checkpoint {
@@ -52,6 +54,9 @@ struct ddo_checkpoint {
 
     ddo_block_group *groups; /* prefixes owned */
     size_t group_count;
+
+    ddo_quant_layer *quant; /* layer and format owned */
+    size_t quant_count;
 };
 
 /* Copies the thread's last detail onto the handle (under its lock: reads may
@@ -77,6 +82,11 @@ int ddo__checkpoint_open_file(ddo_checkpoint *ck, uint32_t fi);
  * tensors and metadata (checkpoint_header.c). */
 int ddo__checkpoint_parse_image(ddo_checkpoint *ck, uint32_t fi, const uint8_t *data,
                                 uint64_t size);
+/* Validates a GGUF file as file fi of ck (checkpoint_gguf.c): read through its descriptor, or
+ * from image (size bytes) when that is not NULL; appends its tensors (offsets relative to its
+ * data section, sorted) and metadata and fills its file info. */
+int ddo__checkpoint_parse_gguf(ddo_checkpoint *ck, uint32_t fi, const uint8_t *image,
+                               uint64_t size);
 /* "[4, 3, 3, 3]" from dims, cut to fit len (checkpoint_header.c). */
 void ddo__checkpoint_format_dims(char *buf, size_t len, const uint64_t *dims, size_t n);
 /* Absolute offsets, the name index, the total and the block groups. */
@@ -119,6 +129,12 @@ int ddo__checkpoint_json_failure(const char *fname, const char *what, const json
 /* A non-negative JSON integer (or a big one of bigs, which may be NULL), or false. */
 bool ddo__checkpoint_json_u64(const json_t *v, const ddo__json_bigs *bigs, uint64_t *out);
 const char *ddo__checkpoint_json_type(const json_t *v);
+
+/* Finds and validates the ComfyUI quantization layout of a checkpoint of files (its name index
+ * built): ck->quant (checkpoint_quant.c). */
+int ddo__checkpoint_quant(ddo_checkpoint *ck, const char *what);
+/* Frees ck->quant. */
+void ddo__checkpoint_quant_free(ddo_checkpoint *ck);
 
 /* Opens a sharded set through its *.safetensors.index.json (checkpoint_index.c). */
 int ddo__checkpoint_open_index(ddo_checkpoint *ck, const char *path);

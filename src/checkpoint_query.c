@@ -175,6 +175,15 @@ static json_t *build_json(const ddo_checkpoint *ck)
         ok = push(blocks, o) && put(o, "prefix", json_string(g->prefix)) &&
              put(o, "count", jint(g->count)) && put(o, "bytes_per_block", jint(g->bytes_per_block));
     }
+    json_t *quant = NULL; /* only when there are quantized layers: older documents unchanged */
+    if (ok && ck->quant_count > 0)
+        ok = put(root, "quantization", (quant = json_array()));
+    for (size_t i = 0; ok && i < ck->quant_count; i++) {
+        const ddo_quant_layer *q = &ck->quant[i];
+        json_t *o = json_object();
+        ok = push(quant, o) && put(o, "layer", json_string(q->layer)) &&
+             put(o, "format", json_string(q->format)) && put(o, "source", json_string(q->source));
+    }
     if (!ok) {
         json_decref(root);
         return NULL;

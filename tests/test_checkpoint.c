@@ -142,15 +142,19 @@ static void check_order(const ddo_checkpoint *ck)
 
 static void test_dtypes(void)
 {
-    static const char *const names[] = { "BOOL",        "U8",  "I8",      "F8_E5M2", "F8_E4M3",
-                                         "F8_E8M0",     "I16", "U16",     "F16",     "BF16",
-                                         "I32",         "U32", "F32",     "F64",     "I64",
-                                         "U64",         "F4",  "F6_E2M3", "F6_E3M2", "F8_E4M3FNUZ",
-                                         "F8_E5M2FNUZ", "C64" };
-    /* bytes per element; 0 for the sub-byte F4 and F6 types */
-    static const size_t sizes[] = {
-        1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 4, 4, 4, 8, 8, 8, 0, 0, 0, 1, 1, 8
-    };
+    static const char *const names[] = { "BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16",
+                                         "U16", "F16", "BF16", "I32", "U32", "F32", "F64", "I64",
+                                         "U64", "F4", "F6_E2M3", "F6_E3M2", "F8_E4M3FNUZ",
+                                         "F8_E5M2FNUZ", "C64",
+                                         /* the GGML block types (sizes 0) */
+                                         "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K",
+                                         "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS",
+                                         "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S",
+                                         "IQ4_XS", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4" };
+    /* bytes per element; 0 for the sub-byte F4 and F6 types and the block types */
+    static const size_t sizes[] = { 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 4, 4, 4, 8, 8, 8,
+                                    0, 0, 0, 1, 1, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 };
     T_EQ_INT(DDO_ARRAY_LEN(sizes), DDO_DTYPE_COUNT);
     T_EQ_INT(DDO_ARRAY_LEN(names), DDO_DTYPE_COUNT);
     for (int d = 0; d < DDO_DTYPE_COUNT; d++) {

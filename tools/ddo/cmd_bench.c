@@ -287,7 +287,7 @@ static void usage(FILE *out)
         "each case: setup time, step time against max(compute, bytes / bandwidth), achieved\n"
         "GB/s, stall, peak device memory against the plan and the driver's free-memory\n"
         "figures, and whether the output is bit-identical to the resident run.\n\n"
-        "  PATH             a .safetensors file, a sharded index or a model directory\n"
+        "  PATH             a .safetensors or .gguf file, a sharded index or a model directory\n"
         "  --layout FILE    synthesise the checkpoint from a layout (ddo synth) first\n"
         "  --scale S        layout scale (default 1)\n"
         "  --tokens T       activation rows per product (default 256)\n"

@@ -16,18 +16,19 @@
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: ddo inspect PATH [--json]\n"
-                 "       ddo inspect --codec PATH [--json] [--threads N] [--verify]\n"
-                 "  PATH    a .safetensors file, a *.safetensors.index.json sharded set, or a\n"
-                 "          directory holding either (Diffusers/Transformers layout)\n"
-                 "  --json  print the checkpoint as JSON (see docs/inspect.md)\n"
-                 "  --codec read and code every tensor with the weight codec (ddoc1) and print\n"
-                 "          coded/raw per dtype, per block group and in total, the time, and the\n"
-                 "          codec_ratio that ddo plan --codec-ratio takes (JSON with --json)\n"
-                 "  --threads N  the coding workers, 1..1024 (default: the online CPU count);\n"
-                 "          each holds one tensor and its coded copy at a time\n"
-                 "  --verify     with --codec: decode every stream with the C reference decoder,\n"
-                 "          compare it with the tensor and print the decoder's GB/s per thread\n");
+    fprintf(out,
+            "usage: ddo inspect PATH [--json]\n"
+            "       ddo inspect --codec PATH [--json] [--threads N] [--verify]\n"
+            "  PATH    a .safetensors or .gguf file, a *.safetensors.index.json sharded set, or a\n"
+            "          directory holding either (Diffusers/Transformers layout)\n"
+            "  --json  print the checkpoint as JSON (see docs/inspect.md)\n"
+            "  --codec read and code every tensor with the weight codec (ddoc1) and print\n"
+            "          coded/raw per dtype, per block group and in total, the time, and the\n"
+            "          codec_ratio that ddo plan --codec-ratio takes (JSON with --json)\n"
+            "  --threads N  the coding workers, 1..1024 (default: the online CPU count);\n"
+            "          each holds one tensor and its coded copy at a time\n"
+            "  --verify     with --codec: decode every stream with the C reference decoder,\n"
+            "          compare it with the tensor and print the decoder's GB/s per thread\n");
 }
 
 /* One escaped character of s at *p (advanced): newline, tab, CR, backslash as \n \t \r \\,
@@ -114,6 +115,9 @@ static void format_size(char *buf, size_t len, uint64_t bytes)
         snprintf(buf, len, "%.1f %s", v, units[u]);
 }
 
+static void print_blocks(const ddo_checkpoint *ck);
+static void print_quant(const ddo_checkpoint *ck);
+
 static void print_human(const ddo_checkpoint *ck, const char *path)
 {
     size_t nt = ddo_checkpoint_tensor_count(ck);
@@ -166,7 +170,39 @@ static void print_human(const ddo_checkpoint *ck, const char *path)
             printf("%-7s  %8zu  %14" PRIu64 "\n", ddo_dtype_name((ddo_dtype)d), dtype_count[d],
                    dtype_bytes[d]);
     printf("%-7s  %8zu  %14" PRIu64 "\n", "total", nt, ddo_checkpoint_total_bytes(ck));
+    print_blocks(ck);
+    print_quant(ck);
+}
 
+/* The layers of ComfyUI's quantization layout: format and where it was read (docs/formats.md). */
+static void print_quant(const ddo_checkpoint *ck)
+{
+    size_t nq = ddo_checkpoint_quant_layer_count(ck);
+    if (nq == 0)
+        return;
+    int layer_w = 15;
+    for (size_t i = 0; i < nq; i++) {
+        size_t n = esc_len(ddo_checkpoint_quant_layer(ck, i)->layer);
+        if (n > (size_t)layer_w)
+            layer_w = n > NAME_COLUMN_MAX ? NAME_COLUMN_MAX : (int)n;
+    }
+    printf("\n%-*s  %-16s  %-22s  %14s\n", layer_w, "QUANTIZED LAYER", "FORMAT", "SOURCE", "BYTES");
+    for (size_t i = 0; i < nq; i++) {
+        const ddo_quant_layer *q = ddo_checkpoint_quant_layer(ck, i);
+        /* the layer's own tensors (the older layout's marker is shared by every layer) */
+        const size_t parts[] = { q->weight, q->weight_scale, q->weight_scale_2, q->input_scale,
+                                 strcmp(q->source, "comfy_quant") == 0 ? q->marker : SIZE_MAX };
+        uint64_t bytes = 0;
+        for (size_t k = 0; k < sizeof(parts) / sizeof(parts[0]); k++)
+            if (parts[k] != SIZE_MAX)
+                bytes += ddo_checkpoint_tensor(ck, parts[k])->nbytes;
+        put_esc(q->layer, layer_w);
+        printf("  %-16s  %-22s  %14" PRIu64 "\n", q->format, q->source, bytes);
+    }
+}
+
+static void print_blocks(const ddo_checkpoint *ck)
+{
     size_t ng = ddo_checkpoint_block_group_count(ck);
     if (ng == 0) {
         printf("\nblock groups: none\n");

@@ -18,8 +18,10 @@ static void usage(FILE *out)
     fprintf(
         out,
         "usage: ddo synth --layout FILE.json --out PATH [--scale S] [--seed N]\n"
-        "                 [--values uniform|normal] [--threads N]\n\n"
-        "Writes a .safetensors file with exactly the tensor names, shapes and dtypes of\n"
+        "                 [--values uniform|normal] [--threads N] [--quant TYPE]\n\n"
+        "Writes a .safetensors file (a .gguf v3 file when PATH ends in .gguf: GGML's types\n"
+        "and block types such as Q8_0 and Q4_K, the last dimension rounded up to whole\n"
+        "blocks, random block bytes) with exactly the tensor names, shapes and dtypes of\n"
         "the layout (data/layouts/*.json), in layout order, filled with deterministic\n"
         "pseudo-random finite values.\n"
         "  --scale S   0 < S <= 1: every dimension d becomes max(1, round(d * S)) (default 1)\n"
@@ -29,7 +31,9 @@ static void usage(FILE *out)
         "              trained weights: per tensor a Gaussian of standard deviation\n"
         "              1/sqrt(fan_in), never repeating; what codec ratios are measured on)\n"
         "  --threads N the generator threads, 1..256 (default: the online CPU count; each holds\n"
-        "              an 8 MiB piece); the bytes do not depend on it\n");
+        "              an 8 MiB piece); the bytes do not depend on it\n"
+        "  --quant T   with a .gguf PATH: every 2-D BF16/F16/F32 tensor whose rows are whole\n"
+        "              blocks of the GGML block type T (Q8_0, Q4_K, ...) is written as T\n");
 }
 
 static double now_s(void)
@@ -45,6 +49,7 @@ int ddo_cmd_synth(int argc, char **argv)
     double scale = 1.0;
     ddo_tool_values values = DDO_TOOL_VALUES_UNIFORM;
     uint64_t seed = 0, threads = 0;
+    ddo_dtype quant = DDO_DTYPE_COUNT;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -69,6 +74,9 @@ int ddo_cmd_synth(int argc, char **argv)
             if (tool_flag_count("synth", a, v, 1, 256, &threads) != 0)
                 return DDO_EXIT_USAGE;
             i++;
+        } else if (strcmp(a, "--quant") == 0 && v != NULL && ddo_dtype_from_name(v, &quant) == 0 &&
+                   ddo_dtype_block(quant, NULL) != 0) {
+            i++;
         } else if (strcmp(a, "--values") == 0 && v != NULL &&
                    (strcmp(v, "uniform") == 0 || strcmp(v, "normal") == 0)) {
             values = strcmp(v, "normal") == 0 ? DDO_TOOL_VALUES_NORMAL : DDO_TOOL_VALUES_UNIFORM;
@@ -84,11 +92,16 @@ int ddo_cmd_synth(int argc, char **argv)
         usage(stderr);
         return DDO_EXIT_USAGE;
     }
+    size_t ol = strlen(out);
+    if (quant != DDO_DTYPE_COUNT && (ol < 5 || strcmp(out + ol - 5, ".gguf") != 0)) {
+        fprintf(stderr, "ddo synth: --quant takes a .gguf output\n");
+        return DDO_EXIT_FAILURE;
+    }
     char err[1024] = "";
     uint64_t bytes = 0;
     double t0 = now_s();
     int rc = ddo_tool_synth_values(layout, out, scale, (uint64_t)seed, values, (unsigned)threads,
-                                   &bytes, err, sizeof(err));
+                                   quant, &bytes, err, sizeof(err));
     double dt = now_s() - t0;
     if (rc != 0) {
         fprintf(stderr, "ddo synth: %s\n", err[0] != '\0' ? err : ddo_strerror(rc));

@@ -8,6 +8,7 @@
 #include "synth.h"
 
 #include "cleanup.h"
+#include "gguf_write.h"
 #include "tool.h"
 
 #include "ddo.h"
@@ -208,14 +209,46 @@ typedef struct lt {
     uint64_t nbytes;
     uint64_t fan_in;
     uint64_t offset; /* in the data section */
+    uint32_t ndim;
+    uint64_t shape[DDO_MAX_DIMS];
 } lt;
+
+/* A tensor's bytes: elements of whole bytes, or (GGML block types) whole blocks along the
+ * last dimension, which a scaled shape rounds up to a multiple of the block. */
+static uint64_t tensor_bytes(ddo_dtype dt, uint32_t ndim, uint64_t *shape)
+{
+    size_t bb = 0, block = ddo_dtype_block(dt, &bb);
+    uint64_t numel = 1;
+    if (block != 0 && ndim > 0)
+        shape[ndim - 1] = (shape[ndim - 1] + block - 1) / block * block;
+    for (uint32_t k = 0; k < ndim; k++)
+        numel *= shape[k];
+    return block != 0 ? numel / block * bb : numel * ddo_dtype_size(dt);
+}
+
+/* Whether dtype dt may be written to the output (a .gguf takes GGML's types only, a
+ * .safetensors no block type). */
+static int check_dtype(ddo_dtype dt, bool gguf, const char *layout_path, const char *name,
+                       char *err, size_t err_len)
+{
+    if (gguf && tool_gguf_type(dt) < 0)
+        return tool_fail(err, err_len, DDO_E_FORMAT,
+                         "%s: tensor \"%s\": %s has no GGML type (a .gguf output takes F32, F16, "
+                         "BF16, I8..I64, F64 and the GGML block types)",
+                         layout_path, name, ddo_dtype_name(dt));
+    if (!gguf && ddo_dtype_block(dt, NULL) != 0)
+        return tool_fail(err, err_len, DDO_E_FORMAT,
+                         "%s: tensor \"%s\": %s is a GGML block type (write a .gguf)", layout_path,
+                         name, ddo_dtype_name(dt));
+    return 0;
+}
 
 /*
  * Adds tensor i of the layout (json t) to the header hdr at *off, its shape scaled by scale;
  * describes it in *out and advances *off.
  */
 static int add_tensor(json_t *hdr, json_t *t, size_t i, const char *layout_path, double scale,
-                      lt *out, uint64_t *off, char *err, size_t err_len)
+                      bool gguf, ddo_dtype quant, lt *out, uint64_t *off, char *err, size_t err_len)
 {
     json_t *jn = json_object_get(t, "name"), *js = json_object_get(t, "shape"),
            *jd = json_object_get(t, "dtype");
@@ -233,6 +266,13 @@ static int add_tensor(json_t *hdr, json_t *t, size_t i, const char *layout_path,
         return tool_fail(err, err_len, DDO_E_FORMAT, "%s: tensor \"%s\": unknown dtype \"%s\"",
                          layout_path, name, json_string_value(jd));
     }
+    int rc = check_dtype(dt, gguf, layout_path, name, err, err_len);
+    if (rc != 0)
+        return rc;
+    if (json_array_size(js) > (gguf ? 4u : (size_t)DDO_MAX_DIMS))
+        return tool_fail(err, err_len, DDO_E_FORMAT, "%s: tensor \"%s\": too many dimensions",
+                         layout_path, name);
+    *out = (lt){ .name = name, .dtype = dt, .ndim = (uint32_t)json_array_size(js) };
     json_t *shape = json_array();
     uint64_t numel = 1, dim0 = 1;
     for (size_t k = 0; k < json_array_size(js); k++) {
@@ -248,11 +288,21 @@ static int add_tensor(json_t *hdr, json_t *t, size_t i, const char *layout_path,
             double s = nearbyint((double)v * scale);
             v = s < 1.0 ? 1 : (uint64_t)s;
         }
-        numel *= v;
-        dim0 = k == 0 && json_array_size(js) > 1 ? v : dim0;
-        json_array_append_new(shape, json_integer((json_int_t)v));
+        out->shape[k] = v;
     }
-    uint64_t nb = numel * ddo_dtype_size(dt);
+    /* --quant: 2-D float weights whose rows are whole blocks take the block type */
+    size_t qblock = gguf && quant != DDO_DTYPE_COUNT ? ddo_dtype_block(quant, NULL) : 0;
+    if (qblock != 0 && out->ndim == 2 && out->shape[1] % qblock == 0 &&
+        (dt == DDO_DTYPE_BF16 || dt == DDO_DTYPE_F16 || dt == DDO_DTYPE_F32))
+        dt = out->dtype = quant;
+    uint64_t nb = tensor_bytes(dt, out->ndim, out->shape);
+    for (uint32_t k = 0; k < out->ndim; k++) {
+        numel *= out->shape[k];
+        dim0 = k == 0 && out->ndim > 1 ? out->shape[k] : dim0;
+        json_array_append_new(shape, json_integer((json_int_t)out->shape[k]));
+    }
+    if (gguf)
+        *off = (*off + TOOL_GGUF_ALIGNMENT - 1) / TOOL_GGUF_ALIGNMENT * TOOL_GGUF_ALIGNMENT;
     json_t *e = json_object();
     json_object_set_new(e, "dtype", json_string(ddo_dtype_name(dt)));
     json_object_set_new(e, "shape", shape);
@@ -261,7 +311,10 @@ static int add_tensor(json_t *hdr, json_t *t, size_t i, const char *layout_path,
     json_array_append_new(offs, json_integer((json_int_t)(*off + nb)));
     json_object_set_new(e, "data_offsets", offs);
     json_object_set_new(hdr, name, e);
-    *out = (lt){ name, dt, ddo_dtype_size(dt), nb, dim0 ? numel / dim0 : 0, *off };
+    out->esize = ddo_dtype_size(dt);
+    out->nbytes = nb;
+    out->fan_in = dim0 ? numel / dim0 : 0;
+    out->offset = *off;
     *off += nb;
     return 0;
 }
@@ -306,6 +359,7 @@ typedef struct synth_pipe {
     pthread_cond_t cv;
     uint64_t next, written; /* the next piece to claim; the pieces written */
     bool stop;
+    bool gaps; /* the tensors do not tile the data section */
 } synth_pipe;
 
 /* Fills piece p (bytes [p * piece, ...) of the data section) into dst. */
@@ -313,6 +367,8 @@ static void fill_piece(const synth_pipe *sp, uint64_t p, uint8_t *dst)
 {
     uint64_t a = p * SYNTH_PIECE_BYTES, b = a + SYNTH_PIECE_BYTES;
     b = b > sp->data_bytes ? sp->data_bytes : b;
+    if (sp->gaps) /* padding between tensors (a .gguf's alignment) reads as zeros */
+        memset(dst, 0, (size_t)(b - a));
     size_t lo = 0, hi = sp->n; /* the last tensor starting at or before a */
     while (hi - lo > 1) {
         size_t mid = lo + (hi - lo) / 2;
@@ -382,9 +438,10 @@ static int synth_write_pieces(int fd, synth_pipe *sp)
 /* Writes the values of the n tensors ts (data_bytes in all) on `threads` workers; -1 with
  * errno (ENOMEM when no buffer or worker could be had). */
 static int write_values(int fd, const lt *ts, size_t n, uint64_t data_bytes, uint64_t seed,
-                        ddo_tool_values values, unsigned threads)
+                        ddo_tool_values values, unsigned threads, bool gaps)
 {
     synth_pipe sp = { .ts = ts, .n = n, .seed = seed, .values = values, .data_bytes = data_bytes };
+    sp.gaps = gaps;
     sp.pieces = (data_bytes + SYNTH_PIECE_BYTES - 1) / SYNTH_PIECE_BYTES;
     if (sp.pieces == 0)
         return 0;
@@ -427,8 +484,54 @@ static int write_values(int fd, const lt *ts, size_t n, uint64_t data_bytes, uin
     return rc;
 }
 
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* The header of a .gguf output: the architecture and the synth description as metadata. */
+static int gguf_header(const lt *ts, size_t n, const char *arch, const char *desc, uint8_t **out,
+                       size_t *len)
+{
+    tool_gguf_tensor *t = calloc(n, sizeof(*t));
+    if (t == NULL)
+        return DDO_E_NO_MEMORY;
+    for (size_t i = 0; i < n; i++)
+        t[i] = (tool_gguf_tensor){ ts[i].name, ts[i].dtype, ts[i].ndim, ts[i].shape, ts[i].offset };
+    const char *keys[] = { "general.architecture", "ddo.synth" };
+    const char *values[] = { arch, desc };
+    int rc = tool_gguf_header(keys, values, 2, t, n, out, len);
+    free(t);
+    return rc;
+}
+
+/* The synth's description, kept in the file's metadata. */
+static void describe(char *desc, size_t len, const json_t *arch, double scale, uint64_t seed,
+                     ddo_tool_values values, ddo_dtype quant)
+{
+    snprintf(desc, len, "layout=%s scale=%g seed=%llu%s%s%s",
+             json_is_string(arch) ? json_string_value(arch) : "?", scale, (unsigned long long)seed,
+             values == DDO_TOOL_VALUES_NORMAL ? " values=normal" : "",
+             quant != DDO_DTYPE_COUNT ? " quant=" : "",
+             quant != DDO_DTYPE_COUNT ? ddo_dtype_name(quant) : "");
+}
+
+/* The header bytes (*len): a .gguf's, or the safetensors JSON of hdr; NULL when out of
+ * memory. */
+static char *make_header(bool gguf, const lt *ts, size_t n, const char *arch, const char *desc,
+                         const json_t *hdr, size_t *len)
+{
+    uint8_t *gh = NULL;
+    if (gguf)
+        return gguf_header(ts, n, arch, desc, &gh, len) == 0 ? (char *)gh : NULL;
+    char *text = json_dumps(hdr, JSON_COMPACT);
+    *len = text != NULL ? strlen(text) : 0;
+    return text;
+}
+
 int ddo_tool_synth_values(const char *layout_path, const char *out_path, double scale,
-                          uint64_t seed, ddo_tool_values values, unsigned threads,
+                          uint64_t seed, ddo_tool_values values, unsigned threads, ddo_dtype quant,
                           uint64_t *bytes_written, char *err, size_t err_len)
 {
     if (layout_path == NULL || out_path == NULL || !(scale > 0.0) || scale > 1.0)
@@ -453,7 +556,7 @@ int ddo_tool_synth_values(const char *layout_path, const char *out_path, double 
         return tool_fail(err, err_len, DDO_E_FORMAT, "%s: line %d: %s", layout_path, jerr.line,
                          jerr.text);
     int rc = 0, fd = -1, tmp_slot = -1;
-    bool created = false;
+    bool created = false, gguf = ends_with(out_path, ".gguf");
     char tmp_path[4200];
     char *header = NULL;
     lt *ts = NULL;
@@ -472,25 +575,25 @@ int ddo_tool_synth_values(const char *layout_path, const char *out_path, double 
         goto out;
     }
     char desc[256];
-    snprintf(desc, sizeof(desc), "layout=%s scale=%g seed=%llu%s",
-             json_is_string(arch) ? json_string_value(arch) : "?", scale, (unsigned long long)seed,
-             values == DDO_TOOL_VALUES_NORMAL ? " values=normal" : "");
+    describe(desc, sizeof(desc), arch, scale, seed, values, quant);
     json_object_set_new(meta, "format", json_string("pt"));
     json_object_set_new(meta, "ddo_synth", json_string(desc));
     json_object_set(hdr, "__metadata__", meta);
     uint64_t off = 0;
     for (size_t i = 0; i < n; i++) {
-        rc = add_tensor(hdr, json_array_get(tensors, i), i, layout_path, scale, &ts[i], &off, err,
-                        err_len);
+        rc = add_tensor(hdr, json_array_get(tensors, i), i, layout_path, scale, gguf, quant, &ts[i],
+                        &off, err, err_len);
         if (rc != 0)
             goto out;
     }
-    header = json_dumps(hdr, JSON_COMPACT);
+    size_t hlen = 0;
+    header = make_header(gguf, ts, n, json_is_string(arch) ? json_string_value(arch) : "?", desc,
+                         hdr, &hlen);
     if (header == NULL) {
         rc = tool_fail(err, err_len, DDO_E_NO_MEMORY, "synth: out of memory");
         goto out;
     }
-    size_t hlen = strlen(header), padded = (hlen + 7) / 8 * 8;
+    size_t padded = gguf ? hlen : (hlen + 7) / 8 * 8;
     if (threads == 0) {
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
         threads = ncpu > 1 ? (unsigned)ncpu : 1;
@@ -515,8 +618,9 @@ int ddo_tool_synth_values(const char *layout_path, const char *out_path, double 
     }
     created = !in_place;
     tmp_slot = in_place ? -1 : tool_cleanup_add(tmp_path, false);
-    if (put_header(fd, header, hlen, padded) != 0 ||
-        write_values(fd, ts, n, off, seed, values, threads) != 0)
+    if ((gguf ? write_all(fd, (const uint8_t *)header, hlen)
+              : put_header(fd, header, hlen, padded)) != 0 ||
+        write_values(fd, ts, n, off, seed, values, threads, gguf) != 0)
         goto io_fail;
     if (close(fd) != 0) {
         fd = -1;
@@ -530,7 +634,7 @@ int ddo_tool_synth_values(const char *layout_path, const char *out_path, double 
     }
     created = false;
     if (bytes_written != NULL)
-        *bytes_written = 8 + padded + off;
+        *bytes_written = (gguf ? 0 : 8) + padded + off;
     goto out;
 io_fail:
     rc = tool_fail(err, err_len, DDO_E_IO, "%s: write: %s", out_path, strerror(errno));
@@ -552,7 +656,7 @@ int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, 
                    uint64_t *bytes_written, char *err, size_t err_len)
 {
     return ddo_tool_synth_values(layout_path, out_path, scale, seed, DDO_TOOL_VALUES_UNIFORM, 0,
-                                 bytes_written, err, err_len);
+                                 DDO_DTYPE_COUNT, bytes_written, err, err_len);
 }
 
 const char *ddo_tool_default_layout(void)

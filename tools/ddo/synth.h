@@ -6,6 +6,8 @@
 #ifndef DDO_TOOL_SYNTH_H
 #define DDO_TOOL_SYNTH_H
 
+#include "ddo.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -28,9 +30,12 @@ int ddo_tool_synth(const char *layout_path, const char *out_path, double scale, 
 typedef enum ddo_tool_values { DDO_TOOL_VALUES_UNIFORM, DDO_TOOL_VALUES_NORMAL } ddo_tool_values;
 
 /* ddo_tool_synth with a choice of values, generated on `threads` threads (0: the online CPU
- * count; at most 256); the bytes do not depend on the thread count. ddo_tool_synth uses 0. */
+ * count; at most 256); the bytes do not depend on the thread count. ddo_tool_synth uses 0.
+ * quant (DDO_DTYPE_COUNT: none), for a .gguf output only (ignored otherwise): a GGML block type
+ * that every 2-D BF16/F16/F32 tensor whose rows are whole blocks takes (as GGUF quantizers leave
+ * 1-D tensors and odd rows in float). */
 int ddo_tool_synth_values(const char *layout_path, const char *out_path, double scale,
-                          uint64_t seed, ddo_tool_values values, unsigned threads,
+                          uint64_t seed, ddo_tool_values values, unsigned threads, ddo_dtype quant,
                           uint64_t *bytes_written, char *err, size_t err_len);
 
 /* The layout file the demo uses, resolved against the install/source tree; NULL if absent. */
