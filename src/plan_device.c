@@ -191,6 +191,19 @@ static uint64_t largest_leaf(const builder *b, uint64_t page)
     return ddo__round_up(largest, page);
 }
 
+/* bytes in adaptive units rounded up at the last printed digit: a smallest budget that
+ * works never prints below what is needed. */
+static const char *format_up(uint64_t bytes, char *buf, size_t len)
+{
+    if (bytes >= DDO_GIB)
+        snprintf(buf, len, "%.2f GiB", ceil((double)bytes / (double)DDO_GIB * 100.0) / 100.0);
+    else if (bytes >= DDO_MIB)
+        snprintf(buf, len, "%.2f MiB", ceil((double)bytes / (double)DDO_MIB * 100.0) / 100.0);
+    else
+        ddo__format_bytes(bytes, buf, len);
+    return buf;
+}
+
 /* The streamed unit whose span sets the slot size (SIZE_MAX: none). */
 static size_t largest_unit(const ddo_plan *p)
 {
@@ -218,7 +231,7 @@ static int refuse_smallest(const builder *b, int64_t want, uint64_t page, uint64
     if (!b->leaf && leaf < need && leaf <= limit)
         snprintf(tail, sizeof(tail),
                  "; unit_granularity=leaf streams single modules and would fit "
-                 "(%s)",
+                 "(it needs %s)",
                  ddo__format_bytes(leaf, f1, sizeof(f1)));
     else if (want > 2)
         snprintf(tail, sizeof(tail), "; execution_slots=%lld needs more", (long long)want);
@@ -234,7 +247,7 @@ static int refuse_smallest(const builder *b, int64_t want, uint64_t page, uint64
                      ddo__format_bytes(limit, l1, sizeof(l1)), limit_source,
                      u != SIZE_MAX ? p->units[u].name : "?",
                      ddo__format_bytes(bg->slot_bytes, s1, sizeof(s1)), r1,
-                     ddo__format_bytes(need, n1, sizeof(n1)), tail);
+                     format_up(need, n1, sizeof(n1)), tail);
 }
 
 /* DDO_E_BUDGET: the device weights of plan p exceed limit; the advice names what to change. */

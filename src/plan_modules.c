@@ -296,7 +296,7 @@ int ddo__plan_build_scopes(builder *b)
                 b->scopes[b->scope_count++] =
                     (pscope){ true, m->block, b->blocks[m->block].full_bytes };
             }
-        } else if ((m->block == NONE || b->leaf) && m->len > 0) {
+        } else if ((m->block == NONE || b->leaf) && (m->len > 0 || b->fill)) {
             int rc = rxset_search(&b->resident, m->name, m->len, &m->matches);
             if (rc != 0) {
                 free(block_seen);

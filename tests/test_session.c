@@ -905,7 +905,7 @@ static void test_nvme_budget_refused(void)
              "device budget 209.71 KiB (vmm_resident_weight_budget_gb) is too small for any "
              "plan: unit \"blocks.5\" takes 128.00 KiB and streaming needs two execution slots "
              "+ resident 768 B, so the smallest budget that works is 256.75 KiB; "
-             "unit_granularity=leaf streams single modules and would fit (128.75 KiB)");
+             "unit_granularity=leaf streams single modules and would fit (it needs 128.75 KiB)");
     T_REQUIRE(ddo_config_set(f.cfg, "vmm_resident_weight_budget_gb", "0.0001") == 0);
 
     /* planned for a 4 KiB granularity, the units fit; the device maps in 64 KiB */
