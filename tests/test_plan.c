@@ -234,7 +234,7 @@ static void test_device_budget_refused(void)
     T_EQ_STR(ddo_last_error(),
              "device budget 1.50 GiB (vmm_resident_weight_budget_gb) is too small for any plan: "
              "unit \"layers.0\" takes 1.00 GiB and streaming needs two execution slots + "
-             "resident 8.00 KiB, so the smallest budget that works is 2.00 GiB");
+             "resident 8.00 KiB, so the smallest budget that works is 2.01 GiB");
     /* The device's own memory is the limit when nothing else is given. */
     T_EQ_INT(ddo_config_set(cfg, "vmm_resident_weight_budget_gb", "0"), 0);
     ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs), .device_total_bytes = fx_gib(1) };
