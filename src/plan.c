@@ -275,7 +275,12 @@ static int budget_rules(builder *b, const ddo_config *cfg)
                          "device_budget_gb=%s: a device budget must be positive (leave it unset "
                          "to size the plan from the device)",
                          qa);
-    if (a > 0 && v > 0 && a != v)
+    /* A preset's value of the older name gives way to a device_budget_gb of the user's. */
+    const char *vsrc = NULL;
+    bool v_direct = ddo_config_source(cfg, "vmm_resident_weight_budget_gb", &vsrc) == 0 &&
+                    vsrc != NULL && strcmp(vsrc, "default") != 0 &&
+                    strncmp(vsrc, "preset:", 7) != 0;
+    if (a > 0 && v > 0 && a != v && v_direct)
         return ddo__fail(NULL, DDO_E_CONFIG,
                          "device_budget_gb=%s and vmm_resident_weight_budget_gb=%s (its older "
                          "name) give two different device budgets; give one",
