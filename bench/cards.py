@@ -185,8 +185,9 @@ def ddo_case(model, x, opts, card_gib, args, ctx):
             torch.cuda.reset_peak_memory_stats()
         sampler.start()
         t0 = time.perf_counter()
+        where = {} if cuda else {"execution_device": "cpu"}  # cuda:0 is the default
         r = ddo.enable_offload(model, device_memory_limit_gb=ctx["limit_gb"](card_gib),
-                               execution_device=ctx["device"], **opts)
+                               **where, **opts)
         res["enable_s"] = time.perf_counter() - t0
         before, _ = tf.ddo_bytes(r)
         step, out = run_steps(r.module, x, args, ctx["sync"])

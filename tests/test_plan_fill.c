@@ -5,9 +5,9 @@
  * streams and the plan says so; the predicted step never rises as the budget grows.
  * ctest-labels: unit
  */
-#include "t.h"
 #include "common.h"
 #include "plan_fx.h"
+#include "t.h"
 
 #include <jansson.h>
 
@@ -103,8 +103,8 @@ static void ladder(const char *name)
         if (bg.slot_count > 0) {
             /* Streams: the budget is used to within one unit (2 MiB pages of slack). */
             T_CHECK_MSG(bg.device_weights_peak + unit + 2 * DDO_MIB >= limit,
-                        "%s at %s GiB: peak %.3f GiB leaves more than one unit (%.3f GiB)", name,
-                        v, (double)bg.device_weights_peak / (double)DDO_GIB,
+                        "%s at %s GiB: peak %.3f GiB leaves more than one unit (%.3f GiB)", name, v,
+                        (double)bg.device_weights_peak / (double)DDO_GIB,
                         (double)unit / (double)DDO_GIB);
         } else {
             T_EQ_STR(fx_decision(p, "resident_set_rule"), "fill_all_fits");
@@ -113,8 +113,7 @@ static void ladder(const char *name)
         double step = bg.predicted_step_s;
         T_CHECK(step > 0.0);
         T_CHECK_MSG(prev_step == 0.0 || step <= prev_step * (1.0 + 1e-9),
-                    "%s: the step rose from %.6f s to %.6f s at %s GiB", name, prev_step, step,
-                    v);
+                    "%s: the step rose from %.6f s to %.6f s at %s GiB", name, prev_step, step, v);
         printf("  %s %5s GiB: peak %6.2f GiB, %zu slots, step %.4f s (%s)\n", name, v,
                (double)bg.device_weights_peak / (double)DDO_GIB, bg.slot_count, step, rule);
         prev_step = step;
