@@ -172,6 +172,9 @@ int ddo__plan_device_side(builder *b, uint64_t limit, const char *limit_source);
 /* weight_codec: the decision, the decode area in the device peak, the encoder's buffer in the
  * retained peak. DDO_E_UNSUPPORTED / DDO_E_BUDGET for an explicit codec that cannot run. */
 int ddo__plan_codec(builder *b);
+/* fill: the decode memory weight_codec may need whichever units stream (0 without a codec),
+ * held back from the limit before the resident set is chosen. */
+uint64_t ddo__plan_codec_area_estimate(const builder *b);
 /* A tensor the store may code (retained, in a file or in host memory, a coded dtype), and the
  * status bytes its decode needs (16 per block). */
 bool ddo__plan_codec_candidate(const ddo_tensor_info *ti, bool retained);

@@ -398,6 +398,12 @@ int ddo__plan_fill_resident(builder *b, uint64_t limit)
     ddo_plan *p = b->p;
     ddo__decisions *d = &p->decisions;
     uint64_t streamed = 0, fixed = placed_bytes(b, &streamed);
+    uint64_t codec = ddo__plan_codec_area_estimate(b);
+    if (codec > 0) {
+        /* weight_codec: the decode areas beside whatever streams. */
+        ddo__decisions_set_gb(d, "fill_codec_reserve_gb", codec);
+        limit = limit > codec ? limit - codec : 0;
+    }
     ddo_selection how;
     uint64_t budget;
     const char *rule;
@@ -419,5 +425,9 @@ int ddo__plan_fill_resident(builder *b, uint64_t limit)
     }
     ddo__decisions_set_str(d, "resident_set_rule", rule);
     ddo__decisions_set_gb(d, "resident_module_budget_gb", budget == UINT64_MAX ? streamed : budget);
-    return ddo__plan_resident_select(b, budget, how);
+    uint64_t device_limit = b->device_limit;
+    b->device_limit = limit; /* the cost selection's fit, without the decode areas */
+    int rc = ddo__plan_resident_select(b, budget, how);
+    b->device_limit = device_limit;
+    return rc;
 }

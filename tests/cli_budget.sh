@@ -59,6 +59,13 @@ check "24 MiB under 4 GiB: the plan says so in one line" \
 check "24 MiB under 4 GiB (the older name) runs bit-identical (exit $rc)" \
     '[ $rc -eq 0 ] && grep -q "^verify: OK: 2 steps bit-identical" "$T/small.run"'
 
+# weight_codec=ddoc1 under the same budget: the decode areas are held back before the resident
+# set is chosen, so the plan fits with them (no refusal) and the run stays bit-identical.
+"$DDO_BIN" plan "$T/flux.safetensors" "${CPU[@]}" --ddo-backend vmm --ddo-vmm-source-cache-gb 1 \
+    --ddo-device-budget-gb 0.1 --ddo-weight-codec ddoc1 >"$T/codec.plan" 2>&1; rc=$?
+check "ddoc1 under 0.1 GiB plans with its decode areas held back (exit $rc)" \
+    '[ $rc -eq 0 ] && grep -q "fill_codec_reserve_gb" "$T/codec.plan" && grep -q "codec_decode_area_gb" "$T/codec.plan"'
+
 # Bad input: two budgets, an explicit 0, a budget too small for any plan, a device limit
 # above the device.
 "$DDO_BIN" plan "$T/small.safetensors" "${CPU[@]}" --ddo-device-budget-gb 2 \
