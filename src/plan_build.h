@@ -83,6 +83,7 @@ typedef struct builder {
      * patterns or selection of the user's, a limit known): every block and module outside a
      * block is a candidate, chosen by the cost model's simulated step (plan_place.c). */
     bool fill;
+    uint64_t codec_reserve; /* fill: decode memory held back from the limit (plan_place.c) */
 } builder;
 
 /* The budgets build() carries from the policy to placement, pinning and the device side. */

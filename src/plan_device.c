@@ -352,7 +352,8 @@ int ddo__plan_device_side(builder *b, uint64_t limit, const char *limit_source)
     } else if (streaming) {
         slots = 3;
         how = "auto_three";
-        if (limit > 0 && ddo__sat_add_u64(arena, ddo__sat_mul_u64(3, bg->slot_bytes)) > limit) {
+        uint64_t room = limit > b->codec_reserve ? limit - b->codec_reserve : 0;
+        if (limit > 0 && ddo__sat_add_u64(arena, ddo__sat_mul_u64(3, bg->slot_bytes)) > room) {
             slots = 2;
             how = "auto_two";
         }

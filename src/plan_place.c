@@ -402,6 +402,7 @@ int ddo__plan_fill_resident(builder *b, uint64_t limit)
     if (codec > 0) {
         /* weight_codec: the decode areas beside whatever streams. */
         ddo__decisions_set_gb(d, "fill_codec_reserve_gb", codec);
+        b->codec_reserve = codec;
         limit = limit > codec ? limit - codec : 0;
     }
     ddo_selection how;
