@@ -486,7 +486,7 @@ static const char *env_default(const ddo_config *cfg, int id, char *buf, size_t 
         return NULL;
     switch (id) {
     case DDO_OPT_ID_small_tensor_threshold_bytes:
-        return "1048576";
+        return "16384"; /* the catalog's: one small-tensor default everywhere */
     case DDO_OPT_ID_pin_cpu_workers:
         return "4";
     case DDO_OPT_ID_always_resident_modules_pattern:

@@ -144,7 +144,8 @@ static int check_route(ddo_config *cfg)
                          "execution_mode=%s (%s) conflicts with backend=vmm (%s): the vmm backend "
                          "runs vmm_fast_runtime, vmm_runtime or plan",
                          V(execution_mode), cfg->source[DDO_OPT_ID_backend]);
-    if (runtime && ddo__route_per_weight(route) && !(o->vmm_resident_weight_budget_gb > 0.0))
+    if (runtime && ddo__route_per_weight(route) && !(o->vmm_resident_weight_budget_gb > 0.0) &&
+        !(o->device_budget_gb > 0.0))
         return ddo__fail(&cfg->err, DDO_E_CONFIG,
                          "vmm_resident_weight_budget_gb=%s (%s): execution_mode=vmm_runtime (%s) "
                          "needs a positive mapped weight budget in GiB",

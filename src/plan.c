@@ -12,6 +12,8 @@
  */
 #include "plan_build.h"
 
+#include "config_priv.h" /* ddo__config_fmt_double for the messages */
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -122,7 +124,7 @@ static void calibration_and_full_pin(builder *b, budgets_in *bi)
         ddo__decisions_set_gb(d, "auto_resident_module_budget_gb", 0);
         ddo__decisions_set_str(d, "auto_resident_module_decision", "profile_calibration");
     }
-    if (bi->force_full) {
+    if (bi->force_full && !b->fill) {
         b->clear_always = true;
         if (any_always)
             ddo__decisions_set_str(d, "auto_always_resident_decision", "offload_for_zero_resident");
@@ -133,6 +135,12 @@ static int place_and_select(builder *b, budgets_in *bi, uint64_t *limit, char *s
 {
     ddo_plan *p = b->p;
     int rc;
+    if ((rc = ddo__plan_device_limit(b, bi, limit, source, len)) != 0)
+        return rc;
+    b->device_limit = *limit;
+    b->fill = b->fill && *limit > 0;
+    if (b->fill)
+        ddo__plan_fill_fixed_rules(b, *limit);
     if ((rc = ddo__plan_place_units(b)) != 0)
         return rc;
     ddo__plan_layout_units(b);
@@ -143,12 +151,17 @@ static int place_and_select(builder *b, budgets_in *bi, uint64_t *limit, char *s
                                      ? "no bus bandwidth (inputs.bus_bytes_per_s is 0)"
                                      : "no compute rate (inputs.flops_per_s is 0, no "
                                        "unit_compute_json)");
-    if ((rc = ddo__plan_device_limit(b, bi, limit, source, len)) != 0)
-        return rc;
-    b->device_limit = *limit;
-    ddo__plan_cap_auto_resident(b, bi, *limit);
-    ddo__decisions_set_gb(&p->decisions, "resident_module_budget_gb", bi->resident_budget);
-    rc = ddo__plan_resident_selection(b, bi->resident_budget);
+    if (b->fill) {
+        rc = ddo__plan_fill_resident(b, *limit);
+    } else {
+        ddo__plan_cap_auto_resident(b, bi, *limit);
+        ddo__decisions_set_gb(&p->decisions, "resident_module_budget_gb", bi->resident_budget);
+        ddo__decisions_set_str(&p->decisions, "resident_set_rule",
+                               b->o->build_profile ? "profile_calibration"
+                               : bi->auto_resident ? "auto_budget_policy"
+                                                   : "resident_module_budget_gb");
+        rc = ddo__plan_resident_selection(b, bi->resident_budget);
+    }
     if (rc != 0)
         return rc;
     for (size_t u = 0; u < p->unit_count; u++) {
@@ -207,6 +220,85 @@ static int build(builder *b)
     return 0;
 }
 
+/* Whether the user chose option key: neither the catalog's default nor the value of a preset
+ * the user did not name (the preset auto stands for one). */
+static bool user_set(const ddo_config *cfg, const builder *b, const char *key)
+{
+    const char *src = NULL;
+    if (ddo_config_source(cfg, key, &src) != 0 || src == NULL || strcmp(src, "default") == 0)
+        return false;
+    if (strncmp(src, "preset:", 7) != 0)
+        return true;
+    const char *req = b->settings.requested_preset;
+    return req == NULL || strcmp(req, "auto") != 0;
+}
+
+/* The device memory planned with: device_memory_limit_gb caps what the device reports (and
+ * its free memory by as much), as if the card had that much. */
+static int device_memory_limit(builder *b)
+{
+    uint64_t lim = ddo__gb_to_bytes(b->o->device_memory_limit_gb);
+    ddo_plan_inputs *in = &b->in;
+    if (lim == 0)
+        return 0;
+    if (in->device_total_bytes > 0 && lim > in->device_total_bytes) {
+        char q[64], v[32];
+        ddo__config_fmt_double(b->o->device_memory_limit_gb, q, sizeof(q));
+        return ddo__fail(NULL, DDO_E_CONFIG,
+                         "device_memory_limit_gb=%s is above the device's memory (%s); give at "
+                         "most that, or 0 for the whole device",
+                         q, ddo__format_bytes(in->device_total_bytes, v, sizeof(v)));
+    }
+    if (in->device_total_bytes > 0 && in->device_free_bytes > 0) {
+        uint64_t used = in->device_total_bytes > in->device_free_bytes
+                            ? in->device_total_bytes - in->device_free_bytes
+                            : 0;
+        in->device_free_bytes = lim > used ? lim - used : 0;
+    }
+    in->device_total_bytes = lim;
+    return 0;
+}
+
+/* The device budget under its two names, the device memory limit, and whether the resident
+ * set fills the budget (b->fill). DDO_E_CONFIG for a budget of 0 given explicitly or two
+ * different budgets. */
+static int budget_rules(builder *b, const ddo_config *cfg)
+{
+    const ddo__options *o = b->o;
+    uint64_t a = ddo__gb_to_bytes(o->device_budget_gb);
+    uint64_t v = ddo__gb_to_bytes(o->vmm_resident_weight_budget_gb);
+    char qa[64], qv[64];
+    ddo__config_fmt_double(o->device_budget_gb, qa, sizeof(qa));
+    ddo__config_fmt_double(o->vmm_resident_weight_budget_gb, qv, sizeof(qv));
+    if (a == 0 && user_set(cfg, b, "device_budget_gb"))
+        return ddo__fail(NULL, DDO_E_CONFIG,
+                         "device_budget_gb=%s: a device budget must be positive (leave it unset "
+                         "to size the plan from the device)",
+                         qa);
+    /* A preset's value of the older name gives way to a device_budget_gb of the user's. */
+    const char *vsrc = NULL;
+    bool v_direct = ddo_config_source(cfg, "vmm_resident_weight_budget_gb", &vsrc) == 0 &&
+                    vsrc != NULL && strcmp(vsrc, "default") != 0 &&
+                    strncmp(vsrc, "preset:", 7) != 0;
+    if (a > 0 && v > 0 && a != v && v_direct)
+        return ddo__fail(NULL, DDO_E_CONFIG,
+                         "device_budget_gb=%s and vmm_resident_weight_budget_gb=%s (its older "
+                         "name) give two different device budgets; give one",
+                         qa, qv);
+    b->budget = a > 0 ? a : v;
+    b->budget_name = a > 0 ? "device_budget_gb" : "vmm_resident_weight_budget_gb";
+    int rc = device_memory_limit(b);
+    if (rc != 0)
+        return rc;
+    bool user_resident = user_set(cfg, b, "resident_module_budget_gb") ||
+                         user_set(cfg, b, "resident_module_patterns") ||
+                         user_set(cfg, b, "resident_module_selection") || o->build_profile ||
+                         o->profile_resident_module_budget_gb > 0.0;
+    bool balanced = o->auto_budget_policy != NULL && strcmp(o->auto_budget_policy, "balanced") == 0;
+    b->fill = !user_resident && (b->budget > 0 || (balanced && b->in.device_total_bytes > 0));
+    return 0;
+}
+
 ddo_plan *ddo__plan_alloc(void)
 {
     return ddo__calloc(1, sizeof(ddo_plan));
@@ -236,6 +328,8 @@ int ddo_plan_build(const ddo_checkpoint *ck, const ddo_config *cfg, const ddo_pl
         b.settings.effective_pin_cpu_memory = o->pin_cpu_memory;
         b.settings.disable_pin_on_wsl = o->disable_pin_on_wsl;
     }
+    if ((rc = budget_rules(&b, cfg)) != 0)
+        return rc;
     b.n = ddo_checkpoint_tensor_count(ck);
     b.p = ddo__plan_alloc();
     b.ti = ddo__calloc(b.n ? b.n : 1, sizeof(*b.ti));

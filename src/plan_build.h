@@ -75,6 +75,15 @@ typedef struct builder {
     uint64_t threshold;
     uint64_t device_limit; /* the device-weights limit (0: none), once ddo__plan_device_limit ran */
     size_t chosen_slots;   /* the "cost" selection's slot count (0: none chosen) */
+    /* The device budget (plan.c): device_budget_gb, or its older name
+     * vmm_resident_weight_budget_gb (0: none given), and which of the two gave it. */
+    uint64_t budget;
+    const char *budget_name;
+    /* The resident set fills the device-weights limit (no resident_module_budget_gb,
+     * patterns or selection of the user's, a limit known): every block and module outside a
+     * block is a candidate, chosen by the cost model's simulated step (plan_place.c). */
+    bool fill;
+    uint64_t codec_reserve; /* fill: decode memory held back from the limit (plan_place.c) */
 } builder;
 
 /* The budgets build() carries from the policy to placement, pinning and the device side. */
@@ -133,6 +142,13 @@ double ddo__plan_simulate(const ddo_plan *p, size_t slots);
 double ddo__plan_simulate_scaled(const ddo_plan *p, size_t slots, double transfer_scale);
 /* The budget-resident scopes under budget, by resident_module_selection. */
 int ddo__plan_resident_selection(builder *b, uint64_t budget);
+/* The same by the selection how. */
+int ddo__plan_resident_select(builder *b, uint64_t budget, ddo_selection how);
+/* fill: the resident set that fills limit (plan_place.c), recording which rule chose it. */
+int ddo__plan_fill_resident(builder *b, uint64_t limit);
+/* fill: small-tensor and always-resident rules only while limit holds them beside two slots of
+ * the largest unit; else those tensors stream with their units (before placement). */
+void ddo__plan_fill_fixed_rules(builder *b, uint64_t limit);
 
 /* ---- plan_host.c ---- */
 
@@ -157,6 +173,9 @@ int ddo__plan_device_side(builder *b, uint64_t limit, const char *limit_source);
 /* weight_codec: the decision, the decode area in the device peak, the encoder's buffer in the
  * retained peak. DDO_E_UNSUPPORTED / DDO_E_BUDGET for an explicit codec that cannot run. */
 int ddo__plan_codec(builder *b);
+/* fill: the decode memory weight_codec may need whichever units stream (0 without a codec),
+ * held back from the limit before the resident set is chosen. */
+uint64_t ddo__plan_codec_area_estimate(const builder *b);
 /* A tensor the store may code (retained, in a file or in host memory, a coded dtype), and the
  * status bytes its decode needs (16 per block). */
 bool ddo__plan_codec_candidate(const ddo_tensor_info *ti, bool retained);

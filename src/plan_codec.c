@@ -134,6 +134,41 @@ static void measure(const builder *b, codec_need *n)
     }
 }
 
+uint64_t ddo__plan_codec_area_estimate(const builder *b)
+{
+    const char *mode = b->o->weight_codec != NULL ? b->o->weight_codec : "none";
+    const ddo_plan *p = b->p;
+    if (strcmp(mode, "none") == 0)
+        return 0;
+    /* Every unit may stream and every file or host tensor be retained: an upper bound of the
+     * decode memory the plan's streamed units need once the selection is made. */
+    uint64_t max_bound = 0, max_unit = 0, max_status = 0;
+    for (size_t u = 0; u < p->unit_count; u++) {
+        const ddo__plan_unit *un = &p->units[u];
+        uint64_t status = 0, unit = 0;
+        for (size_t k = 0; k < un->tensor_count; k++) {
+            const ddo_tensor_info *ti = b->ti[p->unit_tensors[un->first_tensor + k]];
+            if (!ddo__plan_codec_candidate(ti, true))
+                continue;
+            uint64_t bound = ddo__codec_bound(ti->dtype, ti->nbytes, 0);
+            max_bound = bound > max_bound ? bound : max_bound;
+            unit = ddo__sat_add_u64(unit, ddo__round_up(bound, AREA_ALIGN));
+            status = ddo__sat_add_u64(status, ddo__plan_codec_status_bytes(ti));
+        }
+        max_status = status > max_status ? status : max_status;
+        max_unit = unit > max_unit ? unit : max_unit;
+    }
+    if (max_unit == 0)
+        return 0;
+    int64_t want = b->o->execution_slots;
+    uint64_t slots = want > 0 ? (uint64_t)want : 6; /* the most the cost selection tries */
+    return ddo__sat_add_u64(
+        ddo__sat_mul_u64(DDO_CODEC_DECODE_AREAS,
+                         ddo__codec_area_bytes(ddo__round_up(max_bound, AREA_ALIGN), max_unit,
+                                               DDO_CODEC_AREA_CAP)),
+        ddo__sat_mul_u64(slots, ddo__round_up(max_status, AREA_ALIGN)));
+}
+
 /* True when the device the plan is for has a codec decoder. */
 static bool device_decodes(const builder *b, const char **why)
 {

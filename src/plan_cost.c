@@ -381,7 +381,9 @@ static void search_slots(sim_sel *x, size_t *order, size_t *chosen, bool *best_i
         x->slots = slot_choices[k];
         search(x, order, chosen, best_in);
         double t = fits(x) ? step_of(x) : INFINITY;
-        if (best_slots == 0 || (t < best && !same_step(t, best))) {
+        /* (A count whose set fits always beats one whose does not: same_step cannot compare
+         * with an infinite step.) */
+        if (best_slots == 0 || (t < best && (isinf(best) || !same_step(t, best)))) {
             best = t;
             best_slots = x->slots;
             memcpy(keep, x->in, n * sizeof(bool));

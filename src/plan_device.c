@@ -181,27 +181,97 @@ static int slot_page(double mb, uint64_t gran, uint64_t *page)
                      q, g);
 }
 
+/* The bytes of the largest module's tensors (what a leaf unit takes at most), rounded to page. */
+static uint64_t largest_leaf(const builder *b, uint64_t page)
+{
+    uint64_t largest = 0;
+    for (size_t m = 0; m < b->mod_count; m++)
+        if (!b->mods[m].skipped && b->mods[m].full_bytes > largest)
+            largest = b->mods[m].full_bytes;
+    return ddo__round_up(largest, page);
+}
+
+/* bytes in adaptive units rounded up at the last printed digit: a smallest budget that
+ * works never prints below what is needed. */
+static const char *format_up(uint64_t bytes, char *buf, size_t len)
+{
+    if (bytes >= DDO_GIB)
+        snprintf(buf, len, "%.2f GiB", ceil((double)bytes / (double)DDO_GIB * 100.0) / 100.0);
+    else if (bytes >= DDO_MIB)
+        snprintf(buf, len, "%.2f MiB", ceil((double)bytes / (double)DDO_MIB * 100.0) / 100.0);
+    else
+        ddo__format_bytes(bytes, buf, len);
+    return buf;
+}
+
+/* The streamed unit whose span sets the slot size (SIZE_MAX: none). */
+static size_t largest_unit(const ddo_plan *p)
+{
+    size_t at = SIZE_MAX;
+    for (size_t u = 0; u < p->unit_count; u++)
+        if (!p->units[u].resident &&
+            (at == SIZE_MAX || p->units[u].span_bytes > p->units[at].span_bytes))
+            at = u;
+    return at;
+}
+
+/* DDO_E_BUDGET: no plan fits; names the unit, its size, the budget and the smallest budget
+ * that works (two slots of the largest unit beside the fixed residents), and
+ * unit_granularity=leaf only where it would fit. */
+static int refuse_smallest(const builder *b, int64_t want, uint64_t page, uint64_t limit,
+                           const char *limit_source)
+{
+    const ddo_plan *p = b->p;
+    const ddo_plan_budgets *bg = &p->budgets;
+    size_t u = largest_unit(p);
+    uint64_t need = ddo__sat_add_u64(bg->resident_bytes, ddo__sat_mul_u64(2, bg->slot_bytes));
+    uint64_t leaf =
+        ddo__sat_add_u64(bg->resident_bytes, ddo__sat_mul_u64(2, largest_leaf(b, page)));
+    char s1[32], n1[32], l1[32], r1[32], f1[32], tail[160] = "";
+    if (!b->leaf && leaf < need && leaf <= limit)
+        snprintf(tail, sizeof(tail),
+                 "; unit_granularity=leaf streams single modules and would fit "
+                 "(it needs %s)",
+                 ddo__format_bytes(leaf, f1, sizeof(f1)));
+    else if (want > 2)
+        snprintf(tail, sizeof(tail), "; execution_slots=%lld needs more", (long long)want);
+    if (bg->resident_bytes > 0)
+        snprintf(r1, sizeof(r1), " + resident %s",
+                 ddo__format_bytes(bg->resident_bytes, f1, sizeof(f1)));
+    else
+        r1[0] = '\0';
+    return ddo__fail(NULL, DDO_E_BUDGET,
+                     "device budget %s (%s) is too small for any plan: unit \"%s\" takes %s "
+                     "and streaming needs two execution slots%s, so the smallest budget that "
+                     "works is %s%s",
+                     ddo__format_bytes(limit, l1, sizeof(l1)), limit_source,
+                     u != SIZE_MAX ? p->units[u].name : "?",
+                     ddo__format_bytes(bg->slot_bytes, s1, sizeof(s1)), r1,
+                     format_up(need, n1, sizeof(n1)), tail);
+}
+
 /* DDO_E_BUDGET: the device weights of plan p exceed limit; the advice names what to change. */
-static int refuse_device_weights(const ddo_plan *p, int64_t want, uint64_t limit,
+static int refuse_device_weights(const builder *b, int64_t want, uint64_t page, uint64_t limit,
                                  const char *limit_source)
 {
+    const ddo_plan *p = b->p;
     const ddo_plan_budgets *bg = &p->budgets;
     char a[32], r[32], s[32], l[32];
     bool chosen = false;
     for (size_t u = 0; u < p->unit_count; u++)
         chosen = chosen || p->units[u].resident;
-    const char *advice = chosen && want > 2 ? ", lower resident_module_budget_gb or lower "
-                                              "execution_slots"
-                         : chosen           ? " or lower resident_module_budget_gb"
-                         : want > 2         ? " or lower execution_slots"
-                                            : " or set unit_granularity=leaf (smaller slots)";
+    if (!chosen)
+        return refuse_smallest(b, want, page, limit, limit_source);
+    const char *advice = want > 2 ? ", lower resident_module_budget_gb or lower execution_slots"
+                                  : " or lower resident_module_budget_gb";
     return ddo__fail(NULL, DDO_E_BUDGET,
                      "device weights need %s (resident %s + %zu slots × %s) but the limit "
-                     "is %s (%s); raise vmm_resident_weight_budget_gb%s",
-                     ddo__format_gib(bg->device_weights_peak, a, sizeof(a)),
-                     ddo__format_gib(bg->resident_bytes, r, sizeof(r)), bg->slot_count,
-                     ddo__format_gib(bg->slot_bytes, s, sizeof(s)),
-                     ddo__format_gib(limit, l, sizeof(l)), limit_source, advice);
+                     "is %s (%s); raise %s%s",
+                     ddo__format_bytes(bg->device_weights_peak, a, sizeof(a)),
+                     ddo__format_bytes(bg->resident_bytes, r, sizeof(r)), bg->slot_count,
+                     ddo__format_bytes(bg->slot_bytes, s, sizeof(s)),
+                     ddo__format_bytes(limit, l, sizeof(l)), limit_source,
+                     b->budget_name != NULL ? b->budget_name : "device_budget_gb", advice);
 }
 
 /* Lays the resident tensors out in the arena; returns its bytes. (Before the host side too:
@@ -282,7 +352,8 @@ int ddo__plan_device_side(builder *b, uint64_t limit, const char *limit_source)
     } else if (streaming) {
         slots = 3;
         how = "auto_three";
-        if (limit > 0 && ddo__sat_add_u64(arena, ddo__sat_mul_u64(3, bg->slot_bytes)) > limit) {
+        uint64_t room = limit > b->codec_reserve ? limit - b->codec_reserve : 0;
+        if (limit > 0 && ddo__sat_add_u64(arena, ddo__sat_mul_u64(3, bg->slot_bytes)) > room) {
             slots = 2;
             how = "auto_two";
         }
@@ -296,35 +367,81 @@ int ddo__plan_device_side(builder *b, uint64_t limit, const char *limit_source)
     bg->device_weights_peak = ddo__sat_add_u64(arena, ddo__sat_mul_u64(slots, bg->slot_bytes));
     bg->device_weights_limit = limit;
     if (limit > 0 && bg->device_weights_peak > limit)
-        return refuse_device_weights(p, want, limit, limit_source);
+        return refuse_device_weights(b, want, page, limit, limit_source);
     return 0;
 }
 
 /* ---- the device-weights limit ---- */
 
+/* The activation reserve of a plan sized from the device: 512 MiB (the allocator's cache,
+ * kernels' workspaces) plus four rows of the widest weight's output per token. */
+static uint64_t activation_reserve(const builder *b)
+{
+    uint64_t tokens = b->in.tokens > 0 ? b->in.tokens : DDO_PLAN_DEFAULT_TOKENS, row = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        const ddo_tensor_info *t = b->ti[i];
+        if (t->ndim == 2 && t->shape[1] > 0 && t->nbytes / t->shape[1] > row)
+            row = t->nbytes / t->shape[1];
+    }
+    return ddo__sat_add_u64(DDO_GIB / 2, ddo__sat_mul_u64(4, ddo__sat_mul_u64(tokens, row)));
+}
+
+/* The balanced policy's limit: the device's free memory (else its size) minus the activation
+ * reserve (or auto_vram_headroom_gb), at least 1 GiB (nor above the card). */
+static uint64_t sized_from_device(builder *b, uint64_t V, char *source, size_t len)
+{
+    uint64_t F = b->in.device_free_bytes, avail = F > 0 && F < V ? F : V;
+    bool option = b->o->auto_vram_headroom_gb > 0.0;
+    uint64_t h = option ? ddo__gb_to_bytes(b->o->auto_vram_headroom_gb) : activation_reserve(b);
+    uint64_t limit =
+        avail > h && avail - h > DDO_GIB ? avail - h : (avail < DDO_GIB ? avail : DDO_GIB);
+    char v1[32], v2[32], v3[32];
+    snprintf(source, len, "device memory %s%s%s%s minus %s %s%s",
+             ddo__format_gib(V, v1, sizeof(v1)), avail < V ? " (free " : "",
+             avail < V ? ddo__format_gib(avail, v3, sizeof(v3)) : "", avail < V ? ")" : "",
+             ddo__format_bytes(h, v2, sizeof(v2)),
+             option ? "auto VRAM headroom" : "activation reserve",
+             limit == avail - h ? "" : ", at least 1 GiB");
+    ddo__decisions_set_gb(&b->p->decisions, "device_activation_reserve_gb", h);
+    return limit;
+}
+
 /* The device weights limit and where it comes from (source, len bytes). */
 int ddo__plan_device_limit(builder *b, const budgets_in *bi, uint64_t *limit, char *source,
                            size_t len)
 {
-    const ddo__options *o = b->o;
     uint64_t V = bi->V;
+    ddo__decisions *d = &b->p->decisions;
     *limit = 0;
     snprintf(source, len, "none");
-    uint64_t explicit_limit = ddo__gb_to_bytes(o->vmm_resident_weight_budget_gb);
+    uint64_t explicit_limit = b->budget;
     if (ddo__route_per_weight(b->p->route) && explicit_limit == 0)
         return ddo__fail(NULL, DDO_E_CONFIG,
-                         "vmm_resident_weight_budget_gb: the %s route needs a positive "
-                         "mapped budget",
+                         "device_budget_gb (vmm_resident_weight_budget_gb): the %s route needs a "
+                         "positive mapped budget",
                          ddo__route_name(b->p->route));
     if (explicit_limit > 0) {
         *limit = explicit_limit;
-        snprintf(source, len, "vmm_resident_weight_budget_gb");
+        snprintf(source, len, "%s", b->budget_name);
+        if (V > 0 && explicit_limit > V) {
+            char v1[32], e1[32], note[160];
+            *limit = V;
+            snprintf(source, len, "%s capped to the device memory %s", b->budget_name,
+                     ddo__format_bytes(V, v1, sizeof(v1)));
+            snprintf(note, sizeof(note), "%s %s is above the device memory %s: capped to it",
+                     b->budget_name, ddo__format_bytes(explicit_limit, e1, sizeof(e1)), v1);
+            ddo__decisions_set_str(d, "device_budget_note", note);
+        }
     } else if (V > 0) {
         char v1[32], v2[32];
-        if (bi->balanced) {
+        if (b->fill) {
+            *limit = sized_from_device(b, V, source, len);
+        } else if (bi->balanced) {
+            /* A preset the user named keeps its headroom table. */
             double ratio = (double)bi->M / (double)V;
-            uint64_t h = o->auto_vram_headroom_gb > 0.0 ? ddo__gb_to_bytes(o->auto_vram_headroom_gb)
-                                                        : ddo__vram_headroom_default(V, ratio);
+            uint64_t h = b->o->auto_vram_headroom_gb > 0.0
+                             ? ddo__gb_to_bytes(b->o->auto_vram_headroom_gb)
+                             : ddo__vram_headroom_default(V, ratio);
             /* As the resident target: never below 1 GiB (nor above the card). */
             *limit = V > h && V - h > DDO_GIB ? V - h : (V < DDO_GIB ? V : DDO_GIB);
             snprintf(source, len, "device memory %s minus %s auto VRAM headroom%s",
@@ -336,8 +453,7 @@ int ddo__plan_device_limit(builder *b, const budgets_in *bi, uint64_t *limit, ch
         }
     }
     b->p->device_limit_source = ddo__strdup(source);
-    ddo__decisions_set_str(&b->p->decisions, "device_weights_limit_source",
-                           *limit > 0 ? source : "none");
+    ddo__decisions_set_str(d, "device_weights_limit_source", *limit > 0 ? source : "none");
     return 0;
 }
 

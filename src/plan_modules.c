@@ -213,6 +213,13 @@ int ddo__plan_resolve_resident_patterns(builder *b)
     p->resident_patterns = ddo__calloc(l->count + groups + 1, sizeof(char *));
     if (p->resident_patterns == NULL)
         return ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: resident patterns");
+    if (b->fill) {
+        /* Filling the budget: every block, and every module outside a block, is a candidate. */
+        if ((p->resident_patterns[0] = ddo__strdup(".*")) == NULL)
+            return ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: resident patterns");
+        p->resident_pattern_count = 1;
+        return rxset_compile(&b->resident, p->resident_patterns, 1, "resident_module_patterns");
+    }
     for (size_t i = 0; i < l->count; i++) {
         const char *s = l->items[i];
         while (*s == ' ' || *s == '\t')
@@ -289,7 +296,7 @@ int ddo__plan_build_scopes(builder *b)
                 b->scopes[b->scope_count++] =
                     (pscope){ true, m->block, b->blocks[m->block].full_bytes };
             }
-        } else if ((m->block == NONE || b->leaf) && m->len > 0) {
+        } else if ((m->block == NONE || b->leaf) && (m->len > 0 || b->fill)) {
             int rc = rxset_search(&b->resident, m->name, m->len, &m->matches);
             if (rc != 0) {
                 free(block_seen);

@@ -269,14 +269,19 @@ static void make_budget_resident(builder *b)
 
 int ddo__plan_resident_selection(builder *b, uint64_t budget)
 {
-    ddo_plan *p = b->p;
-    ddo__decisions *d = &p->decisions;
     ddo_selection how = DDO_SELECTION_SPREAD;
     if (!ddo__selection_from_name(b->o->resident_module_selection, &how))
         return ddo__fail(NULL, DDO_E_CONFIG,
                          "resident_module_selection: \"%s\" is not one of first, spread, "
                          "largest, cost",
                          b->o->resident_module_selection ? b->o->resident_module_selection : "");
+    return ddo__plan_resident_select(b, budget, how);
+}
+
+int ddo__plan_resident_select(builder *b, uint64_t budget, ddo_selection how)
+{
+    ddo_plan *p = b->p;
+    ddo__decisions *d = &p->decisions;
     if (how == DDO_SELECTION_COST && !p->cost_enabled) {
         how = DDO_SELECTION_SPREAD;
         ddo__decisions_set_str(d, "resident_module_selection_fallback", "spread");
@@ -331,5 +336,99 @@ out:
     free(sizes);
     free(order);
     free(chosen);
+    return rc;
+}
+
+/* The aligned bytes of the tensors placed resident (fixed) and streamed (*streamed). */
+static uint64_t placed_bytes(const builder *b, uint64_t *streamed)
+{
+    uint64_t fixed = 0;
+    *streamed = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        const ddo_tensor_location *loc = &b->p->tensors[i].loc;
+        uint64_t a = ddo__round_up(loc->nbytes, DDO_TENSOR_ALIGN);
+        if (loc->placement == DDO_PLACEMENT_RESIDENT)
+            fixed = ddo__sat_add_u64(fixed, a);
+        else if (loc->placement == DDO_PLACEMENT_STREAMED)
+            *streamed = ddo__sat_add_u64(*streamed, a);
+    }
+    return fixed;
+}
+
+void ddo__plan_fill_fixed_rules(builder *b, uint64_t limit)
+{
+    uint64_t fixed = 0, largest = 0, page = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        const pmod *m = &b->mods[b->tmod[i]];
+        if (!m->skipped && (m->always || b->ti[i]->nbytes <= b->threshold))
+            fixed = ddo__sat_add_u64(fixed, ddo__round_up(b->ti[i]->nbytes, DDO_TENSOR_ALIGN));
+    }
+    for (size_t k = 0; k < b->block_count && !b->leaf; k++)
+        largest = b->blocks[k].full_bytes > largest ? b->blocks[k].full_bytes : largest;
+    for (size_t m = 0; m < b->mod_count; m++)
+        if (!b->mods[m].skipped && (b->leaf || b->mods[m].block == NONE))
+            largest = b->mods[m].full_bytes > largest ? b->mods[m].full_bytes : largest;
+    if (ddo__plan_slot_page(b, &page) != 0 || page == 0)
+        page = ddo__plan_granularity(b->p);
+    uint64_t need = ddo__sat_add_u64(fixed, ddo__sat_mul_u64(2, ddo__round_up(largest, page)));
+    bool keep = need <= limit;
+    ddo__decisions_set_str(&b->p->decisions, "small_and_always_resident_rule",
+                           keep ? "within_budget" : "streamed_over_budget");
+    if (keep)
+        return;
+    /* Hard limits beat heuristics: those tensors stream with their units. */
+    b->threshold = 0;
+    b->clear_always = true;
+}
+
+/* fill without the cost model, or on vmm_runtime: what the limit leaves beside two slots of
+ * the largest unit (per-weight handles on vmm_runtime) and the fixed residents. */
+static uint64_t room_beside_slots(builder *b, uint64_t limit)
+{
+    budgets_in bi;
+    memset(&bi, 0, sizeof(bi));
+    bi.auto_resident = true;
+    bi.resident_budget = UINT64_MAX;
+    ddo__plan_cap_auto_resident(b, &bi, limit);
+    return bi.resident_budget;
+}
+
+int ddo__plan_fill_resident(builder *b, uint64_t limit)
+{
+    ddo_plan *p = b->p;
+    ddo__decisions *d = &p->decisions;
+    uint64_t streamed = 0, fixed = placed_bytes(b, &streamed);
+    uint64_t codec = ddo__plan_codec_area_estimate(b);
+    if (codec > 0) {
+        /* weight_codec: the decode areas beside whatever streams. */
+        ddo__decisions_set_gb(d, "fill_codec_reserve_gb", codec);
+        b->codec_reserve = codec;
+        limit = limit > codec ? limit - codec : 0;
+    }
+    ddo_selection how;
+    uint64_t budget;
+    const char *rule;
+    if (ddo__sat_add_u64(fixed, streamed) <= limit) {
+        how = DDO_SELECTION_FIRST;
+        budget = UINT64_MAX;
+        rule = "fill_all_fits";
+        ddo__decisions_set_str(d, "plan_note",
+                               "the whole model fits the device budget: nothing "
+                               "streams");
+    } else if (p->cost_enabled && !ddo__route_per_weight(p->route)) {
+        how = DDO_SELECTION_COST;
+        budget = limit > fixed ? limit - fixed : 0;
+        rule = "fill_cost";
+    } else {
+        how = p->cost_enabled ? DDO_SELECTION_COST : DDO_SELECTION_SPREAD;
+        budget = room_beside_slots(b, limit);
+        rule = p->cost_enabled ? "fill_cost" : "fill_spread";
+    }
+    ddo__decisions_set_str(d, "resident_set_rule", rule);
+    ddo__decisions_set_gb(d, "resident_module_budget_gb", budget == UINT64_MAX ? streamed : budget);
+    uint64_t device_limit = b->device_limit;
+    b->device_limit = limit; /* the cost selection's fit, without the decode areas */
+    int rc = ddo__plan_resident_select(b, budget, how);
+    b->device_limit = device_limit;
     return rc;
 }

@@ -29,7 +29,7 @@ check() { if eval "$2"; then pass "$1"; else fail "$1"; fi; }
 "$DDO_BIN" synth --layout "$T/layout.json" --out "$T/model.safetensors" --seed 3 --values normal \
     >"$T/synth.log" 2>&1 || { cat "$T/synth.log"; echo "FAIL: ddo synth"; exit 1; }
 
-BASE=(--ddo-execution-device cpu --ddo-vmm-resident-weight-budget-gb 0.01
+BASE=(--ddo-execution-device cpu --ddo-vmm-resident-weight-budget-gb 0.01 --ddo-resident-module-budget-gb 0
     --ddo-small-tensor-threshold-kb 16 --ddo-vmm-source-cache-gb 1 --steps 2 --tokens 5 --verify)
 sum_of() { sed -n 's/^verify: OK: .*(\([0-9a-f]*\))$/\1/p' "$1"; }
 metric() { # metric FILE NAME: the last line's value
@@ -74,7 +74,7 @@ check "ddo plan --json records weight_codec ddoc1 and the decode area" \
 # fast decoder it codes; compute-bound, or with the cpu device's slow decoder, it keeps the
 # weights raw and says why.
 PA=("$T/model.safetensors" --ddo-execution-device cpu --ddo-backend vmm --ddo-vmm-source-cache-gb 1
-    --ddo-small-tensor-threshold-kb 16 --ddo-weight-codec auto --json)
+    --ddo-small-tensor-threshold-kb 16 --ddo-weight-codec auto --ddo-resident-module-budget-gb 0 --json)
 "$DDO_BIN" plan "${PA[@]}" --bandwidth-gbps 1 --tflops 1000 --decode-gbps 400 >"$T/auto1.json" 2>&1
 check "auto codes a bus-bound plan with a fast decoder" \
     'grep -q "\"weight_codec\": *\"ddoc1\"" "$T/auto1.json"'

@@ -96,7 +96,7 @@ check "inspect --threads 0 is a usage error" '[ $rc -eq 2 ] && grep -q "threads"
 
 # ---- plan: coded sizes and the cost model ------------------------------------------------
 P=(--ddo-execution-device cpu --ddo-backend vmm --ddo-vmm-source-cache-gb 1
-    --ddo-small-tensor-threshold-kb 16 --ddo-vmm-resident-weight-budget-gb 0.01
+    --ddo-small-tensor-threshold-kb 16 --ddo-vmm-resident-weight-budget-gb 0.01 --ddo-resident-module-budget-gb 0
     --bandwidth-gbps 1 --tflops 1000 --device-memory-gb 1)
 "$DDO_BIN" plan "$T/normal.safetensors" "${P[@]}" --ddo-weight-codec ddoc1 --codec-ratio 0.5 \
     --decode-gbps 1000 --json >"$T/p.json" 2>"$T/err"; rc=$?
@@ -135,7 +135,7 @@ check "a saved coded plan prints its coded sizes again" \
 check "plan --codec-ratio above 1 is a usage error" '[ $rc -eq 2 ]'
 
 # ---- bench: the codec figures ------------------------------------------------------------
-C="--ddo-backend vmm --ddo-preset auto --ddo-vmm-source-cache-gb 1 --ddo-vmm-resident-weight-budget-gb 0.01"
+C="--ddo-backend vmm --ddo-preset auto --ddo-vmm-source-cache-gb 1 --ddo-vmm-resident-weight-budget-gb 0.01 --ddo-resident-module-budget-gb 0"
 "$DDO_BIN" bench "$T/normal.safetensors" --ddo-execution-device cpu --ddo-small-tensor-threshold-kb 16 \
     --tokens 4 --steps 2 --trace-steps 0 --cpu-gbps 2 --bus-gib 0.05 --direct-gib 0 \
     --case "raw $C" --case "coded $C --ddo-weight-codec ddoc1" --json "$T/b.json" >"$T/b.out" 2>&1; rc=$?

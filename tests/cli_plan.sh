@@ -87,7 +87,7 @@ rc=$?
 [ "$rc" -eq 1 ] || fail "over-budget plan: exit $rc, expected 1"
 [ -s "$T/out" ] && fail "over-budget plan printed on stdout"
 [ "$(wc -l <"$T/err")" -eq 1 ] || fail "over-budget plan: stderr is not one line"
-grep -qF "device weights need" "$T/err" || fail "over-budget message: $(cat "$T/err")"
+grep -qF "is too small for any plan: unit" "$T/err" || fail "over-budget message: $(cat "$T/err")"
 
 # Usage errors: exit 2.
 "$DDO" plan >/dev/null 2>&1

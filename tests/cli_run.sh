@@ -38,7 +38,7 @@ synth() { # synth LAYOUT OUT
 
 layout "$T/l4.json" 4 8
 synth "$T/l4.json" "$T/model.safetensors"
-STREAM=(--ddo-execution-device cpu --ddo-backend vmm --ddo-vmm-resident-weight-budget-gb 0.01
+STREAM=(--ddo-execution-device cpu --ddo-backend vmm --ddo-vmm-resident-weight-budget-gb 0.01 --ddo-resident-module-budget-gb 0
     --ddo-small-tensor-threshold-kb 16)
 
 # --- usage -------------------------------------------------------------------------------

@@ -130,7 +130,9 @@ static inline ddo_config *fx_one_shot_fast(void)
     ddo_config *cfg = NULL;
     if (ddo_config_create(&cfg) != 0)
         return NULL;
+    /* The worked examples' small-tensor threshold is upstream's from_env one, 1 MiB. */
     if (ddo_config_apply_preset(cfg, "linear", "one_shot_fast") != 0 ||
+        ddo_config_set(cfg, "small_tensor_threshold_bytes", "1048576") != 0 ||
         ddo_config_set(cfg, "always_resident_modules_pattern",
                        "(^|\\.)(proj_in|time_embed|prompt_adaln|norm_out|proj_out)(\\.|$)") != 0) {
         fprintf(stderr, "  fx_one_shot_fast: %s\n", ddo_last_error());

@@ -261,6 +261,8 @@ static inline int fx_create(fx *f, const fx_opts *o)
     fx_set(f, "execution_slots", v);
     snprintf(v, sizeof(v), "%g", f->o.budget_gb > 0 ? f->o.budget_gb : 0.0625);
     fx_set(f, "vmm_resident_weight_budget_gb", v);
+    /* These tests stream: nothing resident by budget (a device budget alone fills itself). */
+    fx_set(f, "resident_module_budget_gb", "0");
     fx_set(f, "vmm_staging_buffer_gb", "0.0625");
     snprintf(v, sizeof(v), "%g", f->o.cache_gb);
     fx_set(f, "vmm_source_cache_gb", v);

@@ -43,6 +43,18 @@ static ddo_config *streaming_config(void)
 
 /* A cpu block of an older ddo.h that ended before flops_per_s: the throttle it sets is taken,
  * the compute throttle past its size is the default (none), whatever the bytes there hold. */
+/* The default cpu device's size (the machine's memory). */
+static uint64_t default_cpu_total(void)
+{
+    ddo_device *dev = NULL;
+    ddo_device_caps caps;
+    memset(&caps, 0, sizeof(caps));
+    if (ddo_device_create("cpu", NULL, &dev) == 0)
+        (void)ddo_device_caps_get(dev, &caps);
+    ddo_device_destroy(dev);
+    return caps.total_bytes;
+}
+
 static void test_older_cpu_options_take_defaults(void)
 {
     ddo_cpu_options cpu = DDO_CPU_OPTIONS_INIT;
@@ -61,12 +73,12 @@ static void test_older_cpu_options_take_defaults(void)
     T_CHECK(caps.flops_per_s == 0.0);
     ddo_device_destroy(dev);
 
-    /* Only the size: every field its default (64 GiB, unthrottled). */
+    /* Only the size: every field its default (the machine's memory, unthrottled). */
     ddo_device_options bare = { .size = sizeof(size_t) };
     bare.cpu = &cpu; /* past the size: ignored */
     T_REQUIRE(ddo_device_create("cpu", &bare, &dev) == 0);
     T_EQ_INT(ddo_device_caps_get(dev, &caps), 0);
-    T_EQ_U64(caps.total_bytes, (uint64_t)64 << 30);
+    T_EQ_U64(caps.total_bytes, default_cpu_total());
     T_CHECK(caps.bus_bytes_per_s == 0.0);
     ddo_device_destroy(dev);
 }
@@ -154,7 +166,7 @@ static void test_outputs_stay_within_size(void)
     in.size = offsetof(ddo_plan_inputs, host_available_bytes);
     T_EQ_INT(ddo_plan_inputs_get(dev, &in), 0);
     T_EQ_U64(in.size, offsetof(ddo_plan_inputs, host_available_bytes));
-    T_EQ_U64(in.device_total_bytes, (uint64_t)64 << 30);
+    T_EQ_U64(in.device_total_bytes, default_cpu_total());
     T_CHECK(in.device_is_cpu && in.device_vmm_supported);
     uint64_t untouched;
     memset(&untouched, 0xab, sizeof(untouched));

@@ -387,7 +387,7 @@ static void test_from_env_defaults(void)
     const char *env[] = { NULL };
     ddo_config *c = env_cfg(env);
     T_REQUIRE(c != NULL);
-    T_EQ_STR(val(c, "small_tensor_threshold_bytes"), "1048576");
+    T_EQ_STR(val(c, "small_tensor_threshold_bytes"), "16384");
     T_EQ_STR(val(c, "pin_cpu_workers"), "4");
     T_EQ_STR(val(c, "always_resident_modules_pattern"), DDO_DEFAULT_ALWAYS_RESIDENT_PATTERN);
     T_EQ_STR(val(c, "show_profile"), "false");

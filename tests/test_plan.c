@@ -229,8 +229,12 @@ static void test_device_budget_refused(void)
     T_EQ_INT(ddo_config_set(cfg, "resident_module_budget_gb", "0"), 0);
     T_EQ_INT(ddo_config_set(cfg, "vmm_resident_weight_budget_gb", "1.5"), 0);
     p = build(&tb, cfg, NULL, DDO_E_BUDGET);
-    T_CONTAINS(ddo_last_error(), "2 slots × 1.00 GiB) but the limit is 1.50 GiB");
-    T_CONTAINS(ddo_last_error(), "unit_granularity=leaf");
+    /* The real cause, the smallest budget that works, and no leaf advice: a leaf unit here is
+     * as large as the block. */
+    T_EQ_STR(ddo_last_error(),
+             "device budget 1.50 GiB (vmm_resident_weight_budget_gb) is too small for any plan: "
+             "unit \"layers.0\" takes 1.00 GiB and streaming needs two execution slots + "
+             "resident 8.00 KiB, so the smallest budget that works is 2.01 GiB");
     /* The device's own memory is the limit when nothing else is given. */
     T_EQ_INT(ddo_config_set(cfg, "vmm_resident_weight_budget_gb", "0"), 0);
     ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs), .device_total_bytes = fx_gib(1) };

@@ -399,7 +399,7 @@ static void test_dynamic_offload_resolves_preset_without_env(void)
     T_CHECK(sp);
     T_EQ_STR(val(c, "available_system_ram_gb"), "64");
     /* from_env defaults still apply without the environment. */
-    T_EQ_STR(val(c, "small_tensor_threshold_bytes"), "1048576");
+    T_EQ_STR(val(c, "small_tensor_threshold_bytes"), "16384");
     ddo_config_destroy(c);
 }
 
@@ -450,7 +450,7 @@ static void test_preset_values(void)
         { "one_shot_fast", "resident_module_budget_gb", "0" },
         { "one_shot_fast", "resident_module_patterns", "auto" },
         { "one_shot_fast", "resident_module_selection", "spread" },
-        { "one_shot_fast", "small_tensor_threshold_bytes", "1048576" },
+        { "one_shot_fast", "small_tensor_threshold_bytes", "16384" },
         { "wsl_compat", "pin_cpu_memory", "false" },
         { "wsl_compat", "disable_pin_on_wsl", "true" },
         { "wsl_compat", "pin_cpu_workers", "1" },

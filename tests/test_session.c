@@ -901,9 +901,11 @@ static void test_nvme_budget_refused(void)
      * with the per-weight slot size */
     T_REQUIRE(ddo_config_set(f.cfg, "vmm_resident_weight_budget_gb", "0.0002") == 0);
     T_EQ_INT(ddo_plan_build(f.ck, f.cfg, &in, &p), DDO_E_BUDGET);
-    T_CONTAINS(ddo_last_error(), "device weights need 0.00 GiB (resident 0.00 GiB + 2 slots × "
-                                 "0.00 GiB) but the limit is 0.00 GiB "
-                                 "(vmm_resident_weight_budget_gb)");
+    T_EQ_STR(ddo_last_error(),
+             "device budget 209.71 KiB (vmm_resident_weight_budget_gb) is too small for any "
+             "plan: unit \"blocks.5\" takes 128.00 KiB and streaming needs two execution slots "
+             "+ resident 768 B, so the smallest budget that works is 256.75 KiB; "
+             "unit_granularity=leaf streams single modules and would fit (it needs 128.75 KiB)");
     T_REQUIRE(ddo_config_set(f.cfg, "vmm_resident_weight_budget_gb", "0.0001") == 0);
 
     /* planned for a 4 KiB granularity, the units fit; the device maps in 64 KiB */

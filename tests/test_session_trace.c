@@ -67,6 +67,7 @@ static void test_trace_reports_uploads_and_maps(void)
     T_REQUIRE(ddo_config_set(cfg, "execution_device", "cpu") == 0);
     T_REQUIRE(ddo_config_set(cfg, "small_tensor_threshold_bytes", "0") == 0);
     T_REQUIRE(ddo_config_set(cfg, "vmm_resident_weight_budget_gb", "0.25") == 0);
+    T_REQUIRE(ddo_config_set(cfg, "resident_module_budget_gb", "0") == 0); /* stream */
     T_REQUIRE(ddo_config_set(cfg, "execution_slots", "2") == 0);
     ddo_cpu_options dopt_cpu = DDO_CPU_OPTIONS_INIT;
     dopt_cpu.memory_bytes = (uint64_t)1 << 30;

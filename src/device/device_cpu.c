@@ -30,6 +30,8 @@
 #define _GNU_SOURCE
 #include "device_cpu.h"
 
+#include "os/sysinfo.h"
+
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -51,11 +53,22 @@ uint64_t ddo__cpu_map_rounded(uint64_t size)
 
 /* ---- open, close, caps ---- */
 
+/* The cpu device's default size: the memory this machine has available when it opens
+ * (MemAvailable, within this process's cgroup limit), CPU_DEFAULT_SIZE when the system cannot
+ * tell. Fixed from then on, so that free memory is what the device has not allocated. */
+static uint64_t machine_memory(void)
+{
+    uint64_t avail = ddo__os_available_ram_bytes(), cg = ddo__os_cgroup_memory_limit();
+    if (cg > 0 && (avail == 0 || cg < avail))
+        avail = cg;
+    return avail > 0 ? avail : CPU_DEFAULT_SIZE;
+}
+
 static int cpu_open(const char *spec, const ddo_device_options *opts, void **st, ddo__errbuf *eb)
 {
     (void)spec;
     const ddo_cpu_options *o = opts->cpu; /* never NULL (device.h) */
-    uint64_t size = o->memory_bytes ? o->memory_bytes : CPU_DEFAULT_SIZE;
+    uint64_t size = o->memory_bytes ? o->memory_bytes : machine_memory();
     uint64_t gran = o->granularity ? o->granularity : CPU_DEFAULT_GRANULARITY;
     if (gran % ddo__cpu_page_size() != 0)
         return ddo__fail(eb, DDO_E_CONFIG,

@@ -177,7 +177,7 @@ def test_bad_flag_value_is_one_line():
 def test_from_env_defaults_and_presets():
     s = ddo.DynamicOffloadSettings.from_env({}, running_on_wsl=False)
     assert s.requested_preset == "" and s.effective_preset == ""
-    assert s.config.small_tensor_threshold_bytes == 1024 * 1024
+    assert s.config.small_tensor_threshold_bytes == 16 * 1024  # one small-tensor default everywhere
     assert s.config.pin_cpu_workers == 4
     assert s.config.show_profile is False
     assert list(s.config.always_resident_modules_pattern) == [
@@ -277,7 +277,7 @@ def test_as_metrics_has_upstreams_keys():
     assert m["dynamic_offload_profile_vram_headroom_gb"] == 1.25
     assert m["dynamic_offload_requested_preset"] is None  # "" is reported as None
     assert m["dynamic_offload_effective_preset"] is None
-    assert m["dynamic_offload_small_tensor_threshold_kb"] == 1024
+    assert m["dynamic_offload_small_tensor_threshold_kb"] == 16
     assert m["dynamic_offload_load_safetensors_backend"] is None
     fast = ddo.DynamicOffloadSettings.from_env({"DDO_PRESET": "one_shot_fast"},
                                                running_on_wsl=True)

@@ -48,9 +48,17 @@ static void usage(FILE *out)
         ddo_config_flags_help());
 }
 
+/* bytes in adaptive units (never "0.00 GiB" for a small model). */
 static const char *gib(uint64_t bytes, char *buf, size_t len)
 {
-    snprintf(buf, len, "%.2f GiB", (double)bytes / 1073741824.0);
+    if (bytes >= 1073741824u || bytes == 0)
+        snprintf(buf, len, "%.2f GiB", (double)bytes / 1073741824.0);
+    else if (bytes >= 1048576u)
+        snprintf(buf, len, "%.2f MiB", (double)bytes / 1048576.0);
+    else if (bytes >= 1024u)
+        snprintf(buf, len, "%.2f KiB", (double)bytes / 1024.0);
+    else
+        snprintf(buf, len, "%llu B", (unsigned long long)bytes);
     return buf;
 }
 
@@ -97,6 +105,9 @@ static void print_table(const ddo_plan *plan, const char *path)
            ddo_plan_decision_get(plan, "unit_granularity")
                ? ddo_plan_decision_get(plan, "unit_granularity")
                : "?");
+    const char *note = ddo_plan_decision_get(plan, "plan_note");
+    if (note != NULL)
+        printf("%s\n", note);
     printf("tensors: %zu (%s)\n", nt, gib(total, a, sizeof(a)));
     printf("  resident  always %zu (%s), small %zu (%s), budget %zu (%s)\n",
            cnt_reason[DDO_REASON_ALWAYS_RESIDENT],

@@ -1,0 +1,322 @@
+#!/usr/bin/env python3
+"""Zero configuration on cards of every size: ddo.enable_offload(model) against hand-set plans.
+
+Flux.1-dev, Wan 2.1 14B (4680 tokens) and Qwen-Image (4096 tokens) transformers with random
+bf16 weights, each on emulated 8, 16 and 24 GiB cards (ddo's device_memory_limit_gb together
+with torch.cuda.set_per_process_memory_fraction for torch's own allocations):
+  (a) the zero-configuration call ddo.enable_offload(model, device_memory_limit_gb=C);
+  (b) the best of a small sweep of hand-set configurations (routes, device budgets, resident
+      budgets and selections) in the same process.
+Per case: the median step, the bytes streamed per step, the device peak (the driver's free
+memory sampled, above the baseline) and bit-identity against the resident run. Per model and
+card: (a)/(b) and (a)/max(resident step, streamed bytes / measured bus).
+
+The models are stand-ins of the same tensor shapes: every tensor of the architecture's layout
+(data/layouts/*.json; Qwen-Image's written below from its published configuration) is a
+parameter of a module tree of the same names, and the forward runs every 2-D weight as a real
+matmul over the tokens (the running hidden state cut or tiled to the weight's input width), so
+the bytes, the units and the FLOPs are the real model's, the wiring is not.
+
+  H200:  PYTHONPATH=python DDO_LIBRARY=<build>/libddo.so python3 bench/cards.py --out $OUT/cards.json
+  Smoke: python3 bench/cards.py --tiny --out /tmp/cards.json   (cpu device, torch 1.13 too)
+
+Models run one after another and are freed in between (Wan 14B and Qwen-Image need ~29 and
+~41 GB of host RAM).
+"""
+
+import argparse
+import gc
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_flux as tf  # noqa: E402  (its fill, sampler, bus and bit-identity pieces)
+
+GIB = 1 << 30
+MODELS = {"flux": ("flux1-dev", 4096 + 512), "wan": ("wan2.1-t2v-14b", 4680),
+          "qwen": ("qwen-image", 4096)}
+CARDS_GIB = (8, 16, 24)
+# --tiny: blocks kept per group, and the cards in MiB (GiB / 512: the tiny models' 20-40 MB
+# stream on the 16 and 32 MiB cards and fit on larger ones).
+TINY_BLOCKS = 6
+TINY_CARD_SCALE = 1.0 / 512
+
+
+def log(msg):
+    print(f"[cards {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def qwen_image_layout(layers=60, dim=3072, txt=3584, ffn=12288, head=128, ch=64):
+    """Qwen-Image's transformer (QwenImageTransformer2DModel, 20.4 B parameters) as a layout:
+    the published configuration's shapes under Diffusers' names."""
+    t = []
+
+    def lin(name, o, i, bias=True):
+        t.append({"name": f"{name}.weight", "shape": [o, i], "dtype": "BF16"})
+        if bias:
+            t.append({"name": f"{name}.bias", "shape": [o], "dtype": "BF16"})
+
+    lin("img_in", dim, ch)
+    t.append({"name": "txt_norm.weight", "shape": [txt], "dtype": "BF16"})
+    lin("txt_in", dim, txt)
+    lin("time_text_embed.timestep_embedder.linear_1", dim, 256)
+    lin("time_text_embed.timestep_embedder.linear_2", dim, dim)
+    for i in range(layers):
+        b = f"transformer_blocks.{i}"
+        lin(f"{b}.img_mod.1", 6 * dim, dim)
+        for p in ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj", "to_out.0",
+                  "to_add_out"):
+            lin(f"{b}.attn.{p}", dim, dim)
+        for n in ("norm_q", "norm_k", "norm_added_q", "norm_added_k"):
+            t.append({"name": f"{b}.attn.{n}.weight", "shape": [head], "dtype": "BF16"})
+        lin(f"{b}.img_mlp.net.0.proj", ffn, dim)
+        lin(f"{b}.img_mlp.net.2", dim, ffn)
+        lin(f"{b}.txt_mod.1", 6 * dim, dim)
+        lin(f"{b}.txt_mlp.net.0.proj", ffn, dim)
+        lin(f"{b}.txt_mlp.net.2", dim, ffn)
+    lin("norm_out.linear", 2 * dim, dim)
+    lin("proj_out", ch, dim)
+    return {"architecture": "qwen-image", "tensors": t}
+
+
+def load_layout(name, tiny):
+    if name == "qwen-image":
+        lay = qwen_image_layout(layers=TINY_BLOCKS if tiny else 60)
+    else:
+        with open(os.path.join(tf.repo_root(), "data", "layouts", f"{name}.json")) as f:
+            lay = json.load(f)
+    tensors = lay["tensors"]
+    if tiny:  # a few blocks, every width over 64 divided by 16: the same structure, small
+        keep = []
+        for t in tensors:
+            parts = t["name"].split(".")
+            if any(p.isdigit() and int(p) >= TINY_BLOCKS for p in parts[:2]):
+                continue
+            keep.append(dict(t, shape=[d // 16 if d >= 64 else d for d in t["shape"]]))
+        tensors = keep
+    return tensors
+
+
+def build_model(tensors, device, dtype):
+    """The stand-in module tree: one module per dotted prefix, each tensor a parameter."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Node(nn.Module):
+        def forward(self, x):
+            own = dict(self.named_parameters(recurse=False))
+            for n, p in own.items():
+                if p.dim() == 2 and n == "weight":
+                    x = apply_linear(x, p, own.get("bias"))
+                elif p.dim() == 1 and n != "bias":
+                    x = x + p[: x.shape[1]].to(x.dtype).sum() * 0  # read, as a norm would
+                elif p.dim() > 2:
+                    x = x + p.reshape(-1)[:1].to(x.dtype) * 0
+            for child in self.children():
+                x = child(x)
+            if self.is_block:
+                x = F.layer_norm(x.float(), x.shape[1:]).to(x.dtype)
+            return x
+
+    def apply_linear(x, w, b):
+        width, out = w.shape[1], w.shape[0]
+        d = x.shape[1]
+        h = x[:, :width] if width <= d else x.repeat(1, math.ceil(width / d))[:, :width]
+        if h.device.type == "cpu":  # torch 1.13's CPU half matmuls: compute in float32
+            y = F.linear(h.float(), w.float(), None if b is None else b.float()).to(x.dtype)
+        else:
+            y = F.linear(h, w, b)
+        if out >= d:
+            return x + y[:, :d]
+        return torch.cat([x[:, :out] + y, x[:, out:]], dim=1)
+
+    root = Node()
+    root.is_block = False
+    for t in tensors:
+        parts = t["name"].split(".")
+        mod = root
+        for i, p in enumerate(parts[:-1]):
+            if not hasattr(mod, p) or not isinstance(getattr(mod, p), nn.Module):
+                child = Node()
+                child.is_block = p.isdigit() and i == 1
+                mod.add_module(p, child)
+            mod = getattr(mod, p)
+        mod.register_parameter(parts[-1], nn.Parameter(
+            torch.empty(t["shape"], dtype=dtype, device=device), requires_grad=False))
+    return root
+
+
+def hidden_dim(tensors):
+    widths = [t["shape"][1] for t in tensors if len(t["shape"]) == 2]
+    return statistics.mode(widths)
+
+
+def run_steps(module, x, args, sync):
+    import torch
+    times, out = [], None
+    with torch.no_grad():
+        for i in range(args.warmup + args.steps):
+            sync()
+            t0 = time.perf_counter()
+            out = module(x)
+            sync()
+            if i >= args.warmup:
+                times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def ddo_case(model, x, opts, card_gib, args, ctx):
+    """One ddo configuration on one emulated card; never raises."""
+    import torch
+    import ddo
+    res = {"options": {k: v for k, v in opts.items()}}
+    cuda = ctx["cuda"]
+    sampler = tf.Sampler(cuda)
+    r = None
+    try:
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.set_per_process_memory_fraction(card_gib * GIB / ctx["device_total"])
+            torch.cuda.reset_peak_memory_stats()
+        sampler.start()
+        t0 = time.perf_counter()
+        where = {} if cuda else {"execution_device": "cpu"}  # cuda:0 is the default
+        r = ddo.enable_offload(model, device_memory_limit_gb=ctx["limit_gb"](card_gib),
+                               **where, **opts)
+        res["enable_s"] = time.perf_counter() - t0
+        before, _ = tf.ddo_bytes(r)
+        step, out = run_steps(r.module, x, args, ctx["sync"])
+        after, _ = tf.ddo_bytes(r)
+        dw = r.plan["budgets"]["device_weights"]
+        res.update(step_s=step, plan_peak_bytes=dw["peak"], plan_limit_bytes=dw["limit"],
+                   resident_set_rule=r.plan["planner_decisions"].get("resident_set_rule"),
+                   plan_note=r.plan["planner_decisions"].get("plan_note"),
+                   streamed_bytes_per_step=(after - before) / (args.warmup + args.steps)
+                   if None not in (before, after) else None,
+                   bits=tf.same_bits(ctx["ref"], out.to("cpu")))
+        if cuda:
+            res["torch_peak_bytes"] = torch.cuda.max_memory_allocated()
+    except Exception as e:  # noqa: BLE001
+        res["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        if r is not None:
+            r.close()
+        res.update(sampler.stop())
+        if cuda:
+            torch.cuda.set_per_process_memory_fraction(1.0)
+            torch.cuda.empty_cache()
+        gc.collect()
+    peak = res.get("device_used_peak_above_baseline_bytes")
+    res["within_card"] = (peak <= card_gib * GIB) if peak is not None else \
+        (res.get("plan_peak_bytes", 0) <= ctx["limit_gb"](card_gib) * GIB)
+    return res
+
+
+def sweep(card_gib, scale):
+    """The hand-set configurations of (b): budgets a user would try on a card of card_gib."""
+    b = card_gib * scale
+    return {
+        "vmm_budget_90": dict(backend="vmm", device_budget_gb=0.9 * b, pin_cpu_memory=True),
+        "linear_budget_90": dict(backend="linear", device_budget_gb=0.9 * b),
+        "vmm_auto_spread": dict(backend="vmm", vmm_resident_weight_budget_gb=0.9 * b,
+                                resident_module_patterns="auto",
+                                resident_module_budget_gb=0.6 * b,
+                                resident_module_selection="spread", pin_cpu_memory=True),
+    }
+
+
+def run_model(key, args, ctx):
+    import torch
+    name, tokens = MODELS[key]
+    tensors = load_layout(name, args.tiny)
+    if args.tiny:
+        tokens = 16
+    dtype = torch.bfloat16
+    log(f"{name}: {len(tensors)} tensors, {tokens} tokens")
+    t0 = time.perf_counter()
+    model = build_model(tensors, ctx["device"], dtype).eval()
+    tf.fill_params(model, ctx["device"])
+    g = torch.Generator(device="cpu").manual_seed(tf.SEED)
+    x = torch.randn(tokens, hidden_dim(tensors), generator=g).to(dtype).to(ctx["device"])
+    out = {"model": name, "tokens": tokens, "build_s": time.perf_counter() - t0,
+           "model_bytes": tf.model_bytes(model), "cards": {}}
+    resident_step, ref = run_steps(model, x, args, ctx["sync"])
+    ctx["ref"] = ref.to("cpu")
+    out["resident_step_s"] = resident_step
+    model.to("cpu")
+    if ctx["cuda"]:
+        torch.cuda.empty_cache()
+    for card in ctx["cards"]:
+        if time.time() > ctx["deadline"]:
+            out["cards"][str(card)] = {"skipped": "deadline"}
+            continue
+        c = {"zero_config": ddo_case(model, x, {}, card, args, ctx)}
+        c["sweep"] = {n: ddo_case(model, x, o, card, args, ctx)
+                      for n, o in sweep(card, ctx["scale"]).items()}
+        ok = {n: v["step_s"] for n, v in c["sweep"].items() if "step_s" in v}
+        a = c["zero_config"].get("step_s")
+        if ok and a:
+            best = min(ok, key=ok.get)
+            c["best_sweep"] = best
+            c["ratio_zero_config_to_best"] = a / ok[best]
+        sb = c["zero_config"].get("streamed_bytes_per_step")
+        if a and ctx["bus_bps"] and sb is not None:
+            c["ratio_zero_config_to_bound"] = a / max(resident_step, sb / ctx["bus_bps"])
+        log(f"{name} on {card}: zero-config {a}, best sweep {c.get('best_sweep')} "
+            f"ratio {c.get('ratio_zero_config_to_best')}, bound ratio "
+            f"{c.get('ratio_zero_config_to_bound')}")
+        out["cards"][str(card)] = c
+    del model, x
+    ctx.pop("ref", None)
+    gc.collect()
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="flux,wan,qwen")
+    p.add_argument("--cards", default=",".join(str(c) for c in CARDS_GIB), help="GiB")
+    p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "cards.json"))
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--tiny", action="store_true",
+                   help="cpu device, small layouts, cards of GiB / 512 (a smoke test)")
+    p.add_argument("--deadline-s", type=float, default=510.0)
+    args = p.parse_args(argv)
+    import torch
+    cuda = not args.tiny and torch.cuda.is_available()
+    ctx = {"cuda": cuda, "device": "cuda:0" if cuda else "cpu",
+           "cards": [int(c) for c in args.cards.split(",")],
+           "deadline": time.time() + args.deadline_s,
+           "scale": TINY_CARD_SCALE if args.tiny else 1.0,
+           "sync": torch.cuda.synchronize if cuda else (lambda: None)}
+    ctx["limit_gb"] = lambda card: card * ctx["scale"]
+    if not cuda and not args.tiny:
+        raise SystemExit("cards.py needs a CUDA device (or --tiny for the cpu device)")
+    if cuda:
+        ctx["device_total"] = torch.cuda.mem_get_info(0)[1]
+        bus = tf.measure_bus(2.0)
+        ctx["bus_bps"] = bus["bus_gbps"] * 1e9
+    else:
+        bus, ctx["bus_bps"] = None, None
+    t0 = time.time()
+    results = {"schema": "ddo.bench.cards", "tiny": args.tiny, "bus": bus,
+               "cards_gib": [c * ctx["scale"] for c in ctx["cards"]], "models": {}}
+    for key in args.models.split(","):
+        results["models"][key] = run_model(key, args, ctx)
+        with open(args.out, "w") as f:  # partial results survive a later failure
+            json.dump(results, f, indent=1, default=str)
+    results["wall_s"] = time.time() - t0
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    log(f"wrote {args.out} in {results['wall_s']:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

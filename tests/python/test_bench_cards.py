@@ -1,0 +1,40 @@
+"""bench/cards.py --tiny on the cpu device: the zero-configuration call and the sweep run,
+bit-identical to the resident run, within the emulated card; the small card streams, the large
+one streams nothing; the Qwen-Image layout has its 20.4 B parameters."""
+
+import json
+import math
+
+from conftest import load_bench
+
+
+def test_qwen_image_layout():
+    cards = load_bench("cards")
+    lay = cards.qwen_image_layout()
+    params = sum(math.prod(t["shape"]) for t in lay["tensors"])
+    assert 20.3e9 < params < 20.5e9
+    assert len({t["name"] for t in lay["tensors"]}) == len(lay["tensors"])
+
+
+def test_tiny_run(tmp_path):
+    cards = load_bench("cards")
+    out = tmp_path / "cards.json"
+    assert cards.main(["--tiny", "--models", "flux", "--cards", "8,24", "--steps", "1",
+                       "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    m = r["models"]["flux"]
+    assert m["resident_step_s"] > 0
+    small, large = m["cards"]["8"], m["cards"]["24"]
+    for gib, c in ((8, small), (24, large)):
+        z = c["zero_config"]
+        assert "error" not in z, z
+        assert z["bits"]["identical"], z["bits"]
+        assert z["within_card"] and z["plan_peak_bytes"] <= z["plan_limit_bytes"]
+        assert z["plan_limit_bytes"] == int(gib / 512 * 2**30)  # the emulated card, whole
+        assert c["ratio_zero_config_to_best"] > 0 and c["best_sweep"] in c["sweep"]
+        for s in c["sweep"].values():
+            assert "error" in s or s["bits"]["identical"]
+    assert small["zero_config"]["resident_set_rule"].startswith("fill")
+    assert small["zero_config"]["streamed_bytes_per_step"] > 0
+    assert large["zero_config"]["resident_set_rule"] == "fill_all_fits"
+    assert large["zero_config"]["streamed_bytes_per_step"] == 0
