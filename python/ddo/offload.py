@@ -279,6 +279,7 @@ class OffloadResult:
                 self._state = "ready"
         except BaseException:
             with _lease.shield():
+                self._state = "closed"  # never torn down twice (__del__ included)
                 self._teardown()
             raise
 

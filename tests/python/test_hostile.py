@@ -364,3 +364,43 @@ def test_moves_and_load_state_dict_of_a_managed_module_are_refused():
     r.close()
     m.double()  # unmanaged again: allowed
     assert m[0].weight.dtype == torch.float64
+
+
+def test_state_dict_of_a_module_streamed_from_files_is_the_real_values(tmp_path):
+    from test_pipeline_loading import CPU_STREAM, TinyDiT, reference, write_safetensors
+    ref = reference()
+    path = tmp_path / "model.safetensors"
+    write_safetensors(path, dict(ref.state_dict()))
+    m = ddo.from_pretrained_with_dynamic_offload(path, model_loader=TinyDiT).module
+    r = ddo.enable_offload(m, component="transformer", environ={}, **CPU_STREAM)
+    try:
+        got, want = m.state_dict(), ref.state_dict()
+        assert set(got) == set(want)
+        assert all(torch.equal(got[k], want[k]) for k in want)
+    finally:
+        r.close()
+
+
+def test_a_buffer_of_another_shape_in_the_files_is_refused(tmp_path):
+    from test_pipeline_loading import TinyDiT, reference, write_safetensors
+    sd = dict(reference().state_dict())
+    sd["scale"] = torch.ones(7)  # the class declares 32
+    path = tmp_path / "model.safetensors"
+    write_safetensors(path, sd)
+    with pytest.raises(ddo.DdoError, match="buffer scale is F32 \\[7\\]"):
+        ddo.from_pretrained_with_dynamic_offload(path, model_loader=TinyDiT)
+
+
+def test_a_failing_record_event_leaves_the_module_unmanaged():
+    m = chain(seed=13)
+    x = torch.randn(2, 16)
+    ref = run(m, x)
+
+    def rec(name, seconds, **payload):
+        raise ValueError("the host's callback failed")
+
+    with pytest.raises(ValueError, match="callback failed"):
+        ddo.enable_offload(m, record_event=rec, environ={}, **ZERO_RESIDENT)
+    assert not hasattr(m, "_ddo_offload")
+    assert torch.equal(run(m, x), ref)
+    closed_clean(enable(m))
