@@ -25,6 +25,11 @@ import os
 import signal
 import threading
 
+try:  # the C module: no enum conversions (signal's wrappers cost ~2 us a call)
+    import _signal as _sig
+except ImportError:  # pragma: no cover
+    _sig = signal
+
 from ._native import DdoError
 
 INFERENCE_ONLY = ("ddo streams weights for inference; run the forward under torch.no_grad() "
@@ -33,7 +38,8 @@ INFERENCE_ONLY = ("ddo streams weights for inference; run the forward under torc
 
 # ---- interrupts ----
 
-_DEFERRABLE = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGALRM", "SIGHUP",
+_SIGINT = int(signal.SIGINT)
+_DEFERRABLE = tuple(int(getattr(signal, n)) for n in ("SIGINT", "SIGTERM", "SIGALRM", "SIGHUP",
                                                  "SIGUSR1", "SIGUSR2", "SIGVTALRM", "SIGPROF")
                     if hasattr(signal, n))
 
@@ -52,7 +58,7 @@ class _Later:
 def _shielded_now():
     """A shield is open on this (main) thread: its recorder is SIGINT's handler (state kept
     in the handler itself, so no counter can be left behind by an interrupt)."""
-    return isinstance(signal.getsignal(signal.SIGINT), _Later)
+    return isinstance(_sig.getsignal(_SIGINT), _Later)
 
 
 @contextlib.contextmanager
@@ -66,18 +72,18 @@ def shield():
     saved = []
     try:
         for s in _DEFERRABLE:
-            h = signal.getsignal(s)
-            if callable(h) and (s == signal.SIGINT or not isinstance(h, _Later)):
+            h = _sig.getsignal(s)
+            if callable(h) and (s == _SIGINT or not isinstance(h, _Later)):
                 saved.append((s, h))
-                signal.signal(s, later)
-        h = signal.getsignal(signal.SIGINT)
-        if (not saved or saved[0][0] != signal.SIGINT) and h is not None:
-            saved.insert(0, (signal.SIGINT, h))  # SIGINT not callable: it marks the shield
-            signal.signal(signal.SIGINT, later)
+                _sig.signal(s, later)
+        h = _sig.getsignal(_SIGINT)
+        if (not saved or saved[0][0] != _SIGINT) and h is not None:
+            saved.insert(0, (_SIGINT, h))  # SIGINT not callable: it marks the shield
+            _sig.signal(_SIGINT, later)
         yield
     finally:
         for s, h in saved:
-            signal.signal(s, h)
+            _sig.signal(s, h)
         handlers = dict(saved)
         for signum, frame in later.pending:  # the state is whole again: the handlers run now
             h = handlers.get(signum)

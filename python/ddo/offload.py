@@ -501,7 +501,7 @@ class OffloadResult:
                     self._views[key] = v
             # A streamed tensor's view is made per lease and never kept here: at release the
             # binding drops it, and a view still alive then escaped the lease (_release).
-            self._view_ptrs[_lease._storage_ptr(v)] = t.name
+            self._view_ptrs[v.data_ptr()] = t.name  # a fresh view starts its storage
         return v
 
     def _make_views(self):
