@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import inspect
 import json
+import re
 import sys
 import threading
 import weakref
@@ -188,6 +189,42 @@ def _collect(module, to_ddo):
                 entry.params.append(p)
             modules_of.setdefault(id(p), []).append(m)
     return tensors, ddo_path, modules_of
+
+
+_FORWARD_SOURCES = {}
+
+
+def _forward_source(cls):
+    """(source of cls.forward, its first argument's name); ('', '') where there is none:
+    read once per class."""
+    if cls not in _FORWARD_SOURCES:
+        try:
+            self_name = next(iter(inspect.signature(cls.forward).parameters), "self")
+            _FORWARD_SOURCES[cls] = (inspect.getsource(cls.forward), self_name)
+        except (OSError, TypeError, ValueError):
+            _FORWARD_SOURCES[cls] = ("", "")
+    return _FORWARD_SOURCES[cls]
+
+
+def _reads_params(anc, rel, params):
+    """True when anc's forward reads one of params through an attribute chain under its child
+    rel (``F.linear(x, self.qkv.weight)``, torchvision's swin attention): the unit must then be
+    acquired by anc, whose forward reads it, not by the child, whose forward never runs."""
+    src, me = _forward_source(type(anc))
+    if not src:
+        return False
+    head = r"\b%s\.%s((?:\.\w+)+)" % (re.escape(me), re.escape(rel[0]))
+    for m in re.finditer(head, src):
+        obj = getattr(anc, rel[0], None)
+        for part in m.group(1).split(".")[1:]:
+            obj = getattr(obj, part, None)
+            if isinstance(obj, torch.nn.Parameter):
+                if id(obj) in params:
+                    return True
+                break
+            if not isinstance(obj, torch.nn.Module):
+                break
+    return False
 
 
 def _check_param(name, p, to_ddo):
@@ -621,9 +658,10 @@ class OffloadResult:
         """The outermost ancestor that reads m's parameters itself (MultiheadAttention)."""
         found = self.module.get_submodule(name) if name else self.module
         parts = name.split(".") if name else []
+        mine = {id(p) for p in found.parameters()}
         for k in range(len(parts)):
             anc = self.module.get_submodule(".".join(parts[:k])) if k else self.module
-            if isinstance(anc, _FUSED_READERS):
+            if isinstance(anc, _FUSED_READERS) or _reads_params(anc, parts[k:], mine):
                 return anc
         return found
 

@@ -259,6 +259,61 @@ def test_modulelist_blocks_iterated_by_their_parent(gran):
     closed_clean(r)
 
 
+class _FunctionalAttention(nn.Module):
+    """torchvision-like: the forward reads a child's weights functionally (qkv) and calls
+    another child (proj)."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.qkv = nn.Linear(dim, dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return self.proj(torch.nn.functional.linear(x, self.qkv.weight, self.qkv.bias).relu())
+
+
+class _SwinLike(nn.Module):
+    def __init__(self, dim=8, depth=3):
+        super().__init__()
+        torch.manual_seed(14)
+        self.layers = nn.Sequential(*[nn.Sequential(_FunctionalAttention(dim), nn.Linear(dim, dim))
+                                      for _ in range(depth)])
+        self.head = nn.Linear(dim, 2)
+
+    def forward(self, x):
+        return torch.nn.functional.linear(self.layers(x), self.head.weight, self.head.bias)
+
+
+@pytest.mark.parametrize("gran", ["block", "leaf"])
+@pytest.mark.parametrize("backend", ["linear", "vmm"])
+def test_a_parent_reading_a_childs_weights_functionally_acquires_them(gran, backend):
+    m = _SwinLike()
+    x = torch.randn(2, 8)
+    ref = run(m, x)
+    r = enable(m, backend, gran)
+    assert torch.equal(run(m, x), ref)
+    assert torch.equal(run(m, x), ref)
+    closed_clean(r)
+
+
+def test_an_unseen_functional_read_names_the_modules_that_did_not_run():
+    class Hidden(nn.Module):  # reads through getattr: the enable-time check cannot see it
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x):
+            return torch.nn.functional.linear(self.a(x), getattr(self, "b").weight)
+
+    m = Hidden()
+    r = enable(m)
+    with pytest.raises(RuntimeError) as e:
+        run(m, torch.randn(2, 8))
+    told = str(e.value) + "".join(getattr(e.value, "__notes__", []))  # a note on 3.11+
+    assert "forwards had not run, so their streamed weights were off the device: b;" in told
+    closed_clean(r)
+
+
 def test_zero_size_parameter_does_not_leak_the_session():
     m = chain(n=2, dim=8, seed=9)
     m[0].empty = nn.Parameter(torch.empty(0, 8))
