@@ -15,12 +15,13 @@ The invariants (docs/python-limits.md says what they mean for a user):
   - Fork: a child forked while sessions exist has none of their threads; every managed
     forward in it raises one clear error (``check_fork``), never hangs.
   - Lifetime: a session whose DLPack views outlive close() lives until the last view dies;
-    ``sweep()`` frees it (with its plan, checkpoint and device) at the next enable, close or
-    exit after that.
+    ``sweep()`` frees it (with its plan, checkpoint and device) at the next enable, close,
+    garbage collection or exit after that.
 """
 
 import atexit
 import contextlib
+import gc
 import os
 import signal
 import threading
@@ -142,25 +143,21 @@ def needs_grad(args, params):
 
 # ---- fork ----
 
-_pid = os.getpid()
-
-
 def _after_fork_in_child():
-    global _pid
     _GRAVEYARD.clear()  # the parent's sessions: their threads are not in this process
-    _pid = -1
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def forked():
-    return _pid != os.getpid()
+def forked(pid):
+    """True in a process forked after pid (the process that made a session) made it."""
+    return pid != os.getpid()
 
 
-def check_fork(what):
-    if forked():
+def check_fork(pid, what):
+    if forked(pid):
         raise DdoError("DDO_E_STATE", f"{what}: this process was forked after enable_offload; "
                        f"the ddo session belongs to the parent process (its loader and copy "
                        f"threads do not exist here): call enable_offload again in the child "
@@ -178,10 +175,21 @@ def bury(entry):
     sweep()
 
 
+_sweeping = []
+
+
 def sweep():
     """Frees every buried session whose last view died (with its plan, checkpoint, device)."""
-    if forked() or not _GRAVEYARD:
+    if not _GRAVEYARD or _sweeping:
         return
+    _sweeping.append(1)  # not re-entered from a collection it triggers
+    try:
+        _sweep()
+    finally:
+        _sweeping.clear()
+
+
+def _sweep():
     from . import _native
     L = _native._LIB
     if L is None:
@@ -201,3 +209,4 @@ def sweep():
 
 
 atexit.register(sweep)
+gc.callbacks.append(lambda phase, info: sweep() if phase == "stop" and _GRAVEYARD else None)

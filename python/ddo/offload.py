@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import inspect
 import json
+import os
 import re
 import sys
 import threading
@@ -297,6 +298,7 @@ class OffloadResult:
         self.host_bytes_released = 0
         self.device_bytes_after_close = None
         self.device_note = ""
+        self._pid = os.getpid()  # the process whose session this is (fork: _lease)
         self._pinned = {}  # units kept leased in C while a view of them escaped (_release)
         self._entered = set()  # the hooked unit groups entered in this root forward
         self._hooked = []  # (module name, units) of every hooked module but the root
@@ -854,7 +856,7 @@ class OffloadResult:
         """After an error in a root forward: every lease released unchecked, then _let_go."""
         with self._lock:
             mine = self._owner is not None and self._owner[0] == threading.get_ident()
-        if not mine or _lease.forked():  # another thread's forward, or the parent's session
+        if not mine or _lease.forked(self._pid):  # another thread's, or a parent's
             return
         if self._observed:
             self._observed = []  # a forward that raised: its order is observed again
@@ -892,7 +894,7 @@ class OffloadResult:
         return False
 
     def _begin(self):
-        _lease.check_fork(f"{type(self.module).__name__} forward")
+        _lease.check_fork(self._pid, f"{type(self.module).__name__} forward")
         with self._lock:
             mine = self._owner is not None and self._owner[0] == threading.get_ident()
         stale = mine and (self._in_root == 0 or not self._root_on_stack())
@@ -953,7 +955,7 @@ class OffloadResult:
 
     @_shielded
     def _enter(self, units, args=()):
-        _lease.check_fork(f"{type(self.module).__name__} forward")
+        _lease.check_fork(self._pid, f"{type(self.module).__name__} forward")
         if self._in_root == 0 and _lease.needs_grad(
                 args, [p for u in units for t in self._unit_tensors[u] for p in t.params]):
             raise DdoError("DDO_E_UNSUPPORTED", f"unit {self._unit_names[units[0]]} called "
@@ -1177,9 +1179,9 @@ class OffloadResult:
         """Removes the hooks, ends the session; the module holds its host tensors again."""
         if self._state == "closed":
             return
-        if not _lease.forked():
+        if not _lease.forked(self._pid):
             self._not_in_forward("close")
-        if self._session is not None and self._state == "ready" and not _lease.forked():
+        if self._session is not None and self._state == "ready" and not _lease.forked(self._pid):
             for u in list(self._leases):
                 self._release(u, check=False, whole=True)
         self._teardown()
@@ -1275,7 +1277,7 @@ class OffloadResult:
         if self.device is not None and self.device.type == "cuda" and self._session is not None:
             torch.cuda.current_stream(self.device).synchronize()
         self._view_ptrs.clear()
-        if _lease.forked():  # the parent's session: its threads are not here; let it be
+        if _lease.forked(self._pid):  # the parent's session: its threads are not here; let it be
             self._session = self._plan = self._ck = self._dev = None
             self._streams = {}
         L = _native.lib()

@@ -159,7 +159,6 @@ def test_interrupt_fuzzer(backend):
     ref = run(m, x)
     hosts = [p.detach().clone() for p in m.parameters()]
     deadline = time.monotonic() + 6
-    iters = interrupted = 0
     old = signal.signal(signal.SIGALRM, _raise_interrupt)
     try:
         _fuzz(m, x, ref, hosts, backend, rng, deadline)
@@ -344,7 +343,12 @@ def test_a_forked_child_gets_one_clear_error_and_no_hang():
                     code = 2
             r.close()
             if code == 2 and all(torch.equal(p, h) for p, h in zip(m.parameters(), hosts)):
-                code = 0
+                code = 3
+                fresh = chain(seed=10)  # a session of its own in the child works
+                r2 = enable(fresh)
+                if torch.equal(run(fresh, x), run(chain(seed=10), x)):
+                    code = 0
+                r2.close()
         finally:
             os._exit(code)
     deadline = time.monotonic() + 20
@@ -389,6 +393,7 @@ def test_hundreds_of_cycles_with_views_held_and_dropped_leak_nothing():
         if i % 50 == 0:  # a result dropped without close(), with its module
             m2 = chain(n=2, dim=8, seed=i)
             r2 = enable(m2)
+            assert r2.module is m2
             run(m2, x)
             del r2, m2
             gc.collect()
