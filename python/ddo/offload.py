@@ -704,7 +704,6 @@ class OffloadResult:
         orig = self.module.forward
         result = self
 
-        @_torch.no_compile
         def forward(*args, **kwargs):
             try:  # _begin inside: an interrupt right after it still aborts
                 result._begin()
@@ -721,8 +720,8 @@ class OffloadResult:
             return out
 
         global _FORWARD_CODE
-        _FORWARD_CODE = forward.__wrapped__.__code__ if hasattr(forward, "__wrapped__") else \
-            forward.__code__
+        _FORWARD_CODE = forward.__code__  # one def: the same code for every result
+        forward = _torch.no_compile(forward)
         self._orig_forward = orig  # recorded first: an interrupted setup still undoes it
         self.module.forward = forward
         for t in self._tensors:  # a gradient for a managed weight: one clear error

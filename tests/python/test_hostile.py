@@ -88,6 +88,9 @@ def test_unload_with_a_live_view_is_refused_and_close_keeps_it_valid(backend):
     r = enable(m, backend)
     run(m, x)
     h.remove()
+    for _ in range(3):  # other units come and go: the kept view's unit stays leased
+        assert torch.equal(run(m, x), ref)
+    assert torch.equal(kept[0], want)
     with pytest.raises(ddo.DdoError, match="still alive") as e:
         r.unload()
     assert e.value.code == "DDO_E_BUSY"
@@ -104,11 +107,28 @@ def test_unload_with_a_live_view_is_refused_and_close_keeps_it_valid(backend):
     buried = len(_lease._GRAVEYARD)
     r.close()
     assert len(_lease._GRAVEYARD) == buried + 1
-    if backend == "vmm":  # its own address, never remapped while the session lives
-        assert torch.equal(kept[0], want)
+    assert torch.equal(kept[0], want)  # the session lives on while the view does
     kept.clear()
     _lease.sweep()
     assert len(_lease._GRAVEYARD) == buried  # freed when the last view went
+
+
+def test_views_kept_by_hooks_pin_their_units_until_every_slot_is_held():
+    m = chain(n=6, seed=15)
+    x = torch.randn(2, 16)
+    ref = run(m, x)
+    r = enable(m, execution_slots=2)
+    kept = []
+    hooks = [m[i].register_forward_hook(lambda mod, a, o: kept.append(mod.weight.data))
+             for i in range(6)]
+    with pytest.raises(ddo.DdoError, match="still viewed outside their forward") as e:
+        run(m, x)
+    assert e.value.code == "DDO_E_BUSY"
+    for h in hooks:
+        h.remove()
+    kept.clear()
+    assert torch.equal(run(m, x), ref)  # the views died: the units were released
+    closed_clean(r)
 
 
 def test_unload_and_close_during_a_forward_are_refused():
@@ -159,11 +179,16 @@ def test_interrupt_fuzzer(backend):
     ref = run(m, x)
     hosts = [p.detach().clone() for p in m.parameters()]
     deadline = time.monotonic() + 6
+    gc.collect()
+    threads, buried = _threads(), len(_lease._GRAVEYARD)
     old = signal.signal(signal.SIGALRM, _raise_interrupt)
     try:
         _fuzz(m, x, ref, hosts, backend, rng, deadline)
     finally:
         _disarm(old)
+    gc.collect()
+    assert _threads() <= threads  # every session's threads ended: no session leaked
+    assert len(_lease._GRAVEYARD) == buried
 
 
 def _fuzz(m, x, ref, hosts, backend, rng, deadline):
@@ -176,6 +201,9 @@ def _fuzz(m, x, ref, hosts, backend, rng, deadline):
                 r = enable(m, backend)
                 for _ in range(rng.randint(1, 4)):
                     run(m, x)
+                    if rng.random() < 0.2:
+                        r.unload()
+                        r.reload()
                 r.close()
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
@@ -183,6 +211,7 @@ def _fuzz(m, x, ref, hosts, backend, rng, deadline):
             interrupted += 1
         r = getattr(m, "_ddo_offload", None)  # a result the interrupt kept from the caller
         if r is not None:
+            r.reload()  # a no-op unless the interrupt fell between unload() and reload()
             assert torch.equal(run(m, x), ref)
             closed_clean(r)
         assert not hasattr(m, "_ddo_offload")
