@@ -872,6 +872,11 @@ class OffloadResult:
         unloaded (reload() tries again)."""
         self._dirty = False
         self._unbind_all()
+        self._release_pins()
+        if self._pinned or self._escaped_views():  # never free under a live view: later
+            self._dirty = True
+            self._bind_residents()
+            return
         L = _native.lib()
         _native.check(L.ddo_session_unload(self._session), L.ddo_session_error(self._session))
         self._state = "unloaded"
@@ -907,6 +912,8 @@ class OffloadResult:
             if self._in_root == 1:
                 self._entered = set()
                 self._release_pins()
+                if self._dirty and not self._leases:  # a restore a live view put off
+                    self._restore()
                 self._check_residents()  # a write between forwards, before this one computes
             for u in self._root_units:
                 self._acquire(u)
@@ -1058,9 +1065,9 @@ class OffloadResult:
             # stays leased in C, so its memory is neither reused nor remapped while the view
             # lives; released once it died (_release_pins), or re-leased by its next forward.
             self._pinned[u] = True
-            return
-        rc = L.ddo_session_release(self._session, u, self._stream())
-        _native.check(rc, L.ddo_session_error(self._session) if rc else None)
+        else:
+            rc = L.ddo_session_release(self._session, u, self._stream())
+            _native.check(rc, L.ddo_session_error(self._session) if rc else None)
         if changed and check:
             raise DdoError("DDO_E_STATE", f"unit {self._unit_names[u]}: a streamed weight was "
                            f"written in place during the forward; ddo re-uploads weights from "

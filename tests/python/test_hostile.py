@@ -131,6 +131,29 @@ def test_views_kept_by_hooks_pin_their_units_until_every_slot_is_held():
     closed_clean(r)
 
 
+@pytest.mark.parametrize("backend", ["linear", "vmm"])
+def test_a_refused_write_with_a_live_view_is_restored_once_the_view_died(backend):
+    m = chain(seed=16)
+    x = torch.randn(2, 16)
+    ref = run(m, x)
+    kept = []
+
+    def keep_and_write(mod, args, out):
+        kept.append(mod.weight.data)
+        with torch.no_grad():
+            mod.weight.add_(1)
+
+    h = m[0].register_forward_hook(keep_and_write)
+    r = enable(m, backend)
+    with pytest.raises(ddo.DdoError, match="written in place during the forward"):
+        run(m, x)
+    h.remove()
+    kept.clear()
+    for _ in range(2):
+        assert torch.equal(run(m, x), ref)  # the host copy's values again
+    closed_clean(r)
+
+
 def test_unload_and_close_during_a_forward_are_refused():
     m = chain(seed=4)
     x = torch.randn(2, 16)
