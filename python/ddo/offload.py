@@ -298,6 +298,7 @@ class OffloadResult:
         self.host_bytes_released = 0
         self.device_bytes_after_close = None
         self.device_note = ""
+        self._grad_hooks_armed = False
         self._pid = os.getpid()  # the process whose session this is (fork: _lease)
         self._pinned = {}  # units kept leased in C while a view of them escaped (_release)
         self._entered = set()  # the hooked unit groups entered in this root forward
@@ -708,6 +709,7 @@ class OffloadResult:
             try:  # _begin inside: an interrupt right after it still aborts
                 result._begin()
                 if torch.is_grad_enabled():  # no view of ddo's memory saved for backward
+                    result._arm_grad_hooks()
                     with _lease.saved_tensors(result):
                         out = orig(*args, **kwargs)
                 else:
@@ -724,11 +726,6 @@ class OffloadResult:
         forward = _torch.no_compile(forward)
         self._orig_forward = orig  # recorded first: an interrupted setup still undoes it
         self.module.forward = forward
-        for t in self._tensors:  # a gradient for a managed weight: one clear error
-            if t.placement != _PLACEMENT_SKIPPED:
-                for p in t.params:
-                    if p.requires_grad:
-                        self._handles.append(p.register_hook(_lease.refuse_grad))
 
     # Methods that write adapters into the weights in place through p.data (not seen by the
     # version counters): refused while ddo manages the module.
@@ -769,11 +766,30 @@ class OffloadResult:
                                f"change the module, then enable_offload again")
             return refused
 
+        dtypes = {t.torch_dtype for t in self._tensors}
+        device = self.device
+
+        def moves_nothing(fn):
+            """fn (torch's _apply conversion) leaves every managed dtype on ddo's device."""
+            for dt in dtypes:
+                out = fn(torch.empty(0, dtype=dt, device=device))
+                if out.dtype != dt or out.device != device:
+                    return False
+            return True
+
+        def guard_apply(m, refused):
+            def _apply(fn, *args, **kwargs):  # a move to where the module is: allowed
+                if moves_nothing(fn):
+                    return type(m)._apply(m, fn, *args, **kwargs)
+                return refused()
+            return _apply
+
         for m in mods.values():
             for name, what in (("_apply", "a dtype or device move (.to(), .double(), .half(), "
                                 "...)"), ("load_state_dict", "load_state_dict")):
                 self._own_methods.append((m, name, m.__dict__.get(name)))
-                m.__dict__[name] = refuse(what)
+                m.__dict__[name] = guard_apply(m, refuse(what)) if name == "_apply" \
+                    else refuse(what)
 
     def _state_dict_hook(self, module, state_dict, prefix, local_metadata):
         """state_dict() of a managed module holds the host values (not the placeholders or
@@ -1192,6 +1208,20 @@ class OffloadResult:
                 self._release(u, check=False, whole=True)
         self._teardown()
         self._state = "closed"
+
+    def _arm_grad_hooks(self):
+        """A gradient for a managed weight raises one clear error (_lease.INFERENCE_ONLY).
+        Registered at the first forward run with grad mode on, so a module used for inference
+        only (torch.compile included) never carries a tensor hook."""
+        if self._grad_hooks_armed:
+            return
+        with _lease.shield():
+            for t in self._tensors:
+                if t.placement != _PLACEMENT_SKIPPED:
+                    for p in t.params:
+                        if p.requires_grad:
+                            self._handles.append(p.register_hook(_lease.refuse_grad))
+            self._grad_hooks_armed = True
 
     def _note_unentered(self, e):
         """A failed forward in which hooked modules never ran: their weights were off the

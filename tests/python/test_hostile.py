@@ -470,6 +470,8 @@ def test_moves_and_load_state_dict_of_a_managed_module_are_refused():
                      {"weight": sd["0.weight"], "bias": sd["0.bias"]})):
         with pytest.raises(ddo.DdoError, match="close\\(\\) the OffloadResult first"):
             move()
+    m.to("cpu")  # a move to where it already is changes nothing: allowed
+    m.float()
     assert torch.equal(run(m, x), ref)
     got = m.state_dict()
     assert all(torch.equal(got[k], sd[k]) for k in sd)
