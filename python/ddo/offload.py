@@ -545,10 +545,10 @@ class OffloadResult:
         return v
 
     def _make_views(self):
-        """On the VMM routes every streamed tensor's view, made now (an address that stays the
-        session's): the first forward then only binds them (creating about 1,200 DLPack views
-        costs 7 ms on the build machine's CPU, host time otherwise spent in the first step)."""
-        return  # streamed views are made per lease now (an escaped one is then seen)
+        """Nothing now: a streamed tensor's view is made per lease (on every route), so a view
+        kept past its lease is seen at release (_release); resident views are made when bound.
+        (Made once per session on VMM before, 1,200 views cost 7 ms on the build machine's
+        CPU: that host time now falls in each pass.)"""
 
     def _placeholder(self, t):
         ph = self._placeholders.get((t.torch_dtype,))
@@ -901,7 +901,6 @@ class OffloadResult:
         self._make_views()
         self._bind_residents()
 
-    @_shielded
     def _root_on_stack(self):
         """A root forward of this result is running on this thread's stack (its frame is
         live): else a root depth left over (an interrupt that landed where no handler could
@@ -913,6 +912,7 @@ class OffloadResult:
             f = f.f_back
         return False
 
+    @_shielded
     def _begin(self):
         _lease.check_fork(self._pid, f"{type(self.module).__name__} forward")
         with self._lock:
