@@ -518,3 +518,30 @@ def test_a_failing_record_event_leaves_the_module_unmanaged():
     assert not hasattr(m, "_ddo_offload")
     assert torch.equal(run(m, x), ref)
     closed_clean(enable(m))
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_dlpack_capsule_is_consumed_exactly_once(monkeypatch, when):
+    """from_dlpack raising before it took the capsule (the binding deletes it) or after (torch
+    owns it, the binding must not delete it again): either way the view count comes back."""
+    from ddo import _native, _torch
+    m = chain(n=2, dim=8, seed=17)
+    r = enable(m, "vmm")  # a streamed tensor's address is the session's on VMM
+    L = _native.lib()
+    base = L.ddo_session_view_count(r._session)
+    real = torch.utils.dlpack.from_dlpack
+
+    def failing(cap):
+        if when == "after":
+            real(cap)  # taken, then dropped: torch's deleter runs once
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch.utils.dlpack, "from_dlpack", failing)
+    t = r._unit_tensors[0][0]
+    with pytest.raises(KeyboardInterrupt):
+        _torch.view(r._session, t.index, t.dtype_name, t.torch_dtype, t.shape)
+    monkeypatch.setattr(torch.utils.dlpack, "from_dlpack", real)
+    gc.collect()
+    assert L.ddo_session_view_count(r._session) == base
+    assert torch.equal(run(m, torch.ones(1, 8)), run(m, torch.ones(1, 8)))
+    closed_clean(r)
