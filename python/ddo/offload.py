@@ -535,10 +535,11 @@ class OffloadResult:
             key = (t.index, addr.value)
         v = self._views.get(key)
         if v is None:
-            with _lease.shield():  # the view and its record together
-                v = _torch.view(self._session, t.index, t.dtype_name, t.torch_dtype, t.shape)
-                if t.placement == _PLACEMENT_RESIDENT:
-                    self._views[key] = v
+            # Every caller holds a shield (_acquire, _bind_residents): the view and its
+            # record change together.
+            v = _torch.view(self._session, t.index, t.dtype_name, t.torch_dtype, t.shape)
+            if t.placement == _PLACEMENT_RESIDENT:
+                self._views[key] = v
             # A streamed tensor's view is made per lease and never kept here: at release the
             # binding drops it, and a view still alive then escaped the lease (_release).
             self._view_ptrs[v.data_ptr()] = t.name  # a fresh view starts its storage
