@@ -266,6 +266,8 @@ class OffloadResult:
         # device memory (enable_pipeline_offload's stager makes room for it there).
         self._before_session = before_session
         self._cfg = cfg
+        # read now: close() can run from __del__, after the config's own handle is gone
+        self._show_profile = (cfg.get("show_profile") == "true", cfg.get("verbose") == "true")
         # profile: what profiles.prepare() found (measured rates and per-unit compute feed
         # the plan's cost model); profile_run() times every unit's forward (_timing).
         self._profile = profile
@@ -1277,8 +1279,8 @@ class OffloadResult:
         if self._session is not None and self._state == "ready" and not _lease.forked(self._pid):
             for u in list(self._leases):
                 self._release(u, check=False, whole=True)
-        if self._session is not None and self._cfg.get("show_profile") == "true":
-            rep = self.metrics_snapshot(True).format_profile(self._cfg.get("verbose") == "true")
+        if self._session is not None and self._show_profile[0]:
+            rep = self.metrics_snapshot(True).format_profile(self._show_profile[1])
             print(f"[{self._label()}]\n{rep}", file=sys.stderr)
         self._teardown()
         self._state = "closed"
