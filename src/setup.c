@@ -4,15 +4,20 @@
  * device execution_device names and what stands in for the default one; the read backend
  * load_safetensors_backend names; plan inputs from a device's capabilities and this machine;
  * the workload profile applied before planning (its measured rates feed the plan inputs) and
- * recorded after a calibration. Written on the public API (and os/ for the machine's RAM),
- * as a host would write it.
+ * recorded after a calibration; the bus and compute figures measured once per process where
+ * the device reports none. Written on the public API (and os/ for the machine's RAM, the
+ * device layer for the short bus measurement), as a host would write it.
  */
+#define _POSIX_C_SOURCE 200809L
 #include "common.h"
+#include "device/device.h"
 #include "os/sysinfo.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct ddo_setup {
     ddo_device *dev; /* owned; NULL with DDO_DEVICE_CHOICE_NONE */
@@ -210,6 +215,64 @@ const char *ddo_setup_profile_dir(const ddo_setup *setup)
     return setup != NULL && setup->profile_dir != NULL ? setup->profile_dir : "";
 }
 
+/* ---- measured figures, once per process ------------------------------------------------ */
+
+/* The rates measured so far: [0] the cpu device, [1 + N] cuda:N (guarded by g_rates_lock). */
+#define RATE_SLOTS 65
+static pthread_mutex_t g_rates_lock = PTHREAD_MUTEX_INITIALIZER;
+static double g_bus[RATE_SLOTS];
+static double g_cpu_flops;
+
+/* An fp32 matmul's rate on one core of this machine (64 x 64 x 64, repeated for >= 2 ms),
+ * times the online cores: the reference device's compute estimate. */
+static double cpu_flops_estimate(void)
+{
+    enum { N = 64 };
+    static float a[N][N], b[N][N], c[N][N];
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < N; j++) {
+            a[i][j] = (float)((i + j) % 7) * 0.25f;
+            b[i][j] = (float)((i * j) % 5) * 0.5f;
+        }
+    uint64_t t0 = ddo__now_ns(), reps = 0, dt = 0;
+    do {
+        for (int i = 0; i < N; i++)
+            for (int k = 0; k < N; k++)
+                for (int j = 0; j < N; j++)
+                    c[i][j] += a[i][k] * b[k][j];
+        reps++;
+        dt = ddo__now_ns() - t0;
+    } while (dt < 2000000 && reps < 100000);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    double per_core =
+        c[N - 1][N - 1] >= 0.0f && dt > 0 ? 2.0 * N * N * N * (double)reps * 1e9 / (double)dt : 0.0;
+    return per_core * (double)(cores > 0 ? cores : 1);
+}
+
+/* The bus (dev's pinned host->device copies) and, on the cpu device, compute figures for the
+ * rates in *in the device did not report, measured on the first call per device (cached). */
+static void measured_rates(ddo_device *dev, ddo_plan_inputs *in)
+{
+    ddo_device_caps caps;
+    if (dev == NULL || ddo_device_caps_get(dev, &caps) != 0)
+        return;
+    int slot = caps.is_cpu ? 0 : 1 + caps.ordinal;
+    if (slot < 0 || slot >= RATE_SLOTS)
+        return;
+    pthread_mutex_lock(&g_rates_lock);
+    if (!(in->bus_bytes_per_s > 0)) {
+        if (!(g_bus[slot] > 0) && ddo__measure_bus_quick(dev, &g_bus[slot]) != 0)
+            g_bus[slot] = 0.0; /* not now (no memory for it): measured on a later call */
+        in->bus_bytes_per_s = g_bus[slot];
+    }
+    if (!(in->flops_per_s > 0) && caps.is_cpu) {
+        if (!(g_cpu_flops > 0))
+            g_cpu_flops = cpu_flops_estimate();
+        in->flops_per_s = g_cpu_flops;
+    }
+    pthread_mutex_unlock(&g_rates_lock);
+}
+
 int ddo_setup_plan_inputs(ddo_setup *setup, ddo_plan_inputs *out)
 {
     if (setup == NULL || out == NULL)
@@ -225,6 +288,8 @@ int ddo_setup_plan_inputs(ddo_setup *setup, ddo_plan_inputs *out)
         in.bus_bytes_per_s = setup->measured.bus_bytes_per_s;
     if (!(in.flops_per_s > 0) && setup->measured.flops_per_s > 0)
         in.flops_per_s = setup->measured.flops_per_s;
+    /* Else what this process measured (the bus) or estimated (the cpu device's compute). */
+    measured_rates(setup->dev, &in);
     return DDO__ABI_OUT(ddo_plan_inputs, &in, out);
 }
 
