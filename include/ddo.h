@@ -1354,16 +1354,24 @@ typedef struct ddo_profile_calibration {
     double total_gb;    /* total_bytes in GiB */
     double headroom_gb; /* profile_vram_headroom_gb */
     double budget_gb;   /* the next run's resident budget */
+    /* filled by the host (fields added after the results, the ABI rule) */
+    double decode_bytes_per_s; /* the weight codec decoder's measured throughput; 0 = unknown */
+    /* {"UNIT": seconds, ...}: each unit's measured compute (the planner's unit_compute_json);
+     * NULL = none. Recorded in the observation and the recommendation. */
+    const char *unit_compute_json;
 } ddo_profile_calibration;
 #define DDO_PROFILE_CALIBRATION_INIT DDO_STRUCT_INIT(ddo_profile_calibration)
 
 /*
  * After a calibration's steps: records the observation (peak, total, headroom, achieved rate)
  * and the next run's recommendation (ddo_profile_recommend_resident_budget, with the measured
- * rates that are known) in the profile of the last ddo_setup_profile_apply, and writes the
- * results into *cal. *path (may be NULL) receives the profile file (free with ddo_free).
- * Errors: DDO_E_INVALID_ARGUMENT (setup, cfg or cal NULL, cal's size), DDO_E_STATE (the last
- * apply was not a calibration), those of ddo_profile_record.
+ * rates that are known: bus_bytes_per_s, file_read_bytes_per_s, flops_per_s,
+ * decode_bytes_per_s, unit_compute_s) in the profile of the last ddo_setup_profile_apply, and
+ * writes the results into *cal. *path (may be NULL) receives the profile file (free with
+ * ddo_free). Both hosts (the tool, the Python binding) record through this, so their records
+ * are alike. Errors: DDO_E_INVALID_ARGUMENT (setup, cfg or cal NULL, cal's size,
+ * unit_compute_json not a JSON object), DDO_E_STATE (the last apply was not a calibration),
+ * DDO_E_NO_MEMORY, those of ddo_profile_record.
  */
 DDO_API int ddo_setup_profile_record(ddo_setup *setup, const ddo_config *cfg,
                                      ddo_profile_calibration *cal, char **path);

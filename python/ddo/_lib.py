@@ -153,6 +153,16 @@ class ProfileMeasured(ctypes.Structure):
                 ("file_read_bytes_per_s", c_double)]
 
 
+class ProfileCalibration(Extensible):
+    _fields_ = [("size", c_size_t), ("total_bytes", c_u64), ("baseline_used_bytes", c_u64),
+                ("used_peak_bytes", c_u64), ("used_end_bytes", c_u64),
+                ("weights_peak_bytes", c_u64), ("achieved_bytes_per_s", c_double),
+                ("file_read_bytes_per_s", c_double), ("flops_per_s", c_double),
+                ("peak_gb", c_double), ("total_gb", c_double), ("headroom_gb", c_double),
+                ("budget_gb", c_double), ("decode_bytes_per_s", c_double),
+                ("unit_compute_json", c_char_p)]
+
+
 # Every struct mirrored here, by its C name: the library reports its own sizes.
 STRUCTS = {
     "ddo_tensor_info": TensorInfo, "ddo_tensor_desc": TensorDesc,
@@ -164,6 +174,7 @@ STRUCTS = {
     "ddo_component_policy": ComponentPolicy, "ddo_host_info": HostInfo,
     "ddo_purge_result": PurgeResult, "ddo_profile_sample": ProfileSample,
     "ddo_profile_measured": ProfileMeasured, "ddo_setup_options": SetupOptions,
+    "ddo_profile_calibration": ProfileCalibration,
 }
 
 P = c_void_p
@@ -231,6 +242,7 @@ FUNCTIONS = {
     "ddo_setup_profile_apply": (c_int, [P, P, P, ctypes.POINTER(c_int),
                                         ctypes.POINTER(c_double),
                                         ctypes.POINTER(ProfileMeasured)]),
+    "ddo_setup_profile_record": (c_int, [P, P, ctypes.POINTER(ProfileCalibration), PP]),
     "ddo_plan_build": (c_int, [P, P, ctypes.POINTER(PlanInputs), PP]),
     "ddo_plan_destroy": (None, [P]),
     "ddo_plan_unit_count": (c_size_t, [P]),
