@@ -108,3 +108,38 @@ def test_weight_codec_auto_decides_from_the_cost_model():
         assert dec.get("weight_codec_note"), dec
     finally:
         r.close()
+
+
+def test_calibration_records_alike(tmp_path):
+    """A calibration in Python and one through the tool (`ddo run`) of the same tensors land in
+    the same profile (the same workload identity) with observations of the same form, both
+    recorded by the host layer (ddo_setup_profile_record)."""
+    m = models.FluxLike(dim=512, double=2, single=2, seed=13)
+    ck = tmp_path / "model.safetensors"
+    write_safetensors(ck, dict(m.named_parameters()))
+    prof_dir = tmp_path / "profiles"
+    opts = dict(execution_device="cpu", profile_name="alike", profile_dir=str(prof_dir))
+    r = ddo.enable_offload(m, build_profile=True, **opts)
+    try:
+        x = torch.randn(1, 4, 512, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+        with r.profile_run(), torch.no_grad():
+            r.module(x)
+        saved = r._profile.saved_path
+    finally:
+        r.close()
+    cmd = [tool(), "run", str(ck), "--steps", "1", "--ddo-execution-device", "cpu",
+           "--ddo-profile-name", "alike", "--ddo-profile-dir", str(prof_dir),
+           "--ddo-build-profile", "true"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDO_")}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    prof = json.loads(open(saved).read())
+    obs = prof["observations"]
+    assert len(obs) == 2, obs  # one profile: both hosts named the same workload
+    py, cli = obs
+    assert py["measurement"] == cli["measurement"] == "driver_free_sampled_plus_session_weights"
+    shared = set(cli) - {"unit_compute_s", "decode_bytes_per_s"}
+    assert shared <= set(py), (sorted(py), sorted(cli))
+    assert py["unit_compute_s"] and all(v > 0 for v in py["unit_compute_s"].values())
+    rec = prof["recommendation"]
+    assert rec["profile_resident_module_budget_gb"] >= 0
