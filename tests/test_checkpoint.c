@@ -83,8 +83,8 @@ static void format_json_shape(char *buf, size_t len, const json_t *shape)
 {
     size_t at = (size_t)snprintf(buf, len, "[");
     for (size_t d = 0; d < json_array_size(shape) && at < len; d++)
-        at += (size_t)snprintf(buf + at, len - at, "%s%" JSON_INTEGER_FORMAT, d ? "," : "",
-                               json_integer_value(json_array_get(shape, d)));
+        at += (size_t)snprintf(buf + at, len - at, "%s%lld", d ? "," : "",
+                               (long long)json_integer_value(json_array_get(shape, d)));
     if (at < len)
         snprintf(buf + at, len - at, "]");
 }

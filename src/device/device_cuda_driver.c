@@ -281,8 +281,7 @@ static int driver_proc(const char *library_path, const char *symbol, int cuda_ve
 
 #else /* !DDO_HAVE_CUDA_H */
 
-const ddo__device_ops *const ddo__device_cuda_ops = NULL;
-
+/* ddo__device_cuda_ops is NULL in device_cuda.c. */
 static int driver_proc(const char *library_path, const char *symbol, int cuda_version, void **fn)
 {
     (void)library_path, (void)cuda_version, (void)fn;
