@@ -12,11 +12,11 @@
 #include "t.h"
 #include "checkpoint.h"
 #include "ddo.h"
+#include "os/sys.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
-#include <openssl/evp.h>
 #include <pthread.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -44,10 +44,13 @@ static json_t *load_manifest(void)
 
 static void sha256_hex(const void *data, size_t len, char out[65])
 {
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int mdlen = 0;
-    EVP_Digest(data, len, md, &mdlen, EVP_sha256(), NULL);
-    for (unsigned i = 0; i < mdlen && i < 32; i++)
+    unsigned char md[DDO__OS_SHA256_BYTES] = { 0 };
+    ddo__os_sha256 *h = ddo__os_sha256_begin();
+    if (h != NULL) {
+        ddo__os_sha256_update(h, data, len);
+        (void)ddo__os_sha256_end(h, md);
+    }
+    for (unsigned i = 0; i < DDO__OS_SHA256_BYTES; i++)
         snprintf(out + 2 * i, 3, "%02x", md[i]);
     out[64] = '\0';
 }
