@@ -215,6 +215,16 @@ uint64_t ddo__os_vm_granularity(void)
     return si.dwAllocationGranularity > 0 ? si.dwAllocationGranularity : 65536;
 }
 
+/*
+ * Mapping at a fixed address frees granules and maps a view into the hole; reserving finds a
+ * hole, gives it back and takes it granule by granule. Between the two steps another thread's
+ * VirtualAlloc could land in the hole: these operations of the process take this lock, so
+ * they never race each other. Ranges are reserved top-down, away from other code's
+ * allocations, which could still take a hole in that window (VirtualAlloc2 placeholders would
+ * close it, but Wine cannot run them, so nothing here could test them).
+ */
+static SRWLOCK vm_lock = SRWLOCK_INIT;
+
 /* Reserves [p, p + size) as one reservation per granule; false (nothing left reserved) when
  * another thread took part of it. */
 static bool reserve_granules(char *p, uint64_t size, uint64_t gran)
@@ -231,20 +241,29 @@ static bool reserve_granules(char *p, uint64_t size, uint64_t gran)
 
 int ddo__os_vm_reserve(uint64_t size, uint64_t gran, void **p)
 {
-    /* Find a hole, give it back, and take it again granule by granule; retried when another
-     * thread's allocation lands in the hole in between. */
+    /* Find a hole, give it back, and take it again granule by granule (retried should other
+     * code take part of the hole in between). */
+    int e = ENOMEM;
+    AcquireSRWLockExclusive(&vm_lock);
     for (int attempt = 0; attempt < 16; attempt++) {
-        char *m = VirtualAlloc(NULL, (SIZE_T)(size + gran), MEM_RESERVE, PAGE_NOACCESS);
-        if (m == NULL)
-            return ddo__win_errno(GetLastError());
+        /* Top-down: far from the bottom-up allocations of heaps and thread stacks, which
+         * could otherwise land in a hole that a fixed mapping opens. */
+        char *m = VirtualAlloc(NULL, (SIZE_T)(size + gran), MEM_RESERVE | MEM_TOP_DOWN,
+                               PAGE_NOACCESS);
+        if (m == NULL) {
+            e = ddo__win_errno(GetLastError());
+            break;
+        }
         VirtualFree(m, 0, MEM_RELEASE);
         char *start = (char *)(((uintptr_t)m + (uintptr_t)gran - 1) / gran * gran);
         if (reserve_granules(start, size, gran)) {
             *p = start;
-            return 0;
+            e = 0;
+            break;
         }
     }
-    return ENOMEM;
+    ReleaseSRWLockExclusive(&vm_lock);
+    return e;
 }
 
 /* Unmaps the views and releases the reservations in [p, p + size). */
@@ -267,7 +286,9 @@ static void release_regions(char *p, uint64_t size)
 void ddo__os_vm_release(void *p, uint64_t size, uint64_t gran)
 {
     (void)gran;
+    AcquireSRWLockExclusive(&vm_lock);
     release_regions(p, size);
+    ReleaseSRWLockExclusive(&vm_lock);
 }
 
 int ddo__os_shm_create(uint64_t size, ddo__os_shm *s)
@@ -277,7 +298,9 @@ int ddo__os_shm_create(uint64_t size, ddo__os_shm *s)
                                     (DWORD)size, NULL);
     if (s->section == NULL)
         return ddo__win_errno(GetLastError());
+    AcquireSRWLockExclusive(&vm_lock); /* never into a hole a fixed mapping is about to take */
     s->base = MapViewOfFile(s->section, FILE_MAP_ALL_ACCESS, 0, 0, (SIZE_T)size);
+    ReleaseSRWLockExclusive(&vm_lock);
     if (s->base == NULL) {
         int e = ddo__win_errno(GetLastError());
         CloseHandle(s->section);
@@ -301,24 +324,32 @@ void ddo__os_shm_destroy(ddo__os_shm *s, uint64_t size)
 int ddo__os_shm_map_at(const ddo__os_shm *s, uint64_t size, void *va, uint64_t gran)
 {
     char *p = va;
+    int e = 0;
+    AcquireSRWLockExclusive(&vm_lock);
     for (uint64_t off = 0; off < size; off += gran)
         VirtualFree(p + off, 0, MEM_RELEASE);
-    if (MapViewOfFileEx(s->section, FILE_MAP_ALL_ACCESS, 0, 0, (SIZE_T)size, va) != NULL)
-        return 0;
-    int e = ddo__win_errno(GetLastError());
-    (void)reserve_granules(p, size, gran);
+    if (MapViewOfFileEx(s->section, FILE_MAP_ALL_ACCESS, 0, 0, (SIZE_T)size, va) == NULL) {
+        e = ddo__win_errno(GetLastError());
+        (void)reserve_granules(p, size, gran);
+    }
+    ReleaseSRWLockExclusive(&vm_lock);
     return e;
 }
 
 int ddo__os_vm_unmap(void *va, uint64_t size, uint64_t gran)
 {
+    AcquireSRWLockExclusive(&vm_lock);
     release_regions(va, size);
-    return reserve_granules(va, size, gran) ? 0 : ENOMEM;
+    bool ok = reserve_granules(va, size, gran);
+    ReleaseSRWLockExclusive(&vm_lock);
+    return ok ? 0 : ENOMEM;
 }
 
 int ddo__os_vm_alloc(uint64_t size, void **p)
 {
+    AcquireSRWLockExclusive(&vm_lock);
     void *m = VirtualAlloc(NULL, (SIZE_T)size, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE);
+    ReleaseSRWLockExclusive(&vm_lock);
     if (m == NULL)
         return ddo__win_errno(GetLastError());
     *p = m;
