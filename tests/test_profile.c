@@ -242,8 +242,13 @@ static void test_atomic_replacement_under_crash(void)
              DDO_E_IO);
     ddo__profile_crash_before_rename = false;
     /* The temporary file had no name (O_TMPFILE): the crash left nothing behind, and the
-     * profile itself is the old, whole one. */
+     * profile itself is the old, whole one. Windows has no O_TMPFILE: the named temporary
+     * file stays after a crash (fs.h), never taking the profile's name. */
+#if defined(_WIN32)
+    T_EQ_U64(dir_entries(dir, ".tmp"), 1);
+#else
     T_EQ_U64(dir_entries(dir, ".tmp"), 0);
+#endif
     T_EQ_U64(dir_entries(dir, ".json"), 1);
     ddo_profile *p = NULL;
     T_EQ_INT(ddo_profile_load(dir, CTX, &p), 0);

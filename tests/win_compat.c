@@ -58,6 +58,22 @@ int ddo_t_unsupported(void)
     return -1;
 }
 
+int ddo_t_copy(const char *from, const char *to)
+{
+    if (CopyFileA(from, to, TRUE))
+        return 0;
+    errno = GetLastError() == ERROR_FILE_EXISTS ? EEXIST : ENOENT;
+    return -1;
+}
+
+int ddo_t_rename(const char *from, const char *to)
+{
+    if (MoveFileExA(from, to, MOVEFILE_REPLACE_EXISTING))
+        return 0;
+    errno = EACCES;
+    return -1;
+}
+
 int ddo_t_utimensat(int dirfd, const char *path, const struct timespec ts[2], int fl)
 {
     (void)dirfd;

@@ -110,7 +110,7 @@ void ddo__os_file_close(int fd)
         _close(fd); /* closes the wrapped handle */
 }
 
-static int handle_identity(HANDLE h, ddo__file_id *id)
+static int handle_identity(HANDLE h, ddo__file_id *id, bool *delete_pending)
 {
     FILE_BASIC_INFO basic;
     FILE_STANDARD_INFO std;
@@ -134,6 +134,7 @@ static int handle_identity(HANDLE h, ddo__file_id *id)
     id->mtime_ns = ddo__win_time_ns(basic.LastWriteTime.QuadPart);
     id->ctime_ns = ddo__win_time_ns(basic.ChangeTime.QuadPart);
     id->regular = !std.Directory && GetFileType(h) == FILE_TYPE_DISK;
+    *delete_pending = std.DeletePending != 0;
     return 0;
 }
 
@@ -142,7 +143,8 @@ int ddo__os_file_identity(int fd, ddo__file_id *id)
     HANDLE h = ddo__win_handle(fd);
     if (h == INVALID_HANDLE_VALUE)
         return EBADF;
-    return handle_identity(h, id);
+    bool pending;
+    return handle_identity(h, id, &pending);
 }
 
 int ddo__os_path_identity(const char *path, ddo__file_id *id)
@@ -158,9 +160,12 @@ int ddo__os_path_identity(const char *path, ddo__file_id *id)
     free(w);
     if (h == INVALID_HANDLE_VALUE)
         return ddo__win_errno(err);
-    int e = handle_identity(h, id);
+    bool pending = false;
+    int e = handle_identity(h, id, &pending);
     CloseHandle(h);
-    return e;
+    /* Deleted while another handle holds it open: the name goes with the last handle, but
+     * the file is removed already (a POSIX unlink). */
+    return e == 0 && pending ? ENOENT : e;
 }
 
 bool ddo__os_file_id_equal(const ddo__file_id *a, const ddo__file_id *b)

@@ -14,8 +14,10 @@
 #    include <errno.h>
 #    include <io.h>
 #    include <malloc.h>
+#    include <stdio.h>
 #    include <stdlib.h>
 #    include <string.h>
+#    include <wchar.h>
 
 /* ---- win.h ---- */
 
@@ -51,6 +53,7 @@ int ddo__win_errno(DWORD err)
     switch (err) {
     case ERROR_FILE_NOT_FOUND:
     case ERROR_PATH_NOT_FOUND:
+    case ERROR_INVALID_NAME: /* a name Windows cannot hold (a '\n', ':', '*'...) names nothing */
     case ERROR_INVALID_DRIVE:
     case ERROR_BAD_NETPATH:
         return ENOENT;
@@ -163,6 +166,50 @@ void ddo__os_discard_pages(void *p, size_t len)
         (void)VirtualAlloc((void *)a, e - a, MEM_RESET, PAGE_READWRITE);
 }
 
+/* ---- shared libraries ---- */
+
+void *ddo__os_lib_open(const char *path, char *err, size_t err_len)
+{
+    wchar_t *w = ddo__win_wide(path);
+    if (w == NULL) {
+        snprintf(err, err_len, "not a UTF-8 path");
+        return NULL;
+    }
+    /* A bare name (nvcuda.dll) comes from System32 or beside the program, never from the
+     * current directory; a path is loaded with its own directory searched for dependencies. */
+    bool bare = wcschr(w, L'\\') == NULL;
+    DWORD flags = bare ? LOAD_LIBRARY_SEARCH_DEFAULT_DIRS
+                       : LOAD_LIBRARY_SEARCH_DLL_LOAD_DIR | LOAD_LIBRARY_SEARCH_DEFAULT_DIRS;
+    HMODULE m = LoadLibraryExW(w, NULL, flags);
+    DWORD e = GetLastError();
+    free(w);
+    if (m == NULL && err_len > 0) {
+        char msg[256] = "";
+        FormatMessageA(FORMAT_MESSAGE_FROM_SYSTEM | FORMAT_MESSAGE_IGNORE_INSERTS, NULL, e, 0, msg,
+                       sizeof(msg), NULL);
+        size_t n = strlen(msg);
+        while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == '\r' || msg[n - 1] == ' '))
+            msg[--n] = '\0';
+        snprintf(err, err_len, "LoadLibraryExW: error %lu%s%s", (unsigned long)e, n ? ": " : "",
+                 msg);
+    }
+    return (void *)m;
+}
+
+void *ddo__os_lib_sym(void *lib, const char *name)
+{
+    FARPROC p = GetProcAddress((HMODULE)lib, name);
+    void *v;
+    memcpy(&v, &p, sizeof(v));
+    return v;
+}
+
+void ddo__os_lib_close(void *lib)
+{
+    if (lib != NULL)
+        FreeLibrary((HMODULE)lib);
+}
+
 /* ---- SHA-256 ---- */
 
 struct ddo__os_sha256 {
@@ -248,8 +295,8 @@ int ddo__os_vm_reserve(uint64_t size, uint64_t gran, void **p)
     for (int attempt = 0; attempt < 16; attempt++) {
         /* Top-down: far from the bottom-up allocations of heaps and thread stacks, which
          * could otherwise land in a hole that a fixed mapping opens. */
-        char *m = VirtualAlloc(NULL, (SIZE_T)(size + gran), MEM_RESERVE | MEM_TOP_DOWN,
-                               PAGE_NOACCESS);
+        char *m =
+            VirtualAlloc(NULL, (SIZE_T)(size + gran), MEM_RESERVE | MEM_TOP_DOWN, PAGE_NOACCESS);
         if (m == NULL) {
             e = ddo__win_errno(GetLastError());
             break;

@@ -7,6 +7,7 @@
 #if defined(_WIN32)
 #    include <direct.h>
 #    include <errno.h>
+#    include <stdio.h>
 #    include <string.h>
 #    include <windows.h>
 
@@ -37,6 +38,31 @@ char *tool_mkdtemp(char *tmpl)
             return NULL;
     }
     return NULL;
+}
+
+static char dl_error[128];
+
+void *dlopen(const char *name, int flags)
+{
+    (void)flags;
+    HMODULE m = LoadLibraryExA(name, NULL, LOAD_LIBRARY_SEARCH_DEFAULT_DIRS);
+    if (m == NULL)
+        snprintf(dl_error, sizeof(dl_error), "%s: LoadLibraryExA: error %lu", name,
+                 (unsigned long)GetLastError());
+    return (void *)m;
+}
+
+void *dlsym(void *lib, const char *name)
+{
+    FARPROC p = GetProcAddress((HMODULE)lib, name);
+    void *v;
+    memcpy(&v, &p, sizeof(v));
+    return v;
+}
+
+char *dlerror(void)
+{
+    return dl_error;
 }
 
 const char *tool_tmpdir(void)

@@ -25,6 +25,12 @@
 #    define lstat stat
 /* The environment as ddo_config_apply_env takes it. */
 #    define TOOL_ENVIRON ((const char *const *)_environ)
+/* dlopen & co. for the cuBLASLt loader (host_cuda.c), on LoadLibraryExW/GetProcAddress. */
+#    define RTLD_NOW   2
+#    define RTLD_LOCAL 0
+void *dlopen(const char *name, int flags);
+void *dlsym(void *lib, const char *name);
+char *dlerror(void);
 /* read() and write() take an unsigned count: at most 1 GiB a call (callers loop). */
 #    define TOOL_IO_COUNT(n) ((unsigned)((n) > (1u << 30) ? (1u << 30) : (n)))
 
