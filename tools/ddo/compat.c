@@ -4,6 +4,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "compat.h"
 
+#include <stdio.h>
+
 #if defined(_WIN32)
 #    include <direct.h>
 #    include <errno.h>
@@ -38,6 +40,15 @@ char *tool_mkdtemp(char *tmpl)
             return NULL;
     }
     return NULL;
+}
+
+int tool_rename(const char *from, const char *to)
+{
+    if (MoveFileExA(from, to, MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH))
+        return 0;
+    DWORD e = GetLastError();
+    errno = e == ERROR_FILE_NOT_FOUND || e == ERROR_PATH_NOT_FOUND ? ENOENT : EACCES;
+    return -1;
 }
 
 static char dl_error[128];
@@ -86,6 +97,11 @@ long tool_ncpu(void)
 char *tool_mkdtemp(char *tmpl)
 {
     return mkdtemp(tmpl);
+}
+
+int tool_rename(const char *from, const char *to)
+{
+    return rename(from, to);
 }
 
 const char *tool_tmpdir(void)

@@ -48,5 +48,8 @@ char *tool_mkdtemp(char *tmpl);
 /* The directory for temporary files: TMPDIR (Windows: then TEMP, TMP), else /tmp (Windows:
  * the current directory). */
 const char *tool_tmpdir(void);
+/* rename(2): replaces an existing target (Windows: MoveFileExA with REPLACE_EXISTING, which
+ * the CRT's rename does not do). 0, or -1 with errno set. */
+int tool_rename(const char *from, const char *to);
 
 #endif /* DDO_TOOL_COMPAT_H */

@@ -524,7 +524,7 @@ int ddo_tool_synth_values(const char *layout_path, const char *out_path, double 
         goto io_fail;
     }
     fd = -1;
-    if (!in_place && rename(tmp_path, out_path) != 0) {
+    if (!in_place && tool_rename(tmp_path, out_path) != 0) {
         rc = tool_fail(err, err_len, DDO_E_IO, "%s: rename from %s: %s", out_path, tmp_path,
                        strerror(errno));
         goto out;
