@@ -54,7 +54,7 @@ static void format_json_array(char *buf, size_t len, const json_t *arr, const dd
         if (ddo__json_bigs_get(bigs, v, &big))
             w = snprintf(buf + at, len - at, "%s%" PRIu64, sep, big);
         else if (json_is_integer(v))
-            w = snprintf(buf + at, len - at, "%s%" JSON_INTEGER_FORMAT, sep, json_integer_value(v));
+            w = snprintf(buf + at, len - at, "%s%lld", sep, (long long)json_integer_value(v));
         else if (json_is_real(v)) {
             char real[40];
             ddo__checkpoint_format_real(real, sizeof(real), json_real_value(v));

@@ -94,7 +94,7 @@ static int index_metadata(const char *iname, const json_t *meta, const ddo__json
     } else if (!ddo__checkpoint_json_u64(ts, bigs, total)) {
         char what[64];
         if (json_is_integer(ts))
-            snprintf(what, sizeof(what), "%" JSON_INTEGER_FORMAT, json_integer_value(ts));
+            snprintf(what, sizeof(what), "%lld", (long long)json_integer_value(ts));
         else if (json_is_real(ts))
             ddo__checkpoint_format_real(what, sizeof(what), r);
         else

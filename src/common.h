@@ -34,7 +34,10 @@
 #    define DDO_ASSERT(cond) ((void)0)
 #endif
 
-#if defined(__GNUC__)
+#if defined(__MINGW32__)
+/* mingw-w64 with C11 uses its own C99 printf (%zu, %llu): gnu_printf, not MS printf. */
+#    define DDO_PRINTF(f, a) __attribute__((format(gnu_printf, f, a)))
+#elif defined(__GNUC__)
 #    define DDO_PRINTF(f, a) __attribute__((format(printf, f, a)))
 #else
 #    define DDO_PRINTF(f, a)

@@ -8,6 +8,7 @@
 #include "device/device.h"
 #include "os/file.h"
 #include "os/read.h"
+#include "os/sys.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -88,7 +89,7 @@ int ddo_device_measure(ddo_device *dev, uint64_t bytes, ddo_device_bandwidth *ou
     ddo__dev_host_free(dev, pinned);
     pinned = NULL;
 
-    pageable = aligned_alloc(4096, (size_t)bytes);
+    pageable = ddo__os_aligned_alloc(4096, (size_t)bytes);
     if (pageable == NULL) {
         rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "ddo_device_measure: out of host memory");
         goto out;
@@ -114,7 +115,7 @@ int ddo_device_measure(ddo_device *dev, uint64_t bytes, ddo_device_bandwidth *ou
     r.register_s_per_gib = (double)dt / 1e9 / ((double)bytes / (double)DDO_GIB);
     *out = r;
 out:
-    free(pageable);
+    ddo__os_aligned_free(pageable);
     if (pinned != NULL)
         ddo__dev_host_free(dev, pinned);
     if (dptr != 0)
@@ -186,8 +187,8 @@ typedef struct direct_reader {
 static void *direct_thread(void *arg)
 {
     direct_reader *r = arg;
-    void *buf = NULL;
-    if (posix_memalign(&buf, (size_t)DDO__OS_DIRECT_ALIGN, (size_t)DDO__OS_READ_CHUNK) != 0) {
+    void *buf = ddo__os_aligned_alloc((size_t)DDO__OS_DIRECT_ALIGN, (size_t)DDO__OS_READ_CHUNK);
+    if (buf == NULL) {
         r->err = ENOMEM;
         return NULL;
     }
@@ -202,7 +203,7 @@ static void *direct_thread(void *arg)
         }
         r->bytes += (uint64_t)got;
     }
-    free(buf);
+    ddo__os_aligned_free(buf);
     return NULL;
 }
 
@@ -263,7 +264,7 @@ int ddo_measure_file_read(const char *path, uint64_t max_bytes, unsigned what, d
     r.bytes = len;
     int rc = 0;
     if (what & DDO_MEASURE_PAGE_CACHE) {
-        unsigned char *buf = aligned_alloc(4096, PIECE_BYTES);
+        unsigned char *buf = ddo__os_aligned_alloc(4096, PIECE_BYTES);
         if (buf == NULL) {
             ddo__os_file_close(fd);
             return ddo__fail(NULL, DDO_E_NO_MEMORY, "ddo_measure_file_read: out of memory");
@@ -275,7 +276,7 @@ int ddo_measure_file_read(const char *path, uint64_t max_bytes, unsigned what, d
             rc = time_reads(fd, buf, PIECE_BYTES, len, path, &v[i]);
         if (rc == 0)
             r.page_cache_bytes_per_s = median3(v);
-        free(buf);
+        ddo__os_aligned_free(buf);
     }
     ddo__os_file_close(fd);
     if (rc != 0)

@@ -17,11 +17,11 @@
 #include "config_priv.h"
 #include "os/file.h"
 #include "os/fs.h"
+#include "os/sys.h"
 
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,9 +108,12 @@ int ddo_profile_dir(const char *explicit_dir, const char *env_value, const char 
 
 static void key_of_canonical(const char *canon, char key[DDO_PROFILE_KEY_BYTES])
 {
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int mdlen = 0;
-    EVP_Digest(canon, strlen(canon), md, &mdlen, EVP_sha256(), NULL);
+    unsigned char md[DDO__OS_SHA256_BYTES] = { 0 };
+    ddo__os_sha256 *h = ddo__os_sha256_begin();
+    if (h != NULL) {
+        ddo__os_sha256_update(h, canon, strlen(canon));
+        (void)ddo__os_sha256_end(h, md);
+    }
     static const char hex[] = "0123456789abcdef";
     size_t n = strlen(KEY_PREFIX);
     memcpy(key, KEY_PREFIX, n);
@@ -441,7 +444,8 @@ static void utc_now(char *buf, size_t len)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm tm;
-    gmtime_r(&ts.tv_sec, &tm);
+    if (ddo__os_gmtime(ts.tv_sec, &tm) != 0)
+        memset(&tm, 0, sizeof(tm));
     char base[32];
     strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm);
     snprintf(buf, len, "%s.%06ld+00:00", base, ts.tv_nsec / 1000);
@@ -595,27 +599,25 @@ int ddo_profile_workload_context(const char *name, const ddo_checkpoint *ck, cha
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "profile: a workload needs a name");
     /* The model's identity is its tensor table (names, dtypes, shapes), not its path: the
      * same model moved or re-downloaded keeps its profile. */
-    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    ddo__os_sha256 *md = ddo__os_sha256_begin();
     if (md == NULL)
         return ddo__fail(NULL, DDO_E_NO_MEMORY, "profile: out of memory");
-    EVP_DigestInit_ex(md, EVP_sha256(), NULL);
     size_t n = ck ? ddo_checkpoint_tensor_count(ck) : 0;
     for (size_t i = 0; i < n; i++) {
         const ddo_tensor_info *t = ddo_checkpoint_tensor(ck, i);
         char line[96];
-        EVP_DigestUpdate(md, t->name, strlen(t->name) + 1);
+        ddo__os_sha256_update(md, t->name, strlen(t->name) + 1);
         int len = snprintf(line, sizeof(line), "%d:%u", (int)t->dtype, t->ndim);
-        EVP_DigestUpdate(md, line, (size_t)len);
+        ddo__os_sha256_update(md, line, (size_t)len);
         for (uint32_t d = 0; d < t->ndim; d++) {
             len = snprintf(line, sizeof(line), ",%llu", (unsigned long long)t->shape[d]);
-            EVP_DigestUpdate(md, line, (size_t)len);
+            ddo__os_sha256_update(md, line, (size_t)len);
         }
-        EVP_DigestUpdate(md, ";", 1);
+        ddo__os_sha256_update(md, ";", 1);
     }
-    unsigned char digest[EVP_MAX_MD_SIZE];
-    unsigned int dlen = 0;
-    EVP_DigestFinal_ex(md, digest, &dlen);
-    EVP_MD_CTX_free(md);
+    unsigned char digest[DDO__OS_SHA256_BYTES];
+    if (ddo__os_sha256_end(md, digest) != 0)
+        return ddo__fail(NULL, DDO_E_INTERNAL, "profile: SHA-256 failed");
     char sig[64] = "ddo-tensors-";
     static const char hex[] = "0123456789abcdef";
     size_t off = strlen(sig);

@@ -26,6 +26,7 @@
 #include "checkpoint.h"
 #include "device/device.h"
 #include "os/file.h"
+#include "os/sys.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -276,8 +277,8 @@ static int take_store(ddo__source *src, const layout *l, ddo__errbuf *eb)
         return rc;
     src->registered_taken = reg_bytes;
     if (all_bytes > 0) {
-        void *mem = NULL;
-        if (posix_memalign(&mem, RUN_ALIGN, (size_t)all_bytes) != 0) {
+        void *mem = ddo__os_aligned_alloc(RUN_ALIGN, (size_t)all_bytes);
+        if (mem == NULL) {
             char sz[32];
             return ddo__fail(eb, DDO_E_NO_MEMORY, "retained store: allocating %s of host memory",
                              ddo__format_bytes(all_bytes, sz, sizeof(sz)));
@@ -303,7 +304,7 @@ static int take_store(ddo__source *src, const layout *l, ddo__errbuf *eb)
 /* Undoes take_store (nothing registered yet): for a second layout after a rejected sidecar. */
 static void give_store(ddo__source *src)
 {
-    free(src->base);
+    ddo__os_aligned_free(src->base);
     free(src->seg_registered);
     src->base = NULL;
     src->bytes = 0;
@@ -462,7 +463,7 @@ void ddo__source_destroy(ddo__source *src)
             leak_registered = true; /* the driver may still use the pages: never free them */
     }
     if (!leak_registered)
-        free(src->base);
+        ddo__os_aligned_free(src->base);
     ddo__host_pins_destroy(src->host_pins);
     ddo__source_codec_destroy(src->codec);
     ddo__source_sidecar_release(src);

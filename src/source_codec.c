@@ -12,10 +12,11 @@
 #define _DEFAULT_SOURCE
 #include "source_codec.h"
 
+#include "os/sys.h"
+
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 struct ddo__source_codec {
     size_t tensor_count;
@@ -40,10 +41,7 @@ bool ddo__source_codec_fault_hit(void)
 
 void ddo__source_codec_release_pages(void *p, size_t len)
 {
-    uintptr_t page = 4096, a = ((uintptr_t)p + page - 1) / page * page;
-    uintptr_t e = ((uintptr_t)p + len) / page * page;
-    if (e > a)
-        (void)madvise((void *)a, e - a, MADV_DONTNEED);
+    ddo__os_discard_pages(p, len);
 }
 
 void ddo__source_codec_destroy(ddo__source_codec *c)

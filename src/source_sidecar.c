@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #define MAGIC          "DDOSIDE1"
 #define VERSION        1u
@@ -186,15 +185,15 @@ int ddo__sidecar_open(const char *path, const ddo__file_id *id, uint64_t max_ent
         free(s);
         return ENOENT;
     }
-    struct stat st;
+    ddo__file_id st;
     uint8_t h[DDO__SIDECAR_HEADER];
     if (e != 0)
         e = WHY("cannot open: %s", ddo__os_file_strerror(e));
-    else if (fstat(s->fd, &st) != 0)
-        e = WHY("stat: %s", strerror(errno));
-    else if ((uint64_t)st.st_size < DDO__SIDECAR_HEADER)
-        e = WHY("truncated (%llu bytes)", (unsigned long long)st.st_size);
-    else if ((s->bytes = (uint64_t)st.st_size, e = ddo__os_pread_full(s->fd, h, sizeof(h), 0)) != 0)
+    else if ((e = ddo__os_file_identity(s->fd, &st)) != 0)
+        e = WHY("stat: %s", strerror(e));
+    else if (st.size < DDO__SIDECAR_HEADER)
+        e = WHY("truncated (%llu bytes)", (unsigned long long)st.size);
+    else if ((s->bytes = st.size, e = ddo__os_pread_full(s->fd, h, sizeof(h), 0)) != 0)
         e = WHY("reading the header: %s", strerror(e));
     else
         e = table_read(s, h, id, max_entries, why, why_len);

@@ -25,6 +25,7 @@
 #include "codec.h"
 #include "os/file.h"
 #include "os/fs.h"
+#include "os/sys.h"
 #include "source_sidecar.h"
 
 #include <errno.h>
@@ -289,16 +290,16 @@ static int write_sidecar(ddo__source *src, const char *path, const ddo__file_id 
         return ENOMEM;
     }
     void *raw = NULL;
-    if (take > 0 && (posix_memalign(&raw, 4096, pr->raw_cap) != 0 ||
+    if (take > 0 && ((raw = ddo__os_aligned_alloc(4096, pr->raw_cap)) == NULL ||
                      (pr->coded = malloc((size_t)pr->coded_cap)) == NULL)) {
-        free(raw);
+        ddo__os_aligned_free(raw);
         ddo__account_give(src->retained, take);
         snprintf(why, why_len, "out of memory");
         return ENOMEM;
     }
     pr->raw = raw;
     int e = ddo__sidecar_write_produced(path, id, out, k, produce, pr, written, why, why_len);
-    free(pr->raw);
+    ddo__os_aligned_free(pr->raw);
     free(pr->coded);
     pr->raw = pr->coded = NULL;
     if (take > 0)

@@ -152,13 +152,30 @@ echo x >"$T/plain"
 $G "$DDO" profile --dir "$T/plain/profiles" build tiny "$CK" "${R[@]}" >"$T/out" 2>&1; rc=$?
 [ $rc -eq 1 ] && grep -q "cannot create profile directory" "$T/out" && ! grep -q "calibrating\|step" "$T/out" &&
     ok || bad "unwritable profile dir: rc $rc: $(cat "$T/out")"
+# Windows says "No such file or directory" for a path through a file.
+notdir="Not a directory"
+[ -n "${TEST_ON_WINDOWS:-}" ] && notdir="No such file or directory"
 $G "$DDO" run "$CK" "${R[@]}" --metrics "$T/plain/m.jsonl" >"$T/out" 2>"$T/err"; rc=$?
 [ $rc -eq 1 ] && [ ! -s "$T/out" ] && [ "$(wc -l <"$T/err")" -eq 1 ] &&
-    grep -q -- '--metrics ".*plain/m.jsonl": cannot write: Not a directory (checked before the run)' "$T/err" &&
+    grep -q -- "--metrics \".*plain/m.jsonl\": cannot write: $notdir (checked before the run)" "$T/err" &&
     ok || bad "unwritable --metrics: rc $rc: $(cat "$T/out" "$T/err")"
 
-run 1 'ddo bench: --json "'"$T"'/plain/b.json": cannot write: Not a directory (checked before the run)' -- \
+run 1 'ddo bench: --json "'"$T"'/plain/b.json": cannot write: '"$notdir"' (checked before the run)' -- \
     bench "$CK" --ddo-execution-device cpu --json "$T/plain/b.json"
+
+if [ -n "${TEST_ON_WINDOWS:-}" ]; then
+    # Windows: the signal cases below cannot be set up. ddo.exe cleans up on console control
+    # events (tools/ddo/cleanup_win.c), which kill(1) through the Wine wrapper does not deliver
+    # faithfully, and there is no /dev/null. The replace of an existing output still runs.
+    "$DDO" synth --layout "$SRC/data/layouts/flux1-dev.json" --out "$T/keep.safetensors" --scale 0.01 >/dev/null
+    cp "$T/keep.safetensors" "$T/keep.orig"
+    "$DDO" synth --layout "$SRC/data/layouts/flux1-dev.json" --out "$T/keep.safetensors" --scale 0.02 >/dev/null &&
+        ! cmp -s "$T/keep.safetensors" "$T/keep.orig" && ! compgen -G "$T/keep.safetensors.*" >/dev/null &&
+        ok || bad "synth over an existing file"
+    echo "$pass passed, $fails failed, 1 skipped (signals, /dev/null: POSIX-only setup)"
+    [ $fails -eq 0 ]
+    exit
+fi
 
 # ---- class 8: signals ----------------------------------------------------------------------
 # Job control on: a non-interactive shell would start background jobs with SIGINT ignored

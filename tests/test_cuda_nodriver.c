@@ -12,6 +12,15 @@
 #include "device/device.h"
 #include "t.h"
 
+/* A library that loads but is not a CUDA driver, and the driver's default name. */
+#if defined(_WIN32)
+#    define NOT_A_DRIVER   "kernel32.dll"
+#    define DEFAULT_DLOPEN "no CUDA driver: dlopen(nvcuda.dll): "
+#else
+#    define NOT_A_DRIVER   "libm.so.6"
+#    define DEFAULT_DLOPEN "no CUDA driver: dlopen(libcuda.so.1): "
+#endif
+
 /* Options naming the driver library; the cuda block is shared, so each call replaces the
  * paths of the options before it. */
 static ddo_device_options with_paths(const char *path, const char *env)
@@ -35,7 +44,11 @@ static void test_missing_explicit_library(void)
 #if DDO_HAVE_CUDA_H
     const char *want = "no CUDA driver: dlopen(/nonexistent/libcuda.so.1): ";
     T_CHECK_MSG(strncmp(ddo_last_error(), want, strlen(want)) == 0, "got \"%s\"", ddo_last_error());
+#    if defined(_WIN32)
+    T_CONTAINS(ddo_last_error(), "error 126"); /* ERROR_MOD_NOT_FOUND */
+#    else
     T_CONTAINS(ddo_last_error(), "No such file or directory");
+#    endif
 #else
     T_CONTAINS(ddo_last_error(), "without CUDA support");
 #endif
@@ -72,11 +85,11 @@ static void test_invalid_library(void)
 #if !DDO_HAVE_CUDA_H
     T_SKIP("built without CUDA headers");
 #else
-    ddo_device_options o = with_paths("libm.so.6", NULL);
+    ddo_device_options o = with_paths(NOT_A_DRIVER, NULL);
     ddo_device *dev = NULL;
     T_EQ_INT(ddo_device_create("cuda:0", &o, &dev), DDO_E_NO_DEVICE);
     T_CHECK(dev == NULL);
-    T_EQ_STR(ddo_last_error(), "no CUDA driver: libm.so.6: no cuGetProcAddress_v2 or "
+    T_EQ_STR(ddo_last_error(), "no CUDA driver: " NOT_A_DRIVER ": no cuGetProcAddress_v2 or "
                                "cuGetProcAddress (not a CUDA driver library, or a driver "
                                "older than CUDA 11.3)");
 #endif
@@ -107,7 +120,7 @@ static void test_ops_open_direct(void)
         ddo__device_cuda_ops->close(st);
     } else {
         T_EQ_INT(rc, DDO_E_NO_DEVICE);
-        T_CHECK_MSG(strncmp(eb.msg, "no CUDA driver: dlopen(libcuda.so.1): ", 38) == 0 ||
+        T_CHECK_MSG(strncmp(eb.msg, DEFAULT_DLOPEN, strlen(DEFAULT_DLOPEN)) == 0 ||
                         strncmp(eb.msg, "cuInit: ", 8) == 0 ||
                         strstr(eb.msg, "no such device") != NULL,
                     "got \"%s\"", eb.msg);
@@ -145,8 +158,8 @@ static void test_driver_proc_without_driver(void)
         strncmp(ddo_last_error(), "no CUDA driver: dlopen(/nonexistent/libcuda.so.1): ", 51) == 0,
         "got \"%s\"", ddo_last_error());
     /* A library that is not a driver: refused, as the device refuses it. */
-    T_EQ_INT(ddo_cuda_driver_proc("libm.so.6", "cuMemAlloc", 12000, &fn), DDO_E_NO_DEVICE);
-    T_EQ_STR(ddo_last_error(), "no CUDA driver: libm.so.6: no cuGetProcAddress_v2 or "
+    T_EQ_INT(ddo_cuda_driver_proc(NOT_A_DRIVER, "cuMemAlloc", 12000, &fn), DDO_E_NO_DEVICE);
+    T_EQ_STR(ddo_last_error(), "no CUDA driver: " NOT_A_DRIVER ": no cuGetProcAddress_v2 or "
                                "cuGetProcAddress (not a CUDA driver library, or a driver "
                                "older than CUDA 11.3)");
     T_CHECK(fn == &fn);
@@ -174,7 +187,7 @@ static void test_driver_proc_without_driver(void)
     T_EQ_INT(rc, DDO_E_NO_DEVICE);
     T_CHECK(fn == &fn);
 #if DDO_HAVE_CUDA_H
-    T_CHECK_MSG(strncmp(ddo_last_error(), "no CUDA driver: dlopen(libcuda.so.1): ", 38) == 0,
+    T_CHECK_MSG(strncmp(ddo_last_error(), DEFAULT_DLOPEN, strlen(DEFAULT_DLOPEN)) == 0,
                 "got \"%s\"", ddo_last_error());
 #endif
 }

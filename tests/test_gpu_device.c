@@ -17,6 +17,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "ddo.h"
 #include "device/device.h"
+#include "os/sys.h"
 #include "t.h"
 
 #include <pthread.h>
@@ -208,7 +209,7 @@ static void test_host_register_threads(void)
     enum { N = 4 };
     size_t seg = (size_t)(64 * MIB);
     unsigned char *mem = NULL;
-    T_REQUIRE(posix_memalign((void **)&mem, 1 << 21, N * seg) == 0);
+    T_REQUIRE((mem = ddo__os_aligned_alloc(1 << 21, N * seg)) != NULL);
     fill(mem, N * seg, 4);
     reg_job jobs[N];
     pthread_t th[N];
@@ -241,7 +242,7 @@ static void test_host_register_threads(void)
     }
     for (int i = 0; i < N; i++)
         T_EQ_INT(jobs[i].rc_unregister, 0);
-    free(mem);
+    ddo__os_aligned_free(mem);
     check_usage_zero();
 }
 

@@ -10,6 +10,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "checkpoint.h"
 #include "device/device.h"
+#include "os/sys.h"
 #include "source.h"
 #include "t.h"
 
@@ -416,8 +417,7 @@ static void test_registration_failure(void)
 /* A window as the staging ring hands out: page aligned. */
 static void *window(size_t cap)
 {
-    void *w = NULL;
-    return posix_memalign(&w, 4096, cap) == 0 ? w : NULL;
+    return ddo__os_aligned_alloc(4096, cap);
 }
 
 static void check_read(ddo__source *src, size_t idx, size_t i, uint64_t off, size_t len,
@@ -439,7 +439,7 @@ static void check_read(ddo__source *src, size_t idx, size_t i, uint64_t off, siz
         if (shift != 0)
             T_CHECK(data == w + shift); /* unaligned window: the page-cache path */
     }
-    free(w);
+    ddo__os_aligned_free(w);
 }
 
 static void test_read_file_alignment(void)
@@ -479,7 +479,7 @@ static void test_read_file_alignment(void)
         T_CONTAINS(eb.msg, "tensor \"t0\"");
         T_EQ_INT(ddo__source_read_file(src, t4, 0, 100, w, 99, &data, &eb), DDO_E_INVALID_ARGUMENT);
         T_CHECK(data == (const void *)w); /* not written on failure */
-        free(w);
+        ddo__os_aligned_free(w);
         ddo__source_destroy(src);
     }
     fixture_close(&fx);
@@ -512,7 +512,7 @@ static void test_read_file_changed(void)
     size_t n = requests(fx.ck, req);
     T_EQ_INT(ddo__source_create(&p, req, n, &src2, &eb), DDO_E_FILE_CHANGED);
     T_CHECK(src2 == NULL);
-    free(w);
+    ddo__os_aligned_free(w);
     ddo__source_destroy(src);
     fixture_close(&fx);
     /* put the file back for the other tests */
@@ -564,7 +564,7 @@ static void test_memory_image_falls_back_to_pread(void)
 static void test_host_tensor_pieces(void)
 {
     uint8_t *buf = NULL;
-    T_REQUIRE(posix_memalign((void **)&buf, 4096, 24 * 4096) == 0);
+    T_REQUIRE((buf = ddo__os_aligned_alloc(4096, 24 * 4096)) != NULL);
     for (size_t i = 0; i < 24 * 4096; i++)
         buf[i] = (uint8_t)(i * 7);
     uint8_t *a = buf + 100; /* 20 pages and a bit (over DDO__PIN_SMALL_BYTES), 100 bytes in */
@@ -608,7 +608,7 @@ static void test_host_tensor_pieces(void)
     ddo__account_fini(&reg);
     ddo_device_destroy(dev);
     ddo_checkpoint_destroy(ck);
-    free(buf);
+    ddo__os_aligned_free(buf);
 }
 
 static void test_host_memory_tensors(void)
@@ -707,7 +707,7 @@ static void *read_many(void *arg)
             memcmp(data, file_bytes + offs[7] + off, len) != 0)
             r->bad = 1;
     }
-    free(w);
+    ddo__os_aligned_free(w);
     return NULL;
 }
 

@@ -30,6 +30,7 @@
 #define _GNU_SOURCE
 #include "device_cpu.h"
 
+#include "os/sys.h"
 #include "os/sysinfo.h"
 
 #include <inttypes.h>
@@ -37,13 +38,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 uint64_t ddo__cpu_page_size(void)
 {
-    long p = sysconf(_SC_PAGESIZE);
-    return p > 0 ? (uint64_t)p : 4096;
+    return ddo__os_vm_granularity();
 }
 
 uint64_t ddo__cpu_map_rounded(uint64_t size)
@@ -119,15 +117,16 @@ static void cpu_close(void *st)
         for (size_t j = 0; j < r->pieces.len; j++)
             ddo__cpu_handle_unref(d, r->pieces.v[j].obj);
         ddo__devtab_free(&r->pieces);
-        munmap((void *)(uintptr_t)r->va, r->size);
+        ddo__os_vm_release((void *)(uintptr_t)r->va, r->size, d->gran);
         free(r);
     }
     for (size_t i = 0; i < d->handles.len; i++)
         ddo__cpu_handle_unref(d, d->handles.v[i].obj);
     for (size_t i = 0; i < d->mems.len; i++)
-        munmap((void *)(uintptr_t)d->mems.v[i].key, ddo__cpu_map_rounded(d->mems.v[i].size));
+        ddo__os_vm_free((void *)(uintptr_t)d->mems.v[i].key,
+                        ddo__cpu_map_rounded(d->mems.v[i].size));
     for (size_t i = 0; i < d->pinned.len; i++)
-        free((void *)(uintptr_t)d->pinned.v[i].key);
+        ddo__os_aligned_free((void *)(uintptr_t)d->pinned.v[i].key);
     pthread_mutex_unlock(&d->lock);
     ddo__devtab_free(&d->streams);
     ddo__devtab_free(&d->events);

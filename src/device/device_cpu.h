@@ -10,6 +10,7 @@
 #ifndef DDO_DEVICE_CPU_H
 #define DDO_DEVICE_CPU_H
 
+#include "os/sys.h"
 #include "device.h"
 
 #include <pthread.h>
@@ -24,7 +25,7 @@
 typedef struct cpu_handle {
     uint64_t id;
     uint64_t size;
-    char *base;                  /* the master view of the handle's pages */
+    ddo__os_shm mem;             /* the handle's pages and their master view (mem.base) */
     unsigned refs;               /* 1 while the handle is alive, +1 per mapped piece */
     uint64_t last_va, last_size; /* its latest mapping */
 } cpu_handle;

@@ -8,6 +8,7 @@
 #include "device_cpu.h"
 
 #include "../codec.h"
+#include "os/sys.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -26,9 +27,7 @@ void ddo__cpu_event_unref(cpu_event *e)
 
 static void sleep_until(uint64_t t_ns)
 {
-    struct timespec ts = { (time_t)(t_ns / 1000000000u), (long)(t_ns % 1000000000u) };
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
-    }
+    ddo__os_sleep_until_ns(t_ns);
 }
 
 static uint64_t later(uint64_t a, uint64_t b)

@@ -7,13 +7,13 @@
 #define _GNU_SOURCE
 #include "device_cpu.h"
 
+#include "os/sys.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 static uint64_t mem_rounded(uint64_t size)
 {
@@ -24,7 +24,7 @@ void ddo__cpu_handle_unref(cpu_dev *d, cpu_handle *h)
 {
     if (--h->refs > 0)
         return;
-    munmap(h->base, h->size);
+    ddo__os_shm_destroy(&h->mem, h->size);
     d->allocated -= h->size;
     free(h);
 }
@@ -123,28 +123,22 @@ int ddo__cpu_va_reserve(void *st, uint64_t size, uint64_t *va, ddo__errbuf *eb)
     cpu_range *r = ddo__calloc(1, sizeof(*r));
     if (r == NULL)
         return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: va_reserve: out of host memory");
-    size_t span = (size_t)(size + d->gran);
-    char *p = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) {
-        int e = errno;
+    void *p = NULL;
+    int e = ddo__os_vm_reserve(size, d->gran, &p);
+    if (e != 0) {
         free(r);
         return ddo__fail(eb, DDO_E_DEVICE_MEMORY,
                          "cpu: va_reserve: reserving %" PRIu64 " bytes of address space: %s", size,
                          strerror(e));
     }
-    uintptr_t start = (uintptr_t)ddo__round_up((uintptr_t)p, d->gran);
-    size_t head = (size_t)(start - (uintptr_t)p);
-    if (head)
-        munmap(p, head);
-    if (span - head > size)
-        munmap((char *)start + size, span - head - (size_t)size);
+    uintptr_t start = (uintptr_t)p;
     r->va = start;
     r->size = size;
     pthread_mutex_lock(&d->lock);
     int rc = ddo__devtab_insert(&d->ranges, r->va, size, r);
     pthread_mutex_unlock(&d->lock);
     if (rc != 0) {
-        munmap((void *)start, (size_t)size);
+        ddo__os_vm_release((void *)start, size, d->gran);
         free(r);
         return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: va_reserve: out of host memory");
     }
@@ -172,7 +166,7 @@ int ddo__cpu_va_release(void *st, uint64_t va, uint64_t size, ddo__errbuf *eb)
     pthread_mutex_unlock(&d->lock);
     if (rc != 0)
         return rc;
-    munmap((void *)(uintptr_t)va, (size_t)size);
+    ddo__os_vm_release((void *)(uintptr_t)va, size, d->gran);
     ddo__devtab_free(&r->pieces);
     free(r);
     return 0;
@@ -205,21 +199,7 @@ int ddo__cpu_phys_create(void *st, uint64_t size, uint64_t *handle, ddo__errbuf 
     h->id = d->next_handle++;
     pthread_mutex_unlock(&d->lock);
 
-    int fd = memfd_create("ddo-cpu-handle", MFD_CLOEXEC);
-    int e = 0;
-    if (fd < 0) {
-        e = errno;
-    } else if (ftruncate(fd, (off_t)size) != 0) {
-        e = errno;
-    } else {
-        void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED)
-            e = errno;
-        else
-            h->base = p;
-    }
-    if (fd >= 0)
-        close(fd);
+    int e = ddo__os_shm_create(size, &h->mem);
     pthread_mutex_lock(&d->lock);
     int rc = 0;
     if (e != 0)
@@ -230,8 +210,7 @@ int ddo__cpu_phys_create(void *st, uint64_t size, uint64_t *handle, ddo__errbuf 
     if (rc != 0) {
         d->allocated -= size;
         pthread_mutex_unlock(&d->lock);
-        if (h->base != NULL)
-            munmap(h->base, (size_t)size);
+        ddo__os_shm_destroy(&h->mem, size);
         free(h);
         return rc;
     }
@@ -269,7 +248,7 @@ int ddo__cpu_phys_release(void *st, uint64_t handle, ddo__errbuf *eb)
 static void use_mapping(cpu_handle *h, uint64_t va, uint64_t size)
 {
     if (h->last_va != 0 && h->last_va != va && h->refs > 2)
-        (void)madvise((void *)(uintptr_t)h->last_va, (size_t)h->last_size, MADV_DONTNEED);
+        ddo__os_discard_pages((void *)(uintptr_t)h->last_va, (size_t)h->last_size);
     h->last_va = va;
     h->last_size = size;
 }
@@ -323,10 +302,8 @@ int ddo__cpu_map(void *st, uint64_t va, uint64_t size, uint64_t handle, uint64_t
     } else if (ddo__devtab_insert(&r->pieces, va, size, h) != 0) {
         rc = ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: map: out of host memory");
     } else {
-        void *p = mremap(h->base + handle_offset, 0, (size_t)size, MREMAP_MAYMOVE | MREMAP_FIXED,
-                         (void *)(uintptr_t)va);
-        if (p == MAP_FAILED) {
-            int e = errno;
+        int e = ddo__os_shm_map_at(&h->mem, size, (void *)(uintptr_t)va, d->gran);
+        if (e != 0) {
             ddo__devtab_remove_at(&r->pieces, ddo__devtab_find(&r->pieces, va));
             rc = ddo__fail(eb, DDO_E_DEVICE, "cpu: map: 0x%" PRIx64 " + %" PRIu64 ": %s", va, size,
                            strerror(e));
@@ -344,7 +321,7 @@ int ddo__cpu_unmap(void *st, uint64_t va, uint64_t size, ddo__errbuf *eb)
     cpu_dev *d = st;
     pthread_mutex_lock(&d->lock);
     wait_unused(d, va, size, true);
-    int rc = 0;
+    int rc = 0, e = 0;
     cpu_range *r = range_of(d, va, size);
     size_t first = r ? ddo__devtab_find(&r->pieces, va) : SIZE_MAX;
     size_t last = first;
@@ -361,10 +338,9 @@ int ddo__cpu_unmap(void *st, uint64_t va, uint64_t size, ddo__errbuf *eb)
         rc = ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
                        "cpu: unmap: 0x%" PRIx64 " + %" PRIu64 " is not exactly a set of mappings",
                        va, size);
-    } else if (mmap((void *)(uintptr_t)va, (size_t)size, PROT_NONE,
-                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED) {
+    } else if ((e = ddo__os_vm_unmap((void *)(uintptr_t)va, size, d->gran)) != 0) {
         rc = ddo__fail(eb, DDO_E_DEVICE, "cpu: unmap: 0x%" PRIx64 " + %" PRIu64 ": %s", va, size,
-                       strerror(errno));
+                       strerror(e));
     } else {
         for (size_t k = first; k < last; k++)
             ddo__cpu_handle_unref(d, r->pieces.v[k].obj);
@@ -406,9 +382,8 @@ int ddo__cpu_mem_alloc(void *st, uint64_t size, uint64_t *ptr, ddo__errbuf *eb)
     }
     d->allocated += need;
     pthread_mutex_unlock(&d->lock);
-    void *p = mmap(NULL, (size_t)ddo__cpu_map_rounded(size), PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    int e = p == MAP_FAILED ? errno : 0;
+    void *p = NULL;
+    int e = ddo__os_vm_alloc(ddo__cpu_map_rounded(size), &p);
     pthread_mutex_lock(&d->lock);
     int rc = 0;
     if (e != 0)
@@ -421,7 +396,7 @@ int ddo__cpu_mem_alloc(void *st, uint64_t size, uint64_t *ptr, ddo__errbuf *eb)
     pthread_mutex_unlock(&d->lock);
     if (rc != 0) {
         if (e == 0)
-            munmap(p, (size_t)ddo__cpu_map_rounded(size));
+            ddo__os_vm_free(p, ddo__cpu_map_rounded(size));
         return rc;
     }
     *ptr = (uintptr_t)p;
@@ -446,7 +421,7 @@ int ddo__cpu_mem_free(void *st, uint64_t ptr, ddo__errbuf *eb)
     ddo__devtab_remove_at(&d->mems, i);
     d->allocated -= mem_rounded(size);
     pthread_mutex_unlock(&d->lock);
-    munmap((void *)(uintptr_t)ptr, (size_t)ddo__cpu_map_rounded(size));
+    ddo__os_vm_free((void *)(uintptr_t)ptr, ddo__cpu_map_rounded(size));
     return 0;
 }
 
@@ -494,16 +469,15 @@ int ddo__cpu_host_unregister(void *st, void *p, ddo__errbuf *eb)
 int ddo__cpu_host_alloc(void *st, size_t size, void **p, ddo__errbuf *eb)
 {
     cpu_dev *d = st;
-    void *q = NULL;
-    int e = posix_memalign(&q, (size_t)ddo__cpu_page_size(), size);
-    if (e != 0)
-        return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: host_alloc: %zu pinned bytes: %s", size,
-                         strerror(e));
+    void *q = ddo__os_aligned_alloc((size_t)ddo__cpu_page_size(), size);
+    if (q == NULL)
+        return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: host_alloc: %zu pinned bytes: out of memory",
+                         size);
     pthread_mutex_lock(&d->lock);
     int rc = ddo__devtab_insert(&d->pinned, (uintptr_t)q, size, NULL);
     pthread_mutex_unlock(&d->lock);
     if (rc != 0) {
-        free(q);
+        ddo__os_aligned_free(q);
         return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: host_alloc: out of host memory");
     }
     *p = q;
@@ -526,6 +500,6 @@ int ddo__cpu_host_free(void *st, void *p, ddo__errbuf *eb)
     }
     ddo__devtab_remove_at(&d->pinned, i);
     pthread_mutex_unlock(&d->lock);
-    free(p);
+    ddo__os_aligned_free(p);
     return 0;
 }

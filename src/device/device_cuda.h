@@ -22,7 +22,11 @@
 #    define DDO_CU_ABI 12000
 
 /* The default driver library name (discovery). */
-#    define DDO_CU_LIBRARY "libcuda.so.1"
+#    if defined(_WIN32)
+#        define DDO_CU_LIBRARY "nvcuda.dll"
+#    else
+#        define DDO_CU_LIBRARY "libcuda.so.1"
+#    endif
 
 typedef struct cu_api {
     PFN_cuGetErrorName_v6000 GetErrorName;

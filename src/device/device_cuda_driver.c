@@ -8,9 +8,10 @@
 #define _POSIX_C_SOURCE 200809L
 #include "device_cuda.h"
 
+#include "os/sys.h"
+
 #if DDO_HAVE_CUDA_H
 
-#    include <dlfcn.h>
 #    include <stdarg.h>
 #    include <stdio.h>
 #    include <string.h>
@@ -158,21 +159,18 @@ typedef struct cu_loader {
 static int open_driver(const char *path, cu_loader *l, ddo__errbuf *eb)
 {
     memset(l, 0, sizeof(*l));
-    dlerror();
-    l->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (l->lib == NULL) {
-        const char *e = dlerror();
-        return ddo__fail(eb, DDO_E_NO_DEVICE, "no CUDA driver: dlopen(%s): %s", path,
-                         e != NULL ? e : "unknown error");
-    }
-    void *sym = dlsym(l->lib, "cuGetProcAddress_v2");
+    char why[300] = "";
+    l->lib = ddo__os_lib_open(path, why, sizeof(why));
+    if (l->lib == NULL)
+        return ddo__fail(eb, DDO_E_NO_DEVICE, "no CUDA driver: dlopen(%s): %s", path, why);
+    void *sym = ddo__os_lib_sym(l->lib, "cuGetProcAddress_v2");
     if (sym != NULL) {
         memcpy(&l->gpa2, &sym, sizeof(sym));
         return 0;
     }
-    sym = dlsym(l->lib, "cuGetProcAddress");
+    sym = ddo__os_lib_sym(l->lib, "cuGetProcAddress");
     if (sym == NULL) {
-        dlclose(l->lib);
+        ddo__os_lib_close(l->lib);
         l->lib = NULL;
         return ddo__fail(eb, DDO_E_NO_DEVICE,
                          "no CUDA driver: %s: no cuGetProcAddress_v2 or cuGetProcAddress "
@@ -209,7 +207,7 @@ int ddo__cuda_load_driver(cuda_dev *d, const char *path, ddo__errbuf *eb)
         CUresult r = get_proc(&l, cu_symbols[i].symbol, DDO_CU_ABI, &fn, &status);
         if (r != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS || fn == NULL) {
             char nbuf[32];
-            dlclose(d->lib);
+            ddo__os_lib_close(d->lib);
             d->lib = NULL;
             memset(&d->api, 0, sizeof(d->api));
             return ddo__fail(eb, DDO_E_NO_DEVICE,
@@ -268,7 +266,7 @@ static int driver_proc(const char *library_path, const char *symbol, int cuda_ve
     CUresult r = get_proc(&l, symbol, cuda_version, &p, &status);
     if (r != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS || p == NULL) {
         char nbuf[32];
-        dlclose(l.lib);
+        ddo__os_lib_close(l.lib);
         return ddo__fail(NULL, DDO_E_NO_DEVICE, "no CUDA driver: %s: cuGetProcAddress(%s, %d): %s",
                          path, symbol, cuda_version,
                          r != CUDA_SUCCESS ? cu_name(NULL, r, nbuf, sizeof(nbuf))
@@ -279,8 +277,9 @@ static int driver_proc(const char *library_path, const char *symbol, int cuda_ve
     return 0;
 }
 
-#else /* !DDO_HAVE_CUDA_H (ddo__device_cuda_ops is NULL in device_cuda.c) */
+#else /* !DDO_HAVE_CUDA_H */
 
+/* ddo__device_cuda_ops is NULL in device_cuda.c. */
 static int driver_proc(const char *library_path, const char *symbol, int cuda_version, void **fn)
 {
     (void)library_path, (void)cuda_version, (void)fn;

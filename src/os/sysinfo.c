@@ -122,13 +122,7 @@ uint64_t ddo__os_cgroup_memory_limit(void)
 
 const char *ddo__os_purge_standby_list(void)
 {
-#if defined(_WIN32)
-    /* NtSetSystemInformation(SystemMemoryListInformation, MemoryPurgeStandbyList) needs
-     * SeProfileSingleProcessPrivilege; ddo has no Windows build yet, so report it. */
-    return "unsupported_build";
-#else
-    return "non_windows";
-#endif
+    return "non_windows"; /* Windows: sysinfo_win.c */
 }
 
 size_t ddo__os_page_size(void)

@@ -25,6 +25,7 @@
  */
 #define _GNU_SOURCE /* O_DIRECT */
 #include "cleanup.h"
+#include "compat.h"
 #include "host.h"
 #include "order.h"
 #include "synth.h"
@@ -40,8 +41,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-extern char **environ;
 
 /* host_cuda.c (bench helpers; DDO_E_NO_DEVICE without CUDA). */
 int ref_host_cuda_bus_bandwidth(ddo_stream *stream, uint64_t total_bytes, size_t piece_bytes,
@@ -1194,8 +1193,8 @@ static int open_checkpoint(bench *b, const bench_args *a, char *synth_path, size
         if (a->synth_out != NULL)
             snprintf(synth_path, len, "%s", a->synth_out);
         else
-            snprintf(synth_path, len, "%s/ddo-bench-%ld.safetensors",
-                     getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (long)getpid());
+            snprintf(synth_path, len, "%s/ddo-bench-%ld.safetensors", tool_tmpdir(),
+                     (long)getpid());
         *synth_made = a->synth_out == NULL && !a->keep_synth;
         if (*synth_made)
             *slot = tool_cleanup_add(synth_path, false);
@@ -1350,7 +1349,7 @@ int ddo_cmd_bench(int argc, char **argv)
         fprintf(stderr, "ddo bench: %s\n", ddo_last_error());
         return DDO_EXIT_FAILURE;
     }
-    rc = ddo_config_apply_env(b.cfg, (const char *const *)environ);
+    rc = ddo_config_apply_env(b.cfg, TOOL_ENVIRON);
     if (rc == 0)
         rc = ddo_config_parse_args(b.cfg, &argc, argv);
     if (rc != 0) {

@@ -3,12 +3,11 @@
  * the resolved settings with the source of every value, or the catalog. The
  * tool always applies the environment first, then the flags (flags win).
  */
+#include "compat.h"
 #include "tool.h"
 
 #include <stdio.h>
 #include <string.h>
-
-extern char **environ;
 
 static void usage(FILE *out)
 {
@@ -70,7 +69,7 @@ int ddo_cmd_config(int argc, char **argv)
         return DDO_EXIT_FAILURE;
     }
     int status = DDO_EXIT_FAILURE;
-    if (ddo_config_apply_env(cfg, (const char *const *)environ) != 0 ||
+    if (ddo_config_apply_env(cfg, TOOL_ENVIRON) != 0 ||
         ddo_config_parse_args(cfg, &argc, argv) != 0) {
         fprintf(stderr, "ddo config: %s\n", ddo_config_error(cfg));
         goto out;

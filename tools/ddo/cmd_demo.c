@@ -9,6 +9,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "cleanup.h"
+#include "compat.h"
 #include "host.h"
 #include "synth.h"
 #include "tool.h"
@@ -34,8 +35,6 @@ static void usage(FILE *out)
                  "removes the directory. Exit 0 only when verified.\n");
 }
 
-extern char **environ;
-
 /* The --ddo-* flags of the demo's run, with the budget in GiB as text: the model is retained
  * in host RAM and registered (what a user with the RAM does), streamed through the budget. */
 #define DEMO_FLAGS(device, budget)                                                       \
@@ -57,7 +56,7 @@ static int try_plan(ddo_setup *setup, const ddo_checkpoint *ck, char *device, do
     int nargs = (int)(sizeof args / sizeof args[0]) - 1;
     int rc = ddo_config_create(&cfg);
     if (rc == 0)
-        rc = ddo_config_apply_env(cfg, (const char *const *)environ);
+        rc = ddo_config_apply_env(cfg, TOOL_ENVIRON);
     if (rc == 0)
         rc = ddo_config_parse_args(cfg, &nargs, args);
     if (rc == 0)
@@ -230,10 +229,9 @@ int ddo_cmd_demo(int argc, char **argv)
         return DDO_EXIT_FAILURE;
     }
 
-    const char *tmp = getenv("TMPDIR");
     char dir[4096], model[4200];
-    snprintf(dir, sizeof dir, "%s/ddo-demo-XXXXXX", tmp != NULL && *tmp ? tmp : "/tmp");
-    if (mkdtemp(dir) == NULL) {
+    snprintf(dir, sizeof dir, "%s/ddo-demo-XXXXXX", tool_tmpdir());
+    if (tool_mkdtemp(dir) == NULL) {
         fprintf(stderr, "ddo demo: cannot create a temporary directory %s: %s\n", dir,
                 strerror(errno));
         ddo_setup_destroy(setup);

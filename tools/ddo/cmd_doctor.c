@@ -4,6 +4,7 @@
  * limit, WSL, file read speed) and what `auto` would plan, with a one-line
  * recommendation. Without a GPU it says so and still reports the host side.
  */
+#include "compat.h"
 #include "tool.h"
 
 #include <jansson.h>
@@ -11,8 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-extern char **environ;
 
 #define MAX_GPUS 16
 
@@ -124,7 +123,7 @@ static void auto_plan(doctor *D)
     /* Like the other commands, the tool's default preset is auto (DDO_PRESET overrides). */
     int rc = ddo_config_apply_preset(D->cfg, NULL, "auto");
     if (rc == 0)
-        rc = ddo_config_apply_env(D->cfg, (const char *const *)environ);
+        rc = ddo_config_apply_env(D->cfg, TOOL_ENVIRON);
     if (rc == 0 && D->ngpu == 0)
         rc = ddo_config_set(D->cfg, "execution_device", "cpu");
     if (rc == 0)

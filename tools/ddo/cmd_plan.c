@@ -7,6 +7,7 @@
  * allocated. `--from-json FILE` prints a saved plan again.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "compat.h"
 #include "tool.h"
 
 #include <errno.h>
@@ -15,8 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-extern char **environ;
 
 /* A --unit-compute file larger than this is refused unread. */
 #define MAX_UNIT_COMPUTE_BYTES (16u << 20)
@@ -320,7 +319,7 @@ int ddo_cmd_plan(int argc, char **argv)
         fprintf(stderr, "ddo plan: %s\n", ddo_last_error());
         return DDO_EXIT_FAILURE;
     }
-    if (ddo_config_apply_env(cfg, (const char *const *)environ) != 0 ||
+    if (ddo_config_apply_env(cfg, TOOL_ENVIRON) != 0 ||
         ddo_config_parse_args(cfg, &argc, argv) != 0) {
         fprintf(stderr, "ddo plan: %s\n", ddo_config_error(cfg));
         goto out;

@@ -3,6 +3,7 @@
  * named capacity profiles under DDO_PROFILE_DIR (default ~/.ddo/profiles).
  */
 #define _POSIX_C_SOURCE 200809L
+#include "compat.h"
 #include "tool.h"
 
 #include <dirent.h>

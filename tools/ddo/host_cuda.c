@@ -51,7 +51,11 @@ int ref_host_cuda_stream_callback(ddo_stream *stream, void (*fn)(void *), void *
 #    include <cublasLt.h>
 #    include <cuda.h>
 #    include <cudaTypedefs.h>
-#    include <dlfcn.h>
+#    if defined(_WIN32)
+#        include "compat.h"
+#    else
+#        include <dlfcn.h>
+#    endif
 
 /* Rows of Y sampled per weight in checksum mode. */
 #    define SAMPLE_ROWS 4
@@ -165,8 +169,12 @@ static int load_lt(void)
 {
     if (g_lt_state != 0)
         return g_lt_state > 0 ? 0 : g_lt_state;
+#    if defined(_WIN32)
+    static const char *const libs[] = { "cublasLt64_13.dll", "cublasLt64_12.dll" };
+#    else
     static const char *const libs[] = { "libcublasLt.so.13", "libcublasLt.so.12",
                                         "libcublasLt.so" };
+#    endif
     void *lib = NULL;
     char tried[400] = "";
     for (size_t i = 0; i < sizeof(libs) / sizeof(libs[0]) && lib == NULL; i++) {

@@ -12,6 +12,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "inspect_codec.h"
+#include "compat.h"
 #include "tool.h"
 
 #include "codec.h"
@@ -267,7 +268,7 @@ static int ic_print(const ddo_checkpoint *ck, const ic_run *r, unsigned threads,
 int ddo_tool_inspect_codec(const ddo_checkpoint *ck, unsigned threads, bool verify, bool json)
 {
     if (threads == 0) {
-        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        long ncpu = tool_ncpu();
         threads = ncpu > 1 ? (unsigned)ncpu : 1;
     }
     ic_run r = { .ck = ck, .n = ddo_checkpoint_tensor_count(ck), .verify = verify };

@@ -6,6 +6,11 @@
 #include <stdio.h>
 #include <string.h>
 
+#if defined(_WIN32)
+#    include <fcntl.h>
+#    include <io.h>
+#endif
+
 struct command {
     const char *name;
     int (*fn)(int argc, char **argv);
@@ -32,6 +37,11 @@ static void usage(FILE *out)
 
 int main(int argc, char **argv)
 {
+#if defined(_WIN32)
+    /* Output is bytes: no CRLF translation of '\n' on stdout and stderr. */
+    _setmode(_fileno(stdout), _O_BINARY);
+    _setmode(_fileno(stderr), _O_BINARY);
+#endif
     if (argc < 2) {
         usage(stderr);
         return DDO_EXIT_USAGE;

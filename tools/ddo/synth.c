@@ -6,6 +6,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "synth.h"
+#include "compat.h"
 
 #include "cleanup.h"
 #include "gguf_write.h"
@@ -190,7 +191,7 @@ static void fill_range(uint8_t *dst, const fill_kind *fk, uint64_t state, uint64
 static int write_all(int fd, const uint8_t *p, size_t n)
 {
     while (n > 0) {
-        ssize_t w = write(fd, p, n);
+        ssize_t w = write(fd, p, TOOL_IO_COUNT(n));
         if (w < 0) {
             if (errno == EINTR)
                 continue;
@@ -595,7 +596,7 @@ int ddo_tool_synth_values(const char *layout_path, const char *out_path, double 
     }
     size_t padded = gguf ? hlen : (hlen + 7) / 8 * 8;
     if (threads == 0) {
-        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        long ncpu = tool_ncpu();
         threads = ncpu > 1 ? (unsigned)ncpu : 1;
     }
     threads = threads > SYNTH_MAX_THREADS ? SYNTH_MAX_THREADS : threads;
@@ -627,7 +628,7 @@ int ddo_tool_synth_values(const char *layout_path, const char *out_path, double 
         goto io_fail;
     }
     fd = -1;
-    if (!in_place && rename(tmp_path, out_path) != 0) {
+    if (!in_place && tool_rename(tmp_path, out_path) != 0) {
         rc = tool_fail(err, err_len, DDO_E_IO, "%s: rename from %s: %s", out_path, tmp_path,
                        strerror(errno));
         goto out;

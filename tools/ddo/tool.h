@@ -73,7 +73,12 @@ const char *tool_quote(const char *s, char *buf, size_t len);
 /* A numeric metric of a snapshot, 0 when absent. */
 double tool_metric(const ddo_metrics *m, const char *name);
 /* Formats fmt into err (when given) and returns code. */
+#if defined(__MINGW32__)
+int tool_fail(char *err, size_t err_len, int code, const char *fmt, ...)
+    __attribute__((format(gnu_printf, 4, 5)));
+#else
 int tool_fail(char *err, size_t err_len, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+#endif
 
 #endif /* DDO_TOOL_H */

@@ -2,6 +2,7 @@
  * util.c - small helpers shared by the tool's commands.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "compat.h"
 #include "tool.h"
 
 #include <errno.h>
@@ -191,7 +192,7 @@ char *tool_read_file(const char *path, size_t max_bytes)
     size_t len = (size_t)st.st_size, done = 0;
     char *buf = malloc(len + 1);
     while (buf != NULL && done < len) {
-        ssize_t n = read(fd, buf + done, len - done);
+        ssize_t n = read(fd, buf + done, TOOL_IO_COUNT(len - done));
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
