@@ -1011,9 +1011,14 @@ class OffloadResult:
         """On an exception: unload once, re-raise the original (a cleanup error becomes a note)."""
         return cleanup_boundary(self.unload, self)
 
-    def unload(self):
-        """Frees device weights; a forward raises until reload()."""
+    def unload(self, release_host=False):
+        """Frees device weights; a forward raises until reload(). release_host=True frees the
+        retained host store too (an inactive expert holds no RAM); reload() reads it again."""
         if self._state == "unloaded":
+            if release_host:
+                L = _native.lib()
+                _native.check(L.ddo_session_release_host(self._session),
+                              L.ddo_session_error(self._session))
             return
         self._alive("unload")
         for u in list(self._leases):
@@ -1023,7 +1028,8 @@ class OffloadResult:
         self._unbind_all()
         self._dirty = False  # reload() uploads every weight from the host copy again
         L = _native.lib()
-        _native.check(L.ddo_session_unload(self._session), L.ddo_session_error(self._session))
+        fn = L.ddo_session_release_host if release_host else L.ddo_session_unload
+        _native.check(fn(self._session), L.ddo_session_error(self._session))
         self._state = "unloaded"
 
     def reload(self):
