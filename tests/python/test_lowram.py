@@ -3,7 +3,8 @@ enable_offload on the default route) under a host limit below the model's size. 
 cgroup's (faked through DDOTEST_CGROUP_MEMORY_FILE, which only tests use): the retained store
 takes what the limit leaves after the headroom and two staging windows, the rest is re-read
 from the file every step, the process's peak RSS stays under the limit for the whole run, and
-the outputs are bit-identical to the model read into host tensors."""
+the outputs are bit-identical to the model read into host tensors. A two-transformer
+mixture-of-experts stand-in: only the active expert holds its retained store."""
 
 import os
 import subprocess
