@@ -2,7 +2,7 @@
 """Larger than RAM, measured: the Wan 2.1 14B transformer layout (28.6 GB bf16, `ddo synth` to
 this machine's disk) under a host limit of 12 GiB on an emulated 8 GiB card.
 
-One process per case (`ddo bench`, its own peak RSS from wait4), the page cache dropped before
+One process per case (`ddo bench`, its own peak RSS from wait4 in a small launcher), the page cache dropped before
 each case where the machine allows (echo 3 > /proc/sys/vm/drop_caches; whether it did is
 recorded), the disk's O_DIRECT read rate and the bus measured in the same run:
 
@@ -49,6 +49,14 @@ def drop_caches():
         return f"not dropped: {e.strerror}"
 
 
+# Starts the tool from a small interpreter and reports its peak RSS: a process forked from this
+# one (torch, pytest) would count this process's pages in its own peak (ru_maxrss keeps the
+# forked image's high-water mark across exec).
+LAUNCH = ("import os, sys\npid = os.fork()\nif pid == 0:\n    os.execv(sys.argv[1], sys.argv[1:])\n"
+          "_p, st, ru = os.wait4(pid, 0)\nsys.stdout.write('\\nlowram-peak-rss-kib %d\\n' % "
+          "ru.ru_maxrss)\nsys.exit(os.waitstatus_to_exitcode(st))\n")
+
+
 def run_case(args, path, name, flags, extra, log):
     """One `ddo bench` process with one case; its JSON, peak RSS (bytes) and wall time."""
     js = os.path.join(args.work, f"{name}.json")
@@ -57,17 +65,19 @@ def run_case(args, path, name, flags, extra, log):
     cache = "kept (--keep-cache)" if args.keep_cache else drop_caches()
     t0 = time.time()
     with open(os.path.join(args.work, f"{name}.log"), "w") as out:
-        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        _pid, status, ru = os.wait4(p.pid, 0)
+        rc = subprocess.run([sys.executable, "-S", "-E", "-c", LAUNCH] + cmd, stdout=out,
+                            stderr=subprocess.STDOUT).returncode
     wall = time.time() - t0
-    rc = os.waitstatus_to_exitcode(status)
     text = open(os.path.join(args.work, f"{name}.log")).read()
+    peaks = [int(ln.split()[1]) for ln in text.splitlines()
+             if ln.startswith("lowram-peak-rss-kib ")]
+    maxrss_kib = peaks[-1] if peaks else 1 << 40  # unknown: never "within the limit"
     log.append({"case": name, "cmd": " ".join(shlex.quote(c) for c in cmd), "rc": rc,
                 "wall_s": wall, "page_cache": cache, "tail": text[-1500:]})
-    print(f"{name}: rc {rc}, {wall:.1f} s, peak RSS {ru.ru_maxrss / 1048576:.2f} GiB, "
+    print(f"{name}: rc {rc}, {wall:.1f} s, peak RSS {maxrss_kib / 1048576:.2f} GiB, "
           f"cache {cache}", flush=True)
     res = json.load(open(js)) if rc == 0 and os.path.exists(js) else None
-    return res, ru.ru_maxrss * 1024, wall
+    return res, maxrss_kib * 1024, wall
 
 
 def case_of(res, name):
@@ -75,6 +85,22 @@ def case_of(res, name):
         if c["name"] == name:
             return c
     return None
+
+
+def native_tool(path):
+    """The ddo binary itself: a console script (a wheel's `ddo`) is a Python process whose
+    own peak RSS (the interpreter's) would be measured instead; its package's bin/ddo is used."""
+    with open(path, "rb") as f:
+        if f.read(4) == b"\x7fELF":
+            return path
+    try:
+        import ddo as pkg
+        cand = os.path.join(os.path.dirname(pkg.__file__), "bin", "ddo")
+        if os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    except ImportError:
+        pass
+    return path
 
 
 def main(argv=None):
@@ -89,6 +115,7 @@ def main(argv=None):
     ap.add_argument("--keep-cache", action="store_true", help="never drop the page cache")
     ap.add_argument("--tokens", type=int, default=4096)
     args = ap.parse_args(argv)
+    args.ddo = native_tool(args.ddo)
     scale = 1.0
     args.common = []
     headroom = 2.0  # the process's own: the tool's bench buffers, activations, the runtime
