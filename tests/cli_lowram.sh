@@ -8,7 +8,8 @@
 # one of the direct-read reference (--verify once, equality for the rest; the cpu device's rates
 # are given, so that every run plans alike). available_system_ram_gb
 # below the cgroup's room limits the same way. A limit below the smallest plan is refused
-# before anything is allocated, naming the limit and the need.
+# before anything is allocated, naming the limit and the need. A sidecar directory that cannot
+# be written: raw reads, a note, bit-identical.
 # ctest-labels: cli
 set -u
 : "${DDO_BIN:?DDO_BIN is not set}"
@@ -108,6 +109,24 @@ check "a 200 MiB cgroup limit is refused (exit $rc)" '[ $rc -ne 0 ]'
 check "the refusal names the limit and the need" \
     'grep -q "the cgroup memory limit 0.20 GiB is below what the smallest plan needs: 0.31 GiB (staging 0.06 GiB + system_ram_headroom_gb 0.25 GiB)" "$T/low.out"'
 check "refused before the session" '! grep -q "^session:" "$T/low.out"'
+
+# A sidecar directory that cannot be written (/sys refuses even root): the streamed tensors are
+# read raw from the checkpoint, a note says why, the run is bit-identical.
+echo $((4 * 1024 * MIB)) >"$T/memory.max"
+RO=/sys/ddo-lowram-$$
+if ! mkdir "$RO" 2>/dev/null; then
+    "$DDO_BIN" run "$T/wan.safetensors" --steps 1 --tokens 1 --cpu-memory-gb 1 --verify \
+        --show-profile --ddo-available-system-ram-gb 0.5 --ddo-weight-codec ddoc1 \
+        --ddo-weight-codec-cache-dir "$RO" >"$T/ro.out" 2>&1
+    rc=$?
+    check "read-only sidecar directory: runs (exit $rc)" '[ $rc -eq 0 ]'
+    check "read-only sidecar directory: the note" 'grep -q "codec_sidecar_note=sidecar $RO/.*not written" "$T/ro.out"'
+    check "read-only sidecar directory: raw from the checkpoint, bit-identical" \
+        'grep -q "verify: OK" "$T/ro.out" && ! grep -q "staged from file 0 B" "$T/ro.out"'
+else
+    rmdir "$RO"
+    echo "skip: /sys took a directory; no read-only directory to test with"
+fi
 
 [ $fails -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }
 echo "all checks passed"
