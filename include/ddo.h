@@ -1003,6 +1003,12 @@ DDO_API int ddo_session_unload(ddo_session *s);
  * ddo_session_create's device steps (DDO_E_BUDGET, DDO_E_DEVICE, DDO_E_DEVICE_MEMORY, DDO_E_IO,
  * DDO_E_FILE_CHANGED, DDO_E_NO_MEMORY). */
 DDO_API int ddo_session_reload(ddo_session *s);
+/* Unload, and the host stores too: the retained store (and its registration) is freed, so an
+ * inactive session (an expert of a mixture-of-experts pipeline between its phases) holds no
+ * host memory beyond its staging windows; ddo_session_reload reads the store again from the
+ * files before the device state. Errors: those of ddo_session_unload; DDO_E_UNSUPPORTED with
+ * weight_codec's stores or a caller's host tensors (unload() keeps them). */
+DDO_API int ddo_session_release_host(ddo_session *s);
 /*
  * Error boundary: runs phase(user). On failure attempts cleanup (unload) once
  * and returns the phase's original error; a cleanup failure is attached as a

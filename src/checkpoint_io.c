@@ -95,6 +95,9 @@ int ddo__checkpoint_read_range(const ddo_checkpoint *ck, uint32_t file, uint64_t
         int e = ddo__os_pread_full(f->fd, dst, len, offset);
         if (e != 0)
             return ddo__checkpoint_os_failure(f->info.path, "read", e);
+        /* The bytes now live in the caller's memory (a retained store, a staging window):
+         * the page cache is not left holding a second copy of them. */
+        ddo__os_drop_cached(f->fd, offset, len);
     }
     /* Again after the read: a write during it changed the change time, so bytes that a writer
      * replaced while we copied them are never handed out either. */

@@ -119,7 +119,7 @@ static int apply(ddo_config *cfg, const char *const *envp)
     cfg->env_captured = cfg->opt.use_environment;
 
     /* from_env's operational defaults, below any preset. */
-    double ram = (double)ddo__os_available_ram_bytes() / (double)DDO_GIB;
+    double ram = (double)ddo__os_usable_ram_bytes() / (double)DDO_GIB; /* within the cgroup */
     cfg->detected_ram_gb = round(ram * 10000.0) / 10000.0;
     cfg->env_defaults = true;
     static const int env_default_ids[] = { DDO_OPT_ID_small_tensor_threshold_bytes,

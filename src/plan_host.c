@@ -8,6 +8,7 @@
 
 #include "codec.h"
 #include "host_pins.h"
+#include "os/sysinfo.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -144,7 +145,12 @@ static int retained_store(builder *b, host_ctx *h, uint64_t available)
             ddo__decisions_set_str(d, "retained_store", "disabled");
         }
     } else if (available > 0) {
-        uint64_t hr = ddo__gb_to_bytes(o->system_ram_headroom_gb);
+        /* The headroom stays the process's; the staging windows (at least two) come first. */
+        uint64_t st =
+            floor_to(ddo__gb_to_bytes(o->vmm_staging_buffer_gb), DDO_STAGING_WINDOW_BYTES);
+        if (st < 2 * (uint64_t)DDO_STAGING_WINDOW_BYTES)
+            st = 2 * (uint64_t)DDO_STAGING_WINDOW_BYTES;
+        uint64_t hr = ddo__sat_add_u64(ddo__gb_to_bytes(o->system_ram_headroom_gb), st);
         retain_limit = floor_to(available > hr ? available - hr : 0, DDO_SEGMENT_BYTES);
         if (retain_limit == 0) {
             retain = false;
@@ -295,6 +301,38 @@ static int staging(builder *b, const host_ctx *h, uint64_t available)
     return 0;
 }
 
+/* The host budget in the decisions (what ddo's stores take of it and what they leave the
+ * process), and the refusal of a cgroup limit below the smallest plan: streaming everything
+ * through the staging windows, with the configured headroom kept for the process. Checked
+ * here, before any store is allocated. */
+static int host_budget(builder *b, uint64_t available)
+{
+    ddo_plan *p = b->p;
+    ddo__decisions *d = &p->decisions;
+    const ddo_plan_budgets *bg = &p->budgets;
+    uint64_t headroom = ddo__gb_to_bytes(b->o->system_ram_headroom_gb);
+    bool host_memory = holds_host_data(b);
+    uint64_t stores = ddo__sat_add_u64(host_memory ? 0 : bg->retained_peak, bg->staging_peak);
+    if (available > 0) {
+        ddo__decisions_set_gb(d, "host_budget_gb", available);
+        ddo__decisions_set_gb(d, "host_stores_gb", stores);
+        ddo__decisions_set_gb(d, "host_left_for_process_gb",
+                              available > stores ? available - stores : 0);
+    }
+    uint64_t cg = ddo__os_cgroup_memory_limit();
+    uint64_t need = ddo__sat_add_u64(bg->staging_peak, headroom);
+    if (cg == 0 || host_memory || cg >= need)
+        return 0;
+    char b1[32], b2[32], b3[32], b4[32];
+    return ddo__fail(NULL, DDO_E_BUDGET,
+                     "the cgroup memory limit %s is below what the smallest plan needs: %s "
+                     "(staging %s + system_ram_headroom_gb %s); raise the limit or lower "
+                     "system_ram_headroom_gb",
+                     ddo__format_gib(cg, b1, sizeof(b1)), ddo__format_gib(need, b2, sizeof(b2)),
+                     ddo__format_gib(bg->staging_peak, b3, sizeof(b3)),
+                     ddo__format_gib(headroom, b4, sizeof(b4)));
+}
+
 /* Retained store, registration and staging for the route. */
 int ddo__plan_host_side(builder *b, uint64_t available, const ddo__pin_resolution *pin,
                         bool pin_skipped)
@@ -321,8 +359,8 @@ int ddo__plan_host_side(builder *b, uint64_t available, const ddo__pin_resolutio
         if (!p->units[u].resident)
             h.list[h.streamed++] = u;
     if ((rc = retained_store(b, &h, available)) == 0 &&
-        (rc = registration(b, &h, pin, pin_skipped)) == 0)
-        rc = staging(b, &h, available);
+        (rc = registration(b, &h, pin, pin_skipped)) == 0 && (rc = staging(b, &h, available)) == 0)
+        rc = host_budget(b, available);
 out:
     free(h.list);
     free(h.flags);

@@ -603,6 +603,26 @@ int ddo_session_unload(ddo_session *s)
     return first;
 }
 
+int ddo_session_release_host(ddo_session *s)
+{
+    if (s == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_session_release_host: session is NULL");
+    const char *store = ddo__decisions_get(&s->plan->decisions, "retained_store");
+    bool codec = s->codec != NULL || ddo__session_codec_wanted(s);
+    if (codec || (store != NULL && strncmp(store, "host_memory", 11) == 0))
+        return ddo__fail(&s->err, DDO_E_UNSUPPORTED,
+                         "ddo_session_release_host: %s; unload() keeps the host store",
+                         codec ? "weight_codec's stores stay with the session"
+                               : "the weights are the caller's host tensors");
+    int rc = ddo_session_unload(s);
+    if (rc != 0 || s->source == NULL)
+        return rc;
+    /* Unloaded and quiesced: no load reads the store any more. */
+    ddo__source_destroy(s->source);
+    s->source = NULL;
+    return 0;
+}
+
 int ddo_session_reload(ddo_session *s)
 {
     if (s == NULL)
@@ -612,7 +632,11 @@ int ddo_session_reload(ddo_session *s)
     if (!s->loader_started)
         return ddo__fail(&s->err, DDO_E_STATE, "ddo_session_reload: the session was released");
     pthread_mutex_lock(&s->mu);
-    int rc = make_device_state(s);
+    int rc = s->source == NULL ? build_source(s) : 0; /* after ddo_session_release_host */
+    if (rc != 0)
+        s->source = NULL;
+    else
+        rc = make_device_state(s);
     if (rc == 0) {
         s->unloaded = false;
         ddo__metrics_add(&s->metrics, DDO_M_reloads, 1);

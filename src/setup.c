@@ -92,7 +92,7 @@ int ddo_plan_inputs_from_caps(const ddo_device_caps *caps, ddo_plan_inputs *out)
         in.bus_bytes_per_s = caps->bus_bytes_per_s;
         in.flops_per_s = caps->flops_per_s;
     }
-    in.host_available_bytes = ddo__os_available_ram_bytes();
+    in.host_available_bytes = ddo__os_usable_ram_bytes(); /* within the cgroup's room */
     return DDO__ABI_OUT(ddo_plan_inputs, &in, out);
 }
 

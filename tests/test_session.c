@@ -394,6 +394,40 @@ static void test_unload_reload(void)
     fx_destroy(&f);
 }
 
+/* Release the host store of a file-backed session (retained and registered): the bytes go (metric
+ * retained_bytes 0), a second release is harmless, acquire refuses until reload, which reads the
+ * store again; every unit's bytes are the file's afterwards. */
+static void test_release_host(void)
+{
+    fx f;
+    T_REQUIRE(fx_create(&f, &vmm_mem) == 0); /* a caller's host tensors: nothing to release */
+    T_REQUIRE(f.rc == 0);
+    T_EQ_INT(ddo_session_release_host(f.s), DDO_E_UNSUPPORTED);
+    T_CONTAINS(ddo_session_error(f.s), "the caller's host tensors");
+    fx_destroy(&f);
+    fx_opts o = vmm_mem;
+    o.file = true;
+    o.cache_gb = 1;
+    o.pin = true;
+    T_REQUIRE(fx_create(&f, &o) == 0);
+    T_REQUIRE(f.rc == 0);
+    for (int b = 0; b < 4; b++)
+        T_CHECK(fx_use(&f, fx_unit(&f, b)) == 0);
+    T_CHECK(fx_metric(&f, "retained_bytes") > 0);
+    T_REQUIRE(ddo_session_release_host(f.s) == 0);
+    T_NEAR(fx_metric(&f, "retained_bytes"), 0, 0);
+    T_EQ_INT(ddo_session_release_host(f.s), 0);
+    T_EQ_INT(ddo_session_acquire(f.s, fx_unit(&f, 0), f.stream), DDO_E_STATE);
+    T_REQUIRE(ddo_session_reload(f.s) == 0);
+    T_CHECK(fx_metric(&f, "retained_bytes") > 0);
+    for (int step = 0; step < 2; step++)
+        for (int b = 0; b < 4; b++)
+            T_CHECK(fx_use(&f, fx_unit(&f, b)) == 0);
+    T_NEAR(fx_metric(&f, "unloads"), 1, 0);
+    T_NEAR(fx_metric(&f, "reloads"), 1, 0);
+    fx_destroy(&f);
+}
+
 static int phase_calls;
 static int phase_ok(void *user)
 {
@@ -1087,6 +1121,7 @@ int main(void)
     T_RUN(test_reclaim_explicit);
     T_RUN(test_reclaim_pressure);
     T_RUN(test_unload_reload);
+    T_RUN(test_release_host);
     T_RUN(test_error_boundary);
     T_RUN(test_file_tiers_and_change);
     T_RUN(test_retained_tiers);

@@ -267,6 +267,7 @@ FUNCTIONS = {
     "ddo_session_tensor_view_count": (c_size_t, [P, c_size_t]),
     "ddo_session_unload": (c_int, [P]),
     "ddo_session_reload": (c_int, [P]),
+    "ddo_session_release_host": (c_int, [P]),
     "ddo_session_synchronize": (c_int, [P]),
     "ddo_session_metrics": (c_int, [P, c_bool, PP]),
     "ddo_session_error": (c_char_p, [P]),

@@ -1250,9 +1250,15 @@ class OffloadResult:
         return cleanup_boundary(self.unload, self)
 
     @_shielded
-    def unload(self):
-        """Frees device weights; a forward raises until reload()."""
+    def unload(self, release_host=False):
+        """Frees device weights; a forward raises until reload(). release_host=True frees the
+        retained host store too (an inactive expert holds no RAM); reload() reads it again."""
         if self._state == "unloaded":
+            if release_host:
+                self._alive("unload")
+                L = _native.lib()
+                _native.check(L.ddo_session_release_host(self._session),
+                              L.ddo_session_error(self._session))
             return
         self._alive("unload")
         self._not_in_forward("unload")
@@ -1272,7 +1278,8 @@ class OffloadResult:
                            f"read: drop them (or keep .clone()s) and call unload() again")
         self._dirty = False  # reload() uploads every weight from the host copy again
         L = _native.lib()
-        _native.check(L.ddo_session_unload(self._session), L.ddo_session_error(self._session))
+        fn = L.ddo_session_release_host if release_host else L.ddo_session_unload
+        _native.check(fn(self._session), L.ddo_session_error(self._session))
         self._state = "unloaded"
 
     @_shielded

@@ -217,6 +217,17 @@ bool ddo__os_is_directory(const char *path)
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+void ddo__os_drop_cached(int fd, uint64_t off, uint64_t len)
+{
+#if defined(__linux__) && defined(POSIX_FADV_DONTNEED)
+    (void)posix_fadvise(fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
+#else
+    (void)fd;
+    (void)off;
+    (void)len;
+#endif
+}
+
 char *ddo__os_realpath(const char *path)
 {
     return realpath(path, NULL);

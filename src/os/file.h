@@ -85,6 +85,9 @@ int64_t ddo__os_cached_bytes(const char *path, uint64_t size);
 /* Asks for transparent huge pages on a large anonymous range (fewer faults and fewer pages to
  * pin when it is registered). A hint: failures are ignored. */
 void ddo__os_advise_huge(void *p, size_t len);
+/* Drops [off, off + len) of fd's file from the page cache (POSIX_FADV_DONTNEED) after a
+ * buffered read into memory of ddo's own, so the cache never holds a second copy. A hint. */
+void ddo__os_drop_cached(int fd, uint64_t off, uint64_t len);
 /* The absolute, resolved path (free with free()); NULL with errno set on failure. */
 char *ddo__os_realpath(const char *path);
 

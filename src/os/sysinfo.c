@@ -107,17 +107,47 @@ static uint64_t read_u64_file(const char *path, bool *max)
     return v;
 }
 
+/* Tests only: DDOTEST_CGROUP_MEMORY_FILE names a file read in place of the cgroup's limit
+ * file (v2's "max" or a number; v1's huge "no limit" number reads as none). Not for users. */
+static const char *test_cgroup_file(void)
+{
+    const char *t = getenv("DDOTEST_CGROUP_MEMORY_FILE");
+    return t != NULL && t[0] != '\0' ? t : NULL;
+}
+
 uint64_t ddo__os_cgroup_memory_limit(void)
 {
     bool max;
-    uint64_t v = read_u64_file("/sys/fs/cgroup/memory.max", &max);
-    if (v != 0 || max)
-        return max ? 0 : v;
+    const char *t = test_cgroup_file();
+    uint64_t v = read_u64_file(t != NULL ? t : "/sys/fs/cgroup/memory.max", &max);
+    if (v != 0 || max || t != NULL)
+        return max || v >= ((uint64_t)1 << 60) ? 0 : v;
     v = read_u64_file("/sys/fs/cgroup/memory/memory.limit_in_bytes", &max);
     /* cgroup v1 reports "no limit" as a huge page-aligned number. */
     if (v >= ((uint64_t)1 << 60))
         return 0;
     return v;
+}
+
+uint64_t ddo__os_cgroup_memory_used(void)
+{
+    bool max;
+    if (test_cgroup_file() != NULL)
+        return 0; /* a fake limit is measured against this process alone */
+    uint64_t v = read_u64_file("/sys/fs/cgroup/memory.current", &max);
+    if (v == 0)
+        v = read_u64_file("/sys/fs/cgroup/memory/memory.usage_in_bytes", &max);
+    return v;
+}
+
+uint64_t ddo__os_usable_ram_bytes(void)
+{
+    uint64_t avail = ddo__os_available_ram_bytes(), cg = ddo__os_cgroup_memory_limit();
+    if (cg == 0)
+        return avail;
+    uint64_t used = ddo__os_cgroup_memory_used();
+    uint64_t room = cg > used ? cg - used : 0;
+    return avail == 0 || room < avail ? room : avail;
 }
 
 const char *ddo__os_purge_standby_list(void)

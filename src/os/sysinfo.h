@@ -17,6 +17,11 @@ uint64_t ddo__os_available_ram_bytes(void);
 uint64_t ddo__os_total_ram_bytes(void);
 /* The memory limit of this process's cgroup (v2 memory.max or v1 limit_in_bytes); 0 = none. */
 uint64_t ddo__os_cgroup_memory_limit(void);
+/* What this process's cgroup uses now (memory.current / usage_in_bytes); 0 = unknown. */
+uint64_t ddo__os_cgroup_memory_used(void);
+/* The RAM this process may still take: MemAvailable within the room its cgroup limit leaves
+ * (limit - use); 0 when unknown. Tests fake the limit with DDOTEST_CGROUP_MEMORY_FILE. */
+uint64_t ddo__os_usable_ram_bytes(void);
 /* Purges the Windows standby list: "purged", or why not ("non_windows" elsewhere). */
 const char *ddo__os_purge_standby_list(void);
 /* The size of a memory page (4096 when the system cannot tell). */

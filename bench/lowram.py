@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Larger than RAM, measured: the Wan 2.1 14B transformer layout (28.6 GB bf16, `ddo synth` to
+this machine's disk) under a host limit of 12 GiB on an emulated 8 GiB card.
+
+One process per case (`ddo bench`, its own peak RSS from wait4 in a small launcher), the page
+cache dropped before each case where the machine allows (echo 3 > /proc/sys/vm/drop_caches;
+whether it did is recorded), the disk's O_DIRECT read rate and the bus measured in the same run
+(about 6 minutes on the H200 machine by estimate: 28.6 GB written once, then about 20 GB read
+from the disk per streamed step):
+
+  reference      the whole model resident (the card unlimited): the resident step, the bus,
+                 the O_DIRECT rate and the checksum every case must match;
+  raw            host limit (available_system_ram_gb) and the 8 GiB card: what is not retained
+                 streams from the checkpoint every step;
+  sidecar-build  the same with weight_codec=ddoc1 and a cache directory: setup codes the
+                 file-streamed tensors into their sidecar;
+  sidecar        the same again: the sidecar exists and is read (coded bytes from the disk);
+  auto           weight_codec=auto with the cache directory: what auto chooses (recorded).
+
+Targets per case: step <= 1.1 x max(resident step, bus-fed bytes / bus, file-read bytes /
+O_DIRECT rate) (ddo bench's bound); peak RSS <= the host limit; the sidecar's file bytes per
+step <= 0.7 x raw's; bit-identical to the reference. JSON to OUT/lowram.json.
+
+  H200:  python3 bench/lowram.py --ddo build/ddo --dir /tmp/lowram --out $OUT
+  tiny:  python3 bench/lowram.py --tiny --ddo build/ddo --out /tmp/x   (the cpu device, 0.1 GiB
+         of the layout, limits scaled alike; tests/python/test_bench_lowram.py runs it)
+"""
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LAYOUT = os.path.join(HERE, "..", "data", "layouts", "wan2.1-t2v-14b.json")
+GIB = 1 << 30
+
+
+def drop_caches():
+    """Drops the page cache (needs root and a writable /proc/sys); returns what happened."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return "dropped"
+    except OSError as e:
+        return f"not dropped: {e.strerror}"
+
+
+# Starts the tool from a small interpreter and reports its peak RSS: a process forked from this
+# one (torch, pytest) would count this process's pages in its own peak (ru_maxrss keeps the
+# forked image's high-water mark across exec).
+LAUNCH = ("import os, sys\npid = os.fork()\nif pid == 0:\n    os.execv(sys.argv[1], sys.argv[1:])\n"
+          "_p, st, ru = os.wait4(pid, 0)\nsys.stdout.write('\\nlowram-peak-rss-kib %d\\n' % "
+          "ru.ru_maxrss)\nsys.exit(os.waitstatus_to_exitcode(st))\n")
+
+
+def run_case(args, path, name, flags, extra, log):
+    """One `ddo bench` process with one case; its JSON, peak RSS (bytes) and wall time."""
+    js = os.path.join(args.work, f"{name}.json")
+    cmd = [args.ddo, "bench", path, "--steps", str(args.steps), "--tokens", str(args.tokens),
+           "--case", " ".join([name] + flags), "--json", js] + extra + args.common
+    cache = "kept (--keep-cache)" if args.keep_cache else drop_caches()
+    t0 = time.time()
+    with open(os.path.join(args.work, f"{name}.log"), "w") as out:
+        rc = subprocess.run([sys.executable, "-S", "-E", "-c", LAUNCH] + cmd, stdout=out,
+                            stderr=subprocess.STDOUT).returncode
+    wall = time.time() - t0
+    text = open(os.path.join(args.work, f"{name}.log")).read()
+    peaks = [int(ln.split()[1]) for ln in text.splitlines()
+             if ln.startswith("lowram-peak-rss-kib ")]
+    maxrss_kib = peaks[-1] if peaks else 1 << 40  # unknown: never "within the limit"
+    log.append({"case": name, "cmd": " ".join(shlex.quote(c) for c in cmd), "rc": rc,
+                "wall_s": wall, "page_cache": cache, "tail": text[-1500:]})
+    print(f"{name}: rc {rc}, {wall:.1f} s, peak RSS {maxrss_kib / 1048576:.2f} GiB, "
+          f"cache {cache}", flush=True)
+    res = json.load(open(js)) if rc == 0 and os.path.exists(js) else None
+    return res, maxrss_kib * 1024, wall
+
+
+def case_of(res, name):
+    for c in (res or {}).get("cases", []):
+        if c["name"] == name:
+            return c
+    return None
+
+
+def native_tool(path):
+    """The ddo binary itself: a console script (a wheel's `ddo`) is a Python process whose
+    own peak RSS (the interpreter's) would be measured instead; its package's bin/ddo is used."""
+    with open(path, "rb") as f:
+        if f.read(4) == b"\x7fELF":
+            return path
+    try:
+        import ddo as pkg
+        cand = os.path.join(os.path.dirname(pkg.__file__), "bin", "ddo")
+        if os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    except ImportError:
+        pass
+    return path
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ddo", default=os.path.join(HERE, "..", "build", "ddo"))
+    ap.add_argument("--dir", default="/tmp/ddo-lowram", help="where the checkpoint is written")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--tiny", action="store_true", help="the cpu device, 0.1 GiB of the layout")
+    ap.add_argument("--limit-gib", type=float, default=12.0)
+    ap.add_argument("--card-gib", type=float, default=8.0)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--keep-cache", action="store_true", help="never drop the page cache")
+    ap.add_argument("--tokens", type=int, default=4096)
+    args = ap.parse_args(argv)
+    args.ddo = native_tool(args.ddo)
+    scale = 1.0
+    args.common = []
+    headroom = 2.0  # the process's own: the tool's bench buffers, activations, the runtime
+    if args.tiny:  # ~0.1 GiB: every limit scaled by the same factor
+        scale, args.tokens, args.steps = 0.06, 4, 2
+        args.limit_gib, args.card_gib, headroom = 0.16, 0.05, 0.03
+        args.common = ["--ddo-execution-device", "cpu", "--bus-gib", "0.25"]
+    os.makedirs(args.dir, exist_ok=True)
+    os.makedirs(args.out, exist_ok=True)
+    args.work = os.path.join(args.dir, "work")
+    shutil.rmtree(args.work, ignore_errors=True)
+    os.makedirs(args.work)
+    path = os.path.join(args.dir, f"wan-{scale:g}.safetensors")
+    t0 = time.time()
+    if not os.path.exists(path):
+        subprocess.run([args.ddo, "synth", "--layout", LAYOUT, "--out", path + ".part",
+                        "--scale", str(scale), "--values", "normal"], check=True)
+        os.replace(path + ".part", path)
+    synth_s = time.time() - t0
+    model = os.path.getsize(path)
+    cache_dir = os.path.join(args.dir, "sidecars")
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    os.makedirs(cache_dir)
+    low = ["--ddo-available-system-ram-gb", f"{args.limit_gib:g}",
+           "--ddo-system-ram-headroom-gb", f"{headroom:g}",
+           "--ddo-device-memory-limit-gb", f"{args.card_gib:g}"]
+    codec = ["--ddo-weight-codec-cache-dir", cache_dir]
+    log = []
+    ref, ref_rss, _ = run_case(args, path, "reference", [], ["--direct-gib", "4" if not args.tiny
+                                                             else "0.05"], log)
+    base = case_of(ref, "resident")
+    out = {"schema": "ddo-lowram/1", "tiny": args.tiny, "checkpoint_bytes": model,
+           "synth_s": synth_s, "host_limit_gib": args.limit_gib, "card_gib": args.card_gib,
+           "host_limit_kind": "available_system_ram_gb (no cgroup set by the bench)",
+           "bus_bytes_per_s": (ref or {}).get("bus_bytes_per_s"),
+           "direct_read_bytes_per_s": (ref or {}).get("direct_read_bytes_per_s"),
+           "resident_step_s": (ref or {}).get("resident_step_s"),
+           "reference_checksum": base and base["checksum"], "cases": {}, "log": log}
+    # The later cases measure nothing but their case: the bus and disk figures are the
+    # reference's (passed on, so that every bound is computed alike).
+    nobus = ["--no-resident", "--direct-gib", "0"]
+    ddoc1 = low + ["--ddo-weight-codec", "ddoc1"] + codec
+    for name, flags in (("raw", low), ("sidecar-build", ddoc1),
+                        ("sidecar", ddoc1),
+                        ("auto", low + ["--ddo-weight-codec", "auto"] + codec)):
+        res, rss, wall = run_case(args, path, name, flags, nobus, log)
+        c = case_of(res, name)
+        r = {"rc": log[-1]["rc"], "peak_rss_bytes": rss, "wall_s": wall,
+             "rss_ok": rss <= args.limit_gib * GIB}
+        if c is not None and ref is not None:
+            bus, disk, rs = ref["bus_bytes_per_s"], ref["direct_read_bytes_per_s"], \
+                ref["resident_step_s"]
+            fed = c["file_fed_bytes_per_step"] + c.get("sidecar_fed_bytes_per_step", 0.0)
+            bound = max(rs, c["copy_bytes_per_step"] / bus if bus else 0.0,
+                        fed / disk if disk else 0.0)
+            r.update({k: c.get(k) for k in ("step_s", "weight_codec", "read_engine",
+                                             "file_fed_bytes_per_step",
+                                             "sidecar_fed_bytes_per_step",
+                                             "copy_bytes_per_step", "stall_s_per_step",
+                                             "setup_s", "checksum")})
+            r.update({"bound_s": bound, "ratio": c["step_s"] / bound if bound else None,
+                      "step_ok": c["step_s"] <= 1.1 * bound,
+                      "bit_identical": c["checksum"] == out["reference_checksum"]})
+        out["cases"][name] = r
+    raw = out["cases"].get("raw", {}).get("file_fed_bytes_per_step")
+    side = out["cases"].get("sidecar", {}).get("sidecar_fed_bytes_per_step")
+    out["sidecar_over_raw_file_bytes"] = side / raw if raw and side is not None else None
+    out["sidecar_ok"] = out["sidecar_over_raw_file_bytes"] is not None and \
+        0 < out["sidecar_over_raw_file_bytes"] <= 0.7
+    out["total_s"] = time.time() - t0
+    with open(os.path.join(args.out, "lowram.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    for name, r in out["cases"].items():
+        print(f"{name:14s} rc {r['rc']} step {r.get('step_s') or 0:.3f} s bound "
+              f"{r.get('bound_s') or 0:.3f} s ratio {r.get('ratio') or 0:.3f} "
+              f"rss {r['peak_rss_bytes'] / GIB:.2f} GiB identical {r.get('bit_identical')}")
+    print(f"sidecar file bytes / raw: {out['sidecar_over_raw_file_bytes']}; "
+          f"total {out['total_s']:.0f} s")
+    return 0 if all(r["rc"] == 0 for r in out["cases"].values()) and ref is not None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

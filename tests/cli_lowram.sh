@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# cli_lowram.sh - a host-RAM limit that holds: a Wan 2.1 layout scaled to 393 MiB, planned and
+# run under a (fake, DDOTEST_CGROUP_MEMORY_FILE) cgroup limit of the headroom plus 10, 25, 50,
+# 75 and 100 % of the model. Every run: the plan shows the host budget (the cgroup's limit)
+# and what it leaves for the process; the retained store stays within limit - headroom; the
+# bytes read from the file per step are the streamed bytes the store does not serve and at
+# least streamed - retained limit; peak RSS stays under the limit; every checksum is the
+# one of the direct-read reference (--verify once, equality for the rest; the cpu device's rates
+# are given, so that every run plans alike). available_system_ram_gb
+# below the cgroup's room limits the same way. A limit below the smallest plan is refused
+# before anything is allocated, naming the limit and the need. A sidecar directory that cannot
+# be written: raw reads, a note, bit-identical.
+# ctest-labels: cli
+set -u
+: "${DDO_BIN:?DDO_BIN is not set}"
+: "${DDO_SOURCE_DIR:?DDO_SOURCE_DIR is not set}"
+PY=/usr/bin/python3
+[ -x "$PY" ] || PY=python3
+[ -x /usr/bin/time ] || { echo "skip: /usr/bin/time (GNU time) is needed for the peak RSS"; exit 77; }
+T=$(mktemp -d "${TMPDIR:-/tmp}/ddo-cli-lowram-XXXXXX")
+trap 'rm -rf "$T"' EXIT
+fails=0
+pass() { echo "ok: $1"; }
+fail() { echo "FAIL: $1"; fails=$((fails + 1)); }
+check() { if eval "$2"; then pass "$1"; else fail "$1"; fi; }
+"$DDO_BIN" synth --layout "$DDO_SOURCE_DIR/data/layouts/wan2.1-t2v-14b.json" \
+    --out "$T/wan.safetensors" --scale 0.12 --seed 3 >"$T/synth.log" 2>&1 ||
+    { cat "$T/synth.log"; echo "FAIL: ddo synth"; exit 1; }
+M=$(stat -c %s "$T/wan.safetensors")
+MIB=1048576
+H=$((256 * MIB)) # system_ram_headroom_gb 0.25: the process, its cpu device arena
+export DDO_SYSTEM_RAM_HEADROOM_GB=0.25 DDO_VMM_STAGING_BUFFER_GB=0.0625 DDO_DEVICE_BUDGET_GB=0.1
+export DDO_EXECUTION_DEVICE=cpu DDOTEST_CGROUP_MEMORY_FILE="$T/memory.max"
+
+# run NAME STEPS [flags]: ddo run under the fake limit; its peak RSS in NAME.rss (KiB).
+run() {
+    local name=$1 steps=$2
+    shift 2
+    /usr/bin/time -f "%M" -o "$T/$name.rss" "$DDO_BIN" run "$T/wan.safetensors" --steps "$steps" \
+        --tokens 1 --cpu-memory-gb 1 --cpu-gbps 20 --cpu-gflops 100 --metrics "$T/$name.metrics" "$@" >"$T/$name.out" 2>&1
+}
+ref=""
+for pct in 100 75 50 25 10; do
+    L=$((H + 64 * MIB + M * pct / 100)) # headroom + two staging windows + pct of the model
+    echo "$L" >"$T/memory.max"
+    "$DDO_BIN" plan "$T/wan.safetensors" --device-memory-gb 1 --json >"$T/p$pct.json" 2>"$T/p$pct.err"
+    check "$pct %: plans under a $L-byte cgroup limit ($(head -c 300 "$T/p$pct.err"))" '[ $? -eq 0 ]'
+    check "$pct %: the plan shows the host budget and what it leaves" "$PY - '$T/p$pct.json' $L $H <<'EOF'
+import json, sys
+p = json.load(open(sys.argv[1])); L, H = int(sys.argv[2]), int(sys.argv[3])
+d = p['planner_decisions']; G = 1 << 30
+budget, stores, left = (float(d[k]) for k in ('host_budget_gb', 'host_stores_gb', 'host_left_for_process_gb'))
+b = p['budgets']
+ok = abs(budget * G - L) < 1e-4 * G and abs(left + stores - budget) < 2e-4
+ok = ok and b['retained_host']['peak'] <= max(L - H - (64 << 20), 0) and left * G >= H - 1e-4 * G and abs(stores * G - b['retained_host']['peak'] - b['staging']['peak']) < 1e-4 * G
+sys.exit(0 if ok else 1)
+EOF"
+    extra=()
+    [ "$pct" = 10 ] && extra=(--verify)
+    run "a$pct" 1
+    run "b$pct" 3 "${extra[@]}"
+    sum=$(awk '$1 ~ /^[0-9]+$/ && NF >= 11 {s=$NF} END {print s}' "$T/b$pct.out")
+    [ -z "$ref" ] && ref=$sum
+    check "$pct %: runs, checksum $sum = $ref" '[ -n "$sum" ] && [ "$sum" = "$ref" ]'
+    [ "$pct" = 10 ] && check "10 %: bit-identical to the direct-read reference" \
+        'grep -q "verify: OK" "$T/b$pct.out"'
+    # The RSS of the run with --verify includes its reference's copy of the model.
+    [ "$pct" != 10 ] && check "$pct %: peak RSS $(cat "$T/b$pct.rss") KiB <= limit $((L / 1024)) KiB" \
+        '[ "$(cat "$T/b$pct.rss")" -le $((L / 1024)) ]'
+    check "$pct %: file bytes per step = streamed bytes the retained store does not serve" \
+        "$PY - '$T/a$pct.metrics' '$T/b$pct.metrics' '$T/b$pct.out' $L $H <<'EOF'
+import json, re, sys
+a = json.loads(open(sys.argv[1]).read().splitlines()[-1])['bytes']
+b = json.loads(open(sys.argv[2]).read().splitlines()[-1])
+L, H = int(sys.argv[4]), int(sys.argv[5])
+out = open(sys.argv[3]).read()
+S = float(re.search(r'([0-9.]+) MiB streamed per step', out).group(1)) * 2**20
+f = (b['bytes']['bytes_staged_from_file'] - a['bytes_staged_from_file']) / 2
+r = (b['bytes']['bytes_staged_from_retained'] - a['bytes_staged_from_retained']) / 2
+c = b['capacities']
+limit = (L - H - (64 << 20)) // (64 << 20) * (64 << 20)
+cap = c['retained_peak_bytes']
+kept = c['planned_slot_count'] * c['planned_slot_bytes'] # a unit still in a slot is not reloaded
+print('  streamed %.0f, file %.0f, retained %.0f per step; retained store %d, limit %d, slots %d'
+      % (S, f, r, cap, limit, kept))
+ok = S - kept <= f + r <= S + 0.06 * 2**20 and cap <= limit and r <= cap and f >= S - limit - kept
+sys.exit(0 if ok else 1)
+EOF"
+done
+
+# available_system_ram_gb below the cgroup's room: it limits the store the same way.
+echo $((4 * 1024 * MIB)) >"$T/memory.max"
+"$DDO_BIN" plan "$T/wan.safetensors" --device-memory-gb 1 --ddo-available-system-ram-gb 0.4 \
+    --json >"$T/avail.json" 2>&1
+check "available_system_ram_gb 0.4 under a 4 GiB cgroup: retained <= 0.4 - 0.25 GiB - staging" "$PY - '$T/avail.json' <<'EOF'
+import json, sys
+p = json.load(open(sys.argv[1]))
+d = p['planner_decisions']
+print('  retained', p['budgets']['retained_host']['peak'], 'host budget', d['host_budget_gb'])
+sys.exit(0 if 0 < p['budgets']['retained_host']['peak'] <= int(0.15 * 2**30) - (64 << 20) and float(d['host_budget_gb']) == 0.4 else 1)
+EOF"
+
+# A limit below the smallest plan (two staging windows + the 0.25 GiB headroom): refused by the
+# plan, before any store is allocated, naming the limit and the need.
+echo $((200 * MIB)) >"$T/memory.max"
+run low 1
+rc=$?
+check "a 200 MiB cgroup limit is refused (exit $rc)" '[ $rc -ne 0 ]'
+check "the refusal names the limit and the need" \
+    'grep -q "the cgroup memory limit 0.20 GiB is below what the smallest plan needs: 0.31 GiB (staging 0.06 GiB + system_ram_headroom_gb 0.25 GiB)" "$T/low.out"'
+check "refused before the session" '! grep -q "^session:" "$T/low.out"'
+
+# A sidecar directory that cannot be written (/sys refuses even root): the streamed tensors are
+# read raw from the checkpoint, a note says why, the run is bit-identical.
+echo $((4 * 1024 * MIB)) >"$T/memory.max"
+RO=/sys/ddo-lowram-$$
+if ! mkdir "$RO" 2>/dev/null; then
+    "$DDO_BIN" run "$T/wan.safetensors" --steps 1 --tokens 1 --cpu-memory-gb 1 --verify \
+        --show-profile --ddo-available-system-ram-gb 0.5 --ddo-weight-codec ddoc1 \
+        --ddo-weight-codec-cache-dir "$RO" >"$T/ro.out" 2>&1
+    rc=$?
+    check "read-only sidecar directory: runs (exit $rc)" '[ $rc -eq 0 ]'
+    check "read-only sidecar directory: the note" 'grep -q "codec_sidecar_note=sidecar $RO/.*not written" "$T/ro.out"'
+    check "read-only sidecar directory: raw from the checkpoint, bit-identical" \
+        'grep -q "verify: OK" "$T/ro.out" && ! grep -q "staged from file 0 B" "$T/ro.out"'
+else
+    rmdir "$RO"
+    echo "skip: /sys took a directory; no read-only directory to test with"
+fi
+
+[ $fails -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }
+echo "all checks passed"
