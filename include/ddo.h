@@ -33,10 +33,10 @@
  * the previous sizeof). A size below sizeof(size_t), above the library's own sizeof (a program
  * built against a newer ddo.h) or not a multiple of the alignment of size_t is refused with
  * DDO_E_INVALID_ARGUMENT naming the struct. Where the library writes such a struct
- * (ddo_plan_inputs_get, ddo_setup_plan_inputs, ddo_setup_profile_record), it writes only the
- * fields within the caller's size. ddo_struct_size reports the library's sizes. Structs the
- * library fills for the caller (ddo_device_caps, ddo_unit_info, ...) or returns pointers to
- * keep their layout within a minor version.
+ * (ddo_plan_inputs_get, ddo_plan_info_get, ddo_setup_plan_inputs, ddo_setup_profile_record), it
+ * writes only the fields within the caller's size. ddo_struct_size reports the library's sizes.
+ * Structs the library fills for the caller (ddo_device_caps, ddo_unit_info, ...) or returns
+ * pointers to keep their layout within a minor version.
  */
 #ifndef DDO_H
 #define DDO_H
@@ -822,7 +822,9 @@ DDO_API int ddo_plan_budgets_get(const ddo_plan *plan, ddo_plan_budgets *out);
  * range). */
 DDO_API size_t ddo_plan_decision_count(const ddo_plan *plan);
 DDO_API int ddo_plan_decision(const ddo_plan *plan, size_t i, const char **key, const char **value);
-/* The route the plan executes: "one_shot_fast", "vmm_fast_runtime", "vmm_runtime", "off", ... */
+/* The plan's route label, for display: the route's name on the VMM routes, the effective
+ * preset ("one_shot_fast", ...), "plan" or "off" on the linear route. A host that acts on the
+ * route reads ddo_plan_info's route instead. */
 DDO_API const char *ddo_plan_route(const ddo_plan *plan);
 /* JSON (documented in docs/plan.md). Free with ddo_free. Errors: DDO_E_INVALID_ARGUMENT (NULL
  * argument), DDO_E_NO_MEMORY. */
@@ -830,8 +832,50 @@ DDO_API int ddo_plan_to_json(const ddo_plan *plan, char **json);
 DDO_API const char *ddo_plan_error(const ddo_plan *plan);
 /* Number of tensors the plan places (the checkpoint's tensor count). */
 DDO_API size_t ddo_plan_tensor_count(const ddo_plan *plan);
-/* The value of the planner decision key, or NULL when the plan did not record it. */
+/* The value of the planner decision key, or NULL when the plan did not record it. Decisions
+ * explain the plan to a reader; their keys and words may change for display, so neither the
+ * library nor a host decides behaviour from them: the facts are in ddo_plan_info. */
 DDO_API const char *ddo_plan_decision_get(const ddo_plan *plan, const char *key);
+
+/* The facts of a plan that a session (and a host) acts on, set by the planner; a saved plan
+ * read back by ddo_plan_from_json carries the same. Values are only ever added at the end. */
+typedef enum ddo_route {
+    DDO_ROUTE_LINEAR,     /* slots are device buffers: a unit's addresses change per load */
+    DDO_ROUTE_VMM_FAST,   /* vmm_fast_runtime: one physical handle per slot, mapped into each
+                           * unit's own virtual range (addresses stable for the session) */
+    DDO_ROUTE_VMM_RUNTIME /* vmm_runtime: one handle per weight, mapped into its own range */
+} ddo_route;
+/* Where a caller's resident tensors (a checkpoint of host tensors) are read from. */
+typedef enum ddo_host_residents {
+    DDO_HOST_RESIDENTS_NONE,          /* the checkpoint holds no host tensors (files) */
+    DDO_HOST_RESIDENTS_BOUNCE_BUFFER, /* uploaded through a pinned bounce buffer */
+    DDO_HOST_RESIDENTS_REGISTERED     /* registered in place: the copy engine reads them */
+} ddo_host_residents;
+/* How streamed weights cross the bus (weight_codec). */
+typedef enum ddo_weight_codec {
+    DDO_WEIGHT_CODEC_NONE, /* raw */
+    DDO_WEIGHT_CODEC_DDOC1 /* coded (ddoc1), decoded on the device */
+} ddo_weight_codec;
+/* What one streamed unit is (unit_granularity). */
+typedef enum ddo_unit_granularity {
+    DDO_UNIT_BLOCK, /* a block of a module list ("transformer_blocks.3") */
+    DDO_UNIT_LEAF   /* a single leaf module */
+} ddo_unit_granularity;
+typedef struct ddo_plan_info {
+    size_t size; /* DDO_PLAN_INFO_INIT */
+    ddo_route route;
+    /* True on the VMM routes: every streamed tensor keeps one device address for the whole
+     * session, so a host may bind it once; false: rebind at every acquire. */
+    bool stable_addresses;
+    const char *route_label; /* ddo_plan_route's label, for display; valid until destroy */
+    ddo_host_residents host_residents;
+    ddo_weight_codec weight_codec;
+    ddo_unit_granularity unit_granularity;
+} ddo_plan_info;
+#define DDO_PLAN_INFO_INIT DDO_STRUCT_INIT(ddo_plan_info)
+/* Writes the plan's facts into *out (the fields within out->size; see the ABI rule).
+ * Errors: DDO_E_INVALID_ARGUMENT (NULL argument, out's size). */
+DDO_API int ddo_plan_info_get(const ddo_plan *plan, ddo_plan_info *out);
 /* Rebuilds a plan from the text of ddo_plan_to_json (a saved plan); ddo_plan_to_json of the
  * result reproduces that text exactly. In ddo_plan_budgets a limit of 0 means "no limit".
  * Errors: DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_FORMAT (naming the field at fault),

@@ -205,7 +205,12 @@ struct ddo_plan {
     ddo__errbuf err;
     ddo__route route;  /* decided once by the planner (from execution_mode; on load, the label) */
     char *route_label; /* ddo_plan_route and the JSON "route": the route's or the preset's name */
-    char *unit_granularity;
+    char *unit_granularity; /* the JSON's word for granularity */
+    /* The facts the session acts on (ddo_plan_info), set by the planner beside the decisions
+     * that explain them; the decisions are never read back for behaviour. */
+    ddo_unit_granularity granularity;
+    ddo_host_residents host_residents;
+    ddo_weight_codec weight_codec;
     size_t tensor_count;
     ddo__plan_tensor *tensors;
     size_t unit_count;
@@ -251,7 +256,8 @@ const ddo__weight_layout *ddo__plan_weight_layout(const ddo_plan *p);
 /* The route the plan executes. */
 ddo__route ddo__plan_route_of(const ddo_plan *p);
 /* What a plan read back (plan_json.c) derives from its stored fields, by the functions the
- * build uses: the route of its label and the vmm_runtime layout. 0 or DDO_E_NO_MEMORY. */
+ * build uses: the route of its label and the vmm_runtime layout. 0 or DDO_E_NO_MEMORY. (The
+ * other facts, granularity, host residents and codec, plan_json.c reads from its fields.) */
 int ddo__plan_restore(ddo_plan *p);
 
 #endif /* DDO_PLAN_H */

@@ -109,6 +109,12 @@ class TensorLocation(ctypes.Structure):
                 ("offset", c_u64), ("nbytes", c_u64)]
 
 
+class PlanInfo(Extensible):
+    _fields_ = [("size", c_size_t), ("route", c_int), ("stable_addresses", c_bool),
+                ("route_label", c_char_p), ("host_residents", c_int), ("weight_codec", c_int),
+                ("unit_granularity", c_int)]
+
+
 PROGRESS_FN = ctypes.CFUNCTYPE(None, c_void_p, c_char_p, c_u64, c_u64)
 TRACE_FN = ctypes.CFUNCTYPE(None, c_void_p, c_char_p, c_size_t, c_u64, c_u64, c_u64)
 
@@ -153,7 +159,7 @@ STRUCTS = {
     "ddo_config_item": ConfigItem, "ddo_settings": Settings, "ddo_device_caps": DeviceCaps,
     "ddo_cpu_options": CpuOptions, "ddo_cuda_options": CudaOptions,
     "ddo_device_options": DeviceOptions, "ddo_plan_inputs": PlanInputs,
-    "ddo_unit_info": UnitInfo, "ddo_plan_budgets": PlanBudgets,
+    "ddo_unit_info": UnitInfo, "ddo_plan_budgets": PlanBudgets, "ddo_plan_info": PlanInfo,
     "ddo_tensor_location": TensorLocation, "ddo_session_options": SessionOptions,
     "ddo_component_policy": ComponentPolicy, "ddo_host_info": HostInfo,
     "ddo_purge_result": PurgeResult, "ddo_profile_sample": ProfileSample,
@@ -222,6 +228,7 @@ FUNCTIONS = {
     "ddo_plan_unit_tensors": (PSIZE, [P, c_size_t, PSIZE]),
     "ddo_plan_tensor_location": (c_int, [P, c_size_t, ctypes.POINTER(TensorLocation)]),
     "ddo_plan_budgets_get": (c_int, [P, ctypes.POINTER(PlanBudgets)]),
+    "ddo_plan_info_get": (c_int, [P, ctypes.POINTER(PlanInfo)]),
     "ddo_plan_route": (c_char_p, [P]),
     "ddo_plan_to_json": (c_int, [P, PP]),
     "ddo_plan_error": (c_char_p, [P]),

@@ -7,11 +7,11 @@ import argparse
 import ctypes
 import time
 
-from . import _lib, _native
+from . import _enums, _lib, _native
 from .config import CATALOG, DynamicOffloadConfig
 from .settings import DynamicOffloadSettings
 
-_BOOL = 0  # DDO_OPTION_BOOL
+_BOOL = _enums.DDO_OPTION_BOOL
 # Phase boundaries a staged host has (the presets' DDO_PURGE_WINDOWS_STANDBY_<PHASE>).
 LIFECYCLE_PHASES = ("before_run", "after_text_encoder", "before_transformer")
 
