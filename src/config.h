@@ -27,7 +27,7 @@ typedef struct ddo__strlist {
 #define DDO_OPT_CTYPE_LIST   ddo__strlist
 
 typedef struct ddo__options {
-#define DDO_OPT(key, type, def, lo, hi, choices, env, flag, help) DDO_OPT_CTYPE_##type key;
+#define DDO_OPT(key, type, effect, def, lo, hi, choices, env, flag, help) DDO_OPT_CTYPE_##type key;
 #include "options.def"
 #undef DDO_OPT
 } ddo__options;

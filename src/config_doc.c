@@ -222,9 +222,25 @@ static void choices_list(const char *choices, char *buf, size_t len)
     }
 }
 
+const char *ddo__config_effect_text(ddo__oeffect effect)
+{
+    switch (effect) {
+    case DDO__EFFECT_LIVE:
+        return "live";
+    case DDO__EFFECT_HOST:
+        return "live in the hosts (tool, Python binding), not read by libddo";
+    case DDO__EFFECT_COMPAT:
+        return "accepted for compatibility, no effect";
+    case DDO__EFFECT_WINDOWS:
+        return "windows only";
+    }
+    return "?";
+}
+
 static void list_text(ddo__sbuf *b)
 {
-    ddo__sbuf_printf(b, "ddo options (%d): key, type, default, environment variable, flag\n\n",
+    ddo__sbuf_printf(b,
+                     "ddo options (%d): key, type, default, environment variable, flag, effect\n\n",
                      (int)DDO_OPT_COUNT);
     for (int i = 0; i < DDO_OPT_COUNT; i++) {
         const ddo__optdesc *d = &ddo__optdescs[i];
@@ -233,6 +249,7 @@ static void list_text(ddo__sbuf *b)
         ddo__sbuf_printf(b, "%s (%s, default %s)\n", d->key, type_name(d->type), def);
         ddo__sbuf_printf(b, "    env %s, flag %s\n", d->env[0] ? d->env : "-",
                          d->flag[0] ? d->flag : "-");
+        ddo__sbuf_printf(b, "    effect: %s\n", ddo__config_effect_text(d->effect));
         if (d->type == DDO__OT_ENUM) {
             choices_list(d->choices, ch, sizeof(ch));
             ddo__sbuf_printf(b, "    one of: %s\n", ch);
@@ -265,14 +282,21 @@ static void md_options(ddo__sbuf *b)
                         "`DDO_SMALL_TENSOR_THRESHOLD_KB` / `--ddo-small-tensor-threshold-kb`. "
                         "Rows marked \"seed: Python only\", \"seed: not currently parsed from "
                         "ENV\" or \"seed: no generic CLI flag\" are inputs the seed documents do "
-                        "not offer; ddo accepts them by the uniform rule.\n\n");
-    ddo__sbuf_printf(b, "| key | type | default | environment | flag | description |\n"
-                        "| --- | --- | --- | --- | --- | --- |\n");
+                        "not offer; ddo accepts them by the uniform rule. The effect column "
+                        "says what an option does: `live` (read by libddo), `live in the hosts` "
+                        "(read by the `ddo` tool or the Python binding, not by libddo), "
+                        "`accepted for compatibility, no effect` or `windows only` (no effect on "
+                        "Linux).\n\n");
+    ddo__sbuf_printf(b, "| key | type | effect | default | environment | flag | description |\n"
+                        "| --- | --- | --- | --- | --- | --- | --- |\n");
     for (int i = 0; i < DDO_OPT_COUNT; i++) {
         const ddo__optdesc *d = &ddo__optdescs[i];
         char def[96], ch[256];
         default_text(d, def, sizeof(def));
-        ddo__sbuf_printf(b, "| `%s` | %s | `%s` | %s%s%s | %s%s%s | ", d->key, type_name(d->type),
+        ddo__sbuf_printf(b, "| `%s` | %s | %s | `%s` | %s%s%s | %s%s%s | ", d->key,
+                         type_name(d->type),
+                         d->effect == DDO__EFFECT_HOST ? "live in the hosts"
+                                                       : ddo__config_effect_text(d->effect),
                          def, d->env[0] ? "`" : "", d->env[0] ? d->env : "-", d->env[0] ? "`" : "",
                          d->flag[0] ? "`" : "", d->flag[0] ? d->flag : "-", d->flag[0] ? "`" : "");
         /* Markdown: '*' and '|' in help text are literal. */
