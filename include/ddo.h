@@ -1025,6 +1025,9 @@ DDO_API int ddo_session_tensor_dlpack(ddo_session *s, size_t tensor, unsigned fl
                                       void **managed);
 /* DLPack views of the session still alive (ddo_session_tensor_dlpack). */
 DDO_API size_t ddo_session_view_count(const ddo_session *s);
+/* Live DLPack views of one checkpoint tensor (0 out of range): a binding that dropped its own
+ * view of a streamed tensor learns from it whether a view escaped the unit's lease. */
+DDO_API size_t ddo_session_tensor_view_count(const ddo_session *s, size_t tensor);
 /* Declares the execution order (unit indices); otherwise learned on the first pass. With no
  * unit leased, the order's first `execution slots` streamed units start loading at once (as
  * after ddo_session_reload). Errors: DDO_E_INVALID_ARGUMENT (NULL or empty, more units than

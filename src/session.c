@@ -271,6 +271,7 @@ void ddo__session_destroy_now(ddo_session *s)
         pthread_mutex_destroy(&s->busy_mu);
     }
     free(s->bounce);
+    free((void *)s->tensor_views);
     free(s->units);
     free(s->slots);
     free(s->jobs);

@@ -228,7 +228,8 @@ struct ddo_session {
     /* 1 for the host's handle + 1 per live DLPack view (session_views.c): the last one gone
      * destroys the session, so a view never outlives the memory it shows. */
     atomic_size_t refs;
-    int view_device_id; /* the DLPack device_id of views (-1: not known yet) */
+    atomic_size_t *tensor_views; /* live views per checkpoint tensor (made with the first) */
+    int view_device_id;          /* the DLPack device_id of views (-1: not known yet) */
 };
 
 /* True when v is one of the n entries of list. */

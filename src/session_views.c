@@ -45,6 +45,7 @@ typedef struct view {
     dl_managed m;
     int64_t shape[DDO_MAX_DIMS];
     ddo_session *s;
+    size_t tensor;
 } view;
 
 void ddo_session_destroy(ddo_session *s)
@@ -59,6 +60,13 @@ size_t ddo_session_view_count(const ddo_session *s)
         return 0;
     size_t refs = atomic_load(&((ddo_session *)s)->refs);
     return refs > 0 ? refs - 1 : 0;
+}
+
+size_t ddo_session_tensor_view_count(const ddo_session *s, size_t tensor)
+{
+    if (s == NULL || s->tensor_views == NULL || tensor >= ddo_checkpoint_tensor_count(s->ck))
+        return 0;
+    return atomic_load(&s->tensor_views[tensor]);
 }
 
 int ddo_session_tensor_address(ddo_session *s, size_t tensor, void **device_ptr)
@@ -229,6 +237,7 @@ static void view_deleter(dl_managed *m)
 {
     view *v = (view *)m;
     ddo_session *s = v->s;
+    atomic_fetch_sub(&s->tensor_views[v->tensor], 1);
     free(v);
     ddo_session_destroy(s);
 }
@@ -270,6 +279,11 @@ int ddo_session_tensor_dlpack(ddo_session *s, size_t tensor, unsigned flags, voi
     int rc = address_of(s, tensor, false, fn, &addr);
     if (rc != 0)
         return rc;
+    if (s->tensor_views == NULL) { /* the host thread makes views; deleters only read it */
+        s->tensor_views = ddo__calloc(ddo_checkpoint_tensor_count(s->ck), sizeof(atomic_size_t));
+        if (s->tensor_views == NULL)
+            return ddo__fail(&s->err, DDO_E_NO_MEMORY, "%s: out of host memory", fn);
+    }
     view *v = ddo__calloc(1, sizeof(*v));
     if (v == NULL)
         return ddo__fail(&s->err, DDO_E_NO_MEMORY, "%s: out of host memory", fn);
@@ -292,6 +306,8 @@ int ddo_session_tensor_dlpack(ddo_session *s, size_t tensor, unsigned flags, voi
     v->m.deleter = view_deleter;
     v->m.manager_ctx = v;
     v->s = s;
+    v->tensor = tensor;
+    atomic_fetch_add(&s->tensor_views[tensor], 1);
     atomic_fetch_add(&s->refs, 1);
     *managed = &v->m;
     return 0;

@@ -115,6 +115,9 @@ static void test_dlpack_views_keep_the_session(void)
     T_CHECK(b->code == 1 && b->bits == 8 && b->ndim == 1 &&
             b->shape[0] == (int64_t)((FX_ROWS + 1) * FX_COLS * 4));
     T_EQ_U64(ddo_session_view_count(f.s), 2);
+    T_EQ_U64(ddo_session_tensor_view_count(f.s, ts[0]), 1);
+    T_EQ_U64(ddo_session_tensor_view_count(f.s, ts[1]), 1);
+    T_EQ_U64(ddo_session_tensor_view_count(f.s, (size_t)-1), 0);
     /* The host destroys the session while views live: it stays until the last one goes. */
     ddo_session *s = f.s;
     ddo_session_destroy(s);
@@ -122,6 +125,8 @@ static void test_dlpack_views_keep_the_session(void)
     T_EQ_U64(ddo_session_view_count(s), 1); /* the handle is gone, two views hold it */
     T_CHECK(fx_device_held(&f) > 0);
     b->deleter(b);
+    T_EQ_U64(ddo_session_tensor_view_count(s, ts[1]), 0);
+    T_EQ_U64(ddo_session_tensor_view_count(s, ts[0]), 1);
     T_CHECK(fx_device_held(&f) > 0);
     v->deleter(v); /* the last reference: the session is freed here */
     T_EQ_U64(fx_device_held(&f), 0);

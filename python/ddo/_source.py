@@ -104,6 +104,12 @@ def match(module, ck, where, check_dtype=True):
             continue
         if name in buffers:
             m, bname, b = buffers[name]
+            _n, dt, shape, _nb = tab[i]
+            if tuple(b.shape) != tuple(shape) or (check_dtype and to_ddo.get(b.dtype) != dt):
+                raise _native.DdoError(
+                    "DDO_E_FORMAT", f"{where}: buffer {name} is {_dtype_name(dt)} "
+                    f"{list(shape)} in the checkpoint but {kind} declares {b.dtype} "
+                    f"{list(b.shape)} (it does not match the model class)")
             loads.append((i, m, bname, to_torch[tab[i][1]], tab[i][2]))
             continue
         if name not in params:

@@ -45,17 +45,30 @@ class _Managed(ctypes.Structure):
                 ("deleter", ctypes.CFUNCTYPE(None, ctypes.c_void_p))]
 
 
+_PyCapsule_IsValid = ctypes.pythonapi.PyCapsule_IsValid
+_PyCapsule_IsValid.restype = ctypes.c_int
+_PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
 def view(session, tensor, dtype_name, torch_dtype, shape):
-    """A torch tensor over the session's device bytes of `tensor` (no copy)."""
+    """A torch tensor over the session's device bytes of `tensor` (no copy).
+
+    The DLPack capsule is consumed exactly once: torch renames it "used_dltensor" when it
+    takes it (its deleter is then torch's to call); only a capsule torch did not take is
+    deleted here. The caller runs this inside _lease.shield(), so no interrupt falls between
+    the C view and its capsule."""
     as_bytes = dtype_name in _AS_BYTES
     p = ctypes.c_void_p()
     _native.check(_native.lib().ddo_session_tensor_dlpack(
         session, tensor, VIEW_BYTES if as_bytes else 0, ctypes.byref(p)),
         _native.lib().ddo_session_error(session))
+    cap = None
     try:
-        t = torch.utils.dlpack.from_dlpack(_PyCapsule_New(p, b"dltensor", None))
+        cap = _PyCapsule_New(p, b"dltensor", None)
+        t = torch.utils.dlpack.from_dlpack(cap)
     except BaseException:
-        _Managed.from_address(p.value).deleter(p.value)
+        if cap is None or _PyCapsule_IsValid(cap, b"dltensor"):
+            _Managed.from_address(p.value).deleter(p.value)
         raise
     if as_bytes:
         t = t.view(torch_dtype).view(shape)

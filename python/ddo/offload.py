@@ -18,6 +18,8 @@ import contextlib
 import ctypes
 import inspect
 import json
+import os
+import re
 import sys
 import threading
 import time
@@ -25,7 +27,7 @@ import weakref
 
 import torch
 
-from . import _enums, _lib, _native, _talk, _torch
+from . import _enums, _hooks, _lease, _lib, _native, _talk, _torch
 from ._native import DdoError
 
 _PLACEMENT_RESIDENT = _enums.DDO_PLACEMENT_RESIDENT
@@ -35,12 +37,24 @@ _PLACEMENT_SKIPPED = _enums.DDO_PLACEMENT_SKIPPED
 # (MultiheadAttention reads out_proj.weight; TransformerEncoderLayer's eval fast path reads
 # every child's weights in one fused op; the decoder layer has no such path).
 _FUSED_READERS = (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer)
-# Owners freed while DLPack views of their session still lived (kept so views stay valid).
-_GRAVEYARD = []
+# Sessions closed while DLPack views of them still lived (freed when the last view dies).
+_GRAVEYARD = _lease._GRAVEYARD
 # id of every Parameter a live OffloadResult manages -> (a weak reference to it, a tag naming
 # that result): one module tree is managed by one session (its parent or child is refused).
 # (Not a WeakKeyDictionary: that compares tensors with ==.)
 _MANAGED = {}
+
+
+_FORWARD_CODE = None  # the code of the forward enable_offload installs (_root_on_stack)
+
+
+def _shielded(fn):
+    """fn's state changes whole: a signal inside it is handled at its end (_lease.shield)."""
+    def run(*args, **kwargs):
+        with _lease.shield():
+            return fn(*args, **kwargs)
+    run.__name__, run.__doc__ = fn.__name__, fn.__doc__
+    return run
 
 
 def _managed_by(p):
@@ -183,6 +197,42 @@ def _collect(module, to_ddo):
     return tensors, ddo_path, modules_of
 
 
+_FORWARD_SOURCES = {}
+
+
+def _forward_source(cls):
+    """(source of cls.forward, its first argument's name); ('', '') where there is none:
+    read once per class."""
+    if cls not in _FORWARD_SOURCES:
+        try:
+            self_name = next(iter(inspect.signature(cls.forward).parameters), "self")
+            _FORWARD_SOURCES[cls] = (inspect.getsource(cls.forward), self_name)
+        except (OSError, TypeError, ValueError):
+            _FORWARD_SOURCES[cls] = ("", "")
+    return _FORWARD_SOURCES[cls]
+
+
+def _reads_params(anc, rel, params):
+    """True when anc's forward reads one of params through an attribute chain under its child
+    rel (``F.linear(x, self.qkv.weight)``, torchvision's swin attention): the unit must then be
+    acquired by anc, whose forward reads it, not by the child, whose forward never runs."""
+    src, me = _forward_source(type(anc))
+    if not src:
+        return False
+    head = r"\b%s\.%s((?:\.\w+)+)" % (re.escape(me), re.escape(rel[0]))
+    for m in re.finditer(head, src):
+        obj = getattr(anc, rel[0], None)
+        for part in m.group(1).split(".")[1:]:
+            obj = getattr(obj, part, None)
+            if isinstance(obj, torch.nn.Parameter):
+                if id(obj) in params:
+                    return True
+                break
+            if not isinstance(obj, torch.nn.Module):
+                break
+    return False
+
+
 def _check_param(name, p, to_ddo):
     if type(p) is not torch.nn.Parameter or type(p.data) is not torch.Tensor:
         kind = type(p).__name__ if type(p) is not torch.nn.Parameter else type(p.data).__name__
@@ -218,6 +268,8 @@ class OffloadResult:
         # device memory (enable_pipeline_offload's stager makes room for it there).
         self._before_session = before_session
         self._cfg = cfg
+        # read now: close() can run from __del__, after the config's own handle is gone
+        self._show_profile = (cfg.get("show_profile") == "true", cfg.get("verbose") == "true")
         # profile: what profiles.prepare() found (measured rates and per-unit compute feed
         # the plan's cost model); profile_run() times every unit's forward (_timing).
         self._profile = profile
@@ -242,6 +294,7 @@ class OffloadResult:
         self._res_versions = []  # (Parameter, version) of the resident tensors bound
         self._own_forward = None
         self._trace_t = {}  # units -> when their compute began (trace=)
+        self._own_methods = []  # (module, name, own) of the methods refused while managed
         self._state = "new"
         self._ck = self._dev = self._plan = self._session = None
         self._streams = {}
@@ -260,17 +313,30 @@ class OffloadResult:
         self.host_bytes_released = 0
         self.device_bytes_after_close = None
         self.device_note = ""
+        self._grad_hooks_armed = False
+        self._pid = os.getpid()  # the process whose session this is (fork: _lease)
+        self._pinned = {}  # units kept leased in C while a view of them escaped (_release)
+        self._entered = set()  # the hooked unit groups entered in this root forward
+        self._hooked = []  # (module name, units) of every hooked module but the root
+        self._view_ptrs = {}  # storage address of every live view -> its tensor's name
+        _lease.sweep()
+        # Setup and commit in one shield: an interrupt anywhere in them is raised at its end,
+        # inside this try, and the teardown leaves the module exactly as it was.
         try:
-            self._setup()
+            with _lease.shield():
+                self._setup()
+                module._ddo_offload = self
+                self._managed_tag = f"{type(module).__name__} at 0x{id(self):x} " \
+                                    f"(enable_offload)"
+                for t in self._tensors:
+                    for p in t.params:
+                        _MANAGED[id(p)] = (weakref.ref(p), self._managed_tag)
+                self._state = "ready"
         except BaseException:
-            self._teardown()
+            with _lease.shield():
+                self._state = "closed"  # never torn down twice (__del__ included)
+                self._teardown()
             raise
-        module._ddo_offload = self
-        self._managed_tag = f"{type(module).__name__} at 0x{id(self):x} (enable_offload)"
-        for t in self._tensors:
-            for p in t.params:
-                _MANAGED[id(p)] = (weakref.ref(p), self._managed_tag)
-        self._state = "ready"
 
     # ---- setup ----
 
@@ -520,6 +586,12 @@ class OffloadResult:
                 self._moved.append(("buffer", m, bname, b))
 
     def _view(self, t):
+        if 0 in t.shape:  # no bytes to back: no DLPack view (torch never frees an empty one)
+            v = self._views.get((t.index, None))
+            if v is None:
+                v = self._views[(t.index, None)] = torch.empty(t.shape, dtype=t.torch_dtype,
+                                                              device=self.device)
+            return v
         L = _native.lib()
         addr = ctypes.c_void_p()
         if self.vmm or t.placement == _PLACEMENT_RESIDENT:
@@ -531,19 +603,21 @@ class OffloadResult:
             key = (t.index, addr.value)
         v = self._views.get(key)
         if v is None:
+            # Every caller holds a shield (_acquire, _bind_residents): the view and its
+            # record change together.
             v = _torch.view(self._session, t.index, t.dtype_name, t.torch_dtype, t.shape)
-            self._views[key] = v
+            if t.placement == _PLACEMENT_RESIDENT:
+                self._views[key] = v
+            # A streamed tensor's view is made per lease and never kept here: at release the
+            # binding drops it, and a view still alive then escaped the lease (_release).
+            self._view_ptrs[v.data_ptr()] = t.name  # a fresh view starts its storage
         return v
 
     def _make_views(self):
-        """On the VMM routes every streamed tensor's view, made now (an address that stays the
-        session's): the first forward then only binds them (creating about 1,200 DLPack views
-        costs 7 ms on the build machine's CPU, host time otherwise spent in the first step)."""
-        if not self.vmm:
-            return
-        for t in self._tensors:
-            if t.placement == _PLACEMENT_STREAMED:
-                self._view(t)
+        """Nothing now: a streamed tensor's view is made per lease (on every route), so a view
+        kept past its lease is seen at release (_release); resident views are made when bound.
+        (Made once per session on VMM before, 1,200 views cost 7 ms on the build machine's
+        CPU: that host time now falls in each pass.)"""
 
     def _placeholder(self, t):
         ph = self._placeholders.get((t.torch_dtype,))
@@ -603,7 +677,7 @@ class OffloadResult:
             except AttributeError:
                 raise DdoError("DDO_E_INTERNAL", f"unit {name}: no module {tname!r} in "
                                f"{type(self.module).__name__}") from None
-            m = self._reader_of(tname, m)
+            m = self._reader_of(self._caller_of(tname), m)
             needs.setdefault(id(m), (m, []))[1].append(u)
         inside = {}  # unit -> ids of every module under the modules hooked for it
         for m, units in needs.values():
@@ -640,13 +714,26 @@ class OffloadResult:
                     continue
                 units.append(t.unit)
 
+    def _caller_of(self, name):
+        """name, or the nearest ancestor with a forward of its own where name's module has
+        none (a ModuleList or ModuleDict block: its parent iterates it, so no hook of its
+        own would ever run): the unit is bound where its parameters are used."""
+        parts = name.split(".") if name else []
+        while parts:
+            m = self.module.get_submodule(".".join(parts))
+            if getattr(type(m).forward, "__name__", "") != "_forward_unimplemented":
+                break
+            parts.pop()
+        return ".".join(parts)
+
     def _reader_of(self, name, m):
         """The outermost ancestor that reads m's parameters itself (MultiheadAttention)."""
-        found = m
+        found = self.module.get_submodule(name) if name else self.module
         parts = name.split(".") if name else []
+        mine = {id(p) for p in found.parameters()}
         for k in range(len(parts)):
             anc = self.module.get_submodule(".".join(parts[:k])) if k else self.module
-            if isinstance(anc, _FUSED_READERS):
+            if isinstance(anc, _FUSED_READERS) or _reads_params(anc, parts[k:], mine):
                 return anc
         return found
 
@@ -670,33 +757,44 @@ class OffloadResult:
             if m is self.module:  # acquired by the forward itself, around the whole call
                 root.extend(units)
                 continue
-            self._handles.append(m.register_forward_pre_hook(
-                _torch.no_compile(lambda mod, args, units=units: self._enter(units))))
+            self._hooked.append((next((n for n, x in self.module.named_modules() if x is m),
+                                      "?"), units))
             leave = _torch.no_compile(lambda mod, args, out, units=units: self._leave(units, out))
-            self._handles.append(m.register_forward_hook(leave, **(
-                {"always_call": True} if _ALWAYS_CALL else {})))
+            hid = _hooks.post_hook_last(m, leave, self._handles, _ALWAYS_CALL).id
+            enter = _torch.no_compile(lambda mod, args, units=units, hid=hid: (
+                _hooks.keep_last(mod, hid), self._enter(units, args))[1])
+            _hooks.pre_hook_first(m, enter, self._handles)
         self._root_units = tuple(root)
         for m in {id(t_m): t_m for t in self._tensors for p in t.params
                   for t_m in self._modules_of.get(id(p), [])}.values():
             self._handles.append(m._register_state_dict_hook(self._state_dict_hook))
         self._refuse_merges()
+        self._refuse_moves()
         self._own_forward = self.module.__dict__.get("forward")  # one a user installed
         orig = self.module.forward
         result = self
 
-        @_torch.no_compile
         def forward(*args, **kwargs):
-            result._begin()
-            try:
-                out = orig(*args, **kwargs)
-            except BaseException:
+            try:  # _begin inside: an interrupt right after it still aborts
+                result._begin()
+                if torch.is_grad_enabled():  # no view of ddo's memory saved for backward
+                    result._arm_grad_hooks()
+                    with _lease.saved_tensors(result):
+                        out = orig(*args, **kwargs)
+                else:
+                    out = orig(*args, **kwargs)
+            except BaseException as e:
                 result._abort()
+                result._note_unentered(e)
                 raise
             result._end()
             return out
 
+        global _FORWARD_CODE
+        _FORWARD_CODE = forward.__code__  # one def: the same code for every result
+        forward = _torch.no_compile(forward)
+        self._orig_forward = orig  # recorded first: an interrupted setup still undoes it
         self.module.forward = forward
-        self._orig_forward = orig
 
     # Methods that write adapters into the weights in place through p.data (not seen by the
     # version counters): refused while ddo manages the module.
@@ -717,6 +815,51 @@ class OffloadResult:
 
             setattr(self.module, name, refused)
 
+    def _refuse_moves(self):
+        """A dtype or device move (.to(), .double(), .cuda(), .half(): torch's _apply) or a
+        load_state_dict on a managed module would be undone silently at the next binding
+        (ddo binds its own device copies): refused with one line on every module that holds
+        a managed weight, until close()."""
+        mods = {id(self.module): self.module}
+        for t in self._tensors:
+            for p in t.params:
+                for m in self._modules_of.get(id(p), []):
+                    mods.setdefault(id(m), m)
+        kind = type(self.module).__name__
+
+        def refuse(what):
+            def refused(*args, **kwargs):
+                raise DdoError("DDO_E_STATE", f"{what} of a module ddo manages ({kind}): ddo "
+                               f"binds its own device copies of the weights, so the change "
+                               f"would be undone silently; close() the OffloadResult first, "
+                               f"change the module, then enable_offload again")
+            return refused
+
+        dtypes = {t.torch_dtype for t in self._tensors}
+        device = self.device
+
+        def moves_nothing(fn):
+            """fn (torch's _apply conversion) leaves every managed dtype on ddo's device."""
+            for dt in dtypes:
+                out = fn(torch.empty(0, dtype=dt, device=device))
+                if out.dtype != dt or out.device != device:
+                    return False
+            return True
+
+        def guard_apply(m, refused):
+            def _apply(fn, *args, **kwargs):  # a move to where the module is: allowed
+                if moves_nothing(fn):
+                    return type(m)._apply(m, fn, *args, **kwargs)
+                return refused()
+            return _apply
+
+        for m in mods.values():
+            for name, what in (("_apply", "a dtype or device move (.to(), .double(), .half(), "
+                                "...)"), ("load_state_dict", "load_state_dict")):
+                self._own_methods.append((m, name, m.__dict__.get(name)))
+                m.__dict__[name] = guard_apply(m, refuse(what)) if name == "_apply" \
+                    else refuse(what)
+
     def _state_dict_hook(self, module, state_dict, prefix, local_metadata):
         """state_dict() of a managed module holds the host values (not the placeholders or
         device views the Parameters show), as the unmanaged module's would; with keep_vars the
@@ -727,8 +870,15 @@ class OffloadResult:
             if t is None or t.placement == _PLACEMENT_SKIPPED or state_dict.get(key) is p:
                 continue
             if key in state_dict:
-                state_dict[key] = t.host if t.host is not None else self._host_back(t)
+                state_dict[key] = self._host_value(t)
         return state_dict
+
+    def _host_value(self, t):
+        """t's real values on the host: the module's copy, the session's (weight_codec), or
+        the file's (a module loaded from files holds only empty placeholders)."""
+        if t.index in getattr(self, "_file_backed", ()):
+            return self._source_ck_reader(t)
+        return t.host if t.host is not None else self._host_back(t)
 
     # ---- leases ----
     #
@@ -785,8 +935,13 @@ class OffloadResult:
                 self._frames = []
                 self._in_root = 0
 
+    @_shielded
     def _abort(self):
         """After an error in a root forward: every lease released unchecked, then _let_go."""
+        with self._lock:
+            mine = self._owner is not None and self._owner[0] == threading.get_ident()
+        if not mine or _lease.forked(self._pid):  # another thread's, or a parent's
+            return
         if self._observed:
             self._observed = []  # a forward that raised: its order is observed again
         try:
@@ -802,6 +957,11 @@ class OffloadResult:
         unloaded (reload() tries again)."""
         self._dirty = False
         self._unbind_all()
+        self._release_pins()
+        if self._pinned or self._escaped_views():  # never free under a live view: later
+            self._dirty = True
+            self._bind_residents()
+            return
         L = _native.lib()
         _native.check(L.ddo_session_unload(self._session), L.ddo_session_error(self._session))
         self._state = "unloaded"
@@ -810,10 +970,23 @@ class OffloadResult:
         self._make_views()
         self._bind_residents()
 
+    def _root_on_stack(self):
+        """A root forward of this result is running on this thread's stack (its frame is
+        live): else a root depth left over (an interrupt that landed where no handler could
+        release) is stale."""
+        f = sys._getframe(2)
+        while f is not None:
+            if f.f_code is _FORWARD_CODE and f.f_locals.get("result") is self:
+                return True
+            f = f.f_back
+        return False
+
+    @_shielded
     def _begin(self):
+        _lease.check_fork(self._pid, f"{type(self.module).__name__} forward")
         with self._lock:
-            stale = (self._owner is not None and self._owner[0] == threading.get_ident() and
-                     self._in_root == 0)
+            mine = self._owner is not None and self._owner[0] == threading.get_ident()
+        stale = mine and (self._in_root == 0 or not self._root_on_stack())
         if stale:  # a unit's module called directly raised (torch without always_call)
             self._abort()
         if self._state != "ready":
@@ -822,6 +995,10 @@ class OffloadResult:
         self._in_root += 1
         try:
             if self._in_root == 1:
+                self._entered = set()
+                self._release_pins()
+                if self._dirty and not self._leases:  # a restore a live view put off
+                    self._restore()
                 self._check_residents()  # a write between forwards, before this one computes
             for u in self._root_units:
                 self._acquire(u)
@@ -829,6 +1006,7 @@ class OffloadResult:
             self._abort()
             raise
 
+    @_shielded
     def _end(self):
         """The root forward returned: its units released (checked), the residents checked; the
         outermost root forward ends every claim made inside it (a unit's module that raised
@@ -866,7 +1044,14 @@ class OffloadResult:
         raise DdoError("DDO_E_STATE", f"{type(self.module).__name__}: this OffloadResult is "
                        f"closed: its module runs unmanaged again only through its own forward")
 
-    def _enter(self, units):
+    @_shielded
+    def _enter(self, units, args=()):
+        _lease.check_fork(self._pid, f"{type(self.module).__name__} forward")
+        if self._in_root == 0 and _lease.needs_grad(
+                args, [p for u in units for t in self._unit_tensors[u] for p in t.params]):
+            raise DdoError("DDO_E_UNSUPPORTED", f"unit {self._unit_names[units[0]]} called "
+                           f"outside its module's forward with grad mode on: "
+                           f"{_lease.INFERENCE_ONLY}")
         self._claim()
         acquired = []
         try:
@@ -885,11 +1070,13 @@ class OffloadResult:
             self._unclaim()
             raise
         self._frames.append(units)
+        self._entered.add(units)
         if self._trace is not None:
             self._trace_t[units] = time.monotonic_ns()
         if self._timing is not None and len(units) == 1:
             self._timing.begin(units[0], self.device)
 
+    @_shielded
     def _leave(self, units, out=None):
         with self._lock:
             mine = self._owner is not None and self._owner[0] == threading.get_ident()
@@ -928,12 +1115,19 @@ class OffloadResult:
         if err is not None:
             raise err
         L = _native.lib()
-        t0 = time.monotonic_ns() if self._trace is not None else 0
-        rc = L.ddo_session_acquire(self._session, u, self._stream())
-        _native.check(rc, L.ddo_session_error(self._session) if rc else None)
-        if self._trace is not None:
-            self._trace.span(self._trace_pid, _talk.TID_ACQUIRE, self._unit_names[u],
-                             "acquire", t0, time.monotonic_ns())
+        if self._pinned.pop(u, None) is None:  # a pinned unit is still leased in C
+            t0 = time.monotonic_ns() if self._trace is not None else 0
+            rc = L.ddo_session_acquire(self._session, u, self._stream())
+            if rc != 0 and self._pinned and _native.error_name(rc) == "DDO_E_BUSY":
+                raise DdoError("DDO_E_BUSY", f"acquire {self._unit_names[u]}: every execution "
+                               f"slot is leased, {len(self._pinned)} of them by units whose "
+                               f"weights are still viewed outside their forward "
+                               f"({', '.join(self._unit_names[k] for k in self._pinned)}): drop "
+                               f"those tensors (or keep .clone()s)")
+            _native.check(rc, L.ddo_session_error(self._session) if rc else None)
+            if self._trace is not None:
+                self._trace.span(self._trace_pid, _talk.TID_ACQUIRE, self._unit_names[u],
+                                 "acquire", t0, time.monotonic_ns())
         self._leases[u] = 1
         if self._observed is not None and u not in self._observed:
             self._observed.append(u)
@@ -960,8 +1154,15 @@ class OffloadResult:
         if changed:
             self._dirty = True  # restored when no lease is held (_unclaim, _abort)
         L = _native.lib()
-        rc = L.ddo_session_release(self._session, u, self._stream())
-        _native.check(rc, L.ddo_session_error(self._session) if rc else None)
+        if any(L.ddo_session_tensor_view_count(self._session, t.index)
+               for t in self._unit_tensors[u]):
+            # A view of the unit escaped its lease (a hook, a cache kept p.data): the unit
+            # stays leased in C, so its memory is neither reused nor remapped while the view
+            # lives; released once it died (_release_pins), or re-leased by its next forward.
+            self._pinned[u] = True
+        else:
+            rc = L.ddo_session_release(self._session, u, self._stream())
+            _native.check(rc, L.ddo_session_error(self._session) if rc else None)
         if changed and check:
             raise DdoError("DDO_E_STATE", f"unit {self._unit_names[u]}: a streamed weight was "
                            f"written in place during the forward; ddo re-uploads weights from "
@@ -969,12 +1170,31 @@ class OffloadResult:
                            f"into the host module before enable_offload); the device copy is "
                            f"restored")
 
+    def _release_pins(self):
+        """Units kept leased for an escaped view: released in C once their views died."""
+        L = _native.lib()
+        for u in list(self._pinned):
+            if not any(L.ddo_session_tensor_view_count(self._session, t.index)
+                       for t in self._unit_tensors[u]):
+                del self._pinned[u]
+                _native.check(L.ddo_session_release(self._session, u, self._stream()),
+                              L.ddo_session_error(self._session))
+
     def _unbind_all(self):
         """Every managed Parameter shows its placeholder (no lease may be held)."""
         for t in self._tensors:
             if t.placement != _PLACEMENT_SKIPPED:
                 self._to_placeholder(t)
         self._views.clear()
+        self._view_ptrs.clear()
+
+    def _escaped_views(self):
+        """DLPack views of the session alive beyond the binding's own (self._views): a tensor
+        derived from a weight that someone (a hook, a cache, autograd) still holds."""
+        if self._session is None:
+            return 0
+        own = sum(1 for k in self._views if k[1] is not None)
+        return max(0, _native.lib().ddo_session_view_count(self._session) - own)
 
     # ---- public ----
 
@@ -1017,21 +1237,33 @@ class OffloadResult:
         """On an exception: unload once, re-raise the original (a cleanup error becomes a note)."""
         return cleanup_boundary(self.unload, self)
 
+    @_shielded
     def unload(self):
         """Frees device weights; a forward raises until reload()."""
         if self._state == "unloaded":
             return
         self._alive("unload")
+        self._not_in_forward("unload")
         for u in list(self._leases):
             self._release(u, check=False, whole=True)
         with self._lock:  # a unit's module that raised outside a forward left its claim
             self._owner, self._frames, self._in_root = None, [], 0
         self._unbind_all()
+        self._release_pins()
+        escaped = self._escaped_views()
+        if escaped:  # never free under a live view: refused, the weights bound again
+            self._make_views()
+            self._bind_residents()
+            raise DdoError("DDO_E_BUSY", f"unload: {escaped} view(s) of ddo's weight memory "
+                           f"are still alive (a tensor derived from a weight, kept by a hook, "
+                           f"a cache or an autograd graph); unloading would free memory they "
+                           f"read: drop them (or keep .clone()s) and call unload() again")
         self._dirty = False  # reload() uploads every weight from the host copy again
         L = _native.lib()
         _native.check(L.ddo_session_unload(self._session), L.ddo_session_error(self._session))
         self._state = "unloaded"
 
+    @_shielded
     def reload(self):
         """Restores the device weights after unload(); forwards are bit-identical again."""
         if self._state == "ready":
@@ -1043,20 +1275,76 @@ class OffloadResult:
         self._make_views()
         self._bind_residents()  # raises, bound, if a weight was written while unloaded
 
+    @_shielded
     def close(self):
         """Removes the hooks, ends the session; the module holds its host tensors again."""
         if self._state == "closed":
             return
-        if self._session is not None and self._state == "ready":
+        if not _lease.forked(self._pid):
+            self._not_in_forward("close")
+        if self._session is not None and self._state == "ready" and not _lease.forked(self._pid):
             for u in list(self._leases):
                 self._release(u, check=False, whole=True)
-        if self._session is not None and self._cfg.get("show_profile") == "true":
-            rep = self.metrics_snapshot(True).format_profile(self._cfg.get("verbose") == "true")
+        if self._session is not None and self._show_profile[0]:
+            rep = self.metrics_snapshot(True).format_profile(self._show_profile[1])
             print(f"[{self._label()}]\n{rep}", file=sys.stderr)
         self._teardown()
         self._state = "closed"
         if self._trace is not None and self._talk.get("trace_owner"):
             self._trace.write()
+
+    def _arm_grad_hooks(self):
+        """A gradient for a managed weight raises one clear error (_lease.INFERENCE_ONLY).
+        Registered at the first forward run with grad mode on, so a module used for inference
+        only (torch.compile included) never carries a tensor hook."""
+        if self._grad_hooks_armed:
+            return
+        with _lease.shield():
+            for t in self._tensors:
+                if t.placement != _PLACEMENT_SKIPPED:
+                    for p in t.params:
+                        if p.requires_grad:
+                            self._handles.append(p.register_hook(_lease.refuse_grad))
+            self._grad_hooks_armed = True
+
+    def _note_unentered(self, e):
+        """A failed forward in which hooked modules never ran: their weights were off the
+        device (empty placeholders) if a parent read them itself; the error says which."""
+        if not isinstance(e, RuntimeError) or isinstance(e, DdoError):
+            return
+        missing = [name for name, units in self._hooked if units not in self._entered]
+        if not missing:
+            return
+        note = (f"ddo: the forward failed while these modules' forwards had not run, so their "
+                f"streamed weights were off the device: {', '.join(missing[:6])}"
+                f"{' ...' if len(missing) > 6 else ''}; if a parent module reads their weights "
+                f"itself (a functional call), enable_offload with unit_granularity='block' "
+                f"so the unit is the parent, or list the parent in always_resident_modules_pattern")
+        if hasattr(e, "add_note"):
+            e.add_note(note)
+        else:
+            e.args = (f"{e.args[0] if e.args else ''}\n{note}",) + tuple(e.args[1:])
+
+    def _not_in_forward(self, what):
+        """Refuses what while a forward of the module runs (on any thread)."""
+        with self._lock:
+            owner = self._owner
+        if owner is None:
+            return
+        if owner[0] == threading.get_ident() and not self._root_on_stack():
+            self._abort()  # a claim left by an interrupt or a unit called alone: no forward
+            return
+        raise DdoError("DDO_E_BUSY", f"{what}: a forward of {type(self.module).__name__} "
+                       f"is running; call {what}() after it returns")
+
+    def __del__(self):
+        """A result dropped without close() (its module dropped too): its session, threads
+        and device memory end here."""
+        try:
+            if getattr(self, "_state", "closed") != "closed" and _native._LIB is not None:
+                self.close()
+        except Exception:
+            pass
 
     def _alive(self, what):
         if self._state == "closed":
@@ -1079,6 +1367,11 @@ class OffloadResult:
             if own is not None:
                 setattr(self.module, name, own)
         self._own_merges = {}
+        for m, name, own in reversed(self._own_methods):
+            m.__dict__.pop(name, None)
+            if own is not None:
+                m.__dict__[name] = own
+        self._own_methods = []
         tag = getattr(self, "_managed_tag", None)
         for t in getattr(self, "_tensors", []):
             for p in t.params:
@@ -1103,18 +1396,23 @@ class OffloadResult:
         self._placeholders.clear()
         if self.device is not None and self.device.type == "cuda" and self._session is not None:
             torch.cuda.current_stream(self.device).synchronize()
+        self._view_ptrs.clear()
+        if _lease.forked(self._pid):  # the parent's session: its threads are not here; let it be
+            self._session = self._plan = self._ck = self._dev = None
+            self._streams = {}
         L = _native.lib()
         alive = L.ddo_session_view_count(self._session) if self._session is not None else 0
         for st in self._streams.values():
             L.ddo_stream_destroy(st)
         self._streams = {}
-        if self._session is not None:
-            L.ddo_session_destroy(self._session)
         if alive:
             # A view escaped (someone kept p.data of a lease): its session lives on until the
-            # view dies, and needs its plan, checkpoint and device (and the host tensors).
-            _GRAVEYARD.append((self._plan, self._ck, self._dev, self._tensors))
+            # view dies, with its plan, checkpoint and device (and the host tensors); the
+            # next enable, close or exit after that frees them (_lease.sweep).
+            _lease.bury((self._session, self._plan, self._ck, self._dev, self._tensors))
         else:
+            if self._session is not None:
+                L.ddo_session_destroy(self._session)
             if self._plan is not None:
                 L.ddo_plan_destroy(self._plan)
             if self._ck is not None:

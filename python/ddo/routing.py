@@ -442,6 +442,15 @@ def apply_route(module, pol, cfg, st, component, *, apply_hook=True, source=None
     record_event(name, seconds, **payload) is the host's event callback (the earlier design's)."""
     t0 = time.perf_counter()
     res = _apply_route(module, pol, cfg, st, component, apply_hook, source, stager, talk)
+    try:
+        _record(res, record_event, event_names, component, t0)
+    except BaseException:  # a failing callback leaves the module as it was, not managed
+        res.close(**({"restore": True} if isinstance(res, RouteResult) else {}))
+        raise
+    return res
+
+
+def _record(res, record_event, event_names, component, t0):
     if record_event is not None:
         names = event_names or {}
         r = res.route
@@ -454,7 +463,6 @@ def apply_route(module, pol, cfg, st, component, *, apply_hook=True, source=None
         elif "unmanaged_module_moved_to_execution_device" in res.event_payload:
             record_event(f"move_{component}_to_execution_device", time.perf_counter() - t0,
                          route="none", execution_device=str(res.device))
-    return res
 
 
 def _apply_route(module, pol, cfg, st, component, apply_hook, source, stager=None, talk=None):
