@@ -5,7 +5,7 @@
  * before a host program needs them, inside hard budgets for device memory,
  * retained host memory and registered (pinned) host memory.
  *
- * Conventions (see STYLE.md):
+ * Conventions:
  *   - Every fallible function returns int: 0 or a negative DDO_E_* code.
  *     Out-parameters are written only on success; handles are set to NULL on
  *     failure. Its comment lists the codes it returns ("Errors:"); any of them
@@ -474,7 +474,7 @@ DDO_API const char *ddo_config_warning(const ddo_config *cfg, size_t i);
 /* The resolved settings (with sources and the settings object) as JSON. Free with ddo_free.
  * Errors: DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_NO_MEMORY. */
 DDO_API int ddo_config_to_json(const ddo_config *cfg, char **json);
-/* Settings object of the seed: requested/effective preset, enabled, plan, pinning, WSL. */
+/* The resolved settings object: requested/effective preset, enabled, plan, pinning, WSL. */
 typedef struct ddo_settings {
     const char *requested_preset;
     const char *effective_preset;
@@ -535,7 +535,7 @@ DDO_API int ddo_config_component_policy(const ddo_config *cfg, const char *compo
                                         ddo_component_policy *out);
 /* As ddo_config_component_policy, for a host that knows whether its caller gave an explicit
  * configuration or runtime overrides (the Python enable_offload's config= fields and keyword
- * overrides) and no policy arguments: then overrides_given is true, and the seed's VAE rule
+ * overrides) and no policy arguments: then overrides_given is true, and the VAE rule
  * applies: a VAE whose route comes from the preset (route_source names "preset:", directly or
  * under auto) is not given the preset's VAE route; it routes "dynamic_offload" when the settings
  * are enabled, else "none", with route_source "explicit config/overrides bypass the preset's VAE
@@ -594,7 +594,7 @@ typedef struct ddo_cuda_options {
                                  discovery: libcuda.so.1) */
     const char *library_env;  /* a driver path a host took from its own setting; ddo's tools
                                  pass none (DDO_VMM_LIBRARY_PATH is not a driver path: the
-                                 seeds' variable names ddo's own library, docs/cuda.md) */
+                                 variable names ddo's own library, docs/cuda.md) */
 } ddo_cuda_options;
 #define DDO_CUDA_OPTIONS_INIT DDO_STRUCT_INIT(ddo_cuda_options)
 
@@ -882,7 +882,7 @@ DDO_API int ddo_plan_info_get(const ddo_plan *plan, ddo_plan_info *out);
  * DDO_E_NO_MEMORY. */
 DDO_API int ddo_plan_from_json(const char *json, ddo_plan **out);
 
-/* Resident selection of ddo-upstream.md section 3.5, exposed for hosts and tests:
+/* Resident selection (docs/plan.md, "Resident selection"), exposed for hosts and tests:
  * fills chosen_idx[0..count) with the indices of the chosen items (greedy, skip on
  * overflow, in the selection's order) and returns their number in *chosen.
  * Errors: DDO_E_INVALID_ARGUMENT (NULL arrays with a count, chosen NULL, DDO_SELECTION_COST:
@@ -1108,7 +1108,8 @@ typedef struct ddo_host_info {
  * (out is NULL). */
 DDO_API int ddo_host_info_get(ddo_host_info *out);
 
-/* What a standby purge did for a phase (the seed's maybe_purge_windows_standby_cache). */
+/* What a standby purge did for a phase (maybe_purge_windows_standby_cache of the Python binding).
+ */
 typedef struct ddo_purge_result {
     bool purged;
     const char *reason; /* "purged", "disabled", "non_windows", or the failure's class */
@@ -1128,7 +1129,7 @@ DDO_API int ddo_purge_standby(const ddo_config *cfg, const char *phase, int enab
                               const char *const *envp, ddo_purge_result *out);
 /*
  * A DDO_* variable of the preset tables as a host phase reads it (the settings' preset_value
- * and preset_bool of the seeds): the environment block's value when it sets name (even to ""),
+ * and preset_bool): the environment block's value when it sets name (even to ""),
  * else the config's effective preset's value, else none (*value NULL; preset_bool: fallback,
  * "0" when NULL, read with the boolean vocabulary 1/true/yes/on). cfg and envp may be NULL.
  * Errors: DDO_E_INVALID_ARGUMENT (name or value NULL).

@@ -1,6 +1,6 @@
 /*
  * plan.c - the planner: turns a tensor table, the resolved configuration and
- * what is known about the machine into a plan (ARCHITECTURE.md section 2):
+ * what is known about the machine into a plan (docs/plan.md):
  * the placement of every tensor, units in execution order, the resident
  * selection, the retained and registered selections, slot and staging
  * geometry, the cost model and the predicted peak of every budget. Pure: no
@@ -54,7 +54,7 @@ static int build_tables(builder *b)
     return 0;
 }
 
-/* The explicit budgets, then the balanced policy over them (section 3.7) when it is on. */
+/* The explicit budgets, then the balanced policy over them (docs/plan.md) when it is on. */
 static void budget_policy(builder *b, budgets_in *bi)
 {
     const ddo__options *o = b->o;
@@ -191,7 +191,7 @@ static int build(builder *b)
     if ((rc = place_and_select(b, &bi, &limit, source, sizeof(source))) != 0)
         return rc;
 
-    /* Pin resolution on the linear routes (section 3.8). */
+    /* Pin resolution on the linear routes (docs/plan.md, "Pin resolution"). */
     ddo__pin_resolution pin = { DDO_PIN_MODE_UNLIMITED_FULL_PIN, 0, false };
     if (!ddo__route_maps(p->route)) {
         uint64_t C = 0;

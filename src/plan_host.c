@@ -1,8 +1,8 @@
 /*
- * plan_host.c - the host side of a plan (ARCHITECTURE.md section 2, sections 3.8-3.9 of the
- * seed): which streamed units the retained store keeps in host RAM, which of those are
- * registered for the copy engine (a caller's host tensors registered in place, host_pins.h),
- * and the staging windows that carry everything else. Part of the build (plan_build.h).
+ * plan_host.c - the host side of a plan (docs/plan.md): which streamed units the retained store
+ * keeps in host RAM, which of those are registered for the copy engine (a caller's host tensors
+ * registered in place, host_pins.h), and the staging windows that carry everything else. Part of
+ * the build (plan_build.h).
  */
 #include "plan_build.h"
 

@@ -108,7 +108,7 @@ class MetricsReport:
 
 @contextlib.contextmanager
 def cleanup_boundary(unload, value=None):
-    """The seed's error-only boundary (yields value): on an exception, call unload once and
+    """An error-only boundary (yields value): on an exception, call unload once and
     re-raise the original; a failing unload is attached to it as a note (never replaces it)."""
     try:
         yield value
