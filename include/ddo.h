@@ -64,11 +64,18 @@ extern "C" {
 #    define DDO_API
 #endif
 
-#define DDO_VERSION_MAJOR  0
-#define DDO_VERSION_MINOR  1
-#define DDO_VERSION_PATCH  0
-#define DDO_VERSION_NUMBER (DDO_VERSION_MAJOR * 10000 + DDO_VERSION_MINOR * 100 + DDO_VERSION_PATCH)
-#define DDO_VERSION_STRING "0.1.0"
+/* The one place the version is written: CMake (CMakeLists.txt), the wheel's metadata
+ * (python/build_backend/ddo_build.py) and the Python package (python/ddo/_enums.py, generated)
+ * read these three lines. */
+#define DDO_VERSION_MAJOR    0
+#define DDO_VERSION_MINOR    1
+#define DDO_VERSION_PATCH    0
+#define DDO_VERSION_NUMBER   (DDO_VERSION_MAJOR * 10000 + DDO_VERSION_MINOR * 100 + DDO_VERSION_PATCH)
+#define DDO_VERSION_TEXT_(x) #x
+#define DDO_VERSION_TEXT(x)  DDO_VERSION_TEXT_(x)
+#define DDO_VERSION_STRING              \
+    DDO_VERSION_TEXT(DDO_VERSION_MAJOR) \
+    "." DDO_VERSION_TEXT(DDO_VERSION_MINOR) "." DDO_VERSION_TEXT(DDO_VERSION_PATCH)
 
 /* The initialiser of a struct that grows (see above): its size set, every other field zero. */
 #define DDO_STRUCT_INIT(type) \

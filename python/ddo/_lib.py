@@ -11,8 +11,10 @@ import ctypes
 import os
 import pathlib
 
+from . import _enums
+
 # The library version this binding mirrors (major, minor): another minor may change layouts.
-ABI_VERSION = (0, 1)
+ABI_VERSION = (_enums.DDO_VERSION_MAJOR, _enums.DDO_VERSION_MINOR)
 
 c_size_t = ctypes.c_size_t
 c_u64 = ctypes.c_uint64
