@@ -11,7 +11,15 @@ import ctypes
 import os
 import pathlib
 
-from . import _enums
+try:
+    from . import _enums
+except ImportError:  # loaded on its own by file (python/ddo_vmm_bootstrap.py, without torch)
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location(
+        "_ddo_bootstrap_enums", pathlib.Path(__file__).with_name("_enums.py"))
+    _enums = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_enums)
 
 # The library version this binding mirrors (major, minor): another minor may change layouts.
 ABI_VERSION = (_enums.DDO_VERSION_MAJOR, _enums.DDO_VERSION_MINOR)
