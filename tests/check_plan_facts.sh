@@ -31,7 +31,8 @@ if [ -n "$hits$hits2$hits3" ]; then
     fails=1
 fi
 # The Python binding reads the facts, not the plan JSON's route or decisions, for behaviour.
-hits=$(grep -nE 'plan\.get\("route"\)|plan\["route"\]|\["planner_decisions"\]\[' -- python/ddo/*.py || true)
+hits=$(grep -nE 'plan\.get\("(route|unit_granularity)"|plan\["(route|unit_granularity)"\]|\["planner_decisions"\]\[' \
+    -- python/ddo/*.py || true)
 if [ -n "$hits" ]; then
     echo "FAIL: the binding reads the route or a decision from the plan JSON (use ddo_plan_info):"
     echo "$hits"

@@ -745,7 +745,7 @@ class OffloadResult:
         for m, units in hooks:
             if len(units) > max(slots, 1):
                 name = next((n for n, x in self.module.named_modules() if x is m), "?")
-                leaf = self.plan.get("unit_granularity", "block") == "leaf"
+                leaf = self._plan_info.unit_granularity == _enums.DDO_UNIT_LEAF
                 raise DdoError("DDO_E_BUDGET", f"{type(m).__name__} {name or '(root)'} reads "
                                f"the weights of {len(units)} units at once (its forward reads "
                                f"its children's weights itself) and the plan leases at most "
