@@ -578,7 +578,8 @@ typedef struct ddo_device_caps {
     bool vmm_supported;
     bool is_cpu;
     double bus_bytes_per_s; /* measured or configured host->device bandwidth; 0 = unknown */
-    double flops_per_s;     /* measured or configured compute rate; 0 = unknown */
+    double flops_per_s;     /* configured compute rate (cpu), or on cuda an estimate from the
+                               SM count, clock and architecture; 0 = unknown */
     int driver_version;     /* cuDriverGetVersion (13000 = 13.0); 0 on cpu */
     int ordinal;            /* N of cuda:N; 0 on cpu */
 } ddo_device_caps;
@@ -1306,7 +1307,8 @@ DDO_API int ddo_checkpoint_create_from_config(const char *path, const ddo_config
                                               ddo_checkpoint **out);
 /*
  * Plan inputs from a device's capabilities (memory, granularity, VMM, cpu or not, and the bus
- * and compute rates it reports: the cpu device's throttles; 0 on cuda) and from this machine
+ * and compute rates it reports: the cpu device's throttles; on cuda no bus rate and the
+ * compute estimate) and from this machine
  * (available RAM); caps NULL: no device known (its fields 0). tokens is left 0. Writes the
  * fields within out->size (the ABI rule). Errors: DDO_E_INVALID_ARGUMENT (out NULL, its size).
  */
@@ -1359,7 +1361,10 @@ DDO_API const char *ddo_setup_note(const ddo_setup *setup);
 /*
  * What the setup knows for planning, now: ddo_plan_inputs_get of its device (without one:
  * ddo_plan_inputs_from_caps(NULL)), then, for a bus or compute rate the device does not report,
- * the rate measured by the profile last applied (ddo_setup_profile_apply). tokens is left 0.
+ * the rate measured by the profile last applied (ddo_setup_profile_apply), then what this
+ * process measured on the device (docs/host.md): the bus (32 MiB of pinned host->device
+ * copies, once per process and device, cached) and, on the cpu device, a compute estimate.
+ * Without a device nothing is measured. tokens is left 0.
  * A host that measures a rate itself overrides the field. Writes the fields within out->size.
  * Errors: DDO_E_INVALID_ARGUMENT (setup or out NULL, out's size), those of
  * ddo_device_caps_get.
@@ -1409,16 +1414,24 @@ typedef struct ddo_profile_calibration {
     double total_gb;    /* total_bytes in GiB */
     double headroom_gb; /* profile_vram_headroom_gb */
     double budget_gb;   /* the next run's resident budget */
+    /* filled by the host (fields added after the results, the ABI rule) */
+    double decode_bytes_per_s; /* the weight codec decoder's measured throughput; 0 = unknown */
+    /* {"UNIT": seconds, ...}: each unit's measured compute (the planner's unit_compute_json);
+     * NULL = none. Recorded in the observation and the recommendation. */
+    const char *unit_compute_json;
 } ddo_profile_calibration;
 #define DDO_PROFILE_CALIBRATION_INIT DDO_STRUCT_INIT(ddo_profile_calibration)
 
 /*
  * After a calibration's steps: records the observation (peak, total, headroom, achieved rate)
  * and the next run's recommendation (ddo_profile_recommend_resident_budget, with the measured
- * rates that are known) in the profile of the last ddo_setup_profile_apply, and writes the
- * results into *cal. *path (may be NULL) receives the profile file (free with ddo_free).
- * Errors: DDO_E_INVALID_ARGUMENT (setup, cfg or cal NULL, cal's size), DDO_E_STATE (the last
- * apply was not a calibration), those of ddo_profile_record.
+ * rates that are known: bus_bytes_per_s, file_read_bytes_per_s, flops_per_s,
+ * decode_bytes_per_s, unit_compute_s) in the profile of the last ddo_setup_profile_apply, and
+ * writes the results into *cal. *path (may be NULL) receives the profile file (free with
+ * ddo_free). Both hosts (the tool, the Python binding) record through this, so their records
+ * are alike. Errors: DDO_E_INVALID_ARGUMENT (setup, cfg or cal NULL, cal's size,
+ * unit_compute_json not a JSON object), DDO_E_STATE (the last apply was not a calibration),
+ * DDO_E_NO_MEMORY, those of ddo_profile_record.
  */
 DDO_API int ddo_setup_profile_record(ddo_setup *setup, const ddo_config *cfg,
                                      ddo_profile_calibration *cal, char **path);

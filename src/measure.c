@@ -124,6 +124,36 @@ out:
     return rc;
 }
 
+int ddo__measure_bus_quick(ddo_device *dev, double *rate)
+{
+    *rate = 0.0;
+    const uint64_t bytes = 2 * PIECE_BYTES;
+    void *stream = NULL, *pinned = NULL;
+    uint64_t dptr = 0;
+    int rc = ddo__dev_stream_create(dev, 1, &stream);
+    if (rc == 0)
+        rc = ddo__dev_mem_alloc(dev, bytes, &dptr);
+    if (rc == 0)
+        rc = ddo__dev_host_alloc(dev, (size_t)bytes, &pinned);
+    if (rc == 0) {
+        memset(pinned, 0x5a, (size_t)bytes);
+        double v[PASSES];
+        /* One warm-up pass, then the median of three. */
+        rc = time_copies(dev, stream, dptr, pinned, bytes, PIECE_BYTES, &v[0]);
+        for (int i = 0; rc == 0 && i < PASSES; i++)
+            rc = time_copies(dev, stream, dptr, pinned, bytes, PIECE_BYTES, &v[i]);
+        if (rc == 0)
+            *rate = median3(v);
+    }
+    if (pinned != NULL)
+        ddo__dev_host_free(dev, pinned);
+    if (dptr != 0)
+        ddo__dev_mem_free(dev, dptr);
+    if (stream != NULL)
+        ddo__dev_stream_destroy(dev, stream);
+    return rc;
+}
+
 /* Reads [0, len) of fd into buf in pieces through the page cache; bytes/s, or an error. */
 static int time_reads(int fd, unsigned char *buf, size_t piece, uint64_t len, const char *path,
                       double *rate)

@@ -4,15 +4,21 @@
  * device execution_device names and what stands in for the default one; the read backend
  * load_safetensors_backend names; plan inputs from a device's capabilities and this machine;
  * the workload profile applied before planning (its measured rates feed the plan inputs) and
- * recorded after a calibration. Written on the public API (and os/ for the machine's RAM),
- * as a host would write it.
+ * recorded after a calibration; the bus and compute figures measured once per process where
+ * the device reports none. Written on the public API (and os/ for the machine's RAM, the
+ * device layer for the short bus measurement), as a host would write it.
  */
+#define _POSIX_C_SOURCE 200809L
 #include "common.h"
+#include "device/device.h"
 #include "os/sysinfo.h"
 
+#include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct ddo_setup {
     ddo_device *dev; /* owned; NULL with DDO_DEVICE_CHOICE_NONE */
@@ -210,6 +216,64 @@ const char *ddo_setup_profile_dir(const ddo_setup *setup)
     return setup != NULL && setup->profile_dir != NULL ? setup->profile_dir : "";
 }
 
+/* ---- measured figures, once per process ------------------------------------------------ */
+
+/* The rates measured so far: [0] the cpu device, [1 + N] cuda:N (guarded by g_rates_lock). */
+#define RATE_SLOTS 65
+static pthread_mutex_t g_rates_lock = PTHREAD_MUTEX_INITIALIZER;
+static double g_bus[RATE_SLOTS];
+static double g_cpu_flops;
+
+/* An fp32 matmul's rate on one core of this machine (64 x 64 x 64, repeated for >= 2 ms),
+ * times the online cores: the reference device's compute estimate. */
+static double cpu_flops_estimate(void)
+{
+    enum { N = 64 };
+    static float a[N][N], b[N][N], c[N][N];
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < N; j++) {
+            a[i][j] = (float)((i + j) % 7) * 0.25f;
+            b[i][j] = (float)((i * j) % 5) * 0.5f;
+        }
+    uint64_t t0 = ddo__now_ns(), reps = 0, dt = 0;
+    do {
+        for (int i = 0; i < N; i++)
+            for (int k = 0; k < N; k++)
+                for (int j = 0; j < N; j++)
+                    c[i][j] += a[i][k] * b[k][j];
+        reps++;
+        dt = ddo__now_ns() - t0;
+    } while (dt < 2000000 && reps < 100000);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    double per_core =
+        c[N - 1][N - 1] >= 0.0f && dt > 0 ? 2.0 * N * N * N * (double)reps * 1e9 / (double)dt : 0.0;
+    return per_core * (double)(cores > 0 ? cores : 1);
+}
+
+/* The bus (dev's pinned host->device copies) and, on the cpu device, compute figures for the
+ * rates in *in the device did not report, measured on the first call per device (cached). */
+static void measured_rates(ddo_device *dev, ddo_plan_inputs *in)
+{
+    ddo_device_caps caps;
+    if (dev == NULL || ddo_device_caps_get(dev, &caps) != 0)
+        return;
+    int slot = caps.is_cpu ? 0 : 1 + caps.ordinal;
+    if (slot < 0 || slot >= RATE_SLOTS)
+        return;
+    pthread_mutex_lock(&g_rates_lock);
+    if (!(in->bus_bytes_per_s > 0)) {
+        if (!(g_bus[slot] > 0) && ddo__measure_bus_quick(dev, &g_bus[slot]) != 0)
+            g_bus[slot] = 0.0; /* not now (no memory for it): measured on a later call */
+        in->bus_bytes_per_s = g_bus[slot];
+    }
+    if (!(in->flops_per_s > 0) && caps.is_cpu) {
+        if (!(g_cpu_flops > 0))
+            g_cpu_flops = cpu_flops_estimate();
+        in->flops_per_s = g_cpu_flops;
+    }
+    pthread_mutex_unlock(&g_rates_lock);
+}
+
 int ddo_setup_plan_inputs(ddo_setup *setup, ddo_plan_inputs *out)
 {
     if (setup == NULL || out == NULL)
@@ -225,6 +289,8 @@ int ddo_setup_plan_inputs(ddo_setup *setup, ddo_plan_inputs *out)
         in.bus_bytes_per_s = setup->measured.bus_bytes_per_s;
     if (!(in.flops_per_s > 0) && setup->measured.flops_per_s > 0)
         in.flops_per_s = setup->measured.flops_per_s;
+    /* Else what this process measured (the bus) or estimated (the cpu device's compute). */
+    measured_rates(setup->dev, &in);
     return DDO__ABI_OUT(ddo_plan_inputs, &in, out);
 }
 
@@ -308,28 +374,68 @@ int ddo_setup_profile_apply(ddo_setup *setup, ddo_config *cfg, const ddo_checkpo
     return 0;
 }
 
-/* The observation and the recommendation of a calibration (c: its figures and results). */
-static void calibration_json(const ddo_profile_calibration *c, char *obs, size_t obs_len, char *rec,
-                             size_t rec_len)
+/* Sets key to a real in o (false when out of memory). */
+static bool put_real(json_t *o, const char *key, double v)
 {
-    snprintf(obs, obs_len,
-             "{\"status\":\"success\",\"peak_vram_gb\":%.4f,\"total_vram_gb\":%.4f,"
-             "\"headroom_gb\":%.4f,\"profile_measurement_kind\":\"baseline\","
-             "\"measurement\":\"driver_free_sampled_plus_session_weights\","
-             "\"achieved_bytes_per_s\":%.6g}",
-             c->peak_gb, c->total_gb, c->headroom_gb, c->achieved_bytes_per_s);
-    /* At most 4 fields of about 40 bytes: rec_len (512) always holds them. */
-    size_t n =
-        (size_t)snprintf(rec, rec_len, "{\"profile_resident_module_budget_gb\":%.4f", c->budget_gb);
-    if (c->achieved_bytes_per_s > 0)
-        n += (size_t)snprintf(rec + n, rec_len - n, ",\"bus_bytes_per_s\":%.6g",
-                              c->achieved_bytes_per_s);
-    if (c->file_read_bytes_per_s > 0)
-        n += (size_t)snprintf(rec + n, rec_len - n, ",\"file_read_bytes_per_s\":%.6g",
-                              c->file_read_bytes_per_s);
-    if (c->flops_per_s > 0)
-        n += (size_t)snprintf(rec + n, rec_len - n, ",\"flops_per_s\":%.6g", c->flops_per_s);
-    snprintf(rec + n, rec_len - n, "}");
+    json_t *j = json_real(v);
+    return j != NULL && json_object_set_new(o, key, j) == 0;
+}
+
+/* The observation and the recommendation of a calibration (c: its figures and results; uc:
+ * the units' measured compute or NULL, set into both). false when out of memory. */
+static bool calibration_json(const ddo_profile_calibration *c, json_t *uc, json_t *obs, json_t *rec)
+{
+    bool ok = json_object_set_new(obs, "status", json_string("success")) == 0 &&
+              put_real(obs, "peak_vram_gb", c->peak_gb) &&
+              put_real(obs, "total_vram_gb", c->total_gb) &&
+              put_real(obs, "headroom_gb", c->headroom_gb) &&
+              json_object_set_new(obs, "profile_measurement_kind", json_string("baseline")) == 0 &&
+              json_object_set_new(obs, "measurement",
+                                  json_string("driver_free_sampled_plus_session_weights")) == 0 &&
+              put_real(obs, "achieved_bytes_per_s", c->achieved_bytes_per_s) &&
+              put_real(rec, "profile_resident_module_budget_gb", c->budget_gb);
+    if (ok && c->achieved_bytes_per_s > 0)
+        ok = put_real(rec, "bus_bytes_per_s", c->achieved_bytes_per_s);
+    if (ok && c->file_read_bytes_per_s > 0)
+        ok = put_real(rec, "file_read_bytes_per_s", c->file_read_bytes_per_s);
+    if (ok && c->flops_per_s > 0)
+        ok = put_real(rec, "flops_per_s", c->flops_per_s);
+    if (ok && c->decode_bytes_per_s > 0)
+        ok = put_real(obs, "decode_bytes_per_s", c->decode_bytes_per_s) &&
+             put_real(rec, "decode_bytes_per_s", c->decode_bytes_per_s);
+    if (ok && uc != NULL && json_object_size(uc) > 0)
+        ok = json_object_set(obs, "unit_compute_s", uc) == 0 &&
+             json_object_set(rec, "unit_compute_s", uc) == 0;
+    return ok;
+}
+
+/* Writes c's observation and recommendation into the setup's profile (*path: its file). */
+static int record_json(ddo_setup *setup, const ddo_profile_calibration *c, char **path)
+{
+    json_t *uc = NULL;
+    if (c->unit_compute_json != NULL) {
+        uc = json_loads(c->unit_compute_json, 0, NULL);
+        if (!json_is_object(uc)) {
+            json_decref(uc);
+            return ddo__fail(&setup->err, DDO_E_INVALID_ARGUMENT,
+                             "ddo_setup_profile_record: unit_compute_json is not a JSON object");
+        }
+    }
+    json_t *obs = json_object(), *rec = json_object();
+    char *o = NULL, *r = NULL;
+    int rc = DDO_E_NO_MEMORY;
+    if (obs != NULL && rec != NULL && calibration_json(c, uc, obs, rec) &&
+        (o = json_dumps(obs, JSON_COMPACT | JSON_PRESERVE_ORDER)) != NULL &&
+        (r = json_dumps(rec, JSON_COMPACT | JSON_PRESERVE_ORDER)) != NULL)
+        rc = ddo_profile_record(setup->profile_dir, setup->profile_context, o, r, path);
+    else
+        ddo__fail(NULL, rc, "ddo_setup_profile_record: out of memory");
+    free(o);
+    free(r);
+    json_decref(obs);
+    json_decref(rec);
+    json_decref(uc);
+    return rc != 0 ? ddo__fail_from_last(&setup->err, rc) : 0;
 }
 
 int ddo_setup_profile_record(ddo_setup *setup, const ddo_config *cfg, ddo_profile_calibration *cal,
@@ -362,10 +468,8 @@ int ddo_setup_profile_record(ddo_setup *setup, const ddo_config *cfg, ddo_profil
     c.peak_gb = ddo_profile_peak_gb(&smp);
     c.total_gb = (double)c.total_bytes / (double)DDO_GIB;
     c.budget_gb = ddo_profile_recommend_resident_budget(c.total_gb, c.peak_gb, c.headroom_gb);
-    char obs[512], rec[512];
-    calibration_json(&c, obs, sizeof(obs), rec, sizeof(rec));
-    rc = ddo_profile_record(setup->profile_dir, setup->profile_context, obs, rec, path);
+    rc = record_json(setup, &c, path);
     if (rc != 0)
-        return ddo__fail_from_last(&setup->err, rc);
+        return rc;
     return DDO__ABI_OUT(ddo_profile_calibration, &c, cal);
 }

@@ -357,6 +357,7 @@ static int gfx_create(gfx *f, const char *mode, bool create_session)
         { "execution_device", "cuda:0" },
         { "execution_slots", "3" },
         { "vmm_resident_weight_budget_gb", g_budget_gb },
+        { "resident_module_budget_gb", "0" }, /* every unit streams: a budget alone fills */
         { "vmm_staging_buffer_gb", "0.0625" },
         { "vmm_source_cache_gb", "1" },
         { "pin_cpu_memory", "true" },

@@ -298,12 +298,16 @@ static void test_profile_cycle(void)
     T_REQUIRE(ddo_config_set_bool(cfg, "build_profile", true) == 0);
     T_EQ_INT(ddo_setup_profile_apply(s, cfg, ck, &st, NULL, NULL), DDO_E_CONFIG);
     T_CONTAINS(ddo_last_error(), "needs profile_name");
-    /* Neither: disabled, and nothing measured is kept. */
+    /* Neither: disabled, and nothing the profile measured is kept: the rates are the ones
+     * this process measured on the (unthrottled) cpu device, once (the same figures again). */
     T_REQUIRE(ddo_config_set_bool(cfg, "build_profile", false) == 0);
     T_EQ_INT(ddo_setup_profile_apply(s, cfg, ck, &st, NULL, NULL), 0);
     T_EQ_INT(st, DDO_PROFILE_DISABLED);
     T_EQ_INT(ddo_setup_plan_inputs(s, &in), 0);
-    T_CHECK(in.bus_bytes_per_s == 0);
+    T_CHECK(in.bus_bytes_per_s > 0 && in.bus_bytes_per_s != 12e9 && in.flops_per_s > 0);
+    ddo_plan_inputs again = DDO_PLAN_INPUTS_INIT;
+    T_EQ_INT(ddo_setup_plan_inputs(s, &again), 0);
+    T_CHECK(again.bus_bytes_per_s == in.bus_bytes_per_s && again.flops_per_s == in.flops_per_s);
     T_EQ_STR(ddo_setup_profile_dir(s), "");
     ddo_config_destroy(cfg);
     ddo_setup_destroy(s);

@@ -179,7 +179,7 @@ _sweeping = []
 
 
 def sweep():
-    """Frees every buried session whose last view died (with its plan, checkpoint, device)."""
+    """Frees every buried session whose last view died (with its plan, checkpoint, setup)."""
     if not _GRAVEYARD or _sweeping:
         return
     _sweeping.append(1)  # not re-entered from a collection it triggers
@@ -195,7 +195,7 @@ def _sweep():
     if L is None:
         return
     for entry in list(_GRAVEYARD):
-        s, plan, ck, dev, _keep = entry
+        s, plan, ck, setup, _keep = entry
         if L.ddo_session_view_count(s) != 0:
             continue
         _GRAVEYARD.remove(entry)
@@ -204,8 +204,8 @@ def _sweep():
             L.ddo_plan_destroy(plan)
         if ck is not None:
             L.ddo_checkpoint_destroy(ck)
-        if dev is not None:
-            L.ddo_device_destroy(dev)
+        if setup is not None:
+            L.ddo_setup_destroy(setup)  # and its device
 
 
 atexit.register(sweep)

@@ -98,6 +98,12 @@ class PlanInputs(Extensible):
                 ("codec_ratio", c_double), ("decode_bytes_per_s", c_double)]
 
 
+class SetupOptions(Extensible):
+    _fields_ = [("size", c_size_t), ("device", c_int),
+                ("device_options", ctypes.POINTER(DeviceOptions)),
+                ("envp", ctypes.POINTER(c_char_p))]
+
+
 class UnitInfo(ctypes.Structure):
     _fields_ = [("name", c_char_p), ("first_tensor", c_size_t), ("tensor_count", c_size_t),
                 ("bytes", c_u64), ("flops_per_token", c_u64), ("resident", c_bool),
@@ -163,6 +169,16 @@ class ProfileMeasured(ctypes.Structure):
                 ("file_read_bytes_per_s", c_double)]
 
 
+class ProfileCalibration(Extensible):
+    _fields_ = [("size", c_size_t), ("total_bytes", c_u64), ("baseline_used_bytes", c_u64),
+                ("used_peak_bytes", c_u64), ("used_end_bytes", c_u64),
+                ("weights_peak_bytes", c_u64), ("achieved_bytes_per_s", c_double),
+                ("file_read_bytes_per_s", c_double), ("flops_per_s", c_double),
+                ("peak_gb", c_double), ("total_gb", c_double), ("headroom_gb", c_double),
+                ("budget_gb", c_double), ("decode_bytes_per_s", c_double),
+                ("unit_compute_json", c_char_p)]
+
+
 # Every struct mirrored here, by its C name: the library reports its own sizes.
 STRUCTS = {
     "ddo_tensor_info": TensorInfo, "ddo_tensor_desc": TensorDesc,
@@ -173,7 +189,8 @@ STRUCTS = {
     "ddo_tensor_location": TensorLocation, "ddo_session_options": SessionOptions,
     "ddo_component_policy": ComponentPolicy, "ddo_host_info": HostInfo,
     "ddo_purge_result": PurgeResult, "ddo_profile_sample": ProfileSample,
-    "ddo_profile_measured": ProfileMeasured,
+    "ddo_profile_measured": ProfileMeasured, "ddo_setup_options": SetupOptions,
+    "ddo_profile_calibration": ProfileCalibration,
 }
 
 P = c_void_p
@@ -231,6 +248,17 @@ FUNCTIONS = {
     "ddo_stream_wrap": (c_int, [P, P, PP]),
     "ddo_stream_destroy": (None, [P]),
     "ddo_plan_inputs_get": (c_int, [P, ctypes.POINTER(PlanInputs)]),
+    "ddo_setup_create": (c_int, [P, ctypes.POINTER(SetupOptions), PP]),
+    "ddo_setup_destroy": (None, [P]),
+    "ddo_setup_device": (P, [P]),
+    "ddo_setup_note": (c_char_p, [P]),
+    "ddo_setup_error": (c_char_p, [P]),
+    "ddo_setup_plan_inputs": (c_int, [P, ctypes.POINTER(PlanInputs)]),
+    "ddo_setup_plan": (c_int, [P, P, P, ctypes.POINTER(PlanInputs), PP]),
+    "ddo_setup_profile_apply": (c_int, [P, P, P, ctypes.POINTER(c_int),
+                                        ctypes.POINTER(c_double),
+                                        ctypes.POINTER(ProfileMeasured)]),
+    "ddo_setup_profile_record": (c_int, [P, P, ctypes.POINTER(ProfileCalibration), PP]),
     "ddo_plan_build": (c_int, [P, P, ctypes.POINTER(PlanInputs), PP]),
     "ddo_plan_destroy": (None, [P]),
     "ddo_plan_unit_count": (c_size_t, [P]),

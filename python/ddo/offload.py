@@ -141,6 +141,19 @@ class _Param:
         self.unit = None
 
 
+def _open_setup(cfg):
+    """ddo_setup_create for cfg (execution_device, cuda:0 replaced by cpu when none answers),
+    with this process's DDO_PROFILE_DIR and HOME for the profile directory."""
+    env = [f"{k}={os.environ[k]}".encode() for k in ("DDO_PROFILE_DIR", "HOME")
+           if k in os.environ]
+    envp = (ctypes.c_char_p * (len(env) + 1))(*env, None)
+    opts = _lib.SetupOptions()
+    opts.envp = ctypes.cast(envp, ctypes.POINTER(ctypes.c_char_p))
+    h = ctypes.c_void_p()
+    _native.check(_native.lib().ddo_setup_create(cfg.h, ctypes.byref(opts), ctypes.byref(h)))
+    return h
+
+
 def _trim_host_heap():
     """Gives the pages of freed host tensors back to the system where the C library can
     (glibc's malloc_trim): torch's tensors of a few MiB live in malloc's heap, whose free
@@ -296,7 +309,7 @@ class OffloadResult:
         self._trace_t = {}  # units -> when their compute began (trace=)
         self._own_methods = []  # (module, name, own) of the methods refused while managed
         self._state = "new"
-        self._ck = self._dev = self._plan = self._session = None
+        self._ck = self._dev = self._plan = self._session = self._setup_h = None
         self._streams = {}
         self._views = {}
         self._placeholders = {}
@@ -356,24 +369,33 @@ class OffloadResult:
         else:
             self._tensors, self._ddo_path, self._modules_of = _collect(self.module, to_ddo)
             self._host_checkpoint(to_ddo)
-        note = ctypes.create_string_buffer(256)
-        dev = ctypes.c_void_p()
-        _native.check(L.ddo_device_create_from_config(self._cfg.h, None, ctypes.byref(dev),
-                                                      note, 256))
+        # The library's host layer, as the tool's: the device (cuda:0 replaced by cpu when none
+        # answers), the plan inputs (the device's figures, the profile's measured rates, the
+        # bus and compute measured once per process) and the workload profile.
+        self._setup_h = _open_setup(self._cfg)
+        dev = ctypes.c_void_p(L.ddo_setup_device(self._setup_h))
         self._dev = dev
-        self.device_note = note.value.decode()
+        self.device_note = (L.ddo_setup_note(self._setup_h) or b"").decode()
         caps = _lib.DeviceCaps()
         _native.check(L.ddo_device_caps_get(dev, ctypes.byref(caps)), L.ddo_device_error(dev))
         self.device = torch.device("cpu") if caps.is_cpu else torch.device("cuda", caps.ordinal)
         if caps.is_cpu and self.device_note and self._cfg.source("execution_device") == "default":
             # (no component name: a pipeline's components share one warning at the caller's line)
             _talk.warn(f"{self.device_note} (execution_device='cpu' says so and silences this)")
+        if self._profile is not None:
+            # prepare() applied it to the configuration; the setup keeps its measured rates
+            # for the plan inputs and its directory and context (the same apply again).
+            _native.check(L.ddo_setup_profile_apply(self._setup_h, self._cfg.h, self._ck, None,
+                                                    None, None),
+                          L.ddo_setup_error(self._setup_h))
         inputs = _lib.PlanInputs()
-        _native.check(L.ddo_plan_inputs_get(dev, ctypes.byref(inputs)))
+        _native.check(L.ddo_setup_plan_inputs(self._setup_h, ctypes.byref(inputs)),
+                      L.ddo_setup_error(self._setup_h))
         self._measured_inputs(inputs)
         plan = ctypes.c_void_p()
-        _native.check(L.ddo_plan_build(self._ck, self._cfg.h, ctypes.byref(inputs),
-                                       ctypes.byref(plan)))
+        _native.check(L.ddo_setup_plan(self._setup_h, self._ck, self._cfg.h,
+                                       ctypes.byref(inputs), ctypes.byref(plan)),
+                      L.ddo_setup_error(self._setup_h))
         self._plan = plan
         self.plan = json.loads(self._plan_json())
         if self._before_session is not None:
@@ -441,16 +463,12 @@ class OffloadResult:
 
 
     def _measured_inputs(self, inputs):
-        """What a profile measured, where the device reports nothing: the bus and compute
-        rates and each unit's compute (docs/plan.md, "Cost model")."""
+        """What a profile measured beyond the setup's rates (ddo_setup_plan_inputs takes its
+        bus and compute): the decoder's rate and each unit's compute (docs/plan.md, "Cost
+        model")."""
         prof = self._profile
         if prof is None:
             return
-        m = prof.measured or {}
-        if not inputs.bus_bytes_per_s > 0 and m.get("bus_bytes_per_s", 0) > 0:
-            inputs.bus_bytes_per_s = m["bus_bytes_per_s"]
-        if not inputs.flops_per_s > 0 and m.get("flops_per_s", 0) > 0:
-            inputs.flops_per_s = m["flops_per_s"]
         if not inputs.decode_bytes_per_s > 0 and prof.decode_bytes_per_s > 0:
             inputs.decode_bytes_per_s = prof.decode_bytes_per_s
         if prof.unit_compute:
@@ -1398,7 +1416,7 @@ class OffloadResult:
             torch.cuda.current_stream(self.device).synchronize()
         self._view_ptrs.clear()
         if _lease.forked(self._pid):  # the parent's session: its threads are not here; let it be
-            self._session = self._plan = self._ck = self._dev = None
+            self._session = self._plan = self._ck = self._dev = self._setup_h = None
             self._streams = {}
         L = _native.lib()
         alive = L.ddo_session_view_count(self._session) if self._session is not None else 0
@@ -1407,9 +1425,9 @@ class OffloadResult:
         self._streams = {}
         if alive:
             # A view escaped (someone kept p.data of a lease): its session lives on until the
-            # view dies, with its plan, checkpoint and device (and the host tensors); the
-            # next enable, close or exit after that frees them (_lease.sweep).
-            _lease.bury((self._session, self._plan, self._ck, self._dev, self._tensors))
+            # view dies, with its plan, checkpoint and setup (its device; and the host
+            # tensors); the next enable, close or exit after that frees them (_lease.sweep).
+            _lease.bury((self._session, self._plan, self._ck, self._setup_h, self._tensors))
         else:
             if self._session is not None:
                 L.ddo_session_destroy(self._session)
@@ -1422,8 +1440,9 @@ class OffloadResult:
                 if L.ddo_device_caps_get(self._dev, ctypes.byref(caps)) == 0 and caps.is_cpu:
                     # The cpu device knows exactly what is still allocated: tests check 0.
                     self.device_bytes_after_close = caps.total_bytes - caps.free_bytes
-                L.ddo_device_destroy(self._dev)
-        self._session = self._plan = self._ck = self._dev = None
+            if self._setup_h is not None:
+                L.ddo_setup_destroy(self._setup_h)  # and its device
+        self._session = self._plan = self._ck = self._dev = self._setup_h = None
         if getattr(self, "_source_restore", None) is not None:  # file-backed: meta again
             self._source_restore()
             self._source_restore = None

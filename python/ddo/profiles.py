@@ -4,8 +4,10 @@ prepare() runs before the plan: the workload's identity (ddo_profile_workload_co
 name and the tensor table) selects the profile, and ddo_profile_apply either forces a
 zero-resident calibration (build_profile) or applies the saved recommendation (source
 "profile:NAME"). result.profile_run() measures a calibration run and saves the next run's
-resident budget (ddo_profile_peak_gb, ddo_profile_recommend_resident_budget,
-ddo_profile_record). The directory: profile_dir, else DDO_PROFILE_DIR, else ~/.ddo/profiles.
+resident budget through the host layer, as the tool does (ddo_setup_profile_record: the
+peak, ddo_profile_recommend_resident_budget, the measured rates and each unit's compute). The
+offload result's setup applies the profile again (ddo_setup_profile_apply), so its measured
+rates reach the plan inputs in the host layer's order. The directory: profile_dir, else DDO_PROFILE_DIR, else ~/.ddo/profiles.
 """
 
 import contextlib
@@ -201,39 +203,41 @@ def profile_run(res):
     _total, free_end = _device_used(res)
     m = res.metrics_snapshot(collect_completed=True)
     held_peak = int(m.get("device_weights_peak_bytes"))
-    smp = _lib.ProfileSample(total_bytes=total, free_start_bytes=free_start,
-                             free_end_bytes=free_end, held_start_bytes=total - free_start,
-                             held_peak_bytes=held_peak, sampled_used_peak_bytes=0)
-    L = _native.lib()
-    peak = L.ddo_profile_peak_gb(ctypes.byref(smp))
-    headroom = float(res._cfg.get("profile_vram_headroom_gb") or 0)
-    budget = L.ddo_profile_recommend_resident_budget(total / GIB, peak, headroom)
-    obs = {"status": "success", "peak_vram_gb": round(peak, 4),
-           "total_vram_gb": round(total / GIB, 4), "headroom_gb": headroom,
-           "profile_measurement_kind": "baseline",
-           "measurement": "device_free_plus_session_weights"}
-    rec = {"profile_resident_module_budget_gb": budget}
-    if unit_compute:
-        obs["unit_compute_s"] = unit_compute
-        rec["unit_compute_s"] = unit_compute
+    # Recorded through the host layer as the tool records (ddo_setup_profile_record): what was
+    # in use at the region's start and end are the samples of device use (total - free), and
+    # nothing is taken as another user's.
+    cal = _lib.ProfileCalibration(
+        total_bytes=total, baseline_used_bytes=0,
+        used_peak_bytes=max(total - free_start, total - free_end),
+        used_end_bytes=total - free_end, weights_peak_bytes=held_peak)
     # The rate the session's copies reached over the region's wall time: in a zero-resident
     # calibration the copy engine is the bottleneck, so this is the bus as ddo's copies get it
     # (per-tensor copies from the module's own pages); a lower bound when the region is not
     # bus-bound, which only makes the next plan more careful.
     copied = m.get("copy_bytes") - copied0
     if copied > 0 and wall > 0:
-        obs["bus_bytes_per_s"] = rec["bus_bytes_per_s"] = copied / wall
+        cal.achieved_bytes_per_s = copied / wall
     # With weight_codec: the decoder's throughput over the region's timed decodes (device time
     # between events around each launch), the cost model's decode_bytes_per_s next time.
     decoded = m.get("codec_decode_timed_bytes") - decoded0
     decode_ns = m.get("codec_decode_ns") - decode_ns0
     if decoded > 0 and decode_ns > 0:
-        obs["decode_bytes_per_s"] = rec["decode_bytes_per_s"] = decoded / (decode_ns / 1e9)
+        cal.decode_bytes_per_s = decoded / (decode_ns / 1e9)
+    uc_text = json.dumps(unit_compute).encode() if unit_compute else None
+    cal.unit_compute_json = uc_text
     p = ctypes.c_void_p()
-    _native.check(L.ddo_profile_record(prof.dir.encode(), prof.context.encode(),
-                                       json.dumps(obs).encode(), json.dumps(rec).encode(),
-                                       ctypes.byref(p)))
+    L = _native.lib()
+    _native.check(L.ddo_setup_profile_record(res._setup_h, res._cfg.h, ctypes.byref(cal),
+                                             ctypes.byref(p)),
+                  L.ddo_setup_error(res._setup_h))
     prof.saved_path = _native.take_text(p)
+    rec = {"profile_resident_module_budget_gb": cal.budget_gb}
+    if cal.achieved_bytes_per_s > 0:
+        rec["bus_bytes_per_s"] = cal.achieved_bytes_per_s
+    if cal.decode_bytes_per_s > 0:
+        rec["decode_bytes_per_s"] = cal.decode_bytes_per_s
+    if unit_compute:
+        rec["unit_compute_s"] = unit_compute
     prof.recommendation = rec
 
 

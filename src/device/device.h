@@ -172,6 +172,10 @@ typedef struct ddo__devop_stats {
     uint64_t ns;    /* time spent inside the call (not async completion) */
 } ddo__devop_stats;
 
+/* measure.c: the pinned host->device rate of 32 MiB copied in 16 MiB pieces (a warm-up pass,
+ * then the median of three): the bus figure the host layer gives the plan (setup.c). */
+int ddo__measure_bus_quick(ddo_device *dev, double *rate);
+
 /* ---- wrappers (device_calls.c): what every other module calls ---- */
 
 const ddo__device_ops *ddo__device_ops_of(const ddo_device *dev);

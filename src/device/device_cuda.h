@@ -87,6 +87,7 @@ typedef struct cuda_dev {
     int prio_least;    /* numerically largest: the lowest priority */
     int prio_greatest; /* numerically smallest: the highest priority */
     int driver_version;
+    double flops_estimate; /* flops_estimate(): the caps' compute rate, 0 = unknown */
     char name[128];
     /* The codec decoder's module, loaded on first use (codec_lock guards these). */
     pthread_mutex_t codec_lock;

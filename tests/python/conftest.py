@@ -33,6 +33,14 @@ def load_bench(name):
     return mod
 
 
+@pytest.fixture
+def without_diffusers(monkeypatch):
+    """The routes a machine without Diffusers gets (CI's): tests of ddo's own staging use it
+    on a machine where Diffusers is importable too (the GPU machine's)."""
+    import ddo.routing
+    monkeypatch.setattr(ddo.routing, "_diffusers_available", lambda: False)
+
+
 @pytest.fixture(autouse=True)
 def _no_ddo_environment(monkeypatch):
     for k in list(os.environ):

@@ -155,16 +155,42 @@ def test_host_ram_holds_the_coded_bytes():
     assert extra < coded + (48 << 20) and extra < 0.85 * model, (after, floor, model, coded)
 
 
-def test_a_store_over_the_retained_limit():
+def slow_bus_profile(tmp_path, name, module, bus_bytes_per_s):
+    """A saved profile of module under name whose measured bus is bus_bytes_per_s: the plan
+    inputs take it (ddo_setup_plan_inputs) in place of the rate this process measured."""
+    import ctypes
+    import json
+    from ddo import _native, profiles
+    ctx = profiles._context(name, module, None)
+    obs = {"status": "success", "peak_vram_gb": 0.0, "total_vram_gb": 1.0, "headroom_gb": 0.0}
+    rec = {"profile_resident_module_budget_gb": 0.0, "bus_bytes_per_s": bus_bytes_per_s}
+    p = ctypes.c_void_p()
+    _native.check(_native.lib().ddo_profile_record(
+        str(tmp_path).encode(), ctx.encode(), json.dumps(obs).encode(),
+        json.dumps(rec).encode(), ctypes.byref(p)))
+    _native.take_text(p)
+    return dict(profile_name=name, profile_dir=str(tmp_path))
+
+
+def test_a_store_over_the_retained_limit(tmp_path):
     """A set vmm_source_cache_gb the coded store (at its raw size until coded) exceeds: ddoc1
-    is refused naming the option, auto falls back to raw with a note."""
+    is refused naming the option, auto falls back to raw with a note. (A slow measured bus,
+    from a profile, makes coding pay in the cost model: the host limit is what stops it.)"""
     opts = dict(backend="vmm", vmm_source_registered_gb=0.0625, vmm_source_cache_gb=0.0625,
                 **ZERO_RESIDENT)
     m = models.FluxLike(dim=1024, seed=1)  # 116 MiB of bf16
     with pytest.raises(ddo.DdoError) as e:
         ddo.enable_offload(m, weight_codec="ddoc1", **opts)
     assert e.value.code == "DDO_E_BUDGET" and "vmm_source_cache_gb" in str(e.value)
+    # On the measured cpu device coding does not pay: auto says so.
     r = ddo.enable_offload(m, weight_codec="auto", **opts)
+    try:
+        d = r.plan["planner_decisions"]
+        assert d["weight_codec"] == "none" and "would not pay" in d["weight_codec_note"]
+    finally:
+        r.close()
+    r = ddo.enable_offload(m, weight_codec="auto", **opts,
+                           **slow_bus_profile(tmp_path, "slow-bus", m, 1e6))
     try:
         d = r.plan["planner_decisions"]
         assert d["weight_codec"] == "none" and "host limits" in d["weight_codec_note"]

@@ -91,7 +91,7 @@ def test_host_show_profile_is_not_a_ddo_flag():
     assert ddo.build_config_from_args(args).show_profile is True
 
 
-def test_small_budget_stages_the_components(tmp_path, monkeypatch):
+def test_small_budget_stages_the_components(tmp_path, monkeypatch, without_diffusers):
     """A budget that holds one component at a time: the example's one pipe(...) call still gives
     the unmanaged output (the components were unloaded and reloaded by ddo, not by the
     example)."""

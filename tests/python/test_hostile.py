@@ -17,6 +17,8 @@ from ddo import _lease
 from conftest import ZERO_RESIDENT
 
 INFERENCE = "ddo streams weights for inference"
+# torch 1.13 wraps an error raised in a saved-tensor hook in a RuntimeError; torch 2.x raises it as is
+BACKWARD_ERRORS = (RuntimeError, ddo.DdoError)
 
 
 def chain(n=4, dim=16, seed=0):
@@ -51,7 +53,7 @@ def test_input_gradients_through_frozen_weights_are_refused_never_wrong(backend)
     r = enable(m, backend)
     y = m(x)  # grad mode on: the forward itself runs, its values exact
     assert torch.equal(y.detach(), ref)
-    with pytest.raises(RuntimeError, match=INFERENCE):
+    with pytest.raises(BACKWARD_ERRORS, match=INFERENCE):
         y.sum().backward()
     assert x.grad is None  # nothing silently wrong
     assert torch.equal(run(m, x), ref)  # and the module is usable afterwards
@@ -62,7 +64,7 @@ def test_backward_with_trainable_weights_says_inference():
     m = chain(seed=1)
     x = torch.randn(2, 16)
     r = enable(m)
-    with pytest.raises(RuntimeError, match=INFERENCE):
+    with pytest.raises(BACKWARD_ERRORS, match=INFERENCE):
         m(x).sum().backward()
     assert all(p.grad is None for p in m.parameters())
     closed_clean(r)

@@ -17,6 +17,9 @@ from ddo import staging
 import models
 from conftest import ZERO_RESIDENT
 
+# ddo's own staging, with the routes of a machine without Diffusers (CI's; the GPU machine has it)
+pytestmark = pytest.mark.usefixtures("without_diffusers")
+
 STEPS = 3
 
 

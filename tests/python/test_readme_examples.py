@@ -34,8 +34,8 @@ def test_pytorch_example_runs(recwarn):
     assert len(code.strip().splitlines()) == 4  # the import and three lines
     ns = {}
     exec(compile(code, "README.md", "exec"), ns)
-    model, out = ns["model"], ns["out"]
-    assert out.shape == (1, 2048)
+    model, out, r = ns["model"], ns["out"], ns["r"]
+    assert out.shape == (1, 2048) and out.device == r.device
     assert getattr(model, "_ddo_offload", None) is None  # the with block closed it
     with torch.no_grad():
         assert torch.equal(model(torch.zeros(1, 2048)), model(torch.zeros(1, 2048)))
@@ -65,14 +65,22 @@ class StandInFluxPipeline:
         return {"text_encoder": self.text_encoder, "transformer": self.transformer,
                 "vae": self.vae}
 
+    @property
+    def _execution_device(self):
+        """Where the components compute (Diffusers' pipelines ask their hooks the same)."""
+        results = getattr(self, "_ddo_pipeline_offload", None)
+        return results["transformer"].device if results else torch.device("cpu")
+
     def __call__(self, prompt, num_inference_steps=8):
         g = torch.Generator().manual_seed(len(prompt))
+        dev = self._execution_device
         with torch.no_grad():
-            ctx = self.text_encoder(torch.randn(1, 8, 128, generator=g).to(torch.bfloat16))
-            lat = torch.randn(1, 8, 128, generator=g).to(torch.bfloat16)
+            noise = torch.randn(1, 8, 128, generator=g).to(torch.bfloat16)
+            ctx = self.text_encoder(noise.to(dev))
+            lat = torch.randn(1, 8, 128, generator=g).to(torch.bfloat16).to(dev)
             for _ in range(num_inference_steps):
                 lat = lat - 0.1 * self.transformer(lat + ctx)
-            return _Output([self.vae(lat)])
+            return _Output([self.vae(lat).cpu()])
 
 
 def test_diffusers_example_runs_against_a_stand_in(monkeypatch):

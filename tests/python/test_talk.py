@@ -90,7 +90,7 @@ def test_trace_file_is_the_cli_format(tmp_path):
     assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
 
 
-def test_pipeline_trace_one_process_per_component(tmp_path):
+def test_pipeline_trace_one_process_per_component(tmp_path, without_diffusers):
     from test_pipeline_staged import StandInPipeline
     path = tmp_path / "p.json"
     pipe = StandInPipeline()
