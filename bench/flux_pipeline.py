@@ -73,7 +73,7 @@ GIB = tf.GIB
 MIB = 1 << 20
 SEED = tf.SEED
 TENSOR_ALIGN = 256  # DDO_TENSOR_ALIGN: ddo lays tensors out at 256-byte offsets
-VMM_GRANULARITY = 2 * MIB  # the VMM slot page on the H200 (ARCHITECTURE.md)
+VMM_GRANULARITY = 2 * MIB  # the VMM slot page on the H200 (its mapping granularity)
 
 # ---------------------------------------------------------------------------------------------
 # Flux.1-dev's configurations (the model repository's config.json files; constructor names

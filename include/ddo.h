@@ -5,7 +5,7 @@
  * before a host program needs them, inside hard budgets for device memory,
  * retained host memory and registered (pinned) host memory.
  *
- * Conventions (see STYLE.md):
+ * Conventions:
  *   - Every fallible function returns int: 0 or a negative DDO_E_* code.
  *     Out-parameters are written only on success; handles are set to NULL on
  *     failure. Its comment lists the codes it returns ("Errors:"); any of them
@@ -33,10 +33,10 @@
  * the previous sizeof). A size below sizeof(size_t), above the library's own sizeof (a program
  * built against a newer ddo.h) or not a multiple of the alignment of size_t is refused with
  * DDO_E_INVALID_ARGUMENT naming the struct. Where the library writes such a struct
- * (ddo_plan_inputs_get, ddo_setup_plan_inputs, ddo_setup_profile_record), it writes only the
- * fields within the caller's size. ddo_struct_size reports the library's sizes. Structs the
- * library fills for the caller (ddo_device_caps, ddo_unit_info, ...) or returns pointers to
- * keep their layout within a minor version.
+ * (ddo_plan_inputs_get, ddo_plan_info_get, ddo_setup_plan_inputs, ddo_setup_profile_record), it
+ * writes only the fields within the caller's size. ddo_struct_size reports the library's sizes.
+ * Structs the library fills for the caller (ddo_device_caps, ddo_unit_info, ...) or returns
+ * pointers to keep their layout within a minor version.
  */
 #ifndef DDO_H
 #define DDO_H
@@ -64,11 +64,18 @@ extern "C" {
 #    define DDO_API
 #endif
 
-#define DDO_VERSION_MAJOR  0
-#define DDO_VERSION_MINOR  1
-#define DDO_VERSION_PATCH  0
-#define DDO_VERSION_NUMBER (DDO_VERSION_MAJOR * 10000 + DDO_VERSION_MINOR * 100 + DDO_VERSION_PATCH)
-#define DDO_VERSION_STRING "0.1.0"
+/* The one place the version is written: CMake (CMakeLists.txt), the wheel's metadata
+ * (python/build_backend/ddo_build.py) and the Python package (python/ddo/_enums.py, generated)
+ * read these three lines. */
+#define DDO_VERSION_MAJOR    0
+#define DDO_VERSION_MINOR    1
+#define DDO_VERSION_PATCH    0
+#define DDO_VERSION_NUMBER   (DDO_VERSION_MAJOR * 10000 + DDO_VERSION_MINOR * 100 + DDO_VERSION_PATCH)
+#define DDO_VERSION_TEXT_(x) #x
+#define DDO_VERSION_TEXT(x)  DDO_VERSION_TEXT_(x)
+#define DDO_VERSION_STRING              \
+    DDO_VERSION_TEXT(DDO_VERSION_MAJOR) \
+    "." DDO_VERSION_TEXT(DDO_VERSION_MINOR) "." DDO_VERSION_TEXT(DDO_VERSION_PATCH)
 
 /* The initialiser of a struct that grows (see above): its size set, every other field zero. */
 #define DDO_STRUCT_INIT(type) \
@@ -474,7 +481,7 @@ DDO_API const char *ddo_config_warning(const ddo_config *cfg, size_t i);
 /* The resolved settings (with sources and the settings object) as JSON. Free with ddo_free.
  * Errors: DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_NO_MEMORY. */
 DDO_API int ddo_config_to_json(const ddo_config *cfg, char **json);
-/* Settings object of the seed: requested/effective preset, enabled, plan, pinning, WSL. */
+/* The resolved settings object: requested/effective preset, enabled, plan, pinning, WSL. */
 typedef struct ddo_settings {
     const char *requested_preset;
     const char *effective_preset;
@@ -535,7 +542,7 @@ DDO_API int ddo_config_component_policy(const ddo_config *cfg, const char *compo
                                         ddo_component_policy *out);
 /* As ddo_config_component_policy, for a host that knows whether its caller gave an explicit
  * configuration or runtime overrides (the Python enable_offload's config= fields and keyword
- * overrides) and no policy arguments: then overrides_given is true, and the seed's VAE rule
+ * overrides) and no policy arguments: then overrides_given is true, and the VAE rule
  * applies: a VAE whose route comes from the preset (route_source names "preset:", directly or
  * under auto) is not given the preset's VAE route; it routes "dynamic_offload" when the settings
  * are enabled, else "none", with route_source "explicit config/overrides bypass the preset's VAE
@@ -595,7 +602,7 @@ typedef struct ddo_cuda_options {
                                  discovery: libcuda.so.1) */
     const char *library_env;  /* a driver path a host took from its own setting; ddo's tools
                                  pass none (DDO_VMM_LIBRARY_PATH is not a driver path: the
-                                 seeds' variable names ddo's own library, docs/cuda.md) */
+                                 variable names ddo's own library, docs/cuda.md) */
 } ddo_cuda_options;
 #define DDO_CUDA_OPTIONS_INIT DDO_STRUCT_INIT(ddo_cuda_options)
 
@@ -823,7 +830,9 @@ DDO_API int ddo_plan_budgets_get(const ddo_plan *plan, ddo_plan_budgets *out);
  * range). */
 DDO_API size_t ddo_plan_decision_count(const ddo_plan *plan);
 DDO_API int ddo_plan_decision(const ddo_plan *plan, size_t i, const char **key, const char **value);
-/* The route the plan executes: "one_shot_fast", "vmm_fast_runtime", "vmm_runtime", "off", ... */
+/* The plan's route label, for display: the route's name on the VMM routes, the effective
+ * preset ("one_shot_fast", ...), "plan" or "off" on the linear route. A host that acts on the
+ * route reads ddo_plan_info's route instead. */
 DDO_API const char *ddo_plan_route(const ddo_plan *plan);
 /* JSON (documented in docs/plan.md). Free with ddo_free. Errors: DDO_E_INVALID_ARGUMENT (NULL
  * argument), DDO_E_NO_MEMORY. */
@@ -831,15 +840,57 @@ DDO_API int ddo_plan_to_json(const ddo_plan *plan, char **json);
 DDO_API const char *ddo_plan_error(const ddo_plan *plan);
 /* Number of tensors the plan places (the checkpoint's tensor count). */
 DDO_API size_t ddo_plan_tensor_count(const ddo_plan *plan);
-/* The value of the planner decision key, or NULL when the plan did not record it. */
+/* The value of the planner decision key, or NULL when the plan did not record it. Decisions
+ * explain the plan to a reader; their keys and words may change for display, so neither the
+ * library nor a host decides behaviour from them: the facts are in ddo_plan_info. */
 DDO_API const char *ddo_plan_decision_get(const ddo_plan *plan, const char *key);
+
+/* The facts of a plan that a session (and a host) acts on, set by the planner; a saved plan
+ * read back by ddo_plan_from_json carries the same. Values are only ever added at the end. */
+typedef enum ddo_route {
+    DDO_ROUTE_LINEAR,     /* slots are device buffers: a unit's addresses change per load */
+    DDO_ROUTE_VMM_FAST,   /* vmm_fast_runtime: one physical handle per slot, mapped into each
+                           * unit's own virtual range (addresses stable for the session) */
+    DDO_ROUTE_VMM_RUNTIME /* vmm_runtime: one handle per weight, mapped into its own range */
+} ddo_route;
+/* Where a caller's resident tensors (a checkpoint of host tensors) are read from. */
+typedef enum ddo_host_residents {
+    DDO_HOST_RESIDENTS_NONE,          /* the checkpoint holds no host tensors (files) */
+    DDO_HOST_RESIDENTS_BOUNCE_BUFFER, /* uploaded through a pinned bounce buffer */
+    DDO_HOST_RESIDENTS_REGISTERED     /* registered in place: the copy engine reads them */
+} ddo_host_residents;
+/* How streamed weights cross the bus (weight_codec). */
+typedef enum ddo_weight_codec {
+    DDO_WEIGHT_CODEC_NONE, /* raw */
+    DDO_WEIGHT_CODEC_DDOC1 /* coded (ddoc1), decoded on the device */
+} ddo_weight_codec;
+/* What one streamed unit is (unit_granularity). */
+typedef enum ddo_unit_granularity {
+    DDO_UNIT_BLOCK, /* a block of a module list ("transformer_blocks.3") */
+    DDO_UNIT_LEAF   /* a single leaf module */
+} ddo_unit_granularity;
+typedef struct ddo_plan_info {
+    size_t size; /* DDO_PLAN_INFO_INIT */
+    ddo_route route;
+    /* True on the VMM routes: every streamed tensor keeps one device address for the whole
+     * session, so a host may bind it once; false: rebind at every acquire. */
+    bool stable_addresses;
+    const char *route_label; /* ddo_plan_route's label, for display; valid until destroy */
+    ddo_host_residents host_residents;
+    ddo_weight_codec weight_codec;
+    ddo_unit_granularity unit_granularity;
+} ddo_plan_info;
+#define DDO_PLAN_INFO_INIT DDO_STRUCT_INIT(ddo_plan_info)
+/* Writes the plan's facts into *out (the fields within out->size; see the ABI rule).
+ * Errors: DDO_E_INVALID_ARGUMENT (NULL argument, out's size). */
+DDO_API int ddo_plan_info_get(const ddo_plan *plan, ddo_plan_info *out);
 /* Rebuilds a plan from the text of ddo_plan_to_json (a saved plan); ddo_plan_to_json of the
  * result reproduces that text exactly. In ddo_plan_budgets a limit of 0 means "no limit".
  * Errors: DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_FORMAT (naming the field at fault),
  * DDO_E_NO_MEMORY. */
 DDO_API int ddo_plan_from_json(const char *json, ddo_plan **out);
 
-/* Resident selection of ddo-upstream.md section 3.5, exposed for hosts and tests:
+/* Resident selection (docs/plan.md, "Resident selection"), exposed for hosts and tests:
  * fills chosen_idx[0..count) with the indices of the chosen items (greedy, skip on
  * overflow, in the selection's order) and returns their number in *chosen.
  * Errors: DDO_E_INVALID_ARGUMENT (NULL arrays with a count, chosen NULL, DDO_SELECTION_COST:
@@ -1071,7 +1122,8 @@ typedef struct ddo_host_info {
  * (out is NULL). */
 DDO_API int ddo_host_info_get(ddo_host_info *out);
 
-/* What a standby purge did for a phase (the seed's maybe_purge_windows_standby_cache). */
+/* What a standby purge did for a phase (maybe_purge_windows_standby_cache of the Python binding).
+ */
 typedef struct ddo_purge_result {
     bool purged;
     const char *reason; /* "purged", "disabled", "non_windows", or the failure's class */
@@ -1091,7 +1143,7 @@ DDO_API int ddo_purge_standby(const ddo_config *cfg, const char *phase, int enab
                               const char *const *envp, ddo_purge_result *out);
 /*
  * A DDO_* variable of the preset tables as a host phase reads it (the settings' preset_value
- * and preset_bool of the seeds): the environment block's value when it sets name (even to ""),
+ * and preset_bool): the environment block's value when it sets name (even to ""),
  * else the config's effective preset's value, else none (*value NULL; preset_bool: fallback,
  * "0" when NULL, read with the boolean vocabulary 1/true/yes/on). cfg and envp may be NULL.
  * Errors: DDO_E_INVALID_ARGUMENT (name or value NULL).

@@ -1,21 +1,21 @@
-"""ddo_vmm_bootstrap: the seed's process bootstrap for the native VMM route, without torch.
+"""ddo_vmm_bootstrap: the process bootstrap of the compatible API for the native VMM route, without torch.
 
     from ddo_vmm_bootstrap import ensure_vmm_fast_process, vmm_fast_requested
     if vmm_fast_requested():
         ensure_vmm_fast_process()
     # only now import torch, diffusers and the pipeline
 
-What it does here. The seed's native route replaced PyTorch's CUDA allocator, so its bootstrap
+What it does here. The original native route replaced PyTorch's CUDA allocator, so its bootstrap
 had to choose the native library before CUDA was initialised and re-execute the process.
 ddo does not replace torch's allocator: it allocates its own device memory through the
 driver (slots, VMM mappings) next to torch's caching allocator and binds parameters to views
 of it. So no fresh process is needed and none is started; ensure_vmm_fast_process() only
-resolves the native library in the seed's order (the explicit library_path, then
+resolves the native library in this order (the explicit library_path, then
 DDO_VMM_LIBRARY_PATH, then discovery: the copy inside the ddo package, then the checkout's
 build/libddo.so), checks that it is a libddo this binding can use (version and struct
 layouts, the same check as ``import ddo``), and passes the resolved path on (DDO_LIBRARY
 and DDO_VMM_LIBRARY_PATH in os.environ) so that ddo and any child use the same artifact. It
-writes the seed's allocator_cache_mib (default 512) to DDO_VMM_TORCH_CACHE_MIB, which has no
+writes allocator_cache_mib (default 512) to DDO_VMM_TORCH_CACHE_MIB, which has no
 effect on ddo (there is no replaced allocator whose cache it would size). It never compiles
 or downloads anything, and imports neither torch nor CUDA.
 """
@@ -65,7 +65,7 @@ def _lib_module():
 
 
 def resolve_library(library_path=None, environ=None):
-    """(path, origin) of the native library in the seed's order; BootstrapError if none."""
+    """(path, origin) of the native library in the order above; BootstrapError if none."""
     env = os.environ if environ is None else environ
     if library_path:
         return str(library_path), "library_path"
@@ -91,8 +91,8 @@ def ensure_vmm_fast_process(library_path=None, *, allocator_cache_mib=DEFAULT_AL
                             environ=None):
     """Resolves and checks the native library and passes its path on; returns what it did.
 
-    allocator_cache_mib (the seed's bootstrap control, default 512 MiB): written to
-    DDO_VMM_TORCH_CACHE_MIB for the child, replacing a value already there (the seed: a
+    allocator_cache_mib (the bootstrap control, default 512 MiB): written to
+    DDO_VMM_TORCH_CACHE_MIB for the child, replacing a value already there (a
     conflicting pre-existing value is not honoured). It has no effect on ddo, which does not
     replace torch's allocator and so has no allocator cache to size.
 

@@ -34,6 +34,7 @@ static const struct {
     DDO_ABI_SIZE_(ddo_plan_inputs),
     DDO_ABI_SIZE_(ddo_unit_info),
     DDO_ABI_SIZE_(ddo_plan_budgets),
+    DDO_ABI_SIZE_(ddo_plan_info), /* written by the library, within its size */
     DDO_ABI_SIZE_(ddo_tensor_location),
     DDO_ABI_SIZE_(ddo_session_options),
     DDO_ABI_SIZE_(ddo_host_info),

@@ -15,7 +15,7 @@
 #define DDO_GIB ((uint64_t)1 << 30)
 #define DDO_MIB ((uint64_t)1 << 20)
 #define DDO_KIB ((uint64_t)1 << 10)
-/* Registration segments of the retained store (the seed's "whole 64 MiB segments"). */
+/* Registration segments of the retained store (whole 64 MiB segments). */
 #define DDO_SEGMENT_BYTES (64 * DDO_MIB)
 
 #define DDO_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))

@@ -1,8 +1,8 @@
 /*
  * components.c - per-component routes (text_encoder, transformer, vae, ...):
  * API policies, DDO_<COMPONENT>_* and the DDO_RUNNER_<COMPONENT>_* alias,
- * preset component data, the routing decision of upstream enable_offload
- * (ddo-upstream.md section 1.3) and the seed's VAE rule (explicit host
+ * preset component data, the routing decision of enable_offload
+ * (docs/options.md, "Component routes") and the VAE rule (explicit host
  * overrides bypass a preset's VAE route).
  */
 #include "config_priv.h"
@@ -339,7 +339,7 @@ int ddo_config_component_policy_with_overrides(const ddo_config *cfg, const char
     int rc = resolve_policy(cfg, comp, explicit_route, quantized_backend, &p);
     if (rc != 0)
         return rc;
-    /* The seed's VAE policy: a host's explicit config or overrides bypass the preset's VAE
+    /* The VAE policy: a host's explicit config or overrides bypass the preset's VAE
      * route (it is not silently replaced with leaf offload); the VAE then routes as it would
      * without that preset entry. A route from the environment or an API policy stays. */
     if (overrides_given && explicit_route == NULL && strcmp(comp, "VAE") == 0 &&

@@ -20,12 +20,18 @@
 #include <string.h>
 
 const ddo__optdesc ddo__optdescs[DDO_OPT_COUNT] = {
-#define DDO_OPT(key, type, def, lo, hi, choices, env, flag, help) \
-    { #key,         DDO__OT_##type,                               \
-      def,          (double)(lo),                                 \
-      (double)(hi), choices,                                      \
-      env,          flag,                                         \
-      help,         offsetof(ddo__options, key) },
+#define DDO_OPT(key, type, effect, def, lo, hi, choices, env, flag, help) \
+    { #key,                                                               \
+      DDO__OT_##type,                                                     \
+      DDO__EFFECT_##effect,                                               \
+      def,                                                                \
+      (double)(lo),                                                       \
+      (double)(hi),                                                       \
+      choices,                                                            \
+      env,                                                                \
+      flag,                                                               \
+      help,                                                               \
+      offsetof(ddo__options, key) },
 #include "options.def"
 #undef DDO_OPT
 };

@@ -27,7 +27,7 @@ typedef struct ddo__strlist {
 #define DDO_OPT_CTYPE_LIST   ddo__strlist
 
 typedef struct ddo__options {
-#define DDO_OPT(key, type, def, lo, hi, choices, env, flag, help) DDO_OPT_CTYPE_##type key;
+#define DDO_OPT(key, type, effect, def, lo, hi, choices, env, flag, help) DDO_OPT_CTYPE_##type key;
 #include "options.def"
 #undef DDO_OPT
 } ddo__options;
@@ -35,7 +35,7 @@ typedef struct ddo__options {
 /* The resolved values of cfg (valid until cfg changes). Never NULL for a valid cfg. */
 const ddo__options *ddo__config_options(const ddo_config *cfg);
 
-/* The upstream default always-resident regex (ddo-upstream.md section 1.1a). */
+/* The upstream default always-resident regex (docs/options.md, "Resolution order"). */
 #define DDO_DEFAULT_ALWAYS_RESIDENT_PATTERN \
     "(^|\\.)(proj_in|time_embed|prompt_adaln|norm_out|proj_out)(\\.|$)"
 

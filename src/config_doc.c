@@ -146,31 +146,35 @@ int ddo_config_to_json(const ddo_config *cfg, char **json)
 /* The catalog as text and Markdown                                          */
 /* ------------------------------------------------------------------------ */
 
-/* What the seed documents say about an option's inputs (data for the doc). */
+/* Where the compatible Python API (DynamicOffloadConfig) takes an option from, where ddo differs
+ * (data for the doc). */
 static const struct {
     const char *key;
     const char *note;
 } seed_notes[] = {
-    { "backend", "seed: host selection flag; DDO_BACKEND is a ddo addition" },
+    { "backend", "compatible API: host selection flag; DDO_BACKEND is a ddo addition" },
     { "preset", "" },
     { "profile_dir", "read by the profiles module" },
-    { "execution_device", "seed: Python only; ddo also accepts env and flag" },
-    { "offload_device", "seed: Python only; ddo also accepts env and flag" },
-    { "target_module_classes", "seed: Python only; ddo also accepts env and flag" },
-    { "skip_modules_pattern", "seed: Python only; ddo also accepts env and flag" },
-    { "profile_name", "seed: Python only; ddo also accepts env and flag" },
-    { "build_profile", "seed: Python only; ddo also accepts env and flag" },
+    { "execution_device", "compatible API: Python only; ddo also accepts env and flag" },
+    { "offload_device", "compatible API: Python only; ddo also accepts env and flag" },
+    { "target_module_classes", "compatible API: Python only; ddo also accepts env and flag" },
+    { "skip_modules_pattern", "compatible API: Python only; ddo also accepts env and flag" },
+    { "profile_name", "compatible API: Python only; ddo also accepts env and flag" },
+    { "build_profile", "compatible API: Python only; ddo also accepts env and flag" },
     { "profile_resident_module_budget_gb", "internal: set by capacity profiles; API only" },
-    { "vmm_module_pattern", "seed: no generic CLI flag; ddo also accepts the flag" },
-    { "vmm_page_mb", "seed: no generic CLI flag; ddo also accepts the flag" },
-    { "vmm_dxgi_local_headroom_gb", "seed: no generic CLI flag; ddo also accepts the flag" },
-    { "vmm_dxgi_shared_headroom_gb", "seed: no generic CLI flag; ddo also accepts the flag" },
-    { "vmm_dxgi_system_headroom_gb", "seed: no generic CLI flag; ddo also accepts the flag" },
+    { "vmm_module_pattern", "compatible API: no generic CLI flag; ddo also accepts the flag" },
+    { "vmm_page_mb", "compatible API: no generic CLI flag; ddo also accepts the flag" },
+    { "vmm_dxgi_local_headroom_gb",
+      "compatible API: no generic CLI flag; ddo also accepts the flag" },
+    { "vmm_dxgi_shared_headroom_gb",
+      "compatible API: no generic CLI flag; ddo also accepts the flag" },
+    { "vmm_dxgi_system_headroom_gb",
+      "compatible API: no generic CLI flag; ddo also accepts the flag" },
     { "vmm_component_tensor_ownership",
-      "seed: not currently parsed from ENV; ddo also accepts the variable" },
+      "compatible API: not currently parsed from ENV; ddo also accepts the variable" },
     { "vmm_component_buffer_limit_mb",
-      "seed: not currently parsed from ENV; ddo also accepts the variable" },
-    { "vmm_total_staging_gb", "seed: CLI only; ddo also accepts the variable" },
+      "compatible API: not currently parsed from ENV; ddo also accepts the variable" },
+    { "vmm_total_staging_gb", "compatible API: CLI only; ddo also accepts the variable" },
     { "execution_slots", "ddo addition" },
     { "unit_granularity", "ddo addition" },
     { "read_engine", "ddo addition" },
@@ -222,9 +226,25 @@ static void choices_list(const char *choices, char *buf, size_t len)
     }
 }
 
+const char *ddo__config_effect_text(ddo__oeffect effect)
+{
+    switch (effect) {
+    case DDO__EFFECT_LIVE:
+        return "live";
+    case DDO__EFFECT_HOST:
+        return "live in the hosts (tool, Python binding), not read by libddo";
+    case DDO__EFFECT_COMPAT:
+        return "accepted for compatibility, no effect";
+    case DDO__EFFECT_WINDOWS:
+        return "windows only";
+    }
+    return "?";
+}
+
 static void list_text(ddo__sbuf *b)
 {
-    ddo__sbuf_printf(b, "ddo options (%d): key, type, default, environment variable, flag\n\n",
+    ddo__sbuf_printf(b,
+                     "ddo options (%d): key, type, default, environment variable, flag, effect\n\n",
                      (int)DDO_OPT_COUNT);
     for (int i = 0; i < DDO_OPT_COUNT; i++) {
         const ddo__optdesc *d = &ddo__optdescs[i];
@@ -233,6 +253,7 @@ static void list_text(ddo__sbuf *b)
         ddo__sbuf_printf(b, "%s (%s, default %s)\n", d->key, type_name(d->type), def);
         ddo__sbuf_printf(b, "    env %s, flag %s\n", d->env[0] ? d->env : "-",
                          d->flag[0] ? d->flag : "-");
+        ddo__sbuf_printf(b, "    effect: %s\n", ddo__config_effect_text(d->effect));
         if (d->type == DDO__OT_ENUM) {
             choices_list(d->choices, ch, sizeof(ch));
             ddo__sbuf_printf(b, "    one of: %s\n", ch);
@@ -263,16 +284,24 @@ static void md_options(ddo__sbuf *b)
                         "otherwise. Sizes: `_gb` is GiB and `_mb` MiB (decimals accepted); "
                         "`small_tensor_threshold_bytes` is bytes through the API and KiB through "
                         "`DDO_SMALL_TENSOR_THRESHOLD_KB` / `--ddo-small-tensor-threshold-kb`. "
-                        "Rows marked \"seed: Python only\", \"seed: not currently parsed from "
-                        "ENV\" or \"seed: no generic CLI flag\" are inputs the seed documents do "
-                        "not offer; ddo accepts them by the uniform rule.\n\n");
-    ddo__sbuf_printf(b, "| key | type | default | environment | flag | description |\n"
-                        "| --- | --- | --- | --- | --- | --- |\n");
+                        "Rows marked \"compatible API: Python only\", \"compatible API: not "
+                        "currently parsed from ENV\" or \"compatible API: no generic CLI flag\" "
+                        "are inputs the compatible Python API does not offer; ddo accepts them "
+                        "by the uniform rule. The effect column "
+                        "says what an option does: `live` (read by libddo), `live in the hosts` "
+                        "(read by the `ddo` tool or the Python binding, not by libddo), "
+                        "`accepted for compatibility, no effect` or `windows only` (no effect on "
+                        "Linux).\n\n");
+    ddo__sbuf_printf(b, "| key | type | effect | default | environment | flag | description |\n"
+                        "| --- | --- | --- | --- | --- | --- | --- |\n");
     for (int i = 0; i < DDO_OPT_COUNT; i++) {
         const ddo__optdesc *d = &ddo__optdescs[i];
         char def[96], ch[256];
         default_text(d, def, sizeof(def));
-        ddo__sbuf_printf(b, "| `%s` | %s | `%s` | %s%s%s | %s%s%s | ", d->key, type_name(d->type),
+        ddo__sbuf_printf(b, "| `%s` | %s | %s | `%s` | %s%s%s | %s%s%s | ", d->key,
+                         type_name(d->type),
+                         d->effect == DDO__EFFECT_HOST ? "live in the hosts"
+                                                       : ddo__config_effect_text(d->effect),
                          def, d->env[0] ? "`" : "", d->env[0] ? d->env : "-", d->env[0] ? "`" : "",
                          d->flag[0] ? "`" : "", d->flag[0] ? d->flag : "-", d->flag[0] ? "`" : "");
         /* Markdown: '*' and '|' in help text are literal. */

@@ -16,7 +16,7 @@
 
 /* Option ids in catalog order. */
 enum ddo__opt_id {
-#define DDO_OPT(key, type, def, lo, hi, choices, env, flag, help) DDO_OPT_ID_##key,
+#define DDO_OPT(key, type, effect, def, lo, hi, choices, env, flag, help) DDO_OPT_ID_##key,
 #include "options.def"
 #undef DDO_OPT
     DDO_OPT_COUNT
@@ -34,10 +34,22 @@ typedef enum ddo__otype {
     DDO__OT_LIST
 } ddo__otype;
 
+/* What an option does (the catalog's effect column, options.def). */
+typedef enum ddo__oeffect {
+    DDO__EFFECT_LIVE,    /* read by libddo */
+    DDO__EFFECT_HOST,    /* read by the hosts (the tool, the Python binding), not by libddo */
+    DDO__EFFECT_COMPAT,  /* accepted for compatibility, no effect */
+    DDO__EFFECT_WINDOWS, /* Windows only: no effect on Linux */
+} ddo__oeffect;
+
+/* The effect's words, as `ddo config --list` and docs/options.md print them. */
+const char *ddo__config_effect_text(ddo__oeffect effect);
+
 /* One catalog row, as data. */
 typedef struct ddo__optdesc {
     const char *key;
     ddo__otype type;
+    ddo__oeffect effect;
     const char *def; /* dataclass default, as text (KB rows: bytes) */
     double lo, hi;
     const char *choices; /* "a|b|c" for ENUM, "" otherwise */

@@ -1,6 +1,6 @@
 /*
  * host.c - what the host machine offers (RAM, cgroup limit, WSL) and the
- * phase helpers of the seeds (Windows standby purge per named phase).
+ * phase helpers of the compatible API (Windows standby purge per named phase).
  */
 #include "common.h"
 #include "config_priv.h"

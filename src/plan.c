@@ -1,6 +1,6 @@
 /*
  * plan.c - the planner: turns a tensor table, the resolved configuration and
- * what is known about the machine into a plan (ARCHITECTURE.md section 2):
+ * what is known about the machine into a plan (docs/plan.md):
  * the placement of every tensor, units in execution order, the resident
  * selection, the retained and registered selections, slot and staging
  * geometry, the cost model and the predicted peak of every budget. Pure: no
@@ -28,6 +28,7 @@ static int build_tables(builder *b)
     b->threshold =
         o->small_tensor_threshold_bytes > 0 ? (uint64_t)o->small_tensor_threshold_bytes : 0;
     p->unit_granularity = ddo__strdup(b->leaf ? "leaf" : "block");
+    p->granularity = b->leaf ? DDO_UNIT_LEAF : DDO_UNIT_BLOCK;
     /* The route, decided here once; the label is what the settings call it (a preset on the
      * linear route). */
     p->route = ddo__route_of(o->execution_mode);
@@ -53,7 +54,7 @@ static int build_tables(builder *b)
     return 0;
 }
 
-/* The explicit budgets, then the balanced policy over them (section 3.7) when it is on. */
+/* The explicit budgets, then the balanced policy over them (docs/plan.md) when it is on. */
 static void budget_policy(builder *b, budgets_in *bi)
 {
     const ddo__options *o = b->o;
@@ -190,7 +191,7 @@ static int build(builder *b)
     if ((rc = place_and_select(b, &bi, &limit, source, sizeof(source))) != 0)
         return rc;
 
-    /* Pin resolution on the linear routes (section 3.8). */
+    /* Pin resolution on the linear routes (docs/plan.md, "Pin resolution"). */
     ddo__pin_resolution pin = { DDO_PIN_MODE_UNLIMITED_FULL_PIN, 0, false };
     if (!ddo__route_maps(p->route)) {
         uint64_t C = 0;
@@ -512,6 +513,20 @@ const char *ddo_plan_error(const ddo_plan *p)
 size_t ddo_plan_tensor_count(const ddo_plan *p)
 {
     return p != NULL ? p->tensor_count : 0;
+}
+
+int ddo_plan_info_get(const ddo_plan *p, ddo_plan_info *out)
+{
+    if (p == NULL || out == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_plan_info_get: plan and out");
+    ddo_plan_info info = DDO_PLAN_INFO_INIT;
+    info.route = ddo__route_public(p->route);
+    info.stable_addresses = ddo__route_maps(p->route);
+    info.route_label = ddo_plan_route(p);
+    info.host_residents = p->host_residents;
+    info.weight_codec = p->weight_codec;
+    info.unit_granularity = p->granularity;
+    return DDO__ABI_OUT(ddo_plan_info, &info, out);
 }
 
 const char *ddo_plan_decision_get(const ddo_plan *p, const char *key)

@@ -1,7 +1,7 @@
 /*
  * plan.h - the planner's internal data: the plan object behind ddo_plan, the
- * selection functions of ddo-upstream.md section 3.5, the balanced auto budget
- * policy (section 3.7), pin budget resolution (section 3.8), the ordered
+ * selection functions, the balanced auto budget policy, pin budget
+ * resolution (docs/plan.md, "How every number is computed"), the ordered
  * list of planner decisions and the geometry a session executes (slots,
  * staging, and the per-weight layout of vmm_runtime). Internal; never installed.
  *
@@ -36,7 +36,7 @@
 #define DDO_PLAN_CPU_DECODE_BYTES_PER_S 0.25e9
 /* weight_codec=auto codes only when the coded step is predicted this much shorter. */
 #define DDO_PLAN_CODEC_MIN_GAIN 0.02
-/* The snap of section 3.8: a pin budget of at least 95 % of the candidates pins them all. */
+/* The pin snap: a pin budget of at least 95 % of the candidates pins them all. */
 #define DDO_PIN_SNAP_FRACTION 0.95
 /* weight_codec: the coded-bytes areas a session decodes from, in turn (plan_codec.c): the copy
  * stream uploads a tensor into one while the decode stream decodes the one before. */
@@ -78,7 +78,7 @@ void ddo__format_num4(double v, char *buf, size_t len);
 
 /*
  * Orders items for a selection: first (as given), largest (stable, by size
- * descending) or spread (section 3.5, using budget for k). order receives a
+ * descending) or spread (using budget for k). order receives a
  * permutation of 0..count-1. DDO_SELECTION_COST is not handled here.
  */
 void ddo__select_order(const uint64_t *sizes, size_t count, uint64_t budget, ddo_selection how,
@@ -131,9 +131,10 @@ typedef struct ddo__balanced_out {
     bool force_full_pin; /* full_pin_zero_resident: clear always-resident, pin all */
 } ddo__balanced_out;
 
-/* The default VRAM headroom of the section 3.7 table, bytes (ratio = M / V). */
+/* The default VRAM headroom of the balanced policy's table (docs/plan.md), bytes (ratio = M / V).
+ */
 uint64_t ddo__vram_headroom_default(uint64_t total_vram, double model_to_vram_ratio);
-/* Runs the balanced policy (section 3.7 steps 1-9), recording its decisions. */
+/* Runs the balanced policy (docs/plan.md, steps 1-9), recording its decisions. */
 void ddo__balanced_policy(const ddo__balanced_in *in, ddo__balanced_out *out, ddo__decisions *d);
 
 typedef enum ddo__pin_mode {
@@ -149,7 +150,7 @@ typedef struct ddo__pin_resolution {
 } ddo__pin_resolution;
 
 /*
- * Pin budget resolution (section 3.8 steps 1-6) for candidates totalling
+ * Pin budget resolution (docs/plan.md, steps 1-6) for candidates totalling
  * candidates bytes, recording resolved_pin_weight_budget_mode / _gb and
  * pin_weight_budget_snap_to_full.
  */
@@ -205,7 +206,12 @@ struct ddo_plan {
     ddo__errbuf err;
     ddo__route route;  /* decided once by the planner (from execution_mode; on load, the label) */
     char *route_label; /* ddo_plan_route and the JSON "route": the route's or the preset's name */
-    char *unit_granularity;
+    char *unit_granularity; /* the JSON's word for granularity */
+    /* The facts the session acts on (ddo_plan_info), set by the planner beside the decisions
+     * that explain them; the decisions are never read back for behaviour. */
+    ddo_unit_granularity granularity;
+    ddo_host_residents host_residents;
+    ddo_weight_codec weight_codec;
     size_t tensor_count;
     ddo__plan_tensor *tensors;
     size_t unit_count;
@@ -251,7 +257,8 @@ const ddo__weight_layout *ddo__plan_weight_layout(const ddo_plan *p);
 /* The route the plan executes. */
 ddo__route ddo__plan_route_of(const ddo_plan *p);
 /* What a plan read back (plan_json.c) derives from its stored fields, by the functions the
- * build uses: the route of its label and the vmm_runtime layout. 0 or DDO_E_NO_MEMORY. */
+ * build uses: the route of its label and the vmm_runtime layout. 0 or DDO_E_NO_MEMORY. (The
+ * other facts, granularity, host residents and codec, plan_json.c reads from its fields.) */
 int ddo__plan_restore(ddo_plan *p);
 
 #endif /* DDO_PLAN_H */

@@ -1,8 +1,8 @@
 /*
  * plan_budget.c - the planner's budget arithmetic: the balanced auto budget
- * policy (ddo-upstream.md section 3.7), pin budget resolution with the 0.95
- * snap (section 3.8), and the ordered list of planner decisions that records
- * every step under upstream's keys (section 6.1).
+ * policy, pin budget resolution with the 0.95 snap (docs/plan.md), and the
+ * ordered list of planner decisions that records every step under the keys of
+ * the compatible Python API.
  */
 #include "plan.h"
 

@@ -188,6 +188,7 @@ static bool device_decodes(const builder *b, const char **why)
 static int fall_back(builder *b, const char *why)
 {
     ddo__decisions *d = &b->p->decisions;
+    b->p->weight_codec = DDO_WEIGHT_CODEC_NONE;
     ddo__decisions_set_str(d, "weight_codec", "none");
     ddo__decisions_set_str(d, "weight_codec_note", why);
     return 0;
@@ -359,6 +360,7 @@ int ddo__plan_codec(builder *b)
     ddo_plan *p = b->p;
     ddo__decisions *d = &p->decisions;
     if (strcmp(mode, "none") == 0) {
+        p->weight_codec = DDO_WEIGHT_CODEC_NONE;
         ddo__decisions_set_str(d, "weight_codec", "none");
         return 0;
     }
@@ -421,6 +423,7 @@ int ddo__plan_codec(builder *b)
     uint64_t build = n.build_raw > 0 ? ddo__sat_add_u64(n.build_raw, n.build_bound) : 0;
     encode = build > encode ? build : encode;
     bg->retained_peak = ddo__sat_add_u64(bg->retained_peak, encode);
+    p->weight_codec = DDO_WEIGHT_CODEC_DDOC1;
     ddo__decisions_set_str(d, "weight_codec", "ddoc1");
     ddo__decisions_set_gb(d, "codec_candidate_gb", n.candidate);
     ddo__decisions_set_gb(d, "codec_decode_area_gb", area);

@@ -1,5 +1,5 @@
 /*
- * plan_device.c - the device side of a plan (ARCHITECTURE.md section 2): the device-weights
+ * plan_device.c - the device side of a plan (docs/plan.md): the device-weights
  * limit and where it comes from, the resident arena, the execution slots (their size and
  * count) and the device-weights check, and the geometry of the vmm_runtime route (every
  * weight its own range and handle). The session executes this geometry as planned; a plan

@@ -1,8 +1,8 @@
 /*
- * plan_host.c - the host side of a plan (ARCHITECTURE.md section 2, sections 3.8-3.9 of the
- * seed): which streamed units the retained store keeps in host RAM, which of those are
- * registered for the copy engine (a caller's host tensors registered in place, host_pins.h),
- * and the staging windows that carry everything else. Part of the build (plan_build.h).
+ * plan_host.c - the host side of a plan (docs/plan.md): which streamed units the retained store
+ * keeps in host RAM, which of those are registered for the copy engine (a caller's host tensors
+ * registered in place, host_pins.h), and the staging windows that carry everything else. Part of
+ * the build (plan_build.h).
  */
 #include "plan_build.h"
 
@@ -98,8 +98,7 @@ static void host_registered(const builder *b, bool all_units, bool residents, bo
 
 uint64_t ddo__plan_host_pins_uncoded(const builder *b)
 {
-    const char *hr = ddo__decisions_get(&b->p->decisions, "host_residents");
-    bool residents = hr != NULL && strcmp(hr, "registered_in_place") == 0;
+    bool residents = b->p->host_residents == DDO_HOST_RESIDENTS_REGISTERED;
     uint64_t bytes = 0, pinned = 0;
     host_registered(b, false, residents, true, &bytes, &pinned);
     return pinned;
@@ -254,9 +253,12 @@ static int registration(builder *b, host_ctx *h, const ddo__pin_resolution *pin,
         host_registered(b, false, true, false, &rb, &rp);
         residents = reg_limit == 0 || rp <= reg_limit;
     }
-    if (holds_host_data(b))
+    if (holds_host_data(b)) {
+        p->host_residents =
+            residents ? DDO_HOST_RESIDENTS_REGISTERED : DDO_HOST_RESIDENTS_BOUNCE_BUFFER;
         ddo__decisions_set_str(&p->decisions, "host_residents",
                                residents ? "registered_in_place" : "bounce_buffer");
+    }
     bg->registered_peak = ddo__round_up(bytes_of(p, false, true) - host_bytes, DDO_SEGMENT_BYTES);
     if (bg->registered_peak > bg->retained_peak)
         bg->registered_peak = bg->retained_peak;

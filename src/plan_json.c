@@ -536,6 +536,23 @@ static void read_tables(reader *r, json_t *root, ddo_plan *p)
     read_units(r, ju, n, p);
 }
 
+/* The facts a session acts on (ddo_plan_info), from the words the planner wrote for them: the
+ * JSON keeps them only in its fields and decisions, and reading a saved plan is the one place
+ * they are read back. */
+static void read_facts(ddo_plan *p)
+{
+    const char *hr = ddo__decisions_get(&p->decisions, "host_residents");
+    const char *wc = ddo__decisions_get(&p->decisions, "weight_codec");
+    p->granularity = p->unit_granularity != NULL && strcmp(p->unit_granularity, "leaf") == 0
+                         ? DDO_UNIT_LEAF
+                         : DDO_UNIT_BLOCK;
+    p->host_residents = hr == NULL                               ? DDO_HOST_RESIDENTS_NONE
+                        : strcmp(hr, "registered_in_place") == 0 ? DDO_HOST_RESIDENTS_REGISTERED
+                                                                 : DDO_HOST_RESIDENTS_BOUNCE_BUFFER;
+    p->weight_codec =
+        wc != NULL && strcmp(wc, "ddoc1") == 0 ? DDO_WEIGHT_CODEC_DDOC1 : DDO_WEIGHT_CODEC_NONE;
+}
+
 static void read_plan(reader *r, json_t *root, ddo_plan *p)
 {
     json_t *schema = field(r, root, "schema");
@@ -567,6 +584,7 @@ static void read_plan(reader *r, json_t *root, ddo_plan *p)
 
     if (!read_decisions(r, root, p))
         return;
+    read_facts(p);
     read_tables(r, root, p);
 }
 

@@ -1,5 +1,5 @@
 /*
- * plan_modules.c - the planner's view of the names (ARCHITECTURE.md section 2): modules and
+ * plan_modules.c - the planner's view of the names (docs/plan.md): modules and
  * blocks from the tensor names, the skip / always-resident / vmm patterns matched against
  * them (Python re search semantics), the resolved resident patterns and the resident
  * candidates ("scopes") with their full sizes. Part of the build (plan_build.h).

@@ -1,7 +1,7 @@
 /*
- * plan_place.c - where every tensor goes (ARCHITECTURE.md section 2): placement (resident,
+ * plan_place.c - where every tensor goes (docs/plan.md): placement (resident,
  * streamed in a unit, skipped), the units in execution order and their slot layout, the cost
- * model and its simulated step, and the resident selection under the budget (section 3.5).
+ * model and its simulated step, and the resident selection under the budget.
  * Part of the build (plan_build.h).
  */
 #include "plan_build.h"

@@ -1,6 +1,6 @@
 /*
  * plan_select.c - choosing items under a byte budget: the first / largest /
- * spread orderings of ddo-upstream.md section 3.5 with greedy
+ * spread orderings (docs/plan.md) with greedy
  * skip-on-overflow, and ddo's cost selection (units whose transfer cannot be
  * hidden behind the previous unit's compute, largest deficit first).
  */
@@ -59,7 +59,7 @@ static void order_spread(const uint64_t *sizes, size_t n, uint64_t budget, size_
         k = n;
     if (k < 1)
         k = 1;
-    /* seen[] marks indices already placed; order[0..m) are the seeds. */
+    /* seen[] marks indices already placed; order[0..m) are the spread positions. */
     bool *seen = calloc(n, sizeof(*seen));
     size_t m = 0;
     if (k == 1) {

@@ -60,6 +60,16 @@ bool ddo__route_per_weight(ddo__route route)
     return row(route)->per_weight;
 }
 
+_Static_assert((int)DDO__ROUTE_LINEAR == (int)DDO_ROUTE_LINEAR &&
+                   (int)DDO__ROUTE_VMM_FAST == (int)DDO_ROUTE_VMM_FAST &&
+                   (int)DDO__ROUTE_VMM_RUNTIME == (int)DDO_ROUTE_VMM_RUNTIME,
+               "the public route enum names the internal one");
+
+ddo_route ddo__route_public(ddo__route route)
+{
+    return (ddo_route)(row(route) - routes);
+}
+
 const char *ddo__route_slot_kind(ddo__route route)
 {
     return row(route)->slot_kind;

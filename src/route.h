@@ -11,6 +11,8 @@
 #ifndef DDO_ROUTE_H
 #define DDO_ROUTE_H
 
+#include "ddo.h"
+
 #include <stdbool.h>
 
 typedef enum ddo__route {
@@ -32,6 +34,8 @@ ddo__route ddo__route_of(const char *name);
 bool ddo__route_maps(ddo__route route);
 /* True on vmm_runtime: one handle per weight, bound when its unit loads. */
 bool ddo__route_per_weight(ddo__route route);
+/* The public name of the route (ddo_plan_info). */
+ddo_route ddo__route_public(ddo__route route);
 /* What a slot holds, for the metrics label slot_kind: "device_buffer" or "vmm_handle". */
 const char *ddo__route_slot_kind(ddo__route route);
 

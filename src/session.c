@@ -302,8 +302,7 @@ static int build_source(ddo_session *s)
         count += n;
     }
     /* The plan may register a caller's resident tensors in place too (host_residents). */
-    const char *hr = ddo_plan_decision_get(s->plan, "host_residents");
-    bool residents = hr != NULL && strcmp(hr, "registered_in_place") == 0;
+    bool residents = s->plan->host_residents == DDO_HOST_RESIDENTS_REGISTERED;
     if (residents)
         count += s->resident_count;
     ddo__source_request *req = ddo__calloc(count > 0 ? count : 1, sizeof(*req));

@@ -39,7 +39,7 @@
 #include <stdint.h>
 
 #define DDO__NONE SIZE_MAX
-/* The reclaim margin of the seed: free device memory below request + 256 MiB is pressure. */
+/* The reclaim margin: free device memory below request + 256 MiB is pressure. */
 #define DDO__RECLAIM_MARGIN_BYTES (256 * DDO_MIB)
 /* Copies from registered memory are issued in pieces of this size (>= 8 MiB). */
 #define DDO__COPY_PIECE_BYTES (64 * DDO_MIB)

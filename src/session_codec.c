@@ -121,8 +121,7 @@ void ddo__session_codec_test_area_cap(uint64_t bytes)
 
 bool ddo__session_codec_wanted(const ddo_session *s)
 {
-    const char *v = ddo_plan_decision_get(s->plan, "weight_codec");
-    return v != NULL && strcmp(v, "ddoc1") == 0;
+    return s->plan->weight_codec == DDO_WEIGHT_CODEC_DDOC1;
 }
 
 /* True when the session's device has a decoder; *why says why not. */

@@ -101,6 +101,10 @@ fi
 run -- --list; expect_rc 0 list
 expect_out '^vmm_source_registered_gb \(GiB, default 0.0\)$' list
 expect_out '^    env DDO_VMM_SOURCE_REGISTERED_GB, flag --ddo-vmm-source-registered-gb$' list
+expect_out '^    effect: live$' list
+expect_out '^    effect: accepted for compatibility, no effect$' list
+expect_out '^    effect: windows only$' list
+expect_out '^    Accepted for compatibility, no effect: ddo keeps no plan cache' list
 expect_out 'auto -> one_shot_fast' list
 run -- --markdown; expect_rc 2 markdown-alone
 

@@ -53,7 +53,7 @@ check_layout sd3.5-large transformer_blocks:38
 check_layout wan2.1-t2v-14b blocks:40
 
 ck="$T/flux1-dev.safetensors"
-# Same layout, scale and seed: the same bytes; another seed: other bytes.
+# Same layout, scale and seed give the same bytes; another seed gives other bytes.
 "$DDO" synth --layout "$SRC/data/layouts/flux1-dev.json" --out "$T/again.safetensors" \
     --scale 0.05 --seed 7 >/dev/null || fail "synth again"
 cmp -s "$ck" "$T/again.safetensors" || fail "synth is not deterministic"

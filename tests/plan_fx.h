@@ -87,10 +87,9 @@ static inline void fx_free(fx_table *tb)
 }
 
 /*
- * The LTX-like table of ddo-upstream.md 3.7: four always-resident modules
- * outside the blocks and 48 transformer blocks, each holding 0.500488 GiB of
- * large 2-D weights (W = 24.0234 GiB) and 224 KiB of biases, norms and tables,
- * 0.5007 GiB in all.
+ * The LTX-like table of the balanced policy's worked examples (docs/plan.md): four always-resident
+ * modules outside the blocks and 48 transformer blocks, each holding 0.500488 GiB of large 2-D
+ * weights (W = 24.0234 GiB) and 224 KiB of biases, norms and tables, 0.5007 GiB in all.
  */
 static inline void fx_ltx(fx_table *tb)
 {

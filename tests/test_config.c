@@ -1024,7 +1024,7 @@ static void test_component_lookup_order(void)
     ddo_config_destroy(c);
 }
 
-/* The seed's VAE rule: a host's explicit config or overrides bypass a preset's VAE route. */
+/* The VAE rule: a host's explicit config or overrides bypass a preset's VAE route. */
 static void test_component_vae_overrides(void)
 {
     static const char bypass[] = "explicit config/overrides bypass the preset's VAE route";
@@ -1179,8 +1179,9 @@ static void test_describe(void)
         snprintf(needle, sizeof(needle), "\n%s (", ddo__optdescs[i].key);
         T_CONTAINS(list, needle);
     }
-    T_CONTAINS(md, "*(seed: Python only; ddo also accepts env and flag)*");
-    T_CONTAINS(md, "*(seed: not currently parsed from ENV; ddo also accepts the variable)*");
+    T_CONTAINS(md, "*(compatible API: Python only; ddo also accepts env and flag)*");
+    T_CONTAINS(md,
+               "*(compatible API: not currently parsed from ENV; ddo also accepts the variable)*");
     T_CONTAINS(md, "| `DDO_RUNNER_VAE_ROUTE` |");
     T_CONTAINS(md, "## Resolution order");
     T_CONTAINS(md, "`--ddo-vmm-total-staging-gb T`");

@@ -1,5 +1,5 @@
 /*
- * test_host.c - host information, the phase helpers of the seeds
+ * test_host.c - host information, the phase helpers of the compatible API
  * (Windows standby purge per named phase: a safe no-op on Linux) and the
  * file read measurement of `ddo doctor`.
  * ctest-labels: unit

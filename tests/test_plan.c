@@ -40,14 +40,31 @@ static size_t find_unit(const ddo_plan *p, const char *name)
     return SIZE_MAX;
 }
 
+/* The plan's facts (ddo_plan_info). */
+static ddo_plan_info info_of(const ddo_plan *p)
+{
+    ddo_plan_info info = DDO_PLAN_INFO_INIT;
+    T_EQ_INT(ddo_plan_info_get(p, &info), 0);
+    return info;
+}
+
 static void check_roundtrip(const ddo_plan *p)
 {
     char *a = NULL, *b = NULL;
     ddo_plan *q = NULL;
     T_EQ_INT(ddo_plan_to_json(p, &a), 0);
     T_EQ_INT(ddo_plan_from_json(a, &q), 0);
-    if (q != NULL)
+    if (q != NULL) {
         T_EQ_INT(ddo_plan_to_json(q, &b), 0);
+        /* A saved plan read back carries the same facts. */
+        ddo_plan_info x = info_of(p), y = info_of(q);
+        T_EQ_INT(y.route, x.route);
+        T_EQ_INT(y.stable_addresses, x.stable_addresses);
+        T_EQ_STR(y.route_label, x.route_label);
+        T_EQ_INT(y.host_residents, x.host_residents);
+        T_EQ_INT(y.weight_codec, x.weight_codec);
+        T_EQ_INT(y.unit_granularity, x.unit_granularity);
+    }
     T_CHECK(a != NULL && b != NULL && strcmp(a, b) == 0);
     ddo_free(a);
     ddo_free(b);
@@ -67,6 +84,27 @@ static void test_worked_example_full_pin(void)
     ddo_plan *p = build(&tb, cfg, &in, 0);
     T_REQUIRE(p != NULL);
     T_EQ_STR(ddo_plan_route(p), "one_shot_fast");
+    /* The label is the preset; the fact is the route (ddo_plan_info). */
+    ddo_plan_info info = info_of(p);
+    T_EQ_INT(info.route, DDO_ROUTE_LINEAR);
+    T_CHECK(!info.stable_addresses);
+    T_EQ_STR(info.route_label, "one_shot_fast");
+    T_EQ_INT(info.unit_granularity, DDO_UNIT_BLOCK);
+    /* The ABI rule: an older, shorter struct gets the fields within its size only; a size that
+     * is no struct's is refused. */
+    struct old_info {
+        size_t size;
+        ddo_route route;
+        bool stable_addresses;
+        size_t guard;
+    } old = { offsetof(struct old_info, guard), (ddo_route)99, false, 1234 };
+    T_EQ_INT(ddo_plan_info_get(p, (ddo_plan_info *)(void *)&old), 0);
+    T_EQ_INT(old.route, DDO_ROUTE_LINEAR);
+    T_CHECK(!old.stable_addresses);
+    T_EQ_U64(old.guard, 1234);
+    ddo_plan_info bad = { .size = 3 };
+    T_EQ_INT(ddo_plan_info_get(p, &bad), DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo_plan_info_get(p, NULL), DDO_E_INVALID_ARGUMENT);
     T_EQ_STR(fx_decision(p, "candidate_weight_gb"), "24.0234");
     T_EQ_STR(fx_decision(p, "auto_resident_module_budget_gb"), "6.0");
     T_EQ_STR(fx_decision(p, "selected_resident_module_gb"), "5.5077");
@@ -306,6 +344,8 @@ static void test_blocks_units_and_placement(void)
     T_EQ_U64(find_unit(p, "transformer_blocks.0.ff.proj"), 2);
     T_EQ_U64(find_unit(p, "transformer_blocks.0.norm"), 3);
     T_EQ_U64(ddo_plan_unit_count(p), 1 + 3 * 3 + 2 + 2);
+    T_EQ_INT(info_of(p).unit_granularity, DDO_UNIT_LEAF);
+    check_roundtrip(p);
     ddo_plan_destroy(p);
 
     /* Explicit resident patterns match unit names (search); auto expands to both groups. */
@@ -413,6 +453,14 @@ static void test_routes(void)
     ddo_plan *p = build(&tb, cfg, NULL, 0);
     T_REQUIRE(p != NULL);
     T_EQ_STR(ddo_plan_route(p), "vmm_fast_runtime");
+    ddo_plan_info info = info_of(p);
+    T_EQ_INT(info.route, DDO_ROUTE_VMM_FAST);
+    T_CHECK(info.stable_addresses);
+    T_EQ_STR(info.route_label, "vmm_fast_runtime");
+    T_EQ_INT(info.host_residents, DDO_HOST_RESIDENTS_NONE); /* a table without host data */
+    T_EQ_INT(info.weight_codec, DDO_WEIGHT_CODEC_NONE);
+    T_EQ_INT(info.unit_granularity, DDO_UNIT_BLOCK);
+    check_roundtrip(p);
     ddo_plan_budgets bg;
     ddo_plan_budgets_get(p, &bg);
     /* Whole units only: three 1 GiB blocks fit in 3.5 GiB, two of them are registered. */
@@ -436,6 +484,10 @@ static void test_routes(void)
     p = build(&tb, cfg, NULL, 0);
     T_REQUIRE(p != NULL);
     T_EQ_STR(ddo_plan_route(p), "vmm_runtime");
+    info = info_of(p);
+    T_EQ_INT(info.route, DDO_ROUTE_VMM_RUNTIME);
+    T_CHECK(info.stable_addresses);
+    check_roundtrip(p);
     ddo_plan_budgets_get(p, &bg);
     T_EQ_U64(bg.retained_peak, 0);
     T_EQ_U64(bg.staging_windows, 16); /* two staging slots of 8 windows */

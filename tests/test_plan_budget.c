@@ -1,5 +1,5 @@
 /*
- * test_plan_budget.c - the balanced auto budget policy (ddo-upstream.md 3.7)
+ * test_plan_budget.c - the balanced auto budget policy (docs/plan.md)
  * and pin budget resolution (3.8) on the numbers of the worked examples:
  * decision labels and values exactly as upstream records them.
  * ctest-labels: unit

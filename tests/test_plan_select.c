@@ -1,6 +1,6 @@
 /*
- * test_plan_select.c - resident selection under a budget (ddo-upstream.md
- * section 3.5): the worked examples, round-half-to-even positions, greedy
+ * test_plan_select.c - resident selection under a budget (docs/plan.md):
+ * the worked examples, round-half-to-even positions, greedy
  * skip-on-overflow, the orderings, and ddo's cost selection.
  * ctest-labels: unit
  */
@@ -72,7 +72,7 @@ static void test_spread_k_one_and_small_n(void)
 {
     uint64_t sizes[5] = { 10, 10, 10, 10, 10 };
     size_t chosen[5];
-    /* budget // avg = 1: the seed is [n // 2]. */
+    /* budget // avg = 1: the one position is [n // 2]. */
     size_t k = pick(sizes, 5, 15, DDO_SELECTION_SPREAD, chosen);
     T_EQ_U64(k, 1);
     T_EQ_U64(chosen[0], 2);

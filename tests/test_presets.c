@@ -1,7 +1,7 @@
 /*
  * test_presets.c - presets, auto, the settings object and component routes:
  * the C port of upstream tests/test_dynamic_offload_presets.py
- * (ddo-upstream.md section 8.1) with the same inputs and expectations, plus
+ * (the documented preset and routing rules) with the same inputs and expectations, plus
  * the native VMM host selection table.
  * ctest-labels: unit
  */
@@ -432,7 +432,7 @@ static void test_format_lists_default_mapping(void)
     ddo_free(text);
 }
 
-/* The upstream preset table, value by value (section 2.1). */
+/* The upstream preset table, value by value (docs/options.md, "Presets"). */
 static void test_preset_values(void)
 {
     static const struct {
@@ -484,7 +484,7 @@ static void test_preset_values(void)
     ddo_config_destroy(c);
 }
 
-/* Native usage seed: host selection table; native VMM never chosen silently. */
+/* The host selection table; native VMM never chosen silently. */
 static void test_host_selection_table(void)
 {
     ddo_config *c = new_cfg();

@@ -2,7 +2,7 @@
  * test_profile.c - capacity profiles: keys, round trips, the 20-observation
  * cap, capacity merging, atomic replacement under a simulated crash, corrupt
  * and foreign files, DDO_PROFILE_DIR resolution, and upstream's worked
- * numbers (ddo-upstream.md sections 5, 8.2 and 8.3); FIFOs, size limits,
+ * numbers (docs/profiles.md); FIFOs, size limits,
  * concurrent writers and out-of-range recommendations (issue 14).
  * ctest-labels: unit
  */

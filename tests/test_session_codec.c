@@ -57,6 +57,9 @@ static void coded_case(const char *route, const char *codec, int pin, int slots)
     T_CHECK_MSG(f.rc == 0, "%s", what);
     T_REQUIRE(f.rc == 0);
     T_EQ_STR(ddo_plan_decision_get(f.plan, "weight_codec"), "ddoc1");
+    ddo_plan_info info = DDO_PLAN_INFO_INIT;
+    T_EQ_INT(ddo_plan_info_get(f.plan, &info), 0);
+    T_EQ_INT(info.weight_codec, DDO_WEIGHT_CODEC_DDOC1);
     double raw = fx_metric(&f, "setup_encode_bytes");
     double coded = fx_metric(&f, "setup_coded_bytes");
     T_CHECK_MSG(raw == (double)streamed_bytes(&f) && coded > 0 && coded < raw, "%s: %g -> %g", what,
@@ -106,6 +109,9 @@ static void test_every_route_is_bit_identical(void)
         T_REQUIRE(fx_create(&f, &o) == 0);
         T_REQUIRE(f.rc == 0);
         T_EQ_STR(ddo_plan_decision_get(f.plan, "weight_codec"), c == 0 ? "ddoc1" : "none");
+        ddo_plan_info info = DDO_PLAN_INFO_INIT;
+        T_EQ_INT(ddo_plan_info_get(f.plan, &info), 0);
+        T_EQ_INT(info.weight_codec, c == 0 ? DDO_WEIGHT_CODEC_DDOC1 : DDO_WEIGHT_CODEC_NONE);
         T_CHECK(ddo_plan_decision_get(f.plan, "weight_codec_note") != NULL);
         fx_two_steps(&f, "vmm_runtime");
         T_CHECK(fx_metric(&f, "bytes_decoded") == 0);

@@ -48,7 +48,20 @@ def _project():
             raise BuildError("reading pyproject.toml needs Python >= 3.11 (tomllib) or tomli") \
                 from None
     with open(PROJECT / "pyproject.toml", "rb") as f:
-        return tomllib.load(f)["project"]
+        proj = tomllib.load(f)["project"]
+    if "version" in proj.get("dynamic", []):
+        proj["version"] = _header_version()
+    return proj
+
+
+def _header_version():
+    """MAJOR.MINOR.PATCH from include/ddo.h, the one place the version is written."""
+    text = (ROOT / "include" / "ddo.h").read_text()
+    parts = [re.search(rf"^#define DDO_VERSION_{p} +(\d+)$", text, re.M) for p in
+             ("MAJOR", "MINOR", "PATCH")]
+    if not all(parts):
+        raise BuildError(f"no DDO_VERSION_MAJOR/MINOR/PATCH in {ROOT / 'include' / 'ddo.h'}")
+    return ".".join(m.group(1) for m in parts)
 
 
 def _build_dir(config_settings):
@@ -84,7 +97,7 @@ def _native_files(build_dir, version):
                              f"DDO_BUILD_DIR to a build configured with -DDDO_STATIC_DEPS=ON)")
     out = subprocess.run([str(tool), "version"], capture_output=True, text=True).stdout.split()
     if out[-1:] != [version]:
-        raise BuildError(f"{tool} is version {' '.join(out[1:]) or '?'} and pyproject.toml "
+        raise BuildError(f"{tool} is version {' '.join(out[1:]) or '?'} and include/ddo.h "
                          f"says {version}: rebuild (`make wheel`)")
     n = max(_glibc_minor(lib), _glibc_minor(tool))
     return lib, tool, f"manylinux_2_{n}_x86_64"

@@ -23,6 +23,7 @@ from . import _tool
 _tool.exec_if_command()  # the `ddo` command and `python -m ddo` start the C tool (no torch needed)
 _tool.require_torch()    # else one line naming what to install
 
+from . import _enums  # noqa: E402
 from ._lib import LibraryError  # noqa: E402
 from ._native import ConfigError, DdoError, UnknownOptionError, set_library as load_library
 from ._native import lib as _lib_handle
@@ -55,4 +56,5 @@ def library_version():
     return lib.ddo_version, lib.ddo_path
 
 
-__version__ = "0.1.0"
+# The version is written once, in include/ddo.h (read through the generated _enums).
+__version__ = f"{_enums.DDO_VERSION_MAJOR}.{_enums.DDO_VERSION_MINOR}.{_enums.DDO_VERSION_PATCH}"

@@ -11,8 +11,18 @@ import ctypes
 import os
 import pathlib
 
+try:
+    from . import _enums
+except ImportError:  # loaded on its own by file (python/ddo_vmm_bootstrap.py, without torch)
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location(
+        "_ddo_bootstrap_enums", pathlib.Path(__file__).with_name("_enums.py"))
+    _enums = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_enums)
+
 # The library version this binding mirrors (major, minor): another minor may change layouts.
-ABI_VERSION = (0, 1)
+ABI_VERSION = (_enums.DDO_VERSION_MAJOR, _enums.DDO_VERSION_MINOR)
 
 c_size_t = ctypes.c_size_t
 c_u64 = ctypes.c_uint64
@@ -115,6 +125,12 @@ class TensorLocation(ctypes.Structure):
                 ("offset", c_u64), ("nbytes", c_u64)]
 
 
+class PlanInfo(Extensible):
+    _fields_ = [("size", c_size_t), ("route", c_int), ("stable_addresses", c_bool),
+                ("route_label", c_char_p), ("host_residents", c_int), ("weight_codec", c_int),
+                ("unit_granularity", c_int)]
+
+
 PROGRESS_FN = ctypes.CFUNCTYPE(None, c_void_p, c_char_p, c_u64, c_u64)
 TRACE_FN = ctypes.CFUNCTYPE(None, c_void_p, c_char_p, c_size_t, c_u64, c_u64, c_u64)
 
@@ -169,7 +185,7 @@ STRUCTS = {
     "ddo_config_item": ConfigItem, "ddo_settings": Settings, "ddo_device_caps": DeviceCaps,
     "ddo_cpu_options": CpuOptions, "ddo_cuda_options": CudaOptions,
     "ddo_device_options": DeviceOptions, "ddo_plan_inputs": PlanInputs,
-    "ddo_unit_info": UnitInfo, "ddo_plan_budgets": PlanBudgets,
+    "ddo_unit_info": UnitInfo, "ddo_plan_budgets": PlanBudgets, "ddo_plan_info": PlanInfo,
     "ddo_tensor_location": TensorLocation, "ddo_session_options": SessionOptions,
     "ddo_component_policy": ComponentPolicy, "ddo_host_info": HostInfo,
     "ddo_purge_result": PurgeResult, "ddo_profile_sample": ProfileSample,
@@ -250,6 +266,7 @@ FUNCTIONS = {
     "ddo_plan_unit_tensors": (PSIZE, [P, c_size_t, PSIZE]),
     "ddo_plan_tensor_location": (c_int, [P, c_size_t, ctypes.POINTER(TensorLocation)]),
     "ddo_plan_budgets_get": (c_int, [P, ctypes.POINTER(PlanBudgets)]),
+    "ddo_plan_info_get": (c_int, [P, ctypes.POINTER(PlanInfo)]),
     "ddo_plan_route": (c_char_p, [P]),
     "ddo_plan_to_json": (c_int, [P, PP]),
     "ddo_plan_error": (c_char_p, [P]),

@@ -5,9 +5,9 @@ import ctypes
 import torch
 import torch.utils.dlpack
 
-from . import _native
+from . import _enums, _native
 
-VIEW_BYTES = 1  # DDO_VIEW_BYTES
+VIEW_BYTES = _enums.DDO_VIEW_BYTES
 
 # safetensors dtype name -> torch dtype attribute name (those this torch lacks are skipped).
 _TORCH_NAMES = {

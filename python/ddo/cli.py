@@ -7,11 +7,11 @@ import argparse
 import ctypes
 import time
 
-from . import _lib, _native
+from . import _enums, _lib, _native
 from .config import CATALOG, DynamicOffloadConfig
 from .settings import DynamicOffloadSettings
 
-_BOOL = 0  # DDO_OPTION_BOOL
+_BOOL = _enums.DDO_OPTION_BOOL
 # Phase boundaries a staged host has (the presets' DDO_PURGE_WINDOWS_STANDBY_<PHASE>).
 LIFECYCLE_PHASES = ("before_run", "after_text_encoder", "before_transformer")
 
@@ -79,14 +79,14 @@ def build_native_config(args):
 
 
 def build_config_from_args(args):
-    """A DynamicOffloadConfig from the namespace alone (the seed: no DDO_* merge).
+    """A DynamicOffloadConfig from the namespace alone (no DDO_* merge).
 
     Only what the flags gave is explicit in the result: --ddo-backend and --ddo-preset (first,
     so that where the config is applied the library applies that route family and preset
     again, at the config's rank) and the values whose source is a flag (those the library
     derives from flags included, such as --ddo-vmm-total-staging-gb's staging size). A value
     the selected preset fills is not copied: omission keeps the route-specific defaults and
-    the preset route fallback (the seed's VAE policy), and an empty namespace gives an empty
+    the preset route fallback (the VAE policy), and an empty namespace gives an empty
     config that leaves enable_offload's preset= alone. The flags are still checked together
     (ddo_config_parse_args, ddo_config_validate).
     """
@@ -129,7 +129,7 @@ def maybe_purge_windows_standby_cache(settings_or_phase=None, phase=None, *, set
     Call maybe_purge_windows_standby_cache(settings, "before_run") or
     maybe_purge_windows_standby_cache("before_run", preset="auto"); without settings they are
     built from the environment with default_preset=preset (and the devices, running_on_wsl).
-    enabled (the seed's lifecycle flag): None inherits DDO_PURGE_WINDOWS_STANDBY_<PHASE> (set,
+    enabled (the lifecycle flag): None inherits DDO_PURGE_WINDOWS_STANDBY_<PHASE> (set,
     even empty, wins), then the settings' preset, then default; True/False win and leave the
     environment alone. Returns {"purged", "reason", "phase", "variable"}: reason "disabled",
     off Windows "non_windows" (checked after the enable check), "purged", or a failure's class

@@ -73,8 +73,8 @@ LOADER_SHAPES = ("a Diffusers model class (load_config/from_config: built on the
 
 
 def _build(model_loader, path, subfolder, torch_dtype, kwargs):
-    """(module, how): the model from model_loader in upstream's contract (ddo-upstream.md
-    §1.3: getattr(model_loader, "from_pretrained", model_loader)(path, **kwargs)), on the meta
+    """(module, how): the model from model_loader by the loader contract
+    (getattr(model_loader, "from_pretrained", model_loader)(path, **kwargs)), on the meta
     device where the loader lets ddo build it without its weights."""
     if model_loader is None:
         try:

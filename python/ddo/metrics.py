@@ -1,4 +1,4 @@
-"""MetricsTracker: a host's JSON-lines metrics file (the seed's sibling tracker).
+"""MetricsTracker: a host's JSON-lines metrics file (kept for hosts that record metrics lines).
 
 ``MetricsTracker(path).record_ddo_metrics(report, component="transformer")`` appends one line
 per report: a ddo MetricsReport goes through the library (ddo_metrics_record, the versioned

@@ -27,10 +27,12 @@ import weakref
 
 import torch
 
-from . import _hooks, _lease, _lib, _native, _talk, _torch
+from . import _enums, _hooks, _lease, _lib, _native, _talk, _torch
 from ._native import DdoError
 
-_PLACEMENT_RESIDENT, _PLACEMENT_STREAMED, _PLACEMENT_SKIPPED = 0, 1, 2
+_PLACEMENT_RESIDENT = _enums.DDO_PLACEMENT_RESIDENT
+_PLACEMENT_STREAMED = _enums.DDO_PLACEMENT_STREAMED
+_PLACEMENT_SKIPPED = _enums.DDO_PLACEMENT_SKIPPED
 # Modules whose forward reads their children's parameters without calling the children
 # (MultiheadAttention reads out_proj.weight; TransformerEncoderLayer's eval fast path reads
 # every child's weights in one fused op; the decoder layer has no such path).
@@ -106,7 +108,7 @@ class MetricsReport:
 
 @contextlib.contextmanager
 def cleanup_boundary(unload, value=None):
-    """The seed's error-only boundary (yields value): on an exception, call unload once and
+    """An error-only boundary (yields value): on an exception, call unload once and
     re-raise the original; a failing unload is attached to it as a note (never replaces it)."""
     try:
         yield value
@@ -515,7 +517,11 @@ class OffloadResult:
             idx = L.ddo_plan_unit_tensors(self._plan, u, ctypes.byref(n))
             members = [self._tensors[idx[k]] for k in range(n.value)]
             self._unit_tensors.append([t for t in members if t.placement == _PLACEMENT_STREAMED])
-        self.vmm = self.plan.get("route") in ("vmm_fast_runtime", "vmm_runtime")
+        # The plan's facts (ddo_plan_info): on the VMM routes a tensor keeps its device address
+        # for the whole session, so its views are bound once.
+        self._plan_info = _lib.PlanInfo()
+        _native.check(L.ddo_plan_info_get(self._plan, ctypes.byref(self._plan_info)))
+        self.vmm = bool(self._plan_info.stable_addresses)
 
     def _drop_owned_host(self):
         """weight_codec: the tensors the session coded into host memory of its own are never
@@ -757,7 +763,7 @@ class OffloadResult:
         for m, units in hooks:
             if len(units) > max(slots, 1):
                 name = next((n for n, x in self.module.named_modules() if x is m), "?")
-                leaf = self.plan.get("unit_granularity", "block") == "leaf"
+                leaf = self._plan_info.unit_granularity == _enums.DDO_UNIT_LEAF
                 raise DdoError("DDO_E_BUDGET", f"{type(m).__name__} {name or '(root)'} reads "
                                f"the weights of {len(units)} units at once (its forward reads "
                                f"its children's weights itself) and the plan leases at most "

@@ -1,4 +1,4 @@
-"""DynamicOffloadSettings: the seed's resolved settings object, resolved by the library.
+"""DynamicOffloadSettings: the resolved settings object of the compatible API, resolved by the library.
 
 Every rule (presets, the DDO_* vocabulary, set-even-empty wins, lists, the from_env defaults,
 the WSL pinning rule, the DDO_SAFETENSORS_BACKEND alias, component policies) is libddo's
@@ -123,7 +123,7 @@ def config_snapshot(cfg):
 
 
 class DynamicOffloadSettings:
-    """The resolved settings (the seed's fields); most users never build one by hand.
+    """The resolved settings (the compatible API's fields); most users never build one by hand.
 
     Fields: requested_preset, effective_preset, enabled, plan, config (a DynamicOffloadConfig
     of every resolved value), requested_pin_cpu_memory, effective_pin_cpu_memory,
@@ -230,7 +230,7 @@ class DynamicOffloadSettings:
         default_preset "" means no preset unless DDO_PRESET is set (upstream's from_env).
         running_on_wsl None asks the library (ddo_host_info_get). fields are option keys
         (execution_device="cpu", always_resident_modules_pattern=...) given by the caller;
-        a recognised DDO_* variable wins over them, as the seed's override order says. A
+        a recognised DDO_* variable wins over them, by the override order (docs/options.md). A
         field given as None is not given (always_resident_modules_pattern=None keeps the
         built-in list, as upstream); classes are their names (target_module_classes=
         (nn.Linear, nn.Embedding) is "Linear,Embedding"); a list is element by element.

@@ -1,5 +1,5 @@
 """ddo_vmm_bootstrap: the route request read from flags/DDO_* without torch, the native library
-resolved in the seed's order and checked, a clear line for a missing or invalid library, and
+resolved in its documented order and checked, a clear line for a missing or invalid library, and
 no torch import in the parent."""
 
 import os
@@ -77,7 +77,7 @@ def test_parent_imports_neither_torch_nor_ddo():
 
 
 def test_allocator_cache_mib_is_written_for_the_child():
-    # The seed: default 512 MiB, DDO_VMM_TORCH_CACHE_MIB written, a pre-existing value not
+    # Default 512 MiB, DDO_VMM_TORCH_CACHE_MIB written, a pre-existing value not
     # honoured. ddo does not replace torch's allocator, so it has no effect on ddo itself.
     env = {"DDO_VMM_TORCH_CACHE_MIB": "64"}
     out = boot.ensure_vmm_fast_process(LIB, environ=env)

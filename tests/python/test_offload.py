@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import ddo
+from ddo import _enums
 import models
 from conftest import PYTHON_DIR, ROOT, ZERO_RESIDENT
 from forwards import during_a_forward
@@ -393,6 +394,9 @@ def test_resident_tensors_registered_in_place():
     r = ddo.enable_offload(m, backend="vmm", execution_device="cpu")
     d = r.plan["planner_decisions"]
     assert d["host_residents"] == "registered_in_place"
+    # The same as a fact (ddo_plan_info), which is what the session acts on.
+    assert r._plan_info.host_residents == _enums.DDO_HOST_RESIDENTS_REGISTERED
+    assert r._plan_info.route == _enums.DDO_ROUTE_VMM_FAST and r.vmm
     b = r.budgets()
     assert b["resident_bytes"] > 0 and b["registered_peak"] >= b["resident_bytes"] * 0.95
     assert torch.equal(steps(r.module, x, 1)[0], ref)

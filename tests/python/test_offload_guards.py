@@ -204,6 +204,7 @@ def test_transformer_layers_read_their_children_weights():
     with pytest.raises(ddo.DdoError, match="reads the weights of 6 units at once") as e:
         ddo.enable_offload(m, backend="vmm", unit_granularity="leaf", **ZERO_RESIDENT)
     assert e.value.code == "DDO_E_BUDGET"
+    assert "use unit_granularity='block'" in str(e.value)  # the plan's fact: leaf units
     r = ddo.enable_offload(m, backend="vmm", unit_granularity="leaf", execution_slots=8,
                            **ZERO_RESIDENT)
     assert torch.equal(steps(r.module, x, 2)[-1], ref)

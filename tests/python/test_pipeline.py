@@ -2,8 +2,8 @@
 
 RecordingGroupOffload STANDS IN FOR DIFFUSERS' apply_group_offloading (Diffusers is not
 installed in CI): it records the arguments each component was handed, and nothing else. The
-expected routes are the seed's and upstream's rules (docs: ddo-upstream.md §1.3, §2.1, the
-seed's VAE policy), not outputs of this code.
+expected routes are the documented rules (docs/options.md: component routes, presets, the
+VAE policy), not outputs of this code.
 """
 
 import importlib.util
@@ -171,7 +171,7 @@ def test_precedence_explicit_route_policy_environment(group):
 def test_vae_policy_bypassed_by_explicit_config(group):
     vae = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64)).to(torch.bfloat16)
     # execution_device= and offload_device= are named parameters of upstream's enable_offload
-    # (ddo-upstream.md §1.3), not config overrides: the preset's VAE route stays.
+    # (the routing rule), not config overrides: the preset's VAE route stays.
     for kw in ({"execution_device": "cpu"}, {"offload_device": "cpu"}):
         r = ddo.enable_offload(vae, component="vae", environ={}, **kw)
         assert r.route == "diffusers_group_offload", kw
@@ -401,7 +401,7 @@ def test_config_from_no_flags_keeps_the_preset_route(group):
     assert r._cfg.get("pin_cpu_memory") == "false" and r._cfg.get("pin_cpu_workers") == "3"
     r.close()
     # The preset a flag selects keeps its own VAE route (low_ram_safe: leaf, no stream); a
-    # flag that sets a value is an explicit config and bypasses it (the seed).
+    # flag that sets a value is an explicit config and bypasses it (the VAE rule).
     conf = ddo.build_config_from_args(p.parse_args(["--ddo-preset", "low_ram_safe"]))
     r = ddo.enable_offload(vae, component="vae", config=conf, environ=CPU, running_on_wsl=False)
     assert r.route == "diffusers_group_offload" and group.calls[-1][1]["use_stream"] is False
@@ -435,7 +435,7 @@ def test_enable_offload_on_a_pipeline_forwards_route_refuses_component_arguments
 
 
 def test_apply_hook_false_leaves_the_module_untouched(group):
-    # Upstream §1.3 step 5 and §1.4: without apply_hook no hook, the module untouched,
+    # The routing rule: without apply_hook no hook, the module untouched,
     # should_move_to_execution_device True.
     m = models.FluxLike(seed=10)
     ptrs = [p.data_ptr() for p in m.parameters()]
@@ -459,8 +459,8 @@ def test_apply_hook_false_leaves_the_module_untouched(group):
 
 def test_enable_dynamic_offload_is_the_dynamic_route(group, tmp_path, monkeypatch):
     # ddo.enable_dynamic_offload goes through the route machinery (route dynamic_offload,
-    # no component route selection: the seed): settings=, profiles and upstream's result
-    # fields (ddo-upstream.md §1.3).
+    # no component route selection): settings=, profiles and the compatible API's result
+    # fields (the routing rule).
     monkeypatch.setenv("DDO_PROFILE_DIR", str(tmp_path))
     m = models.FluxLike(seed=11)
     s = ddo.DynamicOffloadSettings.from_env(CPU, default_preset="diffusers_offload_compat")
@@ -481,7 +481,7 @@ def test_enable_dynamic_offload_is_the_dynamic_route(group, tmp_path, monkeypatc
 
 
 def test_quantized_backend_in_the_event_payload(group):
-    # Upstream test 11 (§8.1) and §6.2: the SDNQ detection is in the payload.
+    # The SDNQ detection is in the payload.
     q = models.FluxLike(seed=12)
     q.sdnq_dequantizer = object()
     r = ddo.enable_offload(q, component="transformer", environ=CPU, running_on_wsl=False)
@@ -517,7 +517,7 @@ def test_second_pipeline_offload_after_every_result_closed(group):
 
 def test_upstream_event_and_low_cpu_mem_usage_parameters(group):
     # enable_offload's record_event / dynamic_event_name / group_event_name and
-    # low_cpu_mem_usage (upstream's default for the group route), ddo-upstream.md §1.3.
+    # low_cpu_mem_usage (the group route's default).
     events = []
 
     def rec(name, seconds, **meta):

@@ -142,7 +142,7 @@ def test_apply_dynamic_and_profiles_need_it(checkpoint, tmp_path):
 
 def test_loader_shapes_as_upstream(checkpoint, tmp_path, monkeypatch):
     # Upstream: from_pretrained = getattr(model_loader, "from_pretrained", model_loader);
-    # module = from_pretrained(path, **from_pretrained_kwargs) (ddo-upstream.md §1.3).
+    # module = from_pretrained(path, **from_pretrained_kwargs) (the loader contract).
     ref, path = checkpoint
     x = torch.randn(1, 2, 32)
     calls = []

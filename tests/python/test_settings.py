@@ -252,7 +252,7 @@ def test_settings_are_immutable_and_unknown_variables_warn():
 
 
 
-# Upstream's DynamicOffloadSettings.as_metrics() keys (ddo-upstream.md §6.2), all prefixed.
+# Upstream's DynamicOffloadSettings.as_metrics() keys , all prefixed.
 UPSTREAM_METRICS = {f"dynamic_offload_{k}" for k in (
     "requested_preset", "effective_preset", "execution_mode", "linear_runtime_strategy",
     "pin_cpu_memory", "effective_pin_cpu_memory", "allow_pin_memory_fallback",
@@ -366,7 +366,7 @@ def test_from_env_keyword_defaults_as_upstream():
 
 
 def test_list_elements_are_not_split():
-    # A Python list of regexes is taken element by element (upstream §9.25: only environment
+    # A Python list of regexes is taken element by element (only environment
     # variables cannot carry ',' or ';'): ddo_config_set_list / ddo_config_override_list.
     s = ddo.DynamicOffloadSettings.from_env({}, skip_modules_pattern=[r"a\.b", "c"])
     assert s.config.skip_modules_pattern == (r"a\.b", "c")
@@ -376,7 +376,7 @@ def test_list_elements_are_not_split():
     cfg = ddo.DynamicOffloadConfig(resident_module_patterns=("auto", "x;y"))
     cfg.validate()
     assert cfg.resident_module_patterns == ("auto", "x;y")
-    # The environment form stays a separated list (the seed's vocabulary), and a text value's
+    # The environment form stays a separated list (the environment's vocabulary), and a text value's
     # list (a flag) too; joining a list into one text refuses an element with a separator.
     s = ddo.DynamicOffloadSettings.from_env({"DDO_SKIP_MODULES_PATTERN": "a,b"})
     assert s.config.skip_modules_pattern == ("a", "b")
@@ -399,7 +399,7 @@ def test_a_comma_regex_selects_the_modules_it_names():
 
 
 def test_invalid_preset_and_route_are_value_errors():
-    # Upstream raises ValueError for an invalid preset (§1.2) and an unknown route (§1.3
+    # Upstream raises ValueError for an invalid preset and an unknown route (
     # step 8); ddo's error is also a DdoError with the code and the one-line detail.
     with pytest.raises(ValueError) as e:
         ddo.DynamicOffloadSettings.from_env({"DDO_PRESET": "windows_fast"})
@@ -414,7 +414,7 @@ def test_invalid_preset_and_route_are_value_errors():
 
 
 def test_purge_signature_as_upstream():
-    # ddo-upstream.md §1.2 and its tests 26/27; off Windows the purge is a no-op whose reason
+    # The standby purge: off Windows the purge is a no-op whose reason
     # is "non_windows", checked after the enable check.
     events = []
     rec = lambda name, seconds, **kw: events.append(name)  # noqa: E731

@@ -540,9 +540,11 @@ static int case_plan(bench *b, ddo_config *cfg, case_result *r, ddo_plan **plan,
     }
     snprintf(r->route, sizeof(r->route), "%s", ddo_plan_route(*plan));
     /* Coded: weight_codec=ddoc1 with something to code (an explicit ddoc1 may have nothing). */
-    const char *wc = ddo_plan_decision_get(*plan, "weight_codec");
+    ddo_plan_info info = DDO_PLAN_INFO_INIT;
     const char *cand = ddo_plan_decision_get(*plan, "codec_candidate_gb");
-    r->coded = wc != NULL && strcmp(wc, "ddoc1") == 0 && cand != NULL && strtod(cand, NULL) > 0.0;
+    r->coded = ddo_plan_info_get(*plan, &info) == 0 &&
+               info.weight_codec == DDO_WEIGHT_CODEC_DDOC1 && cand != NULL &&
+               strtod(cand, NULL) > 0.0;
     const char *engine = NULL;
     if (ddo_config_get(cfg, "read_engine", &engine) == 0 && engine != NULL)
         snprintf(r->read_engine, sizeof(r->read_engine), "%s", engine);

@@ -123,8 +123,9 @@ static void print_table(const ddo_plan *plan, const char *path)
         if (ddo_plan_unit(plan, u, &ui) == 0 && (ui.transfer_s > 0.0 || ui.compute_s > 0.0))
             cost_on = true;
     }
-    const char *wc = ddo_plan_decision_get(plan, "weight_codec");
-    bool codec = wc != NULL && strcmp(wc, "ddoc1") == 0 &&
+    ddo_plan_info info = DDO_PLAN_INFO_INIT;
+    bool codec = ddo_plan_info_get(plan, &info) == 0 &&
+                 info.weight_codec == DDO_WEIGHT_CODEC_DDOC1 &&
                  ddo_plan_decision_get(plan, "codec_coded_streamed_gb") != NULL;
     printf("\nunits: %zu (execution order)\n", nu);
     printf("  %4s  %-44s %10s  %-9s %-9s", "#", "unit", "MiB", "placement", "host");

@@ -151,7 +151,7 @@ static int load_cu(void)
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         void *fn = NULL;
         /* The driver the library's cuda device opened: the tool gives it no path, so
-         * libcuda.so.1 (DDO_VMM_LIBRARY_PATH is not a driver path: the seeds' variable names
+         * libcuda.so.1 (DDO_VMM_LIBRARY_PATH is not a driver path: the variable names
          * ddo's own native library, which the Python bootstrap resolves). */
         int rc = ddo_cuda_driver_proc(NULL, names[i].name, TOOL_CU_ABI, &fn);
         if (rc != 0) {

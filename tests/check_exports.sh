@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# check_exports.sh - the exported set of libddo.so is reviewed: the functions declared DDO_API
+# in include/ddo.h, the names listed in src/ddo.map (the linker version script) and the
+# dynamic symbols the built library defines are the same three sets.
+# ctest-labels: unit
+set -u
+SRC=${DDO_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
+LIB=${DDO_LIBRARY:-${DDO_BUILD_DIR:-$SRC/build}/libddo.so}
+cd "$SRC" || exit 1
+command -v nm >/dev/null || { echo "skipped: no nm (binutils)"; exit 77; }
+[ -f "$LIB" ] || { echo "FAIL: $LIB not built"; exit 1; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+grep -oE '^DDO_API [^(]*\bddo_[a-z0-9_]+\(' include/ddo.h | grep -oE 'ddo_[a-z0-9_]+\($' |
+    tr -d '(' | sort -u >"$tmp/header"
+sed -n '/^global:/,/^local:/p' src/ddo.map | grep -oE '^ +ddo_[a-z0-9_]+;' | tr -d ' ;' |
+    sort -u >"$tmp/map"
+nm -D --defined-only "$LIB" | awk '{print $3}' | grep -v '^DDO_0$' | sed 's/@.*//' |
+    sort -u >"$tmp/lib"
+fails=0
+if ! diff -u "$tmp/header" "$tmp/map" >"$tmp/d1"; then
+    echo "FAIL: include/ddo.h's DDO_API functions (-) and src/ddo.map (+) differ:"
+    cat "$tmp/d1"
+    fails=1
+fi
+if ! diff -u "$tmp/map" "$tmp/lib" >"$tmp/d2"; then
+    echo "FAIL: src/ddo.map (-) and the symbols $LIB exports (+) differ:"
+    cat "$tmp/d2"
+    fails=1
+fi
+[ "$fails" = 0 ] && echo "exports: $(wc -l <"$tmp/map") functions, header = map = library"
+exit "$fails"
