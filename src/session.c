@@ -606,9 +606,8 @@ int ddo_session_release_host(ddo_session *s)
 {
     if (s == NULL)
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_session_release_host: session is NULL");
-    const char *store = ddo__decisions_get(&s->plan->decisions, "retained_store");
     bool codec = s->codec != NULL || ddo__session_codec_wanted(s);
-    if (codec || (store != NULL && strncmp(store, "host_memory", 11) == 0))
+    if (codec || s->plan->host_residents != DDO_HOST_RESIDENTS_NONE)
         return ddo__fail(&s->err, DDO_E_UNSUPPORTED,
                          "ddo_session_release_host: %s; unload() keeps the host store",
                          codec ? "weight_codec's stores stay with the session"

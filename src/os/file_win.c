@@ -365,6 +365,13 @@ int64_t ddo__os_cached_bytes(const char *path, uint64_t size)
     return -1; /* Windows has no mincore: the page cache cannot be asked */
 }
 
+void ddo__os_drop_cached(int fd, uint64_t off, uint64_t len)
+{
+    (void)fd;  /* no per-range eviction on Windows: the direct reader (FILE_FLAG_NO_BUFFERING) */
+    (void)off; /* is the way past the standby list */
+    (void)len;
+}
+
 void ddo__os_advise_huge(void *p, size_t len)
 {
     (void)p; /* large pages need MEM_LARGE_PAGES at allocation and a privilege: no hint */

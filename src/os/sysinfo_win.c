@@ -47,6 +47,19 @@ uint64_t ddo__os_cgroup_memory_limit(void)
     return limit;
 }
 
+/* What the job uses now is not asked for: a job's limit is set against one process here (Python,
+ * ComfyUI), and GlobalMemoryStatusEx's available memory already counts what it holds. */
+uint64_t ddo__os_cgroup_memory_used(void)
+{
+    return 0;
+}
+
+uint64_t ddo__os_usable_ram_bytes(void)
+{
+    uint64_t avail = ddo__os_available_ram_bytes(), job = ddo__os_cgroup_memory_limit();
+    return job != 0 && (avail == 0 || job < avail) ? job : avail;
+}
+
 /* Enables a privilege the token holds: false when the token does not hold it (not admin). */
 static bool enable_privilege(const wchar_t *name)
 {
