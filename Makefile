@@ -10,11 +10,14 @@ DEB_PACKAGES = cmake make gcc pkg-config libjansson-dev libpcre2-dev liburing-de
 WHEEL_BUILD ?= build-wheel
 DIST ?= dist
 WHEEL_PACKAGES = $(DEB_PACKAGES) binutils python3
+# The win_amd64 wheel: packed from a mingw-w64 cross build (docs/windows.md) into its own folder.
+WIN_BUILD ?= build-win/b
+WIN_DIST ?= dist-win
 # The Python binding's tests also need Debian's torch and pytest (for /usr/bin/python3), and
 # python3-venv: they run against the wheel installed in a fresh venv.
 TEST_PACKAGES = $(WHEEL_PACKAGES) python3-torch python3-pytest python3-numpy python3-venv
 
-.PHONY: all deps test-deps install-packages configure build demo wheel test clean format \
+.PHONY: all deps test-deps install-packages configure build demo wheel wheel-win test clean format \
 	format-check
 
 all: build
@@ -64,6 +67,16 @@ wheel:
 	@rm -f $(DIST)/ddo-*.whl
 	@/usr/bin/python3 python/build_backend/ddo_build.py --build-dir $(WHEEL_BUILD) --out $(DIST)
 
+# dist-win/ddo-<version>-py3-none-win_amd64.whl: libddo.dll and ddo.exe of the cross build in
+# WIN_BUILD (brought up to date when it is configured); the backend refuses in one line when
+# they are missing.
+wheel-win:
+	@if [ -f $(WIN_BUILD)/CMakeCache.txt ]; then \
+	    MAKEFLAGS= MAKELEVEL= cmake --build $(WIN_BUILD) -j $(JOBS) --target ddo ddo_tool; fi
+	@rm -f $(WIN_DIST)/ddo-*-win_amd64.whl
+	@/usr/bin/python3 python/build_backend/ddo_build.py --platform win_amd64 \
+	    --build-dir $(WIN_BUILD) --out $(WIN_DIST)
+
 # The Python tests (CTest's python_binding) run against the wheel installed in a fresh venv.
 test: test-deps build wheel
 	DDOTEST_WHEEL="$$(ls $(abspath $(DIST))/ddo-*.whl)" ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
@@ -75,4 +88,4 @@ format-check:
 	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(WHEEL_BUILD) $(DIST)
+	rm -rf $(BUILD) $(WHEEL_BUILD) $(DIST) $(WIN_DIST)

@@ -72,8 +72,9 @@ def resolve_library(library_path=None, environ=None):
     if env.get("DDO_VMM_LIBRARY_PATH"):
         return env["DDO_VMM_LIBRARY_PATH"], "DDO_VMM_LIBRARY_PATH"
     tried = []
-    for origin, p in (("package", _HERE / "ddo" / "libddo.so"),
-                      ("checkout build", _HERE.parent / "build" / "libddo.so")):
+    names = ("libddo.dll", "ddo.dll") if os.name == "nt" else ("libddo.so",)
+    for origin, p in [("package", _HERE / "ddo" / n) for n in names] + \
+            [("checkout build", _HERE.parent / "build" / names[0])]:
         if p.is_file():
             return str(p), origin
         tried.append(f"{p} ({origin})")

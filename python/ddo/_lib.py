@@ -2,7 +2,9 @@
 
 The library is found in this order: an explicit path given to ``load``, the ``DDO_LIBRARY``
 environment variable, the copy inside this package (the wheel's), then, in a source checkout,
-the build tree (``<repo>/build/libddo.so``). A missing library or one whose version or struct
+the build tree (``<repo>/build/libddo.so``). On Windows: the explicit path, ``DDO_LIBRARY``,
+``DDO_VMM_LIBRARY_PATH``, the package's ``libddo.dll`` then ``ddo.dll`` (the win_amd64 wheel
+carries ``libddo.dll``), then the checkout's ``build/libddo.dll``. A missing library or one whose version or struct
 layouts differ from what this module mirrors fails with one line naming the paths tried and
 what was found.
 """
@@ -328,18 +330,39 @@ class LibraryError(ImportError):
     """libddo could not be loaded, or it is not the library this binding mirrors."""
 
 
+def _on_windows():
+    """Whether the Windows discovery order applies (tests replace this to check it on Linux)."""
+    return os.name == "nt"
+
+
+def _package_dir():
+    return pathlib.Path(__file__).resolve().parent
+
+
+def _library_name():
+    return "libddo.dll" if _on_windows() else "libddo.so"
+
+
+# Where the path comes from the caller or the environment: a failure to load it is an error,
+# never a reason to try the next candidate.
+_EXPLICIT = ("argument", "DDO_LIBRARY", "DDO_VMM_LIBRARY_PATH")
+
+
 def _candidates(path):
-    here = pathlib.Path(__file__).resolve().parent
+    here = _package_dir()
+    windows = _on_windows()
     out = []
     if path:
         out.append(("argument", str(path)))
-    env = os.environ.get("DDO_LIBRARY", "")
-    if env:
-        out.append(("DDO_LIBRARY", env))
-    out.append(("package", str(here / "libddo.so")))
+    for var in ("DDO_LIBRARY", "DDO_VMM_LIBRARY_PATH") if windows else ("DDO_LIBRARY",):
+        env = os.environ.get(var, "")
+        if env:
+            out.append((var, env))
+    names = ("libddo.dll", "ddo.dll") if windows else ("libddo.so",)
+    out += [("package", str(here / n)) for n in names]
     checkout = here.parent.parent
     if here.parent.name == "python" and (checkout / "CMakeLists.txt").is_file():
-        out.append(("build tree", str(checkout / "build" / "libddo.so")))
+        out.append(("build tree", str(checkout / "build" / _library_name())))
     return out
 
 
@@ -384,11 +407,11 @@ def load(path=None):
     """Loads libddo (see the module's docstring for the search order) and checks it."""
     tried = []
     for origin, p in _candidates(path):
-        if origin == "argument" or origin == "DDO_LIBRARY" or os.path.exists(p):
+        if origin in _EXPLICIT or os.path.exists(p):
             try:
                 lib = ctypes.CDLL(p)
             except OSError as e:
-                if origin in ("argument", "DDO_LIBRARY"):
+                if origin in _EXPLICIT:
                     raise LibraryError(f"ddo: cannot load libddo from {p} ({origin}): {e}") \
                         from None
                 tried.append(f"{p} ({origin}: {e})")
@@ -406,6 +429,6 @@ def load(path=None):
             lib.ddo_version = version
             return lib
         tried.append(f"{p} ({origin}: absent)")
-    raise LibraryError("ddo: libddo.so not found; tried " + "; ".join(tried) +
+    raise LibraryError(f"ddo: {_library_name()} not found; tried " + "; ".join(tried) +
                        ": install the wheel (pip install ddo-*.whl; `make wheel` builds it), "
                        "build it in this checkout (`make`), or set DDO_LIBRARY")

@@ -1,24 +1,33 @@
 """The `ddo` command (console script) and `python -m ddo`: both start the C tool shipped in the
-package (ddo/bin/ddo) with this process's arguments. They need no torch: ``import ddo`` calls
+package (ddo/bin/ddo; ddo/bin/ddo.exe in the win_amd64 wheel) with this process's arguments.
+On Windows the tool runs as a child whose exit status becomes this process's (Windows has no
+exec that keeps the process). They need no torch: ``import ddo`` calls
 ``exec_if_command`` first, which replaces the process with the tool before torch is imported.
 """
 
 import importlib
 import os
 import pathlib
+import subprocess
 import sys
 from typing import Optional, Sequence
 
 _HERE = pathlib.Path(__file__).resolve().parent
 
 
+def _on_windows() -> bool:
+    """Whether this is Windows (tests replace this to check the Windows path on Linux)."""
+    return os.name == "nt"
+
+
 def tool_path() -> pathlib.Path:
     """The packaged tool (present in an installed wheel)."""
-    return _HERE / "bin" / "ddo"
+    return _HERE / "bin" / ("ddo.exe" if _on_windows() else "ddo")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Replaces this process with the tool; returns 1 (one line on stderr) when it is absent."""
+    """Replaces this process with the tool (on Windows: runs it and returns its exit status);
+    returns 1 (one line on stderr) when it is absent."""
     tool = tool_path()
     if not os.access(tool, os.X_OK):
         sys.stderr.write(f"ddo: the tool is not in this package ({tool} absent): install the "
@@ -28,6 +37,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     sys.stdout.flush()
     sys.stderr.flush()
+    if _on_windows():
+        return subprocess.call([str(tool), *args])
     os.execv(str(tool), ["ddo", *args])
     return 1  # not reached
 
@@ -38,6 +49,9 @@ def _launched_as_command() -> bool:
     if sys.argv and sys.argv[0] == "-m":
         return bool(orig) and "-m" in orig and orig[orig.index("-m") + 1:][:1] == ["ddo"]
     main_file = getattr(sys.modules.get("__main__"), "__file__", None) or ""
+    if _on_windows():  # pip's launcher: Scripts\ddo.exe runs the __main__.py zipped inside it
+        exe = os.path.basename(sys.argv[0] if sys.argv else "").lower()
+        return exe == "ddo.exe" and "ddo.exe" in main_file.lower()
     if os.path.basename(main_file) != "ddo":
         return False
     try:  # the wrapper pip writes for [project.scripts]

@@ -104,6 +104,12 @@ size_t ddo__os_page_size(void)
 
 typedef LONG(WINAPI *rtl_get_version_fn)(OSVERSIONINFOW *);
 
+int ddo__os_online_cpus(void)
+{
+    DWORD n = GetActiveProcessorCount(ALL_PROCESSOR_GROUPS);
+    return n > 0 && n < 1u << 20 ? (int)n : 1;
+}
+
 void ddo__os_kernel_release(char *buf, size_t len)
 {
     if (len == 0)

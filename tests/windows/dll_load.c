@@ -3,6 +3,9 @@
  * LoadLibrary), resolves ddo_version_string and ddo_config_create/destroy by name and calls
  * them: the DLL exports the API and runs on its own (libgcc and winpthreads inside). Built and
  * run only in Windows builds (under Wine in CI). Exit 0 when all of it worked.
+ *
+ *     dll_load [PATH]    PATH: the DLL to load (tools/windows/check-wheel.sh gives the one of the
+ *                        unpacked wheel); default libddo.dll beside this program.
  */
 #include <stdio.h>
 #include <string.h>
@@ -22,15 +25,28 @@ static void *sym(HMODULE m, const char *name)
     return v;
 }
 
-int main(void)
+/* By full path, as the Python binding loads it: argv[1], else this program's directory. */
+static int dll_path(int argc, char **argv, char *path, size_t len)
 {
-    /* By full path, as the Python binding loads it: this program's directory. */
-    char path[MAX_PATH];
-    DWORD n = GetModuleFileNameA(NULL, path, sizeof(path));
+    if (argc > 1) {
+        if (strlen(argv[1]) >= len)
+            return -1;
+        strcpy(path, argv[1]);
+        return 0;
+    }
+    DWORD n = GetModuleFileNameA(NULL, path, (DWORD)len);
     char *slash = n > 0 ? strrchr(path, '\\') : NULL;
-    if (slash == NULL || (size_t)(slash - path) + sizeof("\\libddo.dll") > sizeof(path))
-        return 2;
+    if (slash == NULL || (size_t)(slash - path) + sizeof("\\libddo.dll") > len)
+        return -1;
     strcpy(slash, "\\libddo.dll");
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    char path[MAX_PATH];
+    if (dll_path(argc, argv, path, sizeof(path)) != 0)
+        return 2;
     HMODULE m = LoadLibraryExA(path, NULL, LOAD_WITH_ALTERED_SEARCH_PATH);
     if (m == NULL) {
         fprintf(stderr, "dll_load: LoadLibraryExA(%s): error %lu\n", path,
