@@ -64,6 +64,11 @@ def _lib_module():
     return mod
 
 
+def _on_windows():
+    """Whether the package holds the Windows DLL (tests replace this)."""
+    return os.name == "nt"
+
+
 def resolve_library(library_path=None, environ=None):
     """(path, origin) of the native library in the order above; BootstrapError if none."""
     env = os.environ if environ is None else environ
@@ -72,7 +77,7 @@ def resolve_library(library_path=None, environ=None):
     if env.get("DDO_VMM_LIBRARY_PATH"):
         return env["DDO_VMM_LIBRARY_PATH"], "DDO_VMM_LIBRARY_PATH"
     tried = []
-    names = ("libddo.dll", "ddo.dll") if os.name == "nt" else ("libddo.so",)
+    names = ("libddo.dll", "ddo.dll") if _on_windows() else ("libddo.so",)
     for origin, p in [("package", _HERE / "ddo" / n) for n in names] + \
             [("checkout build", _HERE.parent / "build" / names[0])]:
         if p.is_file():
