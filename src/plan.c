@@ -13,6 +13,7 @@
 #include "plan_build.h"
 
 #include "config_priv.h" /* ddo__config_fmt_double for the messages */
+#include "platform.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -305,8 +306,49 @@ ddo_plan *ddo__plan_alloc(void)
     return ddo__calloc(1, sizeof(ddo_plan));
 }
 
+/* Windows: the DXGI local budget (less vmm_dxgi_local_headroom_gb) bounds the free device
+ * memory the plan sizes from, and vmm_dxgi_system_headroom_gb comes off the host's available
+ * RAM; what was read, or why nothing was, is recorded (dxgi_budget). */
+static void dxgi_budget(builder *b)
+{
+    const ddo__platform *pf = b->pf;
+    if (pf == NULL || !pf->windows || b->in.device_is_cpu)
+        return;
+    ddo__decisions *d = &b->p->decisions;
+    ddo_plan_inputs *in = &b->in;
+    uint64_t sys = ddo__gb_to_bytes(b->o->vmm_dxgi_system_headroom_gb);
+    if (sys > 0 && in->host_available_bytes > 0) {
+        in->host_available_bytes = in->host_available_bytes > sys ? in->host_available_bytes - sys
+                                                                  : 1; /* 0 would be unknown */
+        ddo__decisions_set_gb(d, "dxgi_system_headroom_gb", sys);
+    }
+    if (pf->dxgi_why != NULL) {
+        char why[96];
+        snprintf(why, sizeof(why), "none: %s", pf->dxgi_why);
+        ddo__decisions_set_str(d, "dxgi_budget", why);
+        return;
+    }
+    uint64_t h = ddo__gb_to_bytes(b->o->vmm_dxgi_local_headroom_gb);
+    uint64_t free_bytes = ddo__dxgi_local_free(&pf->dxgi, h);
+    char note[256], v1[32], v2[32], v3[32];
+    snprintf(note, sizeof(note), "%s: local budget %s, used %s, headroom %s", pf->dxgi.adapter,
+             ddo__format_bytes(pf->dxgi.local_budget, v1, sizeof(v1)),
+             ddo__format_bytes(pf->dxgi.local_usage, v2, sizeof(v2)),
+             ddo__format_bytes(h, v3, sizeof(v3)));
+    ddo__decisions_set_str(d, "dxgi_budget", note);
+    ddo__decisions_set_gb(d, "dxgi_local_free_gb", free_bytes);
+    if (in->device_free_bytes == 0 || free_bytes < in->device_free_bytes)
+        in->device_free_bytes = free_bytes > 0 ? free_bytes : 1; /* 0 would be unknown */
+}
+
 int ddo_plan_build(const ddo_checkpoint *ck, const ddo_config *cfg, const ddo_plan_inputs *inputs,
                    ddo_plan **out)
+{
+    return ddo__plan_build_on(ck, cfg, inputs, NULL, out);
+}
+
+int ddo__plan_build_on(const ddo_checkpoint *ck, const ddo_config *cfg,
+                       const ddo_plan_inputs *inputs, const ddo__platform *pf, ddo_plan **out)
 {
     if (ck == NULL || cfg == NULL || out == NULL)
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
@@ -321,6 +363,7 @@ int ddo_plan_build(const ddo_checkpoint *ck, const ddo_config *cfg, const ddo_pl
     memset(&b, 0, sizeof(b));
     b.ck = ck;
     b.o = o;
+    b.pf = pf;
     if (inputs != NULL && (rc = DDO__ABI_IN(ddo_plan_inputs, inputs, &b.in)) != 0)
         return rc;
     if (ddo_config_settings(cfg, &b.settings) != 0) {
@@ -338,6 +381,7 @@ int ddo_plan_build(const ddo_checkpoint *ck, const ddo_config *cfg, const ddo_pl
         rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: %zu tensors", b.n);
         goto out;
     }
+    dxgi_budget(&b);
     b.p->inputs = b.in;
     b.p->inputs.unit_compute_json = NULL; /* borrowed: the units keep what it said */
     for (size_t i = 0; i < b.n; i++) {

@@ -261,4 +261,11 @@ ddo__route ddo__plan_route_of(const ddo_plan *p);
  * other facts, granularity, host residents and codec, plan_json.c reads from its fields.) */
 int ddo__plan_restore(ddo_plan *p);
 
+struct ddo__platform;
+/* ddo_plan_build with the facts of the platform (platform.h; NULL: none, as ddo_plan_build):
+ * on Windows the DXGI budget bounds the free device memory and WDDM caps registration. */
+int ddo__plan_build_on(const ddo_checkpoint *ck, const ddo_config *cfg,
+                       const ddo_plan_inputs *inputs, const struct ddo__platform *pf,
+                       ddo_plan **out);
+
 #endif /* DDO_PLAN_H */

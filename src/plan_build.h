@@ -84,6 +84,7 @@ typedef struct builder {
      * block is a candidate, chosen by the cost model's simulated step (plan_place.c). */
     bool fill;
     uint64_t codec_reserve; /* fill: decode memory held back from the limit (plan_place.c) */
+    const struct ddo__platform *pf; /* Windows facts (platform.h), or NULL */
 } builder;
 
 /* The budgets build() carries from the policy to placement, pinning and the device side. */

@@ -9,6 +9,7 @@
 #include "codec.h"
 #include "host_pins.h"
 #include "os/sysinfo.h"
+#include "platform.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -183,6 +184,28 @@ static int retained_store(builder *b, host_ctx *h, uint64_t available)
     return 0;
 }
 
+/* Windows (WDDM): pinned host memory comes from a pool of about half of RAM, so registration
+ * is capped there (a tighter limit of the user's or the pin policy stays), with a note. */
+static void wddm_pin_cap(builder *b, uint64_t *reg_limit, bool *partial)
+{
+    const ddo__platform *pf = b->pf;
+    uint64_t cap = pf != NULL && pf->windows && !b->in.device_is_cpu
+                       ? ddo__wddm_pin_cap(pf->ram_total_bytes)
+                       : 0;
+    if (cap == 0 || (*reg_limit > 0 && *reg_limit <= cap))
+        return;
+    *reg_limit = cap;
+    *partial = true;
+    char c[32], r[32], note[224];
+    snprintf(note, sizeof(note),
+             "Windows (WDDM): registered host memory capped at %s, half of the %s of RAM (the "
+             "driver's pinning pool; inside a loaded process it can be smaller)",
+             ddo__format_bytes(cap, c, sizeof(c)),
+             ddo__format_bytes(pf->ram_total_bytes, r, sizeof(r)));
+    ddo__decisions_set_str(&b->p->decisions, "registration_note", note);
+    ddo__decisions_set_gb(&b->p->decisions, "wddm_pin_cap_gb", cap);
+}
+
 /* Registration within the retained store. */
 static int registration(builder *b, host_ctx *h, const ddo__pin_resolution *pin, bool pin_skipped)
 {
@@ -214,6 +237,8 @@ static int registration(builder *b, host_ctx *h, const ddo__pin_resolution *pin,
             partial = true;
         }
     }
+    if (reg == NULL)
+        wddm_pin_cap(b, &reg_limit, &partial);
     if (reg == NULL) {
         size_t rn = 0;
         for (size_t k = 0; k < h->streamed; k++)

@@ -58,6 +58,8 @@ static void settings_from(const ddo_session_options *opts, ddo__route route,
     out->engine = DDO__READ_ENGINE_AUTO;
     out->allow_register_fallback = true;
     out->pressure_reclaim = false;
+    out->dxgi_local_headroom = 0;
+    out->dxgi_shared_headroom = 0;
     out->codec_cache_dir = NULL;
     if (opts == NULL || opts->config == NULL)
         return;
@@ -72,6 +74,8 @@ static void settings_from(const ddo_session_options *opts, ddo__route route,
     out->allow_register_fallback = o->allow_pin_memory_fallback;
     /* The automatic pressure policy exists on the native fast route only. */
     out->pressure_reclaim = o->vmm_execution_backing_reclaim && route == DDO__ROUTE_VMM_FAST;
+    out->dxgi_local_headroom = ddo__gb_to_bytes(o->vmm_dxgi_local_headroom_gb);
+    out->dxgi_shared_headroom = ddo__gb_to_bytes(o->vmm_dxgi_shared_headroom_gb);
     out->codec_cache_dir = o->weight_codec_cache_dir;
 }
 

@@ -121,7 +121,10 @@ typedef struct ddo__session_settings {
     size_t workers;
     ddo__read_engine engine;
     bool allow_register_fallback;
-    bool pressure_reclaim;       /* vmm_execution_backing_reclaim on vmm_fast_runtime */
+    bool pressure_reclaim; /* vmm_execution_backing_reclaim on vmm_fast_runtime */
+    /* Windows: the pressure policy also keeps these bytes of the DXGI local and shared budgets
+     * free (vmm_dxgi_local_headroom_gb, vmm_dxgi_shared_headroom_gb). */
+    uint64_t dxgi_local_headroom, dxgi_shared_headroom;
     const char *codec_cache_dir; /* weight_codec_cache_dir: the config's, borrowed during create */
 } ddo__session_settings;
 

@@ -14,6 +14,7 @@
 #include "session.h"
 
 #include "device/device.h"
+#include "platform.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -405,6 +406,16 @@ static int reclaim_one(ddo_session *s, const ddo__slot *except, uint64_t *releas
     return 0;
 }
 
+/* Windows: the DXGI budget (less the headroom options) is tighter than need; false where
+ * there is no reading (other systems, the cpu device, no adapter). */
+static bool dxgi_tight(const ddo_session *s, uint64_t need)
+{
+    ddo__dxgi_memory m;
+    if (ddo__device_is_cpu(s->dev) || ddo__os_dxgi_query(&m) != NULL)
+        return false;
+    return ddo__dxgi_pressure(&m, need, s->set.dxgi_local_headroom, s->set.dxgi_shared_headroom);
+}
+
 int ddo__session_slot_back(ddo_session *s, ddo__slot *slot, bool allow_pressure)
 {
     /* vmm_runtime: the loader binds each weight's handle when a unit loads. */
@@ -417,7 +428,8 @@ int ddo__session_slot_back(ddo_session *s, ddo__slot *slot, bool allow_pressure)
         if (rc != 0)
             return ddo__session_fail_ctx(&s->err, rc, "slot %zu: device memory query",
                                          (size_t)(slot - s->slots));
-        if (free_bytes < s->slot_bytes + DDO__RECLAIM_MARGIN_BYTES) {
+        uint64_t need = s->slot_bytes + DDO__RECLAIM_MARGIN_BYTES;
+        if (free_bytes < need || dxgi_tight(s, need)) {
             uint64_t released = 0;
             rc = reclaim_one(s, slot, &released);
             if (rc != 0)

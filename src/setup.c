@@ -12,6 +12,8 @@
 #include "common.h"
 #include "device/device.h"
 #include "os/sysinfo.h"
+#include "plan.h"
+#include "platform.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -304,8 +306,12 @@ int ddo_setup_plan(ddo_setup *setup, const ddo_checkpoint *ck, const ddo_config 
     ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
     int rc = inputs != NULL ? DDO__ABI_IN(ddo_plan_inputs, inputs, &in)
                             : ddo_setup_plan_inputs(setup, &in);
-    if (rc == 0)
-        rc = ddo_plan_build(ck, cfg, &in, out);
+    if (rc == 0) {
+        /* The setup's device is the machine's: its platform facts (DXGI, WDDM) apply. */
+        ddo__platform pf;
+        ddo__platform_read(setup->dev == NULL || ddo__device_is_cpu(setup->dev), &pf);
+        rc = ddo__plan_build_on(ck, cfg, &in, &pf, out);
+    }
     if (rc != 0)
         return ddo__fail_from_last(&setup->err, rc);
     return 0;

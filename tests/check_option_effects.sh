@@ -5,7 +5,9 @@
 #            config_text.c, config_doc.c, config_validate.c);
 #   HOST     read by the tool (tools/ddo) or the Python binding (python/ddo, not the
 #            compatibility settings class in settings.py), and by no library code as above;
-#   COMPAT, WINDOWS  read by neither the library (as above) nor the tool.
+#   WINDOWS  read by library code as LIVE (it acts on DXGI readings, which only Windows has;
+#            test_platform checks that these options change nothing elsewhere), not by the tool;
+#   COMPAT   read by neither the library (as above) nor the tool.
 # A read is a field access (->key, .key), the option id (DDO_OPT_ID_key) or the key as a whole
 # string literal ("key"), on a line that is not a comment.
 # ctest-labels: unit
@@ -37,7 +39,12 @@ while read -r key _type effect; do
         if reads "$key" $lib_files; then
             echo "FAIL: $key is HOST but the library reads it (mark it LIVE)"; fails=1
         fi ;;
-    COMPAT | WINDOWS)
+    WINDOWS)
+        reads "$key" $lib_files || { echo "FAIL: $key is WINDOWS but no library code reads it"; fails=1; }
+        if reads "$key" $tool_files; then
+            echo "FAIL: $key is WINDOWS but the tool reads it"; fails=1
+        fi ;;
+    COMPAT)
         if reads "$key" $lib_files $tool_files; then
             echo "FAIL: $key is $effect (no effect) but the library or the tool reads it"; fails=1
         fi ;;
