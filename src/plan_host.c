@@ -211,14 +211,13 @@ static int registration(builder *b, host_ctx *h, const ddo__pin_resolution *pin,
 {
     ddo_plan *p = b->p;
     ddo_plan_budgets *bg = &p->budgets;
-    bool wsl_blocked = b->settings.running_on_wsl && b->settings.disable_pin_on_wsl;
     const char *reg = NULL;
     uint64_t reg_limit = 0;
     bool partial = false;
     if (h->vmm_nvme)
         reg = "none_vmm_runtime";
     else if (h->vmm_fast) {
-        if (wsl_blocked)
+        if (b->settings.running_on_wsl && b->settings.disable_pin_on_wsl)
             reg = "pin_disabled_on_wsl";
         else {
             reg_limit =
@@ -237,9 +236,8 @@ static int registration(builder *b, host_ctx *h, const ddo__pin_resolution *pin,
             partial = true;
         }
     }
-    if (reg == NULL)
-        wddm_pin_cap(b, &reg_limit, &partial);
     if (reg == NULL) {
+        wddm_pin_cap(b, &reg_limit, &partial);
         size_t rn = 0;
         for (size_t k = 0; k < h->streamed; k++)
             if (p->units[h->list[k]].retained)

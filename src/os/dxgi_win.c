@@ -11,6 +11,7 @@
 #    include "win.h"
 
 #    include <dxgi1_4.h>
+#    include <stdbool.h>
 #    include <stdio.h>
 #    include <string.h>
 
