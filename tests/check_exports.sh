@@ -1,22 +1,36 @@
 #!/usr/bin/env bash
-# check_exports.sh - the exported set of libddo.so is reviewed: the functions declared DDO_API
+# check_exports.sh - the exported set of libddo.so (libddo.dll in a Windows build) is reviewed: the functions declared DDO_API
 # in include/ddo.h, the names listed in src/ddo.map (the linker version script) and the
 # dynamic symbols the built library defines are the same three sets.
 # ctest-labels: unit
 set -u
 SRC=${DDO_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
-LIB=${DDO_LIBRARY:-${DDO_BUILD_DIR:-$SRC/build}/libddo.so}
+BUILD=${DDO_BUILD_DIR:-$SRC/build}
+LIB=${DDO_LIBRARY:-$BUILD/libddo.so}
+# A Windows build (mingw-w64): libddo.dll's export table, read with the mingw-w64 objdump.
+[ -z "${DDO_LIBRARY:-}" ] && [ ! -f "$LIB" ] && [ -f "$BUILD/libddo.dll" ] && LIB=$BUILD/libddo.dll
 cd "$SRC" || exit 1
-command -v nm >/dev/null || { echo "skipped: no nm (binutils)"; exit 77; }
+case $LIB in
+*.dll) tool=x86_64-w64-mingw32-objdump ;;
+*) tool=nm ;;
+esac
+command -v $tool >/dev/null || { echo "skipped: no $tool (binutils)"; exit 77; }
 [ -f "$LIB" ] || { echo "FAIL: $LIB not built"; exit 1; }
+exports() {
+    if [ "$tool" = nm ]; then
+        nm -D --defined-only "$LIB" | awk '{print $3}' | grep -v '^DDO_0$' | sed 's/@.*//'
+    else
+        $tool -p "$LIB" | sed -n '/^\[Ordinal\/Name Pointer\] Table/,/^$/p' |
+            sed -nE 's/^\s+\[ *[0-9]+\] ([A-Za-z_][A-Za-z0-9_]*)$/\1/p'
+    fi
+}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 grep -oE '^DDO_API [^(]*\bddo_[a-z0-9_]+\(' include/ddo.h | grep -oE 'ddo_[a-z0-9_]+\($' |
     tr -d '(' | sort -u >"$tmp/header"
 sed -n '/^global:/,/^local:/p' src/ddo.map | grep -oE '^ +ddo_[a-z0-9_]+;' | tr -d ' ;' |
     sort -u >"$tmp/map"
-nm -D --defined-only "$LIB" | awk '{print $3}' | grep -v '^DDO_0$' | sed 's/@.*//' |
-    sort -u >"$tmp/lib"
+exports | sort -u >"$tmp/lib"
 fails=0
 if ! diff -u "$tmp/header" "$tmp/map" >"$tmp/d1"; then
     echo "FAIL: include/ddo.h's DDO_API functions (-) and src/ddo.map (+) differ:"
