@@ -160,3 +160,9 @@ size_t ddo__os_page_size(void)
     long p = sysconf(_SC_PAGESIZE);
     return p > 0 ? (size_t)p : 4096;
 }
+
+unsigned ddo__os_cpu_count(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (unsigned)n : 1u;
+}
