@@ -482,16 +482,6 @@ static int tensor_info(gg *g, ddo_checkpoint *ck, uint32_t fi, ddo__strmap *name
     return rc;
 }
 
-static int cmp_offset(const void *a, const void *b)
-{
-    const ddo_tensor_info *x = a, *y = b;
-    if (x->offset != y->offset)
-        return x->offset < y->offset ? -1 : 1;
-    if (x->nbytes != y->nbytes)
-        return x->nbytes < y->nbytes ? -1 : 1;
-    return strcmp(x->name, y->name);
-}
-
 /* Each tensor aligned and inside the data section of data_len bytes; sorted by offset, no
  * two non-empty ranges overlapping. */
 static int check_data(const gg *g, ddo_tensor_info *t, size_t n, uint64_t data_len)
@@ -509,7 +499,7 @@ static int check_data(const gg *g, ddo_tensor_info *t, size_t n, uint64_t data_l
                              g->fname, Q(t[i].name), t[i].offset, t[i].nbytes, data_len);
     }
     if (n > 1)
-        qsort(t, n, sizeof(*t), cmp_offset);
+        qsort(t, n, sizeof(*t), ddo__checkpoint_cmp_offset);
     const ddo_tensor_info *prev = NULL;
     for (size_t i = 0; i < n; i++) {
         if (t[i].nbytes == 0)

@@ -286,7 +286,7 @@ static int parse_entry(ddo_checkpoint *ck, const char *fname, uint32_t file_inde
     return 0;
 }
 
-static int cmp_by_offset(const void *a, const void *b)
+int ddo__checkpoint_cmp_offset(const void *a, const void *b)
 {
     const ddo_tensor_info *x = a, *y = b;
     if (x->offset != y->offset)
@@ -301,7 +301,7 @@ static int cmp_by_offset(const void *a, const void *b)
 static int check_layout(const char *fname, ddo_tensor_info *t, size_t n, uint64_t data_len)
 {
     if (n > 1)
-        qsort(t, n, sizeof(*t), cmp_by_offset);
+        qsort(t, n, sizeof(*t), ddo__checkpoint_cmp_offset);
     const ddo_tensor_info *prev = NULL; /* the non-empty tensor ending last so far */
     for (size_t i = 0; i < n; i++) {
         if (prev != NULL && t[i].offset < prev->offset + prev->nbytes) {

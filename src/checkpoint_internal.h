@@ -89,6 +89,9 @@ int ddo__checkpoint_parse_gguf(ddo_checkpoint *ck, uint32_t fi, const uint8_t *i
                                uint64_t size);
 /* "[4, 3, 3, 3]" from dims, cut to fit len (checkpoint_header.c). */
 void ddo__checkpoint_format_dims(char *buf, size_t len, const uint64_t *dims, size_t n);
+/* qsort comparator for ddo_tensor_info: by offset, then size, then name
+ * (checkpoint_header.c). */
+int ddo__checkpoint_cmp_offset(const void *a, const void *b);
 /* Absolute offsets, the name index, the total and the block groups. */
 int ddo__checkpoint_finish(ddo_checkpoint *ck, const char *what);
 

@@ -50,6 +50,17 @@ static int time_copies(ddo_device *dev, void *stream, uint64_t dst, const unsign
     return 0;
 }
 
+/* Frees what a bus test set up; NULL / 0 for what it did not get. */
+static void release(ddo_device *dev, void *stream, uint64_t dptr, void *pinned)
+{
+    if (pinned != NULL)
+        ddo__dev_host_free(dev, pinned);
+    if (dptr != 0)
+        ddo__dev_mem_free(dev, dptr);
+    if (stream != NULL)
+        ddo__dev_stream_destroy(dev, stream);
+}
+
 int ddo_device_measure(ddo_device *dev, uint64_t bytes, ddo_device_bandwidth *out)
 {
     if (dev == NULL || out == NULL)
@@ -116,12 +127,7 @@ int ddo_device_measure(ddo_device *dev, uint64_t bytes, ddo_device_bandwidth *ou
     *out = r;
 out:
     ddo__os_aligned_free(pageable);
-    if (pinned != NULL)
-        ddo__dev_host_free(dev, pinned);
-    if (dptr != 0)
-        ddo__dev_mem_free(dev, dptr);
-    if (stream != NULL)
-        ddo__dev_stream_destroy(dev, stream);
+    release(dev, stream, dptr, pinned);
     return rc;
 }
 
@@ -146,12 +152,7 @@ int ddo__measure_bus_quick(ddo_device *dev, double *rate)
         if (rc == 0)
             *rate = median3(v);
     }
-    if (pinned != NULL)
-        ddo__dev_host_free(dev, pinned);
-    if (dptr != 0)
-        ddo__dev_mem_free(dev, dptr);
-    if (stream != NULL)
-        ddo__dev_stream_destroy(dev, stream);
+    release(dev, stream, dptr, pinned);
     return rc;
 }
 

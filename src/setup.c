@@ -246,10 +246,9 @@ static double cpu_flops_estimate(void)
         reps++;
         dt = ddo__now_ns() - t0;
     } while (dt < 2000000 && reps < 100000);
-    int cores = ddo__os_online_cpus();
     double per_core =
         c[N - 1][N - 1] >= 0.0f && dt > 0 ? 2.0 * N * N * N * (double)reps * 1e9 / (double)dt : 0.0;
-    return per_core * (double)cores;
+    return per_core * (double)ddo__os_cpu_count();
 }
 
 /* The bus (dev's pinned host->device copies) and, on the cpu device, compute figures for the

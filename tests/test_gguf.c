@@ -583,7 +583,7 @@ static void test_claimed_string_in_big_file(void)
     str(&b, "s"), le(&b, STR, 4), le(&b, (uint64_t)4 << 30, 8);
     int fd = open(p, O_CREAT | O_TRUNC | O_WRONLY, 0600);
     T_REQUIRE(fd >= 0);
-    T_REQUIRE(write(fd, b.p, (unsigned)b.n) == (ssize_t)b.n); /* mingw: an unsigned count */
+    T_REQUIRE(write(fd, b.p, (unsigned)b.n) == (ssize_t)b.n); /* a few bytes (mingw: unsigned) */
     if (ftruncate(fd, (off_t)5 << 30) != 0) {
         close(fd);
         free(b.p);

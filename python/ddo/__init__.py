@@ -18,6 +18,10 @@ A thin ctypes layer over libddo (include/ddo.h): the options, presets, component
 planner and runtime are the library's. See docs/python.md.
 """
 
+from __future__ import annotations
+
+from typing import Tuple
+
 from . import _tool
 
 _tool.exec_if_command()  # the `ddo` command and `python -m ddo` start the C tool (no torch needed)
@@ -50,7 +54,7 @@ __all__ = ["enable_offload", "enable_dynamic_offload", "enable_pipeline_offload"
            "LibraryError", "load_library", "library_version"]
 
 
-def library_version():
+def library_version() -> Tuple[str, str]:
     """The loaded libddo's version and path."""
     lib = _lib_handle()
     return lib.ddo_version, lib.ddo_path

@@ -9,9 +9,12 @@ layouts differ from what this module mirrors fails with one line naming the path
 what was found.
 """
 
+from __future__ import annotations
+
 import ctypes
 import os
 import pathlib
+from typing import Any, Union
 
 try:
     from . import _enums
@@ -403,13 +406,13 @@ def _declare(lib):
                            (" ..." if len(missing) > 5 else ""))
 
 
-def load(path=None):
+def load(path: Union[str, "os.PathLike[str]", None] = None) -> Any:
     """Loads libddo (see the module's docstring for the search order) and checks it."""
     tried = []
     for origin, p in _candidates(path):
         if origin in _EXPLICIT or os.path.exists(p):
             try:
-                lib = ctypes.CDLL(p)
+                lib: Any = ctypes.CDLL(p)
             except OSError as e:
                 if origin in _EXPLICIT:
                     raise LibraryError(f"ddo: cannot load libddo from {p} ({origin}): {e}") \

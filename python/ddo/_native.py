@@ -1,15 +1,18 @@
 """The loaded library, its errors, and small wrappers over C handles (internal)."""
 
+from __future__ import annotations
+
 import ctypes
 import json
 import os
+from typing import Any, Optional, Union
 
 from . import _lib
 
 _LIB = None
 
 
-def lib():
+def lib() -> Any:
     """The checked libddo (loaded on first use; ddo.load_library chooses the path)."""
     global _LIB
     if _LIB is None:
@@ -17,7 +20,7 @@ def lib():
     return _LIB
 
 
-def set_library(path):
+def set_library(path: Union[str, "os.PathLike[str]", None]) -> Any:
     global _LIB
     _LIB = _lib.load(path)
     return _LIB
@@ -26,7 +29,7 @@ def set_library(path):
 class DdoError(Exception):
     """An error from libddo: ``code`` is its name ("DDO_E_BUDGET"), ``detail`` its one line."""
 
-    def __init__(self, code, detail):
+    def __init__(self, code: str, detail: Optional[str]) -> None:
         super().__init__(f"{code}: {detail}" if detail else code)
         self.code = code
         self.detail = detail

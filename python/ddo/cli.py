@@ -3,9 +3,12 @@ config built from the parsed namespace (by the library's own flag parser), the l
 phase booleans and the Windows standby purge (ddo_purge_standby).
 """
 
+from __future__ import annotations
+
 import argparse
 import ctypes
 import time
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
 from . import _enums, _lib, _native
 from .config import CATALOG, DynamicOffloadConfig
@@ -29,13 +32,13 @@ def _bool_word(text):
                                      f"got {text!r}")
 
 
-def dest_of(key):
+def dest_of(key: str) -> str:
     """The namespace attribute of option key's flag: ddo_<key> (--ddo-show-profile is
     args.ddo_show_profile), so that a host's own --show-profile or --verbose keeps its dest."""
     return f"ddo_{key}"
 
 
-def add_dynamic_offload_arguments(parser):
+def add_dynamic_offload_arguments(parser: argparse.ArgumentParser) -> Any:
     """Adds every --ddo-* flag of the catalog (help from the catalog) to parser; returns the
     argument group. Each lands in ddo_<key> (dest_of). Values stay text: build_config_from_args
     hands them to the library, which checks them. An option not given is absent from the
@@ -78,7 +81,7 @@ def build_native_config(args):
     return cfg
 
 
-def build_config_from_args(args):
+def build_config_from_args(args: argparse.Namespace) -> DynamicOffloadConfig:
     """A DynamicOffloadConfig from the namespace alone (no DDO_* merge).
 
     Only what the flags gave is explicit in the result: --ddo-backend and --ddo-preset (first,
@@ -102,7 +105,8 @@ def build_config_from_args(args):
     return out
 
 
-def add_dynamic_offload_lifecycle_arguments(parser, phases=LIFECYCLE_PHASES):
+def add_dynamic_offload_lifecycle_arguments(parser: argparse.ArgumentParser,
+                                            phases: Sequence[str] = LIFECYCLE_PHASES) -> Any:
     """Adds --ddo-purge-windows-standby-<phase> / --no-ddo-... for each phase boundary
     (dest purge_windows_standby_<phase>, default None: inherit environment/preset)."""
     group = parser.add_argument_group("ddo lifecycle", "phase-boundary memory actions")
@@ -118,12 +122,14 @@ def add_dynamic_offload_lifecycle_arguments(parser, phases=LIFECYCLE_PHASES):
     return group
 
 
-def maybe_purge_windows_standby_cache(settings_or_phase=None, phase=None, *, settings=None,
-                                      preset="auto", execution_device="cuda:0",
-                                      offload_device="cpu", running_on_wsl=None,
-                                      record_event=None, event_name=None, default="0",
-                                      print_message=True, ignore_errors=True, environ=None,
-                                      enabled=None):
+def maybe_purge_windows_standby_cache(
+        settings_or_phase: Union[DynamicOffloadSettings, str, None] = None,
+        phase: Optional[str] = None, *, settings: Optional[DynamicOffloadSettings] = None,
+        preset: str = "auto", execution_device: Any = "cuda:0", offload_device: Any = "cpu",
+        running_on_wsl: Optional[bool] = None, record_event: Optional[Callable[..., Any]] = None,
+        event_name: Optional[str] = None, default: str = "0", print_message: bool = True,
+        ignore_errors: bool = True, environ: Optional[Mapping[str, str]] = None,
+        enabled: Optional[bool] = None) -> Dict[str, Any]:
     """The Windows standby purge for a phase (upstream's signature), through ddo_purge_standby.
 
     Call maybe_purge_windows_standby_cache(settings, "before_run") or

@@ -6,6 +6,10 @@ library's: ``DynamicOffloadConfig(...).validate()`` or any use raises ``ddo.DdoE
 library's one-line message.
 """
 
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
 from . import _native
 
 
@@ -34,25 +38,25 @@ class DynamicOffloadConfig:
 
     __slots__ = ("_values", "_explicit")
 
-    def __init__(self, **fields):
+    def __init__(self, **fields: Any) -> None:
         object.__setattr__(self, "_values", {k: _freeze(v) for k, v in _DEFAULTS.items()})
         object.__setattr__(self, "_explicit", [])
         for k, v in fields.items():
             setattr(self, k, v)
 
     @staticmethod
-    def fields():
+    def fields() -> List[str]:
         """The option keys, in catalog order."""
         return list(_DEFAULTS)
 
-    def __getattr__(self, key):
+    def __getattr__(self, key: str) -> Any:
         values = object.__getattribute__(self, "_values")
         if key in values:
             return values[key]
         raise AttributeError(f"DynamicOffloadConfig has no option {key!r}"
                              f"{_nearest_hint(key)}")
 
-    def __setattr__(self, key, value):
+    def __setattr__(self, key: str, value: Any) -> None:
         if key not in self._values:
             raise _native.UnknownOptionError(
                 "DDO_E_NOT_FOUND", f"unknown DynamicOffloadConfig option {key!r}"
@@ -61,14 +65,14 @@ class DynamicOffloadConfig:
         if key not in self._explicit:
             self._explicit.append(key)
 
-    def explicit(self):
+    def explicit(self) -> List[str]:
         """The fields set on this object, in the order they were set."""
         return list(self._explicit)
 
-    def to_dict(self):
+    def to_dict(self) -> Dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self._values.items()}
 
-    def replace(self, **fields):
+    def replace(self, **fields: Any) -> DynamicOffloadConfig:
         c = DynamicOffloadConfig()
         for k in self._explicit:
             setattr(c, k, self._values[k])
@@ -76,19 +80,19 @@ class DynamicOffloadConfig:
             setattr(c, k, v)
         return c
 
-    def apply_to(self, cfg):
+    def apply_to(self, cfg: _native.Config) -> None:
         """Sets the explicit fields on a C config (they win over the environment)."""
         for k in self._explicit:
             cfg.override(k, self._values[k])
 
-    def validate(self):
+    def validate(self) -> DynamicOffloadConfig:
         """Checks the explicit fields with the library; raises DdoError."""
         cfg = _native.Config()
         self.apply_to(cfg)
         cfg.validate()
         return self
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, DynamicOffloadConfig) and self.to_dict() == other.to_dict()
 
     def __repr__(self):

@@ -10,10 +10,13 @@ weights cannot be streamed as stored bytes: the loader reads them into host tens
 asked dtype instead and says so (``result.load_note``, a warning).
 """
 
+from __future__ import annotations
+
 import contextlib
 import inspect
 import os
 import warnings
+from typing import Any, ContextManager, Optional, Union
 
 import torch
 
@@ -48,7 +51,8 @@ class DynamicOffloadLoadResult:
     should_move_to_execution_device: True when no ddo session was attached; load_note.
     """
 
-    def __init__(self, module, source, hook=None, load_note="", profile=None):
+    def __init__(self, module: torch.nn.Module, source: Optional[str], hook: Any = None,
+                 load_note: str = "", profile: Any = None) -> None:
         self.module = module
         self.source = source
         self.hook = hook
@@ -56,7 +60,7 @@ class DynamicOffloadLoadResult:
         self.load_note = load_note
         self._profile = profile
 
-    def profile_run(self):
+    def profile_run(self) -> ContextManager[Any]:
         if self.hook is not None:
             return self.hook.profile_run()
         return contextlib.nullcontext(self)
@@ -154,10 +158,13 @@ def _checkpoint_path(path, subfolder):
     return p
 
 
-def from_pretrained_with_dynamic_offload(path, *, model_loader=None, dynamic_offload_config=None,
-                                         apply_dynamic=False, profile_name=None,
-                                         build_profile=None, torch_dtype=None, subfolder=None,
-                                         **from_pretrained_kwargs):
+def from_pretrained_with_dynamic_offload(
+        path: Union[str, "os.PathLike[str]"], *, model_loader: Any = None,
+        dynamic_offload_config: Optional[DynamicOffloadConfig] = None,
+        apply_dynamic: bool = False, profile_name: Optional[str] = None,
+        build_profile: Optional[bool] = None, torch_dtype: Optional[torch.dtype] = None,
+        subfolder: Optional[str] = None,
+        **from_pretrained_kwargs: Any) -> DynamicOffloadLoadResult:
     """Builds the model without its weights in host RAM and associates it with the files.
 
     model_loader, in upstream's contract (getattr(model_loader, "from_pretrained",

@@ -6,9 +6,12 @@ snapshot tagged with the component); the report of a non-dynamic route (its as_d
 written by the tracker in the same shape.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import pathlib
+from typing import Any, Dict, List, Optional, Union
 
 from .offload import MetricsReport
 
@@ -16,10 +19,10 @@ from .offload import MetricsReport
 class MetricsTracker:
     """Appends reports to path as JSON lines; ``records()`` reads them back."""
 
-    def __init__(self, path):
+    def __init__(self, path: Union[str, "os.PathLike[str]"]) -> None:
         self.path = pathlib.Path(path)
 
-    def record_ddo_metrics(self, report, component="transformer"):
+    def record_ddo_metrics(self, report: Any, component: Optional[str] = "transformer") -> None:
         if isinstance(report, MetricsReport):
             report.record(self.path, component)
             return
@@ -36,7 +39,7 @@ class MetricsTracker:
         finally:
             os.close(fd)
 
-    def records(self):
+    def records(self) -> List[Dict[str, Any]]:
         if not self.path.exists():
             return []
         with open(self.path, encoding="utf-8") as f:

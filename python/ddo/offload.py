@@ -14,6 +14,8 @@ How it works (docs/python.md has the whole story):
   - The execution order is declared from the plan; the session prefetches ahead.
 """
 
+from __future__ import annotations
+
 import contextlib
 import ctypes
 import inspect
@@ -24,6 +26,7 @@ import sys
 import threading
 import time
 import weakref
+from typing import Any, Callable, ContextManager, Dict, Literal, Optional, TypeVar, Union
 
 import torch
 
@@ -42,19 +45,24 @@ _GRAVEYARD = _lease._GRAVEYARD
 # id of every Parameter a live OffloadResult manages -> (a weak reference to it, a tag naming
 # that result): one module tree is managed by one session (its parent or child is refused).
 # (Not a WeakKeyDictionary: that compares tensors with ==.)
-_MANAGED = {}
+_MANAGED: Dict[int, Any] = {}
 
 
 _FORWARD_CODE = None  # the code of the forward enable_offload installs (_root_on_stack)
 
 
-def _shielded(fn):
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _shielded(fn: _F) -> _F:
     """fn's state changes whole: a signal inside it is handled at its end (_lease.shield)."""
     def run(*args, **kwargs):
         with _lease.shield():
             return fn(*args, **kwargs)
     run.__name__, run.__doc__ = fn.__name__, fn.__doc__
-    return run
+    run.__annotations__ = dict(getattr(fn, "__annotations__", {}))
+    run.__wrapped__ = fn  # type: ignore[attr-defined]  # inspect.signature: the real one
+    return run  # type: ignore[return-value]
 
 
 def _managed_by(p):
@@ -78,7 +86,7 @@ class MetricsReport:
             _native._LIB.ddo_metrics_destroy(self._h)
             self._h = None
 
-    def as_dict(self):
+    def as_dict(self) -> Dict[str, Any]:
         p = ctypes.c_void_p()
         _native.check(_native.lib().ddo_metrics_to_json(
             self._h, self._component.encode() if self._component else None, ctypes.byref(p)))
@@ -87,19 +95,20 @@ class MetricsReport:
             d["binding"] = dict(self._binding)
         return d
 
-    def get(self, name):
+    def get(self, name: str) -> float:
         v = ctypes.c_double()
         _native.check(_native.lib().ddo_metrics_get(self._h, name.encode(), ctypes.byref(v)))
         return v.value
 
-    def format_profile(self, verbose=False):
+    def format_profile(self, verbose: bool = False) -> str:
         """The profile for people: empty keys dropped; the planner's decisions wrapped under
         verbose=True, else one line saying how many there are."""
         p = ctypes.c_void_p()
         _native.check(_native.lib().ddo_metrics_format_profile(self._h, ctypes.byref(p)))
         return _talk.tidy_profile(_native.take_text(p), verbose)
 
-    def record(self, path, component=None):
+    def record(self, path: Union[str, "os.PathLike[str]"],
+               component: Optional[str] = None) -> None:
         """Appends the snapshot as one JSON line to path (record_ddo_metrics)."""
         comp = component or self._component
         _native.check(_native.lib().ddo_metrics_record(
@@ -1216,7 +1225,8 @@ class OffloadResult:
 
     # ---- public ----
 
-    def metrics_snapshot(self, collect_completed=False, component=None):
+    def metrics_snapshot(self, collect_completed: bool = False,
+                         component: Optional[str] = None) -> MetricsReport:
         """A MetricsReport of the session (collect_completed retires finished uploads)."""
         self._alive("metrics_snapshot")
         m = ctypes.c_void_p()
@@ -1227,14 +1237,14 @@ class OffloadResult:
                                             "unmanaged_tensors": len(self._moved),
                                             "host_bytes_released": self.host_bytes_released})
 
-    def budgets(self):
+    def budgets(self) -> Dict[str, int]:
         """The plan's predicted peaks and limits (bytes), as a dict."""
         self._alive("budgets")
         b = _lib.PlanBudgets()
         _native.check(_native.lib().ddo_plan_budgets_get(self._plan, ctypes.byref(b)))
         return {k: getattr(b, k) for k, _ in _lib.PlanBudgets._fields_}
 
-    def stable_addresses(self):
+    def stable_addresses(self) -> Dict[str, Optional[int]]:
         """tensor name -> session-long device address on the VMM routes ({} on linear)."""
         self._alive("stable_addresses")
         if not self.vmm:
@@ -1251,12 +1261,12 @@ class OffloadResult:
             out[t.name] = addr.value
         return out
 
-    def cleanup_on_error(self):
+    def cleanup_on_error(self) -> ContextManager[OffloadResult]:
         """On an exception: unload once, re-raise the original (a cleanup error becomes a note)."""
         return cleanup_boundary(self.unload, self)
 
     @_shielded
-    def unload(self, release_host=False):
+    def unload(self, release_host: bool = False) -> None:
         """Frees device weights; a forward raises until reload(). release_host=True frees the
         retained host store too (an inactive expert holds no RAM); reload() reads it again."""
         if self._state == "unloaded":
@@ -1289,7 +1299,7 @@ class OffloadResult:
         self._state = "unloaded"
 
     @_shielded
-    def reload(self):
+    def reload(self) -> None:
         """Restores the device weights after unload(); forwards are bit-identical again."""
         if self._state == "ready":
             return
@@ -1301,7 +1311,7 @@ class OffloadResult:
         self._bind_residents()  # raises, bound, if a weight was written while unloaded
 
     @_shielded
-    def close(self):
+    def close(self) -> None:
         """Removes the hooks, ends the session; the module holds its host tensors again."""
         if self._state == "closed":
             return
@@ -1458,10 +1468,10 @@ class OffloadResult:
         if lost is not None:
             raise lost
 
-    def __enter__(self):
+    def __enter__(self) -> OffloadResult:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> Literal[False]:
         self.close()
         return False
 

@@ -10,15 +10,24 @@ session (ddo.offload.OffloadResult), ``diffusers_group_offload`` hands it to Dif
 ``none`` moves it to the execution device.
 """
 
+from __future__ import annotations
+
 import contextlib
 import ctypes
 import os
 import time
+from typing import (Any, Callable, ContextManager, Dict, Iterator, Mapping, Optional, Sequence,
+                    Union, overload)
 
 import torch
 
 from . import _lib, _native, _talk, offload, ownership, profiles, staging
+from .config import DynamicOffloadConfig
 from .settings import DynamicOffloadSettings, resolve_config, same_component
+
+# progress=: True/False/None or a tqdm-compatible class; trace=: a file path.
+Progress = Union[bool, Callable[..., Any], None]
+TracePath = Union[str, "os.PathLike[str]", None]
 
 ROUTES = ("dynamic_offload", "diffusers_group_offload", "none")
 DEFAULT_PIPELINE_COMPONENTS = ("text_encoder", "text_encoder_2", "transformer", "unet", "vae")
@@ -84,7 +93,7 @@ def _diffusers_available():
     return True
 
 
-def detect_quantized_backend_modules(module):
+def detect_quantized_backend_modules(module: torch.nn.Module) -> Dict[str, Any]:
     """the earlier design's SDNQ detection: submodules (root included) with an sdnq_dequantizer."""
     n = sum(1 for m in module.modules() if hasattr(m, "sdnq_dequantizer"))
     return {} if n == 0 else {"sdnq_module_count": n,
@@ -108,14 +117,15 @@ class _RouteReport:
         self._d = {"schema_version": 1, "component": component, "route": route,
                    "binding": dict(payload)}
 
-    def as_dict(self):
+    def as_dict(self) -> Dict[str, Any]:
         return dict(self._d)
 
-    def format_profile(self):
+    def format_profile(self) -> str:
         return f"ddo: component {self._d['component']}: route {self._d['route']} " \
                f"(not streamed by ddo; no ddo metrics)"
 
-    def record(self, path, component=None):
+    def record(self, path: Union[str, "os.PathLike[str]"],
+               component: Optional[str] = None) -> None:
         from .metrics import MetricsTracker
         MetricsTracker(path).record_ddo_metrics(self, component=component)
 
@@ -148,7 +158,7 @@ class RouteResult:
         first = next(iter(module.parameters()), None)
         self._origin = first.device if first is not None else torch.device("cpu")
 
-    def unload(self):
+    def unload(self) -> None:
         if self._state == "closed":
             raise _native.DdoError("DDO_E_STATE", f"unload: component {self.component} is "
                                    f"closed")
@@ -156,7 +166,7 @@ class RouteResult:
             self.module.to("cpu")
         self._state = "unloaded"
 
-    def reload(self):
+    def reload(self) -> None:
         if self._state == "closed":
             raise _native.DdoError("DDO_E_STATE", f"reload: component {self.component} is "
                                    f"closed")
@@ -164,7 +174,7 @@ class RouteResult:
             self.module.to(self.device)
         self._state = "ready"
 
-    def close(self, restore=False):
+    def close(self, restore: bool = False) -> None:
         """Ends ddo's management; restore=True also moves a "none" module back where it was
         (enable_pipeline_offload's rollback)."""
         if self._state == "closed":
@@ -177,14 +187,15 @@ class RouteResult:
         if getattr(self.module, "_ddo_offload", None) is self:
             del self.module._ddo_offload
 
-    def cleanup_on_error(self):
+    def cleanup_on_error(self) -> ContextManager["RouteResult"]:
         """On an exception: unload once, re-raise the original (a cleanup error: a note)."""
         return offload.cleanup_boundary(self.unload, self)
 
-    def metrics_snapshot(self, collect_completed=False, component=None):
+    def metrics_snapshot(self, collect_completed: bool = False,
+                         component: Optional[str] = None) -> _RouteReport:
         return _RouteReport(component or self.component, self.route, self.event_payload)
 
-    def profile_run(self):
+    def profile_run(self) -> ContextManager["RouteResult"]:
         """No profile on this route (a request was refused at enable_offload): a no-op."""
         return contextlib.nullcontext(self)
 
@@ -303,14 +314,34 @@ def _option_set(cfg, component, option):
     return cfg.component_value(component, option) is not None
 
 
-def enable_offload(module_or_pipeline, preset="auto", *, component="model", route=None,
-                   settings=None, component_policies=None, use_environment=True, environ=None,
-                   backend=None, config=None, running_on_wsl=None, quantized_backend=None,
-                   group_offload=None, dynamic_offload=None, offload_type=None, use_stream=None,
-                   record_stream=None, group_low_cpu_mem_usage=None, num_blocks_per_group=None,
-                   low_cpu_mem_usage=True, apply_hook=True, record_event=None,
-                   dynamic_event_name=None, group_event_name=None, progress=None, trace=None,
-                   **overrides):
+@overload
+def enable_offload(module_or_pipeline: torch.nn.Module, preset: Optional[str] = ...,
+                   **kwargs: Any) -> Union[offload.OffloadResult, RouteResult]: ...
+
+
+@overload
+def enable_offload(module_or_pipeline: Any, preset: Optional[str] = ...,
+                   **kwargs: Any) -> Union[offload.OffloadResult, RouteResult, PipelineOffload]:
+    ...
+
+
+def enable_offload(module_or_pipeline: Any, preset: Optional[str] = "auto", *,
+                   component: str = "model", route: Optional[str] = None,
+                   settings: Optional[DynamicOffloadSettings] = None,
+                   component_policies: Optional[Mapping[str, Mapping[str, Any]]] = None,
+                   use_environment: bool = True, environ: Optional[Mapping[str, str]] = None,
+                   backend: Optional[str] = None, config: Optional[DynamicOffloadConfig] = None,
+                   running_on_wsl: Optional[bool] = None, quantized_backend: Any = None,
+                   group_offload: Optional[bool] = None, dynamic_offload: Optional[bool] = None,
+                   offload_type: Optional[str] = None, use_stream: Optional[bool] = None,
+                   record_stream: Optional[bool] = None,
+                   group_low_cpu_mem_usage: Optional[bool] = None,
+                   num_blocks_per_group: Optional[int] = None, low_cpu_mem_usage: bool = True,
+                   apply_hook: bool = True, record_event: Optional[Callable[..., Any]] = None,
+                   dynamic_event_name: Optional[str] = None,
+                   group_event_name: Optional[str] = None, progress: Progress = None,
+                   trace: TracePath = None, **overrides: Any,
+                   ) -> Union[offload.OffloadResult, RouteResult, PipelineOffload]:
     """Routes a module (or every module component of a pipeline): each gets its route from the
     library's rules (a ddo session, Diffusers' group offload, or none).
 
@@ -386,11 +417,16 @@ def enable_offload(module_or_pipeline, preset="auto", *, component="model", rout
                        talk=_talk_of(component, progress, trace))
 
 
-def enable_dynamic_offload(module, preset="auto", *, settings=None, config=None, backend=None,
-                           use_environment=True, environ=None, running_on_wsl=None,
-                           apply_hook=True, record_event=None,
-                           event_name="setup_dynamic_offload", progress=None, trace=None,
-                           **overrides):
+def enable_dynamic_offload(module: torch.nn.Module, preset: Optional[str] = "auto", *,
+                           settings: Optional[DynamicOffloadSettings] = None,
+                           config: Optional[DynamicOffloadConfig] = None,
+                           backend: Optional[str] = None, use_environment: bool = True,
+                           environ: Optional[Mapping[str, str]] = None,
+                           running_on_wsl: Optional[bool] = None, apply_hook: bool = True,
+                           record_event: Optional[Callable[..., Any]] = None,
+                           event_name: str = "setup_dynamic_offload", progress: Progress = None,
+                           trace: TracePath = None, **overrides: Any,
+                           ) -> Union[offload.OffloadResult, RouteResult]:
     """Streams module through a ddo session: enable_offload's route ``dynamic_offload``.
 
     The low-level entry point: no component route is selected, everything else is
@@ -576,12 +612,22 @@ def _pipeline_components(pipeline, components):
     return out
 
 
-def enable_pipeline_offload(pipeline, preset="auto", *, settings=None, components=None,
-                            component_policies=None, routes=None, use_environment=True,
-                            environ=None, backend=None, config=None, running_on_wsl=None,
-                            low_cpu_mem_usage=True, apply_hook=True, record_event=None,
-                            start_unloaded=False, staged=True, progress=None, trace=None,
-                            component_options=None, **overrides):
+def enable_pipeline_offload(pipeline: Any, preset: Optional[str] = "auto", *,
+                            settings: Optional[DynamicOffloadSettings] = None,
+                            components: Union[Mapping[str, Any], Sequence[str], None] = None,
+                            component_policies: Optional[Mapping[str, Mapping[str, Any]]] = None,
+                            routes: Optional[Mapping[str, str]] = None,
+                            use_environment: bool = True,
+                            environ: Optional[Mapping[str, str]] = None,
+                            backend: Optional[str] = None,
+                            config: Optional[DynamicOffloadConfig] = None,
+                            running_on_wsl: Optional[bool] = None, low_cpu_mem_usage: bool = True,
+                            apply_hook: bool = True,
+                            record_event: Optional[Callable[..., Any]] = None,
+                            start_unloaded: bool = False, staged: bool = True,
+                            progress: Progress = None, trace: TracePath = None,
+                            component_options: Optional[Mapping[str, Mapping[str, Any]]] = None,
+                            **overrides: Any) -> PipelineOffload:
     """Routes every torch.nn.Module component of pipeline; returns {name: result}.
 
     staged (the default): ``pipe(...)`` runs within the device budget with no hand-written
@@ -680,12 +726,13 @@ class PipelineOffload(dict):
     """enable_pipeline_offload's {component: result}; ``stager`` is its PipelineStager (None
     with staged=False), ``trace`` the trace written by close_pipeline_offload (trace=)."""
 
-    stager = None
-    trace = None
+    stager: Optional[staging.PipelineStager] = None
+    trace: Optional[_talk.Trace] = None
 
 
 @contextlib.contextmanager
-def pipeline_offload(pipeline, preset="auto", **kwargs):
+def pipeline_offload(pipeline: Any, preset: Optional[str] = "auto",
+                     **kwargs: Any) -> Iterator[PipelineOffload]:
     """enable_pipeline_offload as a ``with`` block: every result is closed at its end; on an
     error the original is raised (a failing close is a note on it)."""
     results = enable_pipeline_offload(pipeline, preset, **kwargs)
@@ -701,9 +748,9 @@ def pipeline_offload(pipeline, preset="auto", **kwargs):
     close_pipeline_offload(pipeline)
 
 
-def close_pipeline_offload(pipeline):
+def close_pipeline_offload(pipeline: Any) -> None:
     """Closes every result enable_pipeline_offload made; the pipeline can be offloaded again."""
-    results = getattr(pipeline, "_ddo_pipeline_offload", None) or {}
+    results: Any = getattr(pipeline, "_ddo_pipeline_offload", None) or {}
     stager = getattr(results, "stager", None)
     if stager is not None:
         stager.remove()

@@ -6,12 +6,15 @@ the WSL pinning rule, the DDO_SAFETENSORS_BACKEND alias, component policies) is 
 caller's values and the host's WSL fact, and reads back the result.
 """
 
+from __future__ import annotations
+
 import ctypes
+from typing import Any, Dict, List, Mapping, Optional
 
 from . import _lib, _native
 from .config import DynamicOffloadConfig
 
-def host_info():
+def host_info() -> Dict[str, Any]:
     """The library's facts about this machine: RAM, cgroup limit, WSL, kernel release."""
     h = _lib.HostInfo()
     _native.check(_native.lib().ddo_host_info_get(ctypes.byref(h)))
@@ -20,7 +23,7 @@ def host_info():
             "kernel_release": h.kernel_release.decode(errors="replace")}
 
 
-def is_wsl_environment():
+def is_wsl_environment() -> bool:
     """True when the library detects WSL from the kernel release (upstream's name)."""
     return bool(host_info()["running_on_wsl"])
 
@@ -132,11 +135,26 @@ class DynamicOffloadSettings:
     kept so a later enable_offload resolves from exactly these settings.
     """
 
+    requested_preset: str
+    effective_preset: str
+    enabled: bool
+    plan: bool
+    config: DynamicOffloadConfig
+    requested_pin_cpu_memory: bool
+    effective_pin_cpu_memory: bool
+    disable_pin_on_wsl: bool
+    running_on_wsl: bool
+    component_policies: Dict[str, Dict[str, Any]]
+    backend: str
+    route: str
+    _cfg: _native.Config
+
     _FIELDS = ("requested_preset", "effective_preset", "enabled", "plan", "config",
                "requested_pin_cpu_memory", "effective_pin_cpu_memory", "disable_pin_on_wsl",
                "running_on_wsl", "component_policies", "backend", "route")
 
-    def __init__(self, cfg, component_policies=None):
+    def __init__(self, cfg: _native.Config,
+                 component_policies: Optional[Mapping[str, Mapping[str, Any]]] = None) -> None:
         s = _lib.Settings()
         _native.check(_native.lib().ddo_config_settings(cfg.h, ctypes.byref(s)),
                       _native.lib().ddo_config_error(cfg.h))
@@ -158,18 +176,19 @@ class DynamicOffloadSettings:
                              "from_env(...) or pass overrides to enable_offload")
 
     @property
-    def execution_mode(self):
+    def execution_mode(self) -> Any:
         return self.config.execution_mode
 
-    def warnings(self):
+    def warnings(self) -> List[str]:
         """The library's warnings about the environment block (unknown DDO_* variables)."""
         return self._cfg.warnings()
 
-    def source(self, key):
+    def source(self, key: str) -> str:
         """Where an option's value came from ("default", "preset:X", "env:DDO_X", ...)."""
         return self._cfg.source(key)
 
-    def preset_value(self, name, default="", environ=None):
+    def preset_value(self, name: str, default: str = "",
+                     environ: Optional[Mapping[str, str]] = None) -> str:
         """A DDO_* variable as a host phase reads it (upstream's preset_value): environ's value
         when it sets name (even to ""), else the effective preset's, else default
         (ddo_config_preset_value)."""
@@ -179,7 +198,8 @@ class DynamicOffloadSettings:
             self._cfg.h, str(name).encode(), env, ctypes.byref(v)))
         return default if v.value is None else v.value.decode()
 
-    def preset_bool(self, name, default="0", environ=None):
+    def preset_bool(self, name: str, default: str = "0",
+                    environ: Optional[Mapping[str, str]] = None) -> bool:
         """preset_value read with the boolean vocabulary (1/true/yes/on, any case; default
         when nothing sets name) (ddo_config_preset_bool)."""
         b = ctypes.c_bool()
@@ -188,7 +208,7 @@ class DynamicOffloadSettings:
             ctypes.byref(b)))
         return bool(b.value)
 
-    def as_metrics(self):
+    def as_metrics(self) -> Dict[str, Any]:
         """The settings as a flat dict for event payloads: upstream's keys (all prefixed
         dynamic_offload_; empty presets, cache namespace and safetensors backend as None),
         plus ddo's dynamic_offload_backend and dynamic_offload_route."""
@@ -223,8 +243,10 @@ class DynamicOffloadSettings:
         return {f"dynamic_offload_{k}": v for k, v in out.items()}
 
     @classmethod
-    def from_env(cls, environ=None, *, default_preset="", backend=None, running_on_wsl=None,
-                 component_policies=None, use_environment=True, **fields):
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None, *, default_preset: str = "",
+                 backend: Optional[str] = None, running_on_wsl: Optional[bool] = None,
+                 component_policies: Optional[Mapping[str, Mapping[str, Any]]] = None,
+                 use_environment: bool = True, **fields: Any) -> DynamicOffloadSettings:
         """Settings from DDO_* variables (environ, default os.environ) over default_preset.
 
         default_preset "" means no preset unless DDO_PRESET is set (upstream's from_env).
@@ -248,6 +270,6 @@ class DynamicOffloadSettings:
                 f"{self.effective_pin_cpu_memory}, running_on_wsl={self.running_on_wsl})")
 
 
-def load_dynamic_offload_settings_from_env(**kwargs):
+def load_dynamic_offload_settings_from_env(**kwargs: Any) -> DynamicOffloadSettings:
     """Upstream's function name for DynamicOffloadSettings.from_env."""
     return DynamicOffloadSettings.from_env(**kwargs)

@@ -18,10 +18,17 @@ uses (Diffusers' hooks) and are not staged. The same rule runs during setup: bef
 is created (its plan is known then) or a module is moved to the device, room is made for it.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    import torch
+
 _STAGED_ROUTES = ("dynamic_offload", "none")
 
 
-def module_bytes(module):
+def module_bytes(module: torch.nn.Module) -> int:
     """Bytes of a module's parameters and buffers (the device memory route none takes)."""
     n = 0
     for t in list(module.parameters()) + list(module.buffers()):
@@ -37,17 +44,17 @@ class PipelineStager:
     need: component -> device bytes while it is loaded.
     """
 
-    def __init__(self):
-        self.results = {}
-        self.need = {}
-        self.limit = None
-        self.active = []  # loaded components, least recently used first
-        self.events = []
-        self._handles = []
+    def __init__(self) -> None:
+        self.results: Dict[str, Any] = {}
+        self.need: Dict[str, int] = {}
+        self.limit: Optional[int] = None
+        self.active: List[str] = []  # loaded components, least recently used first
+        self.events: List[Tuple[str, str]] = []
+        self._handles: List[Any] = []
 
     # ---- setup (enable_pipeline_offload) ----
 
-    def before_session(self, name):
+    def before_session(self, name: str) -> Callable[[Any], None]:
         """A callback for OffloadResult: its plan is built, its session not yet created."""
         def make_room(result):
             b = result.budgets()
@@ -58,12 +65,12 @@ class PipelineStager:
             self.make_room(name)
         return make_room
 
-    def before_move(self, name, module):
+    def before_move(self, name: str, module: torch.nn.Module) -> None:
         """Route none: room for the module's bytes before it is moved to the device."""
         self.need[name] = module_bytes(module)
         self.make_room(name)
 
-    def added(self, name, result):
+    def added(self, name: str, result: Any) -> None:
         """A component was set up (loaded, unless its session was unloaded at once)."""
         if result.route not in _STAGED_ROUTES or not getattr(result, "attached", True):
             return
@@ -74,7 +81,7 @@ class PipelineStager:
             self.active.append(name)
             self.events.append(("load", name))
 
-    def unloaded(self, name):
+    def unloaded(self, name: str) -> None:
         """A component was unloaded by its caller (start_unloaded)."""
         if name in self.active:
             self.active.remove(name)
@@ -82,7 +89,7 @@ class PipelineStager:
 
     # ---- the hooks ----
 
-    def install(self):
+    def install(self) -> None:
         for name, r in self.results.items():
             mods = [r.module] + list(r.module.children())
             for m in mods:
@@ -93,12 +100,12 @@ class PipelineStager:
                 m._forward_pre_hooks.move_to_end(h.id, last=False)
                 self._handles.append(h)
 
-    def remove(self):
+    def remove(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
 
-    def enter(self, name):
+    def enter(self, name: str) -> None:
         """The component is called: loaded if it is not (room made first)."""
         r = self.results[name]
         if self.active and self.active[-1] == name and r._state == "ready":
@@ -117,7 +124,7 @@ class PipelineStager:
         self.active.append(name)
         self.events.append(("load", name))
 
-    def make_room(self, name):
+    def make_room(self, name: str) -> None:
         """Unloads the least recently used other components until name's need fits."""
         if self.limit is None:
             return
@@ -134,7 +141,7 @@ class PipelineStager:
             self.active.remove(other)
             self.events.append(("unload", other))
 
-    def in_use(self, besides=None):
+    def in_use(self, besides: Optional[str] = None) -> int:
         """Device bytes of the loaded components (besides: one left out)."""
         return sum(self.need.get(n, 0) for n in self.active if n != besides)
 

@@ -1,8 +1,8 @@
 /*
- * fs.c - the library's own small files on POSIX systems: bounded reads (open non-blocking,
- * fstat, refuse what is not a regular file or is too large), atomic replacement (Linux:
- * O_TMPFILE + linkat, so an interrupted write leaves no name behind; elsewhere a named
- * temporary file), single-write appends and flock locks.
+ * fs.c - the library's own small files on POSIX systems, the system calls under fs_common.c:
+ * positioned reads for the bounded reads, atomic replacement (Linux: O_TMPFILE + linkat, so
+ * an interrupted write leaves no name behind; elsewhere a named temporary file), single-write
+ * appends and flock locks.
  */
 #if defined(__linux__)
 #    define _GNU_SOURCE
@@ -13,6 +13,7 @@
 #include "fs.h"
 
 #include "file.h"
+#include "fs_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -25,80 +26,13 @@
 #include <time.h>
 #include <unistd.h>
 
-const char *ddo__os_fs_strerror(int e)
+int64_t ddo__os_fs_read_at(int fd, void *dst, size_t len, uint64_t offset)
 {
-    switch (e) {
-    case DDO__OS_TOO_LARGE:
-        return "larger than the limit";
-    case DDO__OS_LOCK_TIMEOUT:
-        return "locked by another process for too long";
-    default:
-        return ddo__os_file_strerror(e);
-    }
-}
-
-int ddo__os_read_small_file(const char *path, size_t max_bytes, char **data, size_t *len)
-{
-    int fd = -1;
-    int e = ddo__os_file_open(path, &fd);
-    if (e != 0)
-        return e;
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        e = errno;
-        ddo__os_file_close(fd);
-        return e;
-    }
-    if (st.st_size < 0 || (uint64_t)st.st_size > (uint64_t)max_bytes) {
-        ddo__os_file_close(fd);
-        return DDO__OS_TOO_LARGE;
-    }
-    /* Read one byte past the limit: a file that grows while it is read is refused too. */
-    size_t cap = (size_t)st.st_size + 2, n = 0;
-    char *buf = malloc(cap);
-    if (buf == NULL) {
-        ddo__os_file_close(fd);
-        return ENOMEM;
-    }
-    for (;;) {
-        if (n + 1 >= cap) {
-            size_t ncap = cap * 2 > max_bytes + 2 ? max_bytes + 2 : cap * 2;
-            if (n + 1 >= ncap) {
-                e = DDO__OS_TOO_LARGE;
-                break;
-            }
-            char *nb = realloc(buf, ncap);
-            if (nb == NULL) {
-                e = ENOMEM;
-                break;
-            }
-            buf = nb;
-            cap = ncap;
-        }
-        ssize_t r = read(fd, buf + n, cap - 1 - n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            e = errno;
-            break;
-        }
-        if (r == 0)
-            break;
-        n += (size_t)r;
-        if (n > max_bytes) {
-            e = DDO__OS_TOO_LARGE;
-            break;
-        }
-    }
-    ddo__os_file_close(fd);
-    if (e != 0) {
-        free(buf);
-        return e;
-    }
-    buf[n] = '\0';
-    *data = buf;
-    *len = n;
-    return 0;
+    ssize_t r;
+    do {
+        r = pread(fd, dst, len, (off_t)offset);
+    } while (r < 0 && errno == EINTR);
+    return r < 0 ? -(int64_t)errno : (int64_t)r;
 }
 
 static int write_all(int fd, const void *data, size_t len)
@@ -116,7 +50,7 @@ static int write_all(int fd, const void *data, size_t len)
     return 0;
 }
 
-static uint64_t random_tag(void)
+uint64_t ddo__os_fs_random_tag(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -131,32 +65,11 @@ static uint64_t random_tag(void)
     return r;
 }
 
-/* "<path>.<16 hex>.tmp" into buf; ENAMETOOLONG when it does not fit. */
-static int temp_name(const char *path, char *buf, size_t len)
-{
-    int n = snprintf(buf, len, "%s.%016llx.tmp", path, (unsigned long long)random_tag());
-    return n < 0 || (size_t)n >= len ? ENAMETOOLONG : 0;
-}
-
-typedef struct parts_gen {
-    const ddo__os_part *parts;
-    size_t n;
-} parts_gen;
-
-static int write_parts(void *user, int fd)
-{
-    const parts_gen *g = user;
-    int e = 0;
-    for (size_t i = 0; i < g->n && e == 0; i++)
-        e = write_all(fd, g->parts[i].data, g->parts[i].len);
-    return e;
-}
-
 /* The portable way: a named temporary file, removed again on any failure. */
 static int write_named(const char *path, ddo__os_write_fn gen, void *user, bool stop)
 {
     char tmp[4200];
-    int e = temp_name(path, tmp, sizeof(tmp));
+    int e = ddo__os_fs_temp_name(path, tmp, sizeof(tmp));
     if (e != 0)
         return e;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
@@ -200,7 +113,7 @@ static int write_unnamed(const char *path, ddo__os_write_fn gen, void *user, boo
         e = EINTR;
     char tmp[4200], proc[64];
     if (e == 0)
-        e = temp_name(path, tmp, sizeof(tmp));
+        e = ddo__os_fs_temp_name(path, tmp, sizeof(tmp));
     if (e == 0) {
         snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
         if (linkat(AT_FDCWD, proc, AT_FDCWD, tmp, AT_SYMLINK_FOLLOW) != 0)
@@ -225,19 +138,6 @@ int ddo__os_write_atomic_with(const char *path, ddo__os_write_fn gen, void *user
         /* The file system has no O_TMPFILE (or /proc is missing): the portable way. */
 #endif
     return write_named(path, gen, user, stop_before_rename);
-}
-
-int ddo__os_write_atomic_parts(const char *path, const ddo__os_part *parts, size_t n,
-                               bool stop_before_rename)
-{
-    parts_gen g = { parts, n };
-    return ddo__os_write_atomic_with(path, write_parts, &g, stop_before_rename);
-}
-
-int ddo__os_write_atomic(const char *path, const void *data, size_t len, bool stop_before_rename)
-{
-    ddo__os_part part = { data, len };
-    return ddo__os_write_atomic_parts(path, &part, 1, stop_before_rename);
 }
 
 int ddo__os_append(const char *path, const void *data, size_t len, bool *opened)

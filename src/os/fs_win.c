@@ -1,14 +1,16 @@
 /*
- * fs_win.c - the library's own small files on Windows: bounded reads, atomic replacement (a
- * named temporary file in the same directory, flushed, then MoveFileExW with
- * MOVEFILE_REPLACE_EXISTING, retried while another process holds the old file without
- * FILE_SHARE_DELETE, as virus scanners and indexers do), appends with FILE_APPEND_DATA (one
- * WriteFile each, so concurrent lines stay whole) and LockFileEx locks.
+ * fs_win.c - the library's own small files on Windows, the system calls under fs_common.c:
+ * positioned reads for the bounded reads, atomic replacement (a named temporary file in the
+ * same directory, flushed, then MoveFileExW with MOVEFILE_REPLACE_EXISTING, retried while
+ * another process holds the old file without FILE_SHARE_DELETE, as virus scanners and
+ * indexers do), appends with FILE_APPEND_DATA (one WriteFile each, so concurrent lines stay
+ * whole) and LockFileEx locks.
  */
 #if defined(_WIN32)
 #    include "fs.h"
 
 #    include "file.h"
+#    include "fs_impl.h"
 #    include "win.h"
 
 #    include <bcrypt.h>
@@ -20,88 +22,12 @@
 #    include <stdlib.h>
 #    include <string.h>
 
-const char *ddo__os_fs_strerror(int e)
+int64_t ddo__os_fs_read_at(int fd, void *dst, size_t len, uint64_t offset)
 {
-    switch (e) {
-    case DDO__OS_TOO_LARGE:
-        return "larger than the limit";
-    case DDO__OS_LOCK_TIMEOUT:
-        return "locked by another process for too long";
-    default:
-        return ddo__os_file_strerror(e);
-    }
+    return ddo__win_pread(fd, dst, len, offset);
 }
 
-int ddo__os_read_small_file(const char *path, size_t max_bytes, char **data, size_t *len)
-{
-    int fd = -1;
-    int e = ddo__os_file_open(path, &fd);
-    if (e != 0)
-        return e;
-    ddo__file_id id;
-    if ((e = ddo__os_file_identity(fd, &id)) != 0 || id.size > (uint64_t)max_bytes) {
-        ddo__os_file_close(fd);
-        return e != 0 ? e : DDO__OS_TOO_LARGE;
-    }
-    /* Read one byte past the size: a file that grew past the limit is refused too. */
-    size_t cap = (size_t)id.size + 2, n = 0;
-    char *buf = malloc(cap);
-    if (buf == NULL) {
-        ddo__os_file_close(fd);
-        return ENOMEM;
-    }
-    for (;;) {
-        if (n + 1 >= cap) {
-            size_t ncap = cap * 2 > max_bytes + 2 ? max_bytes + 2 : cap * 2;
-            char *nb = n + 1 >= ncap ? NULL : realloc(buf, ncap);
-            if (nb == NULL) {
-                e = n + 1 >= ncap ? DDO__OS_TOO_LARGE : ENOMEM;
-                break;
-            }
-            buf = nb;
-            cap = ncap;
-        }
-        int64_t r = ddo__win_pread(fd, buf + n, cap - 1 - n, n);
-        if (r <= 0) {
-            e = r < 0 ? (int)-r : 0;
-            break;
-        }
-        n += (size_t)r;
-        if (n > max_bytes) {
-            e = DDO__OS_TOO_LARGE;
-            break;
-        }
-    }
-    ddo__os_file_close(fd);
-    if (e != 0) {
-        free(buf);
-        return e;
-    }
-    buf[n] = '\0';
-    *data = buf;
-    *len = n;
-    return 0;
-}
-
-/* Sequential writes through the positioned writer (the descriptor has no shared offset). */
-typedef struct parts_gen {
-    const ddo__os_part *parts;
-    size_t n;
-} parts_gen;
-
-static int write_parts(void *user, int fd)
-{
-    const parts_gen *g = user;
-    uint64_t at = 0;
-    int e = 0;
-    for (size_t i = 0; i < g->n && e == 0; i++) {
-        e = ddo__os_pwrite_full(fd, g->parts[i].data, g->parts[i].len, at);
-        at += g->parts[i].len;
-    }
-    return e;
-}
-
-static uint64_t random_tag(void)
+uint64_t ddo__os_fs_random_tag(void)
 {
     uint64_t r = ((uint64_t)GetCurrentProcessId() << 32) ^ GetTickCount64();
     uint64_t x = 0;
@@ -145,11 +71,11 @@ int ddo__os_write_atomic_with(const char *path, ddo__os_write_fn gen, void *user
                               bool stop_before_rename)
 {
     char tmp[4200];
-    int n = snprintf(tmp, sizeof(tmp), "%s.%016llx.tmp", path, (unsigned long long)random_tag());
-    if (n < 0 || (size_t)n >= sizeof(tmp))
-        return ENAMETOOLONG;
+    int e = ddo__os_fs_temp_name(path, tmp, sizeof(tmp));
+    if (e != 0)
+        return e;
     int fd;
-    int e = ddo__os_open_regular(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644, &fd);
+    e = ddo__os_open_regular(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644, &fd);
     if (e != 0)
         return e;
     e = gen(user, fd);
@@ -163,19 +89,6 @@ int ddo__os_write_atomic_with(const char *path, ddo__os_write_fn gen, void *user
     if (e != 0)
         remove_file(tmp);
     return e;
-}
-
-int ddo__os_write_atomic_parts(const char *path, const ddo__os_part *parts, size_t n,
-                               bool stop_before_rename)
-{
-    parts_gen g = { parts, n };
-    return ddo__os_write_atomic_with(path, write_parts, &g, stop_before_rename);
-}
-
-int ddo__os_write_atomic(const char *path, const void *data, size_t len, bool stop_before_rename)
-{
-    ddo__os_part part = { data, len };
-    return ddo__os_write_atomic_parts(path, &part, 1, stop_before_rename);
 }
 
 int ddo__os_append(const char *path, const void *data, size_t len, bool *opened)
@@ -301,7 +214,7 @@ int ddo__os_dir_writable(const char *dir)
     /* ACLs decide: try to create a file there, which deletes itself on close. */
     char probe[4200];
     int n = snprintf(probe, sizeof(probe), "%s\\.ddo-probe-%016llx", dir,
-                     (unsigned long long)random_tag());
+                     (unsigned long long)ddo__os_fs_random_tag());
     if (n < 0 || (size_t)n >= sizeof(probe))
         return ENAMETOOLONG;
     wchar_t *wp = ddo__win_wide(probe);

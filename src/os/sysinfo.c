@@ -155,14 +155,14 @@ const char *ddo__os_purge_standby_list(void)
     return "non_windows"; /* Windows: sysinfo_win.c */
 }
 
-int ddo__os_online_cpus(void)
-{
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 && n < 1 << 20 ? (int)n : 1;
-}
-
 size_t ddo__os_page_size(void)
 {
     long p = sysconf(_SC_PAGESIZE);
     return p > 0 ? (size_t)p : 4096;
+}
+
+unsigned ddo__os_cpu_count(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (unsigned)n : 1u;
 }

@@ -26,8 +26,8 @@ uint64_t ddo__os_usable_ram_bytes(void);
 const char *ddo__os_purge_standby_list(void);
 /* The size of a memory page (4096 when the system cannot tell). */
 size_t ddo__os_page_size(void);
-/* The number of processors online (1 when the system cannot tell). */
-int ddo__os_online_cpus(void);
+/* The processors online now (at least 1). */
+unsigned ddo__os_cpu_count(void);
 /* Kernel release string into buf (empty when unknown). */
 void ddo__os_kernel_release(char *buf, size_t len);
 

@@ -102,13 +102,13 @@ size_t ddo__os_page_size(void)
     return si.dwPageSize > 0 ? si.dwPageSize : 4096;
 }
 
-typedef LONG(WINAPI *rtl_get_version_fn)(OSVERSIONINFOW *);
-
-int ddo__os_online_cpus(void)
+unsigned ddo__os_cpu_count(void)
 {
     DWORD n = GetActiveProcessorCount(ALL_PROCESSOR_GROUPS);
-    return n > 0 && n < 1u << 20 ? (int)n : 1;
+    return n > 0 ? (unsigned)n : 1u;
 }
+
+typedef LONG(WINAPI *rtl_get_version_fn)(OSVERSIONINFOW *);
 
 void ddo__os_kernel_release(char *buf, size_t len)
 {

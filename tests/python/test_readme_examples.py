@@ -50,11 +50,14 @@ class StandInFluxPipeline:
     """STANDS IN FOR diffusers.FluxPipeline (not installed in CI): three components called in
     Flux's order by __call__."""
 
-    def __init__(self):
+    def __init__(self, device="cpu"):
+        self._device = torch.device(device)  # an unmanaged pipeline's device (pipe.to(...))
         torch.manual_seed(0)  # the same weights in every instance
         self.text_encoder = models.FluxLike(dim=128, double=2, single=0, seed=1)
         self.transformer = models.FluxLike(dim=128, seed=2)
         self.vae = nn.Sequential(nn.Linear(128, 128), nn.Tanh()).to(torch.bfloat16)
+        for m in (self.text_encoder, self.transformer, self.vae):
+            m.to(self._device)
 
     @classmethod
     def from_pretrained(cls, path, torch_dtype=None):
@@ -69,7 +72,7 @@ class StandInFluxPipeline:
     def _execution_device(self):
         """Where the components compute (Diffusers' pipelines ask their hooks the same)."""
         results = getattr(self, "_ddo_pipeline_offload", None)
-        return results["transformer"].device if results else torch.device("cpu")
+        return results["transformer"].device if results else self._device
 
     def __call__(self, prompt, num_inference_steps=8):
         g = torch.Generator().manual_seed(len(prompt))
@@ -89,7 +92,10 @@ def test_diffusers_example_runs_against_a_stand_in(monkeypatch):
     fake = types.ModuleType("diffusers")
     fake.FluxPipeline = StandInFluxPipeline
     monkeypatch.setitem(sys.modules, "diffusers", fake)
-    want = StandInFluxPipeline()("a red fox in the snow", num_inference_steps=8).images[0]
+    # the unmanaged reference computes where ddo will (cuda:0 on a GPU machine: bf16 products
+    # differ between devices, not between ddo and torch)
+    dev = "cuda:0" if torch.cuda.is_available() else "cpu"
+    want = StandInFluxPipeline(dev)("a red fox in the snow", num_inference_steps=8).images[0]
     ns = {}
     exec(compile("import torch, ddo\nfrom diffusers import FluxPipeline\n" + code, "README.md",
                  "exec"), ns)
