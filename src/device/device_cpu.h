@@ -10,8 +10,8 @@
 #ifndef DDO_DEVICE_CPU_H
 #define DDO_DEVICE_CPU_H
 
-#include "os/sys.h"
 #include "device.h"
+#include "os/sys.h"
 
 #include <pthread.h>
 #include <stdbool.h>
