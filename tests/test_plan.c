@@ -886,9 +886,16 @@ static void best_build_ms(int blocks, double *out)
 static void test_speed_3500_tensors(void)
 {
     double small = 0, big = 0;
-    best_build_ms(25, &small);
-    best_build_ms(250, &big);
-    fprintf(stderr, "  350 tensors %.2f ms, 3500 tensors %.2f ms (best of 5 builds)\n", small, big);
+    /* up to three measured pairs: a burst of load on a shared machine (Wine's server, another
+     * build) can land on one pair; a quadratic step fails all three */
+    for (int attempt = 0; attempt < 3; attempt++) {
+        best_build_ms(25, &small);
+        best_build_ms(250, &big);
+        fprintf(stderr, "  350 tensors %.2f ms, 3500 tensors %.2f ms (best of 5 builds)\n", small,
+                big);
+        if (big < 40.0 * small + 2.0)
+            break;
+    }
     T_CHECK_MSG(big < 40.0 * small + 2.0, "%.2f ms for 3500 tensors, %.2f ms for 350", big, small);
 }
 
