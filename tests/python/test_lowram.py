@@ -58,19 +58,8 @@ print(json.dumps(info))
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
     import test_pipeline_loading as T
-    dim, depth = 1024, 24
     path = tmp_path_factory.mktemp("lowram") / "big.safetensors"
-    g = torch.Generator().manual_seed(5)
-    shapes = {"embed.weight": (dim, dim), "embed.bias": (dim,), "proj_out.weight": (dim, dim),
-              "proj_out.bias": (dim,), "scale": (dim,)}
-    for i in range(depth):
-        shapes.update({f"blocks.{i}.up.weight": (2 * dim, dim), f"blocks.{i}.up.bias": (2 * dim,),
-                       f"blocks.{i}.down.weight": (dim, 2 * dim),
-                       f"blocks.{i}.down.bias": (dim,)})
-    tensors = {k: (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16)
-               for k, s in shapes.items()}
-    T.write_safetensors(path, tensors)
-    return path, sum(t.numel() * t.element_size() for t in tensors.values())
+    return path, T.write_big_checkpoint(path, depth=24, seed=5)
 
 
 @pytest.mark.parametrize("retained_mib", [0, 128])

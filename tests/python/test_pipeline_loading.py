@@ -293,10 +293,10 @@ print(peak)
 """
 
 
-def test_host_rss_stays_below_the_model(tmp_path):
-    dim, depth = 1024, 40
-    path = tmp_path / "big.safetensors"
-    g = torch.Generator().manual_seed(3)
+def write_big_checkpoint(path, depth, seed, dim=1024):
+    """A bf16 checkpoint of depth up/down blocks between an embedding and a projection (the
+    host-RAM tests' model); returns its weight bytes."""
+    g = torch.Generator().manual_seed(seed)
     shapes = {"embed.weight": (dim, dim), "embed.bias": (dim,), "proj_out.weight": (dim, dim),
               "proj_out.bias": (dim,), "scale": (dim,)}
     for i in range(depth):
@@ -305,9 +305,14 @@ def test_host_rss_stays_below_the_model(tmp_path):
                        f"blocks.{i}.down.bias": (dim,)})
     tensors = {k: (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16)
                for k, s in shapes.items()}
-    model_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
     write_safetensors(path, tensors)
-    del tensors
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def test_host_rss_stays_below_the_model(tmp_path):
+    dim, depth = 1024, 40
+    path = tmp_path / "big.safetensors"
+    model_bytes = write_big_checkpoint(path, depth, seed=3, dim=dim)  # its tensors freed
     out = subprocess.run([sys.executable, "-c", CHILD, str(PYTHON_DIR),
                           os.path.dirname(__file__), str(path)], capture_output=True,
                          text=True, env=dict(os.environ), timeout=300)
