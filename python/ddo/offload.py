@@ -30,7 +30,7 @@ from typing import Any, Callable, ContextManager, Dict, Literal, Optional, TypeV
 
 import torch
 
-from . import _enums, _hooks, _lease, _lib, _native, _talk, _torch
+from . import _enums, _hooks, _lease, _lib, _native, _quant, _talk, _torch
 from ._native import DdoError
 
 _PLACEMENT_RESIDENT = _enums.DDO_PLACEMENT_RESIDENT
@@ -209,8 +209,9 @@ def _collect(module, to_ddo):
             if entry is None:
                 base = ddo_path.get(mname, mname)
                 ddo_name = f"{base}.{pname}" if base else pname
-                entry = _Param(len(tensors), ddo_name, p.data, None)
-                entry.dtype_name = _native.dtype_names()[to_ddo[p.dtype]]
+                data = _quant.plain_data(p)  # a subclass's bytes; the Parameter is kept
+                entry = _Param(len(tensors), ddo_name, data, None)
+                entry.dtype_name = _native.dtype_names()[to_ddo[data.dtype]]
                 tensors.append(entry)
                 by_storage[key] = entry
             if not any(q is p for q in entry.params):
@@ -256,17 +257,11 @@ def _reads_params(anc, rel, params):
 
 
 def _check_param(name, p, to_ddo):
-    if type(p) is not torch.nn.Parameter or type(p.data) is not torch.Tensor:
-        kind = type(p).__name__ if type(p) is not torch.nn.Parameter else type(p.data).__name__
-        raise DdoError("DDO_E_UNSUPPORTED",
-                       f"parameter {name}: {kind} is a tensor subclass ddo "
-                       f"cannot move as plain bytes: route this module through the "
-                       f"compatibility route (route='diffusers_group_offload' or 'none')")
-    if p.is_quantized or p.is_sparse or p.dtype not in to_ddo:
-        raise DdoError("DDO_E_UNSUPPORTED",
-                       f"parameter {name}: dtype {p.dtype} ({'quantized' if p.is_quantized else 'no ddo dtype'}) "
-                       f"cannot be moved as plain bytes: use the compatibility route "
-                       f"(route='diffusers_group_offload' or 'none')")
+    """One line for a parameter ddo cannot move faithfully (_quant.refusal): Parameter
+    subclasses over a plain tensor (GGUFParameter) and float8 dtypes pass."""
+    why = _quant.refusal(name, p, to_ddo)
+    if why is not None:
+        raise DdoError("DDO_E_UNSUPPORTED", why)
     if p.device.type != "cpu":
         raise DdoError("DDO_E_INVALID_ARGUMENT",
                        f"parameter {name} is on {p.device}: enable_offload takes a module whose "
@@ -897,7 +892,7 @@ class OffloadResult:
             if t is None or t.placement == _PLACEMENT_SKIPPED or state_dict.get(key) is p:
                 continue
             if key in state_dict:
-                state_dict[key] = self._host_value(t)
+                state_dict[key] = _quant.detached_like(p, self._host_value(t))
         return state_dict
 
     def _host_value(self, t):
