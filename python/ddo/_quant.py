@@ -60,6 +60,11 @@ def refusal(name, p, to_ddo):
     if type(p) is not torch.nn.Parameter and not is_param_subclass(p):
         return (f"parameter {name}: {kind} is a tensor subclass without a plain data tensor "
                 f"or the flatten protocol: ddo cannot move it as plain bytes: {_ROUTE_HINT}")
+    held = _held_tensors(p)
+    if held:
+        return (f"parameter {name}: {kind} keeps tensors in its attribute {held} (a quantization "
+                f"state, bitsandbytes style) that ddo would not move with its bytes: "
+                f"{_ROUTE_HINT}")
     data = plain_data(p)
     if type(data) is not torch.Tensor:
         return (f"parameter {name}: {kind} holds a {type(data).__name__}, not a plain tensor: "
@@ -76,11 +81,25 @@ def refusal(name, p, to_ddo):
     return None
 
 
+def _held_tensors(p):
+    """The name of an attribute of Parameter subclass p that holds tensors (directly, or in an
+    object's attributes, one level down), or ""."""
+    for k, v in getattr(p, "__dict__", {}).items():
+        if isinstance(v, torch.Tensor):
+            return k
+        inner = getattr(v, "__dict__", None)
+        if isinstance(inner, dict) and any(isinstance(x, torch.Tensor) for x in inner.values()):
+            return k
+    return ""
+
+
 def unstreamable(module, to_ddo):
-    """[(parameter name, one line)] of module's parameters ddo cannot stream (routing.py
-    names them in the route's reason)."""
+    """[(parameter name, one line)] of module's quantized parameters ddo cannot stream (a
+    tensor subclass or torch's qint dtypes; routing.py names them in the route's reason)."""
     out = []
     for name, p in module.named_parameters():
+        if type(p) is torch.nn.Parameter and not p.is_quantized:
+            continue  # a plain tensor: enable_offload's own checks name what is wrong
         why = refusal(name, p, to_ddo)
         if why is not None:
             out.append((name, why))

@@ -365,6 +365,7 @@ class OffloadResult:
                 raise DdoError("DDO_E_STATE", f"parameter {name} is already managed by ddo "
                                f"through another module of this tree ({_managed_by(p)}): one "
                                f"session per module tree; close() that result first")
+        self._reserve_scratch()
         if self._source is not None:
             from . import _source
             self._tensors, self._ddo_path, self._modules_of, self._ck = \
@@ -432,6 +433,18 @@ class OffloadResult:
         self._install_hooks()
         if self.host_bytes_released:
             _trim_host_heap()
+
+    def _reserve_scratch(self):
+        """The plan keeps device memory for the host's dequantization of the largest quantized
+        layer (_quant.largest_scratch: its size at the compute dtype), unless the caller set
+        dequant_scratch_bytes."""
+        n, where = _quant.largest_scratch(self.module)
+        self.dequant_scratch = {"bytes": n, "layer": where}
+        cfg = self._cfg
+        if cfg.source("dequant_scratch_bytes") == "default" or \
+                getattr(cfg, "_ddo_auto_scratch", False):
+            cfg.override("dequant_scratch_bytes", str(n))
+            cfg._ddo_auto_scratch = True
 
     def _label(self):
         return self._talk.get("label") or type(self.module).__name__

@@ -334,6 +334,22 @@ def test_what_ddo_cannot_move_is_named():
     s.weight = nn.Parameter(torch.randn(8, 8).to_sparse(), requires_grad=False)
     with pytest.raises(ddo.DdoError, match="ddo moves dense stored bytes"):
         ddo.enable_offload(s, **ZERO_RESIDENT)
+
+
+    class StateParameter(nn.Parameter):
+        """STAND-IN for a bitsandbytes-style parameter: packed bytes plus a quantization
+        state object holding tensors (absmax) that must travel with them."""
+
+    class QuantState:
+        def __init__(self):
+            self.absmax = torch.ones(4)
+
+    b = nn.Linear(8, 8)
+    b.weight = StateParameter(torch.zeros(8, 4, dtype=torch.uint8), requires_grad=False)
+    b.weight.quant_state = QuantState()
+    with pytest.raises(ddo.DdoError, match="StateParameter keeps tensors in its attribute "
+                       "quant_state"):
+        ddo.enable_offload(b, **ZERO_RESIDENT)
     m = QuantNet(seed=7)
     m.blocks[0].q.weight = GGUFLikeParameter(
         q8_0_quantize(torch.randn(64, 128))[:, ::2], quant_type=Q8_0)
