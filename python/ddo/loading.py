@@ -141,7 +141,7 @@ def materialize(module, source, torch_dtype=None):
             if i is None:
                 return None
             _n, dt, shape, _nb = tab[i]
-            t = _source.read_tensor(ck, i, to_torch[dt], shape)
+            t = _source.read_tensor(ck, i, _source.torch_dtype_of(dt, to_torch), shape)
             return t.to(torch_dtype) if torch_dtype is not None and t.dtype != torch_dtype \
                 else t
 
