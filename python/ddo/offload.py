@@ -881,9 +881,26 @@ class OffloadResult:
                     return False
             return True
 
+        def casts_in_forward(fn):
+            """fn changes dtypes only, and a forward of this result runs on this thread: a
+            per-layer upcast (Diffusers' layerwise casting: storage dtype -> compute dtype
+            before the layer's forward, back after it). torch rebinds p.data to the converted
+            copies (the Parameters are kept); ddo binds its own views again at the unit's next
+            acquire and never reads the copies back."""
+            with self._lock:
+                mine = self._owner is not None and self._owner[0] == threading.get_ident()
+            if not mine:
+                return False
+            for dt in dtypes:
+                out = fn(torch.empty(0, dtype=dt, device=device))
+                if out.device != device:
+                    return False
+            self._recast = True  # resident views are bound again after the forward
+            return True
+
         def guard_apply(m, refused):
             def _apply(fn, *args, **kwargs):  # a move to where the module is: allowed
-                if moves_nothing(fn):
+                if moves_nothing(fn) or casts_in_forward(fn):
                     return type(m)._apply(m, fn, *args, **kwargs)
                 return refused()
             return _apply
@@ -1054,6 +1071,8 @@ class OffloadResult:
                 return
             for u in list(self._leases):  # left by a hook that did not run
                 self._release(u, check=False, whole=True)
+            if getattr(self, "_recast", False):
+                self._rebind_recast()
             self._check_residents()
             if self._observed is not None:
                 self._declare_observed()
@@ -1061,6 +1080,18 @@ class OffloadResult:
             self._abort()
             raise
         self._let_go()
+
+    def _rebind_recast(self):
+        """Resident Parameters a per-layer cast left on torch's converted copies show ddo's
+        resident views again (the copies are freed; the values are the same bytes)."""
+        self._recast = False
+        for t in self._tensors:
+            if t.placement != _PLACEMENT_RESIDENT:
+                continue
+            v = self._views.get((t.index, 0))
+            for p in t.params:
+                if v is not None and (p.dtype != v.dtype or p.data_ptr() != v.data_ptr()):
+                    p.data = v
 
     def _check_residents(self):
         written = sorted({name for p, v, name in self._res_versions if p._version != v})

@@ -455,3 +455,66 @@ def test_file_backed_comfy_fp8(tmp_path, storage):
         assert abs(moved - STEPS * total) <= edge, (moved, total)
     finally:
         r.close()
+
+
+# ---- per-layer casting (Diffusers' layerwise casting) ----
+
+def layerwise_cast(module, storage, compute):
+    """STAND-IN for Diffusers' apply_layerwise_casting: every Linear is stored in `storage`
+    and its forward, wrapped as Diffusers' hook registry wraps it, upcasts the layer to
+    `compute` (module.to) before and casts it back after. storage float16 stands for float8
+    on torch 1.13 (no float8 dtype); on torch >= 2.1 float8_e4m3fn is used too."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            m.to(dtype=storage)
+            orig = m.forward
+
+            def forward(*args, _m=m, _orig=orig, **kwargs):
+                _m.to(dtype=compute)
+                out = _orig(*args, **kwargs)
+                _m.to(dtype=storage)
+                return out
+
+            m.forward = forward
+    return module
+
+
+class CastNet(nn.Module):
+    def __init__(self, dim=64, depth=4, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(dim, 2 * dim), nn.ReLU(),
+                                                   nn.Linear(2 * dim, dim))
+                                     for _ in range(depth)])
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = x + b(x)
+        return x
+
+
+CAST_STORAGES = [torch.float16] + ([torch.float8_e4m3fn] if HAS_FP8 else [])
+
+
+@pytest.mark.parametrize("storage", CAST_STORAGES, ids=str)
+@pytest.mark.parametrize("backend,opts", ROUTES)
+def test_layerwise_casting_every_route(backend, opts, storage):
+    m = layerwise_cast(CastNet(seed=11), storage, torch.float32)
+    x = torch.randn(2, 4, 64, generator=torch.Generator().manual_seed(12))
+    ref = steps(m, x, 2)
+    params = dict(m.named_parameters())
+    r = ddo.enable_offload(m, backend=backend, **opts)
+    try:
+        assert all(t.torch_dtype == storage for t in r._tensors)  # streamed as stored
+        assert all(torch.equal(o, ref[0]) for o in steps(r.module, x, 3))
+        assert all(p is params[n] for n, p in m.named_parameters())
+        for t in r._tensors:  # resident weights show ddo's views again, not torch's copies
+            if t.placement == 0:
+                assert all(p.dtype == storage and p.data_ptr() == r._views[(t.index, 0)]
+                           .data_ptr() for p in t.params)
+        with pytest.raises(ddo.DdoError, match="a dtype or device move"):
+            m.blocks[0][0].to(dtype=torch.float32)  # outside a forward: refused, as before
+    finally:
+        r.close()
+    assert all(p.dtype == storage for p in m.parameters())
+    assert torch.equal(steps(m, x, 1)[0], ref[0])
