@@ -87,8 +87,10 @@ def match(module, ck, where, check_dtype=True):
                                    f"no tensor in the checkpoint (it does not match the model "
                                    f"class)")
         _n, dt, shape, _nb = tab[i]
-        if tuple(p.shape) != shape or (check_dtype and to_ddo.get(p.dtype) != dt and
-                                       not as_bytes(p.dtype, dt, to_torch)):
+        if block_bytes_shape(p, dt, shape) is not None:
+            pass  # a GGUF-style Parameter holding the block type's bytes (uint8, byte shape)
+        elif tuple(p.shape) != shape or (check_dtype and to_ddo.get(p.dtype) != dt and
+                                         not as_bytes(p.dtype, dt, to_torch)):
             why = "it does not match the model class"
             if tuple(p.shape) == shape and dt in to_torch:  # the dtype alone differs
                 why = (f"pass torch_dtype={to_torch[dt]} to build the model in the "
@@ -130,9 +132,42 @@ def as_bytes(torch_dtype, dt, to_torch):
     return torch_dtype == torch.uint8 and dt not in to_torch and _dtype_name(dt) in _BYTE_DTYPES
 
 
+def block_bytes_shape(p, dt, shape=None):
+    """The byte shape of p when p is a uint8 parameter holding checkpoint tensor dt's GGML
+    blocks as stored (Diffusers' GGUFParameter: [rows..., blocks x block bytes]) and shape
+    (the tensor's element shape, when given) matches it; else None."""
+    from . import _quant
+    geo = _quant._BY_NAME.get(_dtype_name(dt))
+    if geo is None or geo[1] == 1 or p.dtype != torch.uint8 or p.dim() == 0:
+        return None
+    if shape is not None:
+        _name, elems, nbytes = geo
+        if len(shape) != p.dim() or tuple(shape[:-1]) != tuple(p.shape[:-1]) or \
+                shape[-1] % elems or shape[-1] // elems * nbytes != p.shape[-1]:
+            return None
+    return tuple(p.shape)
+
+
+def stored_shape(dt, shape):
+    """The shape a checkpoint tensor is read as: its own, or for a GGML block type the byte
+    shape a GGUF-style Parameter holds ([rows..., blocks x block bytes], uint8)."""
+    from . import _quant
+    geo = _quant._BY_NAME.get(_dtype_name(dt))
+    if geo is None or geo[1] == 1 or not shape:
+        return tuple(shape)
+    return tuple(shape[:-1]) + (shape[-1] // geo[1] * geo[2],)
+
+
 def torch_dtype_of(dt, to_torch):
-    """The torch dtype a checkpoint dtype is read as (uint8 for the _BYTE_DTYPES it lacks)."""
-    return to_torch.get(dt) or (torch.uint8 if _dtype_name(dt) in _BYTE_DTYPES else to_torch[dt])
+    """The torch dtype a checkpoint dtype is read as (uint8 for the _BYTE_DTYPES it lacks and
+    for GGML's block types)."""
+    from . import _quant
+    if dt in to_torch:
+        return to_torch[dt]
+    name = _dtype_name(dt)
+    if name in _BYTE_DTYPES or name in _quant._BY_NAME:
+        return torch.uint8
+    return to_torch[dt]
 
 
 def _torch_tables():
@@ -171,6 +206,16 @@ def _like(p, t):
     q = torch.Tensor._make_subclass(type(p), t, p.requires_grad)
     q.__dict__.update(p.__dict__)
     return q
+
+
+def _quant_subclass(p):
+    from . import _quant
+    return _quant.is_param_subclass(p)
+
+
+def _quant_plain(p):
+    from . import _quant
+    return _quant.plain_data(p)
 
 
 def load_buffers(module, source):
@@ -215,7 +260,7 @@ def file_checkpoint(result, module, source, backend):
             ps = params.get(i, [])
             entry = _Param(i, name, torch.empty(0, dtype=torch_dtype_of(dt, to_torch)),
                            _dtype_name(dt))
-            entry.shape = shape
+            entry.shape = stored_shape(dt, shape)
             entry.params = list(ps)
             tensors.append(entry)
         ddo_path = {n: n for n, _m in module.named_modules()}
