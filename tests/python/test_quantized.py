@@ -167,6 +167,7 @@ ROUTES = [  # (backend, options): zero-resident linear and VMM, leaf units, budg
     ("linear", dict(ZERO_RESIDENT, unit_granularity="leaf")),
     ("vmm", dict(ZERO_RESIDENT, resident_module_patterns=r"^blocks\.(1|2)$",
                  resident_module_budget_gb=1)),
+    ("linear", dict(ZERO_RESIDENT, weight_codec="ddoc1")),  # float tensors coded, blocks raw
 ]
 
 
@@ -218,6 +219,9 @@ def test_bit_identical_and_stored_bytes_every_route(backend, opts, storage):
         moved = snap2.get("copy_bytes") - snap1.get("copy_bytes")
         if "resident_module_patterns" in opts:  # free slots may keep a unit: no copy
             assert 0 < moved <= STEPS * total + edge, (moved, total)
+        elif "weight_codec" in opts:  # the float tensors move coded (smaller), U8 as stored
+            raw = sum(nbytes[t.name] for t in streamed if t.dtype_name == "U8")
+            assert STEPS * raw < moved <= STEPS * total + edge, (moved, raw, total)
         else:
             assert abs(moved - STEPS * total) <= edge, (moved, total)
         for n, p in quant_params(m).items():  # the very objects, type and attributes
