@@ -60,7 +60,7 @@ def refusal(name, p, to_ddo):
     if type(p) is not torch.nn.Parameter and not is_param_subclass(p):
         return (f"parameter {name}: {kind} is a tensor subclass without a plain data tensor "
                 f"or the flatten protocol: ddo cannot move it as plain bytes: {_ROUTE_HINT}")
-    held = _held_tensors(p)
+    held = _held_tensors(p) if is_param_subclass(p) else ""
     if held:
         return (f"parameter {name}: {kind} keeps tensors in its attribute {held} (a quantization "
                 f"state, bitsandbytes style) that ddo would not move with its bytes: "
@@ -93,13 +93,18 @@ def _held_tensors(p):
     return ""
 
 
-def unstreamable(module, to_ddo):
+def unstreamable(module, to_ddo=None):
     """[(parameter name, one line)] of module's quantized parameters ddo cannot stream (a
-    tensor subclass or torch's qint dtypes; routing.py names them in the route's reason)."""
+    tensor subclass or torch's qint dtypes; routing.py names them in the route's reason).
+    to_ddo (torch dtype -> ddo dtype) is asked of the library only when such a parameter is
+    there: a plain model needs no library for this."""
     out = []
     for name, p in module.named_parameters():
         if type(p) is torch.nn.Parameter and not p.is_quantized:
             continue  # a plain tensor: enable_offload's own checks name what is wrong
+        if to_ddo is None:
+            from . import _torch
+            to_ddo = _torch.dtype_tables()[0]
         why = refusal(name, p, to_ddo)
         if why is not None:
             out.append((name, why))

@@ -98,12 +98,12 @@ def detect_quantized_backend_modules(module: torch.nn.Module) -> Dict[str, Any]:
     and the parameters ddo cannot stream as stored bytes (_quant.refusal: torch's qint dtypes,
     wrapper subclasses, sparse tensors), which send the module to the compatibility route.
     GGUF-style Parameter subclasses and float8 weights are streamed by ddo: not listed."""
-    from . import _quant, _torch
+    from . import _quant
     out: Dict[str, Any] = {}
     n = sum(1 for m in module.modules() if hasattr(m, "sdnq_dequantizer"))
     if n:
         out.update({"sdnq_module_count": n, "sdnq_status": "detected_forward_preserved"})
-    bad = _quant.unstreamable(module, _torch.dtype_tables()[0])
+    bad = _quant.unstreamable(module)
     if bad:
         out["unstreamable_parameters"] = [name for name, _why in bad]
         out["unstreamable_reason"] = bad[0][1]
