@@ -291,6 +291,13 @@ def test_plan_reserves_the_dequantization_scratch():
         assert r.budgets()["device_weights_limit"] == int(0.25 * 2 ** 30) - 128 * 64 * 4
     finally:
         r.close()
+    r = ddo.enable_offload(m, backend="linear", dequant_scratch_bytes=1 << 20, **opts)
+    try:  # the caller's value wins
+        assert r.plan["planner_decisions"]["dequant_scratch_bytes"] == 1 << 20
+        assert r.dequant_scratch == {"bytes": 128 * 64 * 4, "layer": "blocks.0.q.weight"}
+        assert r.budgets()["device_weights_limit"] == int(0.25 * 2 ** 30) - (1 << 20)
+    finally:
+        r.close()
     plain = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
     r = ddo.enable_offload(plain, backend="linear", **opts)
     try:
