@@ -83,12 +83,12 @@ refused "$T/legacy.safetensors" 'scale tensor "l.scale_weight" is missing' "olde
 # The dequantization scratch (dequant_scratch_bytes) comes off the device weights limit, and a
 # budget without room for it is refused with one line.
 "$DDO_BIN" plan "$CORPUS/comfy_quant_layout.safetensors" --ddo-execution-device cpu \
-    --ddo-device-budget-gb 0.01 --ddo-dequant-scratch-kb 1024 >"$T/out" 2>&1
+    --ddo-device-budget-gb 0.01 --ddo-dequant-scratch-bytes 1048576 >"$T/out" 2>&1
 check "plan: the dequantization scratch off the limit" '[ $? -eq 0 ] &&
     grep -q "limit: device_budget_gb minus 1.00 MiB dequantization scratch" "$T/out" &&
     grep -Eq "^ +dequant_scratch_bytes +1048576" "$T/out"'
 "$DDO_BIN" plan "$CORPUS/comfy_quant_layout.safetensors" --ddo-execution-device cpu \
-    --ddo-device-budget-gb 0.01 --ddo-dequant-scratch-kb 20480 >"$T/out" 2>&1
+    --ddo-device-budget-gb 0.01 --ddo-dequant-scratch-bytes 20971520 >"$T/out" 2>&1
 check "plan: no room for the scratch" '[ $? -ne 0 ] && [ $(wc -l <"$T/out") -eq 1 ] &&
     grep -q "leaves no room for the dequantization scratch 20.00 MiB" "$T/out"'
 

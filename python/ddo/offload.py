@@ -441,8 +441,8 @@ class OffloadResult:
         n, where = _quant.largest_scratch(self.module)
         self.dequant_scratch = {"bytes": n, "layer": where}
         cfg = self._cfg
-        if cfg.source("dequant_scratch_bytes") == "default" or \
-                getattr(cfg, "_ddo_auto_scratch", False):
+        auto = getattr(cfg, "_ddo_auto_scratch", False)
+        if (n or auto) and (auto or cfg.source("dequant_scratch_bytes") == "default"):
             cfg.override("dequant_scratch_bytes", str(n))
             cfg._ddo_auto_scratch = True
 

@@ -95,8 +95,9 @@ def _diffusers_available():
 
 def detect_quantized_backend_modules(module: torch.nn.Module) -> Dict[str, Any]:
     """the earlier design's SDNQ detection: submodules (root included) with an sdnq_dequantizer;
-    and the parameters ddo cannot stream as stored bytes (_quant.refusal: torch's qint dtypes,
-    wrapper subclasses, sparse tensors), which send the module to the compatibility route.
+    and the quantized parameters ddo cannot stream as stored bytes (_quant.refusal: torch's
+    qint dtypes, wrapper subclasses, parameters keeping tensors in an attribute), which send
+    the module to the compatibility route.
     GGUF-style Parameter subclasses and float8 weights are streamed by ddo: not listed."""
     from . import _quant
     out: Dict[str, Any] = {}
