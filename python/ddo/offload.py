@@ -461,7 +461,10 @@ class OffloadResult:
                   f"{_talk.size(b['resident_bytes'])}, {b['slot_count']} slots x "
                   f"{_talk.size(b['slot_bytes'])}; device weights "
                   f"{_talk.size(b['device_weights_peak'])}"
-                  f" of {_talk.size(b['device_weights_limit'])}", file=sys.stderr)
+                  f" of {_talk.size(b['device_weights_limit'])}" + (
+                      f"; dequantization scratch {_talk.size(self.dequant_scratch['bytes'])} "
+                      f"kept ({self.dequant_scratch['layer']})"
+                      if self.dequant_scratch["bytes"] else ""), file=sys.stderr)
         if streamed == 0 and b["device_weights_limit"] and total > b["device_weights_limit"]:
             _talk.warn(f"{self._label()}: the plan streams nothing although the model "
                        f"({_talk.size(total)}) exceeds the device budget "

@@ -278,12 +278,13 @@ def test_state_dict_keeps_the_subclass_and_its_attributes():
 
 # ---- the plan's dequantization scratch ----
 
-def test_plan_reserves_the_dequantization_scratch():
+def test_plan_reserves_the_dequantization_scratch(capsys):
     """The largest quantized layer dequantized at its compute dtype (float32 here: the Q8_0
     layers are 128 x 64 weights, 32 KiB) comes off the device budget; the plan shows it."""
     m = QuantNet(seed=6)
     opts = dict(ZERO_RESIDENT, device_budget_gb=0.25)
-    r = ddo.enable_offload(m, backend="linear", **opts)
+    r = ddo.enable_offload(m, backend="linear", verbose=True, **opts)
+    assert "dequantization scratch 32.00 KiB kept (blocks.0.q.weight)" in capsys.readouterr().err
     try:
         dec = r.plan["planner_decisions"]
         assert dec["dequant_scratch_bytes"] == 128 * 64 * 4, dec
