@@ -618,3 +618,25 @@ def test_file_backed_gguf(tmp_path):
     assert type(m2.blocks[1].weight) is GGUFLikeParameter
     assert m2.blocks[1].weight.quant_type == Q8_0
     assert torch.equal(steps(m2, x, 1)[0], ref)
+
+
+def test_component_ownership_takes_gguf_like_parameters():
+    """vmm_component_tensor_ownership (every tensor of a component owned by ddo) accepts the
+    GGUF-like Parameter subclass; a torch qint parameter is still refused with one line."""
+    m = QuantNet(seed=15)
+    x = torch.randn(1, 4, 64, generator=torch.Generator().manual_seed(16))
+    ref = steps(m, x, 1)[0]
+    own = dict(ZERO_RESIDENT, backend="vmm", vmm_component_tensor_ownership=True)
+    r = ddo.enable_offload(m, component="text_encoder", route="dynamic", environ={}, **own)
+    try:
+        assert r.ownership["tensors"] == len(list(m.parameters()))
+        assert any(t.placement == 1 and t.dtype_name == "U8" for t in r._tensors)
+        assert torch.equal(steps(r.module, x, 1)[0], ref)
+        assert type(m.blocks[0].q.weight) is GGUFLikeParameter
+    finally:
+        r.close()
+    q = nn.Sequential(nn.Linear(8, 8))
+    q[0].weight = nn.Parameter(torch.quantize_per_tensor(torch.randn(8, 8), 0.1, 0,
+                                                          torch.qint8), requires_grad=False)
+    with pytest.raises(ddo.DdoError, match="ownership.*0.weight"):
+        ddo.enable_offload(q, component="text_encoder", route="dynamic", environ={}, **own)
