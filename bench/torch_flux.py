@@ -11,6 +11,9 @@ Each case runs in a fresh process; the driver collects them, prints a table and 
   Case:    python3 bench/torch_flux.py --case resident --workdir /tmp/torch_flux
   Smoke:   python3 bench/torch_flux.py --all --tiny   (tiny Flux config; --toy: no Diffusers,
            a built-in Flux-like stand-in, also on --device cpu with torch 1.13)
+  Quantized (issue 27): --quant q8_0 | fp8 makes the blocks' linear layers quantized stand-ins
+           (bench/quant_layers.py: a GGUF-style Q8_0 Parameter subclass, or ComfyUI-style
+           scaled FP8), quantized on the GPU at build; every case then runs that model.
 
 Per case: enable time, first and median step (torch.cuda.synchronize around each), the bus
 measured in the same process (a 4 GiB pinned host->device copy, after the RSS peak is read),
@@ -239,6 +242,11 @@ def build_model(args):
         fill_params(model, init_dev)
         info["model"] = "FluxTransformer2DModel"
         info["config"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.items()}
+    if getattr(args, "quant", "none") != "none":  # on the init device: fast on the GPU
+        t2 = time.perf_counter()
+        info["quant"] = {"kind": args.quant, "layers": quant_layers().quantize_linears(
+            model, args.quant, r"transformer_blocks\.")}
+        info["quant"]["quantize_s"] = time.perf_counter() - t2
     if init_dev == "cuda":
         torch.cuda.synchronize()
     info["init_s"] = time.perf_counter() - t0
@@ -253,6 +261,16 @@ def build_model(args):
     info["params"] = sum(1 for _ in model.parameters())
     info["model_bytes"] = model_bytes(model)
     return model, info
+
+
+def quant_layers():
+    """bench/quant_layers.py (the quantized stand-in layers of --quant), loaded by path."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "quant_layers.py")
+    spec = importlib.util.spec_from_file_location("quant_layers", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def model_bytes(model):
@@ -726,6 +744,8 @@ def case_command(case, args, result_path, deadline_epoch):
         cmd.append("--tiny")
     if args.toy:
         cmd.append("--toy")
+    if args.quant != "none":
+        cmd += ["--quant", args.quant]
     return cmd
 
 
@@ -841,7 +861,7 @@ def meta(args, names, wall):
          "TORCHINDUCTOR_DETERMINISTIC": os.environ.get("TORCHINDUCTOR_DETERMINISTIC"),
          "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cases": names,
          "driver_wall_s": wall, "steps": args.steps, "tokens": list(tokens(args)),
-         "tiny": args.tiny, "toy": args.toy, "ddo_preset": DDO_PRESET,
+         "tiny": args.tiny, "toy": args.toy, "quant": args.quant, "ddo_preset": DDO_PRESET,
          "ddo_case_options": {k: {"backend": b, "overrides": o}
                               for k, (b, o) in DDO_CASE_OPTIONS.items()}}
     try:
@@ -917,6 +937,9 @@ def parse_args(argv=None):
     p.add_argument("--text-tokens", type=int, default=512)
     p.add_argument("--tiny", action="store_true", help="tiny Flux configuration (smoke test)")
     p.add_argument("--toy", action="store_true", help="built-in Flux-like module, no Diffusers")
+    p.add_argument("--quant", choices=("none", "q8_0", "fp8"), default="none",
+                   help="the blocks' linear layers as quantized stand-ins (bench/quant_layers.py: "
+                        "GGUF-style Q8_0 or ComfyUI-style scaled FP8), streamed as stored")
     p.add_argument("--deadline-s", type=float, default=510.0,
                    help="driver: global deadline for all cases (default 8.5 min)")
     p.add_argument("--case-timeout-s", type=float, default=300.0, help="driver: one case's limit")

@@ -406,6 +406,32 @@ static uint64_t sized_from_device(builder *b, uint64_t V, char *source, size_t l
     return limit;
 }
 
+/* The host's dequantization scratch (dequant_scratch_bytes: the largest quantized layer at
+ * its compute dtype, allocated beside the weights while that layer computes) comes off the
+ * weights limit; its text is appended to source. */
+static int reserve_scratch(builder *b, uint64_t *limit, char *source, size_t len)
+{
+    uint64_t s = b->o->dequant_scratch_bytes > 0 ? (uint64_t)b->o->dequant_scratch_bytes : 0;
+    if (s == 0)
+        return 0;
+    ddo__decisions_set_num(&b->p->decisions, "dequant_scratch_bytes", (double)s);
+    if (*limit == 0)
+        return 0;
+    char v1[32], v2[32];
+    ddo__format_bytes(s, v1, sizeof(v1));
+    if (s >= *limit)
+        return ddo__fail(NULL, DDO_E_BUDGET,
+                         "the device weights limit %s (%s) leaves no room for the "
+                         "dequantization scratch %s (dequant_scratch_bytes: the largest "
+                         "quantized layer at its compute dtype): raise the budget",
+                         ddo__format_bytes(*limit, v2, sizeof(v2)), source, v1);
+    *limit -= s;
+    size_t n = strlen(source);
+    if (n + 1 < len)
+        snprintf(source + n, len - n, " minus %s dequantization scratch", v1);
+    return 0;
+}
+
 /* The device weights limit and where it comes from (source, len bytes). */
 int ddo__plan_device_limit(builder *b, const budgets_in *bi, uint64_t *limit, char *source,
                            size_t len)
@@ -452,6 +478,9 @@ int ddo__plan_device_limit(builder *b, const budgets_in *bi, uint64_t *limit, ch
             snprintf(source, len, "device memory %s", ddo__format_gib(V, v1, sizeof(v1)));
         }
     }
+    int rc = reserve_scratch(b, limit, source, len);
+    if (rc != 0)
+        return rc;
     b->p->device_limit_source = ddo__strdup(source);
     ddo__decisions_set_str(d, "device_weights_limit_source", *limit > 0 ? source : "none");
     return 0;

@@ -80,5 +80,17 @@ CQ=''
 st "$T/legacy.safetensors" "{\"scaled_fp8\":{\"dtype\":\"F8_E4M3\",\"shape\":[2],\"data_offsets\":[0,2]},\"l.weight\":{\"dtype\":\"F8_E4M3\",\"shape\":[2,2],\"data_offsets\":[2,6]}}" 6
 refused "$T/legacy.safetensors" 'scale tensor "l.scale_weight" is missing' "older layout: scale_weight missing"
 
+# The dequantization scratch (dequant_scratch_bytes) comes off the device weights limit, and a
+# budget without room for it is refused with one line.
+"$DDO_BIN" plan "$CORPUS/comfy_quant_layout.safetensors" --ddo-execution-device cpu \
+    --ddo-device-budget-gb 0.01 --ddo-dequant-scratch-bytes 1048576 >"$T/out" 2>&1
+check "plan: the dequantization scratch off the limit" '[ $? -eq 0 ] &&
+    grep -q "limit: device_budget_gb minus 1.00 MiB dequantization scratch" "$T/out" &&
+    grep -Eq "^ +dequant_scratch_bytes +1048576" "$T/out"'
+"$DDO_BIN" plan "$CORPUS/comfy_quant_layout.safetensors" --ddo-execution-device cpu \
+    --ddo-device-budget-gb 0.01 --ddo-dequant-scratch-bytes 20971520 >"$T/out" 2>&1
+check "plan: no room for the scratch" '[ $? -ne 0 ] && [ $(wc -l <"$T/out") -eq 1 ] &&
+    grep -q "leaves no room for the dequantization scratch 20.00 MiB" "$T/out"'
+
 echo "cli_comfy_quant: $fails failed"
 [ "$fails" -eq 0 ]

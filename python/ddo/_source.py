@@ -87,7 +87,10 @@ def match(module, ck, where, check_dtype=True):
                                    f"no tensor in the checkpoint (it does not match the model "
                                    f"class)")
         _n, dt, shape, _nb = tab[i]
-        if tuple(p.shape) != shape or (check_dtype and to_ddo.get(p.dtype) != dt):
+        if block_bytes_shape(p, dt, shape) is not None:
+            pass  # a GGUF-style Parameter holding the block type's bytes (uint8, byte shape)
+        elif tuple(p.shape) != shape or (check_dtype and to_ddo.get(p.dtype) != dt and
+                                         not as_bytes(p.dtype, dt, to_torch)):
             why = "it does not match the model class"
             if tuple(p.shape) == shape and dt in to_torch:  # the dtype alone differs
                 why = (f"pass torch_dtype={to_torch[dt]} to build the model in the "
@@ -119,6 +122,54 @@ def match(module, ck, where, check_dtype=True):
     return by_index, loads
 
 
+# One-byte checkpoint dtypes a torch without them (torch < 2.1: no float8) reads as uint8:
+# the module stands the bytes in a uint8 tensor, and ddo moves them as stored.
+_BYTE_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ")
+
+
+def as_bytes(torch_dtype, dt, to_torch):
+    """A uint8 parameter standing for checkpoint dtype dt, which this torch cannot name."""
+    return torch_dtype == torch.uint8 and dt not in to_torch and _dtype_name(dt) in _BYTE_DTYPES
+
+
+def block_bytes_shape(p, dt, shape=None):
+    """The byte shape of p when p is a uint8 parameter holding checkpoint tensor dt's GGML
+    blocks as stored (Diffusers' GGUFParameter: [rows..., blocks x block bytes]) and shape
+    (the tensor's element shape, when given) matches it; else None."""
+    from . import _quant
+    geo = _quant._BY_NAME.get(_dtype_name(dt))
+    if geo is None or geo[1] == 1 or p.dtype != torch.uint8 or p.dim() == 0:
+        return None
+    if shape is not None:
+        _name, elems, nbytes = geo
+        if len(shape) != p.dim() or tuple(shape[:-1]) != tuple(p.shape[:-1]) or \
+                shape[-1] % elems or shape[-1] // elems * nbytes != p.shape[-1]:
+            return None
+    return tuple(p.shape)
+
+
+def stored_shape(dt, shape):
+    """The shape a checkpoint tensor is read as: its own, or for a GGML block type the byte
+    shape a GGUF-style Parameter holds ([rows..., blocks x block bytes], uint8)."""
+    from . import _quant
+    geo = _quant._BY_NAME.get(_dtype_name(dt))
+    if geo is None or geo[1] == 1 or not shape:
+        return tuple(shape)
+    return tuple(shape[:-1]) + (shape[-1] // geo[1] * geo[2],)
+
+
+def torch_dtype_of(dt, to_torch):
+    """The torch dtype a checkpoint dtype is read as (uint8 for the _BYTE_DTYPES it lacks and
+    for GGML's block types)."""
+    from . import _quant
+    if dt in to_torch:
+        return to_torch[dt]
+    name = _dtype_name(dt)
+    if name in _BYTE_DTYPES or name in _quant._BY_NAME:
+        return torch.uint8
+    return to_torch[dt]
+
+
 def _torch_tables():
     from . import _torch
     return _torch.dtype_tables()
@@ -139,12 +190,32 @@ def replace_params(module, make):
                 continue
             if id(p) not in new:
                 t = make(p)
-                new[id(p)] = None if t is None else torch.nn.Parameter(
-                    t, requires_grad=p.requires_grad)
+                new[id(p)] = None if t is None else _like(p, t)
             if new[id(p)] is not None:
                 m._parameters[name] = new[id(p)]
                 undo.append((m, name, p))
     return new, undo
+
+
+def _like(p, t):
+    """A Parameter over t of p's type with p's attributes (a GGUF-style Parameter subclass
+    keeps quant_type); a plain Parameter for a plain one."""
+    from . import _quant
+    if not _quant.is_param_subclass(p):
+        return torch.nn.Parameter(t, requires_grad=p.requires_grad)
+    q = torch.Tensor._make_subclass(type(p), t, p.requires_grad)
+    q.__dict__.update(p.__dict__)
+    return q
+
+
+def _quant_subclass(p):
+    from . import _quant
+    return _quant.is_param_subclass(p)
+
+
+def _quant_plain(p):
+    from . import _quant
+    return _quant.plain_data(p)
 
 
 def load_buffers(module, source):
@@ -187,8 +258,9 @@ def file_checkpoint(result, module, source, backend):
         tensors = []
         for i, (name, dt, shape, _nb) in enumerate(table(ck)):
             ps = params.get(i, [])
-            entry = _Param(i, name, torch.empty(0, dtype=to_torch[dt]), _dtype_name(dt))
-            entry.shape = shape
+            entry = _Param(i, name, torch.empty(0, dtype=torch_dtype_of(dt, to_torch)),
+                           _dtype_name(dt))
+            entry.shape = stored_shape(dt, shape)
             entry.params = list(ps)
             tensors.append(entry)
         ddo_path = {n: n for n, _m in module.named_modules()}

@@ -57,7 +57,7 @@ def view(session, tensor, dtype_name, torch_dtype, shape):
     takes it (its deleter is then torch's to call); only a capsule torch did not take is
     deleted here. The caller runs this inside _lease.shield(), so no interrupt falls between
     the C view and its capsule."""
-    as_bytes = dtype_name in _AS_BYTES
+    as_bytes = dtype_name in _AS_BYTES or dtype_name not in _TORCH_NAMES  # GGML blocks too
     p = ctypes.c_void_p()
     _native.check(_native.lib().ddo_session_tensor_dlpack(
         session, tensor, VIEW_BYTES if as_bytes else 0, ctypes.byref(p)),

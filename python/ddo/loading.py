@@ -33,7 +33,12 @@ def init_empty_weights():
         orig(self, name, param)
         if param is not None and param.device.type != "meta":
             cls = type(param)
-            self._parameters[name] = cls(param.to("meta"), requires_grad=param.requires_grad)
+            if _source._quant_subclass(param):  # GGUF-style: its type and attributes kept
+                self._parameters[name] = _source._like(param, _source._quant_plain(param)
+                                                       .to("meta"))
+            else:
+                self._parameters[name] = cls(param.to("meta"),
+                                             requires_grad=param.requires_grad)
 
     torch.nn.Module.register_parameter = register
     try:
@@ -141,7 +146,8 @@ def materialize(module, source, torch_dtype=None):
             if i is None:
                 return None
             _n, dt, shape, _nb = tab[i]
-            t = _source.read_tensor(ck, i, to_torch[dt], shape)
+            t = _source.read_tensor(ck, i, _source.torch_dtype_of(dt, to_torch),
+                                    _source.stored_shape(dt, shape))
             return t.to(torch_dtype) if torch_dtype is not None and t.dtype != torch_dtype \
                 else t
 

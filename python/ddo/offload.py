@@ -30,7 +30,7 @@ from typing import Any, Callable, ContextManager, Dict, Literal, Optional, TypeV
 
 import torch
 
-from . import _enums, _hooks, _lease, _lib, _native, _talk, _torch
+from . import _enums, _hooks, _lease, _lib, _native, _quant, _talk, _torch
 from ._native import DdoError
 
 _PLACEMENT_RESIDENT = _enums.DDO_PLACEMENT_RESIDENT
@@ -209,8 +209,9 @@ def _collect(module, to_ddo):
             if entry is None:
                 base = ddo_path.get(mname, mname)
                 ddo_name = f"{base}.{pname}" if base else pname
-                entry = _Param(len(tensors), ddo_name, p.data, None)
-                entry.dtype_name = _native.dtype_names()[to_ddo[p.dtype]]
+                data = _quant.plain_data(p)  # a subclass's bytes; the Parameter is kept
+                entry = _Param(len(tensors), ddo_name, data, None)
+                entry.dtype_name = _native.dtype_names()[to_ddo[data.dtype]]
                 tensors.append(entry)
                 by_storage[key] = entry
             if not any(q is p for q in entry.params):
@@ -256,17 +257,11 @@ def _reads_params(anc, rel, params):
 
 
 def _check_param(name, p, to_ddo):
-    if type(p) is not torch.nn.Parameter or type(p.data) is not torch.Tensor:
-        kind = type(p).__name__ if type(p) is not torch.nn.Parameter else type(p.data).__name__
-        raise DdoError("DDO_E_UNSUPPORTED",
-                       f"parameter {name}: {kind} is a tensor subclass ddo "
-                       f"cannot move as plain bytes: route this module through the "
-                       f"compatibility route (route='diffusers_group_offload' or 'none')")
-    if p.is_quantized or p.is_sparse or p.dtype not in to_ddo:
-        raise DdoError("DDO_E_UNSUPPORTED",
-                       f"parameter {name}: dtype {p.dtype} ({'quantized' if p.is_quantized else 'no ddo dtype'}) "
-                       f"cannot be moved as plain bytes: use the compatibility route "
-                       f"(route='diffusers_group_offload' or 'none')")
+    """One line for a parameter ddo cannot move faithfully (_quant.refusal): Parameter
+    subclasses over a plain tensor (GGUFParameter) and float8 dtypes pass."""
+    why = _quant.refusal(name, p, to_ddo)
+    if why is not None:
+        raise DdoError("DDO_E_UNSUPPORTED", why)
     if p.device.type != "cpu":
         raise DdoError("DDO_E_INVALID_ARGUMENT",
                        f"parameter {name} is on {p.device}: enable_offload takes a module whose "
@@ -370,6 +365,7 @@ class OffloadResult:
                 raise DdoError("DDO_E_STATE", f"parameter {name} is already managed by ddo "
                                f"through another module of this tree ({_managed_by(p)}): one "
                                f"session per module tree; close() that result first")
+        self._reserve_scratch()
         if self._source is not None:
             from . import _source
             self._tensors, self._ddo_path, self._modules_of, self._ck = \
@@ -438,6 +434,18 @@ class OffloadResult:
         if self.host_bytes_released:
             _trim_host_heap()
 
+    def _reserve_scratch(self):
+        """The plan keeps device memory for the host's dequantization of the largest quantized
+        layer (_quant.largest_scratch: its size at the compute dtype), unless the caller set
+        dequant_scratch_bytes."""
+        n, where = _quant.largest_scratch(self.module)
+        self.dequant_scratch = {"bytes": n, "layer": where}
+        cfg = self._cfg
+        auto = getattr(cfg, "_ddo_auto_scratch", False)
+        if (n or auto) and (auto or cfg.source("dequant_scratch_bytes") == "default"):
+            cfg.override("dequant_scratch_bytes", str(n))
+            cfg._ddo_auto_scratch = True
+
     def _label(self):
         return self._talk.get("label") or type(self.module).__name__
 
@@ -453,7 +461,10 @@ class OffloadResult:
                   f"{_talk.size(b['resident_bytes'])}, {b['slot_count']} slots x "
                   f"{_talk.size(b['slot_bytes'])}; device weights "
                   f"{_talk.size(b['device_weights_peak'])}"
-                  f" of {_talk.size(b['device_weights_limit'])}", file=sys.stderr)
+                  f" of {_talk.size(b['device_weights_limit'])}" + (
+                      f"; dequantization scratch {_talk.size(self.dequant_scratch['bytes'])} "
+                      f"kept ({self.dequant_scratch['layer']})"
+                      if self.dequant_scratch["bytes"] else ""), file=sys.stderr)
         if streamed == 0 and b["device_weights_limit"] and total > b["device_weights_limit"]:
             _talk.warn(f"{self._label()}: the plan streams nothing although the model "
                        f"({_talk.size(total)}) exceeds the device budget "
@@ -873,9 +884,26 @@ class OffloadResult:
                     return False
             return True
 
+        def casts_in_forward(fn):
+            """fn changes dtypes only, and a forward of this result runs on this thread: a
+            per-layer upcast (Diffusers' layerwise casting: storage dtype -> compute dtype
+            before the layer's forward, back after it). torch rebinds p.data to the converted
+            copies (the Parameters are kept); ddo binds its own views again at the unit's next
+            acquire and never reads the copies back."""
+            with self._lock:
+                mine = self._owner is not None and self._owner[0] == threading.get_ident()
+            if not mine:
+                return False
+            for dt in dtypes:
+                out = fn(torch.empty(0, dtype=dt, device=device))
+                if out.device != device:
+                    return False
+            self._recast = True  # resident views are bound again after the forward
+            return True
+
         def guard_apply(m, refused):
             def _apply(fn, *args, **kwargs):  # a move to where the module is: allowed
-                if moves_nothing(fn):
+                if moves_nothing(fn) or casts_in_forward(fn):
                     return type(m)._apply(m, fn, *args, **kwargs)
                 return refused()
             return _apply
@@ -897,7 +925,7 @@ class OffloadResult:
             if t is None or t.placement == _PLACEMENT_SKIPPED or state_dict.get(key) is p:
                 continue
             if key in state_dict:
-                state_dict[key] = self._host_value(t)
+                state_dict[key] = _quant.detached_like(p, self._host_value(t))
         return state_dict
 
     def _host_value(self, t):
@@ -1046,6 +1074,8 @@ class OffloadResult:
                 return
             for u in list(self._leases):  # left by a hook that did not run
                 self._release(u, check=False, whole=True)
+            if getattr(self, "_recast", False):
+                self._rebind_recast()
             self._check_residents()
             if self._observed is not None:
                 self._declare_observed()
@@ -1053,6 +1083,18 @@ class OffloadResult:
             self._abort()
             raise
         self._let_go()
+
+    def _rebind_recast(self):
+        """Resident Parameters a per-layer cast left on torch's converted copies show ddo's
+        resident views again (the copies are freed; the values are the same bytes)."""
+        self._recast = False
+        for t in self._tensors:
+            if t.placement != _PLACEMENT_RESIDENT:
+                continue
+            v = self._views.get((t.index, 0))
+            for p in t.params:
+                if v is not None and (p.dtype != v.dtype or p.data_ptr() != v.data_ptr()):
+                    p.data = v
 
     def _check_residents(self):
         written = sorted({name for p, v, name in self._res_versions if p._version != v})

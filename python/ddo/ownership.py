@@ -6,7 +6,8 @@ every tensor of a component such as a text encoder: every parameter becomes a dd
 vmm_component_buffer_limit_mb. Before anything is set up the component must pass:
 
   - immutable plain tensors: every parameter a torch.nn.Parameter over a plain dense tensor of
-    a dtype ddo moves (no tensor subclass, quantized or sparse tensor);
+    a dtype ddo moves (a GGUF-style Parameter subclass over one counts; no wrapper or other
+    tensor subclass, quantized or sparse tensor);
   - no partial aliases: parameters may share one tensor (tied weights), but a parameter that
     is a view into another's storage (another offset, shape or stride) is refused;
   - nothing left out: skip_modules_pattern must be empty (ownership means every tensor);
@@ -17,7 +18,7 @@ Each refusal is one line naming the component, the tensor and the option.
 
 import torch
 
-from . import _native, _talk, _torch
+from . import _native, _quant, _talk, _torch
 
 
 def _refuse(component, what):
@@ -32,17 +33,18 @@ def _check_tensors(module, component, to_ddo):
              for mn, m in module.named_modules(remove_duplicate=False)
              for pn, p in m._parameters.items() if p is not None]
     for name, p in named:
-        if type(p) is not torch.nn.Parameter or type(p.data) is not torch.Tensor:
-            _refuse(component, f"parameter {name} is a {type(p.data).__name__}, not a plain "
+        if type(p) is not torch.nn.Parameter and _quant.refusal(name, p, to_ddo) is not None:
+            _refuse(component, f"parameter {name} is a {type(p).__name__}, not a plain "
                     f"tensor (use the compatibility route)")
-        if p.is_quantized or p.is_sparse or p.dtype not in to_ddo:
-            _refuse(component, f"parameter {name} ({p.dtype}) cannot be moved as plain bytes")
-        if p.device.type == "meta":
+        d = _quant.plain_data(p)  # a GGUF-style Parameter subclass: its bytes, as streamed
+        if d.is_quantized or d.is_sparse or d.dtype not in to_ddo:
+            _refuse(component, f"parameter {name} ({d.dtype}) cannot be moved as plain bytes")
+        if d.device.type == "meta":
             seen.add(id(p))
             continue  # file-backed: the checkpoint slices are immutable and disjoint
-        st = p.untyped_storage() if hasattr(p, "untyped_storage") else p.storage()
+        st = d.untyped_storage() if hasattr(d, "untyped_storage") else d.storage()
         key = st.data_ptr()
-        me = (p.data_ptr(), tuple(p.shape), tuple(p.stride()), p.dtype)
+        me = (d.data_ptr(), tuple(d.shape), tuple(d.stride()), d.dtype)
         other = spans.get(key)
         if other is not None and other[1] != me:
             _refuse(component, f"parameter {name} is a partial alias of {other[0]} (a view "

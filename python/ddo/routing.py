@@ -94,10 +94,34 @@ def _diffusers_available():
 
 
 def detect_quantized_backend_modules(module: torch.nn.Module) -> Dict[str, Any]:
-    """the earlier design's SDNQ detection: submodules (root included) with an sdnq_dequantizer."""
+    """the earlier design's SDNQ detection: submodules (root included) with an sdnq_dequantizer;
+    and the quantized parameters ddo cannot stream as stored bytes (_quant.refusal: torch's
+    qint dtypes, wrapper subclasses, parameters keeping tensors in an attribute), which send
+    the module to the compatibility route.
+    GGUF-style Parameter subclasses and float8 weights are streamed by ddo: not listed."""
+    from . import _quant
+    out: Dict[str, Any] = {}
     n = sum(1 for m in module.modules() if hasattr(m, "sdnq_dequantizer"))
-    return {} if n == 0 else {"sdnq_module_count": n,
-                              "sdnq_status": "detected_forward_preserved"}
+    if n:
+        out.update({"sdnq_module_count": n, "sdnq_status": "detected_forward_preserved"})
+    bad = _quant.unstreamable(module)
+    if bad:
+        out["unstreamable_parameters"] = [name for name, _why in bad]
+        out["unstreamable_reason"] = bad[0][1]
+    return out
+
+
+def _name_unstreamable(pol, module):
+    """The route's reason names what sent a quantized module to Diffusers' group offload."""
+    found = detect_quantized_backend_modules(module)
+    names = found.get("unstreamable_parameters")
+    if not pol["route_source"].endswith("quantized backend"):
+        return
+    if names:
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        pol["route_source"] += f" ({', '.join(names[:3])}{more}: {found['unstreamable_reason']})"
+    elif found.get("sdnq_module_count"):
+        pol["route_source"] += f" (SDNQ: {found['sdnq_module_count']} modules)"
 
 
 def _execution_device(cfg):
@@ -293,6 +317,8 @@ def resolve_route(module, preset="auto", *, component="model", route=None, setti
                                             for k in config.explicit())
     given = (configured or overridden) and not explicit
     pol = _policy(cfg, component, route, quant, overrides_given=given)
+    if quant and quantized_backend is None:
+        _name_unstreamable(pol, module)
     if pol["route"] == "diffusers_group_offload" and route is None and not explicit and \
             pol["route_source"].startswith(("auto", "default", "preset:")) and \
             not _diffusers_available():

@@ -53,3 +53,39 @@ def test_every_reference_is_compared(tf, tmp_path):
     assert res["against"] == {"eager": {"identical": True, "max_abs_diff": 0.0}}
     assert tf.same_bits(eager, eager.float()) == {"identical": False,
                                                    "shape_or_dtype_differs": True}
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "fp8"])
+def test_quantized_stand_ins(tf, kind):
+    """--quant: the toy's block linears become the bench's quantized stand-ins (a GGUF-style
+    Q8_0 Parameter subclass, or scaled FP8), close to the bf16 weights they quantize, streamed
+    by ddo bit-identical to the unmanaged quantized model and with fewer bytes than bf16."""
+    import torch
+    import ddo
+    from conftest import ZERO_RESIDENT
+    ql = tf.quant_layers()
+    model = tf.build_toy(torch).to(torch.bfloat16)
+    tf.fill_params(model, "cpu")
+    lin = model.transformer_blocks[0].mlp_in
+    w = lin.weight.detach().float().clone()
+    bf16_bytes = tf.model_bytes(model)
+    assert ql.quantize_linears(model, kind, r"transformer_blocks\.") == 16
+    q = model.transformer_blocks[0].mlp_in
+    assert type(q) is ql.KINDS[kind]
+    if kind == "q8_0":
+        assert type(q.weight) is ql.GGUFLikeParameter and q.weight.quant_type == ql.Q8_0
+        back = ql.q8_0_dequantize(q.weight.as_tensor(), q.out_features, torch.float32)
+        assert (back - w).abs().max() <= w.abs().max() / 127  # half a step of the block scale
+    else:
+        assert q.weight.element_size() == 1 and q.weight_scale.numel() == 1
+    assert tf.model_bytes(model) < 0.6 * bf16_bytes
+    x = torch.randn(1, 16, 8, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    with torch.no_grad():
+        ref = model(hidden_states=x)[0]
+    assert torch.isfinite(ref.float()).all()
+    r = ddo.enable_offload(model, backend="linear", **ZERO_RESIDENT)
+    try:
+        with torch.no_grad():
+            assert torch.equal(model(hidden_states=x)[0], ref)
+    finally:
+        r.close()

@@ -256,12 +256,19 @@ def test_bad_buffers_and_parameter_subclasses_are_named():
         ddo.enable_offload(lin, **ZERO_RESIDENT)
     assert lin.weight.numel() == 64 and not hasattr(lin, "_ddo_offload")
 
-    class MyParameter(nn.Parameter):
+    class MyParameter(nn.Parameter):  # over a plain tensor: streamed, its type kept
         pass
 
     lin = nn.Linear(8, 8)
     lin.weight = MyParameter(lin.weight.data)
-    with pytest.raises(ddo.DdoError, match="parameter weight: MyParameter is a tensor subclass"):
+    ddo.enable_offload(lin, **ZERO_RESIDENT).close()
+    assert type(lin.weight) is MyParameter
+
+    class MyTensor(torch.Tensor):  # a subclass with no plain data and no flatten protocol
+        pass
+
+    lin.weight = nn.Parameter(lin.weight.data.as_subclass(MyTensor))
+    with pytest.raises(ddo.DdoError, match="parameter weight: MyTensor is a tensor subclass"):
         ddo.enable_offload(lin, **ZERO_RESIDENT)
 
 

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""fp8_entropy.py - what ddo's lossless weight codec (DDOC) saves on FP8 E4M3 weights, against
+the entropy bounds an FP8 coder could reach (docs/formats.md, "FP8 and the weight codec").
+
+Weights: normal(0, 0.02) matrices of Flux.1-dev's block shapes (dim 3072: four 3072 x 3072
+attention projections, a 12288 x 3072 MLP up and a 3072 x 12288 MLP down per block), each
+scaled per tensor into E4M3's range (max |w| -> 448) and rounded to the nearest E4M3 value, as
+ComfyUI's scaled-FP8 checkpoints are made; written as a ComfyUI-layout safetensors file
+(F8_E4M3 weights, F32 weight_scale). Then:
+  ddoc      `ddo inspect --codec --json FILE`: DDOC's coded / raw bytes of the F8_E4M3 tensors
+  H(byte)   the order-0 entropy of the E4M3 bytes: no coder of single bytes does better
+  exp-split sign and 3 mantissa bits raw, the 4 exponent bits entropy-coded (DFloat11's split,
+            which DDOC applies to BF16 and an FP8 coder would apply here): 4 + H(exponent) bits
+
+    DDO_BIN=build/ddo python3 bench/fp8_entropy.py [--blocks 2] [--out FILE.json]
+(torch only; torch 1.13 works: the bytes are made through a table of the 256 E4M3 values.)
+"""
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import struct
+import subprocess
+import tempfile
+
+import torch
+
+
+def e4m3_values():
+    vals = []
+    for b in range(256):
+        s, e, m = b >> 7, (b >> 3) & 15, b & 7
+        v = m / 8 * 2.0 ** -6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
+        if e == 15 and m == 7:
+            v = float("nan")
+        vals.append(-v if s else v)
+    return torch.tensor(vals, dtype=torch.float64)
+
+
+E4M3 = e4m3_values()
+_FINITE = torch.arange(256)[~torch.isnan(E4M3)]
+_VALS, _ORDER = E4M3[_FINITE].sort()
+_CODES = _FINITE[_ORDER].to(torch.uint8)
+
+
+def encode(w):
+    """float -> nearest E4M3 byte (ties to the even code, as a float8 cast rounds)."""
+    w = w.double().clamp(-448, 448)
+    i = torch.searchsorted(_VALS, w).clamp(1, len(_VALS) - 1)
+    lo, hi = _VALS[i - 1], _VALS[i]
+    dlo, dhi = (w - lo).abs(), (hi - w).abs()
+    even_hi = (_CODES[i] & 1) == 0
+    pick = torch.where((dlo < dhi) | ((dlo == dhi) & ~even_hi), i - 1, i)
+    return _CODES[pick]
+
+
+def entropy(counts):
+    n = counts.sum().item()
+    p = counts[counts > 0].double() / n
+    return float(-(p * p.log2()).sum())
+
+
+def write_comfy(path, tensors):
+    header, off = {}, 0
+    for name, t in tensors.items():
+        n = t.numel() * t.element_size()
+        dt = "F8_E4M3" if t.dtype == torch.uint8 else "F32"
+        header[name] = {"dtype": dt, "shape": list(t.shape), "data_offsets": [off, off + n]}
+        off += n
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        for t in tensors.values():
+            f.write(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--blocks", type=int, default=2)
+    ap.add_argument("--dim", type=int, default=3072)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    d, g = a.dim, torch.Generator().manual_seed(0)
+    shapes = {"to_q": (d, d), "to_k": (d, d), "to_v": (d, d), "to_out": (d, d),
+              "ff_up": (4 * d, d), "ff_down": (d, 4 * d)}
+    tensors, counts = {}, torch.zeros(256, dtype=torch.int64)
+    for b in range(a.blocks):
+        for n, shape in shapes.items():
+            w = torch.randn(shape, generator=g) * 0.02
+            scale = w.abs().max() / 448
+            code = torch.cat([encode(row) for row in (w / scale).split(512)])
+            counts += torch.bincount(code.flatten().long(), minlength=256)
+            tensors[f"blocks.{b}.{n}.weight"] = code.contiguous()
+            tensors[f"blocks.{b}.{n}.weight_scale"] = scale.reshape(1).float()
+    exp = torch.zeros(16, dtype=torch.int64)
+    for byte in range(256):
+        exp[(byte >> 3) & 15] += counts[byte]
+    h_byte, h_exp = entropy(counts), entropy(exp)
+    ddo = os.environ.get("DDO_BIN", "build/ddo")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "fp8.safetensors")
+        write_comfy(path, tensors)
+        out = subprocess.run([ddo, "inspect", "--codec", "--json", path], check=True,
+                             capture_output=True, text=True).stdout
+    f8 = next(x for x in json.loads(out)["dtypes"] if x["dtype"] == "F8_E4M3")
+    res = {"elements": int(counts.sum()), "ddoc_ratio": f8["ratio"],
+           "ddoc_saved": 1 - f8["ratio"], "h_byte_bits": h_byte,
+           "byte_bound_saved": 1 - h_byte / 8, "h_exponent_bits": h_exp,
+           "exp_split_saved": 1 - (4 + h_exp) / 8}
+    print(f"{res['elements']:,} E4M3 weights ({a.blocks} blocks of dim {d})")
+    print(f"  DDOC (ddo inspect --codec): coded/raw {f8['ratio']:.4f}, saves "
+          f"{100 * res['ddoc_saved']:.2f} %")
+    print(f"  order-0 byte entropy      : {h_byte:.3f} bits/byte, bound saves "
+          f"{100 * res['byte_bound_saved']:.2f} %")
+    print(f"  exponent split (4 raw + H): H(exp) {h_exp:.3f} bits, saves "
+          f"{100 * res['exp_split_saved']:.2f} %")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""quant_layers.py - quantized STAND-IN layers for the benches (bench/torch_flux.py --quant).
+
+Issue 27's GPU figures need a Flux transformer whose linear layers hold quantized bytes that
+their own forwards dequantize on the device, as the hosts' layers do. These are stand-ins
+written for the benches (no gguf package, no ComfyUI), laid out as the hosts lay them out:
+
+  q8_0   a GGUF-style Parameter subclass (uint8 blocks plus quant_type and quant_shape, made
+         with torch.Tensor._make_subclass, its __torch_function__ keeping its type, as
+         Diffusers' GGUFParameter) in GGML's Q8_0 layout (34 bytes per 32 weights: an f16 scale
+         and 32 int8), dequantized by torch ops to the compute dtype in the layer's forward;
+  fp8    ComfyUI's scaled FP8: `weight` float8_e4m3fn (torch >= 2.1; uint8 E4M3 bytes through a
+         256-entry table on older torch) and a float32 `weight_scale`, the weights scaled per
+         tensor into E4M3's range (max |w| -> 448).
+
+quantize_linears(model, kind, pattern) replaces every nn.Linear whose qualified name matches
+pattern (and whose input width is a multiple of 32) in place, quantizing on the weights' own
+device (build on the GPU, then move the model to the CPU).
+"""
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Q8_0 = 8  # GGML's type id
+
+
+class GGUFLikeParameter(nn.Parameter):
+    """STAND-IN for Diffusers' GGUFParameter (see the module docstring)."""
+
+    def __new__(cls, data, requires_grad=False, quant_type=None):
+        self = torch.Tensor._make_subclass(cls, data, requires_grad)
+        self.quant_type = quant_type
+        if quant_type == Q8_0 and data.dim() >= 1:
+            self.quant_shape = tuple(data.shape[:-1]) + (data.shape[-1] // 34 * 32,)
+        return self
+
+    def as_tensor(self):
+        return torch.Tensor._make_subclass(torch.Tensor, self, self.requires_grad)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        result = super().__torch_function__(func, types, args, kwargs or {})
+        if isinstance(result, torch.Tensor) and not isinstance(result, cls):
+            qt = next((a.quant_type for a in args if isinstance(a, GGUFLikeParameter)), None)
+            return cls(result, quant_type=qt)
+        return result
+
+
+def q8_0_quantize(w):
+    """float [out, in] (in a multiple of 32) -> uint8 [out, in / 32 * 34] (GGML's Q8_0)."""
+    blocks = w.float().reshape(-1, 32)
+    d = blocks.abs().amax(dim=1, keepdim=True) / 127
+    q = torch.where(d > 0, blocks / d.clamp_min(1e-30), torch.zeros_like(blocks))
+    q = q.round().clamp(-127, 127).to(torch.int8)
+    raw = torch.cat([d.half().view(torch.uint8).reshape(-1, 2), q.view(torch.uint8)], dim=1)
+    return raw.reshape(w.shape[0], -1).contiguous()
+
+
+def q8_0_dequantize(raw, rows, dtype):
+    """uint8 [rows, blocks x 34] -> dtype [rows, blocks x 32]."""
+    raw = raw.reshape(-1, 34)
+    d = raw[:, :2].contiguous().view(torch.float16).to(dtype)
+    q = raw[:, 2:].contiguous().view(torch.int8).to(dtype)
+    return (d * q).reshape(rows, -1)
+
+
+class Q8Linear(nn.Module):
+    """STAND-IN for Diffusers' GGUFLinear with a Q8_0 weight (see the module docstring)."""
+
+    def __init__(self, lin, compute_dtype):
+        super().__init__()
+        self.in_features, self.out_features = lin.in_features, lin.out_features
+        self.compute_dtype = compute_dtype
+        with torch.no_grad():
+            self.weight = GGUFLikeParameter(q8_0_quantize(lin.weight), quant_type=Q8_0)
+            self.bias = None if lin.bias is None else nn.Parameter(
+                lin.bias.detach().to(compute_dtype), requires_grad=False)
+
+    def forward(self, x):
+        w = self.weight
+        assert w.quant_type == Q8_0, "quant_type lost"
+        w = q8_0_dequantize(w.as_tensor(), self.out_features, self.compute_dtype)
+        return F.linear(x.to(self.compute_dtype), w, self.bias)
+
+
+def _e4m3_table(device):
+    vals = []
+    for b in range(256):
+        s, e, m = b >> 7, (b >> 3) & 15, b & 7
+        v = m / 8 * 2.0 ** -6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
+        if e == 15 and m == 7:
+            v = float("nan")
+        vals.append(-v if s else v)
+    return torch.tensor(vals, dtype=torch.float32, device=device)
+
+
+def e4m3_encode(w):
+    """float -> the nearest E4M3 byte (uint8): torch's own cast where torch has float8."""
+    if hasattr(torch, "float8_e4m3fn"):
+        return w.float().clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+    table = _e4m3_table(w.device)
+    finite = torch.arange(256, device=w.device)[~torch.isnan(table)]
+    vals, order = table[finite].sort()
+    codes = finite[order]
+    flat = w.float().reshape(-1)
+    out = torch.empty_like(flat, dtype=torch.uint8)
+    for a in range(0, flat.numel(), 1 << 22):
+        x = flat[a:a + (1 << 22)]
+        i = torch.searchsorted(vals, x.contiguous()).clamp(1, len(vals) - 1)
+        pick = torch.where((x - vals[i - 1]).abs() <= (vals[i] - x).abs(), i - 1, i)
+        out[a:a + (1 << 22)] = codes[pick].to(torch.uint8)
+    return out.reshape(w.shape)
+
+
+class FP8Linear(nn.Module):
+    """STAND-IN for a ComfyUI scaled-FP8 linear (see the module docstring)."""
+
+    def __init__(self, lin, compute_dtype):
+        super().__init__()
+        self.in_features, self.out_features = lin.in_features, lin.out_features
+        self.compute_dtype = compute_dtype
+        with torch.no_grad():
+            w = lin.weight.float()
+            scale = (w.abs().max() / 448).clamp_min(1e-12)
+            code = e4m3_encode(w / scale)
+            fp8 = getattr(torch, "float8_e4m3fn", None)
+            self.weight = nn.Parameter(code.view(fp8) if fp8 is not None else code,
+                                       requires_grad=False)
+            self.weight_scale = nn.Parameter(scale.reshape(1), requires_grad=False)
+            self.bias = None if lin.bias is None else nn.Parameter(
+                lin.bias.detach().to(compute_dtype), requires_grad=False)
+
+    def forward(self, x):
+        w = self.weight
+        if w.dtype == torch.uint8:
+            w = _e4m3_table(w.device)[w.long()]
+        w = (w.to(torch.float32) * self.weight_scale).to(self.compute_dtype)
+        return F.linear(x.to(self.compute_dtype), w, self.bias)
+
+
+KINDS = {"q8_0": Q8Linear, "fp8": FP8Linear}
+
+
+def quantize_linears(model, kind, pattern=r".", compute_dtype=torch.bfloat16):
+    """Replaces the nn.Linear layers of model whose name matches pattern (re.search) and whose
+    input width is a multiple of 32 by kind's stand-in, in place; returns how many."""
+    make, rx, n = KINDS[kind], re.compile(pattern), 0
+    for name, parent in list(model.named_modules()):
+        for cname, child in list(parent.named_children()):
+            full = f"{name}.{cname}" if name else cname
+            if type(child) is nn.Linear and rx.search(full) and child.in_features % 32 == 0:
+                setattr(parent, cname, make(child, compute_dtype))
+                n += 1
+    return n

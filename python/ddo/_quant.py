@@ -1,0 +1,180 @@
+"""Quantized and subclassed parameters (internal): what ddo streams as stored bytes, what it
+refuses, and the dequantization scratch the plan reserves (docs/formats.md, "From Python").
+
+ddo moves a parameter's stored bytes and never looks at their meaning:
+  - a torch.nn.Parameter subclass over a plain tensor (Diffusers' GGUFParameter: uint8 bytes
+    plus ``quant_type``) is moved as its plain data; the Parameter object itself is kept and
+    only its ``.data`` is rebound, so its type and every attribute survive each swap;
+  - float8 dtypes (torch >= 2.1) are moved as bytes, and uint8 storage standing for them too;
+    their scales are ordinary parameters or buffers of the same module.
+What ddo cannot move faithfully is refused with one line (refusal()).
+"""
+
+import torch
+
+# GGML type id -> (name, elements per block, bytes per block): the block types of the GGUF
+# reader (docs/formats.md); the plain ones are listed for the scratch estimate only.
+GGML_BLOCKS = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36),
+    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
+    26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66),
+    39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36),
+}
+_BY_NAME = {v[0]: v for v in GGML_BLOCKS.values()}
+# Names of a layer's scale in the ComfyUI layouts (newer, older) and TorchAO-style modules.
+SCALE_NAMES = ("weight_scale", "scale_weight")
+_ROUTE_HINT = ("use the compatibility route (route='diffusers_group_offload' or 'none'), which "
+               "keeps the module on the host's own path")
+
+
+def is_param_subclass(p):
+    """p is an instance of a strict subclass of torch.nn.Parameter (GGUFParameter)."""
+    return type(p) is not torch.nn.Parameter and isinstance(p, torch.nn.Parameter) and \
+        issubclass(type(p), torch.nn.Parameter)
+
+
+def plain_data(p):
+    """p's data as a plain torch.Tensor over the same storage, read without the subclass's
+    __torch_function__ (Diffusers' GGUFParameter wraps every result in its own type)."""
+    if type(p) is torch.nn.Parameter:
+        return p.data
+    with torch._C.DisableTorchFunction():
+        return p.data
+
+
+def refusal(name, p, to_ddo):
+    """None when ddo can move p's stored bytes faithfully; else one line saying why not and
+    what to do."""
+    kind = type(p).__name__
+    if hasattr(type(p), "__tensor_flatten__"):
+        return (f"parameter {name}: {kind} is a wrapper tensor subclass (__tensor_flatten__, "
+                f"TorchAO style): ddo does not rebind the inner tensors of a wrapper (its "
+                f"device and metadata are fixed when it is made, so a rebound wrapper would "
+                f"describe memory it no longer holds): {_ROUTE_HINT}")
+    if type(p) is not torch.nn.Parameter and not is_param_subclass(p):
+        return (f"parameter {name}: {kind} is a tensor subclass without a plain data tensor "
+                f"or the flatten protocol: ddo cannot move it as plain bytes: {_ROUTE_HINT}")
+    held = _held_tensors(p) if is_param_subclass(p) else ""
+    if held:
+        return (f"parameter {name}: {kind} keeps tensors in its attribute {held} (a quantization "
+                f"state, bitsandbytes style) that ddo would not move with its bytes: "
+                f"{_ROUTE_HINT}")
+    data = plain_data(p)
+    if type(data) is not torch.Tensor:
+        return (f"parameter {name}: {kind} holds a {type(data).__name__}, not a plain tensor: "
+                f"ddo cannot move it as plain bytes: {_ROUTE_HINT}")
+    if data.is_sparse or data.layout != torch.strided:
+        return (f"parameter {name}: a {data.layout} tensor: ddo moves dense stored bytes "
+                f"(make it dense first, or {_ROUTE_HINT})")
+    if data.is_quantized:
+        return (f"parameter {name}: torch quantized dtype {data.dtype} (its quantizer is not "
+                f"in the bytes ddo moves): {_ROUTE_HINT}")
+    if data.dtype not in to_ddo:
+        return (f"parameter {name}: dtype {data.dtype} has no ddo dtype and cannot be moved "
+                f"as plain bytes: {_ROUTE_HINT}")
+    return None
+
+
+def _held_tensors(p):
+    """The name of an attribute of Parameter subclass p that holds tensors (directly, or in an
+    object's attributes, one level down), or ""."""
+    for k, v in getattr(p, "__dict__", {}).items():
+        if isinstance(v, torch.Tensor):
+            return k
+        inner = getattr(v, "__dict__", None)
+        if isinstance(inner, dict) and any(isinstance(x, torch.Tensor) for x in inner.values()):
+            return k
+    return ""
+
+
+def unstreamable(module, to_ddo=None):
+    """[(parameter name, one line)] of module's quantized parameters ddo cannot stream (a
+    tensor subclass or torch's qint dtypes; routing.py names them in the route's reason).
+    to_ddo (torch dtype -> ddo dtype) is asked of the library only when such a parameter is
+    there: a plain model needs no library for this."""
+    out = []
+    for name, p in module.named_parameters():
+        if type(p) is torch.nn.Parameter and not p.is_quantized:
+            continue  # a plain tensor: enable_offload's own checks name what is wrong
+        if to_ddo is None:
+            from . import _torch
+            to_ddo = _torch.dtype_tables()[0]
+        why = refusal(name, p, to_ddo)
+        if why is not None:
+            out.append((name, why))
+    return out
+
+
+def _block_of(p):
+    """(elements, bytes) per block of a GGUF-like Parameter's quant_type, or None."""
+    qt = getattr(p, "quant_type", None)
+    if qt is None:
+        return None
+    entry = _BY_NAME.get(getattr(qt, "name", None))
+    if entry is None:
+        try:
+            entry = GGML_BLOCKS.get(int(qt))
+        except (TypeError, ValueError):
+            return None
+    return None if entry is None else entry[1:]
+
+
+def _compute_bytes(module):
+    """Bytes per element of the dtype module computes in: its compute_dtype attribute
+    (Diffusers' GGUF and layerwise-casting layers), else its scale's float dtype, else 2
+    (bf16/f16, what the hosts compute quantized layers in)."""
+    dt = getattr(module, "compute_dtype", None)
+    if isinstance(dt, torch.dtype):
+        return torch.empty(0, dtype=dt).element_size()
+    for s in SCALE_NAMES:
+        t = getattr(module, s, None)
+        if isinstance(t, torch.Tensor) and t.dtype.is_floating_point:
+            return max(2, t.element_size())
+    return 2
+
+
+def dequantized_bytes(module, pname, p):
+    """The bytes of parameter pname of module dequantized at the compute dtype, or 0 when it
+    is not a quantized weight: a GGUF-like Parameter (quant_type), a float8 dtype, or the
+    ComfyUI layout's weight (uint8 or float8 bytes with a weight_scale / scale_weight)."""
+    data = plain_data(p)
+    n = data.numel()
+    blk = _block_of(p)
+    if blk is not None:
+        elems, nbytes = blk
+        if nbytes == 0 or (n * data.element_size()) % nbytes:
+            return 0
+        n = n * data.element_size() // nbytes * elems
+    elif not (str(data.dtype).startswith("torch.float8") or
+              (pname == "weight" and data.element_size() == 1 and
+               any(isinstance(getattr(module, s, None), torch.Tensor) for s in SCALE_NAMES))):
+        return 0
+    return n * _compute_bytes(module)
+
+
+def largest_scratch(module):
+    """(bytes, parameter name) of the largest quantized weight dequantized at its compute
+    dtype: what the host's dequantization allocates on the device beside ddo's slots."""
+    best, where = 0, ""
+    for mname, m in module.named_modules():
+        for pname, p in m.named_parameters(recurse=False):
+            b = dequantized_bytes(m, pname, p)
+            if b > best:
+                best, where = b, f"{mname}.{pname}" if mname else pname
+    return best, where
+
+
+def detached_like(p, host):
+    """What an unmanaged module's state_dict() holds for a Parameter subclass p whose values
+    are host: the same type with p's attributes (torch's p.detach() keeps the subclass)."""
+    if not is_param_subclass(p):
+        return host
+    q = torch.Tensor._make_subclass(type(p), host, False)
+    q.__dict__.update(p.__dict__)
+    return q
