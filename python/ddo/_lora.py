@@ -47,7 +47,8 @@ _SKIPPED = _enums.DDO_PLACEMENT_SKIPPED
 MERGES = ("fuse_lora", "merge_adapter")
 # The module's own methods that load, switch or unmerge adapters: refused inside a forward; the
 # LoRA layers they add are taken over when they return.
-OTHERS = ("unfuse_lora", "unmerge_adapter", "load_lora_adapter", "add_adapter", "set_adapters",
+OTHERS = ("unfuse_lora", "unmerge_adapter", "load_lora_adapter", "load_adapter", "add_adapter",
+          "set_adapters",
           "set_adapter", "delete_adapters", "delete_adapter", "unload_lora", "enable_lora",
           "disable_lora", "enable_adapters", "disable_adapters")
 
@@ -60,12 +61,15 @@ def is_lora_layer(m):
 
 class _Op:
     """One merge (+1) or unmerge (-1) of adapter on a base weight, as it was when made."""
-    __slots__ = ("layer", "name", "sign", "safe", "scaling", "a_mod", "b_mod")
+    __slots__ = ("layer", "name", "sign", "safe", "scaling", "a_mod", "b_mod", "cast")
 
     def __init__(self, layer, name, sign, safe):
         self.layer, self.name, self.sign, self.safe = layer, name, sign, safe
         self.scaling = layer.scaling[name]
         self.a_mod, self.b_mod = layer.lora_A[name], layer.lora_B[name]
+        # PEFT's unsafe merge adds the delta as computed in its Linear layer (``w += delta``)
+        # and cast to the weight's dtype in its conv layers (``w += delta.to(dtype)``).
+        self.cast = not isinstance(self.a_mod, torch.nn.Linear)
 
 
 def _base_weight(layer):
@@ -104,6 +108,7 @@ class Lora:
             w = _base_weight(layer)
             t = self.r._entry_of.get(id(w)) if w is not None else None
             if t is None or t.placement == _SKIPPED:
+                self._refuse_other(layer, lname or "(root)")
                 continue
             self.layers[id(layer)] = (layer, t)
             own_merge, own_unmerge = layer.merge, layer.unmerge
@@ -111,6 +116,23 @@ class Lora:
                 functools.partial(self._merge, layer, lname or "(root)", own_merge))
             layer.__dict__["unmerge"] = functools.wraps(own_unmerge)(
                 functools.partial(self._unmerge, layer, lname or "(root)"))
+
+    def _refuse_other(self, layer, lname):
+        """A LoRA layer over managed weights other than one ``weight`` (PEFT's
+        MultiheadAttention LoRA replaces in_proj_weight): its merge is refused by name."""
+        base = layer.get_base_layer() if hasattr(layer, "get_base_layer") else layer.base_layer
+        if not any(id(p) in self.r._entry_of and self.r._entry_of[id(p)].placement != _SKIPPED
+                   for p in base.parameters(recurse=False)):
+            return
+        self.layers[id(layer)] = (layer, None)
+
+        def refused(*args, **kwargs):
+            raise DdoError("DDO_E_UNSUPPORTED", f"{lname}: a {type(layer).__name__} LoRA layer "
+                           f"over {type(base).__name__} (no single weight to merge into), whose "
+                           f"merge ddo does not replay; use it unmerged or merge it before "
+                           f"enable_offload")
+        layer.__dict__["merge"] = refused
+        layer.__dict__["unmerge"] = refused
 
     def _root_method(self, name, fn):
         r = self.r
@@ -128,10 +150,12 @@ class Lora:
                                f"lost (ddo uploads them from the checkpoint): {name} before "
                                f"enable_offload (or close(), {name}, enable_offload again)")
             saved = {k: len(v) for k, v in self.logs.items()}
-            merged = [(layer, list(layer.merged_adapters)) for layer, _ in self.layers.values()]
+            merged = [(layer, list(layer.merged_adapters))
+                      for layer, _ in self.layers.values()]
             self.batch += 1
             try:
-                out = fn(*args, **kwargs)
+                with self._loading():
+                    out = fn(*args, **kwargs)
             except BaseException:
                 # The whole call is undone (ddo wrote nothing yet: bound copies catch up at the
                 # end of a call), so a refused merge in one layer leaves no other merged.
@@ -146,6 +170,29 @@ class Lora:
             self.flush()
             return out
         return run
+
+    @contextlib.contextmanager
+    def _loading(self):
+        """Inside the module's own LoRA methods, its load_state_dict (refused on a managed
+        module: it would write into weights ddo uploads from the checkpoint) loads what touches
+        no managed weight: the adapter's weights, as PEFT's set_peft_model_state_dict loads
+        them (strict=False, on the module ddo manages)."""
+        m = self.r.module
+        refused = m.__dict__.get("load_state_dict")
+        if refused is None:
+            yield
+            return
+        managed = {n for n, p in m.named_parameters() if id(p) in self.r._entry_of}
+
+        def load_state_dict(state_dict, *args, **kwargs):
+            if any(k in managed for k in state_dict):
+                return refused(state_dict, *args, **kwargs)
+            return type(m).load_state_dict(m, state_dict, *args, **kwargs)
+        m.__dict__["load_state_dict"] = load_state_dict
+        try:
+            yield
+        finally:
+            m.__dict__["load_state_dict"] = refused
 
     def teardown(self):
         """The wrappers removed (close)."""
@@ -260,6 +307,10 @@ class Lora:
             raise DdoError("DDO_E_UNSUPPORTED", f"{lname}: adapter {n!r} is an embedding LoRA, "
                            f"whose merge ddo does not replay; use it unmerged or merge it "
                            f"before enable_offload")
+        base = layer.get_base_layer() if hasattr(layer, "get_base_layer") else layer.base_layer
+        if getattr(base, "groups", 1) > 1:  # as PEFT's conv layers refuse it
+            raise NotImplementedError("Merging is not supported for _ConvNd layers with "
+                                      "groups > 1!")
         p = t.params[0]
         if not t.torch_dtype.is_floating_point or \
                 torch.empty(0, dtype=t.torch_dtype).element_size() < 2 or \
@@ -335,16 +386,16 @@ class Lora:
             return op.layer.get_delta_weight(op.name)
 
     def _apply(self, w, op):
-        """PEFT's arithmetic on w: unsafe merge ``w += delta``, safe merge
-        ``w + delta.to(dtype)`` (the same bits as its clone, add and assign), unmerge
-        ``w -= delta.to(dtype)``."""
+        """PEFT's arithmetic on w: unsafe merge ``w += delta`` (Linear; conv layers cast the
+        delta first), safe merge ``w + delta.to(dtype)`` (the same bits as its clone, add and
+        assign), unmerge ``w -= delta.to(dtype)``."""
         delta = self._delta(op)
         if delta.device != w.device:
             delta = delta.to(w.device)
         with torch.no_grad():
             if op.sign < 0:
                 w.sub_(delta.to(w.dtype))
-            elif op.safe:
+            elif op.safe or op.cast:
                 w.add_(delta.to(w.dtype))
             else:
                 w.add_(delta)

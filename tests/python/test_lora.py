@@ -21,6 +21,7 @@ from torch import nn
 
 import ddo
 from conftest import ZERO_RESIDENT
+from ddo.offload import _nbytes
 from test_pipeline_loading import write_safetensors
 
 # Some blocks resident, the others streamed.
@@ -55,11 +56,14 @@ class StandInLoraLinear(nn.Module):
     def update_layer(self, name, r, alpha, gen, out=None, variant=None):
         base = self.base_layer
         out = out or base.out_features
-        self.lora_A[name] = Lin(base.in_features, r, bias=False).to(base.weight.dtype)
-        self.lora_B[name] = Lin(r, out, bias=False).to(base.weight.dtype)
-        with torch.no_grad():  # B non-zero: the adapter changes the output
-            for mod in (self.lora_A[name], self.lora_B[name]):
-                mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen) * 0.3)
+        dt = base.weight.dtype  # as PEFT: the base weight's dtype where it is a float one
+        dt = dt if dt.is_floating_point else torch.float32
+        self.lora_A[name] = Lin(base.in_features, r, bias=False).to(dt)
+        self.lora_B[name] = Lin(r, out, bias=False).to(dt)
+        with torch.no_grad():  # PEFT's default init: B zero (the weights are loaded after)
+            self.lora_A[name].weight.copy_(torch.randn(self.lora_A[name].weight.shape,
+                                                       generator=gen))
+            self.lora_B[name].weight.zero_()
         self.r[name], self.lora_alpha[name] = r, alpha
         self.scaling[name] = alpha / r
         self.lora_bias[name] = False
@@ -175,14 +179,24 @@ class StandInDiffusersModel(nn.Module):
 
     def load_lora_adapter(self, name, seed, rank=4, alpha=8, targets=("up", "down"), out=None,
                           variant=None):
+        """As Diffusers does it: the layers injected (PEFT's inject_adapter_in_model), then the
+        adapter's weights loaded through the model's own load_state_dict(strict=False) (PEFT's
+        set_peft_model_state_dict)."""
         gen = torch.Generator().manual_seed(seed)
-        for b in self.blocks:
+        weights = {}
+        for i, b in enumerate(self.blocks):
             for tname in targets:
                 layer = getattr(b, tname)
                 if not isinstance(layer, StandInLoraLinear):
                     layer = StandInLoraLinear(layer)
                     setattr(b, tname, layer)
                 layer.update_layer(name, rank, alpha, gen, out=out, variant=variant)
+                for ab in ("lora_A", "lora_B"):
+                    w = getattr(layer, ab)[name].weight
+                    weights[f"blocks.{i}.{tname}.{ab}.{name}.weight"] = \
+                        (torch.randn(w.shape, generator=gen) * 0.3).to(w.dtype)
+        result = self.load_state_dict(weights, strict=False)
+        assert not result.unexpected_keys
 
     def set_adapters(self, names, weights=None):
         names = [names] if isinstance(names, str) else list(names)
@@ -361,10 +375,16 @@ def test_sequence_from_files_is_bit_identical_and_never_rereads(tmp_path, conf):
         got = managed_sequence(r, x)
         for i, (g, w) in enumerate(zip(got, want)):
             assert torch.equal(g, w), f"step {i} differs"
-        # a step with merged adapters moves what a step without them moved
+        # a step with merged adapters moves at most one pass of the streamed weights, and no
+        # resident weight is uploaded again (the merges never reload the session)
+        streamed = sum(_nbytes(t) for t in r._tensors
+                       if t.placement == ddo._enums.DDO_PLACEMENT_STREAMED)
         before = counters(r)
         step(r.module, x)
-        assert {k: counters(r)[k] - before[k] for k in COUNTERS} == per_step
+        after = counters(r)
+        assert 0 < after["copy_bytes"] - before["copy_bytes"] <= streamed
+        assert after["bytes_resident_uploaded"] == plain["bytes_resident_uploaded"]
+        assert after["setup_read_bytes"] == plain["setup_read_bytes"]
     finally:
         r.close()
 
@@ -543,6 +563,72 @@ def test_a_safe_merge_of_a_broken_adapter_is_refused():
         assert torch.equal(step(r.module, x), want)
         r.module.fuse_lora(safe_fusing=True)  # usable: the repaired adapter merges
         assert all(layer.merged_adapters == ["a"] for layer in r.module._layers())
+    finally:
+        r.close()
+
+
+def test_load_state_dict_of_base_weights_stays_refused_inside_a_lora_call():
+    # The module's LoRA methods may load the adapter's weights (strict=False), never the
+    # managed base weights: those would be undone silently at the next upload.
+    class Sneaky(StandInDiffusersModel):
+        def load_lora_adapter(self, name, seed, **kw):
+            super().load_lora_adapter(name, seed, **kw)
+            self.load_state_dict({"proj_out.weight": torch.zeros(DIM, DIM)}, strict=False)
+    x = torch.randn(2, 3, DIM).to(torch.bfloat16)
+    torch.manual_seed(0)
+    m = Sneaky()
+    r = ddo.enable_offload(m, backend="vmm", **WITH_RESIDENTS)
+    try:
+        want = step(r.module, x)
+        with pytest.raises(ddo.DdoError, match="load_state_dict of a module ddo manages") as e:
+            m.load_lora_adapter("a", 1)
+        one_line(e)
+        assert all(not layer.merged_adapters for layer in m._layers())
+        m.set_adapters([])  # no adapter active: the base model's output
+        assert torch.equal(step(r.module, x), want)
+        with pytest.raises(ddo.DdoError, match="load_state_dict of a module ddo manages"):
+            m.load_state_dict({}, strict=False)  # outside a LoRA call: refused as before
+    finally:
+        r.close()
+
+
+class StandInQuantLinear(nn.Module):
+    """A quantized linear layer of the test (stored uint8 with a scale, its own dequantizing
+    forward): LoRA layers apply their adapters after it, as PEFT's do on quantized layers."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.in_features = self.out_features = dim
+        self.weight = nn.Parameter(torch.randint(0, 256, (dim, dim), dtype=torch.uint8),
+                                   requires_grad=False)
+        self.scale = nn.Parameter(torch.tensor(0.01))
+
+    def forward(self, x):
+        w = (self.weight.float() - 128.0) * self.scale.float()
+        return F.linear(x.float(), w).to(x.dtype)
+
+
+def test_a_fuse_on_a_quantized_base_weight_is_refused_by_name():
+    x = torch.randn(2, 3, DIM).to(torch.bfloat16)
+    torch.manual_seed(3)
+    ref, m = StandInDiffusersModel(), StandInDiffusersModel()
+    ref.load_state_dict(m.state_dict())
+    for mm in (ref, m):
+        torch.manual_seed(4)
+        for b in mm.blocks:
+            b.up = StandInQuantLinear(DIM)
+            b.down = StandInQuantLinear(DIM)
+    ref.load_state_dict(m.state_dict())
+    r = ddo.enable_offload(m, backend="vmm", **ZERO_RESIDENT)
+    try:
+        for mm in (ref, r.module):
+            mm.load_lora_adapter("a", 1)
+        assert torch.equal(step(r.module, x), step(ref, x))  # unmerged: after the dequant
+        with pytest.raises(ddo.DdoError, match=r"stored quantized .*torch.uint8") as e:
+            r.module.fuse_lora()
+        one_line(e)
+        assert all(not layer.merged_adapters for layer in r.module._layers())
+        assert torch.equal(step(r.module, x), step(ref, x))
     finally:
         r.close()
 
