@@ -35,7 +35,7 @@ import warnings
 
 import torch
 
-from . import _enums, _native
+from . import _enums, _native, _torch
 from ._native import DdoError
 
 _STREAMED = _enums.DDO_PLACEMENT_STREAMED
@@ -99,11 +99,27 @@ class Lora:
             self.own_root[name] = m.__dict__.get(name)
             setattr(m, name, self._root_method(name, fn))
         self.sweep()
+        # PEFT's inject_adapter_in_model / get_peft_model on the managed module leave its
+        # peft_config changed: the next root forward takes the new layers over (a dict lookup
+        # per forward; the tree is walked only when it changed).
+        self.peft_state = self._peft_state()
+        self.r._handles.append(m.register_forward_pre_hook(_torch.no_compile(self._pre_forward)))
+
+    def _peft_state(self):
+        cfg = self.r.module.__dict__.get("peft_config")
+        return tuple(cfg) if isinstance(cfg, dict) else None
+
+    def _pre_forward(self, module, args):
+        state = self._peft_state()
+        if state != self.peft_state:
+            self.peft_state = state
+            self.sweep()
 
     def sweep(self):
         """Takes over the merges of every LoRA layer over a weight ddo manages."""
         for lname, layer in self.r.module.named_modules():
-            if id(layer) in self.layers or not is_lora_layer(layer):
+            if "base_layer" not in layer._modules or id(layer) in self.layers or \
+                    not is_lora_layer(layer):
                 continue
             w = _base_weight(layer)
             t = self.r._entry_of.get(id(w)) if w is not None else None

@@ -437,6 +437,50 @@ def test_unload_and_reload_replay_the_log():
         r.close()
 
 
+def stand_in_inject_adapter_in_model(model, name, seed):
+    """STANDS IN FOR PEFT's inject_adapter_in_model: the layers replaced in place and the
+    model's peft_config set (no method of the model is called)."""
+    gen = torch.Generator().manual_seed(seed)
+    for b in model.blocks:
+        for tname in ("up", "down"):
+            layer = getattr(b, tname)
+            if not isinstance(layer, StandInLoraLinear):
+                layer = StandInLoraLinear(layer)
+                setattr(b, tname, layer)
+            layer.update_layer(name, 4, 8, gen)
+            with torch.no_grad():
+                layer.lora_B[name].weight.copy_(torch.randn(layer.lora_B[name].weight.shape,
+                                                            generator=gen))
+    model.peft_config = dict(getattr(model, "peft_config", {}), **{name: {"r": 4}})
+
+
+def stand_in_merge_adapter(model, adapter_names=None):
+    """STANDS IN FOR PEFT's BaseTuner.merge_adapter: every tuner layer's merge, in module
+    order (no method of the managed model is called)."""
+    for m in model.modules():
+        if isinstance(m, StandInLoraLinear):
+            m.merge(adapter_names=adapter_names)
+
+
+def test_layers_injected_by_peft_directly_are_taken_over_at_the_next_forward():
+    x = torch.randn(2, 3, DIM).to(torch.bfloat16)
+    ref, m = model(), model()
+    r = ddo.enable_offload(m, backend="vmm", **WITH_RESIDENTS)
+    try:
+        for mm in (ref, m):
+            stand_in_inject_adapter_in_model(mm, "a", 5)
+        assert torch.equal(step(m, x), step(ref, x))  # unmerged; the layers taken over here
+        for mm in (ref, m):
+            stand_in_merge_adapter(mm)
+        assert torch.equal(step(m, x), step(ref, x))
+        for mm in (ref, m):
+            for layer in mm._layers():
+                layer.unmerge()
+        assert torch.equal(step(m, x), step(ref, x))
+    finally:
+        r.close()
+
+
 # ---- bad input: one line, nothing lost, the module usable ----
 
 def managed(seed=0, **kw):
