@@ -252,6 +252,9 @@ SEQUENCE = [
     ("set_adapters", (["a"], [2.0]), {}), "step",  # scale changed while b is merged
     ("unfuse_lora", (), {}), "step",
     ("fuse_lora", (), {"adapter_names": ["a", "b"]}), "step",
+    ("delete_adapters", ("b",), {}), "step",  # deleted while fused: its merge stays
+    ("unfuse_lora", (), {}), "step",  # takes out a only (b is no layer's adapter any more)
+    ("fuse_lora", (), {}), "step",
     ("unload_lora", (), {}), "step", "step",  # fused and unloaded: the merge stays
 ]
 
