@@ -484,6 +484,56 @@ def test_layers_injected_by_peft_directly_are_taken_over_at_the_next_forward():
         r.close()
 
 
+def test_with_the_real_peft_where_installed():
+    # CI has no PEFT (skipped there); where PEFT is installed, its own LoRA layers, injected
+    # into the managed module by inject_adapter_in_model, merged and unmerged layer by layer
+    # (as its merge_adapter and Diffusers' fuse_lora do), match the unmanaged module.
+    pytest.importorskip("peft")
+    import inspect
+    from peft import LoraConfig, inject_adapter_in_model
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    x = torch.randn(2, 3, DIM)
+    torch.manual_seed(0)
+    ref = StandInDiffusersModel(dtype=torch.float32)
+    torch.manual_seed(0)
+    m = StandInDiffusersModel(dtype=torch.float32)
+    r = ddo.enable_offload(m, backend="vmm", **WITH_RESIDENTS)
+    try:
+        for name, seed in (("a", 1), ("b", 2)):
+            for mm in (ref, m):
+                torch.manual_seed(seed)  # init_lora_weights=False: A and B random, B non-zero
+                inject_adapter_in_model(LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+                                                   target_modules=["up", "down"]),
+                                        mm, adapter_name=name)
+        assert torch.equal(step(m, x), step(ref, x))  # the layers are taken over here
+
+        def layers(mm):
+            return [mod for mod in mm.modules() if isinstance(mod, BaseTunerLayer)]
+        assert len(layers(m)) == 2 * DEPTH
+        assert all("adapter_names" in inspect.signature(mod.merge).parameters
+                   for mod in layers(m))  # what Diffusers' fuse_lora looks for
+
+        def each(fn):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for mm in (ref, m):
+                    for mod in layers(mm):
+                        fn(mod)
+            assert torch.equal(step(m, x), step(ref, x))
+        each(lambda mod: mod.set_adapter(["a", "b"]))
+        each(lambda mod: mod.merge(adapter_names=["a"]))
+        each(lambda mod: mod.merge(safe_merge=True, adapter_names=["b"]))
+        each(lambda mod: mod.set_scale("a", 0.5))
+        each(lambda mod: mod.unmerge())
+        each(lambda mod: mod.merge())
+        each(lambda mod: mod.unmerge())
+        each(lambda mod: mod.merge(adapter_names=["b"]))
+    finally:
+        r.close()
+    for (n, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
+        assert torch.equal(p, q), n
+
+
 # ---- bad input: one line, nothing lost, the module usable ----
 
 def managed(seed=0, **kw):
