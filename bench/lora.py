@@ -86,14 +86,14 @@ def each_layer(model, fn):
 # The sequence: (label, what it does to one model). Layer by layer, as Diffusers' set_adapters,
 # fuse_lora and unfuse_lora do it (set_adapter + set_scale, merge, unmerge).
 SEQUENCE = [
-    ("switch to b x0.8", lambda m: each_layer(m, lambda l: (l.set_adapter(["b"]),
-                                                             l.set_scale("b", 0.8)))),
-    ("fuse b", lambda m: each_layer(m, lambda l: l.merge(adapter_names=["b"]))),
-    ("unfuse", lambda m: each_layer(m, lambda l: l.unmerge())),
-    ("switch to a", lambda m: each_layer(m, lambda l: l.set_adapter(["a"]))),
-    ("fuse a", lambda m: each_layer(m, lambda l: l.merge(adapter_names=["a"]))),
-    ("unfuse, fuse b", lambda m: each_layer(m, lambda l: (l.unmerge(), l.set_adapter(["b"]),
-                                                          l.merge(adapter_names=["b"])))),
+    ("switch to b x0.8", lambda m: each_layer(
+        m, lambda y: (y.set_adapter(["b"]), y.set_scale("b", 0.8)))),
+    ("fuse b", lambda m: each_layer(m, lambda y: y.merge(adapter_names=["b"]))),
+    ("unfuse", lambda m: each_layer(m, lambda y: y.unmerge())),
+    ("switch to a", lambda m: each_layer(m, lambda y: y.set_adapter(["a"]))),
+    ("fuse a", lambda m: each_layer(m, lambda y: y.merge(adapter_names=["a"]))),
+    ("unfuse, fuse b", lambda m: each_layer(m, lambda y: (y.unmerge(), y.set_adapter(["b"]),
+                                                          y.merge(adapter_names=["b"])))),
 ]
 
 
