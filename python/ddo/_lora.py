@@ -183,7 +183,8 @@ class Lora:
             finally:
                 self.batch -= 1
             self.sweep()
-            self.flush()
+            if not self.batch:  # the outermost call (Diffusers' methods call one another)
+                self.flush()
             return out
         return run
 

@@ -597,6 +597,28 @@ def test_fusing_two_then_unfusing_one_follows_peft():
         r.close()
 
 
+def test_a_failed_call_undoes_the_merges_of_the_calls_inside_it():
+    # Diffusers' methods call one another: a merge made by an inner call reaches no device copy
+    # (residents included) before the outermost call returns, so undoing the outer undoes it.
+    class Nested(StandInDiffusersModel):
+        def set_adapters(self, names, weights=None):
+            self.fuse_lora(adapter_names=["a"])  # an inner call that merges
+            raise ValueError("the outer call fails after it")
+    x = torch.randn(2, 3, DIM).to(torch.bfloat16)
+    torch.manual_seed(0)
+    m = Nested()
+    m.load_lora_adapter("a", 1)
+    r = ddo.enable_offload(m, backend="vmm", **WITH_RESIDENTS)
+    try:
+        want = step(r.module, x)
+        with pytest.raises(ValueError, match="outer call fails"):
+            m.set_adapters(["a"])
+        assert all(not layer.merged_adapters for layer in m._layers())
+        assert torch.equal(step(r.module, x), want)  # resident copies untouched
+    finally:
+        r.close()
+
+
 def test_switching_adapters_inside_a_forward_is_refused():
     x = torch.randn(2, 3, DIM).to(torch.bfloat16)
     m, r = managed()
