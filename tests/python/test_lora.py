@@ -100,7 +100,11 @@ class StandInLoraLinear(nn.Module):
         if cast:
             a, b = a.float(), b.float()
         out = (b @ a) * self.scaling[adapter]
-        return out.to(dtype) if cast else out
+        if cast:  # as PEFT: the adapter's weights cast back, rebound through .data
+            out = out.to(dtype)
+            self.lora_A[adapter].weight.data = a.to(dtype)
+            self.lora_B[adapter].weight.data = b.to(dtype)
+        return out
 
     def merge(self, safe_merge=False, adapter_names=None):
         names = self.active_adapters if adapter_names is None else adapter_names
