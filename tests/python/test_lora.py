@@ -425,6 +425,47 @@ def test_many_switches_reuse_cached_copies_exactly_once():
         r.close()
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("backend", ["vmm", "linear"])
+def test_random_sequences_match_the_unmanaged_module(seed, backend):
+    # Random fuses, unfuses, switches, unload/reload and steps on leaf units with few slots
+    # (copies kept, evicted and reloaded in every pattern), some of them resident.
+    import random
+    rnd = random.Random(seed)
+    x = torch.randn(2, 3, DIM).to(torch.bfloat16)
+    ref, m = model(), model()
+    for mm in (ref, m):
+        mm.load_lora_adapter("a", 1)
+        mm.load_lora_adapter("b", 2)
+    r = ddo.enable_offload(m, backend=backend, unit_granularity="leaf", execution_slots=2,
+                           **dict(ZERO_RESIDENT, always_resident_modules_pattern=r"blocks\.1\."))
+    ops = [
+        lambda mm: mm.fuse_lora(adapter_names=[rnd_names]),
+        lambda mm: mm.fuse_lora(safe_fusing=True, lora_scale=rnd_scale),
+        lambda mm: mm.unfuse_lora(),
+        lambda mm: mm.set_adapters([rnd_names], [rnd_scale]),
+        lambda mm: mm.set_adapters(["a", "b"], [rnd_scale, 1.0]),
+    ]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for i in range(40):
+                k = rnd.randrange(len(ops) + 2)
+                rnd_names = rnd.choice(["a", "b"])  # read by the ops
+                rnd_scale = rnd.choice([0.5, 1.0, 1.5])
+                if k < len(ops):
+                    for mm in (ref, r.module):
+                        ops[k](mm)
+                elif k == len(ops) and rnd.random() < 0.3:
+                    r.unload()
+                    r.reload()
+                assert torch.equal(step(r.module, x), step(ref, x)), (seed, i, k)
+    finally:
+        r.close()
+    for (n, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
+        assert torch.equal(p, q), n
+
+
 def test_unload_and_reload_replay_the_log():
     x = torch.randn(2, 3, DIM).to(torch.bfloat16)
     ref, m = model(), model()
