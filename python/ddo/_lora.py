@@ -39,6 +39,7 @@ from . import _enums, _native, _torch
 from ._native import DdoError
 
 _STREAMED = _enums.DDO_PLACEMENT_STREAMED
+_RESIDENT = _enums.DDO_PLACEMENT_RESIDENT
 _SKIPPED = _enums.DDO_PLACEMENT_SKIPPED
 
 # The module's own methods that merge adapters (Diffusers' PeftAdapterMixin, PEFT's tuner): with
@@ -98,7 +99,7 @@ class Lora:
                 continue
             self.own_root[name] = m.__dict__.get(name)
             setattr(m, name, self._root_method(name, fn))
-        self.sweep()
+        self.sweep(adopt=False)  # merged before enable_offload: the checkpoint holds it
         # PEFT's inject_adapter_in_model / get_peft_model on the managed module leave its
         # peft_config changed: the next root forward takes the new layers over (a dict lookup
         # per forward; the tree is walked only when it changed).
@@ -115,8 +116,10 @@ class Lora:
             self.peft_state = state
             self.sweep()
 
-    def sweep(self):
-        """Takes over the merges of every LoRA layer over a weight ddo manages."""
+    def sweep(self, adopt=True):
+        """Takes over the merges of every LoRA layer over a weight ddo manages. adopt: a layer
+        found merged already (PEFT merged it before ddo saw the layer) has its merges logged
+        where they reached a device copy that lasts (a resident one)."""
         for lname, layer in self.r.module.named_modules():
             if "base_layer" not in layer._modules or id(layer) in self.layers or \
                     not is_lora_layer(layer):
@@ -132,6 +135,21 @@ class Lora:
                 functools.partial(self._merge, layer, lname or "(root)", own_merge))
             layer.__dict__["unmerge"] = functools.wraps(own_unmerge)(
                 functools.partial(self._unmerge, layer, lname or "(root)"))
+            if adopt and layer.merged_adapters and t.placement == _RESIDENT and self._bound(t):
+                self._adopt(layer, t)
+
+    def _adopt(self, layer, t):
+        """PEFT merged layer into t's resident copy before ddo took the layer over: the merges
+        are in that copy; logged (at the layer's scaling now, unsafe, as PEFT merges by
+        default) so a fresh copy after a reload gets them too. (On a streamed weight PEFT's
+        merge fails: the weight is an empty placeholder outside its forward.)"""
+        log = self.logs.setdefault(t.index, [])
+        loads = self._loads(t)
+        if log and self.seen.get(t.index) != (loads, len(log)):
+            return  # that copy does not hold the log: nothing to build on
+        log.extend(_Op(layer, n, +1, False) for n in layer.merged_adapters
+                   if n in layer.lora_A.keys())
+        self.seen[t.index] = (loads, len(log))
 
     def _refuse_other(self, layer, lname):
         """A LoRA layer over managed weights other than one ``weight`` (PEFT's

@@ -579,6 +579,35 @@ def test_with_the_real_peft_where_installed():
         assert torch.equal(p, q), n
 
 
+def test_merges_peft_made_on_resident_weights_before_the_takeover_are_kept():
+    # Injected and merged by PEFT directly, no forward between: on resident weights the merge
+    # reached the device copies; ddo logs it when it takes the layers over, so a reload (fresh
+    # copies from the checkpoint) keeps it and an unmerge takes it out as unmanaged.
+    x = torch.randn(2, 3, DIM).to(torch.bfloat16)
+    ref, m = model(), model()
+    r = ddo.enable_offload(m, backend="vmm", **dict(ZERO_RESIDENT,
+                                                    always_resident_modules_pattern="."))
+    try:
+        assert {t.placement for t in r._tensors} == {ddo._enums.DDO_PLACEMENT_RESIDENT}
+        for mm in (ref, m):
+            stand_in_inject_adapter_in_model(mm, "a", 5)
+            stand_in_merge_adapter(mm)
+        assert torch.equal(step(m, x), step(ref, x))  # taken over (and adopted) here
+        r.unload()
+        r.reload()
+        assert torch.equal(step(m, x), step(ref, x))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for mm in (ref, m):
+                for layer in mm._layers():
+                    layer.unmerge()
+        assert torch.equal(step(m, x), step(ref, x))
+    finally:
+        r.close()
+    for (n, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
+        assert torch.equal(p, q), n
+
+
 # ---- bad input: one line, nothing lost, the module usable ----
 
 def managed(seed=0, **kw):
