@@ -1033,6 +1033,14 @@ DDO_API int ddo_session_tensor_dlpack(ddo_session *s, size_t tensor, unsigned fl
                                       void **managed);
 /* DLPack views of the session still alive (ddo_session_tensor_dlpack). */
 DDO_API size_t ddo_session_view_count(const ddo_session *s);
+/*
+ * How many times the device copy of tensor was written from the host: its unit's loads into a
+ * slot (streamed), or the resident uploads (at create and every reload). A host that edits a
+ * device copy in place (a fused LoRA replayed on it) compares the count with the one it saw
+ * when it last edited: a larger count means the copy is fresh from the checkpoint. Errors:
+ * DDO_E_INVALID_ARGUMENT (NULL argument, tensor out of range), DDO_E_NOT_FOUND (skipped).
+ */
+DDO_API int ddo_session_tensor_loads(ddo_session *s, size_t tensor, uint64_t *loads);
 /* Live DLPack views of one checkpoint tensor (0 out of range): a binding that dropped its own
  * view of a streamed tensor learns from it whether a view escaped the unit's lease. */
 DDO_API size_t ddo_session_tensor_view_count(const ddo_session *s, size_t tensor);

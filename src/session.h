@@ -101,6 +101,7 @@ typedef struct ddo__unit_rt {
      * Written under mu. */
     size_t alias_slot;
     uint64_t alias_epoch; /* the order's epoch when the alias was made */
+    uint64_t loads;       /* loads started into a slot (ddo_session_tensor_loads); under mu */
     const char *name;
 } ddo__unit_rt;
 
@@ -168,6 +169,8 @@ struct ddo_session {
     size_t *resident;             /* resident tensors */
     size_t resident_count;
     ddo__errbuf err; /* the detail of the host's last failed call */
+    /* Resident uploads done (ddo_session_tensor_loads); under mu. */
+    uint64_t resident_loads;
 
     /* Units and slots: the state machine and leases (session_slots.c, session_lease.c) under
      * mu; mapped_unit/backed by the loader and session_vmm.c/session_pool.c under mu. */

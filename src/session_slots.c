@@ -274,6 +274,7 @@ int ddo__session_start_load(ddo_session *s, size_t i, size_t unit, bool prefetch
     if (sl->state == DDO__SLOT_RETIRING && sl->release_recorded)
         wait_release = sl->release_event;
     ddo__slot_load(s, sl, unit, prefetch);
+    s->units[unit].loads++;
 
     ddo__job job;
     memset(&job, 0, sizeof(job));

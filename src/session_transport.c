@@ -367,5 +367,6 @@ int ddo__session_upload_residents(ddo_session *s)
     int rc = ddo__dev_stream_synchronize(s->dev, s->copy_stream);
     if (rc != 0)
         return ddo__session_fail_ctx(&s->err, rc, "resident upload");
+    s->resident_loads++;
     return 0;
 }

@@ -313,6 +313,27 @@ int ddo_session_tensor_dlpack(ddo_session *s, size_t tensor, unsigned flags, voi
     return 0;
 }
 
+int ddo_session_tensor_loads(ddo_session *s, size_t tensor, uint64_t *loads)
+{
+    if (s == NULL || loads == NULL)
+        return ddo__fail(s != NULL ? &s->err : NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_tensor_loads: session and loads are required");
+    ddo_tensor_location loc;
+    if (tensor >= ddo_checkpoint_tensor_count(s->ck) ||
+        ddo_plan_tensor_location(s->plan, tensor, &loc) != 0)
+        return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_tensor_loads: tensor %zu out of range", tensor);
+    if (loc.placement == DDO_PLACEMENT_SKIPPED)
+        return ddo__fail(&s->err, DDO_E_NOT_FOUND,
+                         "ddo_session_tensor_loads: tensor \"%s\" is skipped (not on the device)",
+                         ddo_checkpoint_tensor(s->ck, tensor)->name);
+    pthread_mutex_lock(&s->mu);
+    bool streamed = loc.placement == DDO_PLACEMENT_STREAMED && !s->units[loc.unit].resident;
+    *loads = streamed ? s->units[loc.unit].loads : s->resident_loads;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
 /* ---- host copies ---- */
 
 int ddo_session_tensor_host_owned(ddo_session *s, size_t tensor, bool *owned)

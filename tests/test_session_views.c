@@ -133,6 +133,45 @@ static void test_dlpack_views_keep_the_session(void)
     fx_destroy(&f);
 }
 
+/* A host that edits device copies in place (a fused LoRA) learns from the load count whether a
+ * copy is fresh from the host: a unit kept in its slot has the count it had, a reloaded one
+ * a larger one; resident tensors count the resident uploads (create, every reload). */
+static void test_tensor_loads_count_the_copies_from_the_host(void)
+{
+    fx f;
+    T_REQUIRE(fx_create(&f, &linear) == 0 && f.rc == 0);
+    size_t u = fx_unit(&f, 1), n = 0, head = fx_tensor(&f, "head.weight");
+    const size_t *ts = ddo_plan_unit_tensors(f.plan, u, &n);
+    T_REQUIRE(n == 2 && head != SIZE_MAX);
+    ddo_tensor_location loc;
+    T_REQUIRE(ddo_plan_tensor_location(f.plan, head, &loc) == 0);
+    T_REQUIRE(loc.placement == DDO_PLACEMENT_RESIDENT);
+    uint64_t r0 = 0, r1 = 0, a = 0, b = 0, c = 0;
+    T_EQ_INT(ddo_session_tensor_loads(f.s, head, &r0), 0);
+    T_EQ_U64(r0, 1); /* uploaded once, at create */
+    T_CHECK(fx_use(&f, u) == 0);
+    T_EQ_INT(ddo_session_tensor_loads(f.s, ts[0], &a), 0);
+    T_CHECK(a >= 1);
+    T_CHECK(fx_use(&f, u) == 0); /* still in its slot: no load */
+    T_EQ_INT(ddo_session_tensor_loads(f.s, ts[1], &b), 0);
+    T_EQ_U64(b, a);                      /* one count per unit: every tensor of it */
+    for (int step = 0; step < 2; step++) /* the others take every slot */
+        for (int k = 0; k < 4; k++)
+            if (k != 1)
+                T_CHECK(fx_use(&f, fx_unit(&f, k)) == 0);
+    T_CHECK(fx_use(&f, u) == 0);
+    T_EQ_INT(ddo_session_tensor_loads(f.s, ts[0], &c), 0);
+    T_CHECK(c > b);
+    T_REQUIRE(ddo_session_unload(f.s) == 0 && ddo_session_reload(f.s) == 0);
+    T_EQ_INT(ddo_session_tensor_loads(f.s, head, &r1), 0);
+    T_EQ_U64(r1, r0 + 1);
+    T_EQ_INT(ddo_session_tensor_loads(f.s, head, NULL), DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo_session_tensor_loads(f.s, (size_t)-1, &a), DDO_E_INVALID_ARGUMENT);
+    T_CONTAINS(ddo_session_error(f.s), "out of range");
+    T_EQ_INT(ddo_session_tensor_loads(NULL, head, &a), DDO_E_INVALID_ARGUMENT);
+    fx_destroy(&f);
+}
+
 static void test_plan_inputs_and_struct_sizes(void)
 {
     ddo_cpu_options o_cpu = DDO_CPU_OPTIONS_INIT;
@@ -278,6 +317,7 @@ int main(void)
     T_RUN(test_calling_thread_stream_waits_for_the_upload);
     T_RUN(test_stable_and_unit_addresses);
     T_RUN(test_dlpack_views_keep_the_session);
+    T_RUN(test_tensor_loads_count_the_copies_from_the_host);
     T_RUN(test_plan_inputs_and_struct_sizes);
     T_RUN(test_device_from_config);
     T_RUN(test_host_tensors_move_in_merged_copies);

@@ -287,6 +287,7 @@ FUNCTIONS = {
     "ddo_session_tensor_read_host": (c_int, [P, c_size_t, P, c_u64]),
     "ddo_session_view_count": (c_size_t, [P]),
     "ddo_session_tensor_view_count": (c_size_t, [P, c_size_t]),
+    "ddo_session_tensor_loads": (c_int, [P, c_size_t, ctypes.POINTER(c_u64)]),
     "ddo_session_unload": (c_int, [P]),
     "ddo_session_reload": (c_int, [P]),
     "ddo_session_release_host": (c_int, [P]),

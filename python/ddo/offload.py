@@ -30,7 +30,7 @@ from typing import Any, Callable, ContextManager, Dict, Literal, Optional, TypeV
 
 import torch
 
-from . import _enums, _hooks, _lease, _lib, _native, _quant, _talk, _torch
+from . import _enums, _hooks, _lease, _lib, _lora, _native, _quant, _talk, _torch
 from ._native import DdoError
 
 _PLACEMENT_RESIDENT = _enums.DDO_PLACEMENT_RESIDENT
@@ -701,6 +701,8 @@ class OffloadResult:
                     self._res_versions.append((p, p._version, t.name))
             elif t.placement == _PLACEMENT_STREAMED:
                 self._to_placeholder(t)
+        if getattr(self, "_lora", None) is not None:
+            self._lora.bound(self._tensors)  # merged LoRAs replayed on fresh resident copies
         if err is not None:
             raise err
 
@@ -834,24 +836,11 @@ class OffloadResult:
         self._orig_forward = orig  # recorded first: an interrupted setup still undoes it
         self.module.forward = forward
 
-    # Methods that write adapters into the weights in place through p.data (not seen by the
-    # version counters): refused while ddo manages the module.
-    _MERGES = ("fuse_lora", "merge_adapter")
-
     def _refuse_merges(self):
-        self._own_merges = {}
-        for name in self._MERGES:
-            if not callable(getattr(self.module, name, None)):
-                continue
-            self._own_merges[name] = self.module.__dict__.get(name)
-
-            def refused(*args, _name=name, **kwargs):
-                raise DdoError("DDO_E_STATE", f"{type(self.module).__name__}.{_name}: it writes "
-                               f"into the weights in place, and ddo uploads them from the host "
-                               f"copy, so the merge would be lost: {_name} before "
-                               f"enable_offload (or close(), {_name}, enable_offload again)")
-
-            setattr(self.module, name, refused)
+        """LoRA merges (fuse_lora, merge_adapter, a LoRA layer's merge) are replayed on the
+        device copies (_lora.py); other in-place merges stay refused."""
+        self._lora = _lora.Lora(self)
+        self._lora.install()
 
     def _refuse_moves(self):
         """A dtype or device move (.to(), .double(), .cuda(), .half(): torch's _apply) or a
@@ -1204,6 +1193,8 @@ class OffloadResult:
             v = self._view(t)
             for p in t.params:
                 p.data = v
+        if getattr(self, "_lora", None) is not None:
+            self._lora.bound(self._unit_tensors[u])  # merged LoRAs replayed on fresh copies
         self._versions[u] = [p._version for t in self._unit_tensors[u] for p in t.params]
 
     def _release(self, u, check=True, whole=False):
@@ -1439,11 +1430,9 @@ class OffloadResult:
             if self._own_forward is not None:  # a forward the user had installed
                 self.module.forward = self._own_forward
             self._orig_forward = None
-        for name, own in getattr(self, "_own_merges", {}).items():
-            self.module.__dict__.pop(name, None)
-            if own is not None:
-                setattr(self.module, name, own)
-        self._own_merges = {}
+        lora = getattr(self, "_lora", None)
+        if lora is not None:
+            lora.teardown()
         for m, name, own in reversed(self._own_methods):
             m.__dict__.pop(name, None)
             if own is not None:
@@ -1464,6 +1453,11 @@ class OffloadResult:
                     continue
             for p in t.params:
                 p.data = t.host
+        if lora is not None and not _lease.forked(self._pid):
+            try:
+                lora.host_copies()  # merged LoRAs: host copies with them (_lora.py)
+            except Exception as e:  # the rest is still torn down; this is raised after
+                lost = lost or e
         for item in self._moved:
             if item[0] == "buffer":
                 _, m, bname, b = item
