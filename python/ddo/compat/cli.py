@@ -1,6 +1,6 @@
-"""The host argument helpers: every --ddo-* flag of the catalog on an argparse parser, the
-config built from the parsed namespace (by the library's own flag parser), the lifecycle
-phase booleans and the Windows standby purge (ddo_purge_standby).
+"""The host argument helpers of the compatible surface: every --ddo-* flag of the catalog on an
+argparse parser, the config built from the parsed namespace (by the library's own flag parser),
+the lifecycle phase booleans and the Windows standby purge (ddo_purge_standby, ddo_compat.h).
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import ctypes
 import time
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
-from . import _enums, _lib, _native
-from .config import CATALOG, DynamicOffloadConfig
-from .settings import DynamicOffloadSettings
+from .. import _enums, _lib, _native
+from ..config import DynamicOffloadConfig, catalog
+from ..settings import DynamicOffloadSettings
 
 _BOOL = _enums.DDO_OPTION_BOOL
 # Phase boundaries a staged host has (the presets' DDO_PURGE_WINDOWS_STANDBY_<PHASE>).
@@ -21,7 +21,7 @@ LIFECYCLE_PHASES = ("before_run", "after_text_encoder", "before_transformer")
 
 def _flags():
     """(key, flag, type, help) of every catalog option that has a flag, catalog order."""
-    return [(k, m["flag"], m["type"], m["help"]) for k, m in CATALOG.items() if m["flag"]]
+    return [(k, m["flag"], m["type"], m["help"]) for k, m in catalog().items() if m["flag"]]
 
 
 def _bool_word(text):
