@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 import os
 import pathlib
-from typing import Any, Union
+from typing import Any, List, Sequence, Tuple, Union
 
 try:
     from . import _enums, _ffi
@@ -54,16 +54,16 @@ class LibraryError(ImportError):
     """libddo could not be loaded, or it is not the library this binding mirrors."""
 
 
-def _on_windows():
+def _on_windows() -> bool:
     """Whether the Windows discovery order applies (tests replace this to check it on Linux)."""
     return os.name == "nt"
 
 
-def _package_dir():
+def _package_dir() -> pathlib.Path:
     return pathlib.Path(__file__).resolve().parent
 
 
-def _library_name():
+def _library_name() -> str:
     return "libddo.dll" if _on_windows() else "libddo.so"
 
 
@@ -72,10 +72,10 @@ def _library_name():
 _EXPLICIT = ("argument", "DDO_LIBRARY", "DDO_VMM_LIBRARY_PATH")
 
 
-def _candidates(path):
+def _candidates(path: Union[str, "os.PathLike[str]", None]) -> List[Tuple[str, str]]:
     here = _package_dir()
     windows = _on_windows()
-    out = []
+    out: List[Tuple[str, str]] = []
     if path:
         out.append(("argument", str(path)))
     for var in ("DDO_LIBRARY", "DDO_VMM_LIBRARY_PATH") if windows else ("DDO_LIBRARY",):
@@ -90,9 +90,9 @@ def _candidates(path):
     return out
 
 
-def _check(lib, where, tried=()):
+def _check(lib: Any, where: str, tried: Sequence[str] = ()) -> str:
     try:
-        version = lib.ddo_version_string().decode()
+        version: str = lib.ddo_version_string().decode()
         size_of = lib.ddo_struct_size
     except AttributeError as e:
         raise LibraryError(f"ddo: {where} is not a libddo this binding can use ({e})") from None
@@ -112,8 +112,8 @@ def _check(lib, where, tried=()):
     return version
 
 
-def _declare(lib):
-    missing = []
+def _declare(lib: Any) -> None:
+    missing: List[str] = []
     for name, (res, args) in FUNCTIONS.items():
         try:
             f = getattr(lib, name)
@@ -129,7 +129,7 @@ def _declare(lib):
 
 def load(path: Union[str, "os.PathLike[str]", None] = None) -> Any:
     """Loads libddo (see the module's docstring for the search order) and checks it."""
-    tried = []
+    tried: List[str] = []
     for origin, p in _candidates(path):
         if origin in _EXPLICIT or os.path.exists(p):
             try:

@@ -44,7 +44,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _freeze(v):
+def _freeze(v: Any) -> Any:
     return tuple(v) if isinstance(v, list) else v
 
 
@@ -114,17 +114,17 @@ class DynamicOffloadConfig:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DynamicOffloadConfig) and self.to_dict() == other.to_dict()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         shown = ", ".join(f"{k}={self._values[k]!r}" for k in self._explicit)
         return f"DynamicOffloadConfig({shown})"
 
 
-def _nearest_hint(key):
+def _nearest_hint(key: str) -> str:
     """The library's own nearest-key suggestion for an unknown option."""
     try:
         _native.Config().override(key, "")
     except _native.UnknownOptionError as e:
-        detail = e.detail
+        detail = e.detail or ""
         at = detail.find("(nearest:")
         return " " + detail[at:] if at >= 0 else ""
     except _native.DdoError:
