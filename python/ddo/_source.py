@@ -9,6 +9,7 @@ like every unmanaged tensor).
 """
 
 import ctypes
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -16,8 +17,13 @@ from . import _native
 
 _BACKENDS = {"": 0, "pread": 1, "mmap": 2}
 
+# (name, ddo dtype index, shape, nbytes) of a checkpoint tensor
+Entry = Tuple[str, int, Tuple[int, ...], int]
+# a persistent buffer to read: (tensor index, module, buffer name, torch dtype, shape)
+Load = Tuple[int, torch.nn.Module, str, torch.dtype, Tuple[int, ...]]
 
-def open_checkpoint(path, backend=""):
+
+def open_checkpoint(path: Any, backend: Optional[str] = "") -> ctypes.c_void_p:
     """An owned ddo_checkpoint handle for a file, a sharded index or a Diffusers folder."""
     ck = ctypes.c_void_p()
     _native.check(_native.lib().ddo_checkpoint_create(str(path).encode(),
@@ -26,10 +32,10 @@ def open_checkpoint(path, backend=""):
     return ck
 
 
-def table(ck):
+def table(ck: Any) -> List[Entry]:
     """[(name, ddo dtype index, shape tuple, nbytes)] in checkpoint order."""
     L = _native.lib()
-    out = []
+    out: List[Entry] = []
     for i in range(L.ddo_checkpoint_tensor_count(ck)):
         t = L.ddo_checkpoint_tensor(ck, i).contents
         out.append((t.name.decode(), t.dtype, tuple(t.shape[k] for k in range(t.ndim)),
@@ -37,7 +43,8 @@ def table(ck):
     return out
 
 
-def read_tensor(ck, index, torch_dtype, shape):
+def read_tensor(ck: Any, index: int, torch_dtype: torch.dtype,
+                shape: Tuple[int, ...]) -> torch.Tensor:
     """Tensor index of ck as a new CPU tensor (ddo_checkpoint_read: identity re-checked)."""
     t = torch.empty(shape, dtype=torch_dtype)
     n = t.numel() * t.element_size()
@@ -48,14 +55,15 @@ def read_tensor(ck, index, torch_dtype, shape):
     return t
 
 
-def _parameters(module):
+def _parameters(module: torch.nn.Module) -> Tuple[Dict[str, torch.nn.Parameter],
+                                                  Dict[str, Tuple[Any, str, torch.Tensor]]]:
     """name -> Parameter (tied ones under every name), and the buffers by name."""
-    params = {}
+    params: Dict[str, torch.nn.Parameter] = {}
     for mname, m in module.named_modules(remove_duplicate=False):
         for pname, p in m._parameters.items():
             if p is not None:
                 params[f"{mname}.{pname}" if mname else pname] = p
-    buffers = {}
+    buffers: Dict[str, Tuple[Any, str, torch.Tensor]] = {}
     for mname, m in module.named_modules(remove_duplicate=False):
         for bname, b in m._buffers.items():
             if b is not None and bname not in m._non_persistent_buffers_set:
@@ -63,7 +71,8 @@ def _parameters(module):
     return params, buffers
 
 
-def match(module, ck, where, check_dtype=True):
+def match(module: torch.nn.Module, ck: Any, where: str,
+          check_dtype: bool = True) -> Tuple[Dict[int, List[torch.nn.Parameter]], List[Load]]:
     """Checks module against the checkpoint; returns (params by tensor index, buffers to load).
 
     Every parameter must have a tensor of the same dtype and shape (a tied parameter needs
@@ -75,7 +84,8 @@ def match(module, ck, where, check_dtype=True):
     tab = table(ck)
     params, buffers = _parameters(module)
     kind = type(module).__name__
-    by_param, by_index = {}, {}
+    by_param: Dict[int, int] = {}
+    by_index: Dict[int, List[torch.nn.Parameter]] = {}
     for name, p in params.items():
         if id(p) in by_param and name not in names:
             continue  # a tied name whose partner is in the file
@@ -98,7 +108,7 @@ def match(module, ck, where, check_dtype=True):
                 f"{list(p.shape)} ({why})")
         by_param[id(p)] = i
         by_index.setdefault(i, []).append(p)
-    loads = []
+    loads: List[Load] = []
     for name, i in names.items():
         if i in by_index:
             continue
@@ -119,20 +129,22 @@ def match(module, ck, where, check_dtype=True):
     return by_index, loads
 
 
-def _torch_tables():
+def _torch_tables() -> Tuple[Dict[torch.dtype, int], Dict[int, torch.dtype]]:
     from . import _torch
     return _torch.dtype_tables()
 
 
-def _dtype_name(idx):
+def _dtype_name(idx: int) -> str:
     return _native.dtype_names().get(idx, str(idx))
 
 
-def replace_params(module, make):
+def replace_params(module: torch.nn.Module, make: Callable[[torch.nn.Parameter], Optional[torch.Tensor]]
+                   ) -> Tuple[Dict[int, Optional[torch.nn.Parameter]], List[Tuple[Any, str, Any]]]:
     """Replaces every Parameter p of module for which make(p) gives a tensor by a Parameter
     over that tensor (tied names keep sharing one); returns [(module, name, old)] to undo.
     (torch cannot assign a CPU or CUDA tensor to a meta Parameter's .data.)"""
-    new, undo = {}, []
+    new: Dict[int, Optional[torch.nn.Parameter]] = {}
+    undo: List[Tuple[Any, str, Any]] = []
     for m in module.modules():
         for name, p in list(m._parameters.items()):
             if p is None:
@@ -147,7 +159,7 @@ def replace_params(module, make):
     return new, undo
 
 
-def load_buffers(module, source):
+def load_buffers(module: torch.nn.Module, source: Any) -> None:
     """Reads the persistent buffers the checkpoint holds into module (host tensors)."""
     ck = open_checkpoint(source)
     try:
@@ -158,7 +170,8 @@ def load_buffers(module, source):
         _native.lib().ddo_checkpoint_destroy(ck)
 
 
-def file_checkpoint(result, module, source, backend):
+def file_checkpoint(result: Any, module: torch.nn.Module, source: Any,
+                    backend: Optional[str]) -> Tuple[List[Any], Dict[str, str], Dict[int, List[Any]], Any]:
     """(tensors, ddo_path, modules_of, checkpoint) for OffloadResult's file-backed setup.
 
     The meta Parameters are swapped for Parameters over empty host placeholders (torch binds
@@ -174,26 +187,27 @@ def file_checkpoint(result, module, source, backend):
         index_of = {id(p): i for i, ps in by_index.items() for p in ps}
         new, undo = replace_params(module, lambda p: torch.empty(0, dtype=p.dtype)
                                    if id(p) in index_of else None)
-        params = {}
+        params: Dict[int, List[torch.nn.Parameter]] = {}
         for old_id, i in index_of.items():
             q = new[old_id]
             if q is not None and all(q is not x for x in params.get(i, [])):
                 params.setdefault(i, []).append(q)
-        modules_of = {}
+        modules_of: Dict[int, List[Any]] = {}
         for m in module.modules():
             for _pn, p in m._parameters.items():
                 if p is not None:
                     modules_of.setdefault(id(p), []).append(m)
-        tensors = []
-        for i, (name, dt, shape, _nb) in enumerate(table(ck)):
+        tensors: List[Any] = []
+        record: Any = _Param  # offload.py's record (not annotated)
+        for i, (name, di, tshape, _nb) in enumerate(table(ck)):
             ps = params.get(i, [])
-            entry = _Param(i, name, torch.empty(0, dtype=to_torch[dt]), _dtype_name(dt))
-            entry.shape = shape
+            entry = record(i, name, torch.empty(0, dtype=to_torch[di]), _dtype_name(di))
+            entry.shape = tshape
             entry.params = list(ps)
             tensors.append(entry)
         ddo_path = {n: n for n, _m in module.named_modules()}
 
-        def restore():
+        def restore() -> None:
             for m, name, old in reversed(undo):
                 m._parameters[name] = old
 
