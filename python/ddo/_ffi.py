@@ -2,9 +2,8 @@
 python/tools/gen_ffi.py; do not edit (CTest check_py_ffi fails when it differs from the
 headers)."""
 
-from ctypes import (CFUNCTYPE, POINTER, Structure, c_bool, c_char, c_char_p, c_double,
-                    c_int, c_int64, c_size_t, c_uint, c_uint32, c_uint64, c_void_p,
-                    sizeof)
+from ctypes import (CFUNCTYPE, POINTER, Structure, c_bool, c_char, c_char_p, c_double, c_int,
+                    c_int64, c_size_t, c_uint, c_uint32, c_uint64, c_void_p, sizeof)
 from typing import Any, Dict, List, Tuple, Type
 
 P = c_void_p
