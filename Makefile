@@ -45,17 +45,15 @@ configure: deps
 	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
 
 # MAKEFLAGS and MAKELEVEL are cleared so the make that CMake runs does not print every
-# directory it enters.
-# The built library is also copied into the Python package, where `import ddo` finds it.
+# directory it enters. Nothing is copied into the source tree: in a checkout, `import ddo`
+# (PYTHONPATH=python) finds build/libddo.so by itself (python/ddo/_lib.py), or DDO_LIBRARY.
 build: configure
 	@MAKEFLAGS= MAKELEVEL= cmake --build $(BUILD) -j $(JOBS)
-	@cp -f $(BUILD)/libddo.so python/ddo/libddo.so
 
-# The demo also builds the shared library and copies it into python/ddo, where `import ddo`
-# (PYTHONPATH=python /usr/bin/python3) finds it next.
+# The demo also builds the shared library (target libddo), which `import ddo`
+# (PYTHONPATH=python /usr/bin/python3) finds next in build/.
 demo: configure
-	@MAKEFLAGS= MAKELEVEL= cmake --build $(BUILD) -j $(JOBS) --target ddo_tool ddo
-	@cp -f $(BUILD)/libddo.so python/ddo/libddo.so
+	@MAKEFLAGS= MAKELEVEL= cmake --build $(BUILD) -j $(JOBS) --target ddo_tool libddo
 	./$(BUILD)/ddo demo
 
 # dist/ddo-<version>-py3-none-manylinux_2_<N>_x86_64.whl: libddo.so and the tool linked
@@ -63,7 +61,7 @@ demo: configure
 wheel:
 	@$(MAKE) --no-print-directory install-packages PACKAGES="$(WHEEL_PACKAGES)"
 	@cmake -S . -B $(WHEEL_BUILD) -DDDO_STATIC_DEPS=ON $(CMAKE_FLAGS) >/dev/null
-	@MAKEFLAGS= MAKELEVEL= cmake --build $(WHEEL_BUILD) -j $(JOBS) --target ddo ddo_tool
+	@MAKEFLAGS= MAKELEVEL= cmake --build $(WHEEL_BUILD) -j $(JOBS) --target libddo ddo_tool
 	@rm -f $(DIST)/ddo-*.whl
 	@/usr/bin/python3 python/build_backend/ddo_build.py --build-dir $(WHEEL_BUILD) --out $(DIST)
 
@@ -72,7 +70,7 @@ wheel:
 # they are missing.
 wheel-win:
 	@if [ -f $(WIN_BUILD)/CMakeCache.txt ]; then \
-	    MAKEFLAGS= MAKELEVEL= cmake --build $(WIN_BUILD) -j $(JOBS) --target ddo ddo_tool; fi
+	    MAKEFLAGS= MAKELEVEL= cmake --build $(WIN_BUILD) -j $(JOBS) --target libddo ddo_tool; fi
 	@rm -f $(WIN_DIST)/ddo-*-win_amd64.whl
 	@/usr/bin/python3 python/build_backend/ddo_build.py --platform win_amd64 \
 	    --build-dir $(WIN_BUILD) --out $(WIN_DIST)

@@ -21,6 +21,7 @@ static const struct {
     DDO_ABI_SIZE_(ddo_tensor_info),
     DDO_ABI_SIZE_(ddo_file_info),
     DDO_ABI_SIZE_(ddo_block_group),
+    DDO_ABI_SIZE_(ddo_quant_layer),
     DDO_ABI_SIZE_(ddo_tensor_desc),
     DDO_ABI_SIZE_(ddo_config_item),
     DDO_ABI_SIZE_(ddo_settings),

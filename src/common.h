@@ -6,11 +6,15 @@
 #define DDO_COMMON_H
 
 #include "ddo.h"
+#include "ddo_compat.h"
+#include "ddo_host.h"
+#include "support/support.h"
 
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define DDO_GIB ((uint64_t)1 << 30)
 #define DDO_MIB ((uint64_t)1 << 20)
@@ -114,16 +118,5 @@ void ddo__sbuf_append(ddo__sbuf *b, const char *s, size_t n);
 void ddo__sbuf_free(ddo__sbuf *b);
 /* Hands the text to the caller (free with ddo_free/free); NULL if allocation failed. */
 char *ddo__sbuf_take(ddo__sbuf *b);
-
-/* Formats bytes for a message (text.c): "512.00 MiB", "22.17 GiB", "3.00 KiB", "12 B" (the
- * largest unit up to GiB that keeps the number at least 1, two decimals). Returns buf. */
-const char *ddo__format_bytes(uint64_t bytes, char *buf, size_t len);
-/* The same in GiB whatever the size ("0.50 GiB"), for figures compared with a GiB option. */
-const char *ddo__format_gib(uint64_t bytes, char *buf, size_t len);
-
-/* s for a one-line message (text.c): newline, return and tab as \n \r \t, other control bytes
- * as \xNN, C1 controls as \uNNNN, with quotes also " and \ escaped; cut with "..." to fit len
- * (ddo_quote is the public form, quotes on). */
-void ddo__quote(const char *s, bool quotes, char *buf, size_t len);
 
 #endif /* DDO_COMMON_H */

@@ -254,7 +254,7 @@ static int group_policy(const ddo_config *cfg, ddo__errbuf *eb, const char *comp
             memcpy(digits, nb + a, n);
             digits[n] = '\0';
             errno = 0;
-            ok = ddo_decimal_syntax(digits, true) && (v = strtoll(digits, NULL, 10)) >= 1 &&
+            ok = ddo__decimal_syntax(digits, true) && (v = strtoll(digits, NULL, 10)) >= 1 &&
                  errno == 0;
         }
         if (!ok)
@@ -355,14 +355,14 @@ int ddo_config_component_policy_with_overrides(const ddo_config *cfg, const char
     return 0;
 }
 
-int ddo_config_component_route(const ddo_config *cfg, const char *component, const char **route)
+int ddo__config_component_route(const ddo_config *cfg, const char *component, const char **route)
 {
     ddo_component_policy p;
     int rc = ddo_config_component_policy(cfg, component, NULL, false, &p);
     if (rc != 0)
         return rc;
     if (route == NULL)
-        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_config_component_route: NULL route");
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo__config_component_route: NULL route");
     *route = p.route;
     return 0;
 }

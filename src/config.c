@@ -248,12 +248,12 @@ static void choices_text(const char *choices, char *buf, size_t len)
 
 /*
  * The catalog's "number": an optional sign, decimal digits with an optional point, an optional
- * decimal exponent; nothing before or after (ddo_decimal_syntax). strtod alone would also take
+ * decimal exponent; nothing before or after (ddo__decimal_syntax). strtod alone would also take
  * leading spaces, hexadecimal (0x10), inf, nan and locale forms; those are refused here.
  */
 static int parse_double(const char *s, double *out)
 {
-    if (!ddo_decimal_syntax(s, false))
+    if (!ddo__decimal_syntax(s, false))
         return -1;
     errno = 0;
     double v = strtod(s, NULL);
@@ -265,7 +265,7 @@ static int parse_double(const char *s, double *out)
 
 static int parse_int(const char *s, int64_t *out)
 {
-    if (!ddo_decimal_syntax(s, true))
+    if (!ddo__decimal_syntax(s, true))
         return -1;
     errno = 0;
     long long v = strtoll(s, NULL, 10);

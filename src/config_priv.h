@@ -130,6 +130,9 @@ const void *ddo__config_cfield(const ddo_config *cfg, int id);
 bool ddo__config_clamped_below(int id);
 /* Re-resolves the preset from opt.backend/opt.preset and derived values (staging). */
 int ddo__config_resolve(ddo_config *cfg);
+/* The route of ddo_config_component_policy alone (a static string), for the tests. Errors: those
+ * of ddo_config_component_policy, DDO_E_INVALID_ARGUMENT (route is NULL). */
+int ddo__config_component_route(const ddo_config *cfg, const char *component, const char **route);
 /* Moves src's content into dst (dst's old content freed); src is left empty and freed. */
 void ddo__config_move(ddo_config *dst, ddo_config *src);
 /* Ends a change made on the copy c of cfg: rc == 0 moves c into cfg; otherwise cfg keeps its

@@ -105,7 +105,7 @@ void ddo__config_quote(const char *s, char *buf, size_t len)
 
 void ddo__config_fmt_double(double v, char *buf, size_t len)
 {
-    ddo_format_real(v, buf, len);
+    ddo__format_real(v, buf, len);
 }
 
 /* ------------------------------------------------------------------------ */

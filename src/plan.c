@@ -492,7 +492,7 @@ const size_t *ddo_plan_unit_tensors(const ddo_plan *p, size_t unit, size_t *coun
     return p->unit_tensors + p->units[unit].first_tensor;
 }
 
-ddo_placement ddo_plan_tensor_placement(const ddo_plan *p, size_t tensor, ddo_reason *reason)
+ddo_placement ddo__plan_tensor_placement(const ddo_plan *p, size_t tensor, ddo_reason *reason)
 {
     if (p == NULL || tensor >= p->tensor_count) {
         if (reason != NULL)
@@ -504,7 +504,7 @@ ddo_placement ddo_plan_tensor_placement(const ddo_plan *p, size_t tensor, ddo_re
     return p->tensors[tensor].loc.placement;
 }
 
-size_t ddo_plan_tensor_unit(const ddo_plan *p, size_t tensor)
+size_t ddo__plan_tensor_unit(const ddo_plan *p, size_t tensor)
 {
     if (p == NULL || tensor >= p->tensor_count)
         return SIZE_MAX;
@@ -573,7 +573,7 @@ int ddo_plan_info_get(const ddo_plan *p, ddo_plan_info *out)
     return DDO__ABI_OUT(ddo_plan_info, &info, out);
 }
 
-const char *ddo_plan_decision_get(const ddo_plan *p, const char *key)
+const char *ddo__plan_decision_get(const ddo_plan *p, const char *key)
 {
     if (p == NULL || key == NULL)
         return NULL;

@@ -71,6 +71,12 @@ void ddo__decisions_set_num(ddo__decisions *d, const char *key, double value);
 void ddo__decisions_set_bool(ddo__decisions *d, const char *key, bool value);
 /* The value recorded for key, or NULL. */
 const char *ddo__decisions_get(const ddo__decisions *d, const char *key);
+/* A tensor's placement (and why) and its unit, SIZE_MAX unless streamed (out of range: skipped,
+ * SIZE_MAX), and the value of a decision key (NULL when absent): what ddo_plan_tensor_location
+ * and ddo_plan_decision give hosts, one field at a time (the tests read them). */
+ddo_placement ddo__plan_tensor_placement(const ddo_plan *p, size_t tensor, ddo_reason *reason);
+size_t ddo__plan_tensor_unit(const ddo_plan *p, size_t tensor);
+const char *ddo__plan_decision_get(const ddo_plan *p, const char *key);
 /* Formats v rounded to 4 decimals the way Python prints round(v, 4): "6.0", "18.5181". */
 void ddo__format_num4(double v, char *buf, size_t len);
 

@@ -1,5 +1,5 @@
 /*
- * setup.c - the host layer (ddo.h "Host layer", docs/host.md): the one place that turns a
+ * setup.c - the host layer (ddo_host.h "Host layer", docs/host.md): the one place that turns a
  * validated configuration into a running setup, so that no host repeats the policy. Which
  * device execution_device names and what stands in for the default one; the read backend
  * load_safetensors_backend names; plan inputs from a device's capabilities and this machine;
@@ -9,6 +9,7 @@
  * device layer for the short bus measurement), as a host would write it.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "setup.h"
 #include "common.h"
 #include "device/device.h"
 #include "os/sysinfo.h"
@@ -38,8 +39,8 @@ struct ddo_setup {
 
 /* ---- the pieces: device, checkpoint, plan inputs ------------------------------------- */
 
-int ddo_device_create_from_config(const ddo_config *cfg, const ddo_device_options *opts,
-                                  ddo_device **out, char *note, size_t note_len)
+int ddo__device_create_from_config(const ddo_config *cfg, const ddo_device_options *opts,
+                                   ddo_device **out, char *note, size_t note_len)
 {
     if (out != NULL)
         *out = NULL;
@@ -47,7 +48,7 @@ int ddo_device_create_from_config(const ddo_config *cfg, const ddo_device_option
         note[0] = '\0';
     if (cfg == NULL || out == NULL)
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
-                         "ddo_device_create_from_config: config and out are required");
+                         "ddo__device_create_from_config: config and out are required");
     const char *spec = NULL, *src = NULL;
     if (ddo_config_get(cfg, "execution_device", &spec) != 0 || spec == NULL || spec[0] == '\0')
         spec = "cuda:0";
@@ -98,11 +99,11 @@ int ddo_plan_inputs_from_caps(const ddo_device_caps *caps, ddo_plan_inputs *out)
     return DDO__ABI_OUT(ddo_plan_inputs, &in, out);
 }
 
-int ddo_plan_inputs_get(ddo_device *dev, ddo_plan_inputs *out)
+int ddo__plan_inputs_get(ddo_device *dev, ddo_plan_inputs *out)
 {
     if (dev == NULL || out == NULL)
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
-                         "ddo_plan_inputs_get: device and out are required");
+                         "ddo__plan_inputs_get: device and out are required");
     ddo_device_caps caps;
     int rc = ddo_device_caps_get(dev, &caps);
     if (rc != 0)
@@ -145,7 +146,7 @@ static int open_device(ddo_setup *s, const ddo_config *cfg, const ddo_setup_opti
     if (o->device == DDO_DEVICE_CHOICE_EXACT)
         return ddo_device_create(s->spec, o->device_options, &s->dev);
     int rc =
-        ddo_device_create_from_config(cfg, o->device_options, &s->dev, s->note, sizeof(s->note));
+        ddo__device_create_from_config(cfg, o->device_options, &s->dev, s->note, sizeof(s->note));
     if (rc == 0 && s->note[0] != '\0')
         snprintf(s->spec, sizeof(s->spec), "cpu");
     return rc;
@@ -281,7 +282,7 @@ int ddo_setup_plan_inputs(ddo_setup *setup, ddo_plan_inputs *out)
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
                          "ddo_setup_plan_inputs: setup and out are required");
     ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
-    int rc = setup->dev != NULL ? ddo_plan_inputs_get(setup->dev, &in)
+    int rc = setup->dev != NULL ? ddo__plan_inputs_get(setup->dev, &in)
                                 : ddo_plan_inputs_from_caps(NULL, &in);
     if (rc != 0)
         return ddo__fail_from_last(&setup->err, rc);

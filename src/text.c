@@ -1,8 +1,9 @@
 /*
  * text.c - the text helpers every module's messages share: quoting a value for a one-line
  * message, the strict decimal syntax of numbers, byte counts in binary units, and the shortest
- * text of a real that reads back as the same value. Also public (ddo_quote,
- * ddo_decimal_syntax, ddo_format_real) so the tool writes its messages the same way.
+ * text of a real that reads back as the same value. The private static library ddo_support
+ * (support/support.h), linked into libddo and the ddo tool, so the tool writes its messages the
+ * same way; not exported by libddo.
  */
 #include "common.h"
 
@@ -63,12 +64,7 @@ void ddo__quote(const char *s, bool quotes, char *buf, size_t len)
     buf[o] = '\0';
 }
 
-void ddo_quote(const char *s, char *buf, size_t len)
-{
-    ddo__quote(s, true, buf, len);
-}
-
-bool ddo_decimal_syntax(const char *s, bool integer)
+bool ddo__decimal_syntax(const char *s, bool integer)
 {
     if (s == NULL)
         return false;
@@ -116,7 +112,7 @@ const char *ddo__format_bytes(uint64_t bytes, char *buf, size_t len)
     return buf;
 }
 
-void ddo_format_real(double v, char *buf, size_t len)
+void ddo__format_real(double v, char *buf, size_t len)
 {
     if (len == 0)
         return;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # check_exports.sh - the exported set of libddo.so (libddo.dll in a Windows build) is reviewed: the functions declared DDO_API
-# in include/ddo.h, the names listed in src/ddo.map (the linker version script) and the
+# in the public headers (include/ddo.h, ddo_host.h, ddo_compat.h), the names listed in src/ddo.map (the linker version script) and the
 # dynamic symbols the built library defines are the same three sets.
 # ctest-labels: unit
 set -u
@@ -26,14 +26,14 @@ exports() {
 }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-grep -oE '^DDO_API [^(]*\bddo_[a-z0-9_]+\(' include/ddo.h | grep -oE 'ddo_[a-z0-9_]+\($' |
+grep -ohE '^DDO_API [^(]*\bddo_[a-z0-9_]+\(' include/ddo.h include/ddo_host.h include/ddo_compat.h | grep -oE 'ddo_[a-z0-9_]+\($' |
     tr -d '(' | sort -u >"$tmp/header"
 sed -n '/^global:/,/^local:/p' src/ddo.map | grep -oE '^ +ddo_[a-z0-9_]+;' | tr -d ' ;' |
     sort -u >"$tmp/map"
 exports | sort -u >"$tmp/lib"
 fails=0
 if ! diff -u "$tmp/header" "$tmp/map" >"$tmp/d1"; then
-    echo "FAIL: include/ddo.h's DDO_API functions (-) and src/ddo.map (+) differ:"
+    echo "FAIL: the DDO_API functions of include/ (-) and src/ddo.map (+) differ:"
     cat "$tmp/d1"
     fails=1
 fi

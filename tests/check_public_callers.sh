@@ -9,7 +9,7 @@ SRC=${DDO_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
 cd "$SRC" || exit 1
 list=tests/public_callers.txt
 c_files=$(ls tools/ddo/*.c examples/*.c 2>/dev/null)
-py_files=$(ls python/ddo/*.py python/*.py examples/*.py 2>/dev/null)
+py_files=$(ls python/ddo/*.py python/ddo/*/*.py python/*.py examples/*.py 2>/dev/null)
 names=$(sed -n '/^global:/,/^local:/p' src/ddo.map | grep -oE '^ +ddo_[a-z0-9_]+;' | tr -d ' ;')
 [ -n "$names" ] || { echo "FAIL: no names in src/ddo.map"; exit 1; }
 fails=0 n=0 listed=0

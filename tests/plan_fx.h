@@ -7,6 +7,8 @@
 #define DDO_PLAN_FX_H
 
 #include "ddo.h"
+#include "ddo_compat.h"
+#include "plan.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -143,7 +145,7 @@ static inline ddo_config *fx_one_shot_fast(void)
 
 static inline const char *fx_decision(const ddo_plan *plan, const char *key)
 {
-    const char *v = ddo_plan_decision_get(plan, key);
+    const char *v = ddo__plan_decision_get(plan, key);
     return v != NULL ? v : "(absent)";
 }
 

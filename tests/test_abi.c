@@ -8,6 +8,9 @@
  * ctest-labels: unit
  */
 #include "ddo.h"
+#include "ddo_compat.h"
+#include "ddo_host.h"
+#include "setup.h"
 #include "t.h"
 
 #include <stddef.h>
@@ -164,7 +167,7 @@ static void test_outputs_stay_within_size(void)
     ddo_plan_inputs in;
     memset(&in, 0xab, sizeof(in));
     in.size = offsetof(ddo_plan_inputs, host_available_bytes);
-    T_EQ_INT(ddo_plan_inputs_get(dev, &in), 0);
+    T_EQ_INT(ddo__plan_inputs_get(dev, &in), 0);
     T_EQ_U64(in.size, offsetof(ddo_plan_inputs, host_available_bytes));
     T_EQ_U64(in.device_total_bytes, default_cpu_total());
     T_CHECK(in.device_is_cpu && in.device_vmm_supported);
@@ -174,10 +177,10 @@ static void test_outputs_stay_within_size(void)
     T_EQ_U64(in.tokens, untouched);
     /* A whole struct gets every field. */
     in = (ddo_plan_inputs)DDO_PLAN_INPUTS_INIT;
-    T_EQ_INT(ddo_plan_inputs_get(dev, &in), 0);
+    T_EQ_INT(ddo__plan_inputs_get(dev, &in), 0);
     T_CHECK(in.host_available_bytes > 0 && in.bus_bytes_per_s == 2e9);
     in.size = 0;
-    T_EQ_INT(ddo_plan_inputs_get(dev, &in), DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo__plan_inputs_get(dev, &in), DDO_E_INVALID_ARGUMENT);
     T_CONTAINS(ddo_last_error(), "ddo_plan_inputs.size is 0");
     ddo_device_destroy(dev);
 }

@@ -13,6 +13,7 @@
 #include "t.h"
 #include "checkpoint.h"
 #include "ddo.h"
+#include "plan.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -178,11 +179,11 @@ static void test_comfy_quant_tensors(void)
     if (rc == 0) {
         const size_t lq[] = { q->weight, q->weight_scale, q->input_scale, q->marker };
         for (size_t i = 1; i < DDO_ARRAY_LEN(lq); i++)
-            T_EQ_U64(ddo_plan_tensor_unit(plan, lq[i]), ddo_plan_tensor_unit(plan, lq[0]));
+            T_EQ_U64(ddo__plan_tensor_unit(plan, lq[i]), ddo__plan_tensor_unit(plan, lq[0]));
         const size_t lk[] = { k->weight, k->weight_scale, k->weight_scale_2, k->marker };
         for (size_t i = 1; i < DDO_ARRAY_LEN(lk); i++)
-            T_EQ_U64(ddo_plan_tensor_unit(plan, lk[i]), ddo_plan_tensor_unit(plan, lk[0]));
-        T_CHECK(ddo_plan_tensor_unit(plan, q->weight) != ddo_plan_tensor_unit(plan, k->weight));
+            T_EQ_U64(ddo__plan_tensor_unit(plan, lk[i]), ddo__plan_tensor_unit(plan, lk[0]));
+        T_CHECK(ddo__plan_tensor_unit(plan, q->weight) != ddo__plan_tensor_unit(plan, k->weight));
         ddo_plan_destroy(plan);
     }
     ddo_config_destroy(cfg);

@@ -218,7 +218,7 @@ static void test_clone_is_deep(void)
     T_EQ_STR(val(b, "resident_module_patterns"), "x,y");
     T_EQ_STR(src(b, "resident_module_patterns"), "api");
     const char *r;
-    T_EQ_INT(ddo_config_component_route(b, "vae", &r), 0);
+    T_EQ_INT(ddo__config_component_route(b, "vae", &r), 0);
     T_EQ_STR(r, "none");
     ddo_config_destroy(b);
 }
@@ -962,11 +962,11 @@ static void test_component_names_and_aliases(void)
     ddo_config *c = env_cfg(env);
     T_REQUIRE(c != NULL);
     const char *r = NULL;
-    T_EQ_INT(ddo_config_component_route(c, "", &r), 0);
+    T_EQ_INT(ddo__config_component_route(c, "", &r), 0);
     T_EQ_STR(r, "none");
-    T_EQ_INT(ddo_config_component_route(c, "!!", &r), 0);
+    T_EQ_INT(ddo__config_component_route(c, "!!", &r), 0);
     T_EQ_STR(r, "none");
-    T_EQ_INT(ddo_config_component_route(c, "__vae__", &r), DDO_E_CONFIG);
+    T_EQ_INT(ddo__config_component_route(c, "__vae__", &r), DDO_E_CONFIG);
     T_EQ_STR(ddo_config_error(c),
              "component VAE: route \"sideways\" (env:DDO_VAE_ROUTE): expected auto, "
              "dynamic_offload, diffusers_group_offload or none (aliases: dynamic, ddo; diffusers, "
@@ -1114,18 +1114,18 @@ static void test_use_environment_false(void)
     T_EQ_STR(val(c, "pin_cpu_workers"), "4"); /* from_env default, no environment */
     T_EQ_INT(ddo_config_apply_preset(c, "linear", "auto"), 0);
     const char *r;
-    T_EQ_INT(ddo_config_component_route(c, "transformer", &r), 0);
+    T_EQ_INT(ddo__config_component_route(c, "transformer", &r), 0);
     T_EQ_STR(r, "dynamic_offload");
     ddo_config_destroy(c);
     /* With the environment, the same block routes the transformer to none. */
     const char *e2[] = { "DDO_PRESET=auto", "DDO_TRANSFORMER_ROUTE=none", NULL };
     c = env_cfg(e2);
     T_REQUIRE(c != NULL);
-    T_EQ_INT(ddo_config_component_route(c, "transformer", &r), 0);
+    T_EQ_INT(ddo__config_component_route(c, "transformer", &r), 0);
     T_EQ_STR(r, "none");
     /* Turning the environment off afterwards also stops the captured routes. */
     T_EQ_INT(ddo_config_set(c, "use_environment", "false"), 0);
-    T_EQ_INT(ddo_config_component_route(c, "transformer", &r), 0);
+    T_EQ_INT(ddo__config_component_route(c, "transformer", &r), 0);
     T_EQ_STR(r, "dynamic_offload");
     ddo_config_destroy(c);
 }

@@ -3,7 +3,7 @@
  * or invalid library fails with DDO_E_NO_DEVICE and a clear one-line detail,
  * the bootstrap order (explicit path, then DDO_VMM_LIBRARY_PATH as passed by
  * the host, then discovery) is followed with no fallback, the driver entry
- * points a host asks for (ddo_cuda_driver_proc) fail the same way, and
+ * points a host asks for (ddo__cuda_driver_proc) fail the same way, and
  * everything else keeps working. Runs on any machine.
  *
  * ctest-labels: unit
@@ -150,7 +150,7 @@ static void test_discovery(void)
 static void test_driver_proc_without_driver(void)
 {
     void *fn = &fn;
-    T_EQ_INT(ddo_cuda_driver_proc("/nonexistent/libcuda.so.1", "cuMemAlloc", 12000, &fn),
+    T_EQ_INT(ddo__cuda_driver_proc("/nonexistent/libcuda.so.1", "cuMemAlloc", 12000, &fn),
              DDO_E_NO_DEVICE);
     T_CHECK(fn == &fn);
 #if DDO_HAVE_CUDA_H
@@ -158,7 +158,7 @@ static void test_driver_proc_without_driver(void)
         strncmp(ddo_last_error(), "no CUDA driver: dlopen(/nonexistent/libcuda.so.1): ", 51) == 0,
         "got \"%s\"", ddo_last_error());
     /* A library that is not a driver: refused, as the device refuses it. */
-    T_EQ_INT(ddo_cuda_driver_proc(NOT_A_DRIVER, "cuMemAlloc", 12000, &fn), DDO_E_NO_DEVICE);
+    T_EQ_INT(ddo__cuda_driver_proc(NOT_A_DRIVER, "cuMemAlloc", 12000, &fn), DDO_E_NO_DEVICE);
     T_EQ_STR(ddo_last_error(), "no CUDA driver: " NOT_A_DRIVER ": no cuGetProcAddress_v2 or "
                                "cuGetProcAddress (not a CUDA driver library, or a driver "
                                "older than CUDA 11.3)");
@@ -167,19 +167,19 @@ static void test_driver_proc_without_driver(void)
     T_CONTAINS(ddo_last_error(), "without CUDA support");
 #endif
     /* Arguments are checked before any library is looked at. */
-    T_EQ_INT(ddo_cuda_driver_proc(NULL, NULL, 12000, &fn), DDO_E_INVALID_ARGUMENT);
-    T_EQ_INT(ddo_cuda_driver_proc(NULL, "", 12000, &fn), DDO_E_INVALID_ARGUMENT);
-    T_EQ_INT(ddo_cuda_driver_proc(NULL, "cuMemAlloc", 12000, NULL), DDO_E_INVALID_ARGUMENT);
-    T_EQ_INT(ddo_cuda_driver_proc(NULL, "cuMemAlloc", 0, &fn), DDO_E_INVALID_ARGUMENT);
-    T_CONTAINS(ddo_last_error(), "ddo_cuda_driver_proc: cuda_version <= 0");
+    T_EQ_INT(ddo__cuda_driver_proc(NULL, NULL, 12000, &fn), DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo__cuda_driver_proc(NULL, "", 12000, &fn), DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo__cuda_driver_proc(NULL, "cuMemAlloc", 12000, NULL), DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo__cuda_driver_proc(NULL, "cuMemAlloc", 0, &fn), DDO_E_INVALID_ARGUMENT);
+    T_CONTAINS(ddo_last_error(), "ddo__cuda_driver_proc: cuda_version <= 0");
     T_CHECK(fn == &fn);
 
     /* NULL and "" mean discovery (libcuda.so.1), as for the device. */
-    int rc = ddo_cuda_driver_proc("", "cuMemAlloc", 12000, &fn);
+    int rc = ddo__cuda_driver_proc("", "cuMemAlloc", 12000, &fn);
     if (rc == 0) {
         T_CHECK(fn != NULL && fn != (void *)&fn);
         void *none = &none;
-        T_EQ_INT(ddo_cuda_driver_proc(NULL, "cuNoSuchEntryPoint", 12000, &none), DDO_E_NO_DEVICE);
+        T_EQ_INT(ddo__cuda_driver_proc(NULL, "cuNoSuchEntryPoint", 12000, &none), DDO_E_NO_DEVICE);
         T_CONTAINS(ddo_last_error(), "cuGetProcAddress(cuNoSuchEntryPoint, 12000)");
         T_CHECK(none == &none);
         T_SKIP("a CUDA driver is present: the no-driver path of discovery is not reachable");

@@ -4,7 +4,7 @@
  * release -> free), a handle offset refused as the driver refuses it, plain buffers, host
  * registration from several threads, pinned allocation, events, stream
  * ordering and host callbacks, a host's driver entry points
- * (ddo_cuda_driver_proc), the error mapping, and a session on the
+ * (ddo__cuda_driver_proc), the error mapping, and a session on the
  * device: stable addresses across leases, random acquire orders checked
  * byte for byte against the source, reclaim under memory pressure, and
  * faults injected through the wrappers. Every test ends with the device's
@@ -268,7 +268,7 @@ static void test_driver_proc(void)
 {
     void *fn = NULL;
     const char *lib = NULL; /* the device's: libcuda.so.1 */
-    T_REQUIRE(ddo_cuda_driver_proc(lib, "cuDriverGetVersion", 12000, &fn) == 0);
+    T_REQUIRE(ddo__cuda_driver_proc(lib, "cuDriverGetVersion", 12000, &fn) == 0);
     T_REQUIRE(fn != NULL);
     unsigned (*get_version)(int *) = NULL; /* CUresult cuDriverGetVersion(int *) */
     memcpy(&get_version, &fn, sizeof(fn));
@@ -276,7 +276,7 @@ static void test_driver_proc(void)
     T_EQ_INT((int)get_version(&version), 0);
     T_EQ_INT(version, g_caps.driver_version);
     void *none = &none;
-    T_EQ_INT(ddo_cuda_driver_proc(lib, "cuNoSuchEntryPoint", 12000, &none), DDO_E_NO_DEVICE);
+    T_EQ_INT(ddo__cuda_driver_proc(lib, "cuNoSuchEntryPoint", 12000, &none), DDO_E_NO_DEVICE);
     T_CHECK(none == &none);
 }
 

@@ -7,6 +7,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "t.h"
 #include "ddo.h"
+#include "ddo_compat.h"
+#include "ddo_host.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -9,6 +9,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "ddo.h"
+#include "ddo_host.h"
 #include "t.h"
 
 #include <stdio.h>

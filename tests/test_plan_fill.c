@@ -97,7 +97,7 @@ static void ladder(const char *name)
         T_EQ_U64(bg.device_weights_limit, limit);
         T_CHECK_MSG(bg.device_weights_peak <= limit, "%s at %s GiB: peak %llu", name, v,
                     (unsigned long long)bg.device_weights_peak);
-        const char *rule = ddo_plan_decision_get(p, "resident_set_rule");
+        const char *rule = ddo__plan_decision_get(p, "resident_set_rule");
         T_CHECK_MSG(rule != NULL && strncmp(rule, "fill", 4) == 0, "%s: rule %s", name,
                     rule != NULL ? rule : "(none)");
         if (bg.slot_count > 0) {

@@ -35,7 +35,7 @@ static ddo_config *from_env(const char *const *env, bool wsl)
 static const char *route(const ddo_config *c, const char *component)
 {
     const char *r = NULL;
-    return ddo_config_component_route(c, component, &r) == 0 ? r : "(error)";
+    return ddo__config_component_route(c, component, &r) == 0 ? r : "(error)";
 }
 
 /* 1: auto resolves to one_shot_fast, WSL or not. */

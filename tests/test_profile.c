@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE
 #include "ddo.h"
+#include "ddo_host.h"
 #include "t.h"
 
 #include <dirent.h>

@@ -56,7 +56,7 @@ static void coded_case(const char *route, const char *codec, int pin, int slots)
     T_REQUIRE(fx_create(&f, &o) == 0);
     T_CHECK_MSG(f.rc == 0, "%s", what);
     T_REQUIRE(f.rc == 0);
-    T_EQ_STR(ddo_plan_decision_get(f.plan, "weight_codec"), "ddoc1");
+    T_EQ_STR(ddo__plan_decision_get(f.plan, "weight_codec"), "ddoc1");
     ddo_plan_info info = DDO_PLAN_INFO_INIT;
     T_EQ_INT(ddo_plan_info_get(f.plan, &info), 0);
     T_EQ_INT(info.weight_codec, DDO_WEIGHT_CODEC_DDOC1);
@@ -108,11 +108,11 @@ static void test_every_route_is_bit_identical(void)
         fx_opts o = codec_opts("vmm_runtime", codecs[c], false, 2);
         T_REQUIRE(fx_create(&f, &o) == 0);
         T_REQUIRE(f.rc == 0);
-        T_EQ_STR(ddo_plan_decision_get(f.plan, "weight_codec"), c == 0 ? "ddoc1" : "none");
+        T_EQ_STR(ddo__plan_decision_get(f.plan, "weight_codec"), c == 0 ? "ddoc1" : "none");
         ddo_plan_info info = DDO_PLAN_INFO_INIT;
         T_EQ_INT(ddo_plan_info_get(f.plan, &info), 0);
         T_EQ_INT(info.weight_codec, c == 0 ? DDO_WEIGHT_CODEC_DDOC1 : DDO_WEIGHT_CODEC_NONE);
-        T_CHECK(ddo_plan_decision_get(f.plan, "weight_codec_note") != NULL);
+        T_CHECK(ddo__plan_decision_get(f.plan, "weight_codec_note") != NULL);
         fx_two_steps(&f, "vmm_runtime");
         T_CHECK(fx_metric(&f, "bytes_decoded") == 0);
         T_CHECK(fx_metric(&f, "bytes_staged_from_file") > 0);
@@ -278,7 +278,7 @@ static void host_memory_case(const char *route, bool pin, const char *random_ten
     T_REQUIRE(fx_create(&f, &o) == 0);
     T_CHECK_MSG(f.rc == 0, "%s", what);
     T_REQUIRE(f.rc == 0);
-    T_EQ_STR(ddo_plan_decision_get(f.plan, "retained_store"), "host_memory_coded");
+    T_EQ_STR(ddo__plan_decision_get(f.plan, "retained_store"), "host_memory_coded");
     size_t owned_n = 0, in_place = 0;
     unsigned char *poisoned[FX_MAX_TENSORS] = { 0 };
     for (size_t t = 0; t < ddo_checkpoint_tensor_count(f.ck); t++) {
@@ -348,8 +348,8 @@ static void test_host_memory_is_coded(void)
     o.file = false;
     T_REQUIRE(fx_create(&f, &o) == 0);
     T_REQUIRE(f.rc == 0);
-    T_EQ_STR(ddo_plan_decision_get(f.plan, "retained_store"), "host_memory");
-    T_CONTAINS(ddo_plan_decision_get(f.plan, "weight_codec_note"), "nothing to code");
+    T_EQ_STR(ddo__plan_decision_get(f.plan, "retained_store"), "host_memory");
+    T_CONTAINS(ddo__plan_decision_get(f.plan, "weight_codec_note"), "nothing to code");
     fx_two_steps(&f, "host memory vmm_runtime");
     T_CHECK(fx_metric(&f, "bytes_decoded") == 0);
     fx_destroy(&f);
@@ -404,8 +404,8 @@ static void test_plan_accounting(void)
     T_EQ_U64(bb.device_weights_peak, ba.device_weights_peak + area);
     T_EQ_U64(bb.retained_peak, ba.retained_peak + (bound + 255) / 256 * 256);
     T_EQ_U64(bb.registered_peak, ba.registered_peak);
-    T_CHECK(ddo_plan_decision_get(b.plan, "codec_decode_area_gb") != NULL);
-    T_EQ_STR(ddo_plan_decision_get(b.plan, "codec_decode_areas"), "2");
+    T_CHECK(ddo__plan_decision_get(b.plan, "codec_decode_area_gb") != NULL);
+    T_EQ_STR(ddo__plan_decision_get(b.plan, "codec_decode_areas"), "2");
     fx_destroy(&a);
     fx_destroy(&b);
 }

@@ -7,6 +7,7 @@
 #include "session_fx.h"
 
 #include "session.h"
+#include "setup.h"
 #include "t.h"
 
 /* DLPack v0's DLManagedTensor, as a host (torch) reads it. */
@@ -182,11 +183,11 @@ static void test_plan_inputs_and_struct_sizes(void)
     ddo_device *dev = NULL;
     T_REQUIRE(ddo_device_create("cpu", &o, &dev) == 0);
     ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
-    T_EQ_INT(ddo_plan_inputs_get(dev, &in), 0);
+    T_EQ_INT(ddo__plan_inputs_get(dev, &in), 0);
     T_EQ_U64(in.device_total_bytes, 3 * DDO_GIB);
     T_CHECK(in.device_is_cpu && in.device_vmm_supported && in.device_granularity > 0);
     T_CHECK(in.bus_bytes_per_s == 5e9 && in.host_available_bytes > 0);
-    T_EQ_INT(ddo_plan_inputs_get(NULL, &in), DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo__plan_inputs_get(NULL, &in), DDO_E_INVALID_ARGUMENT);
     ddo_device_destroy(dev);
     T_EQ_U64(ddo_struct_size("ddo_tensor_desc"), sizeof(ddo_tensor_desc));
     T_EQ_U64(ddo_struct_size("ddo_session_options"), sizeof(ddo_session_options));
@@ -206,7 +207,7 @@ static void test_device_from_config(void)
     o_cuda.library_path = "/nonexistent/libcuda.so.1";
     ddo_device_options o = DDO_DEVICE_OPTIONS_INIT;
     o.cuda = &o_cuda;
-    T_EQ_INT(ddo_device_create_from_config(cfg, &o, &dev, note, sizeof(note)), 0);
+    T_EQ_INT(ddo__device_create_from_config(cfg, &o, &dev, note, sizeof(note)), 0);
     ddo_device_caps caps;
     T_REQUIRE(dev != NULL && ddo_device_caps_get(dev, &caps) == 0);
     T_CHECK(caps.is_cpu);
@@ -215,7 +216,7 @@ static void test_device_from_config(void)
     /* An explicit cuda is never replaced. */
     T_EQ_INT(ddo_config_set(cfg, "execution_device", "cuda:0"), 0);
     dev = (ddo_device *)cfg;
-    T_EQ_INT(ddo_device_create_from_config(cfg, &o, &dev, note, sizeof(note)), DDO_E_NO_DEVICE);
+    T_EQ_INT(ddo__device_create_from_config(cfg, &o, &dev, note, sizeof(note)), DDO_E_NO_DEVICE);
     T_CHECK(dev == NULL && note[0] == '\0');
     /* An override wins over the environment; an API set does not. */
     const char *env[] = { "DDO_PIN_CPU_WORKERS=3", NULL };

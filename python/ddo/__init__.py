@@ -33,15 +33,15 @@ from ._native import ConfigError, DdoError, UnknownOptionError, set_library as l
 from ._native import lib as _lib_handle
 from .config import DynamicOffloadConfig
 from .offload import MetricsReport, OffloadResult
-from .settings import (DynamicOffloadSettings, is_wsl_environment,
-                       load_dynamic_offload_settings_from_env)
-from .cli import (add_dynamic_offload_arguments, add_dynamic_offload_lifecycle_arguments,
-                  build_config_from_args, maybe_purge_windows_standby_cache)
 from .routing import (RouteResult, close_pipeline_offload, detect_quantized_backend_modules,
-                      enable_dynamic_offload, enable_offload, enable_pipeline_offload,
-                      pipeline_offload)
-from .metrics import MetricsTracker
-from .loading import DynamicOffloadLoadResult, from_pretrained_with_dynamic_offload
+                      enable_offload, enable_pipeline_offload, pipeline_offload)
+# The compatibility tier (ddo.compat), re-exported: the names programs of the compatible
+# surface call as ddo.<name>.
+from .compat import (DynamicOffloadLoadResult, DynamicOffloadSettings, MetricsTracker,
+                     add_dynamic_offload_arguments, add_dynamic_offload_lifecycle_arguments,
+                     build_config_from_args, enable_dynamic_offload,
+                     from_pretrained_with_dynamic_offload, is_wsl_environment,
+                     load_dynamic_offload_settings_from_env, maybe_purge_windows_standby_cache)
 
 __all__ = ["enable_offload", "enable_dynamic_offload", "enable_pipeline_offload",
            "close_pipeline_offload", "pipeline_offload", "OffloadResult", "RouteResult", "MetricsReport",

@@ -5,13 +5,14 @@ a unit's lease. torch >= 2.0 has prepend=; on torch 1.13 the hook dicts (ordered
 reordered. A hook a user registers later is put behind ddo's again at each forward."""
 
 import inspect
+from typing import Any, Callable, List
 
 import torch
 
 _PREPEND = "prepend" in inspect.signature(torch.nn.Module.register_forward_pre_hook).parameters
 
 
-def pre_hook_first(module, fn, handles):
+def pre_hook_first(module: Any, fn: Callable[..., Any], handles: List[Any]) -> Any:
     """Registers fn as module's first forward pre-hook (its handle appended to handles)."""
     if _PREPEND:
         h = module.register_forward_pre_hook(fn, prepend=True)
@@ -22,14 +23,15 @@ def pre_hook_first(module, fn, handles):
     return h
 
 
-def post_hook_last(module, fn, handles, always_call):
+def post_hook_last(module: Any, fn: Callable[..., Any], handles: List[Any],
+                   always_call: bool) -> Any:
     """Registers fn as module's forward hook (last; keep_last keeps it there)."""
     h = module.register_forward_hook(fn, **({"always_call": True} if always_call else {}))
     handles.append(h)
     return h
 
 
-def keep_last(module, hook_id):
+def keep_last(module: Any, hook_id: int) -> None:
     """Moves ddo's forward hook behind any registered after it (a dict's order is its call
     order; O(1))."""
     hooks = module._forward_hooks

@@ -25,6 +25,8 @@ import gc
 import os
 import signal
 import threading
+from types import FrameType
+from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
 try:  # the C module: no enum conversions (signal's wrappers cost ~2 us a call)
     import _signal as _sig
@@ -49,28 +51,28 @@ class _Later:
     """The handler a shield installs: records the signal for its end."""
     __slots__ = ("pending",)
 
-    def __init__(self):
-        self.pending = []
+    def __init__(self) -> None:
+        self.pending: List[Tuple[int, Optional[FrameType]]] = []
 
-    def __call__(self, signum, frame):
+    def __call__(self, signum: int, frame: Optional[FrameType]) -> None:
         self.pending.append((signum, frame))
 
 
-def _shielded_now():
+def _shielded_now() -> bool:
     """A shield is open on this (main) thread: its recorder is SIGINT's handler (state kept
     in the handler itself, so no counter can be left behind by an interrupt)."""
     return isinstance(_sig.getsignal(_SIGINT), _Later)
 
 
 @contextlib.contextmanager
-def shield():
+def shield() -> Iterator[None]:
     """Defers Python signal handlers to the end of the block (main thread; a nested block
     defers to the outermost). Other threads never run signal handlers: a no-op there."""
     if threading.current_thread() is not threading.main_thread() or _shielded_now():
         yield
         return
     later = _Later()
-    saved = []
+    saved: List[Tuple[int, Any]] = []
     try:
         for s in _DEFERRABLE:
             h = _sig.getsignal(s)
@@ -98,31 +100,31 @@ class _Streamed:
     """What autograd keeps instead of a view of ddo's memory."""
     __slots__ = ("name",)
 
-    def __init__(self, name):
+    def __init__(self, name: str) -> None:
         self.name = name
 
 
-def _storage_ptr(t):
+def _storage_ptr(t: Any) -> int:
     st = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
-    return st.data_ptr()
+    return int(st.data_ptr())
 
 
-def refuse_grad(*_):
+def refuse_grad(*_: Any) -> None:
     raise DdoError("DDO_E_UNSUPPORTED", INFERENCE_ONLY)
 
 
-def saved_tensors(result):
+def saved_tensors(result: Any) -> Any:
     """The saved-tensor hooks of a forward run with grad mode on: a tensor over ddo's memory
     (result._view_ptrs) is packed as a marker whose unpacking raises INFERENCE_ONLY."""
     import torch
 
-    def pack(t):
+    def pack(t: Any) -> Any:
         if t.device == result.device and t.numel() > 0 and \
                 _storage_ptr(t) in result._view_ptrs:
             return _Streamed(result._view_ptrs[_storage_ptr(t)])
         return t
 
-    def unpack(x):
+    def unpack(x: Any) -> Any:
         if isinstance(x, _Streamed):
             raise DdoError("DDO_E_UNSUPPORTED", f"backward through {x.name}: {INFERENCE_ONLY}")
         return x
@@ -130,7 +132,7 @@ def saved_tensors(result):
     return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
 
-def needs_grad(args, params):
+def needs_grad(args: Iterable[Any], params: Iterable[Any]) -> bool:
     """True when grad mode is on and a forward over these inputs and Parameters would build
     a graph (an input or a Parameter requires grad)."""
     import torch
@@ -143,7 +145,7 @@ def needs_grad(args, params):
 
 # ---- fork ----
 
-def _after_fork_in_child():
+def _after_fork_in_child() -> None:
     _GRAVEYARD.clear()  # the parent's sessions: their threads are not in this process
 
 
@@ -151,12 +153,12 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def forked(pid):
+def forked(pid: int) -> bool:
     """True in a process forked after pid (the process that made a session) made it."""
     return pid != os.getpid()
 
 
-def check_fork(pid, what):
+def check_fork(pid: int, what: str) -> None:
     if forked(pid):
         raise DdoError("DDO_E_STATE", f"{what}: this process was forked after enable_offload; "
                        f"the ddo session belongs to the parent process (its loader and copy "
@@ -167,18 +169,18 @@ def check_fork(pid, what):
 # ---- lifetime ----
 
 # (session, plan, checkpoint, device, keep): sessions closed while DLPack views of them lived.
-_GRAVEYARD = []
+_GRAVEYARD: List[Tuple[Any, Any, Any, Any, Any]] = []
 
 
-def bury(entry):
+def bury(entry: Tuple[Any, Any, Any, Any, Any]) -> None:
     _GRAVEYARD.append(entry)
     sweep()
 
 
-_sweeping = []
+_sweeping: List[int] = []
 
 
-def sweep():
+def sweep() -> None:
     """Frees every buried session whose last view died (with its plan, checkpoint, setup)."""
     if not _GRAVEYARD or _sweeping:
         return
@@ -189,7 +191,7 @@ def sweep():
         _sweeping.clear()
 
 
-def _sweep():
+def _sweep() -> None:
     from . import _native
     L = _native._LIB
     if L is None:

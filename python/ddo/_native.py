@@ -5,11 +5,11 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-from typing import Any, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _lib
 
-_LIB = None
+_LIB: Any = None
 
 
 def lib() -> Any:
@@ -44,16 +44,17 @@ class ConfigError(DdoError, ValueError):
     raises for an invalid preset or route)."""
 
 
-def error(code, detail):
+def error(code: str, detail: Optional[str]) -> DdoError:
     """The exception for a library error name: ConfigError for DDO_E_CONFIG, else DdoError."""
     return (ConfigError if code == "DDO_E_CONFIG" else DdoError)(code, detail)
 
 
-def error_name(rc):
-    return lib().ddo_errname(rc).decode()
+def error_name(rc: int) -> str:
+    name: str = lib().ddo_errname(rc).decode()
+    return name
 
 
-def check(rc, detail=None):
+def check(rc: int, detail: Union[str, bytes, None] = None) -> None:
     """Raises DdoError for a negative return code (detail: the handle's, else the thread's)."""
     if rc == 0:
         return
@@ -64,7 +65,7 @@ def check(rc, detail=None):
     raise error(error_name(rc), detail or "")
 
 
-def take_text(ptr):
+def take_text(ptr: Any) -> str:
     """A library-allocated C string as str, freed."""
     try:
         return ctypes.string_at(ptr).decode()
@@ -72,9 +73,9 @@ def take_text(ptr):
         lib().ddo_free(ptr)
 
 
-def dtype_names():
+def dtype_names() -> Dict[int, str]:
     """ddo dtype index -> safetensors name ("BF16"), from the library."""
-    out = {}
+    out: Dict[int, str] = {}
     i = 0
     while True:
         n = lib().ddo_dtype_name(i)
@@ -87,39 +88,39 @@ def dtype_names():
 class Config:
     """An owned ddo_config handle."""
 
-    def __init__(self, handle=None):
+    def __init__(self, handle: Any = None) -> None:
         if handle is None:
             h = ctypes.c_void_p()
             check(lib().ddo_config_create(ctypes.byref(h)))
             handle = h
         self.h = handle
 
-    def __del__(self):
+    def __del__(self) -> None:
         h = getattr(self, "h", None)
         if h is not None and h.value and _LIB is not None:
             _LIB.ddo_config_destroy(h)
             self.h = None
 
-    def _check(self, rc):
+    def _check(self, rc: int) -> None:
         if rc != 0:
             check(rc, lib().ddo_config_error(self.h))
 
-    def apply_preset(self, backend, preset):
+    def apply_preset(self, backend: Optional[str], preset: Optional[str]) -> None:
         self._check(lib().ddo_config_apply_preset(
             self.h, backend.encode() if backend else None, (preset or "auto").encode()))
 
-    def apply_env(self, environ):
+    def apply_env(self, environ: Optional[Mapping[str, str]]) -> None:
         self._check(lib().ddo_config_apply_env(self.h, env_array(environ)))
 
-    def override(self, key, value):
+    def override(self, key: str, value: Any) -> None:
         """value at argument rank (it wins over DDO_*); a list or tuple element by element."""
         self._store(key, value, lib().ddo_config_override, lib().ddo_config_override_list)
 
-    def set(self, key, value):
+    def set(self, key: str, value: Any) -> None:
         """value at API rank (DDO_* wins over it, as over from_env's keyword arguments)."""
         self._store(key, value, lib().ddo_config_set, lib().ddo_config_set_list)
 
-    def _store(self, key, value, set_text, set_list):
+    def _store(self, key: str, value: Any, set_text: Any, set_list: Any) -> None:
         if isinstance(value, (list, tuple)):
             items = [_element(v).encode() for v in value]
             arr = (ctypes.c_char_p * max(1, len(items)))(*items)
@@ -133,7 +134,7 @@ class Config:
                 raise UnknownOptionError(name, detail)
             raise error(name, detail)
 
-    def component_value(self, component, option):
+    def component_value(self, component: str, option: str) -> Optional[Tuple[str, str]]:
         """(value, source) of a component option by the library's lookup (policy, DDO_*,
         preset); None when nothing sets it (DDO_E_NOT_FOUND)."""
         v = ctypes.c_char_p()
@@ -146,32 +147,33 @@ class Config:
         self._check(rc)
         return (v.value or b"").decode(), src.value.decode()
 
-    def get(self, key):
+    def get(self, key: str) -> str:
         v = ctypes.c_char_p()
         self._check(lib().ddo_config_get(self.h, key.encode(), ctypes.byref(v)))
         return v.value.decode() if v.value is not None else ""
 
-    def source(self, key):
+    def source(self, key: str) -> str:
         v = ctypes.c_char_p()
         self._check(lib().ddo_config_source(self.h, key.encode(), ctypes.byref(v)))
         return v.value.decode() if v.value is not None else ""
 
-    def validate(self):
+    def validate(self) -> None:
         self._check(lib().ddo_config_validate(self.h))
 
-    def to_json(self):
+    def to_json(self) -> Dict[str, Any]:
         p = ctypes.c_void_p()
         self._check(lib().ddo_config_to_json(self.h, ctypes.byref(p)))
-        return json.loads(take_text(p))
+        doc: Dict[str, Any] = json.loads(take_text(p))
+        return doc
 
-    def warnings(self):
+    def warnings(self) -> List[str]:
         n = lib().ddo_config_warning_count(self.h)
         return [lib().ddo_config_warning(self.h, i).decode() for i in range(n)]
 
-    def items(self):
+    def items(self) -> List[Tuple[str, int, str, str, str, str, str]]:
         """(key, type, value text, source, help, env, flag) of every option, catalog order."""
         it = _lib.ConfigItem()
-        out = []
+        out: List[Tuple[str, int, str, str, str, str, str]] = []
         for i in range(lib().ddo_config_count()):
             self._check(lib().ddo_config_entry(self.h, i, ctypes.byref(it)))
             out.append((it.key.decode(), it.type, it.value.decode(), it.source.decode(),
@@ -180,13 +182,13 @@ class Config:
         return out
 
 
-def _element(v):
+def _element(v: Any) -> str:
     """One element of a list option: a class is its name (target_module_classes=(nn.Linear,)
     is "Linear", the catalog's word), anything else its str."""
     return v.__name__ if isinstance(v, type) else str(v)
 
 
-def to_text(value, key=None):
+def to_text(value: Any, key: Optional[str] = None) -> str:
     """A Python value as the catalog's text form (for a flag or a policy value).
 
     A str is the text itself (a list option's text is split on ',' and ';', as DDO_*); a list
@@ -210,15 +212,15 @@ def to_text(value, key=None):
     return str(value)
 
 
-def c_strings(items):
+def c_strings(items: Sequence[Optional[bytes]]) -> Any:
     """A NULL-terminated char *[] of items (bytes), as libddo takes argv and environ blocks."""
     return (ctypes.c_char_p * (len(items) + 1))(*items, None)
 
 
-def env_array(environ=None):
+def env_array(environ: Optional[Mapping[str, str]] = None) -> Any:
     """environ (default os.environ) as the NULL-terminated NAME=VALUE block libddo takes."""
     return c_strings([f"{k}={v}".encode() for k, v in environ_block(environ).items()])
 
 
-def environ_block(environ=None):
+def environ_block(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     return dict(os.environ if environ is None else environ)

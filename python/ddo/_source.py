@@ -9,6 +9,7 @@ like every unmanaged tensor).
 """
 
 import ctypes
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -16,8 +17,13 @@ from . import _native
 
 _BACKENDS = {"": 0, "pread": 1, "mmap": 2}
 
+# (name, ddo dtype index, shape, nbytes) of a checkpoint tensor
+Entry = Tuple[str, int, Tuple[int, ...], int]
+# a persistent buffer to read: (tensor index, module, buffer name, torch dtype, shape)
+Load = Tuple[int, torch.nn.Module, str, torch.dtype, Tuple[int, ...]]
 
-def open_checkpoint(path, backend=""):
+
+def open_checkpoint(path: Any, backend: Optional[str] = "") -> ctypes.c_void_p:
     """An owned ddo_checkpoint handle for a file, a sharded index or a Diffusers folder."""
     ck = ctypes.c_void_p()
     _native.check(_native.lib().ddo_checkpoint_create(str(path).encode(),
@@ -26,10 +32,10 @@ def open_checkpoint(path, backend=""):
     return ck
 
 
-def table(ck):
+def table(ck: Any) -> List[Entry]:
     """[(name, ddo dtype index, shape tuple, nbytes)] in checkpoint order."""
     L = _native.lib()
-    out = []
+    out: List[Entry] = []
     for i in range(L.ddo_checkpoint_tensor_count(ck)):
         t = L.ddo_checkpoint_tensor(ck, i).contents
         out.append((t.name.decode(), t.dtype, tuple(t.shape[k] for k in range(t.ndim)),
@@ -37,7 +43,8 @@ def table(ck):
     return out
 
 
-def read_tensor(ck, index, torch_dtype, shape):
+def read_tensor(ck: Any, index: int, torch_dtype: torch.dtype,
+                shape: Tuple[int, ...]) -> torch.Tensor:
     """Tensor index of ck as a new CPU tensor (ddo_checkpoint_read: identity re-checked)."""
     t = torch.empty(shape, dtype=torch_dtype)
     n = t.numel() * t.element_size()
@@ -48,14 +55,15 @@ def read_tensor(ck, index, torch_dtype, shape):
     return t
 
 
-def _parameters(module):
+def _parameters(module: torch.nn.Module) -> Tuple[Dict[str, torch.nn.Parameter],
+                                                  Dict[str, Tuple[Any, str, torch.Tensor]]]:
     """name -> Parameter (tied ones under every name), and the buffers by name."""
-    params = {}
+    params: Dict[str, torch.nn.Parameter] = {}
     for mname, m in module.named_modules(remove_duplicate=False):
         for pname, p in m._parameters.items():
             if p is not None:
                 params[f"{mname}.{pname}" if mname else pname] = p
-    buffers = {}
+    buffers: Dict[str, Tuple[Any, str, torch.Tensor]] = {}
     for mname, m in module.named_modules(remove_duplicate=False):
         for bname, b in m._buffers.items():
             if b is not None and bname not in m._non_persistent_buffers_set:
@@ -63,7 +71,8 @@ def _parameters(module):
     return params, buffers
 
 
-def match(module, ck, where, check_dtype=True):
+def match(module: torch.nn.Module, ck: Any, where: str,
+          check_dtype: bool = True) -> Tuple[Dict[int, List[torch.nn.Parameter]], List[Load]]:
     """Checks module against the checkpoint; returns (params by tensor index, buffers to load).
 
     Every parameter must have a tensor of the same dtype and shape (a tied parameter needs
@@ -75,7 +84,8 @@ def match(module, ck, where, check_dtype=True):
     tab = table(ck)
     params, buffers = _parameters(module)
     kind = type(module).__name__
-    by_param, by_index = {}, {}
+    by_param: Dict[int, int] = {}
+    by_index: Dict[int, List[torch.nn.Parameter]] = {}
     for name, p in params.items():
         if id(p) in by_param and name not in names:
             continue  # a tied name whose partner is in the file
@@ -101,7 +111,7 @@ def match(module, ck, where, check_dtype=True):
                 f"{list(p.shape)} ({why})")
         by_param[id(p)] = i
         by_index.setdefault(i, []).append(p)
-    loads = []
+    loads: List[Load] = []
     for name, i in names.items():
         if i in by_index:
             continue
@@ -127,12 +137,13 @@ def match(module, ck, where, check_dtype=True):
 _BYTE_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ")
 
 
-def as_bytes(torch_dtype, dt, to_torch):
+def as_bytes(torch_dtype: torch.dtype, dt: int, to_torch: Dict[int, torch.dtype]) -> bool:
     """A uint8 parameter standing for checkpoint dtype dt, which this torch cannot name."""
     return torch_dtype == torch.uint8 and dt not in to_torch and _dtype_name(dt) in _BYTE_DTYPES
 
 
-def block_bytes_shape(p, dt, shape=None):
+def block_bytes_shape(p: torch.Tensor, dt: int,
+                      shape: Optional[Sequence[int]] = None) -> Optional[Tuple[int, ...]]:
     """The byte shape of p when p is a uint8 parameter holding checkpoint tensor dt's GGML
     blocks as stored (Diffusers' GGUFParameter: [rows..., blocks x block bytes]) and shape
     (the tensor's element shape, when given) matches it; else None."""
@@ -148,7 +159,7 @@ def block_bytes_shape(p, dt, shape=None):
     return tuple(p.shape)
 
 
-def stored_shape(dt, shape):
+def stored_shape(dt: int, shape: Sequence[int]) -> Tuple[int, ...]:
     """The shape a checkpoint tensor is read as: its own, or for a GGML block type the byte
     shape a GGUF-style Parameter holds ([rows..., blocks x block bytes], uint8)."""
     from . import _quant
@@ -158,7 +169,7 @@ def stored_shape(dt, shape):
     return tuple(shape[:-1]) + (shape[-1] // geo[1] * geo[2],)
 
 
-def torch_dtype_of(dt, to_torch):
+def torch_dtype_of(dt: int, to_torch: Dict[int, torch.dtype]) -> torch.dtype:
     """The torch dtype a checkpoint dtype is read as (uint8 for the _BYTE_DTYPES it lacks and
     for GGML's block types)."""
     from . import _quant
@@ -170,20 +181,22 @@ def torch_dtype_of(dt, to_torch):
     return to_torch[dt]
 
 
-def _torch_tables():
+def _torch_tables() -> Tuple[Dict[torch.dtype, int], Dict[int, torch.dtype]]:
     from . import _torch
     return _torch.dtype_tables()
 
 
-def _dtype_name(idx):
+def _dtype_name(idx: int) -> str:
     return _native.dtype_names().get(idx, str(idx))
 
 
-def replace_params(module, make):
+def replace_params(module: torch.nn.Module, make: Callable[[torch.nn.Parameter], Optional[torch.Tensor]]
+                   ) -> Tuple[Dict[int, Optional[torch.nn.Parameter]], List[Tuple[Any, str, Any]]]:
     """Replaces every Parameter p of module for which make(p) gives a tensor by a Parameter
     over that tensor (tied names keep sharing one); returns [(module, name, old)] to undo.
     (torch cannot assign a CPU or CUDA tensor to a meta Parameter's .data.)"""
-    new, undo = {}, []
+    new: Dict[int, Optional[torch.nn.Parameter]] = {}
+    undo: List[Tuple[Any, str, Any]] = []
     for m in module.modules():
         for name, p in list(m._parameters.items()):
             if p is None:
@@ -197,7 +210,7 @@ def replace_params(module, make):
     return new, undo
 
 
-def _like(p, t):
+def _like(p: torch.nn.Parameter, t: torch.Tensor) -> torch.nn.Parameter:
     """A Parameter over t of p's type with p's attributes (a GGUF-style Parameter subclass
     keeps quant_type); a plain Parameter for a plain one."""
     from . import _quant
@@ -208,17 +221,17 @@ def _like(p, t):
     return q
 
 
-def _quant_subclass(p):
+def _quant_subclass(p: torch.Tensor) -> bool:
     from . import _quant
     return _quant.is_param_subclass(p)
 
 
-def _quant_plain(p):
+def _quant_plain(p: torch.Tensor) -> torch.Tensor:
     from . import _quant
     return _quant.plain_data(p)
 
 
-def load_buffers(module, source):
+def load_buffers(module: torch.nn.Module, source: Any) -> None:
     """Reads the persistent buffers the checkpoint holds into module (host tensors)."""
     ck = open_checkpoint(source)
     try:
@@ -229,7 +242,8 @@ def load_buffers(module, source):
         _native.lib().ddo_checkpoint_destroy(ck)
 
 
-def file_checkpoint(result, module, source, backend):
+def file_checkpoint(result: Any, module: torch.nn.Module, source: Any,
+                    backend: Optional[str]) -> Tuple[List[Any], Dict[str, str], Dict[int, List[Any]], Any]:
     """(tensors, ddo_path, modules_of, checkpoint) for OffloadResult's file-backed setup.
 
     The meta Parameters are swapped for Parameters over empty host placeholders (torch binds
@@ -245,27 +259,28 @@ def file_checkpoint(result, module, source, backend):
         index_of = {id(p): i for i, ps in by_index.items() for p in ps}
         new, undo = replace_params(module, lambda p: torch.empty(0, dtype=p.dtype)
                                    if id(p) in index_of else None)
-        params = {}
+        params: Dict[int, List[torch.nn.Parameter]] = {}
         for old_id, i in index_of.items():
             q = new[old_id]
             if q is not None and all(q is not x for x in params.get(i, [])):
                 params.setdefault(i, []).append(q)
-        modules_of = {}
+        modules_of: Dict[int, List[Any]] = {}
         for m in module.modules():
             for _pn, p in m._parameters.items():
                 if p is not None:
                     modules_of.setdefault(id(p), []).append(m)
-        tensors = []
-        for i, (name, dt, shape, _nb) in enumerate(table(ck)):
+        tensors: List[Any] = []
+        record: Any = _Param  # offload.py's record (not annotated)
+        for i, (name, di, tshape, _nb) in enumerate(table(ck)):
             ps = params.get(i, [])
-            entry = _Param(i, name, torch.empty(0, dtype=torch_dtype_of(dt, to_torch)),
-                           _dtype_name(dt))
-            entry.shape = stored_shape(dt, shape)
+            entry = record(i, name, torch.empty(0, dtype=torch_dtype_of(di, to_torch)),
+                           _dtype_name(di))
+            entry.shape = stored_shape(di, tshape)
             entry.params = list(ps)
             tensors.append(entry)
         ddo_path = {n: n for n, _m in module.named_modules()}
 
-        def restore():
+        def restore() -> None:
             for m, name, old in reversed(undo):
                 m._parameters[name] = old
 

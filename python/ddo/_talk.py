@@ -19,13 +19,15 @@ import sys
 import threading
 import time
 import warnings
+from types import FrameType
+from typing import IO, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _lib
 
 _UNITS = ("KiB", "MiB", "GiB", "TiB")
 
 
-def size(n):
+def size(n: float) -> str:
     """n bytes in the largest binary unit that keeps the number >= 1 ("0 B", "96.50 KiB")."""
     n = int(n)
     if abs(n) < 1024:
@@ -38,12 +40,13 @@ def size(n):
     return f"{n} B"  # not reached
 
 
-def warn(message, stacklevel=None):
+def warn(message: str, stacklevel: Optional[int] = None) -> None:
     """A ddo warning (UserWarning, "ddo: " first), pointing at the first line outside the
     ddo package (the user's call)."""
     if stacklevel is None:
         pkg = os.path.dirname(os.path.abspath(__file__))
-        f, stacklevel = sys._getframe(0), 1
+        f: Optional[FrameType] = sys._getframe(0)
+        stacklevel = 1
         while f is not None and (os.path.abspath(f.f_code.co_filename).startswith(pkg) or
                                  f.f_code.co_filename.endswith("contextlib.py")):
             f, stacklevel = f.f_back, stacklevel + 1
@@ -53,17 +56,18 @@ def warn(message, stacklevel=None):
 class _StderrBar:
     """The tqdm subset Progress uses (total, update, close), drawn on stderr."""
 
-    def __init__(self, total=0, desc="", unit="B", unit_scale=True, leave=True, file=None):
+    def __init__(self, total: float = 0, desc: str = "", unit: str = "B", unit_scale: bool = True,
+                 leave: bool = True, file: Optional[IO[str]] = None) -> None:
         self.total, self.desc, self.n = int(total or 0), desc, 0
         self.file = file or sys.stderr
         self._last = -1.0
         self._draw()
 
-    def update(self, k):
+    def update(self, k: int) -> None:
         self.n += k
         self._draw()
 
-    def _draw(self):
+    def _draw(self) -> None:
         frac = self.n / self.total if self.total else 1.0
         now = time.monotonic()
         if now - self._last < 0.1 and self.n < self.total:
@@ -75,14 +79,14 @@ class _StderrBar:
                         f"{size(self.n)} / {size(self.total)}")
         self.file.flush()
 
-    def close(self):
+    def close(self) -> None:
         self._last = -1.0
         self._draw()
         self.file.write("\n")
         self.file.flush()
 
 
-def _bar_class(progress):
+def _bar_class(progress: Any) -> Any:
     """The bar factory: a tqdm-compatible class given, tqdm's, else the stderr bar."""
     if callable(progress) and not isinstance(progress, bool):
         return progress
@@ -100,21 +104,22 @@ class Progress:
     (called as cls(total=, desc=, unit="B", unit_scale=True, leave=True); update(n); close()).
     """
 
-    def __init__(self, label, progress=None):
+    def __init__(self, label: str, progress: Any = None) -> None:
         if progress is None:
             progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
         self.enabled = progress is not False
         self.label = label
-        self._cls = _bar_class(progress) if self.enabled else None
-        self._bar = None
-        self._phase = None
+        self._cls: Any = _bar_class(progress) if self.enabled else None
+        self._bar: Any = None
+        self._phase: Optional[str] = None
         self._done = 0
-        self.phases = []  # (phase, total) in the order they began (tests read it)
-        self.fn = _lib.PROGRESS_FN(self._call) if self.enabled else _lib.PROGRESS_FN()
+        self.phases: List[Tuple[str, int]] = []  # (phase, total) in the order they began
+        # (tests read it); a NULL callback when off
+        self.fn: Any = _lib.PROGRESS_FN(self._call) if self.enabled else _lib.PROGRESS_FN(0)
 
-    def _call(self, user, phase, done, total):
+    def _call(self, user: Any, phase_c: Optional[bytes], done: int, total: int) -> None:
         try:  # never raise into the library
-            phase = phase.decode(errors="replace") if phase else "setup"
+            phase = phase_c.decode(errors="replace") if phase_c else "setup"
             if phase != self._phase:
                 self._end()
                 self._phase, self._done = phase, 0
@@ -128,7 +133,7 @@ class Progress:
         except Exception:  # a broken bar must not break the setup
             self._bar = None
 
-    def _end(self):
+    def _end(self) -> None:
         if self._bar is not None:
             try:
                 self._bar.close()
@@ -136,16 +141,16 @@ class Progress:
                 pass
         self._bar = None
 
-    def close(self):
+    def close(self) -> None:
         self._end()
         self._phase = None
 
 
-def tidy_profile(text, verbose=False, width=100):
+def tidy_profile(text: str, verbose: bool = False, width: int = 100) -> str:
     """ddo_metrics_format_profile's text for people: ``key=`` with no value dropped; the
     ``decisions`` line (400+ characters) wrapped with verbose, else one line."""
     import textwrap
-    out = []
+    out: List[str] = []
     for line in text.splitlines():
         words = [w for w in line.split(" ") if not (w.endswith("=") and "=" not in w[:-1])]
         line = " ".join(words)
@@ -176,32 +181,33 @@ class Trace:
     """A Perfetto trace shared by the sessions of one call (a module, or every component of a
     pipeline); written by write() (close() of the result or of the pipeline does)."""
 
-    def __init__(self, path):
+    def __init__(self, path: Union[str, "os.PathLike[str]"]) -> None:
         self.path = str(path)
-        self._events = []
+        self._events: List[Tuple[int, int, str, str, int, int]] = []
         self._lock = threading.Lock()
-        self._names = []
+        self._names: List[str] = []
         self._t0 = time.monotonic_ns()
-        self._fns = []
+        self._fns: List[Any] = []
         try:  # checked before any setup work, as the CLI checks --metrics
             with open(self.path, "a"):
                 pass
         except OSError as e:
             raise ValueError(f"trace={self.path!r}: cannot write ({e.strerror})") from None
 
-    def process(self, name):
+    def process(self, name: str) -> int:
         """A new process track (one per session); returns its pid."""
         with self._lock:
             self._names.append(name)
             return len(self._names)
 
-    def span(self, pid, tid, name, cat, begin_ns, end_ns):
+    def span(self, pid: int, tid: int, name: str, cat: str, begin_ns: int, end_ns: int) -> None:
         with self._lock:
             self._events.append((pid, tid, name, cat, begin_ns, max(0, end_ns - begin_ns)))
 
-    def session_fn(self, pid, unit_names):
+    def session_fn(self, pid: int, unit_names: Sequence[str]) -> Any:
         """ddo_session_options.trace for one session (thread-safe: a lock around a list)."""
-        def call(user, kind, unit, begin_ns, end_ns, nbytes):
+        def call(user: Any, kind: Optional[bytes], unit: int, begin_ns: int, end_ns: int,
+                 nbytes: int) -> None:
             try:
                 k = kind.decode() if kind else "?"
                 name = unit_names[unit] if unit < len(unit_names) else k
@@ -213,11 +219,11 @@ class Trace:
         self._fns.append(fn)  # kept alive while a session may call it
         return fn
 
-    def write(self):
+    def write(self) -> str:
         with self._lock:
             events = sorted(self._events, key=lambda e: e[4])
             names = list(self._names)
-        out = []
+        out: List[Dict[str, Any]] = []
         for pid, name in enumerate(names, 1):
             out.append({"ph": "M", "pid": pid, "name": "process_name",
                         "args": {"name": name}})

@@ -10,7 +10,7 @@ import os
 import pathlib
 import subprocess
 import sys
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 _HERE = pathlib.Path(__file__).resolve().parent
 
@@ -45,7 +45,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _launched_as_command() -> bool:
     """Whether this interpreter runs the `ddo` console script or `python -m ddo`."""
-    orig = getattr(sys, "orig_argv", None)  # Python >= 3.10
+    orig: List[str] = list(getattr(sys, "orig_argv", None) or [])  # Python >= 3.10
     if sys.argv and sys.argv[0] == "-m":
         return bool(orig) and "-m" in orig and orig[orig.index("-m") + 1:][:1] == ["ddo"]
     main_file = getattr(sys.modules.get("__main__"), "__file__", None) or ""

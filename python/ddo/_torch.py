@@ -1,6 +1,7 @@
 """torch-side helpers (internal): dtypes, DLPack views over ddo memory, streams, compile guards."""
 
 import ctypes
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar
 
 import torch
 import torch.utils.dlpack
@@ -21,10 +22,13 @@ _TORCH_NAMES = {
 _AS_BYTES = {"BOOL", "U16", "U32", "U64", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ",
              "F8_E5M2FNUZ"}
 
+F = TypeVar("F", bound=Callable[..., Any])
 
-def dtype_tables():
+
+def dtype_tables() -> Tuple[Dict[torch.dtype, int], Dict[int, torch.dtype]]:
     """(torch dtype -> ddo dtype index, ddo index -> torch dtype)."""
-    to_ddo, to_torch = {}, {}
+    to_ddo: Dict[torch.dtype, int] = {}
+    to_torch: Dict[int, torch.dtype] = {}
     for idx, name in _native.dtype_names().items():
         attr = _TORCH_NAMES.get(name)
         td = getattr(torch, attr, None) if attr else None
@@ -50,7 +54,8 @@ _PyCapsule_IsValid.restype = ctypes.c_int
 _PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 
-def view(session, tensor, dtype_name, torch_dtype, shape):
+def view(session: Any, tensor: int, dtype_name: str, torch_dtype: torch.dtype,
+         shape: Sequence[int]) -> torch.Tensor:
     """A torch tensor over the session's device bytes of `tensor` (no copy).
 
     The DLPack capsule is consumed exactly once: torch renames it "used_dltensor" when it
@@ -68,29 +73,31 @@ def view(session, tensor, dtype_name, torch_dtype, shape):
         t = torch.utils.dlpack.from_dlpack(cap)
     except BaseException:
         if cap is None or _PyCapsule_IsValid(cap, b"dltensor"):
-            _Managed.from_address(p.value).deleter(p.value)
+            _Managed.from_address(p.value or 0).deleter(p.value)
         raise
     if as_bytes:
         t = t.view(torch_dtype).view(shape)
     return t
 
 
-def current_stream_handle(device):
+def current_stream_handle(device: torch.device) -> Optional[int]:
     """The native handle of torch's current stream on device (None on the cpu device)."""
     if device.type != "cuda":
         return None
-    return torch.cuda.current_stream(device).cuda_stream
+    handle: int = torch.cuda.current_stream(device).cuda_stream
+    return handle
 
 
-def capturing(device):
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+def capturing(device: torch.device) -> bool:
+    # getattr: torch 1.13 does not annotate it (mypy --strict would refuse the call)
+    return device.type == "cuda" and bool(getattr(torch.cuda, "is_current_stream_capturing")())
 
 
-def no_compile(fn):
+def no_compile(fn: F) -> F:
     """Keeps fn out of torch.compile (hooks call ctypes, which dynamo cannot trace)."""
     compiler = getattr(torch, "compiler", None)
     disable = getattr(compiler, "disable", None) if compiler is not None else None
     if disable is None:
         dynamo = getattr(torch, "_dynamo", None)
         disable = getattr(dynamo, "disable", None) if dynamo is not None else None
-    return disable(fn) if disable is not None else fn
+    return disable(fn) if disable is not None else fn  # type: ignore[no-any-return]

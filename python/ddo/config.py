@@ -1,31 +1,50 @@
 """DynamicOffloadConfig: every option of libddo's catalog as a field, built from the library.
 
-The fields, their defaults and their types come from the C catalog at import (``ddo config
---list`` is the same catalog); nothing here lists an option by hand. Validation is the
+The fields, their defaults and their types come from the C catalog, read from the library on
+first use (``import ddo`` loads no library; ``ddo config --list`` is the same catalog); nothing
+here lists an option by hand. Validation is the
 library's: ``DynamicOffloadConfig(...).validate()`` or any use raises ``ddo.DdoError`` with the
 library's one-line message.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _native
 
-
-def _catalog():
-    cfg = _native.Config()
-    values = {k: v["value"] for k, v in cfg.to_json()["options"].items()}
-    meta = {}
-    for key, typ, _text, _src, help_, env, flag in cfg.items():
-        meta[key] = {"type": typ, "help": help_, "env": env, "flag": flag}
-    return values, meta
+_Catalog = Tuple[Dict[str, Any], Dict[str, Dict[str, Any]]]
+_CACHE: Optional[_Catalog] = None
 
 
-_DEFAULTS, CATALOG = _catalog()
+def _catalog() -> _Catalog:
+    """(defaults, metadata) of every option, read from the library once, on first use."""
+    global _CACHE
+    if _CACHE is None:
+        cfg = _native.Config()
+        values = {k: v["value"] for k, v in cfg.to_json()["options"].items()}
+        meta = {}
+        for key, typ, _text, _src, help_, env, flag in cfg.items():
+            meta[key] = {"type": typ, "help": help_, "env": env, "flag": flag}
+        _CACHE = (values, meta)
+    return _CACHE
 
 
-def _freeze(v):
+def catalog() -> Dict[str, Dict[str, Any]]:
+    """Every option's type, help, environment variable and flag, in catalog order."""
+    return _catalog()[1]
+
+
+def __getattr__(name: str) -> Any:
+    # CATALOG and _DEFAULTS as module attributes, computed on first access (the library loads).
+    if name == "CATALOG":
+        return _catalog()[1]
+    if name == "_DEFAULTS":
+        return _catalog()[0]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _freeze(v: Any) -> Any:
     return tuple(v) if isinstance(v, list) else v
 
 
@@ -39,7 +58,7 @@ class DynamicOffloadConfig:
     __slots__ = ("_values", "_explicit")
 
     def __init__(self, **fields: Any) -> None:
-        object.__setattr__(self, "_values", {k: _freeze(v) for k, v in _DEFAULTS.items()})
+        object.__setattr__(self, "_values", {k: _freeze(v) for k, v in _catalog()[0].items()})
         object.__setattr__(self, "_explicit", [])
         for k, v in fields.items():
             setattr(self, k, v)
@@ -47,7 +66,7 @@ class DynamicOffloadConfig:
     @staticmethod
     def fields() -> List[str]:
         """The option keys, in catalog order."""
-        return list(_DEFAULTS)
+        return list(_catalog()[0])
 
     def __getattr__(self, key: str) -> Any:
         values = object.__getattribute__(self, "_values")
@@ -95,17 +114,17 @@ class DynamicOffloadConfig:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DynamicOffloadConfig) and self.to_dict() == other.to_dict()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         shown = ", ".join(f"{k}={self._values[k]!r}" for k in self._explicit)
         return f"DynamicOffloadConfig({shown})"
 
 
-def _nearest_hint(key):
+def _nearest_hint(key: str) -> str:
     """The library's own nearest-key suggestion for an unknown option."""
     try:
         _native.Config().override(key, "")
     except _native.UnknownOptionError as e:
-        detail = e.detail
+        detail = e.detail or ""
         at = detail.find("(nearest:")
         return " " + detail[at:] if at >= 0 else ""
     except _native.DdoError:

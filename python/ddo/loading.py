@@ -16,7 +16,7 @@ import contextlib
 import inspect
 import os
 import warnings
-from typing import Any, ContextManager, Optional, Union
+from typing import Any, Callable, ContextManager, Dict, Iterator, Optional, Tuple, Union
 
 import torch
 
@@ -25,11 +25,11 @@ from .config import DynamicOffloadConfig
 
 
 @contextlib.contextmanager
-def init_empty_weights():
+def init_empty_weights() -> Iterator[None]:
     """Parameters registered inside are created on the meta device (buffers stay real)."""
     orig = torch.nn.Module.register_parameter
 
-    def register(self, name, param):
+    def register(self: torch.nn.Module, name: str, param: Optional[torch.nn.Parameter]) -> None:
         orig(self, name, param)
         if param is not None and param.device.type != "meta":
             cls = type(param)
@@ -40,11 +40,11 @@ def init_empty_weights():
                 self._parameters[name] = cls(param.to("meta"),
                                              requires_grad=param.requires_grad)
 
-    torch.nn.Module.register_parameter = register
+    setattr(torch.nn.Module, "register_parameter", register)
     try:
         yield
     finally:
-        torch.nn.Module.register_parameter = orig
+        setattr(torch.nn.Module, "register_parameter", orig)
 
 
 class DynamicOffloadLoadResult:
@@ -67,10 +67,11 @@ class DynamicOffloadLoadResult:
 
     def profile_run(self) -> ContextManager[Any]:
         if self.hook is not None:
-            return self.hook.profile_run()
+            run: ContextManager[Any] = self.hook.profile_run()
+            return run
         return contextlib.nullcontext(self)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"<DynamicOffloadLoadResult {type(self.module).__name__} source={self.source} "
                 f"hook={'attached' if self.hook is not None else 'none'}>")
 
@@ -81,13 +82,15 @@ LOADER_SHAPES = ("a Diffusers model class (load_config/from_config: built on the
                  "(called with its parameters on the meta device)")
 
 
-def _build(model_loader, path, subfolder, torch_dtype, kwargs):
+def _build(model_loader: Any, path: Any, subfolder: Optional[str], torch_dtype: Optional[torch.dtype],
+           kwargs: Dict[str, Any]) -> Tuple[torch.nn.Module, str]:
     """(module, how): the model from model_loader by the loader contract
     (getattr(model_loader, "from_pretrained", model_loader)(path, **kwargs)), on the meta
     device where the loader lets ddo build it without its weights."""
     if model_loader is None:
         try:
-            from diffusers import AutoModel as model_loader
+            from diffusers import AutoModel
+            model_loader = AutoModel
         except ImportError as e:
             raise _native.DdoError("DDO_E_UNSUPPORTED", f"from_pretrained_with_dynamic_offload: "
                                    f"no model_loader given and Diffusers' AutoModel cannot be "
@@ -115,7 +118,7 @@ def _build(model_loader, path, subfolder, torch_dtype, kwargs):
                     f"{LOADER_SHAPES}; {type(model_loader).__name__} is none of them")
 
 
-def _check_callable(fn, path, kw, what):
+def _check_callable(fn: Callable[..., Any], path: Any, kw: Dict[str, Any], what: str) -> None:
     """One line when fn cannot be called as fn(path, **kw) (checked before calling it)."""
     try:
         sig = inspect.signature(fn)
@@ -129,7 +132,8 @@ def _check_callable(fn, path, kw, what):
                         f"model_loader must be {LOADER_SHAPES}") from None
 
 
-def materialize(module, source, torch_dtype=None):
+def materialize(module: torch.nn.Module, source: Any,
+                torch_dtype: Optional[torch.dtype] = None) -> torch.nn.Module:
     """Reads every meta parameter of module from source into host tensors (the dtype fallback
     and the non-streaming routes): after this the module is an ordinary CPU module."""
     ck = _source.open_checkpoint(source)
@@ -141,7 +145,7 @@ def materialize(module, source, torch_dtype=None):
             m._buffers[bname] = _source.read_tensor(ck, i, dt, shape)
         index_of = {id(p): i for i, ps in by_index.items() for p in ps}
 
-        def read(p):
+        def read(p: torch.nn.Parameter) -> Optional[torch.Tensor]:
             i = index_of.get(id(p))
             if i is None:
                 return None
@@ -159,7 +163,7 @@ def materialize(module, source, torch_dtype=None):
     return module
 
 
-def _checkpoint_path(path, subfolder):
+def _checkpoint_path(path: Any, subfolder: Optional[str]) -> str:
     p = os.path.join(str(path), subfolder) if subfolder else str(path)
     return p
 
@@ -227,17 +231,18 @@ def from_pretrained_with_dynamic_offload(
         materialize(module, source, torch_dtype)
     else:
         _source.load_buffers(module, source)
-        module._ddo_source = source
+        setattr(module, "_ddo_source", source)  # a plain attribute (not a tensor or module)
     hook = _attach(module, apply_dynamic, dynamic_offload_config, profile_name, build_profile)
     return DynamicOffloadLoadResult(module, source, hook, note)
 
 
-def _attach(module, apply_dynamic, config, profile_name, build_profile):
+def _attach(module: torch.nn.Module, apply_dynamic: bool, config: Any, profile_name: Optional[str],
+            build_profile: Optional[bool]) -> Any:
     """The ddo session of apply_dynamic=True (the dynamic route, with the profile options)."""
     if not apply_dynamic:
         return None
     from .routing import enable_dynamic_offload
-    kw = {}
+    kw: Dict[str, Any] = {}
     if profile_name:
         kw["profile_name"] = profile_name
     if build_profile:

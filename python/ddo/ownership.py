@@ -16,19 +16,21 @@ vmm_component_buffer_limit_mb. Before anything is set up the component must pass
 Each refusal is one line naming the component, the tensor and the option.
 """
 
+from typing import Any, Dict, NoReturn, Set, Tuple
+
 import torch
 
 from . import _native, _quant, _talk, _torch
 
 
-def _refuse(component, what):
+def _refuse(component: str, what: str) -> NoReturn:
     raise _native.DdoError("DDO_E_UNSUPPORTED", f"component {component}: whole-component "
                            f"ownership (vmm_component_tensor_ownership) refused: {what}")
 
 
-def _check_tensors(module, component, to_ddo):
-    spans = {}
-    seen = set()
+def _check_tensors(module: torch.nn.Module, component: str, to_ddo: Dict[torch.dtype, int]) -> int:
+    spans: Dict[int, Tuple[str, Any]] = {}
+    seen: Set[int] = set()
     named = [(f"{mn}.{pn}" if mn else pn, p)
              for mn, m in module.named_modules(remove_duplicate=False)
              for pn, p in m._parameters.items() if p is not None]
@@ -42,7 +44,8 @@ def _check_tensors(module, component, to_ddo):
         if d.device.type == "meta":
             seen.add(id(p))
             continue  # file-backed: the checkpoint slices are immutable and disjoint
-        st = d.untyped_storage() if hasattr(d, "untyped_storage") else d.storage()
+        # untyped_storage: torch >= 2.0; storage (torch 1.13) is not annotated there
+        st = d.untyped_storage() if hasattr(d, "untyped_storage") else getattr(d, "storage")()
         key = st.data_ptr()
         me = (d.data_ptr(), tuple(d.shape), tuple(d.stride()), d.dtype)
         other = spans.get(key)
@@ -55,7 +58,7 @@ def _check_tensors(module, component, to_ddo):
     return len(seen)
 
 
-def preflight(module, cfg, component):
+def preflight(module: torch.nn.Module, cfg: _native.Config, component: str) -> Dict[str, Any]:
     """Checks module for whole-component ownership when cfg asks for it; returns a summary
     dict ({} when the option is off). Raises DdoError (one line) on a refusal."""
     if cfg.get("vmm_component_tensor_ownership") != "true":

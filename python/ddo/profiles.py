@@ -15,6 +15,7 @@ import ctypes
 import json
 import os
 import time
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from . import _lib, _native
 
@@ -24,7 +25,8 @@ GIB = float(1 << 30)
 class ProfileState:
     """What prepare() did: name, dir, context, status, budget_gb, measured."""
 
-    def __init__(self, name, dir_, context, status, budget_gb, measured, calibrating):
+    def __init__(self, name: str, dir_: str, context: str, status: str, budget_gb: float,
+                 measured: Any, calibrating: bool) -> None:
         self.name = name
         self.dir = dir_
         self.context = context
@@ -32,16 +34,17 @@ class ProfileState:
         self.budget_gb = budget_gb
         self.measured = measured
         self.calibrating = calibrating
-        self.saved_path = None
-        self.recommendation = None
-        self.unit_compute = None  # {unit name: seconds} a calibration measured, or None
+        self.saved_path: Optional[str] = None
+        self.recommendation: Optional[Dict[str, Any]] = None
+        self.unit_compute: Optional[Dict[str, float]] = None  # {unit name: seconds} a calibration measured, or None
         self.decode_bytes_per_s = 0.0  # the device decoder's throughput it measured, or 0
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<ProfileState {self.name!r} {self.status} budget={self.budget_gb}>"
 
 
-def profile_dir(explicit=None, environ=None):
+def profile_dir(explicit: Optional[str] = None,
+                environ: Optional[Mapping[str, str]] = None) -> str:
     env = (os.environ if environ is None else environ).get("DDO_PROFILE_DIR", "")
     p = ctypes.c_void_p()
     _native.check(_native.lib().ddo_profile_dir(
@@ -50,7 +53,7 @@ def profile_dir(explicit=None, environ=None):
     return _native.take_text(p)
 
 
-def _context(name, module, source):
+def _context(name: str, module: Any, source: Any) -> str:
     """The workload identity: the tensor table ddo would build for this module."""
     from . import _torch, offload
     L = _native.lib()
@@ -59,7 +62,8 @@ def _context(name, module, source):
         _native.check(L.ddo_checkpoint_create(str(source).encode(), 0, ctypes.byref(ck)))
     else:
         to_ddo, _ = _torch.dtype_tables()
-        tensors, _p, _m = offload._collect(module, to_ddo)
+        collect: Any = offload._collect  # offload.py is not annotated
+        tensors, _p, _m = collect(module, to_ddo)
         descs = (_lib.TensorDesc * max(1, len(tensors)))()
         keep = []
         for i, t in enumerate(tensors):
@@ -79,7 +83,7 @@ def _context(name, module, source):
         L.ddo_checkpoint_destroy(ck)
 
 
-def prepare(module, cfg, source=None):
+def prepare(module: Any, cfg: _native.Config, source: Any = None) -> Optional[ProfileState]:
     """Applies cfg's profile_name / build_profile to cfg before planning; None when off."""
     name = cfg.get("profile_name")
     build = cfg.get("build_profile") == "true"
@@ -113,7 +117,7 @@ def prepare(module, cfg, source=None):
     return state
 
 
-def _saved_recommendation(d, context):
+def _saved_recommendation(d: str, context: str) -> Dict[str, Any]:
     """The stored profile's recommendation (a dict; {} without a profile). The planner checks
     the per-unit compute it carries (docs/plan.md)."""
     h = ctypes.c_void_p()
@@ -123,10 +127,17 @@ def _saved_recommendation(d, context):
     try:
         p = ctypes.c_void_p()
         _native.check(L.ddo_profile_to_json(h, ctypes.byref(p)))
-        rec = json.loads(_native.take_text(p)).get("recommendation") or {}
+        rec: Any = json.loads(_native.take_text(p)).get("recommendation") or {}
     finally:
         L.ddo_profile_destroy(h)
     return rec if isinstance(rec, dict) else {}
+
+
+def _cuda_event(torch: Any) -> Any:
+    """A timing event on the current stream, recorded now (torch is passed in: imported late)."""
+    ev = torch.cuda.Event(enable_timing=True)
+    ev.record()
+    return ev
 
 
 class UnitTimer:
@@ -134,37 +145,37 @@ class UnitTimer:
     (recorded after the acquire, so a unit's upload wait is not counted, and before the
     release) on a cuda device, the host clock on the cpu device (the forward runs there)."""
 
-    def __init__(self):
-        self._open = {}
-        self.samples = {}  # unit -> [start, end] pairs
+    def __init__(self) -> None:
+        self._open: Dict[int, Any] = {}
+        self.samples: Dict[int, List[Tuple[Any, Any]]] = {}  # unit -> [start, end] pairs
 
-    def begin(self, unit, device):
+    def begin(self, unit: int, device: Any) -> None:
         import torch
+        ev: Any
         if device.type == "cuda":
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
+            ev = _cuda_event(torch)
         else:
             ev = time.perf_counter()
         self._open[unit] = ev
 
-    def end(self, unit, device):
+    def end(self, unit: int, device: Any) -> None:
         import torch
         start = self._open.pop(unit, None)
         if start is None:
             return
+        ev: Any
         if device.type == "cuda":
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
+            ev = _cuda_event(torch)
         else:
             ev = time.perf_counter()
         self.samples.setdefault(unit, []).append((start, ev))
 
-    def medians(self, names, device):
+    def medians(self, names: Sequence[str], device: Any) -> Dict[str, float]:
         """{unit name: median seconds}: the median over the steps measured."""
         import torch
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        out = {}
+        out: Dict[str, float] = {}
         for u, pairs in self.samples.items():
             if device.type == "cuda":
                 xs = sorted(a.elapsed_time(b) / 1e3 for a, b in pairs)
@@ -174,14 +185,14 @@ class UnitTimer:
         return out
 
 
-def _device_used(res):
+def _device_used(res: Any) -> Tuple[int, int]:
     caps = _lib.DeviceCaps()
     _native.check(_native.lib().ddo_device_caps_get(res._dev, ctypes.byref(caps)))
     return caps.total_bytes, caps.free_bytes
 
 
 @contextlib.contextmanager
-def profile_run(res):
+def profile_run(res: Any) -> Iterator[Any]:
     """A calibration's measured region: on success the peak is saved as the next run's
     budget. Without a calibration (no profile, or one applied) it only yields."""
     prof = getattr(res, "_profile", None)
@@ -231,7 +242,7 @@ def profile_run(res):
                                              ctypes.byref(p)),
                   L.ddo_setup_error(res._setup_h))
     prof.saved_path = _native.take_text(p)
-    rec = {"profile_resident_module_budget_gb": cal.budget_gb}
+    rec: Dict[str, Any] = {"profile_resident_module_budget_gb": cal.budget_gb}
     if cal.achieved_bytes_per_s > 0:
         rec["bus_bytes_per_s"] = cal.achieved_bytes_per_s
     if cal.decode_bytes_per_s > 0:
@@ -241,7 +252,8 @@ def profile_run(res):
     prof.recommendation = rec
 
 
-def load_profile(name_or_context, module=None, profile_dir_=None):
+def load_profile(name_or_context: str, module: Any = None,
+                 profile_dir_: Optional[str] = None) -> Dict[str, Any]:
     """The stored profile (as a dict) of a context JSON, or of a name and its module."""
     ctx = name_or_context if module is None else _context(name_or_context, module, None)
     d = profile_dir(profile_dir_)
@@ -251,6 +263,7 @@ def load_profile(name_or_context, module=None, profile_dir_=None):
     try:
         p = ctypes.c_void_p()
         _native.check(_native.lib().ddo_profile_to_json(h, ctypes.byref(p)))
-        return json.loads(_native.take_text(p))
+        doc: Dict[str, Any] = json.loads(_native.take_text(p))
+        return doc
     finally:
         _native.lib().ddo_profile_destroy(h)

@@ -28,11 +28,12 @@ def is_wsl_environment() -> bool:
     return bool(host_info()["running_on_wsl"])
 
 
-def _text(b):
+def _text(b: Optional[bytes]) -> str:
     return b.decode(errors="replace") if b is not None else ""
 
 
-def set_component_policies(cfg, policies):
+def set_component_policies(cfg: _native.Config,
+                           policies: Optional[Mapping[str, Mapping[str, Any]]]) -> None:
     """Sets {component: {option: value}} on a C config (API rank: over environment/preset).
 
     Option names are tried as upstream does (lowercased, '-' as '_'); an unknown one is
@@ -54,7 +55,7 @@ def set_component_policies(cfg, policies):
                                     f"component_policies[{comp!r}][{opt!r}]: {detail}")
 
 
-def same_component(name, other):
+def same_component(name: str, other: str) -> bool:
     """True when the library takes name and other for one component (its normalisation:
     "Text-Encoder" is text_encoder), asked through a scratch config's API policy."""
     cfg = _native.Config()
@@ -68,9 +69,14 @@ def same_component(name, other):
     return found is not None and found[1] == "api"
 
 
-def resolve_config(*, preset="", backend=None, environ=None, use_environment=True,
-                   running_on_wsl=None, fields=None, config=None, overrides=None,
-                   component_policies=None, base=None):
+def resolve_config(*, preset: Optional[str] = "", backend: Optional[str] = None,
+                   environ: Optional[Mapping[str, str]] = None, use_environment: bool = True,
+                   running_on_wsl: Optional[bool] = None,
+                   fields: Optional[Mapping[str, Any]] = None,
+                   config: Optional[DynamicOffloadConfig] = None,
+                   overrides: Optional[Mapping[str, Any]] = None,
+                   component_policies: Optional[Mapping[str, Mapping[str, Any]]] = None,
+                   base: Optional[_native.Config] = None) -> _native.Config:
     """A C config: base (cloned) or preset; then the environment; then the caller's values.
 
     fields are applied with API rank (the environment wins over them, as from_env does with
@@ -99,14 +105,14 @@ def resolve_config(*, preset="", backend=None, environ=None, use_environment=Tru
             raise TypeError(f"config must be a ddo.DynamicOffloadConfig, not "
                             f"{type(config).__name__}")
         config.apply_to(cfg)
-    bad = []
+    bad: List[str] = []
     for k, v in (overrides or {}).items():
         if v is None:  # not given, as upstream's None parameter defaults
             continue
         try:
             cfg.override(k, v)
         except _native.UnknownOptionError as e:
-            bad.append(e.detail)
+            bad.append(e.detail or "")
     if bad:
         raise _native.UnknownOptionError(
             "DDO_E_NOT_FOUND", "Unknown DynamicOffloadConfig override(s): " + "; ".join(bad))
@@ -115,7 +121,7 @@ def resolve_config(*, preset="", backend=None, environ=None, use_environment=Tru
     return cfg
 
 
-def config_snapshot(cfg):
+def config_snapshot(cfg: _native.Config) -> DynamicOffloadConfig:
     """A DynamicOffloadConfig holding every resolved value of cfg (no field marked explicit)."""
     c = DynamicOffloadConfig()
     values = object.__getattribute__(c, "_values")
@@ -171,7 +177,7 @@ class DynamicOffloadSettings:
             object.__setattr__(self, k, v)
         object.__setattr__(self, "_cfg", cfg)
 
-    def __setattr__(self, key, value):
+    def __setattr__(self, key: str, value: Any) -> None:
         raise AttributeError("DynamicOffloadSettings is immutable: build new settings with "
                              "from_env(...) or pass overrides to enable_offload")
 
@@ -263,7 +269,7 @@ class DynamicOffloadSettings:
                              fields=fields, component_policies=component_policies)
         return cls(cfg, component_policies)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"DynamicOffloadSettings(requested_preset={self.requested_preset!r}, "
                 f"effective_preset={self.effective_preset!r}, route={self.route!r}, "
                 f"enabled={self.enabled}, effective_pin_cpu_memory="

@@ -15,7 +15,7 @@
  * host in the same process) and makes it current on every thread that calls
  * in. Every CUresult becomes a ddo error code in ddo__cu_code()/ddo__cu_fail() only.
  *
- * ddo_cuda_driver_proc hands a host the driver's entry points the same way
+ * ddo__cuda_driver_proc hands a host the driver's entry points the same way
  * (same library, cuGetProcAddress at the version the host asks for), so a
  * host that calls the driver itself loads no second copy by its own rules.
  *
@@ -23,7 +23,7 @@
  * called from any thread.
  *
  * This file: open, close and the operation table. Loading the driver, the
- * CUresult mapping and ddo_cuda_driver_proc: device_cuda_driver.c; what the two
+ * CUresult mapping and ddo__cuda_driver_proc: device_cuda_driver.c; what the two
  * share: device_cuda.h.
  */
 #define _POSIX_C_SOURCE 200809L

@@ -3,7 +3,7 @@
  * entry points (cu_api), the device's state, the context binding and the one
  * CUresult mapping. Private to device_cuda.c (open, close, the operation
  * table) and device_cuda_driver.c (loading the driver library, errors,
- * ddo_cuda_driver_proc).
+ * ddo__cuda_driver_proc).
  */
 #ifndef DDO_DEVICE_CUDA_H
 #define DDO_DEVICE_CUDA_H

@@ -3,7 +3,7 @@
  * (bootstrap: device_cuda.c): dlopen and cuGetProcAddress, the table of entry
  * points the device takes at DDO_CU_ABI, the one mapping from CUresult to a ddo
  * error code and its messages, binding the primary context, and
- * ddo_cuda_driver_proc, which hands a host an entry point by the same rules.
+ * ddo__cuda_driver_proc, which hands a host an entry point by the same rules.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "device_cuda.h"
@@ -234,7 +234,7 @@ const char *ddo__cuda_driver_path(const ddo_device_options *opts)
     return path;
 }
 
-/* ---- driver entry points for a host (ddo_cuda_driver_proc) ---- */
+/* ---- driver entry points for a host (ddo__cuda_driver_proc) ---- */
 
 static const char *proc_status_text(CUdriverProcAddressQueryResult status)
 {
@@ -288,10 +288,10 @@ static int driver_proc(const char *library_path, const char *symbol, int cuda_ve
 
 #endif
 
-int ddo_cuda_driver_proc(const char *library_path, const char *symbol, int cuda_version, void **fn)
+int ddo__cuda_driver_proc(const char *library_path, const char *symbol, int cuda_version, void **fn)
 {
     if (symbol == NULL || symbol[0] == '\0' || fn == NULL || cuda_version <= 0)
-        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_cuda_driver_proc: %s",
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo__cuda_driver_proc: %s",
                          symbol == NULL || symbol[0] == '\0' ? "no symbol"
                          : fn == NULL                        ? "fn is NULL"
                                                              : "cuda_version <= 0");

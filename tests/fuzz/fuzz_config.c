@@ -7,7 +7,9 @@
  * ddo_config_override_list, never split), and each environment entry's name is
  * read as a host phase reads a DDO_* variable (ddo_config_preset_value).
  */
+#include "config_priv.h"
 #include "ddo.h"
+#include "ddo_compat.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -91,7 +93,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         ddo_settings st;
         (void)ddo_config_settings(cfg, &st);
         const char *route = NULL;
-        (void)ddo_config_component_route(cfg, "text_encoder", &route);
+        (void)ddo__config_component_route(cfg, "text_encoder", &route);
         for (size_t i = 0; i < ddo_config_count(); i++) {
             ddo_config_item item;
             (void)ddo_config_entry(cfg, i, &item);

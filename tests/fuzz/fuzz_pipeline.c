@@ -8,6 +8,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "ddo.h"
+#include "ddo_host.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -11,6 +11,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "ddo.h"
+#include "ddo_host.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -109,7 +109,7 @@ def test_env_flag_and_override_agree(key, meta):
         argv = [a for k, v in extra.items() for a in (CATALOG[k]["flag"], v)]
         ns = p.parse_args(argv + [meta["flag"], text])
         assert getattr(ns, f"ddo_{key}") is not None
-        from ddo.cli import build_native_config
+        from ddo.compat.cli import build_native_config
         cfg = build_native_config(ns)
         assert cfg.source(key) == "flag"
         got["flag"] = resolved(cfg, key)
@@ -155,7 +155,7 @@ def test_build_config_from_args_ignores_environment(monkeypatch):
 def test_total_staging_flag_becomes_two_nvme_slots():
     p = argparse.ArgumentParser()
     ddo.add_dynamic_offload_arguments(p)
-    from ddo.cli import build_native_config
+    from ddo.compat.cli import build_native_config
     cfg = build_native_config(p.parse_args(["--ddo-backend", "vmm", "--ddo-preset",
                                             "nvme_baseline", "--ddo-vmm-total-staging-gb", "3"]))
     assert float(cfg.get("vmm_staging_buffer_gb")) == 1.5

@@ -488,10 +488,10 @@ static int verify_step(bench *b, ddo_session *s, const ddo_plan *plan, uint64_t 
     size_t n = ddo_checkpoint_tensor_count(b->ck), held = SIZE_MAX;
     int rc = 0;
     for (size_t t = 0; t < n && rc == 0; t++) {
-        ddo_placement pl = ddo_plan_tensor_placement(plan, t, NULL);
+        ddo_placement pl = tool_placement(plan, t);
         if (pl == DDO_PLACEMENT_SKIPPED)
             continue;
-        size_t u = pl == DDO_PLACEMENT_STREAMED ? ddo_plan_tensor_unit(plan, t) : SIZE_MAX;
+        size_t u = pl == DDO_PLACEMENT_STREAMED ? tool_unit(plan, t) : SIZE_MAX;
         if (u != SIZE_MAX && u != held) {
             if (held != SIZE_MAX) {
                 rc = ddo_session_release(s, held, b->stream);
@@ -541,7 +541,7 @@ static int case_plan(bench *b, ddo_config *cfg, case_result *r, ddo_plan **plan,
     snprintf(r->route, sizeof(r->route), "%s", ddo_plan_route(*plan));
     /* Coded: weight_codec=ddoc1 with something to code (an explicit ddoc1 may have nothing). */
     ddo_plan_info info = DDO_PLAN_INFO_INIT;
-    const char *cand = ddo_plan_decision_get(*plan, "codec_candidate_gb");
+    const char *cand = tool_decision(*plan, "codec_candidate_gb");
     r->coded = ddo_plan_info_get(*plan, &info) == 0 &&
                info.weight_codec == DDO_WEIGHT_CODEC_DDOC1 && cand != NULL &&
                strtod(cand, NULL) > 0.0;

@@ -65,10 +65,10 @@ static const char *gib(uint64_t bytes, char *buf, size_t len)
  * assumed. */
 static void print_codec(const ddo_plan *plan)
 {
-    const char *raw = ddo_plan_decision_get(plan, "codec_raw_streamed_gb");
-    const char *coded = ddo_plan_decision_get(plan, "codec_coded_streamed_gb");
-    const char *ratio = ddo_plan_decision_get(plan, "codec_ratio_estimate");
-    const char *dec = ddo_plan_decision_get(plan, "codec_decode_gbps");
+    const char *raw = tool_decision(plan, "codec_raw_streamed_gb");
+    const char *coded = tool_decision(plan, "codec_coded_streamed_gb");
+    const char *ratio = tool_decision(plan, "codec_ratio_estimate");
+    const char *dec = tool_decision(plan, "codec_decode_gbps");
     double r = raw != NULL ? strtod(raw, NULL) : 0.0, c = coded != NULL ? strtod(coded, NULL) : 0.0;
     printf("  streamed, coded  %.2f GiB raw -> %.2f GiB coded over the bus (%.4f; estimate: ratio "
            "%s, decoder %s GB/s)\n",
@@ -101,10 +101,8 @@ static void print_table(const ddo_plan *plan, const char *path)
     }
     printf("plan: %s\n", path);
     printf("route: %s, unit granularity: %s\n", ddo_plan_route(plan),
-           ddo_plan_decision_get(plan, "unit_granularity")
-               ? ddo_plan_decision_get(plan, "unit_granularity")
-               : "?");
-    const char *note = ddo_plan_decision_get(plan, "plan_note");
+           tool_decision(plan, "unit_granularity") ? tool_decision(plan, "unit_granularity") : "?");
+    const char *note = tool_decision(plan, "plan_note");
     if (note != NULL)
         printf("%s\n", note);
     printf("tensors: %zu (%s)\n", nt, gib(total, a, sizeof(a)));
@@ -126,7 +124,7 @@ static void print_table(const ddo_plan *plan, const char *path)
     ddo_plan_info info = DDO_PLAN_INFO_INIT;
     bool codec = ddo_plan_info_get(plan, &info) == 0 &&
                  info.weight_codec == DDO_WEIGHT_CODEC_DDOC1 &&
-                 ddo_plan_decision_get(plan, "codec_coded_streamed_gb") != NULL;
+                 tool_decision(plan, "codec_coded_streamed_gb") != NULL;
     printf("\nunits: %zu (execution order)\n", nu);
     printf("  %4s  %-44s %10s  %-9s %-9s", "#", "unit", "MiB", "placement", "host");
     if (codec)
@@ -154,7 +152,7 @@ static void print_table(const ddo_plan *plan, const char *path)
     }
 
     printf("\nbudgets (predicted peak / limit):\n");
-    const char *src = ddo_plan_decision_get(plan, "device_weights_limit_source");
+    const char *src = tool_decision(plan, "device_weights_limit_source");
     printf("  device weights   %s / %s  (resident %s + %zu slots x %s)%s%s\n",
            gib(bg.device_weights_peak, a, sizeof(a)),
            bg.device_weights_limit ? gib(bg.device_weights_limit, b, sizeof(b)) : "no limit",
@@ -169,7 +167,7 @@ static void print_table(const ddo_plan *plan, const char *path)
            bg.staging_windows, (double)bg.staging_window_bytes / 1048576.0);
     if (codec)
         print_codec(plan);
-    const char *raw_step = codec ? ddo_plan_decision_get(plan, "codec_raw_predicted_step_s") : NULL;
+    const char *raw_step = codec ? tool_decision(plan, "codec_raw_predicted_step_s") : NULL;
     if (cost_on && raw_step != NULL)
         printf("  predicted step   %.3f s coded (%.3f s raw)\n", bg.predicted_step_s,
                strtod(raw_step, NULL));

@@ -166,7 +166,7 @@ static void print_plan(const ddo_plan *plan, const ddo_checkpoint *ck, const cha
     size_t units = ddo_plan_unit_count(plan);
     size_t n = ddo_checkpoint_tensor_count(ck), resident = 0, streamed = 0, skipped = 0;
     for (size_t i = 0; i < n; i++) {
-        switch (ddo_plan_tensor_placement(plan, i, NULL)) {
+        switch (tool_placement(plan, i)) {
         case DDO_PLACEMENT_RESIDENT:
             resident++;
             break;
@@ -307,7 +307,7 @@ static int reference_session(run_ctx *ctx, const ddo_checkpoint *ck, const exec_
             const exec_group *g = &o->groups[gi];
             size_t nneed = 0;
             for (size_t j = 0; j < g->count; j++) {
-                size_t u = ddo_plan_tensor_unit(rplan, g->tensors[j]);
+                size_t u = tool_unit(rplan, g->tensors[j]);
                 bool seen = u == SIZE_MAX;
                 for (size_t k = 0; k < nneed && !seen; k++)
                     seen = need[k] == u;

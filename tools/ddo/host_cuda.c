@@ -6,7 +6,7 @@
  *
  * cuBLASLt is loaded at run time with dlopen/dlsym (the tool links only
  * libddo): libcublasLt.so.13, then .12, then libcublasLt.so. The few driver
- * calls the tool needs come from the library (ddo_cuda_driver_proc: the
+ * calls the tool needs come from the library (ddo__cuda_driver_proc: the
  * driver the library's cuda device opens, libcuda.so.1, through
  * cuGetProcAddress at the library's pinned ABI), so there is one driver
  * loader in the tree.
@@ -62,7 +62,7 @@ int ref_host_cuda_stream_callback(ddo_stream *stream, void (*fn)(void *), void *
 /* cuBLASLt workspace. */
 #    define WORKSPACE_BYTES ((size_t)32 << 20)
 
-/* ---- the driver calls of the tool (from the library: ddo_cuda_driver_proc) ---- */
+/* ---- the driver calls of the tool (from the library: ddo__cuda_driver_proc) ---- */
 
 /* The ABI the entry points are asked for (the PFN_ types below match it), as the library's. */
 #    define TOOL_CU_ABI 12000
@@ -153,7 +153,7 @@ static int load_cu(void)
         /* The driver the library's cuda device opened: the tool gives it no path, so
          * libcuda.so.1 (DDO_VMM_LIBRARY_PATH is not a driver path: the variable names
          * ddo's own native library, which the Python bootstrap resolves). */
-        int rc = ddo_cuda_driver_proc(NULL, names[i].name, TOOL_CU_ABI, &fn);
+        int rc = ddo__cuda_driver_proc(NULL, names[i].name, TOOL_CU_ABI, &fn);
         if (rc != 0) {
             snprintf(g_cu_err, sizeof(g_cu_err), "%s", ddo_last_error());
             memset(&g_cu, 0, sizeof(g_cu));

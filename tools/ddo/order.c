@@ -2,6 +2,7 @@
  * order.c - the reference host's execution order (see order.h).
  */
 #include "order.h"
+#include "tool.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +38,7 @@ int exec_order_build(const ddo_plan *plan, const ddo_checkpoint *ck, exec_order 
     }
     size_t r = 0;
     for (size_t i = 0; i < n; i++)
-        if (!in_unit[i] && ddo_plan_tensor_placement(plan, i, NULL) == DDO_PLACEMENT_RESIDENT)
+        if (!in_unit[i] && tool_placement(plan, i) == DDO_PLACEMENT_RESIDENT)
             o->resident[r++] = i;
     free(in_unit);
     o->groups[0] = (exec_group){ SIZE_MAX, o->resident, r, "resident" };

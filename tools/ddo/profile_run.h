@@ -6,7 +6,7 @@
 #ifndef DDO_TOOL_PROFILE_RUN_H
 #define DDO_TOOL_PROFILE_RUN_H
 
-#include "ddo.h"
+#include "ddo_host.h"
 
 #include <stdbool.h>
 

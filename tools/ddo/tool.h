@@ -1,13 +1,17 @@
 /*
  * tool.h - the ddo command-line tool: one file per command (cmd_<name>.c),
  * each an `int ddo_cmd_<name>(int argc, char **argv)` returning the exit
- * status (0 success, 1 failure, 2 usage error). The tool uses only ddo.h (inspect_codec.c
- * also src/codec.h: the encoder and the C decoder).
+ * status (0 success, 1 failure, 2 usage error). The tool uses the public headers (ddo.h,
+ * ddo_host.h, ddo_compat.h) and the private support library's support.h (text helpers, the
+ * CUDA driver's entry points); inspect_codec.c also src/codec.h (the encoder and the C decoder).
  */
 #ifndef DDO_TOOL_H
 #define DDO_TOOL_H
 
 #include "ddo.h"
+#include "ddo_compat.h"
+#include "ddo_host.h"
+#include "support.h"
 
 #define DDO_EXIT_OK      0
 #define DDO_EXIT_FAILURE 1
@@ -32,6 +36,7 @@ DDO_TOOL_COMMANDS(DDO_TOOL_DECLARE_)
 /* Small helpers shared by the commands (util.c). */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 /* Monotonic clock, ns. */
 uint64_t tool_now_ns(void);
 /* Reads a regular file of at most max_bytes into a NUL-terminated buffer (free it); opens
@@ -72,6 +77,13 @@ int tool_check_output_file(const char *cmd, const char *flag, const char *path);
 const char *tool_quote(const char *s, char *buf, size_t len);
 /* A numeric metric of a snapshot, 0 when absent. */
 double tool_metric(const ddo_metrics *m, const char *name);
+/* A tensor's placement and unit in plan (ddo_plan_tensor_location): DDO_PLACEMENT_SKIPPED and
+ * SIZE_MAX for a tensor out of range; the unit is SIZE_MAX unless the tensor is streamed. */
+ddo_placement tool_placement(const ddo_plan *plan, size_t tensor);
+size_t tool_unit(const ddo_plan *plan, size_t tensor);
+/* The value of a planner decision, for display only (the plan's facts are in ddo_plan_info),
+ * or NULL when the plan did not record it. */
+const char *tool_decision(const ddo_plan *plan, const char *key);
 /* Formats fmt into err (when given) and returns code. */
 #if defined(__MINGW32__)
 int tool_fail(char *err, size_t err_len, int code, const char *fmt, ...)

@@ -35,8 +35,8 @@ uint64_t tool_now_ns(void)
 
 int tool_parse_u64(const char *s, uint64_t *out)
 {
-    /* digits only (ddo_decimal_syntax takes a sign, which strtoull would wrap) */
-    if (s == NULL || s[0] == '+' || s[0] == '-' || !ddo_decimal_syntax(s, true))
+    /* digits only (ddo__decimal_syntax takes a sign, which strtoull would wrap) */
+    if (s == NULL || s[0] == '+' || s[0] == '-' || !ddo__decimal_syntax(s, true))
         return -1;
     errno = 0;
     unsigned long long v = strtoull(s, NULL, 10);
@@ -48,7 +48,7 @@ int tool_parse_u64(const char *s, uint64_t *out)
 
 int tool_parse_double(const char *s, double *out)
 {
-    if (s == NULL || !ddo_decimal_syntax(s, false))
+    if (s == NULL || !ddo__decimal_syntax(s, false))
         return -1;
     errno = 0;
     double v = strtod(s, NULL);
@@ -60,7 +60,7 @@ int tool_parse_double(const char *s, double *out)
 
 const char *tool_quote(const char *s, char *buf, size_t len)
 {
-    ddo_quote(s, buf, len);
+    ddo__quote(s, true, buf, len);
     return buf;
 }
 
@@ -68,14 +68,14 @@ int tool_flag_real(const char *cmd, const char *flag, const char *text, double l
                    double *out)
 {
     char q[160], a[40], b[40];
-    ddo_format_real(lo, a, sizeof a);
-    ddo_format_real(hi, b, sizeof b);
+    ddo__format_real(lo, a, sizeof a);
+    ddo__format_real(hi, b, sizeof b);
     double v = 0;
     if (text == NULL) {
         fprintf(stderr, "ddo %s: %s needs a value (a number from %s to %s)\n", cmd, flag, a, b);
         return -1;
     }
-    bool number = ddo_decimal_syntax(text, false);
+    bool number = ddo__decimal_syntax(text, false);
     if (number) {
         errno = 0;
         v = strtod(text, NULL);
@@ -111,7 +111,7 @@ int tool_flag_rate(const char *cmd, const char *flag, const char *text, double h
         return -1;
     if (v > 0.0 && v < 1e-3) {
         char q[160], b[40];
-        ddo_format_real(hi, b, sizeof b);
+        ddo__format_real(hi, b, sizeof b);
         fprintf(stderr,
                 "ddo %s: %s \"%s\": expected 0 (unthrottled) or a number from 0.001 to %s\n", cmd,
                 flag, tool_quote(text, q, sizeof q), b);
@@ -203,4 +203,28 @@ char *tool_read_file(const char *path, size_t max_bytes)
     if (buf != NULL)
         buf[done] = '\0';
     return buf;
+}
+
+ddo_placement tool_placement(const ddo_plan *plan, size_t tensor)
+{
+    ddo_tensor_location loc;
+    return ddo_plan_tensor_location(plan, tensor, &loc) == 0 ? loc.placement
+                                                             : DDO_PLACEMENT_SKIPPED;
+}
+
+size_t tool_unit(const ddo_plan *plan, size_t tensor)
+{
+    ddo_tensor_location loc;
+    return ddo_plan_tensor_location(plan, tensor, &loc) == 0 ? loc.unit : SIZE_MAX;
+}
+
+const char *tool_decision(const ddo_plan *plan, const char *key)
+{
+    size_t n = ddo_plan_decision_count(plan);
+    for (size_t i = 0; i < n; i++) {
+        const char *k = NULL, *v = NULL;
+        if (ddo_plan_decision(plan, i, &k, &v) == 0 && k != NULL && strcmp(k, key) == 0)
+            return v;
+    }
+    return NULL;
 }

@@ -1,6 +1,6 @@
-"""The host argument helpers: every --ddo-* flag of the catalog on an argparse parser, the
-config built from the parsed namespace (by the library's own flag parser), the lifecycle
-phase booleans and the Windows standby purge (ddo_purge_standby).
+"""The host argument helpers of the compatible surface: every --ddo-* flag of the catalog on an
+argparse parser, the config built from the parsed namespace (by the library's own flag parser),
+the lifecycle phase booleans and the Windows standby purge (ddo_purge_standby, ddo_compat.h).
 """
 
 from __future__ import annotations
@@ -8,23 +8,23 @@ from __future__ import annotations
 import argparse
 import ctypes
 import time
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from . import _enums, _lib, _native
-from .config import CATALOG, DynamicOffloadConfig
-from .settings import DynamicOffloadSettings
+from .. import _enums, _lib, _native
+from ..config import DynamicOffloadConfig, catalog
+from ..settings import DynamicOffloadSettings
 
 _BOOL = _enums.DDO_OPTION_BOOL
 # Phase boundaries a staged host has (the presets' DDO_PURGE_WINDOWS_STANDBY_<PHASE>).
 LIFECYCLE_PHASES = ("before_run", "after_text_encoder", "before_transformer")
 
 
-def _flags():
+def _flags() -> List[Tuple[str, str, int, str]]:
     """(key, flag, type, help) of every catalog option that has a flag, catalog order."""
-    return [(k, m["flag"], m["type"], m["help"]) for k, m in CATALOG.items() if m["flag"]]
+    return [(k, m["flag"], m["type"], m["help"]) for k, m in catalog().items() if m["flag"]]
 
 
-def _bool_word(text):
+def _bool_word(text: Any) -> str:
     word = str(text).strip().lower()
     if word in ("1", "true", "yes", "on", "0", "false", "no", "off"):
         return word
@@ -45,7 +45,8 @@ def add_dynamic_offload_arguments(parser: argparse.ArgumentParser) -> Any:
     namespace (default SUPPRESS)."""
     group = parser.add_argument_group("ddo", "ddo offload options (`ddo config --list`)")
     for key, flag, typ, help_ in _flags():
-        kw = dict(dest=dest_of(key), default=argparse.SUPPRESS, help=help_.replace("%", "%%"))
+        kw: Dict[str, Any] = dict(dest=dest_of(key), default=argparse.SUPPRESS,
+                                  help=help_.replace("%", "%%"))
         if typ == _BOOL:
             group.add_argument(flag, nargs="?", const="true", type=_bool_word,
                                metavar="BOOL", **kw)
@@ -55,9 +56,9 @@ def add_dynamic_offload_arguments(parser: argparse.ArgumentParser) -> Any:
     return group
 
 
-def _argv_from(args):
+def _argv_from(args: Union[argparse.Namespace, Dict[str, Any]]) -> List[str]:
     values = vars(args) if not isinstance(args, dict) else args
-    argv = []
+    argv: List[str] = []
     for key, flag, _typ, _help in _flags():
         v = values.get(dest_of(key))
         if v is not None:
@@ -65,7 +66,7 @@ def _argv_from(args):
     return argv
 
 
-def build_native_config(args):
+def build_native_config(args: Union[argparse.Namespace, Dict[str, Any]]) -> _native.Config:
     """The C config the flags in args describe (ddo_config_parse_args: no DDO_* merge)."""
     argv = _argv_from(args)
     cfg = _native.Config()
@@ -188,7 +189,8 @@ def maybe_purge_windows_standby_cache(
     return out
 
 
-def _purge(cfg, phase, flag, env):
+def _purge(cfg: Optional[_native.Config], phase: str, flag: int,
+           env: Mapping[str, str]) -> Dict[str, Any]:
     arr = _native.env_array(env)
     out = _lib.PurgeResult()
     _native.check(_native.lib().ddo_purge_standby(cfg.h if cfg is not None else None,
