@@ -303,6 +303,8 @@ static int run_add(ddo_session *s, copy_run *r, size_t tensor, const ddo__host_p
 int ddo__session_upload_unit(ddo_session *s, const ddo__job *job, uint64_t dst, uint64_t *ubytes,
                              bool *reread, ddo__errbuf *eb)
 {
+    if (ddo__session_store_used(s)) /* donor mode: from the store device (session_store.c) */
+        return ddo__session_store_upload(s, job, dst, ubytes, eb);
     size_t count = 0;
     const size_t *tensors = ddo_plan_unit_tensors(s->plan, job->unit, &count);
     copy_run run = { 0 };
