@@ -669,6 +669,17 @@ typedef struct ddo_device_bandwidth {
  * memory, pinned or not), DDO_E_DEVICE, DDO_E_UNSUPPORTED (registration refused by the driver).
  */
 DDO_API int ddo_device_measure(ddo_device *dev, uint64_t bytes, ddo_device_bandwidth *out);
+/*
+ * Measures the device->device link of a device set (docs/multi-gpu.md): *bytes_per_s of copies
+ * from src's memory into dst's, `bytes` per pass (0 = 256 MiB) in 64 MiB pieces on a stream of
+ * dst, a warm-up pass then the median of three. cuda: cuMemcpyPeerAsync (peer access enabled
+ * where the GPUs allow it); cpu: the emulated link (ddo_cpu_options.peer_bytes_per_s of dst).
+ * Takes bytes of device memory on each device for the duration. Errors:
+ * DDO_E_INVALID_ARGUMENT (NULL argument, dst == src, devices of two kinds),
+ * DDO_E_DEVICE_MEMORY, DDO_E_DEVICE, DDO_E_NO_MEMORY.
+ */
+DDO_API int ddo_device_measure_peer(ddo_device *dst, ddo_device *src, uint64_t bytes,
+                                    double *bytes_per_s);
 
 /* Read speed of a file: from the page cache (after warming it) and with O_DIRECT. */
 typedef struct ddo_file_speed {

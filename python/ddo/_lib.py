@@ -82,7 +82,8 @@ class DeviceCaps(ctypes.Structure):
 
 class CpuOptions(Extensible):
     _fields_ = [("size", c_size_t), ("memory_bytes", c_u64), ("granularity", c_size_t),
-                ("bytes_per_s", c_double), ("copy_latency_ns", c_u64), ("flops_per_s", c_double)]
+                ("bytes_per_s", c_double), ("copy_latency_ns", c_u64), ("flops_per_s", c_double),
+                ("peer_bytes_per_s", c_double)]
 
 
 class CudaOptions(Extensible):
@@ -100,7 +101,8 @@ class PlanInputs(Extensible):
                 ("device_vmm_supported", c_bool), ("host_available_bytes", c_u64),
                 ("bus_bytes_per_s", c_double), ("flops_per_s", c_double), ("tokens", c_u64),
                 ("unit_compute_json", c_char_p),
-                ("codec_ratio", c_double), ("decode_bytes_per_s", c_double)]
+                ("codec_ratio", c_double), ("decode_bytes_per_s", c_double),
+                ("store_free_bytes", c_u64), ("peer_bytes_per_s", c_double)]
 
 
 class SetupOptions(Extensible):
@@ -133,7 +135,9 @@ class TensorLocation(ctypes.Structure):
 class PlanInfo(Extensible):
     _fields_ = [("size", c_size_t), ("route", c_int), ("stable_addresses", c_bool),
                 ("route_label", c_char_p), ("host_residents", c_int), ("weight_codec", c_int),
-                ("unit_granularity", c_int)]
+                ("unit_granularity", c_int), ("device_mode", c_int), ("device_count", c_size_t),
+                ("devices", c_char_p), ("store_bytes", c_u64), ("store_limit", c_u64),
+                ("peer_bytes_per_s", c_double)]
 
 
 PROGRESS_FN = ctypes.CFUNCTYPE(None, c_void_p, c_char_p, c_u64, c_u64)
@@ -142,7 +146,7 @@ TRACE_FN = ctypes.CFUNCTYPE(None, c_void_p, c_char_p, c_size_t, c_u64, c_u64, c_
 
 class SessionOptions(Extensible):
     _fields_ = [("size", c_size_t), ("progress", PROGRESS_FN), ("progress_user", c_void_p), ("config", c_void_p),
-                ("trace", TRACE_FN), ("trace_user", c_void_p)]
+                ("trace", TRACE_FN), ("trace_user", c_void_p), ("store_device", c_void_p)]
 
 
 class ComponentPolicy(ctypes.Structure):
@@ -248,6 +252,7 @@ FUNCTIONS = {
     "ddo_device_create_from_config": (c_int, [P, ctypes.POINTER(DeviceOptions), PP,
                                               ctypes.c_char_p, c_size_t]),
     "ddo_device_destroy": (None, [P]),
+    "ddo_device_measure_peer": (c_int, [P, P, c_u64, ctypes.POINTER(c_double)]),
     "ddo_device_caps_get": (c_int, [P, ctypes.POINTER(DeviceCaps)]),
     "ddo_device_error": (c_char_p, [P]),
     "ddo_stream_wrap": (c_int, [P, P, PP]),
