@@ -164,11 +164,40 @@ static void test_refused_and_nccl_absent(void)
     ddo_device_destroy(g[1]);
 }
 
+/* The public measurement of split mode's intake: the bytes are read back on every device. */
+static void test_measure_split(void)
+{
+    ddo_device *d[N];
+    for (int i = 0; i < N; i++) {
+        char spec[16];
+        snprintf(spec, sizeof(spec), "cpu:%d", i);
+        d[i] = open_cpu(spec);
+        T_REQUIRE(d[i] != NULL);
+    }
+    double rate = 0;
+    T_EQ_INT(ddo_device_measure_split(d, N, (3u << 20) + 7, NULL, &rate), 0);
+    T_CHECK(rate > 0);
+    T_EQ_INT(ddo_device_measure_split(d, 1, 1 << 20, NULL, &rate), DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo_device_measure_split(NULL, N, 1 << 20, NULL, &rate), DDO_E_INVALID_ARGUMENT);
+    double peer = 0;
+    T_EQ_INT(ddo_device_measure_peer(d[0], d[1], 4u << 20, &peer), 0);
+    T_CHECK(peer > 0);
+    T_EQ_INT(ddo_device_measure_peer(d[0], d[0], 4u << 20, &peer), DDO_E_INVALID_ARGUMENT);
+    for (int i = 0; i < N; i++) {
+        ddo__device_usage_t u;
+        ddo__device_usage(d[i], &u);
+        T_EQ_U64(u.device_bytes, 0); /* everything given back */
+        T_EQ_U64(u.pinned_bytes, 0);
+        ddo_device_destroy(d[i]);
+    }
+}
+
 int main(void)
 {
     T_RUN(test_split_upload);
     T_RUN(test_all_gather_out_of_place);
     T_RUN(test_gather_queue_failure);
     T_RUN(test_refused_and_nccl_absent);
+    T_RUN(test_measure_split);
     return t_done();
 }

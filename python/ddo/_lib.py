@@ -253,6 +253,8 @@ FUNCTIONS = {
                                               ctypes.c_char_p, c_size_t]),
     "ddo_device_destroy": (None, [P]),
     "ddo_device_measure_peer": (c_int, [P, P, c_u64, ctypes.POINTER(c_double)]),
+    "ddo_device_measure_split": (c_int, [ctypes.POINTER(P), c_size_t, c_u64, c_char_p,
+                                         ctypes.POINTER(c_double)]),
     "ddo_device_caps_get": (c_int, [P, ctypes.POINTER(DeviceCaps)]),
     "ddo_device_error": (c_char_p, [P]),
     "ddo_stream_wrap": (c_int, [P, P, PP]),

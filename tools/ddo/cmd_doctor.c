@@ -80,6 +80,8 @@ typedef struct doctor {
     int nset;
     double h2d[MAX_GPUS];            /* pinned host->device per device; 0 = not measured */
     double link[MAX_GPUS][MAX_GPUS]; /* [to][from] device->device; 0 = not measured */
+    double split;                    /* split mode's intake per device; 0 = not measured */
+    char split_error[512];
     char link_error[512];
 } doctor;
 
@@ -158,6 +160,11 @@ static void probe_links(doctor *D, uint64_t measure_bytes, bool quiet)
                 D->link_error[0] == '\0')
                 snprintf(D->link_error, sizeof(D->link_error), "%s", ddo_last_error());
         }
+    if (D->nset >= 2 && !quiet)
+        fprintf(stderr, "measuring the split intake over %d devices...\n", D->nset);
+    if (D->nset >= 2 &&
+        ddo_device_measure_split(dev, (size_t)D->nset, measure_bytes, NULL, &D->split) != 0)
+        snprintf(D->split_error, sizeof(D->split_error), "%s", ddo_last_error());
 out:
     for (int i = 0; i < D->nset; i++)
         ddo_device_destroy(dev[i]);
@@ -185,6 +192,9 @@ static void links_json(const doctor *D, json_t *j)
     }
     json_object_set_new(o, "host_to_device", hd);
     json_object_set_new(o, "device_to_device", dd);
+    json_object_set_new(o, "split_intake_bytes_per_s", json_real(D->split));
+    if (D->split_error[0] != '\0')
+        json_object_set_new(o, "split_error", json_string(D->split_error));
     if (D->link_error[0] != '\0')
         json_object_set_new(o, "error", json_string(D->link_error));
     json_object_set_new(j, "links", o);
@@ -203,6 +213,12 @@ static void links_text(const doctor *D)
     }
     if (D->link_error[0] != '\0')
         printf("          %s\n", D->link_error);
+    if (D->split > 0)
+        printf("          split intake %.1f GB/s per device (each reads 1/%d from host, then "
+               "an all-gather)\n",
+               gbps(D->split), D->nset);
+    else if (D->split_error[0] != '\0')
+        printf("          split intake not measured: %s\n", D->split_error);
 }
 
 /* The checkpoint and the read speed of its largest file. */
