@@ -964,8 +964,9 @@ DDO_API int ddo_select_under_budget(const uint64_t *sizes, size_t count, uint64_
 typedef struct ddo_session ddo_session;
 typedef struct ddo_metrics ddo_metrics;
 
-/* Setup progress: phase ("read", "register", "allocate", "resident", and "sidecar" while
- * weight_codec codes file-streamed tensors into their sidecar), done/total bytes. */
+/* Setup progress: phase ("read", "register", "allocate", "resident", "sidecar" while
+ * weight_codec codes file-streamed tensors into their sidecar, and "store" while donor mode
+ * fills the store device), done/total bytes. */
 typedef void (*ddo_progress_fn)(void *user, const char *phase, uint64_t done, uint64_t total);
 
 typedef struct ddo_session_options {
@@ -990,8 +991,8 @@ typedef struct ddo_session_options {
     /* Donor mode (a plan of DDO_DEVICE_MODE_DONOR; docs/multi-gpu.md): the store device, of
      * the same kind as the session's, borrowed for the session's life. Every streamed unit is
      * copied into its memory at create (within the plan's store_limit) and reaches the
-     * session's device by device->device copies. NULL: required for a donor plan, refused
-     * for any other. */
+     * session's device by device->device copies. NULL: required for a donor plan that streams
+     * (store_bytes > 0), refused for any other plan. */
     ddo_device *store_device;
 } ddo_session_options;
 #define DDO_SESSION_OPTIONS_INIT DDO_STRUCT_INIT(ddo_session_options)

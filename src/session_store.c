@@ -90,12 +90,14 @@ static int fill_unit(ddo_session *s, size_t u, void *win, void *stream)
     return rc;
 }
 
-/* The store device against the plan: a donor plan needs one, any other plan refuses one. */
+/* The store device against the plan: a donor plan that streams needs one (one with nothing
+ * streamed, such as a reference with everything resident, may go without), any other plan
+ * refuses one. */
 static int check_plan(ddo_session *s, ddo_device *store, ddo_plan_info *info)
 {
     if (ddo_plan_info_get(s->plan, info) != 0)
         return ddo__fail_from_last(&s->err, DDO_E_INTERNAL);
-    if (info->device_mode == DDO_DEVICE_MODE_DONOR && store == NULL)
+    if (info->device_mode == DDO_DEVICE_MODE_DONOR && info->store_bytes > 0 && store == NULL)
         return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
                          "ddo_session_create: the plan stores its units on a second device "
                          "(devices=%s): pass that device as store_device",
@@ -123,7 +125,7 @@ int ddo__session_store_create(ddo_session *s, ddo_device *store)
 {
     ddo_plan_info info = DDO_PLAN_INFO_INIT;
     int rc = check_plan(s, store, &info);
-    if (rc != 0 || store == NULL)
+    if (rc != 0 || store == NULL || info.store_bytes == 0) /* nothing streamed: nothing stored */
         return rc;
     s->store_ptr = ddo__calloc(s->unit_count ? s->unit_count : 1, sizeof(*s->store_ptr));
     s->store_span = ddo__calloc(s->unit_count ? s->unit_count : 1, sizeof(*s->store_span));
@@ -141,12 +143,22 @@ int ddo__session_store_create(ddo_session *s, ddo_device *store)
     rc = ddo__dev_stream_create(store, 1, &stream);
     if (rc != 0)
         rc = ddo__session_fail_ctx(&s->err, rc, "store device: stream");
-    for (size_t u = 0; u < s->unit_count && rc == 0; u++)
-        if (!s->units[u].resident)
-            rc = fill_unit(s, u, win, stream);
+    uint64_t done = 0;
+    for (size_t u = 0; u < s->unit_count && rc == 0; u++) {
+        if (s->units[u].resident)
+            continue;
+        rc = fill_unit(s, u, win, stream);
+        done += s->store_span[u];
+        if (rc == 0 && s->opts.progress != NULL)
+            s->opts.progress(s->opts.progress_user, "store", done, info.store_bytes);
+    }
     if (stream != NULL)
         (void)ddo__dev_stream_destroy(store, stream);
     (void)ddo__dev_host_free(store, win);
+    /* The calling thread's current device is the session's again (cuda binds the device of
+     * each call: a host's runtime would otherwise find the store's context current). */
+    uint64_t f = 0, t = 0;
+    (void)ddo__dev_mem_info(s->dev, &f, &t);
     ddo__metrics_add(&s->metrics, DDO_M_store_fill_ns, (double)(ddo__now_ns() - t0));
     return rc;
 }

@@ -173,12 +173,26 @@ static void test_plan_device_set(void)
     fx_destroy(&f);
 }
 
+/* The last "store" progress call: done and total bytes. */
+static uint64_t store_progress[2];
+
+static void on_progress(void *user, const char *phase, uint64_t done, uint64_t total)
+{
+    (void)user;
+    if (strcmp(phase, "store") == 0) {
+        store_progress[0] = done;
+        store_progress[1] = total;
+    }
+}
+
 /* A donor session on store; f's plan must be a donor plan. */
 static int donor_session(fx *f, ddo_device *store)
 {
     ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
     so.config = f->cfg;
     so.store_device = store;
+    so.progress = on_progress;
+    store_progress[0] = store_progress[1] = 0;
     f->rc = ddo_session_create(f->plan, f->ck, f->dev, &so, &f->s);
     return f->rc;
 }
@@ -227,8 +241,10 @@ static void donor_on(const char *mode, bool file)
     T_REQUIRE(ddo_plan_info_get(f.plan, &info) == 0);
     ddo__device_usage_t su, cu;
     ddo__device_usage(store, &su);
-    T_EQ_U64(su.device_bytes, info.store_bytes); /* the store holds every streamed unit */
-    T_EQ_U64(su.pinned_bytes, 0);                /* the fill window is given back */
+    T_EQ_U64(su.device_bytes, info.store_bytes);   /* the store holds every streamed unit */
+    T_EQ_U64(store_progress[0], info.store_bytes); /* the fill reported to its end */
+    T_EQ_U64(store_progress[1], info.store_bytes);
+    T_EQ_U64(su.pinned_bytes, 0); /* the fill window is given back */
     ddo__device_usage(f.dev, &cu);
     T_EQ_U64(cu.device_bytes, one.device_bytes); /* the computing device: as one device */
 

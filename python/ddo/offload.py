@@ -430,6 +430,8 @@ class OffloadResult:
         finally:
             progress.close()
         self._session = s
+        if self._store is not None and self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # the store device's calls bound its context
         self._place()
         trace_units.extend(self._unit_names)
         self._tell_plan()
