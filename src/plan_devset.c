@@ -51,6 +51,26 @@ static uint64_t store_bytes(const ddo_plan *p)
     return total;
 }
 
+/* Donor mode prices a streamed unit's transfer at the device->device rate (when known and the
+ * cost model is on): its bytes come from the store device, not over the host bus. Residency
+ * was chosen before, at the bus rate. */
+static void price_at_peer(ddo_plan *p)
+{
+    if (!p->cost_enabled || !(p->peer_bytes_per_s > 0))
+        return;
+    for (size_t u = 0; u < p->unit_count; u++) {
+        ddo__plan_unit *un = &p->units[u];
+        if (!un->resident)
+            un->transfer_s = (double)un->bytes / p->peer_bytes_per_s;
+    }
+    for (size_t u = 0; u < p->unit_count; u++) {
+        ddo__plan_unit *un = &p->units[u];
+        size_t prev = u > 0 ? u - 1 : p->unit_count - 1;
+        un->hidden = un->resident || un->transfer_s <= p->units[prev].compute_s;
+    }
+    ddo__decisions_set_str(&p->decisions, "transfer_rate", "device_to_device");
+}
+
 static int check_donor(ddo_plan *p, const ddo__options *o)
 {
     if (p->weight_codec != DDO_WEIGHT_CODEC_NONE)
@@ -66,6 +86,7 @@ static int check_donor(ddo_plan *p, const ddo__options *o)
         from = "the store device's free memory";
     }
     p->store_limit = limit;
+    price_at_peer(p);
     if (limit > 0 && p->store_bytes > limit)
         return ddo__fail(NULL, DDO_E_BUDGET,
                          "store device: the streamed units need %.2f GiB on %s, more than "

@@ -105,7 +105,19 @@ static int replan(fx *f, const char *devices, const char *budget_gb, uint64_t st
     ddo_plan_inputs in = fx_cpu_inputs(f->o.device_bytes, 8 * DDO_GIB);
     in.store_free_bytes = store_free;
     in.peer_bytes_per_s = 123e9;
+    in.bus_bytes_per_s = 1e9; /* the cost model on */
+    in.flops_per_s = 1e12;
     return ddo_plan_build(f->ck, f->cfg, &in, &f->plan);
+}
+
+/* A streamed unit's predicted transfer time in f's plan. */
+static double unit_transfer_s(fx *f)
+{
+    ddo_unit_info ui;
+    memset(&ui, 0, sizeof(ui));
+    T_CHECK(ddo_plan_unit(f->plan, fx_unit(f, 1), &ui) == 0);
+    T_CHECK(!ui.resident && ui.bytes > 0);
+    return ui.transfer_s;
 }
 
 static void test_plan_device_set(void)
@@ -121,10 +133,14 @@ static void test_plan_device_set(void)
     T_CHECK(strstr(json, "device_set") == NULL); /* a single-device plan reads as before */
     ddo_free(json);
 
+    T_REQUIRE(replan(&f, "", NULL, 0) == 0); /* one device: a unit moves at the bus rate */
+    double over_bus = unit_transfer_s(&f);
     T_REQUIRE(replan(&f, "cpu:0,cpu:1", NULL, 0) == 0);
     ddo_plan_info info = DDO_PLAN_INFO_INIT;
     T_REQUIRE(ddo_plan_info_get(f.plan, &info) == 0);
     T_EQ_INT(info.device_mode, DDO_DEVICE_MODE_DONOR);
+    /* donor: at the device->device rate (123 GB/s against the bus's 1 GB/s) */
+    T_NEAR(unit_transfer_s(&f) * 123.0, over_bus, over_bus * 1e-9);
     T_EQ_U64(info.device_count, 2);
     T_CHECK(strcmp(info.devices, "cpu:0,cpu:1") == 0);
     T_NEAR(info.peer_bytes_per_s, 123e9, 1);
