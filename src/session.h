@@ -330,10 +330,8 @@ int ddo__session_create_buffers(ddo_session *s);
 int ddo__session_store_create(ddo_session *s, ddo_device *store);
 /* Frees the store (teardown, after the loader stopped). */
 void ddo__session_store_destroy(ddo_session *s);
+/* True in donor mode once the store exists: uploads take the store transport. */
 bool ddo__session_store_used(const ddo_session *s);
-/* The store transport: the unit's streamed tensors by device->device copies. */
-int ddo__session_store_upload(ddo_session *s, const ddo__job *job, uint64_t dst, uint64_t *ubytes,
-                              ddo__errbuf *eb);
 /* The store account's figures into a metrics snapshot. */
 void ddo__session_store_metrics(ddo_session *s, ddo__metrics_acc *m);
 

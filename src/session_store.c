@@ -186,36 +186,29 @@ void ddo__session_store_metrics(ddo_session *s, ddo__metrics_acc *m)
     ddo__metrics_max(m, DDO_M_store_device_peak_bytes, (double)ddo__account_peak(&s->acc_store));
 }
 
-/* The "store" transport: every streamed tensor of the unit by device->device copies from its
- * place in the unit's store buffer to its place at dst (or its own range, per weight). */
-int ddo__session_store_upload(ddo_session *s, const ddo__job *job, uint64_t dst, uint64_t *ubytes,
-                              ddo__errbuf *eb)
+/* The store transport: up's bytes by device->device copies from its place in its unit's
+ * buffer on the store device, in pieces, on the session's copy stream. */
+int ddo__transport_store(ddo_session *s, const ddo__transport *t, const ddo__upload *up,
+                         ddo__errbuf *eb)
 {
-    size_t count = 0;
-    const size_t *tensors = ddo_plan_unit_tensors(s->plan, job->unit, &count);
-    uint64_t base = s->store_ptr[job->unit];
-    for (size_t i = 0; i < count; i++) {
-        size_t t = tensors[i];
-        ddo_tensor_location loc;
-        if (ddo_plan_tensor_location(s->plan, t, &loc) != 0)
-            return ddo__fail_from_last(eb, DDO_E_INTERNAL);
-        if (loc.placement != DDO_PLACEMENT_STREAMED || loc.nbytes == 0)
-            continue;
-        uint64_t to = ddo__route_per_weight(s->route) ? s->w_va[t] : dst + loc.offset;
-        for (uint64_t pos = 0; pos < loc.nbytes;) {
-            uint64_t left = loc.nbytes - pos;
-            size_t len = (size_t)(left < DDO__COPY_PIECE_BYTES ? left : DDO__COPY_PIECE_BYTES);
-            int rc = ddo__dev_copy_peer(s->dev, to + pos, s->store_dev, base + loc.offset + pos,
-                                        len, s->copy_stream);
-            if (rc != 0)
-                return ddo__session_fail_ctx(eb, rc, "tensor \"%s\": copy from the store device",
-                                             ddo__session_tensor_name(s, t));
-            ddo__metrics_add(&s->metrics, DDO_M_bytes_from_store, (double)len);
-            ddo__metrics_add(&s->metrics, DDO_M_copy_bytes, (double)len);
-            ddo__metrics_add(&s->metrics, DDO_M_copies, 1);
-            pos += len;
-        }
-        *ubytes += loc.nbytes;
+    ddo_tensor_location loc;
+    if (ddo_plan_tensor_location(s->plan, up->tensor, &loc) != 0 || loc.unit >= s->unit_count ||
+        s->store_ptr[loc.unit] == 0)
+        return ddo__fail(eb, DDO_E_INTERNAL, "tensor \"%s\": not on the store device",
+                         ddo__session_tensor_name(s, up->tensor));
+    uint64_t src = s->store_ptr[loc.unit] + loc.offset;
+    for (uint64_t pos = 0; pos < up->nbytes;) {
+        uint64_t left = up->nbytes - pos;
+        size_t len = (size_t)(left < DDO__COPY_PIECE_BYTES ? left : DDO__COPY_PIECE_BYTES);
+        int rc =
+            ddo__dev_copy_peer(s->dev, up->dst + pos, s->store_dev, src + pos, len, s->copy_stream);
+        if (rc != 0)
+            return ddo__session_fail_ctx(eb, rc, "tensor \"%s\": copy from the store device",
+                                         ddo__session_tensor_name(s, up->tensor));
+        ddo__metrics_add(&s->metrics, t->metric, (double)len);
+        ddo__metrics_add(&s->metrics, DDO_M_copy_bytes, (double)len);
+        ddo__metrics_add(&s->metrics, DDO_M_copies, 1);
+        pos += len;
     }
     return 0;
 }
