@@ -114,7 +114,8 @@ static void test_all_gather_out_of_place(void)
     ranks_sync(&r);
     for (int i = 0; i < N; i++)
         for (int k = 0; k < N; k++) {
-            const unsigned char *p = (const unsigned char *)(uintptr_t)(recv[i] + (uint64_t)k * part);
+            const unsigned char *p =
+                (const unsigned char *)(uintptr_t)(recv[i] + (uint64_t)k * part);
             T_EQ_INT(p[0], 0x10 + k);
             T_EQ_INT(p[part - 1], 0x10 + k);
         }
