@@ -573,6 +573,8 @@ typedef struct ddo_cpu_options {
     double bytes_per_s;       /* copy throttle; 0 = unthrottled */
     uint64_t copy_latency_ns; /* added per copy */
     double flops_per_s;       /* reference host compute throttle; 0 = as fast as it runs */
+    double peer_bytes_per_s;  /* device->device copy throttle into this device (the emulated
+                                 link of a device set, docs/multi-gpu.md); 0 = unthrottled */
 } ddo_cpu_options;
 #define DDO_CPU_OPTIONS_INIT DDO_STRUCT_INIT(ddo_cpu_options)
 
@@ -598,7 +600,9 @@ typedef struct ddo_device_options {
 #define DDO_DEVICE_OPTIONS_INIT DDO_STRUCT_INIT(ddo_device_options)
 
 /*
- * Opens the device named by spec: "cpu", "cuda", "cuda:N". opts may be NULL (defaults); every
+ * Opens the device named by spec: "cpu", "cpu:N", "cuda", "cuda:N". Each cpu device (cpu:N
+ * included) is a separate instance with its own memory and accounting: cpu:0 and cpu:1 emulate
+ * two GPUs of a device set (docs/multi-gpu.md). opts may be NULL (defaults); every
  * block it gives is checked (the ABI rule above), also the one the device ignores.
  * Errors: DDO_E_INVALID_ARGUMENT (unknown spec, a struct's size), DDO_E_NO_DEVICE (no CUDA
  * driver, no such GPU, a build without CUDA: "no CUDA driver: ..."), DDO_E_CONFIG (cpu options
@@ -661,6 +665,11 @@ typedef struct ddo_plan_inputs {
      * device's C decoder 0.25e9). */
     double codec_ratio;
     double decode_bytes_per_s;
+    /* Device sets (docs/multi-gpu.md): the store device's free memory and the measured
+     * device->device rate from it to the computing device (ddo_device_measure_peer); 0 =
+     * unknown. */
+    uint64_t store_free_bytes;
+    double peer_bytes_per_s;
 } ddo_plan_inputs;
 #define DDO_PLAN_INPUTS_INIT DDO_STRUCT_INIT(ddo_plan_inputs)
 
@@ -790,6 +799,14 @@ typedef enum ddo_unit_granularity {
     DDO_UNIT_BLOCK, /* a block of a module list ("transformer_blocks.3") */
     DDO_UNIT_LEAF   /* a single leaf module */
 } ddo_unit_granularity;
+/* How a plan uses a device set (the devices option; docs/multi-gpu.md). */
+typedef enum ddo_device_mode {
+    DDO_DEVICE_MODE_SINGLE, /* one device; host memory is the store */
+    DDO_DEVICE_MODE_DONOR,  /* the first device computes, the second holds every streamed unit
+                               (the store): units arrive by device->device copies */
+    DDO_DEVICE_MODE_SPLIT   /* every device computes; each reads 1/N of a unit from host memory
+                               and an all-gather completes it on every device */
+} ddo_device_mode;
 typedef struct ddo_plan_info {
     size_t size; /* DDO_PLAN_INFO_INIT */
     ddo_route route;
@@ -800,6 +817,16 @@ typedef struct ddo_plan_info {
     ddo_host_residents host_residents;
     ddo_weight_codec weight_codec;
     ddo_unit_granularity unit_granularity;
+    /* The device set (docs/multi-gpu.md). */
+    ddo_device_mode device_mode;
+    size_t device_count;     /* 1 without a set */
+    const char *devices;     /* the set, computing device first, comma-separated ("" without one);
+                                valid until destroy */
+    uint64_t store_bytes;    /* donor: the bytes the store device holds (every streamed unit) */
+    uint64_t store_limit;    /* donor: store_device_budget_gb, else the inputs' store_free_bytes;
+                                0 = no limit known */
+    double peer_bytes_per_s; /* the device->device link: peer_link_gbps, else the inputs'
+                                measured figure; 0 = unknown */
 } ddo_plan_info;
 #define DDO_PLAN_INFO_INIT DDO_STRUCT_INIT(ddo_plan_info)
 /* Writes the plan's facts into *out (the fields within out->size; see the ABI rule).
@@ -832,8 +859,9 @@ DDO_API int ddo_select_under_budget(const uint64_t *sizes, size_t count, uint64_
 typedef struct ddo_session ddo_session;
 typedef struct ddo_metrics ddo_metrics;
 
-/* Setup progress: phase ("read", "register", "allocate", "resident", and "sidecar" while
- * weight_codec codes file-streamed tensors into their sidecar), done/total bytes. */
+/* Setup progress: phase ("read", "register", "allocate", "resident", "sidecar" while
+ * weight_codec codes file-streamed tensors into their sidecar, and "store" while donor mode
+ * fills the store device), done/total bytes. */
 typedef void (*ddo_progress_fn)(void *user, const char *phase, uint64_t done, uint64_t total);
 
 typedef struct ddo_session_options {
@@ -855,6 +883,12 @@ typedef struct ddo_session_options {
     void (*trace)(void *user, const char *kind, size_t unit, uint64_t begin_ns, uint64_t end_ns,
                   uint64_t bytes);
     void *trace_user;
+    /* Donor mode (a plan of DDO_DEVICE_MODE_DONOR; docs/multi-gpu.md): the store device, of
+     * the same kind as the session's, borrowed for the session's life. Every streamed unit is
+     * copied into its memory at create (within the plan's store_limit) and reaches the
+     * session's device by device->device copies. NULL: required for a donor plan that streams
+     * (store_bytes > 0), refused for any other plan. */
+    ddo_device *store_device;
 } ddo_session_options;
 #define DDO_SESSION_OPTIONS_INIT DDO_STRUCT_INIT(ddo_session_options)
 

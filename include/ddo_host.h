@@ -34,6 +34,32 @@ typedef struct ddo_device_bandwidth {
  * memory, pinned or not), DDO_E_DEVICE, DDO_E_UNSUPPORTED (registration refused by the driver).
  */
 DDO_API int ddo_device_measure(ddo_device *dev, uint64_t bytes, ddo_device_bandwidth *out);
+/*
+ * Measures the device->device link of a device set (docs/multi-gpu.md): *bytes_per_s of copies
+ * from src's memory into dst's, `bytes` per pass (0 = 256 MiB) in 64 MiB pieces on a stream of
+ * dst, a warm-up pass then the median of three. cuda: cuMemcpyPeerAsync (peer access enabled
+ * where the GPUs allow it); cpu: the emulated link (ddo_cpu_options.peer_bytes_per_s of dst).
+ * Takes bytes of device memory on each device for the duration. Errors:
+ * DDO_E_INVALID_ARGUMENT (NULL argument, dst == src, devices of two kinds),
+ * DDO_E_DEVICE_MEMORY, DDO_E_DEVICE, DDO_E_NO_MEMORY.
+ */
+DDO_API int ddo_device_measure_peer(ddo_device *dst, ddo_device *src, uint64_t bytes,
+                                    double *bytes_per_s);
+/*
+ * Measures split mode's intake (docs/multi-gpu.md) on devs[0..n) (2..16 devices of one kind,
+ * each once): `bytes` (0 = 1 GiB) of pinned host memory reach every device, each device copying
+ * its 1/n over its own host link and an all-gather completing the rest; *bytes_per_s is bytes
+ * over the time until every device holds them all (each device's weight intake), the median of
+ * three after a warm-up. The last pass is read back and compared on every device. cuda: the
+ * all-gather is NCCL's, loaded at run time (nccl_path, NULL or "": libnccl.so.2; never the
+ * NVLink multicast path: NCCL_NVLS_ENABLE=0); cpu: the emulated one. Takes bytes of pinned
+ * host memory and n * ceil(bytes / n) bytes of device memory on each device for the duration.
+ * Errors: DDO_E_INVALID_ARGUMENT (NULL argument, a bad set), DDO_E_NO_DEVICE (NCCL absent:
+ * "NCCL not available: ..."), DDO_E_CONFIG (NCCL_NVLS_ENABLE set to another value),
+ * DDO_E_DEVICE_MEMORY, DDO_E_DEVICE, DDO_E_NO_MEMORY, DDO_E_INTERNAL (bytes differ).
+ */
+DDO_API int ddo_device_measure_split(ddo_device *const *devs, size_t n, uint64_t bytes,
+                                     const char *nccl_path, double *bytes_per_s);
 
 /* Read speed of a file: from the page cache (after warming it) and with O_DIRECT. */
 typedef struct ddo_file_speed {

@@ -24,9 +24,10 @@ static bool device_ok(const char *s)
 {
     if (strcmp(s, "cpu") == 0 || strcmp(s, "cuda") == 0)
         return true;
-    if (strncmp(s, "cuda:", 5) != 0 || s[5] == '\0' || strlen(s) > 12)
+    size_t k = strncmp(s, "cpu:", 4) == 0 ? 4 : 5; /* cpu:N emulates one GPU of a set */
+    if ((k == 5 && strncmp(s, "cuda:", 5) != 0) || s[k] == '\0' || strlen(s) > 12)
         return false;
-    for (const char *p = s + 5; *p != '\0'; p++)
+    for (const char *p = s + k; *p != '\0'; p++)
         if (!isdigit((unsigned char)*p))
             return false;
     return true;
@@ -125,6 +126,17 @@ static int check_route(ddo_config *cfg)
         return ddo__fail(&cfg->err, DDO_E_CONFIG,
                          "execution_device=\"%s\" (%s): expected cpu, cuda or cuda:N",
                          QV(execution_device));
+    for (size_t i = 0; i < o->devices.count; i++)
+        if (!device_ok(o->devices.items[i]))
+            return ddo__fail(&cfg->err, DDO_E_CONFIG,
+                             "devices=%s (%s): \"%s\" is not a device (cpu:N, cuda:N)", V(devices),
+                             o->devices.items[i]);
+    if (o->devices.count > 0 && strcmp(cfg->source[DDO_OPT_ID_execution_device], "default") != 0 &&
+        strcmp(o->execution_device, o->devices.items[0]) != 0)
+        return ddo__fail(&cfg->err, DDO_E_CONFIG,
+                         "devices=%s (%s) computes on its first device, but execution_device=%s "
+                         "(%s): name the computing device first, or leave execution_device out",
+                         V(devices), V(execution_device));
     if (strcmp(o->offload_device, "cpu") != 0)
         return ddo__fail(&cfg->err, DDO_E_CONFIG,
                          "offload_device=\"%s\" (%s): expected cpu (inactive weights are kept in "

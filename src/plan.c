@@ -209,6 +209,8 @@ static int build(builder *b)
         return rc;
     if ((rc = ddo__plan_codec(b)) != 0)
         return rc;
+    if ((rc = ddo__plan_devset(p, o)) != 0)
+        return rc;
     p->budgets.predicted_step_s = ddo__plan_simulate(p, p->budgets.slot_count);
     for (size_t i = 0; i < b->n; i++) {
         const ddo_tensor_location *loc = &p->tensors[i].loc;
@@ -428,6 +430,7 @@ void ddo_plan_destroy(ddo_plan *p)
         free(p->selected_resident[i]);
     free(p->selected_resident);
     free(p->route_label);
+    free(p->devices);
     ddo__weight_layout_free(&p->weights);
     free(p->unit_granularity);
     free(p->device_limit_source);
@@ -570,6 +573,12 @@ int ddo_plan_info_get(const ddo_plan *p, ddo_plan_info *out)
     info.host_residents = p->host_residents;
     info.weight_codec = p->weight_codec;
     info.unit_granularity = p->granularity;
+    info.device_mode = p->device_mode;
+    info.device_count = p->device_count > 0 ? p->device_count : 1;
+    info.devices = p->devices != NULL ? p->devices : "";
+    info.store_bytes = p->store_bytes;
+    info.store_limit = p->store_limit;
+    info.peer_bytes_per_s = p->peer_bytes_per_s;
     return DDO__ABI_OUT(ddo_plan_info, &info, out);
 }
 

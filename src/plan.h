@@ -238,6 +238,12 @@ struct ddo_plan {
     size_t selected_resident_count;
     ddo__decisions decisions;
     ddo__weight_layout weights; /* vmm_runtime, at the plan's granularity (all zero otherwise) */
+    /* The device set (plan_devset.c; the JSON's "device_set", written for a set only). */
+    ddo_device_mode device_mode;
+    size_t device_count;
+    char *devices; /* NULL without a set */
+    uint64_t store_bytes, store_limit;
+    double peer_bytes_per_s;
 };
 
 /* Allocates an empty plan (all zero). NULL on allocation failure. */
@@ -266,6 +272,20 @@ ddo__route ddo__plan_route_of(const ddo_plan *p);
  * build uses: the route of its label and the vmm_runtime layout. 0 or DDO_E_NO_MEMORY. (The
  * other facts, granularity, host residents and codec, plan_json.c reads from its fields.) */
 int ddo__plan_restore(ddo_plan *p);
+
+/* ---- the device set (plan_devset.c) ---- */
+
+struct ddo__options;
+struct json_t;
+/* The set of the devices option into p (after placement): DDO_E_CONFIG for a set it cannot
+ * use, DDO_E_BUDGET when the donor store exceeds its limit. */
+int ddo__plan_devset(ddo_plan *p, const struct ddo__options *o);
+/* Adds "device_set" to the plan's JSON object (nothing for one device); 0 or DDO_E_NO_MEMORY. */
+int ddo__plan_devset_json(const ddo_plan *p, struct json_t *root);
+/* Reads "device_set" back (absent: one device); NULL, or the field at fault. */
+const char *ddo__plan_devset_read(ddo_plan *p, struct json_t *root);
+/* "single", "donor", "split". */
+const char *ddo__device_mode_name(ddo_device_mode m);
 
 struct ddo__platform;
 /* ddo_plan_build with the facts of the platform (platform.h; NULL: none, as ddo_plan_build):

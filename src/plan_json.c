@@ -221,6 +221,8 @@ static json_t *plan_json(const ddo_plan *p, bool *ok)
 
     put(root, "units", units_json(p, ok), ok);
     put(root, "tensors", tensors_json(p, ok), ok);
+    if (ddo__plan_devset_json(p, root) != 0)
+        *ok = false;
     return root;
 }
 
@@ -586,6 +588,9 @@ static void read_plan(reader *r, json_t *root, ddo_plan *p)
         return;
     read_facts(p);
     read_tables(r, root, p);
+    const char *bad = ddo__plan_devset_read(p, root);
+    if (bad != NULL && r->err == NULL)
+        r->err = bad;
 }
 
 int ddo_plan_from_json(const char *json, ddo_plan **out)

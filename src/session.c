@@ -261,6 +261,9 @@ uint64_t ddo__session_release_all(ddo_session *s)
 void ddo__session_destroy_now(ddo_session *s)
 {
     (void)ddo__session_release_all(s);
+    ddo__session_store_destroy(s);
+    free(s->store_ptr);
+    free(s->store_span);
     if (s->accounts_ready) {
         ddo__account_fini(&s->acc_device);
         ddo__account_fini(&s->acc_retained);
@@ -471,6 +474,9 @@ static int setup(ddo_session *s)
         s->source = NULL;
         return rc;
     }
+    rc = ddo__session_store_create(s, s->opts.store_device);
+    if (rc != 0)
+        return rc;
     uint64_t t_codec = ddo__now_ns();
     rc = ddo__session_codec_create(s);
     if (rc != 0)
@@ -743,6 +749,7 @@ int ddo_session_metrics(ddo_session *s, bool collect_completed, ddo_metrics **ou
     }
     ddo__metrics_set(m, DDO_M_device_weights_bytes, (double)ddo__account_used(&s->acc_device));
     ddo__metrics_max(m, DDO_M_device_weights_peak_bytes, (double)ddo__account_peak(&s->acc_device));
+    ddo__session_store_metrics(s, m);
     ddo__metrics_set(m, DDO_M_retained_bytes, (double)ddo__account_used(&s->acc_retained));
     ddo__metrics_max(m, DDO_M_retained_peak_bytes, (double)ddo__account_peak(&s->acc_retained));
     ddo__metrics_set(m, DDO_M_registered_bytes, (double)ddo__account_used(&s->acc_registered));

@@ -209,6 +209,11 @@ struct ddo_session {
     void *bounce;
     void *copy_stream;
     struct ddo__session_codec *codec; /* weight_codec: the decode area (session_codec.c) */
+    /* Donor mode (session_store.c): the store device (NULL: none) and each unit's buffer on
+     * it (store_ptr[u], 0: none; store_span[u] bytes), through the store account. */
+    ddo_device *store_dev;
+    uint64_t *store_ptr, *store_span;
+    ddo__account acc_store;
 
     /* The loader thread and its job ring (session_loader.c; jobs queued by session_slots.c). */
     pthread_mutex_t mu;
@@ -321,6 +326,17 @@ int ddo__session_upload_unit(ddo_session *s, const ddo__job *job, uint64_t dst, 
 int ddo__session_upload_residents(ddo_session *s);
 /* The staging windows when the plan has them, else the bounce buffer. */
 int ddo__session_create_buffers(ddo_session *s);
+
+/* ---- session_store.c (donor mode) ---- */
+
+/* Checks the store device against the plan and fills it (nothing without one). */
+int ddo__session_store_create(ddo_session *s, ddo_device *store);
+/* Frees the store (teardown, after the loader stopped). */
+void ddo__session_store_destroy(ddo_session *s);
+/* True in donor mode once the store exists: uploads take the store transport. */
+bool ddo__session_store_used(const ddo_session *s);
+/* The store account's figures into a metrics snapshot. */
+void ddo__session_store_metrics(ddo_session *s, ddo__metrics_acc *m);
 
 /* ---- session_vmm.c ---- */
 

@@ -17,6 +17,8 @@
  *                        decoded into place on the device (session_codec.c)
  *   coded_file           a file tensor's coded stream from its sidecar (weight_codec_cache_dir)
  *                        into a window, then as coded (session_codec.c); raw file on a bad one
+ *   store                donor mode: device->device copies from the unit's buffer on the store
+ *                        device (session_store.c)
  */
 #define _POSIX_C_SOURCE 200809L
 #include "session_transport.h"
@@ -210,6 +212,7 @@ static const ddo__transport transports[DDO__TRANSPORT_COUNT] = {
                                NULL },
     [DDO__TRANSPORT_CODED_FILE] = { "coded_file", DDO_M_bytes_staged_from_sidecar,
                                     ddo__transport_coded_file, NULL, NULL },
+    [DDO__TRANSPORT_STORE] = { "store", DDO_M_bytes_from_store, ddo__transport_store, NULL, NULL },
 };
 
 const ddo__transport *ddo__transport_get(ddo__transport_id id)
@@ -221,6 +224,10 @@ const ddo__transport *ddo__transport_get(ddo__transport_id id)
 ddo__transport_id ddo__transport_for(const ddo_session *s, size_t tensor,
                                      const unsigned char **host)
 {
+    if (ddo__session_store_used(s)) { /* donor mode: every streamed tensor is on the store */
+        *host = NULL;
+        return DDO__TRANSPORT_STORE;
+    }
     bool registered = false;
     *host = ddo__source_host_ptr(s->source, tensor, &registered);
     return *host == NULL && ddo__session_codec_streams(s, tensor) ? DDO__TRANSPORT_CODED_FILE

@@ -26,6 +26,8 @@ typedef enum ddo__transport_id {
                                   into place on the device (session_codec.c) */
     DDO__TRANSPORT_CODED_FILE, /* a file tensor's coded stream read from its sidecar into a
                                   window, then uploaded into the decode area and decoded */
+    DDO__TRANSPORT_STORE,      /* donor mode: device->device copies from the store device
+                                  (session_store.c) */
     DDO__TRANSPORT_COUNT
 } ddo__transport_id;
 
@@ -60,10 +62,15 @@ struct ddo__transport {
                 const ddo__window *w, const void **data, ddo__errbuf *eb);
 };
 
+/* The store transport's upload (session_store.c): up's bytes from its unit's buffer on the
+ * store device. */
+int ddo__transport_store(ddo_session *s, const ddo__transport *t, const ddo__upload *up,
+                         ddo__errbuf *eb);
+
 /* The table's row of id. */
 const ddo__transport *ddo__transport_get(ddo__transport_id id);
-/* The transport of a streamed tensor: registered, pageable (both retained) or the file;
- * *host receives where its retained bytes lie (NULL: not retained). */
+/* The transport of a streamed tensor: the store in donor mode, else registered, pageable (both
+ * retained) or the file; *host receives where its retained bytes lie (NULL: not retained). */
 ddo__transport_id ddo__transport_for(const ddo_session *s, size_t tensor,
                                      const unsigned char **host);
 

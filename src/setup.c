@@ -11,6 +11,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "setup.h"
 #include "common.h"
+#include "config.h"
 #include "device/device.h"
 #include "os/sysinfo.h"
 #include "plan.h"
@@ -39,6 +40,19 @@ struct ddo_setup {
 
 /* ---- the pieces: device, checkpoint, plan inputs ------------------------------------- */
 
+/* The computing device: the first of a device set (devices), else execution_device, else
+ * cuda:0. */
+static const char *exec_spec(const ddo_config *cfg)
+{
+    const ddo__options *o = ddo__config_options(cfg);
+    if (o != NULL && o->devices.count > 0)
+        return o->devices.items[0];
+    const char *spec = NULL;
+    if (ddo_config_get(cfg, "execution_device", &spec) != 0 || spec == NULL || spec[0] == '\0')
+        spec = "cuda:0";
+    return spec;
+}
+
 int ddo__device_create_from_config(const ddo_config *cfg, const ddo_device_options *opts,
                                    ddo_device **out, char *note, size_t note_len)
 {
@@ -49,14 +63,13 @@ int ddo__device_create_from_config(const ddo_config *cfg, const ddo_device_optio
     if (cfg == NULL || out == NULL)
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
                          "ddo__device_create_from_config: config and out are required");
-    const char *spec = NULL, *src = NULL;
-    if (ddo_config_get(cfg, "execution_device", &spec) != 0 || spec == NULL || spec[0] == '\0')
-        spec = "cuda:0";
+    const char *spec = exec_spec(cfg), *src = NULL;
     char buf[64];
     snprintf(buf, sizeof(buf), "%s", spec);
     int rc = ddo_device_create(buf, opts, out);
     if (rc == DDO_E_NO_DEVICE && ddo_config_source(cfg, "execution_device", &src) == 0 &&
-        src != NULL && strcmp(src, "default") == 0) {
+        src != NULL && strcmp(src, "default") == 0 &&
+        ddo__config_options(cfg)->devices.count == 0) {
         if (note != NULL && note_len > 0)
             snprintf(note, note_len, "no CUDA device (%s); using the cpu device", ddo_last_error());
         rc = ddo_device_create("cpu", opts, out);
@@ -139,9 +152,7 @@ static int open_device(ddo_setup *s, const ddo_config *cfg, const ddo_setup_opti
     if (cfg == NULL)
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
                          "ddo_setup_create: a configuration is required to open a device");
-    const char *spec = NULL;
-    if (ddo_config_get(cfg, "execution_device", &spec) != 0 || spec == NULL || spec[0] == '\0')
-        spec = "cuda:0";
+    const char *spec = exec_spec(cfg);
     snprintf(s->spec, sizeof(s->spec), "%s", spec);
     if (o->device == DDO_DEVICE_CHOICE_EXACT)
         return ddo_device_create(s->spec, o->device_options, &s->dev);

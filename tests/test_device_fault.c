@@ -131,6 +131,10 @@ static void prepare(fixture *fx, ddo__devop op, ctx *c)
         memset((void *)(uintptr_t)fx->buf, 0x6B, 4096);
         memset(fx->host, 0, 4096);
         break;
+    case DDO__OP_COPY_PEER: /* from another place of the device's own memory */
+        memset((void *)(uintptr_t)fx->buf, 0, 4096);
+        memset((void *)(uintptr_t)(fx->buf + 8192), 0x3C, 4096);
+        break;
     case DDO__OP_COPY_D2H_ASYNC: /* into pinned memory of its own */
         T_EQ_INT(ddo__dev_host_alloc(dev, 4096, &c->q), 0);
         memset((void *)(uintptr_t)fx->buf, 0x6B, 4096);
@@ -221,6 +225,8 @@ static int invoke(fixture *fx, ddo__devop op, ctx *c)
     case DDO__OP_EVENT_ELAPSED:
         c->s = -1.0;
         return ddo__dev_event_elapsed(dev, c->q, c->q, &c->s);
+    case DDO__OP_COPY_PEER:
+        return ddo__dev_copy_peer(dev, fx->buf, dev, fx->buf + 8192, 4096, fx->stream);
     case DDO__OP_COUNT:
         break;
     }
@@ -241,6 +247,8 @@ static void finish_queued(fixture *fx, ddo__devop op, ctx *c, int rc)
         T_EQ_INT(ddo__dev_stream_synchronize(dev, fx->stream), 0);
     if (op == DDO__OP_COPY_H2D) {
         T_EQ_INT(dst[4095], rc == 0 ? 0x5A : 0);
+    } else if (op == DDO__OP_COPY_PEER) {
+        T_EQ_INT(dst[4095], rc == 0 ? 0x3C : 0);
     } else if (op == DDO__OP_COPY_D2H) {
         T_EQ_INT(fx->host[4095], rc == 0 ? 0x6B : 0);
     } else if (op == DDO__OP_COPY_D2H_ASYNC) {
@@ -316,6 +324,7 @@ static void finish(fixture *fx, ddo__devop op, ctx *c, int rc)
     case DDO__OP_COPY_H2D:
     case DDO__OP_COPY_D2H:
     case DDO__OP_COPY_D2H_ASYNC:
+    case DDO__OP_COPY_PEER:
     case DDO__OP_EVENT_RECORD:
     case DDO__OP_HOST_FN:
     case DDO__OP_CODEC_DECODE:

@@ -120,7 +120,8 @@ static void check_document(json_t *root, const char *component)
              "model.safetensors");
     T_CHECK(json_is_object(json_object_get(root, "decisions")));
     /* Every catalog metric appears exactly once, as a number, in one of the groups. */
-    static const char *groups[] = { "capacities", "bytes", "leases", "setup", "codec", "reclaim" };
+    static const char *groups[] = { "capacities", "bytes",   "leases", "setup",
+                                    "codec",      "reclaim", "devices" };
     size_t numbers = 0;
     for (size_t g = 0; g < DDO_ARRAY_LEN(groups); g++) {
         json_t *obj = json_object_get(root, groups[g]);

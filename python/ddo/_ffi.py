@@ -142,6 +142,7 @@ class CpuOptions(Extensible):
         ("bytes_per_s", c_double),
         ("copy_latency_ns", c_uint64),
         ("flops_per_s", c_double),
+        ("peer_bytes_per_s", c_double),
     ]
 
 
@@ -176,6 +177,8 @@ class PlanInputs(Extensible):
         ("unit_compute_json", c_char_p),
         ("codec_ratio", c_double),
         ("decode_bytes_per_s", c_double),
+        ("store_free_bytes", c_uint64),
+        ("peer_bytes_per_s", c_double),
     ]
 
 
@@ -232,6 +235,12 @@ class PlanInfo(Extensible):
         ("host_residents", c_int),
         ("weight_codec", c_int),
         ("unit_granularity", c_int),
+        ("device_mode", c_int),
+        ("device_count", c_size_t),
+        ("devices", c_char_p),
+        ("store_bytes", c_uint64),
+        ("store_limit", c_uint64),
+        ("peer_bytes_per_s", c_double),
     ]
 
 TraceFn = CFUNCTYPE(None, P, c_char_p, c_size_t, c_uint64, c_uint64, c_uint64)
@@ -245,6 +254,7 @@ class SessionOptions(Extensible):
         ("config", P),
         ("trace", TraceFn),
         ("trace_user", P),
+        ("store_device", P),
     ]
 
 
@@ -493,6 +503,8 @@ FUNCTIONS: Dict[str, Tuple[Any, List[Any]]] = {
     "ddo_metrics_format_profile": (c_int, [P, PP]),
     "ddo_metrics_record": (c_int, [P, c_char_p, c_char_p]),
     "ddo_device_measure": (c_int, [P, c_uint64, POINTER(DeviceBandwidth)]),
+    "ddo_device_measure_peer": (c_int, [P, P, c_uint64, POINTER(c_double)]),
+    "ddo_device_measure_split": (c_int, [PP, c_size_t, c_uint64, c_char_p, POINTER(c_double)]),
     "ddo_measure_file_read": (c_int, [c_char_p, c_uint64, c_uint, POINTER(FileSpeed)]),
     "ddo_host_info_get": (c_int, [POINTER(HostInfo)]),
     "ddo_profile_dir": (c_int, [c_char_p, c_char_p, c_char_p, PP]),

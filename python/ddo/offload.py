@@ -30,7 +30,7 @@ from typing import Any, Callable, ContextManager, Dict, Literal, Optional, TypeV
 
 import torch
 
-from . import _enums, _hooks, _lease, _lib, _lora, _native, _quant, _talk, _torch
+from . import _devices, _enums, _hooks, _lease, _lib, _lora, _native, _quant, _talk, _torch
 from ._native import DdoError
 
 _PLACEMENT_RESIDENT = _enums.DDO_PLACEMENT_RESIDENT
@@ -314,6 +314,7 @@ class OffloadResult:
         self._own_methods = []  # (module, name, own) of the methods refused while managed
         self._state = "new"
         self._ck = self._dev = self._plan = self._session = self._setup_h = None
+        self._store = None  # donor mode's store device (_devices.py)
         self._streams = {}
         self._views = {}
         self._placeholders = {}
@@ -397,6 +398,7 @@ class OffloadResult:
         _native.check(L.ddo_setup_plan_inputs(self._setup_h, ctypes.byref(inputs)),
                       L.ddo_setup_error(self._setup_h))
         self._measured_inputs(inputs)
+        self._store = _devices.open_store(self._cfg, dev, inputs)  # devices=[...]: donor mode
         plan = ctypes.c_void_p()
         _native.check(L.ddo_setup_plan(self._setup_h, self._ck, self._cfg.h,
                                        ctypes.byref(inputs), ctypes.byref(plan)),
@@ -409,6 +411,8 @@ class OffloadResult:
             torch.cuda.init()  # torch's context is the primary one ddo retains
         opts = _lib.SessionOptions()
         opts.config = self._cfg.h
+        if self._store is not None:
+            opts.store_device = self._store.h
         progress = _talk.Progress(self._label(), self._talk.get("progress"))
         opts.progress = progress.fn
         trace_units = []
@@ -422,6 +426,8 @@ class OffloadResult:
         finally:
             progress.close()
         self._session = s
+        if self._store is not None and self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # the store device's calls bound its context
         self._place()
         trace_units.extend(self._unit_names)
         self._tell_plan()
@@ -1480,7 +1486,8 @@ class OffloadResult:
             # A view escaped (someone kept p.data of a lease): its session lives on until the
             # view dies, with its plan, checkpoint and setup (its device; and the host
             # tensors); the next enable, close or exit after that frees them (_lease.sweep).
-            _lease.bury((self._session, self._plan, self._ck, self._setup_h, self._tensors))
+            _lease.bury((self._session, self._plan, self._ck, self._setup_h,
+                         (self._tensors, self._store)))  # the store closes after the session
         else:
             if self._session is not None:
                 L.ddo_session_destroy(self._session)
@@ -1495,6 +1502,9 @@ class OffloadResult:
                     self.device_bytes_after_close = caps.total_bytes - caps.free_bytes
             if self._setup_h is not None:
                 L.ddo_setup_destroy(self._setup_h)  # and its device
+            if self._store is not None:
+                self._store.close()
+        self._store = None
         self._session = self._plan = self._ck = self._dev = self._setup_h = None
         if getattr(self, "_source_restore", None) is not None:  # file-backed: meta again
             self._source_restore()

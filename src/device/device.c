@@ -88,13 +88,15 @@ void ddo__devtab_free(ddo__devtab *t)
 
 /* ---- public device and stream ---- */
 
-static bool is_cuda_spec(const char *spec)
+/* "KIND" or "KIND:N" (N of 1 to 6 digits). */
+static bool is_kind_spec(const char *spec, const char *kind)
 {
-    if (strcmp(spec, "cuda") == 0)
+    size_t k = strlen(kind);
+    if (strcmp(spec, kind) == 0)
         return true;
-    if (strncmp(spec, "cuda:", 5) != 0)
+    if (strncmp(spec, kind, k) != 0 || spec[k] != ':')
         return false;
-    const char *d = spec + 5;
+    const char *d = spec + k + 1;
     size_t n = strlen(d);
     if (n == 0 || n > 6)
         return false;
@@ -142,16 +144,17 @@ int ddo_device_create(const char *spec, const ddo_device_options *opts, ddo_devi
     if (rc != 0)
         return rc;
     const ddo__device_ops *ops;
-    if (strcmp(spec, "cpu") == 0) {
+    if (is_kind_spec(spec, "cpu")) {
         ops = &ddo__device_cpu_ops;
-    } else if (is_cuda_spec(spec)) {
+    } else if (is_kind_spec(spec, "cuda")) {
         ops = ddo__device_cuda_ops;
         if (ops == NULL)
             return ddo__fail(NULL, DDO_E_NO_DEVICE,
                              "device \"%s\": ddo was built without CUDA support", spec);
     } else {
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
-                         "device \"%s\": unknown device (expected cpu, cuda or cuda:N)", spec);
+                         "device \"%s\": unknown device (expected cpu, cpu:N, cuda or cuda:N)",
+                         spec);
     }
 
     ddo_device *dev = ddo__calloc(1, sizeof(*dev));

@@ -57,7 +57,8 @@
     X(HOST_FN, host_fn)                       \
     X(CODEC_DECODE, codec_decode)             \
     X(EVENT_CREATE_TIMED, event_create_timed) \
-    X(EVENT_ELAPSED, event_elapsed)
+    X(EVENT_ELAPSED, event_elapsed)           \
+    X(COPY_PEER, copy_peer)
 
 typedef enum ddo__devop {
 #define DDO_DEVOP_ENUM_(NAME, name) DDO__OP_##NAME,
@@ -158,6 +159,13 @@ typedef struct ddo__device_ops {
     /* *seconds between two timed events' completions (start before end); DDO_E_BUSY while
      * either is not complete. */
     int (*event_elapsed)(void *st, void *start, void *end, double *seconds, ddo__errbuf *eb);
+    /* Asynchronous device->device copy ordered on stream (a stream of this device, the
+     * destination's): size bytes from src in the memory of another device of the same kind
+     * (src_st, its state; may be st itself) to dst in this one. cuda: cuMemcpyPeerAsync, after
+     * peer access was enabled where the two GPUs allow it; cpu: a memcpy at the destination's
+     * peer-link throttle (ddo_cpu_options.peer_bytes_per_s). */
+    int (*copy_peer)(void *st, uint64_t dst, void *src_st, uint64_t src, size_t size, void *stream,
+                     ddo__errbuf *eb);
 } ddo__device_ops;
 
 extern const ddo__device_ops ddo__device_cpu_ops;
@@ -218,6 +226,10 @@ int ddo__dev_codec_decode(ddo_device *dev, void *stream, const ddo__codec_desc *
 int ddo__dev_event_create_timed(ddo_device *dev, void **event);
 /* DDO_E_BUSY (not a failure) while either event is not complete. */
 int ddo__dev_event_elapsed(ddo_device *dev, void *start, void *end, double *seconds);
+/* Queues a copy of size bytes from src on src_dev (another device of dev's kind, or dev) to dst
+ * on dev, ordered on stream (one of dev's). Counted and faulted as dev's copy_peer. */
+int ddo__dev_copy_peer(ddo_device *dev, uint64_t dst, ddo_device *src_dev, uint64_t src,
+                       size_t size, void *stream);
 
 /* The device's native stream handle behind a public ddo_stream. */
 void *ddo__stream_handle(const ddo_stream *s);

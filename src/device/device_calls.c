@@ -428,6 +428,22 @@ int ddo__dev_copy_h2d(ddo_device *dev, uint64_t dst, const void *src, size_t siz
     return leave(dev, &c, rc, size);
 }
 
+int ddo__dev_copy_peer(ddo_device *dev, uint64_t dst, ddo_device *src_dev, uint64_t src,
+                       size_t size, void *stream)
+{
+    BEGIN(DDO__OP_COPY_PEER);
+    if (stream == NULL || src_dev == NULL)
+        rc = bad_arg(&c, stream == NULL ? "stream is NULL" : "source device is NULL");
+    else if (src_dev->ops != dev->ops)
+        rc = bad_arg(&c, "source and destination are devices of different kinds");
+    else if (size != 0 && (dst == 0 || src == 0))
+        rc = bad_arg(&c, dst == 0 ? "destination is NULL" : "source is NULL");
+    else if (size == 0)
+        return leave(dev, &c, 0, 0);
+    INVOKE(dev->ops->copy_peer(dev->st, dst, src_dev->st, src, size, stream, &c.eb));
+    return leave(dev, &c, rc, size);
+}
+
 int ddo__dev_copy_d2h(ddo_device *dev, void *dst, uint64_t src, size_t size)
 {
     BEGIN(DDO__OP_COPY_D2H);

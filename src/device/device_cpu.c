@@ -73,10 +73,12 @@ static int cpu_open(const char *spec, const ddo_device_options *opts, void **st,
                          "cpu device: granularity %" PRIu64
                          " bytes is not a multiple of the page size %" PRIu64,
                          gran, ddo__cpu_page_size());
-    if (!(o->bytes_per_s >= 0.0 && o->bytes_per_s < 1e300))
+    if (!(o->bytes_per_s >= 0.0 && o->bytes_per_s < 1e300) ||
+        !(o->peer_bytes_per_s >= 0.0 && o->peer_bytes_per_s < 1e300))
         return ddo__fail(eb, DDO_E_CONFIG,
-                         "cpu device: copy bandwidth %g bytes/s is not a finite value >= 0",
-                         o->bytes_per_s);
+                         "cpu device: copy bandwidth %g (peer %g) bytes/s is not a finite value "
+                         ">= 0",
+                         o->bytes_per_s, o->peer_bytes_per_s);
     cpu_dev *d = ddo__calloc(1, sizeof(*d));
     if (d == NULL)
         return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu device: out of host memory");
@@ -84,6 +86,7 @@ static int cpu_open(const char *spec, const ddo_device_options *opts, void **st,
     d->gran = gran;
     d->flops_per_s = o->flops_per_s > 0 ? o->flops_per_s : 0;
     d->bytes_per_s = o->bytes_per_s;
+    d->peer_bytes_per_s = o->peer_bytes_per_s;
     d->latency_ns = o->copy_latency_ns;
     d->next_handle = 1;
     pthread_mutex_init(&d->lock, NULL);
@@ -208,6 +211,7 @@ const ddo__device_ops ddo__device_cpu_ops = {
     .copy_h2d = ddo__cpu_copy_h2d,
     .copy_d2h = ddo__cpu_copy_d2h,
     .copy_d2h_async = ddo__cpu_copy_d2h_async,
+    .copy_peer = ddo__cpu_copy_peer,
     .event_create = ddo__cpu_event_create,
     .event_destroy = ddo__cpu_event_destroy,
     .event_record = ddo__cpu_event_record,

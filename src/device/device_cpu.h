@@ -53,6 +53,7 @@ typedef struct cpu_op {
     uint64_t queued_ns; /* copies: when copy_h2d queued it */
     cpu_event *ev;
     uint64_t gen;
+    bool peer; /* a device->device copy: the peer-link throttle */
     ddo__host_fn fn;
     void *user;
 } cpu_op;
@@ -78,6 +79,7 @@ struct cpu_dev {
     pthread_mutex_t lock;
     pthread_cond_t progress; /* broadcast whenever any stream completes an op */
     double bytes_per_s;
+    double peer_bytes_per_s; /* copy_peer into this device */
     uint64_t latency_ns;
     uint64_t allocated; /* live handles (until their last unmap) + plain buffers */
     uint64_t next_handle;
@@ -131,6 +133,8 @@ int ddo__cpu_event_elapsed(void *st, void *start, void *end, double *seconds, dd
 int ddo__cpu_event_synchronize(void *st, void *event, ddo__errbuf *eb);
 int ddo__cpu_stream_wait_event(void *st, void *stream, void *event, ddo__errbuf *eb);
 int ddo__cpu_host_fn(void *st, void *stream, ddo__host_fn fn, void *user, ddo__errbuf *eb);
+int ddo__cpu_copy_peer(void *st, uint64_t dst, void *src_st, uint64_t src, size_t size,
+                       void *stream, ddo__errbuf *eb);
 int ddo__cpu_copy_d2h_async(void *st, void *dst, uint64_t src, size_t size, void *stream,
                             ddo__errbuf *eb);
 int ddo__cpu_codec_decode(void *st, void *stream, const ddo__codec_desc *x, size_t n,

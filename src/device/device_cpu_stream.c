@@ -64,7 +64,7 @@ static void run_op(cpu_dev *d, cpu_stream *s, cpu_op *op)
     s->current = op;
     switch (op->kind) {
     case OP_COPY: {
-        double bps = d->bytes_per_s;
+        double bps = op->peer ? d->peer_bytes_per_s : d->bytes_per_s;
         uint64_t lat = d->latency_ns;
         pthread_mutex_unlock(&d->lock);
         run_copy(s, op, bps, lat);
@@ -308,6 +308,47 @@ int ddo__cpu_copy_h2d(void *st, uint64_t dst, const void *src, size_t size, void
                        "cpu: copy_h2d: source %p + %zu runs past the end of its host "
                        "registration (as cuMemcpyHtoDAsync: CUDA_ERROR_INVALID_VALUE)",
                        src, size);
+    else
+        enqueue(stream, op);
+    if (rc == 0)
+        ddo__cpu_use_mapping_at(d, dst, size);
+    pthread_mutex_unlock(&d->lock);
+    if (rc != 0)
+        free(op);
+    return rc;
+}
+
+/* A copy from another cpu device's memory (or this one's): the source is checked under its
+ * device's lock, then queued on this device's stream like copy_h2d, at the peer throttle. */
+int ddo__cpu_copy_peer(void *st, uint64_t dst, void *src_st, uint64_t src, size_t size,
+                       void *stream, ddo__errbuf *eb)
+{
+    cpu_dev *d = st, *from = src_st;
+    pthread_mutex_lock(&from->lock);
+    bool src_ok = ddo__cpu_device_bytes(from, src, size);
+    pthread_mutex_unlock(&from->lock);
+    if (!src_ok)
+        return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
+                         "cpu: copy_peer: source 0x%" PRIx64 " + %zu is not device memory of the "
+                         "source device",
+                         src, size);
+    cpu_op *op = new_op(OP_COPY);
+    if (op == NULL)
+        return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: copy_peer: out of host memory");
+    op->dst = dst;
+    op->src = (const void *)(uintptr_t)src;
+    op->size = size;
+    op->peer = true;
+    op->queued_ns = ddo__now_ns();
+    pthread_mutex_lock(&d->lock);
+    int rc = 0;
+    if (!stream_known(d, stream))
+        rc = ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "cpu: copy_peer: unknown stream %p", stream);
+    else if (!ddo__cpu_device_bytes(d, dst, size))
+        rc = ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
+                       "cpu: copy_peer: destination 0x%" PRIx64 " + %zu is not mapped device "
+                       "memory",
+                       dst, size);
     else
         enqueue(stream, op);
     if (rc == 0)

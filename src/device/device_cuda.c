@@ -69,6 +69,7 @@ static void cuda_close(void *st)
     if (d->codec_mod != NULL && d->api.CtxSetCurrent(d->ctx) == CUDA_SUCCESS)
         d->api.ModuleUnload(d->codec_mod);
     pthread_mutex_destroy(&d->codec_lock);
+    pthread_mutex_destroy(&d->peer_lock);
     if (d->ctx_retained)
         d->api.DevicePrimaryCtxRelease(d->device);
     /* libcuda stays loaded for the life of the process (as the CUDA runtime does): its
@@ -170,9 +171,11 @@ static int cuda_open(const char *spec, const ddo_device_options *opts, void **st
         return ddo__fail(eb, DDO_E_NO_MEMORY, "cuda:%d: out of host memory", ordinal);
     d->ordinal = ordinal;
     pthread_mutex_init(&d->codec_lock, NULL);
+    pthread_mutex_init(&d->peer_lock, NULL);
     int rc = ddo__cuda_load_driver(d, path, eb);
     if (rc != 0) {
         pthread_mutex_destroy(&d->codec_lock);
+        pthread_mutex_destroy(&d->peer_lock);
         free(d);
         return rc;
     }
@@ -477,6 +480,39 @@ static int cuda_copy_h2d(void *st, uint64_t dst, const void *src, size_t size, v
     return 0;
 }
 
+/* Enables this context's access to peer's memory once per pair where the GPUs allow it; where
+ * they do not, cuMemcpyPeerAsync still copies (through host memory, slower). */
+static void enable_peer(cuda_dev *d, const cuda_dev *peer)
+{
+    if (peer == d || peer->ordinal < 0 || peer->ordinal >= 64)
+        return;
+    uint64_t bit = UINT64_C(1) << peer->ordinal;
+    pthread_mutex_lock(&d->peer_lock);
+    if ((d->peer_tried & bit) == 0) {
+        d->peer_tried |= bit;
+        int can = 0;
+        if (d->api.DeviceCanAccessPeer(&can, d->device, peer->device) == CUDA_SUCCESS && can)
+            (void)d->api.CtxEnablePeerAccess(peer->ctx, 0); /* ALREADY_ENABLED is fine too */
+    }
+    pthread_mutex_unlock(&d->peer_lock);
+}
+
+static int cuda_copy_peer(void *st, uint64_t dst, void *src_st, uint64_t src, size_t size,
+                          void *stream, ddo__errbuf *eb)
+{
+    cuda_dev *d = st;
+    const cuda_dev *from = src_st;
+    BIND(d, eb);
+    enable_peer(d, from);
+    CUresult r = d->api.MemcpyPeerAsync((CUdeviceptr)dst, d->ctx, (CUdeviceptr)src, from->ctx, size,
+                                        (CUstream)stream);
+    if (r != CUDA_SUCCESS)
+        return ddo__cu_fail(
+            d, eb, r, "cuMemcpyPeerAsync", "copying %.2f MiB from cuda:%d 0x%llx to cuda:%d 0x%llx",
+            mib(size), from->ordinal, (unsigned long long)src, d->ordinal, (unsigned long long)dst);
+    return 0;
+}
+
 /* Synchronous on the legacy stream; ddo's streams are non-blocking, so the caller waits for
  * the work that produced src (stream or event synchronize) before calling. */
 static int cuda_copy_d2h(void *st, void *dst, uint64_t src, size_t size, ddo__errbuf *eb)
@@ -759,6 +795,7 @@ static const ddo__device_ops cuda_ops = {
     .copy_h2d = cuda_copy_h2d,
     .copy_d2h = cuda_copy_d2h,
     .copy_d2h_async = cuda_copy_d2h_async,
+    .copy_peer = cuda_copy_peer,
     .event_create = cuda_event_create,
     .event_destroy = cuda_event_destroy,
     .event_record = cuda_event_record,

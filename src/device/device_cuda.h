@@ -76,6 +76,10 @@ typedef struct cu_api {
     PFN_cuModuleGetFunction_v2000 ModuleGetFunction;
     PFN_cuLaunchKernel_v4000 LaunchKernel;
     PFN_cuMemsetD32Async_v3020 MemsetD32Async;
+    /* device sets (docs/multi-gpu.md): copies from another GPU's memory */
+    PFN_cuMemcpyPeerAsync_v4000 MemcpyPeerAsync;
+    PFN_cuDeviceCanAccessPeer_v4000 DeviceCanAccessPeer;
+    PFN_cuCtxEnablePeerAccess_v4000 CtxEnablePeerAccess;
 } cu_api;
 
 typedef struct cuda_dev {
@@ -99,6 +103,9 @@ typedef struct cuda_dev {
     CUfunction codec_fn;
     int codec_rc; /* 0: not loaded yet; 1: loaded; < 0: loading failed with this code */
     char codec_err[256];
+    /* Peer ordinals (below 64) whose access from this context was asked for (copy_peer). */
+    pthread_mutex_t peer_lock;
+    uint64_t peer_tried;
 } cuda_dev;
 
 #    define BIND(d, eb)                                   \

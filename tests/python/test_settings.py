@@ -19,7 +19,8 @@ SPECIAL = {"preset": None, "backend": None, "use_environment": None,
            "execution_device": "cpu", "offload_device": None,
            "vmm_native_source_cache_slots": None, "vmm_native_source_cache_slot_mb": None,
            "target_module_classes": "Linear", "profile_resident_module_budget_gb": None,
-           "vmm_page_mb": "4", "small_tensor_threshold_bytes": "7"}
+           "vmm_page_mb": "4", "small_tensor_threshold_bytes": "7",
+           "devices": "cpu:0;cpu:1"}
 # Options that are valid only together with another one (the library refuses them alone).
 COMPANIONS = {"build_profile": {"profile_name": "w"},
               "vmm_source_registered_gb": {"vmm_source_cache_gb": "1"},

@@ -17,11 +17,14 @@
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: ddo doctor [PATH] [--json] [--measure-mb N]\n"
+    fprintf(out, "usage: ddo doctor [PATH] [--json] [--measure-mb N] [--devices A,B[,...]]\n"
                  "  PATH          a checkpoint (file, index or directory): its read speed and the\n"
                  "                plan `auto` would make for it\n"
                  "  --json        machine-readable output\n"
-                 "  --measure-mb  bytes moved per bandwidth measurement (default 1024)\n");
+                 "  --measure-mb  bytes moved per bandwidth measurement (default 1024)\n"
+                 "  --devices     a device set whose links to measure (host->device per device,\n"
+                 "                device->device per ordered pair; cpu:0,cpu:1 emulates one);\n"
+                 "                default: every GPU found, when there are two or more\n");
 }
 
 static double gib(uint64_t b)
@@ -72,6 +75,14 @@ typedef struct doctor {
     ddo_plan *plan;
     uint64_t model;
     char rec[512];
+    /* The device set's links (--devices, or every GPU when there are several). */
+    char set[MAX_GPUS][32];
+    int nset;
+    double h2d[MAX_GPUS];            /* pinned host->device per device; 0 = not measured */
+    double link[MAX_GPUS][MAX_GPUS]; /* [to][from] device->device; 0 = not measured */
+    double split;                    /* split mode's intake per device; 0 = not measured */
+    char split_error[512];
+    char link_error[512];
 } doctor;
 
 /* GPUs: cuda:0, cuda:1, ... until one does not open; each measured with measure_bytes. */
@@ -97,6 +108,117 @@ static void probe_gpus(doctor *D, uint64_t measure_bytes, bool quiet)
             snprintf(g->measure_error, sizeof(g->measure_error), "%s", ddo_last_error());
         ddo_device_destroy(dev);
     }
+}
+
+/* Splits "A,B,..." into D->set; -1 (with a message) for an empty name or too many. */
+static int parse_set(doctor *D, const char *list)
+{
+    const char *p = list;
+    D->nset = 0;
+    while (*p != '\0') {
+        size_t n = strcspn(p, ",");
+        if (n == 0 || n >= sizeof(D->set[0]) || D->nset == MAX_GPUS) {
+            fprintf(stderr, "ddo doctor: --devices: expected a list like cuda:0,cuda:1\n");
+            return -1;
+        }
+        memcpy(D->set[D->nset], p, n);
+        D->set[D->nset++][n] = '\0';
+        p += n + (p[n] == ',');
+    }
+    return D->nset >= 2 ? 0 : (fprintf(stderr, "ddo doctor: --devices: two or more\n"), -1);
+}
+
+/* The set's links: host->device per device (a GPU's from probe_gpus), device->device per
+ * ordered pair. */
+static void probe_links(doctor *D, uint64_t measure_bytes, bool quiet)
+{
+    if (D->nset == 0 && D->ngpu >= 2)
+        for (int i = 0; i < D->ngpu; i++)
+            snprintf(D->set[D->nset++], sizeof(D->set[0]), "cuda:%d", i);
+    ddo_device *dev[MAX_GPUS] = { 0 };
+    for (int i = 0; i < D->nset; i++) {
+        if (ddo_device_create(D->set[i], NULL, &dev[i]) != 0) {
+            snprintf(D->link_error, sizeof(D->link_error), "%s", ddo_last_error());
+            goto out;
+        }
+        ddo_device_caps c;
+        ddo_device_bandwidth bw;
+        if (ddo_device_caps_get(dev[i], &c) == 0 && !c.is_cpu && c.ordinal < D->ngpu &&
+            D->gpus[c.ordinal].measured)
+            D->h2d[i] = D->gpus[c.ordinal].bw.pinned_bytes_per_s;
+        else if (ddo_device_measure(dev[i], measure_bytes, &bw) == 0)
+            D->h2d[i] = bw.pinned_bytes_per_s;
+    }
+    for (int to = 0; to < D->nset; to++)
+        for (int from = 0; from < D->nset; from++) {
+            if (to == from)
+                continue;
+            if (!quiet)
+                fprintf(stderr, "measuring %s -> %s...\n", D->set[from], D->set[to]);
+            if (ddo_device_measure_peer(dev[to], dev[from], measure_bytes, &D->link[to][from]) !=
+                    0 &&
+                D->link_error[0] == '\0')
+                snprintf(D->link_error, sizeof(D->link_error), "%s", ddo_last_error());
+        }
+    if (D->nset >= 2 && !quiet)
+        fprintf(stderr, "measuring the split intake over %d devices...\n", D->nset);
+    if (D->nset >= 2 &&
+        ddo_device_measure_split(dev, (size_t)D->nset, measure_bytes, NULL, &D->split) != 0)
+        snprintf(D->split_error, sizeof(D->split_error), "%s", ddo_last_error());
+out:
+    for (int i = 0; i < D->nset; i++)
+        ddo_device_destroy(dev[i]);
+}
+
+static void links_json(const doctor *D, json_t *j)
+{
+    if (D->nset == 0)
+        return;
+    json_t *o = json_object(), *hd = json_array(), *dd = json_array();
+    for (int i = 0; i < D->nset; i++) {
+        json_t *e = json_object();
+        json_object_set_new(e, "device", json_string(D->set[i]));
+        json_object_set_new(e, "pinned_h2d_bytes_per_s", json_real(D->h2d[i]));
+        json_array_append_new(hd, e);
+        for (int k = 0; k < D->nset; k++) {
+            if (k == i)
+                continue;
+            json_t *l = json_object();
+            json_object_set_new(l, "from", json_string(D->set[k]));
+            json_object_set_new(l, "to", json_string(D->set[i]));
+            json_object_set_new(l, "bytes_per_s", json_real(D->link[i][k]));
+            json_array_append_new(dd, l);
+        }
+    }
+    json_object_set_new(o, "host_to_device", hd);
+    json_object_set_new(o, "device_to_device", dd);
+    json_object_set_new(o, "split_intake_bytes_per_s", json_real(D->split));
+    if (D->split_error[0] != '\0')
+        json_object_set_new(o, "split_error", json_string(D->split_error));
+    if (D->link_error[0] != '\0')
+        json_object_set_new(o, "error", json_string(D->link_error));
+    json_object_set_new(j, "links", o);
+}
+
+static void links_text(const doctor *D)
+{
+    if (D->nset == 0)
+        return;
+    for (int i = 0; i < D->nset; i++) {
+        printf("links     %s: host->device %.1f GB/s", D->set[i], gbps(D->h2d[i]));
+        for (int k = 0; k < D->nset; k++)
+            if (k != i)
+                printf("; from %s %.1f GB/s", D->set[k], gbps(D->link[i][k]));
+        printf("\n");
+    }
+    if (D->link_error[0] != '\0')
+        printf("          %s\n", D->link_error);
+    if (D->split > 0)
+        printf("          split intake %.1f GB/s per device (each reads 1/%d from host, then "
+               "an all-gather)\n",
+               gbps(D->split), D->nset);
+    else if (D->split_error[0] != '\0')
+        printf("          split intake not measured: %s\n", D->split_error);
 }
 
 /* The checkpoint and the read speed of its largest file. */
@@ -239,6 +361,7 @@ static void print_json(const doctor *D)
     json_object_set_new(h, "running_on_wsl", json_boolean(D->host.running_on_wsl));
     json_object_set_new(h, "kernel_release", json_string(D->host.kernel_release));
     json_object_set_new(j, "host", h);
+    links_json(D, j);
     if (D->path != NULL) {
         json_t *f = json_object();
         json_object_set_new(f, "path", json_string(D->path));
@@ -319,6 +442,7 @@ static void print_text(const doctor *D)
     else
         printf("none");
     printf("; WSL %s; kernel %s\n", D->host.running_on_wsl ? "yes" : "no", D->host.kernel_release);
+    links_text(D);
     if (D->path != NULL) {
         if (D->ck_error[0] != '\0')
             printf("file      %s\n", D->ck_error);
@@ -379,6 +503,10 @@ int ddo_cmd_doctor(int argc, char **argv)
                 return DDO_EXIT_USAGE;
             i++;
             measure_bytes = (uint64_t)(mb * 1048576.0);
+        } else if (strcmp(argv[i], "--devices") == 0) {
+            if (i + 1 >= argc || parse_set(&D, argv[i + 1]) != 0)
+                return DDO_EXIT_USAGE;
+            i++;
         } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
             return DDO_EXIT_OK;
@@ -393,6 +521,7 @@ int ddo_cmd_doctor(int argc, char **argv)
         }
     }
     probe_gpus(&D, measure_bytes, as_json != 0);
+    probe_links(&D, measure_bytes, as_json != 0);
     ddo_host_info_get(&D.host);
     probe_file(&D);
     if (ddo_config_create(&D.cfg) != 0) {

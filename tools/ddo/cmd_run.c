@@ -220,6 +220,7 @@ typedef struct run_ctx {
     ddo_device *dev;  /* the setup's */
     ddo_device_caps caps;
     uint64_t baseline_used;
+    ddo_device *store; /* donor mode: the store device (the set's second), opened for a session */
 } run_ctx;
 
 static void fail_msg(const char *what, int rc, const char *detail)
@@ -409,6 +410,27 @@ static void sample_used(const run_ctx *ctx, run_result *res)
         res->device_used_peak = used - ctx->baseline_used;
 }
 
+/* Donor mode (docs/multi-gpu.md): opens the set's second device as the store; 0 otherwise. */
+static int open_store(run_ctx *ctx, const ddo_plan *plan)
+{
+    ddo_plan_info info = DDO_PLAN_INFO_INIT;
+    if (ctx->store != NULL || ddo_plan_info_get(plan, &info) != 0 ||
+        info.device_mode != DDO_DEVICE_MODE_DONOR)
+        return 0;
+    char spec[64];
+    const char *comma = strchr(info.devices, ',');
+    snprintf(spec, sizeof(spec), "%s", comma != NULL ? comma + 1 : "");
+    spec[strcspn(spec, ",")] = '\0';
+    int rc = ddo_device_create(spec, NULL, &ctx->store);
+    if (rc != 0) {
+        ctx->store = NULL;
+        fail_msg("store device", rc, ddo_last_error());
+        return rc;
+    }
+    printf("store device: %s (donor mode)\n", spec);
+    return 0;
+}
+
 /* Creates the session of plan (progress on a terminal through ps) and prints its setup time. */
 static int create_session(run_ctx *ctx, const ddo_plan *plan, const ddo_checkpoint *ck,
                           ddo_config *cfg, progress_state *ps, ddo_session **s)
@@ -420,6 +442,10 @@ static int create_session(run_ctx *ctx, const ddo_plan *plan, const ddo_checkpoi
         so.progress_user = ps;
     }
     so.config = cfg; /* workers, read engine, registration fallback, reclaim */
+    int src = open_store(ctx, plan);
+    if (src != 0)
+        return src;
+    so.store_device = ctx->store;
     uint64_t t_setup = tool_now_ns();
     int rc = ddo_session_create(plan, ck, ctx->dev, &so, s);
     if (ps->phase[0] != '\0' && ps->last_percent < 100)
@@ -735,6 +761,8 @@ out:
     ddo_metrics_destroy(m);
     ref_host_destroy(host);
     ddo_session_destroy(s);
+    ddo_device_destroy(ctx->store); /* after the session that used it */
+    ctx->store = NULL;
     ddo_stream_destroy(stream);
     if (ctx->dev != NULL) {
         used = device_used(ctx->dev);

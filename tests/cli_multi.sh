@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# cli_multi.sh - device sets from the tool on the cpu device (docs/multi-gpu.md): `ddo plan`
+# shows the set and its JSON keeps it, `ddo run` in donor mode (cpu:0 computes, cpu:1 stores)
+# is verified bit-identical against the file, a refused set names its option, and
+# `ddo doctor --devices` measures the emulated links.
+# ctest-labels: cli
+set -u
+: "${DDO_BIN:?DDO_BIN is not set}"
+T=$(mktemp -d "${TMPDIR:-/tmp}/ddo-cli-multi-XXXXXX")
+trap 'rm -rf "$T"' EXIT
+fails=0
+pass() { echo "ok: $1"; }
+fail() { echo "FAIL: $1"; fails=$((fails + 1)); }
+check() { if eval "$2"; then pass "$1"; else fail "$1"; fi; }
+
+{
+    echo '{"architecture": "cli-multi", "tensors": ['
+    for i in 0 1 2 3 4 5; do
+        echo "{\"name\": \"blocks.$i.attn.weight\", \"shape\": [256, 192], \"dtype\": \"BF16\"},"
+        echo "{\"name\": \"blocks.$i.mlp.weight\", \"shape\": [192, 256], \"dtype\": \"F16\"},"
+    done
+    echo '{"name": "out.weight", "shape": [16, 64], "dtype": "BF16"}'
+    echo ']}'
+} >"$T/l.json"
+"$DDO_BIN" synth --layout "$T/l.json" --out "$T/m.safetensors" --seed 3 >"$T/synth.log" 2>&1 ||
+    { cat "$T/synth.log"; echo "FAIL: ddo synth"; exit 1; }
+SET=(--ddo-devices cpu:0,cpu:1 --ddo-backend vmm --ddo-execution-mode vmm_fast_runtime
+    --ddo-vmm-resident-weight-budget-gb 0.01 --ddo-resident-module-budget-gb 0
+    --ddo-small-tensor-threshold-kb 16)
+
+"$DDO_BIN" plan "$T/m.safetensors" "${SET[@]}" --ddo-peer-link-gbps 250 >"$T/plan.out" 2>&1; rc=$?
+cat "$T/plan.out"
+check "plan with a device set exits 0" '[ $rc -eq 0 ]'
+check "plan shows the donor set, the store and the link" \
+    'grep -q "device set *donor: cpu:0,cpu:1" "$T/plan.out" && grep -q "store device" "$T/plan.out" &&
+     grep -q "device link *250.0 GB/s" "$T/plan.out"'
+"$DDO_BIN" plan "$T/m.safetensors" "${SET[@]}" --json >"$T/plan.json" 2>&1; rc=$?
+check "the plan JSON has its device_set" \
+    '[ $rc -eq 0 ] && grep -q "\"device_set\"" "$T/plan.json" && grep -q "\"mode\": \"donor\"" "$T/plan.json"'
+
+"$DDO_BIN" run "$T/m.safetensors" "${SET[@]}" --steps 3 --tokens 4 --verify \
+    --metrics "$T/m.jsonl" >"$T/run.out" 2>&1; rc=$?
+cat "$T/run.out"
+check "donor run exits 0, verified bit-identical" \
+    '[ $rc -eq 0 ] && grep -q "store device: cpu:1 (donor mode)" "$T/run.out" &&
+     grep -q "verify: OK: 3 steps bit-identical" "$T/run.out"'
+check "the streamed bytes came from the store device" \
+    'grep -oE "\"bytes_from_store\":[0-9]+" "$T/m.jsonl" | grep -qvE ":0$"'
+
+"$DDO_BIN" plan "$T/m.safetensors" "${SET[@]}" --ddo-store-device-budget-gb 0.0001 >"$T/b.out" 2>&1
+rc=$?
+check "a store over its budget is refused naming store_device_budget_gb" \
+    '[ $rc -ne 0 ] && grep -q "store_device_budget_gb" "$T/b.out"'
+"$DDO_BIN" plan "$T/m.safetensors" "${SET[@]}" --ddo-execution-device cpu >"$T/e.out" 2>&1; rc=$?
+check "an execution_device other than the set's first is refused" \
+    '[ $rc -ne 0 ] && grep -q "first device" "$T/e.out"'
+
+"$DDO_BIN" doctor --devices cpu:0,cpu:1 --measure-mb 16 --json >"$T/doc.json" 2>/dev/null; rc=$?
+check "doctor measures the emulated links" \
+    '[ $rc -eq 0 ] && grep -q "\"device_to_device\"" "$T/doc.json" && grep -q "\"split_intake_bytes_per_s\"" "$T/doc.json"'
+
+[ "$fails" -eq 0 ] && echo "cli_multi: all passed" || echo "cli_multi: $fails failed"
+[ "$fails" -eq 0 ]

@@ -1,0 +1,367 @@
+/*
+ * test_multi.c - device sets on the cpu device (docs/multi-gpu.md): cpu:N instances with
+ * their own memory, the device->device copy (peer throttle, checks), the plan's device set
+ * (facts, JSON round trip, the store budget, refused sets) and donor mode: a session whose
+ * streamed units live on a second cpu device and arrive by device->device copies, with the
+ * bytes, stable addresses and device budgets of a single-device session, and its failures.
+ *
+ * ctest-labels: unit backend threads
+ */
+#include "session_fx.h"
+
+#include <time.h>
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static ddo_device *cpu_dev(const char *spec, uint64_t bytes, double peer_bps)
+{
+    ddo_cpu_options c = DDO_CPU_OPTIONS_INIT;
+    c.memory_bytes = bytes;
+    c.granularity = FX_GRAN;
+    c.peer_bytes_per_s = peer_bps;
+    ddo_device_options o = DDO_DEVICE_OPTIONS_INIT;
+    o.cpu = &c;
+    ddo_device *d = NULL;
+    if (ddo_device_create(spec, &o, &d) != 0)
+        fprintf(stderr, "  device %s: %s\n", spec, ddo_last_error());
+    return d;
+}
+
+/* cpu:0 and cpu:1 are separate instances: memory taken on one is not taken on the other. */
+static void test_cpu_instances(void)
+{
+    ddo_device *a = cpu_dev("cpu:0", 64 * DDO_MIB, 0), *b = cpu_dev("cpu:1", 64 * DDO_MIB, 0);
+    T_REQUIRE(a != NULL && b != NULL);
+    ddo_device *bad = NULL;
+    T_EQ_INT(ddo_device_create("cpu:x", NULL, &bad), DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo_device_create("cpu:", NULL, &bad), DDO_E_INVALID_ARGUMENT);
+    uint64_t p = 0;
+    T_REQUIRE(ddo__dev_mem_alloc(a, 48 * DDO_MIB, &p) == 0);
+    uint64_t fa = 0, fb = 0, t = 0;
+    T_REQUIRE(ddo__dev_mem_info(a, &fa, &t) == 0);
+    T_REQUIRE(ddo__dev_mem_info(b, &fb, &t) == 0);
+    T_EQ_U64(fa, 16 * DDO_MIB);
+    T_EQ_U64(fb, 64 * DDO_MIB);
+    uint64_t q = 0; /* b has room for what a has not */
+    T_EQ_INT(ddo__dev_mem_alloc(a, 32 * DDO_MIB, &q), DDO_E_DEVICE_MEMORY);
+    T_REQUIRE(ddo__dev_mem_alloc(b, 32 * DDO_MIB, &q) == 0);
+    T_REQUIRE(ddo__dev_mem_free(a, p) == 0);
+    T_REQUIRE(ddo__dev_mem_free(b, q) == 0);
+    ddo_device_destroy(a);
+    ddo_device_destroy(b);
+}
+
+/* copy_peer: bytes from one device's memory to the other's, at the destination's peer
+ * throttle, checked on both sides. */
+static void test_copy_peer(void)
+{
+    const size_t n = 4 * DDO_MIB;
+    ddo_device *a = cpu_dev("cpu:0", 64 * DDO_MIB, 100e6), *b = cpu_dev("cpu:1", 64 * DDO_MIB, 0);
+    T_REQUIRE(a != NULL && b != NULL);
+    uint64_t dst = 0, src = 0;
+    T_REQUIRE(ddo__dev_mem_alloc(a, n, &dst) == 0);
+    T_REQUIRE(ddo__dev_mem_alloc(b, n, &src) == 0);
+    for (size_t i = 0; i < n; i++)
+        ((unsigned char *)(uintptr_t)src)[i] = (unsigned char)(i * 7 + 3);
+    memset((void *)(uintptr_t)dst, 0, n);
+    void *st = NULL;
+    T_REQUIRE(ddo__dev_stream_create(a, 1, &st) == 0);
+    uint64_t t0 = now_ns();
+    T_REQUIRE(ddo__dev_copy_peer(a, dst, b, src, n, st) == 0);
+    T_REQUIRE(ddo__dev_stream_synchronize(a, st) == 0);
+    double s = (double)(now_ns() - t0) / 1e9;
+    T_CHECK(s >= 0.9 * (double)n / 100e6); /* 4 MiB at 100 MB/s: >= 38 ms */
+    T_CHECK(memcmp((void *)(uintptr_t)dst, (void *)(uintptr_t)src, n) == 0);
+    /* the source must be the source device's memory, the destination this one's */
+    T_EQ_INT(ddo__dev_copy_peer(a, dst, b, dst, 4096, st), DDO_E_INVALID_ARGUMENT);
+    T_CONTAINS(ddo_device_error(a), "source device");
+    T_EQ_INT(ddo__dev_copy_peer(a, src, b, src, 4096, st), DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo__dev_copy_peer(a, dst, NULL, src, 4096, st), DDO_E_INVALID_ARGUMENT);
+    ddo__devop_stats stats[DDO__OP_COUNT];
+    ddo__device_stats(a, stats);
+    T_EQ_U64(stats[DDO__OP_COPY_PEER].bytes, n);
+    T_REQUIRE(ddo__dev_stream_destroy(a, st) == 0);
+    T_REQUIRE(ddo__dev_mem_free(a, dst) == 0);
+    T_REQUIRE(ddo__dev_mem_free(b, src) == 0);
+    ddo_device_destroy(a);
+    ddo_device_destroy(b);
+}
+
+static const fx_opts base = { .blocks = 4, .slots = 2, .no_session = true };
+
+/* Rebuilds f's plan with a device set; returns ddo_plan_build's code. */
+static int replan(fx *f, const char *devices, const char *budget_gb, uint64_t store_free)
+{
+    fx_set(f, "devices", devices);
+    if (budget_gb != NULL)
+        fx_set(f, "store_device_budget_gb", budget_gb);
+    ddo_plan_destroy(f->plan);
+    f->plan = NULL;
+    ddo_plan_inputs in = fx_cpu_inputs(f->o.device_bytes, 8 * DDO_GIB);
+    in.store_free_bytes = store_free;
+    in.peer_bytes_per_s = 123e9;
+    in.bus_bytes_per_s = 1e9; /* the cost model on */
+    in.flops_per_s = 1e12;
+    return ddo_plan_build(f->ck, f->cfg, &in, &f->plan);
+}
+
+/* A streamed unit's predicted transfer time in f's plan. */
+static double unit_transfer_s(fx *f)
+{
+    ddo_unit_info ui;
+    memset(&ui, 0, sizeof(ui));
+    T_CHECK(ddo_plan_unit(f->plan, fx_unit(f, 1), &ui) == 0);
+    T_CHECK(!ui.resident && ui.bytes > 0);
+    return ui.transfer_s;
+}
+
+static void test_plan_device_set(void)
+{
+    fx f;
+    T_REQUIRE(fx_create(&f, &base) == 0);
+    ddo_plan_info single = DDO_PLAN_INFO_INIT;
+    T_REQUIRE(ddo_plan_info_get(f.plan, &single) == 0);
+    T_EQ_INT(single.device_mode, DDO_DEVICE_MODE_SINGLE);
+    T_EQ_U64(single.device_count, 1);
+    char *json = NULL;
+    T_REQUIRE(ddo_plan_to_json(f.plan, &json) == 0);
+    T_CHECK(strstr(json, "device_set") == NULL); /* a single-device plan reads as before */
+    ddo_free(json);
+
+    T_REQUIRE(replan(&f, "", NULL, 0) == 0); /* one device: a unit moves at the bus rate */
+    double over_bus = unit_transfer_s(&f);
+    T_REQUIRE(replan(&f, "cpu:0,cpu:1", NULL, 0) == 0);
+    ddo_plan_info info = DDO_PLAN_INFO_INIT;
+    T_REQUIRE(ddo_plan_info_get(f.plan, &info) == 0);
+    T_EQ_INT(info.device_mode, DDO_DEVICE_MODE_DONOR);
+    /* donor: at the device->device rate (123 GB/s against the bus's 1 GB/s) */
+    T_NEAR(unit_transfer_s(&f) * 123.0, over_bus, over_bus * 1e-9);
+    T_EQ_U64(info.device_count, 2);
+    T_CHECK(strcmp(info.devices, "cpu:0,cpu:1") == 0);
+    T_NEAR(info.peer_bytes_per_s, 123e9, 1);
+    uint64_t want = 0; /* every streamed unit at its slot layout */
+    for (size_t u = 0; u < ddo_plan_unit_count(f.plan); u++) {
+        ddo_unit_info ui;
+        T_REQUIRE(ddo_plan_unit(f.plan, u, &ui) == 0);
+        if (!ui.resident && ui.bytes > 0)
+            want += ui.bytes;
+    }
+    T_CHECK(info.store_bytes >= want && want > 0);
+    T_EQ_U64(info.store_limit, 0);
+
+    /* the JSON keeps the set and reads back exactly */
+    T_REQUIRE(ddo_plan_to_json(f.plan, &json) == 0);
+    T_CONTAINS(json, "\"device_set\"");
+    ddo_plan *back = NULL;
+    T_REQUIRE(ddo_plan_from_json(json, &back) == 0);
+    char *json2 = NULL;
+    T_REQUIRE(ddo_plan_to_json(back, &json2) == 0);
+    T_CHECK(strcmp(json, json2) == 0);
+    ddo_plan_info binfo = DDO_PLAN_INFO_INIT;
+    T_REQUIRE(ddo_plan_info_get(back, &binfo) == 0);
+    T_EQ_INT(binfo.device_mode, DDO_DEVICE_MODE_DONOR);
+    T_EQ_U64(binfo.store_bytes, info.store_bytes);
+    ddo_free(json2);
+    ddo_plan_destroy(back);
+    ddo_free(json);
+
+    /* the store budget: the option, else the store device's free memory */
+    T_EQ_INT(replan(&f, "cpu:0,cpu:1", "0.0001", 0), DDO_E_BUDGET);
+    T_CONTAINS(ddo_last_error(), "store_device_budget_gb");
+    T_EQ_INT(replan(&f, "cpu:0,cpu:1", "0", info.store_bytes - 1), DDO_E_BUDGET);
+    T_CONTAINS(ddo_last_error(), "free memory");
+    T_EQ_INT(replan(&f, "cpu:0,cpu:1", "0", info.store_bytes), 0);
+    /* sets it cannot use */
+    T_EQ_INT(replan(&f, "cpu:0", NULL, 0), DDO_E_CONFIG);
+    T_EQ_INT(replan(&f, "cpu:0,cpu:0", NULL, 0), DDO_E_CONFIG);
+    T_EQ_INT(replan(&f, "cpu:0,cpu:1,cpu:2", NULL, 0), DDO_E_CONFIG);
+    T_CONTAINS(ddo_last_error(), "two devices");
+    fx_set(&f, "device_mode", "split");
+    T_EQ_INT(replan(&f, "cpu:0,cpu:1,cpu:2", NULL, 0), 0);
+    T_REQUIRE(ddo_plan_info_get(f.plan, &info) == 0);
+    T_EQ_INT(info.device_mode, DDO_DEVICE_MODE_SPLIT);
+    T_EQ_U64(info.device_count, 3);
+    fx_destroy(&f);
+}
+
+/* The last "store" progress call: done and total bytes. */
+static uint64_t store_progress[2];
+
+static void on_progress(void *user, const char *phase, uint64_t done, uint64_t total)
+{
+    (void)user;
+    if (strcmp(phase, "store") == 0) {
+        store_progress[0] = done;
+        store_progress[1] = total;
+    }
+}
+
+/* A donor session on store; f's plan must be a donor plan. */
+static int donor_session(fx *f, ddo_device *store)
+{
+    ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
+    so.config = f->cfg;
+    so.store_device = store;
+    so.progress = on_progress;
+    store_progress[0] = store_progress[1] = 0;
+    f->rc = ddo_session_create(f->plan, f->ck, f->dev, &so, &f->s);
+    return f->rc;
+}
+
+/* Every unit twice: the bytes, a stable address per tensor. */
+static void run_steps(fx *f, void **first)
+{
+    for (int step = 0; step < 2; step++)
+        for (int b = 0; b < f->o.blocks; b++) {
+            size_t u = fx_unit(f, b);
+            T_REQUIRE(ddo_session_acquire(f->s, u, f->stream) == 0);
+            T_REQUIRE(ddo_stream_synchronize(f->stream) == 0);
+            T_CHECK(fx_check_unit(f, u, 0) == 0);
+            size_t n = 0;
+            const size_t *ts = ddo_plan_unit_tensors(f->plan, u, &n);
+            void *p = NULL;
+            T_REQUIRE(ddo_session_tensor_address(f->s, ts[0], &p) == 0);
+            if (first[b] == NULL)
+                first[b] = p;
+            T_CHECK(p == first[b]);
+            T_REQUIRE(ddo_session_release(f->s, u, f->stream) == 0);
+        }
+}
+
+static void donor_on(const char *mode, bool file)
+{
+    fx_opts o = base;
+    o.mode = mode;
+    o.file = file;
+    fx f;
+    T_REQUIRE(fx_create(&f, &o) == 0);
+    /* the single-device session's figures, for comparison */
+    ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
+    so.config = f.cfg;
+    T_REQUIRE(ddo_session_create(f.plan, f.ck, f.dev, &so, &f.s) == 0);
+    ddo__device_usage_t one;
+    ddo__device_usage(f.dev, &one);
+    ddo_session_destroy(f.s);
+    f.s = NULL;
+
+    T_REQUIRE(replan(&f, "cpu:0,cpu:1", NULL, 0) == 0);
+    ddo_device *store = cpu_dev("cpu:1", 256 * DDO_MIB, 0);
+    T_REQUIRE(store != NULL);
+    T_REQUIRE(donor_session(&f, store) == 0);
+    ddo_plan_info info = DDO_PLAN_INFO_INIT;
+    T_REQUIRE(ddo_plan_info_get(f.plan, &info) == 0);
+    ddo__device_usage_t su, cu;
+    ddo__device_usage(store, &su);
+    T_EQ_U64(su.device_bytes, info.store_bytes);   /* the store holds every streamed unit */
+    T_EQ_U64(store_progress[0], info.store_bytes); /* the fill reported to its end */
+    T_EQ_U64(store_progress[1], info.store_bytes);
+    T_EQ_U64(su.pinned_bytes, 0); /* the fill window is given back */
+    ddo__device_usage(f.dev, &cu);
+    T_EQ_U64(cu.device_bytes, one.device_bytes); /* the computing device: as one device */
+
+    void *first[8] = { 0 };
+    run_steps(&f, first);
+    T_CHECK(fx_metric(&f, "bytes_from_store") > 0);
+    /* every streamed byte came from the store (the residents from the checkpoint, at create) */
+    T_NEAR(fx_metric(&f, "bytes_from_store"),
+           fx_metric(&f, "copy_bytes") - fx_metric(&f, "bytes_resident_uploaded"), 0);
+    T_NEAR(fx_metric(&f, "bytes_from_registered"), 0, 0);
+    T_NEAR(fx_metric(&f, "bytes_staged_from_retained"), 0, 0);
+    T_NEAR(fx_metric(&f, "bytes_staged_from_file"), 0, 0);
+    T_NEAR(fx_metric(&f, "store_device_bytes"), (double)info.store_bytes, 0);
+    T_NEAR(fx_metric(&f, "planned_store_bytes"), (double)info.store_bytes, 0);
+    T_CHECK(fx_metric(&f, "device_weights_peak_bytes") <=
+            fx_metric(&f, "planned_device_weights_bytes"));
+
+    /* unload keeps the store; reload brings the same bytes back */
+    T_REQUIRE(ddo_session_unload(f.s) == 0);
+    ddo__device_usage(store, &su);
+    T_EQ_U64(su.device_bytes, info.store_bytes);
+    T_REQUIRE(ddo_session_reload(f.s) == 0);
+    run_steps(&f, first);
+
+    ddo_session_destroy(f.s);
+    f.s = NULL;
+    ddo__device_usage(store, &su);
+    T_EQ_U64(su.device_bytes, 0);
+    T_EQ_U64(su.pinned_bytes, 0);
+    ddo_device_destroy(store);
+    fx_destroy(&f);
+}
+
+static void test_donor_vmm_fast(void)
+{
+    donor_on("vmm_fast_runtime", false);
+}
+
+static void test_donor_linear_file(void)
+{
+    donor_on("linear_runtime", true);
+}
+
+static void test_donor_vmm_runtime(void)
+{
+    donor_on("vmm_runtime", true);
+}
+
+/* What a donor session refuses, and a failed device->device copy. */
+static void test_donor_failures(void)
+{
+    fx f;
+    T_REQUIRE(fx_create(&f, &base) == 0);
+    ddo_device *store = cpu_dev("cpu:1", 256 * DDO_MIB, 0);
+    T_REQUIRE(store != NULL);
+    /* a store device without a donor plan */
+    T_EQ_INT(donor_session(&f, store), DDO_E_INVALID_ARGUMENT);
+    T_CONTAINS(ddo_last_error(), "donor plan");
+    T_REQUIRE(replan(&f, "cpu:0,cpu:1", NULL, 0) == 0);
+    /* a donor plan without its store device; the session's own device as its store */
+    T_EQ_INT(donor_session(&f, NULL), DDO_E_INVALID_ARGUMENT);
+    T_CONTAINS(ddo_last_error(), "store_device");
+    T_EQ_INT(donor_session(&f, f.dev), DDO_E_INVALID_ARGUMENT);
+    /* a store device too small: the error names it, nothing is left taken */
+    ddo_device *tiny = cpu_dev("cpu:2", 128 * 1024, 0);
+    T_REQUIRE(tiny != NULL);
+    T_CHECK(donor_session(&f, tiny) != 0);
+    T_CONTAINS(ddo_last_error(), "store device");
+    ddo__device_usage_t su;
+    ddo__device_usage(tiny, &su);
+    T_EQ_U64(su.device_bytes, 0);
+    T_EQ_U64(su.pinned_bytes, 0);
+    ddo_device_destroy(tiny);
+
+    /* a device->device copy that fails: the acquire fails naming the store, the next works */
+    T_REQUIRE(donor_session(&f, store) == 0);
+    size_t u = fx_unit(&f, 0);
+    ddo__device_inject_fault(f.dev, DDO__OP_COPY_PEER, 1, false, DDO_E_DEVICE);
+    T_EQ_INT(ddo_session_acquire(f.s, u, f.stream), DDO_E_DEVICE);
+    T_CONTAINS(ddo_session_error(f.s), "store device");
+    ddo__device_clear_faults(f.dev);
+    T_EQ_INT(fx_use(&f, u), 0);
+    /* split has no session transport yet: refused with its reason */
+    ddo_session_destroy(f.s);
+    f.s = NULL;
+    fx_set(&f, "device_mode", "split");
+    T_REQUIRE(replan(&f, "cpu:0,cpu:1", NULL, 0) == 0);
+    ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
+    T_EQ_INT(ddo_session_create(f.plan, f.ck, f.dev, &so, &f.s), DDO_E_UNSUPPORTED);
+    ddo_device_destroy(store);
+    fx_destroy(&f);
+}
+
+int main(void)
+{
+    T_RUN(test_cpu_instances);
+    T_RUN(test_copy_peer);
+    T_RUN(test_plan_device_set);
+    T_RUN(test_donor_vmm_fast);
+    T_RUN(test_donor_linear_file);
+    T_RUN(test_donor_vmm_runtime);
+    T_RUN(test_donor_failures);
+    return t_done();
+}
