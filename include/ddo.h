@@ -732,6 +732,11 @@ typedef struct ddo_plan_inputs {
      * device's C decoder 0.25e9). */
     double codec_ratio;
     double decode_bytes_per_s;
+    /* The file's read rate (bytes/s, what the disk delivers to ddo's reads; a profile's
+     * measured file_read_bytes_per_s); 0 = unknown. With the cost model on it prices a
+     * re-read from the file: the retained store then keeps the units whose re-read would
+     * stall most (docs/plan.md, "Retained store and registration"). */
+    double file_read_bytes_per_s;
 } ddo_plan_inputs;
 #define DDO_PLAN_INPUTS_INIT DDO_STRUCT_INIT(ddo_plan_inputs)
 
@@ -804,6 +809,16 @@ DDO_API int ddo_plan_unit(const ddo_plan *plan, size_t unit, ddo_unit_info *out)
  */
 DDO_API int ddo_plan_unit_coded(const ddo_plan *plan, size_t unit, uint64_t *coded_bytes,
                                 uint64_t *decoded_bytes);
+/*
+ * The cost of reading unit from the file at every use instead of keeping it retained:
+ * *read_s, its bytes at the inputs' file_read_bytes_per_s, and *stall_s, the part of that the
+ * compute before it cannot hide (what the step loses when it is not retained; docs/plan.md,
+ * "Retained store and registration"). Both 0 when the plan knows no file rate or the cost
+ * model is off, and for resident units. Either pointer may be NULL. Errors:
+ * DDO_E_INVALID_ARGUMENT (unit out of range).
+ */
+DDO_API int ddo_plan_unit_reread(const ddo_plan *plan, size_t unit, double *read_s,
+                                 double *stall_s);
 /* Checkpoint tensor indices of a unit, in order. Valid until destroy. */
 DDO_API const size_t *ddo_plan_unit_tensors(const ddo_plan *plan, size_t unit, size_t *count);
 DDO_API ddo_placement ddo_plan_tensor_placement(const ddo_plan *plan, size_t tensor,
@@ -879,6 +894,10 @@ typedef struct ddo_plan_info {
     ddo_host_residents host_residents;
     ddo_weight_codec weight_codec;
     ddo_unit_granularity unit_granularity;
+    /* True when the retained store could not hold every streamed unit and kept those whose
+     * re-read from the file would stall most (ddo_plan_unit_reread); false when it kept all,
+     * none, or chose by pin_weight_selection (no file rate or cost model). */
+    bool retained_by_stall;
 } ddo_plan_info;
 #define DDO_PLAN_INFO_INIT DDO_STRUCT_INIT(ddo_plan_info)
 /* Writes the plan's facts into *out (the fields within out->size; see the ABI rule).

@@ -457,6 +457,19 @@ int ddo_plan_unit_coded(const ddo_plan *p, size_t unit, uint64_t *coded_bytes,
     return 0;
 }
 
+int ddo_plan_unit_reread(const ddo_plan *p, size_t unit, double *read_s, double *stall_s)
+{
+    if (p == NULL || unit >= p->unit_count)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo_plan_unit_reread: unit %zu out of range", unit);
+    const ddo__plan_unit *u = &p->units[unit];
+    if (read_s != NULL)
+        *read_s = u->resident ? 0.0 : u->reread_s;
+    if (stall_s != NULL)
+        *stall_s = u->resident ? 0.0 : u->reread_stall_s;
+    return 0;
+}
+
 int ddo_plan_unit(const ddo_plan *p, size_t unit, ddo_unit_info *out)
 {
     if (p == NULL || out == NULL || unit >= p->unit_count)
@@ -570,6 +583,7 @@ int ddo_plan_info_get(const ddo_plan *p, ddo_plan_info *out)
     info.host_residents = p->host_residents;
     info.weight_codec = p->weight_codec;
     info.unit_granularity = p->granularity;
+    info.retained_by_stall = p->retained_by_stall;
     return DDO__ABI_OUT(ddo_plan_info, &info, out);
 }
 

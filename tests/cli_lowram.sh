@@ -128,5 +128,41 @@ else
     echo "skip: /sys took a directory; no read-only directory to test with"
 fi
 
+# The retained store under a budget smaller than the model keeps the units whose re-read from
+# the file would stall most, not the spread ones: five 32 MiB blocks, room for two, measured
+# compute that hides blocks.0's and blocks.4's reads but not blocks.1's or blocks.3's (blocks.2
+# is made resident by the balanced budget).
+$PY - "$T" <<'EOF'
+import json, sys
+t = [{'name': 'blocks.%d.linear.weight' % b, 'shape': [4096, 4096], 'dtype': 'BF16'} for b in range(5)]
+json.dump({'tensors': t}, open(sys.argv[1] + '/five.json', 'w'))
+json.dump({'blocks.0': 0.05, 'blocks.1': 0.001, 'blocks.2': 0.08, 'blocks.3': 1, 'blocks.4': 1},
+          open(sys.argv[1] + '/five-compute.json', 'w'))
+EOF
+"$DDO_BIN" synth --layout "$T/five.json" --out "$T/five.safetensors" --values uniform >/dev/null 2>&1
+five() {
+    DDOTEST_CGROUP_MEMORY_FILE= "$DDO_BIN" plan "$T/five.safetensors" --host-memory-gb 0.375 \
+        --bandwidth-gbps 1 --unit-compute "$T/five-compute.json" "$@"
+}
+five --file-read-gbps 0.5 >"$T/five-stall.txt" 2>&1
+five >"$T/five-spread.txt" 2>&1
+five --file-read-gbps 0.5 --json >"$T/five-stall.json" 2>&1
+hosts() { awk '$2 ~ /^blocks\./ {printf "%s ", $5}' "$1"; }
+check "with a file rate the stalling units are retained ($(hosts "$T/five-stall.txt"))" \
+    '[ "$(hosts "$T/five-stall.txt")" = "file retained - retained file " ]'
+check "the plan says why" 'grep -q "read ms  stall ms" "$T/five-stall.txt" &&
+    grep -q "retained host .*(the units whose re-read would stall most)" "$T/five-stall.txt" &&
+    grep -q "retained_selection  *stall" "$T/five-stall.txt"'
+check "without one, spread ($(hosts "$T/five-spread.txt"))" \
+    '[ "$(hosts "$T/five-spread.txt")" = "retained file - file retained " ] &&
+    grep -q "retained_selection  *spread" "$T/five-spread.txt"'
+check "the JSON has each unit's re-read stall" "$PY - '$T/five-stall.json' <<'EOF'
+import json, sys
+u = json.load(open(sys.argv[1]))['units']
+kept = [x['name'] for x in u if x['retained'] and not x['resident']]
+st = [x['reread_stall_s'] for x in u]
+sys.exit(0 if kept == ['blocks.1', 'blocks.3'] and st[1] > st[3] > 0 and st[0] == st[4] == 0 else 1)
+EOF"
+
 [ $fails -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }
 echo "all checks passed"

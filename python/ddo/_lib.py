@@ -100,7 +100,8 @@ class PlanInputs(Extensible):
                 ("device_vmm_supported", c_bool), ("host_available_bytes", c_u64),
                 ("bus_bytes_per_s", c_double), ("flops_per_s", c_double), ("tokens", c_u64),
                 ("unit_compute_json", c_char_p),
-                ("codec_ratio", c_double), ("decode_bytes_per_s", c_double)]
+                ("codec_ratio", c_double), ("decode_bytes_per_s", c_double),
+                ("file_read_bytes_per_s", c_double)]
 
 
 class SetupOptions(Extensible):
@@ -133,7 +134,7 @@ class TensorLocation(ctypes.Structure):
 class PlanInfo(Extensible):
     _fields_ = [("size", c_size_t), ("route", c_int), ("stable_addresses", c_bool),
                 ("route_label", c_char_p), ("host_residents", c_int), ("weight_codec", c_int),
-                ("unit_granularity", c_int)]
+                ("unit_granularity", c_int), ("retained_by_stall", c_bool)]
 
 
 PROGRESS_FN = ctypes.CFUNCTYPE(None, c_void_p, c_char_p, c_u64, c_u64)
