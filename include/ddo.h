@@ -1060,6 +1060,20 @@ DDO_API size_t ddo_session_tensor_view_count(const ddo_session *s, size_t tensor
  * after ddo_session_reload). Errors: DDO_E_INVALID_ARGUMENT (NULL or empty, more units than
  * the plan's, out of range, listed twice). */
 DDO_API int ddo_session_declare_order(ddo_session *s, const size_t *units, size_t count);
+/* What one unit's acquires waited for since the session was created (docs/io.md, "Which units
+ * waited on the file"): a host reads it to see which units a disk slower than planned stalls,
+ * and for how long. */
+typedef struct ddo_unit_waits {
+    uint64_t acquires;     /* acquires of the unit */
+    uint64_t waits;        /* acquires that waited (for its load, or for a slot to load into) */
+    uint64_t wait_ns;      /* their time waiting */
+    uint64_t file_waits;   /* of those, waits on a load that read the file (or its sidecar) */
+    uint64_t file_wait_ns; /* their time waiting */
+    uint64_t file_loads;   /* loads of the unit that read the file (or its sidecar) */
+    uint64_t file_load_ns; /* the loader's time in them: reading and issuing the copies */
+} ddo_unit_waits;
+/* Errors: DDO_E_INVALID_ARGUMENT (NULL argument, unit out of range). */
+DDO_API int ddo_session_unit_waits(ddo_session *s, size_t unit, ddo_unit_waits *out);
 /* Explicit reclaim: releases at most one completed idle slot's backing. *released = bytes.
  * Errors: DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_DEVICE (unmapping or releasing). */
 DDO_API int ddo_session_reclaim(ddo_session *s, uint64_t *released);

@@ -164,5 +164,28 @@ st = [x['reread_stall_s'] for x in u]
 sys.exit(0 if kept == ['blocks.1', 'blocks.3'] and st[1] > st[3] > 0 and st[0] == st[4] == 0 else 1)
 EOF"
 
+# A disk slower than planned (the test-only DDOTEST_SLOW_FILE_READ_BYTES_PER_S: every per-use
+# read from the file takes its bytes at 200 MB/s): the run names the units that waited on the
+# file and for how long; their loads from the file are among the file bytes the run counted.
+DDOTEST_CGROUP_MEMORY_FILE= DDOTEST_SLOW_FILE_READ_BYTES_PER_S=200e6 DDO_DEVICE_BUDGET_GB=0.1 \
+    "$DDO_BIN" run "$T/five.safetensors" --steps 3 --tokens 1 --cpu-memory-gb 1 \
+    --ddo-available-system-ram-gb 0.375 --metrics "$T/slow.metrics" >"$T/slow.out" 2>&1
+rc=$?
+check "a slow disk: runs (exit $rc)" '[ $rc -eq 0 ]'
+check "a slow disk: the units that waited on the file, and how long" "$PY - '$T/slow.out' '$T/slow.metrics' <<'EOF'
+import json, re, sys
+out = open(sys.argv[1]).read()
+b = json.loads(open(sys.argv[2]).read().splitlines()[-1])['bytes']
+m = re.search(r'waited on the file: (\\d+) units?, ([0-9.]+) s in all', out)
+rows = re.findall(r'^    (blocks\\.\\d) +(\\d+) waits +([0-9.]+) ms; +(\\d+) loads from the file +([0-9.]+) ms$', out, re.M)
+kept = int(float(re.search(r'host +retained ([0-9.]+) MiB', out).group(1)) / 32)
+print('  ', m.group(0) if m else 'no summary', rows, 'retained units', kept)
+ok = m is not None and int(m.group(1)) == len(rows) and 1 <= len(rows) <= 5 - kept
+ok = ok and abs(sum(float(r[2]) for r in rows) / 1e3 - float(m.group(2))) < 0.002
+ok = ok and all(1 <= int(r[1]) <= int(r[3]) <= 3 and float(r[2]) > 0 and float(r[4]) >= 160 * int(r[3]) for r in rows)
+ok = ok and sum(int(r[3]) for r in rows) * (32 << 20) <= b['bytes_staged_from_file']
+sys.exit(0 if ok else 1)
+EOF"
+
 [ $fails -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }
 echo "all checks passed"

@@ -532,6 +532,46 @@ static int run_steps(const run_ctx *ctx, ddo_session *s, ref_host *host, ddo_str
     return 0;
 }
 
+/* The units whose acquires waited on a load that read the file, longest wait first (at most
+ * 8 lines): which units a disk slower than planned stalls, and for how long. */
+static void print_file_waits(ddo_session *s, const ddo_plan *plan)
+{
+    enum { SHOWN = 8 };
+    size_t top[SHOWN], shown = 0, units = 0;
+    uint64_t total = 0, ns[SHOWN];
+    for (size_t u = 0; u < ddo_plan_unit_count(plan); u++) {
+        ddo_unit_waits w;
+        if (ddo_session_unit_waits(s, u, &w) != 0 || w.file_waits == 0)
+            continue;
+        units++;
+        total += w.file_wait_ns;
+        /* Insert into the top list, longest first. */
+        size_t k = shown;
+        while (k > 0 && ns[k - 1] < w.file_wait_ns)
+            k--;
+        if (k == SHOWN)
+            continue;
+        size_t last = shown < SHOWN ? shown++ : SHOWN - 1;
+        memmove(&top[k + 1], &top[k], (last - k) * sizeof(top[0]));
+        memmove(&ns[k + 1], &ns[k], (last - k) * sizeof(ns[0]));
+        top[k] = u;
+        ns[k] = w.file_wait_ns;
+    }
+    if (units == 0)
+        return;
+    printf("  waited on the file: %zu unit%s, %.3f s in all\n", units, units == 1 ? "" : "s",
+           (double)total / 1e9);
+    for (size_t k = 0; k < shown; k++) {
+        ddo_unit_waits w;
+        ddo_unit_info ui;
+        if (ddo_session_unit_waits(s, top[k], &w) != 0 || ddo_plan_unit(plan, top[k], &ui) != 0)
+            continue;
+        printf("    %-40s %4" PRIu64 " waits %9.3f ms; %4" PRIu64 " loads from the file %9.3f ms\n",
+               ui.name, w.file_waits, (double)w.file_wait_ns / 1e6, w.file_loads,
+               (double)w.file_load_ns / 1e6);
+    }
+}
+
 /* A calibrating run: records what it measured (m, hs, res) in the workload's profile. */
 static int finish_profile(const run_ctx *ctx, const tool_profile *tp, ddo_config *cfg,
                           const ddo_metrics *m, const ref_host *host, const ref_host_stats *hs,
@@ -710,6 +750,7 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
 
     if (run_steps(ctx, s, host, stream, &o, &budgets, sums, res) != 0)
         goto out;
+    print_file_waits(s, plan);
 
     ref_host_stats hs;
     print_compute(host, &hs);
