@@ -898,6 +898,10 @@ typedef struct ddo_plan_info {
      * re-read from the file would stall most (ddo_plan_unit_reread); false when it kept all,
      * none, or chose by pin_weight_selection (no file rate or cost model). */
     bool retained_by_stall;
+    /* weight_codec DDOC1: with weight_codec_cache_dir set, the tensors streamed from the file
+     * are read from their sidecar's coded streams; false when weight_codec=auto found the plan
+     * not disk-bound (they are read raw; docs/codec.md, "Sidecar"). False without the codec. */
+    bool codec_sidecar;
 } ddo_plan_info;
 #define DDO_PLAN_INFO_INIT DDO_STRUCT_INIT(ddo_plan_info)
 /* Writes the plan's facts into *out (the fields within out->size; see the ABI rule).

@@ -584,6 +584,7 @@ int ddo_plan_info_get(const ddo_plan *p, ddo_plan_info *out)
     info.weight_codec = p->weight_codec;
     info.unit_granularity = p->granularity;
     info.retained_by_stall = p->retained_by_stall;
+    info.codec_sidecar = p->weight_codec == DDO_WEIGHT_CODEC_DDOC1 && p->codec_sidecar;
     return DDO__ABI_OUT(ddo_plan_info, &info, out);
 }
 

@@ -215,6 +215,9 @@ struct ddo_plan {
     ddo_host_residents host_residents;
     ddo_weight_codec weight_codec;
     bool retained_by_stall; /* the retained units were chosen by their re-read stall */
+    /* weight_codec=ddoc1: with weight_codec_cache_dir set, file-streamed tensors are read from
+     * their sidecar's coded streams (false: auto found the plan not disk-bound; raw) */
+    bool codec_sidecar;
     size_t tensor_count;
     ddo__plan_tensor *tensors;
     size_t unit_count;

@@ -560,6 +560,8 @@ static void read_facts(ddo_plan *p)
     p->weight_codec =
         wc != NULL && strcmp(wc, "ddoc1") == 0 ? DDO_WEIGHT_CODEC_DDOC1 : DDO_WEIGHT_CODEC_NONE;
     p->retained_by_stall = rs != NULL && strcmp(rs, "stall") == 0;
+    const char *sc = ddo__decisions_get(&p->decisions, "codec_sidecar");
+    p->codec_sidecar = sc == NULL || strcmp(sc, "off") != 0;
 }
 
 static void read_plan(reader *r, json_t *root, ddo_plan *p)

@@ -187,5 +187,45 @@ ok = ok and sum(int(r[3]) for r in rows) * (32 << 20) <= b['bytes_staged_from_fi
 sys.exit(0 if ok else 1)
 EOF"
 
+# weight_codec=auto with a cache directory reads the coded sidecar when the plan is disk-bound
+# (file reads at the file rate longer than the bus-bound step) and not otherwise, saying which;
+# a sidecar directory that cannot be written falls back to raw reads with a note.
+autorun() { # NAME FILE_GBPS DIR [flags]: ddo run of the five blocks with weight_codec=auto
+    local name=$1 gbps=$2 dir=$3
+    shift 3
+    DDOTEST_CGROUP_MEMORY_FILE= DDO_DEVICE_BUDGET_GB=0.15 "$DDO_BIN" run "$T/five.safetensors" \
+        --steps 2 --tokens 1 --cpu-memory-gb 1 --ddo-available-system-ram-gb 0.375 --verify \
+        --show-profile --file-read-gbps "$gbps" --ddo-weight-codec auto \
+        --ddo-weight-codec-cache-dir "$dir" --metrics "$T/$name.metrics" "$@" >"$T/$name.out" 2>&1
+}
+sidecar_bytes() { $PY -c "import json,sys; print(int(json.loads(open(sys.argv[1]).read().splitlines()[-1])['bytes']['bytes_staged_from_sidecar']))" "$1"; }
+autorun disk1 0.05 "$T/side"
+rc1=$?
+autorun disk2 0.05 "$T/side"
+rc2=$?
+check "auto, disk-bound: the sidecar is on, said in the plan, runs bit-identical (exit $rc1, $rc2)" \
+    '[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && grep -q "codec_sidecar=on codec_sidecar_reason=auto: disk-bound: file reads" "$T/disk1.out" &&
+    grep -q " weight_codec=ddoc1" "$T/disk1.out" && grep -q "verify: OK" "$T/disk1.out" && grep -q "verify: OK" "$T/disk2.out"'
+check "auto, disk-bound: the sidecar is written, then read ($(sidecar_bytes "$T/disk2.metrics") B)" \
+    'ls "$T/side"/*.ddoc >/dev/null 2>&1 && [ "$(sidecar_bytes "$T/disk2.metrics")" -gt 0 ]'
+autorun fast 50 "$T/side-fast"
+rc=$?
+check "auto, not disk-bound: no sidecar, said in the plan, bit-identical (exit $rc)" \
+    '[ $rc -eq 0 ] && grep -q "codec_sidecar=off codec_sidecar_reason=auto: not disk-bound" "$T/fast.out" &&
+    [ "$(sidecar_bytes "$T/fast.metrics")" -eq 0 ] && ! ls "$T/side-fast"/*.ddoc >/dev/null 2>&1 &&
+    grep -q "verify: OK" "$T/fast.out"'
+RO=/sys/ddo-lowram-auto-$$
+if ! mkdir "$RO" 2>/dev/null; then
+    autorun ro 0.05 "$RO"
+    rc=$?
+    check "auto, disk-bound, read-only sidecar directory: raw with a one-line note (exit $rc)" \
+        '[ $rc -eq 0 ] && grep -q "codec_sidecar=on" "$T/ro.out" &&
+        [ "$(grep -c "^  sidecar: sidecar $RO/.*not written" "$T/ro.out")" -eq 1 ] &&
+        [ "$(sidecar_bytes "$T/ro.metrics")" -eq 0 ] && grep -q "verify: OK" "$T/ro.out"'
+else
+    rmdir "$RO"
+    echo "skip: /sys took a directory; no read-only directory to test with"
+fi
+
 [ $fails -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }
 echo "all checks passed"

@@ -65,6 +65,7 @@ static void check_roundtrip(const ddo_plan *p)
         T_EQ_INT(y.weight_codec, x.weight_codec);
         T_EQ_INT(y.unit_granularity, x.unit_granularity);
         T_EQ_INT(y.retained_by_stall, x.retained_by_stall);
+        T_EQ_INT(y.codec_sidecar, x.codec_sidecar);
     }
     T_CHECK(a != NULL && b != NULL && strcmp(a, b) == 0);
     ddo_free(a);

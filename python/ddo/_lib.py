@@ -134,7 +134,8 @@ class TensorLocation(ctypes.Structure):
 class PlanInfo(Extensible):
     _fields_ = [("size", c_size_t), ("route", c_int), ("stable_addresses", c_bool),
                 ("route_label", c_char_p), ("host_residents", c_int), ("weight_codec", c_int),
-                ("unit_granularity", c_int), ("retained_by_stall", c_bool)]
+                ("unit_granularity", c_int), ("retained_by_stall", c_bool),
+                ("codec_sidecar", c_bool)]
 
 
 PROGRESS_FN = ctypes.CFUNCTYPE(None, c_void_p, c_char_p, c_u64, c_u64)

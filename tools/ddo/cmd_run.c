@@ -42,6 +42,7 @@ typedef struct run_args {
     const char *metrics_path;
     bool show_profile;
     ddo_cpu_options cpu;   /* --cpu-gbps, --cpu-gflops, --cpu-memory-gb */
+    double file_gbps;      /* --file-read-gbps: the file's read rate for the plan; 0 = unknown */
     uint64_t corrupt_step; /* DDO_TEST_CORRUPT: tests only; 0 = off */
 } run_args;
 
@@ -74,7 +75,8 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: ddo run PATH [--ddo-* flags] [--steps N] [--tokens T] [--verify]\n"
             "               [--metrics FILE] [--show-profile]\n"
-            "               [--cpu-gbps B] [--cpu-gflops C] [--cpu-memory-gb M]\n\n"
+            "               [--cpu-gbps B] [--cpu-gflops C] [--cpu-memory-gb M]\n"
+            "               [--file-read-gbps F]\n\n"
             "The reference host: streams PATH (a .safetensors or .gguf file, a sharded index,\n"
             "a model directory, or a Diffusers pipeline directory with model_index.json)\n"
             "through a ddo session and runs every 2-D weight's product Y = X W^T on the\n"
@@ -88,7 +90,9 @@ static void usage(FILE *out)
             "  --show-profile   print the profile table\n"
             "  --cpu-gbps B     cpu device: throttle copies to B GB/s (10^9 bytes/s)\n"
             "  --cpu-gflops C   cpu device: a unit's compute takes at least flops / C GFLOP/s\n"
-            "  --cpu-memory-gb M  cpu device: its memory size in GiB\n\n"
+            "  --cpu-memory-gb M  cpu device: its memory size in GiB\n"
+            "  --file-read-gbps F  the checkpoint file's read rate for the plan, GB/s (default:\n"
+            "                   the last calibration's): prices re-reads from the file\n\n"
             "The environment (DDO_*) applies first, then the --ddo-* flags; `ddo config --list`\n"
             "lists them. Pipeline components take their route from DDO_<COMPONENT>_ROUTE.\n");
 }
@@ -398,6 +402,8 @@ static int plan_inputs(const run_ctx *ctx, ddo_plan_inputs *in)
             in->bus_bytes_per_s = bus;
     }
     in->tokens = a->tokens;
+    if (a->file_gbps > 0.0)
+        in->file_read_bytes_per_s = a->file_gbps * 1e9;
     return 0;
 }
 
@@ -530,6 +536,19 @@ static int run_steps(const run_ctx *ctx, ddo_session *s, ref_host *host, ddo_str
         compute_prev = compute_now;
     }
     return 0;
+}
+
+/* weight_codec_cache_dir: what the sidecars did at setup when it was not the plain case (one
+ * line: a directory that could not be written, a sidecar ignored; docs/codec.md). */
+static void print_sidecar_note(ddo_session *s)
+{
+    ddo_metrics *m = NULL;
+    if (ddo_session_metrics(s, false, &m) != 0)
+        return;
+    const char *note = ddo_metrics_label(m, "codec_sidecar_note");
+    if (note != NULL && note[0] != '\0')
+        printf("  sidecar: %s\n", note);
+    ddo_metrics_destroy(m);
 }
 
 /* The units whose acquires waited on a load that read the file, longest wait first (at most
@@ -743,6 +762,7 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
     progress_state ps;
     if (create_session(ctx, plan, ck, cfg, &ps, &s) != 0)
         goto out;
+    print_sidecar_note(s);
     sample_used(ctx, res);
 
     if (create_host(ctx, ck, &host) != 0)
@@ -1017,6 +1037,10 @@ static int parse_flags(int argc, char **argv, run_args *a)
         } else if (strcmp(arg, "--cpu-gbps") == 0 || strcmp(arg, "--cpu-gflops") == 0 ||
                    strcmp(arg, "--cpu-memory-gb") == 0) {
             if (tool_device_flag("run", arg, val, &a->cpu) != 0)
+                return -1;
+            i++;
+        } else if (strcmp(arg, "--file-read-gbps") == 0) {
+            if (tool_flag_real("run", arg, val, 0.001, TOOL_MAX_GBPS, &a->file_gbps) != 0)
                 return -1;
             i++;
         } else if (arg[0] == '-') {
