@@ -396,6 +396,21 @@ static bool sidecar_decision(builder *b)
     return bound;
 }
 
+/* The decisions of a plan that codes (weight_codec ddoc1), and the estimates. */
+static void record_ddoc1(builder *b, const codec_need *n, uint64_t area, uint64_t encode)
+{
+    ddo__decisions *d = &b->p->decisions;
+    ddo__decisions_set_str(d, "weight_codec", "ddoc1");
+    ddo__decisions_set_gb(d, "codec_candidate_gb", n->candidate);
+    ddo__decisions_set_gb(d, "codec_decode_area_gb", area);
+    char areas[16];
+    snprintf(areas, sizeof(areas), "%d", n->candidates > 0 ? DDO_CODEC_DECODE_AREAS : 0);
+    ddo__decisions_set_str(d, "codec_decode_areas", areas);
+    ddo__decisions_set_gb(d, "codec_encode_buffer_gb", encode);
+    if (n->candidates > 0)
+        estimate(b);
+}
+
 int ddo__plan_codec(builder *b)
 {
     const char *mode = b->o->weight_codec != NULL ? b->o->weight_codec : "none";
@@ -468,14 +483,6 @@ int ddo__plan_codec(builder *b)
     bg->retained_peak = ddo__sat_add_u64(bg->retained_peak, encode);
     p->weight_codec = DDO_WEIGHT_CODEC_DDOC1;
     p->codec_sidecar = !b->codec_no_sidecar;
-    ddo__decisions_set_str(d, "weight_codec", "ddoc1");
-    ddo__decisions_set_gb(d, "codec_candidate_gb", n.candidate);
-    ddo__decisions_set_gb(d, "codec_decode_area_gb", area);
-    char areas[16];
-    snprintf(areas, sizeof(areas), "%d", n.candidates > 0 ? DDO_CODEC_DECODE_AREAS : 0);
-    ddo__decisions_set_str(d, "codec_decode_areas", areas);
-    ddo__decisions_set_gb(d, "codec_encode_buffer_gb", encode);
-    if (n.candidates > 0)
-        estimate(b);
+    record_ddoc1(b, &n, area, encode);
     return 0;
 }

@@ -227,5 +227,24 @@ else
     echo "skip: /sys took a directory; no read-only directory to test with"
 fi
 
+# Across runs: a calibration on the slow disk records the rate its re-reads achieved (about
+# 200 MB/s, not the store's much faster setup reads), and the next run's plan prices re-reads
+# with it: the retained store keeps the units that would stall most.
+export DDO_PROFILE_DIR="$T/profiles"
+DDOTEST_CGROUP_MEMORY_FILE= DDOTEST_SLOW_FILE_READ_BYTES_PER_S=200e6 DDO_DEVICE_BUDGET_GB=0.1 \
+    "$DDO_BIN" profile build five "$T/five.safetensors" --steps 2 --tokens 1 --cpu-memory-gb 1 \
+    --ddo-available-system-ram-gb 0.375 >"$T/cal.out" 2>&1
+rc=$?
+rate=$($PY -c "import glob, json, sys; print(max(json.load(open(f))['recommendation'].get('file_read_bytes_per_s', 0) for f in glob.glob(sys.argv[1] + '/*.json')))" "$DDO_PROFILE_DIR" 2>/dev/null)
+check "a calibration on the slow disk records its re-read rate ($rate B/s, exit $rc)" \
+    "[ $rc -eq 0 ] && $PY -c 'import sys; sys.exit(0 if 20e6 < float(sys.argv[1]) <= 210e6 else 1)' '$rate'"
+DDOTEST_CGROUP_MEMORY_FILE= DDO_DEVICE_BUDGET_GB=0.1 "$DDO_BIN" run "$T/five.safetensors" \
+    --ddo-profile-name five --steps 1 --tokens 1 --cpu-memory-gb 1 \
+    --ddo-available-system-ram-gb 0.375 --show-profile >"$T/next.out" 2>&1
+rc=$?
+check "the next run's plan keeps the units whose re-read would stall most (exit $rc)" \
+    '[ $rc -eq 0 ] && grep -q "retained_selection=stall" "$T/next.out"'
+unset DDO_PROFILE_DIR
+
 [ $fails -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }
 echo "all checks passed"

@@ -53,7 +53,8 @@ typedef struct run_result {
     uint64_t device_used_peak; /* device bytes in use above the baseline, sampled */
     uint64_t weights_peak;     /* the session's device_weights_peak_bytes */
     uint64_t total_bytes;
-    uint64_t device_used_after; /* above the baseline after the session was destroyed */
+    uint64_t device_used_after;  /* above the baseline after the session was destroyed */
+    double file_use_bytes_per_s; /* the steps' reads from the file: bytes / loader time; 0 = none */
 } run_result;
 
 /* "1.50 GiB", "12.0 MiB", "512 B" */
@@ -551,6 +552,21 @@ static void print_sidecar_note(ddo_session *s)
     ddo_metrics_destroy(m);
 }
 
+/* The steps' rate of reading from the file: the bytes staged from it over the loader's time in
+ * the loads that read it (reading and issuing their copies: a lower bound); 0 when none did. */
+static double file_use_rate(ddo_session *s, const ddo_plan *plan, const ddo_metrics *m)
+{
+    double ns = 0.0;
+    for (size_t u = 0; u < ddo_plan_unit_count(plan); u++) {
+        ddo_unit_waits w;
+        if (ddo_session_unit_waits(s, u, &w) == 0)
+            ns += (double)w.file_load_ns;
+    }
+    double bytes =
+        tool_metric(m, "bytes_staged_from_file") + tool_metric(m, "bytes_staged_from_sidecar");
+    return ns > 0.0 && bytes > 0.0 ? bytes / ns * 1e9 : 0.0;
+}
+
 /* The units whose acquires waited on a load that read the file, longest wait first (at most
  * 8 lines): which units a disk slower than planned stalls, and for how long. */
 static void print_file_waits(ddo_session *s, const ddo_plan *plan)
@@ -607,6 +623,10 @@ static int finish_profile(const run_ctx *ctx, const tool_profile *tp, ddo_config
     double read_ns = tool_metric(m, "setup_read_ns");
     if (read_ns > 0)
         cal.file_read_bytes_per_s = tool_metric(m, "setup_read_bytes") / read_ns * 1e9;
+    /* What re-reads from the file achieved during the steps wins: it is what the next plan
+     * prices them at (the setup's parallel reads of the store can be much faster). */
+    if (res->file_use_bytes_per_s > 0)
+        cal.file_read_bytes_per_s = res->file_use_bytes_per_s;
     uint64_t cns = ref_host_compute_ns(host);
     if (cns > 0 && hs->flops > 0)
         cal.flops_per_s = (double)hs->flops / ((double)cns / 1e9);
@@ -781,6 +801,7 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
         goto out;
     }
     res->weights_peak = (uint64_t)tool_metric(m, "device_weights_peak_bytes");
+    res->file_use_bytes_per_s = file_use_rate(s, plan, m);
     if (tp.calibrating && finish_profile(ctx, &tp, cfg, m, host, &hs, res) != 0)
         goto out;
     printf("  device weights peak %s (planned %s)\n",
