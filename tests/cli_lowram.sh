@@ -165,9 +165,10 @@ sys.exit(0 if kept == ['blocks.1', 'blocks.3'] and st[1] > st[3] > 0 and st[0] =
 EOF"
 
 # A disk slower than planned (the test-only DDOTEST_SLOW_FILE_READ_BYTES_PER_S: every per-use
-# read from the file takes its bytes at 200 MB/s): the run names the units that waited on the
+# read from the file takes its bytes at 60 MB/s, 0.56 s a unit, longer than the compute that
+# could hide it): the run names the units that waited on the
 # file and for how long; their loads from the file are among the file bytes the run counted.
-DDOTEST_CGROUP_MEMORY_FILE= DDOTEST_SLOW_FILE_READ_BYTES_PER_S=200e6 DDO_DEVICE_BUDGET_GB=0.1 \
+DDOTEST_CGROUP_MEMORY_FILE= DDOTEST_SLOW_FILE_READ_BYTES_PER_S=60e6 DDO_DEVICE_BUDGET_GB=0.1 \
     "$DDO_BIN" run "$T/five.safetensors" --steps 3 --tokens 1 --cpu-memory-gb 1 \
     --ddo-available-system-ram-gb 0.375 --metrics "$T/slow.metrics" >"$T/slow.out" 2>&1
 rc=$?
@@ -182,7 +183,7 @@ kept = int(float(re.search(r'host +retained ([0-9.]+) MiB', out).group(1)) / 32)
 print('  ', m.group(0) if m else 'no summary', rows, 'retained units', kept)
 ok = m is not None and int(m.group(1)) == len(rows) and 1 <= len(rows) <= 5 - kept
 ok = ok and abs(sum(float(r[2]) for r in rows) / 1e3 - float(m.group(2))) < 0.002
-ok = ok and all(1 <= int(r[1]) <= int(r[3]) <= 3 and float(r[2]) > 0 and float(r[4]) >= 160 * int(r[3]) for r in rows)
+ok = ok and all(1 <= int(r[1]) <= int(r[3]) <= 3 and float(r[2]) > 0 and float(r[4]) >= 550 * int(r[3]) for r in rows)
 ok = ok and sum(int(r[3]) for r in rows) * (32 << 20) <= b['bytes_staged_from_file']
 sys.exit(0 if ok else 1)
 EOF"
@@ -228,16 +229,16 @@ else
 fi
 
 # Across runs: a calibration on the slow disk records the rate its re-reads achieved (about
-# 200 MB/s, not the store's much faster setup reads), and the next run's plan prices re-reads
+# 60 MB/s, not the store's much faster setup reads), and the next run's plan prices re-reads
 # with it: the retained store keeps the units that would stall most.
 export DDO_PROFILE_DIR="$T/profiles"
-DDOTEST_CGROUP_MEMORY_FILE= DDOTEST_SLOW_FILE_READ_BYTES_PER_S=200e6 DDO_DEVICE_BUDGET_GB=0.1 \
+DDOTEST_CGROUP_MEMORY_FILE= DDOTEST_SLOW_FILE_READ_BYTES_PER_S=60e6 DDO_DEVICE_BUDGET_GB=0.1 \
     "$DDO_BIN" profile build five "$T/five.safetensors" --steps 2 --tokens 1 --cpu-memory-gb 1 \
     --ddo-available-system-ram-gb 0.375 >"$T/cal.out" 2>&1
 rc=$?
 rate=$($PY -c "import glob, json, sys; print(max(json.load(open(f))['recommendation'].get('file_read_bytes_per_s', 0) for f in glob.glob(sys.argv[1] + '/*.json')))" "$DDO_PROFILE_DIR" 2>/dev/null)
 check "a calibration on the slow disk records its re-read rate ($rate B/s, exit $rc)" \
-    "[ $rc -eq 0 ] && $PY -c 'import sys; sys.exit(0 if 20e6 < float(sys.argv[1]) <= 210e6 else 1)' '$rate'"
+    "[ $rc -eq 0 ] && $PY -c 'import sys; sys.exit(0 if 5e6 < float(sys.argv[1]) <= 63e6 else 1)' '$rate'"
 DDOTEST_CGROUP_MEMORY_FILE= DDO_DEVICE_BUDGET_GB=0.1 "$DDO_BIN" run "$T/five.safetensors" \
     --ddo-profile-name five --steps 1 --tokens 1 --cpu-memory-gb 1 \
     --ddo-available-system-ram-gb 0.375 --show-profile >"$T/next.out" 2>&1
