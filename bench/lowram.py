@@ -15,7 +15,9 @@ from the disk per streamed step):
   sidecar-build  the same with weight_codec=ddoc1 and a cache directory: setup codes the
                  file-streamed tensors into their sidecar;
   sidecar        the same again: the sidecar exists and is read (coded bytes from the disk);
-  auto           weight_codec=auto with the cache directory: what auto chooses (recorded).
+  auto           weight_codec=auto with the cache directory, the plan given the reference's
+                 O_DIRECT rate (ddo bench --file-read-gbps): disk-bound, auto reads the
+                 sidecar; what it chose is recorded.
 
 Targets per case: step <= 1.1 x max(resident step, bus-fed bytes / bus, file-read bytes /
 O_DIRECT rate) (ddo bench's bound); peak RSS <= the host limit; the sidecar's file bytes per
@@ -225,6 +227,8 @@ def main(argv=None):
     # The later cases measure nothing but their case: the bus and disk figures are the
     # reference's (passed on, so that every bound is computed alike).
     nobus = ["--no-resident", "--direct-gib", "0"]
+    if out["direct_read_bytes_per_s"]:  # what auto asks "disk-bound?" with (docs/codec.md)
+        nobus += ["--file-read-gbps", "%.6g" % (out["direct_read_bytes_per_s"] / 1e9)]
     ddoc1 = low + ["--ddo-weight-codec", "ddoc1"] + codec
     for name, flags in (("raw", low), ("sidecar-build", ddoc1),
                         ("sidecar", ddoc1),
