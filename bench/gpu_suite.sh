@@ -30,6 +30,7 @@
 # PIPE_SMOKE=0; the suite stops after it; results pipe.log flux_pipeline_tiny.json
 # flux_pipeline.json; the full run is skipped when the smoke test's resident case failed; do
 # not combine with TORCH=1, which adds two files to the eight),
+# LOWRAM=1 (issue 28: bench/lowram.py, larger than RAM, then the suite stops; section 2c),
 # CODEC=1 (issue 13: the weight codec on the full-size layout, then the suite stops; see
 # section 2b; results suite.log build.log ctest.log bench.log bench.json trace.json
 # summary.txt), SUITE_BUDGET_S, BENCH_STEPS (5), BENCH_TOKENS (4608), SYNTH_SCALE (1), LAYOUT
@@ -209,6 +210,22 @@ if [ "${CODEC:-0}" = 1 ]; then
     [ $STATUS -eq 0 ] && say "ok suite" || say "FAILED suite: see the lines above"
     summary
     grep -E "^(DTYPE|BF16|F16|F32|GROUP|transformer|single|\(root\)|total|codec)" "$OUT/bench.log" | head -20
+    exit $STATUS
+fi
+
+# ---- 2c. larger than RAM (LOWRAM=1; the suite stops after it) -------------------------------
+# bench/lowram.py (issue 28): the Wan 2.1 14B transformer layout written to this machine's disk
+# (LOWRAM_DIR, default $WORK/lowram), then one `ddo bench` process per case under a 12 GiB host
+# limit on an emulated 8 GiB card, the page cache dropped before each where the machine allows
+# and each case in a cgroup of the limit where one can be made (both recorded). Files:
+# suite.log build.log lowram.log lowram.json summary.txt.
+if [ "${LOWRAM:-0}" = 1 ]; then
+    left_s=$(left)
+    step "bench/lowram.py" $((left_s - 15)) "$OUT/lowram.log" python3 "$ROOT/bench/lowram.py" \
+        --ddo "$DDO" --dir "${LOWRAM_DIR:-$WORK/lowram}" --out "$OUT" --deadline-s $((left_s - 30)) ||
+        STATUS=1
+    tail -n 8 "$OUT/lowram.log" | tee -a "$LOG"
+    summary
     exit $STATUS
 fi
 

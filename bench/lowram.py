@@ -15,7 +15,9 @@ from the disk per streamed step):
   sidecar-build  the same with weight_codec=ddoc1 and a cache directory: setup codes the
                  file-streamed tensors into their sidecar;
   sidecar        the same again: the sidecar exists and is read (coded bytes from the disk);
-  auto           weight_codec=auto with the cache directory: what auto chooses (recorded).
+  auto           weight_codec=auto with the cache directory, the plan given the reference's
+                 O_DIRECT rate (ddo bench --file-read-gbps): disk-bound, auto reads the
+                 sidecar; what it chose is recorded.
 
 Targets per case: step <= 1.1 x max(resident step, bus-fed bytes / bus, file-read bytes /
 O_DIRECT rate) (ddo bench's bound); peak RSS <= the host limit; the sidecar's file bytes per
@@ -53,29 +55,90 @@ def drop_caches():
 
 # Starts the tool from a small interpreter and reports its peak RSS: a process forked from this
 # one (torch, pytest) would count this process's pages in its own peak (ru_maxrss keeps the
-# forked image's high-water mark across exec).
-LAUNCH = ("import os, sys\npid = os.fork()\nif pid == 0:\n    os.execv(sys.argv[1], sys.argv[1:])\n"
+# forked image's high-water mark across exec). With a cgroup directory as its first argument
+# ("-": none) the child joins that cgroup before it execs.
+LAUNCH = ("import os, sys\ncg = sys.argv.pop(1)\npid = os.fork()\nif pid == 0:\n"
+          "    if cg != '-':\n        open(os.path.join(cg, 'cgroup.procs'), 'w').write(str(os.getpid()))\n"
+          "    os.execv(sys.argv[1], sys.argv[1:])\n"
           "_p, st, ru = os.wait4(pid, 0)\nsys.stdout.write('\\nlowram-peak-rss-kib %d\\n' % "
           "ru.ru_maxrss)\nsys.exit(os.waitstatus_to_exitcode(st))\n")
+CGROUP_ROOT = "/sys/fs/cgroup"
 
 
-def run_case(args, path, name, flags, extra, log):
-    """One `ddo bench` process with one case; its JSON, peak RSS (bytes) and wall time."""
+def make_cgroup(name, limit_bytes):
+    """A cgroup v2 child with memory.max = limit_bytes, where the machine lets this process make
+    one (root, a writable cgroup2 hierarchy with the memory controller); its path, or None and
+    why not."""
+    path = os.path.join(CGROUP_ROOT, name)
+    try:
+        with open(os.path.join(CGROUP_ROOT, "cgroup.controllers")) as f:
+            if "memory" not in f.read().split():
+                return None, "no memory controller in " + CGROUP_ROOT
+        if os.path.isdir(path):
+            os.rmdir(path)
+        os.mkdir(path)
+    except OSError as e:
+        return None, f"not set: {e.strerror} ({e.filename})"
+    try:
+        if not os.path.exists(os.path.join(path, "memory.max")):
+            with open(os.path.join(CGROUP_ROOT, "cgroup.subtree_control"), "w") as f:
+                f.write("+memory")
+        with open(os.path.join(path, "memory.max"), "w") as f:
+            f.write(str(int(limit_bytes)))
+        return path, "memory.max %d" % int(limit_bytes)
+    except OSError as e:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+        return None, f"not set: {e.strerror} ({e.filename})"
+
+
+def cgroup_peak(path):
+    """memory.peak of the case's cgroup (bytes; None where the kernel has no memory.peak), then
+    the cgroup removed."""
+    peak = None
+    try:
+        with open(os.path.join(path, "memory.peak")) as f:
+            peak = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+    return peak
+
+
+def run_case(args, path, name, flags, extra, log, cgroup_limit=0):
+    """One `ddo bench` process with one case; its JSON, peak RSS (bytes) and wall time. With a
+    cgroup_limit (bytes) the case runs in a cgroup of that memory.max where one can be made;
+    its memory.peak goes into the case's log entry."""
     js = os.path.join(args.work, f"{name}.json")
     cmd = [args.ddo, "bench", path, "--steps", str(args.steps), "--tokens", str(args.tokens),
            "--case", " ".join([name] + flags), "--json", js] + extra + args.common
     cache = "kept (--keep-cache)" if args.keep_cache else drop_caches()
+    cg, cg_note = (None, "none asked")
+    if cgroup_limit > 0 and not args.no_cgroup:
+        cg, cg_note = make_cgroup(f"ddo-lowram-{os.getpid()}-{name}", cgroup_limit)
+    left = args.deadline - time.time() - 10
     t0 = time.time()
     with open(os.path.join(args.work, f"{name}.log"), "w") as out:
-        rc = subprocess.run([sys.executable, "-S", "-E", "-c", LAUNCH] + cmd, stdout=out,
-                            stderr=subprocess.STDOUT).returncode
+        try:
+            rc = subprocess.run([sys.executable, "-S", "-E", "-c", LAUNCH, cg or "-"] + cmd,
+                                stdout=out, stderr=subprocess.STDOUT,
+                                timeout=max(left, 1)).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
     wall = time.time() - t0
+    cg_peak = cgroup_peak(cg) if cg else None
     text = open(os.path.join(args.work, f"{name}.log")).read()
     peaks = [int(ln.split()[1]) for ln in text.splitlines()
              if ln.startswith("lowram-peak-rss-kib ")]
     maxrss_kib = peaks[-1] if peaks else 1 << 40  # unknown: never "within the limit"
     log.append({"case": name, "cmd": " ".join(shlex.quote(c) for c in cmd), "rc": rc,
-                "wall_s": wall, "page_cache": cache, "tail": text[-1500:]})
+                "wall_s": wall, "page_cache": cache, "cgroup": cg_note,
+                "cgroup_peak_bytes": cg_peak, "tail": text[-1500:]})
     print(f"{name}: rc {rc}, {wall:.1f} s, peak RSS {maxrss_kib / 1048576:.2f} GiB, "
           f"cache {cache}", flush=True)
     res = json.load(open(js)) if rc == 0 and os.path.exists(js) else None
@@ -116,7 +179,12 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--keep-cache", action="store_true", help="never drop the page cache")
     ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--deadline-s", type=float, default=540.0,
+                    help="cases not started by then are skipped (a running one is stopped)")
+    ap.add_argument("--no-cgroup", action="store_true",
+                    help="never put a case into a cgroup of the host limit")
     args = ap.parse_args(argv)
+    args.deadline = time.time() + args.deadline_s
     args.ddo = native_tool(args.ddo)
     scale = 1.0
     args.common = []
@@ -159,14 +227,23 @@ def main(argv=None):
     # The later cases measure nothing but their case: the bus and disk figures are the
     # reference's (passed on, so that every bound is computed alike).
     nobus = ["--no-resident", "--direct-gib", "0"]
+    if out["direct_read_bytes_per_s"]:  # what auto asks "disk-bound?" with (docs/codec.md)
+        nobus += ["--file-read-gbps", "%.6g" % (out["direct_read_bytes_per_s"] / 1e9)]
     ddoc1 = low + ["--ddo-weight-codec", "ddoc1"] + codec
     for name, flags in (("raw", low), ("sidecar-build", ddoc1),
                         ("sidecar", ddoc1),
                         ("auto", low + ["--ddo-weight-codec", "auto"] + codec)):
-        res, rss, wall = run_case(args, path, name, flags, nobus, log)
+        if time.time() > args.deadline - 30:
+            out["cases"][name] = {"rc": None, "skipped": "deadline"}
+            continue
+        res, rss, wall = run_case(args, path, name, flags, nobus, log,
+                                  0 if args.tiny else int(args.limit_gib * GIB))
         c = case_of(res, name)
+        cg_peak = log[-1]["cgroup_peak_bytes"]
         r = {"rc": log[-1]["rc"], "peak_rss_bytes": rss, "wall_s": wall,
-             "rss_ok": rss <= args.limit_gib * GIB}
+             "rss_ok": rss <= args.limit_gib * GIB, "cgroup": log[-1]["cgroup"],
+             "cgroup_peak_bytes": cg_peak,
+             "cgroup_ok": None if cg_peak is None else cg_peak <= args.limit_gib * GIB}
         if c is not None and ref is not None:
             bus, disk, rs = ref["bus_bytes_per_s"], ref["direct_read_bytes_per_s"], \
                 ref["resident_step_s"]
@@ -182,6 +259,8 @@ def main(argv=None):
                       "step_ok": c["step_s"] <= 1.1 * bound,
                       "bit_identical": c["checksum"] == out["reference_checksum"]})
         out["cases"][name] = r
+        with open(os.path.join(args.out, "lowram.json"), "w") as f:  # what a kill would lose
+            json.dump(out, f, indent=1)
     raw = out["cases"].get("raw", {}).get("file_fed_bytes_per_step")
     side = out["cases"].get("sidecar", {}).get("sidecar_fed_bytes_per_step")
     out["sidecar_over_raw_file_bytes"] = side / raw if raw and side is not None else None
@@ -191,6 +270,9 @@ def main(argv=None):
     with open(os.path.join(args.out, "lowram.json"), "w") as f:
         json.dump(out, f, indent=1)
     for name, r in out["cases"].items():
+        if r.get("skipped"):
+            print(f"{name:14s} skipped: {r['skipped']}")
+            continue
         print(f"{name:14s} rc {r['rc']} step {r.get('step_s') or 0:.3f} s bound "
               f"{r.get('bound_s') or 0:.3f} s ratio {r.get('ratio') or 0:.3f} "
               f"rss {r['peak_rss_bytes'] / GIB:.2f} GiB identical {r.get('bit_identical')}")

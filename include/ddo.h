@@ -670,6 +670,11 @@ typedef struct ddo_plan_inputs {
      * unknown. */
     uint64_t store_free_bytes;
     double peer_bytes_per_s;
+    /* The file's read rate (bytes/s, what the disk delivers to ddo's reads; a profile's
+     * measured file_read_bytes_per_s); 0 = unknown. With the cost model on it prices a
+     * re-read from the file: the retained store then keeps the units whose re-read would
+     * stall most (docs/plan.md, "Retained store and registration"). */
+    double file_read_bytes_per_s;
 } ddo_plan_inputs;
 #define DDO_PLAN_INPUTS_INIT DDO_STRUCT_INIT(ddo_plan_inputs)
 
@@ -742,6 +747,16 @@ DDO_API int ddo_plan_unit(const ddo_plan *plan, size_t unit, ddo_unit_info *out)
  */
 DDO_API int ddo_plan_unit_coded(const ddo_plan *plan, size_t unit, uint64_t *coded_bytes,
                                 uint64_t *decoded_bytes);
+/*
+ * The cost of reading unit from the file at every use instead of keeping it retained:
+ * *read_s, its bytes at the inputs' file_read_bytes_per_s, and *stall_s, the part of that the
+ * compute before it cannot hide (what the step loses when it is not retained; docs/plan.md,
+ * "Retained store and registration"). Both 0 when the plan knows no file rate or the cost
+ * model is off, and for resident units. Either pointer may be NULL. Errors:
+ * DDO_E_INVALID_ARGUMENT (unit out of range).
+ */
+DDO_API int ddo_plan_unit_reread(const ddo_plan *plan, size_t unit, double *read_s,
+                                 double *stall_s);
 /* Checkpoint tensor indices of a unit, in order. Valid until destroy. */
 DDO_API const size_t *ddo_plan_unit_tensors(const ddo_plan *plan, size_t unit, size_t *count);
 /* Where a tensor lives on the device: streamed tensors at `offset` inside their unit's slot
@@ -827,6 +842,14 @@ typedef struct ddo_plan_info {
                                 0 = no limit known */
     double peer_bytes_per_s; /* the device->device link: peer_link_gbps, else the inputs'
                                 measured figure; 0 = unknown */
+    /* True when the retained store could not hold every streamed unit and kept those whose
+     * re-read from the file would stall most (ddo_plan_unit_reread); false when it kept all,
+     * none, or chose by pin_weight_selection (no file rate or cost model). */
+    bool retained_by_stall;
+    /* weight_codec DDOC1: with weight_codec_cache_dir set, the tensors streamed from the file
+     * are read from their sidecar's coded streams; false when weight_codec=auto found the plan
+     * not disk-bound (they are read raw; docs/codec.md, "Sidecar"). False without the codec. */
+    bool codec_sidecar;
 } ddo_plan_info;
 #define DDO_PLAN_INFO_INIT DDO_STRUCT_INIT(ddo_plan_info)
 /* Writes the plan's facts into *out (the fields within out->size; see the ABI rule).
@@ -1004,6 +1027,20 @@ DDO_API size_t ddo_session_tensor_view_count(const ddo_session *s, size_t tensor
  * after ddo_session_reload). Errors: DDO_E_INVALID_ARGUMENT (NULL or empty, more units than
  * the plan's, out of range, listed twice). */
 DDO_API int ddo_session_declare_order(ddo_session *s, const size_t *units, size_t count);
+/* What one unit's acquires waited for since the session was created (docs/io.md, "Which units
+ * waited on the file"): a host reads it to see which units a disk slower than planned stalls,
+ * and for how long. */
+typedef struct ddo_unit_waits {
+    uint64_t acquires;     /* acquires of the unit */
+    uint64_t waits;        /* acquires that waited (for its load, or for a slot to load into) */
+    uint64_t wait_ns;      /* their time waiting */
+    uint64_t file_waits;   /* of those, waits on a load that read the file (or its sidecar) */
+    uint64_t file_wait_ns; /* their time waiting */
+    uint64_t file_loads;   /* loads of the unit that read the file (or its sidecar) */
+    uint64_t file_load_ns; /* the loader's time in them: reading and issuing the copies */
+} ddo_unit_waits;
+/* Errors: DDO_E_INVALID_ARGUMENT (NULL argument, unit out of range). */
+DDO_API int ddo_session_unit_waits(ddo_session *s, size_t unit, ddo_unit_waits *out);
 /* Explicit reclaim: releases at most one completed idle slot's backing. *released = bytes.
  * Errors: DDO_E_INVALID_ARGUMENT (NULL argument), DDO_E_DEVICE (unmapping or releasing). */
 DDO_API int ddo_session_reclaim(ddo_session *s, uint64_t *released);

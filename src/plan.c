@@ -460,6 +460,19 @@ int ddo_plan_unit_coded(const ddo_plan *p, size_t unit, uint64_t *coded_bytes,
     return 0;
 }
 
+int ddo_plan_unit_reread(const ddo_plan *p, size_t unit, double *read_s, double *stall_s)
+{
+    if (p == NULL || unit >= p->unit_count)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo_plan_unit_reread: unit %zu out of range", unit);
+    const ddo__plan_unit *u = &p->units[unit];
+    if (read_s != NULL)
+        *read_s = u->resident ? 0.0 : u->reread_s;
+    if (stall_s != NULL)
+        *stall_s = u->resident ? 0.0 : u->reread_stall_s;
+    return 0;
+}
+
 int ddo_plan_unit(const ddo_plan *p, size_t unit, ddo_unit_info *out)
 {
     if (p == NULL || out == NULL || unit >= p->unit_count)
@@ -579,6 +592,8 @@ int ddo_plan_info_get(const ddo_plan *p, ddo_plan_info *out)
     info.store_bytes = p->store_bytes;
     info.store_limit = p->store_limit;
     info.peer_bytes_per_s = p->peer_bytes_per_s;
+    info.retained_by_stall = p->retained_by_stall;
+    info.codec_sidecar = p->weight_codec == DDO_WEIGHT_CODEC_DDOC1 && p->codec_sidecar;
     return DDO__ABI_OUT(ddo_plan_info, &info, out);
 }
 

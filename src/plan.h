@@ -200,6 +200,8 @@ typedef struct ddo__plan_unit {
     bool hidden;
     uint64_t coded_bytes;   /* weight_codec: estimated bytes over the bus; 0 = not coded */
     uint64_t decoded_bytes; /* weight_codec: raw bytes of its coded tensors (decoder output) */
+    double reread_s;        /* its bytes at the file rate (0: no file rate or cost model) */
+    double reread_stall_s;  /* what of reread_s the compute before it cannot hide */
 } ddo__plan_unit;
 
 typedef struct ddo__plan_tensor {
@@ -218,6 +220,10 @@ struct ddo_plan {
     ddo_unit_granularity granularity;
     ddo_host_residents host_residents;
     ddo_weight_codec weight_codec;
+    bool retained_by_stall; /* the retained units were chosen by their re-read stall */
+    /* weight_codec=ddoc1: with weight_codec_cache_dir set, file-streamed tensors are read from
+     * their sidecar's coded streams (false: auto found the plan not disk-bound; raw) */
+    bool codec_sidecar;
     size_t tensor_count;
     ddo__plan_tensor *tensors;
     size_t unit_count;

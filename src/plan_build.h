@@ -84,6 +84,10 @@ typedef struct builder {
      * block is a candidate, chosen by the cost model's simulated step (plan_place.c). */
     bool fill;
     uint64_t codec_reserve; /* fill: decode memory held back from the limit (plan_place.c) */
+    /* weight_codec=auto with weight_codec_cache_dir: the plan is not disk-bound, so the
+     * file-streamed tensors are read raw, not from their sidecar (plan_codec.c) */
+    bool codec_no_sidecar;
+    bool codec_sidecar_decided;     /* ... and the decision codec_sidecar is recorded */
     const struct ddo__platform *pf; /* Windows facts (platform.h), or NULL */
 } builder;
 

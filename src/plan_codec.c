@@ -93,7 +93,7 @@ static const ddo_tensor_info *unit_candidate(const builder *b, const ddo__plan_u
     const ddo_tensor_info *ti = b->ti[t];
     const char *dir = b->o->weight_codec_cache_dir;
     bool runtime = b->p->route == DDO__ROUTE_VMM_RUNTIME;
-    bool sidecar = dir != NULL && dir[0] != '\0' && !runtime;
+    bool sidecar = dir != NULL && dir[0] != '\0' && !runtime && !b->codec_no_sidecar;
     bool ok = b->p->tensors[t].loc.placement == DDO_PLACEMENT_STREAMED &&
               !(runtime && ti->file_index == UINT32_MAX) &&
               ddo__plan_codec_candidate(ti, un->retained || sidecar);
@@ -188,6 +188,8 @@ static bool device_decodes(const builder *b, const char **why)
 static int fall_back(builder *b, const char *why)
 {
     ddo__decisions *d = &b->p->decisions;
+    if (b->codec_sidecar_decided)
+        ddo__decisions_set_str(d, "codec_sidecar", "off"); /* no codec, no sidecar */
     b->p->weight_codec = DDO_WEIGHT_CODEC_NONE;
     ddo__decisions_set_str(d, "weight_codec", "none");
     ddo__decisions_set_str(d, "weight_codec_note", why);
@@ -354,6 +356,61 @@ static int host_store(builder *b, const codec_need *n, bool explicit_codec)
     return 0;
 }
 
+/* weight_codec=auto with weight_codec_cache_dir and a file rate known: whether the plan is
+ * disk-bound, its file reads (the streamed bytes the retained store does not hold, at the file
+ * rate) longer than its bus-bound step (every streamed byte at the bus rate). Disk-bound, the
+ * sidecar is read (fewer bytes from the disk) and the codec is on whatever the bus gains;
+ * otherwise file-streamed tensors are read raw (b->codec_no_sidecar) and the codec is what
+ * coding the retained store gains. Says which (codec_sidecar, codec_sidecar_reason). Returns
+ * true when disk-bound. */
+static bool sidecar_decision(builder *b)
+{
+    ddo_plan *p = b->p;
+    const char *dir = b->o->weight_codec_cache_dir;
+    double disk = b->in.file_read_bytes_per_s, bus = b->in.bus_bytes_per_s;
+    if (dir == NULL || dir[0] == '\0' || p->route == DDO__ROUTE_VMM_RUNTIME || !(disk > 0.0) ||
+        !(bus > 0.0))
+        return false;
+    uint64_t file = 0, streamed = 0;
+    for (size_t u = 0; u < p->unit_count; u++) {
+        const ddo__plan_unit *un = &p->units[u];
+        if (un->resident)
+            continue;
+        streamed = ddo__sat_add_u64(streamed, un->bytes);
+        file = un->retained ? file : ddo__sat_add_u64(file, un->bytes);
+    }
+    double file_s = (double)file / disk, bus_s = (double)streamed / bus;
+    bool bound = file > 0 && file_s > bus_s;
+    b->codec_no_sidecar = !bound;
+    b->codec_sidecar_decided = true;
+    char note[256];
+    snprintf(note, sizeof(note),
+             "auto: %s: file reads %.4f s per step (%.3f GB at %.3g GB/s) %s the bus-bound step "
+             "%.4f s (%.3f GB at %.3g GB/s)%s",
+             bound ? "disk-bound" : "not disk-bound", file_s, (double)file / 1e9, disk / 1e9,
+             bound ? "exceed" : "do not exceed", bus_s, (double)streamed / 1e9, bus / 1e9,
+             bound ? ": file-streamed tensors are read from their sidecar"
+                   : ": file-streamed tensors are read raw");
+    ddo__decisions_set_str(&p->decisions, "codec_sidecar", bound ? "on" : "off");
+    ddo__decisions_set_str(&p->decisions, "codec_sidecar_reason", note);
+    return bound;
+}
+
+/* The decisions of a plan that codes (weight_codec ddoc1), and the estimates. */
+static void record_ddoc1(builder *b, const codec_need *n, uint64_t area, uint64_t encode)
+{
+    ddo__decisions *d = &b->p->decisions;
+    ddo__decisions_set_str(d, "weight_codec", "ddoc1");
+    ddo__decisions_set_gb(d, "codec_candidate_gb", n->candidate);
+    ddo__decisions_set_gb(d, "codec_decode_area_gb", area);
+    char areas[16];
+    snprintf(areas, sizeof(areas), "%d", n->candidates > 0 ? DDO_CODEC_DECODE_AREAS : 0);
+    ddo__decisions_set_str(d, "codec_decode_areas", areas);
+    ddo__decisions_set_gb(d, "codec_encode_buffer_gb", encode);
+    if (n->candidates > 0)
+        estimate(b);
+}
+
 int ddo__plan_codec(builder *b)
 {
     const char *mode = b->o->weight_codec != NULL ? b->o->weight_codec : "none";
@@ -372,6 +429,7 @@ int ddo__plan_codec(builder *b)
         return fall_back(b, "auto: weights move raw: libddo was built without nvcc, so the cuda "
                             "device has no codec decoder");
     }
+    bool disk_bound = !explicit_codec && sidecar_decision(b);
     codec_need n;
     measure(b, &n);
     if (n.candidates == 0 && !explicit_codec)
@@ -405,7 +463,7 @@ int ddo__plan_codec(builder *b)
                          p->device_limit_source != NULL ? p->device_limit_source : "?");
     }
     double raw_s = 0.0, coded_s = 0.0;
-    if (!explicit_codec && n.candidates > 0 && !coding_pays(b, &raw_s, &coded_s)) {
+    if (!explicit_codec && !disk_bound && n.candidates > 0 && !coding_pays(b, &raw_s, &coded_s)) {
         char note[200];
         snprintf(note, sizeof(note),
                  "auto: weights move raw: coding would not pay here (predicted step %.4f s coded, "
@@ -424,14 +482,7 @@ int ddo__plan_codec(builder *b)
     encode = build > encode ? build : encode;
     bg->retained_peak = ddo__sat_add_u64(bg->retained_peak, encode);
     p->weight_codec = DDO_WEIGHT_CODEC_DDOC1;
-    ddo__decisions_set_str(d, "weight_codec", "ddoc1");
-    ddo__decisions_set_gb(d, "codec_candidate_gb", n.candidate);
-    ddo__decisions_set_gb(d, "codec_decode_area_gb", area);
-    char areas[16];
-    snprintf(areas, sizeof(areas), "%d", n.candidates > 0 ? DDO_CODEC_DECODE_AREAS : 0);
-    ddo__decisions_set_str(d, "codec_decode_areas", areas);
-    ddo__decisions_set_gb(d, "codec_encode_buffer_gb", encode);
-    if (n.candidates > 0)
-        estimate(b);
+    p->codec_sidecar = !b->codec_no_sidecar;
+    record_ddoc1(b, &n, area, encode);
     return 0;
 }

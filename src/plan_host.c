@@ -38,6 +38,65 @@ static int choose_units(const ddo_plan *p, const size_t *list, size_t count, uin
     return 0;
 }
 
+/* The cost of re-reading each streamed unit from the file (the cost model on and a file rate
+ * known; else nothing and false): its bytes at the file rate, and the stall that read adds to
+ * the unit's load beyond what the previous unit's compute hides (its bus transfer is paid
+ * either way, so only the read's share of the unhidden time counts). */
+static bool reread_costs(ddo_plan *p, double file_rate)
+{
+    if (!p->cost_enabled || !(file_rate > 0.0))
+        return false;
+    for (size_t u = 0; u < p->unit_count; u++) {
+        ddo__plan_unit *un = &p->units[u];
+        const ddo__plan_unit *prev = &p->units[u > 0 ? u - 1 : p->unit_count - 1];
+        if (un->resident)
+            continue;
+        un->reread_s = (double)un->bytes / file_rate;
+        double with = un->reread_s + un->transfer_s - prev->compute_s;
+        double without = un->transfer_s - prev->compute_s;
+        un->reread_stall_s = (with > 0.0 ? with : 0.0) - (without > 0.0 ? without : 0.0);
+    }
+    return true;
+}
+
+/* The retained units under budget by their re-read stall: those that stall most first
+ * (greedy, skip on overflow), then the room left by `how` among those that do not stall.
+ * *by_stall: whether any unit stalls at all (else this is `how` alone). */
+static int choose_by_stall(const ddo_plan *p, const size_t *list, size_t count, uint64_t budget,
+                           ddo_selection how, bool *flags, bool *by_stall)
+{
+    uint64_t *sizes = ddo__calloc(count ? count : 1, sizeof(*sizes));
+    double *stall = ddo__calloc(count ? count : 1, sizeof(*stall));
+    size_t *chosen = ddo__calloc(count ? count : 1, sizeof(*chosen));
+    size_t *rest = ddo__calloc(count ? count : 1, sizeof(*rest));
+    int rc = 0;
+    if (sizes == NULL || stall == NULL || chosen == NULL || rest == NULL) {
+        rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: unit selection");
+        goto out;
+    }
+    *by_stall = false;
+    for (size_t k = 0; k < count; k++) {
+        sizes[k] = p->units[list[k]].bytes;
+        stall[k] = p->units[list[k]].reread_stall_s;
+        *by_stall = *by_stall || stall[k] > 0.0;
+    }
+    uint64_t taken = 0, more = 0;
+    size_t n = ddo__select_by_cost(sizes, stall, count, budget, chosen, &taken);
+    for (size_t k = 0; k < n; k++)
+        flags[list[chosen[k]]] = true;
+    size_t rn = 0;
+    for (size_t k = 0; k < count; k++)
+        if (!flags[list[k]])
+            rest[rn++] = list[k];
+    rc = choose_units(p, rest, rn, budget - taken, how, flags, &more);
+out:
+    free(sizes);
+    free(stall);
+    free(chosen);
+    free(rest);
+    return rc;
+}
+
 static uint64_t bytes_of(const ddo_plan *p, bool retained_only, bool registered_only)
 {
     uint64_t s = 0;
@@ -127,6 +186,33 @@ typedef struct host_ctx {
     bool vmm_fast, vmm_nvme;
 } host_ctx;
 
+/* A retained store smaller than the streamed units: by the re-read stall where the plan
+ * prices it (reread_costs), else by pin_weight_selection; says which and what stays exposed. */
+static int partial_store(builder *b, host_ctx *h, uint64_t retain_limit)
+{
+    ddo_plan *p = b->p;
+    ddo__decisions *d = &p->decisions;
+    bool priced = p->cost_enabled && b->in.file_read_bytes_per_s > 0.0, by_stall = false;
+    int rc =
+        priced ? choose_by_stall(p, h->list, h->streamed, retain_limit, h->how, h->flags, &by_stall)
+               : choose_units(p, h->list, h->streamed, retain_limit, h->how, h->flags, NULL);
+    if (rc != 0)
+        return rc;
+    double left = 0.0;
+    for (size_t k = 0; k < h->streamed; k++) {
+        ddo__plan_unit *un = &p->units[h->list[k]];
+        un->retained = h->flags[h->list[k]];
+        left += un->retained ? 0.0 : un->reread_stall_s;
+    }
+    p->retained_by_stall = by_stall;
+    ddo__decisions_set_str(d, "retained_store", "partial");
+    ddo__decisions_set_str(d, "retained_selection",
+                           by_stall ? "stall" : ddo__selection_name(h->how));
+    if (priced)
+        ddo__decisions_set_num(d, "retained_stall_left_ms", left * 1e3);
+    return 0;
+}
+
 /* The retained store: which streamed units keep their bytes in host RAM. */
 static int retained_store(builder *b, host_ctx *h, uint64_t available)
 {
@@ -170,12 +256,9 @@ static int retained_store(builder *b, host_ctx *h, uint64_t available)
                 p->units[h->list[k]].retained = true;
             ddo__decisions_set_str(d, "retained_store", "all");
         } else {
-            int rc = choose_units(p, h->list, h->streamed, retain_limit, h->how, h->flags, NULL);
+            int rc = partial_store(b, h, retain_limit);
             if (rc != 0)
                 return rc;
-            for (size_t k = 0; k < h->streamed; k++)
-                p->units[h->list[k]].retained = h->flags[h->list[k]];
-            ddo__decisions_set_str(d, "retained_store", "partial");
         }
     }
     p->budgets.retained_limit = retain_limit;
@@ -383,6 +466,8 @@ int ddo__plan_host_side(builder *b, uint64_t available, const ddo__pin_resolutio
     for (size_t u = 0; u < p->unit_count; u++)
         if (!p->units[u].resident)
             h.list[h.streamed++] = u;
+    if (!holds_host_data(b))
+        (void)reread_costs(p, b->in.file_read_bytes_per_s);
     if ((rc = retained_store(b, &h, available)) == 0 &&
         (rc = registration(b, &h, pin, pin_skipped)) == 0 && (rc = staging(b, &h, available)) == 0)
         rc = host_budget(b, available);

@@ -74,6 +74,7 @@ static json_t *inputs_json(const ddo_plan_inputs *in, bool *ok)
         put(ji, "tokens", jint(in->tokens), ok);
         put(ji, "codec_ratio", json_real(in->codec_ratio), ok);
         put(ji, "decode_bytes_per_s", json_real(in->decode_bytes_per_s), ok);
+        put(ji, "file_read_bytes_per_s", json_real(in->file_read_bytes_per_s), ok);
     }
     return ji;
 }
@@ -152,6 +153,8 @@ static json_t *units_json(const ddo_plan *p, bool *ok)
         put(o, "hidden", json_boolean(un->hidden), ok);
         put(o, "coded_bytes", jint(un->coded_bytes), ok);
         put(o, "decoded_bytes", jint(un->decoded_bytes), ok);
+        put(o, "reread_s", json_real(un->reread_s), ok);
+        put(o, "reread_stall_s", json_real(un->reread_stall_s), ok);
         json_t *tl = json_array();
         put(o, "tensors", tl, ok);
         for (size_t k = 0; tl != NULL && k < un->tensor_count; k++)
@@ -368,6 +371,8 @@ static void read_inputs(reader *r, json_t *ji, ddo_plan_inputs *in)
     /* Added with the codec estimates: absent in older plans (0). */
     in->codec_ratio = opt_real(r, ji, "codec_ratio");
     in->decode_bytes_per_s = opt_real(r, ji, "decode_bytes_per_s");
+    /* Added with the re-read cost: absent in older plans (0). */
+    in->file_read_bytes_per_s = opt_real(r, ji, "file_read_bytes_per_s");
 }
 
 /* The "cost_model" object jc into p. */
@@ -491,6 +496,8 @@ static void read_units(reader *r, json_t *ju, size_t n, ddo_plan *p)
         x->hidden = get_bool(r, o, "hidden");
         x->coded_bytes = opt_u64(r, o, "coded_bytes");
         x->decoded_bytes = opt_u64(r, o, "decoded_bytes");
+        x->reread_s = opt_real(r, o, "reread_s");
+        x->reread_stall_s = opt_real(r, o, "reread_stall_s");
         json_t *tl = field(r, o, "tensors");
         if (!json_is_array(tl) || json_array_size(tl) > n - at) {
             if (r->err == NULL)
@@ -545,6 +552,7 @@ static void read_facts(ddo_plan *p)
 {
     const char *hr = ddo__decisions_get(&p->decisions, "host_residents");
     const char *wc = ddo__decisions_get(&p->decisions, "weight_codec");
+    const char *rs = ddo__decisions_get(&p->decisions, "retained_selection");
     p->granularity = p->unit_granularity != NULL && strcmp(p->unit_granularity, "leaf") == 0
                          ? DDO_UNIT_LEAF
                          : DDO_UNIT_BLOCK;
@@ -553,6 +561,9 @@ static void read_facts(ddo_plan *p)
                                                                  : DDO_HOST_RESIDENTS_BOUNCE_BUFFER;
     p->weight_codec =
         wc != NULL && strcmp(wc, "ddoc1") == 0 ? DDO_WEIGHT_CODEC_DDOC1 : DDO_WEIGHT_CODEC_NONE;
+    p->retained_by_stall = rs != NULL && strcmp(rs, "stall") == 0;
+    const char *sc = ddo__decisions_get(&p->decisions, "codec_sidecar");
+    p->codec_sidecar = sc == NULL || strcmp(sc, "off") != 0;
 }
 
 static void read_plan(reader *r, json_t *root, ddo_plan *p)

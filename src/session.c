@@ -558,6 +558,9 @@ int ddo_session_create(const ddo_plan *plan, const ddo_checkpoint *ck, ddo_devic
     s->route = ddo__plan_route_of(plan);
     s->route_name = ddo_plan_route(plan) != NULL ? ddo_plan_route(plan) : "none";
     settings_from(opts, s->route, &s->set);
+    ddo_plan_info pi = DDO_PLAN_INFO_INIT;
+    if (ddo_plan_info_get(plan, &pi) == 0 && !pi.codec_sidecar)
+        s->set.codec_cache_dir = NULL; /* raw from the file (or no codec at all) */
     s->unit_count = ddo_plan_unit_count(plan);
     s->slot_count = b.slot_count;
     s->slot_bytes = b.slot_bytes;

@@ -75,6 +75,7 @@ typedef struct ddo__slot {
     uint64_t release_tick; /* when the release event was recorded */
     uint64_t ticket;       /* upload ticket (ordinal of the load) */
     int load_rc;
+    bool load_file; /* its last load read the file (or a sidecar) */
     ddo__errbuf load_err;
     struct ddo_session *owner;
 } ddo__slot;
@@ -103,6 +104,7 @@ typedef struct ddo__unit_rt {
     uint64_t alias_epoch; /* the order's epoch when the alias was made */
     uint64_t loads;       /* loads started into a slot (ddo_session_tensor_loads); under mu */
     const char *name;
+    ddo_unit_waits waits; /* what its acquires waited for (written under mu) */
 } ddo__unit_rt;
 
 typedef struct ddo__job {
@@ -115,6 +117,8 @@ typedef struct ddo__job {
     /* results, applied under mu by the loader */
     size_t mapped_after;
     bool unsafe_after;
+    bool read_file;   /* the upload read the file (or a sidecar) */
+    uint64_t load_ns; /* the upload's issuing time */
 } ddo__job;
 
 /* Settings a session takes from the configuration. */

@@ -180,6 +180,33 @@ static int check_lease_args(ddo_session *s, size_t unit, const ddo_stream *strea
     return 0;
 }
 
+/* A unit's acquire in its waits (mu held): whether it waited, and whether on the file. */
+static void note_waits(ddo_session *s, size_t unit, uint64_t stall)
+{
+    ddo__unit_rt *u = &s->units[unit];
+    u->waits.acquires++;
+    if (stall == 0)
+        return;
+    u->waits.waits++;
+    u->waits.wait_ns += stall;
+    if (u->slot != DDO__NONE && s->slots[u->slot].load_file) {
+        u->waits.file_waits++;
+        u->waits.file_wait_ns += stall;
+    }
+}
+
+int ddo_session_unit_waits(ddo_session *s, size_t unit, ddo_unit_waits *out)
+{
+    if (s == NULL || out == NULL || unit >= s->unit_count)
+        return ddo__fail(s != NULL ? &s->err : NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_unit_waits: a session, a unit of its plan and out are "
+                         "required");
+    pthread_mutex_lock(&s->mu);
+    *out = s->units[unit].waits;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
 int ddo_session_acquire(ddo_session *s, size_t unit, ddo_stream *stream)
 {
     int arc = check_lease_args(s, unit, stream, "ddo_session_acquire");
@@ -196,8 +223,10 @@ int ddo_session_acquire(ddo_session *s, size_t unit, ddo_stream *stream)
     uint64_t stall = 0;
     pthread_mutex_lock(&s->mu);
     int rc = acquire_locked(s, unit, native, &stall);
-    if (rc == 0)
+    if (rc == 0) {
+        note_waits(s, unit, stall);
         ddo__session_prefetch(s, unit);
+    }
     pthread_mutex_unlock(&s->mu);
     if (stall > 0)
         ddo__metrics_add(&s->metrics, DDO_M_stall_ns, (double)stall);

@@ -190,6 +190,8 @@ static int run_job(ddo_session *s, ddo__job *job, ddo__errbuf *eb)
     rc = ddo__session_upload_unit(s, job, dst, &ubytes, &reread, eb);
     if (rc != 0)
         return rc;
+    job->read_file = reread;
+    job->load_ns = ddo__now_ns() - issue_ns;
     if (reread)
         ddo__metrics_add(&s->metrics, DDO_M_file_rereads, 1);
     /* With the codec, after the unit's decodes too (the decode stream joined the copies). */
@@ -248,6 +250,11 @@ static void *loader_main(void *arg)
         }
         slot->issued = true;
         slot->load_rc = rc;
+        slot->load_file = rc == 0 && job.read_file;
+        if (rc == 0 && job.read_file) {
+            s->units[job.unit].waits.file_loads++;
+            s->units[job.unit].waits.file_load_ns += job.load_ns;
+        }
         if (rc != 0)
             slot->load_err = eb;
         if (unsafe)

@@ -302,6 +302,8 @@ int ddo_setup_plan_inputs(ddo_setup *setup, ddo_plan_inputs *out)
         in.bus_bytes_per_s = setup->measured.bus_bytes_per_s;
     if (!(in.flops_per_s > 0) && setup->measured.flops_per_s > 0)
         in.flops_per_s = setup->measured.flops_per_s;
+    if (!(in.file_read_bytes_per_s > 0) && setup->measured.file_read_bytes_per_s > 0)
+        in.file_read_bytes_per_s = setup->measured.file_read_bytes_per_s;
     /* Else what this process measured (the bus) or estimated (the cpu device's compute). */
     measured_rates(setup->dev, &in);
     return DDO__ABI_OUT(ddo_plan_inputs, &in, out);

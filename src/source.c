@@ -374,6 +374,16 @@ const ddo__codec_plan *ddo__source_coded(const ddo__source *src, size_t tensor)
     return src != NULL ? ddo__source_codec_plan(src->codec, tensor) : NULL;
 }
 
+/* Tests only: DDOTEST_SLOW_FILE_READ_BYTES_PER_S (bytes/s) makes every per-use read from the
+ * file take at least its bytes at that rate, a disk slower than planned (docs/io.md). Not for
+ * users; 0 or unset: off. */
+static double test_read_rate(void)
+{
+    const char *t = getenv("DDOTEST_SLOW_FILE_READ_BYTES_PER_S");
+    double v = t != NULL && t[0] != '\0' ? strtod(t, NULL) : 0.0;
+    return v > 0.0 && v < 1e15 ? v : 0.0;
+}
+
 int ddo__source_create(const ddo__source_params *p, const ddo__source_request *req, size_t count,
                        ddo__source **out, ddo__errbuf *eb)
 {
@@ -390,6 +400,7 @@ int ddo__source_create(const ddo__source_params *p, const ddo__source_request *r
     src->tensor_count = ddo_checkpoint_tensor_count(p->ck);
     src->workers = (unsigned)p->workers;
     src->file_count = ddo_checkpoint_file_count(p->ck);
+    src->test_read_rate = test_read_rate();
     int rc = 0;
     uint8_t *seen = ddo__calloc(src->tensor_count, 1);
     src->entries = ddo__calloc(src->tensor_count, sizeof(*src->entries));
@@ -564,8 +575,22 @@ uint64_t ddo__source_segment_left(const ddo__source *src, size_t tensor, uint64_
     return DDO_SEGMENT_BYTES - at % DDO_SEGMENT_BYTES;
 }
 
+static int read_file(ddo__source *src, size_t tensor, uint64_t offset, size_t len, void *dst,
+                     size_t dst_cap, const void **data, ddo__errbuf *eb);
+
 int ddo__source_read_file(ddo__source *src, size_t tensor, uint64_t offset, size_t len, void *dst,
                           size_t dst_cap, const void **data, ddo__errbuf *eb)
+{
+    uint64_t t0 = ddo__now_ns();
+    int rc = read_file(src, tensor, offset, len, dst, dst_cap, data, eb);
+    if (rc == 0 && src->test_read_rate > 0.0 &&
+        ddo_checkpoint_tensor(src->ck, tensor)->file_index != UINT32_MAX)
+        ddo__os_sleep_until_ns(t0 + (uint64_t)((double)len / src->test_read_rate * 1e9));
+    return rc;
+}
+
+static int read_file(ddo__source *src, size_t tensor, uint64_t offset, size_t len, void *dst,
+                     size_t dst_cap, const void **data, ddo__errbuf *eb)
 {
     if (src == NULL || dst == NULL || data == NULL || tensor >= src->tensor_count)
         return ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "read: invalid argument");

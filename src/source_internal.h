@@ -77,6 +77,7 @@ struct ddo__source {
     size_t side_hits;                /* tensors stored from a sidecar */
     size_t encoded;                  /* tensors coded at setup */
     char codec_note[512];            /* what happened to the sidecars ("" when nothing) */
+    double test_read_rate;           /* tests only: per-use file reads emulate this rate (0: off) */
 };
 
 /* source.c */

@@ -128,5 +128,124 @@ else
     echo "skip: /sys took a directory; no read-only directory to test with"
 fi
 
+# The retained store under a budget smaller than the model keeps the units whose re-read from
+# the file would stall most, not the spread ones: five 32 MiB blocks, room for two, measured
+# compute that hides blocks.0's and blocks.4's reads but not blocks.1's or blocks.3's (blocks.2
+# is made resident by the balanced budget).
+$PY - "$T" <<'EOF'
+import json, sys
+t = [{'name': 'blocks.%d.linear.weight' % b, 'shape': [4096, 4096], 'dtype': 'BF16'} for b in range(5)]
+json.dump({'tensors': t}, open(sys.argv[1] + '/five.json', 'w'))
+json.dump({'blocks.0': 0.05, 'blocks.1': 0.001, 'blocks.2': 0.08, 'blocks.3': 1, 'blocks.4': 1},
+          open(sys.argv[1] + '/five-compute.json', 'w'))
+EOF
+"$DDO_BIN" synth --layout "$T/five.json" --out "$T/five.safetensors" --values uniform >/dev/null 2>&1
+five() {
+    DDOTEST_CGROUP_MEMORY_FILE= "$DDO_BIN" plan "$T/five.safetensors" --host-memory-gb 0.375 \
+        --bandwidth-gbps 1 --unit-compute "$T/five-compute.json" "$@"
+}
+five --file-read-gbps 0.5 >"$T/five-stall.txt" 2>&1
+five >"$T/five-spread.txt" 2>&1
+five --file-read-gbps 0.5 --json >"$T/five-stall.json" 2>&1
+hosts() { awk '$2 ~ /^blocks\./ {printf "%s ", $5}' "$1"; }
+check "with a file rate the stalling units are retained ($(hosts "$T/five-stall.txt"))" \
+    '[ "$(hosts "$T/five-stall.txt")" = "file retained - retained file " ]'
+check "the plan says why" 'grep -q "read ms  stall ms" "$T/five-stall.txt" &&
+    grep -q "retained host .*(the units whose re-read would stall most)" "$T/five-stall.txt" &&
+    grep -q "retained_selection  *stall" "$T/five-stall.txt"'
+check "without one, spread ($(hosts "$T/five-spread.txt"))" \
+    '[ "$(hosts "$T/five-spread.txt")" = "retained file - file retained " ] &&
+    grep -q "retained_selection  *spread" "$T/five-spread.txt"'
+check "the JSON has each unit's re-read stall" "$PY - '$T/five-stall.json' <<'EOF'
+import json, sys
+u = json.load(open(sys.argv[1]))['units']
+kept = [x['name'] for x in u if x['retained'] and not x['resident']]
+st = [x['reread_stall_s'] for x in u]
+sys.exit(0 if kept == ['blocks.1', 'blocks.3'] and st[1] > st[3] > 0 and st[0] == st[4] == 0 else 1)
+EOF"
+
+# A disk slower than planned (the test-only DDOTEST_SLOW_FILE_READ_BYTES_PER_S: every per-use
+# read from the file takes its bytes at 60 MB/s, 0.56 s a unit, longer than the compute that
+# could hide it): the run names the units that waited on the
+# file and for how long; their loads from the file are among the file bytes the run counted.
+DDOTEST_CGROUP_MEMORY_FILE= DDOTEST_SLOW_FILE_READ_BYTES_PER_S=60e6 DDO_DEVICE_BUDGET_GB=0.1 \
+    "$DDO_BIN" run "$T/five.safetensors" --steps 3 --tokens 1 --cpu-memory-gb 1 \
+    --ddo-available-system-ram-gb 0.375 --metrics "$T/slow.metrics" >"$T/slow.out" 2>&1
+rc=$?
+check "a slow disk: runs (exit $rc)" '[ $rc -eq 0 ]'
+check "a slow disk: the units that waited on the file, and how long" "$PY - '$T/slow.out' '$T/slow.metrics' <<'EOF'
+import json, re, sys
+out = open(sys.argv[1]).read()
+b = json.loads(open(sys.argv[2]).read().splitlines()[-1])['bytes']
+m = re.search(r'waited on the file: (\\d+) units?, ([0-9.]+) s in all', out)
+rows = re.findall(r'^    (blocks\\.\\d) +(\\d+) waits +([0-9.]+) ms; +(\\d+) loads from the file +([0-9.]+) ms$', out, re.M)
+kept = int(float(re.search(r'host +retained ([0-9.]+) MiB', out).group(1)) / 32)
+print('  ', m.group(0) if m else 'no summary', rows, 'retained units', kept)
+ok = m is not None and int(m.group(1)) == len(rows) and 1 <= len(rows) <= 5 - kept
+ok = ok and abs(sum(float(r[2]) for r in rows) / 1e3 - float(m.group(2))) < 0.002
+ok = ok and all(1 <= int(r[1]) <= int(r[3]) <= 3 and float(r[2]) > 0 and float(r[4]) >= 550 * int(r[3]) for r in rows)
+ok = ok and sum(int(r[3]) for r in rows) * (32 << 20) <= b['bytes_staged_from_file']
+sys.exit(0 if ok else 1)
+EOF"
+
+# weight_codec=auto with a cache directory reads the coded sidecar when the plan is disk-bound
+# (file reads at the file rate longer than the bus-bound step) and not otherwise, saying which;
+# a sidecar directory that cannot be written falls back to raw reads with a note.
+autorun() { # NAME FILE_GBPS DIR [flags]: ddo run of the five blocks with weight_codec=auto
+    local name=$1 gbps=$2 dir=$3
+    shift 3
+    DDOTEST_CGROUP_MEMORY_FILE= DDO_DEVICE_BUDGET_GB=0.15 "$DDO_BIN" run "$T/five.safetensors" \
+        --steps 2 --tokens 1 --cpu-memory-gb 1 --ddo-available-system-ram-gb 0.375 --verify \
+        --show-profile --file-read-gbps "$gbps" --ddo-weight-codec auto \
+        --ddo-weight-codec-cache-dir "$dir" --metrics "$T/$name.metrics" "$@" >"$T/$name.out" 2>&1
+}
+sidecar_bytes() { $PY -c "import json,sys; print(int(json.loads(open(sys.argv[1]).read().splitlines()[-1])['bytes']['bytes_staged_from_sidecar']))" "$1"; }
+autorun disk1 0.05 "$T/side"
+rc1=$?
+autorun disk2 0.05 "$T/side"
+rc2=$?
+check "auto, disk-bound: the sidecar is on, said in the plan, runs bit-identical (exit $rc1, $rc2)" \
+    '[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && grep -q "codec_sidecar=on codec_sidecar_reason=auto: disk-bound: file reads" "$T/disk1.out" &&
+    grep -q " weight_codec=ddoc1" "$T/disk1.out" && grep -q "verify: OK" "$T/disk1.out" && grep -q "verify: OK" "$T/disk2.out"'
+check "auto, disk-bound: the sidecar is written, then read ($(sidecar_bytes "$T/disk2.metrics") B)" \
+    'ls "$T/side"/*.ddoc >/dev/null 2>&1 && [ "$(sidecar_bytes "$T/disk2.metrics")" -gt 0 ]'
+autorun fast 50 "$T/side-fast"
+rc=$?
+check "auto, not disk-bound: no sidecar, said in the plan, bit-identical (exit $rc)" \
+    '[ $rc -eq 0 ] && grep -q "codec_sidecar=off codec_sidecar_reason=auto: not disk-bound" "$T/fast.out" &&
+    [ "$(sidecar_bytes "$T/fast.metrics")" -eq 0 ] && ! ls "$T/side-fast"/*.ddoc >/dev/null 2>&1 &&
+    grep -q "verify: OK" "$T/fast.out"'
+RO=/sys/ddo-lowram-auto-$$
+if ! mkdir "$RO" 2>/dev/null; then
+    autorun ro 0.05 "$RO"
+    rc=$?
+    check "auto, disk-bound, read-only sidecar directory: raw with a one-line note (exit $rc)" \
+        '[ $rc -eq 0 ] && grep -q "codec_sidecar=on" "$T/ro.out" &&
+        [ "$(grep -c "^  sidecar: sidecar $RO/.*not written" "$T/ro.out")" -eq 1 ] &&
+        [ "$(sidecar_bytes "$T/ro.metrics")" -eq 0 ] && grep -q "verify: OK" "$T/ro.out"'
+else
+    rmdir "$RO"
+    echo "skip: /sys took a directory; no read-only directory to test with"
+fi
+
+# Across runs: a calibration on the slow disk records the rate its re-reads achieved (about
+# 60 MB/s, not the store's much faster setup reads), and the next run's plan prices re-reads
+# with it: the retained store keeps the units that would stall most.
+export DDO_PROFILE_DIR="$T/profiles"
+DDOTEST_CGROUP_MEMORY_FILE= DDOTEST_SLOW_FILE_READ_BYTES_PER_S=60e6 DDO_DEVICE_BUDGET_GB=0.1 \
+    "$DDO_BIN" profile build five "$T/five.safetensors" --steps 2 --tokens 1 --cpu-memory-gb 1 \
+    --ddo-available-system-ram-gb 0.375 >"$T/cal.out" 2>&1
+rc=$?
+rate=$($PY -c "import glob, json, sys; print(max(json.load(open(f))['recommendation'].get('file_read_bytes_per_s', 0) for f in glob.glob(sys.argv[1] + '/*.json')))" "$DDO_PROFILE_DIR" 2>/dev/null)
+check "a calibration on the slow disk records its re-read rate ($rate B/s, exit $rc)" \
+    "[ $rc -eq 0 ] && $PY -c 'import sys; sys.exit(0 if 5e6 < float(sys.argv[1]) <= 63e6 else 1)' '$rate'"
+DDOTEST_CGROUP_MEMORY_FILE= DDO_DEVICE_BUDGET_GB=0.1 "$DDO_BIN" run "$T/five.safetensors" \
+    --ddo-profile-name five --steps 1 --tokens 1 --cpu-memory-gb 1 \
+    --ddo-available-system-ram-gb 0.375 --show-profile >"$T/next.out" 2>&1
+rc=$?
+check "the next run's plan keeps the units whose re-read would stall most (exit $rc)" \
+    '[ $rc -eq 0 ] && grep -q "retained_selection=stall" "$T/next.out"'
+unset DDO_PROFILE_DIR
+
 [ $fails -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }
 echo "all checks passed"

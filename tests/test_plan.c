@@ -64,6 +64,8 @@ static void check_roundtrip(const ddo_plan *p)
         T_EQ_INT(y.host_residents, x.host_residents);
         T_EQ_INT(y.weight_codec, x.weight_codec);
         T_EQ_INT(y.unit_granularity, x.unit_granularity);
+        T_EQ_INT(y.retained_by_stall, x.retained_by_stall);
+        T_EQ_INT(y.codec_sidecar, x.codec_sidecar);
     }
     T_CHECK(a != NULL && b != NULL && strcmp(a, b) == 0);
     ddo_free(a);
@@ -648,6 +650,90 @@ static void test_measured_unit_compute(void)
     fx_free(&tb);
 }
 
+/* A retained store smaller than the model keeps the units whose re-read from the file would
+ * stall most (their read beyond what the previous unit's compute hides), not the first ones
+ * in file order nor spread ones; without a file rate it keeps pin_weight_selection's. */
+static void test_retained_by_reread_stall(void)
+{
+    fx_table tb = { 0 };
+    for (int b = 0; b < 5; b++) /* 32 MiB each */
+        fx_addf(&tb, DDO_DTYPE_BF16, 2, 4096, 4096, "blocks.%d.linear.weight", b);
+    ddo_config *cfg = NULL;
+    T_REQUIRE(ddo_config_create(&cfg) == 0);
+    T_EQ_INT(ddo_config_set(cfg, "system_ram_headroom_gb", "0.25"), 0);
+    T_EQ_INT(ddo_config_set(cfg, "vmm_staging_buffer_gb", "0.0625"), 0);
+    /* Room for two units beside the headroom and the two staging windows. */
+    ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs),
+                           .host_available_bytes = fx_gib(0.25) + (128u << 20),
+                           .bus_bytes_per_s = 1e9,
+                           .unit_compute_json = "{\"blocks.0\": 0.05, \"blocks.1\": 0.001, "
+                                                "\"blocks.2\": 0.08, \"blocks.3\": 1, "
+                                                "\"blocks.4\": 1}" };
+    ddo_plan *p = build(&tb, cfg, &in, 0);
+    T_REQUIRE(p != NULL);
+    /* No file rate: spread keeps the ends. */
+    ddo_unit_info ui;
+    bool want_spread[5] = { true, false, false, false, true };
+    for (size_t u = 0; u < 5; u++) {
+        T_EQ_INT(ddo_plan_unit(p, u, &ui), 0);
+        T_CHECK_MSG(ui.retained == want_spread[u], "unit %zu", u);
+        double rs = -1.0, st = -1.0;
+        T_EQ_INT(ddo_plan_unit_reread(p, u, &rs, &st), 0);
+        T_CHECK(rs == 0.0 && st == 0.0);
+    }
+    T_CHECK(!info_of(p).retained_by_stall);
+    T_EQ_STR(fx_decision(p, "retained_selection"), "spread");
+    ddo_plan_destroy(p);
+
+    /* At 0.5 GB/s a unit reads in 67.1 ms and crosses the bus in 33.6 ms: blocks.1 stalls
+     * 50.5 ms behind blocks.0's 50 ms, blocks.2 67.1 ms behind blocks.1's 1 ms, blocks.3
+     * 20.5 ms behind blocks.2's 80 ms; blocks.4 and blocks.0 (after blocks.4) hide. */
+    in.file_read_bytes_per_s = 0.5e9;
+    p = build(&tb, cfg, &in, 0);
+    T_REQUIRE(p != NULL);
+    double unit_s = 32.0 * 1048576 / 0.5e9, bus_s = 32.0 * 1048576 / 1e9;
+    double want_stall[5] = { 0.0, unit_s + bus_s - 0.05, unit_s, unit_s + bus_s - 0.08, 0.0 };
+    bool want_kept[5] = { false, true, true, false, false };
+    for (size_t u = 0; u < 5; u++) {
+        T_EQ_INT(ddo_plan_unit(p, u, &ui), 0);
+        T_CHECK_MSG(ui.retained == want_kept[u], "unit %zu", u);
+        double rs = -1.0, st = -1.0;
+        T_EQ_INT(ddo_plan_unit_reread(p, u, &rs, &st), 0);
+        T_NEAR(rs, unit_s, 1e-12);
+        T_NEAR(st, want_stall[u], 1e-9);
+    }
+    T_CHECK(info_of(p).retained_by_stall);
+    T_EQ_STR(fx_decision(p, "retained_store"), "partial");
+    T_EQ_STR(fx_decision(p, "retained_selection"), "stall");
+    T_NEAR(strtod(fx_decision(p, "retained_stall_left_ms"), NULL), want_stall[3] * 1e3, 1e-3);
+    check_roundtrip(p);
+    char *json = NULL;
+    ddo_plan *q = NULL;
+    T_EQ_INT(ddo_plan_to_json(p, &json), 0);
+    T_CONTAINS(json, "\"reread_stall_s\"");
+    T_EQ_INT(ddo_plan_from_json(json, &q), 0);
+    T_REQUIRE(q != NULL);
+    T_CHECK(info_of(q).retained_by_stall);
+    double st = 0.0;
+    T_EQ_INT(ddo_plan_unit_reread(q, 2, NULL, &st), 0);
+    T_NEAR(st, unit_s, 1e-9);
+    T_EQ_INT(ddo_plan_unit_reread(q, 5, NULL, NULL), DDO_E_INVALID_ARGUMENT);
+    ddo_plan_destroy(q);
+    ddo_free(json);
+    ddo_plan_destroy(p);
+
+    /* Compute long enough that no read stalls: the rule is pin_weight_selection's again. */
+    in.unit_compute_json = "{\"blocks.0\": 1, \"blocks.1\": 1, \"blocks.2\": 1, "
+                           "\"blocks.3\": 1, \"blocks.4\": 1}";
+    p = build(&tb, cfg, &in, 0);
+    T_REQUIRE(p != NULL);
+    T_CHECK(!info_of(p).retained_by_stall);
+    T_EQ_STR(fx_decision(p, "retained_selection"), "spread");
+    ddo_plan_destroy(p);
+    ddo_config_destroy(cfg);
+    fx_free(&tb);
+}
+
 /* A Flux-like stack: 6 large units (64 MiB) that compute about as long as the 10 small ones
  * (24 MiB), as a Flux double block against a single one; uc: their measured compute (JSON). */
 static void flux_like(fx_table *tb, char *uc, size_t len)
@@ -975,6 +1061,7 @@ int main(void)
     T_RUN(test_routes);
     T_RUN(test_cost_model_and_cost_selection);
     T_RUN(test_measured_unit_compute);
+    T_RUN(test_retained_by_reread_stall);
     T_RUN(test_cost_selection_simulates_the_step);
     T_RUN(test_cost_selection_fits_the_slots);
     T_RUN(test_simulated_step_counts_the_wrap);

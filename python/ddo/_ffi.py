@@ -179,6 +179,7 @@ class PlanInputs(Extensible):
         ("decode_bytes_per_s", c_double),
         ("store_free_bytes", c_uint64),
         ("peer_bytes_per_s", c_double),
+        ("file_read_bytes_per_s", c_double),
     ]
 
 
@@ -241,6 +242,8 @@ class PlanInfo(Extensible):
         ("store_bytes", c_uint64),
         ("store_limit", c_uint64),
         ("peer_bytes_per_s", c_double),
+        ("retained_by_stall", c_bool),
+        ("codec_sidecar", c_bool),
     ]
 
 TraceFn = CFUNCTYPE(None, P, c_char_p, c_size_t, c_uint64, c_uint64, c_uint64)
@@ -255,6 +258,18 @@ class SessionOptions(Extensible):
         ("trace", TraceFn),
         ("trace_user", P),
         ("store_device", P),
+    ]
+
+
+class UnitWaits(Structure):
+    _fields_ = [
+        ("acquires", c_uint64),
+        ("waits", c_uint64),
+        ("wait_ns", c_uint64),
+        ("file_waits", c_uint64),
+        ("file_wait_ns", c_uint64),
+        ("file_loads", c_uint64),
+        ("file_load_ns", c_uint64),
     ]
 
 
@@ -374,6 +389,7 @@ STRUCTS: Dict[str, Type[Structure]] = {
     "ddo_tensor_location": TensorLocation,
     "ddo_plan_info": PlanInfo,
     "ddo_session_options": SessionOptions,
+    "ddo_unit_waits": UnitWaits,
     "ddo_device_bandwidth": DeviceBandwidth,
     "ddo_file_speed": FileSpeed,
     "ddo_host_info": HostInfo,
@@ -462,6 +478,7 @@ FUNCTIONS: Dict[str, Tuple[Any, List[Any]]] = {
     "ddo_plan_unit_count": (c_size_t, [P]),
     "ddo_plan_unit": (c_int, [P, c_size_t, POINTER(UnitInfo)]),
     "ddo_plan_unit_coded": (c_int, [P, c_size_t, POINTER(c_uint64), POINTER(c_uint64)]),
+    "ddo_plan_unit_reread": (c_int, [P, c_size_t, POINTER(c_double), POINTER(c_double)]),
     "ddo_plan_unit_tensors": (POINTER(c_size_t), [P, c_size_t, POINTER(c_size_t)]),
     "ddo_plan_tensor_location": (c_int, [P, c_size_t, POINTER(TensorLocation)]),
     "ddo_plan_budgets_get": (c_int, [P, POINTER(PlanBudgets)]),
@@ -488,6 +505,7 @@ FUNCTIONS: Dict[str, Tuple[Any, List[Any]]] = {
     "ddo_session_tensor_loads": (c_int, [P, c_size_t, POINTER(c_uint64)]),
     "ddo_session_tensor_view_count": (c_size_t, [P, c_size_t]),
     "ddo_session_declare_order": (c_int, [P, POINTER(c_size_t), c_size_t]),
+    "ddo_session_unit_waits": (c_int, [P, c_size_t, POINTER(UnitWaits)]),
     "ddo_session_reclaim": (c_int, [P, POINTER(c_uint64)]),
     "ddo_session_unload": (c_int, [P]),
     "ddo_session_reload": (c_int, [P]),
@@ -577,6 +595,7 @@ __all__ = [
     "PlanInfo",
     "TraceFn",
     "SessionOptions",
+    "UnitWaits",
     "DeviceBandwidth",
     "FileSpeed",
     "HostInfo",

@@ -16,6 +16,17 @@ device's); a component's need is its plan's
 none). Components on the diffusers_group_offload route keep their weights on the host between
 uses (Diffusers' hooks) and are not staged. The same rule runs during setup: before a session
 is created (its plan is known then) or a module is moved to the device, room is made for it.
+
+Host memory, the same way (larger than RAM; a mixture of experts such as Wan 2.2 A14B's
+transformer and transformer_2): a dynamic_offload component holds its retained host store
+(its plan's ``retained_peak``) from its setup until it is unloaded with release_host=True. The
+host budget is the largest ``retained_limit`` of the components' plans (what the host limit
+leaves one store beside the headroom and staging; 0 everywhere: no limit, nothing is released).
+Before a component's session is created and when it is called, the stores of the least recently
+used other components are released (``unload(release_host=True)``) until its store fits beside
+the ones still held: only the active expert holds retained memory. ``prepare(name)`` does the
+switch ahead of the first forward (at the boundary step, from the pipeline's step callback):
+room made, the store read and the first units loading, so the forward finds them on their way.
 """
 
 from __future__ import annotations
@@ -50,6 +61,11 @@ class PipelineStager:
         self.limit: Optional[int] = None
         self.active: List[str] = []  # loaded components, least recently used first
         self.events: List[Tuple[str, str]] = []
+        # host: component -> retained store bytes; the budget (None: no limit); the components
+        # holding their store, least recently used first
+        self.host_need: Dict[str, int] = {}
+        self.host_limit: Optional[int] = None
+        self.host_held: List[str] = []
         self._handles: List[Any] = []
 
     # ---- setup (enable_pipeline_offload) ----
@@ -62,8 +78,16 @@ class PipelineStager:
             if limit > 0:
                 self.limit = limit if self.limit is None else max(self.limit, limit)
             self.need[name] = b["device_weights_peak"]
+            self._host_budget(name, b)
             self.make_room(name)
+            self.make_host_room(name)
         return make_room
+
+    def _host_budget(self, name: str, b: Dict[str, int]) -> None:
+        self.host_need[name] = b["retained_peak"]
+        if b["retained_limit"] > 0:
+            self.host_limit = (b["retained_limit"] if self.host_limit is None
+                               else max(self.host_limit, b["retained_limit"]))
 
     def before_move(self, name: str, module: torch.nn.Module) -> None:
         """Route none: room for the module's bytes before it is moved to the device."""
@@ -77,6 +101,10 @@ class PipelineStager:
         self.results[name] = result
         if name not in self.need:
             self.need[name] = _need(result)
+        if result.route == "dynamic_offload" and name not in self.host_held:
+            if name not in self.host_need:
+                self._host_budget(name, result.budgets())
+            self.host_held.append(name)
         if _loaded(result):
             self.active.append(name)
             self.events.append(("load", name))
@@ -114,15 +142,27 @@ class PipelineStager:
             if name in self.active:
                 self.active.remove(name)
             self.active.append(name)
+            self._hold(name)
             return
         if getattr(r, "_state", None) == "closed":
             return  # its own forward (or RouteResult) says what a closed result means
         if name in self.active:
             self.active.remove(name)  # unloaded by its caller
         self.make_room(name)
+        self.make_host_room(name)
         r.reload()
+        self._hold(name)
         self.active.append(name)
         self.events.append(("load", name))
+
+    def prepare(self, name: str) -> None:
+        """The switch to component name, planned ahead of its first forward (a mixture of
+        experts at its boundary step): room made on the device and in host memory (the other
+        experts' stores released), name reloaded, its store read and its first units loading."""
+        if name not in self.results:
+            raise KeyError(f"prepare: {name!r} is not a staged component "
+                           f"(staged: {', '.join(self.results) or 'none'})")
+        self.enter(name)
 
     def make_room(self, name: str) -> None:
         """Unloads the least recently used other components until name's need fits."""
@@ -140,6 +180,36 @@ class PipelineStager:
             self.results[other].unload()
             self.active.remove(other)
             self.events.append(("unload", other))
+
+    def make_host_room(self, name: str) -> None:
+        """Releases the least recently used other components' retained stores until name's
+        fits beside the ones still held (unload(release_host=True); a loaded one leaves the
+        device too)."""
+        if self.host_limit is None:
+            return
+        need = self.host_need.get(name, 0)
+        for other in list(self.host_held):
+            held = sum(self.host_need.get(n, 0) for n in self.host_held if n != name)
+            if held + need <= self.host_limit:
+                return
+            r = self.results.get(other)
+            if other == name or r is None or (r._state != "closed" and _busy(r)):
+                continue
+            if r._state != "closed":
+                r.unload(release_host=True)
+            self.host_held.remove(other)
+            if other in self.active:
+                self.active.remove(other)
+                self.events.append(("unload", other))
+            self.events.append(("release_host", other))
+
+    def _hold(self, name: str) -> None:
+        """name holds its store again (reloaded), the most recently used."""
+        if self.results[name].route != "dynamic_offload":
+            return
+        if name in self.host_held:
+            self.host_held.remove(name)
+        self.host_held.append(name)
 
     def in_use(self, besides: Optional[str] = None) -> int:
         """Device bytes of the loaded components (besides: one left out)."""

@@ -142,11 +142,8 @@ print(json.dumps(info))
 """
 
 
-def test_moe_only_the_active_expert_holds_its_store(tmp_path):
-    """Two transformers (a Wan 2.2 A14B stand-in) under a limit with room for one expert's
-    retained store: the inactive one holds none (unload(release_host=True)), the switch
-    reloads the next one with its first units loading at once, the peak RSS stays under the
-    limit, the outputs are each expert's, bit-identical."""
+def _experts(tmp_path):
+    """Two expert checkpoints (a high-noise and a low-noise stand-in) of 24 blocks each."""
     import test_pipeline_loading as T
     dim, depth = 1024, 24
     paths = []
@@ -163,6 +160,15 @@ def test_moe_only_the_active_expert_holds_its_store(tmp_path):
         T.write_safetensors(p, {k: (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16)
                                 for k, s in shapes.items()})
         paths.append(str(p))
+    return paths
+
+
+def test_moe_only_the_active_expert_holds_its_store(tmp_path):
+    """Two transformers (a Wan 2.2 A14B stand-in) under a limit with room for one expert's
+    retained store: the inactive one holds none (unload(release_host=True)), the switch
+    reloads the next one with its first units loading at once, the peak RSS stays under the
+    limit, the outputs are each expert's, bit-identical."""
+    paths = _experts(tmp_path)
     store = 128 << 20
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDO")}
     env["DDO_LIBRARY"] = os.environ.get("DDO_LIBRARY", "")
@@ -181,4 +187,96 @@ def test_moe_only_the_active_expert_holds_its_store(tmp_path):
         assert 0 < info[n + "_retained_active"] <= store, info
         assert info[n + "_prefetched_at_switch"] > 0, info
     assert info["inactive_after_switch"] == 0, info
+    assert info["peak"] < info["limit"], info
+
+
+PIPE_CHILD = r"""
+import json, os, sys, types, torch
+sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2])
+import ddo, test_pipeline_loading as T
+x = torch.randn(1, 4, 1024).to(torch.bfloat16)
+base = T.reset_peak()
+if base is None:
+    print("SKIP")
+    sys.exit(0)
+high, low, store = sys.argv[3], sys.argv[4], int(sys.argv[5])
+headroom = base + (160 << 20)
+limit = headroom + (64 << 20) + store  # room for one expert's store, not two
+open(sys.argv[6], "w").write(str(limit))
+os.environ["DDOTEST_CGROUP_MEMORY_FILE"] = sys.argv[6]
+mods = {n: ddo.from_pretrained_with_dynamic_offload(p, model_loader=lambda p: T.TinyDiT(
+            1024, 24, torch.bfloat16)).module for n, p in (("transformer", high),
+                                                         ("transformer_2", low))}
+pipe = types.SimpleNamespace(components=dict(mods))
+# available_system_ram_gb as well as the cgroup file: the plans then never depend on what the
+# machine's MemAvailable happens to be (other processes share it).
+res = ddo.enable_pipeline_offload(pipe, environ={}, execution_device="cpu",
+                                  device_budget_gb=0.0625, system_ram_headroom_gb=headroom / 2**30,
+                                  vmm_staging_buffer_gb=0.0625, available_system_ram_gb=limit / 2**30)
+st = res.stager
+def held(n):
+    return res[n].metrics_snapshot().get("retained_bytes")
+def file_bytes(n):
+    return res[n].metrics_snapshot().get("bytes_staged_from_file")
+def not_retained(n):
+    return sum(u["bytes"] for u in res[n].plan["units"] if not u["resident"] and not u["retained"])
+info = {"after_setup": {n: held(n) for n in mods}, "steps": []}
+outs, boundary, steps = [], 3, 6
+for i in range(steps):
+    name = "transformer" if i < boundary else "transformer_2"
+    if i == boundary:  # the pipeline's step callback at the boundary: the switch, planned
+        st.prepare(name)
+        info["prepared"] = {"prefetch_issued": res[name].metrics_snapshot().get("prefetch_issued"),
+                            "held": {n: held(n) for n in mods}}
+    f0 = file_bytes(name)
+    with torch.no_grad():
+        outs.append(mods[name](x))
+    info["steps"].append({"active": name, "file": file_bytes(name) - f0,
+                          "held": {n: held(n) for n in mods}})
+info["not_retained"] = {n: not_retained(n) for n in mods}
+info["slots"] = {n: res[n].budgets()["slot_count"] * res[n].budgets()["slot_bytes"] for n in mods}
+info["events"] = st.events
+info["peak"], info["limit"] = T.proc_status("VmHWM:"), limit
+ddo.close_pipeline_offload(pipe)
+refs = {n: ddo.loading.materialize(ddo.from_pretrained_with_dynamic_offload(
+            p, model_loader=lambda p: T.TinyDiT(1024, 24, torch.bfloat16)).module, p)
+        for n, p in (("transformer", high), ("transformer_2", low))}
+with torch.no_grad():
+    info["identical"] = all(torch.equal(o, refs["transformer" if i < boundary else
+                                                 "transformer_2"](x)) for i, o in enumerate(outs))
+print(json.dumps(info))
+"""
+
+
+def test_moe_pipeline_staged_under_a_host_limit(tmp_path):
+    """The same two experts through enable_pipeline_offload (ddo.staging) under a limit with
+    room for one expert's store: only the active expert holds retained memory (the stager
+    releases the other's), stager.prepare() at the boundary reads the next expert's store and
+    starts its first units before its first forward, every step reads from the file the bytes
+    its expert does not retain (less what its slots still hold), the peak RSS stays under the
+    limit, and the outputs are bit-identical to each expert's."""
+    paths = _experts(tmp_path)
+    store = 128 << 20
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDO")}
+    env["DDO_LIBRARY"] = os.environ.get("DDO_LIBRARY", "")
+    out = subprocess.run([sys.executable, "-c", PIPE_CHILD, str(PYTHON_DIR), HERE, *paths,
+                          str(store), str(tmp_path / "memory.max")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    last = out.stdout.strip().splitlines()[-1]
+    if last == "SKIP":
+        pytest.skip("this kernel does not reset VmHWM through /proc/self/clear_refs")
+    import json
+    info = json.loads(last)
+    assert info["identical"], info
+    # setup: the second expert's session released the first's store
+    assert info["after_setup"]["transformer"] == 0 < info["after_setup"]["transformer_2"], info
+    for s in info["steps"]:
+        other = "transformer_2" if s["active"] == "transformer" else "transformer"
+        assert s["held"][other] == 0 < s["held"][s["active"]] <= store, info
+        nr, slots = info["not_retained"][s["active"]], info["slots"][s["active"]]
+        assert nr > 0 and nr - slots <= s["file"] <= nr, info
+    p = info["prepared"]
+    assert p["prefetch_issued"] > 0 and p["held"]["transformer"] == 0 < p["held"]["transformer_2"]
+    assert ("release_host", "transformer") in [tuple(e) for e in info["events"]], info
     assert info["peak"] < info["limit"], info

@@ -264,6 +264,7 @@ typedef struct bench_args {
     uint64_t trace_steps;
     double bus_gib;
     double direct_gib;
+    double file_gbps; /* --file-read-gbps: the disk's rate for the plans; 0 = the measured one */
     bool resident;
     const char *json_path;
     const char *trace_path;
@@ -279,7 +280,8 @@ static void usage(FILE *out)
         "usage: ddo bench PATH | --layout FILE [--scale S] [--tokens T] [--steps N]\n"
         "                 [--case \"NAME [--ddo-* flags] [--steps N]\"]... [--ddo-* flags]\n"
         "                 [--json FILE] [--trace FILE] [--trace-steps N] [--no-resident]\n"
-        "                 [--bus-gib G] [--direct-gib G] [--synth-out FILE] [--keep-synth]\n"
+        "                 [--bus-gib G] [--direct-gib G] [--file-read-gbps F]\n"
+        "                 [--synth-out FILE] [--keep-synth]\n"
         "                 [--cpu-gbps B] [--cpu-gflops C] [--cpu-memory-gb M]\n\n"
         "Measures the bus limit (pinned host->device copies in 16 MiB pieces), the\n"
         "page-cache and O_DIRECT read speed of the checkpoint, the resident step time, and\n"
@@ -299,7 +301,10 @@ static void usage(FILE *out)
         "  --trace FILE     write a Chrome/Perfetto trace of --trace-steps extra steps per\n"
         "                   case (default 2)\n"
         "  --bus-gib G      bytes copied to measure the bus (default 4)\n"
-        "  --direct-gib G   bytes read with O_DIRECT to measure the file (default 2; 0 = off)\n");
+        "  --direct-gib G   bytes read with O_DIRECT to measure the file (default 2; 0 = off)\n"
+        "  --file-read-gbps F  the file's read rate the plans are given, GB/s (default: the\n"
+        "                   O_DIRECT rate measured here; weight_codec=auto reads a sidecar\n"
+        "                   when the plan is disk-bound, docs/codec.md)\n");
 }
 
 /* Splits a case's text "NAME --flag v ..." (whitespace separated; no quoting). */
@@ -532,6 +537,8 @@ static int case_plan(bench *b, ddo_config *cfg, case_result *r, ddo_plan **plan,
     in.bus_bytes_per_s = b->bus_bps;
     in.flops_per_s = 0;
     in.tokens = b->a->tokens;
+    /* The disk's rate: what weight_codec=auto asks whether the plan is disk-bound with. */
+    in.file_read_bytes_per_s = b->a->file_gbps > 0 ? b->a->file_gbps * 1e9 : b->direct_bps;
     if (rc == 0)
         rc = ddo_setup_plan(b->setup, b->ck, cfg, &in, plan);
     if (rc != 0) {
@@ -1045,8 +1052,9 @@ static int parse_args(int argc, char **argv, bench_args *a)
                 a->trace_steps = v;
             i++;
         } else if (strcmp(arg, "--scale") == 0 || strcmp(arg, "--bus-gib") == 0 ||
-                   strcmp(arg, "--direct-gib") == 0 || strcmp(arg, "--cpu-gbps") == 0 ||
-                   strcmp(arg, "--cpu-gflops") == 0 || strcmp(arg, "--cpu-memory-gb") == 0) {
+                   strcmp(arg, "--direct-gib") == 0 || strcmp(arg, "--file-read-gbps") == 0 ||
+                   strcmp(arg, "--cpu-gbps") == 0 || strcmp(arg, "--cpu-gflops") == 0 ||
+                   strcmp(arg, "--cpu-memory-gb") == 0) {
             int bad = 0;
             if (strcmp(arg, "--scale") == 0)
                 bad = tool_flag_real("bench", arg, val, 1e-6, 1.0, &a->scale);
@@ -1054,6 +1062,8 @@ static int parse_args(int argc, char **argv, bench_args *a)
                 bad = tool_flag_real("bench", arg, val, 0.0, TOOL_MAX_MEMORY_GB, &a->bus_gib);
             else if (strcmp(arg, "--direct-gib") == 0)
                 bad = tool_flag_real("bench", arg, val, 0.0, TOOL_MAX_MEMORY_GB, &a->direct_gib);
+            else if (strcmp(arg, "--file-read-gbps") == 0)
+                bad = tool_flag_real("bench", arg, val, 0.001, TOOL_MAX_GBPS, &a->file_gbps);
             else
                 bad = tool_device_flag("bench", arg, val, &a->cpu);
             if (bad != 0)

@@ -1,7 +1,7 @@
 /*
  * cmd_plan.c - `ddo plan PATH [--ddo-* flags] [--device-memory-gb N]
  * [--host-memory-gb N] [--bandwidth-gbps B] [--tflops T] [--tokens N] [--codec-ratio R]
- * [--decode-gbps D] [--json]`:
+ * [--decode-gbps D] [--file-read-gbps F] [--json]`:
  * what will be resident, streamed, retained and registered, the predicted
  * peak of every budget and the planner's decisions, before anything is
  * allocated. `--from-json FILE` prints a saved plan again.
@@ -26,7 +26,8 @@ static void usage(FILE *out)
         out,
         "usage: ddo plan PATH [--ddo-* flags] [--device-memory-gb N] [--host-memory-gb N]\n"
         "                [--bandwidth-gbps B] [--tflops T] [--tokens N] [--codec-ratio R]\n"
-        "                [--decode-gbps D] [--unit-compute FILE.json] [--json]\n"
+        "                [--decode-gbps D] [--file-read-gbps F] [--unit-compute FILE.json]\n"
+        "                [--json]\n"
         "       ddo plan --from-json FILE [--json]\n\n"
         "Prints the plan for a checkpoint: units in execution order with their bytes,\n"
         "placement, retention and predicted transfer/compute time; the predicted peak of\n"
@@ -40,6 +41,8 @@ static void usage(FILE *out)
         "                        ddo inspect --codec prints it (default per dtype, docs/codec.md)\n"
         "  --decode-gbps D       weight_codec: the decoder's output, GB/s (default: cuda 400,\n"
         "                        the cpu device 0.25)\n"
+        "  --file-read-gbps F    the checkpoint file's read rate, GB/s: prices re-reading\n"
+        "                        each unit, and the retained store keeps what would stall most\n"
         "  --unit-compute FILE   measured compute per unit, {\"unit\": seconds, ...} (a\n"
         "                        profile's recommendation unit_compute_s; docs/plan.md)\n"
         "  --json                the plan as JSON (docs/plan.md)\n"
@@ -144,12 +147,19 @@ static void print_table(const ddo_plan *plan, const char *path)
     bool codec = ddo_plan_info_get(plan, &info) == 0 &&
                  info.weight_codec == DDO_WEIGHT_CODEC_DDOC1 &&
                  tool_decision(plan, "codec_coded_streamed_gb") != NULL;
+    bool reread = false; /* the plan priced re-reads from the file */
+    for (size_t u = 0; u < nu && !reread; u++) {
+        double rs = 0.0;
+        reread = ddo_plan_unit_reread(plan, u, &rs, NULL) == 0 && rs > 0.0;
+    }
     printf("\nunits: %zu (execution order)\n", nu);
     printf("  %4s  %-44s %10s  %-9s %-9s", "#", "unit", "MiB", "placement", "host");
     if (codec)
         printf(" %10s", "coded MiB");
     if (cost_on)
-        printf(" %11s %11s  %s", "transfer ms", "compute ms", "hidden");
+        printf(" %11s %11s  %-*s", "transfer ms", "compute ms", reread ? 6 : 0, "hidden");
+    if (reread)
+        printf(" %8s %9s", "read ms", "stall ms");
     printf("\n");
     for (size_t u = 0; u < nu; u++) {
         ddo_unit_info ui;
@@ -165,8 +175,11 @@ static void print_table(const ddo_plan *plan, const char *path)
         if (codec && ddo_plan_unit_coded(plan, u, &coded, NULL) == 0)
             printf(" %10.2f", ui.resident ? 0.0 : (double)coded / 1048576.0);
         if (cost_on)
-            printf(" %11.3f %11.3f  %s", ui.transfer_s * 1e3, ui.compute_s * 1e3,
+            printf(" %11.3f %11.3f  %-*s", ui.transfer_s * 1e3, ui.compute_s * 1e3, reread ? 6 : 0,
                    ui.hidden ? "yes" : "no");
+        double rs = 0.0, st = 0.0;
+        if (reread && ddo_plan_unit_reread(plan, u, &rs, &st) == 0)
+            printf(" %8.3f %9.3f", rs * 1e3, st * 1e3);
         printf("\n");
     }
 
@@ -178,8 +191,9 @@ static void print_table(const ddo_plan *plan, const char *path)
            gib(bg.resident_bytes, c, sizeof(c)), bg.slot_count, gib(bg.slot_bytes, d, sizeof(d)),
            bg.device_weights_limit ? "; limit: " : "; no device limit known",
            bg.device_weights_limit && src ? src : "");
-    printf("  retained host    %s / %s\n", gib(bg.retained_peak, a, sizeof(a)),
-           bg.retained_limit ? gib(bg.retained_limit, b, sizeof(b)) : "no limit");
+    printf("  retained host    %s / %s%s\n", gib(bg.retained_peak, a, sizeof(a)),
+           bg.retained_limit ? gib(bg.retained_limit, b, sizeof(b)) : "no limit",
+           info.retained_by_stall ? "  (the units whose re-read would stall most)" : "");
     printf("  registered host  %s / %s\n", gib(bg.registered_peak, a, sizeof(a)),
            bg.registered_limit ? gib(bg.registered_limit, b, sizeof(b)) : "no limit");
     printf("  staging          %s  (%zu windows x %.0f MiB)\n", gib(bg.staging_peak, a, sizeof(a)),
@@ -226,7 +240,7 @@ static int emit(const ddo_plan *plan, bool json, const char *path)
 typedef struct plan_flags {
     const char *path, *from_json, *unit_compute;
     bool json;
-    double device_gb, host_gb, gbps, tflops, codec_ratio, decode_gbps;
+    double device_gb, host_gb, gbps, tflops, codec_ratio, decode_gbps, file_gbps;
     uint64_t tokens;
 } plan_flags;
 
@@ -255,6 +269,8 @@ static int parse_flags(int argc, char **argv, plan_flags *f)
             bad = tool_flag_real("plan", a, v, 0.001, 1.0, &f->codec_ratio), i++;
         else if (strcmp(a, "--decode-gbps") == 0)
             bad = tool_flag_real("plan", a, v, 0.001, TOOL_MAX_GBPS, &f->decode_gbps), i++;
+        else if (strcmp(a, "--file-read-gbps") == 0)
+            bad = tool_flag_real("plan", a, v, 0.001, TOOL_MAX_GBPS, &f->file_gbps), i++;
         else if (strcmp(a, "--from-json") == 0 && v != NULL)
             f->from_json = v, i++;
         else if (strcmp(a, "--unit-compute") == 0 && v != NULL)
@@ -318,6 +334,8 @@ static int plan_setup(ddo_config *cfg, const plan_flags *f, ddo_setup **setup, d
     in->codec_ratio = f->codec_ratio;
     if (f->decode_gbps > 0.0)
         in->decode_bytes_per_s = f->decode_gbps * 1e9;
+    if (f->file_gbps > 0.0)
+        in->file_read_bytes_per_s = f->file_gbps * 1e9;
     return 0;
 }
 

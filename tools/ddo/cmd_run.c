@@ -42,6 +42,7 @@ typedef struct run_args {
     const char *metrics_path;
     bool show_profile;
     ddo_cpu_options cpu;   /* --cpu-gbps, --cpu-gflops, --cpu-memory-gb */
+    double file_gbps;      /* --file-read-gbps: the file's read rate for the plan; 0 = unknown */
     uint64_t corrupt_step; /* DDO_TEST_CORRUPT: tests only; 0 = off */
 } run_args;
 
@@ -52,7 +53,8 @@ typedef struct run_result {
     uint64_t device_used_peak; /* device bytes in use above the baseline, sampled */
     uint64_t weights_peak;     /* the session's device_weights_peak_bytes */
     uint64_t total_bytes;
-    uint64_t device_used_after; /* above the baseline after the session was destroyed */
+    uint64_t device_used_after;  /* above the baseline after the session was destroyed */
+    double file_use_bytes_per_s; /* the steps' reads from the file: bytes / loader time; 0 = none */
 } run_result;
 
 /* "1.50 GiB", "12.0 MiB", "512 B" */
@@ -74,7 +76,8 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: ddo run PATH [--ddo-* flags] [--steps N] [--tokens T] [--verify]\n"
             "               [--metrics FILE] [--show-profile]\n"
-            "               [--cpu-gbps B] [--cpu-gflops C] [--cpu-memory-gb M]\n\n"
+            "               [--cpu-gbps B] [--cpu-gflops C] [--cpu-memory-gb M]\n"
+            "               [--file-read-gbps F]\n\n"
             "The reference host: streams PATH (a .safetensors or .gguf file, a sharded index,\n"
             "a model directory, or a Diffusers pipeline directory with model_index.json)\n"
             "through a ddo session and runs every 2-D weight's product Y = X W^T on the\n"
@@ -88,7 +91,9 @@ static void usage(FILE *out)
             "  --show-profile   print the profile table\n"
             "  --cpu-gbps B     cpu device: throttle copies to B GB/s (10^9 bytes/s)\n"
             "  --cpu-gflops C   cpu device: a unit's compute takes at least flops / C GFLOP/s\n"
-            "  --cpu-memory-gb M  cpu device: its memory size in GiB\n\n"
+            "  --cpu-memory-gb M  cpu device: its memory size in GiB\n"
+            "  --file-read-gbps F  the checkpoint file's read rate for the plan, GB/s (default:\n"
+            "                   the last calibration's): prices re-reads from the file\n\n"
             "The environment (DDO_*) applies first, then the --ddo-* flags; `ddo config --list`\n"
             "lists them. Pipeline components take their route from DDO_<COMPONENT>_ROUTE.\n");
 }
@@ -399,6 +404,8 @@ static int plan_inputs(const run_ctx *ctx, ddo_plan_inputs *in)
             in->bus_bytes_per_s = bus;
     }
     in->tokens = a->tokens;
+    if (a->file_gbps > 0.0)
+        in->file_read_bytes_per_s = a->file_gbps * 1e9;
     return 0;
 }
 
@@ -558,6 +565,74 @@ static int run_steps(const run_ctx *ctx, ddo_session *s, ref_host *host, ddo_str
     return 0;
 }
 
+/* weight_codec_cache_dir: what the sidecars did at setup when it was not the plain case (one
+ * line: a directory that could not be written, a sidecar ignored; docs/codec.md). */
+static void print_sidecar_note(ddo_session *s)
+{
+    ddo_metrics *m = NULL;
+    if (ddo_session_metrics(s, false, &m) != 0)
+        return;
+    const char *note = ddo_metrics_label(m, "codec_sidecar_note");
+    if (note != NULL && note[0] != '\0')
+        printf("  sidecar: %s\n", note);
+    ddo_metrics_destroy(m);
+}
+
+/* The steps' rate of reading from the file: the bytes staged from it over the loader's time in
+ * the loads that read it (reading and issuing their copies: a lower bound); 0 when none did. */
+static double file_use_rate(ddo_session *s, const ddo_plan *plan, const ddo_metrics *m)
+{
+    double ns = 0.0;
+    for (size_t u = 0; u < ddo_plan_unit_count(plan); u++) {
+        ddo_unit_waits w;
+        if (ddo_session_unit_waits(s, u, &w) == 0)
+            ns += (double)w.file_load_ns;
+    }
+    double bytes =
+        tool_metric(m, "bytes_staged_from_file") + tool_metric(m, "bytes_staged_from_sidecar");
+    return ns > 0.0 && bytes > 0.0 ? bytes / ns * 1e9 : 0.0;
+}
+
+/* The units whose acquires waited on a load that read the file, longest wait first (at most
+ * 8 lines): which units a disk slower than planned stalls, and for how long. */
+static void print_file_waits(ddo_session *s, const ddo_plan *plan)
+{
+    enum { SHOWN = 8 };
+    size_t top[SHOWN], shown = 0, units = 0;
+    uint64_t total = 0, ns[SHOWN];
+    for (size_t u = 0; u < ddo_plan_unit_count(plan); u++) {
+        ddo_unit_waits w;
+        if (ddo_session_unit_waits(s, u, &w) != 0 || w.file_waits == 0)
+            continue;
+        units++;
+        total += w.file_wait_ns;
+        /* Insert into the top list, longest first. */
+        size_t k = shown;
+        while (k > 0 && ns[k - 1] < w.file_wait_ns)
+            k--;
+        if (k == SHOWN)
+            continue;
+        size_t last = shown < SHOWN ? shown++ : SHOWN - 1;
+        memmove(&top[k + 1], &top[k], (last - k) * sizeof(top[0]));
+        memmove(&ns[k + 1], &ns[k], (last - k) * sizeof(ns[0]));
+        top[k] = u;
+        ns[k] = w.file_wait_ns;
+    }
+    if (units == 0)
+        return;
+    printf("  waited on the file: %zu unit%s, %.3f s in all\n", units, units == 1 ? "" : "s",
+           (double)total / 1e9);
+    for (size_t k = 0; k < shown; k++) {
+        ddo_unit_waits w;
+        ddo_unit_info ui;
+        if (ddo_session_unit_waits(s, top[k], &w) != 0 || ddo_plan_unit(plan, top[k], &ui) != 0)
+            continue;
+        printf("    %-40s %4" PRIu64 " waits %9.3f ms; %4" PRIu64 " loads from the file %9.3f ms\n",
+               ui.name, w.file_waits, (double)w.file_wait_ns / 1e6, w.file_loads,
+               (double)w.file_load_ns / 1e6);
+    }
+}
+
 /* A calibrating run: records what it measured (m, hs, res) in the workload's profile. */
 static int finish_profile(const run_ctx *ctx, const tool_profile *tp, ddo_config *cfg,
                           const ddo_metrics *m, const ref_host *host, const ref_host_stats *hs,
@@ -574,6 +649,10 @@ static int finish_profile(const run_ctx *ctx, const tool_profile *tp, ddo_config
     double read_ns = tool_metric(m, "setup_read_ns");
     if (read_ns > 0)
         cal.file_read_bytes_per_s = tool_metric(m, "setup_read_bytes") / read_ns * 1e9;
+    /* What re-reads from the file achieved during the steps wins: it is what the next plan
+     * prices them at (the setup's parallel reads of the store can be much faster). */
+    if (res->file_use_bytes_per_s > 0)
+        cal.file_read_bytes_per_s = res->file_use_bytes_per_s;
     uint64_t cns = ref_host_compute_ns(host);
     if (cns > 0 && hs->flops > 0)
         cal.flops_per_s = (double)hs->flops / ((double)cns / 1e9);
@@ -729,6 +808,7 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
     progress_state ps;
     if (create_session(ctx, plan, ck, cfg, &ps, &s) != 0)
         goto out;
+    print_sidecar_note(s);
     sample_used(ctx, res);
 
     if (create_host(ctx, ck, &host) != 0)
@@ -736,6 +816,7 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
 
     if (run_steps(ctx, s, host, stream, &o, &budgets, sums, res) != 0)
         goto out;
+    print_file_waits(s, plan);
 
     ref_host_stats hs;
     print_compute(host, &hs);
@@ -746,6 +827,7 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
         goto out;
     }
     res->weights_peak = (uint64_t)tool_metric(m, "device_weights_peak_bytes");
+    res->file_use_bytes_per_s = file_use_rate(s, plan, m);
     if (tp.calibrating && finish_profile(ctx, &tp, cfg, m, host, &hs, res) != 0)
         goto out;
     printf("  device weights peak %s (planned %s)\n",
@@ -1004,6 +1086,10 @@ static int parse_flags(int argc, char **argv, run_args *a)
         } else if (strcmp(arg, "--cpu-gbps") == 0 || strcmp(arg, "--cpu-gflops") == 0 ||
                    strcmp(arg, "--cpu-memory-gb") == 0) {
             if (tool_device_flag("run", arg, val, &a->cpu) != 0)
+                return -1;
+            i++;
+        } else if (strcmp(arg, "--file-read-gbps") == 0) {
+            if (tool_flag_real("run", arg, val, 0.001, TOOL_MAX_GBPS, &a->file_gbps) != 0)
                 return -1;
             i++;
         } else if (arg[0] == '-') {
