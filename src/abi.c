@@ -37,6 +37,7 @@ static const struct {
     DDO_ABI_SIZE_(ddo_plan_budgets),
     DDO_ABI_SIZE_(ddo_plan_info), /* written by the library, within its size */
     DDO_ABI_SIZE_(ddo_tensor_location),
+    DDO_ABI_SIZE_(ddo_unit_waits), /* written by the library */
     DDO_ABI_SIZE_(ddo_session_options),
     DDO_ABI_SIZE_(ddo_host_info),
     DDO_ABI_SIZE_(ddo_purge_result),
