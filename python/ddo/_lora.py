@@ -31,9 +31,13 @@ import contextlib
 import ctypes
 import functools
 import inspect
+import threading
 import warnings
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, NoReturn, Optional,
+                    Protocol, Sequence, Tuple)
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from . import _enums, _native, _torch
 from ._native import DdoError
@@ -53,8 +57,41 @@ OTHERS = ("unfuse_lora", "unmerge_adapter", "load_lora_adapter", "load_adapter",
           "set_adapter", "delete_adapters", "delete_adapter", "unload_lora", "enable_lora",
           "disable_lora", "enable_adapters", "disable_adapters")
 
+# A PEFT LoraLayer (a torch.nn.Module with base_layer, lora_A / lora_B ModuleDicts, scaling,
+# merged_adapters, get_delta_weight, merge, unmerge; is_lora_layer), duck-typed: PEFT is no
+# dependency of ddo, and its layer classes differ between PEFT versions.
+LoraLayer = Any
 
-def is_lora_layer(m):
+
+class _Entry(Protocol):
+    """The parts of a ddo tensor (offload.py's _Param) that the replay reads."""
+    index: int
+    name: str
+    params: List[torch.nn.Parameter]  # the Parameters (tied ones included) that show it
+    torch_dtype: torch.dtype
+    shape: Tuple[int, ...]
+    host: Optional[torch.Tensor]
+    placement: int
+
+
+class _Result(Protocol):
+    """The parts of an OffloadResult (offload.py) that Lora uses."""
+    module: torch.nn.Module
+    device: torch.device  # set before Lora is made
+    _handles: List[RemovableHandle]
+    _entry_of: Dict[int, _Entry]  # id(Parameter) -> its ddo tensor
+    _tensors: List[_Entry]
+    _lock: threading.Lock
+    _owner: Optional[List[int]]  # [thread ident, depth] while a forward runs
+    _state: str
+    _session: Optional[ctypes.c_void_p]
+
+    def _alive(self, what: str) -> None: ...
+    def _not_in_forward(self, what: str) -> None: ...
+    def _host_value(self, t: _Entry) -> torch.Tensor: ...
+
+
+def is_lora_layer(m: object) -> bool:
     """m has the parts of PEFT's LoraLayer that a merge uses."""
     return all(hasattr(m, a) for a in ("base_layer", "lora_A", "lora_B", "merged_adapters",
                                        "scaling", "get_delta_weight", "merge", "unmerge"))
@@ -64,34 +101,40 @@ class _Op:
     """One merge (+1) or unmerge (-1) of adapter on a base weight, as it was when made."""
     __slots__ = ("layer", "name", "sign", "safe", "scaling", "a_mod", "b_mod", "cast")
 
-    def __init__(self, layer, name, sign, safe):
+    def __init__(self, layer: LoraLayer, name: str, sign: int, safe: bool) -> None:
         self.layer, self.name, self.sign, self.safe = layer, name, sign, safe
-        self.scaling = layer.scaling[name]
-        self.a_mod, self.b_mod = layer.lora_A[name], layer.lora_B[name]
+        self.scaling: float = layer.scaling[name]
+        self.a_mod: torch.nn.Module = layer.lora_A[name]
+        self.b_mod: torch.nn.Module = layer.lora_B[name]
         # PEFT's unsafe merge adds the delta as computed in its Linear layer (``w += delta``)
         # and cast to the weight's dtype in its conv layers (``w += delta.to(dtype)``).
         self.cast = not isinstance(self.a_mod, torch.nn.Linear)
 
 
-def _base_weight(layer):
+def _base_weight(layer: LoraLayer) -> Optional[torch.Tensor]:
     base = layer.get_base_layer() if hasattr(layer, "get_base_layer") else layer.base_layer
-    return getattr(base, "weight", None)
+    w: Optional[torch.Tensor] = getattr(base, "weight", None)
+    return w
 
 
 class Lora:
     """The LoRA state of one OffloadResult: wrapped layers and the op log of each weight."""
 
-    def __init__(self, result):
+    def __init__(self, result: _Result) -> None:
         self.r = result
-        self.logs = {}       # ddo tensor index -> [_Op]
-        self.seen = {}       # ddo tensor index -> (loads of the bound copy, ops applied to it)
-        self.layers = {}     # id(layer) -> (layer, ddo tensor)
-        self.own_root = {}   # method name -> the module's own __dict__ entry (None: none)
+        # ddo tensor index -> [_Op]
+        self.logs: Dict[int, List[_Op]] = {}
+        # ddo tensor index -> (loads of the bound copy, ops applied to it)
+        self.seen: Dict[int, Tuple[int, int]] = {}
+        # id(layer) -> (layer, ddo tensor; None: a layer whose merge is refused)
+        self.layers: Dict[int, Tuple[LoraLayer, Optional[_Entry]]] = {}
+        # method name -> the module's own __dict__ entry (None: none)
+        self.own_root: Dict[str, object] = {}
         self.batch = 0       # inside a module-level call: bound copies caught up at its end
 
     # ---- installing ----
 
-    def install(self):
+    def install(self) -> None:
         m = self.r.module
         for name in MERGES + OTHERS:
             fn = getattr(m, name, None)
@@ -103,20 +146,20 @@ class Lora:
         # PEFT's inject_adapter_in_model / get_peft_model on the managed module leave its
         # peft_config changed: the next root forward takes the new layers over (a dict lookup
         # per forward; the tree is walked only when it changed).
-        self.peft_state = self._peft_state()
+        self.peft_state: Optional[Tuple[str, ...]] = self._peft_state()
         self.r._handles.append(m.register_forward_pre_hook(_torch.no_compile(self._pre_forward)))
 
-    def _peft_state(self):
+    def _peft_state(self) -> Optional[Tuple[str, ...]]:
         cfg = self.r.module.__dict__.get("peft_config")
         return tuple(cfg) if isinstance(cfg, dict) else None
 
-    def _pre_forward(self, module, args):
+    def _pre_forward(self, module: torch.nn.Module, args: Tuple[object, ...]) -> None:
         state = self._peft_state()
         if state != self.peft_state:
             self.peft_state = state
             self.sweep()
 
-    def sweep(self, adopt=True):
+    def sweep(self, adopt: bool = True) -> None:
         """Takes over the merges of every LoRA layer over a weight ddo manages. adopt: a layer
         found merged already (PEFT merged it before ddo saw the layer) has its merges logged
         where they reached a device copy that lasts (a resident one)."""
@@ -138,7 +181,7 @@ class Lora:
             if adopt and layer.merged_adapters and t.placement == _RESIDENT and self._bound(t):
                 self._adopt(layer, t)
 
-    def _adopt(self, layer, t):
+    def _adopt(self, layer: LoraLayer, t: _Entry) -> None:
         """PEFT merged layer into t's resident copy before ddo took the layer over: the merges
         are in that copy; logged (at the layer's scaling now, unsafe, as PEFT merges by
         default) so a fresh copy after a reload gets them too. (On a streamed weight PEFT's
@@ -151,7 +194,7 @@ class Lora:
                    if n in layer.lora_A.keys())
         self.seen[t.index] = (loads, len(log))
 
-    def _refuse_other(self, layer, lname):
+    def _refuse_other(self, layer: LoraLayer, lname: str) -> None:
         """A LoRA layer over managed weights other than one ``weight`` (PEFT's
         MultiheadAttention LoRA replaces in_proj_weight): its merge is refused by name."""
         base = layer.get_base_layer() if hasattr(layer, "get_base_layer") else layer.base_layer
@@ -160,7 +203,7 @@ class Lora:
             return
         self.layers[id(layer)] = (layer, None)
 
-        def refused(*args, **kwargs):
+        def refused(*args: object, **kwargs: object) -> NoReturn:
             raise DdoError("DDO_E_UNSUPPORTED", f"{lname}: a {type(layer).__name__} LoRA layer "
                            f"over {type(base).__name__} (no single weight to merge into), whose "
                            f"merge ddo does not replay; use it unmerged or merge it before "
@@ -168,12 +211,12 @@ class Lora:
         layer.__dict__["merge"] = refused
         layer.__dict__["unmerge"] = refused
 
-    def _root_method(self, name, fn):
+    def _root_method(self, name: str, fn: Callable[..., object]) -> Callable[..., object]:
         r = self.r
         kind = type(r.module).__name__
 
         @functools.wraps(fn)
-        def run(*args, **kwargs):
+        def run(*args: object, **kwargs: object) -> object:
             r._alive(name)
             r._not_in_forward(name)
             self.sweep()
@@ -207,21 +250,24 @@ class Lora:
         return run
 
     @contextlib.contextmanager
-    def _loading(self):
+    def _loading(self) -> Iterator[None]:
         """Inside the module's own LoRA methods, its load_state_dict (refused on a managed
         module: it would write into weights ddo uploads from the checkpoint) loads what touches
         no managed weight: the adapter's weights, as PEFT's set_peft_model_state_dict loads
         them (strict=False, on the module ddo manages)."""
         m = self.r.module
-        refused = m.__dict__.get("load_state_dict")
+        refused: Optional[Callable[..., object]] = m.__dict__.get("load_state_dict")
         if refused is None:
             yield
             return
+        refuse = refused  # not None: typed so for the function below
         managed = {n for n, p in m.named_parameters() if id(p) in self.r._entry_of}
 
-        def load_state_dict(state_dict, *args, **kwargs):
+        # strict (and torch 2's assign) passed on as given
+        def load_state_dict(state_dict: Mapping[str, object], *args: Any,
+                            **kwargs: Any) -> object:
             if any(k in managed for k in state_dict):
-                return refused(state_dict, *args, **kwargs)
+                return refuse(state_dict, *args, **kwargs)
             return type(m).load_state_dict(m, state_dict, *args, **kwargs)
         m.__dict__["load_state_dict"] = load_state_dict
         try:
@@ -229,7 +275,7 @@ class Lora:
         finally:
             m.__dict__["load_state_dict"] = refused
 
-    def teardown(self):
+    def teardown(self) -> None:
         """The wrappers removed (close)."""
         m = self.r.module
         for name, own in self.own_root.items():
@@ -242,7 +288,7 @@ class Lora:
             layer.__dict__.pop("unmerge", None)
         self.layers = {}
 
-    def host_copies(self):
+    def host_copies(self) -> None:
         """After close restored the host tensors: a host-memory module's merged weights get a
         copy with the log applied (the checkpoint's tensors stay as they are)."""
         for idx, log in self.logs.items():
@@ -259,20 +305,22 @@ class Lora:
 
     # ---- the layers' merge and unmerge ----
 
-    def _forward_running(self):
+    def _forward_running(self) -> bool:
         with self.r._lock:
             return self.r._owner is not None
 
-    def _bound(self, t):
+    def _bound(self, t: _Entry) -> bool:
         p = t.params[0]
         return self.r._state == "ready" and tuple(p.data.shape) == t.shape and \
             p.data.device == self.r.device
 
-    def _merge(self, layer, lname, own, *args, **kwargs):
+    def _merge(self, layer: LoraLayer, lname: str, own: Callable[..., object], *args: object,
+               **kwargs: object) -> None:
         _, t = self.layers[id(layer)]
+        assert t is not None  # sweep() wraps the merge of a layer over a managed weight only
         ba = inspect.signature(own).bind(*args, **kwargs)  # PEFT's own TypeError if not
         safe = bool(ba.arguments.get("safe_merge", False))
-        names = ba.arguments.get("adapter_names")
+        names: Optional[Sequence[str]] = ba.arguments.get("adapter_names")
         self._in_forward_check(t, lname, "merge")
         if names is None:
             names = layer.active_adapters
@@ -286,7 +334,7 @@ class Lora:
                           "All adapters are already merged, nothing to do.")
         todo = [n for n in todo if n in layer.lora_A.keys() or
                 n in getattr(layer, "lora_embedding_A", {})]
-        ops = []
+        ops: List[_Op] = []
         for n in todo:
             self._refuse_variants(layer, lname, n, t)
             op = _Op(layer, n, +1, safe)
@@ -298,8 +346,9 @@ class Lora:
         if ops and not self.batch and self._bound(t):
             self.catch_up(t)
 
-    def _unmerge(self, layer, lname, *args, **kwargs):
+    def _unmerge(self, layer: LoraLayer, lname: str, *args: object, **kwargs: object) -> None:
         _, t = self.layers[id(layer)]
+        assert t is not None  # sweep() wraps the unmerge of a layer over a managed weight only
         if args or kwargs:
             raise DdoError("DDO_E_INVALID_ARGUMENT", f"{lname}.unmerge() takes no adapter "
                            f"names: PEFT's unmerge takes every merged adapter out of the "
@@ -309,7 +358,7 @@ class Lora:
         if not layer.merged_adapters:
             warnings.warn("Already unmerged. Nothing to do.")
             return
-        ops = []
+        ops: List[_Op] = []
         for n in reversed(layer.merged_adapters):
             if n in layer.lora_A.keys():
                 ops.append(_Op(layer, n, -1, False))
@@ -319,13 +368,13 @@ class Lora:
             if not self.batch and self._bound(t):
                 self.catch_up(t)
 
-    def _in_forward_check(self, t, lname, what):
+    def _in_forward_check(self, t: _Entry, lname: str, what: str) -> None:
         if self._forward_running() and not self._bound(t):
             raise DdoError("DDO_E_BUSY", f"{lname}.{what}: a forward of "
                            f"{type(self.r.module).__name__} is running and this layer's base "
                            f"weight is off the device; {what} after the forward returns")
 
-    def _refuse_variants(self, layer, lname, n, t):
+    def _refuse_variants(self, layer: LoraLayer, lname: str, n: str, t: _Entry) -> None:
         """What a replay cannot reproduce faithfully: refused by name, nothing changed."""
         variant = getattr(layer, "lora_variant", {}).get(n)
         if variant is not None or getattr(layer, "use_dora", {}).get(n):
@@ -356,7 +405,7 @@ class Lora:
                            f"requantize on the device; use the adapter unmerged (applied after "
                            f"the layer's dequantization)")
 
-    def _check_delta(self, op, lname, t):
+    def _check_delta(self, op: _Op, lname: str, t: _Entry) -> None:
         """The merge's delta computed once, as PEFT computes it: its shape must be the
         weight's (else one line, nothing merged); a safe merge refuses a non-finite one."""
         try:
@@ -381,11 +430,11 @@ class Lora:
     # ---- replay ----
 
     @contextlib.contextmanager
-    def _as_at(self, op):
+    def _as_at(self, op: _Op) -> Iterator[None]:
         """The layer as it was when op was made: its scaling, its A/B modules (put back for
         the call where the adapter was deleted since), their weights on the device."""
         layer, n = op.layer, op.name
-        undo = []
+        undo: List[Tuple[torch.nn.ModuleDict, Optional[torch.nn.Module]]] = []
         had = n in layer.scaling
         old_scaling = layer.scaling.get(n)
         layer.scaling[n] = op.scaling
@@ -394,7 +443,7 @@ class Lora:
             if prev is not mod:
                 md[n] = mod
                 undo.append((md, prev))
-        shown = []
+        shown: List[Tuple[torch.nn.Parameter, torch.Tensor]] = []
         for mod in (op.a_mod, op.b_mod):
             for p in mod.parameters(recurse=True):
                 t = self.r._entry_of.get(id(p))
@@ -416,11 +465,12 @@ class Lora:
             else:
                 del layer.scaling[n]
 
-    def _delta(self, op):
+    def _delta(self, op: _Op) -> torch.Tensor:
         with self._as_at(op), torch.no_grad():
-            return op.layer.get_delta_weight(op.name)
+            delta: torch.Tensor = op.layer.get_delta_weight(op.name)
+            return delta
 
-    def _apply(self, w, op):
+    def _apply(self, w: torch.Tensor, op: _Op) -> None:
         """PEFT's arithmetic on w: unsafe merge ``w += delta`` (Linear; conv layers cast the
         delta first), safe merge ``w + delta.to(dtype)`` (the same bits as its clone, add and
         assign), unmerge ``w -= delta.to(dtype)``."""
@@ -435,14 +485,14 @@ class Lora:
             else:
                 w.add_(delta)
 
-    def _loads(self, t):
+    def _loads(self, t: _Entry) -> int:
         n = ctypes.c_uint64()
         L = _native.lib()
         _native.check(L.ddo_session_tensor_loads(self.r._session, t.index, ctypes.byref(n)),
                       L.ddo_session_error(self.r._session))
         return n.value
 
-    def catch_up(self, t):
+    def catch_up(self, t: _Entry) -> None:
         """t's bound device copy gets the ops of its log it has not had (all of them when it
         is fresh from the checkpoint), each once."""
         log = self.logs.get(t.index)
@@ -457,7 +507,7 @@ class Lora:
             self._apply(w, op)
         self.seen[t.index] = (loads, len(log))
 
-    def bound(self, tensors):
+    def bound(self, tensors: Iterable[_Entry]) -> None:
         """Called after tensors were bound to their device copies (a lease, the residents)."""
         if not self.logs:
             return
@@ -465,7 +515,7 @@ class Lora:
             if t.index in self.logs and t.placement != _SKIPPED and self._bound(t):
                 self.catch_up(t)
 
-    def flush(self):
+    def flush(self) -> None:
         """The end of a module-level call: bound copies (residents) catch up."""
         for idx in list(self.logs):
             t = self.r._tensors[idx]

@@ -10,11 +10,13 @@ ddo moves a parameter's stored bytes and never looks at their meaning:
 What ddo cannot move faithfully is refused with one line (refusal()).
 """
 
+from typing import Callable, ContextManager, Dict, List, Optional, Tuple, Type, TypeVar
+
 import torch
 
 # GGML type id -> (name, elements per block, bytes per block): the block types of the GGUF
 # reader (docs/formats.md); the plain ones are listed for the scratch estimate only.
-GGML_BLOCKS = {
+GGML_BLOCKS: Dict[int, Tuple[str, int, int]] = {
     0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
     6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36),
     10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
@@ -26,29 +28,33 @@ GGML_BLOCKS = {
     30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66),
     39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36),
 }
-_BY_NAME = {v[0]: v for v in GGML_BLOCKS.values()}
+_BY_NAME: Dict[str, Tuple[str, int, int]] = {v[0]: v for v in GGML_BLOCKS.values()}
 # Names of a layer's scale in the ComfyUI layouts (newer, older) and TorchAO-style modules.
 SCALE_NAMES = ("weight_scale", "scale_weight")
 _ROUTE_HINT = ("use the compatibility route (route='diffusers_group_offload' or 'none'), which "
                "keeps the module on the host's own path")
+# torch's stubs declare DisableTorchFunction without types (1.13: a bare def); it is a context
+# manager class: bound once through getattr, typed here.
+_no_torch_function: Callable[[], ContextManager[None]] = getattr(torch._C, "DisableTorchFunction")
+_P = TypeVar("_P", bound=torch.nn.Parameter)
 
 
-def is_param_subclass(p):
+def is_param_subclass(p: torch.Tensor) -> bool:
     """p is an instance of a strict subclass of torch.nn.Parameter (GGUFParameter)."""
     return type(p) is not torch.nn.Parameter and isinstance(p, torch.nn.Parameter) and \
         issubclass(type(p), torch.nn.Parameter)
 
 
-def plain_data(p):
+def plain_data(p: torch.Tensor) -> torch.Tensor:
     """p's data as a plain torch.Tensor over the same storage, read without the subclass's
     __torch_function__ (Diffusers' GGUFParameter wraps every result in its own type)."""
     if type(p) is torch.nn.Parameter:
         return p.data
-    with torch._C.DisableTorchFunction():
+    with _no_torch_function():
         return p.data
 
 
-def refusal(name, p, to_ddo):
+def refusal(name: str, p: torch.Tensor, to_ddo: Dict[torch.dtype, int]) -> Optional[str]:
     """None when ddo can move p's stored bytes faithfully; else one line saying why not and
     what to do."""
     kind = type(p).__name__
@@ -81,10 +87,11 @@ def refusal(name, p, to_ddo):
     return None
 
 
-def _held_tensors(p):
+def _held_tensors(p: torch.Tensor) -> str:
     """The name of an attribute of Parameter subclass p that holds tensors (directly, or in an
     object's attributes, one level down), or ""."""
-    for k, v in getattr(p, "__dict__", {}).items():
+    attrs: Dict[str, object] = getattr(p, "__dict__", {})
+    for k, v in attrs.items():
         if isinstance(v, torch.Tensor):
             return k
         inner = getattr(v, "__dict__", None)
@@ -93,12 +100,13 @@ def _held_tensors(p):
     return ""
 
 
-def unstreamable(module, to_ddo=None):
+def unstreamable(module: torch.nn.Module,
+                 to_ddo: Optional[Dict[torch.dtype, int]] = None) -> List[Tuple[str, str]]:
     """[(parameter name, one line)] of module's quantized parameters ddo cannot stream (a
     tensor subclass or torch's qint dtypes; routing.py names them in the route's reason).
     to_ddo (torch dtype -> ddo dtype) is asked of the library only when such a parameter is
     there: a plain model needs no library for this."""
-    out = []
+    out: List[Tuple[str, str]] = []
     for name, p in module.named_parameters():
         if type(p) is torch.nn.Parameter and not p.is_quantized:
             continue  # a plain tensor: enable_offload's own checks name what is wrong
@@ -111,12 +119,13 @@ def unstreamable(module, to_ddo=None):
     return out
 
 
-def _block_of(p):
+def _block_of(p: torch.Tensor) -> Optional[Tuple[int, int]]:
     """(elements, bytes) per block of a GGUF-like Parameter's quant_type, or None."""
     qt = getattr(p, "quant_type", None)
     if qt is None:
         return None
-    entry = _BY_NAME.get(getattr(qt, "name", None))
+    qname = getattr(qt, "name", None)  # an enum member's (GGMLQuantizationType); an int has none
+    entry = _BY_NAME.get(qname) if isinstance(qname, str) else None
     if entry is None:
         try:
             entry = GGML_BLOCKS.get(int(qt))
@@ -125,7 +134,7 @@ def _block_of(p):
     return None if entry is None else entry[1:]
 
 
-def _compute_bytes(module):
+def _compute_bytes(module: torch.nn.Module) -> int:
     """Bytes per element of the dtype module computes in: its compute_dtype attribute
     (Diffusers' GGUF and layerwise-casting layers), else its scale's float dtype, else 2
     (bf16/f16, what the hosts compute quantized layers in)."""
@@ -139,7 +148,7 @@ def _compute_bytes(module):
     return 2
 
 
-def dequantized_bytes(module, pname, p):
+def dequantized_bytes(module: torch.nn.Module, pname: str, p: torch.Tensor) -> int:
     """The bytes of parameter pname of module dequantized at the compute dtype, or 0 when it
     is not a quantized weight: a GGUF-like Parameter (quant_type), a float8 dtype, or the
     ComfyUI layout's weight (uint8 or float8 bytes with a weight_scale / scale_weight)."""
@@ -158,7 +167,7 @@ def dequantized_bytes(module, pname, p):
     return n * _compute_bytes(module)
 
 
-def largest_scratch(module):
+def largest_scratch(module: torch.nn.Module) -> Tuple[int, str]:
     """(bytes, parameter name) of the largest quantized weight dequantized at its compute
     dtype: what the host's dequantization allocates on the device beside ddo's slots."""
     best, where = 0, ""
@@ -170,11 +179,19 @@ def largest_scratch(module):
     return best, where
 
 
-def detached_like(p, host):
+def detached_like(p: torch.Tensor, host: torch.Tensor) -> torch.Tensor:
     """What an unmanaged module's state_dict() holds for a Parameter subclass p whose values
     are host: the same type with p's attributes (torch's p.detach() keeps the subclass)."""
-    if not is_param_subclass(p):
+    if not isinstance(p, torch.nn.Parameter) or not is_param_subclass(p):
         return host
-    q = torch.Tensor._make_subclass(type(p), host, False)
+    return subclass_like(p, host, False)
+
+
+def subclass_like(p: _P, t: torch.Tensor, requires_grad: bool) -> _P:
+    """A Parameter over t of p's own type (a Parameter subclass) with p's attributes."""
+    # torch's stubs disagree on _make_subclass (1.13: a method of the instance returning
+    # Tensor; 2.x: a static method returning the class given): reached through getattr.
+    make: Callable[[Type[_P], torch.Tensor, bool], _P] = getattr(torch.Tensor, "_make_subclass")
+    q = make(type(p), t, requires_grad)
     q.__dict__.update(p.__dict__)
     return q

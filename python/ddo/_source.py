@@ -216,9 +216,7 @@ def _like(p: torch.nn.Parameter, t: torch.Tensor) -> torch.nn.Parameter:
     from . import _quant
     if not _quant.is_param_subclass(p):
         return torch.nn.Parameter(t, requires_grad=p.requires_grad)
-    q = torch.Tensor._make_subclass(type(p), t, p.requires_grad)
-    q.__dict__.update(p.__dict__)
-    return q
+    return _quant.subclass_like(p, t, p.requires_grad)
 
 
 def _quant_subclass(p: torch.Tensor) -> bool:
