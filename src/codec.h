@@ -60,8 +60,13 @@ typedef struct ddo__codec_params {
     unsigned threads;     /* encoder worker threads (pin_cpu_workers); 0 or 1: the calling thread */
 } ddo__codec_params;
 
-/* True when the codec codes dtype (BF16, F16, F32); every other dtype is stored raw. */
+/* True when the codec codes dtype (BF16, F16, F32: the exponent symbol; the FP8 weight dtypes:
+ * the whole byte); every other dtype is stored raw. */
 bool ddo__codec_codes_dtype(ddo_dtype dtype);
+
+/* True for the coded dtypes of one byte (F8_E4M3, F8_E5M2 and their FNUZ variants), whose
+ * Huffman blocks code each element's whole byte and have no raw plane. */
+bool ddo__codec_codes_bytes(ddo_dtype dtype);
 
 /* True when a tensor of dtype and nbytes is one the codec tries to code (a coded dtype, not
  * empty, a whole number of elements): the rule the planner, the store and the sidecars share. */
