@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """fp8_entropy.py - what ddo's lossless weight codec (DDOC) saves on FP8 E4M3 weights, against
-the entropy bounds an FP8 coder could reach (docs/formats.md, "FP8 and the weight codec").
+the entropy bounds an FP8 coder could reach (docs/formats.md, "FP8 and the weight codec";
+docs/codec.md, "FP8").
 
 Weights: normal(0, 0.02) matrices of Flux.1-dev's block shapes (dim 3072: four 3072 x 3072
 attention projections, a 12288 x 3072 MLP up and a 3072 x 12288 MLP down per block), each
@@ -8,9 +9,13 @@ scaled per tensor into E4M3's range (max |w| -> 448) and rounded to the nearest 
 ComfyUI's scaled-FP8 checkpoints are made; written as a ComfyUI-layout safetensors file
 (F8_E4M3 weights, F32 weight_scale). Then:
   ddoc      `ddo inspect --codec --json FILE`: DDOC's coded / raw bytes of the F8_E4M3 tensors
+            (each element's whole byte Huffman-coded, docs/codec.md)
+  huffman   the whole-byte Huffman code of the same counts without DDOC's layout (no lane
+            table, padding or headers): DDOC's cost over it is its layout
   H(byte)   the order-0 entropy of the E4M3 bytes: no coder of single bytes does better
+  sign-free the sign raw, the other 7 bits entropy-coded: 1 + H(byte & 0x7F) bits
   exp-split sign and 3 mantissa bits raw, the 4 exponent bits entropy-coded (DFloat11's split,
-            which DDOC applies to BF16 and an FP8 coder would apply here): 4 + H(exponent) bits
+            which DDOC applies to BF16): 4 + H(exponent) bits
 
     DDO_BIN=build/ddo python3 bench/fp8_entropy.py [--blocks 2] [--out FILE.json]
 (torch only; torch 1.13 works: the bytes are made through a table of the 256 E4M3 values.)
@@ -18,6 +23,7 @@ ComfyUI's scaled-FP8 checkpoints are made; written as a ComfyUI-layout safetenso
 
 import argparse
 import ctypes
+import heapq
 import json
 import math
 import os
@@ -62,6 +68,20 @@ def entropy(counts):
     return float(-(p * p.log2()).sum())
 
 
+def huffman_bits(counts):
+    """Mean code length (bits per symbol) of a Huffman code of counts (no length limit)."""
+    heap = [(int(c), i, [i]) for i, c in enumerate(counts.tolist()) if c > 0]
+    depth = [0] * len(counts)
+    heapq.heapify(heap)
+    while len(heap) > 1:
+        a, b = heapq.heappop(heap), heapq.heappop(heap)
+        for s in a[2] + b[2]:
+            depth[s] += 1
+        heapq.heappush(heap, (a[0] + b[0], min(a[1], b[1]), a[2] + b[2]))
+    n = int(counts.sum())
+    return sum(depth[i] * int(c) for i, c in enumerate(counts.tolist())) / n
+
+
 def write_comfy(path, tensors):
     header, off = {}, 0
     for name, t in tensors.items():
@@ -99,6 +119,8 @@ def main():
     for byte in range(256):
         exp[(byte >> 3) & 15] += counts[byte]
     h_byte, h_exp = entropy(counts), entropy(exp)
+    mag = counts[:128] + counts[128:]
+    h_mag, huff = entropy(mag), huffman_bits(counts)
     ddo = os.environ.get("DDO_BIN", "build/ddo")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "fp8.safetensors")
@@ -108,13 +130,19 @@ def main():
     f8 = next(x for x in json.loads(out)["dtypes"] if x["dtype"] == "F8_E4M3")
     res = {"elements": int(counts.sum()), "ddoc_ratio": f8["ratio"],
            "ddoc_saved": 1 - f8["ratio"], "h_byte_bits": h_byte,
-           "byte_bound_saved": 1 - h_byte / 8, "h_exponent_bits": h_exp,
+           "byte_bound_saved": 1 - h_byte / 8, "huffman_bits": huff,
+           "huffman_saved": 1 - huff / 8, "sign_free_saved": 1 - (1 + h_mag) / 8,
+           "h_exponent_bits": h_exp,
            "exp_split_saved": 1 - (4 + h_exp) / 8}
     print(f"{res['elements']:,} E4M3 weights ({a.blocks} blocks of dim {d})")
     print(f"  DDOC (ddo inspect --codec): coded/raw {f8['ratio']:.4f}, saves "
           f"{100 * res['ddoc_saved']:.2f} %")
+    print(f"  whole-byte Huffman, no layout: {huff:.3f} bits/byte, saves "
+          f"{100 * res['huffman_saved']:.2f} %")
     print(f"  order-0 byte entropy      : {h_byte:.3f} bits/byte, bound saves "
           f"{100 * res['byte_bound_saved']:.2f} %")
+    print(f"  sign raw + H(7 bits)      : {1 + h_mag:.3f} bits/byte, saves "
+          f"{100 * res['sign_free_saved']:.2f} %")
     print(f"  exponent split (4 raw + H): H(exp) {h_exp:.3f} bits, saves "
           f"{100 * res['exp_split_saved']:.2f} %")
     if a.out:

@@ -395,6 +395,17 @@ static void test_fp8_adversarial(void)
         for (uint64_t i = 0; i < n; i++) /* all 256 values, skewed: some codes at 12 bits */
             v[i] = (uint8_t)(rnd() % 3 ? i % 2 : (i % 64 == 0 ? rnd() : rnd() % 16));
         round_trip(v, n, dt, GROUP, 3, NULL);
+        /* Byte k with probability 2^-(k+1) (the trailing zeros of i + 1): a Huffman code 17 bits
+         * deep, cut to 12; about 2 bits per element, as the unlimited code */
+        for (uint64_t i = 0; i < n; i++) {
+            uint8_t tz = 0;
+            for (uint64_t x = i + 1; (x & 1) == 0; x >>= 1)
+                tz++;
+            v[i] = (uint8_t)(tz * 37u);
+        }
+        len = round_trip(v, n, dt, GROUP, 2, &c);
+        T_CHECK_MSG(len < n / 4 + n / 50, "geometric: %llu bytes", (unsigned long long)len);
+        free(c);
     }
     /* Other one-byte dtypes stay raw, however compressible. */
     memset(v, 0, n);
