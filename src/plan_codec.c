@@ -10,13 +10,13 @@
  *   weight_codec=ddoc1  the codec; a device without a decoder refuses the plan (one line)
  *
  * What is coded: the retained file tensors of streamed units whose dtype the codec codes
- * (BF16, F16, F32, the FP8 weights), and with weight_codec_cache_dir set the non-retained ones too
- * (streamed from their sidecar's coded streams, session_codec.c coded_file; their staging windows
- * stay sized by raw bytes, a stream being shorter than its tensor); the session's store
- * (source_codec.c) keeps a tensor raw when its coded stream would not be smaller. Coded sizes are
- * known only once the store is encoded, so the plan's retained and registered figures stay those of
- * the raw bytes (setup reads them raw before coding; the store then gives back what coding saved)
- * and the plan adds:
+ * (BF16, F16, F32, FP8), and with weight_codec_cache_dir set the non-retained ones too (streamed
+ * from their sidecar's coded streams, session_codec.c coded_file; their staging windows stay
+ * sized by raw bytes, a stream being shorter than its tensor); the session's store (source_codec.c)
+ * keeps a tensor raw when its coded stream would not be smaller. Coded sizes are known only once
+ * the store is encoded, so the plan's retained and registered figures stay those of the raw bytes
+ * (setup reads them raw before coding; the store then gives back what coding saved) and the plan
+ * adds:
  *
  *   device     the session's decode memory: DDO_CODEC_DECODE_AREAS areas, used in turn (the
  *              copy stream uploads a batch of a unit's coded tensors into one while the decode
@@ -376,15 +376,13 @@ int ddo__plan_codec(builder *b)
     codec_need n;
     measure(b, &n);
     if (n.candidates == 0 && !explicit_codec)
-        return fall_back(b,
-                         "auto: no retained BF16/F16/F32/FP8 tensor streams (all resident or not "
-                         "retained; vmm_runtime keeps no retained store): nothing to code");
+        return fall_back(b, "auto: no retained tensor streams of a coded dtype (all resident or "
+                            "not retained; vmm_runtime keeps none): nothing to code");
     if (n.candidates == 0)
-        ddo__decisions_set_str(
-            d, "weight_codec_note",
-            "ddoc1: no retained BF16/F16/F32/FP8 tensor streams (all resident or "
-            "not retained; vmm_runtime keeps no retained store): nothing to "
-            "code, weights move raw");
+        ddo__decisions_set_str(d, "weight_codec_note",
+                               "ddoc1: no retained tensor streams of a coded dtype (all resident "
+                               "or not retained; vmm_runtime keeps none): nothing to code, "
+                               "weights move raw");
     ddo_plan_budgets *bg = &p->budgets;
     uint64_t area = 0;
     if (n.candidates > 0)
