@@ -1,7 +1,8 @@
 /*
  * codec.c - ddo's lossless weight codec (codec.h): format DDOC v1, the
  * encoder (canonical length-limited Huffman on the 8-bit exponent symbol of
- * each element, sign and mantissa raw, 32 lane streams per group), the plan
+ * each element, sign and mantissa raw; FP8: the whole byte, nothing raw; 32
+ * lane streams per group), the plan
  * (full validation of a stream's structure) and the C reference decoder,
  * which is also what the cpu device runs as its "device" decoder.
  *

@@ -1,6 +1,7 @@
 /*
  * codec_encode.c - the DDOC v1 encoder (format: codec.c): per block, the
- * symbols' histogram, length-limited Huffman code lengths, the lane streams
+ * symbols' histogram (FP8: of the bytes themselves), length-limited Huffman
+ * code lengths (package-merge where a Huffman code is too deep), the lane streams
  * and the raw plane (or a raw block where coding does not pay), blocks encoded
  * in parallel by worker threads into fixed slots, then packed into the stream.
  */
