@@ -1,7 +1,8 @@
 /*
  * codec.c - ddo's lossless weight codec (codec.h): format DDOC v1, the
  * encoder (canonical length-limited Huffman on the 8-bit exponent symbol of
- * each element, sign and mantissa raw, 32 lane streams per group), the plan
+ * each element, sign and mantissa raw; FP8: the whole byte, nothing raw; 32
+ * lane streams per group), the plan
  * (full validation of a stream's structure) and the C reference decoder,
  * which is also what the cpu device runs as its "device" decoder.
  *
@@ -70,7 +71,15 @@ static bool all_zero(const uint8_t *p, uint64_t n)
 
 bool ddo__codec_codes_dtype(ddo_dtype dtype)
 {
-    return dtype == DDO_DTYPE_BF16 || dtype == DDO_DTYPE_F16 || dtype == DDO_DTYPE_F32;
+    return dtype == DDO_DTYPE_BF16 || dtype == DDO_DTYPE_F16 || dtype == DDO_DTYPE_F32 ||
+           ddo__codec_codes_bytes(dtype);
+}
+
+/* The FP8 weight dtypes: each element's whole byte is the symbol (no raw plane). */
+bool ddo__codec_codes_bytes(ddo_dtype dtype)
+{
+    return dtype == DDO_DTYPE_F8_E4M3 || dtype == DDO_DTYPE_F8_E5M2 ||
+           dtype == DDO_DTYPE_F8_E4M3FNUZ || dtype == DDO_DTYPE_F8_E5M2FNUZ;
 }
 
 bool ddo__codec_codes_tensor(ddo_dtype dtype, uint64_t nbytes)
@@ -149,7 +158,9 @@ uint64_t ddo__codec_area_bytes(uint64_t largest_stream, uint64_t largest_unit, u
 /* Rebuilds element e from its symbol and raw bytes. */
 static void join(uint8_t sym, const uint8_t *r, uint32_t esize, uint8_t *e)
 {
-    if (esize == 2) {
+    if (esize == 1) {
+        e[0] = sym;
+    } else if (esize == 2) {
         e[0] = (uint8_t)((r[0] & 0x7F) | (sym & 1) << 7);
         e[1] = (uint8_t)((r[0] & 0x80) | sym >> 1);
     } else {
@@ -319,7 +330,7 @@ static int check_block(const uint8_t *c, const stream_hdr *h, uint32_t b, uint64
         ddo__codec_rd32(blk + 8) != n || blk[6] || blk[7] || ddo__codec_rd32(blk + 20) != 0 ||
         rd64(blk + 32) != 0 || len % 16 != 0 || len > h->coded_bytes - off ||
         mode > DDO_CODEC_MODE_HUFF ||
-        (mode == DDO_CODEC_MODE_HUFF && (h->esize == 1 || exp_bytes % 4 != 0)))
+        (mode == DDO_CODEC_MODE_HUFF && (!ddo__codec_codes_dtype(h->dtype) || exp_bytes % 4 != 0)))
         return BAD("codec: tensor `%s`: block %" PRIu32 ": header invalid", nm, b);
     uint64_t want = mode == DDO_CODEC_MODE_RAW ? ddo__codec_raw_block_bytes(bytes)
                                                : ddo__codec_layout_of(n, h->esize, exp_bytes).total;
@@ -463,8 +474,7 @@ static uint64_t locate_block(const uint8_t *src, uint64_t src_bytes, const ddo__
         return UINT64_MAX;
     if (blk[4] == DDO_CODEC_MODE_RAW)
         return len >= DDO_CODEC_BLOCK_HEADER + (uint64_t)n * l->esize ? off : UINT64_MAX;
-    if (l->esize == 1 || exp_bytes % 4 != 0 ||
-        ddo__codec_layout_of(n, l->esize, exp_bytes).total > len)
+    if (exp_bytes % 4 != 0 || ddo__codec_layout_of(n, l->esize, exp_bytes).total > len)
         return UINT64_MAX;
     return off;
 }

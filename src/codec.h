@@ -7,15 +7,17 @@
  * blocks of block_elems elements, each coded on its own. For BF16, F16 and
  * F32 an element is split into an 8-bit symbol (BF16/F32: the exponent; F16:
  * the exponent and the top 3 mantissa bits) and its remaining bits (sign and
- * mantissa, kept raw: 1 byte per element for 16-bit types, 3 for F32). The
- * symbols are coded with a canonical Huffman code of at most 12 bits per
- * block, in 32 interleaved lane streams per group of 32768 elements (element
- * k*32+l of a group belongs to lane l), each lane's byte offset in a table, so
- * a device decodes every lane in parallel with one table lookup per element.
- * A block that would not get smaller, and every block of any other dtype, is
- * stored raw. Every block carries its element count, a 64-bit checksum of its
- * decoded bytes and a hash of its metadata; the stream header carries a hash
- * of itself and of the block directory, so corruption anywhere is detected.
+ * mantissa, kept raw: 1 byte per element for 16-bit types, 3 for F32). For
+ * the FP8 weight dtypes (F8_E4M3, F8_E5M2, their FNUZ variants) the symbol is
+ * the whole byte and nothing is kept raw. The symbols are coded with a
+ * canonical Huffman code of at most 12 bits per block, in 32 interleaved
+ * lane streams per group of 32768 elements (element k*32+l of a group belongs
+ * to lane l), each lane's byte offset in a table, so a device decodes every
+ * lane in parallel with one table lookup per element. A block that would not
+ * get smaller, and every block of any other dtype, is stored raw. Every
+ * block carries its element count, a 64-bit checksum of its decoded bytes and
+ * a hash of its metadata; the stream header carries a hash of itself and of
+ * the block directory, so corruption anywhere is detected.
  *
  * The checksum of n decoded bytes is sum over 32-bit little-endian words w_i
  * (the last zero-padded) of fmix64(w_i | i << 32), modulo 2^64: each term
@@ -60,8 +62,13 @@ typedef struct ddo__codec_params {
     unsigned threads;     /* encoder worker threads (pin_cpu_workers); 0 or 1: the calling thread */
 } ddo__codec_params;
 
-/* True when the codec codes dtype (BF16, F16, F32); every other dtype is stored raw. */
+/* True when the codec codes dtype (BF16, F16, F32: the exponent symbol; the FP8 weight dtypes:
+ * the whole byte); every other dtype is stored raw. */
 bool ddo__codec_codes_dtype(ddo_dtype dtype);
+
+/* True for the coded dtypes of one byte (F8_E4M3, F8_E5M2 and their FNUZ variants), whose
+ * Huffman blocks code each element's whole byte and have no raw plane. */
+bool ddo__codec_codes_bytes(ddo_dtype dtype);
 
 /* True when a tensor of dtype and nbytes is one the codec tries to code (a coded dtype, not
  * empty, a whole number of elements): the rule the planner, the store and the sidecars share. */

@@ -32,6 +32,7 @@
 #define DDO_PLAN_CODEC_RATIO_BF16       0.67
 #define DDO_PLAN_CODEC_RATIO_F16        0.85
 #define DDO_PLAN_CODEC_RATIO_F32        0.83
+#define DDO_PLAN_CODEC_RATIO_F8         0.83
 #define DDO_PLAN_DECODE_BYTES_PER_S     400e9
 #define DDO_PLAN_CPU_DECODE_BYTES_PER_S 0.25e9
 /* weight_codec=auto codes only when the coded step is predicted this much shorter. */

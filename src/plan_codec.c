@@ -10,7 +10,7 @@
  *   weight_codec=ddoc1  the codec; a device without a decoder refuses the plan (one line)
  *
  * What is coded: the retained file tensors of streamed units whose dtype the codec codes
- * (BF16, F16, F32), and with weight_codec_cache_dir set the non-retained ones too (streamed
+ * (BF16, F16, F32, FP8), and with weight_codec_cache_dir set the non-retained ones too (streamed
  * from their sidecar's coded streams, session_codec.c coded_file; their staging windows stay
  * sized by raw bytes, a stream being shorter than its tensor); the session's store (source_codec.c)
  * keeps a tensor raw when its coded stream would not be smaller. Coded sizes are known only once
@@ -78,7 +78,7 @@ bool ddo__plan_codec_candidate(const ddo_tensor_info *ti, bool retained)
 
 uint64_t ddo__plan_codec_status_bytes(const ddo_tensor_info *ti)
 {
-    uint64_t esize = ti->dtype == DDO_DTYPE_F32 ? 4 : 2;
+    uint64_t esize = ddo_dtype_size(ti->dtype) ? ddo_dtype_size(ti->dtype) : 1; /* FP8: 1 */
     uint64_t elems = ti->nbytes / esize;
     uint64_t blocks = (elems + DDO_CODEC_DEFAULT_BLOCK - 1) / DDO_CODEC_DEFAULT_BLOCK;
     return 16 * blocks;
@@ -202,7 +202,8 @@ static uint64_t coded_estimate(const builder *b, const ddo_tensor_info *ti)
     double r = b->in.codec_ratio > 0.0       ? b->in.codec_ratio
                : ti->dtype == DDO_DTYPE_BF16 ? DDO_PLAN_CODEC_RATIO_BF16
                : ti->dtype == DDO_DTYPE_F16  ? DDO_PLAN_CODEC_RATIO_F16
-                                             : DDO_PLAN_CODEC_RATIO_F32;
+               : ti->dtype == DDO_DTYPE_F32  ? DDO_PLAN_CODEC_RATIO_F32
+                                             : DDO_PLAN_CODEC_RATIO_F8;
     double est = (double)ti->nbytes * r;
     return est < (double)ti->nbytes ? (uint64_t)est + 1 : ti->nbytes;
 }
@@ -264,9 +265,9 @@ static void estimate(builder *b)
     ddo__decisions *d = &p->decisions;
     char text[32];
     snprintf(text, sizeof(text), "%.4f", b->in.codec_ratio > 0.0 ? b->in.codec_ratio : -1.0);
-    ddo__decisions_set_str(d, "codec_ratio_estimate",
-                           b->in.codec_ratio > 0.0 ? text
-                                                   : "per dtype: BF16 0.67, F16 0.85, F32 0.83");
+    ddo__decisions_set_str(
+        d, "codec_ratio_estimate",
+        b->in.codec_ratio > 0.0 ? text : "per dtype: BF16 0.67, F16 0.85, F32 0.83, FP8 0.83");
     ddo__decisions_set_str(d, "codec_ratio_source", b->in.codec_ratio > 0.0 ? "inputs" : "default");
     ddo__decisions_set_gb(d, "codec_raw_streamed_gb", raw);
     ddo__decisions_set_gb(d, "codec_coded_streamed_gb", coded);
@@ -433,13 +434,13 @@ int ddo__plan_codec(builder *b)
     codec_need n;
     measure(b, &n);
     if (n.candidates == 0 && !explicit_codec)
-        return fall_back(b, "auto: no retained BF16/F16/F32 tensor streams (all resident or not "
-                            "retained; vmm_runtime keeps no retained store): nothing to code");
+        return fall_back(b, "auto: no retained tensor streams of a coded dtype (all resident or "
+                            "not retained; vmm_runtime keeps none): nothing to code");
     if (n.candidates == 0)
         ddo__decisions_set_str(d, "weight_codec_note",
-                               "ddoc1: no retained BF16/F16/F32 tensor streams (all resident or "
-                               "not retained; vmm_runtime keeps no retained store): nothing to "
-                               "code, weights move raw");
+                               "ddoc1: no retained tensor streams of a coded dtype (all resident "
+                               "or not retained; vmm_runtime keeps none): nothing to code, "
+                               "weights move raw");
     ddo_plan_budgets *bg = &p->budgets;
     uint64_t area = 0;
     if (n.candidates > 0)

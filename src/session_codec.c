@@ -141,7 +141,7 @@ static bool device_decodes(const ddo_session *s, const char **why)
 /* The status bytes of a stream of the default block size decoding to nbytes of dtype. */
 static uint64_t default_status_bytes(ddo_dtype dtype, uint64_t nbytes)
 {
-    uint64_t esize = dtype == DDO_DTYPE_F32 ? 4 : 2;
+    uint64_t esize = ddo_dtype_size(dtype) ? ddo_dtype_size(dtype) : 1; /* FP8: 1 */
     uint64_t blocks = (nbytes / esize + DDO_CODEC_DEFAULT_BLOCK - 1) / DDO_CODEC_DEFAULT_BLOCK;
     return 16 * blocks;
 }

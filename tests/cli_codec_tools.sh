@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # cli_codec_tools.sh - the weight codec's tools on the cpu device: `ddo inspect --codec` (coded
-# / raw per dtype and block group on `ddo synth --values normal` and uniform values, a random-
+# / raw per dtype and block group on `ddo synth --values normal` (FP8 too) and uniform values, a random-
 # bits BF16 tensor stored raw, other dtypes raw, the same figures for 1 and 2 threads, JSON),
 # `ddo plan --ddo-weight-codec ddoc1` with the estimated coded bytes and transfer times
 # (--codec-ratio, --decode-gbps, the defaults) and `ddo bench`'s codec figures.
@@ -59,13 +59,15 @@ f32=$(jget "$T/n1.json" '[x["ratio"] for x in d["dtypes"] if x["dtype"]=="F32"][
 f8=$(jget "$T/n1.json" '[x["ratio"] for x in d["dtypes"] if x["dtype"]=="F8_E4M3"][0]')
 check "normal values: BF16 codes below 0.8 ($bf)" 'lt "$bf" 0.8'
 check "normal values: F16 ($f16) and F32 ($f32) code below 0.9" 'lt "$f16" 0.9 && lt "$f32" 0.9'
-check "F8 is not a coded dtype: ratio 1 ($f8)" '[ "$f8" = "1.0" ]'
+check "normal values: F8_E4M3 (whole bytes) codes below 0.9 ($f8)" 'lt "$f8" 0.9'
 groups=$(jget "$T/n1.json" '",".join(g["group"] for g in d["groups"])')
 check "groups: the planner's prefixes and (root) ($groups)" '[ "$groups" = "blocks,single,(root)" ]'
 check "the groups add up to the total" \
     '[ "$(jget "$T/n1.json" "sum(g[\"coded_bytes\"] for g in d[\"groups\"]) == d[\"total\"][\"coded_bytes\"]")" = True ]'
 "$DDO_BIN" inspect --codec --json "$T/uniform.safetensors" >"$T/u.json" 2>&1
 ub=$(jget "$T/u.json" '[x["ratio"] for x in d["dtypes"] if x["dtype"]=="BF16"][0]')
+uf8=$(jget "$T/u.json" '[x["ratio"] for x in d["dtypes"] if x["dtype"]=="F8_E4M3"][0]')
+check "uniform F8 values (random bytes): kept raw, ratio 1 ($uf8)" '[ "$uf8" = "1.0" ]'
 # uniform values: 4 exponents (2 bits) and a raw byte: about 10/16 of the bytes
 check "uniform values (exponents 120..123): BF16 codes to about 0.63 ($ub)" 'near "$ub" 0.63 0.02'
 
@@ -85,7 +87,7 @@ check "random bits: stored raw, ratio 1 ($rr, kept raw $kept)" '[ "$rr" = "1.0" 
 
 "$DDO_BIN" inspect --codec --verify --json "$T/normal.safetensors" >"$T/v.json" 2>&1; rc=$?
 nv=$(jget "$T/v.json" 'd["verified_streams"]')
-ncoded=$(jget "$T/v.json" 'sum(x["tensors"] for x in d["dtypes"] if x["dtype"] in ("BF16", "F16", "F32"))')
+ncoded=$(jget "$T/v.json" 'sum(x["tensors"] for x in d["dtypes"] if x["dtype"] in ("BF16", "F16", "F32", "F8_E4M3"))')
 check "inspect --codec --verify: every stream of a coded dtype decoded bit-identical ($nv of $ncoded)" \
     '[ $rc -eq 0 ] && [ "$nv" = "$ncoded" ] && [ "$(jget "$T/v.json" "d[\"decoder_gb_per_s_per_thread\"] > 0")" = True ]'
 "$DDO_BIN" inspect --codec --verify "$T/random.safetensors" >"$T/vr.txt" 2>&1; rc=$?

@@ -14,6 +14,7 @@
 #include "t.h"
 
 #include <dirent.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +48,8 @@ typedef struct fx_opts {
                                     then ff; 0 = 2 (attn and ff) */
     const char *random_tensor;   /* with trained: this tensor holds random bits (the codec keeps
                                     it raw) */
+    bool fp8;                    /* every tensor F8_E4M3 (one byte per element; with trained:
+                                    Gaussian values scaled to E4M3's range and rounded) */
 } fx_opts;
 
 typedef struct fx {
@@ -99,6 +102,39 @@ static inline void fx_fill_trained(fx *f)
         }
 }
 
+/* The E4M3 code nearest to x (|x| clamped to 448; ties away from zero: a fixture, not a cast). */
+static inline unsigned char fx_e4m3(double x)
+{
+    double a = x < 0 ? -x : x;
+    unsigned code;
+    if (a < 0.015625) { /* subnormal: m / 8 * 2^-6 (m = 8 is the smallest normal, code 8) */
+        code = (unsigned)(a * 512.0 + 0.5);
+    } else {
+        int e = 0;
+        double m = frexp(a, &e) * 2.0; /* a = m * 2^(e - 1), 1 <= m < 2 */
+        unsigned q = (unsigned)((m - 1.0) * 8.0 + 0.5);
+        code = (unsigned)(e - 1 + 7) * 8u + q; /* q = 8 carries into the exponent */
+        code = code > 0x7Eu ? 0x7Eu : code;
+    }
+    return (unsigned char)(code | (x < 0 && code != 0 ? 0x80u : 0u));
+}
+
+/* fx_opts.trained with fx_opts.fp8: the same Gaussian, its largest possible magnitude (3.46
+ * standard deviations) scaled to 448, each value rounded to E4M3. */
+static inline void fx_fill_trained_fp8(fx *f)
+{
+    uint64_t z = 0x9E3779B97F4A7C15ull;
+    for (size_t t = 0; t < f->nt; t++)
+        for (size_t j = 0; j < f->sizes[t]; j++) {
+            double sum = 0;
+            for (int k = 0; k < 4; k++) {
+                z = z * 6364136223846793005ull + 1442695040888963407ull;
+                sum += (double)(z >> 11) / 9007199254740992.0;
+            }
+            f->bytes[t][j] = fx_e4m3((sum - 2.0) * 224.0);
+        }
+}
+
 /* What byte j of local tensor t holds with salt. */
 static inline unsigned char fx_want(const fx *f, size_t t, size_t j, unsigned salt)
 {
@@ -113,9 +149,10 @@ static inline int fx_write_file(fx *f)
     n += (size_t)sprintf(hdr + n, "{");
     for (size_t t = 0; t < f->nt; t++) {
         n += (size_t)sprintf(hdr + n,
-                             "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[%llu,%llu],"
+                             "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%llu,%llu],"
                              "\"data_offsets\":[%llu,%llu]}",
-                             t ? "," : "", f->names[t], (unsigned long long)f->shapes[t][0],
+                             t ? "," : "", f->names[t], f->o.fp8 ? "F8_E4M3" : "F32",
+                             (unsigned long long)f->shapes[t][0],
                              (unsigned long long)f->shapes[t][1], (unsigned long long)off,
                              (unsigned long long)(off + f->sizes[t]));
         off += f->sizes[t];
@@ -146,7 +183,7 @@ static inline void fx_add(fx *f, const char *name, uint64_t rows, uint64_t cols)
     f->names[t] = strdup(name);
     f->shapes[t][0] = rows;
     f->shapes[t][1] = cols;
-    f->sizes[t] = rows * cols * 4;
+    f->sizes[t] = rows * cols * (f->o.fp8 ? 1 : 4);
     f->bytes[t] = malloc(f->sizes[t]);
 }
 
@@ -199,7 +236,9 @@ static inline int fx_create(fx *f, const fx_opts *o)
     }
     fx_add(f, "head.weight", 8, 16); /* small: resident */
     fx_fill(f, 0);
-    if (f->o.trained)
+    if (f->o.trained && f->o.fp8)
+        fx_fill_trained_fp8(f);
+    else if (f->o.trained)
         fx_fill_trained(f);
     for (size_t t = 0; f->o.trained && f->o.random_tensor != NULL && t < f->nt; t++)
         if (strcmp(f->names[t], f->o.random_tensor) == 0) {
@@ -225,7 +264,7 @@ static inline int fx_create(fx *f, const fx_opts *o)
         ddo_tensor_desc d[FX_MAX_TENSORS];
         for (size_t t = 0; t < f->nt; t++) {
             d[t].name = f->names[t];
-            d[t].dtype = DDO_DTYPE_F32;
+            d[t].dtype = f->o.fp8 ? DDO_DTYPE_F8_E4M3 : DDO_DTYPE_F32;
             d[t].ndim = 2;
             d[t].shape = f->shapes[t];
             d[t].data = f->bytes[t];

@@ -1,7 +1,8 @@
 /*
  * test_gpu_codec.c - the codec's device decoder on a real GPU: decodes on the
  * cuda device bit-identical to the C reference (every coded dtype, partial
- * groups and blocks, raw blocks, all 65,536 BF16 patterns), nothing written
+ * groups and blocks, raw blocks, all 65,536 BF16 patterns; FP8 whole-byte
+ * streams and their decode rate), nothing written
  * outside the destination, corrupt input (payload, lane table, header)
  * detected through the status words, batches (several tensors of every dtype
  * in one launch, each written only into its own range, a corrupted middle
@@ -355,6 +356,100 @@ static void test_throughput(void)
     free(v);
 }
 
+/* FP8 bytes (E4M3 when e4m3, else E5M2): Gaussian values scaled so that the largest
+ * magnitude Box-Muller gives here (5.8 standard deviations) is the format's largest finite
+ * value, rounded to the nearest code (ties away from zero). */
+static void normal_fp8(uint8_t *v, uint64_t n, bool e4m3)
+{
+    int mb = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+    double top = e4m3 ? 448.0 : 57344.0, sub = ldexp(1.0, 1 - bias);
+    unsigned maxc = e4m3 ? 0x7Eu : 0x7Bu;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t r = rnd();
+        double u1 = ((double)(r >> 40) + 0.5) / 16777216.0,
+               u2 = (double)(r & 0xFFFFFF) / 16777216.0;
+        double x = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2) * top / 5.8, a = fabs(x);
+        unsigned c;
+        if (a < sub) {
+            c = (unsigned)(a / sub * (1 << mb) + 0.5);
+        } else {
+            int e = 0;
+            double m = frexp(a, &e) * 2.0;
+            c = (unsigned)(e - 1 + bias) * (1u << mb) + (unsigned)((m - 1.0) * (1 << mb) + 0.5);
+        }
+        c = c > maxc ? maxc : c;
+        v[i] = (uint8_t)(c | (x < 0 && c != 0 ? 0x80u : 0u));
+    }
+}
+
+/* FP8 streams (whole-byte Huffman blocks, element size 1): normal-derived E4M3 and E5M2 and
+ * their FNUZ variants at partial groups and blocks, one repeated byte (1-bit codes), codes cut
+ * to 12 bits, all 256 values (raw blocks), decoded on the device bit-identical to the source;
+ * corruption detected; and the decode rate of 256 MiB of E4M3 printed. */
+static void test_fp8(void)
+{
+    static const uint64_t counts[] = { 1, 3, 31, 1000, GROUP + 1, 9 * GROUP + 4097 };
+    const ddo_dtype types[] = { DDO_DTYPE_F8_E4M3, DDO_DTYPE_F8_E5M2, DDO_DTYPE_F8_E4M3FNUZ,
+                                DDO_DTYPE_F8_E5M2FNUZ };
+    uint64_t big = 9 * GROUP + 4097;
+    uint8_t *v = malloc(big);
+    for (size_t t = 0; t < DDO_ARRAY_LEN(types); t++)
+        for (size_t k = 0; k < DDO_ARRAY_LEN(counts); k++) {
+            normal_fp8(v, counts[k], t % 2 == 0);
+            check_same(v, counts[k], types[t], 2 * GROUP);
+        }
+    memset(v, 0x38, big);
+    check_same(v, big, DDO_DTYPE_F8_E4M3, 2 * GROUP);
+    for (uint64_t i = 0; i < big; i++) {
+        uint8_t tz = 0; /* byte k with probability 2^-(k+1): codes 18 deep, cut to 12 */
+        for (uint64_t x = i + 1; (x & 1) == 0; x >>= 1)
+            tz++;
+        v[i] = (uint8_t)(tz * 37u);
+    }
+    check_same(v, big, DDO_DTYPE_F8_E5M2, 2 * GROUP);
+    for (uint64_t i = 0; i < big; i++)
+        v[i] = (uint8_t)(i * 167u + 3);
+    check_same(v, big, DDO_DTYPE_F8_E4M3, 2 * GROUP);
+    /* corruption of the payload of block 1 of a coded FP8 stream */
+    normal_fp8(v, big, true);
+    uint64_t len = 0;
+    uint8_t *coded = encode(v, big, DDO_DTYPE_F8_E4M3, 2 * GROUP, &len), *out = malloc(big);
+    T_REQUIRE(coded != NULL);
+    dstream d;
+    T_REQUIRE(dstream_open(&d, coded, len) == 0);
+    T_EQ_INT(d.plan->blocks[1].mode, DDO_CODEC_MODE_HUFF);
+    ddo__errbuf eb = { 0, "" };
+    coded[d.plan->blocks[1].coded_offset + 9000] ^= 0x21;
+    T_EQ_INT(ddo__dev_copy_h2d(g_dev, d.src, coded, len, g_stream), 0);
+    T_EQ_INT(dstream_decode(&d, out, &eb), DDO_E_FORMAT);
+    T_CONTAINS(eb.msg, "block 1 of");
+    dstream_close(&d);
+    free(coded);
+    free(out);
+    free(v);
+    /* throughput: 256 MiB of normal-derived E4M3 in one stream */
+    uint64_t bytes = 256 * MIB;
+    v = malloc(bytes);
+    normal_fp8(v, bytes, true);
+    coded = encode(v, bytes, DDO_DTYPE_F8_E4M3, 0, &len);
+    T_REQUIRE(coded != NULL);
+    T_REQUIRE(dstream_open(&d, coded, len) == 0);
+    out = malloc(bytes);
+    double med = 0, best = 0;
+    time_decode(&d, 8, &med, &best);
+    bool ok = dstream_decode(&d, out, &eb) == 0 && memcmp(out, v, bytes) == 0;
+    T_CHECK_MSG(ok, "FP8 256 MiB: %s", eb.msg);
+    printf("codec decode throughput, F8_E4M3 (normal-derived, ratio %.4f), %llu MiB, 8 warps: "
+           "%.1f GB/s median, %.1f best, %s\n",
+           (double)len / (double)bytes, (unsigned long long)(bytes / MIB), med, best,
+           ok ? "identical" : "DIFFERS");
+    fflush(stdout);
+    dstream_close(&d);
+    free(out);
+    free(coded);
+    free(v);
+}
+
 /* A batch on the device: n coded tensors packed in one source buffer (256-byte offsets),
  * their outputs packed in one destination buffer, their status areas adjacent. */
 typedef struct dbatch {
@@ -468,11 +563,11 @@ static long dbatch_decode(dbatch *b, size_t per, uint64_t area, uint8_t *const *
  * the same tensors in one launch each give the same bytes. */
 static void test_batch_bit_identical(void)
 {
-    enum { N = 7 };
-    const ddo_dtype dt[N] = { DDO_DTYPE_BF16, DDO_DTYPE_F32,  DDO_DTYPE_U8, DDO_DTYPE_BF16,
-                              DDO_DTYPE_F16,  DDO_DTYPE_BF16, DDO_DTYPE_F32 };
-    const uint64_t elems[N] = { 3 * GROUP + 17, GROUP + 1, 1000, 9 * GROUP + 4097, 31,
-                                5 * GROUP,      2 * GROUP };
+    enum { N = 8 };
+    const ddo_dtype dt[N] = { DDO_DTYPE_BF16, DDO_DTYPE_F32,  DDO_DTYPE_U8,  DDO_DTYPE_BF16,
+                              DDO_DTYPE_F16,  DDO_DTYPE_BF16, DDO_DTYPE_F32, DDO_DTYPE_F8_E4M3 };
+    const uint64_t elems[N] = { 3 * GROUP + 17, GROUP + 1, 1000,         9 * GROUP + 4097, 31,
+                                5 * GROUP,      2 * GROUP, 3 * GROUP + 5 };
     uint8_t *raw[N], *coded[N];
     uint64_t len[N];
     for (size_t i = 0; i < N; i++) {
@@ -482,6 +577,8 @@ static void test_batch_bit_identical(void)
         if (i == 5)
             for (uint64_t k = GROUP; k < 2 * GROUP; k++)
                 ((uint16_t *)raw[i])[k] = (uint16_t)rnd(); /* a raw block */
+        if (dt[i] == DDO_DTYPE_F8_E4M3)
+            normal_fp8(raw[i], bytes, true);
         coded[i] = encode(raw[i], bytes, dt[i], 2 * GROUP, &len[i]);
         T_REQUIRE(coded[i] != NULL);
     }
@@ -672,6 +769,7 @@ int main(int argc, char **argv)
     T_RUN(test_bit_identical);
     T_RUN(test_patterns_and_raw);
     T_RUN(test_corrupt_detected);
+    T_RUN(test_fp8);
     T_RUN(test_batch_bit_identical);
     T_RUN(test_throughput);
     T_RUN(test_batch_throughput);

@@ -8,7 +8,8 @@
  * end in clean errors with every account back at zero. Batches: a unit of many coded tensors
  * decodes in fewer launches than tensors (codec_launches), batches split at the batch size,
  * at a full area and never at a raw tensor, a corrupted middle tensor of a batch is named,
- * the status comes back by one asynchronous copy per load.
+ * the status comes back by one asynchronous copy per load. An FP8 checkpoint is coded
+ * whole-byte the same way.
  *
  * ctest-labels: unit threads
  */
@@ -46,13 +47,10 @@ static uint64_t streamed_bytes(fx *f)
     return sum;
 }
 
-/* One session with the codec on a route that retains (linear_runtime, vmm_fast_runtime). */
-static void coded_case(const char *route, const char *codec, int pin, int slots)
+/* One session of o with the codec on a route that retains (linear_runtime, vmm_fast_runtime). */
+static void coded_case_of(const char *what, int slots, fx_opts o)
 {
-    char what[96];
-    snprintf(what, sizeof(what), "%s %s pin=%d slots=%d", route, codec, pin, slots);
     fx f;
-    fx_opts o = codec_opts(route, codec, pin != 0, slots);
     T_REQUIRE(fx_create(&f, &o) == 0);
     T_CHECK_MSG(f.rc == 0, "%s", what);
     T_REQUIRE(f.rc == 0);
@@ -89,6 +87,53 @@ static void coded_case(const char *route, const char *codec, int pin, int slots)
                 "%s: copy_bytes", what);
     T_CHECK(fx_metric(&f, "bytes_from_registered") == 0);
     T_CHECK(fx_metric(&f, "bytes_staged_from_retained") == 0);
+    fx_destroy(&f);
+}
+
+static void coded_case(const char *route, const char *codec, int pin, int slots)
+{
+    char what[96];
+    snprintf(what, sizeof(what), "%s %s pin=%d slots=%d", route, codec, pin, slots);
+    coded_case_of(what, slots, codec_opts(route, codec, pin != 0, slots));
+}
+
+/* An FP8 checkpoint (every tensor F8_E4M3, the block weights Gaussian scaled to E4M3's range):
+ * its streamed weights are coded whole-byte, the bus carries fewer bytes than the decoder
+ * writes, and every step's bytes are identical to the file's (fx_two_steps checks each byte),
+ * from a file and from a caller's host tensors (what the Python binding builds). */
+static void test_fp8_checkpoint_is_coded(void)
+{
+    static const char *const codecs[] = { "ddoc1", "auto" };
+    for (size_t r = 0; r < 2; r++)
+        for (size_t c = 0; c < DDO_ARRAY_LEN(codecs); c++)
+            for (int file = 0; file < 2; file++)
+                for (int slots = 2; slots <= 4; slots += 2) {
+                    char what[96];
+                    snprintf(what, sizeof(what), "FP8 %s %s file=%d slots=%d", routes[r], codecs[c],
+                             file, slots);
+                    fx_opts o = codec_opts(routes[r], codecs[c], c == 0, slots);
+                    o.fp8 = true;
+                    o.file = file != 0;
+                    o.cols = 1024; /* 64 x 1024 bytes: two groups of 32,768 */
+                    coded_case_of(what, slots, o);
+                }
+    /* Random bytes (one tensor) and fx_byte patterns of FP8 stay raw where coding does not pay,
+     * delivered bit for bit beside the coded ones. */
+    fx f;
+    fx_opts o = codec_opts("vmm_fast_runtime", "ddoc1", false, 4);
+    o.fp8 = true;
+    o.cols = 1024;
+    o.random_tensor = "blocks.1.ff.weight";
+    T_REQUIRE(fx_create(&f, &o) == 0);
+    T_REQUIRE(f.rc == 0);
+    T_EQ_STR(ddo_plan_decision_get(f.plan, "weight_codec"), "ddoc1");
+    T_CHECK(fx_metric(&f, "setup_codec_raw_tensors") == 1);
+    size_t t = fx_tensor(&f, "blocks.1.ff.weight");
+    T_CHECK(ddo__source_coded(f.s->source, t) == NULL);
+    T_CHECK(ddo__source_coded(f.s->source, fx_tensor(&f, "blocks.1.attn.weight")) != NULL);
+    fx_two_steps(&f, "FP8 random tensor");
+    T_CHECK(ddo_session_synchronize(f.s) == 0);
+    T_CHECK(fx_metric(&f, "bytes_coded_uploaded") < fx_metric(&f, "bytes_decoded"));
     fx_destroy(&f);
 }
 
@@ -632,6 +677,7 @@ static void test_faults_in_batches(void)
 int main(void)
 {
     T_RUN(test_every_route_is_bit_identical);
+    T_RUN(test_fp8_checkpoint_is_coded);
     T_RUN(test_corrupted_stream_is_detected);
     T_RUN(test_faults_during_decode);
     T_RUN(test_faults_during_encode);

@@ -5,7 +5,7 @@
  * codec_sidecar_hits) and delivers the same bytes; a changed checkpoint gets a new one; a
  * corrupted, truncated, foreign or oversized sidecar is ignored with a note naming it, the
  * store is coded the normal way and the bytes stay identical; an unwritable directory is a
- * note; faults while reading a sidecar end cleanly.
+ * note; faults while reading a sidecar end cleanly. An FP8 checkpoint's streams go through it too.
  *
  * ctest-labels: unit threads
  */
@@ -101,6 +101,26 @@ static void test_second_setup_uses_sidecar(void)
                 T_EQ_U64(second[k], first[k]);
             fx_destroy(&f);
         }
+}
+
+/* An FP8 checkpoint (F8_E4M3 weights, whole-byte streams): the sidecar holds their streams and
+ * the second setup takes the whole store from it, the same bytes delivered. */
+static void test_fp8_sidecar(void)
+{
+    fx_clear_sidecars(cache);
+    fx f;
+    fx_opts o = side_opts("vmm_fast_runtime", false, true);
+    o.fp8 = true;
+    o.cols = 1024;
+    T_REQUIRE(fx_create(&f, &o) == 0);
+    expect_encoded(&f, "FP8 first");
+    double coded = fx_metric(&f, "setup_coded_bytes"), raw = fx_metric(&f, "setup_encode_bytes");
+    T_CHECK_MSG(coded > 0 && coded < 0.9 * raw, "FP8: %g of %g", coded, raw);
+    T_CHECK(fx_sidecars(cache, NULL, 0) == 1);
+    resession(&f);
+    expect_sidecar(&f, "FP8 second");
+    T_CHECK(fx_metric(&f, "codec_sidecar_read_bytes") == coded);
+    fx_destroy(&f);
 }
 
 /* Tensors that coding does not shrink are kept raw in the table: not coded again. */
@@ -299,6 +319,7 @@ int main(void)
     if (mkdtemp(cache) == NULL)
         return 1;
     T_RUN(test_second_setup_uses_sidecar);
+    T_RUN(test_fp8_sidecar);
     T_RUN(test_raw_entries);
     T_RUN(test_changed_checkpoint_gets_new_sidecar);
     T_RUN(test_damaged_sidecar_is_ignored);

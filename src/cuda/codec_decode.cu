@@ -101,7 +101,7 @@ static __device__ void locate(const unsigned char *src, u64 src_bytes, u32 n_blo
         u64 groups = (n + GROUP_ELEMS - 1) / GROUP_ELEMS;
         u64 raw_off = TABLE_OFF + pad16((groups * LANES + 1) * 4);
         u64 total = raw_off + pad16((u64)n * (esize - 1)) + pad16(exp_bytes);
-        if (esize == 1 || (exp_bytes & 3) != 0 || total > len)
+        if ((exp_bytes & 3) != 0 || total > len)
             return;
     }
     bi->off = off;
@@ -225,7 +225,10 @@ static __device__ u64 decode_group(const unsigned char *blk, u32 n, u32 exp_byte
             buf >>= len;
             nb -= len;
             u32 sym = ent & 0xff;
-            if (ESIZE == 2) {
+            if (ESIZE == 1) {
+                v = sym;
+                out[g0 + idx] = (unsigned char)v;
+            } else if (ESIZE == 2) {
                 u32 r = __ldg(raw + idx);
                 v = (r & 0x80) << 8 | sym << 7 | (r & 0x7f);
                 ((unsigned short *)out)[g0 + idx] = (unsigned short)v;
@@ -236,7 +239,13 @@ static __device__ u64 decode_group(const unsigned char *blk, u32 n, u32 exp_byte
                 ((u32 *)out)[g0 + idx] = v;
             }
         }
-        if (ESIZE == 2) {
+        if (ESIZE == 1) {
+            u32 w = v | __shfl_down_sync(0xffffffffu, v, 1) << 8 |
+                    __shfl_down_sync(0xffffffffu, v, 2) << 16 |
+                    __shfl_down_sync(0xffffffffu, v, 3) << 24;
+            if (act && (lane & 3) == 0)
+                sum += fmix64((u64)w | (u64)((g0 + idx) / 4) << 32);
+        } else if (ESIZE == 2) {
             u32 pv = __shfl_down_sync(0xffffffffu, v, 1);
             if (act && (lane & 1) == 0)
                 sum += fmix64((u64)(v | pv << 16) | (u64)((g0 + idx) / 2) << 32);
@@ -296,7 +305,9 @@ static __device__ __forceinline__ void decode_cta(const kdesc &x, u32 cta)
         } else {
             u32 warps = blockDim.x / 32, g = part * warps + threadIdx.x / 32;
             if ((u64)g * GROUP_ELEMS < n) {
-                if (x.esize == 2)
+                if (x.esize == 1)
+                    sum = decode_group<1>(blk, n, bi.exp_bytes, g, lut, out, &flags);
+                else if (x.esize == 2)
                     sum = decode_group<2>(blk, n, bi.exp_bytes, g, lut, out, &flags);
                 else
                     sum = decode_group<4>(blk, n, bi.exp_bytes, g, lut, out, &flags);

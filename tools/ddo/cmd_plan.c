@@ -37,7 +37,7 @@ static void usage(FILE *out)
         "  --bandwidth-gbps B    host->device bus bandwidth, GB/s (1e9 bytes/s)\n"
         "  --tflops T            compute rate, TFLOP/s\n"
         "  --tokens N            activation rows per unit for the cost model (default 4096)\n"
-        "  --codec-ratio R       weight_codec: coded/raw of the BF16/F16/F32 tensors, as\n"
+        "  --codec-ratio R       weight_codec: coded/raw of the BF16/F16/F32/FP8 tensors, as\n"
         "                        ddo inspect --codec prints it (default per dtype, docs/codec.md)\n"
         "  --decode-gbps D       weight_codec: the decoder's output, GB/s (default: cuda 400,\n"
         "                        the cpu device 0.25)\n"

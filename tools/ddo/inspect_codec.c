@@ -253,7 +253,7 @@ static int ic_print(const ddo_checkpoint *ck, const ic_run *r, unsigned threads,
         if (gs[g].tensors > 0)
             sum_line(g < ng ? ddo_checkpoint_block_group(ck, g)->prefix : "(root)", &gs[g]);
     sum_line("total", &total);
-    printf("\ncodec_ratio %.4f (coded / raw over the BF16, F16 and F32 tensors; "
+    printf("\ncodec_ratio %.4f (coded / raw over the BF16, F16, F32 and FP8 tensors; "
            "ddo plan --codec-ratio takes it)\n",
            ratio_of(&codable));
     if (r->verify)

@@ -126,6 +126,24 @@ static uint16_t f16_of(double v)
 
 #define GOLDEN 0x9E3779B97F4A7C15ull
 
+/* The FP8 code nearest to x (E4M3: bias 7, 3 mantissa bits, largest 448 = 0x7E; E5M2: bias 15,
+ * 2 bits, largest 57344 = 0x7B; ties away from zero), |x| clamped to the largest. */
+static uint8_t fp8_of(double x, bool e4m3)
+{
+    int mb = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+    unsigned top = e4m3 ? 0x7Eu : 0x7Bu, c;
+    double a = fabs(x), sub = ldexp(1.0, 1 - bias);
+    if (a < sub) {
+        c = (unsigned)(a / sub * (1 << mb) + 0.5);
+    } else {
+        int e = 0;
+        double m = frexp(a, &e) * 2.0; /* a = m * 2^(e - 1), 1 <= m < 2 */
+        c = (unsigned)(e - 1 + bias) * (1u << mb) + (unsigned)((m - 1.0) * (1 << mb) + 0.5);
+    }
+    c = c > top ? top : c;
+    return (uint8_t)(c | (x < 0 && c != 0 ? 0x80u : 0u));
+}
+
 /* Word k of a tensor with normal values: 16-bit types take two draws per word, wider one. */
 static uint64_t normal_word(uint64_t state, uint64_t k, ddo_dtype dt, double sd)
 {
@@ -146,6 +164,16 @@ static uint64_t normal_word(uint64_t state, uint64_t k, ddo_dtype dt, double sd)
         gauss_pair(mix64(state + (k + 1) * GOLDEN), sd, &v[0], &v[1]);
         memcpy(&w, &v[0], 8);
         return w;
+    case DDO_DTYPE_F8_E4M3:
+    case DDO_DTYPE_F8_E5M2: { /* scaled per tensor as FP8 checkpoints are: 5.8 sd -> largest */
+        double top = dt == DDO_DTYPE_F8_E4M3 ? 448.0 : 57344.0;
+        for (uint64_t j = 0; j < 4; j++) {
+            gauss_pair(mix64(state + (4 * k + j + 1) * GOLDEN), top / 5.8, &v[0], &v[1]);
+            for (int i = 0; i < 2; i++)
+                w |= (uint64_t)fp8_of(v[i], dt == DDO_DTYPE_F8_E4M3) << (16 * j + 8 * (uint64_t)i);
+        }
+        return w;
+    }
     default:
         return shape_word(mix64(state + (k + 1) * GOLDEN), dt);
     }
