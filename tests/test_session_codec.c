@@ -126,7 +126,7 @@ static void test_fp8_checkpoint_is_coded(void)
     o.random_tensor = "blocks.1.ff.weight";
     T_REQUIRE(fx_create(&f, &o) == 0);
     T_REQUIRE(f.rc == 0);
-    T_EQ_STR(ddo_plan_decision_get(f.plan, "weight_codec"), "ddoc1");
+    T_EQ_STR(ddo__plan_decision_get(f.plan, "weight_codec"), "ddoc1");
     T_CHECK(fx_metric(&f, "setup_codec_raw_tensors") == 1);
     size_t t = fx_tensor(&f, "blocks.1.ff.weight");
     T_CHECK(ddo__source_coded(f.s->source, t) == NULL);
