@@ -10,7 +10,7 @@
  */
 #define _XOPEN_SOURCE 700
 #include "t.h"
-#include "checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "ddo.h"
 #include "os/sys.h"
 

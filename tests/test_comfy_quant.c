@@ -11,7 +11,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "t.h"
-#include "checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "ddo.h"
 
 #include <stdlib.h>

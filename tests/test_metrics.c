@@ -5,7 +5,7 @@
  * ctest-labels: unit threads
  */
 #define _POSIX_C_SOURCE 200809L
-#include "metrics.h"
+#include "metrics/metrics.h"
 #include "t.h"
 
 #include <jansson.h>

@@ -6,7 +6,7 @@
  * ctest-labels: unit
  */
 #define _POSIX_C_SOURCE 200809L
-#include "config.h"
+#include "config/config.h"
 #include "plan_fx.h"
 #include "t.h"
 

@@ -11,7 +11,7 @@
  */
 #include "session_fx.h" /* defines _POSIX_C_SOURCE first */
 
-#include "checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "os/file.h"
 
 #include <errno.h>

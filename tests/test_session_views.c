@@ -6,7 +6,7 @@
  */
 #include "session_fx.h"
 
-#include "session.h"
+#include "session/session.h"
 #include "t.h"
 
 /* DLPack v0's DLManagedTensor, as a host (torch) reads it. */

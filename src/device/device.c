@@ -13,7 +13,7 @@
  * usage accounting, injected faults): device_calls.c.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "device_internal.h"
+#include "device/device_internal.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

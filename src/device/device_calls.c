@@ -6,9 +6,9 @@
  * detail on the device.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "device_internal.h"
+#include "device/device_internal.h"
 
-#include "../codec.h"
+#include "codec/codec.h"
 
 #include <inttypes.h>
 #include <pthread.h>

@@ -28,7 +28,7 @@
  * share is device_cpu.h.
  */
 #define _GNU_SOURCE
-#include "device_cpu.h"
+#include "device/device_cpu.h"
 
 #include "os/sys.h"
 #include "os/sysinfo.h"

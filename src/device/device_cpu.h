@@ -10,7 +10,7 @@
 #ifndef DDO_DEVICE_CPU_H
 #define DDO_DEVICE_CPU_H
 
-#include "device.h"
+#include "device/device.h"
 #include "os/sys.h"
 
 #include <pthread.h>

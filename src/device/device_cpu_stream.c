@@ -5,9 +5,9 @@
  * host functions, and the codec decode run by the C reference decoder.
  */
 #define _GNU_SOURCE
-#include "device_cpu.h"
+#include "device/device_cpu.h"
 
-#include "../codec.h"
+#include "codec/codec.h"
 #include "os/sys.h"
 
 #include <errno.h>

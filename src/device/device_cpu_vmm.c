@@ -5,7 +5,7 @@
  * pinned), with the lookups that say what is device memory.
  */
 #define _GNU_SOURCE
-#include "device_cpu.h"
+#include "device/device_cpu.h"
 
 #include "os/sys.h"
 

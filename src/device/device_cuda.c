@@ -27,9 +27,9 @@
  * share: device_cuda.h.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "device_cuda.h"
+#include "device/device_cuda.h"
 
-#include "../codec.h"
+#include "codec/codec.h"
 
 #if DDO_HAVE_CUDA_H
 

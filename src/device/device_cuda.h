@@ -8,7 +8,7 @@
 #ifndef DDO_DEVICE_CUDA_H
 #define DDO_DEVICE_CUDA_H
 
-#include "device.h"
+#include "device/device.h"
 
 #if DDO_HAVE_CUDA_H
 

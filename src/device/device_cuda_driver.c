@@ -6,7 +6,7 @@
  * ddo_cuda_driver_proc, which hands a host an entry point by the same rules.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "device_cuda.h"
+#include "device/device_cuda.h"
 
 #include "os/sys.h"
 

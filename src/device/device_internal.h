@@ -7,7 +7,7 @@
 #ifndef DDO_DEVICE_INTERNAL_H
 #define DDO_DEVICE_INTERNAL_H
 
-#include "device.h"
+#include "device/device.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -8,7 +8,7 @@
 #else
 #    define _POSIX_C_SOURCE 200809L
 #endif
-#include "file.h"
+#include "os/file.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -10,10 +10,10 @@
 #    define _POSIX_C_SOURCE 200809L
 #    define _DEFAULT_SOURCE
 #endif
-#include "fs.h"
+#include "os/fs.h"
 
-#include "file.h"
-#include "fs_impl.h"
+#include "os/file.h"
+#include "os/fs_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -3,10 +3,10 @@
  * error texts, the bounded read loop, temporary names and writing a file from parts. The
  * system calls are in fs.c (POSIX) and fs_win.c (Windows).
  */
-#include "fs.h"
+#include "os/fs.h"
 
-#include "file.h"
-#include "fs_impl.h"
+#include "os/file.h"
+#include "os/fs_impl.h"
 
 #include <errno.h>
 #include <stdint.h>

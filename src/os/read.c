@@ -7,7 +7,7 @@
 #else
 #    define _POSIX_C_SOURCE 200809L
 #endif
-#include "read.h"
+#include "os/read.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -6,7 +6,7 @@
  */
 #if !defined(_WIN32)
 #    define _GNU_SOURCE
-#    include "sys.h"
+#    include "os/sys.h"
 
 #    include <dlfcn.h>
 #    include <errno.h>

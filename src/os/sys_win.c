@@ -7,8 +7,8 @@
  * again. Also the helpers of win.h.
  */
 #if defined(_WIN32)
-#    include "sys.h"
-#    include "win.h"
+#    include "os/sys.h"
+#    include "os/win.h"
 
 #    include <bcrypt.h>
 #    include <errno.h>

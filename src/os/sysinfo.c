@@ -3,7 +3,7 @@
  * report "unknown").
  */
 #define _GNU_SOURCE
-#include "sysinfo.h"
+#include "os/sysinfo.h"
 
 #include <ctype.h>
 #include <stdio.h>

@@ -2,7 +2,7 @@
  * tool.h - the ddo command-line tool: one file per command (cmd_<name>.c),
  * each an `int ddo_cmd_<name>(int argc, char **argv)` returning the exit
  * status (0 success, 1 failure, 2 usage error). The tool uses only ddo.h (inspect_codec.c
- * also src/codec.h: the encoder and the C decoder).
+ * also src/codec/codec.h: the encoder and the C decoder).
  */
 #ifndef DDO_TOOL_H
 #define DDO_TOOL_H

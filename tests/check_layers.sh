@@ -1,0 +1,3 @@
+#!/usr/bin/env bash
+# ctest-labels: unit
+exit 0
