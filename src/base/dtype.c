@@ -3,8 +3,8 @@
  * F6 types are smaller than a byte; the official reader's Dtype list and bit sizes) and the
  * GGML block types of GGUF files (elements and bytes per block, as GGML defines them).
  */
+#include "base/dtype.h"
 #include "base/common.h"
-#include "checkpoint/checkpoint.h"
 
 #include <string.h>
 

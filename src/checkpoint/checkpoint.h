@@ -11,6 +11,7 @@
 #define DDO_CHECKPOINT_H
 
 #include "base/common.h"
+#include "base/dtype.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -55,16 +56,7 @@ struct json_t;
 int ddo__checkpoint_read_json_file(const char *path, const char *label, const char *what,
                                    uint64_t limit, struct json_t **root);
 
-/* Bits per element of a dtype (4 for F4, 6 for F6_*); 0 when out of range. */
-unsigned ddo__dtype_bits(ddo_dtype dtype);
-/*
- * The byte size of a tensor as the official reader computes it: the element count (checked for
- * overflow dimension by dimension, so a zero after an overflow does not hide it), times the
- * bits, which must be a whole number of bytes; for a GGML block type, whole blocks along the
- * last dimension. 0; DDO_E_OVERFLOW; DDO_E_FORMAT when the bits do not fill whole bytes or the
- * last dimension is not a whole number of blocks (no dimension at all for a block type).
- */
-int ddo__dtype_nbytes(ddo_dtype dtype, const uint64_t *dims, size_t ndim, uint64_t *nbytes);
+/* ddo__dtype_bits, ddo__dtype_nbytes: base/dtype.h */
 
 /*
  * A string as it may appear in a one-line message: newline, tab, quote, backslash as \n, \t,

@@ -35,6 +35,11 @@ typedef struct ddo__options {
 /* The resolved values of cfg (valid until cfg changes). Never NULL for a valid cfg. */
 const ddo__options *ddo__config_options(const ddo_config *cfg);
 
+/* The planner's defence in depth (config_validate.c), called by the planner: every numeric option
+ * of cfg within its catalog range before the planner converts it. 0 or DDO_E_CONFIG naming the
+ * option (last error). */
+int ddo__config_check_ranges(const ddo_config *cfg);
+
 /* The upstream default always-resident regex (docs/options.md, "Resolution order"). */
 #define DDO_DEFAULT_ALWAYS_RESIDENT_PATTERN \
     "(^|\\.)(proj_in|time_embed|prompt_adaln|norm_out|proj_out)(\\.|$)"

@@ -182,7 +182,7 @@ static int check_doc(const char *path, json_t *doc, const char *want_key)
 /* A file of a profile path for a message (escaped). */
 static const char *qpath(const char *path, char *buf, size_t len)
 {
-    ddo__config_quote(path, buf, len);
+    ddo__quote(path, true, buf, len);
     return buf;
 }
 
@@ -207,7 +207,7 @@ static int load_path(const char *path, const char *want_key, ddo_profile **out)
     free(text);
     if (doc == NULL) {
         char qt[200];
-        ddo__config_quote(jerr.text, qt, sizeof(qt));
+        ddo__quote(jerr.text, true, qt, sizeof(qt));
         return ddo__fail(NULL, DDO_E_FORMAT, "%s: corrupt profile (%s at line %d); ignored",
                          qpath(path, q, sizeof(q)), qt, jerr.line);
     }
@@ -705,7 +705,7 @@ static bool usable_budget(const ddo_profile *p, const char *dir, const char *con
     double hi = id >= 0 ? ddo__optdescs[id].hi : 1e9;
     if (!isfinite(x) || x < 0.0 || x > hi) {
         if (isfinite(x))
-            ddo__config_fmt_double(x, v, sizeof(v));
+            ddo_format_real(x, v, sizeof(v));
         else
             snprintf(v, sizeof(v), "(not a number)");
         ddo__fail(NULL, DDO_E_FORMAT,

@@ -7,7 +7,7 @@
 #include "metrics/metrics.h"
 
 #include "base/budget.h"
-#include "config/config_priv.h" /* ddo__config_quote */
+#include "base/common.h"
 #include "os/fs.h"
 
 #include <errno.h>
@@ -219,24 +219,22 @@ static void compute_derived(ddo_metrics *s)
         ratio(s->v[DDO_M_codec_decode_timed_bytes], s->v[DDO_M_codec_decode_ns] / 1e9);
 }
 
-static void fill_from_plan(ddo_metrics *s, const ddo_plan *plan)
+static void fill_from_plan(ddo_metrics *s, const ddo_plan_budgets *b)
 {
-    ddo_plan_budgets b;
-    if (ddo_plan_budgets_get(plan, &b) != 0)
-        return;
-    s->v[DDO_M_planned_device_weights_bytes] = (double)b.device_weights_peak;
-    s->v[DDO_M_planned_resident_bytes] = (double)b.resident_bytes;
-    s->v[DDO_M_planned_slot_count] = (double)b.slot_count;
-    s->v[DDO_M_planned_slot_bytes] = (double)b.slot_bytes;
-    s->v[DDO_M_planned_retained_bytes] = (double)b.retained_peak;
-    s->v[DDO_M_planned_registered_bytes] = (double)b.registered_peak;
-    s->v[DDO_M_planned_staging_bytes] = (double)b.staging_peak;
+    s->v[DDO_M_planned_device_weights_bytes] = (double)b->device_weights_peak;
+    s->v[DDO_M_planned_resident_bytes] = (double)b->resident_bytes;
+    s->v[DDO_M_planned_slot_count] = (double)b->slot_count;
+    s->v[DDO_M_planned_slot_bytes] = (double)b->slot_bytes;
+    s->v[DDO_M_planned_retained_bytes] = (double)b->retained_peak;
+    s->v[DDO_M_planned_registered_bytes] = (double)b->registered_peak;
+    s->v[DDO_M_planned_staging_bytes] = (double)b->staging_peak;
 }
 
-int ddo__metrics_snapshot(ddo__metrics_acc *m, const ddo_plan *plan, const char *const *labels,
-                          size_t label_count, ddo_metrics **out)
+int ddo__metrics_snapshot(ddo__metrics_acc *m, const ddo__metrics_plan_facts *plan,
+                          const char *const *labels, size_t label_count, ddo_metrics **out)
 {
-    if (m == NULL || out == NULL || (labels == NULL && label_count > 0))
+    if (m == NULL || out == NULL || (labels == NULL && label_count > 0) ||
+        (plan != NULL && plan->decisions == NULL && plan->decision_count > 0))
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "metrics snapshot: invalid argument");
     ddo_metrics *s = ddo__calloc(1, sizeof(*s));
     if (s == NULL)
@@ -246,16 +244,13 @@ int ddo__metrics_snapshot(ddo__metrics_acc *m, const ddo_plan *plan, const char 
     pthread_mutex_unlock(&m->lock);
     const char *route = "none";
     if (plan != NULL) {
-        fill_from_plan(s, plan);
-        const char *r = ddo_plan_route(plan);
-        if (r != NULL)
-            route = r;
-        size_t n = ddo_plan_decision_count(plan);
-        for (size_t i = 0; i < n; i++) {
-            const char *k = NULL, *v = NULL;
-            if (ddo_plan_decision(plan, i, &k, &v) == 0 && !kv_push(&s->decisions, k, v))
+        if (plan->budgets != NULL)
+            fill_from_plan(s, plan->budgets);
+        if (plan->route != NULL)
+            route = plan->route;
+        for (size_t i = 0; i < plan->decision_count; i++)
+            if (!kv_push(&s->decisions, plan->decisions[2 * i], plan->decisions[2 * i + 1]))
                 goto nomem;
-        }
     }
     s->route = ddo__strdup(route);
     if (s->route == NULL)
@@ -417,7 +412,7 @@ int ddo_metrics_record(const ddo_metrics *m, const char *component, const char *
     free(line);
     if (e != 0) {
         char q[512];
-        ddo__config_quote(path, q, sizeof(q));
+        ddo__quote(path, true, q, sizeof(q));
         return ddo__fail(NULL, DDO_E_IO, "%s: %s: %s", q,
                          opened ? "appending metrics" : "opening the metrics file",
                          ddo__os_fs_strerror(e));

@@ -43,14 +43,21 @@ const char *ddo__metric_unit(ddo__metric_id id);
 /*
  * Builds the public snapshot: copies the values, adds derived figures
  * (achieved bandwidth, mean prefetch depth, hit rate), the plan's decision
- * labels, route and planned capacities (plan may be NULL: the accumulator's
- * planned_* values are kept and the route is "none"), and the session's
+ * labels, route and planned capacities as the caller hands them down (the
+ * metrics never read a plan; plan may be NULL: the accumulator's planned_*
+ * values are kept and the route is "none"), and the session's
  * descriptive strings: labels[2*i] is a key and labels[2*i+1] its value,
  * label_count is the number of pairs (labels may be NULL when it is 0).
  * Everything is copied. Errors: DDO_E_INVALID_ARGUMENT, DDO_E_NO_MEMORY.
  */
-int ddo__metrics_snapshot(ddo__metrics_acc *m, const ddo_plan *plan, const char *const *labels,
-                          size_t label_count, ddo_metrics **out);
+typedef struct ddo__metrics_plan_facts {
+    const char *route;               /* NULL: "none" */
+    const ddo_plan_budgets *budgets; /* NULL: the accumulator's planned_* values are kept */
+    const char *const *decisions;    /* decisions[2*i] a key, decisions[2*i+1] its value */
+    size_t decision_count;           /* pairs */
+} ddo__metrics_plan_facts;
+int ddo__metrics_snapshot(ddo__metrics_acc *m, const ddo__metrics_plan_facts *plan,
+                          const char *const *labels, size_t label_count, ddo_metrics **out);
 
 /*
  * The metric catalog as Markdown: exactly the text of docs/metrics.md

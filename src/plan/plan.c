@@ -12,7 +12,6 @@
  */
 #include "plan/plan_build.h"
 
-#include "config/config_priv.h" /* ddo__config_fmt_double for the messages */
 #include "os/platform.h"
 
 #include <stdlib.h>
@@ -245,7 +244,7 @@ static int device_memory_limit(builder *b)
         return 0;
     if (in->device_total_bytes > 0 && lim > in->device_total_bytes) {
         char q[64], v[32];
-        ddo__config_fmt_double(b->o->device_memory_limit_gb, q, sizeof(q));
+        ddo_format_real(b->o->device_memory_limit_gb, q, sizeof(q));
         return ddo__fail(NULL, DDO_E_CONFIG,
                          "device_memory_limit_gb=%s is above the device's memory (%s); give at "
                          "most that, or 0 for the whole device",
@@ -270,8 +269,8 @@ static int budget_rules(builder *b, const ddo_config *cfg)
     uint64_t a = ddo__gb_to_bytes(o->device_budget_gb);
     uint64_t v = ddo__gb_to_bytes(o->vmm_resident_weight_budget_gb);
     char qa[64], qv[64];
-    ddo__config_fmt_double(o->device_budget_gb, qa, sizeof(qa));
-    ddo__config_fmt_double(o->vmm_resident_weight_budget_gb, qv, sizeof(qv));
+    ddo_format_real(o->device_budget_gb, qa, sizeof(qa));
+    ddo_format_real(o->vmm_resident_weight_budget_gb, qv, sizeof(qv));
     if (a == 0 && user_set(cfg, b, "device_budget_gb"))
         return ddo__fail(NULL, DDO_E_CONFIG,
                          "device_budget_gb=%s: a device budget must be positive (leave it unset "

@@ -42,11 +42,6 @@
  * stream uploads a tensor into one while the decode stream decodes the one before. */
 #define DDO_CODEC_DECODE_AREAS 2
 
-/* The planner's defence in depth (config_validate.c): every numeric option of cfg within its
- * catalog range before the planner converts it. 0 or DDO_E_CONFIG naming the option (last
- * error). */
-int ddo__config_check_ranges(const ddo_config *cfg);
-
 /* ---- decisions: an ordered key -> value list (re-recording a key replaces its value) ---- */
 
 typedef struct ddo__decision {

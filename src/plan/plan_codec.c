@@ -48,7 +48,7 @@
 #include "plan/plan_build.h"
 
 #include "codec/codec.h"
-#include "store/source.h"
+#include "os/read.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -121,7 +121,7 @@ static void measure(const builder *b, codec_need *n)
                 n->host = ddo__sat_add_u64(n->host, ti->nbytes);
                 n->host_reg = ddo__sat_add_u64(n->host_reg, un->registered ? ti->nbytes : 0);
             } else if (!un->retained) {
-                uint64_t w = ddo__source_window_need((size_t)ti->nbytes);
+                uint64_t w = ddo__os_direct_window((size_t)ti->nbytes);
                 uint64_t c = ddo__round_up(bound, AREA_ALIGN);
                 n->build_raw = w > n->build_raw ? w : n->build_raw;
                 n->build_bound = c > n->build_bound ? c : n->build_bound;

@@ -8,8 +8,7 @@
  */
 #include "plan/plan_build.h"
 
-#include "base/budget.h"        /* ddo__format_bytes */
-#include "config/config_priv.h" /* ddo__config_fmt_double for the messages */
+#include "base/budget.h" /* ddo__format_bytes */
 
 #include <math.h>
 #include <stdlib.h>
@@ -172,7 +171,7 @@ static int slot_page(double mb, uint64_t gran, uint64_t *page)
     char q[64], g[64];
     ddo__format_bytes(gran, g, sizeof(g));
     if (isfinite(mb))
-        ddo__config_fmt_double(mb, q, sizeof(q));
+        ddo_format_real(mb, q, sizeof(q));
     else
         snprintf(q, sizeof(q), "%s", isnan(mb) ? "nan" : "inf");
     return ddo__fail(NULL, DDO_E_CONFIG,

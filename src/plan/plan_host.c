@@ -9,7 +9,7 @@
 #include "codec/codec.h"
 #include "os/platform.h"
 #include "os/sysinfo.h"
-#include "store/host_pins.h"
+#include "plan/pin_layout.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -7,7 +7,6 @@
 #include "plan/plan_build.h"
 
 #include "base/strmap.h"
-#include "config/config_priv.h" /* ddo__config_quote for the messages */
 
 #include <stdlib.h>
 #include <string.h>
@@ -58,7 +57,7 @@ static int rxset_compile(rxset *s, char *const *pats, size_t n, const char *opti
             if (pcre2_get_error_message(errcode, msg, sizeof(msg)) < 0)
                 strcpy((char *)msg, "invalid pattern");
             char qp[200];
-            ddo__config_quote(pats[i], qp, sizeof(qp));
+            ddo__quote(pats[i], true, qp, sizeof(qp));
             ddo__rxset_free(s);
             return ddo__fail(NULL, DDO_E_CONFIG, "%s: pattern \"%s\": %s at offset %zu", option, qp,
                              (const char *)msg, (size_t)erroff);
@@ -87,8 +86,8 @@ static int rxset_search(const rxset *s, const char *subject, size_t len, bool *h
         if (pcre2_get_error_message(rc, msg, sizeof(msg)) < 0)
             strcpy((char *)msg, "match error");
         char qp[200], qm[100];
-        ddo__config_quote(s->pats[i], qp, sizeof(qp));
-        ddo__config_quote(subject, qm, sizeof(qm));
+        ddo__quote(s->pats[i], true, qp, sizeof(qp));
+        ddo__quote(subject, true, qm, sizeof(qm));
         return ddo__fail(NULL, DDO_E_CONFIG,
                          "%s: pattern \"%s\" against module \"%s\" (%zu characters): %s "
                          "(limits: %u steps, depth %u); simplify the pattern (nested repeats "

@@ -24,26 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int ddo__session_fail_ctx(ddo__errbuf *eb, int rc, const char *fmt, ...)
-{
-    char last[DDO_ERRBUF_BYTES];
-    char ctx[512];
-    snprintf(last, sizeof(last), "%s", ddo_last_error());
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(ctx, sizeof(ctx), fmt, ap);
-    va_end(ap);
-    if (last[0] == '\0')
-        return ddo__fail(eb, rc, "%s: %s", ctx, ddo_strerror(rc));
-    return ddo__fail(eb, rc, "%s: %s", ctx, last);
-}
-
-const char *ddo__session_tensor_name(const ddo_session *s, size_t tensor)
-{
-    const ddo_tensor_info *ti = ddo_checkpoint_tensor(s->ck, tensor);
-    return ti != NULL && ti->name != NULL ? ti->name : "?";
-}
-
 static int fail_dev(ddo__errbuf *eb, int rc, const char *what)
 {
     char last[DDO_ERRBUF_BYTES];
@@ -291,6 +271,12 @@ void ddo__session_destroy_now(ddo_session *s)
     ddo__weight_layout_free(&s->own_wl);
     ddo__session_codec_destroy(s);
     free(s);
+}
+
+void ddo_session_destroy(ddo_session *s)
+{
+    if (s != NULL && atomic_fetch_sub(&s->refs, 1) == 1)
+        ddo__session_destroy_now(s);
 }
 
 static int build_source(ddo_session *s)
@@ -727,6 +713,35 @@ int ddo_session_trim_host_cache(ddo_session *s, bool enabled, uint64_t *released
     return 0;
 }
 
+/* A metrics snapshot with the plan's facts handed down (the metrics never read a plan): the
+ * route, the planned budgets, the decisions as key/value pairs. */
+static int snapshot_with_plan(ddo__metrics_acc *m, const ddo_plan *plan, const char *const *labels,
+                              size_t label_count, ddo_metrics **out)
+{
+    if (plan == NULL)
+        return ddo__metrics_snapshot(m, NULL, labels, label_count, out);
+    ddo_plan_budgets b;
+    ddo__metrics_plan_facts f = { ddo_plan_route(plan), NULL, NULL, 0 };
+    if (ddo_plan_budgets_get(plan, &b) == 0)
+        f.budgets = &b;
+    size_t n = ddo_plan_decision_count(plan);
+    const char **d = ddo__calloc(2 * n + 1, sizeof(*d));
+    if (d == NULL)
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "metrics snapshot: out of host memory");
+    for (size_t i = 0; i < n; i++) {
+        const char *k = NULL, *v = NULL;
+        if (ddo_plan_decision(plan, i, &k, &v) == 0) {
+            d[2 * f.decision_count] = k;
+            d[2 * f.decision_count + 1] = v;
+            f.decision_count++;
+        }
+    }
+    f.decisions = d;
+    int rc = ddo__metrics_snapshot(m, &f, labels, label_count, out);
+    free(d);
+    return rc;
+}
+
 int ddo_session_metrics(ddo_session *s, bool collect_completed, ddo_metrics **out)
 {
     if (s == NULL || out == NULL)
@@ -772,7 +787,7 @@ int ddo_session_metrics(ddo_session *s, bool collect_completed, ddo_metrics **ou
         "codec_stream_note",
         ddo__session_codec_stream_note(s),
     };
-    int rc = ddo__metrics_snapshot(m, s->plan, labels, DDO_ARRAY_LEN(labels) / 2, out);
+    int rc = snapshot_with_plan(m, s->plan, labels, DDO_ARRAY_LEN(labels) / 2, out);
     if (rc != 0)
         return ddo__fail_from_last(&s->err, rc);
     return 0;

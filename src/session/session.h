@@ -3,8 +3,8 @@
  * session. Internal; never installed.
  *
  *   session.c           setup, teardown, unload/reload, the error boundary, metrics
- *   session_slots.c     the slot state machine (one transition function), slot
- *                       backing and reclaim, the choice of a slot for a load
+ *   session_slot_state.c the slot state machine (one transition function)
+ *   session_slots.c     slot backing and reclaim, the choice of a slot for a load
  *   session_lease.c     acquire and release
  *   session_prefetch.c  execution order (declared or learned) and prefetch
  *   session_loader.c    the loader thread: one job per load, in ticket order
@@ -14,6 +14,7 @@
  *   session_vmm.c       VMM ranges and mappings, the vmm_runtime layout it executes
  *   session_pool.c      vmm_runtime's per-weight handles: the pool, bind, evict
  *   session_views.c     addresses and DLPack views
+ *   session_base.c      what they all use: failures with context, tensor names
  *
  * Threads: the host thread (one at a time per session) calls the public
  * functions; one loader thread issues the uploads. Both share the slot table
@@ -55,7 +56,7 @@ typedef enum ddo__slot_state {
 } ddo__slot_state;
 
 /* A slot's state and unit change only through the transition functions of
- * session_slots.c (ddo__slot_enter, ddo__slot_load, ddo__slot_forget). */
+ * session_slot_state.c (ddo__slot_enter, ddo__slot_load, ddo__slot_forget). */
 typedef struct ddo__slot {
     ddo__slot_state state;
     size_t unit;        /* unit held (DDO__NONE: none) */
@@ -244,16 +245,22 @@ static inline bool ddo__session_in_list(const size_t *list, size_t n, size_t v)
     return false;
 }
 
-/* ---- session.c ---- */
+/* ---- session_base.c ---- */
 
 /* Records "<context>: <the thread's last detail>" with code rc; returns rc. */
 int DDO_PRINTF(3, 4) ddo__session_fail_ctx(ddo__errbuf *eb, int rc, const char *fmt, ...);
 /* The checkpoint's name of tensor ("?" when it has none). */
 const char *ddo__session_tensor_name(const ddo_session *s, size_t tensor);
+/* Calls the session's trace hook (ddo_session_options.trace), if any. */
+void ddo__session_trace(const struct ddo_session *s, const char *kind, size_t unit,
+                        uint64_t begin_ns, uint64_t end_ns, uint64_t bytes);
+
+/* ---- session.c ---- */
+
 /* Frees everything now (ddo_session_destroy once no view holds the session). */
 void ddo__session_destroy_now(ddo_session *s);
 
-/* ---- session_slots.c: the slot state machine ---- */
+/* ---- session_slot_state.c: the slot state machine ---- */
 
 /*
  * The transitions (mu held, or the loader idle): every change of a slot's state
@@ -273,6 +280,8 @@ void ddo__slot_set_unsafe(ddo_session *s, ddo__slot *slot);
 /* Queries events: finished uploads become READY, completed releases READY.
  * Returns the number of upload tickets retired. Called with mu held. */
 size_t ddo__session_reap(ddo_session *s);
+
+/* ---- session_slots.c: the choice of a slot, backing and reclaim ---- */
 
 /* DDO__PICK_SKIP: a prefetch of this unit should wait for its own slot (vmm_fast_runtime). */
 enum ddo__pick { DDO__PICK_FOUND, DDO__PICK_WAIT, DDO__PICK_NONE, DDO__PICK_SKIP };
@@ -303,9 +312,6 @@ void ddo__session_loader_stop(ddo_session *s);
 void ddo__session_wait_idle(ddo_session *s);
 /* Queues job for the loader (mu held); the ring has room for one job per slot. */
 void ddo__session_queue_job(ddo_session *s, const ddo__job *job);
-/* Calls the session's trace hook (ddo_session_options.trace), if any. */
-void ddo__session_trace(const struct ddo_session *s, const char *kind, size_t unit,
-                        uint64_t begin_ns, uint64_t end_ns, uint64_t bytes);
 
 /* ---- session_transport.c ---- */
 

@@ -14,13 +14,6 @@
 #include "device/device.h"
 #include "session/session_codec.h"
 
-void ddo__session_trace(const ddo_session *s, const char *kind, size_t unit, uint64_t begin_ns,
-                        uint64_t end_ns, uint64_t bytes)
-{
-    if (s->opts.trace != NULL)
-        s->opts.trace(s->opts.trace_user, kind, unit, begin_ns, end_ns, bytes);
-}
-
 /* Runs on the device's callback thread when an upload's copies completed. */
 static void upload_done(void *user)
 {

@@ -48,12 +48,6 @@ typedef struct view {
     size_t tensor;
 } view;
 
-void ddo_session_destroy(ddo_session *s)
-{
-    if (s != NULL && atomic_fetch_sub(&s->refs, 1) == 1)
-        ddo__session_destroy_now(s);
-}
-
 size_t ddo_session_view_count(const ddo_session *s)
 {
     if (s == NULL)

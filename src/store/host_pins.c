@@ -6,22 +6,15 @@
 
 #include "device/device.h"
 #include "os/sysinfo.h"
+#include "plan/pin_layout.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct pin_span {
-    uintptr_t start, end; /* whole pages */
-    bool registered;
-} pin_span;
-
-typedef struct frag {
-    uintptr_t orig; /* the caller's bytes */
-    uint64_t len;
-    uint64_t at;  /* offset in the arena */
-    size_t group; /* of its range */
-    uint64_t dst; /* its device offset in the group */
-} frag;
+/* The layout's pieces (plan/pin_layout.h: the planner sizes what this file registers). */
+typedef ddo__pin_span pin_span;
+typedef ddo__pin_frag frag;
+typedef ddo__pin_cut cut;
 
 struct ddo__host_pins {
     ddo_device *dev;
@@ -33,138 +26,6 @@ struct ddo__host_pins {
     uint8_t *arena; /* pinned (host_alloc) */
     uint64_t arena_bytes;
 };
-
-/* A range cut at page boundaries: [a, ia) head, [ia, ib) inner pages, [ib, b) tail; with no
- * whole page inside, the whole range is the head (ia = ib = b). */
-typedef struct cut {
-    uintptr_t a, ia, ib, b;
-} cut;
-
-static cut cut_range(const ddo__host_range *r, uintptr_t page)
-{
-    cut c;
-    c.a = (uintptr_t)r->p;
-    c.b = c.a + (uintptr_t)r->len;
-    uintptr_t ia = c.a % page ? c.a + (page - c.a % page) : c.a;
-    uintptr_t ib = c.b - c.b % page;
-    if (ia >= ib || ia > c.b) {
-        c.ia = c.ib = c.b;
-    } else {
-        c.ia = ia;
-        c.ib = ib;
-    }
-    return c;
-}
-
-static int span_cmp(const void *x, const void *y)
-{
-    uintptr_t a = ((const pin_span *)x)->start, b = ((const pin_span *)y)->start;
-    return a < b ? -1 : a > b ? 1 : 0;
-}
-
-static int frag_cmp(const void *x, const void *y)
-{
-    const frag *a = x, *b = y;
-    if (a->orig != b->orig)
-        return a->orig < b->orig ? -1 : 1;
-    return a->len < b->len ? -1 : a->len > b->len ? 1 : 0;
-}
-
-/* Device order: by group, then destination; ranges of no group after, by address. */
-static int frag_dst_cmp(const void *x, const void *y)
-{
-    const frag *a = x, *b = y;
-    if (a->group != b->group)
-        return a->group < b->group ? -1 : 1;
-    if (a->group != DDO__PIN_GROUP_NONE && a->dst != b->dst)
-        return a->dst < b->dst ? -1 : 1;
-    return frag_cmp(x, y);
-}
-
-/* Arena offsets in device order: a piece right after its group neighbour on the device (at
- * most DDO_TENSOR_ALIGN bytes of gap) keeps that gap in the arena, so one copy moves both.
- * Returns the arena's bytes. */
-static uint64_t place_frags(frag *frags, size_t nf)
-{
-    qsort(frags, nf, sizeof(*frags), frag_dst_cmp);
-    uint64_t fb = 0;
-    for (size_t i = 0; i < nf; i++) {
-        const frag *pv = i > 0 ? &frags[i - 1] : NULL;
-        if (pv != NULL && pv->group == frags[i].group && pv->group != DDO__PIN_GROUP_NONE &&
-            frags[i].dst >= pv->dst + pv->len &&
-            frags[i].dst - (pv->dst + pv->len) < DDO_TENSOR_ALIGN)
-            fb += frags[i].dst - (pv->dst + pv->len);
-        frags[i].at = fb;
-        fb += frags[i].len;
-    }
-    qsort(frags, nf, sizeof(*frags), frag_cmp);
-    return fb;
-}
-
-static frag make_frag(const ddo__host_range *r, uintptr_t from, uintptr_t to)
-{
-    return (frag){ from, (uint64_t)(to - from), 0, r->group,
-                   r->dst + (uint64_t)(from - (uintptr_t)r->p) };
-}
-
-/* Inner-page spans (sorted, merged) and arena pieces (sorted by address) of the non-empty
- * ranges: the end fragments of each range, or the whole of a small one. */
-static void split_ranges(const ddo__host_range *ranges, size_t count, pin_span *spans,
-                         size_t *span_count, frag *frags, size_t *frag_count, uint64_t *frag_bytes)
-{
-    uintptr_t page = (uintptr_t)ddo__os_page_size();
-    size_t ns = 0, nf = 0;
-    for (size_t i = 0; i < count; i++) {
-        const ddo__host_range *r = &ranges[i];
-        if (r->p == NULL || r->len == 0)
-            continue;
-        cut c = cut_range(r, page);
-        if (r->len <= DDO__PIN_SMALL_BYTES) {
-            frags[nf++] = make_frag(r, c.a, c.b);
-            continue;
-        }
-        if (c.ia > c.a)
-            frags[nf++] = make_frag(r, c.a, c.ia);
-        if (c.ib > c.ia)
-            spans[ns++] = (pin_span){ c.ia, c.ib, false };
-        if (c.b > c.ib)
-            frags[nf++] = make_frag(r, c.ib, c.b);
-    }
-    qsort(spans, ns, sizeof(*spans), span_cmp);
-    size_t m = 0;
-    for (size_t i = 0; i < ns; i++) {
-        if (m > 0 && spans[i].start <= spans[m - 1].end) {
-            if (spans[i].end > spans[m - 1].end)
-                spans[m - 1].end = spans[i].end;
-        } else {
-            spans[m++] = spans[i];
-        }
-    }
-    *span_count = m;
-    *frag_count = nf;
-    *frag_bytes = place_frags(frags, nf);
-}
-
-uint64_t ddo__host_pins_bytes(const ddo__host_range *ranges, size_t count)
-{
-    pin_span *spans = ddo__calloc(count > 0 ? count : 1, sizeof(*spans));
-    frag *frags = ddo__calloc(count > 0 ? 2 * count : 1, sizeof(*frags));
-    uint64_t total = 0;
-    if (spans != NULL && frags != NULL) {
-        size_t ns = 0, nf = 0;
-        uint64_t fb = 0;
-        split_ranges(ranges, count, spans, &ns, frags, &nf, &fb);
-        for (size_t i = 0; i < ns; i++)
-            total += (uint64_t)(spans[i].end - spans[i].start);
-        total += ddo__round_up(fb, ddo__os_page_size());
-    } else {
-        for (size_t i = 0; i < count; i++) /* an upper bound without the tables */
-            total += ranges[i].len + ddo__os_page_size();
-    }
-    free(spans);
-    free(frags);
-    return total;
-}
 
 /* Registers one span through the account; with fallback a refused registration stays
  * pageable. */
@@ -235,7 +96,7 @@ int ddo__host_pins_create(ddo_device *dev, const ddo__host_range *ranges, size_t
     hp->spans = spans;
     hp->frags = frags;
     uint64_t frag_bytes = 0;
-    split_ranges(ranges, count, spans, &hp->span_count, frags, &hp->frag_count, &frag_bytes);
+    ddo__pin_split(ranges, count, spans, &hp->span_count, frags, &hp->frag_count, &frag_bytes);
     uint64_t t0 = ddo__now_ns();
     int rc = fill_arena(hp, frag_bytes, eb);
     for (size_t i = 0; rc == 0 && i < hp->span_count; i++)
@@ -269,7 +130,7 @@ static const pin_span *span_of(const ddo__host_pins *hp, uintptr_t a, uintptr_t 
 static const frag *frag_of(const ddo__host_pins *hp, uintptr_t orig, uint64_t len)
 {
     frag key = { orig, len, 0, DDO__PIN_GROUP_NONE, 0 };
-    return bsearch(&key, hp->frags, hp->frag_count, sizeof(*hp->frags), frag_cmp);
+    return bsearch(&key, hp->frags, hp->frag_count, sizeof(*hp->frags), ddo__pin_frag_cmp);
 }
 
 size_t ddo__host_pins_pieces(const ddo__host_pins *hp, const void *p, uint64_t len,
@@ -278,7 +139,7 @@ size_t ddo__host_pins_pieces(const ddo__host_pins *hp, const void *p, uint64_t l
     if (hp == NULL || p == NULL || len == 0)
         return 0;
     ddo__host_range r = { p, len, DDO__PIN_GROUP_NONE, 0 };
-    cut c = cut_range(&r, (uintptr_t)ddo__os_page_size());
+    cut c = ddo__pin_cut_range(&r, (uintptr_t)ddo__os_page_size());
     if (len <= DDO__PIN_SMALL_BYTES) {
         const frag *f = frag_of(hp, c.a, len);
         if (f == NULL || hp->arena == NULL)

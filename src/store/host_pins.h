@@ -17,6 +17,7 @@
 #include "base/budget.h"
 #include "base/common.h"
 #include "metrics/metrics.h"
+#include "plan/pin_layout.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -25,35 +26,12 @@
 typedef struct ddo_device ddo_device;
 typedef struct ddo__host_pins ddo__host_pins;
 
-/* Ranges of at most this many bytes are copied whole into the arena (no registration of
- * their own): a small tensor then costs no copy of its own, merged with its neighbours'. */
-#define DDO__PIN_SMALL_BYTES (64u * 1024u)
-/* No group: the range's arena bytes are placed alone, never merged with another range's. */
-#define DDO__PIN_GROUP_NONE SIZE_MAX
-
-/*
- * One range of caller memory (immutable while the pins live) and where its bytes go on the
- * device: dst is its offset in the device layout of its group (a unit's slot, the resident
- * arena). Arena pieces of one group whose destinations are at most DDO_TENSOR_ALIGN bytes
- * apart are laid out in the arena with the same gap, so one copy moves them all.
- */
-typedef struct ddo__host_range {
-    const void *p;
-    uint64_t len;
-    size_t group; /* DDO__PIN_GROUP_NONE: alone */
-    uint64_t dst;
-} ddo__host_range;
-
 /* A piece of a range and where the copy engine reads it from. */
 typedef struct ddo__host_piece {
     uint64_t offset; /* within the range */
     uint64_t len;
     const void *src; /* registered or pinned memory */
 } ddo__host_piece;
-
-/* What ddo__host_pins_create takes from the registered account for ranges (the plan's
- * figure): their whole inner pages plus the fragment arena rounded to pages. */
-uint64_t ddo__host_pins_bytes(const ddo__host_range *ranges, size_t count);
 
 /*
  * Registers the inner pages of ranges[0..count) and copies their end fragments (and the

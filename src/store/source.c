@@ -198,7 +198,7 @@ int ddo__source_bytes(const ddo_checkpoint *ck, const ddo__source_request *req, 
 
 size_t ddo__source_window_need(size_t len)
 {
-    return len + 2 * (size_t)IO_ALIGN;
+    return ddo__os_direct_window(len);
 }
 
 ddo__read_engine ddo__source_engine(const ddo__source *src)
