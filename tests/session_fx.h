@@ -7,7 +7,6 @@
 #ifndef DDO_SESSION_FX_H
 #define DDO_SESSION_FX_H
 
-#define _POSIX_C_SOURCE 200809L
 #include "ddo.h"
 #include "device/device.h"
 #include "session/session.h"

@@ -8,7 +8,6 @@
  *
  * ctest-labels: unit threads
  */
-#define _XOPEN_SOURCE 700
 #include "t.h"
 #include "checkpoint/checkpoint.h"
 #include "ddo.h"

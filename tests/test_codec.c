@@ -11,7 +11,6 @@
  *
  * ctest-labels: unit threads
  */
-#define _POSIX_C_SOURCE 200809L
 #include "codec/codec.h"
 #include "device/device.h"
 #include "t.h"

@@ -9,7 +9,6 @@
  *
  * ctest-labels: unit
  */
-#define _POSIX_C_SOURCE 200809L
 #include "t.h"
 #include "checkpoint/checkpoint.h"
 #include "ddo.h"

@@ -5,7 +5,6 @@
  *
  * ctest-labels: unit fault
  */
-#define _POSIX_C_SOURCE 200809L
 #include "t.h"
 #include "codec/codec.h"
 #include "device/device.h"

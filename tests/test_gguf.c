@@ -11,7 +11,6 @@
  *
  * ctest-labels: unit
  */
-#define _POSIX_C_SOURCE 200809L
 #include "checkpoint/checkpoint.h"
 #include "ddo.h"
 #include "t.h"

@@ -21,7 +21,6 @@
  *
  * ctest-labels: gpu
  */
-#define _POSIX_C_SOURCE 200809L
 #include "codec/codec.h"
 #include "ddo.h"
 #include "device/device.h"

@@ -4,7 +4,6 @@
  * call) and docs/metrics.md being the generated text.
  * ctest-labels: unit threads
  */
-#define _POSIX_C_SOURCE 200809L
 #include "metrics/metrics.h"
 #include "t.h"
 

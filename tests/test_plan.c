@@ -5,7 +5,6 @@
  * cost selection, JSON round trips, determinism and speed.
  * ctest-labels: unit
  */
-#define _POSIX_C_SOURCE 200809L
 #include "config/config.h"
 #include "plan_fx.h"
 #include "t.h"

@@ -8,7 +8,6 @@
  *
  * ctest-labels: unit
  */
-#define _POSIX_C_SOURCE 200809L
 #include "t.h"
 #include "codec/codec_internal.h"
 #include "store/source_sidecar.h"

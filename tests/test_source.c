@@ -7,7 +7,6 @@
  * host-memory tensors, and concurrent reads.
  * ctest-labels: unit backend threads
  */
-#define _POSIX_C_SOURCE 200809L
 #include "checkpoint/checkpoint.h"
 #include "device/device.h"
 #include "os/sys.h"

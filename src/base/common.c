@@ -2,7 +2,6 @@
  * common.c - error details, checked allocation, clocks and text buffers
  * shared by every module.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "base/common.h"
 
 #include <math.h>

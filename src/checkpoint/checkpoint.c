@@ -10,7 +10,6 @@
  * Messages name the file by its basename (the path as given only for errors
  * of the file system: cannot open, not found), then the tensor, then the rule.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "checkpoint/checkpoint_internal.h"
 
 #include <pthread.h>

@@ -6,7 +6,6 @@
  * the block before it in the same name (or the root) and the bytes between them, so no prefix
  * is ever copied or compared as a whole (the names form a trie of their numbered components).
  */
-#define _POSIX_C_SOURCE 200809L
 #include "checkpoint/checkpoint_internal.h"
 
 #include <stdlib.h>

@@ -15,7 +15,6 @@
  * chunks, never past DDO__CHECKPOINT_MAX_HEADER_BYTES. Messages name the file by its
  * basename, then the tensor or key, then the rule.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "checkpoint/checkpoint_internal.h"
 
 #include <inttypes.h>

@@ -4,7 +4,6 @@
  * tensor must be in its shard, no shard may hold an unmapped tensor, and
  * metadata.total_size, when present, must equal the tensors' bytes.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "checkpoint/checkpoint_internal.h"
 
 #include <inttypes.h>

@@ -3,7 +3,6 @@
  * (descriptor and path; device, inode, size, modification and change times) before and after
  * it copies with pread or from the mapping.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "checkpoint/checkpoint_internal.h"
 
 #include <errno.h>

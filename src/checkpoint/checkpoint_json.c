@@ -5,7 +5,6 @@
  * bounded memory), the rewrite that keeps `-0` a real (the official reader reads it as a
  * float; jansson would make it the integer 0), and quoting of names and reals for messages.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "checkpoint/checkpoint_internal.h"
 
 #include <inttypes.h>

@@ -15,7 +15,6 @@
  * Each layer becomes a ddo_quant_layer naming its tensors. Nothing is converted: the tensors
  * keep their stored dtypes and bytes. Part of the checkpoint (checkpoint_internal.h).
  */
-#define _POSIX_C_SOURCE 200809L
 #include "checkpoint/checkpoint_internal.h"
 
 #include <inttypes.h>

@@ -2,7 +2,6 @@
  * checkpoint_query.c - the read-only view of a checkpoint: tensors, files, metadata, block
  * groups, and the JSON document of `ddo inspect --json` (docs/inspect.md).
  */
-#define _POSIX_C_SOURCE 200809L
 #include "checkpoint/checkpoint_internal.h"
 
 #include <stdlib.h>

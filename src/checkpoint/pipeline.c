@@ -3,7 +3,6 @@
  * checkpoint reader's guards (regular files only, bounded size and nesting), and the
  * components it names, each a plain folder name inside the directory.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "base/common.h"
 #include "checkpoint/checkpoint.h"
 #include "os/file.h"

@@ -24,7 +24,6 @@
  * the reference decoder. The encoder (code lengths, blocks, worker threads):
  * codec_encode.c; what the two share: codec_internal.h.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "codec/codec_internal.h"
 
 #include <inttypes.h>

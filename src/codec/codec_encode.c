@@ -4,7 +4,6 @@
  * and the raw plane (or a raw block where coding does not pay), blocks encoded
  * in parallel by worker threads into fixed slots, then packed into the stream.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "codec/codec_internal.h"
 
 #include <inttypes.h>

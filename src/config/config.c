@@ -637,6 +637,17 @@ void ddo__config_move(ddo_config *dst, ddo_config *src)
     free(src);
 }
 
+int ddo__config_commit(ddo_config *cfg, ddo_config *c, int rc)
+{
+    if (rc != 0) {
+        cfg->err = c->err;
+        ddo_config_destroy(c);
+        return rc;
+    }
+    ddo__config_move(cfg, c);
+    return 0;
+}
+
 const ddo__options *ddo__config_options(const ddo_config *cfg)
 {
     return &cfg->opt;

@@ -62,17 +62,6 @@ static int api_store(ddo_config *cfg, int id, const char *text)
     return ranked_store(cfg, id, text, DDO__RANK_API, "api");
 }
 
-int ddo__config_commit(ddo_config *cfg, ddo_config *c, int rc)
-{
-    if (rc != 0) {
-        cfg->err = c->err;
-        ddo_config_destroy(c);
-        return rc;
-    }
-    ddo__config_move(cfg, c);
-    return 0;
-}
-
 int ddo_config_override(ddo_config *cfg, const char *key, const char *value)
 {
     int id;

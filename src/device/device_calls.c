@@ -5,7 +5,6 @@
  * accounts what it allocates, registers or maps, and records a failure's
  * detail on the device.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "device/device_internal.h"
 
 #include "codec/codec.h"

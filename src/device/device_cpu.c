@@ -27,7 +27,6 @@
  * are in device_cpu_vmm.c, the streams in device_cpu_stream.c; what they
  * share is device_cpu.h.
  */
-#define _GNU_SOURCE
 #include "device/device_cpu.h"
 
 #include "os/sys.h"
@@ -38,16 +37,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-uint64_t ddo__cpu_page_size(void)
-{
-    return ddo__os_vm_granularity();
-}
-
-uint64_t ddo__cpu_map_rounded(uint64_t size)
-{
-    return ddo__round_up(size, ddo__cpu_page_size());
-}
 
 /* ---- open, close, caps ---- */
 

@@ -4,7 +4,6 @@
  * a wrapped host stream), throttled copies, events and the waits on them,
  * host functions, and the codec decode run by the C reference decoder.
  */
-#define _GNU_SOURCE
 #include "device/device_cpu.h"
 
 #include "codec/codec.h"

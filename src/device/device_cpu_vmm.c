@@ -4,7 +4,6 @@
  * copy writes through, plain device buffers and host memory (registered and
  * pinned), with the lookups that say what is device memory.
  */
-#define _GNU_SOURCE
 #include "device/device_cpu.h"
 
 #include "os/sys.h"
@@ -14,6 +13,16 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+
+uint64_t ddo__cpu_page_size(void)
+{
+    return ddo__os_vm_granularity();
+}
+
+uint64_t ddo__cpu_map_rounded(uint64_t size)
+{
+    return ddo__round_up(size, ddo__cpu_page_size());
+}
 
 static uint64_t mem_rounded(uint64_t size)
 {

@@ -26,7 +26,6 @@
  * CUresult mapping and ddo_cuda_driver_proc: device_cuda_driver.c; what the two
  * share: device_cuda.h.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "device/device_cuda.h"
 
 #include "codec/codec.h"

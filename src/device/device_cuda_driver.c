@@ -5,7 +5,6 @@
  * error code and its messages, binding the primary context, and
  * ddo_cuda_driver_proc, which hands a host an entry point by the same rules.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "device/device_cuda.h"
 
 #include "os/sys.h"

@@ -3,7 +3,6 @@
  * benchmark compares against, and what `ddo doctor` reports. File reads go
  * through the engines of os/ (the retained store's direct reader).
  */
-#define _POSIX_C_SOURCE 200809L
 #include "base/common.h"
 #include "device/device.h"
 #include "os/file.h"

@@ -11,7 +11,6 @@
  * reads, merges and writes under an flock on "<profile>.lock", so concurrent
  * writers of one profile keep every observation.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "base/common.h"
 #include "config/config.h"
 #include "config/config_priv.h"

@@ -8,7 +8,6 @@
  * the device reports none. Written on the public API (and os/ for the machine's RAM, the
  * device layer for the short bus measurement), as a host would write it.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "base/common.h"
 #include "device/device.h"
 #include "os/platform.h"

@@ -3,7 +3,6 @@
  * snapshot built from it (ddo_metrics), its JSON and profile text, and the
  * generated catalog page (docs/metrics.md). The catalog is metrics.def.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "metrics/metrics.h"
 
 #include "base/budget.h"

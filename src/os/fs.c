@@ -4,12 +4,6 @@
  * an interrupted write leaves no name behind; elsewhere a named temporary file), single-write
  * appends and flock locks.
  */
-#if defined(__linux__)
-#    define _GNU_SOURCE
-#else
-#    define _POSIX_C_SOURCE 200809L
-#    define _DEFAULT_SOURCE
-#endif
 #include "os/fs.h"
 
 #include "os/file.h"

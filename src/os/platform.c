@@ -3,7 +3,6 @@
  */
 #include "os/platform.h"
 
-#include "base/common.h"
 #include "os/sysinfo.h"
 
 #include <string.h>
@@ -37,10 +36,4 @@ bool ddo__dxgi_pressure(const ddo__dxgi_memory *m, uint64_t need, uint64_t local
     bool shared =
         m->nonlocal_budget > 0 && sat_sub(m->nonlocal_budget, m->nonlocal_usage) < shared_headroom;
     return local || shared;
-}
-
-uint64_t ddo__wddm_pin_cap(uint64_t ram_total_bytes)
-{
-    uint64_t half = ram_total_bytes / 2;
-    return half - half % DDO_SEGMENT_BYTES;
 }

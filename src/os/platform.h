@@ -30,8 +30,5 @@ uint64_t ddo__dxgi_local_free(const ddo__dxgi_memory *m, uint64_t local_headroom
  * never pressure). */
 bool ddo__dxgi_pressure(const ddo__dxgi_memory *m, uint64_t need, uint64_t local_headroom,
                         uint64_t shared_headroom);
-/* WDDM's pool of pinned host memory: half of physical RAM, in whole 64 MiB segments
- * (0 when RAM is unknown: no cap). */
-uint64_t ddo__wddm_pin_cap(uint64_t ram_total_bytes);
 
 #endif /* DDO_PLATFORM_H */

@@ -5,7 +5,6 @@
  * mremap of old size 0).
  */
 #if !defined(_WIN32)
-#    define _GNU_SOURCE
 #    include "os/sys.h"
 
 #    include <dlfcn.h>

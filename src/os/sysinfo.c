@@ -2,7 +2,6 @@
  * sysinfo.c - host RAM, cgroup limit and WSL detection (Linux; other systems
  * report "unknown").
  */
-#define _GNU_SOURCE
 #include "os/sysinfo.h"
 
 #include <ctype.h>

@@ -152,6 +152,9 @@ typedef struct ddo__pin_resolution {
 void ddo__pin_resolve(uint64_t candidates, uint64_t pin_budget, double pin_ratio, uint64_t max_pin,
                       bool force_full_pin, ddo__pin_resolution *out, ddo__decisions *d);
 const char *ddo__pin_mode_name(ddo__pin_mode mode);
+/* WDDM's pool of pinned host memory (plan_budget.c): half of physical RAM, in whole 64 MiB
+ * segments (0 when RAM is unknown: no cap). */
+uint64_t ddo__wddm_pin_cap(uint64_t ram_total_bytes);
 
 /* ---- the plan object ---- */
 

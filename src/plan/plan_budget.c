@@ -322,3 +322,9 @@ void ddo__pin_resolve(uint64_t candidates, uint64_t pin_budget, double pin_ratio
     ddo__decisions_set_str(d, "resolved_pin_weight_budget_mode", ddo__pin_mode_name(out->mode));
     ddo__decisions_set_gb(d, "resolved_pin_weight_budget_gb", out->budget);
 }
+
+uint64_t ddo__wddm_pin_cap(uint64_t ram_total_bytes)
+{
+    uint64_t half = ram_total_bytes / 2;
+    return half - half % DDO_SEGMENT_BYTES;
+}

@@ -12,7 +12,6 @@
  * Thread-safety: one host thread at a time per session. Internally a loader
  * thread issues uploads; see session.h.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "session/session.h"
 #include "session/session_codec.h"
 

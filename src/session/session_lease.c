@@ -4,7 +4,6 @@
  * free) and makes the host's stream wait for its upload; ddo_session_release records the
  * release event on the host's stream, after which the slot may be reused.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "session/session.h"
 
 #include "device/device.h"

@@ -8,7 +8,6 @@
  * (session_transport.c) and records the upload event. acquire makes the host stream wait on that
  * event.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "session/session.h"
 
 #include "device/device.h"

@@ -8,7 +8,6 @@
  * may, as a last resort, displace a prefetched unit that was never acquired, as pick_slot
  * already lets it take that unit's slot). Evicted handles go back to the pool.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "session/session.h"
 
 #include "device/device.h"

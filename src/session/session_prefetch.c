@@ -7,7 +7,6 @@
  * declared, and again after a reload, the first `slots` units of it start loading at once, so
  * the first pass does not begin by waiting for its first unit.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "session/session.h"
 
 #include <string.h>

@@ -11,7 +11,6 @@
  * holds, goes through transition() below; debug builds assert that it is one
  * of the machine's transitions and the slot's invariants after it.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "session/session.h"
 
 #include "device/device.h"

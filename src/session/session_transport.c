@@ -18,7 +18,6 @@
  *   coded_file           a file tensor's coded stream from its sidecar (weight_codec_cache_dir)
  *                        into a window, then as coded (session_codec.c); raw file on a bad one
  */
-#define _POSIX_C_SOURCE 200809L
 #include "session/session_transport.h"
 
 #include "device/device.h"

@@ -5,7 +5,6 @@
  * slot's handle (or every weight's own handle) into them and out again. The driver-API
  * order of cuda-samples: reserve -> create -> map -> set access; unmap -> release -> free.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "session/session.h"
 
 #include "device/device.h"

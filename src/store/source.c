@@ -20,7 +20,6 @@
  * read workers and the registration of segments: source_read.c; what the two
  * share: source_internal.h.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "store/source_internal.h"
 
 #include "checkpoint/checkpoint.h"

@@ -9,7 +9,6 @@
  * gives the pages and the account bytes that coding saved back and registers the coded
  * store.
  */
-#define _DEFAULT_SOURCE
 #include "store/source_codec.h"
 
 #include "os/sys.h"

@@ -5,7 +5,6 @@
  * os/read.c), register the store's segments, and pin the host-memory tensors
  * in place; and the read fault injection of the tests.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "store/source_internal.h"
 
 #include "checkpoint/checkpoint.h"

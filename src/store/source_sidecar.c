@@ -4,7 +4,6 @@
  * every length and offset is checked before use), and the atomic writer. What a setup does
  * with it: source_sidecar_use.c.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "store/source_sidecar.h"
 
 #include "codec/codec.h"

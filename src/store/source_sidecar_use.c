@@ -18,7 +18,6 @@
  *            the old sidecar, checked), so the session streams their coded bytes from the
  *            first run on.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "store/source_internal.h"
 
 #include "checkpoint/checkpoint.h"

@@ -10,7 +10,6 @@
  * --verify also decodes every stream with the C reference decoder, compares it with the
  * tensor and prints the decoder's throughput per thread.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "inspect_codec.h"
 #include "compat.h"
 #include "tool.h"
