@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # check_layers.sh - the dependency rule of docs/map.md holds: a folder of src/ includes and calls
 # only itself and the folders its rule line names (lower layers never call up), and the files of
-# src/session/ call only files below them in the rule's session order. Includes are read from the
+# src/session/ call only files below them in the rule's session order; <pthread.h>, <dlfcn.h>
+# and <windows.h> are included only in src/os/ (os/thread.h and os/dl.h wrap them). Includes are read from the
 # sources (an include must name its folder: "plan/plan.h"); calls from the object files of this
 # build ($DDO_BUILD_DIR): every undefined symbol of a folder's objects is mapped, with nm, to
 # the object that defines it. A call against the rule that is not fixed yet is a named, counted
@@ -94,6 +95,13 @@ for p in srcs:
             against(fa, fb, f'{p} includes {name}')
         elif not file_ok(p, target) and not target.endswith('.h'):
             against(p, target, 'include')
+
+# The platform's thread and loader headers only inside os/ (os/thread.h, os/dl.h wrap them).
+sysinc = re.compile(r'^\s*#\s*include\s*<(pthread\.h|dlfcn\.h|windows\.h)>', re.M)
+for p in srcs:
+    if folder_of(p) != 'os':
+        for name in sysinc.findall(open(p, errors='replace').read()):
+            fails.append(f'{p} includes <{name}> (use os/thread.h, os/dl.h)')
 
 # Calls.
 objs = []

@@ -8,7 +8,7 @@
 
 #include "base/common.h"
 
-#include <pthread.h>
+#include "os/thread.h"
 #include <stdint.h>
 
 typedef struct ddo__account {
@@ -17,7 +17,7 @@ typedef struct ddo__account {
     uint64_t limit;     /* UINT64_MAX = unlimited */
     uint64_t used;
     uint64_t peak;
-    pthread_mutex_t lock;
+    ddo__mutex lock;
 } ddo__account;
 
 void ddo__account_init(ddo__account *a, const char *name, const char *option, uint64_t limit);

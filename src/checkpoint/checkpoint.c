@@ -12,7 +12,7 @@
  */
 #include "checkpoint/checkpoint_internal.h"
 
-#include <pthread.h>
+#include "os/thread.h"
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,9 +27,9 @@
 int ddo__checkpoint_record(const ddo_checkpoint *ck, int code)
 {
     ddo_checkpoint *m = (ddo_checkpoint *)(uintptr_t)ck;
-    pthread_mutex_lock(&m->err_lock);
+    ddo__mutex_lock(&m->err_lock);
     ddo__fail_from_last(&m->err, code);
-    pthread_mutex_unlock(&m->err_lock);
+    ddo__mutex_unlock(&m->err_lock);
     return code;
 }
 
@@ -49,7 +49,7 @@ static ddo_checkpoint *ck_new(ddo_read_backend backend)
     ddo_checkpoint *ck = ddo__calloc(1, sizeof(*ck));
     if (ck == NULL)
         return NULL;
-    if (pthread_mutex_init(&ck->err_lock, NULL) != 0) {
+    if (ddo__mutex_init(&ck->err_lock) != 0) {
         free(ck);
         return NULL;
     }
@@ -86,7 +86,7 @@ void ddo_checkpoint_destroy(ddo_checkpoint *ck)
         free((char *)(uintptr_t)ck->groups[i].prefix);
     free(ck->groups);
     ddo__checkpoint_quant_free(ck);
-    pthread_mutex_destroy(&ck->err_lock);
+    ddo__mutex_destroy(&ck->err_lock);
     free(ck);
 }
 

@@ -13,8 +13,8 @@
 #include "checkpoint/checkpoint.h"
 #include "os/file.h"
 
+#include "os/thread.h"
 #include <jansson.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -34,7 +34,7 @@ typedef struct ddo__checkpoint_file {
 
 struct ddo_checkpoint {
     ddo__errbuf err;
-    pthread_mutex_t err_lock;
+    ddo__mutex err_lock;
     ddo_read_backend backend;
 
     ddo__checkpoint_file *files;

@@ -26,8 +26,8 @@
  */
 #include "codec/codec_internal.h"
 
+#include "os/thread.h"
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -603,14 +603,14 @@ int ddo__codec_decode_threads(const void *coded, uint64_t coded_bytes, void *dst
     if (rc == 0) {
         enum { MAX_THREADS = 64 };
         dec_job j = { coded, coded_bytes, dst, dst_bytes, &p->launch, status, 0 };
-        pthread_t tid[MAX_THREADS];
+        ddo__thread tid[MAX_THREADS];
         unsigned started = 0, want = threads < MAX_THREADS ? threads : MAX_THREADS;
         while (started + 1 < want && started + 1 < p->launch.n_blocks &&
-               pthread_create(&tid[started], NULL, dec_worker, &j) == 0)
+               ddo__thread_create(&tid[started], dec_worker, &j) == 0)
             started++;
         dec_worker(&j);
         for (unsigned t = 0; t < started; t++)
-            pthread_join(tid[t], NULL);
+            ddo__thread_join(tid[t]);
         rc = ddo__codec_status_check(p, status, eb);
     }
     free(status);

@@ -6,8 +6,8 @@
  */
 #include "codec/codec_internal.h"
 
+#include "os/thread.h"
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -269,7 +269,7 @@ typedef struct enc_job {
     uint32_t esize, block_elems, n_blocks;
     uint8_t *dst;
     uint64_t *lens; /* coded length of each block */
-    pthread_mutex_t lock;
+    ddo__mutex lock;
     uint32_t next;
     bool failed;
 } enc_job;
@@ -289,13 +289,13 @@ static void *enc_worker(void *arg)
     sc.lanes = ddo__calloc(j->block_elems / DDO_CODEC_LANE_SYMS + 1, sizeof(uint32_t));
     sc.exp = ddo__malloc((size_t)exp_cap(j->block_elems));
     for (;;) {
-        pthread_mutex_lock(&j->lock);
+        ddo__mutex_lock(&j->lock);
         bool nomem = sc.syms == NULL || sc.raw == NULL || sc.lanes == NULL || sc.exp == NULL;
         bool stop = j->failed || j->next >= j->n_blocks || nomem;
         uint32_t b = j->next++;
         if (nomem)
             j->failed = true;
-        pthread_mutex_unlock(&j->lock);
+        ddo__mutex_unlock(&j->lock);
         if (stop)
             break;
         uint64_t e0 = (uint64_t)b * j->block_elems, total = j->src_bytes / j->esize;
@@ -313,20 +313,20 @@ static void *enc_worker(void *arg)
 static void run_workers(enc_job *j, unsigned threads)
 {
     enum { MAX_THREADS = 256 };
-    pthread_t tid[MAX_THREADS];
+    ddo__thread tid[MAX_THREADS];
     unsigned started = 0;
     if (threads > MAX_THREADS)
         threads = MAX_THREADS;
     if (threads > j->n_blocks)
         threads = j->n_blocks;
     for (unsigned t = 1; t < threads; t++) {
-        if (pthread_create(&tid[started], NULL, enc_worker, j) != 0)
+        if (ddo__thread_create(&tid[started], enc_worker, j) != 0)
             break;
         started++;
     }
     enc_worker(j);
     for (unsigned t = 0; t < started; t++)
-        pthread_join(tid[t], NULL);
+        ddo__thread_join(tid[t]);
 }
 
 /* Moves the blocks from their worst-case slots to their final places; writes header and dir. */
@@ -385,9 +385,9 @@ int ddo__codec_encode(const void *src, uint64_t src_bytes, ddo_dtype dtype,
     j.lens = ddo__calloc(j.n_blocks ? j.n_blocks : 1, sizeof(uint64_t));
     if (j.lens == NULL)
         return ddo__fail(eb, DDO_E_NO_MEMORY, "codec: tensor `%s`: out of host memory", nm);
-    pthread_mutex_init(&j.lock, NULL);
+    ddo__mutex_init(&j.lock);
     run_workers(&j, p && p->threads > 1 ? p->threads : 1);
-    pthread_mutex_destroy(&j.lock);
+    ddo__mutex_destroy(&j.lock);
     int rc = 0;
     if (j.failed)
         rc = ddo__fail(eb, DDO_E_NO_MEMORY, "codec: tensor `%s`: out of host memory", nm);

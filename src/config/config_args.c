@@ -5,7 +5,7 @@
  */
 #include "config/config_priv.h"
 
-#include <pthread.h>
+#include "os/thread.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,7 +148,7 @@ static const char *metavar(const ddo__optdesc *d)
 }
 
 static char *help_text;
-static pthread_once_t help_once = PTHREAD_ONCE_INIT;
+static ddo__once_flag help_once = DDO__ONCE_INIT;
 
 static void build_help(void)
 {
@@ -187,6 +187,6 @@ static void build_help(void)
 
 const char *ddo_config_flags_help(void)
 {
-    pthread_once(&help_once, build_help);
+    ddo__once(&help_once, build_help);
     return help_text != NULL ? help_text : "";
 }

@@ -14,7 +14,7 @@
  */
 #include "device/device_internal.h"
 
-#include <pthread.h>
+#include "os/thread.h"
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,9 +93,9 @@ int ddo_device_create(const char *spec, const ddo_device_options *opts, ddo_devi
         return ddo__fail(NULL, DDO_E_NO_MEMORY, "device \"%s\": out of host memory", spec);
     dev->ops = ops;
     snprintf(dev->spec, sizeof(dev->spec), "%s", spec);
-    pthread_mutex_init(&dev->err_lock, NULL);
-    pthread_mutex_init(&dev->fault_lock, NULL);
-    pthread_mutex_init(&dev->usage_lock, NULL);
+    ddo__mutex_init(&dev->err_lock);
+    ddo__mutex_init(&dev->fault_lock);
+    ddo__mutex_init(&dev->usage_lock);
 
     ddo__errbuf eb = { 0, "" };
     rc = ops->open(spec, &taken.o, &dev->st, &eb);
@@ -111,9 +111,9 @@ int ddo_device_create(const char *spec, const ddo_device_options *opts, ddo_devi
     return 0;
 
 fail:
-    pthread_mutex_destroy(&dev->usage_lock);
-    pthread_mutex_destroy(&dev->fault_lock);
-    pthread_mutex_destroy(&dev->err_lock);
+    ddo__mutex_destroy(&dev->usage_lock);
+    ddo__mutex_destroy(&dev->fault_lock);
+    ddo__mutex_destroy(&dev->err_lock);
     free(dev);
     if (eb.msg[0] == '\0')
         return ddo__fail(NULL, rc, "device \"%s\": open failed (%s)", spec, ddo_errname(rc));
@@ -129,9 +129,9 @@ void ddo_device_destroy(ddo_device *dev)
     ddo__devtab_free(&dev->mem);
     ddo__devtab_free(&dev->pinned);
     ddo__devtab_free(&dev->registered);
-    pthread_mutex_destroy(&dev->usage_lock);
-    pthread_mutex_destroy(&dev->fault_lock);
-    pthread_mutex_destroy(&dev->err_lock);
+    ddo__mutex_destroy(&dev->usage_lock);
+    ddo__mutex_destroy(&dev->fault_lock);
+    ddo__mutex_destroy(&dev->err_lock);
     free(dev);
 }
 
@@ -145,9 +145,9 @@ int ddo_device_caps_get(ddo_device *dev, ddo_device_caps *out)
     ddo__errbuf eb = { 0, "" };
     int rc = dev->ops->caps(dev->st, &caps, &eb);
     if (rc != 0) {
-        pthread_mutex_lock(&dev->err_lock);
+        ddo__mutex_lock(&dev->err_lock);
         dev->err = eb;
-        pthread_mutex_unlock(&dev->err_lock);
+        ddo__mutex_unlock(&dev->err_lock);
         return ddo__fail(NULL, rc, "%s", eb.msg);
     }
     *out = caps;
@@ -265,9 +265,9 @@ int ddo__device_cpu_throttle(ddo_device *dev, double bytes_per_s, uint64_t laten
     else
         rc = ddo__cpu_set_throttle(dev->st, bytes_per_s, latency_ns, &eb);
     if (rc != 0) {
-        pthread_mutex_lock(&dev->err_lock);
+        ddo__mutex_lock(&dev->err_lock);
         dev->err = eb;
-        pthread_mutex_unlock(&dev->err_lock);
+        ddo__mutex_unlock(&dev->err_lock);
     }
     return rc;
 }
@@ -295,7 +295,7 @@ void ddo__device_stats_reset(ddo_device *dev)
 void ddo__device_usage(const ddo_device *dev, ddo__device_usage_t *out)
 {
     ddo_device *d = (ddo_device *)dev; /* the lock is not part of the device's value */
-    pthread_mutex_lock(&d->usage_lock);
+    ddo__mutex_lock(&d->usage_lock);
     out->device_bytes = d->device_bytes.cur;
     out->device_peak_bytes = d->device_bytes.peak;
     out->pinned_bytes = d->pinned_bytes.cur;
@@ -306,7 +306,7 @@ void ddo__device_usage(const ddo_device *dev, ddo__device_usage_t *out)
     out->va_peak_bytes = d->va_bytes.peak;
     out->mapped_bytes = d->mapped_bytes.cur;
     out->mapped_peak_bytes = d->mapped_bytes.peak;
-    pthread_mutex_unlock(&d->usage_lock);
+    ddo__mutex_unlock(&d->usage_lock);
 }
 
 void ddo__device_inject_fault(ddo_device *dev, ddo__devop op, uint64_t nth, bool persistent,
@@ -314,7 +314,7 @@ void ddo__device_inject_fault(ddo_device *dev, ddo__devop op, uint64_t nth, bool
 {
     if (dev == NULL || (int)op < 0 || op >= DDO__OP_COUNT)
         return;
-    pthread_mutex_lock(&dev->fault_lock);
+    ddo__mutex_lock(&dev->fault_lock);
     fault *f = &dev->faults[op];
     f->nth = nth;
     f->seen = 0;
@@ -322,17 +322,17 @@ void ddo__device_inject_fault(ddo_device *dev, ddo__devop op, uint64_t nth, bool
     f->persistent = persistent;
     f->active = nth != 0;
     atomic_store_explicit(&dev->fault_armed[op], f->active ? 1 : 0, memory_order_release);
-    pthread_mutex_unlock(&dev->fault_lock);
+    ddo__mutex_unlock(&dev->fault_lock);
 }
 
 void ddo__device_clear_faults(ddo_device *dev)
 {
     if (dev == NULL)
         return;
-    pthread_mutex_lock(&dev->fault_lock);
+    ddo__mutex_lock(&dev->fault_lock);
     for (int i = 0; i < DDO__OP_COUNT; i++) {
         dev->faults[i].active = false;
         atomic_store_explicit(&dev->fault_armed[i], 0, memory_order_release);
     }
-    pthread_mutex_unlock(&dev->fault_lock);
+    ddo__mutex_unlock(&dev->fault_lock);
 }

@@ -13,7 +13,7 @@
 #include "device/device.h"
 #include "os/sys.h"
 
-#include <pthread.h>
+#include "os/thread.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -62,8 +62,8 @@ typedef struct cpu_dev cpu_dev;
 typedef struct cpu_stream {
     cpu_dev *d;
     int priority; /* recorded only */
-    pthread_t thread;
-    pthread_cond_t work;
+    ddo__thread thread;
+    ddo__cond work;
     cpu_op *head, *tail, *current;
     uint64_t enqueued, completed;
     bool stop;
@@ -75,8 +75,8 @@ struct cpu_dev {
     uint64_t size;
     uint64_t gran;
     double flops_per_s;
-    pthread_mutex_t lock;
-    pthread_cond_t progress; /* broadcast whenever any stream completes an op */
+    ddo__mutex lock;
+    ddo__cond progress; /* broadcast whenever any stream completes an op */
     double bytes_per_s;
     uint64_t latency_ns;
     uint64_t allocated; /* live handles (until their last unmap) + plain buffers */

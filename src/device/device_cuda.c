@@ -32,7 +32,7 @@
 
 #if DDO_HAVE_CUDA_H
 
-#    include <pthread.h>
+#    include "os/thread.h"
 #    include <stdio.h>
 #    include <stdlib.h>
 #    include <string.h>
@@ -67,7 +67,7 @@ static void cuda_close(void *st)
         return;
     if (d->codec_mod != NULL && d->api.CtxSetCurrent(d->ctx) == CUDA_SUCCESS)
         d->api.ModuleUnload(d->codec_mod);
-    pthread_mutex_destroy(&d->codec_lock);
+    ddo__mutex_destroy(&d->codec_lock);
     if (d->ctx_retained)
         d->api.DevicePrimaryCtxRelease(d->device);
     /* libcuda stays loaded for the life of the process (as the CUDA runtime does): its
@@ -168,10 +168,10 @@ static int cuda_open(const char *spec, const ddo_device_options *opts, void **st
     if (d == NULL)
         return ddo__fail(eb, DDO_E_NO_MEMORY, "cuda:%d: out of host memory", ordinal);
     d->ordinal = ordinal;
-    pthread_mutex_init(&d->codec_lock, NULL);
+    ddo__mutex_init(&d->codec_lock);
     int rc = ddo__cuda_load_driver(d, path, eb);
     if (rc != 0) {
-        pthread_mutex_destroy(&d->codec_lock);
+        ddo__mutex_destroy(&d->codec_lock);
         free(d);
         return rc;
     }
@@ -609,7 +609,7 @@ extern const size_t ddo__codec_image_bytes;
  * compiles the image's PTX). */
 static int codec_module(cuda_dev *d, ddo__errbuf *eb)
 {
-    pthread_mutex_lock(&d->codec_lock);
+    ddo__mutex_lock(&d->codec_lock);
     if (d->codec_rc == 0) {
         CUresult r = d->api.ModuleLoadData(&d->codec_mod, ddo__codec_image);
         const char *call = "cuModuleLoadData";
@@ -627,7 +627,7 @@ static int codec_module(cuda_dev *d, ddo__errbuf *eb)
         }
     }
     int rc = d->codec_rc;
-    pthread_mutex_unlock(&d->codec_lock);
+    ddo__mutex_unlock(&d->codec_lock);
     if (rc == 1)
         return 0;
     return ddo__fail(eb, rc, "%s", d->codec_err);

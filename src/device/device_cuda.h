@@ -12,9 +12,9 @@
 
 #if DDO_HAVE_CUDA_H
 
+#    include "os/thread.h"
 #    include <cuda.h>
 #    include <cudaTypedefs.h>
-#    include <pthread.h>
 #    include <stdbool.h>
 #    include <stddef.h>
 
@@ -94,7 +94,7 @@ typedef struct cuda_dev {
     double flops_estimate; /* flops_estimate(): the caps' compute rate, 0 = unknown */
     char name[128];
     /* The codec decoder's module, loaded on first use (codec_lock guards these). */
-    pthread_mutex_t codec_lock;
+    ddo__mutex codec_lock;
     CUmodule codec_mod;
     CUfunction codec_fn;
     int codec_rc; /* 0: not loaded yet; 1: loaded; < 0: loading failed with this code */

@@ -7,7 +7,7 @@
  */
 #include "device/device_cuda.h"
 
-#include "os/sys.h"
+#include "os/dl.h"
 
 #if DDO_HAVE_CUDA_H
 

@@ -9,8 +9,8 @@
 #include "os/read.h"
 #include "os/sys.h"
 
+#include "os/thread.h"
 #include <errno.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -218,19 +218,19 @@ static double direct_pass(const char *path, uint64_t len)
         return 0;
     len = len / DDO__OS_DIRECT_ALIGN * DDO__OS_DIRECT_ALIGN;
     direct_reader r[DIRECT_STREAMS];
-    pthread_t tid[DIRECT_STREAMS];
+    ddo__thread tid[DIRECT_STREAMS];
     unsigned started = 0;
     uint64_t t0 = ddo__now_ns();
     for (unsigned i = 0; i < DIRECT_STREAMS; i++) {
         r[i] = (direct_reader){ fd, len, i, DIRECT_STREAMS, 0, 0 };
-        if (pthread_create(&tid[i], NULL, direct_thread, &r[i]) != 0)
+        if (ddo__thread_create(&tid[i], direct_thread, &r[i]) != 0)
             break;
         started++;
     }
     uint64_t bytes = 0;
     int err = started == DIRECT_STREAMS ? 0 : EAGAIN;
     for (unsigned i = 0; i < started; i++) {
-        pthread_join(tid[i], NULL);
+        ddo__thread_join(tid[i]);
         bytes += r[i].bytes;
         if (r[i].err != 0)
             err = r[i].err;

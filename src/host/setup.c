@@ -14,8 +14,8 @@
 #include "os/sysinfo.h"
 #include "plan/plan.h"
 
+#include "os/thread.h"
 #include <jansson.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -221,7 +221,7 @@ const char *ddo_setup_profile_dir(const ddo_setup *setup)
 
 /* The rates measured so far: [0] the cpu device, [1 + N] cuda:N (guarded by g_rates_lock). */
 #define RATE_SLOTS 65
-static pthread_mutex_t g_rates_lock = PTHREAD_MUTEX_INITIALIZER;
+static ddo__mutex g_rates_lock = DDO__MUTEX_INITIALIZER;
 static double g_bus[RATE_SLOTS];
 static double g_cpu_flops;
 
@@ -260,7 +260,7 @@ static void measured_rates(ddo_device *dev, ddo_plan_inputs *in)
     int slot = caps.is_cpu ? 0 : 1 + caps.ordinal;
     if (slot < 0 || slot >= RATE_SLOTS)
         return;
-    pthread_mutex_lock(&g_rates_lock);
+    ddo__mutex_lock(&g_rates_lock);
     if (!(in->bus_bytes_per_s > 0)) {
         if (!(g_bus[slot] > 0) && ddo__measure_bus_quick(dev, &g_bus[slot]) != 0)
             g_bus[slot] = 0.0; /* not now (no memory for it): measured on a later call */
@@ -271,7 +271,7 @@ static void measured_rates(ddo_device *dev, ddo_plan_inputs *in)
             g_cpu_flops = cpu_flops_estimate();
         in->flops_per_s = g_cpu_flops;
     }
-    pthread_mutex_unlock(&g_rates_lock);
+    ddo__mutex_unlock(&g_rates_lock);
 }
 
 int ddo_setup_plan_inputs(ddo_setup *setup, ddo_plan_inputs *out)

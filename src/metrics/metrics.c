@@ -102,51 +102,51 @@ static const char *kind_text(ddo__metric_kind kind)
 
 void ddo__metrics_init(ddo__metrics_acc *m)
 {
-    pthread_mutex_init(&m->lock, NULL);
+    ddo__mutex_init(&m->lock);
     for (size_t i = 0; i < DDO_M_COUNT; i++)
         m->v[i] = 0.0;
 }
 
 void ddo__metrics_fini(ddo__metrics_acc *m)
 {
-    pthread_mutex_destroy(&m->lock);
+    ddo__mutex_destroy(&m->lock);
 }
 
 void ddo__metrics_add(ddo__metrics_acc *m, ddo__metric_id id, double delta)
 {
     if (m == NULL || (unsigned)id >= DDO_M_COUNT)
         return;
-    pthread_mutex_lock(&m->lock);
+    ddo__mutex_lock(&m->lock);
     m->v[id] += delta;
-    pthread_mutex_unlock(&m->lock);
+    ddo__mutex_unlock(&m->lock);
 }
 
 void ddo__metrics_set(ddo__metrics_acc *m, ddo__metric_id id, double value)
 {
     if (m == NULL || (unsigned)id >= DDO_M_COUNT)
         return;
-    pthread_mutex_lock(&m->lock);
+    ddo__mutex_lock(&m->lock);
     m->v[id] = value;
-    pthread_mutex_unlock(&m->lock);
+    ddo__mutex_unlock(&m->lock);
 }
 
 void ddo__metrics_max(ddo__metrics_acc *m, ddo__metric_id id, double value)
 {
     if (m == NULL || (unsigned)id >= DDO_M_COUNT)
         return;
-    pthread_mutex_lock(&m->lock);
+    ddo__mutex_lock(&m->lock);
     if (value > m->v[id])
         m->v[id] = value;
-    pthread_mutex_unlock(&m->lock);
+    ddo__mutex_unlock(&m->lock);
 }
 
 double ddo__metrics_value(ddo__metrics_acc *m, ddo__metric_id id)
 {
     if (m == NULL || (unsigned)id >= DDO_M_COUNT)
         return 0.0;
-    pthread_mutex_lock(&m->lock);
+    ddo__mutex_lock(&m->lock);
     double v = m->v[id];
-    pthread_mutex_unlock(&m->lock);
+    ddo__mutex_unlock(&m->lock);
     return v;
 }
 
@@ -238,9 +238,9 @@ int ddo__metrics_snapshot(ddo__metrics_acc *m, const ddo__metrics_plan_facts *pl
     ddo_metrics *s = ddo__calloc(1, sizeof(*s));
     if (s == NULL)
         goto nomem;
-    pthread_mutex_lock(&m->lock);
+    ddo__mutex_lock(&m->lock);
     memcpy(s->v, m->v, sizeof(s->v));
-    pthread_mutex_unlock(&m->lock);
+    ddo__mutex_unlock(&m->lock);
     const char *route = "none";
     if (plan != NULL) {
         if (plan->budgets != NULL)

@@ -7,7 +7,7 @@
 
 #include "base/common.h"
 
-#include <pthread.h>
+#include "os/thread.h"
 
 typedef enum ddo__metric_id {
 #define DDO_METRIC(name, kind, unit, help) DDO_M_##name,
@@ -25,7 +25,7 @@ typedef enum ddo__metric_kind {
 
 /* Thread-safe accumulator (the session's threads update it). */
 typedef struct ddo__metrics_acc {
-    pthread_mutex_t lock;
+    ddo__mutex lock;
     double v[DDO_M_COUNT];
 } ddo__metrics_acc;
 

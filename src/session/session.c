@@ -249,9 +249,9 @@ void ddo__session_destroy_now(ddo_session *s)
     if (s->metrics_ready)
         ddo__metrics_fini(&s->metrics);
     if (s->sync_ready) {
-        pthread_cond_destroy(&s->cv);
-        pthread_mutex_destroy(&s->mu);
-        pthread_mutex_destroy(&s->busy_mu);
+        ddo__cond_destroy(&s->cv);
+        ddo__mutex_destroy(&s->mu);
+        ddo__mutex_destroy(&s->busy_mu);
     }
     free(s->bounce);
     free((void *)s->tensor_views);
@@ -540,9 +540,9 @@ int ddo_session_create(const ddo_plan *plan, const ddo_checkpoint *ck, ddo_devic
     s->unit_count = ddo_plan_unit_count(plan);
     s->slot_count = b.slot_count;
     s->slot_bytes = b.slot_bytes;
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_mutex_init(&s->busy_mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
+    ddo__mutex_init(&s->mu);
+    ddo__mutex_init(&s->busy_mu);
+    ddo__cond_init(&s->cv);
     s->sync_ready = true;
     ddo__metrics_init(&s->metrics);
     s->metrics_ready = true;
@@ -582,10 +582,10 @@ int ddo_session_unload(ddo_session *s)
         return 0;
     ddo__metrics_add(&s->metrics, DDO_M_unloads, 1);
     int first = quiesce(s);
-    pthread_mutex_lock(&s->mu);
+    ddo__mutex_lock(&s->mu);
     int rc = drop_device_state(s);
     s->unloaded = true;
-    pthread_mutex_unlock(&s->mu);
+    ddo__mutex_unlock(&s->mu);
     if (first == 0)
         first = rc;
     return first;
@@ -618,7 +618,7 @@ int ddo_session_reload(ddo_session *s)
         return 0;
     if (!s->loader_started)
         return ddo__fail(&s->err, DDO_E_STATE, "ddo_session_reload: the session was released");
-    pthread_mutex_lock(&s->mu);
+    ddo__mutex_lock(&s->mu);
     int rc = s->source == NULL ? build_source(s) : 0; /* after ddo_session_release_host */
     if (rc != 0)
         s->source = NULL;
@@ -629,7 +629,7 @@ int ddo_session_reload(ddo_session *s)
         ddo__metrics_add(&s->metrics, DDO_M_reloads, 1);
         ddo__session_prefetch_head(s); /* the next pass's first units, loading already */
     }
-    pthread_mutex_unlock(&s->mu);
+    ddo__mutex_unlock(&s->mu);
     return rc;
 }
 
@@ -670,9 +670,9 @@ int ddo_session_synchronize(ddo_session *s)
         if (rc != 0)
             return rc;
     }
-    pthread_mutex_lock(&s->mu);
+    ddo__mutex_lock(&s->mu);
     ddo__session_reap(s);
-    pthread_mutex_unlock(&s->mu);
+    ddo__mutex_unlock(&s->mu);
     return 0;
 }
 
@@ -748,11 +748,11 @@ int ddo_session_metrics(ddo_session *s, bool collect_completed, ddo_metrics **ou
                          "ddo_session_metrics: session and out are required");
     ddo__metrics_acc *m = &s->metrics;
     if (collect_completed && !s->unloaded) {
-        pthread_mutex_lock(&s->mu);
+        ddo__mutex_lock(&s->mu);
         (void)ddo__session_reap(s);
         uint64_t n = s->retired_total - s->retired_reported;
         s->retired_reported = s->retired_total;
-        pthread_mutex_unlock(&s->mu);
+        ddo__mutex_unlock(&s->mu);
         ddo__metrics_add(m, DDO_M_completed_tickets, (double)n);
     }
     ddo__metrics_set(m, DDO_M_device_weights_bytes, (double)ddo__account_used(&s->acc_device));
@@ -813,11 +813,11 @@ int ddo__session_unit_state(ddo_session *s, size_t unit, size_t *slot)
 {
     if (unit >= s->unit_count)
         return -1;
-    pthread_mutex_lock(&s->mu);
+    ddo__mutex_lock(&s->mu);
     ddo__session_reap(s);
     size_t i = s->units[unit].slot;
     int st = i == DDO__NONE ? -1 : (int)s->slots[i].state;
-    pthread_mutex_unlock(&s->mu);
+    ddo__mutex_unlock(&s->mu);
     if (slot != NULL)
         *slot = i;
     return st;
@@ -828,7 +828,7 @@ int ddo__session_slot_state(ddo_session *s, size_t slot, size_t *unit, bool *bac
 {
     if (slot >= s->slot_count)
         return -1;
-    pthread_mutex_lock(&s->mu);
+    ddo__mutex_lock(&s->mu);
     ddo__session_reap(s);
     ddo__slot *sl = &s->slots[slot];
     int st = (int)sl->state;
@@ -840,6 +840,6 @@ int ddo__session_slot_state(ddo_session *s, size_t slot, size_t *unit, bool *bac
         *unsafe = sl->unsafe;
     if (prefetched != NULL)
         *prefetched = sl->prefetched;
-    pthread_mutex_unlock(&s->mu);
+    ddo__mutex_unlock(&s->mu);
     return st;
 }

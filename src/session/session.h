@@ -33,7 +33,7 @@
 #include "store/source.h"
 #include "store/staging.h"
 
-#include <pthread.h>
+#include "os/thread.h"
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -209,16 +209,16 @@ struct ddo_session {
     struct ddo__session_codec *codec; /* weight_codec: the decode area (session_codec.c) */
 
     /* The loader thread and its job ring (session_loader.c; jobs queued by session_slots.c). */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
+    ddo__mutex mu;
+    ddo__cond cv;
     bool sync_ready;
-    pthread_t loader;
+    ddo__thread loader;
     bool loader_started;
     bool quit;
     bool loader_busy;
     ddo__job *jobs; /* ring of slot_count jobs */
     size_t job_head, job_count;
-    pthread_mutex_t busy_mu; /* copy-engine busy time, updated from the device's thread */
+    ddo__mutex busy_mu; /* copy-engine busy time, updated from the device's thread */
     uint64_t busy_last_done;
     /* Upload completions are noted by host functions on this stream, each after its upload's
      * event, never on the copy stream: a host function there would hold the next copies until

@@ -15,7 +15,7 @@ static void wait_issued(ddo_session *s, size_t i, uint64_t *stall)
         return;
     uint64_t t0 = ddo__now_ns();
     while (!s->slots[i].issued)
-        pthread_cond_wait(&s->cv, &s->mu);
+        ddo__cond_wait(&s->cv, &s->mu);
     *stall += ddo__now_ns() - t0;
 }
 
@@ -33,9 +33,9 @@ static int verify_decodes(ddo_session *s, size_t i, ddo__unit_rt *u)
     ddo__errbuf eb;
     ddo__errbuf_clear(&eb);
     bool unsafe = false;
-    pthread_mutex_unlock(&s->mu);
+    ddo__mutex_unlock(&s->mu);
     int rc = ddo__session_codec_verify(s, i, &unsafe, &eb);
-    pthread_mutex_lock(&s->mu);
+    ddo__mutex_lock(&s->mu);
     if (rc == 0)
         return 0;
     ddo__fail(&s->err, rc, "acquire \"%s\": %s", u->name, eb.msg);
@@ -83,7 +83,7 @@ static int claim_slot(ddo_session *s, size_t unit, size_t *slot, uint64_t *stall
         if (p == DDO__PICK_NONE)
             return no_slot(s, &s->units[unit]);
         uint64_t t0 = ddo__now_ns();
-        pthread_cond_wait(&s->cv, &s->mu);
+        ddo__cond_wait(&s->cv, &s->mu);
         *stall += ddo__now_ns() - t0;
         ddo__session_reap(s);
     }
@@ -193,11 +193,11 @@ int ddo_session_acquire(ddo_session *s, size_t unit, ddo_stream *stream)
                          s->units[unit].name);
     void *native = ddo__stream_handle(stream);
     uint64_t stall = 0;
-    pthread_mutex_lock(&s->mu);
+    ddo__mutex_lock(&s->mu);
     int rc = acquire_locked(s, unit, native, &stall);
     if (rc == 0)
         ddo__session_prefetch(s, unit);
-    pthread_mutex_unlock(&s->mu);
+    ddo__mutex_unlock(&s->mu);
     if (stall > 0)
         ddo__metrics_add(&s->metrics, DDO_M_stall_ns, (double)stall);
     return rc;
@@ -216,17 +216,17 @@ int ddo_session_release(ddo_session *s, size_t unit, ddo_stream *stream)
         u->leased = false;
         return 0;
     }
-    pthread_mutex_lock(&s->mu);
+    ddo__mutex_lock(&s->mu);
     ddo__slot *sl = &s->slots[u->slot];
     int rc = ddo__dev_event_record(s->dev, sl->release_event, ddo__stream_handle(stream));
     if (rc != 0) {
-        pthread_mutex_unlock(&s->mu);
+        ddo__mutex_unlock(&s->mu);
         /* The lease stays: nothing says when the stream's work on it ends. */
         return ddo__session_fail_ctx(&s->err, rc, "release \"%s\": recording the release event",
                                      u->name);
     }
     ddo__slot_enter(s, sl, DDO__SLOT_RETIRING);
     u->leased = false;
-    pthread_mutex_unlock(&s->mu);
+    ddo__mutex_unlock(&s->mu);
     return 0;
 }

@@ -19,14 +19,14 @@ static void upload_done(void *user)
     ddo__upload_note *note = user;
     ddo_session *s = note->owner;
     uint64_t now = ddo__now_ns();
-    pthread_mutex_lock(&s->busy_mu);
+    ddo__mutex_lock(&s->busy_mu);
     uint64_t start = note->issue_ns > s->busy_last_done ? note->issue_ns : s->busy_last_done;
     if (now > start)
         ddo__metrics_add(&s->metrics, DDO_M_copy_busy_ns, (double)(now - start));
     s->busy_last_done = now;
     size_t unit = note->unit;
     uint64_t bytes = note->bytes;
-    pthread_mutex_unlock(&s->busy_mu);
+    ddo__mutex_unlock(&s->busy_mu);
     ddo__session_trace(s, "upload", unit, start, now, bytes);
 }
 
@@ -36,10 +36,10 @@ static void upload_done(void *user)
 static void note_upload(ddo_session *s, ddo__slot *slot, size_t unit, uint64_t issue_ns,
                         uint64_t bytes)
 {
-    pthread_mutex_lock(&s->busy_mu);
+    ddo__mutex_lock(&s->busy_mu);
     ddo__upload_note *note = &s->notes[s->note_seq++ % DDO__UPLOAD_NOTES];
     *note = (ddo__upload_note){ s, issue_ns, unit, bytes };
-    pthread_mutex_unlock(&s->busy_mu);
+    ddo__mutex_unlock(&s->busy_mu);
     void *stream = s->copy_stream;
     if (s->notify_stream != NULL &&
         ddo__dev_stream_wait_event(s->dev, s->notify_stream, slot->upload_event) == 0)
@@ -87,9 +87,9 @@ static int remap_slot(ddo_session *s, ddo__job *job, ddo__slot *slot, const ddo_
                                          job->slot);
         }
         job->mapped_after = DDO__NONE;
-        pthread_mutex_lock(&s->mu);
+        ddo__mutex_lock(&s->mu);
         ddo__session_unbind_unit(s, job->prev_mapped);
-        pthread_mutex_unlock(&s->mu);
+        ddo__mutex_unlock(&s->mu);
     }
     rc = ddo__session_bind_unit(s, job, eb);
     if (rc != 0)
@@ -121,12 +121,12 @@ static int remap_slot(ddo_session *s, ddo__job *job, ddo__slot *slot, const ddo_
  */
 static int place_handle(ddo_session *s, ddo__job *job, ddo__slot *slot, ddo__errbuf *eb)
 {
-    pthread_mutex_lock(&s->mu);
+    ddo__mutex_lock(&s->mu);
     bool cached = s->units[job->unit].alias_slot == job->slot;
     int rc = cached ? 0 : ddo__session_drop_alias(s, job->unit, eb);
     if (cached)
         s->units[job->unit].alias_slot = DDO__NONE;
-    pthread_mutex_unlock(&s->mu);
+    ddo__mutex_unlock(&s->mu);
     if (rc != 0)
         return rc;
     if (!cached) {
@@ -143,12 +143,12 @@ static int place_handle(ddo_session *s, ddo__job *job, ddo__slot *slot, ddo__err
         }
         ddo__metrics_add(&s->metrics, DDO_M_vmm_maps, 1);
     }
-    pthread_mutex_lock(&s->mu);
+    ddo__mutex_lock(&s->mu);
     if (job->prev_mapped != DDO__NONE && job->prev_mapped != job->unit) {
         s->units[job->prev_mapped].alias_slot = job->slot;
         s->units[job->prev_mapped].alias_epoch = s->order.known ? s->order.epoch : 0;
     }
-    pthread_mutex_unlock(&s->mu);
+    ddo__mutex_unlock(&s->mu);
     job->mapped_after = job->unit;
     return 0;
 }
@@ -198,15 +198,15 @@ static int run_job(ddo_session *s, ddo__job *job, ddo__errbuf *eb)
 static void *loader_main(void *arg)
 {
     ddo_session *s = arg;
-    pthread_mutex_lock(&s->mu);
+    ddo__mutex_lock(&s->mu);
     for (;;) {
         while (!s->quit && s->job_count == 0)
-            pthread_cond_wait(&s->cv, &s->mu);
+            ddo__cond_wait(&s->cv, &s->mu);
         if (s->job_count == 0)
             break;
         ddo__job job = s->jobs[s->job_head];
         s->loader_busy = true;
-        pthread_mutex_unlock(&s->mu);
+        ddo__mutex_unlock(&s->mu);
 
         ddo__errbuf eb;
         ddo__errbuf_clear(&eb);
@@ -227,7 +227,7 @@ static void *loader_main(void *arg)
             }
         }
 
-        pthread_mutex_lock(&s->mu);
+        ddo__mutex_lock(&s->mu);
         s->job_head = (s->job_head + 1) % s->slot_count;
         s->job_count--;
         ddo__slot *slot = &s->slots[job.slot];
@@ -245,15 +245,15 @@ static void *loader_main(void *arg)
         if (unsafe)
             ddo__slot_mark_unsafe(s, slot);
         s->loader_busy = false;
-        pthread_cond_broadcast(&s->cv);
+        ddo__cond_broadcast(&s->cv);
     }
-    pthread_mutex_unlock(&s->mu);
+    ddo__mutex_unlock(&s->mu);
     return NULL;
 }
 
 int ddo__session_loader_start(ddo_session *s)
 {
-    int e = pthread_create(&s->loader, NULL, loader_main, s);
+    int e = ddo__thread_create(&s->loader, loader_main, s);
     if (e != 0)
         return ddo__fail(&s->err, DDO_E_NO_MEMORY, "session: starting the loader thread failed");
     s->loader_started = true;
@@ -264,20 +264,20 @@ void ddo__session_loader_stop(ddo_session *s)
 {
     if (!s->loader_started)
         return;
-    pthread_mutex_lock(&s->mu);
+    ddo__mutex_lock(&s->mu);
     s->quit = true;
-    pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-    pthread_join(s->loader, NULL);
+    ddo__cond_broadcast(&s->cv);
+    ddo__mutex_unlock(&s->mu);
+    ddo__thread_join(s->loader);
     s->loader_started = false;
 }
 
 void ddo__session_wait_idle(ddo_session *s)
 {
-    pthread_mutex_lock(&s->mu);
+    ddo__mutex_lock(&s->mu);
     while (s->job_count > 0 || s->loader_busy)
-        pthread_cond_wait(&s->cv, &s->mu);
-    pthread_mutex_unlock(&s->mu);
+        ddo__cond_wait(&s->cv, &s->mu);
+    ddo__mutex_unlock(&s->mu);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -287,5 +287,5 @@ void ddo__session_queue_job(ddo_session *s, const ddo__job *job)
     DDO_ASSERT(s->job_count < s->slot_count);
     s->jobs[(s->job_head + s->job_count) % s->slot_count] = *job;
     s->job_count++;
-    pthread_cond_broadcast(&s->cv);
+    ddo__cond_broadcast(&s->cv);
 }

@@ -242,7 +242,7 @@ int ddo__session_bind_unit(ddo_session *s, const ddo__job *job, ddo__errbuf *eb)
     bool demand = !job->prefetch;
     size_t waits = 0;
     int rc = 0;
-    pthread_mutex_lock(&s->mu);
+    ddo__mutex_lock(&s->mu);
     for (size_t k = 0; ts != NULL && k < n && rc == 0; k++) {
         size_t t = ts[k];
         uint64_t size = s->wl->handle_bytes[t];
@@ -291,9 +291,9 @@ int ddo__session_bind_unit(ddo_session *s, const ddo__job *job, ddo__errbuf *eb)
                 break;
             }
             waits++;
-            pthread_mutex_unlock(&s->mu);
+            ddo__mutex_unlock(&s->mu);
             int wrc = ddo__dev_event_synchronize(s->dev, ev);
-            pthread_mutex_lock(&s->mu);
+            ddo__mutex_lock(&s->mu);
             if (wrc != 0) {
                 rc = ddo__session_fail_ctx(
                     eb, wrc, "unit \"%s\": waiting for room in the mapped budget", name);
@@ -303,6 +303,6 @@ int ddo__session_bind_unit(ddo_session *s, const ddo__job *job, ddo__errbuf *eb)
     }
     if (rc != 0)
         ddo__session_unbind_unit(s, job->unit);
-    pthread_mutex_unlock(&s->mu);
+    ddo__mutex_unlock(&s->mu);
     return rc;
 }

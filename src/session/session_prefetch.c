@@ -164,10 +164,10 @@ int ddo_session_declare_order(ddo_session *s, const size_t *units, size_t count)
                              "ddo_session_declare_order: unit %zu (\"%s\") listed twice", units[i],
                              s->units[units[i]].name);
     }
-    pthread_mutex_lock(&s->mu);
+    ddo__mutex_lock(&s->mu);
     set_order(s, units, count);
     s->order.declared = true;
     ddo__session_prefetch_head(s);
-    pthread_mutex_unlock(&s->mu);
+    ddo__mutex_unlock(&s->mu);
     return 0;
 }

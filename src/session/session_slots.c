@@ -320,10 +320,10 @@ int ddo_session_reclaim(ddo_session *s, uint64_t *released)
         *released = 0;
         return 0;
     }
-    pthread_mutex_lock(&s->mu);
+    ddo__mutex_lock(&s->mu);
     uint64_t bytes = 0;
     int rc = reclaim_one(s, NULL, &bytes);
-    pthread_mutex_unlock(&s->mu);
+    ddo__mutex_unlock(&s->mu);
     if (rc != 0)
         return rc;
     *released = bytes;

@@ -27,8 +27,8 @@
 #include "os/file.h"
 #include "os/sys.h"
 
+#include "os/thread.h"
 #include <errno.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -12,8 +12,8 @@
 #include "os/file.h"
 #include "store/source_sidecar.h"
 
+#include "os/thread.h"
 #include <errno.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,8 +58,8 @@ typedef struct job job;
 typedef void (*job_worker)(job *j);
 
 struct job {
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
+    ddo__mutex lock;
+    ddo__cond cond;
     size_t next;
     size_t count;
     uint64_t done;
@@ -76,27 +76,27 @@ struct job {
 /* Takes the next item; false when none is left or the job was aborted. */
 static bool job_next(job *j, size_t *idx)
 {
-    pthread_mutex_lock(&j->lock);
+    ddo__mutex_lock(&j->lock);
     bool ok = !j->abort && j->next < j->count;
     if (ok)
         *idx = j->next++;
-    pthread_mutex_unlock(&j->lock);
+    ddo__mutex_unlock(&j->lock);
     return ok;
 }
 
 static void job_progress(job *j, uint64_t bytes)
 {
-    pthread_mutex_lock(&j->lock);
+    ddo__mutex_lock(&j->lock);
     j->done += bytes;
-    pthread_cond_signal(&j->cond);
-    pthread_mutex_unlock(&j->lock);
+    ddo__cond_signal(&j->cond);
+    ddo__mutex_unlock(&j->lock);
 }
 
 /* Records the first failure; abort stops the other workers taking items. */
 static void job_error(job *j, int code, bool abort, const char *fmt, ...) DDO_PRINTF(4, 5);
 static void job_error(job *j, int code, bool abort, const char *fmt, ...)
 {
-    pthread_mutex_lock(&j->lock);
+    ddo__mutex_lock(&j->lock);
     if (j->err == 0) {
         j->err = code;
         va_list ap;
@@ -106,17 +106,17 @@ static void job_error(job *j, int code, bool abort, const char *fmt, ...)
     }
     if (abort)
         j->abort = true;
-    pthread_mutex_unlock(&j->lock);
+    ddo__mutex_unlock(&j->lock);
 }
 
 static void *job_thread(void *arg)
 {
     job *j = arg;
     j->worker(j);
-    pthread_mutex_lock(&j->lock);
+    ddo__mutex_lock(&j->lock);
     j->running--;
-    pthread_cond_signal(&j->cond);
-    pthread_mutex_unlock(&j->lock);
+    ddo__cond_signal(&j->cond);
+    ddo__mutex_unlock(&j->lock);
     return NULL;
 }
 
@@ -131,39 +131,39 @@ static void job_run(job *j, size_t threads, const char *phase, ddo_progress_fn p
         threads = j->count;
     if (threads == 0)
         threads = 1;
-    pthread_t *tids = ddo__calloc(threads, sizeof(*tids));
+    ddo__thread *tids = ddo__calloc(threads, sizeof(*tids));
     size_t started = 0;
-    pthread_mutex_lock(&j->lock);
+    ddo__mutex_lock(&j->lock);
     for (size_t i = 0; tids != NULL && i < threads; i++) {
         j->running++;
-        if (pthread_create(&tids[i], NULL, job_thread, j) != 0) {
+        if (ddo__thread_create(&tids[i], job_thread, j) != 0) {
             j->running--;
             break;
         }
         started++;
     }
-    pthread_mutex_unlock(&j->lock);
+    ddo__mutex_unlock(&j->lock);
     if (started == 0) {
         j->worker(j); /* no thread could be started: do the work here */
     } else {
         uint64_t reported = UINT64_MAX;
-        pthread_mutex_lock(&j->lock);
+        ddo__mutex_lock(&j->lock);
         for (;;) {
             if (progress != NULL && j->done != reported) {
                 reported = j->done;
                 uint64_t total = j->total;
-                pthread_mutex_unlock(&j->lock);
+                ddo__mutex_unlock(&j->lock);
                 progress(user, phase, reported, total);
-                pthread_mutex_lock(&j->lock);
+                ddo__mutex_lock(&j->lock);
                 continue;
             }
             if (j->running == 0)
                 break;
-            pthread_cond_wait(&j->cond, &j->lock);
+            ddo__cond_wait(&j->cond, &j->lock);
         }
-        pthread_mutex_unlock(&j->lock);
+        ddo__mutex_unlock(&j->lock);
         for (size_t i = 0; i < started; i++)
-            pthread_join(tids[i], NULL);
+            ddo__thread_join(tids[i]);
     }
     if (progress != NULL && started == 0)
         progress(user, phase, j->done, j->total);
@@ -174,10 +174,10 @@ static int job_init(job *j, ddo__source *src, job_worker worker, void *arg, size
                     uint64_t total)
 {
     memset(j, 0, sizeof(*j));
-    if (pthread_mutex_init(&j->lock, NULL) != 0)
+    if (ddo__mutex_init(&j->lock) != 0)
         return DDO_E_NO_MEMORY;
-    if (pthread_cond_init(&j->cond, NULL) != 0) {
-        pthread_mutex_destroy(&j->lock);
+    if (ddo__cond_init(&j->cond) != 0) {
+        ddo__mutex_destroy(&j->lock);
         return DDO_E_NO_MEMORY;
     }
     j->src = src;
@@ -190,8 +190,8 @@ static int job_init(job *j, ddo__source *src, job_worker worker, void *arg, size
 
 static void job_fini(job *j)
 {
-    pthread_cond_destroy(&j->cond);
-    pthread_mutex_destroy(&j->lock);
+    ddo__cond_destroy(&j->cond);
+    ddo__mutex_destroy(&j->lock);
 }
 
 /* ---- reading ---- */
