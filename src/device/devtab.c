@@ -69,4 +69,3 @@ void ddo__devtab_free(ddo__devtab *t)
     t->v = NULL;
     t->len = t->cap = 0;
 }
-
