@@ -140,6 +140,43 @@ for a, syms in sorted(undef.items()):
         elif not file_ok(a, b):
             against(os.path.basename(a), os.path.basename(b), f'{s}')
 
+# File circles inside the other folders: not against the rule (which orders only session/'s
+# files), printed so that they stay visible and counted.
+inner = {}
+for a, syms in undef.items():
+    for sym in syms:
+        b = defined.get(sym)
+        if b is not None and b != a and folder_of(a) == folder_of(b):
+            inner.setdefault(a, set()).add(b)
+index, low, stack, on, circles = {}, {}, [], set(), []
+def strong(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on.add(v)
+    for w in sorted(inner.get(v, ())):
+        if w not in index:
+            strong(w)
+            low[v] = min(low[v], low[w])
+        elif w in on:
+            low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+        comp = []
+        while True:
+            w = stack.pop()
+            on.discard(w)
+            comp.append(w)
+            if w == v:
+                break
+        if len(comp) > 1:
+            circles.append(sorted(comp))
+for v in sorted(inner):
+    if v not in index:
+        strong(v)
+for c in sorted(circles):
+    if folder_of(c[0]) != 'session':
+        print(f'note: file circle inside {folder_of(c[0])}/ ({len(c)} files): ' +
+              ', '.join(os.path.basename(x) for x in c))
+
 for key, whats in sorted(exc_used.items()):
     print(f'exception: {key} ({EXCEPTIONS[key]}): {len(whats)} arrow(s)')
     for w in sorted(whats):

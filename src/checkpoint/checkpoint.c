@@ -1,11 +1,10 @@
 /*
  * checkpoint.c - the checkpoint: its lifecycle and tables (the handle, its files, tensors and
- * metadata; the details of failures recorded on it), finishing a table (absolute offsets, the
- * name index, the total, the block groups), and the ways to open one: a safetensors file, a
- * Diffusers / Transformers directory, a sharded set, an image in memory, a host-memory table.
- * Header parsing and validation: checkpoint_header.c; sharded sets: checkpoint_index.c; block
- * groups: checkpoint_blocks.c; reads: checkpoint_io.c; queries and JSON: checkpoint_query.c.
- * Each file's identity is recorded at open.
+ * metadata; the details of failures recorded on it), at the bottom of the checkpoint's files
+ * (above only checkpoint_json.c's helpers). Finishing a table: checkpoint_finish.c; the ways to
+ * open one: checkpoint_open.c. Header parsing and validation: checkpoint_header.c; sharded sets:
+ * checkpoint_index.c; block groups: checkpoint_blocks.c; reads: checkpoint_io.c; queries and
+ * JSON: checkpoint_query.c. Each file's identity is recorded at open.
  *
  * Messages name the file by its basename (the path as given only for errors
  * of the file system: cannot open, not found), then the tensor, then the rule.
@@ -44,7 +43,7 @@ int ddo__checkpoint_fail(const ddo_checkpoint *ck, int code, const char *fmt, ..
     return ddo__checkpoint_record(ck, code);
 }
 
-static ddo_checkpoint *ck_new(ddo_read_backend backend)
+ddo_checkpoint *ddo__checkpoint_new(ddo_read_backend backend)
 {
     ddo_checkpoint *ck = ddo__calloc(1, sizeof(*ck));
     if (ck == NULL)
@@ -55,6 +54,17 @@ static ddo_checkpoint *ck_new(ddo_read_backend backend)
     }
     ck->backend = backend;
     return ck;
+}
+
+void ddo__checkpoint_quant_free(ddo_checkpoint *ck)
+{
+    for (size_t i = 0; i < ck->quant_count; i++) {
+        free((char *)(uintptr_t)ck->quant[i].layer);
+        free((char *)(uintptr_t)ck->quant[i].format);
+    }
+    free(ck->quant);
+    ck->quant = NULL;
+    ck->quant_count = 0;
 }
 
 void ddo_checkpoint_destroy(ddo_checkpoint *ck)
@@ -174,223 +184,4 @@ ddo_tensor_info *ddo__checkpoint_add_tensor(ddo_checkpoint *ck, const char *name
     memset(t, 0, sizeof(*t));
     t->name = n;
     return t;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Finishing a table                                                         */
-/* ------------------------------------------------------------------------ */
-
-/* Absolute offsets, the name index, the total and the block groups. */
-int ddo__checkpoint_finish(ddo_checkpoint *ck, const char *what)
-{
-    uint64_t total = 0;
-    for (size_t i = 0; i < ck->tensor_count; i++) {
-        ddo_tensor_info *t = &ck->tensors[i];
-        if (t->file_index != UINT32_MAX)
-            t->offset += ck->files[t->file_index].info.data_offset;
-        if (!ddo__add_u64(total, t->nbytes, &total))
-            return ddo__fail(NULL, DDO_E_OVERFLOW, "%s: the tensors' total size overflows", what);
-        size_t at = ddo__strmap_put(&ck->by_name, t->name, strlen(t->name), i);
-        if (at == SIZE_MAX)
-            return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory indexing tensors", what);
-        if (at != i) {
-            const ddo_tensor_info *o = &ck->tensors[at];
-            if (t->file_index != UINT32_MAX && o->file_index != UINT32_MAX)
-                return ddo__fail(NULL, DDO_E_FORMAT, "%s: tensor \"%s\" appears in both %s and %s",
-                                 what, Q(t->name), ck->files[o->file_index].label,
-                                 ck->files[t->file_index].label);
-            return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "%s: duplicate tensor name \"%s\"", what,
-                             Q(t->name));
-        }
-    }
-    ck->total_bytes = total;
-    int rc = ck->file_count > 0 && !ck->files[0].gguf ? ddo__checkpoint_quant(ck, what) : 0;
-    return rc != 0 ? rc : ddo__checkpoint_block_groups(ck, what);
-}
-
-/* ------------------------------------------------------------------------ */
-/* Opening                                                                   */
-/* ------------------------------------------------------------------------ */
-
-static int open_single(ddo_checkpoint *ck, const char *path)
-{
-    uint32_t fi;
-    int rc = ddo__checkpoint_add_file(ck, path, &fi);
-    if (rc != 0)
-        return ddo__fail(NULL, rc, "%s: out of memory", Q(path));
-    rc = ddo__checkpoint_open_file(ck, fi);
-    if (rc != 0)
-        return rc;
-    return ddo__checkpoint_finish(ck, ck->files[fi].label);
-}
-
-static bool ends_with(const char *s, const char *suffix)
-{
-    size_t n = strlen(s), m = strlen(suffix);
-    return n >= m && strcmp(s + n - m, suffix) == 0;
-}
-
-/* The checkpoint file a directory holds (Diffusers first, an index first). */
-static int open_directory(ddo_checkpoint *ck, const char *path)
-{
-    static const char *const candidates[] = {
-        "diffusion_pytorch_model.safetensors.index.json",
-        "diffusion_pytorch_model.safetensors",
-        "model.safetensors.index.json",
-        "model.safetensors",
-    };
-    const char *sep = ends_with(path, "/") ? "" : "/";
-    for (size_t i = 0; i < DDO_ARRAY_LEN(candidates); i++) {
-        char *p = ddo__asprintf("%s%s%s", path, sep, candidates[i]);
-        if (p == NULL)
-            return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", Q(path));
-        ddo__file_id id;
-        if (ddo__os_path_identity(p, &id) == 0) {
-            int rc = ends_with(p, ".json") ? ddo__checkpoint_open_index(ck, p) : open_single(ck, p);
-            free(p);
-            return rc;
-        }
-        free(p);
-    }
-    return ddo__fail(NULL, DDO_E_NOT_FOUND,
-                     "%s: directory holds no diffusion_pytorch_model.safetensors[.index.json] or "
-                     "model.safetensors[.index.json]",
-                     Q(path));
-}
-
-int ddo_checkpoint_create(const char *path, ddo_read_backend backend, ddo_checkpoint **out)
-{
-    if (path == NULL || out == NULL)
-        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_checkpoint_create: NULL argument");
-    if (backend != DDO_READ_DEFAULT && backend != DDO_READ_PREAD && backend != DDO_READ_MMAP)
-        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
-                         "ddo_checkpoint_create: unknown read backend %d", (int)backend);
-    if (path[0] == '\0')
-        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_checkpoint_create: empty path");
-    ddo_checkpoint *ck = ck_new(backend == DDO_READ_DEFAULT ? DDO_READ_PREAD : backend);
-    if (ck == NULL)
-        return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", Q(path));
-    int rc;
-    if (ddo__os_is_directory(path))
-        rc = open_directory(ck, path);
-    else if (ends_with(path, ".json"))
-        rc = ddo__checkpoint_open_index(ck, path);
-    else
-        rc = open_single(ck, path);
-    if (rc != 0) {
-        ddo_checkpoint_destroy(ck);
-        return rc;
-    }
-    *out = ck;
-    return 0;
-}
-
-int ddo__checkpoint_parse_buffer(const uint8_t *data, size_t size, const char *name,
-                                 ddo_checkpoint **out)
-{
-    if ((data == NULL && size > 0) || name == NULL || out == NULL)
-        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
-                         "ddo__checkpoint_parse_buffer: NULL argument");
-    ddo_checkpoint *ck = ck_new(DDO_READ_MMAP);
-    if (ck == NULL)
-        return ddo__fail(NULL, DDO_E_NO_MEMORY, "%s: out of memory", name);
-    uint32_t fi;
-    int rc = ddo__checkpoint_add_file(ck, name, &fi);
-    if (rc != 0) {
-        ddo_checkpoint_destroy(ck);
-        return ddo__fail(NULL, rc, "%s: out of memory", name);
-    }
-    ck->files[fi].data = data;
-    ck->files[fi].id.size = size;
-    rc = ddo__checkpoint_parse_image(ck, fi, data, size);
-    if (rc == 0)
-        rc = ddo__checkpoint_finish(ck, ck->files[fi].label);
-    if (rc != 0) {
-        ddo_checkpoint_destroy(ck);
-        return rc;
-    }
-    *out = ck;
-    return 0;
-}
-
-/* Element i of a caller's array of desc_size-byte descriptors, fields past it zero. */
-static ddo_tensor_desc desc_at(const ddo_tensor_desc *tensors, size_t desc_size, size_t i)
-{
-    ddo_tensor_desc d;
-    memset(&d, 0, sizeof(d));
-    memcpy(&d, (const unsigned char *)tensors + i * desc_size, desc_size);
-    return d;
-}
-
-int ddo_checkpoint_create_from_memory_sized(const ddo_tensor_desc *tensors, size_t count,
-                                            size_t desc_size, ddo_checkpoint **out)
-{
-    if ((tensors == NULL && count > 0) || out == NULL)
-        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
-                         "ddo_checkpoint_create_from_memory: NULL argument");
-    size_t first = offsetof(ddo_tensor_desc, data) + sizeof(void *);
-    if (desc_size < first || desc_size > sizeof(ddo_tensor_desc) || desc_size % sizeof(void *) != 0)
-        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
-                         "ddo_checkpoint_create_from_memory: an element of %zu bytes is not a "
-                         "ddo_tensor_desc this library reads (%zu to %zu bytes)",
-                         desc_size, first, sizeof(ddo_tensor_desc));
-    ddo_checkpoint *ck = ck_new(DDO_READ_DEFAULT);
-    if (ck == NULL)
-        return ddo__fail(NULL, DDO_E_NO_MEMORY, "host tensors: out of memory");
-    int rc = 0;
-    for (size_t i = 0; i < count && rc == 0; i++) {
-        ddo_tensor_desc di = desc_at(tensors, desc_size, i);
-        const ddo_tensor_desc *d = &di;
-        if (d->name == NULL) {
-            rc = ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "host tensors: tensor %zu has no name", i);
-            break;
-        }
-        if ((unsigned)d->dtype >= DDO_DTYPE_COUNT) {
-            rc = ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
-                           "host tensors: tensor \"%s\": unknown dtype %d", Q(d->name),
-                           (int)d->dtype);
-            break;
-        }
-        if (d->ndim > DDO_MAX_DIMS || (d->ndim > 0 && d->shape == NULL)) {
-            rc = ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
-                           "host tensors: tensor \"%s\": %u dimensions (at most %d, with a shape)",
-                           Q(d->name), d->ndim, DDO_MAX_DIMS);
-            break;
-        }
-        uint64_t nbytes = 0;
-        rc = ddo__dtype_nbytes(d->dtype, d->shape, d->ndim, &nbytes);
-        if (rc != 0) {
-            char shape_text[256];
-            ddo__checkpoint_format_dims(shape_text, sizeof(shape_text), d->shape, d->ndim);
-            rc = ddo__fail(NULL, rc == DDO_E_OVERFLOW ? DDO_E_OVERFLOW : DDO_E_INVALID_ARGUMENT,
-                           "host tensors: tensor \"%s\": %s %s: %s", Q(d->name),
-                           ddo_dtype_name(d->dtype), shape_text,
-                           rc == DDO_E_OVERFLOW ? "element count or size overflows 64 bits"
-                           : ddo_dtype_block(d->dtype, NULL) != 0
-                               ? "the last dimension is not a whole number of blocks"
-                               : "the elements do not fill whole bytes");
-            break;
-        }
-        ddo_tensor_info *t = ddo__checkpoint_add_tensor(ck, d->name);
-        if (t == NULL) {
-            rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "host tensors: out of memory");
-            break;
-        }
-        t->dtype = d->dtype;
-        t->ndim = d->ndim;
-        if (d->ndim > 0)
-            memcpy(t->shape, d->shape, d->ndim * sizeof(uint64_t));
-        t->file_index = UINT32_MAX;
-        t->offset = 0;
-        t->nbytes = nbytes;
-        t->host_data = d->data;
-    }
-    if (rc == 0)
-        rc = ddo__checkpoint_finish(ck, "host tensors");
-    if (rc != 0) {
-        ddo_checkpoint_destroy(ck);
-        return rc;
-    }
-    *out = ck;
-    return 0;
 }

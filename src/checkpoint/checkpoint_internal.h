@@ -62,6 +62,8 @@ struct ddo_checkpoint {
 /* Copies the thread's last detail onto the handle (under its lock: reads may
  * fail on several threads at once). Returns code. */
 int ddo__checkpoint_record(const ddo_checkpoint *ck, int code);
+/* A new empty checkpoint reading with backend (checkpoint.c); NULL when out of memory. */
+ddo_checkpoint *ddo__checkpoint_new(ddo_read_backend backend);
 /* Formats a detail for the thread and the handle. Returns code. */
 int ddo__checkpoint_fail(const ddo_checkpoint *ck, int code, const char *fmt, ...) DDO_PRINTF(3, 4);
 /* "PATH: WHAT: strerror" (DDO_E_NOT_FOUND for ENOENT, else DDO_E_IO). */

@@ -7,7 +7,9 @@
  */
 #include "checkpoint/checkpoint_internal.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -325,4 +327,109 @@ void ddo__checkpoint_format_real(char *buf, size_t len, double v)
     }
     if (strpbrk(buf, ".eE") == NULL && strlen(buf) + 3 <= len)
         strcat(buf, ".0");
+}
+
+/* ---- helpers of the readers' messages and JSON values ---- */
+
+/* "[4, 3, 3, 3]" from dims. */
+void ddo__checkpoint_format_dims(char *buf, size_t len, const uint64_t *dims, size_t n)
+{
+    size_t at = 0;
+    int w = snprintf(buf, len, "[");
+    at = w > 0 ? (size_t)w : 0;
+    for (size_t i = 0; i < n && at < len; i++) {
+        w = snprintf(buf + at, len - at, "%s%" PRIu64, i ? ", " : "", dims[i]);
+        if (w < 0)
+            return;
+        at += (size_t)w;
+    }
+    if (at < len)
+        snprintf(buf + at, len - at, "]");
+}
+
+const char *ddo__checkpoint_json_type(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        return "an object";
+    case JSON_ARRAY:
+        return "an array";
+    case JSON_STRING:
+        return "a string";
+    case JSON_INTEGER:
+        return "an integer";
+    case JSON_REAL:
+        return "a real number";
+    case JSON_TRUE:
+    case JSON_FALSE:
+        return "a boolean";
+    case JSON_NULL:
+    default:
+        return "null";
+    }
+}
+
+/* Maps a jansson error to the broken rule; what is "header", "index" or the like. */
+int ddo__checkpoint_json_failure(const char *fname, const char *what, const json_error_t *jerr)
+{
+    if (json_error_code(jerr) == json_error_duplicate_key) {
+        const char *near = strstr(jerr->text, "near '");
+        const char *key = near != NULL ? near + 6 : "?";
+        size_t klen = strlen(key);
+        if (klen > 0 && key[klen - 1] == '\'')
+            klen--;
+        if (klen >= 2 && key[0] == '"' && key[klen - 1] == '"') {
+            key++;
+            klen -= 2;
+        }
+        char *k = ddo__strndup(key, klen);
+        int rc = ddo__fail(NULL, DDO_E_FORMAT,
+                           "%s: duplicate key \"%s\" in the %s at line %d, column %d (rejected: "
+                           "stricter than the official library, which keeps the last)",
+                           fname, ddo__checkpoint_quote(k != NULL ? k : "?"), what, jerr->line,
+                           jerr->column);
+        free(k);
+        return rc;
+    }
+    if (json_error_code(jerr) == json_error_premature_end_of_input && jerr->position == 0)
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: %s is empty, not a JSON object", fname, what);
+    /* A key holding NUL (\u0000) is valid JSON that jansson cannot represent. */
+    bool nul_key = strstr(jerr->text, "NUL byte in object key") != NULL;
+    return ddo__fail(NULL, DDO_E_FORMAT, "%s: %s is not valid JSON: %s at line %d, column %d%s",
+                     fname, what, ddo__checkpoint_quote_text(jerr->text), jerr->line, jerr->column,
+                     nul_key ? " (refused: stricter than the official reader)" : "");
+}
+
+/* A non-negative JSON integer, or false. */
+bool ddo__checkpoint_json_u64(const json_t *v, const ddo__json_bigs *bigs, uint64_t *out)
+{
+    if (ddo__json_bigs_get(bigs, v, out))
+        return true;
+    if (!json_is_integer(v) || json_integer_value(v) < 0)
+        return false;
+    *out = (uint64_t)json_integer_value(v);
+    return true;
+}
+
+int ddo__checkpoint_cmp_offset(const void *a, const void *b)
+{
+    const ddo_tensor_info *x = a, *y = b;
+    if (x->offset != y->offset)
+        return x->offset < y->offset ? -1 : 1;
+    if (x->nbytes != y->nbytes)
+        return x->nbytes < y->nbytes ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+int ddo__checkpoint_os_failure(const char *path, const char *what, int e)
+{
+    if (e == DDO__OS_EOF)
+        return ddo__fail(NULL, DDO_E_IO, "%s: %s: unexpected end of file",
+                         ddo__checkpoint_quote(path), what);
+    if (e == DDO__OS_NOT_REGULAR || e == EISDIR)
+        return ddo__fail(NULL, DDO_E_FORMAT, "%s: not a regular file (%s)",
+                         ddo__checkpoint_quote(path),
+                         e == EISDIR ? "a directory" : "a FIFO, socket or device");
+    return ddo__fail(NULL, e == ENOENT ? DDO_E_NOT_FOUND : DDO_E_IO, "%s: %s: %s",
+                     ddo__checkpoint_quote(path), what, ddo__os_file_strerror(e));
 }

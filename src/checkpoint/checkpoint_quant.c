@@ -58,17 +58,6 @@ static const rule *rule_of(const char *format)
     return NULL;
 }
 
-void ddo__checkpoint_quant_free(ddo_checkpoint *ck)
-{
-    for (size_t i = 0; i < ck->quant_count; i++) {
-        free((char *)(uintptr_t)ck->quant[i].layer);
-        free((char *)(uintptr_t)ck->quant[i].format);
-    }
-    free(ck->quant);
-    ck->quant = NULL;
-    ck->quant_count = 0;
-}
-
 /* The index of tensor "<layer><suffix>", or NONE. */
 static size_t find(const ddo_checkpoint *ck, const char *layer, const char *suffix)
 {
