@@ -36,17 +36,6 @@
 
 /* ---- small helpers ---- */
 
-uint64_t ddo__source_align_down(uint64_t v, uint64_t a)
-{
-    return v - v % a;
-}
-
-const char *ddo__source_file_name(const ddo__source *src, uint32_t file)
-{
-    const char *n = ddo__checkpoint_file_name(src->ck, file);
-    return n ? n : "(file)";
-}
-
 /* ---- layout ---- */
 
 typedef struct layout {
@@ -561,61 +550,4 @@ uint64_t ddo__source_segment_left(const ddo__source *src, size_t tensor, uint64_
         return UINT64_MAX;
     uint64_t at = e->pos + offset;
     return DDO_SEGMENT_BYTES - at % DDO_SEGMENT_BYTES;
-}
-
-int ddo__source_read_file(ddo__source *src, size_t tensor, uint64_t offset, size_t len, void *dst,
-                          size_t dst_cap, const void **data, ddo__errbuf *eb)
-{
-    if (src == NULL || dst == NULL || data == NULL || tensor >= src->tensor_count)
-        return ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "read: invalid argument");
-    const ddo_tensor_info *t = ddo_checkpoint_tensor(src->ck, tensor);
-    if (offset > t->nbytes || len > t->nbytes - offset || len > dst_cap)
-        return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
-                         "read: tensor \"%s\": %zu bytes at %llu do not fit the tensor (%llu "
-                         "bytes) or the window (%zu bytes)",
-                         t->name, len, (unsigned long long)offset, (unsigned long long)t->nbytes,
-                         dst_cap);
-    if (t->file_index == UINT32_MAX) {
-        if (t->host_data == NULL && len > 0)
-            return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
-                             "read: tensor \"%s\": host-memory tensor without data", t->name);
-        if (len > 0)
-            memcpy(dst, (const uint8_t *)t->host_data + offset, len);
-        *data = dst;
-        return 0;
-    }
-    uint32_t file = t->file_index;
-    uint64_t abs = t->offset + offset;
-    if (ddo__source_fault_hit() != 0)
-        return ddo__fail(eb, DDO_E_IO,
-                         "%s: tensor \"%s\": read of %zu bytes at %llu: injected fault",
-                         ddo__source_file_name(src, file), t->name, len, (unsigned long long)abs);
-    uint64_t a0 = ddo__source_align_down(abs, IO_ALIGN);
-    uint64_t a1 = ddo__round_up(abs + len, IO_ALIGN);
-    int fd = file < src->file_count ? src->direct_fd[file] : -1;
-    if (fd >= 0 && len >= DIRECT_MIN && !atomic_load(&src->direct_broken[file]) &&
-        (uintptr_t)dst % IO_ALIGN == 0 && a1 - a0 <= dst_cap) {
-        if (ddo__checkpoint_check_file(src->ck, file) != 0)
-            return ddo__fail_from_last(eb, DDO_E_FILE_CHANGED);
-        int64_t got = ddo__os_read_direct(fd, a0, a1 - a0, dst, src->use_uring);
-        if (got >= 0 && (uint64_t)got >= abs + len - a0) {
-            /* Checked after the read too: bytes written while it ran are never used. */
-            if (ddo__checkpoint_check_file(src->ck, file) != 0)
-                return ddo__fail_from_last(eb, DDO_E_FILE_CHANGED);
-            *data = (const uint8_t *)dst + (abs - a0);
-            return 0;
-        }
-        if (got < 0 && got != -EINVAL && got != -EOPNOTSUPP)
-            return ddo__fail(eb, DDO_E_IO, "%s: direct read of %zu bytes at %llu: %s",
-                             ddo__source_file_name(src, file), len, (unsigned long long)abs,
-                             strerror((int)-got));
-        if (got < 0)
-            atomic_store(&src->direct_broken[file], true);
-        /* EINVAL or a short direct read: the page cache path below decides */
-    }
-    int rc = ddo__checkpoint_read_range(src->ck, file, abs, dst, len);
-    if (rc != 0)
-        return ddo__fail_from_last(eb, rc);
-    *data = dst;
-    return 0;
 }

@@ -13,6 +13,7 @@
 #include "store/source_codec.h"
 #include "store/source_sidecar.h"
 
+#include "checkpoint/checkpoint.h"
 #include "os/read.h"
 
 #include <stdatomic.h>
@@ -79,9 +80,16 @@ struct ddo__source {
     char codec_note[512];            /* what happened to the sidecars ("" when nothing) */
 };
 
-/* source.c */
-uint64_t ddo__source_align_down(uint64_t v, uint64_t a);
-const char *ddo__source_file_name(const ddo__source *src, uint32_t file);
+/* Helpers of the store's files */
+static inline uint64_t ddo__source_align_down(uint64_t v, uint64_t a)
+{
+    return v - v % a;
+}
+static inline const char *ddo__source_file_name(const ddo__source *src, uint32_t file)
+{
+    const char *n = ddo__checkpoint_file_name(src->ck, file);
+    return n ? n : "(file)";
+}
 
 /* source_read.c: the steps of ddo__source_create that read, register and pin */
 int ddo__source_read_all(ddo__source *src, const ddo__source_params *p,

@@ -268,7 +268,7 @@ static size_t streamed_items(ddo__source *src, uint32_t f, const ddo__sidecar *o
             pr->total += ti->nbytes;
         }
         out[k++] = (ddo__sidecar_item){ ti->offset, ti->nbytes, ti->dtype, NULL, 0, true, t };
-        uint64_t need = ddo__source_window_need((size_t)ti->nbytes);
+        uint64_t need = ddo__os_direct_window((size_t)ti->nbytes);
         uint64_t bound = ddo__round_up(ddo__codec_bound(ti->dtype, ti->nbytes, 0), 256);
         pr->raw_cap = need > pr->raw_cap ? (size_t)need : pr->raw_cap;
         pr->coded_cap = bound > pr->coded_cap ? bound : pr->coded_cap;
