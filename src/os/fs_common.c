@@ -81,12 +81,6 @@ int ddo__os_read_small_file(const char *path, size_t max_bytes, char **data, siz
     return e;
 }
 
-int ddo__os_fs_temp_name(const char *path, char *buf, size_t len)
-{
-    int n = snprintf(buf, len, "%s.%016llx.tmp", path, (unsigned long long)ddo__os_fs_random_tag());
-    return n < 0 || (size_t)n >= len ? ENAMETOOLONG : 0;
-}
-
 /* Sequential writes through the positioned writer (on Windows the descriptor has no shared
  * offset). */
 typedef struct parts_gen {
