@@ -2,9 +2,9 @@
  * plan_build.h - the planner's working state while one plan is built, shared by the files of
  * the build: plan.c (the order of the steps, the budgets), plan_modules.c (modules, blocks,
  * patterns and resident candidates from the tensor names), plan_place.c (placement, units,
- * the cost model and the resident selection), plan_host.c (the retained store, registration
- * and staging) and plan_device.c (the resident arena, slots and the device-weights limit).
- * Internal to the planner; the plan itself is in plan.h.
+ * the cost model and the resident selection), plan_step.c (the simulated step), plan_host.c (the
+ * retained store, registration and staging) and plan_device.c (the resident arena, slots and the
+ * device-weights limit). Internal to the planner; the plan itself is in plan.h.
  */
 #ifndef DDO_PLAN_BUILD_H
 #define DDO_PLAN_BUILD_H
@@ -117,6 +117,16 @@ bool ddo__plan_is_eligible(const builder *b, size_t i);
 /* True when s ends with suffix. */
 bool ddo__plan_ends_with(const char *s, const char *suffix);
 
+/* ---- plan_step.c: the simulated step ---- */
+
+/* A unit's transfer: its bus bytes (coded_bytes when coded) / bus, for a coded unit at least
+ * its decoded bytes / decode_rate (the upload and the decode overlap). */
+double ddo__plan_unit_transfer_s(const builder *b, const ddo__plan_unit *un, double decode_rate);
+/* The predicted step time with slots execution slots (0 when the cost model is off). */
+double ddo__plan_simulate(const ddo_plan *p, size_t slots);
+/* The same with every transfer taking transfer_scale times as long. */
+double ddo__plan_simulate_scaled(const ddo_plan *p, size_t slots, double transfer_scale);
+
 /* ---- plan_place.c ---- */
 
 /* Placement before the budget selection; streamed tensors get their unit. */
@@ -132,15 +142,8 @@ int ddo__plan_measured_compute(builder *b, size_t *measured);
 double ddo__plan_measured_rate(const ddo_plan *p);
 size_t ddo__plan_select_by_simulation(builder *b, const uint64_t *sizes, uint64_t budget,
                                       size_t *chosen, uint64_t *taken);
-/* A unit's transfer: its bus bytes (coded_bytes when coded) / bus, for a coded unit at least
- * its decoded bytes / decode_rate (the upload and the decode overlap). */
-double ddo__plan_unit_transfer_s(const builder *b, const ddo__plan_unit *un, double decode_rate);
 /* The execution-slot page (vmm_page_mb, else the device granularity). */
 int ddo__plan_slot_page(const builder *b, uint64_t *page);
-/* The predicted step time with slots execution slots (0 when the cost model is off). */
-double ddo__plan_simulate(const ddo_plan *p, size_t slots);
-/* The same with every transfer taking transfer_scale times as long. */
-double ddo__plan_simulate_scaled(const ddo_plan *p, size_t slots, double transfer_scale);
 /* The budget-resident scopes under budget, by resident_module_selection. */
 int ddo__plan_resident_selection(builder *b, uint64_t budget);
 /* The same by the selection how. */
