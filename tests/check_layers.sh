@@ -2,10 +2,11 @@
 # check_layers.sh - the dependency rule of docs/map.md holds: a folder of src/ includes and calls
 # only itself and the folders its rule line names (lower layers never call up), and the files of
 # src/session/ call only files below them in the rule's session order; <pthread.h>, <dlfcn.h>
-# and <windows.h> are included only in src/os/ (os/thread.h and os/dl.h wrap them). Includes are read from the
-# sources (an include must name its folder: "plan/plan.h"); calls from the object files of this
-# build ($DDO_BUILD_DIR): every undefined symbol of a folder's objects is mapped, with nm, to
-# the object that defines it. A call against the rule that is not fixed yet is a named, counted
+# and <windows.h> are included only in src/os/ (os/thread.h and os/dl.h wrap them). Includes
+# are read from the sources (an include must name its folder: "plan/plan.h"); calls from the
+# object files of this build ($DDO_BUILD_DIR; nm from $LAYERS_NM, the toolchain's): every
+# undefined symbol of a folder's objects is mapped to the object that defines it. Circles of
+# files inside the other folders are printed as notes. A call against the rule that is not fixed yet is a named, counted
 # exception below; the script prints each one, and fails on any other arrow against the rule
 # and on an exception that is no longer needed.
 # ctest-labels: unit
