@@ -6,9 +6,9 @@
 # are read from the sources (an include must name its folder: "plan/plan.h"); calls from the
 # object files of this build ($DDO_BUILD_DIR; nm from $LAYERS_NM, the toolchain's): every
 # undefined symbol of a folder's objects is mapped to the object that defines it. Circles of
-# files inside the other folders are printed as notes. A call against the rule that is not fixed yet is a named, counted
-# exception below; the script prints each one, and fails on any other arrow against the rule
-# and on an exception that is no longer needed.
+# files inside the other folders are printed as notes. A call against the rule that is not
+# fixed yet is a named, counted exception below; the script prints each one, and fails on any
+# other arrow against the rule and on an exception that is no longer needed.
 # ctest-labels: unit
 set -u
 SRC=${DDO_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
