@@ -2,7 +2,8 @@
 # check_layers.sh - the dependency rule of docs/map.md holds: a folder of src/ includes and calls
 # only itself and the folders its rule line names (lower layers never call up), and the files of
 # src/session/ call only files below them in the rule's session order; <pthread.h>, <dlfcn.h>
-# and <windows.h> are included only in src/os/ (os/thread.h and os/dl.h wrap them). Includes
+# and <windows.h> are included only in src/os/ (os/thread.h and os/dl.h wrap them); a folder's
+# private headers (*_priv.h, *_internal.h) only inside it. Includes
 # are read from the sources (an include must name its folder: "plan/plan.h"); calls from the
 # object files of this build ($DDO_BUILD_DIR; nm from $LAYERS_NM, the toolchain's): every
 # undefined symbol of a folder's objects is mapped to the object that defines it. Circles of
@@ -23,6 +24,10 @@ EXCEPTIONS = {
     'session_pool.c -> session_vmm.c':
         "vmm_runtime's handle pool and the VMM mapping call each other: the mapping binds and "
         "unbinds a unit's handles, the pool unmaps a unit's range to evict its handles",
+    'host -> config/config_priv.h':
+        "the host layer reads and writes the configuration's store: profile.c applies a "
+        "profile's values at flag rank (ddo__config_store), host.c reads a preset's value and "
+        "the environment's booleans as a host phase does",
     'session_transport.c -> session_codec.c':
         'the table of transports names the coded rows, and the coded transports stage their '
         'bytes through the plain ones',
@@ -92,6 +97,8 @@ for p in srcs:
             fails.append(f'{p}: #include "{name}" does not name a folder of src/')
             continue
         fb = folder_of(target)
+        if fb != fa and re.search(r'_(priv|internal)\.h$', name):
+            against(fa, name, f'{p} includes {name}, a private header of {fb}/')
         if not allowed(fa, fb):
             against(fa, fb, f'{p} includes {name}')
         elif not file_ok(p, target) and not target.endswith('.h'):

@@ -210,4 +210,33 @@ int ddo__codec_status_check(const ddo__codec_plan *plan, const uint64_t *status,
 /* The checksum of n bytes (the definition above), words numbered from first_word. */
 uint64_t ddo__codec_checksum(const void *p, uint64_t n, uint64_t first_word);
 
+/* The format's little-endian byte and hash primitives, shared with the coded sidecar's format
+ * (store/source_sidecar.c); inline: the encoder runs them once per element. */
+static inline uint32_t ddo__codec_rd32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static inline void ddo__codec_wr32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline void ddo__codec_wr64(uint8_t *p, uint64_t v)
+{
+    ddo__codec_wr32(p, (uint32_t)v);
+    ddo__codec_wr32(p + 4, (uint32_t)(v >> 32));
+}
+
+static inline uint64_t ddo__codec_fmix64(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ull;
+    k ^= k >> 33;
+    return k;
+}
+
 #endif /* DDO_CODEC_H */

@@ -1,8 +1,8 @@
 /*
  * codec_internal.h - what codec.c (the format, the plan, the reference decoder)
- * and codec_encode.c (the encoder) share: the format's constants, its byte and
- * hash primitives (inline: the encoder runs them once per element), the sizes
- * of its sections and the canonical codes. Private to those two files.
+ * and codec_encode.c (the encoder) share: the format's constants, the sizes
+ * of its sections and the canonical codes (the byte and hash primitives, which the
+ * coded sidecar's format uses too, are in codec.h). Private to those two files.
  */
 #ifndef DDO_CODEC_INTERNAL_H
 #define DDO_CODEC_INTERNAL_H
@@ -19,33 +19,6 @@
 #define TABLE_OFF      (LENS_OFF + 128)
 #define LUT_SIZE       (1u << DDO_CODEC_MAX_CODE_BITS)
 #define LANE_MAX_BYTES (DDO_CODEC_LANE_SYMS * DDO_CODEC_MAX_CODE_BITS / 8)
-
-static inline uint32_t ddo__codec_rd32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static inline void ddo__codec_wr32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static inline void ddo__codec_wr64(uint8_t *p, uint64_t v)
-{
-    ddo__codec_wr32(p, (uint32_t)v);
-    ddo__codec_wr32(p + 4, (uint32_t)(v >> 32));
-}
-
-static inline uint64_t ddo__codec_fmix64(uint64_t k)
-{
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdull;
-    k ^= k >> 33;
-    k *= 0xc4ceb9fe1a85ec53ull;
-    k ^= k >> 33;
-    return k;
-}
 
 /* Byte offsets of a huff block's sections and its total length. */
 typedef struct huff_layout {

@@ -7,7 +7,6 @@
 #include "store/source_sidecar.h"
 
 #include "codec/codec.h"
-#include "codec/codec_internal.h"
 #include "os/fs.h"
 
 #include <errno.h>
