@@ -10,7 +10,6 @@
  *
  * A benchmark, not a test: the numbers are recorded in docs/benchmarks.md.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "ddo.h"
 
 #include <errno.h>

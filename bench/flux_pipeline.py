@@ -205,7 +205,7 @@ def block_groups(names):
 
 def unit_of(name, groups):
     """ddo's block-granularity unit of a tensor: its outermost block prefix.N of a group of at
-    least two blocks (src/checkpoint_blocks.c), else its module (a leaf unit)."""
+    least two blocks (src/checkpoint/checkpoint_blocks.c), else its module (a leaf unit)."""
     parts = name.split(".")
     for i, p in enumerate(parts[:-1]):
         if p.isdigit() and len(groups.get(".".join(parts[:i]), ())) >= 2:

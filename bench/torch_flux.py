@@ -39,7 +39,7 @@ import traceback
 GIB = 1 << 30
 
 # ---------------------------------------------------------------------------------------------
-# ddo option keys per case (docs/options.md; src/presets.def). Adjust here, in one place.
+# ddo option keys per case (docs/options.md; src/config/presets.def). Adjust here, in one place.
 # "Zero resident" follows docs/benchmarks.md (issue 6): nothing is kept resident (no always-
 # resident patterns, no small-tensor residency, no resident module budget); on VMM the active
 # device weight capacity (resident + execution slots) stays at the 4 GiB the preset gives.

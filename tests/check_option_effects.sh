@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# check_option_effects.sh - the option catalog's effect column (src/options.def) is true:
+# check_option_effects.sh - the option catalog's effect column (src/config/options.def) is true:
 #   LIVE     read by library code other than the configuration's own store, parser, environment,
 #            text, documentation and range checks (config.c, config_args.c, config_env.c,
 #            config_text.c, config_doc.c, config_validate.c);
@@ -14,7 +14,7 @@
 set -u
 SRC=${DDO_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
 cd "$SRC" || exit 1
-lib_files=$(ls src/*.c src/*/*.c | grep -vE '^src/config(|_args|_env|_text|_doc|_validate)\.c$')
+lib_files=$(find src -name '*.c' | sort | grep -vE '^src/config/config(|_args|_env|_text|_doc|_validate)\.c$')
 tool_files=$(ls tools/ddo/*.c)
 py_files=$(ls python/ddo/*.py | grep -v '^python/ddo/settings\.py$')
 code() { grep -hvE '^\s*(\*|/\*|//|#)' -- "$@"; }
@@ -23,8 +23,8 @@ reads() { # key files...: true when some code line of files reads key
     shift
     code "$@" | grep -qE "(->|\.)$k\b|DDO_OPT_ID_$k\b|\"$k\""
 }
-rows=$(grep -oE '^DDO_OPT\([a-z0-9_]+, [A-Z]+, [A-Z]+' src/options.def | sed -E 's/^DDO_OPT\(//; s/,//g')
-[ -n "$rows" ] || { echo "FAIL: no catalog rows found in src/options.def"; exit 1; }
+rows=$(grep -oE '^DDO_OPT\([a-z0-9_]+, [A-Z]+, [A-Z]+' src/config/options.def | sed -E 's/^DDO_OPT\(//; s/,//g')
+[ -n "$rows" ] || { echo "FAIL: no catalog rows found in src/config/options.def"; exit 1; }
 fails=0 n=0
 while read -r key _type effect; do
     n=$((n + 1))

@@ -8,7 +8,7 @@
 
 #include "ddo.h"
 #include "ddo_compat.h"
-#include "plan.h"
+#include "plan/plan.h"
 
 #include <stdarg.h>
 #include <stdio.h>

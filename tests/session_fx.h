@@ -7,10 +7,9 @@
 #ifndef DDO_SESSION_FX_H
 #define DDO_SESSION_FX_H
 
-#define _POSIX_C_SOURCE 200809L
 #include "ddo.h"
 #include "device/device.h"
-#include "session.h"
+#include "session/session.h"
 #include "t.h"
 
 #include <dirent.h>

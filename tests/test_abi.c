@@ -10,7 +10,7 @@
 #include "ddo.h"
 #include "ddo_compat.h"
 #include "ddo_host.h"
-#include "setup.h"
+#include "host/setup.h"
 #include "t.h"
 
 #include <stddef.h>

@@ -8,9 +8,8 @@
  *
  * ctest-labels: unit threads
  */
-#define _XOPEN_SOURCE 700
 #include "t.h"
-#include "checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "ddo.h"
 #include "os/sys.h"
 

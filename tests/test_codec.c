@@ -1,5 +1,5 @@
 /*
- * test_codec.c - the weight codec (src/codec.c): bit-exact round trips for
+ * test_codec.c - the weight codec (src/codec/codec.c): bit-exact round trips for
  * every dtype and for edge values (signed zeros, subnormals, infinities, NaN
  * payloads, all 65,536 BF16 and F16 patterns; FP8 streams of normal-derived,
  * random and adversarial bytes, whole-byte Huffman or raw), results independent of the
@@ -12,8 +12,7 @@
  *
  * ctest-labels: unit threads
  */
-#define _POSIX_C_SOURCE 200809L
-#include "codec.h"
+#include "codec/codec.h"
 #include "device/device.h"
 #include "t.h"
 

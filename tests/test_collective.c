@@ -7,7 +7,6 @@
  *
  * ctest-labels: unit threads
  */
-#define _POSIX_C_SOURCE 200809L
 #include "device/collective.h"
 #include "t.h"
 

@@ -9,11 +9,10 @@
  *
  * ctest-labels: unit
  */
-#define _POSIX_C_SOURCE 200809L
 #include "t.h"
-#include "checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "ddo.h"
-#include "plan.h"
+#include "plan/plan.h"
 
 #include <stdlib.h>
 #include <string.h>

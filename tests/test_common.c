@@ -5,8 +5,8 @@
  *
  * ctest-labels: unit
  */
-#include "common.h"
-#include "strmap.h"
+#include "base/common.h"
+#include "base/strmap.h"
 #include "t.h"
 
 static void test_checked_and_saturating(void)

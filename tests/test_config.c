@@ -6,10 +6,10 @@
  * use_environment = false.
  * ctest-labels: unit
  */
+#include "config/config_priv.h"
 #include "config_fx.h"
-#include "config_priv.h"
 #include "ddo.h"
-#include "plan.h"
+#include "plan/plan.h"
 #include "t.h"
 
 #include <jansson.h>

@@ -5,7 +5,6 @@
  *
  * ctest-labels: unit backend threads
  */
-#define _POSIX_C_SOURCE 200809L
 #include "device/device.h"
 #include "os/sysinfo.h"
 #include "t.h"

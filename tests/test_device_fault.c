@@ -5,9 +5,8 @@
  *
  * ctest-labels: unit fault
  */
-#define _POSIX_C_SOURCE 200809L
 #include "t.h"
-#include "codec.h"
+#include "codec/codec.h"
 #include "device/device.h"
 
 #include <pthread.h>

@@ -11,8 +11,7 @@
  *
  * ctest-labels: unit
  */
-#define _POSIX_C_SOURCE 200809L
-#include "checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "ddo.h"
 #include "t.h"
 

@@ -22,8 +22,7 @@
  *
  * ctest-labels: gpu
  */
-#define _POSIX_C_SOURCE 200809L
-#include "codec.h"
+#include "codec/codec.h"
 #include "ddo.h"
 #include "device/device.h"
 #include "t.h"

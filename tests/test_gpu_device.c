@@ -14,7 +14,6 @@
  *
  * ctest-labels: gpu
  */
-#define _POSIX_C_SOURCE 200809L
 #include "ddo.h"
 #include "device/device.h"
 #include "os/sys.h"

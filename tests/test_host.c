@@ -4,7 +4,6 @@
  * file read measurement of `ddo doctor`.
  * ctest-labels: unit
  */
-#define _POSIX_C_SOURCE 200809L
 #include "t.h"
 #include "ddo.h"
 #include "ddo_compat.h"

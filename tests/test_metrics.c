@@ -4,8 +4,7 @@
  * call) and docs/metrics.md being the generated text.
  * ctest-labels: unit threads
  */
-#define _POSIX_C_SOURCE 200809L
-#include "metrics.h"
+#include "metrics/metrics.h"
 #include "t.h"
 
 #include <jansson.h>

@@ -7,7 +7,6 @@
  *
  * ctest-labels: unit
  */
-#define _POSIX_C_SOURCE 200809L
 #include "ddo.h"
 #include "ddo_host.h"
 #include "t.h"

@@ -5,8 +5,7 @@
  * cost selection, JSON round trips, determinism and speed.
  * ctest-labels: unit
  */
-#define _POSIX_C_SOURCE 200809L
-#include "config.h"
+#include "config/config.h"
 #include "plan_fx.h"
 #include "t.h"
 

@@ -5,7 +5,7 @@
  * streams and the plan says so; the predicted step never rises as the budget grows.
  * ctest-labels: unit
  */
-#include "common.h"
+#include "base/common.h"
 #include "plan_fx.h"
 #include "t.h"
 

@@ -5,7 +5,7 @@
  * ctest-labels: unit
  */
 #include "t.h"
-#include "plan.h"
+#include "plan/plan.h"
 
 #include <stdlib.h>
 

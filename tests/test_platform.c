@@ -6,9 +6,9 @@
  * DXGI query itself (none on Linux; under Wine, which has no GPU, "no DXGI adapter").
  * ctest-labels: unit
  */
-#include "plan.h"
+#include "os/platform.h"
+#include "plan/plan.h"
 #include "plan_fx.h"
-#include "platform.h"
 #include "t.h"
 
 #if defined(_WIN32)

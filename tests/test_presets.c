@@ -5,8 +5,8 @@
  * the native VMM host selection table.
  * ctest-labels: unit
  */
+#include "config/config_priv.h"
 #include "config_fx.h"
-#include "config_priv.h"
 #include "ddo.h"
 #include "t.h"
 

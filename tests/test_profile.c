@@ -6,7 +6,6 @@
  * concurrent writers and out-of-range recommendations (issue 14).
  * ctest-labels: unit
  */
-#define _GNU_SOURCE
 #include "ddo.h"
 #include "ddo_host.h"
 #include "t.h"

@@ -9,9 +9,9 @@
  *
  * ctest-labels: unit fault
  */
-#include "session_fx.h" /* defines _POSIX_C_SOURCE first */
+#include "session_fx.h"
 
-#include "checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "os/file.h"
 
 #include <errno.h>

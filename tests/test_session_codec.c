@@ -15,9 +15,9 @@
  */
 #include "session_fx.h"
 
-#include "session_codec.h"
-#include "source.h"
-#include "source_codec.h"
+#include "session/session_codec.h"
+#include "store/source.h"
+#include "store/source_codec.h"
 
 static const char *const routes[] = { "linear_runtime", "vmm_fast_runtime", "vmm_runtime" };
 

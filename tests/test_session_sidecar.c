@@ -11,9 +11,9 @@
  */
 #include "session_fx.h"
 
-#include "codec_internal.h"
-#include "source.h"
-#include "source_sidecar.h"
+#include "codec/codec_internal.h"
+#include "store/source.h"
+#include "store/source_sidecar.h"
 
 #include <dirent.h>
 

@@ -15,10 +15,10 @@
  */
 #include "session_fx.h"
 
-#include "checkpoint.h"
-#include "source.h"
-#include "source_codec.h"
-#include "source_sidecar.h"
+#include "checkpoint/checkpoint.h"
+#include "store/source.h"
+#include "store/source_codec.h"
+#include "store/source_sidecar.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -7,8 +7,7 @@
  *
  * ctest-labels: unit
  */
-#define _POSIX_C_SOURCE 200809L
-#include "checkpoint_internal.h"
+#include "checkpoint/checkpoint_internal.h"
 #include "ddo.h"
 #include "t.h"
 

@@ -1,5 +1,5 @@
 /*
- * test_sidecar_format.c - the coded sidecar's file format (src/source_sidecar.c): a written
+ * test_sidecar_format.c - the coded sidecar's file format (src/store/source_sidecar.c): a written
  * sidecar opens and finds its entries by (offset, length, dtype); it is refused for another
  * identity, a smaller tensor limit, every truncation, and a changed bit anywhere in its header
  * or table; with the hashes made to match again (a forger's sidecar), every changed byte of
@@ -8,10 +8,9 @@
  *
  * ctest-labels: unit
  */
-#define _POSIX_C_SOURCE 200809L
 #include "t.h"
-#include "codec_internal.h"
-#include "source_sidecar.h"
+#include "codec/codec_internal.h"
+#include "store/source_sidecar.h"
 
 #include <errno.h>
 #include <stdio.h>

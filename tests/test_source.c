@@ -7,11 +7,10 @@
  * host-memory tensors, and concurrent reads.
  * ctest-labels: unit backend threads
  */
-#define _POSIX_C_SOURCE 200809L
-#include "checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "device/device.h"
 #include "os/sys.h"
-#include "source.h"
+#include "store/source.h"
 #include "t.h"
 
 #include <fcntl.h>

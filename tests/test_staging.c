@@ -6,7 +6,7 @@
  * ctest-labels: unit backend threads
  */
 #include "device/device.h"
-#include "staging.h"
+#include "store/staging.h"
 #include "t.h"
 
 #define MIB ((size_t)1 << 20)

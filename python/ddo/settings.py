@@ -2,7 +2,7 @@
 
 Every rule (presets, the DDO_* vocabulary, set-even-empty wins, lists, the from_env defaults,
 the WSL pinning rule, the DDO_SAFETENSORS_BACKEND alias, component policies) is libddo's
-(src/config*.c, src/components.c); this module only hands it the environment block, the
+(src/config*.c, src/config/components.c); this module only hands it the environment block, the
 caller's values and the host's WSL fact, and reads back the result.
 """
 

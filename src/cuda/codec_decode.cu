@@ -1,6 +1,6 @@
 /*
  * codec_decode.cu - the device decoder of ddo's weight codec (format DDOC v1,
- * src/codec.h and docs/codec.md), compiled to PTX at build time, embedded in
+ * src/codec/codec.h and docs/codec.md), compiled to PTX at build time, embedded in
  * libddo and loaded through the driver API (cuModuleLoadData), so libddo has
  * no CUDA runtime dependency.
  *

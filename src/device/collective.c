@@ -2,12 +2,12 @@
  * collective.c - the all-gather of a device set and the split upload (collective.h): the
  * cpu device's emulation (host functions meeting at barriers) and NCCL loaded at run time.
  */
-#define _POSIX_C_SOURCE 200809L
-#include "collective.h"
+#include "device/collective.h"
 
+#include "os/dl.h"
 #include "os/sys.h"
 
-#include <pthread.h>
+#include "os/thread.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,7 +36,7 @@ typedef struct nccl_api {
     nccl_error_fn GetErrorString;
 } nccl_api;
 
-static pthread_mutex_t nccl_lock = PTHREAD_MUTEX_INITIALIZER;
+static ddo__mutex nccl_lock = DDO__MUTEX_INITIALIZER;
 static nccl_api nccl;
 
 /* Resolves every entry point of lib into a; false (a left unchanged) when one is missing. */
@@ -90,7 +90,7 @@ static int nccl_load(const char *path, ddo__errbuf *eb)
 {
     if (path == NULL || path[0] == '\0')
         path = NCCL_DEFAULT_LIBRARY;
-    pthread_mutex_lock(&nccl_lock);
+    ddo__mutex_lock(&nccl_lock);
     int rc = 0;
     if (nccl.lib == NULL) {
         char err[256] = "";
@@ -109,7 +109,7 @@ static int nccl_load(const char *path, ddo__errbuf *eb)
             nccl = a;
         }
     }
-    pthread_mutex_unlock(&nccl_lock);
+    ddo__mutex_unlock(&nccl_lock);
     return rc;
 }
 
@@ -133,8 +133,8 @@ struct gather_op {
     size_t n, expected; /* ranks; host functions queued (n unless queueing failed) */
     uint64_t send[DDO__COMM_MAX], recv[DDO__COMM_MAX], bytes;
     gather_rank ranks[DDO__COMM_MAX];
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
+    ddo__mutex mu;
+    ddo__cond cv;
     size_t arrived, copied, left;
     bool failed;
 };
@@ -142,7 +142,7 @@ struct gather_op {
 static void wait_for(gather_op *op, const size_t *count)
 {
     while (*count < op->expected && !op->failed)
-        pthread_cond_wait(&op->cv, &op->mu);
+        ddo__cond_wait(&op->cv, &op->mu);
 }
 
 /* A rank's host function: every rank arrived (their shards are in place), copy the others'
@@ -152,27 +152,27 @@ static void gather_fn(void *user)
     gather_rank *gr = user;
     gather_op *op = gr->op;
     size_t r = gr->rank;
-    pthread_mutex_lock(&op->mu);
+    ddo__mutex_lock(&op->mu);
     op->arrived++;
-    pthread_cond_broadcast(&op->cv);
+    ddo__cond_broadcast(&op->cv);
     wait_for(op, &op->arrived);
     bool go = !op->failed;
-    pthread_mutex_unlock(&op->mu);
+    ddo__mutex_unlock(&op->mu);
     for (size_t k = 0; go && k < op->n; k++) {
         void *to = (void *)(uintptr_t)(op->recv[r] + k * op->bytes);
         const void *from = (const void *)(uintptr_t)op->send[k];
         if (to != from)
             memmove(to, from, (size_t)op->bytes);
     }
-    pthread_mutex_lock(&op->mu);
+    ddo__mutex_lock(&op->mu);
     op->copied++;
-    pthread_cond_broadcast(&op->cv);
+    ddo__cond_broadcast(&op->cv);
     wait_for(op, &op->copied);
     bool last = --op->left == 0;
-    pthread_mutex_unlock(&op->mu);
+    ddo__mutex_unlock(&op->mu);
     if (last) {
-        pthread_cond_destroy(&op->cv);
-        pthread_mutex_destroy(&op->mu);
+        ddo__cond_destroy(&op->cv);
+        ddo__mutex_destroy(&op->mu);
         free(op);
     }
 }
@@ -185,8 +185,8 @@ static int emulated_all_gather(ddo__comm *c, const uint64_t *send, const uint64_
         return ddo__fail(eb, DDO_E_NO_MEMORY, "all-gather: out of host memory");
     op->n = op->expected = c->n;
     op->bytes = bytes;
-    pthread_mutex_init(&op->mu, NULL);
-    pthread_cond_init(&op->cv, NULL);
+    ddo__mutex_init(&op->mu);
+    ddo__cond_init(&op->cv);
     for (size_t r = 0; r < c->n; r++) {
         op->send[r] = send[r];
         op->recv[r] = recv[r];
@@ -203,16 +203,16 @@ static int emulated_all_gather(ddo__comm *c, const uint64_t *send, const uint64_
     if (rc == 0)
         return 0;
     /* The ranks queued give up (no copies); the last of them frees op. */
-    pthread_mutex_lock(&op->mu);
+    ddo__mutex_lock(&op->mu);
     op->failed = true;
     op->expected = queued;
     op->left = queued;
     bool none = queued == 0;
-    pthread_cond_broadcast(&op->cv);
-    pthread_mutex_unlock(&op->mu);
+    ddo__cond_broadcast(&op->cv);
+    ddo__mutex_unlock(&op->mu);
     if (none) {
-        pthread_cond_destroy(&op->cv);
-        pthread_mutex_destroy(&op->mu);
+        ddo__cond_destroy(&op->cv);
+        ddo__mutex_destroy(&op->mu);
         free(op);
     }
     return ddo__fail(eb, rc, "all-gather: rank %zu: %s", queued, ddo_device_error(c->devs[queued]));

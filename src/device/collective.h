@@ -17,7 +17,7 @@
 #ifndef DDO_COLLECTIVE_H
 #define DDO_COLLECTIVE_H
 
-#include "device.h"
+#include "device/device.h"
 
 #define DDO__COMM_MAX 16
 

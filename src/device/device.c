@@ -8,83 +8,17 @@
  * buffer sit behind mutexes). The public ddo_device_* / ddo_stream_* calls
  * follow the header's rule (one thread at a time per handle).
  *
- * This file: the public device and stream, the sorted tables and the counter,
- * usage and fault accessors. The wrappers and their bookkeeping (counting,
+ * This file: the public device and stream and the counter, usage and fault
+ * accessors; the sorted tables are devtab.c. The wrappers and their bookkeeping (counting,
  * usage accounting, injected faults): device_calls.c.
  */
-#define _POSIX_C_SOURCE 200809L
-#include "device_internal.h"
+#include "device/device_internal.h"
 
-#include <pthread.h>
+#include "os/thread.h"
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- sorted tables ---- */
-
-static size_t lower_bound(const ddo__devtab *t, uint64_t key)
-{
-    size_t lo = 0, hi = t->len;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (t->v[mid].key < key)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
-size_t ddo__devtab_find(const ddo__devtab *t, uint64_t key)
-{
-    size_t i = lower_bound(t, key);
-    return i < t->len && t->v[i].key == key ? i : SIZE_MAX;
-}
-
-size_t ddo__devtab_floor(const ddo__devtab *t, uint64_t key)
-{
-    size_t i = lower_bound(t, key);
-    if (i < t->len && t->v[i].key == key)
-        return i;
-    return i == 0 ? SIZE_MAX : i - 1;
-}
-
-int ddo__devtab_insert(ddo__devtab *t, uint64_t key, uint64_t size, void *obj)
-{
-    size_t i = lower_bound(t, key);
-    if (i < t->len && t->v[i].key == key)
-        return DDO_E_INVALID_ARGUMENT;
-    if (t->len == t->cap) {
-        size_t cap = t->cap ? t->cap * 2 : 16;
-        ddo__devtab_entry *v = ddo__reallocarray(t->v, cap, sizeof(*v));
-        if (v == NULL)
-            return DDO_E_NO_MEMORY;
-        t->v = v;
-        t->cap = cap;
-    }
-    memmove(&t->v[i + 1], &t->v[i], (t->len - i) * sizeof(*t->v));
-    t->v[i].key = key;
-    t->v[i].size = size;
-    t->v[i].obj = obj;
-    t->len++;
-    return 0;
-}
-
-void ddo__devtab_remove_at(ddo__devtab *t, size_t i)
-{
-    if (i >= t->len)
-        return;
-    memmove(&t->v[i], &t->v[i + 1], (t->len - i - 1) * sizeof(*t->v));
-    t->len--;
-}
-
-void ddo__devtab_free(ddo__devtab *t)
-{
-    free(t->v);
-    t->v = NULL;
-    t->len = t->cap = 0;
-}
 
 /* ---- public device and stream ---- */
 
@@ -162,9 +96,9 @@ int ddo_device_create(const char *spec, const ddo_device_options *opts, ddo_devi
         return ddo__fail(NULL, DDO_E_NO_MEMORY, "device \"%s\": out of host memory", spec);
     dev->ops = ops;
     snprintf(dev->spec, sizeof(dev->spec), "%s", spec);
-    pthread_mutex_init(&dev->err_lock, NULL);
-    pthread_mutex_init(&dev->fault_lock, NULL);
-    pthread_mutex_init(&dev->usage_lock, NULL);
+    ddo__mutex_init(&dev->err_lock);
+    ddo__mutex_init(&dev->fault_lock);
+    ddo__mutex_init(&dev->usage_lock);
 
     ddo__errbuf eb = { 0, "" };
     rc = ops->open(spec, &taken.o, &dev->st, &eb);
@@ -180,9 +114,9 @@ int ddo_device_create(const char *spec, const ddo_device_options *opts, ddo_devi
     return 0;
 
 fail:
-    pthread_mutex_destroy(&dev->usage_lock);
-    pthread_mutex_destroy(&dev->fault_lock);
-    pthread_mutex_destroy(&dev->err_lock);
+    ddo__mutex_destroy(&dev->usage_lock);
+    ddo__mutex_destroy(&dev->fault_lock);
+    ddo__mutex_destroy(&dev->err_lock);
     free(dev);
     if (eb.msg[0] == '\0')
         return ddo__fail(NULL, rc, "device \"%s\": open failed (%s)", spec, ddo_errname(rc));
@@ -198,9 +132,9 @@ void ddo_device_destroy(ddo_device *dev)
     ddo__devtab_free(&dev->mem);
     ddo__devtab_free(&dev->pinned);
     ddo__devtab_free(&dev->registered);
-    pthread_mutex_destroy(&dev->usage_lock);
-    pthread_mutex_destroy(&dev->fault_lock);
-    pthread_mutex_destroy(&dev->err_lock);
+    ddo__mutex_destroy(&dev->usage_lock);
+    ddo__mutex_destroy(&dev->fault_lock);
+    ddo__mutex_destroy(&dev->err_lock);
     free(dev);
 }
 
@@ -214,9 +148,9 @@ int ddo_device_caps_get(ddo_device *dev, ddo_device_caps *out)
     ddo__errbuf eb = { 0, "" };
     int rc = dev->ops->caps(dev->st, &caps, &eb);
     if (rc != 0) {
-        pthread_mutex_lock(&dev->err_lock);
+        ddo__mutex_lock(&dev->err_lock);
         dev->err = eb;
-        pthread_mutex_unlock(&dev->err_lock);
+        ddo__mutex_unlock(&dev->err_lock);
         return ddo__fail(NULL, rc, "%s", eb.msg);
     }
     *out = caps;
@@ -334,9 +268,9 @@ int ddo__device_cpu_throttle(ddo_device *dev, double bytes_per_s, uint64_t laten
     else
         rc = ddo__cpu_set_throttle(dev->st, bytes_per_s, latency_ns, &eb);
     if (rc != 0) {
-        pthread_mutex_lock(&dev->err_lock);
+        ddo__mutex_lock(&dev->err_lock);
         dev->err = eb;
-        pthread_mutex_unlock(&dev->err_lock);
+        ddo__mutex_unlock(&dev->err_lock);
     }
     return rc;
 }
@@ -364,7 +298,7 @@ void ddo__device_stats_reset(ddo_device *dev)
 void ddo__device_usage(const ddo_device *dev, ddo__device_usage_t *out)
 {
     ddo_device *d = (ddo_device *)dev; /* the lock is not part of the device's value */
-    pthread_mutex_lock(&d->usage_lock);
+    ddo__mutex_lock(&d->usage_lock);
     out->device_bytes = d->device_bytes.cur;
     out->device_peak_bytes = d->device_bytes.peak;
     out->pinned_bytes = d->pinned_bytes.cur;
@@ -375,7 +309,7 @@ void ddo__device_usage(const ddo_device *dev, ddo__device_usage_t *out)
     out->va_peak_bytes = d->va_bytes.peak;
     out->mapped_bytes = d->mapped_bytes.cur;
     out->mapped_peak_bytes = d->mapped_bytes.peak;
-    pthread_mutex_unlock(&d->usage_lock);
+    ddo__mutex_unlock(&d->usage_lock);
 }
 
 void ddo__device_inject_fault(ddo_device *dev, ddo__devop op, uint64_t nth, bool persistent,
@@ -383,7 +317,7 @@ void ddo__device_inject_fault(ddo_device *dev, ddo__devop op, uint64_t nth, bool
 {
     if (dev == NULL || (int)op < 0 || op >= DDO__OP_COUNT)
         return;
-    pthread_mutex_lock(&dev->fault_lock);
+    ddo__mutex_lock(&dev->fault_lock);
     fault *f = &dev->faults[op];
     f->nth = nth;
     f->seen = 0;
@@ -391,17 +325,17 @@ void ddo__device_inject_fault(ddo_device *dev, ddo__devop op, uint64_t nth, bool
     f->persistent = persistent;
     f->active = nth != 0;
     atomic_store_explicit(&dev->fault_armed[op], f->active ? 1 : 0, memory_order_release);
-    pthread_mutex_unlock(&dev->fault_lock);
+    ddo__mutex_unlock(&dev->fault_lock);
 }
 
 void ddo__device_clear_faults(ddo_device *dev)
 {
     if (dev == NULL)
         return;
-    pthread_mutex_lock(&dev->fault_lock);
+    ddo__mutex_lock(&dev->fault_lock);
     for (int i = 0; i < DDO__OP_COUNT; i++) {
         dev->faults[i].active = false;
         atomic_store_explicit(&dev->fault_armed[i], 0, memory_order_release);
     }
-    pthread_mutex_unlock(&dev->fault_lock);
+    ddo__mutex_unlock(&dev->fault_lock);
 }

@@ -20,7 +20,7 @@
 #ifndef DDO_DEVICE_H
 #define DDO_DEVICE_H
 
-#include "../common.h"
+#include "base/common.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -5,13 +5,12 @@
  * accounts what it allocates, registers or maps, and records a failure's
  * detail on the device.
  */
-#define _POSIX_C_SOURCE 200809L
-#include "device_internal.h"
+#include "device/device_internal.h"
 
-#include "../codec.h"
+#include "codec/codec.h"
 
+#include "os/thread.h"
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -52,7 +51,7 @@ static int injected(ddo_device *dev, call *c)
         return 0;
     int code = 0;
     uint64_t n = 0;
-    pthread_mutex_lock(&dev->fault_lock);
+    ddo__mutex_lock(&dev->fault_lock);
     fault *f = &dev->faults[c->op];
     if (f->active) {
         f->seen++;
@@ -65,7 +64,7 @@ static int injected(ddo_device *dev, call *c)
             }
         }
     }
-    pthread_mutex_unlock(&dev->fault_lock);
+    ddo__mutex_unlock(&dev->fault_lock);
     if (code == 0)
         return 0;
     return ddo__fail(&c->eb, code, "injected fault: %s call %" PRIu64, op_names[c->op], n);
@@ -85,10 +84,10 @@ static int leave(ddo_device *dev, call *c, int rc, uint64_t bytes)
     atomic_fetch_add_explicit(&dev->stats[c->op][STAT_FAILURES], 1, memory_order_relaxed);
     if (c->eb.msg[0] == '\0')
         ddo__fail(&c->eb, rc, "%s: failed (%s)", op_names[c->op], ddo_errname(rc));
-    pthread_mutex_lock(&dev->err_lock);
+    ddo__mutex_lock(&dev->err_lock);
     dev->err.code = rc;
     memcpy(dev->err.msg, c->eb.msg, sizeof(dev->err.msg));
-    pthread_mutex_unlock(&dev->err_lock);
+    ddo__mutex_unlock(&dev->err_lock);
     /* The thread's detail is the call's, whatever ran in between. */
     return ddo__fail(NULL, rc, "%s", c->eb.msg);
 }
@@ -123,33 +122,33 @@ static void gauge_sub(gauge *g, uint64_t n)
 /* Records a taken object for its release; false when the table could not grow. */
 static bool track(ddo_device *dev, ddo__devtab *t, gauge *g, uint64_t key, uint64_t size)
 {
-    pthread_mutex_lock(&dev->usage_lock);
+    ddo__mutex_lock(&dev->usage_lock);
     int rc = ddo__devtab_insert(t, key, size, NULL);
     if (rc == 0 || rc == DDO_E_INVALID_ARGUMENT)
         gauge_add(g, size);
-    pthread_mutex_unlock(&dev->usage_lock);
+    ddo__mutex_unlock(&dev->usage_lock);
     return rc != DDO_E_NO_MEMORY;
 }
 
 static void untrack(ddo_device *dev, ddo__devtab *t, gauge *g, uint64_t key)
 {
-    pthread_mutex_lock(&dev->usage_lock);
+    ddo__mutex_lock(&dev->usage_lock);
     size_t i = ddo__devtab_find(t, key);
     if (i != SIZE_MAX) {
         gauge_sub(g, t->v[i].size);
         ddo__devtab_remove_at(t, i);
     }
-    pthread_mutex_unlock(&dev->usage_lock);
+    ddo__mutex_unlock(&dev->usage_lock);
 }
 
 static void gauge_move(ddo_device *dev, gauge *g, uint64_t n, bool add)
 {
-    pthread_mutex_lock(&dev->usage_lock);
+    ddo__mutex_lock(&dev->usage_lock);
     if (add)
         gauge_add(g, n);
     else
         gauge_sub(g, n);
-    pthread_mutex_unlock(&dev->usage_lock);
+    ddo__mutex_unlock(&dev->usage_lock);
 }
 
 /* ---- wrappers ---- */

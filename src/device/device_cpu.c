@@ -27,27 +27,16 @@
  * are in device_cpu_vmm.c, the streams in device_cpu_stream.c; what they
  * share is device_cpu.h.
  */
-#define _GNU_SOURCE
-#include "device_cpu.h"
+#include "device/device_cpu.h"
 
 #include "os/sys.h"
 #include "os/sysinfo.h"
 
+#include "os/thread.h"
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-uint64_t ddo__cpu_page_size(void)
-{
-    return ddo__os_vm_granularity();
-}
-
-uint64_t ddo__cpu_map_rounded(uint64_t size)
-{
-    return ddo__round_up(size, ddo__cpu_page_size());
-}
 
 /* ---- open, close, caps ---- */
 
@@ -89,8 +78,8 @@ static int cpu_open(const char *spec, const ddo_device_options *opts, void **st,
     d->peer_bytes_per_s = o->peer_bytes_per_s;
     d->latency_ns = o->copy_latency_ns;
     d->next_handle = 1;
-    pthread_mutex_init(&d->lock, NULL);
-    pthread_cond_init(&d->progress, NULL);
+    ddo__mutex_init(&d->lock);
+    ddo__cond_init(&d->progress);
     *st = d;
     return 0;
 }
@@ -101,16 +90,16 @@ static void cpu_close(void *st)
     if (d == NULL)
         return;
     /* Streams drain before their workers exit. */
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     while (d->streams.len > 0) {
         cpu_stream *s = d->streams.v[d->streams.len - 1].obj;
         ddo__devtab_remove_at(&d->streams, d->streams.len - 1);
         s->stop = true;
-        pthread_cond_signal(&s->work);
-        pthread_mutex_unlock(&d->lock);
-        pthread_join(s->thread, NULL);
-        pthread_mutex_lock(&d->lock);
-        pthread_cond_destroy(&s->work);
+        ddo__cond_signal(&s->work);
+        ddo__mutex_unlock(&d->lock);
+        ddo__thread_join(s->thread);
+        ddo__mutex_lock(&d->lock);
+        ddo__cond_destroy(&s->work);
         free(s);
     }
     for (size_t i = 0; i < d->events.len; i++)
@@ -130,7 +119,7 @@ static void cpu_close(void *st)
                         ddo__cpu_map_rounded(d->mems.v[i].size));
     for (size_t i = 0; i < d->pinned.len; i++)
         ddo__os_aligned_free((void *)(uintptr_t)d->pinned.v[i].key);
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     ddo__devtab_free(&d->streams);
     ddo__devtab_free(&d->events);
     ddo__devtab_free(&d->ranges);
@@ -138,8 +127,8 @@ static void cpu_close(void *st)
     ddo__devtab_free(&d->mems);
     ddo__devtab_free(&d->regs);
     ddo__devtab_free(&d->pinned);
-    pthread_cond_destroy(&d->progress);
-    pthread_mutex_destroy(&d->lock);
+    ddo__cond_destroy(&d->progress);
+    ddo__mutex_destroy(&d->lock);
     free(d);
 }
 
@@ -149,11 +138,11 @@ static int cpu_caps(void *st, ddo_device_caps *out, ddo__errbuf *eb)
     cpu_dev *d = st;
     memset(out, 0, sizeof(*out));
     snprintf(out->name, sizeof(out->name), "cpu (host memory posing as device memory)");
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     out->total_bytes = d->size;
     out->free_bytes = d->size - d->allocated;
     out->bus_bytes_per_s = d->bytes_per_s;
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     out->granularity = (size_t)d->gran;
     out->vmm_supported = true;
     out->is_cpu = true;
@@ -165,10 +154,10 @@ static int cpu_mem_info(void *st, uint64_t *free_bytes, uint64_t *total_bytes, d
 {
     (void)eb;
     cpu_dev *d = st;
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     *free_bytes = d->size - d->allocated;
     *total_bytes = d->size;
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     return 0;
 }
 
@@ -179,10 +168,10 @@ int ddo__cpu_set_throttle(void *st, double bytes_per_s, uint64_t latency_ns, ddo
         return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
                          "cpu device: copy bandwidth %g bytes/s is not a finite value >= 0",
                          bytes_per_s);
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     d->bytes_per_s = bytes_per_s;
     d->latency_ns = latency_ns;
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     return 0;
 }
 

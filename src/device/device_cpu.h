@@ -10,10 +10,10 @@
 #ifndef DDO_DEVICE_CPU_H
 #define DDO_DEVICE_CPU_H
 
-#include "device.h"
+#include "device/device.h"
 #include "os/sys.h"
 
-#include <pthread.h>
+#include "os/thread.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -63,8 +63,8 @@ typedef struct cpu_dev cpu_dev;
 typedef struct cpu_stream {
     cpu_dev *d;
     int priority; /* recorded only */
-    pthread_t thread;
-    pthread_cond_t work;
+    ddo__thread thread;
+    ddo__cond work;
     cpu_op *head, *tail, *current;
     uint64_t enqueued, completed;
     bool stop;
@@ -76,8 +76,8 @@ struct cpu_dev {
     uint64_t size;
     uint64_t gran;
     double flops_per_s;
-    pthread_mutex_t lock;
-    pthread_cond_t progress; /* broadcast whenever any stream completes an op */
+    ddo__mutex lock;
+    ddo__cond progress; /* broadcast whenever any stream completes an op */
     double bytes_per_s;
     double peer_bytes_per_s; /* copy_peer into this device */
     uint64_t latency_ns;

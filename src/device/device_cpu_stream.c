@@ -4,15 +4,14 @@
  * a wrapped host stream), throttled copies, events and the waits on them,
  * host functions, and the codec decode run by the C reference decoder.
  */
-#define _GNU_SOURCE
-#include "device_cpu.h"
+#include "device/device_cpu.h"
 
-#include "../codec.h"
+#include "codec/codec.h"
 #include "os/sys.h"
 
+#include "os/thread.h"
 #include <errno.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -66,15 +65,15 @@ static void run_op(cpu_dev *d, cpu_stream *s, cpu_op *op)
     case OP_COPY: {
         double bps = op->peer ? d->peer_bytes_per_s : d->bytes_per_s;
         uint64_t lat = d->latency_ns;
-        pthread_mutex_unlock(&d->lock);
+        ddo__mutex_unlock(&d->lock);
         run_copy(s, op, bps, lat);
-        pthread_mutex_lock(&d->lock);
+        ddo__mutex_lock(&d->lock);
         break;
     }
     case OP_READ: /* device -> host: the copy engine's other direction, not throttled */
-        pthread_mutex_unlock(&d->lock);
+        ddo__mutex_unlock(&d->lock);
         memcpy((void *)(uintptr_t)op->dst, op->src, op->size);
-        pthread_mutex_lock(&d->lock);
+        ddo__mutex_lock(&d->lock);
         break;
     case OP_MARK:
         if (op->ev->done_gen < op->gen) {
@@ -86,33 +85,33 @@ static void run_op(cpu_dev *d, cpu_stream *s, cpu_op *op)
     case OP_WAIT:
         if (op->ev->done_gen < op->gen) {
             while (op->ev->done_gen < op->gen)
-                pthread_cond_wait(&d->progress, &d->lock);
+                ddo__cond_wait(&d->progress, &d->lock);
             /* Copies queued behind the wait start after it, not when they were queued. */
             s->clock_ns = later(s->clock_ns, ddo__now_ns());
         }
         ddo__cpu_event_unref(op->ev);
         break;
     case OP_FN:
-        pthread_mutex_unlock(&d->lock);
+        ddo__mutex_unlock(&d->lock);
         op->fn(op->user);
-        pthread_mutex_lock(&d->lock);
+        ddo__mutex_lock(&d->lock);
         s->clock_ns = later(s->clock_ns, ddo__now_ns());
         break;
     }
     s->current = NULL;
     s->completed++;
     free(op);
-    pthread_cond_broadcast(&d->progress);
+    ddo__cond_broadcast(&d->progress);
 }
 
 static void *worker(void *arg)
 {
     cpu_stream *s = arg;
     cpu_dev *d = s->d;
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     for (;;) {
         while (s->head == NULL && !s->stop)
-            pthread_cond_wait(&s->work, &d->lock);
+            ddo__cond_wait(&s->work, &d->lock);
         if (s->head == NULL)
             break;
         cpu_op *op = s->head;
@@ -121,7 +120,7 @@ static void *worker(void *arg)
             s->tail = NULL;
         run_op(d, s, op);
     }
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     return NULL;
 }
 
@@ -150,7 +149,7 @@ static void enqueue(cpu_stream *s, cpu_op *op)
     else
         s->head = op;
     s->tail = op;
-    pthread_cond_signal(&s->work);
+    ddo__cond_signal(&s->work);
 }
 
 /* Waits until everything queued on s before this call has run (under the lock). */
@@ -158,7 +157,7 @@ static void drain(cpu_dev *d, cpu_stream *s)
 {
     uint64_t target = s->enqueued;
     while (s->completed < target)
-        pthread_cond_wait(&d->progress, &d->lock);
+        ddo__cond_wait(&d->progress, &d->lock);
 }
 
 int ddo__cpu_stream_create(void *st, int priority, void **stream, ddo__errbuf *eb)
@@ -169,22 +168,22 @@ int ddo__cpu_stream_create(void *st, int priority, void **stream, ddo__errbuf *e
         return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: stream_create: out of host memory");
     s->d = d;
     s->priority = priority;
-    pthread_cond_init(&s->work, NULL);
-    pthread_mutex_lock(&d->lock);
+    ddo__cond_init(&s->work);
+    ddo__mutex_lock(&d->lock);
     int rc = ddo__devtab_insert(&d->streams, (uintptr_t)s, 0, s);
     if (rc != 0) {
         rc = ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: stream_create: out of host memory");
     } else {
-        int e = pthread_create(&s->thread, NULL, worker, s);
+        int e = ddo__thread_create(&s->thread, worker, s);
         if (e != 0) {
             ddo__devtab_remove_at(&d->streams, ddo__devtab_find(&d->streams, (uintptr_t)s));
             rc = ddo__fail(eb, DDO_E_DEVICE, "cpu: stream_create: starting the worker: %s",
                            strerror(e));
         }
     }
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     if (rc != 0) {
-        pthread_cond_destroy(&s->work);
+        ddo__cond_destroy(&s->work);
         free(s);
         return rc;
     }
@@ -205,12 +204,12 @@ int ddo__cpu_stream_wrap(void *st, void *native, void **stream, ddo__errbuf *eb)
         return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: stream_wrap: out of host memory");
     s->d = d;
     s->host_thread = true;
-    pthread_cond_init(&s->work, NULL);
-    pthread_mutex_lock(&d->lock);
+    ddo__cond_init(&s->work);
+    ddo__mutex_lock(&d->lock);
     int rc = ddo__devtab_insert(&d->streams, (uintptr_t)s, 0, s);
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     if (rc != 0) {
-        pthread_cond_destroy(&s->work);
+        ddo__cond_destroy(&s->work);
         free(s);
         return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: stream_wrap: out of host memory");
     }
@@ -229,9 +228,9 @@ int ddo__cpu_stream_destroy(void *st, void *stream, ddo__errbuf *eb)
 {
     cpu_dev *d = st;
     cpu_stream *s = stream;
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     if (!stream_known(d, stream)) {
-        pthread_mutex_unlock(&d->lock);
+        ddo__mutex_unlock(&d->lock);
         return ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "cpu: stream_destroy: unknown stream %p",
                          stream);
     }
@@ -240,11 +239,11 @@ int ddo__cpu_stream_destroy(void *st, void *stream, ddo__errbuf *eb)
     if (i != SIZE_MAX)
         ddo__devtab_remove_at(&d->streams, i);
     s->stop = true;
-    pthread_cond_signal(&s->work);
-    pthread_mutex_unlock(&d->lock);
+    ddo__cond_signal(&s->work);
+    ddo__mutex_unlock(&d->lock);
     if (!s->host_thread)
-        pthread_join(s->thread, NULL);
-    pthread_cond_destroy(&s->work);
+        ddo__thread_join(s->thread);
+    ddo__cond_destroy(&s->work);
     free(s);
     return 0;
 }
@@ -252,14 +251,14 @@ int ddo__cpu_stream_destroy(void *st, void *stream, ddo__errbuf *eb)
 int ddo__cpu_stream_synchronize(void *st, void *stream, ddo__errbuf *eb)
 {
     cpu_dev *d = st;
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     if (!stream_known(d, stream)) {
-        pthread_mutex_unlock(&d->lock);
+        ddo__mutex_unlock(&d->lock);
         return ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "cpu: stream_synchronize: unknown stream %p",
                          stream);
     }
     drain(d, stream);
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     return 0;
 }
 
@@ -292,7 +291,7 @@ int ddo__cpu_copy_h2d(void *st, uint64_t dst, const void *src, size_t size, void
     op->src = src;
     op->size = size;
     op->queued_ns = ddo__now_ns();
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     int rc = 0;
     if (!stream_known(d, stream))
         rc = ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "cpu: copy_h2d: unknown stream %p", stream);
@@ -312,7 +311,7 @@ int ddo__cpu_copy_h2d(void *st, uint64_t dst, const void *src, size_t size, void
         enqueue(stream, op);
     if (rc == 0)
         ddo__cpu_use_mapping_at(d, dst, size);
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     if (rc != 0)
         free(op);
     return rc;
@@ -324,9 +323,9 @@ int ddo__cpu_copy_peer(void *st, uint64_t dst, void *src_st, uint64_t src, size_
                        void *stream, ddo__errbuf *eb)
 {
     cpu_dev *d = st, *from = src_st;
-    pthread_mutex_lock(&from->lock);
+    ddo__mutex_lock(&from->lock);
     bool src_ok = ddo__cpu_device_bytes(from, src, size);
-    pthread_mutex_unlock(&from->lock);
+    ddo__mutex_unlock(&from->lock);
     if (!src_ok)
         return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
                          "cpu: copy_peer: source 0x%" PRIx64 " + %zu is not device memory of the "
@@ -340,7 +339,7 @@ int ddo__cpu_copy_peer(void *st, uint64_t dst, void *src_st, uint64_t src, size_
     op->size = size;
     op->peer = true;
     op->queued_ns = ddo__now_ns();
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     int rc = 0;
     if (!stream_known(d, stream))
         rc = ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "cpu: copy_peer: unknown stream %p", stream);
@@ -353,7 +352,7 @@ int ddo__cpu_copy_peer(void *st, uint64_t dst, void *src_st, uint64_t src, size_
         enqueue(stream, op);
     if (rc == 0)
         ddo__cpu_use_mapping_at(d, dst, size);
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     if (rc != 0)
         free(op);
     return rc;
@@ -362,9 +361,9 @@ int ddo__cpu_copy_peer(void *st, uint64_t dst, void *src_st, uint64_t src, size_
 int ddo__cpu_copy_d2h(void *st, void *dst, uint64_t src, size_t size, ddo__errbuf *eb)
 {
     cpu_dev *d = st;
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     bool ok = ddo__cpu_device_bytes(d, src, size);
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     if (!ok)
         return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
                          "cpu: copy_d2h: source 0x%" PRIx64 " + %zu is not mapped device memory",
@@ -398,7 +397,7 @@ int ddo__cpu_copy_d2h_async(void *st, void *dst, uint64_t src, size_t size, void
     op->dst = (uintptr_t)dst;
     op->src = (const void *)(uintptr_t)src;
     op->size = size;
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     int rc = 0;
     if (!stream_known(d, stream))
         rc =
@@ -416,7 +415,7 @@ int ddo__cpu_copy_d2h_async(void *st, void *dst, uint64_t src, size_t size, void
                        dst, size);
     else
         enqueue(stream, op);
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     if (rc != 0)
         free(op);
     return rc;
@@ -431,9 +430,9 @@ int ddo__cpu_event_create(void *st, void **event, ddo__errbuf *eb)
     if (e == NULL)
         return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: event_create: out of host memory");
     e->refs = 1;
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     int rc = ddo__devtab_insert(&d->events, (uintptr_t)e, 0, e);
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     if (rc != 0) {
         free(e);
         return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: event_create: out of host memory");
@@ -445,15 +444,15 @@ int ddo__cpu_event_create(void *st, void **event, ddo__errbuf *eb)
 int ddo__cpu_event_destroy(void *st, void *event, ddo__errbuf *eb)
 {
     cpu_dev *d = st;
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     size_t i = ddo__devtab_find(&d->events, (uintptr_t)event);
     if (i == SIZE_MAX) {
-        pthread_mutex_unlock(&d->lock);
+        ddo__mutex_unlock(&d->lock);
         return ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "cpu: event_destroy: unknown event %p", event);
     }
     ddo__devtab_remove_at(&d->events, i);
     ddo__cpu_event_unref(event); /* queued markers and waits keep it until they run */
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     return 0;
 }
 
@@ -463,7 +462,7 @@ int ddo__cpu_event_record(void *st, void *event, void *stream, ddo__errbuf *eb)
     cpu_op *op = new_op(OP_MARK);
     if (op == NULL)
         return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: event_record: out of host memory");
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     int rc = 0;
     if (!event_known(d, event)) {
         rc = ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "cpu: event_record: unknown event %p", event);
@@ -476,7 +475,7 @@ int ddo__cpu_event_record(void *st, void *event, void *stream, ddo__errbuf *eb)
         e->refs++;
         enqueue(stream, op);
     }
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     if (rc != 0)
         free(op);
     return rc;
@@ -485,7 +484,7 @@ int ddo__cpu_event_record(void *st, void *event, void *stream, ddo__errbuf *eb)
 int ddo__cpu_event_query(void *st, void *event, ddo__errbuf *eb)
 {
     cpu_dev *d = st;
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     int rc = 0;
     if (!event_known(d, event)) {
         rc = ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "cpu: event_query: unknown event %p", event);
@@ -493,14 +492,14 @@ int ddo__cpu_event_query(void *st, void *event, ddo__errbuf *eb)
         const cpu_event *e = event;
         rc = e->done_gen >= e->rec_gen ? 0 : DDO_E_BUSY;
     }
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     return rc;
 }
 
 int ddo__cpu_event_elapsed(void *st, void *start, void *end, double *seconds, ddo__errbuf *eb)
 {
     cpu_dev *d = st;
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     int rc = 0;
     if (!event_known(d, start) || !event_known(d, end)) {
         rc = ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "cpu: event_elapsed: unknown event %p",
@@ -516,16 +515,16 @@ int ddo__cpu_event_elapsed(void *st, void *start, void *end, double *seconds, dd
         else
             *seconds = b->done_ns >= a->done_ns ? (double)(b->done_ns - a->done_ns) / 1e9 : 0.0;
     }
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     return rc;
 }
 
 int ddo__cpu_event_synchronize(void *st, void *event, ddo__errbuf *eb)
 {
     cpu_dev *d = st;
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     if (!event_known(d, event)) {
-        pthread_mutex_unlock(&d->lock);
+        ddo__mutex_unlock(&d->lock);
         return ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "cpu: event_synchronize: unknown event %p",
                          event);
     }
@@ -533,9 +532,9 @@ int ddo__cpu_event_synchronize(void *st, void *event, ddo__errbuf *eb)
     uint64_t target = e->rec_gen;
     e->refs++; /* a concurrent destroy must not free it under us */
     while (e->done_gen < target)
-        pthread_cond_wait(&d->progress, &d->lock);
+        ddo__cond_wait(&d->progress, &d->lock);
     ddo__cpu_event_unref(e);
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     return 0;
 }
 
@@ -545,7 +544,7 @@ int ddo__cpu_stream_wait_event(void *st, void *stream, void *event, ddo__errbuf 
     cpu_op *op = new_op(OP_WAIT);
     if (op == NULL)
         return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: stream_wait_event: out of host memory");
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     int rc = 0;
     bool queued = false;
     if (!event_known(d, event)) {
@@ -565,7 +564,7 @@ int ddo__cpu_stream_wait_event(void *st, void *stream, void *event, ddo__errbuf 
             queued = true;
         }
     }
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     if (!queued)
         free(op);
     return rc;
@@ -579,13 +578,13 @@ int ddo__cpu_host_fn(void *st, void *stream, ddo__host_fn fn, void *user, ddo__e
         return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: host_fn: out of host memory");
     op->fn = fn;
     op->user = user;
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     int rc = 0;
     if (!stream_known(d, stream))
         rc = ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "cpu: host_fn: unknown stream %p", stream);
     else
         enqueue(stream, op);
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     if (rc != 0)
         free(op);
     return rc;
@@ -638,7 +637,7 @@ int ddo__cpu_codec_decode(void *st, void *stream, const ddo__codec_desc *x, size
     memcpy(j->d, x, n * sizeof(*x));
     op->fn = run_codec_job;
     op->user = j;
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     int rc = 0;
     if (!stream_known(d, stream))
         rc = ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "cpu: codec_decode: unknown stream %p", stream);
@@ -648,7 +647,7 @@ int ddo__cpu_codec_decode(void *st, void *stream, const ddo__codec_desc *x, size
                        "memory");
     else
         enqueue(stream, op);
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     if (rc != 0) {
         free(j);
         free(op);

@@ -4,16 +4,25 @@
  * copy writes through, plain device buffers and host memory (registered and
  * pinned), with the lookups that say what is device memory.
  */
-#define _GNU_SOURCE
-#include "device_cpu.h"
+#include "device/device_cpu.h"
 
 #include "os/sys.h"
 
+#include "os/thread.h"
 #include <errno.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+
+uint64_t ddo__cpu_page_size(void)
+{
+    return ddo__os_vm_granularity();
+}
+
+uint64_t ddo__cpu_map_rounded(uint64_t size)
+{
+    return ddo__round_up(size, ddo__cpu_page_size());
+}
 
 static uint64_t mem_rounded(uint64_t size)
 {
@@ -106,7 +115,7 @@ static void wait_unused(cpu_dev *d, uint64_t lo, uint64_t n, bool as_dst)
         }
         if (!busy)
             return;
-        pthread_cond_wait(&d->progress, &d->lock);
+        ddo__cond_wait(&d->progress, &d->lock);
     }
 }
 
@@ -134,9 +143,9 @@ int ddo__cpu_va_reserve(void *st, uint64_t size, uint64_t *va, ddo__errbuf *eb)
     uintptr_t start = (uintptr_t)p;
     r->va = start;
     r->size = size;
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     int rc = ddo__devtab_insert(&d->ranges, r->va, size, r);
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     if (rc != 0) {
         ddo__os_vm_release((void *)start, size, d->gran);
         free(r);
@@ -149,7 +158,7 @@ int ddo__cpu_va_reserve(void *st, uint64_t size, uint64_t *va, ddo__errbuf *eb)
 int ddo__cpu_va_release(void *st, uint64_t va, uint64_t size, ddo__errbuf *eb)
 {
     cpu_dev *d = st;
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     size_t i = ddo__devtab_find(&d->ranges, va);
     cpu_range *r = i == SIZE_MAX ? NULL : d->ranges.v[i].obj;
     int rc = 0;
@@ -163,7 +172,7 @@ int ddo__cpu_va_release(void *st, uint64_t va, uint64_t size, ddo__errbuf *eb)
                        r->pieces.len);
     else
         ddo__devtab_remove_at(&d->ranges, i);
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     if (rc != 0)
         return rc;
     ddo__os_vm_release((void *)(uintptr_t)va, size, d->gran);
@@ -184,10 +193,10 @@ int ddo__cpu_phys_create(void *st, uint64_t size, uint64_t *handle, ddo__errbuf 
     if (h == NULL)
         return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: phys_create: out of host memory");
     /* Take the bytes from the device's size first: refuse before any system call. */
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     uint64_t free_bytes = d->size - d->allocated;
     if (size > free_bytes) {
-        pthread_mutex_unlock(&d->lock);
+        ddo__mutex_unlock(&d->lock);
         free(h);
         return ddo__fail(eb, DDO_E_DEVICE_MEMORY,
                          "cpu: phys_create: out of device memory (like "
@@ -197,10 +206,10 @@ int ddo__cpu_phys_create(void *st, uint64_t size, uint64_t *handle, ddo__errbuf 
     }
     d->allocated += size;
     h->id = d->next_handle++;
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
 
     int e = ddo__os_shm_create(size, &h->mem);
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     int rc = 0;
     if (e != 0)
         rc = ddo__fail(eb, DDO_E_DEVICE_MEMORY, "cpu: phys_create: %" PRIu64 " bytes: %s", size,
@@ -209,7 +218,7 @@ int ddo__cpu_phys_create(void *st, uint64_t size, uint64_t *handle, ddo__errbuf 
         rc = ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: phys_create: out of host memory");
     if (rc != 0) {
         d->allocated -= size;
-        pthread_mutex_unlock(&d->lock);
+        ddo__mutex_unlock(&d->lock);
         ddo__os_shm_destroy(&h->mem, size);
         free(h);
         return rc;
@@ -217,24 +226,24 @@ int ddo__cpu_phys_create(void *st, uint64_t size, uint64_t *handle, ddo__errbuf 
     h->size = size;
     h->refs = 1;
     *handle = h->id;
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     return 0;
 }
 
 int ddo__cpu_phys_release(void *st, uint64_t handle, ddo__errbuf *eb)
 {
     cpu_dev *d = st;
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     size_t i = ddo__devtab_find(&d->handles, handle);
     if (i == SIZE_MAX) {
-        pthread_mutex_unlock(&d->lock);
+        ddo__mutex_unlock(&d->lock);
         return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
                          "cpu: phys_release: %" PRIu64 " is not a live physical handle", handle);
     }
     cpu_handle *h = d->handles.v[i].obj;
     ddo__devtab_remove_at(&d->handles, i);
     ddo__cpu_handle_unref(d, h); /* mappings keep the memory until their unmap */
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     return 0;
 }
 
@@ -277,7 +286,7 @@ int ddo__cpu_map(void *st, uint64_t va, uint64_t size, uint64_t handle, uint64_t
                          "cpu: map: handle offset %llu: not supported (as cuMemMap: "
                          "CUDA_ERROR_NOT_SUPPORTED; the offset must be zero)",
                          (unsigned long long)handle_offset);
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     int rc = 0;
     size_t i = ddo__devtab_find(&d->handles, handle);
     cpu_handle *h = i == SIZE_MAX ? NULL : d->handles.v[i].obj;
@@ -312,14 +321,14 @@ int ddo__cpu_map(void *st, uint64_t va, uint64_t size, uint64_t handle, uint64_t
             use_mapping(h, va, size);
         }
     }
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     return rc;
 }
 
 int ddo__cpu_unmap(void *st, uint64_t va, uint64_t size, ddo__errbuf *eb)
 {
     cpu_dev *d = st;
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     wait_unused(d, va, size, true);
     int rc = 0, e = 0;
     cpu_range *r = range_of(d, va, size);
@@ -347,17 +356,17 @@ int ddo__cpu_unmap(void *st, uint64_t va, uint64_t size, ddo__errbuf *eb)
         for (size_t k = first; k < last; k++)
             ddo__devtab_remove_at(&r->pieces, first);
     }
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     return rc;
 }
 
 int ddo__cpu_set_access(void *st, uint64_t va, uint64_t size, ddo__errbuf *eb)
 {
     cpu_dev *d = st;
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     const cpu_range *r = range_of(d, va, size);
     bool ok = r != NULL && range_mapped(r, va, size);
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     if (!ok)
         return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
                          "cpu: set_access: 0x%" PRIx64 " + %" PRIu64 " is not mapped", va, size);
@@ -370,10 +379,10 @@ int ddo__cpu_mem_alloc(void *st, uint64_t size, uint64_t *ptr, ddo__errbuf *eb)
 {
     cpu_dev *d = st;
     uint64_t need = mem_rounded(size);
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     uint64_t free_bytes = d->size - d->allocated;
     if (need > free_bytes) {
-        pthread_mutex_unlock(&d->lock);
+        ddo__mutex_unlock(&d->lock);
         return ddo__fail(eb, DDO_E_DEVICE_MEMORY,
                          "cpu: mem_alloc: out of device memory (like "
                          "CUDA_ERROR_OUT_OF_MEMORY): %" PRIu64 " bytes requested, %" PRIu64
@@ -381,10 +390,10 @@ int ddo__cpu_mem_alloc(void *st, uint64_t size, uint64_t *ptr, ddo__errbuf *eb)
                          size, free_bytes, d->size);
     }
     d->allocated += need;
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     void *p = NULL;
     int e = ddo__os_vm_alloc(ddo__cpu_map_rounded(size), &p);
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     int rc = 0;
     if (e != 0)
         rc = ddo__fail(eb, DDO_E_DEVICE_MEMORY, "cpu: mem_alloc: %" PRIu64 " bytes: %s", size,
@@ -393,7 +402,7 @@ int ddo__cpu_mem_alloc(void *st, uint64_t size, uint64_t *ptr, ddo__errbuf *eb)
         rc = ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: mem_alloc: out of host memory");
     if (rc != 0)
         d->allocated -= need;
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     if (rc != 0) {
         if (e == 0)
             ddo__os_vm_free(p, ddo__cpu_map_rounded(size));
@@ -406,21 +415,21 @@ int ddo__cpu_mem_alloc(void *st, uint64_t size, uint64_t *ptr, ddo__errbuf *eb)
 int ddo__cpu_mem_free(void *st, uint64_t ptr, ddo__errbuf *eb)
 {
     cpu_dev *d = st;
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     size_t i = ddo__devtab_find(&d->mems, ptr);
     if (i != SIZE_MAX) {
         wait_unused(d, ptr, d->mems.v[i].size, true);
         i = ddo__devtab_find(&d->mems, ptr);
     }
     if (i == SIZE_MAX) {
-        pthread_mutex_unlock(&d->lock);
+        ddo__mutex_unlock(&d->lock);
         return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
                          "cpu: mem_free: 0x%" PRIx64 " is not a mem_alloc buffer", ptr);
     }
     uint64_t size = d->mems.v[i].size;
     ddo__devtab_remove_at(&d->mems, i);
     d->allocated -= mem_rounded(size);
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     ddo__os_vm_free((void *)(uintptr_t)ptr, ddo__cpu_map_rounded(size));
     return 0;
 }
@@ -431,7 +440,7 @@ int ddo__cpu_host_register(void *st, void *p, size_t size, ddo__errbuf *eb)
 {
     cpu_dev *d = st;
     uint64_t a = (uintptr_t)p;
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     int rc = 0;
     size_t i = ddo__devtab_floor(&d->regs, a + size - 1);
     if (i != SIZE_MAX && overlaps(a, size, d->regs.v[i].key, d->regs.v[i].size))
@@ -441,28 +450,28 @@ int ddo__cpu_host_register(void *st, void *p, size_t size, ddo__errbuf *eb)
                        p, size, d->regs.v[i].key, d->regs.v[i].size);
     else if (ddo__devtab_insert(&d->regs, a, size, NULL) != 0)
         rc = ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: host_register: out of host memory");
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     return rc;
 }
 
 int ddo__cpu_host_unregister(void *st, void *p, ddo__errbuf *eb)
 {
     cpu_dev *d = st;
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     size_t i = ddo__devtab_find(&d->regs, (uintptr_t)p);
     if (i != SIZE_MAX) {
         wait_unused(d, (uintptr_t)p, d->regs.v[i].size, false);
         i = ddo__devtab_find(&d->regs, (uintptr_t)p);
     }
     if (i == SIZE_MAX) {
-        pthread_mutex_unlock(&d->lock);
+        ddo__mutex_unlock(&d->lock);
         return ddo__fail(eb, DDO_E_DEVICE,
                          "cpu: host_unregister: %p is not the start of a registered range "
                          "(like CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)",
                          p);
     }
     ddo__devtab_remove_at(&d->regs, i);
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     return 0;
 }
 
@@ -473,9 +482,9 @@ int ddo__cpu_host_alloc(void *st, size_t size, void **p, ddo__errbuf *eb)
     if (q == NULL)
         return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: host_alloc: %zu pinned bytes: out of memory",
                          size);
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     int rc = ddo__devtab_insert(&d->pinned, (uintptr_t)q, size, NULL);
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     if (rc != 0) {
         ddo__os_aligned_free(q);
         return ddo__fail(eb, DDO_E_NO_MEMORY, "cpu: host_alloc: out of host memory");
@@ -487,19 +496,19 @@ int ddo__cpu_host_alloc(void *st, size_t size, void **p, ddo__errbuf *eb)
 int ddo__cpu_host_free(void *st, void *p, ddo__errbuf *eb)
 {
     cpu_dev *d = st;
-    pthread_mutex_lock(&d->lock);
+    ddo__mutex_lock(&d->lock);
     size_t i = ddo__devtab_find(&d->pinned, (uintptr_t)p);
     if (i != SIZE_MAX) {
         wait_unused(d, (uintptr_t)p, d->pinned.v[i].size, false);
         i = ddo__devtab_find(&d->pinned, (uintptr_t)p);
     }
     if (i == SIZE_MAX) {
-        pthread_mutex_unlock(&d->lock);
+        ddo__mutex_unlock(&d->lock);
         return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
                          "cpu: host_free: %p was not allocated by host_alloc", p);
     }
     ddo__devtab_remove_at(&d->pinned, i);
-    pthread_mutex_unlock(&d->lock);
+    ddo__mutex_unlock(&d->lock);
     ddo__os_aligned_free(p);
     return 0;
 }

@@ -26,14 +26,13 @@
  * CUresult mapping and ddo__cuda_driver_proc: device_cuda_driver.c; what the two
  * share: device_cuda.h.
  */
-#define _POSIX_C_SOURCE 200809L
-#include "device_cuda.h"
+#include "device/device_cuda.h"
 
-#include "../codec.h"
+#include "codec/codec.h"
 
 #if DDO_HAVE_CUDA_H
 
-#    include <pthread.h>
+#    include "os/thread.h"
 #    include <stdio.h>
 #    include <stdlib.h>
 #    include <string.h>
@@ -68,8 +67,8 @@ static void cuda_close(void *st)
         return;
     if (d->codec_mod != NULL && d->api.CtxSetCurrent(d->ctx) == CUDA_SUCCESS)
         d->api.ModuleUnload(d->codec_mod);
-    pthread_mutex_destroy(&d->codec_lock);
-    pthread_mutex_destroy(&d->peer_lock);
+    ddo__mutex_destroy(&d->codec_lock);
+    ddo__mutex_destroy(&d->peer_lock);
     if (d->ctx_retained)
         d->api.DevicePrimaryCtxRelease(d->device);
     /* libcuda stays loaded for the life of the process (as the CUDA runtime does): its
@@ -170,12 +169,12 @@ static int cuda_open(const char *spec, const ddo_device_options *opts, void **st
     if (d == NULL)
         return ddo__fail(eb, DDO_E_NO_MEMORY, "cuda:%d: out of host memory", ordinal);
     d->ordinal = ordinal;
-    pthread_mutex_init(&d->codec_lock, NULL);
-    pthread_mutex_init(&d->peer_lock, NULL);
+    ddo__mutex_init(&d->codec_lock);
+    ddo__mutex_init(&d->peer_lock);
     int rc = ddo__cuda_load_driver(d, path, eb);
     if (rc != 0) {
-        pthread_mutex_destroy(&d->codec_lock);
-        pthread_mutex_destroy(&d->peer_lock);
+        ddo__mutex_destroy(&d->codec_lock);
+    ddo__mutex_destroy(&d->peer_lock);
         free(d);
         return rc;
     }
@@ -487,14 +486,14 @@ static void enable_peer(cuda_dev *d, const cuda_dev *peer)
     if (peer == d || peer->ordinal < 0 || peer->ordinal >= 64)
         return;
     uint64_t bit = UINT64_C(1) << peer->ordinal;
-    pthread_mutex_lock(&d->peer_lock);
+    ddo__mutex_lock(&d->peer_lock);
     if ((d->peer_tried & bit) == 0) {
         d->peer_tried |= bit;
         int can = 0;
         if (d->api.DeviceCanAccessPeer(&can, d->device, peer->device) == CUDA_SUCCESS && can)
             (void)d->api.CtxEnablePeerAccess(peer->ctx, 0); /* ALREADY_ENABLED is fine too */
     }
-    pthread_mutex_unlock(&d->peer_lock);
+    ddo__mutex_unlock(&d->peer_lock);
 }
 
 static int cuda_copy_peer(void *st, uint64_t dst, void *src_st, uint64_t src, size_t size,
@@ -646,7 +645,7 @@ extern const size_t ddo__codec_image_bytes;
  * compiles the image's PTX). */
 static int codec_module(cuda_dev *d, ddo__errbuf *eb)
 {
-    pthread_mutex_lock(&d->codec_lock);
+    ddo__mutex_lock(&d->codec_lock);
     if (d->codec_rc == 0) {
         CUresult r = d->api.ModuleLoadData(&d->codec_mod, ddo__codec_image);
         const char *call = "cuModuleLoadData";
@@ -664,7 +663,7 @@ static int codec_module(cuda_dev *d, ddo__errbuf *eb)
         }
     }
     int rc = d->codec_rc;
-    pthread_mutex_unlock(&d->codec_lock);
+    ddo__mutex_unlock(&d->codec_lock);
     if (rc == 1)
         return 0;
     return ddo__fail(eb, rc, "%s", d->codec_err);

@@ -8,13 +8,13 @@
 #ifndef DDO_DEVICE_CUDA_H
 #define DDO_DEVICE_CUDA_H
 
-#include "device.h"
+#include "device/device.h"
 
 #if DDO_HAVE_CUDA_H
 
+#    include "os/thread.h"
 #    include <cuda.h>
 #    include <cudaTypedefs.h>
-#    include <pthread.h>
 #    include <stdbool.h>
 #    include <stddef.h>
 
@@ -98,13 +98,13 @@ typedef struct cuda_dev {
     double flops_estimate; /* flops_estimate(): the caps' compute rate, 0 = unknown */
     char name[128];
     /* The codec decoder's module, loaded on first use (codec_lock guards these). */
-    pthread_mutex_t codec_lock;
+    ddo__mutex codec_lock;
     CUmodule codec_mod;
     CUfunction codec_fn;
     int codec_rc; /* 0: not loaded yet; 1: loaded; < 0: loading failed with this code */
     char codec_err[256];
     /* Peer ordinals (below 64) whose access from this context was asked for (copy_peer). */
-    pthread_mutex_t peer_lock;
+    ddo__mutex peer_lock;
     uint64_t peer_tried;
 } cuda_dev;
 

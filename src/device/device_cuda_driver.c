@@ -5,10 +5,9 @@
  * error code and its messages, binding the primary context, and
  * ddo__cuda_driver_proc, which hands a host an entry point by the same rules.
  */
-#define _POSIX_C_SOURCE 200809L
-#include "device_cuda.h"
+#include "device/device_cuda.h"
 
-#include "os/sys.h"
+#include "os/dl.h"
 
 #if DDO_HAVE_CUDA_H
 

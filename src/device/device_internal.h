@@ -7,9 +7,9 @@
 #ifndef DDO_DEVICE_INTERNAL_H
 #define DDO_DEVICE_INTERNAL_H
 
-#include "device.h"
+#include "device/device.h"
 
-#include <pthread.h>
+#include "os/thread.h"
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -35,16 +35,16 @@ struct ddo_device {
     ddo_device_caps caps; /* as read at creation (granularity, name) */
     uint64_t granularity;
 
-    pthread_mutex_t err_lock;
+    ddo__mutex err_lock;
     ddo__errbuf err;
 
     _Atomic uint64_t stats[DDO__OP_COUNT][STAT_COUNT];
 
-    pthread_mutex_t fault_lock;
+    ddo__mutex fault_lock;
     _Atomic int fault_armed[DDO__OP_COUNT];
     fault faults[DDO__OP_COUNT];
 
-    pthread_mutex_t usage_lock;
+    ddo__mutex usage_lock;
     ddo__devtab phys, mem, pinned, registered; /* key -> size, for releases */
     gauge device_bytes, pinned_bytes, registered_bytes, va_bytes, mapped_bytes;
 };

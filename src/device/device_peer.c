@@ -6,9 +6,8 @@
  * each device of a set when each copies 1/n of a buffer from host memory and an all-gather
  * completes it (split mode's mechanism, collective.h).
  */
-#define _POSIX_C_SOURCE 200809L
-#include "collective.h"
-#include "device.h"
+#include "device/collective.h"
+#include "device/device.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,7 +1,7 @@
 /*
  * dxgi.c - no DXGI off Windows (dxgi_win.c is the Windows side).
  */
-#include "dxgi.h"
+#include "os/dxgi.h"
 
 #include <string.h>
 

@@ -7,8 +7,8 @@
 #if defined(_WIN32)
 
 #    define COBJMACROS
-#    include "dxgi.h"
-#    include "win.h"
+#    include "os/dxgi.h"
+#    include "os/win.h"
 
 #    include <dxgi1_4.h>
 #    include <stdbool.h>

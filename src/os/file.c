@@ -3,12 +3,7 @@
  * fstat/stat (st_dev, st_ino, st_size, st_mtim, st_ctim), pread loops, read-only
  * mappings and O_DIRECT opens (Linux).
  */
-#if defined(__linux__)
-#    define _GNU_SOURCE
-#else
-#    define _POSIX_C_SOURCE 200809L
-#endif
-#include "file.h"
+#include "os/file.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -8,8 +8,8 @@
  * interface of file.h stays the one of POSIX systems.
  */
 #if defined(_WIN32)
-#    include "file.h"
-#    include "win.h"
+#    include "os/file.h"
+#    include "os/win.h"
 
 #    include <errno.h>
 #    include <fcntl.h>

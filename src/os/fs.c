@@ -4,16 +4,10 @@
  * an interrupted write leaves no name behind; elsewhere a named temporary file), single-write
  * appends and flock locks.
  */
-#if defined(__linux__)
-#    define _GNU_SOURCE
-#else
-#    define _POSIX_C_SOURCE 200809L
-#    define _DEFAULT_SOURCE
-#endif
-#include "fs.h"
+#include "os/fs.h"
 
-#include "file.h"
-#include "fs_impl.h"
+#include "os/file.h"
+#include "os/fs_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -3,10 +3,10 @@
  * error texts, the bounded read loop, temporary names and writing a file from parts. The
  * system calls are in fs.c (POSIX) and fs_win.c (Windows).
  */
-#include "fs.h"
+#include "os/fs.h"
 
-#include "file.h"
-#include "fs_impl.h"
+#include "os/file.h"
+#include "os/fs_impl.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -79,12 +79,6 @@ int ddo__os_read_small_file(const char *path, size_t max_bytes, char **data, siz
                                           : read_bounded(fd, id.size, max_bytes, data, len);
     ddo__os_file_close(fd);
     return e;
-}
-
-int ddo__os_fs_temp_name(const char *path, char *buf, size_t len)
-{
-    int n = snprintf(buf, len, "%s.%016llx.tmp", path, (unsigned long long)ddo__os_fs_random_tag());
-    return n < 0 || (size_t)n >= len ? ENAMETOOLONG : 0;
 }
 
 /* Sequential writes through the positioned writer (on Windows the descriptor has no shared

@@ -7,11 +7,11 @@
  * whole) and LockFileEx locks.
  */
 #if defined(_WIN32)
-#    include "fs.h"
+#    include "os/fs.h"
 
-#    include "file.h"
-#    include "fs_impl.h"
-#    include "win.h"
+#    include "os/file.h"
+#    include "os/fs_impl.h"
+#    include "os/win.h"
 
 #    include <bcrypt.h>
 #    include <errno.h>

@@ -2,12 +2,7 @@
  * read.c - the read engines on POSIX systems: io_uring through liburing (Linux, when the build
  * found it) and chunked pread for descriptors opened with O_DIRECT.
  */
-#if defined(__linux__)
-#    define _GNU_SOURCE
-#else
-#    define _POSIX_C_SOURCE 200809L
-#endif
-#include "read.h"
+#include "os/read.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -17,6 +17,12 @@
 #define DDO__OS_DIRECT_ALIGN ((uint64_t)4096)
 /* The largest single read request of the engines. */
 #define DDO__OS_READ_CHUNK ((uint64_t)16 << 20)
+/* Bytes a buffer needs to read len bytes at any offset with O_DIRECT alignment: len and one
+ * aligned block on each side (the store's staging windows; the planner sizes them). */
+static inline size_t ddo__os_direct_window(size_t len)
+{
+    return len + 2 * (size_t)DDO__OS_DIRECT_ALIGN;
+}
 /* Requests in flight on one ring: a single O_DIRECT stream reaches a fraction of a disk. */
 #define DDO__OS_READ_DEPTH 4
 

@@ -8,8 +8,8 @@
  * nothing here could test it.
  */
 #if defined(_WIN32)
-#    include "read.h"
-#    include "win.h"
+#    include "os/read.h"
+#    include "os/win.h"
 
 #    include <errno.h>
 #    include <stdlib.h>

@@ -5,10 +5,8 @@
  * mremap of old size 0).
  */
 #if !defined(_WIN32)
-#    define _GNU_SOURCE
-#    include "sys.h"
+#    include "os/sys.h"
 
-#    include <dlfcn.h>
 #    include <errno.h>
 #    include <openssl/evp.h>
 #    include <stdio.h>
@@ -47,30 +45,6 @@ void ddo__os_discard_pages(void *p, size_t len)
     uintptr_t a = ((uintptr_t)p + page - 1) / page * page, e = ((uintptr_t)p + len) / page * page;
     if (e > a)
         (void)madvise((void *)a, e - a, MADV_DONTNEED);
-}
-
-/* ---- shared libraries ---- */
-
-void *ddo__os_lib_open(const char *path, char *err, size_t err_len)
-{
-    dlerror();
-    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (lib == NULL && err_len > 0) {
-        const char *e = dlerror();
-        snprintf(err, err_len, "%s", e != NULL ? e : "unknown error");
-    }
-    return lib;
-}
-
-void *ddo__os_lib_sym(void *lib, const char *name)
-{
-    return dlsym(lib, name);
-}
-
-void ddo__os_lib_close(void *lib)
-{
-    if (lib != NULL)
-        dlclose(lib);
 }
 
 /* ---- SHA-256 ---- */

@@ -28,15 +28,6 @@ int ddo__os_gmtime(time_t t, struct tm *out);
  * private anonymous pages read back as zero afterwards, shared ones keep their bytes. */
 void ddo__os_discard_pages(void *p, size_t len);
 
-/* ---- shared libraries (dlopen / LoadLibraryExW) ---- */
-
-/* Loads the library at path (a bare name is searched the system's way: Windows searches the
- * application's directory and System32 only). NULL with the reason in err. */
-void *ddo__os_lib_open(const char *path, char *err, size_t err_len);
-/* A symbol of a loaded library; NULL when it has none. */
-void *ddo__os_lib_sym(void *lib, const char *name);
-void ddo__os_lib_close(void *lib);
-
 /* ---- SHA-256 (OpenSSL on POSIX systems, CNG's BCryptHash on Windows) ---- */
 
 #define DDO__OS_SHA256_BYTES 32

@@ -7,8 +7,8 @@
  * again. Also the helpers of win.h.
  */
 #if defined(_WIN32)
-#    include "sys.h"
-#    include "win.h"
+#    include "os/sys.h"
+#    include "os/win.h"
 
 #    include <bcrypt.h>
 #    include <errno.h>
@@ -164,50 +164,6 @@ void ddo__os_discard_pages(void *p, size_t len)
     uintptr_t e = ((uintptr_t)p + len) / page * page;
     if (e > a)
         (void)VirtualAlloc((void *)a, e - a, MEM_RESET, PAGE_READWRITE);
-}
-
-/* ---- shared libraries ---- */
-
-void *ddo__os_lib_open(const char *path, char *err, size_t err_len)
-{
-    wchar_t *w = ddo__win_wide(path);
-    if (w == NULL) {
-        snprintf(err, err_len, "not a UTF-8 path");
-        return NULL;
-    }
-    /* A bare name (nvcuda.dll) comes from System32 or beside the program, never from the
-     * current directory; a path is loaded with its own directory searched for dependencies. */
-    bool bare = wcschr(w, L'\\') == NULL;
-    DWORD flags = bare ? LOAD_LIBRARY_SEARCH_DEFAULT_DIRS
-                       : LOAD_LIBRARY_SEARCH_DLL_LOAD_DIR | LOAD_LIBRARY_SEARCH_DEFAULT_DIRS;
-    HMODULE m = LoadLibraryExW(w, NULL, flags);
-    DWORD e = GetLastError();
-    free(w);
-    if (m == NULL && err_len > 0) {
-        char msg[256] = "";
-        FormatMessageA(FORMAT_MESSAGE_FROM_SYSTEM | FORMAT_MESSAGE_IGNORE_INSERTS, NULL, e, 0, msg,
-                       sizeof(msg), NULL);
-        size_t n = strlen(msg);
-        while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == '\r' || msg[n - 1] == ' '))
-            msg[--n] = '\0';
-        snprintf(err, err_len, "LoadLibraryExW: error %lu%s%s", (unsigned long)e, n ? ": " : "",
-                 msg);
-    }
-    return (void *)m;
-}
-
-void *ddo__os_lib_sym(void *lib, const char *name)
-{
-    FARPROC p = GetProcAddress((HMODULE)lib, name);
-    void *v;
-    memcpy(&v, &p, sizeof(v));
-    return v;
-}
-
-void ddo__os_lib_close(void *lib)
-{
-    if (lib != NULL)
-        FreeLibrary((HMODULE)lib);
 }
 
 /* ---- SHA-256 ---- */

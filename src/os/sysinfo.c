@@ -2,8 +2,7 @@
  * sysinfo.c - host RAM, cgroup limit and WSL detection (Linux; other systems
  * report "unknown").
  */
-#define _GNU_SOURCE
-#include "sysinfo.h"
+#include "os/sysinfo.h"
 
 #include <ctype.h>
 #include <stdio.h>

@@ -4,8 +4,8 @@
  * the standby-list purge (NtSetSystemInformation, which needs SeProfileSingleProcessPrivilege).
  */
 #if defined(_WIN32)
-#    include "sysinfo.h"
-#    include "win.h"
+#    include "os/sysinfo.h"
+#    include "os/win.h"
 
 #    include <stdio.h>
 #    include <stdlib.h>

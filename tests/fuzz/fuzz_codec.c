@@ -8,7 +8,7 @@
  * the change through the status words. Must never crash, hang or leak. The
  * corpus (tests/fuzz/corpus/codec/) is replayed by every build.
  */
-#include "codec.h"
+#include "codec/codec.h"
 #include "ddo.h"
 
 #include <stdint.h>

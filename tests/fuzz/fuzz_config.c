@@ -7,7 +7,7 @@
  * ddo_config_override_list, never split), and each environment entry's name is
  * read as a host phase reads a DDO_* variable (ddo_config_preset_value).
  */
-#include "config_priv.h"
+#include "config/config_priv.h"
 #include "ddo.h"
 #include "ddo_compat.h"
 

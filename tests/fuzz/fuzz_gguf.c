@@ -5,7 +5,7 @@
  * metadata and the JSON document. Must never crash, hang or leak. The corpus
  * (tests/fuzz/corpus/gguf/) holds valid and malformed files and is replayed by every build.
  */
-#include "checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "ddo.h"
 
 #include <stdint.h>

@@ -5,7 +5,7 @@
  * JSON document. Must never crash, hang or leak. The corpus
  * (tests/fuzz/corpus/header/) holds the fixtures and is replayed by every build.
  */
-#include "checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "ddo.h"
 
 #include <stdint.h>

@@ -6,7 +6,6 @@
  * a success is a table consistent with the shards. The corpus (tests/fuzz/corpus/index/) is
  * replayed by every build.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "ddo.h"
 
 #include <stdint.h>

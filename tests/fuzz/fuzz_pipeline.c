@@ -6,7 +6,6 @@
  * component it lists is a plain folder name inside the directory. The corpus
  * (tests/fuzz/corpus/pipeline/) is replayed by every build.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "ddo.h"
 #include "ddo_host.h"
 

@@ -9,7 +9,6 @@
  * most DDO_PROFILE_MAX_OBSERVATIONS observations, the new one among them. The corpus
  * (tests/fuzz/corpus/profile/) is replayed by every build.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "ddo.h"
 #include "ddo_host.h"
 

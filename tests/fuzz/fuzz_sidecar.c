@@ -10,11 +10,10 @@
  * from its streams (ddo__sidecar_write) and must read back the same. Never a crash, a hang or a
  * leak. The corpus (tests/fuzz/corpus/sidecar/) is replayed by every build.
  */
-#define _POSIX_C_SOURCE 200809L
-#include "codec.h"
-#include "codec_internal.h"
+#include "codec/codec.h"
+#include "codec/codec_internal.h"
 #include "os/file.h"
-#include "source_sidecar.h"
+#include "store/source_sidecar.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -2,7 +2,6 @@
  * replay_main.c - runs a fuzz target over every file of its corpus directory,
  * so each build replays the regression corpus without libFuzzer.
  */
-#define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -3,7 +3,6 @@
  * SIGHUP (see cleanup.h). The handler only calls async-signal-safe functions
  * (unlink, rmdir, sigaction, raise) on data written with the signals blocked.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "cleanup.h"
 
 #include <signal.h>

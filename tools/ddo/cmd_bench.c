@@ -23,7 +23,6 @@
  * memory, and the session's uploads, maps, unmaps and reclaims through its
  * trace hook (ddo_session_options.trace).
  */
-#define _GNU_SOURCE /* O_DIRECT */
 #include "cleanup.h"
 #include "compat.h"
 #include "host.h"

@@ -7,7 +7,6 @@
  * bit-identical against a reference, prints the profile, and always removes
  * the temporary directory (also when SIGINT, SIGTERM or SIGHUP ends it).
  */
-#define _POSIX_C_SOURCE 200809L
 #include "cleanup.h"
 #include "compat.h"
 #include "host.h"

@@ -6,7 +6,6 @@
  * peak of every budget and the planner's decisions, before anything is
  * allocated. `--from-json FILE` prints a saved plan again.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "compat.h"
 #include "tool.h"
 

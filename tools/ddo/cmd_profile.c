@@ -2,7 +2,6 @@
  * cmd_profile.c - `ddo profile list | show NAME | build NAME PATH [run options] | rm NAME`:
  * named capacity profiles under DDO_PROFILE_DIR (default ~/.ddo/profiles).
  */
-#define _POSIX_C_SOURCE 200809L
 #include "compat.h"
 #include "tool.h"
 

@@ -12,7 +12,6 @@
  * and each component's session is destroyed before the next one loads, so
  * the device peak is the largest component's, not the sum.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "host.h"
 #include "order.h"
 #include "profile_run.h"

@@ -3,7 +3,6 @@
  * writes a synthetic checkpoint with the exact names, shapes and dtypes of an
  * architecture layout, filled with deterministic finite values.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "synth.h"
 #include "tool.h"
 

@@ -1,7 +1,6 @@
 /*
  * compat.c - the tool's portable spellings of a few POSIX calls (compat.h).
  */
-#define _POSIX_C_SOURCE 200809L
 #include "compat.h"
 
 #include <stdio.h>

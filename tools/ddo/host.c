@@ -4,7 +4,6 @@
  * host_cuda.c. Keeps the running statistics, the compute time and the
  * one-line detail of the last failure.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "host.h"
 #include "tool.h"
 

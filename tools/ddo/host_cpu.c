@@ -12,7 +12,6 @@
  * loop runs on the calling thread while the session's copy worker prefetches
  * the next units.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "host.h"
 #include "tool.h"
 

@@ -30,7 +30,6 @@
  * FP8, integer and non-2-D tensors are moved as bytes; their compute is
  * skipped and counted (weights_skipped).
  */
-#define _POSIX_C_SOURCE 200809L
 #include "host.h"
 #include "tool.h"
 

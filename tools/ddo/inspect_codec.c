@@ -1,21 +1,20 @@
 /*
  * inspect_codec.c - `ddo inspect --codec PATH [--json] [--threads N]`: what the weight codec
  * (DDOC v1, docs/codec.md) would make of a checkpoint. Every tensor is read and coded with
- * the library's encoder (ddo__codec_encode, src/codec.h: the one internal header the tool
+ * the library's encoder (ddo__codec_encode, src/codec/codec.h: the one internal header the tool
  * uses) on N workers, each holding one tensor and its coded scratch at a time; a tensor of a
  * coded dtype is counted coded when its stream is smaller than its bytes and raw otherwise,
- * as the session's store keeps it (src/source_codec.c); every other dtype counts raw. Printed:
- * coded/raw per dtype, per block group (the planner's prefixes; "(root)" for the rest), in
+ * as the session's store keeps it (src/store/source_codec.c); every other dtype counts raw.
+ * Printed: coded/raw per dtype, per block group (the planner's prefixes; "(root)" for the rest), in
  * total, the ratio over the coded dtypes (what `ddo plan --codec-ratio` takes) and the time.
  * --verify also decodes every stream with the C reference decoder, compares it with the
  * tensor and prints the decoder's throughput per thread.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "inspect_codec.h"
 #include "compat.h"
 #include "tool.h"
 
-#include "codec.h"
+#include "codec/codec.h"
 
 #include <ctype.h>
 #include <inttypes.h>

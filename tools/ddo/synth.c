@@ -4,7 +4,6 @@
  * deterministic finite pseudo-random values from splitmix64, generated in pieces on
  * several threads and written in order with large write() calls.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "synth.h"
 #include "compat.h"
 

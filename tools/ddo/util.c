@@ -1,7 +1,6 @@
 /*
  * util.c - small helpers shared by the tool's commands.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "compat.h"
 #include "tool.h"
 
