@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import re
 import threading
+from typing import Any, Callable, Dict, List, Set, Tuple
 
 import torch
 
@@ -16,28 +17,31 @@ from ._native import DdoError
 from ._result_leases import Leases
 from ._result_state import _PLACEMENT_SKIPPED, _PLACEMENT_STREAMED
 
+_Needs = Dict[int, Tuple[torch.nn.Module, List[int]]]  # id(module) -> (module, its units)
+
 # Modules whose forward reads their children's parameters without calling the children
 # (MultiheadAttention reads out_proj.weight; TransformerEncoderLayer's eval fast path reads
 # every child's weights in one fused op; the decoder layer has no such path).
 _FUSED_READERS = (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer)
 # torch >= 2.1 runs a forward hook registered with always_call even when the forward raised.
 _ALWAYS_CALL = "always_call" in inspect.signature(torch.nn.Module.register_forward_hook).parameters
-_FORWARD_SOURCES = {}
+_FORWARD_SOURCES: Dict[type, Tuple[str, str]] = {}
 
 
-def _forward_source(cls):
+def _forward_source(cls: type) -> Tuple[str, str]:
     """(source of cls.forward, its first argument's name); ('', '') where there is none:
     read once per class."""
     if cls not in _FORWARD_SOURCES:
         try:
-            self_name = next(iter(inspect.signature(cls.forward).parameters), "self")
-            _FORWARD_SOURCES[cls] = (inspect.getsource(cls.forward), self_name)
+            fwd = getattr(cls, "forward")
+            self_name = next(iter(inspect.signature(fwd).parameters), "self")
+            _FORWARD_SOURCES[cls] = (inspect.getsource(fwd), self_name)
         except (OSError, TypeError, ValueError):
             _FORWARD_SOURCES[cls] = ("", "")
     return _FORWARD_SOURCES[cls]
 
 
-def _reads_params(anc, rel, params):
+def _reads_params(anc: torch.nn.Module, rel: List[str], params: Set[int]) -> bool:
     """True when anc's forward reads one of params through an attribute chain under its child
     rel (``F.linear(x, self.qkv.weight)``, torchvision's swin attention): the unit must then be
     acquired by anc, whose forward reads it, not by the child, whose forward never runs."""
@@ -46,7 +50,7 @@ def _reads_params(anc, rel, params):
         return False
     head = r"\b%s\.%s((?:\.\w+)+)" % (re.escape(me), re.escape(rel[0]))
     for m in re.finditer(head, src):
-        obj = getattr(anc, rel[0], None)
+        obj: Any = getattr(anc, rel[0], None)
         for part in m.group(1).split(".")[1:]:
             obj = getattr(obj, part, None)
             if isinstance(obj, torch.nn.Parameter):
@@ -61,10 +65,10 @@ def _reads_params(anc, rel, params):
 class Hooks(Leases):
     """Installs the hooks, the root forward and the refusals."""
 
-    def _hook_modules(self):
+    def _hook_modules(self) -> List[Tuple[torch.nn.Module, List[int]]]:
         """hook module -> the units its forward needs (a unit is hooked where it is read)."""
         by_ddo = {v: k for k, v in self._ddo_path.items()}
-        needs = {}
+        needs: _Needs = {}
         for u, name in enumerate(self._unit_names):
             tname = by_ddo.get(name, name)
             try:
@@ -74,14 +78,14 @@ class Hooks(Leases):
                                f"{type(self.module).__name__}") from None
             m = self._reader_of(self._caller_of(tname), m)
             needs.setdefault(id(m), (m, []))[1].append(u)
-        inside = {}  # unit -> ids of every module under the modules hooked for it
+        inside: Dict[int, Set[int]] = {}  # unit -> ids of every module under the modules hooked for it
         for m, units in needs.values():
             ids = {id(x) for x in m.modules()}
             for u in units:
                 inside.setdefault(u, set()).update(ids)
         # A tied weight read by a module outside its unit: that module needs the unit too.
         for t in self._tensors:
-            if t.placement != _PLACEMENT_STREAMED:
+            if t.placement != _PLACEMENT_STREAMED or t.unit is None:  # (a streamed one has one)
                 continue
             for p in t.params:
                 for m in self._modules_of.get(id(p), []):
@@ -92,11 +96,11 @@ class Hooks(Leases):
         self._shared_readers(needs)
         return list(needs.values())
 
-    def _shared_readers(self, needs):
+    def _shared_readers(self, needs: _Needs) -> None:
         """A submodule object in two hooked modules' trees (one module shared by two blocks) is
         named, and its weights placed, under the first: the second hooked module needs that
         unit too, unless a module inside it is hooked for it."""
-        hooked_for = {}
+        hooked_for: Dict[int, Set[int]] = {}
         for m, units in needs.values():
             for u in units:
                 hooked_for.setdefault(u, set()).add(id(m))
@@ -104,12 +108,13 @@ class Hooks(Leases):
             below = {id(x) for x in m.modules()} - {id(m)}
             for p in m.parameters():
                 t = self._entry_of.get(id(p))
-                if t is None or t.placement != _PLACEMENT_STREAMED or t.unit in units or \
+                if t is None or t.placement != _PLACEMENT_STREAMED or t.unit is None or \
+                        t.unit in units or \
                         hooked_for.get(t.unit, set()) & below:
                     continue
                 units.append(t.unit)
 
-    def _caller_of(self, name):
+    def _caller_of(self, name: str) -> str:
         """name, or the nearest ancestor with a forward of its own where name's module has
         none (a ModuleList or ModuleDict block: its parent iterates it, so no hook of its
         own would ever run): the unit is bound where its parameters are used."""
@@ -121,7 +126,7 @@ class Hooks(Leases):
             parts.pop()
         return ".".join(parts)
 
-    def _reader_of(self, name, m):
+    def _reader_of(self, name: str, m: torch.nn.Module) -> torch.nn.Module:
         """The outermost ancestor that reads m's parameters itself (MultiheadAttention)."""
         found = self.module.get_submodule(name) if name else self.module
         parts = name.split(".") if name else []
@@ -132,8 +137,8 @@ class Hooks(Leases):
                 return anc
         return found
 
-    def _install_hooks(self):
-        root = []
+    def _install_hooks(self) -> None:
+        root: List[int] = []
         self._entry_of = {id(p): t for t in self._tensors for p in t.params}
         hooks = self._hook_modules()
         slots = self.budgets()["slot_count"] if self._unit_count else 0
@@ -147,22 +152,26 @@ class Hooks(Leases):
                                f"{slots}: " + ("use unit_granularity='block' or raise "
                                                "execution_slots" if leaf else
                                                f"raise execution_slots to {len(units)}"))
-        for m, units in hooks:
-            units = tuple(units)
+        for m, unit_list in hooks:
+            group = tuple(unit_list)
             if m is self.module:  # acquired by the forward itself, around the whole call
-                root.extend(units)
+                root.extend(group)
                 continue
             self._hooked.append((next((n for n, x in self.module.named_modules() if x is m),
-                                      "?"), units))
-            leave = _torch.no_compile(lambda mod, args, out, units=units: self._leave(units, out))
-            hid = _hooks.post_hook_last(m, leave, self._handles, _ALWAYS_CALL).id
-            enter = _torch.no_compile(lambda mod, args, units=units, hid=hid: (
-                _hooks.keep_last(mod, hid), self._enter(units, args))[1])
-            _hooks.pre_hook_first(m, enter, self._handles)
+                                      "?"), group))
+            leave = _torch.no_compile(lambda mod, args, out, units=group: self._leave(units, out))
+            hid: int = _hooks.post_hook_last(m, leave, self._handles, _ALWAYS_CALL).id
+
+            def enter(mod: torch.nn.Module, args: Tuple[Any, ...],
+                      units: Tuple[int, ...] = group, hid: int = hid) -> None:
+                _hooks.keep_last(mod, hid)
+                self._enter(units, args)
+            _hooks.pre_hook_first(m, _torch.no_compile(enter), self._handles)
         self._root_units = tuple(root)
-        for m in {id(t_m): t_m for t in self._tensors for p in t.params
-                  for t_m in self._modules_of.get(id(p), [])}.values():
-            self._handles.append(m._register_state_dict_hook(self._state_dict_hook))
+        holders: Dict[int, Any] = {id(t_m): t_m for t in self._tensors for p in t.params
+                                   for t_m in self._modules_of.get(id(p), [])}
+        for holder in holders.values():  # (Any: torch 1.13 leaves the method unannotated)
+            self._handles.append(holder._register_state_dict_hook(self._state_dict_hook))
         self._refuse_merges()
         self._refuse_moves()
         self._own_forward = self.module.__dict__.get("forward")  # one a user installed
@@ -171,13 +180,13 @@ class Hooks(Leases):
         self._orig_forward = orig  # recorded first: an interrupted setup still undoes it
         self.module.forward = forward
 
-    def _refuse_merges(self):
+    def _refuse_merges(self) -> None:
         """LoRA merges (fuse_lora, merge_adapter, a LoRA layer's merge) are replayed on the
         device copies (_lora.py); other in-place merges stay refused."""
         self._lora = _lora.Lora(self)
         self._lora.install()
 
-    def _refuse_moves(self):
+    def _refuse_moves(self) -> None:
         """A dtype or device move (.to(), .double(), .cuda(), .half(): torch's _apply) or a
         load_state_dict on a managed module would be undone silently at the next binding
         (ddo binds its own device copies): refused with one line on every module that holds
@@ -189,8 +198,8 @@ class Hooks(Leases):
                     mods.setdefault(id(m), m)
         kind = type(self.module).__name__
 
-        def refuse(what):
-            def refused(*args, **kwargs):
+        def refuse(what: str) -> Callable[..., Any]:
+            def refused(*args: Any, **kwargs: Any) -> Any:
                 raise DdoError("DDO_E_STATE", f"{what} of a module ddo manages ({kind}): ddo "
                                f"binds its own device copies of the weights, so the change "
                                f"would be undone silently; close() the OffloadResult first, "
@@ -200,7 +209,7 @@ class Hooks(Leases):
         dtypes = {t.torch_dtype for t in self._tensors}
         device = self.device
 
-        def moves_nothing(fn):
+        def moves_nothing(fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
             """fn (torch's _apply conversion) leaves every managed dtype on ddo's device."""
             for dt in dtypes:
                 out = fn(torch.empty(0, dtype=dt, device=device))
@@ -208,7 +217,7 @@ class Hooks(Leases):
                     return False
             return True
 
-        def casts_in_forward(fn):
+        def casts_in_forward(fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
             """fn changes dtypes only, and a forward of this result runs on this thread: a
             per-layer upcast (Diffusers' layerwise casting: storage dtype -> compute dtype
             before the layer's forward, back after it). torch rebinds p.data to the converted
@@ -225,10 +234,12 @@ class Hooks(Leases):
             self._recast = True  # resident views are bound again after the forward
             return True
 
-        def guard_apply(m, refused):
-            def _apply(fn, *args, **kwargs):  # a move to where the module is: allowed
+        def guard_apply(m: torch.nn.Module, refused: Callable[..., Any]) -> Callable[..., Any]:
+            def _apply(fn: Callable[[torch.Tensor], torch.Tensor], *args: Any,
+                       **kwargs: Any) -> Any:  # a move to where the module is: allowed
                 if moves_nothing(fn) or casts_in_forward(fn):
-                    return type(m)._apply(m, fn, *args, **kwargs)
+                    cls: Any = type(m)  # (torch 1.13 leaves _apply unannotated)
+                    return cls._apply(m, fn, *args, **kwargs)
                 return refused()
             return _apply
 
@@ -239,7 +250,8 @@ class Hooks(Leases):
                 m.__dict__[name] = guard_apply(m, refuse(what)) if name == "_apply" \
                     else refuse(what)
 
-    def _state_dict_hook(self, module, state_dict, prefix, local_metadata):
+    def _state_dict_hook(self, module: torch.nn.Module, state_dict: Dict[str, Any], prefix: str,
+                         local_metadata: Any) -> Dict[str, Any]:
         """state_dict() of a managed module holds the host values (not the placeholders or
         device views the Parameters show), as the unmanaged module's would; with keep_vars the
         Parameters themselves stay."""

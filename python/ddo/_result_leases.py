@@ -16,6 +16,8 @@ import ctypes
 import sys
 import threading
 import time
+from types import CodeType, FrameType
+from typing import Any, Callable, Iterable, List, NoReturn, Optional, Sequence, Tuple
 
 import torch
 
@@ -24,13 +26,14 @@ from ._native import DdoError
 from ._result_state import _PLACEMENT_SKIPPED, _shielded
 from ._result_views import Views
 
-_FORWARD_CODE = None  # the code of the forward enable_offload installs (_root_on_stack)
+_FORWARD_CODE: Optional[CodeType] = None  # the code of the forward enable_offload installs (_root_on_stack)
 
 
 class Leases(Views):
     """Claims, acquires and releases; the root forward's begin and end."""
 
-    def _stream(self):
+    def _stream(self) -> ctypes.c_void_p:
+        assert self.device is not None  # (set by the setup, before any lease)
         native = _torch.current_stream_handle(self.device)
         st = self._streams.get(native)
         if st is None:
@@ -40,7 +43,7 @@ class Leases(Views):
             self._streams[native] = st
         return st
 
-    def _claim(self):
+    def _claim(self) -> None:
         me = threading.get_ident()
         with self._lock:
             if self._owner is not None and self._owner[0] != me:
@@ -51,7 +54,7 @@ class Leases(Views):
                 self._frames = []
             self._owner[1] += 1
 
-    def _unclaim(self):
+    def _unclaim(self) -> None:
         """Ends one claim; the outermost restores a written copy (no lease held) and then lets
         the session go."""
         with self._lock:
@@ -62,7 +65,7 @@ class Leases(Views):
                 return
         self._let_go()
 
-    def _let_go(self):
+    def _let_go(self) -> None:
         """The owner's last step: a written copy restored while it still holds the session,
         then the owner, its frames and root depth cleared."""
         try:
@@ -75,7 +78,7 @@ class Leases(Views):
                 self._in_root = 0
 
     @_shielded
-    def _abort(self):
+    def _abort(self) -> None:
         """After an error in a root forward: every lease released unchecked, then _let_go."""
         with self._lock:
             mine = self._owner is not None and self._owner[0] == threading.get_ident()
@@ -89,7 +92,7 @@ class Leases(Views):
         finally:
             self._let_go()
 
-    def _restore(self):
+    def _restore(self) -> None:
         """A device copy was written in place (refused): the session drops and uploads its
         weights again from the host copy (unload + reload), so later forwards read the
         checkpoint's values, not the refused write. A failed reload leaves the result
@@ -109,12 +112,12 @@ class Leases(Views):
         self._make_views()
         self._bind_residents()
 
-    def _root_forward(self, orig):
+    def _root_forward(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         """The module's forward as enable_offload installs it: the root units acquired
         around orig (_begin, _end), any error aborting every lease (_abort)."""
         result = self
 
-        def forward(*args, **kwargs):
+        def forward(*args: Any, **kwargs: Any) -> Any:
             try:  # _begin inside: an interrupt right after it still aborts
                 result._begin()
                 if torch.is_grad_enabled():  # no view of ddo's memory saved for backward
@@ -134,11 +137,11 @@ class Leases(Views):
         _FORWARD_CODE = forward.__code__  # one def: the same code for every result
         return _torch.no_compile(forward)
 
-    def _root_on_stack(self):
+    def _root_on_stack(self) -> bool:
         """A root forward of this result is running on this thread's stack (its frame is
         live): else a root depth left over (an interrupt that landed where no handler could
         release) is stale."""
-        f = sys._getframe(2)
+        f: Optional[FrameType] = sys._getframe(2)
         while f is not None:
             if f.f_code is _FORWARD_CODE and f.f_locals.get("result") is self:
                 return True
@@ -146,7 +149,7 @@ class Leases(Views):
         return False
 
     @_shielded
-    def _begin(self):
+    def _begin(self) -> None:
         _lease.check_fork(self._pid, f"{type(self.module).__name__} forward")
         with self._lock:
             mine = self._owner is not None and self._owner[0] == threading.get_ident()
@@ -171,7 +174,7 @@ class Leases(Views):
             raise
 
     @_shielded
-    def _end(self):
+    def _end(self) -> None:
         """The root forward returned: its units released (checked), the residents checked; the
         outermost root forward ends every claim made inside it (a unit's module that raised
         inside and was caught keeps none)."""
@@ -193,7 +196,7 @@ class Leases(Views):
             raise
         self._let_go()
 
-    def _refuse(self):
+    def _refuse(self) -> NoReturn:
         if self._state == "unloaded":
             raise DdoError("DDO_E_STATE", f"{type(self.module).__name__}: ddo unloaded its "
                            f"weights: call reload() before a forward")
@@ -201,7 +204,7 @@ class Leases(Views):
                        f"closed: its module runs unmanaged again only through its own forward")
 
     @_shielded
-    def _enter(self, units, args=()):
+    def _enter(self, units: Tuple[int, ...], args: Sequence[Any] = ()) -> None:
         _lease.check_fork(self._pid, f"{type(self.module).__name__} forward")
         if self._in_root == 0 and _lease.needs_grad(
                 args, [p for u in units for t in self._unit_tensors[u] for p in t.params]):
@@ -209,11 +212,11 @@ class Leases(Views):
                            f"outside its module's forward with grad mode on: "
                            f"{_lease.INFERENCE_ONLY}")
         self._claim()
-        acquired = []
+        acquired: List[int] = []
         try:
             if self._state != "ready":
                 self._refuse()
-            if _torch.capturing(self.device):
+            if self.device is not None and _torch.capturing(self.device):
                 raise DdoError("DDO_E_STATE", "acquire inside a CUDA-graph capture: ddo cannot "
                                "upload weights while a graph is captured (capture the compiled "
                                "blocks, not the hooks)")
@@ -233,7 +236,7 @@ class Leases(Views):
             self._timing.begin(units[0], self.device)
 
     @_shielded
-    def _leave(self, units, out=None):
+    def _leave(self, units: Tuple[int, ...], out: Any = None) -> None:
         with self._lock:
             mine = self._owner is not None and self._owner[0] == threading.get_ident()
         if not mine or not self._frames or self._frames[-1] is not units:
@@ -251,9 +254,9 @@ class Leases(Views):
         finally:
             self._unclaim()
 
-    def _release_all(self, units, check=True):
+    def _release_all(self, units: Iterable[int], check: bool = True) -> None:
         """Releases each unit once; the first refusal is raised after all were released."""
-        first = None
+        first: Optional[DdoError] = None
         for u in units:
             try:
                 self._release(u, check=check)
@@ -262,7 +265,7 @@ class Leases(Views):
         if first is not None:
             raise first
 
-    def _acquire(self, u):
+    def _acquire(self, u: int) -> None:
         n = self._leases.get(u, 0)
         if n > 0:
             self._leases[u] = n + 1
@@ -295,7 +298,7 @@ class Leases(Views):
             self._lora.bound(self._unit_tensors[u])  # merged LoRAs replayed on fresh copies
         self._versions[u] = [p._version for t in self._unit_tensors[u] for p in t.params]
 
-    def _release(self, u, check=True, whole=False):
+    def _release(self, u: int, check: bool = True, whole: bool = False) -> None:
         """One lease of u ends (whole: every one); the last checks the unit's versions."""
         n = self._leases.get(u, 0)
         if n == 0:
@@ -328,7 +331,7 @@ class Leases(Views):
                            f"into the host module before enable_offload); the device copy is "
                            f"restored")
 
-    def _release_pins(self):
+    def _release_pins(self) -> None:
         """Units kept leased for an escaped view: released in C once their views died."""
         L = _native.lib()
         for u in list(self._pinned):
@@ -338,7 +341,7 @@ class Leases(Views):
                 _native.check(L.ddo_session_release(self._session, u, self._stream()),
                               L.ddo_session_error(self._session))
 
-    def _arm_grad_hooks(self):
+    def _arm_grad_hooks(self) -> None:
         """A gradient for a managed weight raises one clear error (_lease.INFERENCE_ONLY).
         Registered at the first forward run with grad mode on, so a module used for inference
         only (torch.compile included) never carries a tensor hook."""
@@ -349,10 +352,11 @@ class Leases(Views):
                 if t.placement != _PLACEMENT_SKIPPED:
                     for p in t.params:
                         if p.requires_grad:
-                            self._handles.append(p.register_hook(_lease.refuse_grad))
+                            param: Any = p  # (torch 1.13 leaves register_hook unannotated)
+                            self._handles.append(param.register_hook(_lease.refuse_grad))
             self._grad_hooks_armed = True
 
-    def _note_unentered(self, e):
+    def _note_unentered(self, e: BaseException) -> None:
         """A failed forward in which hooked modules never ran: their weights were off the
         device (empty placeholders) if a parent read them itself; the error says which."""
         if not isinstance(e, RuntimeError) or isinstance(e, DdoError):
@@ -366,17 +370,18 @@ class Leases(Views):
                 f"itself (a functional call), enable_offload with unit_granularity='block' "
                 f"so the unit is the parent, or list the parent in always_resident_modules_pattern")
         if hasattr(e, "add_note"):
-            e.add_note(note)
+            e.add_note(note)  # (Python >= 3.11)
         else:
             e.args = (f"{e.args[0] if e.args else ''}\n{note}",) + tuple(e.args[1:])
 
-    def _declare(self, units):
-        units = list(units)
-        order = (ctypes.c_size_t * len(units))(*units)
-        _native.check(_native.lib().ddo_session_declare_order(self._session, order, len(units)),
+    def _declare(self, units: Iterable[int]) -> None:
+        order_list = list(units)
+        order = (ctypes.c_size_t * len(order_list))(*order_list)
+        _native.check(_native.lib().ddo_session_declare_order(self._session, order,
+                                                              len(order_list)),
                       _native.lib().ddo_session_error(self._session))
 
-    def _declare_observed(self):
+    def _declare_observed(self) -> None:
         """After the first root forward that acquired units: where they were acquired in
         another order than the plan's, that order is declared (the units no forward acquired
         after it, in the plan's order). Else the session prefetches by the plan's order at

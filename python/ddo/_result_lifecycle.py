@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
+from typing import Any, Optional
 
 import torch
 
@@ -82,7 +83,7 @@ class Lifecycle(Setup):
         if self._trace is not None and self._talk.get("trace_owner"):
             self._trace.write()
 
-    def _not_in_forward(self, what):
+    def _not_in_forward(self, what: str) -> None:
         """Refuses what while a forward of the module runs (on any thread)."""
         with self._lock:
             owner = self._owner
@@ -94,7 +95,7 @@ class Lifecycle(Setup):
         raise DdoError("DDO_E_BUSY", f"{what}: a forward of {type(self.module).__name__} "
                        f"is running; call {what}() after it returns")
 
-    def __del__(self):
+    def __del__(self) -> None:
         """A result dropped without close() (its module dropped too): its session, threads
         and device memory end here."""
         try:
@@ -103,7 +104,7 @@ class Lifecycle(Setup):
         except Exception:
             pass
 
-    def _teardown(self):
+    def _teardown(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
@@ -128,7 +129,7 @@ class Lifecycle(Setup):
             for p in t.params:
                 if tag is not None and _managed_by(p) == tag:
                     del _MANAGED[id(p)]
-        lost = None
+        lost: Optional[BaseException] = None
         for t in getattr(self, "_tensors", []):
             if t.host is None and t.params:  # the session's own copy (weight_codec)
                 try:
@@ -151,7 +152,8 @@ class Lifecycle(Setup):
         self._views.clear()
         self._placeholders.clear()
         if self.device is not None and self.device.type == "cuda" and self._session is not None:
-            torch.cuda.current_stream(self.device).synchronize()
+            stream: Any = torch.cuda.current_stream(self.device)  # (unannotated in torch 1.13)
+            stream.synchronize()
         self._view_ptrs.clear()
         if _lease.forked(self._pid):  # the parent's session: its threads are not here; let it be
             self._session = self._plan = self._ck = self._dev = self._setup_h = None
@@ -185,8 +187,9 @@ class Lifecycle(Setup):
                 self._store.close()
         self._store = None
         self._session = self._plan = self._ck = self._dev = self._setup_h = None
-        if getattr(self, "_source_restore", None) is not None:  # file-backed: meta again
-            self._source_restore()
+        restore = getattr(self, "_source_restore", None)
+        if restore is not None:  # file-backed: meta again
+            restore()
             self._source_restore = None
         if getattr(self.module, "_ddo_offload", None) is self:
             del self.module._ddo_offload

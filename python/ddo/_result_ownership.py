@@ -6,6 +6,7 @@ tensors moved to the device once."""
 from __future__ import annotations
 
 import ctypes
+from typing import Any, Dict, List, Tuple
 
 import torch
 
@@ -14,7 +15,7 @@ from ._native import DdoError
 from ._result_state import _PLACEMENT_SKIPPED, _PLACEMENT_STREAMED, ResultState, _nbytes, _Param
 
 
-def _trim_host_heap():
+def _trim_host_heap() -> None:
     """Gives the pages of freed host tensors back to the system where the C library can
     (glibc's malloc_trim): torch's tensors of a few MiB live in malloc's heap, whose free
     pages below its top stay in RSS until trimmed. A no-op elsewhere."""
@@ -26,7 +27,8 @@ def _trim_host_heap():
     trim(0)
 
 
-def _collect(module, to_ddo):
+def _collect(module: torch.nn.Module, to_ddo: Dict[torch.dtype, int]
+             ) -> Tuple[List[_Param], Dict[str, str], Dict[int, List[torch.nn.Module]]]:
     """The module's parameters as ddo tensors, deduplicated by storage, with their names.
 
     Children of an nn.Sequential / nn.ModuleList are named by their index for ddo (so they form
@@ -42,7 +44,9 @@ def _collect(module, to_ddo):
         for cname, _child in m.named_children():
             full = f"{name}.{cname}" if name else cname
             ddo_path.setdefault(full, f"{base}.{cname}" if base else cname)
-    tensors, by_storage, modules_of = [], {}, {}
+    tensors: List[_Param] = []
+    by_storage: Dict[Tuple[Any, ...], _Param] = {}
+    modules_of: Dict[int, List[torch.nn.Module]] = {}
     for mname, m in module.named_modules():
         for pname, p in m.named_parameters(recurse=False):
             full = f"{mname}.{pname}" if mname else pname
@@ -53,8 +57,8 @@ def _collect(module, to_ddo):
                 base = ddo_path.get(mname, mname)
                 ddo_name = f"{base}.{pname}" if base else pname
                 data = _quant.plain_data(p)  # a subclass's bytes; the Parameter is kept
-                entry = _Param(len(tensors), ddo_name, data, None)
-                entry.dtype_name = _native.dtype_names()[to_ddo[data.dtype]]
+                entry = _Param(len(tensors), ddo_name, data,
+                               _native.dtype_names()[to_ddo[data.dtype]])
                 tensors.append(entry)
                 by_storage[key] = entry
             if not any(q is p for q in entry.params):
@@ -63,7 +67,7 @@ def _collect(module, to_ddo):
     return tensors, ddo_path, modules_of
 
 
-def _check_param(name, p, to_ddo):
+def _check_param(name: str, p: torch.nn.Parameter, to_ddo: Dict[torch.dtype, int]) -> None:
     """One line for a parameter ddo cannot move faithfully (_quant.refusal): Parameter
     subclasses over a plain tensor (GGUFParameter) and float8 dtypes pass."""
     why = _quant.refusal(name, p, to_ddo)
@@ -82,7 +86,7 @@ def _check_param(name, p, to_ddo):
 class Ownership(ResultState):
     """Who holds the host bytes of each managed tensor."""
 
-    def _host_checkpoint(self, to_ddo):
+    def _host_checkpoint(self, to_ddo: Dict[torch.dtype, int]) -> None:
         descs = (_lib.TensorDesc * max(1, len(self._tensors)))()
         self._names = []
         self._shapes = []
@@ -95,13 +99,15 @@ class Ownership(ResultState):
             descs[i].dtype = to_ddo[t.torch_dtype]
             descs[i].ndim = len(t.shape)
             descs[i].shape = shape
-            descs[i].data = t.host.data_ptr() if t.host.numel() > 0 else None
+            host = t.host
+            assert host is not None  # the module's own tensors (no session yet)
+            descs[i].data = host.data_ptr() if host.numel() > 0 else None
         ck = ctypes.c_void_p()
         _native.check(_native.lib().ddo_checkpoint_create_from_memory_sized(
             descs, len(self._tensors), ctypes.sizeof(_lib.TensorDesc), ctypes.byref(ck)))
         self._ck = ck
 
-    def _drop_owned_host(self):
+    def _drop_owned_host(self) -> None:
         """weight_codec: the tensors the session coded into host memory of its own are never
         read from the module's copies again, so those copies are let go (host RAM then holds
         the coded bytes, not both); close() reads them back, decoded (_host_back)."""
@@ -119,7 +125,7 @@ class Ownership(ResultState):
                 t.host = None
                 self.host_bytes_released += _nbytes(t)
 
-    def _host_back(self, t):
+    def _host_back(self, t: _Param) -> torch.Tensor:
         """A host tensor with t's bytes, read from the session (ddo_session_tensor_read_host)."""
         host = torch.empty(t.shape, dtype=t.torch_dtype)
         L = _native.lib()
@@ -129,24 +135,26 @@ class Ownership(ResultState):
                       L.ddo_session_error(self._session))
         return host
 
-    def _host_value(self, t):
+    def _host_value(self, t: _Param) -> torch.Tensor:
         """t's real values on the host: the module's copy, the session's (weight_codec), or
         the file's (a module loaded from files holds only empty placeholders)."""
         if t.index in getattr(self, "_file_backed", ()):
             return self._source_ck_reader(t)
         return t.host if t.host is not None else self._host_back(t)
 
-    def _move_unmanaged(self):
+    def _move_unmanaged(self) -> None:
         """Buffers and skipped tensors: moved to the device once (reported in stats())."""
         self.unmanaged_bytes = 0
         for t in self._tensors:
             if t.placement == _PLACEMENT_SKIPPED:
                 if t.index in getattr(self, "_file_backed", ()):  # from the file, once
                     t.host = self._source_ck_reader(t)
-                dev_t = t.host.to(self.device)
+                host = t.host
+                assert host is not None  # skipped tensors are never the session's
+                dev_t = host.to(self.device)
                 for p in t.params:
                     p.data = dev_t
-                self.unmanaged_bytes += t.host.numel() * t.host.element_size()
+                self.unmanaged_bytes += host.numel() * host.element_size()
                 self._moved.append(("param", t))
         for name, m in self.module.named_modules():
             for bname, b in list(m.named_buffers(recurse=False)):

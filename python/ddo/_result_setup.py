@@ -7,6 +7,7 @@ import ctypes
 import json
 import os
 import sys
+from typing import Any, List
 
 import torch
 
@@ -17,7 +18,7 @@ from ._result_ownership import _collect, _trim_host_heap
 from ._result_state import _PLACEMENT_STREAMED, _managed_by, _nbytes
 
 
-def _open_setup(cfg):
+def _open_setup(cfg: _native.Config) -> ctypes.c_void_p:
     """ddo_setup_create for cfg (execution_device, cuda:0 replaced by cpu when none answers),
     with this process's DDO_PROFILE_DIR and HOME for the profile directory."""
     env = [f"{k}={os.environ[k]}".encode() for k in ("DDO_PROFILE_DIR", "HOME")
@@ -33,7 +34,7 @@ def _open_setup(cfg):
 class Setup(Hooks):
     """Builds the plan and the session for the module (once, from OffloadResult.__init__)."""
 
-    def _setup(self):
+    def _setup(self) -> None:
         L = _native.lib()
         to_ddo, _ = _torch.dtype_tables()
         for name, p in self.module.named_parameters():
@@ -83,14 +84,15 @@ class Setup(Hooks):
         if self._before_session is not None:
             self._before_session(self)
         if self.device.type == "cuda":
-            torch.cuda.init()  # torch's context is the primary one ddo retains
+            cuda: Any = torch.cuda  # (torch 1.13 leaves init unannotated)
+            cuda.init()  # torch's context is the primary one ddo retains
         opts = _lib.SessionOptions()
         opts.config = self._cfg.h
         if self._store is not None:
             opts.store_device = self._store.h
         progress = _talk.Progress(self._label(), self._talk.get("progress"))
         opts.progress = progress.fn
-        trace_units = []
+        trace_units: List[str] = []
         if self._trace is not None:
             self._trace_pid = self._trace.process(self._label())
             opts.trace = self._trace.session_fn(self._trace_pid, trace_units)
@@ -115,7 +117,7 @@ class Setup(Hooks):
         if self.host_bytes_released:
             _trim_host_heap()
 
-    def _reserve_scratch(self):
+    def _reserve_scratch(self) -> None:
         """The plan keeps device memory for the host's dequantization of the largest quantized
         layer (_quant.largest_scratch: its size at the compute dtype), unless the caller set
         dequant_scratch_bytes."""
@@ -125,9 +127,9 @@ class Setup(Hooks):
         auto = getattr(cfg, "_ddo_auto_scratch", False)
         if (n or auto) and (auto or cfg.source("dequant_scratch_bytes") == "default"):
             cfg.override("dequant_scratch_bytes", str(n))
-            cfg._ddo_auto_scratch = True
+            setattr(cfg, "_ddo_auto_scratch", True)  # (a later component's setup)
 
-    def _tell_plan(self):
+    def _tell_plan(self) -> None:
         """verbose: the plan's summary on stderr; a warning when nothing can stream."""
         b = self.budgets()
         total = sum(_nbytes(t) for t in self._tensors)
@@ -159,7 +161,7 @@ class Setup(Hooks):
                        f" are moved once; ddo streams blocks of nn.ModuleList/nn.Sequential and "
                        f"leaf modules)")
 
-    def _measured_inputs(self, inputs):
+    def _measured_inputs(self, inputs: _lib.PlanInputs) -> None:
         """What a profile measured beyond the setup's rates (ddo_setup_plan_inputs takes its
         bus and compute): the decoder's rate and each unit's compute (docs/plan.md, "Cost
         model")."""
@@ -172,14 +174,14 @@ class Setup(Hooks):
             self._unit_compute_text = json.dumps(prof.unit_compute).encode()
             inputs.unit_compute_json = self._unit_compute_text
 
-    def _place(self):
+    def _place(self) -> None:
         L = _native.lib()
         loc = _lib.TensorLocation()
         for t in self._tensors:
             _native.check(L.ddo_plan_tensor_location(self._plan, t.index, ctypes.byref(loc)))
             t.placement = loc.placement
             t.unit = loc.unit if loc.placement == _PLACEMENT_STREAMED else None
-        self._unit_count = L.ddo_plan_unit_count(self._plan)
+        self._unit_count = int(L.ddo_plan_unit_count(self._plan))
         self._unit_names = []
         self._unit_tensors = []
         info = _lib.UnitInfo()
@@ -196,7 +198,7 @@ class Setup(Hooks):
         _native.check(L.ddo_plan_info_get(self._plan, ctypes.byref(self._plan_info)))
         self.vmm = bool(self._plan_info.stable_addresses)
 
-    def _declare_order(self):
+    def _declare_order(self) -> None:
         if self._unit_count == 0:
             return
         self._declare(range(self._unit_count))

@@ -5,19 +5,20 @@ placeholder; writes to either are noticed by the Parameters' versions and refuse
 from __future__ import annotations
 
 import ctypes
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
 from . import _native, _torch
 from ._native import DdoError
 from ._result_ownership import Ownership
-from ._result_state import _PLACEMENT_RESIDENT, _PLACEMENT_SKIPPED, _PLACEMENT_STREAMED
+from ._result_state import _PLACEMENT_RESIDENT, _PLACEMENT_SKIPPED, _PLACEMENT_STREAMED, _Param
 
 
 class Views(Ownership):
     """The Parameters' bindings: views, placeholders, and the checks of their versions."""
 
-    def _view(self, t):
+    def _view(self, t: _Param) -> torch.Tensor:
         if 0 in t.shape:  # no bytes to back: no DLPack view (torch never frees an empty one)
             v = self._views.get((t.index, None))
             if v is None:
@@ -27,7 +28,7 @@ class Views(Ownership):
         L = _native.lib()
         addr = ctypes.c_void_p()
         if self.vmm or t.placement == _PLACEMENT_RESIDENT:
-            key = (t.index, 0)
+            key: Tuple[int, Optional[int]] = (t.index, 0)
         else:
             _native.check(L.ddo_session_tensor_address(self._session, t.index,
                                                        ctypes.byref(addr)),
@@ -45,20 +46,20 @@ class Views(Ownership):
             self._view_ptrs[v.data_ptr()] = t.name  # a fresh view starts its storage
         return v
 
-    def _make_views(self):
+    def _make_views(self) -> None:
         """Nothing now: a streamed tensor's view is made per lease (on every route), so a view
         kept past its lease is seen at release (_release); resident views are made when bound.
         (Made once per session on VMM before, 1,200 views cost 7 ms on the build machine's
         CPU: that host time now falls in each pass.)"""
 
-    def _placeholder(self, t):
+    def _placeholder(self, t: _Param) -> torch.Tensor:
         ph = self._placeholders.get((t.torch_dtype,))
         if ph is None:
             ph = torch.empty(0, dtype=t.torch_dtype, device=self.device)
             self._placeholders[(t.torch_dtype,)] = ph
         return ph
 
-    def _to_placeholder(self, t):
+    def _to_placeholder(self, t: _Param) -> None:
         """t's Parameters show the empty placeholder; their versions are noted, so a write to
         one outside its lease (it would do nothing) is refused at its next binding."""
         ph = self._placeholder(t)
@@ -66,10 +67,10 @@ class Views(Ownership):
             p.data = ph
             self._ph_versions[id(p)] = p._version
 
-    def _placeholder_writes(self, tensors):
+    def _placeholder_writes(self, tensors: Sequence[_Param]) -> Optional[DdoError]:
         """The refusal of writes to tensors' Parameters while they showed the placeholder
         (None: none); each write is refused once."""
-        written = []
+        written: List[str] = []
         for t in tensors:
             for p in t.params:
                 before = self._ph_versions.get(id(p))
@@ -83,7 +84,7 @@ class Views(Ownership):
                         f"it is an empty placeholder): the write did nothing; merge such "
                         f"changes into the host module before enable_offload")
 
-    def _bind_residents(self):
+    def _bind_residents(self) -> None:
         err = self._placeholder_writes(
             [t for t in self._tensors if t.placement == _PLACEMENT_RESIDENT])
         self._res_versions = []
@@ -100,7 +101,7 @@ class Views(Ownership):
         if err is not None:
             raise err
 
-    def _unbind_all(self):
+    def _unbind_all(self) -> None:
         """Every managed Parameter shows its placeholder (no lease may be held)."""
         for t in self._tensors:
             if t.placement != _PLACEMENT_SKIPPED:
@@ -108,15 +109,15 @@ class Views(Ownership):
         self._views.clear()
         self._view_ptrs.clear()
 
-    def _escaped_views(self):
+    def _escaped_views(self) -> int:
         """DLPack views of the session alive beyond the binding's own (self._views): a tensor
         derived from a weight that someone (a hook, a cache, autograd) still holds."""
         if self._session is None:
             return 0
         own = sum(1 for k in self._views if k[1] is not None)
-        return max(0, _native.lib().ddo_session_view_count(self._session) - own)
+        return max(0, int(_native.lib().ddo_session_view_count(self._session)) - own)
 
-    def _rebind_recast(self):
+    def _rebind_recast(self) -> None:
         """Resident Parameters a per-layer cast left on torch's converted copies show ddo's
         resident views again (the copies are freed; the values are the same bytes)."""
         self._recast = False
@@ -128,7 +129,7 @@ class Views(Ownership):
                 if v is not None and (p.dtype != v.dtype or p.data_ptr() != v.data_ptr()):
                     p.data = v
 
-    def _check_residents(self):
+    def _check_residents(self) -> None:
         written = sorted({name for p, v, name in self._res_versions if p._version != v})
         if written:
             self._res_versions = [(p, p._version, name) for p, _v, name in self._res_versions]

@@ -25,9 +25,11 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Any, ContextManager, Literal
+from typing import Any, Callable, ContextManager, Dict, Literal, Optional
 
-from . import _lease
+import torch
+
+from . import _lease, _native
 from ._result_lifecycle import Lifecycle
 # Kept importable from here: profiles.py (_collect), _source.py (_Param), tests (_nbytes).
 from ._result_ownership import _collect as _collect  # noqa: F401
@@ -41,7 +43,10 @@ from ._result_state import cleanup_boundary as cleanup_boundary
 class OffloadResult(Lifecycle):
     """A module whose weights ddo streams (routing.py: enable_offload, enable_dynamic_offload)."""
 
-    def __init__(self, module, cfg, source=None, profile=None, before_session=None, talk=None):
+    def __init__(self, module: torch.nn.Module, cfg: _native.Config, source: Any = None,
+                 profile: Any = None,
+                 before_session: Optional[Callable[[OffloadResult], None]] = None,
+                 talk: Optional[Dict[str, Any]] = None) -> None:
         self.module = module
         # talk: what the binding says (_talk): {"label", "progress", "trace", "trace_owner"}.
         self._talk = dict(talk or {})
@@ -109,7 +114,7 @@ class OffloadResult(Lifecycle):
         try:
             with _lease.shield():
                 self._setup()
-                module._ddo_offload = self
+                setattr(module, "_ddo_offload", self)  # (torch's Module.__setattr__ types)
                 self._managed_tag = f"{type(module).__name__} at 0x{id(self):x} " \
                                     f"(enable_offload)"
                 for t in self._tensors:
@@ -133,6 +138,6 @@ class OffloadResult(Lifecycle):
         self.close()
         return False
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"<OffloadResult {type(self.module).__name__} route={self.plan.get('route')} "
                 f"device={self.device} units={self._unit_count} state={self._state}>")
