@@ -7,6 +7,8 @@ instances with their own memory). This module opens the store device, tells the 
 memory and the measured device->device rate (once per process and pair), and closes it after
 the session.
 """
+from __future__ import annotations
+
 import ctypes
 from typing import Dict, List, Optional, Tuple
 
@@ -16,7 +18,7 @@ _PEER: Dict[Tuple[str, str], float] = {}  # (to, from) -> measured bytes/s, once
 _MEASURE_BYTES = 64 << 20
 
 
-def devices_of(cfg) -> List[str]:
+def devices_of(cfg: _native.Config) -> List[str]:
     """The configured device set (empty: none)."""
     return [d.strip() for d in cfg.get("devices").replace(";", ",").split(",") if d.strip()]
 
@@ -31,7 +33,7 @@ class StoreDevice:
         _native.check(_native.lib().ddo_device_create(spec.encode(), None, ctypes.byref(h)))
         self.h = h
 
-    def caps(self):
+    def caps(self) -> _lib.DeviceCaps:
         caps = _lib.DeviceCaps()
         L = _native.lib()
         _native.check(L.ddo_device_caps_get(self.h, ctypes.byref(caps)), L.ddo_device_error(self.h))
@@ -42,11 +44,12 @@ class StoreDevice:
             _native._LIB.ddo_device_destroy(self.h)
         self.h = None
 
-    def __del__(self):
+    def __del__(self) -> None:
         self.close()
 
 
-def open_store(cfg, dev, inputs) -> Optional[StoreDevice]:
+def open_store(cfg: _native.Config, dev: Optional[ctypes.c_void_p],
+               inputs: _lib.PlanInputs) -> Optional[StoreDevice]:
     """The store device of a donor set (None without one), its figures into the plan inputs:
     its free memory and, unless peer_link_gbps gives it, the measured link to dev."""
     devs = devices_of(cfg)

@@ -258,7 +258,8 @@ class Hooks(Leases):
         for pname, p in module._parameters.items():
             key = prefix + pname
             t = self._entry_of.get(id(p))
-            if t is None or t.placement == _PLACEMENT_SKIPPED or state_dict.get(key) is p:
+            if p is None or t is None or t.placement == _PLACEMENT_SKIPPED or \
+                    state_dict.get(key) is p:
                 continue
             if key in state_dict:
                 state_dict[key] = _quant.detached_like(p, self._host_value(t))

@@ -112,6 +112,18 @@ class Leases(Views):
         self._make_views()
         self._bind_residents()
 
+    def _not_in_forward(self, what: str) -> None:
+        """Refuses what while a forward of the module runs (on any thread)."""
+        with self._lock:
+            owner = self._owner
+        if owner is None:
+            return
+        if owner[0] == threading.get_ident() and not self._root_on_stack():
+            self._abort()  # a claim left by an interrupt or a unit called alone: no forward
+            return
+        raise DdoError("DDO_E_BUSY", f"{what}: a forward of {type(self.module).__name__} "
+                       f"is running; call {what}() after it returns")
+
     def _root_forward(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         """The module's forward as enable_offload installs it: the root units acquired
         around orig (_begin, _end), any error aborting every lease (_abort)."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import sys
-import threading
 from typing import Any, Optional
 
 import torch
@@ -82,18 +81,6 @@ class Lifecycle(Setup):
         self._state = "closed"
         if self._trace is not None and self._talk.get("trace_owner"):
             self._trace.write()
-
-    def _not_in_forward(self, what: str) -> None:
-        """Refuses what while a forward of the module runs (on any thread)."""
-        with self._lock:
-            owner = self._owner
-        if owner is None:
-            return
-        if owner[0] == threading.get_ident() and not self._root_on_stack():
-            self._abort()  # a claim left by an interrupt or a unit called alone: no forward
-            return
-        raise DdoError("DDO_E_BUSY", f"{what}: a forward of {type(self.module).__name__} "
-                       f"is running; call {what}() after it returns")
 
     def __del__(self) -> None:
         """A result dropped without close() (its module dropped too): its session, threads
