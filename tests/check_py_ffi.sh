@@ -20,11 +20,11 @@ if [ -n "$hits" ]; then
     fails=1
 fi
 # Every public struct the generated file mirrors is one whose size the library reports
-# (ddo_struct_size, src/abi.c): the binding checks each mirror's size at load.
+# (ddo_struct_size, src/base/abi.c): the binding checks each mirror's size at load.
 for st in $(grep -ohE '^typedef struct (ddo_[a-z0-9_]+) \{' include/ddo.h include/ddo_host.h \
     include/ddo_compat.h | awk '{print $3}'); do
     grep -rqE "DDO_ABI_SIZE_\($st\)" src || {
-        echo "FAIL: $st is a public struct but ddo_struct_size does not know it (src/abi.c)"
+        echo "FAIL: $st is a public struct but ddo_struct_size does not know it (src/base/abi.c)"
         fails=1
     }
 done

@@ -7,8 +7,10 @@ instances with their own memory). This module opens the store device, tells the 
 memory and the measured device->device rate (once per process and pair), and closes it after
 the session.
 """
+from __future__ import annotations
+
 import ctypes
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from . import _lib, _native
 
@@ -31,7 +33,7 @@ class StoreDevice:
         _native.check(_native.lib().ddo_device_create(spec.encode(), None, ctypes.byref(h)))
         self.h = h
 
-    def caps(self) -> Any:  # _lib.DeviceCaps (a generated ctypes Structure)
+    def caps(self) -> _lib.DeviceCaps:
         caps = _lib.DeviceCaps()
         L = _native.lib()
         _native.check(L.ddo_device_caps_get(self.h, ctypes.byref(caps)), L.ddo_device_error(self.h))
@@ -47,7 +49,7 @@ class StoreDevice:
 
 
 def open_store(cfg: _native.Config, dev: Optional[ctypes.c_void_p],
-               inputs: Any) -> Optional[StoreDevice]:  # inputs: a _lib.PlanInputs
+               inputs: _lib.PlanInputs) -> Optional[StoreDevice]:
     """The store device of a donor set (None without one), its figures into the plan inputs:
     its free memory and, unless peer_link_gbps gives it, the measured link to dev."""
     devs = devices_of(cfg)

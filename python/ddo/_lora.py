@@ -75,20 +75,30 @@ class _Entry(Protocol):
 
 
 class _Result(Protocol):
-    """The parts of an OffloadResult (offload.py) that Lora uses."""
-    module: torch.nn.Module
-    device: torch.device  # set before Lora is made
-    _handles: List[RemovableHandle]
-    _entry_of: Dict[int, _Entry]  # id(Parameter) -> its ddo tensor
-    _tensors: List[_Entry]
-    _lock: threading.Lock
-    _owner: Optional[List[int]]  # [thread ident, depth] while a forward runs
-    _state: str
-    _session: Optional[ctypes.c_void_p]
+    """The parts of an OffloadResult (offload.py) that Lora uses (read-only properties: the
+    result's own attributes are of its own, narrower types)."""
+    @property
+    def module(self) -> torch.nn.Module: ...
+    @property
+    def device(self) -> Optional[torch.device]: ...  # set before Lora is made
+    @property
+    def _handles(self) -> List[RemovableHandle]: ...
+    @property
+    def _entry_of(self) -> Mapping[int, _Entry]: ...  # id(Parameter) -> its ddo tensor
+    @property
+    def _tensors(self) -> Sequence[_Entry]: ...
+    @property
+    def _lock(self) -> threading.Lock: ...
+    @property
+    def _owner(self) -> Optional[List[int]]: ...  # [thread ident, depth] while a forward runs
+    @property
+    def _state(self) -> str: ...
+    @property
+    def _session(self) -> Optional[ctypes.c_void_p]: ...
 
     def _alive(self, what: str) -> None: ...
     def _not_in_forward(self, what: str) -> None: ...
-    def _host_value(self, t: _Entry) -> torch.Tensor: ...
+    def _host_value(self, t: Any) -> torch.Tensor: ...  # t: the result's record of a tensor
 
 
 def is_lora_layer(m: object) -> bool:

@@ -9,9 +9,10 @@ library's one-line message.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from . import _native
+from ._options import OptionFields
 
 _Catalog = Tuple[Dict[str, Any], Dict[str, Dict[str, Any]]]
 _CACHE: Optional[_Catalog] = None
@@ -48,20 +49,24 @@ def _freeze(v: Any) -> Any:
     return tuple(v) if isinstance(v, list) else v
 
 
-class DynamicOffloadConfig:
+class DynamicOffloadConfig(OptionFields):
     """Every option of the catalog with its default; set fields by keyword or attribute.
 
     Only the fields given (or assigned) are applied to a session; the others keep whatever
     the preset and the environment resolve, as upstream's dataclass ``replace`` does.
+    Type checkers and editors see every option as a typed field and keyword (OptionFields,
+    generated from the catalog by python/tools/gen_options.py).
     """
 
     __slots__ = ("_values", "_explicit")
 
-    def __init__(self, **fields: Any) -> None:
-        object.__setattr__(self, "_values", {k: _freeze(v) for k, v in _catalog()[0].items()})
-        object.__setattr__(self, "_explicit", [])
-        for k, v in fields.items():
-            setattr(self, k, v)
+    if not TYPE_CHECKING:  # type checkers read OptionFields' typed keywords instead
+        def __init__(self, **fields: Any) -> None:
+            object.__setattr__(self, "_values",
+                               {k: _freeze(v) for k, v in _catalog()[0].items()})
+            object.__setattr__(self, "_explicit", [])
+            for k, v in fields.items():
+                setattr(self, k, v)
 
     @staticmethod
     def fields() -> List[str]:

@@ -17,7 +17,7 @@ import ctypes
 import os
 import time
 from typing import (Any, Callable, ContextManager, Dict, Iterator, Mapping, Optional, Sequence,
-                    Union, overload)
+                    Tuple, Union, overload)
 
 import torch
 
@@ -40,8 +40,8 @@ POLICY_ARGS = ("group_offload", "dynamic_offload", "offload_type", "use_stream",
 DEVICE_PARAMS = ("execution_device", "offload_device")
 
 
-def check_args(fn, preset="auto", component="model", route=None, config=None, progress=None,
-               trace=None):
+def check_args(fn: str, preset: Any = "auto", component: Any = "model", route: Any = None,
+               config: Any = None, progress: Any = None, trace: Any = None) -> None:
     """Argument types, checked at the door: a wrong one is a TypeError naming the parameter
     (not an AttributeError from deep inside)."""
     from .config import DynamicOffloadConfig
@@ -64,7 +64,8 @@ def check_args(fn, preset="auto", component="model", route=None, config=None, pr
                         f"{type(trace).__name__}")
 
 
-def _talk_of(component, progress, trace):
+def _talk_of(component: str, progress: Progress,
+             trace: Union[TracePath, _talk.Trace]) -> Dict[str, Any]:
     """OffloadResult's talk: a Trace it owns (writes at close) when trace is a path."""
     if isinstance(trace, _talk.Trace):
         return {"label": component, "progress": progress, "trace": trace}
@@ -72,7 +73,7 @@ def _talk_of(component, progress, trace):
             "trace": _talk.Trace(trace) if trace is not None else None, "trace_owner": True}
 
 
-def _import_apply_group_offloading():
+def _import_apply_group_offloading() -> Callable[..., Any]:
     """Diffusers' apply_group_offloading (imported only when a component needs it)."""
     try:
         from diffusers.hooks import apply_group_offloading
@@ -81,10 +82,11 @@ def _import_apply_group_offloading():
             "DDO_E_UNSUPPORTED", f"route diffusers_group_offload needs Diffusers' "
             f"apply_group_offloading, which cannot be imported ({e}): install diffusers or "
             f"choose route='dynamic_offload' or 'none'") from None
-    return apply_group_offloading
+    fn: Callable[..., Any] = apply_group_offloading
+    return fn
 
 
-def _diffusers_available():
+def _diffusers_available() -> bool:
     """Whether the diffusers_group_offload route can run here."""
     try:
         _import_apply_group_offloading()
@@ -111,7 +113,7 @@ def detect_quantized_backend_modules(module: torch.nn.Module) -> Dict[str, Any]:
     return out
 
 
-def _name_unstreamable(pol, module):
+def _name_unstreamable(pol: Dict[str, Any], module: torch.nn.Module) -> None:
     """The route's reason names what sent a quantized module to Diffusers' group offload."""
     found = detect_quantized_backend_modules(module)
     names = found.get("unstreamable_parameters")
@@ -124,7 +126,7 @@ def _name_unstreamable(pol, module):
         pol["route_source"] += f" (SDNQ: {found['sdnq_module_count']} modules)"
 
 
-def _execution_device(cfg):
+def _execution_device(cfg: _native.Config) -> torch.device:
     """The torch device of the config's execution_device (a default cuda:0 without a GPU
     becomes cpu, the library's fallback rule; an explicit cuda:N is kept)."""
     spec = cfg.get("execution_device") or "cuda:0"
@@ -137,8 +139,8 @@ def _execution_device(cfg):
 class _RouteReport:
     """What a non-dynamic route reports (no ddo session): as_dict / format_profile / record."""
 
-    def __init__(self, component, route, payload):
-        self._d = {"schema_version": 1, "component": component, "route": route,
+    def __init__(self, component: str, route: str, payload: Mapping[str, Any]) -> None:
+        self._d: Dict[str, Any] = {"schema_version": 1, "component": component, "route": route,
                    "binding": dict(payload)}
 
     def as_dict(self) -> Dict[str, Any]:
@@ -166,15 +168,19 @@ class RouteResult:
     not touched, should_move_to_execution_device is True and every method is a no-op.
     """
 
-    def __init__(self, module, route, component, device, settings, payload, group_hooks=None,
-                 attached=True):
+    route_policy: Dict[str, Any]
+
+    def __init__(self, module: torch.nn.Module, route: str, component: str,
+                 device: torch.device, settings: Any, payload: Mapping[str, Any],
+                 group_hooks: Optional[Callable[[torch.nn.Module], None]] = None,
+                 attached: bool = True) -> None:
         self.module = module
         self.route = route
         self.component = component
         self.device = device
         self.settings = settings
         self.event_payload = dict(payload)
-        self.hook = None
+        self.hook: Any = None
         self.should_move_to_execution_device = not attached
         self.attached = attached
         self._group_hooks = group_hooks if attached else None
@@ -223,11 +229,11 @@ class RouteResult:
         """No profile on this route (a request was refused at enable_offload): a no-op."""
         return contextlib.nullcontext(self)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<RouteResult {self.component} route={self.route} state={self._state}>"
 
 
-def _remove_group_hooks(module):
+def _remove_group_hooks(module: torch.nn.Module) -> None:
     """Removes Diffusers' group-offload hooks from every submodule that has its registry."""
     for m in module.modules():
         reg = getattr(m, "_diffusers_hook", None)
@@ -241,7 +247,8 @@ def _remove_group_hooks(module):
                 pass
 
 
-def _policy(cfg, component, route, quantized, overrides_given=False):
+def _policy(cfg: _native.Config, component: str, route: Optional[str], quantized: Any,
+            overrides_given: bool = False) -> Dict[str, Any]:
     """The library's policy (ddo_config_component_policy_with_overrides: overrides_given says
     the caller gave an explicit config or runtime overrides, for the earlier design's VAE rule)."""
     p = _lib.ComponentPolicy()
@@ -261,8 +268,9 @@ def _policy(cfg, component, route, quantized, overrides_given=False):
             "num_blocks_per_group": int(p.num_blocks_per_group)}
 
 
-def _explicit_policy_args(group_offload, dynamic_offload, offload_type, use_stream,
-                          record_stream, group_low_cpu_mem_usage, num_blocks_per_group):
+def _explicit_policy_args(group_offload: Any, dynamic_offload: Any, offload_type: Any,
+                          use_stream: Any, record_stream: Any, group_low_cpu_mem_usage: Any,
+                          num_blocks_per_group: Any) -> Dict[str, Any]:
     vals = {"group_offload": group_offload, "dynamic_offload": dynamic_offload,
             "offload_type": offload_type, "offload_stream": use_stream,
             "offload_record_stream": record_stream,
@@ -271,8 +279,12 @@ def _explicit_policy_args(group_offload, dynamic_offload, offload_type, use_stre
     return {k: v for k, v in vals.items() if v is not None}
 
 
-def _component_cfg(settings, preset, backend, config, use_environment, environ,
-                   running_on_wsl, overrides, policies):
+def _component_cfg(settings: Optional[DynamicOffloadSettings], preset: Optional[str],
+                   backend: Optional[str], config: Optional[DynamicOffloadConfig],
+                   use_environment: bool, environ: Optional[Mapping[str, str]],
+                   running_on_wsl: Optional[bool], overrides: Dict[str, Any],
+                   policies: Dict[str, Dict[str, Any]]
+                   ) -> Tuple[_native.Config, Dict[str, Dict[str, Any]]]:
     if settings is not None:
         if not isinstance(settings, DynamicOffloadSettings):
             raise TypeError(f"settings must be a ddo.DynamicOffloadSettings, not "
@@ -288,10 +300,15 @@ def _component_cfg(settings, preset, backend, config, use_environment, environ,
     return cfg, policies or {}
 
 
-def resolve_route(module, preset="auto", *, component="model", route=None, settings=None,
-                  component_policies=None, use_environment=True, environ=None, backend=None,
-                  config=None, running_on_wsl=None, quantized_backend=None,
-                  low_cpu_mem_usage=True, **kw):
+def resolve_route(module: torch.nn.Module, preset: Optional[str] = "auto", *,
+                  component: str = "model", route: Optional[str] = None,
+                  settings: Optional[DynamicOffloadSettings] = None,
+                  component_policies: Optional[Mapping[str, Mapping[str, Any]]] = None,
+                  use_environment: bool = True, environ: Optional[Mapping[str, str]] = None,
+                  backend: Optional[str] = None, config: Optional[DynamicOffloadConfig] = None,
+                  running_on_wsl: Optional[bool] = None, quantized_backend: Any = None,
+                  low_cpu_mem_usage: bool = True, **kw: Any
+                  ) -> Tuple[Dict[str, Any], _native.Config, DynamicOffloadSettings]:
     """(route policy dict, C config, settings) for one component, without touching it.
 
     low_cpu_mem_usage: the earlier design's default of the group route's low_cpu_mem_usage,
@@ -331,10 +348,12 @@ def resolve_route(module, preset="auto", *, component="model", route=None, setti
     # Nothing changed the given settings: the same object (the earlier design's identity rule).
     unchanged = (settings is not None and config is None and not policies and
                  all(v is None for v in kw.values()))
-    return pol, cfg, settings if unchanged else DynamicOffloadSettings(cfg, merged)
+    if unchanged and settings is not None:
+        return pol, cfg, settings
+    return pol, cfg, DynamicOffloadSettings(cfg, merged)
 
 
-def _option_set(cfg, component, option):
+def _option_set(cfg: _native.Config, component: str, option: str) -> bool:
     """Whether anything (a policy, DDO_*, the preset) sets a component option (the library's
     lookup, ddo_config_component_value)."""
     return cfg.component_value(component, option) is not None
@@ -489,14 +508,18 @@ def enable_dynamic_offload(module: torch.nn.Module, preset: Optional[str] = "aut
                        talk=_talk_of("model", progress, trace))
 
 
-def _refuse_managed(module):
+def _refuse_managed(module: Any) -> None:
     if getattr(module, "_ddo_offload", None) is not None:
         raise _native.DdoError("DDO_E_STATE", f"{type(module).__name__} is already managed "
                                f"by ddo: close() its result first")
 
 
-def apply_route(module, pol, cfg, st, component, *, apply_hook=True, source=None,
-                record_event=None, event_names=None, stager=None, talk=None):
+def apply_route(module: torch.nn.Module, pol: Dict[str, Any], cfg: _native.Config, st: Any,
+                component: str, *, apply_hook: bool = True, source: Any = None,
+                record_event: Optional[Callable[..., Any]] = None,
+                event_names: Optional[Mapping[str, Optional[str]]] = None,
+                stager: Optional[staging.PipelineStager] = None,
+                talk: Optional[Dict[str, Any]] = None) -> Union[offload.OffloadResult, RouteResult]:
     """Applies a resolved route to module (the second half of enable_offload).
 
     apply_hook=False attaches nothing and leaves the module as it is (the earlier design's
@@ -512,7 +535,9 @@ def apply_route(module, pol, cfg, st, component, *, apply_hook=True, source=None
     return res
 
 
-def _record(res, record_event, event_names, component, t0):
+def _record(res: Union[offload.OffloadResult, RouteResult], record_event: Optional[Callable[..., Any]],
+            event_names: Optional[Mapping[str, Optional[str]]], component: str,
+            t0: float) -> None:
     if record_event is not None:
         names = event_names or {}
         r = res.route
@@ -527,14 +552,17 @@ def _record(res, record_event, event_names, component, t0):
                          route="none", execution_device=str(res.device))
 
 
-def _apply_route(module, pol, cfg, st, component, apply_hook, source, stager=None, talk=None):
+def _apply_route(module: torch.nn.Module, pol: Dict[str, Any], cfg: _native.Config, st: Any,
+                 component: str, apply_hook: bool, source: Any,
+                 stager: Optional[staging.PipelineStager] = None,
+                 talk: Optional[Dict[str, Any]] = None) -> Union[offload.OffloadResult, RouteResult]:
     r = pol["route"]
     if r not in ROUTES:
         raise ValueError(f"component {component}: route {r!r}: expected one of "
                          f"{', '.join(ROUTES)}")
     quantized = detect_quantized_backend_modules(module)
     device = _execution_device(cfg)
-    payload = {"route": r, "route_source": pol["route_source"]}
+    payload: Dict[str, Any] = {"route": r, "route_source": pol["route_source"]}
     if r == "dynamic_offload":
         payload["execution_mode"] = cfg.get("execution_mode")
     if quantized and r != "none":
@@ -545,9 +573,9 @@ def _apply_route(module, pol, cfg, st, component, apply_hook, source, stager=Non
                              "the calibration run)")
         if r == "diffusers_group_offload":
             payload.update(_group_kwargs(pol, device, with_devices=False))
-        res = RouteResult(module, r, component, device, st, payload, attached=False)
-        res.route_policy = pol
-        return res
+        unattached = RouteResult(module, r, component, device, st, payload, attached=False)
+        unattached.route_policy = pol
+        return unattached
     if source is None:
         source = getattr(module, "_ddo_source", None)  # from_pretrained_with_dynamic_offload
     if source is not None and r != "dynamic_offload":
@@ -569,7 +597,7 @@ def _apply_route(module, pol, cfg, st, component, apply_hook, source, stager=Non
         res.settings = st
         res.route_policy = pol
         res._profile = prof
-        res.profile_run = lambda res=res: profiles.profile_run(res)
+        res.profile_run = lambda res=res: profiles.profile_run(res)  # type: ignore[misc]
         # The earlier design's result fields (DynamicOffloadApplyResult): the session is the
         # hook, and
         # the module runs on the device through it.
@@ -586,7 +614,7 @@ def _apply_route(module, pol, cfg, st, component, apply_hook, source, stager=Non
         payload.update({k: v for k, v in kwargs.items() if k not in ("onload_device",
                                                                       "offload_device")})
         apply_group(module, **kwargs)
-        res = RouteResult(module, r, component, device, st, payload, _remove_group_hooks)
+        routed = RouteResult(module, r, component, device, st, payload, _remove_group_hooks)
     else:  # none
         first = next(iter(module.parameters()), None)
         origin = first.device if first is not None else torch.device("cpu")
@@ -594,16 +622,17 @@ def _apply_route(module, pol, cfg, st, component, apply_hook, source, stager=Non
             stager.before_move(component, module)
         module.to(device)
         payload["unmanaged_module_moved_to_execution_device"] = str(device)
-        res = RouteResult(module, r, component, device, st, payload)
-        res._origin = origin
-    res.route_policy = pol
-    module._ddo_offload = res
-    return res
+        routed = RouteResult(module, r, component, device, st, payload)
+        routed._origin = origin
+    routed.route_policy = pol
+    setattr(module, "_ddo_offload", routed)  # (torch's Module.__setattr__ types)
+    return routed
 
 
-def _group_kwargs(pol, device, with_devices):
+def _group_kwargs(pol: Dict[str, Any], device: torch.device,
+                 with_devices: bool) -> Dict[str, Any]:
     """apply_group_offloading's arguments from the library's policy."""
-    kwargs = dict(onload_device=device, offload_device=torch.device("cpu")) \
+    kwargs: Dict[str, Any] = dict(onload_device=device, offload_device=torch.device("cpu")) \
         if with_devices else {}
     kwargs.update(offload_type=pol["offload_type"], use_stream=pol["use_stream"],
                   record_stream=pol["record_stream"],
@@ -613,7 +642,8 @@ def _group_kwargs(pol, device, with_devices):
     return kwargs
 
 
-def _pipeline_components(pipeline, components):
+def _pipeline_components(pipeline: Any, components: Union[Mapping[str, Any], Sequence[str], None]
+                         ) -> Dict[str, Any]:
     if isinstance(components, dict):
         return dict(components)
     if components is not None:
@@ -629,7 +659,7 @@ def _pipeline_components(pipeline, components):
     else:
         names = list(DEFAULT_PIPELINE_COMPONENTS)
     mods = getattr(pipeline, "components", None) or {}
-    out = {}
+    out: Dict[str, Any] = {}
     for n in names:
         m = getattr(pipeline, n, None)
         if m is None:
@@ -704,7 +734,7 @@ def enable_pipeline_offload(pipeline: Any, preset: Optional[str] = "auto", *,
         settings = DynamicOffloadSettings(resolve_config(
             preset=preset, backend=backend, environ=environ, use_environment=use_environment,
             running_on_wsl=running_on_wsl), component_policies)
-    plans = {}
+    plans: Dict[str, Tuple[Dict[str, Any], _native.Config, DynamicOffloadSettings]] = {}
     for name, m in modules.items():
         if getattr(m, "_ddo_offload", None) is not None:
             raise _native.DdoError("DDO_E_STATE", f"enable_pipeline_offload: component "
@@ -748,7 +778,7 @@ def enable_pipeline_offload(pipeline: Any, preset: Optional[str] = "auto", *,
     return results
 
 
-class PipelineOffload(dict):
+class PipelineOffload(Dict[str, Union["offload.OffloadResult", "RouteResult"]]):
     """enable_pipeline_offload's {component: result}; ``stager`` is its PipelineStager (None
     with staged=False), ``trace`` the trace written by close_pipeline_offload (trace=)."""
 

@@ -219,6 +219,7 @@ class DynamicOffloadSettings:
         dynamic_offload_; empty presets, cache namespace and safetensors backend as None),
         plus ddo's dynamic_offload_backend and dynamic_offload_route."""
         c = self.config
+        out: Dict[str, Any]  # (the typed option fields differ in type)
         out = {"requested_preset": self.requested_preset or None,
                "effective_preset": self.effective_preset or None,
                "execution_mode": c.execution_mode,

@@ -31,12 +31,13 @@ room made, the store read and the first units loading, so the forward finds them
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 if TYPE_CHECKING:
     import torch
 
 _STAGED_ROUTES = ("dynamic_offload", "none")
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def module_bytes(module: torch.nn.Module) -> int:
@@ -72,7 +73,7 @@ class PipelineStager:
 
     def before_session(self, name: str) -> Callable[[Any], None]:
         """A callback for OffloadResult: its plan is built, its session not yet created."""
-        def make_room(result):
+        def make_room(result: Any) -> None:
             b = result.budgets()
             limit = b["device_weights_limit"]
             if limit > 0:
@@ -216,29 +217,30 @@ class PipelineStager:
         return sum(self.need.get(n, 0) for n in self.active if n != besides)
 
 
-def _need(result):
+def _need(result: Any) -> int:
     if result.route == "dynamic_offload":
-        return result.budgets()["device_weights_peak"]
+        return int(result.budgets()["device_weights_peak"])
     return module_bytes(result.module)
 
 
-def _loaded(result):
+def _loaded(result: Any) -> bool:
     if result.route == "none":
-        return getattr(result, "_state", "ready") == "ready"
-    return result._state == "ready"
+        return bool(getattr(result, "_state", "ready") == "ready")
+    return bool(result._state == "ready")
 
 
-def _busy(result):
+def _busy(result: Any) -> bool:
     """A forward of the component runs now (a component calling another): never unloaded."""
     owner = getattr(result, "_owner", None)
-    return owner is not None and getattr(result, "_in_root", 0) > 0
+    return owner is not None and bool(getattr(result, "_in_root", 0) > 0)
 
 
-def _no_compile(fn):
+def _no_compile(fn: _F) -> _F:
     from . import _torch
     return _torch.no_compile(fn)
 
 
-def stager_of(pipeline):
+def stager_of(pipeline: Any) -> Optional[PipelineStager]:
     """The PipelineStager enable_pipeline_offload gave pipeline (None: not staged)."""
-    return getattr(pipeline, "_ddo_pipeline_stager", None)
+    stager: Optional[PipelineStager] = getattr(pipeline, "_ddo_pipeline_stager", None)
+    return stager

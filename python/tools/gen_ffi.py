@@ -14,7 +14,7 @@ char ** is PP (text the caller frees with ddo_free, kept as a raw pointer); a po
 struct is POINTER(Struct); enums are c_int; a struct whose first field is `size_t size` derives
 from Extensible (the ABI rule of docs/abi.md: the size set on construction). A type it cannot
 map stops it with the declaration named. Every struct it mirrors must be known to
-ddo_struct_size (src/abi.c): python/ddo/_lib.py compares each mirror's size with the library's
+ddo_struct_size (src/base/abi.c): python/ddo/_lib.py compares each mirror's size with the library's
 at load, and tests/check_py_ffi.sh checks the list.
 """
 
