@@ -6,8 +6,8 @@
  */
 #include "session_fx.h"
 
-#include "session/session.h"
 #include "host/setup.h"
+#include "session/session.h"
 #include "t.h"
 
 /* DLPack v0's DLManagedTensor, as a host (torch) reads it. */

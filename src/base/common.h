@@ -5,10 +5,10 @@
 #ifndef DDO_COMMON_H
 #define DDO_COMMON_H
 
+#include "base/support.h"
 #include "ddo.h"
 #include "ddo_compat.h"
 #include "ddo_host.h"
-#include "base/support.h"
 
 #include <stdarg.h>
 #include <stdbool.h>

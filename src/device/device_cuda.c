@@ -174,7 +174,7 @@ static int cuda_open(const char *spec, const ddo_device_options *opts, void **st
     int rc = ddo__cuda_load_driver(d, path, eb);
     if (rc != 0) {
         ddo__mutex_destroy(&d->codec_lock);
-    ddo__mutex_destroy(&d->peer_lock);
+        ddo__mutex_destroy(&d->peer_lock);
         free(d);
         return rc;
     }

@@ -3,7 +3,8 @@
  * each an `int ddo_cmd_<name>(int argc, char **argv)` returning the exit
  * status (0 success, 1 failure, 2 usage error). The tool uses the public headers (ddo.h,
  * ddo_host.h, ddo_compat.h) and the private support library's support.h (text helpers, the
- * CUDA driver's entry points); inspect_codec.c also src/codec/codec.h (the encoder and the C decoder).
+ * CUDA driver's entry points); inspect_codec.c also src/codec/codec.h (the encoder and the C
+ * decoder).
  */
 #ifndef DDO_TOOL_H
 #define DDO_TOOL_H
