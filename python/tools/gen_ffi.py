@@ -22,6 +22,9 @@ import pathlib
 import re
 import sys
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import _generated  # noqa: E402  (python/tools/_generated.py, beside this script)
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HEADERS = [ROOT / "include" / n for n in ("ddo.h", "ddo_host.h", "ddo_compat.h")]
 OUT = ROOT / "python" / "ddo" / "_ffi.py"
@@ -221,14 +224,7 @@ def render(h):
 def main(argv):
     h = Header("\n".join(p.read_text() for p in HEADERS))
     text = render(h)
-    if "--check" in argv:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT.relative_to(ROOT)} differs from the headers: run python/tools/gen_ffi.py",
-                  file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    return 0
+    return _generated.write_or_check(OUT, text, argv, "the headers", "gen_ffi.py")
 
 
 if __name__ == "__main__":

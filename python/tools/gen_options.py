@@ -15,6 +15,9 @@ import re
 import sys
 import textwrap
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import _generated  # noqa: E402  (python/tools/_generated.py, beside this script)
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CATALOG = ROOT / "src" / "config" / "options.def"
 OUT = ROOT / "python" / "ddo" / "_options.py"
@@ -110,14 +113,7 @@ def render(items):
 
 def main(argv):
     text = render(rows(CATALOG.read_text()))
-    if "--check" in argv:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT.relative_to(ROOT)} differs from src/config/options.def: "
-                  f"run python/tools/gen_options.py", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    return 0
+    return _generated.write_or_check(OUT, text, argv, "src/config/options.def", "gen_options.py")
 
 
 if __name__ == "__main__":
