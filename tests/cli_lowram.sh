@@ -173,6 +173,15 @@ DDOTEST_CGROUP_MEMORY_FILE= DDOTEST_SLOW_FILE_READ_BYTES_PER_S=60e6 DDO_DEVICE_B
     --ddo-available-system-ram-gb 0.375 --metrics "$T/slow.metrics" >"$T/slow.out" 2>&1
 rc=$?
 check "a slow disk: runs (exit $rc)" '[ $rc -eq 0 ]'
+# The waits exist only where a unit's compute is shorter than its emulated read (0.56 s): in
+# a sanitizer build the reference loop takes about 0.8 s a unit and hides the read, so the two
+# checks that need a wait say so and are left out there (the plain build of the same CI run
+# makes them).
+per_unit=$($PY -c "import re,sys; m=re.search(r'compute: (\d+) products.*host compute ([0-9.]+) s', open(sys.argv[1]).read()); print(float(m.group(2))/int(m.group(1)) if m else 0)" "$T/slow.out")
+slow_hides=$($PY -c "import sys; print(1 if float(sys.argv[1]) > 0.3 else 0)" "$per_unit")
+if [ "$slow_hides" = 1 ]; then
+    echo "skip: a slow disk: compute takes $per_unit s a unit here and hides the emulated 0.56 s read; the waits and the next plan's stall choice are checked where compute is faster"
+else
 check "a slow disk: the units that waited on the file, and how long" "$PY - '$T/slow.out' '$T/slow.metrics' <<'EOF'
 import json, re, sys
 out = open(sys.argv[1]).read()
@@ -187,6 +196,7 @@ ok = ok and all(1 <= int(r[1]) <= int(r[3]) <= 3 and float(r[2]) > 0 and float(r
 ok = ok and sum(int(r[3]) for r in rows) * (32 << 20) <= b['bytes_staged_from_file']
 sys.exit(0 if ok else 1)
 EOF"
+fi
 
 # weight_codec=auto with a cache directory reads the coded sidecar when the plan is disk-bound
 # (file reads at the file rate longer than the bus-bound step) and not otherwise, saying which;
@@ -243,8 +253,12 @@ DDOTEST_CGROUP_MEMORY_FILE= DDO_DEVICE_BUDGET_GB=0.1 "$DDO_BIN" run "$T/five.saf
     --ddo-profile-name five --steps 1 --tokens 1 --cpu-memory-gb 1 \
     --ddo-available-system-ram-gb 0.375 --show-profile >"$T/next.out" 2>&1
 rc=$?
-check "the next run's plan keeps the units whose re-read would stall most (exit $rc)" \
-    '[ $rc -eq 0 ] && grep -q "retained_selection=stall" "$T/next.out"'
+if [ "$slow_hides" = 1 ]; then
+    check "the next run plans with the recorded profile (exit $rc)" '[ $rc -eq 0 ]'
+else
+    check "the next run's plan keeps the units whose re-read would stall most (exit $rc)" \
+        '[ $rc -eq 0 ] && grep -q "retained_selection=stall" "$T/next.out"'
+fi
 unset DDO_PROFILE_DIR
 
 [ $fails -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }
