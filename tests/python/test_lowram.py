@@ -86,8 +86,10 @@ def test_rss_stays_under_a_cgroup_limit_below_the_model(big, tmp_path, retained_
     assert info["limit"] - info["peak"] > 0, info  # the whole run's peak RSS under the limit
 
 
-MOE_CHILD = r"""
-import json, os, sys, torch
+# What both expert children start with (argv: the package's directory, this one's, the two
+# checkpoints, the store's size, the fake cgroup file): a limit with room for one expert's store.
+_EXPERT_CHILD_HEAD = r"""
+import json, os, sys, types, torch
 sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2])
 import ddo, test_pipeline_loading as T
 x = torch.randn(1, 4, 1024).to(torch.bfloat16)
@@ -100,6 +102,10 @@ headroom = base + (160 << 20)
 limit = headroom + (64 << 20) + store  # room for one expert's store, not two
 open(sys.argv[6], "w").write(str(limit))
 os.environ["DDOTEST_CGROUP_MEMORY_FILE"] = sys.argv[6]
+"""
+
+
+MOE_CHILD = _EXPERT_CHILD_HEAD + r"""
 opts = dict(execution_device="cpu", device_budget_gb=0.0625,
             system_ram_headroom_gb=headroom / 2**30, vmm_staging_buffer_gb=0.0625)
 experts = {}
@@ -163,16 +169,13 @@ def _experts(tmp_path):
     return paths
 
 
-def test_moe_only_the_active_expert_holds_its_store(tmp_path):
-    """Two transformers (a Wan 2.2 A14B stand-in) under a limit with room for one expert's
-    retained store: the inactive one holds none (unload(release_host=True)), the switch
-    reloads the next one with its first units loading at once, the peak RSS stays under the
-    limit, the outputs are each expert's, bit-identical."""
+def _run_experts(child, tmp_path, store):
+    """Runs an expert child (its own process: its peak RSS is the run's) on two expert
+    checkpoints; its JSON report (skips where VmHWM cannot be reset)."""
     paths = _experts(tmp_path)
-    store = 128 << 20
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDO")}
     env["DDO_LIBRARY"] = os.environ.get("DDO_LIBRARY", "")
-    out = subprocess.run([sys.executable, "-c", MOE_CHILD, str(PYTHON_DIR), HERE, *paths,
+    out = subprocess.run([sys.executable, "-c", child, str(PYTHON_DIR), HERE, *paths,
                           str(store), str(tmp_path / "memory.max")],
                          capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -180,7 +183,16 @@ def test_moe_only_the_active_expert_holds_its_store(tmp_path):
     if last == "SKIP":
         pytest.skip("this kernel does not reset VmHWM through /proc/self/clear_refs")
     import json
-    info = json.loads(last)
+    return json.loads(last)
+
+
+def test_moe_only_the_active_expert_holds_its_store(tmp_path):
+    """Two transformers (a Wan 2.2 A14B stand-in) under a limit with room for one expert's
+    retained store: the inactive one holds none (unload(release_host=True)), the switch
+    reloads the next one with its first units loading at once, the peak RSS stays under the
+    limit, the outputs are each expert's, bit-identical."""
+    store = 128 << 20
+    info = _run_experts(MOE_CHILD, tmp_path, store)
     assert info["identical"], info
     assert info["held_while_inactive"] == {"transformer": 0, "transformer_2": 0}, info
     for n in ("transformer", "transformer_2"):
@@ -190,20 +202,7 @@ def test_moe_only_the_active_expert_holds_its_store(tmp_path):
     assert info["peak"] < info["limit"], info
 
 
-PIPE_CHILD = r"""
-import json, os, sys, types, torch
-sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2])
-import ddo, test_pipeline_loading as T
-x = torch.randn(1, 4, 1024).to(torch.bfloat16)
-base = T.reset_peak()
-if base is None:
-    print("SKIP")
-    sys.exit(0)
-high, low, store = sys.argv[3], sys.argv[4], int(sys.argv[5])
-headroom = base + (160 << 20)
-limit = headroom + (64 << 20) + store  # room for one expert's store, not two
-open(sys.argv[6], "w").write(str(limit))
-os.environ["DDOTEST_CGROUP_MEMORY_FILE"] = sys.argv[6]
+PIPE_CHILD = _EXPERT_CHILD_HEAD + r"""
 mods = {n: ddo.from_pretrained_with_dynamic_offload(p, model_loader=lambda p: T.TinyDiT(
             1024, 24, torch.bfloat16)).module for n, p in (("transformer", high),
                                                          ("transformer_2", low))}
@@ -255,19 +254,8 @@ def test_moe_pipeline_staged_under_a_host_limit(tmp_path):
     starts its first units before its first forward, every step reads from the file the bytes
     its expert does not retain (less what its slots still hold), the peak RSS stays under the
     limit, and the outputs are bit-identical to each expert's."""
-    paths = _experts(tmp_path)
     store = 128 << 20
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DDO")}
-    env["DDO_LIBRARY"] = os.environ.get("DDO_LIBRARY", "")
-    out = subprocess.run([sys.executable, "-c", PIPE_CHILD, str(PYTHON_DIR), HERE, *paths,
-                          str(store), str(tmp_path / "memory.max")],
-                         capture_output=True, text=True, env=env, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    last = out.stdout.strip().splitlines()[-1]
-    if last == "SKIP":
-        pytest.skip("this kernel does not reset VmHWM through /proc/self/clear_refs")
-    import json
-    info = json.loads(last)
+    info = _run_experts(PIPE_CHILD, tmp_path, store)
     assert info["identical"], info
     # setup: the second expert's session released the first's store
     assert info["after_setup"]["transformer"] == 0 < info["after_setup"]["transformer_2"], info
