@@ -22,13 +22,14 @@ CPU_STREAM = dict(execution_device="cpu", always_resident_modules_pattern="^$",
                   small_tensor_threshold_bytes=0, resident_module_budget_gb=0)
 
 
-def write_safetensors(path, tensors):
-    """name -> contiguous CPU tensor, written as one safetensors file (no library)."""
+def write_safetensors(path, tensors, dtype_of=None):
+    """name -> contiguous CPU tensor, written as one safetensors file (no library); dtype_of(name,
+    tensor) names a tensor's safetensors dtype where DT does not (bytes standing for FP8)."""
     header, off = {}, 0
     for name, t in tensors.items():
         n = t.numel() * t.element_size()
-        header[name] = {"dtype": DT[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [off, off + n]}
+        header[name] = {"dtype": dtype_of(name, t) if dtype_of else DT[t.dtype],
+                        "shape": list(t.shape), "data_offsets": [off, off + n]}
         off += n
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * (-len(h) % 8)

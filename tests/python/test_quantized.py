@@ -6,8 +6,6 @@ kept across steps, unload/reload and state_dict; the plan's dequantization scrat
 Every quantized layer here is a STAND-IN written for these tests (no Diffusers, ComfyUI, gguf
 or TorchAO in CI): they follow the hosts' layouts and dequantize in their own forwards."""
 
-import ctypes
-import itertools
 import json
 import struct
 
@@ -402,20 +400,9 @@ def write_comfy_fp8(path, model):
         if isinstance(mod, FP8Linear):
             tensors[f"{name}.comfy_quant"] = torch.tensor(
                 list(json.dumps({"format": "float8_e4m3fn"}).encode()), dtype=torch.uint8)
-    header, off = {}, 0
-    for name, t in tensors.items():
-        n = t.numel() * t.element_size()
-        dt = "F8_E4M3" if name.endswith(".weight") and t.element_size() == 1 else \
-            ST.get(t.dtype, "F8_E4M3")
-        header[name] = {"dtype": dt, "shape": list(t.shape), "data_offsets": [off, off + n]}
-        off += n
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h)
-        for t in tensors.values():
-            t = t.contiguous()
-            f.write(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()))
+    import test_pipeline_loading as T
+    T.write_safetensors(path, tensors, lambda name, t: "F8_E4M3" if name.endswith(".weight") and
+                        t.element_size() == 1 else ST.get(t.dtype, "F8_E4M3"))
 
 
 class FP8Net(nn.Module):
