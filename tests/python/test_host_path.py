@@ -8,7 +8,6 @@ device), and weight_codec="auto" decides from it."""
 import json
 import os
 import pathlib
-import struct
 import subprocess
 
 import pytest
@@ -16,6 +15,7 @@ import torch
 
 import ddo
 import models
+from test_pipeline_loading import write_safetensors
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GIB = float(1 << 30)
@@ -27,23 +27,6 @@ def tool():
     lib = os.environ.get("DDO_LIBRARY")
     here = pathlib.Path(lib).parent / "ddo" if lib else None
     return str(here if here is not None and here.is_file() else ROOT / "build" / "ddo")
-
-
-def write_safetensors(path, tensors):
-    """A .safetensors file of {name: bf16 tensor} (the format: header length, JSON, data)."""
-    header, blobs, off = {}, [], 0
-    for name, t in tensors.items():
-        assert t.dtype == torch.bfloat16
-        data = t.detach().contiguous().view(torch.int16).numpy().tobytes()
-        header[name] = {"dtype": "BF16", "shape": list(t.shape), "data_offsets": [off, off + len(data)]}
-        blobs.append(data)
-        off += len(data)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text)
-        for b in blobs:
-            f.write(b)
 
 
 def tool_plan(ck, opts, inputs):
