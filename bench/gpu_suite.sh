@@ -35,7 +35,8 @@
 # section 2b; results suite.log build.log ctest.log bench.log bench.json trace.json
 # summary.txt), SUITE_BUDGET_S, BENCH_STEPS (5), BENCH_TOKENS (4608), SYNTH_SCALE (1), LAYOUT
 # (data/layouts/flux1-dev.json), WORK (build-gpu/work: the synthetic checkpoint),
-# SKIP_SANITIZER=1, SKIP_TESTS=1, DEPS_DIR (.deps: *.deb build dependencies to unpack
+# BENCH_CASES (the bench's cases kept, by name: e.g. "vmm-zero budget-16g"), SKIP_SANITIZER=1,
+# SKIP_TESTS=1, SKIP_PROFILE=1 (no profile build), DEPS_DIR (.deps: *.deb build dependencies to unpack
 # into /tmp/ddo-deps when the image lacks them; see docs/cuda.md).
 set -u
 ROOT=$(pwd)
@@ -329,22 +330,31 @@ step "ddo doctor" 60 "$OUT/doctor.txt" "$DDO" doctor "$CK" || say "FAILED ddo do
 step "ddo demo" 90 "$LOG" "$DDO" demo || STATUS=1
 # A named capacity profile: calibrate on the full model (zero resident), then apply it.
 export DDO_PROFILE_DIR=$WORK/profiles
-step "ddo profile build" 120 "$LOG" "$DDO" profile build flux-4608 "$CK" --ddo-backend vmm \
+[ "${SKIP_PROFILE:-0}" = 1 ] || step "ddo profile build" 120 "$LOG" "$DDO" profile build flux-4608 "$CK" --ddo-backend vmm \
     --ddo-preset auto --ddo-vmm-resident-weight-budget-gb 4 --ddo-vmm-source-cache-gb 24 \
     --ddo-pin-cpu-memory 1 --ddo-pin-cpu-workers 8 --steps 2 --tokens "$TOKENS" || STATUS=1
-step "ddo profile list" 20 "$LOG" "$DDO" profile list || STATUS=1
+[ "${SKIP_PROFILE:-0}" = 1 ] || step "ddo profile list" 20 "$LOG" "$DDO" profile list || STATUS=1
 
 # ---- 7. the benchmark ---------------------------------------------------------------
 VMM="--ddo-backend vmm --ddo-preset auto --ddo-pin-cpu-workers 8"
 NONE="--ddo-always-resident-module-patterns ^\$ --ddo-small-tensor-threshold-kb 0 --ddo-resident-module-budget-gb 0"
+CASES=(
+    "vmm-zero $VMM $NONE --ddo-vmm-resident-weight-budget-gb 4 --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1"
+    "vmm-zero-4 $VMM $NONE --ddo-execution-slots 4 --ddo-vmm-resident-weight-budget-gb 4 --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1"
+    "budget-16g $VMM --ddo-vmm-resident-weight-budget-gb 16 --ddo-always-resident-module-patterns ^(time_text_embed|context_embedder|x_embedder|norm_out|proj_out)(\\.|\$) --ddo-resident-module-patterns auto --ddo-resident-module-budget-gb 14 --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1"
+    "linear-zero --ddo-backend linear --ddo-preset one_shot_fast --ddo-auto-budget-policy off $NONE --steps 3 --trace-steps 0"
+    "nvme-4g --ddo-backend vmm --ddo-preset nvme_baseline $NONE --ddo-vmm-resident-weight-budget-gb 4 --steps 1 --trace-steps 0"
+    "retained-8g $VMM $NONE --ddo-vmm-resident-weight-budget-gb 4 --ddo-vmm-source-cache-gb 8 --ddo-pin-cpu-memory 1 --ddo-read-engine io_uring --steps 2 --trace-steps 0"
+)
+# BENCH_CASES (space-separated case names, default all): the cases kept, for a shorter call
+CASE_ARGS=()
+for c in "${CASES[@]}"; do
+    if [ -z "${BENCH_CASES:-}" ] || [[ " $BENCH_CASES " == *" ${c%% *} "* ]]; then
+        CASE_ARGS+=(--case "$c")
+    fi
+done
 step "ddo bench" 330 "$OUT/bench.log" "$DDO" bench "$CK" --tokens "$TOKENS" --steps "$STEPS" \
-    --trace-steps 2 --bus-gib 4 --direct-gib 2 \
-    --case "vmm-zero $VMM $NONE --ddo-vmm-resident-weight-budget-gb 4 --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1" \
-    --case "vmm-zero-4 $VMM $NONE --ddo-execution-slots 4 --ddo-vmm-resident-weight-budget-gb 4 --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1" \
-    --case "budget-16g $VMM --ddo-vmm-resident-weight-budget-gb 16 --ddo-always-resident-module-patterns ^(time_text_embed|context_embedder|x_embedder|norm_out|proj_out)(\\.|\$) --ddo-resident-module-patterns auto --ddo-resident-module-budget-gb 14 --ddo-vmm-source-cache-gb 24 --ddo-pin-cpu-memory 1" \
-    --case "linear-zero --ddo-backend linear --ddo-preset one_shot_fast --ddo-auto-budget-policy off $NONE --steps 3 --trace-steps 0" \
-    --case "nvme-4g --ddo-backend vmm --ddo-preset nvme_baseline $NONE --ddo-vmm-resident-weight-budget-gb 4 --steps 1 --trace-steps 0" \
-    --case "retained-8g $VMM $NONE --ddo-vmm-resident-weight-budget-gb 4 --ddo-vmm-source-cache-gb 8 --ddo-pin-cpu-memory 1 --ddo-read-engine io_uring --steps 2 --trace-steps 0" \
+    --trace-steps 2 --bus-gib 4 --direct-gib 2 "${CASE_ARGS[@]}" \
     --json "$OUT/bench.json" --trace "$OUT/trace.json" || STATUS=1
 
 # ---- 8. summary ---------------------------------------------------------------------
