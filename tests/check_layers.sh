@@ -21,16 +21,6 @@ build, nm = sys.argv[1], sys.argv[2]
 
 # Arrows against the rule that remain, each named with its reason: "from -> to".
 EXCEPTIONS = {
-    'session_pool.c -> session_vmm.c':
-        "vmm_runtime's handle pool and the VMM mapping call each other: the mapping binds and "
-        "unbinds a unit's handles, the pool unmaps a unit's range to evict its handles",
-    'host -> config/config_priv.h':
-        "the host layer reads and writes the configuration's store: profile.c applies a "
-        "profile's values at flag rank (ddo__config_store), host.c reads a preset's value and "
-        "the environment's booleans as a host phase does",
-    'session_transport.c -> session_codec.c':
-        'the table of transports names the coded rows, and the coded transports stage their '
-        'bytes through the plain ones',
 }
 
 def rule():

@@ -2,7 +2,7 @@
 # cli_multi.sh - device sets from the tool on the cpu device (docs/multi-gpu.md): `ddo plan`
 # shows the set and its JSON keeps it, `ddo run` in donor mode (cpu:0 computes, cpu:1 stores)
 # is verified bit-identical against the file, a refused set names its option, and
-# `ddo doctor --devices` measures the emulated links.
+# `ddo doctor --devices` measures the emulated links and refuses a name that is not a device.
 # ctest-labels: cli
 set -u
 : "${DDO_BIN:?DDO_BIN is not set}"
@@ -58,6 +58,10 @@ check "an execution_device other than the set's first is refused" \
 "$DDO_BIN" doctor --devices cpu:0,cpu:1 --measure-mb 16 --json >"$T/doc.json" 2>/dev/null; rc=$?
 check "doctor measures the emulated links" \
     '[ $rc -eq 0 ] && grep -q "\"device_to_device\"" "$T/doc.json" && grep -q "\"split_intake_bytes_per_s\"" "$T/doc.json"'
+
+"$DDO_BIN" doctor --devices cpu:0,gpu:1 --measure-mb 16 >"$T/doc_bad.out" 2>&1; rc=$?
+check "doctor refuses a set naming something that is not a device, with the device-spec text" \
+    '[ $rc -ne 0 ] && grep -q "\"gpu:1\": unknown device (expected cpu, cpu:N, cuda or cuda:N)" "$T/doc_bad.out"'
 
 [ "$fails" -eq 0 ] && echo "cli_multi: all passed" || echo "cli_multi: $fails failed"
 [ "$fails" -eq 0 ]

@@ -12,11 +12,11 @@
 #include "checkpoint/checkpoint.h"
 #include "ddo.h"
 #include "os/sys.h"
+#include "os/thread.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
-#include <pthread.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -606,14 +606,14 @@ static void test_concurrent_reads(void)
         ddo_checkpoint *ck = NULL;
         T_REQUIRE(ddo_checkpoint_create(st_path("tiny_flux_sharded"),
                                         b ? DDO_READ_MMAP : DDO_READ_PREAD, &ck) == 0);
-        pthread_t th[4];
+        ddo__thread th[4];
         struct reader r[4];
         for (int i = 0; i < 4; i++) {
             r[i] = (struct reader){ ck, 0 };
-            T_REQUIRE(pthread_create(&th[i], NULL, read_all, &r[i]) == 0);
+            T_REQUIRE(ddo__thread_create(&th[i], read_all, &r[i]) == 0);
         }
         for (int i = 0; i < 4; i++) {
-            pthread_join(th[i], NULL);
+            ddo__thread_join(th[i]);
             T_EQ_INT(r[i].failures, 0);
         }
         ddo_checkpoint_destroy(ck);

@@ -1,7 +1,7 @@
 /*
  * test_common.c - the helpers every module of src/ shares, one of each: overflow-checked and
- * saturating arithmetic (common.c), the byte formatters of messages (text.c) and the string
- * map with its FNV-1a hash (strmap.c).
+ * saturating arithmetic (common.c), the byte formatters of messages and the device-spec parser
+ * (text.c) and the string map with its FNV-1a hash (strmap.c).
  *
  * ctest-labels: unit
  */
@@ -55,6 +55,57 @@ static void test_format_bytes(void)
     T_EQ_STR(ddo__format_bytes(64 * DDO_MIB, small, sizeof(small)), "64.0");
 }
 
+/* The one parser of device specs: cpu, cpu:N, cuda, cuda:N (N of 1 to 6 digits), nothing
+ * else; a refused spec leaves *out as it was. */
+static void test_device_spec(void)
+{
+    static const struct {
+        const char *spec;
+        bool cuda, numbered;
+        int ordinal;
+    } good[] = {
+        { "cpu", false, false, 0 },
+        { "cpu:0", false, true, 0 },
+        { "cpu:3", false, true, 3 },
+        { "cuda", true, false, 0 },
+        { "cuda:0", true, true, 0 },
+        { "cuda:7", true, true, 7 },
+        { "cuda:012", true, true, 12 },
+        { "cuda:999999", true, true, 999999 },
+        { "cpu:123456", false, true, 123456 },
+    };
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        ddo__device_spec d = { false, false, -1 };
+        T_CHECK(ddo__device_spec_parse(good[i].spec, &d));
+        T_CHECK(d.cuda == good[i].cuda);
+        T_CHECK(d.numbered == good[i].numbered);
+        T_EQ_INT(d.ordinal, good[i].ordinal);
+        T_CHECK(ddo__device_spec_parse(good[i].spec, NULL));
+    }
+    static const char *const bad[] = {
+        "",        "gpu",      "cu",           "cpu:",        "cuda:",   "cuda:x",  "cuda:1x",
+        "cuda0",   "cpu0",     "cudax",        "CPU",         "cuda:-1", "cuda:+1", " cuda:0",
+        "cuda:0 ", "cuda:1:2", "cuda:1000000", "cpu:1234567", "cuda:\n", "mps",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ddo__device_spec d = { true, true, 42 };
+        T_CHECK(!ddo__device_spec_parse(bad[i], &d));
+        T_CHECK(d.cuda && d.numbered && d.ordinal == 42); /* untouched */
+    }
+    T_CHECK(!ddo__device_spec_parse(NULL, NULL));
+    /* The one text every refusal carries, through the device and the configuration. */
+    ddo_device *dev = NULL;
+    T_EQ_INT(ddo_device_create("gpu:0", NULL, &dev), DDO_E_INVALID_ARGUMENT);
+    T_CHECK(dev == NULL);
+    T_EQ_STR(ddo_last_error(), "device \"gpu:0\": " DDO__DEVICE_SPEC_UNKNOWN);
+    ddo_config *cfg = NULL;
+    T_EQ_INT(ddo_config_create(&cfg), 0);
+    T_EQ_INT(ddo_config_set(cfg, "devices", "cpu:0,cpu:x"), 0);
+    T_EQ_INT(ddo_config_validate(cfg), DDO_E_CONFIG);
+    T_CONTAINS(ddo_config_error(cfg), "\"cpu:x\": " DDO__DEVICE_SPEC_UNKNOWN);
+    ddo_config_destroy(cfg);
+}
+
 static void test_fnv1a(void)
 {
     /* The published FNV-1a 64 test vectors. */
@@ -104,6 +155,7 @@ int main(void)
 {
     T_RUN(test_checked_and_saturating);
     T_RUN(test_format_bytes);
+    T_RUN(test_device_spec);
     T_RUN(test_fnv1a);
     T_RUN(test_strmap);
     return t_done();

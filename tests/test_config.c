@@ -698,9 +698,11 @@ static void test_validation_errors(void)
     invalid(v5, "execution_mode=vmm_fast_runtime (api) needs backend=vmm, but backend=linear "
                 "(default): native VMM is never chosen silently; pass --ddo-backend vmm");
     const char *v6[] = { "execution_device", "gpu", NULL };
-    invalid(v6, "execution_device=\"gpu\" (api): expected cpu, cuda or cuda:N");
+    invalid(v6, "execution_device=\"gpu\" (api): unknown device (expected cpu, cpu:N, cuda or "
+                "cuda:N)");
     const char *v6b[] = { "execution_device", "cuda:", NULL };
-    invalid(v6b, "execution_device=\"cuda:\" (api): expected cpu, cuda or cuda:N");
+    invalid(v6b, "execution_device=\"cuda:\" (api): unknown device (expected cpu, cpu:N, cuda or "
+                 "cuda:N)");
     const char *v7[] = { "build_profile", "true", NULL };
     invalid(v7, "build_profile=true (api) needs profile_name: a calibration is saved under a "
                 "workload name");
@@ -846,7 +848,8 @@ static void test_quote(void)
     T_EQ_INT(ddo_config_set(c, "execution_device", "cu\nda"), 0);
     T_EQ_INT(ddo_config_validate(c), DDO_E_CONFIG);
     T_EQ_STR(ddo_config_error(c),
-             "execution_device=\"cu\\nda\" (api): expected cpu, cuda or cuda:N");
+             "execution_device=\"cu\\nda\" (api): unknown device (expected cpu, cpu:N, cuda or "
+             "cuda:N)");
     ddo_config_destroy(c);
     const char *e1[] = { "DDO_PRESET=fast\x1b[0m", NULL };
     env_fails(e1, "Invalid DDO_PRESET='fast\\x1b[0m'. Valid presets: auto, "

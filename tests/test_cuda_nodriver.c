@@ -109,7 +109,7 @@ static void test_ops_open_direct(void)
     void *st = NULL;
     ddo_device_options o = with_paths("/nonexistent/libcuda.so.1", NULL);
     T_EQ_INT(ddo__device_cuda_ops->open("cuda:x", &o, &st, &eb), DDO_E_INVALID_ARGUMENT);
-    T_EQ_STR(eb.msg, "execution_device \"cuda:x\": expected cuda or cuda:N");
+    T_EQ_STR(eb.msg, "device \"cuda:x\": unknown device (expected cpu, cpu:N, cuda or cuda:N)");
     T_EQ_INT(ddo__device_cuda_ops->open("cuda:1", &o, &st, &eb), DDO_E_NO_DEVICE);
     T_EQ_INT(eb.code, DDO_E_NO_DEVICE);
     T_CONTAINS(eb.msg, "no CUDA driver: dlopen(/nonexistent/libcuda.so.1)");

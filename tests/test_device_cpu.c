@@ -7,9 +7,9 @@
  */
 #include "device/device.h"
 #include "os/sysinfo.h"
+#include "os/thread.h"
 #include "t.h"
 
-#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -705,15 +705,15 @@ static void test_threads(void)
     ddo_device *dev = open_cpu(64 * MIB);
     T_REQUIRE(dev != NULL);
     enum { N = 4 };
-    pthread_t th[N];
+    ddo__thread th[N];
     worker_arg w[N];
     for (int i = 0; i < N; i++) {
         w[i].dev = dev;
         w[i].failures = 0;
-        T_EQ_INT(pthread_create(&th[i], NULL, hammer, &w[i]), 0);
+        T_EQ_INT(ddo__thread_create(&th[i], hammer, &w[i]), 0);
     }
     for (int i = 0; i < N; i++) {
-        pthread_join(th[i], NULL);
+        ddo__thread_join(th[i]);
         T_EQ_INT(w[i].failures, 0);
     }
     ddo__devop_stats st[DDO__OP_COUNT];

@@ -8,8 +8,8 @@
 #include "t.h"
 #include "codec/codec.h"
 #include "device/device.h"
+#include "os/thread.h"
 
-#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -517,16 +517,16 @@ static void test_threads(void)
     ddo__device_stats_reset(fx.dev);
     ddo__device_inject_fault(fx.dev, DDO__OP_MEM_INFO, 1000, false, DDO_E_DEVICE);
     enum { N = 4 };
-    pthread_t th[N];
+    ddo__thread th[N];
     racer r[N];
     for (int i = 0; i < N; i++) {
         r[i].dev = fx.dev;
         r[i].failures = 0;
-        T_EQ_INT(pthread_create(&th[i], NULL, race, &r[i]), 0);
+        T_EQ_INT(ddo__thread_create(&th[i], race, &r[i]), 0);
     }
     int total = 0;
     for (int i = 0; i < N; i++) {
-        pthread_join(th[i], NULL);
+        ddo__thread_join(th[i]);
         total += r[i].failures;
     }
     T_EQ_INT(total, 1);

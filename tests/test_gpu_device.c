@@ -17,9 +17,9 @@
 #include "ddo.h"
 #include "device/device.h"
 #include "os/sys.h"
+#include "os/thread.h"
 #include "t.h"
 
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,16 +211,16 @@ static void test_host_register_threads(void)
     T_REQUIRE((mem = ddo__os_aligned_alloc(1 << 21, N * seg)) != NULL);
     fill(mem, N * seg, 4);
     reg_job jobs[N];
-    pthread_t th[N];
+    ddo__thread th[N];
     for (int phase = 0; phase < 2; phase++) {
         for (int i = 0; i < N; i++) {
             if (phase == 0)
                 jobs[i] = (reg_job){ mem + (size_t)i * seg, seg, -1, -1, g_dev, 0 };
             jobs[i].phase = phase;
-            pthread_create(&th[i], NULL, reg_thread, &jobs[i]);
+            ddo__thread_create(&th[i], reg_thread, &jobs[i]);
         }
         for (int i = 0; i < N; i++)
-            pthread_join(th[i], NULL);
+            ddo__thread_join(th[i]);
         if (phase == 0) {
             for (int i = 0; i < N; i++)
                 T_EQ_INT(jobs[i].rc_register, 0);

@@ -5,10 +5,10 @@
  * ctest-labels: unit threads
  */
 #include "metrics/metrics.h"
+#include "os/thread.h"
 #include "t.h"
 
 #include <jansson.h>
-#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -242,14 +242,14 @@ static void test_accumulator_threads(void)
 {
     ddo__metrics_acc acc;
     ddo__metrics_init(&acc);
-    pthread_t t[4];
+    ddo__thread t[4];
     adder a[4];
     for (int i = 0; i < 4; i++) {
         a[i] = (adder){ &acc, i * 10 };
-        T_REQUIRE(pthread_create(&t[i], NULL, add_many, &a[i]) == 0);
+        T_REQUIRE(ddo__thread_create(&t[i], add_many, &a[i]) == 0);
     }
     for (int i = 0; i < 4; i++)
-        pthread_join(t[i], NULL);
+        ddo__thread_join(t[i]);
     T_NEAR(ddo__metrics_value(&acc, DDO_M_copy_bytes), 4 * 20000 * 2, 0);
     T_NEAR(ddo__metrics_value(&acc, DDO_M_prefetch_depth_max), 36, 0);
     ddo__metrics_fini(&acc);

@@ -8,10 +8,10 @@
  */
 #include "ddo.h"
 #include "ddo_host.h"
+#include "os/thread.h"
 #include "t.h"
 
 #include <dirent.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -563,14 +563,14 @@ static void test_concurrent_writers(void)
 #if defined(_WIN32)
     /* No fork on Windows: threads, each record opening and locking the profile itself
      * (LockFileEx locks belong to handles, so threads exclude each other as processes do). */
-    pthread_t th[WRITERS];
+    ddo__thread th[WRITERS];
     writer_arg args[WRITERS];
     for (int w = 0; w < WRITERS; w++) {
         args[w] = (writer_arg){ dir, w, EACH, 0 };
-        T_REQUIRE(pthread_create(&th[w], NULL, writer_thread, &args[w]) == 0);
+        T_REQUIRE(ddo__thread_create(&th[w], writer_thread, &args[w]) == 0);
     }
     for (int w = 0; w < WRITERS; w++) {
-        pthread_join(th[w], NULL);
+        ddo__thread_join(th[w]);
         T_CHECK(args[w].bad == 0);
     }
 #else

@@ -5,9 +5,9 @@
  * ctest-labels: unit backend threads
  */
 #include "ddo.h"
+#include "os/thread.h"
 #include "t.h"
 
-#include <pthread.h>
 #include <stdint.h>
 
 #define BLOCKS 6
@@ -15,7 +15,7 @@
 #define COLS   1024 /* F32: 256 KiB per weight, two weights per block */
 
 typedef struct seen {
-    pthread_mutex_t mu;
+    ddo__mutex mu;
     int uploads, maps, unmaps, other;
     uint64_t upload_bytes;
     int bad_times;
@@ -26,7 +26,7 @@ static void on_trace(void *user, const char *kind, size_t unit, uint64_t begin_n
 {
     seen *s = user;
     (void)unit;
-    pthread_mutex_lock(&s->mu);
+    ddo__mutex_lock(&s->mu);
     if (end_ns < begin_ns || begin_ns == 0)
         s->bad_times++;
     if (strcmp(kind, "upload") == 0) {
@@ -39,7 +39,7 @@ static void on_trace(void *user, const char *kind, size_t unit, uint64_t begin_n
     } else {
         s->other++;
     }
-    pthread_mutex_unlock(&s->mu);
+    ddo__mutex_unlock(&s->mu);
 }
 
 static void test_trace_reports_uploads_and_maps(void)
@@ -86,7 +86,7 @@ static void test_trace_reports_uploads_and_maps(void)
     T_REQUIRE(ddo_plan_unit_count(plan) == BLOCKS);
     seen sn;
     memset(&sn, 0, sizeof(sn));
-    pthread_mutex_init(&sn.mu, NULL);
+    ddo__mutex_init(&sn.mu);
     ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
     so.config = cfg;
     so.trace = on_trace;
@@ -102,10 +102,10 @@ static void test_trace_reports_uploads_and_maps(void)
         }
         if (pass == 2) { /* learned in pass 1, settled in pass 2 */
             T_CHECK(ddo_session_synchronize(s) == 0);
-            pthread_mutex_lock(&sn.mu);
+            ddo__mutex_lock(&sn.mu);
             maps_settled = sn.maps;
             uploads_settled = sn.uploads;
-            pthread_mutex_unlock(&sn.mu);
+            ddo__mutex_unlock(&sn.mu);
         }
     }
     T_CHECK(ddo_session_synchronize(s) == 0);
@@ -116,7 +116,7 @@ static void test_trace_reports_uploads_and_maps(void)
     T_CHECK(ddo_metrics_get(m, "vmm_maps", &vmm_maps) == 0);
     T_CHECK(ddo_metrics_get(m, "copy_bytes", &copied) == 0);
     ddo_metrics_destroy(m);
-    pthread_mutex_lock(&sn.mu);
+    ddo__mutex_lock(&sn.mu);
     T_CHECK(sn.uploads > 0);
     T_EQ_INT(sn.uploads, (long long)uploads);
     T_EQ_U64(sn.upload_bytes, (uint64_t)copied);
@@ -131,10 +131,10 @@ static void test_trace_reports_uploads_and_maps(void)
     T_EQ_INT(sn.maps, maps_settled);
     T_EQ_INT(sn.bad_times, 0);
     T_EQ_INT(sn.other, 0);
-    pthread_mutex_unlock(&sn.mu);
+    ddo__mutex_unlock(&sn.mu);
     ddo_stream_destroy(st);
     ddo_session_destroy(s);
-    pthread_mutex_destroy(&sn.mu);
+    ddo__mutex_destroy(&sn.mu);
     ddo_plan_destroy(plan);
     ddo_device_destroy(dev);
     ddo_config_destroy(cfg);

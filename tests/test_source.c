@@ -10,11 +10,12 @@
 #include "checkpoint/checkpoint.h"
 #include "device/device.h"
 #include "os/sys.h"
+#include "os/thread.h"
 #include "store/source.h"
 #include "t.h"
 
 #include <fcntl.h>
-#include <pthread.h>
+#include <pthread.h> /* pthread_self, pthread_equal: the progress callback's thread */
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -163,7 +164,7 @@ static size_t tensor_index(const ddo_checkpoint *ck, size_t i)
 }
 
 typedef struct progress_log {
-    pthread_t main;
+    pthread_t main; /* thread identity: pthread_self, which os/thread.h does not wrap */
     int calls, wrong_thread;
     uint64_t read_done, read_total, reg_done, reg_total;
     uint64_t last_read_done;
@@ -717,14 +718,14 @@ static void test_concurrent_reads(void)
     ddo__source_params p = params(&fx, 1, DDO__READ_ENGINE_AUTO, false);
     ddo__source *src = NULL;
     T_REQUIRE(ddo__source_create(&p, NULL, 0, &src, NULL) == 0);
-    pthread_t t[4];
+    ddo__thread t[4];
     reader r[4];
     for (int i = 0; i < 4; i++) {
         r[i] = (reader){ src, tensor_index(fx.ck, 7), i, 0 };
-        T_REQUIRE(pthread_create(&t[i], NULL, read_many, &r[i]) == 0);
+        T_REQUIRE(ddo__thread_create(&t[i], read_many, &r[i]) == 0);
     }
     for (int i = 0; i < 4; i++) {
-        pthread_join(t[i], NULL);
+        ddo__thread_join(t[i]);
         T_EQ_INT(r[i].bad, 0);
     }
     ddo__source_destroy(src);

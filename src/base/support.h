@@ -27,6 +27,20 @@ const char *ddo__format_bytes(uint64_t bytes, char *buf, size_t len);
 /* The same in GiB whatever the size ("0.50 GiB"), for figures compared with a GiB option. */
 const char *ddo__format_gib(uint64_t bytes, char *buf, size_t len);
 
+/* A device spec as ddo_device_create, the execution_device and devices options and the tool take
+ * it: "cpu", "cpu:N" (a cpu device as well: cpu:N instances emulate the GPUs of a set), "cuda"
+ * (cuda:0) or "cuda:N", N of 1 to 6 decimal digits. */
+typedef struct ddo__device_spec {
+    bool cuda;     /* cuda or cuda:N; else cpu or cpu:N */
+    bool numbered; /* written with :N */
+    int ordinal;   /* N; 0 for a bare "cpu" or "cuda" */
+} ddo__device_spec;
+/* What every message refusing a spec says after naming it. */
+#define DDO__DEVICE_SPEC_UNKNOWN "unknown device (expected cpu, cpu:N, cuda or cuda:N)"
+/* Parses spec into *out (NULL: only checks); false for NULL or anything that is not a device
+ * spec, *out then untouched. The one parser of device specs (text.c). */
+bool ddo__device_spec_parse(const char *spec, ddo__device_spec *out);
+
 /*
  * A CUDA driver entry point for a host that calls the driver itself next to ddo (the ddo
  * tool's cuBLASLt host): *fn receives what cuGetProcAddress(symbol, cuda_version) returns for

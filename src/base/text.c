@@ -1,9 +1,9 @@
 /*
  * text.c - the text helpers every module's messages share: quoting a value for a one-line
- * message, the strict decimal syntax of numbers, byte counts in binary units, and the shortest
- * text of a real that reads back as the same value. The private static library ddo_support
- * (base/support.h), linked into libddo and the ddo tool, so the tool writes its messages the
- * same way; not exported by libddo.
+ * message, the strict decimal syntax of numbers, byte counts in binary units, the shortest text
+ * of a real that reads back as the same value, and the one parser of device specs. The private
+ * static library ddo_support (base/support.h), linked into libddo and the ddo tool, so the tool
+ * writes its messages and reads device specs the same way; not exported by libddo.
  */
 #include "base/common.h"
 
@@ -127,4 +127,30 @@ void ddo__format_real(double v, char *buf, size_t len)
         if (strtod(buf, NULL) == v)
             return;
     }
+}
+
+bool ddo__device_spec_parse(const char *spec, ddo__device_spec *out)
+{
+    if (spec == NULL)
+        return false;
+    bool cuda = strncmp(spec, "cuda", 4) == 0;
+    if (!cuda && strncmp(spec, "cpu", 3) != 0)
+        return false;
+    const char *p = spec + (cuda ? 4 : 3);
+    ddo__device_spec d = { cuda, *p == ':', 0 };
+    if (*p != '\0' && !d.numbered)
+        return false;
+    if (d.numbered) {
+        size_t n = strlen(++p);
+        if (n == 0 || n > 6)
+            return false;
+        for (size_t i = 0; i < n; i++) {
+            if (p[i] < '0' || p[i] > '9')
+                return false;
+            d.ordinal = d.ordinal * 10 + (p[i] - '0');
+        }
+    }
+    if (out != NULL)
+        *out = d;
+    return true;
 }

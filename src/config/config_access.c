@@ -16,6 +16,24 @@
 /* Set and get                                                               */
 /* ------------------------------------------------------------------------ */
 
+int ddo__config_store_top(ddo_config *cfg, const char *key, const char *text, const char *source)
+{
+    int id = ddo__config_find(key);
+    if (id < 0)
+        return ddo__fail(NULL, DDO_E_INTERNAL, "%s: unknown option %s", source, key);
+    return ddo__config_store(cfg, id, text, DDO__RANK_FLAG, source, key, false, false);
+}
+
+bool ddo__config_range(const char *key, double *lo, double *hi)
+{
+    int id = ddo__config_find(key);
+    if (id < 0)
+        return false;
+    *lo = ddo__optdescs[id].lo;
+    *hi = ddo__optdescs[id].hi;
+    return true;
+}
+
 static int lookup(const ddo_config *cfg, const char *key, const char *fn, int *id)
 {
     if (cfg == NULL || key == NULL)

@@ -3,13 +3,15 @@
  * descriptors, the ddo_config structure and the helpers its files
  * (config.c, config_text.c, config_access.c, config_validate.c, config_env.c,
  * config_args.c, presets.c, components.c, config_doc.c) use between them.
- * Other modules read values through ddo__config_options() in config.h only.
+ * Other modules read values through ddo__config_options() in config.h; the host layer also
+ * uses config_store.h.
  */
 #ifndef DDO_CONFIG_PRIV_H
 #define DDO_CONFIG_PRIV_H
 
 #include "base/common.h"
 #include "config/config.h"
+#include "config/config_store.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -142,7 +144,6 @@ int ddo__config_commit(ddo_config *cfg, ddo_config *c, int rc);
 void ddo__config_warn(ddo_config *cfg, const char *fmt, ...) DDO_PRINTF(2, 3);
 
 /* Text helpers. */
-bool ddo__config_env_bool(const char *s);              /* 1/true/yes/on, any case, trimmed */
 int ddo__config_strict_bool(const char *s, bool *out); /* also 0/false/no/off; -1 otherwise */
 char *ddo__config_trim_lower(const char *s);           /* new string */
 size_t ddo__edit_distance(const char *a, const char *b);
@@ -171,8 +172,6 @@ typedef struct ddo__preset_row {
  */
 int ddo__preset_resolve(ddo__errbuf *eb, const char *backend, const char *requested,
                         const char **effective);
-/* The value a preset gives a DDO_* variable, or NULL. */
-const char *ddo__preset_value(const char *preset, const char *var);
 size_t ddo__preset_row_count(void);
 const ddo__preset_row *ddo__preset_row_at(size_t i);
 size_t ddo__preset_name_count(void);

@@ -8,7 +8,6 @@
 #include "config/config_priv.h"
 #include "config/route.h"
 
-#include <ctype.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -19,19 +18,6 @@
 /* A text value quoted for a one-line message (into the caller's q), and its source. */
 #define QV(id) \
     (ddo__config_quote(cfg->text[DDO_OPT_ID_##id], q, sizeof(q)), q), cfg->source[DDO_OPT_ID_##id]
-
-static bool device_ok(const char *s)
-{
-    if (strcmp(s, "cpu") == 0 || strcmp(s, "cuda") == 0)
-        return true;
-    size_t k = strncmp(s, "cpu:", 4) == 0 ? 4 : 5; /* cpu:N emulates one GPU of a set */
-    if ((k == 5 && strncmp(s, "cuda:", 5) != 0) || s[k] == '\0' || strlen(s) > 12)
-        return false;
-    for (const char *p = s + k; *p != '\0'; p++)
-        if (!isdigit((unsigned char)*p))
-            return false;
-    return true;
-}
 
 static double num_value(const ddo_config *cfg, int id)
 {
@@ -122,15 +108,15 @@ static int check_route(ddo_config *cfg)
 {
     const ddo__options *o = &cfg->opt;
     char q[160];
-    if (!device_ok(o->execution_device))
+    if (!ddo__device_spec_parse(o->execution_device, NULL))
         return ddo__fail(&cfg->err, DDO_E_CONFIG,
-                         "execution_device=\"%s\" (%s): expected cpu, cuda or cuda:N",
+                         "execution_device=\"%s\" (%s): " DDO__DEVICE_SPEC_UNKNOWN,
                          QV(execution_device));
     for (size_t i = 0; i < o->devices.count; i++)
-        if (!device_ok(o->devices.items[i]))
+        if (!ddo__device_spec_parse(o->devices.items[i], NULL))
             return ddo__fail(&cfg->err, DDO_E_CONFIG,
-                             "devices=%s (%s): \"%s\" is not a device (cpu:N, cuda:N)", V(devices),
-                             o->devices.items[i]);
+                             "devices=%s (%s): \"%s\": " DDO__DEVICE_SPEC_UNKNOWN, V(devices),
+                             (ddo__config_quote(o->devices.items[i], q, sizeof(q)), q));
     if (o->devices.count > 0 && strcmp(cfg->source[DDO_OPT_ID_execution_device], "default") != 0 &&
         strcmp(o->execution_device, o->devices.items[0]) != 0)
         return ddo__fail(&cfg->err, DDO_E_CONFIG,

@@ -22,24 +22,6 @@
 
 /* ---- public device and stream ---- */
 
-/* "KIND" or "KIND:N" (N of 1 to 6 digits). */
-static bool is_kind_spec(const char *spec, const char *kind)
-{
-    size_t k = strlen(kind);
-    if (strcmp(spec, kind) == 0)
-        return true;
-    if (strncmp(spec, kind, k) != 0 || spec[k] != ':')
-        return false;
-    const char *d = spec + k + 1;
-    size_t n = strlen(d);
-    if (n == 0 || n > 6)
-        return false;
-    for (size_t i = 0; i < n; i++)
-        if (d[i] < '0' || d[i] > '9')
-            return false;
-    return true;
-}
-
 /* The caller's options (NULL, or a struct of any released size) as the devices read them: every
  * block present and whole. */
 typedef struct device_options {
@@ -77,19 +59,14 @@ int ddo_device_create(const char *spec, const ddo_device_options *opts, ddo_devi
     int rc = take_options(opts, &taken);
     if (rc != 0)
         return rc;
-    const ddo__device_ops *ops;
-    if (is_kind_spec(spec, "cpu")) {
-        ops = &ddo__device_cpu_ops;
-    } else if (is_kind_spec(spec, "cuda")) {
-        ops = ddo__device_cuda_ops;
-        if (ops == NULL)
-            return ddo__fail(NULL, DDO_E_NO_DEVICE,
-                             "device \"%s\": ddo was built without CUDA support", spec);
-    } else {
-        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
-                         "device \"%s\": unknown device (expected cpu, cpu:N, cuda or cuda:N)",
+    ddo__device_spec ds;
+    if (!ddo__device_spec_parse(spec, &ds))
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "device \"%s\": " DDO__DEVICE_SPEC_UNKNOWN,
                          spec);
-    }
+    const ddo__device_ops *ops = ds.cuda ? ddo__device_cuda_ops : &ddo__device_cpu_ops;
+    if (ops == NULL)
+        return ddo__fail(NULL, DDO_E_NO_DEVICE, "device \"%s\": ddo was built without CUDA support",
+                         spec);
 
     ddo_device *dev = ddo__calloc(1, sizeof(*dev));
     if (dev == NULL)

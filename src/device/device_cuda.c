@@ -42,24 +42,6 @@ static double mib(uint64_t bytes)
     return (double)bytes / (double)DDO_MIB;
 }
 
-/* "cuda" -> 0, "cuda:N" -> N; -1 when malformed. */
-static int parse_ordinal(const char *spec)
-{
-    if (spec == NULL || strncmp(spec, "cuda", 4) != 0)
-        return -1;
-    if (spec[4] == '\0')
-        return 0;
-    if (spec[4] != ':' || spec[5] < '0' || spec[5] > '9')
-        return -1;
-    long v = 0;
-    for (const char *p = spec + 5; *p != '\0'; p++) {
-        if (*p < '0' || *p > '9' || v > 1000000)
-            return -1;
-        v = v * 10 + (*p - '0');
-    }
-    return (int)v;
-}
-
 static void cuda_close(void *st)
 {
     cuda_dev *d = st;
@@ -159,10 +141,11 @@ static int query_limits(cuda_dev *d, const char *spec, ddo__errbuf *eb)
 
 static int cuda_open(const char *spec, const ddo_device_options *opts, void **st, ddo__errbuf *eb)
 {
-    int ordinal = parse_ordinal(spec);
-    if (ordinal < 0)
-        return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
-                         "execution_device \"%s\": expected cuda or cuda:N", spec ? spec : "");
+    ddo__device_spec ds;
+    if (!ddo__device_spec_parse(spec, &ds) || !ds.cuda)
+        return ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "device \"%s\": " DDO__DEVICE_SPEC_UNKNOWN,
+                         spec ? spec : "");
+    int ordinal = ds.ordinal;
     const char *path = ddo__cuda_driver_path(opts);
 
     cuda_dev *d = ddo__calloc(1, sizeof(*d));

@@ -3,7 +3,7 @@
  * phase helpers of the compatible API (Windows standby purge per named phase).
  */
 #include "base/common.h"
-#include "config/config_priv.h"
+#include "config/config_store.h"
 #include "os/sysinfo.h"
 
 #include <ctype.h>

@@ -13,7 +13,7 @@
  */
 #include "base/common.h"
 #include "config/config.h"
-#include "config/config_priv.h"
+#include "config/config_store.h"
 #include "os/file.h"
 #include "os/fs.h"
 #include "os/sys.h"
@@ -656,13 +656,10 @@ const char *ddo_profile_status_name(ddo_profile_status status)
  * upstream's prepare()); its source names the profile. */
 static int set_profile_value(ddo_config *cfg, const char *key, const char *text)
 {
-    int id = ddo__config_find(key);
-    if (id < 0)
-        return ddo__fail(NULL, DDO_E_INTERNAL, "profile: unknown option %s", key);
     const ddo__options *o = ddo__config_options(cfg);
     char source[160];
     snprintf(source, sizeof(source), "profile:%s", o->profile_name ? o->profile_name : "");
-    return ddo__config_store(cfg, id, text, DDO__RANK_FLAG, source, key, false, false);
+    return ddo__config_store_top(cfg, key, text, source);
 }
 
 static int set_gb(ddo_config *cfg, const char *key, double v)
@@ -700,8 +697,8 @@ static bool usable_budget(const ddo_profile *p, const char *dir, const char *con
         return false;
     }
     double x = json_is_number(j) ? json_number_value(j) : NAN;
-    int id = ddo__config_find("resident_module_budget_gb");
-    double hi = id >= 0 ? ddo__optdescs[id].hi : 1e9;
+    double lo = 0.0, hi = 1e9;
+    (void)ddo__config_range("resident_module_budget_gb", &lo, &hi);
     if (!isfinite(x) || x < 0.0 || x > hi) {
         if (isfinite(x))
             ddo__format_real(x, v, sizeof(v));

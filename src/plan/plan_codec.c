@@ -169,11 +169,17 @@ uint64_t ddo__plan_codec_area_estimate(const builder *b)
         ddo__sat_mul_u64(slots, ddo__round_up(max_status, AREA_ALIGN)));
 }
 
+/* True when the plan is for the cpu device: its inputs say so, or execution_device names it. */
+static bool plan_on_cpu(const builder *b)
+{
+    ddo__device_spec ds;
+    return b->in.device_is_cpu || (ddo__device_spec_parse(b->o->execution_device, &ds) && !ds.cuda);
+}
+
 /* True when the device the plan is for has a codec decoder. */
 static bool device_decodes(const builder *b, const char **why)
 {
-    const char *dev = b->o->execution_device != NULL ? b->o->execution_device : "";
-    if (b->in.device_is_cpu || strncmp(dev, "cpu", 3) == 0)
+    if (plan_on_cpu(b))
         return true; /* the cpu device runs the C reference decoder */
 #if DDO_HAVE_CODEC_PTX
     *why = "";
@@ -216,10 +222,7 @@ static double decode_rate(const builder *b)
     double rate = b->in.decode_bytes_per_s;
     if (rate > 0.0)
         return rate;
-    return b->in.device_is_cpu || (b->o->execution_device != NULL &&
-                                   strncmp(b->o->execution_device, "cpu", 3) == 0)
-               ? DDO_PLAN_CPU_DECODE_BYTES_PER_S
-               : DDO_PLAN_DECODE_BYTES_PER_S;
+    return plan_on_cpu(b) ? DDO_PLAN_CPU_DECODE_BYTES_PER_S : DDO_PLAN_DECODE_BYTES_PER_S;
 }
 
 /* A streamed unit's estimated coded bytes (0: nothing in it codes) and decoded bytes. */

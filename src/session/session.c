@@ -441,6 +441,8 @@ static int setup(ddo_session *s)
 
     if (s->slot_count > 0 && ddo__route_maps(s->route)) {
         rc = ddo__session_check_granularity(s);
+        if (rc == 0 && ddo__route_per_weight(s->route))
+            rc = ddo__session_pool_init(s);
         if (rc != 0)
             return rc;
     }

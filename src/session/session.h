@@ -8,11 +8,14 @@
  *   session_lease.c     acquire and release
  *   session_prefetch.c  execution order (declared or learned) and prefetch
  *   session_loader.c    the loader thread: one job per load, in ticket order
- *   session_transport.c how a tensor's bytes reach device memory (one table of
- *                       transports, session_transport.h), the staging windows
+ *   session_upload.c    the uploads of a unit and of the residents: the one table of
+ *                       transports (session_transport.h) and a tensor's row in it
+ *   session_transport.c how a tensor's bytes reach device memory: the plain transports,
+ *                       the upload loops, the staging windows
  *   session_codec.c     the coded transport (weight_codec) and its decode area
  *   session_vmm.c       VMM ranges and mappings, the vmm_runtime layout it executes
- *   session_pool.c      vmm_runtime's per-weight handles: the pool, bind, evict
+ *   session_pool.c      vmm_runtime's per-weight handles: the pool, bind, evict (it unmaps
+ *                       through session_vmm.c)
  *   session_views.c     addresses and DLPack views
  *   session_base.c      what they all use: failures with context, tensor names
  *
@@ -325,7 +328,7 @@ void ddo__session_wait_idle(ddo_session *s);
 /* Queues job for the loader (mu held); the ring has room for one job per slot. */
 void ddo__session_queue_job(ddo_session *s, const ddo__job *job);
 
-/* ---- session_transport.c ---- */
+/* ---- session_upload.c ---- */
 
 /* Issues the copies of every streamed tensor of job->unit to its place at dst (or its own
  * range, per weight); adds the bytes to *ubytes and sets *reread when one came from the
@@ -334,6 +337,9 @@ int ddo__session_upload_unit(ddo_session *s, const ddo__job *job, uint64_t dst, 
                              bool *reread, ddo__errbuf *eb);
 /* Uploads every resident tensor into the arena (synchronously). */
 int ddo__session_upload_residents(ddo_session *s);
+
+/* ---- session_transport.c ---- */
+
 /* The staging windows when the plan has them, else the bounce buffer. */
 int ddo__session_create_buffers(ddo_session *s);
 
@@ -350,7 +356,8 @@ void ddo__session_store_metrics(ddo_session *s, ddo__metrics_acc *m);
 
 /* ---- session_vmm.c ---- */
 
-/* Reads the device granularity; adopts the vmm_runtime layout or checks the slot size. */
+/* Reads the device granularity; adopts the vmm_runtime layout (the caller then sizes the
+ * handle pool, ddo__session_pool_init) or checks the slot size. */
 int ddo__session_check_granularity(ddo_session *s);
 /* Reserves one stable address range per streamed weight (vmm_runtime) or per streamed unit. */
 int ddo__session_reserve_ranges(ddo_session *s);
@@ -367,12 +374,11 @@ int ddo__session_unmap_unit(ddo_session *s, size_t unit);
 int ddo__session_drop_alias(ddo_session *s, size_t unit, ddo__errbuf *eb);
 /* Unmaps every alias of slot's handle (before the handle is released; mu held). */
 int ddo__session_drop_aliases(ddo_session *s, size_t slot);
-/* Frees unit's range if an idle slot other than `keep` still maps it (mu held). */
-int ddo__session_free_range(ddo_session *s, size_t unit, size_t keep);
 
 /* ---- session_pool.c (vmm_runtime) ---- */
 
-/* Sizes the pool for every handle the layout can have alive. */
+/* Sizes the pool for every handle the layout can have alive (setup, after the layout is
+ * adopted by ddo__session_check_granularity). */
 int ddo__session_pool_init(ddo_session *s);
 /* Releases every pooled handle (mu held or loader idle); *bytes released.
  * A handle whose release fails is dropped and its bytes stay accounted. First error. */

@@ -630,7 +630,7 @@ int ddo__transport_coded_file(ddo_session *s, const ddo__transport *t, const ddo
     if (rc != 0)
         return rc;
     if (raw) /* the checkpoint's raw bytes instead: never wrong weights */
-        return ddo__transport_staged(s, ddo__transport_get(DDO__TRANSPORT_FILE), up, eb);
+        return ddo__transport_staged(s, &ddo__transport_file, up, eb);
     ddo__metrics_add(&s->metrics, t->metric, (double)cp->coded_bytes);
     ddo__metrics_add(&s->metrics, DDO_M_copy_bytes, (double)cp->coded_bytes);
     ddo__metrics_add(&s->metrics, DDO_M_copies, 1);

@@ -5,7 +5,7 @@
  * where the handles must move and this thread waits), makes the slot's handle appear at the
  * unit's own virtual range (vmm_fast_runtime: mapped once and kept, see place_handle) or binds
  * every weight's own handle (vmm_runtime, session_pool.c), issues the copies on the copy stream
- * (session_transport.c) and records the upload event. acquire makes the host stream wait on that
+ * (session_upload.c) and records the upload event. acquire makes the host stream wait on that
  * event.
  */
 #include "session/session.h"

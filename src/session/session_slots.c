@@ -109,11 +109,41 @@ enum ddo__pick ddo__session_pick_slot(ddo_session *s, size_t unit, bool prefetch
     return unissued && !prefetch ? DDO__PICK_WAIT : DDO__PICK_NONE;
 }
 
+/* Frees unit's range from every idle slot other than keep that still maps it (mu held): the
+ * range is unmapped and, per weight, the unit's handles go back to the pool. */
+static int free_range(ddo_session *s, size_t unit, size_t keep)
+{
+    for (size_t k = 0; k < s->slot_count; k++) {
+        ddo__slot *o = &s->slots[k];
+        if (k == keep || o->mapped_unit != unit)
+            continue;
+        if (o->unsafe)
+            return ddo__fail(&s->err, DDO_E_UNSAFE,
+                             "unit \"%s\": its range is still mapped by slot %zu, left unsafe "
+                             "by a failed release",
+                             s->units[unit].name, k);
+        if (o->state == DDO__SLOT_LOADING && !o->issued)
+            continue; /* its queued job unmaps the range before this one maps it */
+        int rc = ddo__session_unmap_unit(s, unit);
+        if (rc != 0) {
+            ddo__slot_set_unsafe(s, o);
+            return ddo__session_fail_ctx(&s->err, rc, "unit \"%s\": unmapping slot %zu",
+                                         s->units[unit].name, k);
+        }
+        o->mapped_unit = DDO__NONE;
+        if (ddo__route_per_weight(s->route)) {
+            ddo__session_unbind_unit(s, unit);
+            o->backed = false;
+        }
+    }
+    return 0;
+}
+
 int ddo__session_start_load(ddo_session *s, size_t i, size_t unit, bool prefetch)
 {
     ddo__slot *sl = &s->slots[i];
     if (ddo__route_maps(s->route)) {
-        int rc = ddo__session_free_range(s, unit, i);
+        int rc = free_range(s, unit, i);
         if (rc != 0)
             return rc;
     }

@@ -1,10 +1,12 @@
 /*
  * session_transport.h - how a tensor's bytes get from where they are to device memory: the
- * one table of transports (session_transport.c) and what a transport may use. Each row names
+ * one table of transports (session_upload.c) and what a transport may use. Each row names
  * the bytes counter it feeds and its upload function; the staged ones share one loop over
  * pinned windows and differ in how they fill a window. A new transport (a compressed one
  * decoded on the device, say) is one file with its upload function and one row in the table,
- * plus its case where ddo__transport_for chooses. Internal; never installed.
+ * plus its case where ddo__transport_for chooses. The plain rows, the loops and the windows
+ * are session_transport.c's, below the coded rows (session_codec.c) that stage through them;
+ * the table is above both. Internal; never installed.
  *
  * Every upload issues its copies on the session's copy stream and returns without waiting
  * for them; the loader records the upload event after the unit's last tensor.
@@ -67,7 +69,14 @@ struct ddo__transport {
 int ddo__transport_store(ddo_session *s, const ddo__transport *t, const ddo__upload *up,
                          ddo__errbuf *eb);
 
-/* The table's row of id. */
+/* The plain rows (session_transport.c): the coded rows fall back to the file's. */
+extern const ddo__transport ddo__transport_registered;
+extern const ddo__transport ddo__transport_pageable;
+extern const ddo__transport ddo__transport_file;
+extern const ddo__transport ddo__transport_checkpoint;
+extern const ddo__transport ddo__transport_resident_registered;
+
+/* The table's row of id (session_upload.c). */
 const ddo__transport *ddo__transport_get(ddo__transport_id id);
 /* The transport of a streamed tensor: the store in donor mode, else registered, pageable (both
  * retained) or the file; *host receives where its retained bytes lie (NULL: not retained). */

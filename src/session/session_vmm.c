@@ -50,7 +50,7 @@ static int adopt_weight_layout(ddo_session *s)
         all = UINT64_MAX;
     /* The account: the mapped budget, or all slots' weights when that is less. */
     s->acc_device.limit = limit > 0 && limit < all ? limit : all;
-    return ddo__session_pool_init(s);
+    return 0;
 }
 
 int ddo__session_check_granularity(ddo_session *s)
@@ -300,34 +300,6 @@ int ddo__session_drop_aliases(ddo_session *s, size_t slot)
         int rc = ddo__session_drop_alias(s, u, &s->err);
         if (rc != 0)
             return rc;
-    }
-    return 0;
-}
-
-int ddo__session_free_range(ddo_session *s, size_t unit, size_t keep)
-{
-    for (size_t k = 0; k < s->slot_count; k++) {
-        ddo__slot *o = &s->slots[k];
-        if (k == keep || o->mapped_unit != unit)
-            continue;
-        if (o->unsafe)
-            return ddo__fail(&s->err, DDO_E_UNSAFE,
-                             "unit \"%s\": its range is still mapped by slot %zu, left unsafe "
-                             "by a failed release",
-                             s->units[unit].name, k);
-        if (o->state == DDO__SLOT_LOADING && !o->issued)
-            continue; /* its queued job unmaps the range before this one maps it */
-        int rc = ddo__session_unmap_unit(s, unit);
-        if (rc != 0) {
-            ddo__slot_set_unsafe(s, o);
-            return ddo__session_fail_ctx(&s->err, rc, "unit \"%s\": unmapping slot %zu",
-                                         s->units[unit].name, k);
-        }
-        o->mapped_unit = DDO__NONE;
-        if (ddo__route_per_weight(s->route)) {
-            ddo__session_unbind_unit(s, unit);
-            o->backed = false;
-        }
     }
     return 0;
 }

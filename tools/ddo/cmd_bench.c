@@ -27,6 +27,7 @@
 #include "compat.h"
 #include "host.h"
 #include "order.h"
+#include "os/thread.h"
 #include "synth.h"
 #include "tool.h"
 
@@ -34,7 +35,6 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,7 +101,7 @@ typedef struct trace {
     uint64_t t0;
     bool ok;
     /* The session's own events (uploads, maps, reclaims) arrive from its threads. */
-    pthread_mutex_t mu;
+    ddo__mutex mu;
     bool session_on;      /* only during the trace steps */
     const ddo_plan *plan; /* names the units of the session's events */
 } trace;
@@ -110,9 +110,9 @@ static void trace_add(trace *t, trace_ev e)
 {
     if (t == NULL)
         return;
-    pthread_mutex_lock(&t->mu);
+    ddo__mutex_lock(&t->mu);
     if (!t->ok) {
-        pthread_mutex_unlock(&t->mu);
+        ddo__mutex_unlock(&t->mu);
         return;
     }
     if (t->len == t->cap) {
@@ -120,7 +120,7 @@ static void trace_add(trace *t, trace_ev e)
         trace_ev *p = realloc(t->ev, cap * sizeof(*p));
         if (p == NULL) {
             t->ok = false;
-            pthread_mutex_unlock(&t->mu);
+            ddo__mutex_unlock(&t->mu);
             return;
         }
         t->ev = p;
@@ -130,7 +130,7 @@ static void trace_add(trace *t, trace_ev e)
     snprintf(e.text, sizeof(e.text), "%s", e.name != NULL ? e.name : "?");
     e.name = NULL;
     t->ev[t->len++] = e;
-    pthread_mutex_unlock(&t->mu);
+    ddo__mutex_unlock(&t->mu);
 }
 
 /* A span on track tid of the current case. */
@@ -168,10 +168,10 @@ static void session_trace_fn(void *user, const char *kind, size_t unit, uint64_t
 {
     trace *t = user;
     (void)bytes;
-    pthread_mutex_lock(&t->mu);
+    ddo__mutex_lock(&t->mu);
     bool on = t->session_on;
     const ddo_plan *plan = t->plan;
-    pthread_mutex_unlock(&t->mu);
+    ddo__mutex_unlock(&t->mu);
     if (!on || end_ns < begin_ns)
         return;
     ddo_unit_info ui;
@@ -651,9 +651,9 @@ static int traced_steps(bench *b, ddo_session *s, const exec_order *o, uint64_t 
         tr->marks = calloc(2 * o->count, sizeof(*tr->marks));
         tr->marks_cap = tr->marks != NULL ? 2 * o->count : 0;
     }
-    pthread_mutex_lock(&tr->mu);
+    ddo__mutex_lock(&tr->mu);
     tr->session_on = true;
-    pthread_mutex_unlock(&tr->mu);
+    ddo__mutex_unlock(&tr->mu);
     int rc = 0;
     for (uint64_t i = 0; i < trace_steps && rc == 0; i++) {
         if (tr->marks != NULL)
@@ -663,9 +663,9 @@ static int traced_steps(bench *b, ddo_session *s, const exec_order *o, uint64_t 
     /* Uploads still in flight report after the steps: wait, then stop listening. */
     if (rc == 0)
         rc = ddo_session_synchronize(s);
-    pthread_mutex_lock(&tr->mu);
+    ddo__mutex_lock(&tr->mu);
     tr->session_on = false;
-    pthread_mutex_unlock(&tr->mu);
+    ddo__mutex_unlock(&tr->mu);
     return rc;
 }
 
@@ -713,9 +713,9 @@ static int run_case(bench *b, ddo_config *cfg, uint64_t steps, uint64_t trace_st
     if (b->a->trace_path != NULL) {
         so.trace = session_trace_fn;
         so.trace_user = &b->tr;
-        pthread_mutex_lock(&b->tr.mu);
+        ddo__mutex_lock(&b->tr.mu);
         b->tr.plan = plan;
-        pthread_mutex_unlock(&b->tr.mu);
+        ddo__mutex_unlock(&b->tr.mu);
     }
     uint64_t t0 = tool_now_ns();
     rc = ddo_session_create(plan, b->ck, b->dev, &so, &s);
@@ -1351,7 +1351,7 @@ int ddo_cmd_bench(int argc, char **argv)
     memset(&b, 0, sizeof(b));
     b.a = &a;
     b.tr.ok = true;
-    pthread_mutex_init(&b.tr.mu, NULL);
+    ddo__mutex_init(&b.tr.mu);
     case_result *res = NULL;
     size_t nres = 0;
     char synth_path[4096] = "";
@@ -1439,7 +1439,7 @@ out:
     free(b.tr.pid_names);
     free(b.tr.ev);
     free(b.tr.marks);
-    pthread_mutex_destroy(&b.tr.mu);
+    ddo__mutex_destroy(&b.tr.mu);
     free(res);
     return status;
 }

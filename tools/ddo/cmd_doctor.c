@@ -110,7 +110,8 @@ static void probe_gpus(doctor *D, uint64_t measure_bytes, bool quiet)
     }
 }
 
-/* Splits "A,B,..." into D->set; -1 (with a message) for an empty name or too many. */
+/* Splits "A,B,..." into D->set; -1 (with a message) for an empty name, a name that is not a
+ * device spec, or too many. */
 static int parse_set(doctor *D, const char *list)
 {
     const char *p = list;
@@ -122,7 +123,14 @@ static int parse_set(doctor *D, const char *list)
             return -1;
         }
         memcpy(D->set[D->nset], p, n);
-        D->set[D->nset++][n] = '\0';
+        D->set[D->nset][n] = '\0';
+        if (!ddo__device_spec_parse(D->set[D->nset], NULL)) {
+            char q[64];
+            ddo__quote(D->set[D->nset], true, q, sizeof(q));
+            fprintf(stderr, "ddo doctor: --devices: \"%s\": " DDO__DEVICE_SPEC_UNKNOWN "\n", q);
+            return -1;
+        }
+        D->nset++;
         p += n + (p[n] == ',');
     }
     return D->nset >= 2 ? 0 : (fprintf(stderr, "ddo doctor: --devices: two or more\n"), -1);

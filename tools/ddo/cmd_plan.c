@@ -298,7 +298,8 @@ static int plan_setup(ddo_config *cfg, const plan_flags *f, ddo_setup **setup, d
     const char *spec = "cpu";
     if (ddo_config_get(cfg, "execution_device", &spec) != 0 || spec == NULL)
         spec = "cpu";
-    bool is_cpu = strncmp(spec, "cuda", 4) != 0;
+    ddo__device_spec ds;
+    bool is_cpu = !ddo__device_spec_parse(spec, &ds) || !ds.cuda;
     bool device = !is_cpu && f->device_gb < 0.0;
     ddo_setup_options so = DDO_SETUP_OPTIONS_INIT;
     so.device = DDO_DEVICE_CHOICE_EXACT;

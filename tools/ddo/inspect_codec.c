@@ -15,11 +15,11 @@
 #include "tool.h"
 
 #include "codec/codec.h"
+#include "os/thread.h"
 
 #include <ctype.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +36,7 @@ typedef struct ic_run {
     size_t n;
     bool verify;
     ic_tensor *res;
-    pthread_mutex_t mu;
+    ddo__mutex mu;
     size_t next;
     int rc;
     char err[512];
@@ -79,11 +79,11 @@ static int verify_one(ic_run *r, const ddo_tensor_info *t, ic_scratch *s, uint64
     if (memcmp(out, s->buf[0], (size_t)t->nbytes) != 0)
         return tool_fail(err, err_len, DDO_E_INTERNAL,
                          "codec: tensor %s: decoded bytes differ from the tensor's", t->name);
-    pthread_mutex_lock(&r->mu);
+    ddo__mutex_lock(&r->mu);
     r->decode_ns += dt;
     r->decoded += t->nbytes;
     r->verified++;
-    pthread_mutex_unlock(&r->mu);
+    ddo__mutex_unlock(&r->mu);
     return 0;
 }
 
@@ -119,19 +119,19 @@ static void *ic_worker(void *arg)
     memset(&s, 0, sizeof(s));
     char err[512];
     for (;;) {
-        pthread_mutex_lock(&r->mu);
+        ddo__mutex_lock(&r->mu);
         size_t i = r->rc == 0 ? r->next++ : r->n;
-        pthread_mutex_unlock(&r->mu);
+        ddo__mutex_unlock(&r->mu);
         if (i >= r->n)
             break;
         int rc = code_one(r, i, &s, err, sizeof err);
         if (rc != 0) {
-            pthread_mutex_lock(&r->mu);
+            ddo__mutex_lock(&r->mu);
             if (r->rc == 0) {
                 r->rc = rc;
                 snprintf(r->err, sizeof r->err, "%s", err);
             }
-            pthread_mutex_unlock(&r->mu);
+            ddo__mutex_unlock(&r->mu);
         }
     }
     for (int k = 0; k < 3; k++)
@@ -274,24 +274,24 @@ int ddo_tool_inspect_codec(const ddo_checkpoint *ck, unsigned threads, bool veri
     if ((size_t)threads > r.n)
         threads = r.n > 0 ? (unsigned)r.n : 1;
     r.res = calloc(r.n > 0 ? r.n : 1, sizeof(*r.res));
-    pthread_t *tid = calloc(threads, sizeof(*tid));
+    ddo__thread *tid = calloc(threads, sizeof(*tid));
     if (r.res == NULL || tid == NULL) {
         free(r.res);
         free(tid);
         fprintf(stderr, "ddo inspect: out of memory\n");
         return DDO_EXIT_FAILURE;
     }
-    pthread_mutex_init(&r.mu, NULL);
+    ddo__mutex_init(&r.mu);
     uint64_t t0 = tool_now_ns();
     unsigned started = 0;
-    while (started < threads && pthread_create(&tid[started], NULL, ic_worker, &r) == 0)
+    while (started < threads && ddo__thread_create(&tid[started], ic_worker, &r) == 0)
         started++;
     if (started == 0)
         ic_worker(&r);
     for (unsigned t = 0; t < started; t++)
-        pthread_join(tid[t], NULL);
+        ddo__thread_join(tid[t]);
     double secs = (double)(tool_now_ns() - t0) * 1e-9;
-    pthread_mutex_destroy(&r.mu);
+    ddo__mutex_destroy(&r.mu);
     free(tid);
     int rc = DDO_EXIT_OK;
     if (r.rc != 0) {

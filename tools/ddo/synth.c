@@ -9,6 +9,7 @@
 
 #include "cleanup.h"
 #include "gguf_write.h"
+#include "os/thread.h"
 #include "tool.h"
 
 #include "ddo.h"
@@ -17,7 +18,6 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -383,8 +383,8 @@ typedef struct synth_pipe {
     uint8_t **buf;
     uint64_t *done; /* per buffer: 1 + the piece it holds, filled */
     size_t nbuf;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
+    ddo__mutex mu;
+    ddo__cond cv;
     uint64_t next, written; /* the next piece to claim; the pieces written */
     bool stop;
     bool gaps; /* the tensors do not tile the data section */
@@ -422,21 +422,21 @@ static void fill_piece(const synth_pipe *sp, uint64_t p, uint8_t *dst)
 static void *synth_worker(void *arg)
 {
     synth_pipe *sp = arg;
-    pthread_mutex_lock(&sp->mu);
+    ddo__mutex_lock(&sp->mu);
     while (!sp->stop && sp->next < sp->pieces) {
         uint64_t p = sp->next;
         if (p >= sp->written + sp->nbuf) { /* its buffer still holds an unwritten piece */
-            pthread_cond_wait(&sp->cv, &sp->mu);
+            ddo__cond_wait(&sp->cv, &sp->mu);
             continue;
         }
         sp->next++;
-        pthread_mutex_unlock(&sp->mu);
+        ddo__mutex_unlock(&sp->mu);
         fill_piece(sp, p, sp->buf[p % sp->nbuf]);
-        pthread_mutex_lock(&sp->mu);
+        ddo__mutex_lock(&sp->mu);
         sp->done[p % sp->nbuf] = p + 1;
-        pthread_cond_broadcast(&sp->cv);
+        ddo__cond_broadcast(&sp->cv);
     }
-    pthread_mutex_unlock(&sp->mu);
+    ddo__mutex_unlock(&sp->mu);
     return NULL;
 }
 
@@ -445,18 +445,18 @@ static int synth_write_pieces(int fd, synth_pipe *sp)
 {
     for (uint64_t p = 0; p < sp->pieces; p++) {
         size_t slot = (size_t)(p % sp->nbuf);
-        pthread_mutex_lock(&sp->mu);
+        ddo__mutex_lock(&sp->mu);
         while (sp->done[slot] != p + 1)
-            pthread_cond_wait(&sp->cv, &sp->mu);
-        pthread_mutex_unlock(&sp->mu);
+            ddo__cond_wait(&sp->cv, &sp->mu);
+        ddo__mutex_unlock(&sp->mu);
         uint64_t left = sp->data_bytes - p * SYNTH_PIECE_BYTES;
         size_t len = left < SYNTH_PIECE_BYTES ? (size_t)left : SYNTH_PIECE_BYTES;
         int rc = write_all(fd, sp->buf[slot], len);
-        pthread_mutex_lock(&sp->mu);
+        ddo__mutex_lock(&sp->mu);
         sp->written = p + 1;
         sp->stop = rc != 0;
-        pthread_cond_broadcast(&sp->cv);
-        pthread_mutex_unlock(&sp->mu);
+        ddo__cond_broadcast(&sp->cv);
+        ddo__mutex_unlock(&sp->mu);
         if (rc != 0)
             return -1;
     }
@@ -479,29 +479,29 @@ static int write_values(int fd, const lt *ts, size_t n, uint64_t data_bytes, uin
     sp.nbuf = (size_t)threads + 2;
     sp.buf = calloc(sp.nbuf, sizeof(*sp.buf));
     sp.done = calloc(sp.nbuf, sizeof(*sp.done));
-    pthread_t *tid = calloc(threads, sizeof(*tid));
+    ddo__thread *tid = calloc(threads, sizeof(*tid));
     bool ok = sp.buf != NULL && sp.done != NULL && tid != NULL;
     for (size_t i = 0; ok && i < sp.nbuf; i++)
         ok = (sp.buf[i] = malloc(SYNTH_PIECE_BYTES)) != NULL;
     unsigned started = 0;
     int rc = -1, saved = ENOMEM;
     if (ok) {
-        pthread_mutex_init(&sp.mu, NULL);
-        pthread_cond_init(&sp.cv, NULL);
-        while (started < threads && pthread_create(&tid[started], NULL, synth_worker, &sp) == 0)
+        ddo__mutex_init(&sp.mu);
+        ddo__cond_init(&sp.cv);
+        while (started < threads && ddo__thread_create(&tid[started], synth_worker, &sp) == 0)
             started++;
         if (started > 0) { /* fewer workers than asked for give the same bytes */
             rc = synth_write_pieces(fd, &sp);
             saved = errno;
         }
-        pthread_mutex_lock(&sp.mu);
+        ddo__mutex_lock(&sp.mu);
         sp.stop = true;
-        pthread_cond_broadcast(&sp.cv);
-        pthread_mutex_unlock(&sp.mu);
+        ddo__cond_broadcast(&sp.cv);
+        ddo__mutex_unlock(&sp.mu);
         for (unsigned t = 0; t < started; t++)
-            pthread_join(tid[t], NULL);
-        pthread_cond_destroy(&sp.cv);
-        pthread_mutex_destroy(&sp.mu);
+            ddo__thread_join(tid[t]);
+        ddo__cond_destroy(&sp.cv);
+        ddo__mutex_destroy(&sp.mu);
     }
     for (size_t i = 0; sp.buf != NULL && i < sp.nbuf; i++)
         free(sp.buf[i]);
