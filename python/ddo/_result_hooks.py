@@ -257,6 +257,10 @@ class Hooks(Leases):
         Parameters themselves stay."""
         for pname, p in module._parameters.items():
             key = prefix + pname
+            if p is not None and _quant.is_wrapper(p) and key in state_dict and \
+                    state_dict[key] is not p:
+                state_dict[key] = self._wrapper_host(p, state_dict[key])
+                continue
             t = self._entry_of.get(id(p))
             if p is None or t is None or t.placement == _PLACEMENT_SKIPPED or \
                     state_dict.get(key) is p:
@@ -264,3 +268,23 @@ class Hooks(Leases):
             if key in state_dict:
                 state_dict[key] = _quant.detached_like(p, self._host_value(t))
         return state_dict
+
+    def _wrapper_host(self, p: torch.Tensor, shown: Any) -> Any:
+        """What an unmanaged module's state_dict() holds for wrapper p: a wrapper of its type
+        over the host values of its inner tensors (its __tensor_unflatten__ with the flatten
+        context), not over the placeholders or device views p's inner tensors show now. p
+        itself is not touched; a wrapper without __tensor_unflatten__ is left as torch gave it."""
+        unflatten = getattr(type(p), "__tensor_unflatten__", None)
+        inner: Dict[str, torch.Tensor] = {}
+        for suffix, _data, held in _quant.stored_parts(p):
+            t = self._entry_of.get(id(held))
+            if t is None or t.placement == _PLACEMENT_SKIPPED:
+                return shown
+            inner[suffix[1:]] = self._host_value(t)
+        if unflatten is None:
+            return shown
+        ctx = getattr(p, "__tensor_flatten__")()[1]
+        try:  # torch >= 2.1's signature, then the older one
+            return unflatten(inner, ctx, p.shape, p.stride())
+        except TypeError:
+            return unflatten(inner, ctx)
