@@ -11,9 +11,10 @@ Each case runs in a fresh process; the driver collects them, prints a table and 
   Case:    python3 bench/torch_flux.py --case resident --workdir /tmp/torch_flux
   Smoke:   python3 bench/torch_flux.py --all --tiny   (tiny Flux config; --toy: no Diffusers,
            a built-in Flux-like stand-in, also on --device cpu with torch 1.13)
-  Quantized (issue 27): --quant q8_0 | fp8 makes the blocks' linear layers quantized stand-ins
-           (bench/quant_layers.py: a GGUF-style Q8_0 Parameter subclass, or ComfyUI-style
-           scaled FP8), quantized on the GPU at build; every case then runs that model.
+  Quantized (issue 27): --quant q8_0 | q4_k | fp8 makes the blocks' linear layers quantized
+           stand-ins (bench/quant_layers.py: a GGUF-style Q8_0 or Q4_K Parameter subclass, or
+           ComfyUI-style scaled FP8), quantized on the GPU at build; every case then runs that
+           model.
 
 Per case: enable time, first and median step (torch.cuda.synchronize around each), the bus
 measured in the same process (a 4 GiB pinned host->device copy, after the RSS peak is read),
@@ -937,9 +938,10 @@ def parse_args(argv=None):
     p.add_argument("--text-tokens", type=int, default=512)
     p.add_argument("--tiny", action="store_true", help="tiny Flux configuration (smoke test)")
     p.add_argument("--toy", action="store_true", help="built-in Flux-like module, no Diffusers")
-    p.add_argument("--quant", choices=("none", "q8_0", "fp8"), default="none",
+    p.add_argument("--quant", choices=("none", "q8_0", "q4_k", "fp8"), default="none",
                    help="the blocks' linear layers as quantized stand-ins (bench/quant_layers.py: "
-                        "GGUF-style Q8_0 or ComfyUI-style scaled FP8), streamed as stored")
+                        "GGUF-style Q8_0 or Q4_K, or ComfyUI-style scaled FP8), streamed as "
+                        "stored")
     p.add_argument("--deadline-s", type=float, default=510.0,
                    help="driver: global deadline for all cases (default 8.5 min)")
     p.add_argument("--case-timeout-s", type=float, default=300.0, help="driver: one case's limit")
