@@ -322,3 +322,35 @@ def test_routing_keeps_streamable_wrappers(without_diffusers):
     assert routing.detect_quantized_backend_modules(m) == {}
     pol, _cfg, _st = routing.resolve_route(m, execution_device="cpu")
     assert pol["route"] == "dynamic_offload", pol
+
+
+def test_component_ownership_refuses_wrappers():
+    """vmm_component_tensor_ownership takes each Parameter as one tensor: a wrapper is
+    refused there with one line (it streams on the default ownership)."""
+    m = WrapNet(seed=9)
+    own = dict(ZERO_RESIDENT, backend="vmm", vmm_component_tensor_ownership=True)
+    with pytest.raises(ddo.DdoError, match=r"ownership.*blocks\.0\.a\.weight is a "
+                       r"StandInFloat8WeightOnly, a wrapper tensor subclass") as e:
+        ddo.enable_offload(m, component="transformer", route="dynamic", environ={}, **own)
+    assert "\n" not in str(e.value) and not hasattr(m, "_ddo_offload")
+    x = torch.randn(1, 4, 64, generator=torch.Generator().manual_seed(10))
+    r = ddo.enable_offload(m, component="transformer", route="dynamic", environ={},
+                           **dict(own, vmm_component_tensor_ownership=False))
+    try:  # the default ownership streams it
+        assert any(t.name == "blocks.0.a.weight:qdata" for t in r._tensors)
+        steps(r.module, x, 1)
+    finally:
+        r.close()
+
+
+def test_one_session_per_tree_counts_wrappers():
+    """A wrapper's inner tensors are what a session registers: a second enable_offload on a
+    parent of a managed module names the wrapper parameter."""
+    m = WrapNet(seed=11)
+    r = ddo.enable_offload(m.blocks[0], **ZERO_RESIDENT)
+    try:
+        with pytest.raises(ddo.DdoError, match=r"parameter blocks\.0\.a\.weight is already "
+                           r"managed by ddo"):
+            ddo.enable_offload(m, **ZERO_RESIDENT)
+    finally:
+        r.close()
