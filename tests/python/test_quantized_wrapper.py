@@ -354,3 +354,49 @@ def test_one_session_per_tree_counts_wrappers():
             ddo.enable_offload(m, **ZERO_RESIDENT)
     finally:
         r.close()
+
+
+class WLin(nn.Module):
+    """A linear layer over the stand-in's weight computing in float32 (the LoRA model's
+    activations are bf16), with the in/out features PEFT's layers read."""
+
+    def __init__(self, n_in, n_out, g):
+        super().__init__()
+        self.in_features, self.out_features = n_in, n_out
+        self.weight = quantize(torch.randn(n_out, n_in, generator=g) * 0.05, torch.uint8)
+
+    def forward(self, x):
+        return F.linear(x.float(), self.weight).to(x.dtype)
+
+
+def test_lora_over_a_wrapper_weight():
+    """An unmerged LoRA over a wrapper layer works while streaming (applied after the layer's
+    own dequantization), bit-identical to the unmanaged model; fusing it is refused by name
+    (ddo does not dequantize, merge and requantize), nothing merged."""
+    from test_lora import DIM, StandInDiffusersModel
+
+    def build():
+        torch.manual_seed(3)
+        m = StandInDiffusersModel()
+        g = torch.Generator().manual_seed(4)
+        for b in m.blocks:
+            b.up, b.down = WLin(DIM, 2 * DIM, g), WLin(2 * DIM, DIM, g)
+        return m
+
+    ref, m = build(), build()
+    x = torch.randn(2, 3, DIM).to(torch.bfloat16)
+    r = ddo.enable_offload(m, backend="vmm", **ZERO_RESIDENT)
+    try:
+        for mm in (ref, r.module):
+            mm.load_lora_adapter("a", 1)
+        assert torch.equal(steps(r.module, x, 1)[0], steps(ref, x, 1)[0])
+        with pytest.raises(ddo.DdoError, match=r"blocks\.0\.up: a StandInLoraLinear LoRA layer "
+                           r"over a StandInFloat8WeightOnly weight \(a wrapper tensor subclass"
+                           r", stored quantized") as e:
+            r.module.fuse_lora()
+        assert "\n" not in str(e.value)
+        assert all(not layer.merged_adapters for layer in r.module._layers())
+        assert torch.equal(steps(r.module, x, 1)[0], steps(ref, x, 1)[0])
+    finally:
+        r.close()
+    assert torch.equal(steps(m, x, 1)[0], steps(ref, x, 1)[0])
