@@ -42,6 +42,7 @@ _ROUTE_HINT = ("use the compatibility route (route='diffusers_group_offload' or 
 # manager class: bound once through getattr, typed here.
 _no_torch_function: Callable[[], ContextManager[None]] = getattr(torch._C, "DisableTorchFunction")
 _P = TypeVar("_P", bound=torch.nn.Parameter)
+_MAX_NESTING = 4  # inner wrappers inside a wrapper, at most (TorchAO's: 1)
 
 
 def is_param_subclass(p: torch.Tensor) -> bool:
@@ -116,28 +117,59 @@ def wrapper_inner(p: torch.Tensor) -> Tuple[List[Tuple[str, torch.Tensor]], str]
             return [], f"its __tensor_flatten__() names {attr!r}, not an attribute name"
         if not isinstance(t, torch.Tensor):
             return [], f"its inner attribute {attr} is not a tensor"
-        if any(u is t for _a, u in out):
-            return [], f"its inner attribute {attr} is the same tensor as another"
         out.append((attr, t))
+    return out, ""
+
+
+def _nested(t: torch.Tensor) -> bool:
+    """Inner tensor t is itself a wrapper (TorchAO's AffineQuantizedTensor holds its data and
+    scales in a tensor_impl wrapper)."""
+    return type(t) is not torch.Tensor and is_wrapper(t)
+
+
+def wrapper_leaves(p: torch.Tensor, path: str = "", depth: int = 0
+                   ) -> Tuple[List[Tuple[str, torch.Tensor]], str]:
+    """([(path, plain inner tensor)], "") of wrapper p, through inner wrappers (the path joins
+    the attribute names with ':', "tensor_impl:float8_data"), or ([], why not)."""
+    inner, why = wrapper_inner(p)
+    if why:
+        return [], (f"its inner tensor {path} (a {type(p).__name__}): {why[4:]}" if path
+                    else why)
+    out: List[Tuple[str, torch.Tensor]] = []
+    for attr, t in inner:
+        sub = f"{path}:{attr}" if path else attr
+        if not _nested(t):
+            out.append((sub, t))
+            continue
+        if depth >= _MAX_NESTING:
+            return [], f"its inner tensor {sub} nests wrappers more than {_MAX_NESTING} deep"
+        got, why = wrapper_leaves(t, sub, depth + 1)
+        if why:
+            return [], why
+        out.extend(got)
+    for i, (sub, t) in enumerate(out):
+        if any(u is t for _s, u in out[:i]):
+            return [], f"its inner tensor {sub} is the same tensor as another"
     return out, ""
 
 
 def _wrapper_refusal(name: str, p: torch.Tensor, to_ddo: Dict[torch.dtype, int]
                      ) -> Optional[str]:
-    """refusal() of wrapper p: None when each inner tensor is a plain dense contiguous tensor
-    of a ddo dtype (ddo rebinds it in place); else one line naming the first that is not."""
+    """refusal() of wrapper p: None when each inner tensor (through inner wrappers) is a plain
+    dense contiguous tensor of a ddo dtype (ddo rebinds it in place); else one line naming the
+    first that is not."""
     kind = type(p).__name__
-    inner, why = wrapper_inner(p)
-    for attr, t in inner:
+    leaves, why = wrapper_leaves(p)
+    for sub, t in leaves:
         if type(t) is not torch.Tensor:
-            why = (f"its inner tensor {attr} is a {type(t).__name__}, itself a subclass (ddo "
-                   f"rebinds plain inner tensors only)")
+            why = (f"its inner tensor {sub} is a {type(t).__name__}, itself a subclass without "
+                   f"the flatten protocol (ddo rebinds plain inner tensors only)")
         elif t.is_sparse or t.layout != torch.strided:
-            why = f"its inner tensor {attr} is a {t.layout} tensor (ddo moves dense bytes)"
+            why = f"its inner tensor {sub} is a {t.layout} tensor (ddo moves dense bytes)"
         elif t.is_quantized or t.dtype not in to_ddo:
-            why = f"its inner tensor {attr} has dtype {t.dtype}, which ddo cannot move as bytes"
+            why = f"its inner tensor {sub} has dtype {t.dtype}, which ddo cannot move as bytes"
         elif not t.is_contiguous():
-            why = (f"its inner tensor {attr} is not contiguous (ddo moves whole contiguous "
+            why = (f"its inner tensor {sub} is not contiguous (ddo moves whole contiguous "
                    f"tensors)")
         if why:
             break
@@ -151,11 +183,35 @@ def _wrapper_refusal(name: str, p: torch.Tensor, to_ddo: Dict[torch.dtype, int]
 def stored_parts(p: torch.Tensor) -> List[Tuple[str, torch.Tensor, torch.Tensor]]:
     """[(name suffix, the plain tensor ddo stores, the tensor whose .data ddo rebinds)] of a
     parameter that refusal() passed: ("", its data, p itself) for a Parameter (a subclass
-    over a plain tensor included); (":" + attribute, inner, inner) for each inner tensor of a
-    wrapper (the suffix keeps the layer's module name: ddo's units are named by module)."""
+    over a plain tensor included); (":" + path, inner, inner) for each plain inner tensor of a
+    wrapper, through inner wrappers (the suffix keeps the layer's module name: ddo's units are
+    named by module)."""
     if is_wrapper(p):  # (t.data: an alias of its own, which the rebinding of t leaves be)
-        return [(":" + attr, t.data, t) for attr, t in wrapper_inner(p)[0]]
+        return [(":" + sub, t.data, t) for sub, t in wrapper_leaves(p)[0]]
     return [("", plain_data(p), p)]
+
+
+def rebuilt_wrapper(w: torch.Tensor, value_of: Callable[[torch.Tensor], Optional[torch.Tensor]]
+                    ) -> Optional[torch.Tensor]:
+    """A new wrapper of w's type (its __tensor_unflatten__ with its flatten context, through
+    inner wrappers) over value_of(each plain inner tensor), or None where a type has no
+    __tensor_unflatten__ or value_of gives None. w itself is not touched."""
+    unflatten = getattr(type(w), "__tensor_unflatten__", None)
+    if unflatten is None:
+        return None
+    names, ctx = getattr(w, "__tensor_flatten__")()
+    inner: Dict[str, torch.Tensor] = {}
+    for attr in names:
+        t = getattr(w, attr)
+        v = rebuilt_wrapper(t, value_of) if _nested(t) else value_of(t)
+        if v is None:
+            return None
+        inner[attr] = v
+    try:  # torch >= 2.1's signature (outer size and stride), then the older one
+        out: torch.Tensor = unflatten(inner, ctx, w.shape, w.stride())
+    except TypeError:
+        out = unflatten(inner, ctx)
+    return out
 
 
 def _held_tensors(p: torch.Tensor) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 import re
 import threading
-from typing import Any, Callable, Dict, List, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 
@@ -271,20 +271,13 @@ class Hooks(Leases):
 
     def _wrapper_host(self, p: torch.Tensor, shown: Any) -> Any:
         """What an unmanaged module's state_dict() holds for wrapper p: a wrapper of its type
-        over the host values of its inner tensors (its __tensor_unflatten__ with the flatten
-        context), not over the placeholders or device views p's inner tensors show now. p
-        itself is not touched; a wrapper without __tensor_unflatten__ is left as torch gave it."""
-        unflatten = getattr(type(p), "__tensor_unflatten__", None)
-        inner: Dict[str, torch.Tensor] = {}
-        for suffix, _data, held in _quant.stored_parts(p):
-            t = self._entry_of.get(id(held))
+        over the host values of its inner tensors (_quant.rebuilt_wrapper), not over the
+        placeholders or device views p's inner tensors show now. p itself is not touched; a
+        wrapper without __tensor_unflatten__ is left as torch gave it."""
+        def host_of(inner: torch.Tensor) -> Optional[torch.Tensor]:
+            t = self._entry_of.get(id(inner))
             if t is None or t.placement == _PLACEMENT_SKIPPED:
-                return shown
-            inner[suffix[1:]] = self._host_value(t)
-        if unflatten is None:
-            return shown
-        ctx = getattr(p, "__tensor_flatten__")()[1]
-        try:  # torch >= 2.1's signature, then the older one
-            return unflatten(inner, ctx, p.shape, p.stride())
-        except TypeError:
-            return unflatten(inner, ctx)
+                return None
+            return self._host_value(t)
+        out = _quant.rebuilt_wrapper(p, host_of)
+        return shown if out is None else out

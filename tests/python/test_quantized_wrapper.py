@@ -54,53 +54,105 @@ class StandInFloat8WeightOnly(torch.Tensor):
         w = E4M3[q.long()] if q.dtype == torch.uint8 else q.to(torch.float32)
         return (w * self.scale[:, None]).to(self.dtype)
 
+    def detached(self):
+        """aten.detach (nn.Parameter(...) calls it): a wrapper over detached inner aliases."""
+        return type(self)(self.qdata.detach(), self.scale.detach(), self.dtype)
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.linear and isinstance(args[1], cls):  # weight-only: dequantize, then linear
-            bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            return F.linear(args[0], args[1].dequantize(), bias)
-        with torch._C.DisableTorchFunction():
-            return func(*args, **kwargs)
+        return weight_only_function(cls, func, args, kwargs or {})
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.ops.aten.detach.default:  # nn.Parameter(...): detached inner aliases
-            s = args[0]
-            out = cls(s.qdata.detach(), s.scale.detach(), s.dtype)
-            out.recipe = s.recipe
-            return out
-        if func in (torch.ops.aten.t.default, torch.ops.aten.mm.default,
-                    torch.ops.aten.addmm.default, torch.ops.aten.matmul.default):
-            return func(*tree_map(lambda a: a.dequantize() if isinstance(a, cls) else a, args),
-                        **kwargs)
-        raise NotImplementedError(f"StandInFloat8WeightOnly: {func}")
+        return weight_only_dispatch(cls, func, args, kwargs or {})
 
 
-def quantize(w, qdtype):
-    """float [out, in] -> a wrapper Parameter: a scale per row into E4M3's range (448)."""
+def weight_only_function(cls, func, args, kwargs):
+    """TorchAO's weight-only F.linear: the weight dequantized, then a plain linear."""
+    if func is F.linear and isinstance(args[1], cls):
+        bias = args[2] if len(args) > 2 else kwargs.get("bias")
+        return F.linear(args[0], args[1].dequantize(), bias)
+    with torch._C.DisableTorchFunction():
+        return func(*args, **kwargs)
+
+
+def weight_only_dispatch(cls, func, args, kwargs):
+    if func is torch.ops.aten.detach.default:
+        out = args[0].detached()
+        out.recipe = args[0].recipe
+        return out
+    if func in (torch.ops.aten.t.default, torch.ops.aten.mm.default,
+                torch.ops.aten.addmm.default, torch.ops.aten.matmul.default):
+        return func(*tree_map(lambda a: a.dequantize() if isinstance(a, cls) else a, args),
+                    **kwargs)
+    raise NotImplementedError(f"{cls.__name__}: {func}")
+
+
+class StandInAffineQuantized(torch.Tensor):
+    """STAND-IN for TorchAO's AffineQuantizedTensor (its float8 weight-only form): the data
+    and scale live in an inner wrapper, ``tensor_impl`` (the flat stand-in above plays AQT's
+    Float8AQTTensorImpl), flattened as ["tensor_impl"] with a context of attributes."""
+
+    @staticmethod
+    def __new__(cls, tensor_impl, dtype=torch.float32):
+        return torch.Tensor._make_wrapper_subclass(cls, tensor_impl.shape, dtype=dtype,
+                                                   device=tensor_impl.device,
+                                                   requires_grad=False)
+
+    def __init__(self, tensor_impl, dtype=torch.float32):
+        self.tensor_impl = tensor_impl
+        self.recipe = "affine_quantized"
+
+    def __repr__(self):
+        return f"StandInAffineQuantized(shape={tuple(self.shape)})"
+
+    def __tensor_flatten__(self):
+        return ["tensor_impl"], [self.shape, self.dtype]
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, outer_size=None, outer_stride=None):
+        return cls(inner["tensor_impl"], ctx[1])
+
+    def dequantize(self):
+        return self.tensor_impl.dequantize().to(self.dtype)
+
+    def detached(self):
+        return type(self)(self.tensor_impl.detach(), self.dtype)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return weight_only_function(cls, func, args, kwargs or {})
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return weight_only_dispatch(cls, func, args, kwargs or {})
+
+
+def quantize(w, qdtype, nested=False):
+    """float [out, in] -> a wrapper Parameter: a scale per row into E4M3's range (448);
+    nested: the AffineQuantizedTensor stand-in over the flat one."""
     scale = (w.abs().amax(dim=1) / 448).clamp_min(1e-12)
     code = e4m3_encode(w / scale[:, None])
     qdata = code if qdtype == torch.uint8 else code.view(qdtype)
-    return nn.Parameter(StandInFloat8WeightOnly(qdata, scale.float()), requires_grad=False)
+    t = StandInFloat8WeightOnly(qdata, scale.float())
+    return nn.Parameter(StandInAffineQuantized(t) if nested else t, requires_grad=False)
 
 
 class TLinear(nn.Linear):
     """nn.Linear whose weight is swapped for the stand-in (TorchAO's quantize_ does that)."""
 
-    def __init__(self, n_in, n_out, g, qdtype):
+    def __init__(self, n_in, n_out, g, qdtype, nested=False):
         super().__init__(n_in, n_out)
-        self.weight = quantize(torch.randn(n_out, n_in, generator=g) * 0.05, qdtype)
+        self.weight = quantize(torch.randn(n_out, n_in, generator=g) * 0.05, qdtype, nested)
         self.bias = nn.Parameter(torch.randn(n_out, generator=g) * 0.01, requires_grad=False)
 
 
 class MMLinear(nn.Module):
     """Reads its wrapper weight through aten.t and aten.mm (no F.linear)."""
 
-    def __init__(self, n_in, n_out, g, qdtype):
+    def __init__(self, n_in, n_out, g, qdtype, nested=False):
         super().__init__()
-        self.weight = quantize(torch.randn(n_out, n_in, generator=g) * 0.05, qdtype)
+        self.weight = quantize(torch.randn(n_out, n_in, generator=g) * 0.05, qdtype, nested)
 
     def forward(self, x):
         return torch.mm(x.reshape(-1, x.shape[-1]), self.weight.t()).reshape(
@@ -108,21 +160,21 @@ class MMLinear(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, dim, g, qdtype):
+    def __init__(self, dim, g, qdtype, nested):
         super().__init__()
-        self.a = TLinear(dim, 2 * dim, g, qdtype)
-        self.b = MMLinear(2 * dim, dim, g, qdtype)
+        self.a = TLinear(dim, 2 * dim, g, qdtype, nested)
+        self.b = MMLinear(2 * dim, dim, g, qdtype, nested)
 
     def forward(self, x):
         return x + self.b(torch.relu(self.a(x)))
 
 
 class WrapNet(nn.Module):
-    def __init__(self, dim=64, depth=4, seed=0, qdtype=torch.uint8):
+    def __init__(self, dim=64, depth=4, seed=0, qdtype=torch.uint8, nested=False):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
         self.embed = nn.Linear(dim, dim)
-        self.blocks = nn.ModuleList([Block(dim, g, qdtype) for _ in range(depth)])
+        self.blocks = nn.ModuleList([Block(dim, g, qdtype, nested) for _ in range(depth)])
         self.out = nn.Linear(dim, dim)
 
     def forward(self, x):
@@ -132,18 +184,33 @@ class WrapNet(nn.Module):
         return self.out(x)
 
 
+WRAPPERS = (StandInFloat8WeightOnly, StandInAffineQuantized)
+
+
 def wrappers(m):
-    return {n: p for n, p in m.named_parameters() if isinstance(p, StandInFloat8WeightOnly)}
+    return {n: p for n, p in m.named_parameters() if isinstance(p, WRAPPERS)}
+
+
+def leaves(p):
+    """[(path, plain inner tensor)] of a stand-in wrapper, as ddo names them."""
+    if isinstance(p, StandInAffineQuantized):
+        return [("tensor_impl:" + a, t) for a, t in leaves(p.tensor_impl)]
+    return [("qdata", p.qdata), ("scale", p.scale)]
+
+
+def objects(p):
+    """The wrapper, its type and attributes, its inner wrapper and inner tensor objects."""
+    return (p, type(p), p.recipe, getattr(p, "tensor_impl", None),
+            tuple(t for _a, t in leaves(p)))
 
 
 def snapshot(m):
-    """Each wrapper Parameter: the object, its inner tensor objects and its attributes."""
-    return {n: (p, p.qdata, p.scale, p.recipe, type(p)) for n, p in wrappers(m).items()}
+    return {n: objects(p) for n, p in wrappers(m).items()}
 
 
 def same_objects(m, before):
     for n, p in wrappers(m).items():
-        assert (p, p.qdata, p.scale, p.recipe, type(p)) == before[n], n
+        assert objects(p) == before[n], n
     assert set(wrappers(m)) == set(before)
 
 
@@ -165,28 +232,29 @@ def test_stand_in_dequantizes_on_both_paths():
     assert type(lin.weight) is StandInFloat8WeightOnly and lin.weight.recipe
 
 
+@pytest.mark.parametrize("nested", [False, True], ids=["flat", "nested"])
 @pytest.mark.parametrize("qdtype", QDTYPES, ids=str)
 @pytest.mark.parametrize("backend,opts", ROUTES)
-def test_wrapper_bit_identical_and_stored_bytes_every_route(backend, opts, qdtype):
-    m = WrapNet(seed=1, qdtype=qdtype)
+def test_wrapper_bit_identical_and_stored_bytes_every_route(backend, opts, qdtype, nested):
+    m = WrapNet(seed=1, qdtype=qdtype, nested=nested)
     x = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(2))
     ref = steps(m, x)
     before = snapshot(m)
     inner = {}  # ddo's name of every stored tensor -> its bytes as the module holds them
     for n, p in m.named_parameters():
-        if isinstance(p, StandInFloat8WeightOnly):
-            for attr in ("qdata", "scale"):
-                t = getattr(p, attr)
-                inner[f"{n}:{attr}"] = t.numel() * t.element_size()
+        if isinstance(p, WRAPPERS):
+            for path, t in leaves(p):
+                inner[f"{n}:{path}"] = t.numel() * t.element_size()
         else:
             inner[n] = p.numel() * p.element_size()
     r = ddo.enable_offload(m, backend=backend, **opts)
     try:
         names = {t.name: t for t in r._tensors}
         assert set(names) == set(inner), sorted(set(names) ^ set(inner))
+        pre = ":tensor_impl" if nested else ""
         for n in wrappers(m):  # the data and its scale travel in the layer's unit
-            assert names[n + ":qdata"].unit == names[n + ":scale"].unit
-            assert names[n + ":qdata"].dtype_name in ("U8", "F8_E4M3")
+            assert names[f"{n}{pre}:qdata"].unit == names[f"{n}{pre}:scale"].unit
+            assert names[f"{n}{pre}:qdata"].dtype_name in ("U8", "F8_E4M3")
         resident_units = {i for i, u in enumerate(r.plan["units"]) if u.get("resident")}
         streamed = [t for t in r._tensors if t.placement == 1 and t.unit not in resident_units]
         assert any(t.name.endswith(":qdata") for t in streamed)
@@ -210,7 +278,7 @@ def test_wrapper_bit_identical_and_stored_bytes_every_route(backend, opts, qdtyp
         same_objects(m, before)
         # Between forwards a streamed unit's inner tensors show the empty placeholder (the
         # wrapper itself is untouched); a unit still leased shows its whole bytes.
-        shown = [p.qdata.numel() for p in wrappers(m).values()]
+        shown = [leaves(p)[0][1].numel() for p in wrappers(m).values()]
         assert all(k in (0, p.numel()) for k, p in zip(shown, wrappers(m).values()))
         assert 0 in shown or resident_units
         r.unload()
@@ -222,15 +290,16 @@ def test_wrapper_bit_identical_and_stored_bytes_every_route(backend, opts, qdtyp
     assert r.device_bytes_after_close == 0
     same_objects(m, before)
     for n, p in wrappers(m).items():  # the host bytes are back in the very inner tensors
-        assert p.qdata.shape == p.shape and p.scale.shape == (p.shape[0],)
+        (_a, q), (_b, sc) = leaves(p)
+        assert q.shape == p.shape and sc.shape == (p.shape[0],)
     assert torch.equal(steps(m, x, 1)[0], ref[0])  # unmanaged again, same values
 
 
-def test_wrapper_state_dict_holds_the_host_values():
-    m = WrapNet(seed=4)
+@pytest.mark.parametrize("nested", [False, True], ids=["flat", "nested"])
+def test_wrapper_state_dict_holds_the_host_values(nested):
+    m = WrapNet(seed=4, nested=nested)
     x = torch.randn(1, 4, 64, generator=torch.Generator().manual_seed(5))
-    ref_sd = {k: StandInFloat8WeightOnly(v.qdata.clone(), v.scale.clone())
-              if isinstance(v, StandInFloat8WeightOnly) else v.clone()
+    ref_sd = {k: [t.clone() for _a, t in leaves(v)] if isinstance(v, WRAPPERS) else v.clone()
               for k, v in m.state_dict().items()}
     before = snapshot(m)
     r = ddo.enable_offload(m, backend="vmm", **ZERO_RESIDENT)
@@ -238,13 +307,17 @@ def test_wrapper_state_dict_holds_the_host_values():
         steps(r.module, x, 2)
         sd = r.module.state_dict()
         for k, v in ref_sd.items():
-            assert type(sd[k]) is type(v), k
-            if isinstance(v, StandInFloat8WeightOnly):
-                assert torch.equal(sd[k].qdata.view(torch.uint8), v.qdata.view(torch.uint8)), k
-                assert torch.equal(sd[k].scale, v.scale), k
-                assert sd[k].recipe == "float8_weight_only"
+            if isinstance(sd[k], WRAPPERS):  # a wrapper of the type, over the host values
+                live = r.module.get_parameter(k)
+                assert type(sd[k]) is live.__class__ and sd[k] is not live, k
+                got = [t for _a, t in leaves(sd[k])]
+                assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+                           for a, b in zip(got[:1], v[:1])), k
+                assert torch.equal(got[1], v[1]), k
+                assert sd[k].recipe == ("affine_quantized" if nested else "float8_weight_only")
             else:
-                assert torch.equal(sd[k], v), k
+                assert type(v) is torch.Tensor and torch.equal(sd[k], v), k
+        assert any(isinstance(v, WRAPPERS) for v in sd.values())
         same_objects(m, before)
         # keep_vars: the wrapper Parameters themselves
         kept = r.module.state_dict(keep_vars=True)
@@ -271,12 +344,12 @@ def wrapped_linear(make):
 
 
 def refused(lin, match):
-    before = (lin.weight, lin.weight.qdata, lin.weight.scale)
+    before = objects(lin.weight)
     with pytest.raises(ddo.DdoError, match=match) as e:
         ddo.enable_offload(lin, **ZERO_RESIDENT)
     assert "\n" not in str(e.value)
     assert not hasattr(lin, "_ddo_offload")
-    assert (lin.weight, lin.weight.qdata, lin.weight.scale) == before
+    assert objects(lin.weight) == before
 
 
 def test_wrappers_ddo_cannot_rebind_are_named():
@@ -314,6 +387,22 @@ def test_wrappers_ddo_cannot_rebind_are_named():
 
     refused(wrapped_linear(lambda: Missing(code, row)),
             r"inner attribute zero_point is not a tensor")
+    # inside an inner wrapper (AffineQuantizedTensor's tensor_impl): named by its path
+    refused(wrapped_linear(lambda: StandInAffineQuantized(StandInFloat8WeightOnly(strided, row))),
+            r"parameter weight: StandInAffineQuantized is a wrapper tensor subclass .*inner "
+            r"tensor tensor_impl:qdata is not contiguous")
+    refused(wrapped_linear(lambda: StandInAffineQuantized(NoInner(code, row))),
+            r"its inner tensor tensor_impl \(a NoInner\): __tensor_flatten__\(\) names no "
+            r"inner tensors")
+
+    class Shared(StandInFloat8WeightOnly):
+        def __tensor_flatten__(self):
+            return ["qdata", "scale", "alias"], self.dtype
+
+    lin = wrapped_linear(lambda: Shared(code, row))
+    lin.weight.alias = lin.weight.scale  # (set on the Parameter: its detach made new inners)
+    with pytest.raises(ddo.DdoError, match=r"inner tensor alias is the same tensor as another"):
+        ddo.enable_offload(lin, **ZERO_RESIDENT)
 
 
 def test_routing_keeps_streamable_wrappers(without_diffusers):
