@@ -159,15 +159,18 @@ def test_q4_k_is_ggml_layout(tf):
 def test_toy_cases_with_quant(tf, tmp_path, kind):
     """bench/torch_flux.py --toy --device cpu --quant KIND, the resident case then ddo's zero-
     resident VMM case (each as the driver runs it, --case): identical outputs, the bytes
-    streamed per step equal to the quantized model's stored bytes."""
+    streamed per step the quantized model's stored bytes (the window's edges may cut an upload
+    prefetched across a step's end: a few units over the window, of the toy's six; streaming
+    the quantized layers dequantized would add 4 x 94 KiB (q4_k) or more a step)."""
     import json
     res = {}
     for case in ("resident", "ddo_vmm0"):
         out = tmp_path / f"{case}.json"
         assert tf.main(["--case", case, "--toy", "--device", "cpu", "--quant", kind,
-                        "--steps", "2", "--workdir", str(tmp_path), "--result", str(out)]) == 0
+                        "--steps", "4", "--workdir", str(tmp_path), "--result", str(out)]) == 0
         res[case] = json.loads(out.read_text())
     for case, r in res.items():
         assert r["quant"]["kind"] == kind and r["quant"]["layers"] == QUANT_TOY[kind][0], r
         assert r["identical"] is True, (case, r.get("reference"))
-    assert res["ddo_vmm0"]["streamed_bytes_per_step"] == res["ddo_vmm0"]["model_bytes"]
+    streamed, stored = res["ddo_vmm0"]["streamed_bytes_per_step"], res["ddo_vmm0"]["model_bytes"]
+    assert abs(streamed - stored) * 4 <= stored, (streamed, stored)
