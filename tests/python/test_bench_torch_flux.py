@@ -161,7 +161,7 @@ def test_toy_cases_with_quant(tf, tmp_path, kind):
     resident VMM case (each as the driver runs it, --case): identical outputs, the bytes
     streamed per step the quantized model's stored bytes (the window's edges may cut an upload
     prefetched across a step's end: a few units over the window, of the toy's six; streaming
-    the quantized layers dequantized would add 4 x 94 KiB (q4_k) or more a step)."""
+    the quantized layers dequantized would add 92 KiB a step (q4_k's four layers) or more)."""
     import json
     res = {}
     for case in ("resident", "ddo_vmm0"):
