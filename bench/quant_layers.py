@@ -12,6 +12,11 @@ written for the benches (no gguf package, no ComfyUI), laid out as the hosts lay
          and dmin, 12 bytes of 6-bit sub-block scales and mins, 128 bytes of 4-bit quants),
          dequantized by torch ops as ggml's dequantize_row_q4_K; layers whose input width is
          not a multiple of 256 are left as they are (as GGUF writers fall back for them);
+  fp8_wrapper  TorchAO's float8 weight-only tensor: a wrapper subclass (made with
+         torch.Tensor._make_wrapper_subclass, the flatten protocol) over `qdata` (float8_e4m3fn;
+         uint8 E4M3 bytes on older torch) and a float32 `scale` per row, whose F.linear (its
+         __torch_function__) and aten.t / mm (its __torch_dispatch__) dequantize, and whose
+         device moves (aten._to_copy) move its inner tensors; ddo streams the inner tensors;
   fp8    ComfyUI's scaled FP8: `weight` float8_e4m3fn (torch >= 2.1; uint8 E4M3 bytes through a
          256-entry table on older torch) and a float32 `weight_scale`, the weights scaled per
          tensor into E4M3's range (max |w| -> 448).
@@ -213,8 +218,105 @@ class FP8Linear(nn.Module):
         return F.linear(x.to(self.compute_dtype), w, self.bias)
 
 
-KINDS = {"q8_0": Q8Linear, "q4_k": Q4KLinear, "fp8": FP8Linear}
-ROW_MULTIPLE = {"q8_0": 32, "q4_k": 256, "fp8": 32}  # the input width a layer must divide by
+def _tree_map(fn, x):
+    if isinstance(x, (list, tuple)):
+        return type(x)(_tree_map(fn, a) for a in x)
+    if isinstance(x, dict):
+        return {k: _tree_map(fn, v) for k, v in x.items()}
+    return fn(x)
+
+
+class Float8WeightOnlyTensor(torch.Tensor):
+    """STAND-IN for TorchAO's float8 weight-only tensor (see the module docstring): its own
+    dtype is the compute dtype; qdata and scale are its inner tensors."""
+
+    @staticmethod
+    def __new__(cls, qdata, scale, dtype):
+        return torch.Tensor._make_wrapper_subclass(cls, qdata.shape, dtype=dtype,
+                                                   device=qdata.device, requires_grad=False)
+
+    def __init__(self, qdata, scale, dtype):
+        self.qdata, self.scale = qdata, scale
+
+    def __repr__(self):
+        return f"Float8WeightOnlyTensor(shape={tuple(self.shape)}, dtype={self.dtype})"
+
+    def __tensor_flatten__(self):
+        return ["qdata", "scale"], self.dtype
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, outer_size=None, outer_stride=None):
+        return cls(inner["qdata"], inner["scale"], ctx)
+
+    def dequantize(self):
+        q = self.qdata
+        w = _e4m3_table(q.device)[q.long()] if q.dtype == torch.uint8 else q.to(torch.float32)
+        return (w * self.scale[:, None]).to(self.dtype)
+
+    def _inner_map(self, fn):
+        return type(self)(fn(self.qdata), fn(self.scale), self.dtype)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear and isinstance(args[1], cls):  # weight-only: dequantize, linear
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            return F.linear(args[0], args[1].dequantize(), bias)
+        with torch._C.DisableTorchFunction():
+            return func(*args, **kwargs)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        aten = torch.ops.aten
+        if func is aten.detach.default:
+            return args[0]._inner_map(lambda t: t.detach())
+        if func is aten._to_copy.default:  # a device move: the inner tensors move
+            dev = kwargs.get("device")
+            if kwargs.get("dtype") not in (None, args[0].dtype) or dev is None:
+                raise NotImplementedError(f"Float8WeightOnlyTensor: {func} {kwargs}")
+            return args[0]._inner_map(lambda t: t.to(dev))
+        if func in (aten.t.default, aten.mm.default, aten.addmm.default, aten.matmul.default):
+            return func(*_tree_map(lambda a: a.dequantize() if isinstance(a, cls) else a, args),
+                        **kwargs)
+        raise NotImplementedError(f"Float8WeightOnlyTensor: {func}")
+
+
+class Float8WrapperLinear(nn.Module):
+    """A linear layer whose weight is the wrapper stand-in (TorchAO's quantize_ swaps the
+    weight of an nn.Linear in place; the layer's forward is plain F.linear)."""
+
+    def __init__(self, lin, compute_dtype):
+        super().__init__()
+        self.in_features, self.out_features = lin.in_features, lin.out_features
+        self.compute_dtype = compute_dtype
+        with torch.no_grad():
+            w = lin.weight.float()
+            scale = (w.abs().amax(dim=1) / 448).clamp_min(1e-12)
+            code = e4m3_encode(w / scale[:, None])
+            fp8 = getattr(torch, "float8_e4m3fn", None)
+            qdata = code.view(fp8) if fp8 is not None else code
+            self.weight = nn.Parameter(Float8WeightOnlyTensor(qdata, scale, compute_dtype),
+                                       requires_grad=False)
+            self.bias = None if lin.bias is None else nn.Parameter(
+                lin.bias.detach().to(compute_dtype), requires_grad=False)
+
+    def forward(self, x):
+        return F.linear(x.to(self.compute_dtype), self.weight, self.bias)
+
+
+def stored(t):
+    """The plain tensors t stores: t itself, or a wrapper subclass's inner tensors (through
+    inner wrappers: the flatten protocol)."""
+    if not hasattr(type(t), "__tensor_flatten__"):
+        return [t]
+    return [x for name in t.__tensor_flatten__()[0] for x in stored(getattr(t, name))]
+
+
+KINDS = {"q8_0": Q8Linear, "q4_k": Q4KLinear, "fp8": FP8Linear,
+         "fp8_wrapper": Float8WrapperLinear}
+# the input width a layer must divide by
+ROW_MULTIPLE = {"q8_0": 32, "q4_k": 256, "fp8": 32, "fp8_wrapper": 32}
 
 
 def quantize_linears(model, kind, pattern=r".", compute_dtype=torch.bfloat16):

@@ -56,10 +56,11 @@ def test_every_reference_is_compared(tf, tmp_path):
 
 
 # --quant kind -> (layers the toy's blocks have of it, the layer's stored bytes per bf16 byte)
-QUANT_TOY = {"q8_0": (16, 34 / 32 / 2), "q4_k": (4, 144 / 256 / 2), "fp8": (16, 1 / 2)}
+QUANT_TOY = {"q8_0": (16, 34 / 32 / 2), "q4_k": (4, 144 / 256 / 2), "fp8": (16, 1 / 2),
+             "fp8_wrapper": (16, None)}
 
 
-@pytest.mark.parametrize("kind", ["q8_0", "q4_k", "fp8"])
+@pytest.mark.parametrize("kind", ["q8_0", "q4_k", "fp8", "fp8_wrapper"])
 def test_quantized_stand_ins(tf, kind):
     """--quant: the toy's block linears become the bench's quantized stand-ins (a GGUF-style
     Q8_0 or Q4_K Parameter subclass, or scaled FP8), close to the bf16 weights they quantize,
@@ -90,6 +91,12 @@ def test_quantized_stand_ins(tf, kind):
         else:  # 15 steps over each 32-weight range, scales and mins in 6 bits: a loose bound
             assert (back - w).abs().max() <= (w.max() - w.min()) / 15
         assert stored.numel() == ratio * layer_bytes
+    elif kind == "fp8_wrapper":  # the wrapper Parameter over float8 (or uint8) data + scales
+        assert type(q.weight) is ql.Float8WeightOnlyTensor and q.weight.dtype == torch.bfloat16
+        assert q.weight.qdata.element_size() == 1 and q.weight.scale.shape == (q.out_features,)
+        assert [id(t) for t in tf.stored(q.weight)] == [id(q.weight.qdata), id(q.weight.scale)]
+        back = q.weight.dequantize().float()  # E4M3 keeps 3 mantissa bits: 1/16 relative
+        assert (back - w).abs().max() <= w.abs().max() / 16
     else:
         assert q.weight.element_size() == 1 and q.weight_scale.numel() == 1
     if kind != "q4_k":
@@ -155,7 +162,7 @@ def test_q4_k_is_ggml_layout(tf):
     assert (back.reshape(4, 512) - w).abs().max() <= (w.max() - w.min()) / 15
 
 
-@pytest.mark.parametrize("kind", ["q8_0", "q4_k"])
+@pytest.mark.parametrize("kind", ["q8_0", "q4_k", "fp8_wrapper"])
 def test_toy_cases_with_quant(tf, tmp_path, kind):
     """bench/torch_flux.py --toy --device cpu --quant KIND, the resident case then ddo's zero-
     resident VMM case (each as the driver runs it, --case): identical outputs, the bytes
