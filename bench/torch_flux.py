@@ -11,9 +11,10 @@ Each case runs in a fresh process; the driver collects them, prints a table and 
   Case:    python3 bench/torch_flux.py --case resident --workdir /tmp/torch_flux
   Smoke:   python3 bench/torch_flux.py --all --tiny   (tiny Flux config; --toy: no Diffusers,
            a built-in Flux-like stand-in, also on --device cpu with torch 1.13)
-  Quantized (issue 27): --quant q8_0 | fp8 makes the blocks' linear layers quantized stand-ins
-           (bench/quant_layers.py: a GGUF-style Q8_0 Parameter subclass, or ComfyUI-style
-           scaled FP8), quantized on the GPU at build; every case then runs that model.
+  Quantized (issue 27): --quant q8_0 | q4_k | fp8 | fp8_wrapper makes the blocks' linear
+           layers quantized stand-ins (bench/quant_layers.py: a GGUF-style Q8_0 or Q4_K
+           Parameter subclass, ComfyUI-style scaled FP8, or a TorchAO-style float8 weight-only
+           wrapper subclass), quantized on the GPU at build; every case then runs that model.
 
 Per case: enable time, first and median step (torch.cuda.synchronize around each), the bus
 measured in the same process (a 4 GiB pinned host->device copy, after the RSS peak is read),
@@ -263,6 +264,14 @@ def build_model(args):
     return model, info
 
 
+def stored(t):
+    """The plain tensors t stores: t itself, or a wrapper subclass's inner tensors (through
+    inner wrappers: the flatten protocol)."""
+    if not hasattr(type(t), "__tensor_flatten__"):
+        return [t]
+    return [x for name in t.__tensor_flatten__()[0] for x in stored(getattr(t, name))]
+
+
 def quant_layers():
     """bench/quant_layers.py (the quantized stand-in layers of --quant), loaded by path."""
     import importlib.util
@@ -274,8 +283,9 @@ def quant_layers():
 
 
 def model_bytes(model):
+    """The bytes the model stores (a wrapper subclass parameter: its inner tensors')."""
     seen, total = set(), 0
-    for t in list(model.parameters()) + list(model.buffers()):
+    for t in [x for t in list(model.parameters()) + list(model.buffers()) for x in stored(t)]:
         key = (t.data_ptr(), t.numel(), t.dtype)
         if key not in seen:
             seen.add(key)
@@ -937,9 +947,11 @@ def parse_args(argv=None):
     p.add_argument("--text-tokens", type=int, default=512)
     p.add_argument("--tiny", action="store_true", help="tiny Flux configuration (smoke test)")
     p.add_argument("--toy", action="store_true", help="built-in Flux-like module, no Diffusers")
-    p.add_argument("--quant", choices=("none", "q8_0", "fp8"), default="none",
+    p.add_argument("--quant", choices=("none", "q8_0", "q4_k", "fp8", "fp8_wrapper"),
+                   default="none",
                    help="the blocks' linear layers as quantized stand-ins (bench/quant_layers.py: "
-                        "GGUF-style Q8_0 or ComfyUI-style scaled FP8), streamed as stored")
+                        "GGUF-style Q8_0 or Q4_K, ComfyUI-style scaled FP8, or a TorchAO-style "
+                        "float8 wrapper subclass), streamed as stored")
     p.add_argument("--deadline-s", type=float, default=510.0,
                    help="driver: global deadline for all cases (default 8.5 min)")
     p.add_argument("--case-timeout-s", type=float, default=300.0, help="driver: one case's limit")

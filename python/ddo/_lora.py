@@ -39,7 +39,7 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, NoRe
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from . import _enums, _native, _torch
+from . import _enums, _native, _quant, _torch
 from ._native import DdoError
 
 _STREAMED = _enums.DDO_PLACEMENT_STREAMED
@@ -204,20 +204,31 @@ class Lora:
                    if n in layer.lora_A.keys())
         self.seen[t.index] = (loads, len(log))
 
+    def _managed(self, p: torch.Tensor) -> bool:
+        """Parameter p is streamed or resident under ddo (a wrapper subclass: through its
+        inner tensors, _quant.stored_parts)."""
+        held = [h for _s, _d, h in _quant.stored_parts(p)] if _quant.is_wrapper(p) else [p]
+        return any(id(h) in self.r._entry_of and self.r._entry_of[id(h)].placement != _SKIPPED
+                   for h in held)
+
     def _refuse_other(self, layer: LoraLayer, lname: str) -> None:
         """A LoRA layer over managed weights other than one ``weight`` (PEFT's
-        MultiheadAttention LoRA replaces in_proj_weight): its merge is refused by name."""
+        MultiheadAttention LoRA replaces in_proj_weight), or over a wrapper subclass weight
+        (TorchAO style, streamed as its inner tensors): its merge is refused by name."""
         base = layer.get_base_layer() if hasattr(layer, "get_base_layer") else layer.base_layer
-        if not any(id(p) in self.r._entry_of and self.r._entry_of[id(p)].placement != _SKIPPED
-                   for p in base.parameters(recurse=False)):
+        if not any(self._managed(p) for p in base.parameters(recurse=False)):
             return
         self.layers[id(layer)] = (layer, None)
+        w = _base_weight(layer)
+        why = (f"over a {type(w).__name__} weight (a wrapper tensor subclass, stored quantized: "
+               f"ddo does not dequantize, merge and requantize on the device)"
+               if w is not None and _quant.is_wrapper(w) else
+               f"over {type(base).__name__} (no single weight to merge into)")
 
         def refused(*args: object, **kwargs: object) -> NoReturn:
             raise DdoError("DDO_E_UNSUPPORTED", f"{lname}: a {type(layer).__name__} LoRA layer "
-                           f"over {type(base).__name__} (no single weight to merge into), whose "
-                           f"merge ddo does not replay; use it unmerged or merge it before "
-                           f"enable_offload")
+                           f"{why}, whose merge ddo does not replay; use it unmerged or merge it "
+                           f"before enable_offload")
         layer.__dict__["merge"] = refused
         layer.__dict__["unmerge"] = refused
 
@@ -271,7 +282,7 @@ class Lora:
             yield
             return
         refuse = refused  # not None: typed so for the function below
-        managed = {n for n, p in m.named_parameters() if id(p) in self.r._entry_of}
+        managed = {n for n, p in m.named_parameters() if self._managed(p)}
 
         # strict (and torch 2's assign) passed on as given
         def load_state_dict(state_dict: Mapping[str, object], *args: Any,

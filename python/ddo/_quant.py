@@ -6,7 +6,12 @@ ddo moves a parameter's stored bytes and never looks at their meaning:
     plus ``quant_type``) is moved as its plain data; the Parameter object itself is kept and
     only its ``.data`` is rebound, so its type and every attribute survive each swap;
   - float8 dtypes (torch >= 2.1) are moved as bytes, and uint8 storage standing for them too;
-    their scales are ordinary parameters or buffers of the same module.
+    their scales are ordinary parameters or buffers of the same module;
+  - a wrapper tensor subclass (TorchAO style: ``__tensor_flatten__`` names its inner tensors,
+    e.g. float8 data and a scale) is moved as its inner tensors, each a tensor of the layer's
+    unit; the wrapper object is kept and only its inner tensors' ``.data`` is rebound at each
+    swap (stored_parts()), so its type and attributes survive; the wrapper's own metadata
+    (its device) stays as made.
 What ddo cannot move faithfully is refused with one line (refusal()).
 """
 
@@ -37,6 +42,7 @@ _ROUTE_HINT = ("use the compatibility route (route='diffusers_group_offload' or 
 # manager class: bound once through getattr, typed here.
 _no_torch_function: Callable[[], ContextManager[None]] = getattr(torch._C, "DisableTorchFunction")
 _P = TypeVar("_P", bound=torch.nn.Parameter)
+_MAX_NESTING = 4  # inner wrappers inside a wrapper, at most (TorchAO's: 1)
 
 
 def is_param_subclass(p: torch.Tensor) -> bool:
@@ -58,11 +64,8 @@ def refusal(name: str, p: torch.Tensor, to_ddo: Dict[torch.dtype, int]) -> Optio
     """None when ddo can move p's stored bytes faithfully; else one line saying why not and
     what to do."""
     kind = type(p).__name__
-    if hasattr(type(p), "__tensor_flatten__"):
-        return (f"parameter {name}: {kind} is a wrapper tensor subclass (__tensor_flatten__, "
-                f"TorchAO style): ddo does not rebind the inner tensors of a wrapper (its "
-                f"device and metadata are fixed when it is made, so a rebound wrapper would "
-                f"describe memory it no longer holds): {_ROUTE_HINT}")
+    if is_wrapper(p):
+        return _wrapper_refusal(name, p, to_ddo)
     if type(p) is not torch.nn.Parameter and not is_param_subclass(p):
         return (f"parameter {name}: {kind} is a tensor subclass without a plain data tensor "
                 f"or the flatten protocol: ddo cannot move it as plain bytes: {_ROUTE_HINT}")
@@ -71,7 +74,12 @@ def refusal(name: str, p: torch.Tensor, to_ddo: Dict[torch.dtype, int]) -> Optio
         return (f"parameter {name}: {kind} keeps tensors in its attribute {held} (a quantization "
                 f"state, bitsandbytes style) that ddo would not move with its bytes: "
                 f"{_ROUTE_HINT}")
-    data = plain_data(p)
+    return _plain_refusal(name, plain_data(p), to_ddo, kind)
+
+
+def _plain_refusal(name: str, data: torch.Tensor, to_ddo: Dict[torch.dtype, int],
+                   kind: str = "it") -> Optional[str]:
+    """refusal() of the plain tensor data that ddo would move for parameter name."""
     if type(data) is not torch.Tensor:
         return (f"parameter {name}: {kind} holds a {type(data).__name__}, not a plain tensor: "
                 f"ddo cannot move it as plain bytes: {_ROUTE_HINT}")
@@ -85,6 +93,125 @@ def refusal(name: str, p: torch.Tensor, to_ddo: Dict[torch.dtype, int]) -> Optio
         return (f"parameter {name}: dtype {data.dtype} has no ddo dtype and cannot be moved "
                 f"as plain bytes: {_ROUTE_HINT}")
     return None
+
+
+def is_wrapper(p: torch.Tensor) -> bool:
+    """p's type follows the flatten protocol (a wrapper subclass, TorchAO style)."""
+    return hasattr(type(p), "__tensor_flatten__")
+
+
+def wrapper_inner(p: torch.Tensor) -> Tuple[List[Tuple[str, torch.Tensor]], str]:
+    """([(attribute, inner tensor)] named by wrapper p's __tensor_flatten__(), "") or ([], why
+    they cannot be read)."""
+    try:
+        flat = getattr(p, "__tensor_flatten__")()
+        names = list(flat[0])
+    except Exception as e:  # the protocol is a convention: whatever it raises is named
+        return [], f"its __tensor_flatten__() failed ({type(e).__name__}: {e})"
+    if not names:
+        return [], "its __tensor_flatten__() names no inner tensors"
+    out: List[Tuple[str, torch.Tensor]] = []
+    for attr in names:
+        t = getattr(p, attr, None) if isinstance(attr, str) else None
+        if not isinstance(attr, str) or not attr.isidentifier():
+            return [], f"its __tensor_flatten__() names {attr!r}, not an attribute name"
+        if not isinstance(t, torch.Tensor):
+            return [], f"its inner attribute {attr} is not a tensor"
+        out.append((attr, t))
+    return out, ""
+
+
+def _nested(t: torch.Tensor) -> bool:
+    """Inner tensor t is itself a wrapper (TorchAO's AffineQuantizedTensor holds its data and
+    scales in a tensor_impl wrapper)."""
+    return type(t) is not torch.Tensor and is_wrapper(t)
+
+
+def wrapper_leaves(p: torch.Tensor, path: str = "", depth: int = 0
+                   ) -> Tuple[List[Tuple[str, torch.Tensor]], str]:
+    """([(path, plain inner tensor)], "") of wrapper p, through inner wrappers (the path joins
+    the attribute names with ':', "tensor_impl:float8_data"), or ([], why not)."""
+    inner, why = wrapper_inner(p)
+    if why:
+        return [], (f"its inner tensor {path} (a {type(p).__name__}): {why[4:]}" if path
+                    else why)
+    out: List[Tuple[str, torch.Tensor]] = []
+    for attr, t in inner:
+        sub = f"{path}:{attr}" if path else attr
+        if not _nested(t):
+            out.append((sub, t))
+            continue
+        if depth >= _MAX_NESTING:
+            return [], f"its inner tensor {sub} nests wrappers more than {_MAX_NESTING} deep"
+        got, why = wrapper_leaves(t, sub, depth + 1)
+        if why:
+            return [], why
+        out.extend(got)
+    for i, (sub, t) in enumerate(out):
+        if any(u is t for _s, u in out[:i]):
+            return [], f"its inner tensor {sub} is the same tensor as another"
+    return out, ""
+
+
+def _wrapper_refusal(name: str, p: torch.Tensor, to_ddo: Dict[torch.dtype, int]
+                     ) -> Optional[str]:
+    """refusal() of wrapper p: None when each inner tensor (through inner wrappers) is a plain
+    dense contiguous tensor of a ddo dtype (ddo rebinds it in place); else one line naming the
+    first that is not."""
+    kind = type(p).__name__
+    leaves, why = wrapper_leaves(p)
+    for sub, t in leaves:
+        if type(t) is not torch.Tensor:
+            why = (f"its inner tensor {sub} is a {type(t).__name__}, itself a subclass without "
+                   f"the flatten protocol (ddo rebinds plain inner tensors only)")
+        elif t.is_sparse or t.layout != torch.strided:
+            why = f"its inner tensor {sub} is a {t.layout} tensor (ddo moves dense bytes)"
+        elif t.is_quantized or t.dtype not in to_ddo:
+            why = f"its inner tensor {sub} has dtype {t.dtype}, which ddo cannot move as bytes"
+        elif not t.is_contiguous():
+            why = (f"its inner tensor {sub} is not contiguous (ddo moves whole contiguous "
+                   f"tensors)")
+        if why:
+            break
+    if not why:
+        return None
+    return (f"parameter {name}: {kind} is a wrapper tensor subclass (__tensor_flatten__, "
+            f"TorchAO style) whose inner tensors ddo cannot rebind faithfully: {why}: "
+            f"{_ROUTE_HINT}")
+
+
+def stored_parts(p: torch.Tensor) -> List[Tuple[str, torch.Tensor, torch.Tensor]]:
+    """[(name suffix, the plain tensor ddo stores, the tensor whose .data ddo rebinds)] of a
+    parameter that refusal() passed: ("", its data, p itself) for a Parameter (a subclass
+    over a plain tensor included); (":" + path, inner, inner) for each plain inner tensor of a
+    wrapper, through inner wrappers (the suffix keeps the layer's module name: ddo's units are
+    named by module)."""
+    if is_wrapper(p):  # (t.data: an alias of its own, which the rebinding of t leaves be)
+        return [(":" + sub, t.data, t) for sub, t in wrapper_leaves(p)[0]]
+    return [("", plain_data(p), p)]
+
+
+def rebuilt_wrapper(w: torch.Tensor, value_of: Callable[[torch.Tensor], Optional[torch.Tensor]]
+                    ) -> Optional[torch.Tensor]:
+    """A new wrapper of w's type (its __tensor_unflatten__ with its flatten context, through
+    inner wrappers) over value_of(each plain inner tensor), or None where a type has no
+    __tensor_unflatten__ or value_of gives None. w itself is not touched."""
+    unflatten = getattr(type(w), "__tensor_unflatten__", None)
+    if unflatten is None:
+        return None
+    names, ctx = getattr(w, "__tensor_flatten__")()
+    inner: Dict[str, torch.Tensor] = {}
+    for attr in names:
+        t = getattr(w, attr)
+        v = rebuilt_wrapper(t, value_of) if _nested(t) else value_of(t)
+        if v is None:
+            return None
+        inner[attr] = v
+    try:  # torch >= 2.1's signature (outer size and stride), then the older one
+        out: torch.Tensor = unflatten(inner, ctx, w.shape, w.stride())
+    except TypeError:
+        out = unflatten(inner, ctx)
+    return out
 
 
 def _held_tensors(p: torch.Tensor) -> str:
@@ -151,7 +278,10 @@ def _compute_bytes(module: torch.nn.Module) -> int:
 def dequantized_bytes(module: torch.nn.Module, pname: str, p: torch.Tensor) -> int:
     """The bytes of parameter pname of module dequantized at the compute dtype, or 0 when it
     is not a quantized weight: a GGUF-like Parameter (quant_type), a float8 dtype, or the
-    ComfyUI layout's weight (uint8 or float8 bytes with a weight_scale / scale_weight)."""
+    ComfyUI layout's weight (uint8 or float8 bytes with a weight_scale / scale_weight), or a
+    wrapper subclass (its own shape at its own dtype: what its dequantize makes)."""
+    if is_wrapper(p):
+        return p.numel() * torch.empty(0, dtype=p.dtype).element_size()
     data = plain_data(p)
     n = data.numel()
     blk = _block_of(p)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 import re
 import threading
-from typing import Any, Callable, Dict, List, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 
@@ -257,6 +257,10 @@ class Hooks(Leases):
         Parameters themselves stay."""
         for pname, p in module._parameters.items():
             key = prefix + pname
+            if p is not None and _quant.is_wrapper(p) and key in state_dict and \
+                    state_dict[key] is not p:
+                state_dict[key] = self._wrapper_host(p, state_dict[key])
+                continue
             t = self._entry_of.get(id(p))
             if p is None or t is None or t.placement == _PLACEMENT_SKIPPED or \
                     state_dict.get(key) is p:
@@ -264,3 +268,16 @@ class Hooks(Leases):
             if key in state_dict:
                 state_dict[key] = _quant.detached_like(p, self._host_value(t))
         return state_dict
+
+    def _wrapper_host(self, p: torch.Tensor, shown: Any) -> Any:
+        """What an unmanaged module's state_dict() holds for wrapper p: a wrapper of its type
+        over the host values of its inner tensors (_quant.rebuilt_wrapper), not over the
+        placeholders or device views p's inner tensors show now. p itself is not touched; a
+        wrapper without __tensor_unflatten__ is left as torch gave it."""
+        def host_of(inner: torch.Tensor) -> Optional[torch.Tensor]:
+            t = self._entry_of.get(id(inner))
+            if t is None or t.placement == _PLACEMENT_SKIPPED:
+                return None
+            return self._host_value(t)
+        out = _quant.rebuilt_wrapper(p, host_of)
+        return shown if out is None else out

@@ -51,19 +51,21 @@ def _collect(module: torch.nn.Module, to_ddo: Dict[torch.dtype, int]
         for pname, p in m.named_parameters(recurse=False):
             full = f"{mname}.{pname}" if mname else pname
             _check_param(full, p, to_ddo)
-            key = (p.data_ptr(), p.dtype, tuple(p.shape), tuple(p.stride()))
-            entry = by_storage.get(key)
-            if entry is None:
-                base = ddo_path.get(mname, mname)
-                ddo_name = f"{base}.{pname}" if base else pname
-                data = _quant.plain_data(p)  # a subclass's bytes; the Parameter is kept
-                entry = _Param(len(tensors), ddo_name, data,
-                               _native.dtype_names()[to_ddo[data.dtype]])
-                tensors.append(entry)
-                by_storage[key] = entry
-            if not any(q is p for q in entry.params):
-                entry.params.append(p)
-            modules_of.setdefault(id(p), []).append(m)
+            # A subclass's bytes (the Parameter is kept), or each inner tensor of a wrapper
+            # (the wrapper is kept; its inner tensors are what ddo rebinds: _quant).
+            for suffix, data, holder in _quant.stored_parts(p):
+                key = (data.data_ptr(), data.dtype, tuple(data.shape), tuple(data.stride()))
+                entry = by_storage.get(key)
+                if entry is None:
+                    base = ddo_path.get(mname, mname)
+                    ddo_name = (f"{base}.{pname}" if base else pname) + suffix
+                    entry = _Param(len(tensors), ddo_name, data,
+                                   _native.dtype_names()[to_ddo[data.dtype]])
+                    tensors.append(entry)
+                    by_storage[key] = entry
+                if not any(q is holder for q in entry.params):
+                    entry.params.append(holder)  # type: ignore[arg-type]  # (an inner tensor)
+                modules_of.setdefault(id(holder), []).append(m)
     return tensors, ddo_path, modules_of
 
 
@@ -73,11 +75,12 @@ def _check_param(name: str, p: torch.nn.Parameter, to_ddo: Dict[torch.dtype, int
     why = _quant.refusal(name, p, to_ddo)
     if why is not None:
         raise DdoError("DDO_E_UNSUPPORTED", why)
-    if p.device.type != "cpu":
-        raise DdoError("DDO_E_INVALID_ARGUMENT",
-                       f"parameter {name} is on {p.device}: enable_offload takes a module whose "
-                       f"tensors are on the CPU (call module.to('cpu') first)")
-    if not p.is_contiguous():
+    for suffix, data, _holder in _quant.stored_parts(p):
+        if data.device.type != "cpu":
+            raise DdoError("DDO_E_INVALID_ARGUMENT",
+                           f"parameter {name}{suffix} is on {data.device}: enable_offload takes "
+                           f"a module whose tensors are on the CPU (call module.to('cpu') first)")
+    if not _quant.is_wrapper(p) and not p.is_contiguous():  # (a wrapper's: _quant.refusal)
         raise DdoError("DDO_E_INVALID_ARGUMENT",
                        f"parameter {name} is not contiguous: ddo moves whole contiguous tensors "
                        f"(make it contiguous: p.data = p.data.contiguous())")

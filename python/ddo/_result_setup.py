@@ -38,9 +38,12 @@ class Setup(Hooks):
         L = _native.lib()
         to_ddo, _ = _torch.dtype_tables()
         for name, p in self.module.named_parameters():
-            if _managed_by(p) is not None:
+            # (a wrapper's inner tensors are what a session registers: _quant.stored_parts)
+            held = [t for _s, _d, t in _quant.stored_parts(p)] if _quant.is_wrapper(p) else [p]
+            by = next((_managed_by(t) for t in held if _managed_by(t) is not None), None)
+            if by is not None:
                 raise DdoError("DDO_E_STATE", f"parameter {name} is already managed by ddo "
-                               f"through another module of this tree ({_managed_by(p)}): one "
+                               f"through another module of this tree ({by}): one "
                                f"session per module tree; close() that result first")
         self._reserve_scratch()
         if self._source is not None:

@@ -50,8 +50,9 @@ def _shielded(fn: _F) -> _F:
     return run  # type: ignore[return-value]
 
 
-def _managed_by(p: torch.nn.Parameter) -> Optional[str]:
-    """The tag of the result that manages Parameter p (None: none)."""
+def _managed_by(p: torch.Tensor) -> Optional[str]:
+    """The tag of the result that manages Parameter p (or a wrapper's inner tensor p; None:
+    none)."""
     entry = _MANAGED.get(id(p))
     return str(entry[1]) if entry is not None and entry[0]() is p else None
 

@@ -38,6 +38,10 @@ def _check_tensors(module: torch.nn.Module, component: str, to_ddo: Dict[torch.d
         if type(p) is not torch.nn.Parameter and _quant.refusal(name, p, to_ddo) is not None:
             _refuse(component, f"parameter {name} is a {type(p).__name__}, not a plain "
                     f"tensor (use the compatibility route)")
+        if _quant.is_wrapper(p):  # streamed as its inner tensors on the default ownership
+            _refuse(component, f"parameter {name} is a {type(p).__name__}, a wrapper tensor "
+                    f"subclass whose inner tensors ddo rebinds one by one (leave "
+                    f"vmm_component_tensor_ownership off)")
         d = _quant.plain_data(p)  # a GGUF-style Parameter subclass: its bytes, as streamed
         if d.is_quantized or d.is_sparse or d.dtype not in to_ddo:
             _refuse(component, f"parameter {name} ({d.dtype}) cannot be moved as plain bytes")

@@ -55,30 +55,54 @@ def test_every_reference_is_compared(tf, tmp_path):
                                                    "shape_or_dtype_differs": True}
 
 
-@pytest.mark.parametrize("kind", ["q8_0", "fp8"])
+# --quant kind -> (layers the toy's blocks have of it, the layer's stored bytes per bf16 byte)
+QUANT_TOY = {"q8_0": (16, 34 / 32 / 2), "q4_k": (4, 144 / 256 / 2), "fp8": (16, 1 / 2),
+             "fp8_wrapper": (16, None)}
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_k", "fp8", "fp8_wrapper"])
 def test_quantized_stand_ins(tf, kind):
     """--quant: the toy's block linears become the bench's quantized stand-ins (a GGUF-style
-    Q8_0 Parameter subclass, or scaled FP8), close to the bf16 weights they quantize, streamed
-    by ddo bit-identical to the unmanaged quantized model and with fewer bytes than bf16."""
+    Q8_0 or Q4_K Parameter subclass, or scaled FP8), close to the bf16 weights they quantize,
+    streamed by ddo bit-identical to the unmanaged quantized model and with fewer bytes than
+    bf16 (Q4_K takes the layers whose rows are whole 256-weight blocks: the toy's mlp_out)."""
     import torch
     import ddo
     from conftest import ZERO_RESIDENT
     ql = tf.quant_layers()
     model = tf.build_toy(torch).to(torch.bfloat16)
     tf.fill_params(model, "cpu")
-    lin = model.transformer_blocks[0].mlp_in
+    layer = "mlp_out" if kind == "q4_k" else "mlp_in"
+    lin = getattr(model.transformer_blocks[0], layer)
     w = lin.weight.detach().float().clone()
-    bf16_bytes = tf.model_bytes(model)
-    assert ql.quantize_linears(model, kind, r"transformer_blocks\.") == 16
-    q = model.transformer_blocks[0].mlp_in
+    bf16_bytes, layer_bytes = tf.model_bytes(model), w.numel() * 2
+    count, ratio = QUANT_TOY[kind]
+    assert ql.quantize_linears(model, kind, r"transformer_blocks\.") == count
+    q = getattr(model.transformer_blocks[0], layer)
     assert type(q) is ql.KINDS[kind]
-    if kind == "q8_0":
-        assert type(q.weight) is ql.GGUFLikeParameter and q.weight.quant_type == ql.Q8_0
-        back = ql.q8_0_dequantize(q.weight.as_tensor(), q.out_features, torch.float32)
-        assert (back - w).abs().max() <= w.abs().max() / 127  # half a step of the block scale
+    if kind in ("q8_0", "q4_k"):
+        qt = ql.Q8_0 if kind == "q8_0" else ql.Q4_K
+        assert type(q.weight) is ql.GGUFLikeParameter and q.weight.quant_type == qt
+        assert q.weight.quant_shape == tuple(w.shape)
+        stored = q.weight.as_tensor()
+        back = ql.GGUF_CODECS[qt][1](stored, q.out_features, torch.float32)
+        if kind == "q8_0":  # half a step of the block scale
+            assert (back - w).abs().max() <= w.abs().max() / 127
+        else:  # 15 steps over each 32-weight range, scales and mins in 6 bits: a loose bound
+            assert (back - w).abs().max() <= (w.max() - w.min()) / 15
+        assert stored.numel() == ratio * layer_bytes
+    elif kind == "fp8_wrapper":  # the wrapper Parameter over float8 (or uint8) data + scales
+        assert type(q.weight) is ql.Float8WeightOnlyTensor and q.weight.dtype == torch.bfloat16
+        assert q.weight.qdata.element_size() == 1 and q.weight.scale.shape == (q.out_features,)
+        assert [id(t) for t in tf.stored(q.weight)] == [id(q.weight.qdata), id(q.weight.scale)]
+        back = q.weight.dequantize().float()  # E4M3 keeps 3 mantissa bits: 1/16 relative
+        assert (back - w).abs().max() <= w.abs().max() / 16
     else:
         assert q.weight.element_size() == 1 and q.weight_scale.numel() == 1
-    assert tf.model_bytes(model) < 0.6 * bf16_bytes
+    if kind != "q4_k":
+        assert tf.model_bytes(model) < 0.6 * bf16_bytes
+    else:
+        assert tf.model_bytes(model) == bf16_bytes - count * (layer_bytes - ratio * layer_bytes)
     x = torch.randn(1, 16, 8, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     with torch.no_grad():
         ref = model(hidden_states=x)[0]
@@ -89,3 +113,71 @@ def test_quantized_stand_ins(tf, kind):
             assert torch.equal(model(hidden_states=x)[0], ref)
     finally:
         r.close()
+
+
+def dequantize_row_q4_k_scalar(block):
+    """ggml's dequantize_row_q4_K for one 144-byte block, line by line in Python (its
+    get_scale_min_k4 included): the reference the bench's torch code is checked against."""
+    import struct
+    d, dmin = struct.unpack("<ee", bytes(block[:4]))
+    scales, q = block[4:16], block[16:144]
+
+    def get_scale_min_k4(j):
+        if j < 4:
+            return scales[j] & 63, scales[j + 4] & 63
+        return ((scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4),
+                (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4))
+
+    y, qi, is_ = [], 0, 0
+    for _j in range(0, 256, 64):
+        sc, m = get_scale_min_k4(is_)
+        d1, m1 = d * sc, dmin * m
+        sc, m = get_scale_min_k4(is_ + 1)
+        d2, m2 = d * sc, dmin * m
+        y += [d1 * (q[qi + k] & 0xF) - m1 for k in range(32)]
+        y += [d2 * (q[qi + k] >> 4) - m2 for k in range(32)]
+        qi, is_ = qi + 32, is_ + 2
+    return y
+
+
+def test_q4_k_is_ggml_layout(tf):
+    """The bench's torch dequantize of Q4_K against ggml's scalar dequantize_row_q4_K on
+    random blocks (every bit of the scales and quants exercised; d and dmin finite f16), and
+    its quantize round-trips through that same scalar reference."""
+    import torch
+    ql = tf.quant_layers()
+    g = torch.Generator().manual_seed(3)
+    raw = torch.randint(0, 256, (6, 144), generator=g, dtype=torch.uint8)
+    raw[:, 0:4] = (torch.rand(6, 2, generator=g) * 0.01).half().view(torch.uint8)
+    got = ql.q4_k_dequantize(raw.reshape(2, 3 * 144), 2, torch.float32).reshape(6, 256)
+    for i in range(6):
+        want = torch.tensor(dequantize_row_q4_k_scalar(raw[i].tolist()), dtype=torch.float64)
+        assert torch.allclose(got[i].double(), want, rtol=1e-6, atol=1e-9), i
+    w = torch.randn(4, 512, generator=g) * 0.05
+    packed = ql.q4_k_quantize(w)
+    assert packed.shape == (4, 2 * 144) and packed.dtype == torch.uint8
+    back = torch.tensor([dequantize_row_q4_k_scalar(b) for b in packed.reshape(-1, 144).tolist()])
+    assert torch.allclose(ql.q4_k_dequantize(packed, 4, torch.float32).reshape(-1, 256).double(),
+                          back.double(), rtol=1e-6, atol=1e-9)
+    assert (back.reshape(4, 512) - w).abs().max() <= (w.max() - w.min()) / 15
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_k", "fp8_wrapper"])
+def test_toy_cases_with_quant(tf, tmp_path, kind):
+    """bench/torch_flux.py --toy --device cpu --quant KIND, the resident case then ddo's zero-
+    resident VMM case (each as the driver runs it, --case): identical outputs, the bytes
+    streamed per step the quantized model's stored bytes (the window's edges may cut an upload
+    prefetched across a step's end: a few units over the window, of the toy's six; streaming
+    the quantized layers dequantized would add 92 KiB a step (q4_k's four layers) or more)."""
+    import json
+    res = {}
+    for case in ("resident", "ddo_vmm0"):
+        out = tmp_path / f"{case}.json"
+        assert tf.main(["--case", case, "--toy", "--device", "cpu", "--quant", kind,
+                        "--steps", "4", "--workdir", str(tmp_path), "--result", str(out)]) == 0
+        res[case] = json.loads(out.read_text())
+    for case, r in res.items():
+        assert r["quant"]["kind"] == kind and r["quant"]["layers"] == QUANT_TOY[kind][0], r
+        assert r["identical"] is True, (case, r.get("reference"))
+    streamed, stored = res["ddo_vmm0"]["streamed_bytes_per_step"], res["ddo_vmm0"]["model_bytes"]
+    assert abs(streamed - stored) * 4 <= stored, (streamed, stored)
