@@ -232,10 +232,61 @@ static void test_user_resident_rule_wins(void)
     fx_free(&tb);
 }
 
+/* A plan that fills the budget registers every streamed byte it retains (the balanced policy's
+ * 0.75 ladder would leave 4.5 GB of Flux pageable on an 8 GiB card: on the H200 that step took
+ * 2.25 x the bus bound); a pin ratio of the user's keeps its partial registration. */
+static void test_fill_registers_what_streams(void)
+{
+    fx_table tb = { 0 };
+    T_REQUIRE(load_layout("flux1-dev", &tb));
+    ddo_checkpoint *ck = fx_checkpoint(&tb);
+    T_REQUIRE(ck != NULL);
+    ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs),
+                           .device_total_bytes = 140 * fx_gib(1),
+                           .device_free_bytes = 139 * fx_gib(1),
+                           .host_available_bytes = 120 * fx_gib(1),
+                           .bus_bytes_per_s = 55e9,
+                           .flops_per_s = 400e12,
+                           .tokens = 4608 };
+    for (int user_ratio = 0; user_ratio < 2; user_ratio++) {
+        ddo_config *cfg = NULL;
+        ddo_plan *p = NULL;
+        T_REQUIRE(ddo_config_create(&cfg) == 0);
+        T_REQUIRE(ddo_config_set(cfg, "device_memory_limit_gb", "8") == 0);
+        T_REQUIRE(ddo_config_apply_preset(cfg, "linear", "auto") == 0);
+        T_REQUIRE(ddo_config_set(cfg, "preset", "auto") == 0);
+        T_REQUIRE(ddo_config_set(cfg, "pin_cpu_memory", "true") == 0);
+        if (user_ratio)
+            T_REQUIRE(ddo_config_set(cfg, "pin_weight_budget_ratio", "0.5") == 0);
+        T_EQ_INT(ddo_plan_build(ck, cfg, &in, &p), 0);
+        T_EQ_STR(fx_decision(p, "resident_set_rule"), "fill_cost");
+        ddo_plan_budgets bg;
+        T_REQUIRE(ddo_plan_budgets_get(p, &bg) == 0);
+        T_CHECK(bg.retained_peak > 12 * fx_gib(1));
+        if (user_ratio) {
+            T_EQ_STR(fx_decision(p, "registration"), "partial");
+            T_EQ_STR(fx_decision(p, "pin_weight_rule"), "(absent)");
+            T_CHECK(bg.registered_peak < bg.retained_peak);
+            T_CHECK(bg.staging_peak > 0);
+        } else {
+            T_EQ_STR(fx_decision(p, "auto_pin_weight_budget_ratio"), "0.75"); /* the record */
+            T_EQ_STR(fx_decision(p, "pin_weight_rule"), "fill_registers_retained");
+            T_EQ_STR(fx_decision(p, "registration"), "all_retained");
+            T_EQ_U64(bg.registered_peak, bg.retained_peak);
+            T_EQ_U64(bg.staging_peak, 0);
+        }
+        ddo_plan_destroy(p);
+        ddo_config_destroy(cfg);
+    }
+    ddo_checkpoint_destroy(ck);
+    fx_free(&tb);
+}
+
 int main(void)
 {
     T_RUN(test_layouts_fill_the_budget);
     T_RUN(test_budget_names_and_limits);
     T_RUN(test_user_resident_rule_wins);
+    T_RUN(test_fill_registers_what_streams);
     return t_done();
 }
