@@ -46,6 +46,8 @@
 #define DDO__COPY_PIECE_BYTES (64 * DDO_MIB)
 /* The bounce buffer used for staged bytes when the plan has no staging ring. */
 #define DDO__BOUNCE_BYTES (8 * DDO_MIB)
+/* Split mode: the most devices in a set (the communicator's limit). */
+#define DDO__SPLIT_MAX 16
 
 typedef enum ddo__slot_state {
     DDO__SLOT_FREE,
@@ -219,6 +221,17 @@ struct ddo_session {
     ddo_device *store_dev;
     uint64_t *store_ptr, *store_span;
     ddo__account acc_store;
+    /* Split mode (session_split.c): split_n devices in all (0: none); split_dev[0] and
+     * split_stream[0] are the session's device and copy stream; every other device k holds
+     * split_base[k] (the arena, then every slot) through split_acc[k], written on
+     * split_stream[k]; split_comm spans them all. Written at create, back/unback (loader idle)
+     * and destroy. */
+    size_t split_n;
+    ddo_device *split_dev[DDO__SPLIT_MAX];
+    void *split_stream[DDO__SPLIT_MAX];
+    uint64_t split_base[DDO__SPLIT_MAX];
+    ddo__account split_acc[DDO__SPLIT_MAX];
+    struct ddo__comm *split_comm;
 
     /* The loader thread and its job ring (session_loader.c; jobs queued by session_slots.c). */
     ddo__mutex mu;
@@ -348,6 +361,27 @@ bool ddo__session_store_used(const ddo_session *s);
 /* The store account's figures into a metrics snapshot. */
 void ddo__session_store_metrics(ddo_session *s, ddo__metrics_acc *m);
 
+/* ---- session_split.c (split mode) ---- */
+/* Checks the split devices against the plan; their streams and communicator (none without). */
+int ddo__session_split_create(ddo_session *s);
+/* Frees everything of split mode (teardown, after the loader stopped). */
+void ddo__session_split_destroy(ddo_session *s);
+/* True once split mode drives more than one device. */
+bool ddo__session_split_used(const ddo_session *s);
+/* Every other device's buffer, with the arena copied from the session's device (make) / freed
+ * (drop); the loader idle. */
+int ddo__session_split_back(ddo_session *s);
+int ddo__session_split_unback(ddo_session *s);
+/* The address on device (1..split_n) of a tensor at loc in slot (resident: the arena's copy). */
+int ddo__session_split_address(const ddo_session *s, size_t device, size_t slot,
+                               const ddo_tensor_location *loc, uint64_t *addr);
+/* The loader: issues tensor's upload to `to` on the session's device and to its place in slot
+ * on every other device; finish waits for the other devices' copies of the unit. */
+int ddo__session_split_tensor(ddo_session *s, size_t slot, size_t tensor,
+                              const ddo_tensor_location *loc, uint64_t to, ddo__errbuf *eb);
+int ddo__session_split_finish(ddo_session *s, ddo__errbuf *eb);
+/* The split devices' figures into a metrics snapshot. */
+void ddo__session_split_metrics(ddo_session *s, ddo__metrics_acc *m);
 /* ---- session_vmm.c ---- */
 
 /* Reads the device granularity; adopts the vmm_runtime layout or checks the slot size. */

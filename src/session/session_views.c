@@ -101,6 +101,32 @@ int ddo_session_tensor_address(ddo_session *s, size_t tensor, void **device_ptr)
     return 0;
 }
 
+int ddo_session_device_tensor_address(ddo_session *s, size_t device, size_t tensor,
+                                      void **device_ptr)
+{
+    void *p0 = NULL;
+    int rc = ddo_session_tensor_address(s, tensor, &p0);
+    if (rc != 0 || device == 0) {
+        if (rc == 0)
+            *device_ptr = p0;
+        return rc;
+    }
+    if (device >= s->split_n)
+        return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_device_tensor_address: device %zu out of range (the "
+                         "session drives %zu)",
+                         device, s->split_n > 0 ? s->split_n : 1);
+    ddo_tensor_location loc;
+    (void)ddo_plan_tensor_location(s->plan, tensor, &loc);
+    size_t slot = loc.placement == DDO_PLACEMENT_STREAMED ? s->units[loc.unit].slot : 0;
+    uint64_t a = 0;
+    if (ddo__session_split_address(s, device, slot, &loc, &a) != 0)
+        return ddo__fail(&s->err, DDO_E_INTERNAL,
+                         "ddo_session_device_tensor_address: device %zu holds nothing", device);
+    *device_ptr = (void *)(uintptr_t)a;
+    return 0;
+}
+
 /* The address of a resident tensor, or of a streamed one at `base` (its unit's range, slot
  * or weight range). */
 static uint64_t tensor_at(const ddo_session *s, size_t tensor, const ddo_tensor_location *loc,
