@@ -451,8 +451,10 @@ static void split_on(const char *mode, bool file)
         T_EQ_U64(u.device_bytes, each); /* the same residents and slots on every device */
         T_CHECK(u.device_bytes <= b.device_weights_peak);
     }
+    T_REQUIRE(ddo_session_synchronize(f.s) == 0);
     uint64_t ops1 = 0, ops2 = 0, h1 = h2d_bytes(devs[1], &ops1), h2 = h2d_bytes(devs[2], &ops2);
     split_steps(&f, devs);
+    T_REQUIRE(ddo_session_synchronize(f.s) == 0); /* the prefetches issued: counted below */
     T_NEAR(fx_metric(&f, "split_devices"), SPLIT_N, 0);
     T_NEAR(fx_metric(&f, "split_device_bytes"), (double)each, 0);
     double streamed = fx_metric(&f, file ? "bytes_split_copied" : "bytes_split_uploaded");

@@ -11,6 +11,8 @@
  *   session_transport.c how a tensor's bytes reach device memory (one table of
  *                       transports, session_transport.h), the staging windows
  *   session_codec.c     the coded transport (weight_codec) and its decode area
+ *   session_store.c     donor mode: the store device
+ *   session_split.c     split mode: the other devices of the set, the split upload
  *   session_vmm.c       VMM ranges and mappings, the vmm_runtime layout it executes
  *   session_pool.c      vmm_runtime's per-weight handles: the pool, bind, evict
  *   session_views.c     addresses and DLPack views
@@ -375,11 +377,11 @@ int ddo__session_split_unback(ddo_session *s);
 /* The address on device (1..split_n) of a tensor at loc in slot (resident: the arena's copy). */
 int ddo__session_split_address(const ddo_session *s, size_t device, size_t slot,
                                const ddo_tensor_location *loc, uint64_t *addr);
-/* The loader: issues tensor's upload to `to` on the session's device and to its place in slot
- * on every other device; finish waits for the other devices' copies of the unit. */
-int ddo__session_split_tensor(ddo_session *s, size_t slot, size_t tensor,
-                              const ddo_tensor_location *loc, uint64_t to, ddo__errbuf *eb);
-int ddo__session_split_finish(ddo_session *s, ddo__errbuf *eb);
+/* The loader, in split mode instead of ddo__session_upload_unit (same contract): every
+ * streamed tensor of job->unit to dst on the session's device and to job->slot on every other
+ * device; returns once the other devices' copies are done. */
+int ddo__session_split_upload_unit(ddo_session *s, const ddo__job *job, uint64_t dst,
+                                   uint64_t *ubytes, bool *reread, ddo__errbuf *eb);
 /* The split devices' figures into a metrics snapshot. */
 void ddo__session_split_metrics(ddo_session *s, ddo__metrics_acc *m);
 /* ---- session_vmm.c ---- */

@@ -231,8 +231,9 @@ static int split_bytes(ddo_session *s, const unsigned char *host, uint64_t nbyte
     return ddo__comm_all_gather(s->split_comm, send, dst, share, s->split_stream, eb);
 }
 
-int ddo__session_split_tensor(ddo_session *s, size_t slot, size_t tensor,
-                              const ddo_tensor_location *loc, uint64_t to, ddo__errbuf *eb)
+/* tensor's upload to `to` on the session's device and to its place in slot on the others. */
+static int split_tensor(ddo_session *s, size_t slot, size_t tensor, const ddo_tensor_location *loc,
+                        uint64_t to, ddo__errbuf *eb)
 {
     uint64_t dst[DDO__SPLIT_MAX];
     dst[0] = to;
@@ -265,7 +266,8 @@ int ddo__session_split_tensor(ddo_session *s, size_t slot, size_t tensor,
     return 0;
 }
 
-int ddo__session_split_finish(ddo_session *s, ddo__errbuf *eb)
+/* Waits for the other devices' copies (failed or not: nothing of the unit stays queued). */
+static int split_finish(ddo_session *s, ddo__errbuf *eb)
 {
     int first = 0;
     for (size_t k = 1; k < s->split_n; k++) {
@@ -274,4 +276,28 @@ int ddo__session_split_finish(ddo_session *s, ddo__errbuf *eb)
             first = ddo__session_fail_ctx(eb, rc, "split device %zu: upload", k);
     }
     return first;
+}
+
+int ddo__session_split_upload_unit(ddo_session *s, const ddo__job *job, uint64_t dst,
+                                   uint64_t *ubytes, bool *reread, ddo__errbuf *eb)
+{
+    size_t count = 0;
+    const size_t *tensors = ddo_plan_unit_tensors(s->plan, job->unit, &count);
+    int rc = 0;
+    for (size_t i = 0; i < count && rc == 0; i++) {
+        ddo_tensor_location loc;
+        if (ddo_plan_tensor_location(s->plan, tensors[i], &loc) != 0) {
+            rc = ddo__fail_from_last(eb, DDO_E_INTERNAL);
+            break;
+        }
+        if (loc.placement != DDO_PLACEMENT_STREAMED || loc.nbytes == 0)
+            continue;
+        const unsigned char *host = NULL;
+        ddo__transport_id kind = ddo__transport_for(s, tensors[i], &host);
+        *reread = *reread || kind == DDO__TRANSPORT_FILE;
+        rc = split_tensor(s, job->slot, tensors[i], &loc, dst + loc.offset, eb);
+        *ubytes += loc.nbytes;
+    }
+    int frc = split_finish(s, rc == 0 ? eb : NULL);
+    return rc != 0 ? rc : frc;
 }

@@ -325,11 +325,6 @@ int ddo__session_upload_unit(ddo_session *s, const ddo__job *job, uint64_t dst, 
         const unsigned char *host = NULL;
         ddo__transport_id kind = ddo__transport_for(s, t, &host);
         *reread = *reread || kind == DDO__TRANSPORT_FILE || kind == DDO__TRANSPORT_CODED_FILE;
-        *ubytes += loc.nbytes;
-        if (ddo__session_split_used(s)) { /* every device of the set (session_split.c) */
-            rc = ddo__session_split_tensor(s, job->slot, t, &loc, to, eb);
-            continue;
-        }
         ddo__host_piece pieces[3];
         size_t np =
             kind == DDO__TRANSPORT_REGISTERED ? ddo__source_host_pieces(s->source, t, pieces) : 0;
@@ -339,13 +334,10 @@ int ddo__session_upload_unit(ddo_session *s, const ddo__job *job, uint64_t dst, 
             rc = run_flush(s, &run, eb);
         if (np == 0 && rc == 0)
             rc = upload_tensor(s, t, to, loc.nbytes, kind, host, eb);
+        *ubytes += loc.nbytes;
     }
     if (rc == 0 && run.len > 0)
         rc = run_flush(s, &run, eb);
-    if (ddo__session_split_used(s)) { /* the other devices' copies, failed or not */
-        int frc = ddo__session_split_finish(s, rc == 0 ? eb : NULL);
-        rc = rc != 0 ? rc : frc;
-    }
     int crc = ddo__session_codec_finish(s, rc == 0, eb); /* the decode stream joins */
     return rc != 0 ? rc : crc;
 }
