@@ -973,6 +973,16 @@ DDO_API int ddo_session_tensor_address(ddo_session *s, size_t tensor, void **dev
 DDO_API int ddo_session_device_tensor_address(ddo_session *s, size_t device, size_t tensor,
                                               void **device_ptr);
 /*
+ * Copies the bytes of tensor as device `device` of the set holds them (0: the session's own
+ * device, with or without a set) into host memory dst (dst_bytes, at least the tensor's nbytes),
+ * synchronously: what a host uses to check that every device holds the same bytes. The tensor
+ * must be addressable (ddo_session_device_tensor_address) and its upload complete (the acquire's
+ * stream synchronised). Errors: as ddo_session_device_tensor_address, DDO_E_INVALID_ARGUMENT
+ * (dst NULL or too small), DDO_E_DEVICE (the copy).
+ */
+DDO_API int ddo_session_device_tensor_read(ddo_session *s, size_t device, size_t tensor, void *dst,
+                                           size_t dst_bytes);
+/*
  * The session-long address of a tensor on the VMM routes (its unit's own virtual range, or its
  * weight's on vmm_runtime), without a lease: what a host binds once. The bytes are there only
  * while the unit is leased. Errors: DDO_E_UNSUPPORTED on the linear route (addresses change per

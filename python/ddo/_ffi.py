@@ -499,6 +499,7 @@ FUNCTIONS: Dict[str, Tuple[Any, List[Any]]] = {
     "ddo_session_release": (c_int, [P, c_size_t, P]),
     "ddo_session_tensor_address": (c_int, [P, c_size_t, PP]),
     "ddo_session_device_tensor_address": (c_int, [P, c_size_t, c_size_t, PP]),
+    "ddo_session_device_tensor_read": (c_int, [P, c_size_t, c_size_t, P, c_size_t]),
     "ddo_session_tensor_stable_address": (c_int, [P, c_size_t, PP]),
     "ddo_session_unit_addresses": (c_int, [P, c_size_t, PP, c_size_t, POINTER(c_size_t)]),
     "ddo_session_tensor_host_owned": (c_int, [P, c_size_t, POINTER(c_bool)]),

@@ -95,8 +95,8 @@ static void usage(FILE *out)
             "                   the last calibration's): prices re-reads from the file\n\n"
             "A device set (--ddo-devices A,B[,...]): donor mode opens the second device as the\n"
             "store; split mode (--ddo-device-mode split) opens every device after the first\n"
-            "and, on the cpu device, compares every other device's bytes with the first's\n"
-            "after each acquire (exit 1 on a difference).\n\n"
+            "and (on the cpu device, or with --verify) compares every other device's bytes\n"
+            "with the first's after each acquire (exit 1 on a difference).\n\n"
             "The environment (DDO_*) applies first, then the --ddo-* flags; `ddo config --list`\n"
             "lists them. Pipeline components take their route from DDO_<COMPONENT>_ROUTE.\n");
 }
@@ -481,25 +481,35 @@ static void close_split(run_ctx *ctx)
     ctx->split_count = 0;
 }
 
-/* Split mode on the cpu device (addresses are host memory): every tensor of g on every other
- * device against the first device's bytes. */
-static void check_split(const run_ctx *ctx, ddo_session *s, const exec_group *g)
+/* Split mode, on the cpu device or with --verify: every tensor of g as every other device holds
+ * it against the first device's bytes (read back; the upload complete first). */
+static int check_split(const run_ctx *ctx, ddo_session *s, const exec_group *g, ddo_stream *stream)
 {
-    if (ctx->split_count == 0 || !ctx->caps.is_cpu || ctx->tally == NULL)
-        return;
-    for (size_t j = 0; j < g->count; j++) {
+    if (ctx->split_count == 0 || ctx->tally == NULL || (!ctx->caps.is_cpu && !ctx->args->verify))
+        return 0;
+    int rc = ctx->caps.is_cpu ? 0 : ddo_stream_synchronize(stream);
+    for (size_t j = 0; j < g->count && rc == 0; j++) {
         const ddo_tensor_info *ti = ddo_checkpoint_tensor(ctx->ck, g->tensors[j]);
         void *p0 = NULL;
         if (ti == NULL || ddo_session_device_tensor_address(s, 0, g->tensors[j], &p0) != 0)
-            continue;
-        for (size_t k = 1; k <= ctx->split_count; k++) {
-            void *pk = NULL;
+            continue; /* skipped */
+        size_t n = (size_t)ti->nbytes;
+        unsigned char *first = malloc(n ? n : 1), *other = malloc(n ? n : 1);
+        rc = first == NULL || other == NULL
+                 ? DDO_E_NO_MEMORY
+                 : ddo_session_device_tensor_read(s, 0, g->tensors[j], first, n);
+        for (size_t k = 1; k <= ctx->split_count && rc == 0; k++) {
+            rc = ddo_session_device_tensor_read(s, k, g->tensors[j], other, n);
             ctx->tally->checked++;
-            if (ddo_session_device_tensor_address(s, k, g->tensors[j], &pk) != 0 ||
-                memcmp(p0, pk, (size_t)ti->nbytes) != 0)
+            if (rc == 0 && memcmp(first, other, n) != 0)
                 ctx->tally->differ++;
         }
+        free(first);
+        free(other);
     }
+    if (rc != 0)
+        fail_msg("split: reading a device's bytes back", rc, ddo_session_error(s));
+    return rc;
 }
 
 /* Creates the session of plan (progress on a terminal through ps) and prints its setup time. */
@@ -565,7 +575,9 @@ static int run_step(const run_ctx *ctx, ddo_session *s, ref_host *host, ddo_stre
             if (a->corrupt_step == step + 1 && gi + 1 == o->count)
                 corrupt(s, g);
         }
-        check_split(ctx, s, g);
+        rc = check_split(ctx, s, g, stream);
+        if (rc != 0)
+            return rc;
         rc = ref_host_run_tensors(host, s, g->tensors, g->count, stream);
         if (rc != 0) {
             fail_msg("compute", rc, ref_host_error(host));
@@ -910,9 +922,9 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
         goto out;
     if (a->verify && verify_steps(ctx, ck, &o, sums, refs) != 0)
         goto out;
-    if (ctx->split_count > 0 && !ctx->caps.is_cpu)
-        printf("split: the other devices' bytes are not compared on this device kind\n");
-    if (ctx->split_count > 0 && ctx->caps.is_cpu) {
+    if (ctx->split_count > 0 && !ctx->caps.is_cpu && !a->verify)
+        printf("split: the other devices' bytes are compared with --verify\n");
+    if (ctx->split_count > 0 && (ctx->caps.is_cpu || a->verify)) {
         bool ok = tally.differ == 0 && tally.checked > 0;
         printf("split: %s: %" PRIu64 " of %" PRIu64 " tensor copies on %zu other devices differ "
                "from the first device's\n",
