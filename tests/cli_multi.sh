@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # cli_multi.sh - device sets from the tool on the cpu device (docs/multi-gpu.md): `ddo plan`
 # shows the set and its JSON keeps it, `ddo run` in donor mode (cpu:0 computes, cpu:1 stores)
-# is verified bit-identical against the file, `ddo run` in split mode (cpu:0..2) is verified and
-# every device compared with the first, a refused set names its option, and
+# is verified bit-identical against the file, `ddo run` and `ddo bench` in split mode (cpu:0..2)
+# are verified and every device compared with the first, a refused set names its option, and
 # `ddo doctor --devices` measures the emulated links.
 # ctest-labels: cli
 set -u
@@ -75,6 +75,11 @@ check "split run exits 0, verified, every device equal to the first" \
 check "the streamed bytes came by split uploads" \
     'grep -oE "\"bytes_split_uploaded\":[0-9]+" "$T/sm.jsonl" | grep -qvE ":0$" &&
      grep -q "\"split_devices\":3" "$T/sm.jsonl"'
+"$DDO_BIN" bench "$T/m.safetensors" "${SPLIT[@]}" --json "$T/sb.json" >"$T/sbench.out" 2>&1; rc=$?
+check "split bench exits 0, every case's devices equal to the first" \
+    '[ $rc -eq 0 ] && grep -q "split over 3 devices: 0 of [1-9][0-9]* tensor copies" "$T/sbench.out" &&
+     grep -q "\"split_devices_identical\": true" "$T/sb.json" &&
+     ! grep -q "\"split_devices_identical\": false" "$T/sb.json"'
 DDO_TEST_CORRUPT=2 "$DDO_BIN" run "$T/m.safetensors" "${SPLIT[@]}" --steps 3 --tokens 4 \
     >"$T/split-bad.out" 2>&1; rc=$?
 check "a bit flipped on the first device only fails the split check" \
