@@ -558,6 +558,7 @@ static void test_split_failures(void)
     ddo__device_inject_fault(devs[2], DDO__OP_HOST_FN, 1, false, DDO_E_DEVICE);
     T_EQ_INT(ddo_session_acquire(f.s, unit, f.stream), DDO_E_DEVICE);
     T_CONTAINS(ddo_session_error(f.s), "split upload");
+    T_CONTAINS(ddo_session_error(f.s), "rank 2");
     ddo__device_clear_faults(devs[2]);
     T_REQUIRE(ddo_session_acquire(f.s, unit, f.stream) == 0);
     T_REQUIRE(ddo_stream_synchronize(f.stream) == 0);
