@@ -230,13 +230,14 @@ typedef struct run_ctx {
     uint64_t baseline_used;
     ddo_device *store; /* donor mode: the store device (the set's second), opened for a session */
     /* split mode: the set's devices after the first, opened for a session; the tally of the
-     * per-device checks (cpu device: every other device's bytes against the first's) */
+     * per-device checks (every other device's bytes against the first's; through `tally`,
+     * which run_step's const context may write) */
     ddo_device *split[15];
     size_t split_count;
     const ddo_checkpoint *ck;
     struct split_tally {
         uint64_t checked, differ;
-    } * tally;
+    } split_tally, *tally;
 } run_ctx;
 
 static void fail_msg(const char *what, int rc, const char *detail)
@@ -471,6 +472,8 @@ static int open_split(run_ctx *ctx, const ddo_plan *plan)
     }
     printf("split devices: %s (split mode: every device holds every unit)\n",
            strchr(info.devices, ',') + 1);
+    memset(&ctx->split_tally, 0, sizeof ctx->split_tally);
+    ctx->tally = &ctx->split_tally;
     return 0;
 }
 
@@ -479,6 +482,25 @@ static void close_split(run_ctx *ctx)
     for (size_t k = 0; k < ctx->split_count; k++)
         ddo_device_destroy(ctx->split[k]);
     ctx->split_count = 0;
+    ctx->tally = NULL;
+}
+
+/* The split check's line (none without one); 0, or 1 when a device differed or nothing was
+ * compared. */
+static int split_report(const run_ctx *ctx)
+{
+    if (ctx->split_count == 0)
+        return 0;
+    if (!ctx->caps.is_cpu && !ctx->args->verify) {
+        printf("split: the other devices' bytes are compared with --verify\n");
+        return 0;
+    }
+    const struct split_tally *t = &ctx->split_tally;
+    bool ok = t->differ == 0 && t->checked > 0;
+    printf("split: %s: %" PRIu64 " of %" PRIu64 " tensor copies on %zu other devices differ "
+           "from the first device's\n",
+           ok ? "OK" : "FAILED", t->differ, t->checked, ctx->split_count);
+    return ok ? 0 : 1;
 }
 
 /* Split mode, on the cpu device or with --verify: every tensor of g as every other device holds
@@ -523,6 +545,7 @@ static int create_session(run_ctx *ctx, const ddo_plan *plan, const ddo_checkpoi
         so.progress_user = ps;
     }
     so.config = cfg; /* workers, read engine, registration fallback, reclaim */
+    ctx->ck = ck;
     int src = open_store(ctx, plan);
     if (src != 0)
         return src;
@@ -888,9 +911,6 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
         goto out;
     }
     progress_state ps;
-    struct split_tally tally = { 0, 0 };
-    ctx->tally = &tally;
-    ctx->ck = ck;
     if (create_session(ctx, plan, ck, cfg, &ps, &s) != 0)
         goto out;
     print_sidecar_note(s);
@@ -920,18 +940,8 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
            fmt_bytes((double)budgets.device_weights_peak, b4, sizeof b4));
     if (report_metrics(a, m, component) != 0)
         goto out;
-    if (a->verify && verify_steps(ctx, ck, &o, sums, refs) != 0)
+    if ((a->verify && verify_steps(ctx, ck, &o, sums, refs) != 0) || split_report(ctx) != 0)
         goto out;
-    if (ctx->split_count > 0 && !ctx->caps.is_cpu && !a->verify)
-        printf("split: the other devices' bytes are compared with --verify\n");
-    if (ctx->split_count > 0 && (ctx->caps.is_cpu || a->verify)) {
-        bool ok = tally.differ == 0 && tally.checked > 0;
-        printf("split: %s: %" PRIu64 " of %" PRIu64 " tensor copies on %zu other devices differ "
-               "from the first device's\n",
-               ok ? "OK" : "FAILED", tally.differ, tally.checked, ctx->split_count);
-        if (tally.differ > 0 || tally.checked == 0)
-            goto out;
-    }
     status = 0;
 out:
     fflush(stdout);
@@ -941,7 +951,6 @@ out:
     ddo_device_destroy(ctx->store); /* after the session that used it */
     ctx->store = NULL;
     close_split(ctx);
-    ctx->tally = NULL;
     ddo_stream_destroy(stream);
     if (ctx->dev != NULL) {
         used = device_used(ctx->dev);
