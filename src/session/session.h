@@ -374,6 +374,8 @@ bool ddo__session_split_used(const ddo_session *s);
  * (drop); the loader idle. */
 int ddo__session_split_back(ddo_session *s);
 int ddo__session_split_unback(ddo_session *s);
+/* Makes the session's device current again on the calling thread after calls on the others. */
+void ddo__session_split_rebind(ddo_session *s);
 /* The address on device (1..split_n) of a tensor at loc in slot (resident: the arena's copy). */
 int ddo__session_split_address(const ddo_session *s, size_t device, size_t slot,
                                const ddo_tensor_location *loc, uint64_t *addr);

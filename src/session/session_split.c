@@ -106,6 +106,7 @@ int ddo__session_split_create(ddo_session *s)
     rc = ddo__comm_create(s->split_dev, n, NULL, &s->split_comm, &s->err);
     if (rc != 0)
         s->split_comm = NULL;
+    ddo__session_split_rebind(s);
     return rc;
 }
 
@@ -147,7 +148,17 @@ int ddo__session_split_back(ddo_session *s)
         if (rc != 0)
             return ddo__session_fail_ctx(&s->err, rc, "split device %zu: the residents", k);
     }
+    ddo__session_split_rebind(s);
     return 0;
+}
+
+void ddo__session_split_rebind(ddo_session *s)
+{
+    /* cuda binds the device of each call: a host's runtime would otherwise find another
+     * device's context current on its thread. */
+    uint64_t f = 0, t = 0;
+    if (s->split_n > 1)
+        (void)ddo__dev_mem_info(s->dev, &f, &t);
 }
 
 int ddo__session_split_unback(ddo_session *s)
@@ -163,6 +174,7 @@ int ddo__session_split_unback(ddo_session *s)
             first = ddo__session_fail_ctx(&s->err, rc, "split device %zu: releasing", k);
         s->split_base[k] = 0; /* never freed twice; a failed free stays accounted */
     }
+    ddo__session_split_rebind(s);
     return first;
 }
 

@@ -142,6 +142,8 @@ int ddo_session_device_tensor_read(ddo_session *s, size_t device, size_t tensor,
                          ddo__session_tensor_name(s, tensor), (unsigned long long)loc.nbytes);
     ddo_device *dev = device == 0 ? s->dev : s->split_dev[device];
     rc = ddo__dev_copy_d2h(dev, dst, (uint64_t)(uintptr_t)p, (size_t)loc.nbytes);
+    if (device != 0)
+        ddo__session_split_rebind(s);
     if (rc != 0)
         return ddo__session_fail_ctx(&s->err, rc, "ddo_session_device_tensor_read: device %zu",
                                      device);
