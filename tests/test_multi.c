@@ -413,19 +413,27 @@ static void split_steps(fx *f)
         }
 }
 
-static uint64_t h2d_bytes(ddo_device *d, uint64_t *ops)
+/* A device's host->device bytes; *ops its copies and *gathers its host functions (on the
+ * cpu device the other ranks' streams run one per all-gather and nothing else). */
+static uint64_t h2d_bytes(ddo_device *d, uint64_t *ops, uint64_t *gathers)
 {
     ddo__devop_stats st[DDO__OP_COUNT];
     ddo__device_stats(d, st);
     *ops = st[DDO__OP_COPY_H2D].calls;
+    *gathers = st[DDO__OP_HOST_FN].calls;
     return st[DDO__OP_COPY_H2D].bytes;
 }
 
-static void split_on(const char *mode, bool file)
+/* A split session over three cpu devices on mode (from the file, or retained memory), with
+ * blocks units in slots slots and the first device's copies throttled to bps (0: none). */
+static void split_on(const char *mode, bool file, int blocks, int slots, double bps)
 {
     fx_opts o = base;
     o.mode = mode;
     o.file = file;
+    o.blocks = blocks;
+    o.slots = slots;
+    o.bytes_per_s = bps;
     o.cols = 2048; /* 512 KiB per weight: split in thirds, with a tail */
     fx f;
     T_REQUIRE(fx_create(&f, &o) == 0);
@@ -454,18 +462,23 @@ static void split_on(const char *mode, bool file)
         T_CHECK(u.device_bytes <= b.device_weights_peak);
     }
     T_REQUIRE(ddo_session_synchronize(f.s) == 0);
-    uint64_t ops1 = 0, ops2 = 0, h1 = h2d_bytes(devs[1], &ops1), h2 = h2d_bytes(devs[2], &ops2);
+    uint64_t ops1 = 0, ops2 = 0, g1 = 0, g2 = 0;
+    uint64_t h1 = h2d_bytes(devs[1], &ops1, &g1), h2 = h2d_bytes(devs[2], &ops2, &g2);
     split_steps(&f);
     T_REQUIRE(ddo_session_synchronize(f.s) == 0); /* the prefetches issued: counted below */
     T_NEAR(fx_metric(&f, "split_devices"), SPLIT_N, 0);
+    if (slots > 2) /* loads ahead of their acquires (the learned order's second pass) */
+        T_CHECK(fx_metric(&f, "prefetch_issued") > 0);
     T_NEAR(fx_metric(&f, "split_device_bytes"), (double)each, 0);
     double streamed = fx_metric(&f, file ? "bytes_split_copied" : "bytes_split_uploaded");
     T_CHECK(streamed > 0);
-    uint64_t n1 = 0, n2 = 0;
-    h1 = h2d_bytes(devs[1], &n1) - h1;
-    h2 = h2d_bytes(devs[2], &n2) - h2;
+    uint64_t n1 = 0, n2 = 0, m1 = 0, m2 = 0;
+    h1 = h2d_bytes(devs[1], &n1, &m1) - h1;
+    h2 = h2d_bytes(devs[2], &n2, &m2) - h2;
     if (!file) { /* each of the other devices read about 1/N of the streamed bytes from host */
-        T_EQ_U64(n1 - ops1, n2 - ops2); /* the same copies, in the same order, on each rank */
+        T_EQ_U64(n1 - ops1, n2 - ops2); /* the same copies and all-gathers on each rank */
+        T_EQ_U64(m1 - g1, m2 - g2);
+        T_CHECK(m1 > g1);
         T_CHECK((double)h1 < streamed / SPLIT_N + 4096.0 * (double)f.nt && h1 > 0);
         T_CHECK((double)h2 < streamed / SPLIT_N + 4096.0 * (double)f.nt && h2 > 0);
     } else { /* from the file: the first device reads, the others copy from it */
@@ -503,17 +516,24 @@ static void split_on(const char *mode, bool file)
 
 static void test_split_linear(void)
 {
-    split_on("linear_runtime", false);
+    split_on("linear_runtime", false, 4, 2, 0);
 }
 
 static void test_split_vmm_fast(void)
 {
-    split_on("vmm_fast_runtime", false);
+    split_on("vmm_fast_runtime", false, 4, 2, 0);
 }
 
 static void test_split_vmm_fast_file(void)
 {
-    split_on("vmm_fast_runtime", true);
+    split_on("vmm_fast_runtime", true, 4, 2, 0);
+}
+
+/* More units than slots with prefetch ahead, the first device slower than the others: the
+ * ranks' timing differs, their uploads and all-gathers do not. */
+static void test_split_prefetch_throttled(void)
+{
+    split_on("linear_runtime", false, 8, 3, 200e6);
 }
 
 /* What a split session refuses; a failed all-gather on one rank and a failed upload. */
@@ -595,6 +615,7 @@ int main(void)
     T_RUN(test_split_linear);
     T_RUN(test_split_vmm_fast);
     T_RUN(test_split_vmm_fast_file);
+    T_RUN(test_split_prefetch_throttled);
     T_RUN(test_split_failures);
     return t_done();
 }
