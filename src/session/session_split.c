@@ -216,8 +216,27 @@ int ddo__session_split_address(const ddo_session *s, size_t device, size_t slot,
     return 0;
 }
 
-/* The split upload of nbytes at host: dst[r] on every rank (see the file's comment). */
-static int split_bytes(ddo_session *s, const unsigned char *host, uint64_t nbytes,
+/* Rank r's copy of bytes [pos, pos + len) of tensor (at host) to dst + pos, in pieces that never
+ * cross a registration segment (see ddo__source_segment_left) nor exceed the copy piece. */
+static int h2d_range(ddo_session *s, size_t r, size_t tensor, const unsigned char *host,
+                     uint64_t dst, uint64_t pos, uint64_t len)
+{
+    for (uint64_t end = pos + len; pos < end;) {
+        uint64_t piece = end - pos < DDO__COPY_PIECE_BYTES ? end - pos : DDO__COPY_PIECE_BYTES;
+        uint64_t seg = ddo__source_segment_left(s->source, tensor, pos);
+        if (seg < piece)
+            piece = seg;
+        int rc = ddo__dev_copy_h2d(s->split_dev[r], dst + pos, host + pos, (size_t)piece,
+                                   s->split_stream[r]);
+        if (rc != 0)
+            return rc;
+        pos += piece;
+    }
+    return 0;
+}
+
+/* The split upload of tensor's nbytes at host: dst[r] on every rank (see the file's comment). */
+static int split_bytes(ddo_session *s, size_t tensor, const unsigned char *host, uint64_t nbytes,
                        const uint64_t *dst, ddo__errbuf *eb)
 {
     size_t n = s->split_n;
@@ -227,13 +246,9 @@ static int split_bytes(ddo_session *s, const unsigned char *host, uint64_t nbyte
     uint64_t tail = nbytes - share * n;
     uint64_t send[DDO__SPLIT_MAX];
     for (size_t r = 0; r < n; r++) {
-        int rc = 0;
-        if (share > 0)
-            rc = ddo__dev_copy_h2d(s->split_dev[r], dst[r] + r * share, host + r * share,
-                                   (size_t)share, s->split_stream[r]);
-        if (rc == 0 && tail > 0)
-            rc = ddo__dev_copy_h2d(s->split_dev[r], dst[r] + share * n, host + share * n,
-                                   (size_t)tail, s->split_stream[r]);
+        int rc = h2d_range(s, r, tensor, host, dst[r], r * share, share);
+        if (rc == 0)
+            rc = h2d_range(s, r, tensor, host, dst[r], share * n, tail);
         if (rc != 0)
             return ddo__session_fail_ctx(eb, rc, "split device %zu: upload", r);
         send[r] = dst[r] + r * share;
@@ -255,7 +270,7 @@ static int split_tensor(ddo_session *s, size_t slot, size_t tensor, const ddo_te
     ddo__transport_id kind = ddo__transport_for(s, tensor, &host);
     const char *name = ddo__session_tensor_name(s, tensor);
     if (kind == DDO__TRANSPORT_REGISTERED || kind == DDO__TRANSPORT_PAGEABLE) {
-        int rc = split_bytes(s, host, loc->nbytes, dst, eb);
+        int rc = split_bytes(s, tensor, host, loc->nbytes, dst, eb);
         if (rc != 0)
             return ddo__session_fail_ctx(eb, rc, "tensor \"%s\": split upload", name);
         ddo__metrics_add(&s->metrics, DDO_M_bytes_split_uploaded, (double)loc->nbytes);
