@@ -912,6 +912,16 @@ typedef struct ddo_session_options {
      * session's device by device->device copies. NULL: required for a donor plan that streams
      * (store_bytes > 0), refused for any other plan. */
     ddo_device *store_device;
+    /* Split mode (a plan of DDO_DEVICE_MODE_SPLIT; docs/multi-gpu.md): the set's devices after
+     * the first (the session's), in the plan's order, of the session device's kind, borrowed
+     * for the session's life; split_device_count of them (the plan's device_count - 1). Every
+     * device holds the same residents and slots; each streamed unit is uploaded to all of them
+     * (1/N of each tensor from host memory per device, then an all-gather), and an acquire that
+     * returns has it complete on every device. The host's work on the other devices must be
+     * complete before it releases a unit. NULL / 0: required for a split plan, refused for any
+     * other. */
+    ddo_device *const *split_devices;
+    size_t split_device_count;
 } ddo_session_options;
 #define DDO_SESSION_OPTIONS_INIT DDO_STRUCT_INIT(ddo_session_options)
 
@@ -954,6 +964,24 @@ DDO_API int ddo_session_release(ddo_session *s, size_t unit, ddo_stream *stream)
  * DDO_E_INVALID_ARGUMENT (NULL argument, tensor out of range), DDO_E_NOT_FOUND (skipped
  * tensor), DDO_E_STATE (unloaded, or its unit not leased). */
 DDO_API int ddo_session_tensor_address(ddo_session *s, size_t tensor, void **device_ptr);
+/*
+ * Split mode: the address of a tensor on device `device` of the set (0: the session's, as
+ * ddo_session_tensor_address; k: split_devices[k - 1]). Valid while its unit is leased (a
+ * resident tensor's until unload); the bytes are the same on every device. Errors: as
+ * ddo_session_tensor_address, and DDO_E_INVALID_ARGUMENT (device out of the set's range).
+ */
+DDO_API int ddo_session_device_tensor_address(ddo_session *s, size_t device, size_t tensor,
+                                              void **device_ptr);
+/*
+ * Copies the bytes of tensor as device `device` of the set holds them (0: the session's own
+ * device, with or without a set) into host memory dst (dst_bytes, at least the tensor's nbytes),
+ * synchronously: what a host uses to check that every device holds the same bytes. The tensor
+ * must be addressable (ddo_session_device_tensor_address) and its upload complete (the acquire's
+ * stream synchronised). Errors: as ddo_session_device_tensor_address, DDO_E_INVALID_ARGUMENT
+ * (dst NULL or too small), DDO_E_DEVICE (the copy).
+ */
+DDO_API int ddo_session_device_tensor_read(ddo_session *s, size_t device, size_t tensor, void *dst,
+                                           size_t dst_bytes);
 /*
  * The session-long address of a tensor on the VMM routes (its unit's own virtual range, or its
  * weight's on vmm_runtime), without a lease: what a host binds once. The bytes are there only

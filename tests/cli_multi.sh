@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # cli_multi.sh - device sets from the tool on the cpu device (docs/multi-gpu.md): `ddo plan`
 # shows the set and its JSON keeps it, `ddo run` in donor mode (cpu:0 computes, cpu:1 stores)
-# is verified bit-identical against the file, a refused set names its option, and
+# is verified bit-identical against the file, `ddo run` and `ddo bench` in split mode (cpu:0..2)
+# are verified and every device compared with the first, a refused set names its option, and
 # `ddo doctor --devices` measures the emulated links and refuses a name that is not a device.
 # ctest-labels: cli
 set -u
@@ -54,6 +55,35 @@ check "a store over its budget is refused naming store_device_budget_gb" \
 "$DDO_BIN" plan "$T/m.safetensors" "${SET[@]}" --ddo-execution-device cpu >"$T/e.out" 2>&1; rc=$?
 check "an execution_device other than the set's first is refused" \
     '[ $rc -ne 0 ] && grep -q "first device" "$T/e.out"'
+
+# Split mode: one session over three cpu devices; every other device's bytes are compared with
+# the first's after each acquire, and the streamed bytes arrived by split uploads.
+SPLIT=(--ddo-devices cpu:0,cpu:1,cpu:2 --ddo-device-mode split --ddo-execution-mode linear_runtime
+    --ddo-vmm-source-cache-gb 1 --ddo-vmm-resident-weight-budget-gb 0.01
+    --ddo-resident-module-budget-gb 0 --ddo-small-tensor-threshold-kb 16)
+"$DDO_BIN" plan "$T/m.safetensors" "${SPLIT[@]}" >"$T/splan.out" 2>&1; rc=$?
+check "plan shows the split set and what every device holds" \
+    '[ $rc -eq 0 ] && grep -q "device set *split: cpu:0,cpu:1,cpu:2 (3 devices; every device computes" "$T/splan.out" &&
+     grep -q "every device .*resident .* + [0-9]* slots" "$T/splan.out"'
+"$DDO_BIN" run "$T/m.safetensors" "${SPLIT[@]}" --steps 3 --tokens 4 --verify \
+    --metrics "$T/sm.jsonl" >"$T/split.out" 2>&1; rc=$?
+cat "$T/split.out"
+check "split run exits 0, verified, every device equal to the first" \
+    '[ $rc -eq 0 ] && grep -q "split devices: cpu:1,cpu:2" "$T/split.out" &&
+     grep -q "verify: OK: 3 steps bit-identical" "$T/split.out" &&
+     grep -qE "split: OK: 0 of [1-9][0-9]* tensor copies on 2 other devices" "$T/split.out"'
+check "the streamed bytes came by split uploads" \
+    'grep -oE "\"bytes_split_uploaded\":[0-9]+" "$T/sm.jsonl" | grep -qvE ":0$" &&
+     grep -q "\"split_devices\":3" "$T/sm.jsonl"'
+"$DDO_BIN" bench "$T/m.safetensors" "${SPLIT[@]}" --json "$T/sb.json" >"$T/sbench.out" 2>&1; rc=$?
+check "split bench exits 0, every case's devices equal to the first" \
+    '[ $rc -eq 0 ] && grep -q "split over 3 devices: 0 of [1-9][0-9]* tensor copies" "$T/sbench.out" &&
+     grep -q "\"split_devices_identical\": true" "$T/sb.json" &&
+     ! grep -q "\"split_devices_identical\": false" "$T/sb.json"'
+DDO_TEST_CORRUPT=2 "$DDO_BIN" run "$T/m.safetensors" "${SPLIT[@]}" --steps 3 --tokens 4 \
+    >"$T/split-bad.out" 2>&1; rc=$?
+check "a bit flipped on the first device only fails the split check" \
+    '[ $rc -eq 1 ] && grep -qE "split: FAILED: [1-9][0-9]* of" "$T/split-bad.out"'
 
 "$DDO_BIN" doctor --devices cpu:0,cpu:1 --measure-mb 16 --json >"$T/doc.json" 2>/dev/null; rc=$?
 check "doctor measures the emulated links" \

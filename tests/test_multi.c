@@ -3,7 +3,10 @@
  * their own memory, the device->device copy (peer throttle, checks), the plan's device set
  * (facts, JSON round trip, the store budget, refused sets) and donor mode: a session whose
  * streamed units live on a second cpu device and arrive by device->device copies, with the
- * bytes, stable addresses and device budgets of a single-device session, and its failures.
+ * bytes, stable addresses and device budgets of a single-device session, and its failures;
+ * split mode: one session over three cpu devices, every device's bytes equal to the host's
+ * after each acquire, the same copies on every rank, budgets per device, unload/reload and a
+ * failing all-gather or upload on one rank.
  *
  * ctest-labels: unit backend threads
  */
@@ -343,14 +346,260 @@ static void test_donor_failures(void)
     T_CONTAINS(ddo_session_error(f.s), "store device");
     ddo__device_clear_faults(f.dev);
     T_EQ_INT(fx_use(&f, u), 0);
-    /* split has no session transport yet: refused with its reason */
+    ddo_session_destroy(f.s); /* before its store device */
+    f.s = NULL;
+    ddo_device_destroy(store);
+    fx_destroy(&f);
+}
+
+/* ---- split mode: one session over N devices ---- */
+
+#define SPLIT_N 3
+
+/* A split session over f->dev and others[0..n); f's plan must be a split plan. */
+static int split_session(fx *f, ddo_device *const *others, size_t n)
+{
+    ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
+    so.config = f->cfg;
+    so.split_devices = others;
+    so.split_device_count = n;
+    f->rc = ddo_session_create(f->plan, f->ck, f->dev, &so, &f->s);
+    return f->rc;
+}
+
+/* Every tensor of unit (leased, or every resident one with unit SIZE_MAX) on device k against
+ * the host's bytes; 0 or -1. */
+static int split_check(fx *f, size_t k, size_t unit)
+{
+    int bad = 0;
+    for (size_t i = 0; i < f->nt && bad == 0; i++) {
+        size_t t = fx_tensor(f, f->names[i]);
+        ddo_tensor_location loc;
+        if (ddo_plan_tensor_location(f->plan, t, &loc) != 0)
+            return -1;
+        bool want = unit == SIZE_MAX ? loc.placement == DDO_PLACEMENT_RESIDENT
+                                     : loc.placement == DDO_PLACEMENT_STREAMED && loc.unit == unit;
+        if (!want)
+            continue;
+        void *p = NULL;
+        if (ddo_session_device_tensor_address(f->s, k, t, &p) != 0 || p == NULL)
+            return -1;
+        /* read back by the device itself (its memory is not the host's on cuda) */
+        unsigned char *buf = malloc(f->sizes[i]);
+        if (buf == NULL || ddo_session_device_tensor_read(f->s, k, t, buf, f->sizes[i]) != 0 ||
+            memcmp(buf, f->bytes[i], f->sizes[i]) != 0 ||
+            memcmp((const void *)p, f->bytes[i], f->sizes[i]) != 0 /* cpu: host memory */) {
+            fprintf(stderr, "  device %zu: tensor %s differs\n", k, f->names[i]);
+            bad = -1;
+        }
+        free(buf);
+    }
+    return bad;
+}
+
+/* Every unit twice: after each acquire every device holds the host's bytes. */
+static void split_steps(fx *f)
+{
+    for (size_t k = 0; k < SPLIT_N; k++)
+        T_CHECK(split_check(f, k, SIZE_MAX) == 0);
+    for (int step = 0; step < 2; step++)
+        for (int b = 0; b < f->o.blocks; b++) {
+            size_t u = fx_unit(f, b);
+            T_REQUIRE(ddo_session_acquire(f->s, u, f->stream) == 0);
+            T_REQUIRE(ddo_stream_synchronize(f->stream) == 0);
+            for (size_t k = 0; k < SPLIT_N; k++)
+                T_CHECK(split_check(f, k, u) == 0);
+            T_REQUIRE(ddo_session_release(f->s, u, f->stream) == 0);
+        }
+}
+
+/* A device's host->device bytes; *ops its copies and *gathers its host functions (on the
+ * cpu device the other ranks' streams run one per all-gather and nothing else). */
+static uint64_t h2d_bytes(ddo_device *d, uint64_t *ops, uint64_t *gathers)
+{
+    ddo__devop_stats st[DDO__OP_COUNT];
+    ddo__device_stats(d, st);
+    *ops = st[DDO__OP_COPY_H2D].calls;
+    *gathers = st[DDO__OP_HOST_FN].calls;
+    return st[DDO__OP_COPY_H2D].bytes;
+}
+
+/* A split session over three cpu devices on mode (from the file, or retained memory), with
+ * blocks units in slots slots and the first device's copies throttled to bps (0: none). */
+static void split_on(const char *mode, bool file, int blocks, int slots, double bps)
+{
+    fx_opts o = base;
+    o.mode = mode;
+    o.file = file;
+    o.blocks = blocks;
+    o.slots = slots;
+    o.bytes_per_s = bps;
+    o.cols = 2048; /* 512 KiB per weight: split in thirds, with a tail */
+    fx f;
+    T_REQUIRE(fx_create(&f, &o) == 0);
+    ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
+    so.config = f.cfg;
+    T_REQUIRE(ddo_session_create(f.plan, f.ck, f.dev, &so, &f.s) == 0);
+    ddo__device_usage_t one, u;
+    ddo__device_usage(f.dev, &one);
     ddo_session_destroy(f.s);
     f.s = NULL;
+
     fx_set(&f, "device_mode", "split");
-    T_REQUIRE(replan(&f, "cpu:0,cpu:1", NULL, 0) == 0);
-    ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
-    T_EQ_INT(ddo_session_create(f.plan, f.ck, f.dev, &so, &f.s), DDO_E_UNSUPPORTED);
-    ddo_device_destroy(store);
+    T_REQUIRE(replan(&f, "cpu:0,cpu:1,cpu:2", NULL, 0) == 0);
+    ddo_device *devs[SPLIT_N] = { f.dev, cpu_dev("cpu:1", DDO_GIB, 0),
+                                  cpu_dev("cpu:2", DDO_GIB, 0) };
+    T_REQUIRE(devs[1] != NULL && devs[2] != NULL);
+    T_REQUIRE(split_session(&f, devs + 1, SPLIT_N - 1) == 0);
+    ddo_plan_budgets b;
+    T_REQUIRE(ddo_plan_budgets_get(f.plan, &b) == 0);
+    uint64_t each = b.resident_bytes + (uint64_t)b.slot_count * b.slot_bytes;
+    ddo__device_usage(f.dev, &u);
+    T_EQ_U64(u.device_bytes, one.device_bytes); /* the first device: as one device */
+    for (size_t k = 1; k < SPLIT_N; k++) {
+        ddo__device_usage(devs[k], &u);
+        T_EQ_U64(u.device_bytes, each); /* the same residents and slots on every device */
+        T_CHECK(u.device_bytes <= b.device_weights_peak);
+    }
+    T_REQUIRE(ddo_session_synchronize(f.s) == 0);
+    uint64_t ops1 = 0, ops2 = 0, g1 = 0, g2 = 0;
+    uint64_t h1 = h2d_bytes(devs[1], &ops1, &g1), h2 = h2d_bytes(devs[2], &ops2, &g2);
+    split_steps(&f);
+    T_REQUIRE(ddo_session_synchronize(f.s) == 0); /* the prefetches issued: counted below */
+    T_NEAR(fx_metric(&f, "split_devices"), SPLIT_N, 0);
+    if (slots > 2) /* loads ahead of their acquires (the learned order's second pass) */
+        T_CHECK(fx_metric(&f, "prefetch_issued") > 0);
+    T_NEAR(fx_metric(&f, "split_device_bytes"), (double)each, 0);
+    double streamed = fx_metric(&f, file ? "bytes_split_copied" : "bytes_split_uploaded");
+    T_CHECK(streamed > 0);
+    uint64_t n1 = 0, n2 = 0, m1 = 0, m2 = 0;
+    h1 = h2d_bytes(devs[1], &n1, &m1) - h1;
+    h2 = h2d_bytes(devs[2], &n2, &m2) - h2;
+    if (!file) { /* each of the other devices read about 1/N of the streamed bytes from host */
+        T_EQ_U64(m1 - g1, m2 - g2); /* the same all-gathers, in the same order, on each rank */
+        T_CHECK(m1 > g1);
+        T_CHECK(n1 > ops1 && n2 > ops2);
+        T_CHECK((double)h1 < streamed / SPLIT_N + 4096.0 * (double)f.nt && h1 > 0);
+        T_CHECK((double)h2 < streamed / SPLIT_N + 4096.0 * (double)f.nt && h2 > 0);
+    } else { /* from the file: the first device reads, the others copy from it */
+        T_EQ_U64(h1, 0);
+        T_EQ_U64(h2, 0);
+    }
+
+    /* unload gives back every device's memory; reload brings the same bytes back */
+    T_REQUIRE(ddo_session_unload(f.s) == 0);
+    for (size_t k = 1; k < SPLIT_N; k++) {
+        ddo__device_usage(devs[k], &u);
+        T_EQ_U64(u.device_bytes, 0);
+    }
+    void *p = NULL;
+    T_EQ_INT(ddo_session_device_tensor_address(f.s, 1, fx_tensor(&f, f.names[0]), &p), DDO_E_STATE);
+    T_REQUIRE(ddo_session_reload(f.s) == 0);
+    split_steps(&f);
+    T_NEAR(fx_metric(&f, "split_device_peak_bytes"), (double)each, 0);
+    T_EQ_INT(ddo_session_device_tensor_address(f.s, SPLIT_N, fx_tensor(&f, f.names[0]), &p),
+             DDO_E_INVALID_ARGUMENT);
+    unsigned char one_byte = 0;
+    T_EQ_INT(ddo_session_device_tensor_read(f.s, 1, fx_tensor(&f, f.names[0]), &one_byte, 1),
+             DDO_E_INVALID_ARGUMENT);
+
+    ddo_session_destroy(f.s);
+    f.s = NULL;
+    for (size_t k = 1; k < SPLIT_N; k++) {
+        ddo__device_usage(devs[k], &u);
+        T_EQ_U64(u.device_bytes, 0);
+        T_EQ_U64(u.pinned_bytes, 0);
+        ddo_device_destroy(devs[k]);
+    }
+    fx_destroy(&f);
+}
+
+static void test_split_linear(void)
+{
+    split_on("linear_runtime", false, 4, 2, 0);
+}
+
+static void test_split_vmm_fast(void)
+{
+    split_on("vmm_fast_runtime", false, 4, 2, 0);
+}
+
+static void test_split_vmm_fast_file(void)
+{
+    split_on("vmm_fast_runtime", true, 4, 2, 0);
+}
+
+/* More units than slots with prefetch ahead, the first device slower than the others: the
+ * ranks' timing differs, their uploads and all-gathers do not. */
+static void test_split_prefetch_throttled(void)
+{
+    split_on("linear_runtime", false, 8, 3, 200e6);
+}
+
+/* What a split session refuses; a failed all-gather on one rank and a failed upload. */
+static void test_split_failures(void)
+{
+    fx_opts o = base;
+    o.mode = "linear_runtime";
+    o.cols = 2048;
+    fx f;
+    T_REQUIRE(fx_create(&f, &o) == 0);
+    ddo_device *devs[SPLIT_N] = { f.dev, cpu_dev("cpu:1", DDO_GIB, 0),
+                                  cpu_dev("cpu:2", DDO_GIB, 0) };
+    T_REQUIRE(devs[1] != NULL && devs[2] != NULL);
+    /* split devices without a split plan */
+    T_EQ_INT(split_session(&f, devs + 1, 2), DDO_E_INVALID_ARGUMENT);
+    T_CONTAINS(ddo_last_error(), "split plan");
+    fx_set(&f, "device_mode", "split");
+    T_REQUIRE(replan(&f, "cpu:0,cpu:1,cpu:2", NULL, 0) == 0);
+    /* a split plan without (all of) its devices, or one named twice */
+    T_EQ_INT(split_session(&f, NULL, 0), DDO_E_INVALID_ARGUMENT);
+    T_CONTAINS(ddo_last_error(), "split_devices");
+    T_EQ_INT(split_session(&f, devs + 1, 1), DDO_E_INVALID_ARGUMENT);
+    ddo_device *twice[2] = { devs[1], devs[1] };
+    T_EQ_INT(split_session(&f, twice, 2), DDO_E_INVALID_ARGUMENT);
+    /* another device too small for the residents and slots: nothing is left taken */
+    ddo_device *tiny = cpu_dev("cpu:3", 256 * 1024, 0);
+    T_REQUIRE(tiny != NULL);
+    ddo_device *small[2] = { devs[1], tiny };
+    T_CHECK(split_session(&f, small, 2) != 0);
+    T_CONTAINS(ddo_last_error(), "split device 2");
+    ddo__device_usage_t u;
+    ddo__device_usage(tiny, &u);
+    T_EQ_U64(u.device_bytes, 0);
+    ddo__device_usage(devs[1], &u);
+    T_EQ_U64(u.device_bytes, 0);
+    ddo_device_destroy(tiny);
+
+    T_REQUIRE(split_session(&f, devs + 1, 2) == 0);
+    /* the all-gather cannot be queued on rank 2: the acquire fails on every rank (no hang)
+     * naming the split upload, and the next acquire completes the unit everywhere */
+    size_t unit = fx_unit(&f, 0);
+    ddo__device_inject_fault(devs[2], DDO__OP_HOST_FN, 1, false, DDO_E_DEVICE);
+    T_EQ_INT(ddo_session_acquire(f.s, unit, f.stream), DDO_E_DEVICE);
+    T_CONTAINS(ddo_session_error(f.s), "split upload");
+    T_CONTAINS(ddo_session_error(f.s), "rank 2");
+    ddo__device_clear_faults(devs[2]);
+    T_REQUIRE(ddo_session_acquire(f.s, unit, f.stream) == 0);
+    T_REQUIRE(ddo_stream_synchronize(f.stream) == 0);
+    for (size_t k = 0; k < SPLIT_N; k++)
+        T_CHECK(split_check(&f, k, unit) == 0);
+    T_REQUIRE(ddo_session_release(f.s, unit, f.stream) == 0);
+    /* a host->device copy that fails on rank 1 */
+    unit = fx_unit(&f, 1);
+    ddo__device_inject_fault(devs[1], DDO__OP_COPY_H2D, 1, false, DDO_E_DEVICE);
+    T_EQ_INT(ddo_session_acquire(f.s, unit, f.stream), DDO_E_DEVICE);
+    T_CONTAINS(ddo_session_error(f.s), "split device 1");
+    ddo__device_clear_faults(devs[1]);
+    T_EQ_INT(ddo_session_acquire(f.s, unit, f.stream), 0);
+    T_REQUIRE(ddo_stream_synchronize(f.stream) == 0);
+    for (size_t k = 0; k < SPLIT_N; k++)
+        T_CHECK(split_check(&f, k, unit) == 0);
+    T_REQUIRE(ddo_session_release(f.s, unit, f.stream) == 0);
+    ddo_session_destroy(f.s);
+    f.s = NULL;
+    ddo_device_destroy(devs[1]);
+    ddo_device_destroy(devs[2]);
     fx_destroy(&f);
 }
 
@@ -363,5 +612,10 @@ int main(void)
     T_RUN(test_donor_linear_file);
     T_RUN(test_donor_vmm_runtime);
     T_RUN(test_donor_failures);
+    T_RUN(test_split_linear);
+    T_RUN(test_split_vmm_fast);
+    T_RUN(test_split_vmm_fast_file);
+    T_RUN(test_split_prefetch_throttled);
+    T_RUN(test_split_failures);
     return t_done();
 }

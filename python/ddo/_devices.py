@@ -53,6 +53,11 @@ def open_store(cfg: _native.Config, dev: Optional[ctypes.c_void_p],
     """The store device of a donor set (None without one), its figures into the plan inputs:
     its free memory and, unless peer_link_gbps gives it, the measured link to dev."""
     devs = devices_of(cfg)
+    if len(devs) >= 2 and cfg.get("device_mode") == "split":
+        raise _native.DdoError(
+            "DDO_E_UNSUPPORTED",
+            "device_mode='split' runs from the C API (ddo_session_options.split_devices) and "
+            "`ddo run`; the binding does not give one module per device yet (docs/multi-gpu.md)")
     if len(devs) < 2 or cfg.get("device_mode") != "donor":
         return None
     store = StoreDevice(devs[1])

@@ -258,6 +258,8 @@ class SessionOptions(Extensible):
         ("trace", TraceFn),
         ("trace_user", P),
         ("store_device", P),
+        ("split_devices", PP),
+        ("split_device_count", c_size_t),
     ]
 
 
@@ -496,6 +498,8 @@ FUNCTIONS: Dict[str, Tuple[Any, List[Any]]] = {
     "ddo_session_acquire": (c_int, [P, c_size_t, P]),
     "ddo_session_release": (c_int, [P, c_size_t, P]),
     "ddo_session_tensor_address": (c_int, [P, c_size_t, PP]),
+    "ddo_session_device_tensor_address": (c_int, [P, c_size_t, c_size_t, PP]),
+    "ddo_session_device_tensor_read": (c_int, [P, c_size_t, c_size_t, P, c_size_t]),
     "ddo_session_tensor_stable_address": (c_int, [P, c_size_t, PP]),
     "ddo_session_unit_addresses": (c_int, [P, c_size_t, PP, c_size_t, POINTER(c_size_t)]),
     "ddo_session_tensor_host_owned": (c_int, [P, c_size_t, POINTER(c_bool)]),

@@ -91,6 +91,9 @@ static int drop_device_state(ddo_session *s)
     int crc = ddo__session_codec_unback(s);
     if (crc != 0 && first == 0)
         first = crc;
+    crc = ddo__session_split_unback(s);
+    if (crc != 0 && first == 0)
+        first = crc;
     if (s->arena != 0 && !s->arena_unsafe) {
         int rc = ddo__dev_mem_free(s->dev, s->arena);
         if (rc != 0) {
@@ -144,6 +147,9 @@ static int make_device_state(ddo_session *s)
         if (rc != 0)
             goto fail;
     }
+    rc = ddo__session_split_back(s); /* the other devices of a split set */
+    if (rc != 0)
+        goto fail;
     return 0;
 fail:;
     ddo__errbuf keep = s->err;
@@ -241,6 +247,7 @@ void ddo__session_destroy_now(ddo_session *s)
 {
     (void)ddo__session_release_all(s);
     ddo__session_store_destroy(s);
+    ddo__session_split_destroy(s);
     free(s->store_ptr);
     free(s->store_span);
     if (s->accounts_ready) {
@@ -462,6 +469,8 @@ static int setup(ddo_session *s)
         return rc;
     }
     rc = ddo__session_store_create(s, s->opts.store_device);
+    if (rc == 0)
+        rc = ddo__session_split_create(s);
     if (rc != 0)
         return rc;
     uint64_t t_codec = ddo__now_ns();
@@ -769,6 +778,7 @@ int ddo_session_metrics(ddo_session *s, bool collect_completed, ddo_metrics **ou
     ddo__metrics_set(m, DDO_M_device_weights_bytes, (double)ddo__account_used(&s->acc_device));
     ddo__metrics_max(m, DDO_M_device_weights_peak_bytes, (double)ddo__account_peak(&s->acc_device));
     ddo__session_store_metrics(s, m);
+    ddo__session_split_metrics(s, m);
     ddo__metrics_set(m, DDO_M_retained_bytes, (double)ddo__account_used(&s->acc_retained));
     ddo__metrics_max(m, DDO_M_retained_peak_bytes, (double)ddo__account_peak(&s->acc_retained));
     ddo__metrics_set(m, DDO_M_registered_bytes, (double)ddo__account_used(&s->acc_registered));

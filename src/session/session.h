@@ -13,6 +13,8 @@
  *   session_transport.c how a tensor's bytes reach device memory: the plain transports,
  *                       the upload loops, the staging windows
  *   session_codec.c     the coded transport (weight_codec) and its decode area
+ *   session_store.c     donor mode: the store device
+ *   session_split.c     split mode: the other devices of the set, the split upload
  *   session_vmm.c       VMM ranges and mappings, the vmm_runtime layout it executes
  *   session_pool.c      vmm_runtime's per-weight handles: the pool, bind, evict (it unmaps
  *                       through session_vmm.c)
@@ -49,6 +51,8 @@
 #define DDO__COPY_PIECE_BYTES (64 * DDO_MIB)
 /* The bounce buffer used for staged bytes when the plan has no staging ring. */
 #define DDO__BOUNCE_BYTES (8 * DDO_MIB)
+/* Split mode: the most devices in a set (the communicator's limit). */
+#define DDO__SPLIT_MAX 16
 
 typedef enum ddo__slot_state {
     DDO__SLOT_FREE,
@@ -222,6 +226,17 @@ struct ddo_session {
     ddo_device *store_dev;
     uint64_t *store_ptr, *store_span;
     ddo__account acc_store;
+    /* Split mode (session_split.c): split_n devices in all (0: none); split_dev[0] and
+     * split_stream[0] are the session's device and copy stream; every other device k holds
+     * split_base[k] (the arena, then every slot) through split_acc[k], written on
+     * split_stream[k]; split_comm spans them all. Written at create, back/unback (loader idle)
+     * and destroy. */
+    size_t split_n;
+    ddo_device *split_dev[DDO__SPLIT_MAX];
+    void *split_stream[DDO__SPLIT_MAX];
+    uint64_t split_base[DDO__SPLIT_MAX];
+    ddo__account split_acc[DDO__SPLIT_MAX];
+    struct ddo__comm *split_comm;
 
     /* The loader thread and its job ring (session_loader.c; jobs queued by session_slots.c). */
     ddo__mutex mu;
@@ -354,6 +369,29 @@ bool ddo__session_store_used(const ddo_session *s);
 /* The store account's figures into a metrics snapshot. */
 void ddo__session_store_metrics(ddo_session *s, ddo__metrics_acc *m);
 
+/* ---- session_split.c (split mode) ---- */
+/* Checks the split devices against the plan; their streams and communicator (none without). */
+int ddo__session_split_create(ddo_session *s);
+/* Frees everything of split mode (teardown, after the loader stopped). */
+void ddo__session_split_destroy(ddo_session *s);
+/* True once split mode drives more than one device. */
+bool ddo__session_split_used(const ddo_session *s);
+/* Every other device's buffer, with the arena copied from the session's device (make) / freed
+ * (drop); the loader idle. */
+int ddo__session_split_back(ddo_session *s);
+int ddo__session_split_unback(ddo_session *s);
+/* Makes the session's device current again on the calling thread after calls on the others. */
+void ddo__session_split_rebind(ddo_session *s);
+/* The address on device (1..split_n) of a tensor at loc in slot (resident: the arena's copy). */
+int ddo__session_split_address(const ddo_session *s, size_t device, size_t slot,
+                               const ddo_tensor_location *loc, uint64_t *addr);
+/* The loader, in split mode instead of ddo__session_upload_unit (same contract): every
+ * streamed tensor of job->unit to dst on the session's device and to job->slot on every other
+ * device; returns once the other devices' copies are done. */
+int ddo__session_split_upload_unit(ddo_session *s, const ddo__job *job, uint64_t dst,
+                                   uint64_t *ubytes, bool *reread, ddo__errbuf *eb);
+/* The split devices' figures into a metrics snapshot. */
+void ddo__session_split_metrics(ddo_session *s, ddo__metrics_acc *m);
 /* ---- session_vmm.c ---- */
 
 /* Reads the device granularity; adopts the vmm_runtime layout (the caller then sizes the

@@ -179,7 +179,9 @@ static int run_job(ddo_session *s, ddo__job *job, ddo__errbuf *eb)
     uint64_t issue_ns = ddo__now_ns();
     uint64_t ubytes = 0;
     bool reread = false;
-    rc = ddo__session_upload_unit(s, job, dst, &ubytes, &reread, eb);
+    rc = ddo__session_split_used(s) /* every device of a split set (session_split.c) */
+             ? ddo__session_split_upload_unit(s, job, dst, &ubytes, &reread, eb)
+             : ddo__session_upload_unit(s, job, dst, &ubytes, &reread, eb);
     if (rc != 0)
         return rc;
     job->read_file = reread;

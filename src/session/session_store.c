@@ -105,10 +105,6 @@ static int check_plan(ddo_session *s, ddo_device *store, ddo_plan_info *info)
         return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
                          "ddo_session_create: a store_device needs a donor plan (devices "
                          "with device_mode=donor)");
-    if (info->device_mode == DDO_DEVICE_MODE_SPLIT)
-        return ddo__fail(&s->err, DDO_E_UNSUPPORTED,
-                         "ddo_session_create: device_mode=split has no session transport yet "
-                         "(docs/multi-gpu.md)");
     if (store == s->dev)
         return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
                          "ddo_session_create: the store device is the session's own device");

@@ -101,6 +101,55 @@ int ddo_session_tensor_address(ddo_session *s, size_t tensor, void **device_ptr)
     return 0;
 }
 
+int ddo_session_device_tensor_address(ddo_session *s, size_t device, size_t tensor,
+                                      void **device_ptr)
+{
+    void *p0 = NULL;
+    int rc = ddo_session_tensor_address(s, tensor, &p0);
+    if (rc != 0 || device == 0) {
+        if (rc == 0)
+            *device_ptr = p0;
+        return rc;
+    }
+    if (device >= s->split_n)
+        return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_device_tensor_address: device %zu out of range (the "
+                         "session drives %zu)",
+                         device, s->split_n > 0 ? s->split_n : 1);
+    ddo_tensor_location loc;
+    (void)ddo_plan_tensor_location(s->plan, tensor, &loc);
+    size_t slot = loc.placement == DDO_PLACEMENT_STREAMED ? s->units[loc.unit].slot : 0;
+    uint64_t a = 0;
+    if (ddo__session_split_address(s, device, slot, &loc, &a) != 0)
+        return ddo__fail(&s->err, DDO_E_INTERNAL,
+                         "ddo_session_device_tensor_address: device %zu holds nothing", device);
+    *device_ptr = (void *)(uintptr_t)a;
+    return 0;
+}
+
+int ddo_session_device_tensor_read(ddo_session *s, size_t device, size_t tensor, void *dst,
+                                   size_t dst_bytes)
+{
+    void *p = NULL;
+    int rc = ddo_session_device_tensor_address(s, device, tensor, &p);
+    if (rc != 0)
+        return rc;
+    ddo_tensor_location loc;
+    (void)ddo_plan_tensor_location(s->plan, tensor, &loc);
+    if (dst == NULL || dst_bytes < loc.nbytes)
+        return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_device_tensor_read: tensor \"%s\" needs %llu bytes at dst",
+                         ddo__session_tensor_name(s, tensor), (unsigned long long)loc.nbytes);
+    ddo_device *dev = device == 0 ? s->dev : s->split_dev[device];
+    rc = ddo__dev_copy_d2h(dev, dst, (uint64_t)(uintptr_t)p, (size_t)loc.nbytes);
+    if (device != 0)
+        ddo__session_split_rebind(s);
+    if (rc != 0)
+        return ddo__session_fail_ctx(&s->err, rc, "ddo_session_device_tensor_read: device %zu",
+                                     device);
+    return 0;
+}
+
 /* The address of a resident tensor, or of a streamed one at `base` (its unit's range, slot
  * or weight range). */
 static uint64_t tensor_at(const ddo_session *s, size_t tensor, const ddo_tensor_location *loc,

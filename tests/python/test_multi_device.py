@@ -76,3 +76,13 @@ def test_devices_must_start_with_the_execution_device():
     with pytest.raises(ddo.DdoError) as e:
         ddo.enable_offload(m, backend="vmm", devices=["cpu:0", "cpu:1"], **ZERO_RESIDENT)
     assert "first device" in str(e.value)
+
+
+def test_split_mode_refused_with_its_reason():
+    m = models.FluxLike(dtype=torch.bfloat16, seed=15)
+    with pytest.raises(ddo.DdoError) as e:
+        ddo.enable_offload(m, backend="vmm", devices=["cpu:0", "cpu:1"], device_mode="split",
+                           **DONOR)
+    assert e.value.code == "DDO_E_UNSUPPORTED" and "split_devices" in str(e.value)
+    # nothing is left managed: the module works as before
+    ddo.enable_offload(m, backend="vmm", devices=["cpu:0", "cpu:1"], **DONOR).close()

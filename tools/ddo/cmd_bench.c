@@ -381,6 +381,9 @@ typedef struct case_result {
     bool have_checksum;
     int identical; /* -1 unknown (no resident run), 0 no, 1 yes */
     uint64_t computed, skipped;
+    /* split mode: every tensor on every other device against the first device's bytes */
+    size_t split_devices; /* 0: not a split case */
+    uint64_t split_checked, split_differ;
 } case_result;
 
 /* ---- the bench context ------------------------------------------------------------- */
@@ -403,6 +406,8 @@ typedef struct bench {
     uint64_t resident_checksum;
     bool have_resident;
     trace tr;
+    ddo_device *split[15]; /* split mode: the set's devices after the first (opened once) */
+    size_t split_count;
 } bench;
 
 static int fail_case(case_result *r, const char *what, int rc, const char *detail)
@@ -522,6 +527,71 @@ static int verify_step(bench *b, ddo_session *s, const ddo_plan *plan, uint64_t 
     rc = ref_host_step_checksum(b->verify, b->stream, checksum);
     if (rc != 0)
         return fail_case(r, "checksum", rc, ref_host_error(b->verify));
+    return 0;
+}
+
+/* Split mode (docs/multi-gpu.md): opens the set's devices after the first, once per bench;
+ * *is_split tells whether plan is a split plan. */
+static int open_split(bench *b, const ddo_plan *plan, bool *is_split, case_result *r)
+{
+    ddo_plan_info info = DDO_PLAN_INFO_INIT;
+    *is_split = ddo_plan_info_get(plan, &info) == 0 && info.device_mode == DDO_DEVICE_MODE_SPLIT;
+    if (!*is_split || b->split_count > 0)
+        return 0;
+    for (const char *p = strchr(info.devices, ','); p != NULL; p = strchr(p + 1, ',')) {
+        char spec[64];
+        snprintf(spec, sizeof(spec), "%s", p + 1);
+        spec[strcspn(spec, ",")] = '\0';
+        if (b->split_count == sizeof b->split / sizeof b->split[0])
+            break;
+        int rc = ddo_device_create(spec, NULL, &b->split[b->split_count]);
+        if (rc != 0)
+            return fail_case(r, "split device", rc, ddo_last_error());
+        b->split_count++;
+    }
+    return 0;
+}
+
+/* Split mode: every tensor as every other device holds it, read back, against the first
+ * device's bytes (each unit acquired once, its upload complete first). */
+static int split_compare(bench *b, ddo_session *s, const ddo_plan *plan, case_result *r)
+{
+    size_t n = ddo_checkpoint_tensor_count(b->ck), held = SIZE_MAX;
+    int rc = 0;
+    r->split_devices = b->split_count + 1;
+    for (size_t t = 0; t < n && rc == 0; t++) {
+        ddo_placement pl = tool_placement(plan, t);
+        const ddo_tensor_info *ti = ddo_checkpoint_tensor(b->ck, t);
+        if (pl == DDO_PLACEMENT_SKIPPED || ti == NULL)
+            continue;
+        size_t u = pl == DDO_PLACEMENT_STREAMED ? tool_unit(plan, t) : SIZE_MAX;
+        if (u != SIZE_MAX && u != held) {
+            rc = held != SIZE_MAX ? ddo_session_release(s, held, b->stream) : 0;
+            held = SIZE_MAX;
+            if (rc == 0 && (rc = ddo_session_acquire(s, u, b->stream)) == 0)
+                held = u;
+            if (rc == 0)
+                rc = ddo_stream_synchronize(b->stream);
+            if (rc != 0)
+                break;
+        }
+        size_t len = (size_t)ti->nbytes;
+        unsigned char *first = malloc(len ? len : 1), *other = malloc(len ? len : 1);
+        rc = first == NULL || other == NULL ? DDO_E_NO_MEMORY
+                                            : ddo_session_device_tensor_read(s, 0, t, first, len);
+        for (size_t k = 1; k <= b->split_count && rc == 0; k++) {
+            rc = ddo_session_device_tensor_read(s, k, t, other, len);
+            r->split_checked++;
+            if (rc == 0 && memcmp(first, other, len) != 0)
+                r->split_differ++;
+        }
+        free(first);
+        free(other);
+    }
+    int rc2 = held != SIZE_MAX ? ddo_session_release(s, held, b->stream) : 0;
+    rc = rc != 0 ? rc : rc2;
+    if (rc != 0)
+        return fail_case(r, "split: comparing the devices", rc, ddo_session_error(s));
     return 0;
 }
 
@@ -706,10 +776,15 @@ static int run_case(bench *b, ddo_config *cfg, uint64_t steps, uint64_t trace_st
     int rc = case_plan(b, cfg, r, &plan, &o);
     if (rc != 0)
         goto out;
+    bool split = false;
+    if ((rc = open_split(b, plan, &split, r)) != 0)
+        goto out;
     base_free = device_free(b->dev);
     min_free = base_free;
     ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
     so.config = cfg;
+    so.split_devices = split ? b->split : NULL;
+    so.split_device_count = split ? b->split_count : 0;
     if (b->a->trace_path != NULL) {
         so.trace = session_trace_fn;
         so.trace_user = &b->tr;
@@ -740,6 +815,8 @@ static int run_case(bench *b, ddo_config *cfg, uint64_t steps, uint64_t trace_st
     if ((rc = verify_step(b, s, plan, &r->checksum, r)) != 0)
         goto out;
     r->have_checksum = true;
+    if (split && (rc = split_compare(b, s, plan, r)) != 0)
+        goto out;
     if ((rc = traced_steps(b, s, &o, trace_steps, &min_free, r)) != 0 ||
         (rc = final_metrics(b, s, r)) != 0)
         goto out;
@@ -921,6 +998,10 @@ static void print_table(const bench *b, const case_result *res, size_t n)
                (double)(b->caps.is_cpu ? r->session_peak : r->driver_peak) / GIB_D,
                (double)r->plan_peak / GIB_D, budget, r->peak_ok ? "ok" : "OVER",
                yes_no(r->identical));
+        if (r->split_devices > 0)
+            printf("%-14s split over %zu devices: %" PRIu64 " of %" PRIu64
+                   " tensor copies on the other devices differ from the first's\n",
+                   "", r->split_devices, r->split_differ, r->split_checked);
     }
     print_codec_table(res, n);
     fflush(stdout);
@@ -1005,6 +1086,11 @@ static int write_json(const bench *b, const case_result *res, size_t n, const ch
         json_object_set_new(o, "checksum", json_string(sum));
         json_object_set_new(o, "bit_identical",
                             r->identical < 0 ? json_null() : json_boolean(r->identical == 1));
+        if (r->split_devices > 0) {
+            json_object_set_new(o, "split_devices", json_integer((json_int_t)r->split_devices));
+            json_object_set_new(o, "split_devices_identical",
+                                json_boolean(r->split_checked > 0 && r->split_differ == 0));
+        }
         json_object_set_new(o, "weights_computed", json_integer((json_int_t)r->computed));
         json_object_set_new(o, "weights_skipped", json_integer((json_int_t)r->skipped));
         json_object_set_new(o, "weight_codec", json_string(r->coded ? "ddoc1" : "none"));
@@ -1329,7 +1415,8 @@ static bool run_cases(bench *b, bench_args *a, case_result *res, size_t *nres)
     bool all_ok = true;
     for (size_t i = 0; i < *nres; i++) {
         finish_result(b, &res[i]);
-        if (!res[i].ran || !res[i].peak_ok || res[i].identical == 0)
+        if (!res[i].ran || !res[i].peak_ok || res[i].identical == 0 ||
+            (res[i].split_devices > 0 && (res[i].split_differ > 0 || res[i].split_checked == 0)))
             all_ok = false;
     }
     return all_ok;
@@ -1430,6 +1517,8 @@ out:
         unlink(synth_path);
     tool_cleanup_forget(synth_slot);
     ddo_stream_destroy(b.stream);
+    for (size_t k = 0; k < b.split_count; k++)
+        ddo_device_destroy(b.split[k]);
     ddo_setup_destroy(b.setup);
     ddo_config_destroy(b.cfg);
     for (size_t i = 0; i < a.ncases; i++)

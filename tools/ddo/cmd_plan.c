@@ -66,17 +66,24 @@ static const char *gib(uint64_t bytes, char *buf, size_t len)
 /* weight_codec: the streamed units' bytes raw and (estimated) coded, and what the estimate
  * assumed. */
 /* The device set (docs/multi-gpu.md): which device computes, which stores, the link. */
-static void print_device_set(const ddo_plan_info *info, char *a, char *b, size_t len)
+static void print_device_set(const ddo_plan_info *info, const ddo_plan_budgets *bg, char *a,
+                             char *b, size_t len)
 {
     if (info->device_mode == DDO_DEVICE_MODE_SINGLE)
         return;
     bool donor = info->device_mode == DDO_DEVICE_MODE_DONOR;
-    printf("  device set       %s: %s (%zu devices; the first computes%s)\n",
-           donor ? "donor" : "split", info->devices, info->device_count,
-           donor ? ", the second stores every streamed unit" : ", each reads 1/N of a unit");
+    printf("  device set       %s: %s (%zu devices; %s)\n", donor ? "donor" : "split",
+           info->devices, info->device_count,
+           donor ? "the first computes, the second stores every streamed unit"
+                 : "every device computes, each reads 1/N of a unit from host memory");
     if (donor)
         printf("  store device     %s / %s\n", gib(info->store_bytes, a, len),
                info->store_limit ? gib(info->store_limit, b, len) : "no limit known");
+    else /* split: the first device's residents and slots, on every device */
+        printf("  every device     %s  (resident %s + %zu slots; each device holds the same, "
+               "within its own budget)\n",
+               gib(bg->resident_bytes + (uint64_t)bg->slot_count * bg->slot_bytes, a, len),
+               gib(bg->resident_bytes, b, len), bg->slot_count);
     if (info->peer_bytes_per_s > 0)
         printf("  device link      %.1f GB/s device->device\n", info->peer_bytes_per_s / 1e9);
     else
@@ -199,7 +206,7 @@ static void print_table(const ddo_plan *plan, const char *path)
            bg.staging_windows, (double)bg.staging_window_bytes / 1048576.0);
     if (codec)
         print_codec(plan);
-    print_device_set(&info, a, b, sizeof(a));
+    print_device_set(&info, &bg, a, b, sizeof(a));
     const char *raw_step = codec ? tool_decision(plan, "codec_raw_predicted_step_s") : NULL;
     if (cost_on && raw_step != NULL)
         printf("  predicted step   %.3f s coded (%.3f s raw)\n", bg.predicted_step_s,

@@ -93,6 +93,10 @@ static void usage(FILE *out)
             "  --cpu-memory-gb M  cpu device: its memory size in GiB\n"
             "  --file-read-gbps F  the checkpoint file's read rate for the plan, GB/s (default:\n"
             "                   the last calibration's): prices re-reads from the file\n\n"
+            "A device set (--ddo-devices A,B[,...]): donor mode opens the second device as the\n"
+            "store; split mode (--ddo-device-mode split) opens every device after the first\n"
+            "and (on the cpu device, or with --verify) compares every other device's bytes\n"
+            "with the first's after each acquire (exit 1 on a difference).\n\n"
             "The environment (DDO_*) applies first, then the --ddo-* flags; `ddo config --list`\n"
             "lists them. Pipeline components take their route from DDO_<COMPONENT>_ROUTE.\n");
 }
@@ -225,6 +229,15 @@ typedef struct run_ctx {
     ddo_device_caps caps;
     uint64_t baseline_used;
     ddo_device *store; /* donor mode: the store device (the set's second), opened for a session */
+    /* split mode: the set's devices after the first, opened for a session; the tally of the
+     * per-device checks (every other device's bytes against the first's; through `tally`,
+     * which run_step's const context may write) */
+    ddo_device *split[15];
+    size_t split_count;
+    const ddo_checkpoint *ck;
+    struct split_tally {
+        uint64_t checked, differ;
+    } split_tally, *tally;
 } run_ctx;
 
 static void fail_msg(const char *what, int rc, const char *detail)
@@ -437,6 +450,90 @@ static int open_store(run_ctx *ctx, const ddo_plan *plan)
     return 0;
 }
 
+/* Split mode (docs/multi-gpu.md): opens the set's devices after the first; 0 otherwise. */
+static int open_split(run_ctx *ctx, const ddo_plan *plan)
+{
+    ddo_plan_info info = DDO_PLAN_INFO_INIT;
+    if (ctx->split_count > 0 || ddo_plan_info_get(plan, &info) != 0 ||
+        info.device_mode != DDO_DEVICE_MODE_SPLIT)
+        return 0;
+    const char *p = strchr(info.devices, ',');
+    while (p != NULL && ctx->split_count < sizeof ctx->split / sizeof ctx->split[0]) {
+        char spec[64];
+        snprintf(spec, sizeof(spec), "%s", p + 1);
+        spec[strcspn(spec, ",")] = '\0';
+        int rc = ddo_device_create(spec, NULL, &ctx->split[ctx->split_count]);
+        if (rc != 0) {
+            fail_msg("split device", rc, ddo_last_error());
+            return rc;
+        }
+        ctx->split_count++;
+        p = strchr(p + 1, ',');
+    }
+    printf("split devices: %s (split mode: every device holds every unit)\n",
+           strchr(info.devices, ',') + 1);
+    memset(&ctx->split_tally, 0, sizeof ctx->split_tally);
+    ctx->tally = &ctx->split_tally;
+    return 0;
+}
+
+static void close_split(run_ctx *ctx)
+{
+    for (size_t k = 0; k < ctx->split_count; k++)
+        ddo_device_destroy(ctx->split[k]);
+    ctx->split_count = 0;
+    ctx->tally = NULL;
+}
+
+/* The split check's line (none without one); 0, or 1 when a device differed or nothing was
+ * compared. */
+static int split_report(const run_ctx *ctx)
+{
+    if (ctx->split_count == 0)
+        return 0;
+    if (!ctx->caps.is_cpu && !ctx->args->verify) {
+        printf("split: the other devices' bytes are compared with --verify\n");
+        return 0;
+    }
+    const struct split_tally *t = &ctx->split_tally;
+    bool ok = t->differ == 0 && t->checked > 0;
+    printf("split: %s: %" PRIu64 " of %" PRIu64 " tensor copies on %zu other devices differ "
+           "from the first device's\n",
+           ok ? "OK" : "FAILED", t->differ, t->checked, ctx->split_count);
+    return ok ? 0 : 1;
+}
+
+/* Split mode, on the cpu device or with --verify: every tensor of g as every other device holds
+ * it against the first device's bytes (read back; the upload complete first). */
+static int check_split(const run_ctx *ctx, ddo_session *s, const exec_group *g, ddo_stream *stream)
+{
+    if (ctx->split_count == 0 || ctx->tally == NULL || (!ctx->caps.is_cpu && !ctx->args->verify))
+        return 0;
+    int rc = ctx->caps.is_cpu ? 0 : ddo_stream_synchronize(stream);
+    for (size_t j = 0; j < g->count && rc == 0; j++) {
+        const ddo_tensor_info *ti = ddo_checkpoint_tensor(ctx->ck, g->tensors[j]);
+        void *p0 = NULL;
+        if (ti == NULL || ddo_session_device_tensor_address(s, 0, g->tensors[j], &p0) != 0)
+            continue; /* skipped */
+        size_t n = (size_t)ti->nbytes;
+        unsigned char *first = malloc(n ? n : 1), *other = malloc(n ? n : 1);
+        rc = first == NULL || other == NULL
+                 ? DDO_E_NO_MEMORY
+                 : ddo_session_device_tensor_read(s, 0, g->tensors[j], first, n);
+        for (size_t k = 1; k <= ctx->split_count && rc == 0; k++) {
+            rc = ddo_session_device_tensor_read(s, k, g->tensors[j], other, n);
+            ctx->tally->checked++;
+            if (rc == 0 && memcmp(first, other, n) != 0)
+                ctx->tally->differ++;
+        }
+        free(first);
+        free(other);
+    }
+    if (rc != 0)
+        fail_msg("split: reading a device's bytes back", rc, ddo_session_error(s));
+    return rc;
+}
+
 /* Creates the session of plan (progress on a terminal through ps) and prints its setup time. */
 static int create_session(run_ctx *ctx, const ddo_plan *plan, const ddo_checkpoint *ck,
                           ddo_config *cfg, progress_state *ps, ddo_session **s)
@@ -448,10 +545,16 @@ static int create_session(run_ctx *ctx, const ddo_plan *plan, const ddo_checkpoi
         so.progress_user = ps;
     }
     so.config = cfg; /* workers, read engine, registration fallback, reclaim */
+    ctx->ck = ck;
     int src = open_store(ctx, plan);
     if (src != 0)
         return src;
     so.store_device = ctx->store;
+    src = open_split(ctx, plan);
+    if (src != 0)
+        return src;
+    so.split_devices = ctx->split;
+    so.split_device_count = ctx->split_count;
     uint64_t t_setup = tool_now_ns();
     int rc = ddo_session_create(plan, ck, ctx->dev, &so, s);
     if (ps->phase[0] != '\0' && ps->last_percent < 100)
@@ -495,6 +598,9 @@ static int run_step(const run_ctx *ctx, ddo_session *s, ref_host *host, ddo_stre
             if (a->corrupt_step == step + 1 && gi + 1 == o->count)
                 corrupt(s, g);
         }
+        rc = check_split(ctx, s, g, stream);
+        if (rc != 0)
+            return rc;
         rc = ref_host_run_tensors(host, s, g->tensors, g->count, stream);
         if (rc != 0) {
             fail_msg("compute", rc, ref_host_error(host));
@@ -834,7 +940,7 @@ static int run_checkpoint(run_ctx *ctx, const char *path, const char *component,
            fmt_bytes((double)budgets.device_weights_peak, b4, sizeof b4));
     if (report_metrics(a, m, component) != 0)
         goto out;
-    if (a->verify && verify_steps(ctx, ck, &o, sums, refs) != 0)
+    if ((a->verify && verify_steps(ctx, ck, &o, sums, refs) != 0) || split_report(ctx) != 0)
         goto out;
     status = 0;
 out:
@@ -844,6 +950,7 @@ out:
     ddo_session_destroy(s);
     ddo_device_destroy(ctx->store); /* after the session that used it */
     ctx->store = NULL;
+    close_split(ctx);
     ddo_stream_destroy(stream);
     if (ctx->dev != NULL) {
         used = device_used(ctx->dev);
