@@ -138,8 +138,9 @@ _BYTE_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ")
 
 
 def as_bytes(torch_dtype: torch.dtype, dt: int, to_torch: Dict[int, torch.dtype]) -> bool:
-    """A uint8 parameter standing for checkpoint dtype dt, which this torch cannot name."""
-    return torch_dtype == torch.uint8 and dt not in to_torch and _dtype_name(dt) in _BYTE_DTYPES
+    """A uint8 parameter standing for one-byte checkpoint dtype dt (FP8) as its raw bytes: what
+    a torch without float8 must declare, and what a model may declare on any torch."""
+    return torch_dtype == torch.uint8 and _dtype_name(dt) in _BYTE_DTYPES
 
 
 def block_bytes_shape(p: torch.Tensor, dt: int,
@@ -271,8 +272,10 @@ def file_checkpoint(result: Any, module: torch.nn.Module, source: Any,
         record: Any = _Param  # offload.py's record (not annotated)
         for i, (name, di, tshape, _nb) in enumerate(table(ck)):
             ps = params.get(i, [])
-            entry = record(i, name, torch.empty(0, dtype=torch_dtype_of(di, to_torch)),
-                           _dtype_name(di))
+            td = torch_dtype_of(di, to_torch)
+            if ps and as_bytes(ps[0].dtype, di, to_torch):
+                td = torch.uint8  # the model declares the FP8 bytes as uint8 (any torch)
+            entry = record(i, name, torch.empty(0, dtype=td), _dtype_name(di))
             entry.shape = stored_shape(di, tshape)
             entry.params = list(ps)
             tensors.append(entry)

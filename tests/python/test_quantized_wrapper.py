@@ -352,7 +352,7 @@ def refused(lin, match):
     assert objects(lin.weight) == before
 
 
-def test_wrappers_ddo_cannot_rebind_are_named():
+def test_wrappers_ddo_cannot_rebind_are_named(without_diffusers):
     code = e4m3_encode(torch.randn(8, 16) * 0.1)
     row = torch.ones(8)
 
@@ -404,6 +404,25 @@ def test_wrappers_ddo_cannot_rebind_are_named():
     with pytest.raises(ddo.DdoError, match=r"inner tensor alias is the same tensor as another"):
         ddo.enable_offload(lin, **ZERO_RESIDENT)
 
+
+
+def test_unstreamable_wrappers_take_the_compatibility_route(monkeypatch):
+    """Where Diffusers is importable (the GPU machine) the auto route sends a module ddo cannot
+    stream to Diffusers' group offload, naming the parameter and why, instead of refusing."""
+    from ddo import routing
+    monkeypatch.setattr(routing, "_diffusers_available", lambda: True)
+
+    class NoInner(StandInFloat8WeightOnly):
+        def __tensor_flatten__(self):
+            return [], self.dtype
+
+    lin = wrapped_linear(lambda: NoInner(e4m3_encode(torch.randn(8, 16) * 0.1), torch.ones(8)))
+    pol, _cfg, _st = routing.resolve_route(lin, execution_device="cpu")
+    assert pol["route"] == "diffusers_group_offload", pol
+    assert "weight" in pol["route_source"] and "names no inner tensors" in pol["route_source"]
+    monkeypatch.setattr(routing, "_diffusers_available", lambda: False)
+    pol, _cfg, _st = routing.resolve_route(lin, execution_device="cpu")
+    assert pol["route"] == "dynamic_offload", pol
 
 def test_routing_keeps_streamable_wrappers(without_diffusers):
     from ddo import routing
