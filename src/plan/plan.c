@@ -180,16 +180,17 @@ static int place_and_select(builder *b, budgets_in *bi, uint64_t *limit, char *s
  * rest pageable, copied through the staging windows at the CPU's copy rate (on the H200 an 8 GiB
  * card's Flux step took 2.25 x the bus bound so); the retained store is already inside the host
  * budget (MemAvailable and the cgroup limit less system_ram_headroom_gb), so registering it takes
- * no more RAM. A pin budget or ratio of the user's, pin_cpu_memory off and WSL keep theirs. */
+ * no more RAM. Where RAM is short (skip_insufficient_ram) nothing is pinned, so the OS can still
+ * page the store; a pin budget or ratio of the user's, pin_cpu_memory off and WSL keep theirs. */
 static void fill_pins(builder *b, budgets_in *bi)
 {
     const ddo__options *o = b->o;
-    if (!b->fill || !bi->balanced || !o->pin_cpu_memory || o->pin_weight_budget_gb > 0.0 ||
-        o->pin_weight_budget_ratio > 0.0 || ddo__route_maps(b->p->route))
+    if (!b->fill || !bi->balanced || bi->skip_pin || !o->pin_cpu_memory ||
+        o->pin_weight_budget_gb > 0.0 || o->pin_weight_budget_ratio > 0.0 ||
+        ddo__route_maps(b->p->route))
         return;
     bi->pin_budget = 0;
     bi->pin_ratio = 0.0;
-    bi->skip_pin = false;
     ddo__decisions_set_str(&b->p->decisions, "pin_weight_rule", "fill_registers_retained");
 }
 
