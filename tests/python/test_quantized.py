@@ -99,6 +99,23 @@ def e4m3_table():
 E4M3 = e4m3_table()
 
 
+def moved_as_stored(r, streamed, nbytes, opts, moved, byte_dtypes):
+    """The bytes STEPS steps moved are the stored bytes of the streamed units (nbytes: name ->
+    stored bytes); byte_dtypes: the dtypes a codec leaves as stored. The window's edges may cut
+    an upload the session prefetched across a step's end: at most slot_count units."""
+    per_unit = {}
+    for t in streamed:
+        per_unit[t.unit] = per_unit.get(t.unit, 0) + nbytes[t.name]
+    total, edge = sum(per_unit.values()), r.budgets()["slot_count"] * max(per_unit.values())
+    if "resident_module_patterns" in opts:  # free slots may keep a unit: no copy
+        assert 0 < moved <= STEPS * total + edge, (moved, total)
+    elif "weight_codec" in opts:  # the float tensors move coded (smaller), bytes as stored
+        raw = sum(nbytes[t.name] for t in streamed if t.dtype_name in byte_dtypes)
+        assert STEPS * raw < moved <= STEPS * total + edge, (moved, raw, total)
+    else:
+        assert abs(moved - STEPS * total) <= edge, (moved, total)
+
+
 def e4m3_encode(w):
     """float -> the nearest E4M3 byte (what a float8_e4m3fn cast stores), as uint8."""
     finite = torch.arange(256)[~torch.isnan(E4M3)]
@@ -210,18 +227,8 @@ def test_bit_identical_and_stored_bytes_every_route(backend, opts, storage):
         # layers' uint8 / float8 bytes as the module held them, never a dequantized copy,
         # which would be 3.8 x (Q8_0) and 4 x (FP8) more). The window's edges may cut an
         # upload the session prefetched across a step's end: at most slot_count units.
-        per_unit = {}
-        for t in streamed:
-            per_unit[t.unit] = per_unit.get(t.unit, 0) + nbytes[t.name]
-        total, edge = sum(per_unit.values()), r.budgets()["slot_count"] * max(per_unit.values())
-        moved = snap2.get("copy_bytes") - snap1.get("copy_bytes")
-        if "resident_module_patterns" in opts:  # free slots may keep a unit: no copy
-            assert 0 < moved <= STEPS * total + edge, (moved, total)
-        elif "weight_codec" in opts:  # the float tensors move coded (smaller), U8 as stored
-            raw = sum(nbytes[t.name] for t in streamed if t.dtype_name == "U8")
-            assert STEPS * raw < moved <= STEPS * total + edge, (moved, raw, total)
-        else:
-            assert abs(moved - STEPS * total) <= edge, (moved, total)
+        moved_as_stored(r, streamed, nbytes, opts, snap2.get("copy_bytes") -
+                        snap1.get("copy_bytes"), ("U8",))
         for n, p in quant_params(m).items():  # the very objects, type and attributes
             assert p is before[n][0] and type(p) is GGUFLikeParameter
             assert p.__dict__ == before[n][1]

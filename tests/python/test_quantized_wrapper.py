@@ -19,13 +19,25 @@ from torch.utils._pytree import tree_map
 
 import ddo
 from conftest import ZERO_RESIDENT
-from test_quantized import E4M3, ROUTES, e4m3_encode
+from test_quantized import E4M3, ROUTES, e4m3_encode, moved_as_stored, STEPS
 
 HAS_FP8 = hasattr(torch, "float8_e4m3fn")
 QDTYPES = [torch.uint8] + ([torch.float8_e4m3fn] if HAS_FP8 else [])
 
 
-class StandInFloat8WeightOnly(torch.Tensor):
+class WeightOnlyDispatch(torch.Tensor):
+    """The two stand-ins' torch function and dispatch: weight_only_function / _dispatch."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return weight_only_function(cls, func, args, kwargs or {})
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return weight_only_dispatch(cls, func, args, kwargs or {})
+
+
+class StandInFloat8WeightOnly(WeightOnlyDispatch):
     """STAND-IN for TorchAO's float8 weight-only tensor: inner ``qdata`` and ``scale``; the
     wrapper's own dtype is the compute dtype (float32 here)."""
 
@@ -58,14 +70,6 @@ class StandInFloat8WeightOnly(torch.Tensor):
         """aten.detach (nn.Parameter(...) calls it): a wrapper over detached inner aliases."""
         return type(self)(self.qdata.detach(), self.scale.detach(), self.dtype)
 
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        return weight_only_function(cls, func, args, kwargs or {})
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return weight_only_dispatch(cls, func, args, kwargs or {})
-
 
 def weight_only_function(cls, func, args, kwargs):
     """TorchAO's weight-only F.linear: the weight dequantized, then a plain linear."""
@@ -88,7 +92,7 @@ def weight_only_dispatch(cls, func, args, kwargs):
     raise NotImplementedError(f"{cls.__name__}: {func}")
 
 
-class StandInAffineQuantized(torch.Tensor):
+class StandInAffineQuantized(WeightOnlyDispatch):
     """STAND-IN for TorchAO's AffineQuantizedTensor (its float8 weight-only form): the data
     and scale live in an inner wrapper, ``tensor_impl`` (the flat stand-in above plays AQT's
     Float8AQTTensorImpl), flattened as ["tensor_impl"] with a context of attributes."""
@@ -118,14 +122,6 @@ class StandInAffineQuantized(torch.Tensor):
 
     def detached(self):
         return type(self)(self.tensor_impl.detach(), self.dtype)
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        return weight_only_function(cls, func, args, kwargs or {})
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return weight_only_dispatch(cls, func, args, kwargs or {})
 
 
 def quantize(w, qdtype, nested=False):
@@ -214,8 +210,6 @@ def same_objects(m, before):
     assert set(wrappers(m)) == set(before)
 
 
-STEPS = 6
-
 
 def steps(m, x, n=3):
     with torch.no_grad():
@@ -263,18 +257,9 @@ def test_wrapper_bit_identical_and_stored_bytes_every_route(backend, opts, qdtyp
         outs += steps(r.module, x, STEPS)
         snap2 = r.metrics_snapshot(collect_completed=True)
         assert all(torch.equal(o, ref[0]) for o in outs)
-        per_unit = {}
-        for t in streamed:
-            per_unit[t.unit] = per_unit.get(t.unit, 0) + inner[t.name]
-        total, edge = sum(per_unit.values()), r.budgets()["slot_count"] * max(per_unit.values())
-        moved = snap2.get("copy_bytes") - snap1.get("copy_bytes")
-        if "resident_module_patterns" in opts:  # free slots may keep a unit: no copy
-            assert 0 < moved <= STEPS * total + edge, (moved, total)
-        elif "weight_codec" in opts:  # float tensors move coded (smaller), byte tensors as stored
-            raw = sum(inner[t.name] for t in streamed if t.dtype_name in ("U8", "F8_E4M3"))
-            assert STEPS * raw < moved <= STEPS * total + edge, (moved, raw, total)
-        else:  # the stored bytes (1 byte a weight plus the scales), never a dequantized copy
-            assert abs(moved - STEPS * total) <= edge, (moved, total)
+        # the stored bytes (1 byte a weight plus the scales), never a dequantized copy
+        moved_as_stored(r, streamed, inner, opts, snap2.get("copy_bytes") -
+                        snap1.get("copy_bytes"), ("U8", "F8_E4M3"))
         same_objects(m, before)
         # Between forwards a streamed unit's inner tensors show the empty placeholder (the
         # wrapper itself is untouched); a unit still leased shows its whole bytes.
@@ -403,7 +388,6 @@ def test_wrappers_ddo_cannot_rebind_are_named(without_diffusers):
     lin.weight.alias = lin.weight.scale  # (set on the Parameter: its detach made new inners)
     with pytest.raises(ddo.DdoError, match=r"inner tensor alias is the same tensor as another"):
         ddo.enable_offload(lin, **ZERO_RESIDENT)
-
 
 
 def test_unstreamable_wrappers_take_the_compatibility_route(monkeypatch):
