@@ -210,7 +210,6 @@ def same_objects(m, before):
     assert set(wrappers(m)) == set(before)
 
 
-
 def steps(m, x, n=3):
     with torch.no_grad():
         return [m(x) for _ in range(n)]
@@ -407,6 +406,7 @@ def test_unstreamable_wrappers_take_the_compatibility_route(monkeypatch):
     monkeypatch.setattr(routing, "_diffusers_available", lambda: False)
     pol, _cfg, _st = routing.resolve_route(lin, execution_device="cpu")
     assert pol["route"] == "dynamic_offload", pol
+
 
 def test_routing_keeps_streamable_wrappers(without_diffusers):
     from ddo import routing
