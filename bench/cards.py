@@ -12,7 +12,7 @@ memory sampled, above the baseline) and bit-identity against the resident run. P
 card: (a)/(b) and (a)/max(resident step, streamed bytes / measured bus).
 
 The models are stand-ins of the same tensor shapes: every tensor of the architecture's layout
-(data/layouts/*.json; Qwen-Image's written below from its published configuration) is a
+(data/layouts/*.json; Qwen-Image's written from its published configuration) is a
 parameter of a module tree of the same names, and the forward runs every 2-D weight as a real
 matmul over the tokens (the running hidden state cut or tiled to the weight's input width), so
 the bytes, the units and the FLOPs are the real model's, the wiring is not.
@@ -50,45 +50,9 @@ def log(msg):
     print(f"[cards {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def qwen_image_layout(layers=60, dim=3072, txt=3584, ffn=12288, head=128, ch=64):
-    """Qwen-Image's transformer (QwenImageTransformer2DModel, 20.4 B parameters) as a layout:
-    the published configuration's shapes under Diffusers' names."""
-    t = []
-
-    def lin(name, o, i, bias=True):
-        t.append({"name": f"{name}.weight", "shape": [o, i], "dtype": "BF16"})
-        if bias:
-            t.append({"name": f"{name}.bias", "shape": [o], "dtype": "BF16"})
-
-    lin("img_in", dim, ch)
-    t.append({"name": "txt_norm.weight", "shape": [txt], "dtype": "BF16"})
-    lin("txt_in", dim, txt)
-    lin("time_text_embed.timestep_embedder.linear_1", dim, 256)
-    lin("time_text_embed.timestep_embedder.linear_2", dim, dim)
-    for i in range(layers):
-        b = f"transformer_blocks.{i}"
-        lin(f"{b}.img_mod.1", 6 * dim, dim)
-        for p in ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj", "to_out.0",
-                  "to_add_out"):
-            lin(f"{b}.attn.{p}", dim, dim)
-        for n in ("norm_q", "norm_k", "norm_added_q", "norm_added_k"):
-            t.append({"name": f"{b}.attn.{n}.weight", "shape": [head], "dtype": "BF16"})
-        lin(f"{b}.img_mlp.net.0.proj", ffn, dim)
-        lin(f"{b}.img_mlp.net.2", dim, ffn)
-        lin(f"{b}.txt_mod.1", 6 * dim, dim)
-        lin(f"{b}.txt_mlp.net.0.proj", ffn, dim)
-        lin(f"{b}.txt_mlp.net.2", dim, ffn)
-    lin("norm_out.linear", 2 * dim, dim)
-    lin("proj_out", ch, dim)
-    return {"architecture": "qwen-image", "tensors": t}
-
-
 def load_layout(name, tiny):
-    if name == "qwen-image":
-        lay = qwen_image_layout(layers=TINY_BLOCKS if tiny else 60)
-    else:
-        with open(os.path.join(tf.repo_root(), "data", "layouts", f"{name}.json")) as f:
-            lay = json.load(f)
+    with open(os.path.join(tf.repo_root(), "data", "layouts", f"{name}.json")) as f:
+        lay = json.load(f)
     tensors = lay["tensors"]
     if tiny:  # a few blocks, every width over 64 divided by 16: the same structure, small
         keep = []

@@ -51,6 +51,7 @@ check_layout flux1-dev transformer_blocks:19 single_transformer_blocks:38
 check_layout ltx-video-13b transformer_blocks:48
 check_layout sd3.5-large transformer_blocks:38
 check_layout wan2.1-t2v-14b blocks:40
+check_layout qwen-image transformer_blocks:60
 
 ck="$T/flux1-dev.safetensors"
 # Same layout, scale and seed give the same bytes; another seed gives other bytes.

@@ -12,7 +12,7 @@
 #include <jansson.h>
 
 static const char *const layouts[] = { "flux1-dev", "wan2.1-t2v-14b", "sd3.5-large",
-                                       "ltx-video-13b" };
+                                       "ltx-video-13b", "qwen-image" };
 static const double ladder_gb[] = { 1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28, 32, 48 };
 
 /* The layout's tensors into tb (data NULL); false when the file cannot be read. */

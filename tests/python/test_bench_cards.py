@@ -1,19 +1,27 @@
 """bench/cards.py --tiny on the cpu device: the zero-configuration call and the sweep run,
 bit-identical to the resident run, within the emulated card; the small card streams, the large
-one streams nothing; the Qwen-Image layout has its 20.4 B parameters."""
+one streams nothing; the Qwen-Image layout (data/layouts/qwen-image.json) has its 20.4 B
+parameters and the tiny Qwen-Image stand-in runs."""
 
 import json
 import math
 
-from conftest import load_bench
+from conftest import ROOT, load_bench
 
 
 def test_qwen_image_layout():
-    cards = load_bench("cards")
-    lay = cards.qwen_image_layout()
+    lay = json.loads((ROOT / "data" / "layouts" / "qwen-image.json").read_text())
     params = sum(math.prod(t["shape"]) for t in lay["tensors"])
     assert 20.3e9 < params < 20.5e9
+    assert lay["total_bytes"] == 2 * params and lay["architecture"] == "qwen-image"
+    assert {t["dtype"] for t in lay["tensors"]} == {"BF16"}
     assert len({t["name"] for t in lay["tensors"]}) == len(lay["tensors"])
+    blocks = {t["name"].split(".")[1] for t in lay["tensors"]
+              if t["name"].startswith("transformer_blocks.")}
+    assert blocks == {str(i) for i in range(60)}
+    cards = load_bench("cards")
+    tiny = cards.load_layout("qwen-image", True)
+    assert 0 < len(tiny) < len(lay["tensors"])
 
 
 def test_tiny_run(tmp_path):
