@@ -30,7 +30,8 @@
 # PIPE_SMOKE=0; the suite stops after it; results pipe.log flux_pipeline_tiny.json
 # flux_pipeline.json; the full run is skipped when the smoke test's resident case failed; do
 # not combine with TORCH=1, which adds two files to the eight),
-# LOWRAM=1 (issue 28: bench/lowram.py, larger than RAM, then the suite stops; section 2c),
+# LOWRAM=1 (issue 28: bench/lowram.py, larger than RAM, then the suite stops; section 2c;
+# LOWRAM_MODEL: its --model, wan (default: Wan 2.1 14B, 12 GiB) or qwen (Qwen-Image, 16 GiB)),
 # CODEC=1 (issue 13: the weight codec on the full-size layout, then the suite stops; see
 # section 2b; results suite.log build.log ctest.log bench.log bench.json trace.json
 # summary.txt), SUITE_BUDGET_S, BENCH_STEPS (5), BENCH_TOKENS (4608), SYNTH_SCALE (1), LAYOUT
@@ -217,13 +218,14 @@ fi
 # ---- 2c. larger than RAM (LOWRAM=1; the suite stops after it) -------------------------------
 # bench/lowram.py (issue 28): the Wan 2.1 14B transformer layout written to this machine's disk
 # (LOWRAM_DIR, default $WORK/lowram), then one `ddo bench` process per case under a 12 GiB host
-# limit on an emulated 8 GiB card, the page cache dropped before each where the machine allows
-# and each case in a cgroup of the limit where one can be made (both recorded). Files:
-# suite.log build.log lowram.log lowram.json summary.txt.
+# limit on an emulated 8 GiB card (LOWRAM_MODEL=qwen: Qwen-Image 20B under 16 GiB), the page
+# cache dropped before each where the machine allows and each case in a cgroup of the limit where
+# one can be made (both recorded). Files: suite.log build.log lowram.log lowram.json summary.txt.
 if [ "${LOWRAM:-0}" = 1 ]; then
     left_s=$(left)
     step "bench/lowram.py" $((left_s - 15)) "$OUT/lowram.log" python3 "$ROOT/bench/lowram.py" \
-        --ddo "$DDO" --dir "${LOWRAM_DIR:-$WORK/lowram}" --out "$OUT" --deadline-s $((left_s - 30)) ||
+        --ddo "$DDO" --dir "${LOWRAM_DIR:-$WORK/lowram}" --out "$OUT" --deadline-s $((left_s - 30)) \
+        --model "${LOWRAM_MODEL:-wan}" ||
         STATUS=1
     tail -n 8 "$OUT/lowram.log" | tee -a "$LOG"
     summary

@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
-"""Larger than RAM, measured: the Wan 2.1 14B transformer layout (28.6 GB bf16, `ddo synth` to
-this machine's disk) under a host limit of 12 GiB on an emulated 8 GiB card.
+"""Larger than RAM, measured: a transformer layout written to this machine's disk (`ddo synth`)
+under a host limit below its size on an emulated 8 GiB card. --model picks it:
+
+  wan   (default) the Wan 2.1 14B transformer (data/layouts/wan2.1-t2v-14b.json, 28.6 GB bf16)
+        under a host limit of 12 GiB;
+  qwen  the Qwen-Image 20B transformer (data/layouts/qwen-image.json, 40.9 GB bf16) under
+        16 GiB.
 
 One process per case (`ddo bench`, its own peak RSS from wait4 in a small launcher), the page
 cache dropped before each case where the machine allows (echo 3 > /proc/sys/vm/drop_caches;
 whether it did is recorded), the disk's O_DIRECT read rate and the bus measured in the same run
-(about 6 minutes on the H200 machine by estimate: 28.6 GB written once, then about 20 GB read
-from the disk per streamed step):
+(Wan: about 6 minutes on the H200 machine by estimate, 28.6 GB written once, then about 20 GB
+read from the disk per streamed step; Qwen-Image about 1.4 times that):
 
   reference      the whole model resident (the card unlimited): the resident step, the bus,
                  the O_DIRECT rate and the checksum every case must match;
@@ -23,9 +28,14 @@ Targets per case: step <= 1.1 x max(resident step, bus-fed bytes / bus, file-rea
 O_DIRECT rate) (ddo bench's bound); peak RSS <= the host limit; the sidecar's file bytes per
 step <= 0.7 x raw's; bit-identical to the reference. JSON to OUT/lowram.json.
 
-  H200:  python3 bench/lowram.py --ddo build/ddo --dir /tmp/lowram --out $OUT
-  tiny:  python3 bench/lowram.py --tiny --ddo build/ddo --out /tmp/x   (the cpu device, 0.1 GiB
-         of the layout, limits scaled alike; tests/python/test_bench_lowram.py runs it)
+  H200:  python3 bench/lowram.py --ddo build/ddo --dir /tmp/lowram --out $OUT [--model qwen]
+  tiny:  python3 bench/lowram.py --tiny --ddo build/ddo --out /tmp/x [--model qwen]   (the cpu
+         device, 0.1 GiB of the layout, the same scaled limits for both models;
+         tests/python/test_bench_lowram.py runs it)
+
+The checkpoint stays in --dir for the next run of the same model; before writing one, the other
+model's checkpoints this bench wrote there are removed when the disk lacks the room for the
+checkpoint and its sidecar (the H200 machine's 64 GiB disk does not hold both models).
 """
 
 import argparse
@@ -38,8 +48,32 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-LAYOUT = os.path.join(HERE, "..", "data", "layouts", "wan2.1-t2v-14b.json")
 GIB = 1 << 30
+# --model: the layout, the default host limit (GiB) and the --tiny scale (both tiny checkpoints
+# are about 0.1 GiB, so that one set of tiny limits serves both).
+MODELS = {"wan": ("wan2.1-t2v-14b", 12.0, 0.06), "qwen": ("qwen-image", 16.0, 0.05)}
+
+
+def layout_path(model):
+    return os.path.join(HERE, "..", "data", "layouts", MODELS[model][0] + ".json")
+
+
+def make_room(args, path, need):
+    """Before the checkpoint at path is written: where the disk under --dir has less than need
+    bytes free, the other models' checkpoints this bench wrote there are removed. What it saw and
+    did, for the JSON."""
+    free = shutil.disk_usage(args.dir).free
+    disk = {"free_bytes": free, "need_bytes": need, "removed": []}
+    if free >= need:
+        return disk
+    for name in sorted(os.listdir(args.dir)):
+        other = os.path.join(args.dir, name)
+        if other != path and name.endswith((".safetensors", ".safetensors.part")) and \
+                name.split("-")[0] in MODELS:
+            os.remove(other)
+            disk["removed"].append(name)
+    disk["free_bytes_after"] = shutil.disk_usage(args.dir).free
+    return disk
 
 
 def drop_caches():
@@ -174,7 +208,10 @@ def main(argv=None):
     ap.add_argument("--dir", default="/tmp/ddo-lowram", help="where the checkpoint is written")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--tiny", action="store_true", help="the cpu device, 0.1 GiB of the layout")
-    ap.add_argument("--limit-gib", type=float, default=12.0)
+    ap.add_argument("--model", choices=sorted(MODELS), default="wan",
+                    help="wan: Wan 2.1 14B (12 GiB); qwen: Qwen-Image 20B (16 GiB)")
+    ap.add_argument("--limit-gib", type=float, default=None,
+                    help="the host limit (default: the model's, above)")
     ap.add_argument("--card-gib", type=float, default=8.0)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--keep-cache", action="store_true", help="never drop the page cache")
@@ -186,11 +223,14 @@ def main(argv=None):
     args = ap.parse_args(argv)
     args.deadline = time.time() + args.deadline_s
     args.ddo = native_tool(args.ddo)
+    layout = layout_path(args.model)
+    if args.limit_gib is None:
+        args.limit_gib = MODELS[args.model][1]
     scale = 1.0
     args.common = []
     headroom = 2.0  # the process's own: the tool's bench buffers, activations, the runtime
     if args.tiny:  # ~0.1 GiB: every limit scaled by the same factor
-        scale, args.tokens, args.steps = 0.06, 4, 2
+        scale, args.tokens, args.steps = MODELS[args.model][2], 4, 2
         args.limit_gib, args.card_gib, headroom = 0.16, 0.05, 0.03
         args.common = ["--ddo-execution-device", "cpu", "--bus-gib", "0.25"]
     os.makedirs(args.dir, exist_ok=True)
@@ -198,16 +238,20 @@ def main(argv=None):
     args.work = os.path.join(args.dir, "work")
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work)
-    path = os.path.join(args.dir, f"wan-{scale:g}.safetensors")
+    path = os.path.join(args.dir, f"{args.model}-{scale:g}.safetensors")
+    cache_dir = os.path.join(args.dir, "sidecars")  # the last run's, gone before a synth
+    shutil.rmtree(cache_dir, ignore_errors=True)
     t0 = time.time()
+    disk = None
     if not os.path.exists(path):
-        subprocess.run([args.ddo, "synth", "--layout", LAYOUT, "--out", path + ".part",
+        with open(layout) as f:  # the checkpoint, and its sidecar at 0.7 x at most
+            full = json.load(f)["total_bytes"] * scale * scale
+        disk = make_room(args, path, int(1.7 * full))
+        subprocess.run([args.ddo, "synth", "--layout", layout, "--out", path + ".part",
                         "--scale", str(scale), "--values", "normal"], check=True)
         os.replace(path + ".part", path)
     synth_s = time.time() - t0
     model = os.path.getsize(path)
-    cache_dir = os.path.join(args.dir, "sidecars")
-    shutil.rmtree(cache_dir, ignore_errors=True)
     os.makedirs(cache_dir)
     low = ["--ddo-available-system-ram-gb", f"{args.limit_gib:g}",
            "--ddo-system-ram-headroom-gb", f"{headroom:g}",
@@ -217,7 +261,8 @@ def main(argv=None):
     ref, ref_rss, _ = run_case(args, path, "reference", [], ["--direct-gib", "4" if not args.tiny
                                                              else "0.05"], log)
     base = case_of(ref, "resident")
-    out = {"schema": "ddo-lowram/1", "tiny": args.tiny, "checkpoint_bytes": model,
+    out = {"schema": "ddo-lowram/1", "tiny": args.tiny, "model": args.model,
+           "layout": MODELS[args.model][0], "checkpoint_bytes": model, "disk": disk,
            "synth_s": synth_s, "host_limit_gib": args.limit_gib, "card_gib": args.card_gib,
            "host_limit_kind": "available_system_ram_gb (no cgroup set by the bench)",
            "bus_bytes_per_s": (ref or {}).get("bus_bytes_per_s"),
