@@ -158,14 +158,14 @@ class Block(nn.Module):
         return x + self.f(torch.relu(self.q(x)))
 
 
-class QuantNet(nn.Module):
-    """A float embedder, blocks of one GGUF-like and one FP8 layer each, a float output."""
+class StackNet(nn.Module):
+    """A float embedder, depth blocks made by make(generator), a float output."""
 
-    def __init__(self, dim=64, depth=4, seed=0, storage=torch.uint8):
+    def __init__(self, dim, depth, seed, make):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
         self.embed = nn.Linear(dim, dim)
-        self.blocks = nn.ModuleList([Block(dim, g, storage) for _ in range(depth)])
+        self.blocks = nn.ModuleList([make(g) for _ in range(depth)])
         self.out = nn.Linear(dim, dim)
 
     def forward(self, x):
@@ -173,6 +173,13 @@ class QuantNet(nn.Module):
         for b in self.blocks:
             x = b(x)
         return self.out(x)
+
+
+class QuantNet(StackNet):
+    """Blocks of one GGUF-like and one FP8 layer each."""
+
+    def __init__(self, dim=64, depth=4, seed=0, storage=torch.uint8):
+        super().__init__(dim, depth, seed, lambda g: Block(dim, g, storage))
 
 
 STORAGES = [torch.uint8] + ([torch.float8_e4m3fn] if HAS_FP8 else [])

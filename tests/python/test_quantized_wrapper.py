@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_map
 
 import ddo
 from conftest import ZERO_RESIDENT
-from test_quantized import E4M3, ROUTES, e4m3_encode, moved_as_stored, STEPS
+from test_quantized import E4M3, ROUTES, e4m3_encode, moved_as_stored, StackNet, STEPS
 
 HAS_FP8 = hasattr(torch, "float8_e4m3fn")
 QDTYPES = [torch.uint8] + ([torch.float8_e4m3fn] if HAS_FP8 else [])
@@ -165,19 +165,9 @@ class Block(nn.Module):
         return x + self.b(torch.relu(self.a(x)))
 
 
-class WrapNet(nn.Module):
+class WrapNet(StackNet):
     def __init__(self, dim=64, depth=4, seed=0, qdtype=torch.uint8, nested=False):
-        super().__init__()
-        g = torch.Generator().manual_seed(seed)
-        self.embed = nn.Linear(dim, dim)
-        self.blocks = nn.ModuleList([Block(dim, g, qdtype, nested) for _ in range(depth)])
-        self.out = nn.Linear(dim, dim)
-
-    def forward(self, x):
-        x = self.embed(x)
-        for b in self.blocks:
-            x = b(x)
-        return self.out(x)
+        super().__init__(dim, depth, seed, lambda g: Block(dim, g, qdtype, nested))
 
 
 WRAPPERS = (StandInFloat8WeightOnly, StandInAffineQuantized)
