@@ -239,6 +239,16 @@ def model(seed=0):
     return StandInDiffusersModel()
 
 
+def twins(*adapters):
+    """A reference model and one to manage, the same adapters loaded in both (the first with
+    seed 1, the next 2, ...)."""
+    ref, m = model(), model()
+    for mm in (ref, m):
+        for seed, name in enumerate(adapters, 1):
+            mm.load_lora_adapter(name, seed)
+    return ref, m
+
+
 def step(m, x):
     with torch.no_grad():
         return m(x)
@@ -400,10 +410,7 @@ def test_many_switches_reuse_cached_copies_exactly_once():
     # Leaf units kept in their slots between forwards (hits): a new op is applied once to the
     # copy a slot still holds, the whole log to a fresh one.
     x = torch.randn(2, 3, DIM).to(torch.bfloat16)
-    ref, m = model(), model()
-    for mm in (ref, m):
-        mm.load_lora_adapter("a", 1)
-        mm.load_lora_adapter("b", 2)
+    ref, m = twins("a", "b")
     r = ddo.enable_offload(m, backend="linear", unit_granularity="leaf",
                            **dict(ZERO_RESIDENT, always_resident_modules_pattern="zzzz"))
     try:
@@ -433,10 +440,7 @@ def test_random_sequences_match_the_unmanaged_module(seed, backend):
     import random
     rnd = random.Random(seed)
     x = torch.randn(2, 3, DIM).to(torch.bfloat16)
-    ref, m = model(), model()
-    for mm in (ref, m):
-        mm.load_lora_adapter("a", 1)
-        mm.load_lora_adapter("b", 2)
+    ref, m = twins("a", "b")
     r = ddo.enable_offload(m, backend=backend, unit_granularity="leaf", execution_slots=2,
                            **dict(ZERO_RESIDENT, always_resident_modules_pattern=r"blocks\.1\."))
     ops = [
@@ -468,9 +472,7 @@ def test_random_sequences_match_the_unmanaged_module(seed, backend):
 
 def test_unload_and_reload_replay_the_log():
     x = torch.randn(2, 3, DIM).to(torch.bfloat16)
-    ref, m = model(), model()
-    for mm in (ref, m):
-        mm.load_lora_adapter("a", 1)
+    ref, m = twins("a")
     r = ddo.enable_offload(m, backend="vmm", **WITH_RESIDENTS)
     try:
         ref.fuse_lora()
@@ -646,10 +648,8 @@ def test_fusing_two_then_unfusing_one_follows_peft():
     # PEFT's unmerge takes every merged adapter out (newest first): asking for one is refused
     # with one line; unmerging all, then merging the one to keep again, is what works.
     x = torch.randn(2, 3, DIM).to(torch.bfloat16)
-    ref, m = model(), model()
+    ref, m = twins("a", "b")
     for mm in (ref, m):
-        mm.load_lora_adapter("a", 1)
-        mm.load_lora_adapter("b", 2)
         mm.set_adapters(["a", "b"])
     r = ddo.enable_offload(m, backend="vmm", **WITH_RESIDENTS)
     try:
