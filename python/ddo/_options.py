@@ -176,6 +176,14 @@ class OptionFields:
         # ddo: plans as if the device had this much memory (a shared GPU, or a smaller card
         # emulated); 0 = the whole device
         device_memory_limit_gb: float
+        # ddo: the activation reserve a plan sized from the device keeps off its device weights
+        # limit (the Python binding sets it from the first forward's measured need when it re-
+        # plans); 0 = estimated from the plan's units
+        activation_reserve_gb: float
+        # ddo: with no budget given, measure the first forward's activations on a CUDA device
+        # and re-plan once before the next forward when the measured reserve differs from the
+        # estimate (false keeps the first plan)
+        activation_replan: bool
         # ddo: execution slots; 0 lets the planner choose (at least two when anything streams)
         execution_slots: int
         # ddo: device memory kept for the host's dequantization of the largest quantized layer
@@ -263,6 +271,8 @@ class OptionFields:
                      vmm_total_staging_gb: float = ...,
                      device_budget_gb: float = ...,
                      device_memory_limit_gb: float = ...,
+                     activation_reserve_gb: float = ...,
+                     activation_replan: bool = ...,
                      execution_slots: int = ...,
                      dequant_scratch_bytes: int = ...,
                      unit_granularity: Literal['block', 'leaf'] = ...,

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from types import CodeType, FrameType
-from typing import Any, Callable, Iterable, List, NoReturn, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, NoReturn, Optional, Sequence, Tuple
 
 import torch
 
@@ -145,9 +145,18 @@ class Leases(Views):
             result._end()
             return out
 
+        def root(*args: Any, **kwargs: Any) -> Any:
+            return result._root_call(forward, args, kwargs)
+
         global _FORWARD_CODE
         _FORWARD_CODE = forward.__code__  # one def: the same code for every result
-        return _torch.no_compile(forward)
+        return _torch.no_compile(root)
+
+    def _root_call(self, fn: Callable[..., Any], args: Tuple[Any, ...],
+                   kwargs: Dict[str, Any]) -> Any:
+        """One root forward (fn: _root_forward's); _result_replan measures the first one and
+        re-plans before the next where that forward calls for it."""
+        return fn(*args, **kwargs)
 
     def _root_on_stack(self) -> bool:
         """A root forward of this result is running on this thread's stack (its frame is

@@ -77,6 +77,7 @@ class Setup(Hooks):
         _native.check(L.ddo_setup_plan_inputs(self._setup_h, ctypes.byref(inputs)),
                       L.ddo_setup_error(self._setup_h))
         self._measured_inputs(inputs)
+        self._first_inputs(inputs)
         self._store = _devices.open_store(self._cfg, dev, inputs)  # devices=[...]: donor mode
         plan = ctypes.c_void_p()
         _native.check(L.ddo_setup_plan(self._setup_h, self._ck, self._cfg.h,
@@ -176,6 +177,20 @@ class Setup(Hooks):
         if prof.unit_compute:
             self._unit_compute_text = json.dumps(prof.unit_compute).encode()
             inputs.unit_compute_json = self._unit_compute_text
+
+    def _first_inputs(self, inputs: _lib.PlanInputs) -> None:
+        """The device's free memory the first plan read, and what torch's allocator held then
+        (the first forward's activation need is measured above it: _result_replan); a re-plan
+        plans with the same free memory (torch's cache then holds the first forward's
+        activations, which the measured reserve already counts)."""
+        first = getattr(self, "_first_free", None)
+        if first is not None:
+            inputs.device_free_bytes = first
+            return
+        self._first_free = int(inputs.device_free_bytes)
+        cuda: Any = torch.cuda  # (torch 1.13 leaves parts unannotated)
+        self._torch_reserved = int(cuda.memory_reserved(self.device)) \
+            if self.device is not None and self.device.type == "cuda" else 0
 
     def _place(self) -> None:
         L = _native.lib()

@@ -17,30 +17,29 @@ The result is composed in layers, one module per responsibility (each an interna
 _result_state (the shared record and the plan's queries), _result_ownership (host memory),
 _result_views (views and placeholders), _result_leases (the hooks' run-time work: acquire,
 release), _result_hooks (installing hooks and refusals), _result_setup (config, plan,
-session), _result_lifecycle (unload, reload, close, teardown, GC, fork).
+session), _result_lifecycle (unload, reload, close, teardown, GC, fork), _result_replan (the
+activation reserve measured on the first forward, and the one re-plan it can call for).
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import weakref
 from typing import Any, Callable, ContextManager, Dict, Literal, Optional
 
 import torch
 
 from . import _lease, _native
-from ._result_lifecycle import Lifecycle
+from ._result_replan import Replan
 # Kept importable from here: profiles.py (_collect), _source.py (_Param), tests (_nbytes).
 from ._result_ownership import _collect as _collect  # noqa: F401
-from ._result_state import _MANAGED
 from ._result_state import MetricsReport as MetricsReport  # noqa: F401
 from ._result_state import _nbytes as _nbytes  # noqa: F401
 from ._result_state import _Param as _Param  # noqa: F401
 from ._result_state import cleanup_boundary as cleanup_boundary
 
 
-class OffloadResult(Lifecycle):
+class OffloadResult(Replan):
     """A module whose weights ddo streams (routing.py: enable_offload, enable_dynamic_offload)."""
 
     def __init__(self, module: torch.nn.Module, cfg: _native.Config, source: Any = None,
@@ -66,6 +65,32 @@ class OffloadResult(Lifecycle):
         # (meta tensors) are read from, instead of the module's CPU tensors (_source.py).
         self._source = source
         self._lock = threading.Lock()
+        self._state = "new"
+        # Upstream's result fields (the route layer, routing.py, sets them for its routes).
+        self.hook = self
+        self.route = "dynamic_offload"
+        self.settings = None
+        self.should_move_to_execution_device = False
+        self.event_payload = {}
+        self._pid = os.getpid()  # the process whose session this is (fork: _lease)
+        self._fresh()
+        _lease.sweep()
+        # Setup and commit in one shield: an interrupt anywhere in them is raised at its end,
+        # inside this try, and the teardown leaves the module exactly as it was.
+        try:
+            with _lease.shield():
+                self._setup()
+                self._commit()
+                self._arm_replan()
+        except BaseException:
+            with _lease.shield():
+                self._state = "closed"  # never torn down twice (__del__ included)
+                self._teardown()
+            raise
+
+    def _fresh(self) -> None:
+        """The fields of one session and its bindings, as before its setup (__init__, and
+        a re-plan's second setup: _result_replan)."""
         self._owner = None  # [thread ident, depth] while a forward or a unit's hook runs
         self._in_root = 0   # root forwards running on the owner thread
         self._frames = []   # the owner's unit frames whose pre-hook succeeded (_enter)
@@ -83,7 +108,6 @@ class OffloadResult(Lifecycle):
         self._own_forward = None
         self._trace_t = {}  # units -> when their compute began (trace=)
         self._own_methods = []  # (module, name, own) of the methods refused while managed
-        self._state = "new"
         self._ck = self._dev = self._plan = self._session = self._setup_h = None
         self._store = None  # donor mode's store device (_devices.py)
         self._streams = {}
@@ -91,41 +115,16 @@ class OffloadResult(Lifecycle):
         self._placeholders = {}
         self._moved = []
         self._versions = {}
-        # Upstream's result fields (the route layer, routing.py, sets them for its routes).
-        self.hook = self
-        self.route = "dynamic_offload"
-        self.settings = None
-        self.should_move_to_execution_device = False
-        self.event_payload = {}
         self.device = None
         self.unmanaged_bytes = 0
         self.host_bytes_released = 0
         self.device_bytes_after_close = None
         self.device_note = ""
         self._grad_hooks_armed = False
-        self._pid = os.getpid()  # the process whose session this is (fork: _lease)
         self._pinned = {}  # units kept leased in C while a view of them escaped (_release)
         self._entered = set()  # the hooked unit groups entered in this root forward
         self._hooked = []  # (module name, units) of every hooked module but the root
         self._view_ptrs = {}  # storage address of every live view -> its tensor's name
-        _lease.sweep()
-        # Setup and commit in one shield: an interrupt anywhere in them is raised at its end,
-        # inside this try, and the teardown leaves the module exactly as it was.
-        try:
-            with _lease.shield():
-                self._setup()
-                setattr(module, "_ddo_offload", self)  # (torch's Module.__setattr__ types)
-                self._managed_tag = f"{type(module).__name__} at 0x{id(self):x} " \
-                                    f"(enable_offload)"
-                for t in self._tensors:
-                    for p in t.params:
-                        _MANAGED[id(p)] = (weakref.ref(p), self._managed_tag)
-                self._state = "ready"
-        except BaseException:
-            with _lease.shield():
-                self._state = "closed"  # never torn down twice (__del__ included)
-                self._teardown()
-            raise
 
     def cleanup_on_error(self) -> ContextManager[OffloadResult]:
         """On an exception: unload once, re-raise the original (a cleanup error becomes a note)."""

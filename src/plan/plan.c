@@ -206,7 +206,7 @@ static int build(builder *b)
     budget_policy(b, &bi);
     calibration_and_full_pin(b, &bi);
     uint64_t limit = 0;
-    char source[160];
+    char source[256];
     if ((rc = place_and_select(b, &bi, &limit, source, sizeof(source))) != 0)
         return rc;
 

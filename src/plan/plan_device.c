@@ -386,12 +386,17 @@ static uint64_t activation_reserve(const builder *b)
 }
 
 /* The balanced policy's limit: the device's free memory (else its size) minus the activation
- * reserve (or auto_vram_headroom_gb), at least 1 GiB (nor above the card). */
+ * reserve (auto_vram_headroom_gb when given; else activation_reserve_gb, the reserve the
+ * Python binding measured on the first forward; else the estimate), at least 1 GiB (nor above
+ * the card). */
 static uint64_t sized_from_device(builder *b, uint64_t V, char *source, size_t len)
 {
     uint64_t F = b->in.device_free_bytes, avail = F > 0 && F < V ? F : V;
     bool option = b->o->auto_vram_headroom_gb > 0.0;
-    uint64_t h = option ? ddo__gb_to_bytes(b->o->auto_vram_headroom_gb) : activation_reserve(b);
+    bool measured = !option && b->o->activation_reserve_gb > 0.0;
+    uint64_t h = option     ? ddo__gb_to_bytes(b->o->auto_vram_headroom_gb)
+                 : measured ? ddo__gb_to_bytes(b->o->activation_reserve_gb)
+                            : activation_reserve(b);
     uint64_t limit =
         avail > h && avail - h > DDO_GIB ? avail - h : (avail < DDO_GIB ? avail : DDO_GIB);
     char v1[32], v2[32], v3[32];
@@ -399,9 +404,15 @@ static uint64_t sized_from_device(builder *b, uint64_t V, char *source, size_t l
              ddo__format_gib(V, v1, sizeof(v1)), avail < V ? " (free " : "",
              avail < V ? ddo__format_gib(avail, v3, sizeof(v3)) : "", avail < V ? ")" : "",
              ddo__format_bytes(h, v2, sizeof(v2)),
-             option ? "auto VRAM headroom" : "activation reserve",
+             option     ? "auto VRAM headroom"
+             : measured ? "activation reserve measured on the first forward"
+                        : "activation reserve",
              limit == avail - h ? "" : ", at least 1 GiB");
     ddo__decisions_set_gb(&b->p->decisions, "device_activation_reserve_gb", h);
+    ddo__decisions_set_str(&b->p->decisions, "device_activation_reserve_source",
+                           option     ? "auto_vram_headroom_gb"
+                           : measured ? "measured on the first forward (activation_reserve_gb)"
+                                      : "estimated from the plan's units");
     return limit;
 }
 

@@ -1,0 +1,194 @@
+"""OffloadResult's activation re-plan (internal).
+
+With no budget given, the plan's device weights limit is the device's free memory minus an
+activation reserve estimated from the plan's units (decision device_activation_reserve_gb). The
+first complete root forward measures what the forward really needed on the device
+(measure_activation: on a CUDA device, torch's allocator); when that need plus MARGIN differs
+from the plan's reserve by more than THRESHOLD, the result is planned once more before the next
+forward (never inside one) with activation_reserve_gb set to it: the module's host tensors are
+registered again in place (no copy), the resident weights are uploaded again, and more (or
+fewer) units are resident. ``result.activation_replan`` says what happened, ``result.replanned``
+whether it did; activation_replan=False keeps the first plan.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import torch
+
+from . import _lease, _native
+from ._result_lifecycle import Lifecycle
+from ._result_state import _MANAGED
+
+MIB = 1 << 20
+GIB = 1 << 30
+# Added to the measured need: the allocator's fragmentation between forwards and the kernels'
+# workspaces that vary from one call to the next.
+MARGIN = 256 * MIB
+# A re-plan costs the resident weights' upload again: only a reserve that moves the limit by
+# more than this is worth it.
+THRESHOLD = 256 * MIB
+
+
+def measure_activation(device: Optional[torch.device], baseline: int,
+                       call: Callable[[], Any]) -> Tuple[Any, Optional[int]]:
+    """Runs call() (the first complete root forward) and returns (its output, the device memory
+    it needed in bytes): on a CUDA device, the peak of torch's reserved bytes during the call
+    above baseline (the bytes torch held when the plan read the device's free memory); None
+    where the device has no allocator statistics (the cpu device). Tests replace this function.
+
+    Reserved, not allocated: ddo's memory comes from the driver beside torch's caching
+    allocator, so what the forward takes from ddo's share is what torch reserves (its cache and
+    fragmentation included), not only the tensors alive at its peak. torch's peak statistics
+    are reset (torch.cuda.reset_peak_memory_stats) only when an earlier peak of reserved bytes
+    is above the bytes reserved now (after torch.cuda.empty_cache()): the earlier peaks,
+    allocated included, are then lost."""
+    if device is None or device.type != "cuda":
+        return call(), None
+    cuda: Any = torch.cuda  # (torch 1.13 leaves parts unannotated)
+    cuda.synchronize(device)
+    if cuda.max_memory_reserved(device) > cuda.memory_reserved(device):
+        cuda.reset_peak_memory_stats(device)
+    out = call()
+    cuda.synchronize(device)
+    return out, max(0, int(cuda.max_memory_reserved(device)) - baseline)
+
+
+class Replan(Lifecycle):
+    """The first forward's measurement and the one re-plan it can call for."""
+
+    _replan: Dict[str, Any]
+
+    def _commit(self) -> None:
+        """The setup made: the module and its Parameters marked as managed by this result."""
+        setattr(self.module, "_ddo_offload", self)  # (torch's Module.__setattr__ types)
+        self._managed_tag = f"{type(self.module).__name__} at 0x{id(self):x} (enable_offload)"
+        for t in self._tensors:
+            for p in t.params:
+                _MANAGED[id(p)] = (weakref.ref(p), self._managed_tag)
+        self._state = "ready"
+
+    @property
+    def replanned(self) -> bool:
+        """True once the result was planned again with the reserve measured on the first
+        forward (activation_replan says why or why not)."""
+        return bool(self._replan["replanned"])
+
+    @property
+    def activation_replan(self) -> Dict[str, Any]:
+        """The activation reserve: state (measuring, due, replanned, kept, off), the plan's
+        estimated reserve, the measured need, the reserve planned with, the margin, the
+        threshold (bytes) and a note."""
+        return dict(self._replan)
+
+    def _arm_replan(self) -> None:
+        """After the first setup: whether the first forward is measured."""
+        dec = self.plan.get("planner_decisions", {})
+        est = dec.get("device_activation_reserve_gb")
+        self._replan = {"state": "off", "replanned": False,
+                        "estimated_bytes": int(float(est) * GIB) if est is not None else None,
+                        "measured_bytes": None, "reserve_bytes": None, "margin_bytes": MARGIN,
+                        "threshold_bytes": THRESHOLD, "note": ""}
+        why = ""
+        if self._cfg.get("activation_replan") != "true":
+            why = "activation_replan=False: the first plan stays"
+        elif dec.get("device_activation_reserve_source") != "estimated from the plan's units":
+            why = ("the device weights limit was not sized from the device with an estimated "
+                   "activation reserve (a budget, auto_vram_headroom_gb or "
+                   "activation_reserve_gb was given): nothing to re-plan")
+        elif self._source is not None or self.host_bytes_released or self._store is not None:
+            why = ("the session holds weights it read or coded itself (a checkpoint file, "
+                   "weight_codec or a store device): a re-plan would read them again, so the "
+                   "first plan stays")
+        if why:
+            self._replan["note"] = why
+        else:
+            self._replan["state"] = "measuring"
+
+    def _root_call(self, fn: Callable[..., Any], args: Tuple[Any, ...],
+                   kwargs: Dict[str, Any]) -> Any:
+        rp = self._replan
+        with self._lock:
+            busy = self._owner is not None  # a forward (or a unit's hook) is running
+        if busy or rp["state"] not in ("measuring", "due"):
+            return fn(*args, **kwargs)
+        if rp["state"] == "due":
+            self._replan_now()
+            return fn(*args, **kwargs)
+        out, need = measure_activation(self.device, getattr(self, "_torch_reserved", 0),
+                                       lambda: fn(*args, **kwargs))
+        self._measured(need)
+        return out
+
+    def _measured(self, need: Optional[int]) -> None:
+        rp = self._replan
+        if need is None:
+            rp["state"] = "kept"
+            rp["note"] = (f"no allocator statistics on the {self.device} device: the "
+                          f"estimated reserve stays")
+            return
+        reserve = int(need) + MARGIN
+        rp["measured_bytes"], rp["reserve_bytes"] = int(need), reserve
+        est = rp["estimated_bytes"] or 0
+        if abs(reserve - est) <= THRESHOLD:
+            rp["state"] = "kept"
+            rp["note"] = (f"measured on the first forward: {need / GIB:.2f} GiB + "
+                          f"{MARGIN / GIB:.2f} GiB margin is within {THRESHOLD / GIB:.2f} GiB "
+                          f"of the estimated {est / GIB:.2f} GiB: the plan stays")
+            return
+        rp["state"] = "due"
+        rp["note"] = (f"measured on the first forward: {need / GIB:.2f} GiB + "
+                      f"{MARGIN / GIB:.2f} GiB margin against the estimated {est / GIB:.2f} GiB:"
+                      f" re-planned before the next forward")
+
+    def _replan_now(self) -> None:
+        """The re-plan, between two forwards: the session torn down (the module holds its host
+        tensors again) and set up again with activation_reserve_gb; once only."""
+        rp = self._replan
+        rp["state"] = "kept"
+        if self._state != "ready":
+            rp["note"] += " (not done: the result was unloaded)"
+            return
+        lora = getattr(self, "_lora", None)
+        if lora is not None and any(lora.logs.values()):
+            rp["note"] += " (not done: a LoRA was merged into the managed weights)"
+            return
+        if self._escaped_views():
+            rp["note"] += " (not done: views of the device weights are still alive)"
+            return
+        before = self.plan
+        with _lease.shield():
+            self._teardown()
+            # A copy: a pipeline's components can share one configuration.
+            h = ctypes.c_void_p()
+            _native.check(_native.lib().ddo_config_clone(self._cfg.h, ctypes.byref(h)))
+            cfg = _native.Config(h)
+            setattr(cfg, "_ddo_auto_scratch", getattr(self._cfg, "_ddo_auto_scratch", False))
+            cfg.override("activation_reserve_gb", f"{rp['reserve_bytes'] / GIB:.6f}")
+            self._cfg = cfg
+            self._rebuild()
+            rp["state"], rp["replanned"] = "replanned", True
+            rp["plan_before"] = {k: before["budgets"]["device_weights"][k]
+                                 for k in ("limit", "limit_source", "resident_bytes")}
+
+    def _rebuild(self) -> None:
+        """The second setup (the first plan's device free memory: _result_setup); where it
+        fails, the result is closed and the error raised."""
+        keep = self._before_session
+        self._before_session = None  # (a pipeline's stager made room once)
+        self._fresh()
+        try:
+            self._setup()
+            self._commit()
+        except BaseException:
+            self._state = "closed"
+            self._teardown()
+            raise
+        finally:
+            self._before_session = keep
+
+    def _fresh(self) -> None:  # (OffloadResult's)
+        raise NotImplementedError
