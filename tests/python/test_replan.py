@@ -1,0 +1,160 @@
+"""The activation reserve measured on the first forward (cpu device: the measurement, which reads
+torch's CUDA allocator on a GPU, is replaced): with no budget given, a measured reserve that
+differs from the plan's estimate re-plans once, before the next forward, with more units
+resident when it is smaller; one within the threshold keeps the plan; a budget the user gave,
+or activation_replan=False, is never re-planned; outputs stay bit-identical throughout."""
+
+import pytest
+import torch
+
+import ddo
+import ddo._result_replan as replan
+import ddo._result_setup as result_setup
+import models
+
+CPU = dict(execution_device="cpu")
+GIB = 1 << 30
+
+
+class Stack(torch.nn.Module):
+    """Five float32 blocks of 256 MiB (1.25 GiB): above the 1 GiB floor of a device limit."""
+
+    def __init__(self, n=5, dim=8192):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.utils.skip_init(torch.nn.Linear, dim, dim, bias=False) for _ in range(n))
+        g = torch.Generator().manual_seed(3)
+        for b in self.blocks:  # (random columns repeated: cheap to make, not all equal)
+            b.weight.data.copy_(torch.randn(dim, 64, generator=g).repeat(1, dim // 64) / 90)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    """measure_activation replaced: the forward's need is what the test sets; calls counted."""
+    state = {"need": 0, "calls": 0}
+
+    def fake(device, baseline, call):
+        state["calls"] += 1
+        return call(), state["need"]
+    monkeypatch.setattr(replan, "measure_activation", fake)
+    return state
+
+
+@pytest.fixture
+def idle_device(monkeypatch):
+    """The cpu device's free memory is the machine's available memory (other processes, and
+    this test's own model, use some of it): reported as the device's size, so that the limits
+    are the test's own."""
+    first = result_setup.Setup._first_inputs
+
+    def idle(self, inputs):
+        inputs.device_free_bytes = inputs.device_total_bytes
+        first(self, inputs)
+    monkeypatch.setattr(result_setup.Setup, "_first_inputs", idle)
+
+
+def steps(module, x, n=3):
+    with torch.no_grad():
+        return [module(x) for _ in range(n)]
+
+
+def flux():
+    m = models.FluxLike(dim=256, double=4, single=8, seed=7)
+    x = torch.randn(1, 4, 256, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    return m, x
+
+
+def test_replanned_once_with_more_resident(measured, idle_device):
+    m = Stack()
+    x = torch.randn(2, 8192, generator=torch.Generator().manual_seed(2))
+    ref = steps(m, x)
+    r = ddo.enable_offload(m, device_memory_limit_gb=1.6, **CPU)
+    try:
+        before = r.budgets()
+        assert r.activation_replan["state"] == "measuring" and not r.replanned
+        est = r.activation_replan["estimated_bytes"]
+        assert est > GIB // 2  # 512 MiB + 4 x tokens x the widest row
+        first = steps(m, x, 1)  # measured: 0 bytes + the margin, well under the estimate
+        assert r.activation_replan["state"] == "due" and not r.replanned
+        assert r.budgets() == before  # never inside a forward: before the next one
+        rest = steps(m, x, 4)
+        assert r.replanned and r.activation_replan["state"] == "replanned"
+        assert measured["calls"] == 1  # measured once, re-planned once
+        after = r.budgets()
+        assert after["device_weights_limit"] > before["device_weights_limit"]
+        assert after["resident_bytes"] > before["resident_bytes"]
+        dec = r.plan["planner_decisions"]
+        assert dec["device_activation_reserve_gb"] == 0.25  # the margin over 0 bytes measured
+        assert dec["device_activation_reserve_source"].startswith("measured on the first forward")
+        src = r.plan["budgets"]["device_weights"]["limit_source"]
+        assert "activation reserve measured on the first forward" in src
+        assert r.activation_replan["reserve_bytes"] == replan.MARGIN
+        assert r.activation_replan["plan_before"]["limit"] == before["device_weights_limit"]
+        assert all(torch.equal(a, b) for a, b in zip(ref, first + rest[:2]))
+    finally:
+        r.close()
+    assert r.device_bytes_after_close == 0
+    assert all(p.device.type == "cpu" and p.numel() > 0 for p in m.parameters())
+    assert torch.equal(steps(m, x, 1)[0], ref[0])
+
+
+def test_larger_need_replans_too(measured, idle_device):
+    m, x = flux()
+    ref = steps(m, x)
+    r = ddo.enable_offload(m, device_memory_limit_gb=2, **CPU)
+    try:
+        measured["need"] = GIB
+        out = steps(m, x)
+        assert r.replanned
+        assert r.plan["planner_decisions"]["device_activation_reserve_gb"] == 1.25
+        assert all(torch.equal(a, b) for a, b in zip(ref, out))
+    finally:
+        r.close()
+
+
+def test_within_threshold_keeps_the_plan(measured):
+    m, x = flux()
+    ref = steps(m, x)
+    r = ddo.enable_offload(m, device_memory_limit_gb=1.25, **CPU)
+    try:
+        est = r.activation_replan["estimated_bytes"]
+        measured["need"] = est - replan.MARGIN + replan.THRESHOLD // 2
+        plan = r.plan
+        out = steps(m, x)
+        assert not r.replanned and r.activation_replan["state"] == "kept"
+        assert "the plan stays" in r.activation_replan["note"]
+        assert r.plan == plan and measured["calls"] == 1
+        assert all(torch.equal(a, b) for a, b in zip(ref, out))
+    finally:
+        r.close()
+
+
+@pytest.mark.parametrize("given", [dict(device_budget_gb=1), dict(auto_vram_headroom_gb=0.5),
+                                   dict(activation_reserve_gb=0.3), dict(activation_replan=False)])
+def test_never_when_the_user_decided(measured, given):
+    m, x = flux()
+    r = ddo.enable_offload(m, device_memory_limit_gb=1.25, **given, **CPU)
+    try:
+        assert r.activation_replan["state"] == "off" and r.activation_replan["note"]
+        steps(m, x)
+        assert not r.replanned and measured["calls"] == 0
+    finally:
+        r.close()
+    if "activation_reserve_gb" in given:
+        assert r.plan["planner_decisions"]["device_activation_reserve_gb"] == 0.3
+
+
+def test_no_statistics_keeps_the_estimate():
+    m, x = flux()  # the real measurement: the cpu device has no allocator statistics
+    r = ddo.enable_offload(m, device_memory_limit_gb=1.25, **CPU)
+    try:
+        steps(m, x)
+        assert not r.replanned and r.activation_replan["state"] == "kept"
+        assert "no allocator statistics" in r.activation_replan["note"]
+    finally:
+        r.close()
