@@ -7,9 +7,16 @@ with torch.cuda.set_per_process_memory_fraction for torch's own allocations):
   (a) the zero-configuration call ddo.enable_offload(model, device_memory_limit_gb=C);
   (b) the best of a small sweep of hand-set configurations (routes, device budgets, resident
       budgets and selections) in the same process.
+  (c) for reference, Diffusers' group offload (apply_group_offloading: block level, one block
+      per group, use_stream) on the cards of --group-cards (8 GiB by default), skipped with a
+      note where Diffusers is not importable or there is no CUDA device.
 Per case: the median step, the bytes streamed per step, the device peak (the driver's free
 memory sampled, above the baseline) and bit-identity against the resident run. Per model and
-card: (a)/(b) and (a)/max(resident step, streamed bytes / measured bus).
+card: (a)/(b) and (a)/max(resident step, streamed bytes / measured bus); (c)/max(resident step,
+model bytes / measured bus) and (a)/(c). (a) runs at least two warm-up forwards: the first
+measures the activations and, where the reserve differs from the plan's estimate, the second
+re-plans before it runs (the JSON's activation_replan: whether it re-planned, the reserve and
+the device limit before and after), so the timed steps run the final plan.
 
 The models are stand-ins of the same tensor shapes: every tensor of the architecture's layout
 (data/layouts/*.json; Qwen-Image's written from its published configuration) is a
@@ -99,6 +106,15 @@ def build_model(tensors, device, dtype):
             return x + y[:, :d]
         return torch.cat([x[:, :out] + y, x[:, out:]], dim=1)
 
+    class Blocks(nn.ModuleList):
+        """A model's block list (Diffusers' block-level group offload groups a ModuleList's
+        children; ddo streams them as units either way), run in order."""
+
+        def forward(self, x):
+            for b in self:
+                x = b(x)
+            return x
+
     root = Node()
     root.is_block = False
     for t in tensors:
@@ -106,7 +122,8 @@ def build_model(tensors, device, dtype):
         mod = root
         for i, p in enumerate(parts[:-1]):
             if not hasattr(mod, p) or not isinstance(getattr(mod, p), nn.Module):
-                child = Node()
+                blocks = i == 0 and len(parts) > 2 and parts[1].isdigit()
+                child = Blocks() if blocks else Node()
                 child.is_block = p.isdigit() and i == 1
                 mod.add_module(p, child)
             mod = getattr(mod, p)
@@ -120,16 +137,17 @@ def hidden_dim(tensors):
     return statistics.mode(widths)
 
 
-def run_steps(module, x, args, sync):
+def run_steps(module, x, args, sync, warmup=None):
     import torch
     times, out = [], None
+    warmup = args.warmup if warmup is None else warmup
     with torch.no_grad():
-        for i in range(args.warmup + args.steps):
+        for i in range(warmup + args.steps):
             sync()
             t0 = time.perf_counter()
             out = module(x)
             sync()
-            if i >= args.warmup:
+            if i >= warmup:
                 times.append(time.perf_counter() - t0)
     return statistics.median(times), out
 
@@ -153,14 +171,24 @@ def ddo_case(model, x, opts, card_gib, args, ctx):
         r = ddo.enable_offload(model, device_memory_limit_gb=ctx["limit_gb"](card_gib),
                                **where, **opts)
         res["enable_s"] = time.perf_counter() - t0
+        # The zero-config call re-plans (at most once) before its second forward: two warm-up
+        # forwards at least, so the timed ones run the final plan.
+        # (The bytes streamed are counted over the timed steps: a re-plan starts a new session.)
+        warmup = max(args.warmup, 2) if not opts else args.warmup
+        res["warmup_steps"] = warmup
+        with torch.no_grad():
+            for _ in range(warmup):
+                r.module(x)
+        ctx["sync"]()
         before, _ = tf.ddo_bytes(r)
-        step, out = run_steps(r.module, x, args, ctx["sync"])
+        step, out = run_steps(r.module, x, args, ctx["sync"], warmup=0)
         after, _ = tf.ddo_bytes(r)
+        res["activation_replan"] = r.activation_replan
         dw = r.plan["budgets"]["device_weights"]
         res.update(step_s=step, plan_peak_bytes=dw["peak"], plan_limit_bytes=dw["limit"],
                    resident_set_rule=r.plan["planner_decisions"].get("resident_set_rule"),
                    plan_note=r.plan["planner_decisions"].get("plan_note"),
-                   streamed_bytes_per_step=(after - before) / (args.warmup + args.steps)
+                   streamed_bytes_per_step=(after - before) / args.steps
                    if None not in (before, after) else None,
                    bits=tf.same_bits(ctx["ref"], out.to("cpu")))
         if cuda:
@@ -178,6 +206,50 @@ def ddo_case(model, x, opts, card_gib, args, ctx):
     peak = res.get("device_used_peak_above_baseline_bytes")
     res["within_card"] = (peak <= card_gib * GIB) if peak is not None else \
         (res.get("plan_peak_bytes", 0) <= ctx["limit_gb"](card_gib) * GIB)
+    return res
+
+
+def group_case(model, x, card_gib, args, ctx):
+    """(c) Diffusers' group offload on one emulated card (torch's cap only: it has no budget),
+    for reference; never raises. The model is left on the host without the hooks."""
+    import torch
+    if not ctx["cuda"]:
+        return {"skipped": "Diffusers' group offload with use_stream needs a CUDA device"}
+    try:
+        from diffusers.hooks import apply_group_offloading
+    except Exception as e:  # noqa: BLE001
+        return {"skipped": f"Diffusers is not importable ({type(e).__name__}: {e})"}
+    kw = dict(onload_device=torch.device(ctx["device"]), offload_device=torch.device("cpu"),
+              offload_type="block_level", num_blocks_per_group=1, use_stream=True,
+              record_stream=True)
+    res = {"kwargs": {k: str(v) for k, v in kw.items()}}
+    sampler = tf.Sampler(True)
+    try:
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(card_gib * GIB / ctx["device_total"])
+        torch.cuda.reset_peak_memory_stats()
+        sampler.start()
+        t0 = time.perf_counter()
+        apply_group_offloading(model, **kw)
+        res["enable_s"] = time.perf_counter() - t0
+        step, out = run_steps(model, x, args, ctx["sync"])
+        res.update(step_s=step, bits=tf.same_bits(ctx["ref"], out.to("cpu")),
+                   torch_peak_bytes=torch.cuda.max_memory_allocated())
+    except Exception as e:  # noqa: BLE001
+        res["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        try:
+            from ddo.routing import _remove_group_hooks
+            _remove_group_hooks(model)
+            model.to("cpu")
+        except Exception as e:  # noqa: BLE001
+            res["cleanup_error"] = f"{type(e).__name__}: {e}"
+        res.update(sampler.stop())
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+        gc.collect()
+    peak = res.get("device_used_peak_above_baseline_bytes")
+    res["within_card"] = peak <= card_gib * GIB if peak is not None else None
     return res
 
 
@@ -235,6 +307,22 @@ def run_model(key, args, ctx):
             f"ratio {c.get('ratio_zero_config_to_best')}, bound ratio "
             f"{c.get('ratio_zero_config_to_bound')}")
         out["cards"][str(card)] = c
+    # (c) last: Diffusers' hooks and pinned copies never touch the ddo cases' model.
+    for card in ctx["group_cards"]:
+        c = out["cards"].get(str(card))
+        if c is None or "zero_config" not in c:
+            continue
+        if time.time() > ctx["deadline"]:
+            c["group_offload"] = {"skipped": "deadline"}
+            continue
+        g = c["group_offload"] = group_case(model, x, card, args, ctx)
+        if "step_s" in g and ctx["bus_bps"]:
+            g["ratio_to_bound"] = g["step_s"] / max(resident_step,
+                                                    out["model_bytes"] / ctx["bus_bps"])
+        a = c["zero_config"].get("step_s")
+        if "step_s" in g and a:
+            c["ratio_zero_config_to_group_offload"] = a / g["step_s"]
+        log(f"{name} on {card}: group offload {g.get('step_s', g.get('skipped', g.get('error')))}")
     del model, x
     ctx.pop("ref", None)
     gc.collect()
@@ -246,6 +334,8 @@ def main(argv=None):
     p.add_argument("--models", default="flux,wan,qwen")
     p.add_argument("--cards", default=",".join(str(c) for c in CARDS_GIB), help="GiB")
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "cards.json"))
+    p.add_argument("--group-cards", default="8",
+                   help="GiB: the cards Diffusers' group offload runs on (reference; '' none)")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--tiny", action="store_true",
@@ -256,6 +346,7 @@ def main(argv=None):
     cuda = not args.tiny and torch.cuda.is_available()
     ctx = {"cuda": cuda, "device": "cuda:0" if cuda else "cpu",
            "cards": [int(c) for c in args.cards.split(",")],
+           "group_cards": [int(c) for c in args.group_cards.split(",") if c],
            "deadline": time.time() + args.deadline_s,
            "scale": TINY_CARD_SCALE if args.tiny else 1.0,
            "sync": torch.cuda.synchronize if cuda else (lambda: None)}

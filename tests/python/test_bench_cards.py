@@ -1,6 +1,8 @@
 """bench/cards.py --tiny on the cpu device: the zero-configuration call and the sweep run,
 bit-identical to the resident run, within the emulated card; the small card streams, the large
-one streams nothing; the Qwen-Image layout (data/layouts/qwen-image.json) has its 20.4 B
+one streams nothing; the zero-configuration case re-plans in its warm-up (the measurement
+replaced: the cpu device has none) and records it; Diffusers' group offload is skipped with a
+note on the cpu device; the Qwen-Image layout (data/layouts/qwen-image.json) has its 20.4 B
 parameters and the tiny Qwen-Image stand-in runs."""
 
 import json
@@ -24,7 +26,14 @@ def test_qwen_image_layout():
     assert 0 < len(tiny) < len(lay["tensors"])
 
 
-def test_tiny_run(tmp_path):
+def test_tiny_run(tmp_path, monkeypatch):
+    import ddo._result_replan as replan
+    calls = []
+
+    def measured(device, baseline, call):  # a need of 0 bytes: the margin, under the estimate
+        calls.append(1)
+        return call(), 0
+    monkeypatch.setattr(replan, "measure_activation", measured)
     cards = load_bench("cards")
     out = tmp_path / "cards.json"
     assert cards.main(["--tiny", "--models", "flux", "--cards", "8,24", "--steps", "1",
@@ -40,8 +49,14 @@ def test_tiny_run(tmp_path):
         assert z["within_card"] and z["plan_peak_bytes"] <= z["plan_limit_bytes"]
         assert z["plan_limit_bytes"] == int(gib / 512 * 2**30)  # the emulated card, whole
         assert c["ratio_zero_config_to_best"] > 0 and c["best_sweep"] in c["sweep"]
+        rp = z["activation_replan"]
+        assert z["warmup_steps"] == 2 and rp["replanned"], rp
+        assert rp["reserve_bytes"] == replan.MARGIN and rp["plan_before"]["limit"] > 0
         for s in c["sweep"].values():
             assert "error" in s or s["bits"]["identical"]
+    assert len(calls) == 2  # one per zero-config case: the sweep's budgets are never measured
+    assert "needs a CUDA device" in small["group_offload"]["skipped"]
+    assert "group_offload" not in large  # --group-cards: 8 only
     assert small["zero_config"]["resident_set_rule"].startswith("fill")
     assert small["zero_config"]["streamed_bytes_per_step"] > 0
     assert large["zero_config"]["resident_set_rule"] == "fill_all_fits"
