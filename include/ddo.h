@@ -850,6 +850,13 @@ typedef struct ddo_plan_info {
      * are read from their sidecar's coded streams; false when weight_codec=auto found the plan
      * not disk-bound (they are read raw; docs/codec.md, "Sidecar"). False without the codec. */
     bool codec_sidecar;
+    /* A plan sized from the device (no budget given): the activation reserve its device weights
+     * limit keeps off the device's free memory (0 otherwise), and whether that reserve is the
+     * planner's estimate from the plan's units (no auto_vram_headroom_gb nor
+     * activation_reserve_gb given): a host may measure the first forward's need and plan again
+     * with activation_reserve_gb (the Python binding does, docs/python.md). */
+    uint64_t activation_reserve_bytes;
+    bool activation_reserve_estimated;
 } ddo_plan_info;
 #define DDO_PLAN_INFO_INIT DDO_STRUCT_INIT(ddo_plan_info)
 /* Writes the plan's facts into *out (the fields within out->size; see the ABI rule).

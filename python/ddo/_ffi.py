@@ -244,6 +244,8 @@ class PlanInfo(Extensible):
         ("peer_bytes_per_s", c_double),
         ("retained_by_stall", c_bool),
         ("codec_sidecar", c_bool),
+        ("activation_reserve_bytes", c_uint64),
+        ("activation_reserve_estimated", c_bool),
     ]
 
 TraceFn = CFUNCTYPE(None, P, c_char_p, c_size_t, c_uint64, c_uint64, c_uint64)

@@ -86,16 +86,16 @@ class Replan(Lifecycle):
 
     def _arm_replan(self) -> None:
         """After the first setup: whether the first forward is measured."""
-        dec = self.plan.get("planner_decisions", {})
-        est = dec.get("device_activation_reserve_gb")
+        info = self._plan_info  # (the plan's typed facts)
+        est = int(info.activation_reserve_bytes)
         self._replan = {"state": "off", "replanned": False,
-                        "estimated_bytes": int(float(est) * GIB) if est is not None else None,
+                        "estimated_bytes": est if info.activation_reserve_estimated else None,
                         "measured_bytes": None, "reserve_bytes": None, "margin_bytes": MARGIN,
                         "threshold_bytes": THRESHOLD, "note": ""}
         why = ""
         if self._cfg.get("activation_replan") != "true":
             why = "activation_replan=False: the first plan stays"
-        elif dec.get("device_activation_reserve_source") != "estimated from the plan's units":
+        elif not info.activation_reserve_estimated:
             why = ("the device weights limit was not sized from the device with an estimated "
                    "activation reserve (a budget, auto_vram_headroom_gb or "
                    "activation_reserve_gb was given): nothing to re-plan")

@@ -179,15 +179,17 @@ class Setup(Hooks):
             inputs.unit_compute_json = self._unit_compute_text
 
     def _first_inputs(self, inputs: _lib.PlanInputs) -> None:
-        """The device's free memory the first plan read, and what torch's allocator held then
-        (the first forward's activation need is measured above it: _result_replan); a re-plan
-        plans with the same free memory (torch's cache then holds the first forward's
-        activations, which the measured reserve already counts)."""
-        first = getattr(self, "_first_free", None)
-        if first is not None:
-            inputs.device_free_bytes = first
+        """The device memory in use when the first plan read the device, and what torch's
+        allocator held then (the first forward's activation need is measured above it:
+        _result_replan); a re-plan plans with the same memory in use (torch's cache then holds
+        the first forward's activations, which the measured reserve already counts)."""
+        used = getattr(self, "_first_used", None)
+        total, free = int(inputs.device_total_bytes), int(inputs.device_free_bytes)
+        if used is not None:
+            if free > 0:
+                inputs.device_free_bytes = max(0, total - used) if total > 0 else free
             return
-        self._first_free = int(inputs.device_free_bytes)
+        self._first_used = total - free if free > 0 and total > free else 0
         cuda: Any = torch.cuda  # (torch 1.13 leaves parts unannotated)
         self._torch_reserved = int(cuda.memory_reserved(self.device)) \
             if self.device is not None and self.device.type == "cuda" else 0

@@ -613,6 +613,8 @@ int ddo_plan_info_get(const ddo_plan *p, ddo_plan_info *out)
     info.peer_bytes_per_s = p->peer_bytes_per_s;
     info.retained_by_stall = p->retained_by_stall;
     info.codec_sidecar = p->weight_codec == DDO_WEIGHT_CODEC_DDOC1 && p->codec_sidecar;
+    info.activation_reserve_bytes = p->activation_reserve;
+    info.activation_reserve_estimated = p->activation_reserve_estimated;
     return DDO__ABI_OUT(ddo_plan_info, &info, out);
 }
 

@@ -223,6 +223,8 @@ struct ddo_plan {
     /* weight_codec=ddoc1: with weight_codec_cache_dir set, file-streamed tensors are read from
      * their sidecar's coded streams (false: auto found the plan not disk-bound; raw) */
     bool codec_sidecar;
+    uint64_t activation_reserve;       /* sized from the device: the reserve kept (else 0) */
+    bool activation_reserve_estimated; /* ... the planner's estimate (ddo_plan_info) */
     size_t tensor_count;
     ddo__plan_tensor *tensors;
     size_t unit_count;

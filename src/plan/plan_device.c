@@ -409,6 +409,8 @@ static uint64_t sized_from_device(builder *b, uint64_t V, char *source, size_t l
                         : "activation reserve",
              limit == avail - h ? "" : ", at least 1 GiB");
     ddo__decisions_set_gb(&b->p->decisions, "device_activation_reserve_gb", h);
+    b->p->activation_reserve = h;
+    b->p->activation_reserve_estimated = !option && !measured;
     ddo__decisions_set_str(&b->p->decisions, "device_activation_reserve_source",
                            option     ? "auto_vram_headroom_gb"
                            : measured ? "measured on the first forward (activation_reserve_gb)"

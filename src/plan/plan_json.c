@@ -564,6 +564,10 @@ static void read_facts(ddo_plan *p)
     p->retained_by_stall = rs != NULL && strcmp(rs, "stall") == 0;
     const char *sc = ddo__decisions_get(&p->decisions, "codec_sidecar");
     p->codec_sidecar = sc == NULL || strcmp(sc, "off") != 0;
+    const char *ar = ddo__decisions_get(&p->decisions, "device_activation_reserve_gb");
+    const char *as = ddo__decisions_get(&p->decisions, "device_activation_reserve_source");
+    p->activation_reserve = ar != NULL ? (uint64_t)(strtod(ar, NULL) * (double)DDO_GIB) : 0;
+    p->activation_reserve_estimated = as != NULL && strncmp(as, "estimated", 9) == 0;
 }
 
 static void read_plan(reader *r, json_t *root, ddo_plan *p)
