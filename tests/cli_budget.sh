@@ -3,7 +3,8 @@
 # 0.24 GB under a 0.1 GiB budget fills it (peak within the budget) and runs bit-identical to
 # the direct-read reference; a 24 MiB model under 4 GiB is all resident, the plan says so in
 # one line, and runs bit-identical; the budget's two names, a budget above the device and a
-# device limit above the device, refused or capped with the messages a user reads.
+# device limit above the device, refused or capped with the messages a user reads; with nothing
+# given the activation reserve is estimated, activation_reserve_gb (a measured one) replaces it.
 # ctest-labels: cli
 set -u
 : "${DDO_BIN:?DDO_BIN is not set}"
@@ -85,6 +86,19 @@ check "a device limit above the device is refused with its size" \
     --ddo-device-budget-gb 16 >"$T/out" 2>&1
 check "a budget above the device is capped with a note" \
     'grep -qF "device_budget_gb 16.00 GiB is above the device memory 8.00 GiB: capped to it" "$T/out"'
+# Sized from the device: the activation reserve estimated from the plan's units, or the one a
+# host measured on the first forward (activation_reserve_gb, which the Python binding sets).
+"$DDO_BIN" plan "$T/small.safetensors" "${CPU[@]}" --device-memory-gb 8 --json >"$T/est.json" 2>&1
+check "with nothing given the activation reserve is estimated from the plan's units" \
+    'grep -qF "\"device_activation_reserve_source\": \"estimated from the plan'"'"'s units\"" "$T/est.json"'
+"$DDO_BIN" plan "$T/small.safetensors" "${CPU[@]}" --device-memory-gb 8 \
+    --ddo-activation-reserve-gb 0.3 --json >"$T/meas.json" 2>&1
+check "activation_reserve_gb is the reserve measured on the first forward" \
+    'grep -qF "device memory 8.00 GiB minus 307.20 MiB activation reserve measured on the first forward" "$T/meas.json" && grep -qF "\"device_activation_reserve_gb\": 0.3," "$T/meas.json"'
+"$DDO_BIN" plan "$T/small.safetensors" "${CPU[@]}" --device-memory-gb 8 \
+    --ddo-activation-reserve-gb 0.3 --ddo-auto-vram-headroom-gb 2 --json >"$T/head.json" 2>&1
+check "auto_vram_headroom_gb wins over activation_reserve_gb" \
+    'grep -qF "minus 2.00 GiB auto VRAM headroom" "$T/head.json"'
 
 [ "$fails" -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
 echo "all passed"
