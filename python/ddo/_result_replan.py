@@ -62,6 +62,44 @@ class Replan(Lifecycle):
 
     _replan: Dict[str, Any]
 
+    def _fresh(self) -> None:
+        """The fields of one session and its bindings, as before its setup
+        (OffloadResult.__init__, and a re-plan's second setup)."""
+        self._owner = None  # [thread ident, depth] while a forward or a unit's hook runs
+        self._in_root = 0   # root forwards running on the owner thread
+        self._frames = []   # the owner's unit frames whose pre-hook succeeded (_enter)
+        self._dirty = False  # a device copy was written: restored when no lease is held
+        self._handles = []
+        self._leases = {}
+        self._root_units = ()
+        # The first root forward's acquire order (each unit's first acquire): the plan's unit
+        # order is declared at setup, and where the forward calls its units in another order
+        # (a model's embedders often run in another order than they are declared) the
+        # observed one is declared after that forward (_declare_observed). None: not observing.
+        self._observed = None
+        self._ph_versions = {}  # id(Parameter) -> its version when it got a placeholder
+        self._res_versions = []  # (Parameter, version) of the resident tensors bound
+        self._own_forward = None
+        self._trace_t = {}  # units -> when their compute began (trace=)
+        self._own_methods = []  # (module, name, own) of the methods refused while managed
+        self._ck = self._dev = self._plan = self._session = self._setup_h = None
+        self._store = None  # donor mode's store device (_devices.py)
+        self._streams = {}
+        self._views = {}
+        self._placeholders = {}
+        self._moved = []
+        self._versions = {}
+        self.device = None
+        self.unmanaged_bytes = 0
+        self.host_bytes_released = 0
+        self.device_bytes_after_close = None
+        self.device_note = ""
+        self._grad_hooks_armed = False
+        self._pinned = {}  # units kept leased in C while a view of them escaped (_release)
+        self._entered = set()  # the hooked unit groups entered in this root forward
+        self._hooked = []  # (module name, units) of every hooked module but the root
+        self._view_ptrs = {}  # storage address of every live view -> its tensor's name
+
     def _commit(self) -> None:
         """The setup made: the module and its Parameters marked as managed by this result."""
         setattr(self.module, "_ddo_offload", self)  # (torch's Module.__setattr__ types)
@@ -97,7 +135,7 @@ class Replan(Lifecycle):
             why = "activation_replan=False: the first plan stays"
         elif not info.activation_reserve_estimated:
             why = ("the device weights limit was not sized from the device with an estimated "
-                   "activation reserve (a budget, auto_vram_headroom_gb or "
+                   "activation reserve (a budget, yours or a preset's, auto_vram_headroom_gb or "
                    "activation_reserve_gb was given): nothing to re-plan")
         elif self._source is not None or self.host_bytes_released or self._store is not None:
             why = ("the session holds weights it read or coded itself (a checkpoint file, "
@@ -159,36 +197,43 @@ class Replan(Lifecycle):
         if self._escaped_views():
             rp["note"] += " (not done: views of the device weights are still alive)"
             return
-        before = self.plan
+        before, first_cfg = self.plan, self._cfg
         with _lease.shield():
             self._teardown()
             # A copy: a pipeline's components can share one configuration.
             h = ctypes.c_void_p()
-            _native.check(_native.lib().ddo_config_clone(self._cfg.h, ctypes.byref(h)))
+            _native.check(_native.lib().ddo_config_clone(first_cfg.h, ctypes.byref(h)))
             cfg = _native.Config(h)
-            setattr(cfg, "_ddo_auto_scratch", getattr(self._cfg, "_ddo_auto_scratch", False))
+            setattr(cfg, "_ddo_auto_scratch", getattr(first_cfg, "_ddo_auto_scratch", False))
             cfg.override("activation_reserve_gb", f"{rp['reserve_bytes'] / GIB:.6f}")
             self._cfg = cfg
-            self._rebuild()
+            try:
+                self._rebuild(last=False)
+            except Exception as e:  # the first plan again (the same inputs: it fitted)
+                self._teardown()
+                self._cfg = first_cfg
+                rp["note"] += f" (the re-plan failed, {type(e).__name__}: {e}; the first plan " \
+                              f"again)"
+                self._rebuild(last=True)
+                return
             rp["state"], rp["replanned"] = "replanned", True
             rp["plan_before"] = {k: before["budgets"]["device_weights"][k]
                                  for k in ("limit", "limit_source", "resident_bytes")}
 
-    def _rebuild(self) -> None:
-        """The second setup (the first plan's device free memory: _result_setup); where it
-        fails, the result is closed and the error raised."""
+    def _rebuild(self, last: bool) -> None:
+        """A second setup (with the first plan's device memory in use: _result_setup). Where
+        it fails and is the last try (or an interrupt stops it), the result is closed, torn
+        down as __init__ would, and the error raised."""
         keep = self._before_session
         self._before_session = None  # (a pipeline's stager made room once)
         self._fresh()
         try:
             self._setup()
             self._commit()
-        except BaseException:
-            self._state = "closed"
-            self._teardown()
+        except BaseException as e:
+            if last or not isinstance(e, Exception):
+                self._state = "closed"
+                self._teardown()
             raise
         finally:
             self._before_session = keep
-
-    def _fresh(self) -> None:  # (OffloadResult's)
-        raise NotImplementedError

@@ -88,44 +88,6 @@ class OffloadResult(Replan):
                 self._teardown()
             raise
 
-    def _fresh(self) -> None:
-        """The fields of one session and its bindings, as before its setup (__init__, and
-        a re-plan's second setup: _result_replan)."""
-        self._owner = None  # [thread ident, depth] while a forward or a unit's hook runs
-        self._in_root = 0   # root forwards running on the owner thread
-        self._frames = []   # the owner's unit frames whose pre-hook succeeded (_enter)
-        self._dirty = False  # a device copy was written: restored when no lease is held
-        self._handles = []
-        self._leases = {}
-        self._root_units = ()
-        # The first root forward's acquire order (each unit's first acquire): the plan's unit
-        # order is declared at setup, and where the forward calls its units in another order
-        # (a model's embedders often run in another order than they are declared) the
-        # observed one is declared after that forward (_declare_observed). None: not observing.
-        self._observed = None
-        self._ph_versions = {}  # id(Parameter) -> its version when it got a placeholder
-        self._res_versions = []  # (Parameter, version) of the resident tensors bound
-        self._own_forward = None
-        self._trace_t = {}  # units -> when their compute began (trace=)
-        self._own_methods = []  # (module, name, own) of the methods refused while managed
-        self._ck = self._dev = self._plan = self._session = self._setup_h = None
-        self._store = None  # donor mode's store device (_devices.py)
-        self._streams = {}
-        self._views = {}
-        self._placeholders = {}
-        self._moved = []
-        self._versions = {}
-        self.device = None
-        self.unmanaged_bytes = 0
-        self.host_bytes_released = 0
-        self.device_bytes_after_close = None
-        self.device_note = ""
-        self._grad_hooks_armed = False
-        self._pinned = {}  # units kept leased in C while a view of them escaped (_release)
-        self._entered = set()  # the hooked unit groups entered in this root forward
-        self._hooked = []  # (module name, units) of every hooked module but the root
-        self._view_ptrs = {}  # storage address of every live view -> its tensor's name
-
     def cleanup_on_error(self) -> ContextManager[OffloadResult]:
         """On an exception: unload once, re-raise the original (a cleanup error becomes a note)."""
         return cleanup_boundary(self.unload, self)

@@ -117,6 +117,30 @@ def test_larger_need_replans_too(measured, idle_device):
         r.close()
 
 
+def test_a_failed_replan_keeps_the_first_plan(measured, monkeypatch):
+    m, x = flux()
+    ref = steps(m, x)
+    r = ddo.enable_offload(m, device_memory_limit_gb=1.25, **CPU)
+    setup = result_setup.Setup._setup
+
+    def refused(self):
+        if self._cfg.get("activation_reserve_gb") not in ("0", "0.0", "0.00"):
+            raise ddo.DdoError("DDO_E_BUDGET", "refused by the test")
+        setup(self)
+    monkeypatch.setattr(result_setup.Setup, "_setup", refused)
+    try:
+        plan = r.plan
+        out = steps(m, x)
+        assert not r.replanned and r.activation_replan["state"] == "kept"
+        assert "the re-plan failed" in r.activation_replan["note"]
+        assert "refused by the test" in r.activation_replan["note"]
+        assert r.plan["budgets"] == plan["budgets"]
+        assert all(torch.equal(a, b) for a, b in zip(ref, out))
+    finally:
+        r.close()
+    assert r.device_bytes_after_close == 0
+
+
 def test_within_threshold_keeps_the_plan(measured):
     m, x = flux()
     ref = steps(m, x)
@@ -135,6 +159,7 @@ def test_within_threshold_keeps_the_plan(measured):
 
 
 @pytest.mark.parametrize("given", [dict(device_budget_gb=1), dict(auto_vram_headroom_gb=0.5),
+                                   dict(backend="vmm"),  # (its preset gives a budget)
                                    dict(activation_reserve_gb=0.3), dict(activation_replan=False)])
 def test_never_when_the_user_decided(measured, given):
     m, x = flux()
