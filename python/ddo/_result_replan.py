@@ -6,8 +6,8 @@ first complete root forward measures what the forward really needed on the devic
 (measure_activation: on a CUDA device, torch's allocator); when that need plus MARGIN differs
 from the plan's reserve by more than THRESHOLD, the result is planned once more before the next
 forward (never inside one) with activation_reserve_gb set to it: the module's host tensors are
-registered again in place (no copy), the resident weights are uploaded again, and more (or
-fewer) units are resident. ``result.activation_replan`` says what happened, ``result.replanned``
+registered again in place (no copy; on a GPU the driver pins their pages again), the resident
+weights are uploaded again, and more (or fewer) units are resident. ``result.activation_replan`` says what happened, ``result.replanned``
 whether it did; activation_replan=False keeps the first plan.
 """
 
@@ -44,7 +44,7 @@ def measure_activation(device: Optional[torch.device], baseline: int,
     allocator, so what the forward takes from ddo's share is what torch reserves (its cache and
     fragmentation included), not only the tensors alive at its peak. torch's peak statistics
     are reset (torch.cuda.reset_peak_memory_stats) only when an earlier peak of reserved bytes
-    is above the bytes reserved now (after torch.cuda.empty_cache()): the earlier peaks,
+    is above the bytes reserved now (torch.cuda.empty_cache() ran since): the earlier peaks,
     allocated included, are then lost."""
     if device is None or device.type != "cuda":
         return call(), None
