@@ -14,6 +14,7 @@ whether it did; activation_replan=False keeps the first plan.
 from __future__ import annotations
 
 import ctypes
+import sys
 import weakref
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -219,6 +220,8 @@ class Replan(Lifecycle):
             rp["state"], rp["replanned"] = "replanned", True
             rp["plan_before"] = {k: before["budgets"]["device_weights"][k]
                                  for k in ("limit", "limit_source", "resident_bytes")}
+            if self._cfg.get("verbose") == "true":  # (the plan's summary was printed above)
+                print(f"ddo: {self._label()}: {rp['note']}", file=sys.stderr)
 
     def _rebuild(self, last: bool) -> None:
         """A second setup (with the first plan's device memory in use: _result_setup). Where

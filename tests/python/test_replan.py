@@ -103,14 +103,16 @@ def test_replanned_once_with_more_resident(measured, idle_device):
     assert torch.equal(steps(m, x, 1)[0], ref[0])
 
 
-def test_larger_need_replans_too(measured, idle_device):
+def test_larger_need_replans_too(measured, idle_device, capsys):
     m, x = flux()
     ref = steps(m, x)
-    r = ddo.enable_offload(m, device_memory_limit_gb=2, **CPU)
+    r = ddo.enable_offload(m, device_memory_limit_gb=2, verbose=True, **CPU)
     try:
         measured["need"] = GIB
         out = steps(m, x)
         assert r.replanned
+        err = capsys.readouterr().err
+        assert "re-planned before the next forward" in err and err.count("route") == 2
         assert r.plan["planner_decisions"]["device_activation_reserve_gb"] == 1.25
         assert all(torch.equal(a, b) for a, b in zip(ref, out))
     finally:
