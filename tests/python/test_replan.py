@@ -185,3 +185,30 @@ def test_no_statistics_keeps_the_estimate():
         assert "no allocator statistics" in r.activation_replan["note"]
     finally:
         r.close()
+
+
+def test_the_facts_survive_a_saved_plan():
+    """ddo_plan_info's activation_reserve_bytes and activation_reserve_estimated, read back from
+    a saved plan (ddo_plan_from_json) as the planner set them."""
+    import ctypes
+    from ddo import _lib, _native
+    m, _ = flux()
+    for given, estimated in (({}, True), ({"activation_reserve_gb": 0.3}, False)):
+        r = ddo.enable_offload(m, device_memory_limit_gb=1.25, **given, **CPU)
+        try:
+            mine = r._plan_info
+            assert bool(mine.activation_reserve_estimated) is estimated
+            if not estimated:
+                assert mine.activation_reserve_bytes == int(0.3 * GIB)
+            L = _native.lib()
+            p = ctypes.c_void_p()
+            _native.check(L.ddo_plan_from_json(r._plan_json().encode(), ctypes.byref(p)))
+            info = _lib.PlanInfo()
+            try:
+                _native.check(L.ddo_plan_info_get(p, ctypes.byref(info)))
+            finally:
+                L.ddo_plan_destroy(p)
+            assert bool(info.activation_reserve_estimated) is estimated
+            assert abs(info.activation_reserve_bytes - mine.activation_reserve_bytes) < (1 << 20)
+        finally:
+            r.close()
