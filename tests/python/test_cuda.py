@@ -80,3 +80,30 @@ def test_acquire_inside_a_graph_capture_is_refused():
                 r.module(x)
     assert "CUDA-graph capture" in str(e.value) or "CUDA-graph capture" in repr(e.value.__context__)
     r.close()
+
+
+def test_activation_reserve_measured_on_cuda():
+    """The zero-config call measures the first forward on torch's allocator (the real
+    measure_activation) and re-plans at most once; bit-identical throughout."""
+    m = models.FluxLike(dim=256, heads=4, double=3, single=5, seed=23)
+    x = torch.randn(2, 64, 256, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    x = x.cuda()
+    ref = resident_reference(m, x)
+    r = ddo.enable_offload(m, device_memory_limit_gb=8, execution_device="cuda:0")
+    try:
+        rp = r.activation_replan
+        assert rp["state"] == "measuring" and rp["estimated_bytes"] > 0, rp
+        with torch.no_grad():
+            out = [r.module(x) for _ in range(4)]
+        rp = r.activation_replan
+        assert rp["state"] in ("kept", "replanned"), rp
+        assert rp["measured_bytes"] is not None and rp["measured_bytes"] >= 0, rp
+        assert rp["reserve_bytes"] == rp["measured_bytes"] + rp["margin_bytes"]
+        if r.replanned:
+            assert r.plan["planner_decisions"]["device_activation_reserve_source"].startswith(
+                "measured on the first forward")
+        for a in out:
+            assert torch.equal(a, ref[0])
+    finally:
+        r.close()
+    assert all(p.device.type == "cpu" for p in m.parameters())
