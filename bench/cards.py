@@ -183,7 +183,7 @@ def ddo_case(model, x, opts, card_gib, args, ctx):
         before, _ = tf.ddo_bytes(r)
         step, out = run_steps(r.module, x, args, ctx["sync"], warmup=0)
         after, _ = tf.ddo_bytes(r)
-        res["activation_replan"] = r.activation_replan
+        res["activation_replan"] = getattr(r, "activation_replan", None)  # (a route result: none)
         dw = r.plan["budgets"]["device_weights"]
         res.update(step_s=step, plan_peak_bytes=dw["peak"], plan_limit_bytes=dw["limit"],
                    resident_set_rule=r.plan["planner_decisions"].get("resident_set_rule"),
