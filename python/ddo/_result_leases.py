@@ -302,10 +302,7 @@ class Leases(Views):
         self._leases[u] = 1
         if self._observed is not None and u not in self._observed:
             self._observed.append(u)
-        for t in self._unit_tensors[u]:
-            v = self._view(t)
-            for p in t.params:
-                p.data = v
+        self._bind_unit(u)
         if getattr(self, "_lora", None) is not None:
             self._lora.bound(self._unit_tensors[u])  # merged LoRAs replayed on fresh copies
         self._versions[u] = [p._version for t in self._unit_tensors[u] for p in t.params]
@@ -327,8 +324,7 @@ class Leases(Views):
         if changed:
             self._dirty = True  # restored when no lease is held (_unclaim, _abort)
         L = _native.lib()
-        if any(L.ddo_session_tensor_view_count(self._session, t.index)
-               for t in self._unit_tensors[u]):
+        if L.ddo_session_unit_view_count(self._session, u):
             # A view of the unit escaped its lease (a hook, a cache kept p.data): the unit
             # stays leased in C, so its memory is neither reused nor remapped while the view
             # lives; released once it died (_release_pins), or re-leased by its next forward.
@@ -347,8 +343,7 @@ class Leases(Views):
         """Units kept leased for an escaped view: released in C once their views died."""
         L = _native.lib()
         for u in list(self._pinned):
-            if not any(L.ddo_session_tensor_view_count(self._session, t.index)
-                       for t in self._unit_tensors[u]):
+            if not L.ddo_session_unit_view_count(self._session, u):
                 del self._pinned[u]
                 _native.check(L.ddo_session_release(self._session, u, self._stream()),
                               L.ddo_session_error(self._session))

@@ -5,7 +5,7 @@ placeholder; writes to either are noticed by the Parameters' versions and refuse
 from __future__ import annotations
 
 import ctypes
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -13,6 +13,10 @@ from . import _native, _torch
 from ._native import DdoError
 from ._result_ownership import Ownership
 from ._result_state import _PLACEMENT_RESIDENT, _PLACEMENT_SKIPPED, _PLACEMENT_STREAMED, _Param
+
+# How a unit's tensors are cut from one view of the unit's bytes: per tensor (its record, its
+# dtype, its offset in elements of that dtype (-1: no bytes), its shape, its strides).
+UnitCut = List[Tuple[_Param, torch.dtype, int, Tuple[int, ...], Tuple[int, ...]]]
 
 
 class Views(Ownership):
@@ -45,6 +49,60 @@ class Views(Ownership):
             # binding drops it, and a view still alive then escaped the lease (_release).
             self._view_ptrs[v.data_ptr()] = t.name  # a fresh view starts its storage
         return v
+
+    def _unit_cut(self, u: int) -> Optional[UnitCut]:
+        """How u's tensors are cut from one view of the unit (made once; None: a tensor's
+        offset is not a multiple of its element size, so each tensor gets its own view)."""
+        cut: UnitCut = []
+        for t in self._unit_tensors[u]:
+            if 0 in t.shape:
+                cut.append((t, t.torch_dtype, -1, t.shape, ()))
+                continue
+            size = torch.empty((), dtype=t.torch_dtype).element_size()
+            if t.offset % size:
+                return None
+            strides = [1] * len(t.shape)
+            for k in range(len(t.shape) - 2, -1, -1):
+                strides[k] = strides[k + 1] * t.shape[k + 1]
+            cut.append((t, t.torch_dtype, t.offset // size, t.shape, tuple(strides)))
+        return cut
+
+    def _bind_unit(self, u: int) -> None:
+        """u's Parameters show its leased bytes: one DLPack view of the whole unit per lease
+        (ddo_session_unit_dlpack), each tensor a strided view of it, so the C calls and the
+        DLPack import are per unit, not per tensor. Every view shares the unit view's storage:
+        one kept past the lease keeps it alive, and ddo_session_unit_view_count sees it at
+        release. Routes that map each weight apart get a view per tensor (_view)."""
+        cut = self._unit_cuts.get(u, False)
+        if cut is False:
+            cut = self._unit_cuts[u] = self._unit_cut(u)
+        base: Optional[torch.Tensor] = None
+        if cut is not None:
+            try:
+                base = _torch.unit_view(self._session, u)
+            except DdoError as e:
+                if e.code not in ("DDO_E_UNSUPPORTED", "DDO_E_NOT_FOUND"):
+                    raise
+                cut = self._unit_cuts[u] = None
+        if cut is None or base is None:
+            for t in self._unit_tensors[u]:
+                v = self._view(t)
+                for p in t.params:
+                    p.data = v
+            return
+        typed: Dict[torch.dtype, torch.Tensor] = {}
+        for t, dt, off, shape, strides in cut:
+            if off < 0:
+                v = self._view(t)
+            else:
+                whole = typed.get(dt)
+                if whole is None:
+                    size = torch.empty((), dtype=dt).element_size()
+                    whole = typed[dt] = base[:base.numel() - base.numel() % size].view(dt)
+                v = whole.as_strided(shape, strides, off)
+            for p in t.params:
+                p.data = v
+        self._view_ptrs[base.data_ptr()] = self._unit_names[u]  # (saved-tensor hooks)
 
     def _make_views(self) -> None:
         """Nothing now: a streamed tensor's view is made per lease (on every route), so a view
