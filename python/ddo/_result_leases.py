@@ -282,7 +282,7 @@ class Leases(Views):
         if n > 0:
             self._leases[u] = n + 1
             return
-        err = self._placeholder_writes(self._unit_tensors[u])
+        err = self._unit_placeholder_writes(u)
         if err is not None:
             raise err
         L = _native.lib()
@@ -305,7 +305,7 @@ class Leases(Views):
         self._bind_unit(u)
         if getattr(self, "_lora", None) is not None:
             self._lora.bound(self._unit_tensors[u])  # merged LoRAs replayed on fresh copies
-        self._versions[u] = [p._version for t in self._unit_tensors[u] for p in t.params]
+        self._versions[u] = [p._version for p in self._unit_params(u)[0]]
 
     def _release(self, u: int, check: bool = True, whole: bool = False) -> None:
         """One lease of u ends (whole: every one); the last checks the unit's versions."""
@@ -316,11 +316,9 @@ class Leases(Views):
             self._leases[u] = n - 1
             return
         del self._leases[u]
-        written = [p for t in self._unit_tensors[u] for p in t.params]
         before = self._versions.pop(u, None)
-        changed = before is not None and [p._version for p in written] != before
-        for t in self._unit_tensors[u]:
-            self._to_placeholder(t)
+        changed = before is not None and [p._version for p in self._unit_params(u)[0]] != before
+        self._unit_to_placeholder(u)
         if changed:
             self._dirty = True  # restored when no lease is held (_unclaim, _abort)
         L = _native.lib()

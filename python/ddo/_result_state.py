@@ -227,6 +227,8 @@ class ResultState:
     # unit -> how its tensors are cut from one view of the unit (_result_views.UnitCut; None:
     # a view per tensor, e.g. on a route that maps each weight apart)
     _unit_cuts: Dict[int, Any]
+    # unit -> its Parameters (tied ones, wrappers' inner tensors), their ids and placeholders
+    _unit_ps: Dict[int, Any]
     _placeholders: Dict[Tuple[torch.dtype], torch.Tensor]
     _ph_versions: Dict[int, int]
     _res_versions: List[Tuple[torch.nn.Parameter, int, str]]

@@ -17,6 +17,8 @@ from ._result_state import _PLACEMENT_RESIDENT, _PLACEMENT_SKIPPED, _PLACEMENT_S
 # How a unit's tensors are cut from one view of the unit's bytes: per tensor (its record, its
 # dtype, its offset in elements of that dtype (-1: no bytes), its shape, its strides).
 UnitCut = List[Tuple[_Param, torch.dtype, int, Tuple[int, ...], Tuple[int, ...]]]
+# A unit's Parameters, their ids and their placeholders (_unit_params).
+UnitParams = Tuple[List[torch.Tensor], List[int], List[torch.Tensor]]
 
 
 class Views(Ownership):
@@ -124,6 +126,32 @@ class Views(Ownership):
         for p in t.params:
             p.data = ph
             self._ph_versions[id(p)] = p._version
+
+    def _unit_params(self, u: int) -> UnitParams:
+        """u's Parameters, their ids and their placeholders, in one flat list each (made at
+        its first lease, after the setup bound every Parameter)."""
+        got: Optional[UnitParams] = self._unit_ps.get(u)
+        if got is None:
+            ps = [(p, self._placeholder(t)) for t in self._unit_tensors[u] for p in t.params]
+            got = self._unit_ps[u] = ([p for p, _ in ps], [id(p) for p, _ in ps],
+                                      [ph for _, ph in ps])
+        return got
+
+    def _unit_to_placeholder(self, u: int) -> None:
+        """_to_placeholder for every tensor of u, over its flat lists."""
+        ps, ids, phs = self._unit_params(u)
+        for p, ph in zip(ps, phs):
+            p.data = ph
+        self._ph_versions.update(zip(ids, [p._version for p in ps]))
+
+    def _unit_placeholder_writes(self, u: int) -> Optional[DdoError]:
+        """_placeholder_writes for u's tensors: the versions of its Parameters compared in one
+        pass; the per-tensor check only where one differs."""
+        ps, ids, _ = self._unit_params(u)
+        get = self._ph_versions.get
+        if [get(i) for i in ids] == [p._version for p in ps]:
+            return None
+        return self._placeholder_writes(self._unit_tensors[u])
 
     def _placeholder_writes(self, tensors: Sequence[_Param]) -> Optional[DdoError]:
         """The refusal of writes to tensors' Parameters while they showed the placeholder
