@@ -21,7 +21,10 @@ forwards after warm-up):
                timed through wrappers): its host work plus the library's calls;
   c_us         the library's ddo_session_acquire + ddo_session_release alone (another pass);
   binding_us   the difference, the binding's own host time, and binding_us_per_tensor;
-  plain_ms / ddo_ms   a whole forward unmanaged and managed (context: hooks included).
+  plain_ms / ddo_ms   a whole forward unmanaged and managed (context: hooks included);
+  cycle_us     one acquire + release of the unit with the most tensors (cycle_tensors) outside
+               a forward, best of 5 x 1,000: the slot keeps the unit, so this is nearly all
+               binding and the steadiest figure on a shared machine (cycle_us_per_tensor).
 --profile prints cProfile's top functions of the binding for one format and route.
 
   python3 bench/lease_overhead.py [--kinds bf16,fp8,fp8_wrapper] [--routes vmm,linear]
@@ -201,6 +204,24 @@ def timed_leases(r, managed, x, reps):
     return ns / 1e3 / leases, c_ns / 1e3 / leases, leases
 
 
+def cycle_us(r, n=1000, reps=5):
+    """(us of one _acquire + _release of the unit with the most tensors, outside a forward,
+    best of reps; its tensors): the slot keeps the unit, so the library's part is a hit and
+    the figure is nearly all binding."""
+    u = max(range(len(r._unit_tensors)), key=lambda k: len(r._unit_tensors[k]))
+    for _ in range(50):
+        r._acquire(u)
+        r._release(u)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            r._acquire(u)
+            r._release(u)
+        best = min(best, (time.perf_counter() - t0) / n * 1e6)
+    return best, len(r._unit_tensors[u])
+
+
 def measure(kind, backend, args, x):
     import ddo
     plain = build(kind, args.double, args.single)
@@ -220,12 +241,15 @@ def measure(kind, backend, args, x):
         lease_us, c_us, leases = timed_leases(r, managed, x, args.reps)
         tensors = sum(len(ts) for ts in r._unit_tensors)
         binding = lease_us - c_us
+        cyc, cyc_tensors = cycle_us(r)
         row = dict(kind=kind, route=backend, leases=leases, tensors=tensors,
                    tensors_per_unit=round(tensors / leases, 1),
                    plain_ms=round(t_plain * 1e3, 2), ddo_ms=round(t_ddo * 1e3, 2),
                    lease_us=round(lease_us, 1), c_us=round(c_us, 1),
                    binding_us=round(binding, 1),
-                   binding_us_per_tensor=round(binding * leases / max(1, tensors), 2))
+                   binding_us_per_tensor=round(binding * leases / max(1, tensors), 2),
+                   cycle_tensors=cyc_tensors, cycle_us=round(cyc, 1),
+                   cycle_us_per_tensor=round(cyc / max(1, cyc_tensors), 2))
         if args.profile == f"{kind}:{backend}":
             prof = cProfile.Profile()
             with torch.no_grad():

@@ -132,9 +132,10 @@ class Views(Ownership):
         its first lease, after the setup bound every Parameter)."""
         got: Optional[UnitParams] = self._unit_ps.get(u)
         if got is None:
-            ps = [(p, self._placeholder(t)) for t in self._unit_tensors[u] for p in t.params]
-            got = self._unit_ps[u] = ([p for p, _ in ps], [id(p) for p, _ in ps],
-                                      [ph for _, ph in ps])
+            ps: List[Tuple[torch.Tensor, torch.Tensor]] = [
+                (p, self._placeholder(t)) for t in self._unit_tensors[u] for p in t.params]
+            made: UnitParams = ([p for p, _ in ps], [id(p) for p, _ in ps], [ph for _, ph in ps])
+            self._unit_ps[u] = got = made
         return got
 
     def _unit_to_placeholder(self, u: int) -> None:
