@@ -1059,7 +1059,8 @@ DDO_API size_t ddo_session_tensor_view_count(const ddo_session *s, size_t tensor
  * Errors: DDO_E_INVALID_ARGUMENT (NULL argument, unit out of range), DDO_E_STATE (unloaded,
  * or not leased on the linear route), DDO_E_UNSUPPORTED (a route that maps each weight apart,
  * vmm_runtime: view the tensors one by one), DDO_E_NOT_FOUND (no streamed tensor with bytes),
- * DDO_E_DEVICE (the device's ordinal), DDO_E_NO_MEMORY.
+ * DDO_E_OVERFLOW (a range DLPack cannot hold), DDO_E_DEVICE (the device's ordinal),
+ * DDO_E_NO_MEMORY.
  */
 DDO_API int ddo_session_unit_dlpack(ddo_session *s, size_t unit, void **managed);
 /* Live DLPack views of a unit's memory (0 out of range): its unit-wide views
