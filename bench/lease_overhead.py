@@ -241,7 +241,7 @@ def measure(kind, backend, args, x):
         lease_us, c_us, leases = timed_leases(r, managed, x, args.reps)
         tensors = sum(len(ts) for ts in r._unit_tensors)
         binding = lease_us - c_us
-        cyc, cyc_tensors = cycle_us(r)
+        cyc, cyc_tensors = cycle_us(r, args.cycles)
         row = dict(kind=kind, route=backend, leases=leases, tensors=tensors,
                    tensors_per_unit=round(tensors / leases, 1),
                    plain_ms=round(t_plain * 1e3, 2), ddo_ms=round(t_ddo * 1e3, 2),
@@ -265,16 +265,17 @@ def measure(kind, backend, args, x):
         r.close()
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--kinds", default="bf16,fp8,fp8_wrapper")
     p.add_argument("--routes", default="vmm,linear")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--double", type=int, default=19)
     p.add_argument("--single", type=int, default=38)
+    p.add_argument("--cycles", type=int, default=1000, help="acquire + release cycles (x 5)")
     p.add_argument("--profile", default="", help="KIND:ROUTE: print cProfile's top functions")
     p.add_argument("--json", default="", help="write the rows here")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     torch.set_num_threads(1)
     x = torch.randn(4, DIM, dtype=torch.bfloat16)
     rows = []
@@ -286,7 +287,8 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "rows": rows}, f, indent=1)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
