@@ -108,6 +108,8 @@ class OffloadResult(Lifecycle):
         self._entered = set()  # the hooked unit groups entered in this root forward
         self._hooked = []  # (module name, units) of every hooked module but the root
         self._view_ptrs = {}  # storage address of every live view -> its tensor's name
+        self._unit_cuts = {}  # per unit: its tensors cut from one unit view (_result_views)
+        self._unit_ps = {}  # per unit: its Parameters, their ids and placeholders
         _lease.sweep()
         # Setup and commit in one shield: an interrupt anywhere in them is raised at its end,
         # inside this try, and the teardown leaves the module exactly as it was.
