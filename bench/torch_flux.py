@@ -230,6 +230,19 @@ def build_model(args):
         model = build_toy(torch).to(torch.bfloat16)
         fill_params(model, "cpu")
         info["model"] = "toy"
+    elif getattr(args, "quant", "none") == "gguf_file":
+        # the real packages: a GGUF file written by gguf's GGUFWriter (once, in the workdir),
+        # loaded by Diffusers' from_single_file with its GGUF quantizer (bench/gguf_real.py)
+        gr = sibling("gguf_real")
+        cfg = flux_config(args)
+        path = os.path.join(args.workdir, "flux1-dev-q8_0.gguf")
+        os.makedirs(args.workdir, exist_ok=True)
+        info["gguf_file"] = dict(gr.write_flux(path, cfg), path=path)
+        model, loaded = gr.load_flux(path, cfg, args.workdir)
+        info["gguf_file"].update(loaded)
+        info["model"] = "FluxTransformer2DModel.from_single_file (GGUF, Diffusers' quantizer)"
+        info["quant"] = {"kind": "gguf_file"}
+        init_dev = "cpu"
     else:
         from diffusers import FluxTransformer2DModel
         info["import_s"] = time.perf_counter() - t0
@@ -243,7 +256,7 @@ def build_model(args):
         fill_params(model, init_dev)
         info["model"] = "FluxTransformer2DModel"
         info["config"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.items()}
-    if getattr(args, "quant", "none") != "none":  # on the init device: fast on the GPU
+    if getattr(args, "quant", "none") not in ("none", "gguf_file"):  # fast on the GPU
         t2 = time.perf_counter()
         info["quant"] = {"kind": args.quant, "layers": quant_layers().quantize_linears(
             model, args.quant, r"transformer_blocks\.")}
@@ -272,14 +285,19 @@ def stored(t):
     return [x for name in t.__tensor_flatten__()[0] for x in stored(getattr(t, name))]
 
 
-def quant_layers():
-    """bench/quant_layers.py (the quantized stand-in layers of --quant), loaded by path."""
+def sibling(name):
+    """bench/<name>.py, loaded by path (the benches are scripts, not a package)."""
     import importlib.util
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "quant_layers.py")
-    spec = importlib.util.spec_from_file_location("quant_layers", path)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def quant_layers():
+    """bench/quant_layers.py (the quantized stand-in layers of --quant)."""
+    return sibling("quant_layers")
 
 
 def model_bytes(model):
@@ -947,11 +965,13 @@ def parse_args(argv=None):
     p.add_argument("--text-tokens", type=int, default=512)
     p.add_argument("--tiny", action="store_true", help="tiny Flux configuration (smoke test)")
     p.add_argument("--toy", action="store_true", help="built-in Flux-like module, no Diffusers")
-    p.add_argument("--quant", choices=("none", "q8_0", "q4_k", "fp8", "fp8_wrapper"),
+    p.add_argument("--quant", choices=("none", "q8_0", "q4_k", "fp8", "fp8_wrapper", "gguf_file"),
                    default="none",
                    help="the blocks' linear layers as quantized stand-ins (bench/quant_layers.py: "
                         "GGUF-style Q8_0 or Q4_K, ComfyUI-style scaled FP8, or a TorchAO-style "
-                        "float8 wrapper subclass), streamed as stored")
+                        "float8 wrapper subclass), streamed as stored; gguf_file: the real "
+                        "packages, a Q8_0 GGUF file written by gguf's writer and loaded by "
+                        "Diffusers' from_single_file (bench/gguf_real.py)")
     p.add_argument("--deadline-s", type=float, default=510.0,
                    help="driver: global deadline for all cases (default 8.5 min)")
     p.add_argument("--case-timeout-s", type=float, default=300.0, help="driver: one case's limit")

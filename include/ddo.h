@@ -1057,6 +1057,24 @@ DDO_API int ddo_session_tensor_loads(ddo_session *s, size_t tensor, uint64_t *lo
 /* Live DLPack views of one checkpoint tensor (0 out of range): a binding that dropped its own
  * view of a streamed tensor learns from it whether a view escaped the unit's lease. */
 DDO_API size_t ddo_session_tensor_view_count(const ddo_session *s, size_t tensor);
+/*
+ * A DLPack (v0) DLManagedTensor over a unit's device bytes in one piece: one-dimensional uint8
+ * from the unit's start (a tensor of it is at its ddo_tensor_location offset) to the end of
+ * its last streamed tensor, at the current address (stable on VMM, the leased slot's on
+ * linear). A host views each tensor as a slice of it: one view per unit instead of one per
+ * tensor. It holds a reference on the session as ddo_session_tensor_dlpack's views do.
+ * Errors: DDO_E_INVALID_ARGUMENT (NULL argument, unit out of range), DDO_E_STATE (unloaded,
+ * or not leased on the linear route), DDO_E_UNSUPPORTED (a route that maps each weight apart,
+ * vmm_runtime: view the tensors one by one), DDO_E_NOT_FOUND (no streamed tensor with bytes),
+ * DDO_E_OVERFLOW (a range DLPack cannot hold), DDO_E_DEVICE (the device's ordinal),
+ * DDO_E_NO_MEMORY.
+ */
+DDO_API int ddo_session_unit_dlpack(ddo_session *s, size_t unit, void **managed);
+/* Live DLPack views of a unit's memory (0 out of range): its unit-wide views
+ * (ddo_session_unit_dlpack) and the views of its streamed tensors (ddo_session_tensor_dlpack;
+ * not its resident ones),
+ * in one call: a binding that dropped its own views learns whether one escaped the lease. */
+DDO_API size_t ddo_session_unit_view_count(const ddo_session *s, size_t unit);
 /* Declares the execution order (unit indices); otherwise learned on the first pass. With no
  * unit leased, the order's first `execution slots` streamed units start loading at once (as
  * after ddo_session_reload). Errors: DDO_E_INVALID_ARGUMENT (NULL or empty, more units than

@@ -1,7 +1,7 @@
 /*
  * test_session_views.c - what a framework host uses to see ddo's memory: borrowed streams
- * (the calling thread on cpu), session-long addresses, a unit's addresses, DLPack views that
- * keep the session alive, plan inputs from the device, struct sizes.
+ * (the calling thread on cpu), session-long addresses, a unit's addresses, DLPack views (of a
+ * tensor, of a whole unit) that keep the session alive, plan inputs from the device, struct sizes.
  * ctest-labels: unit threads
  */
 #include "session_fx.h"
@@ -131,6 +131,94 @@ static void test_dlpack_views_keep_the_session(void)
     T_CHECK(fx_device_held(&f) > 0);
     v->deleter(v); /* the last reference: the session is freed here */
     T_EQ_U64(fx_device_held(&f), 0);
+    fx_destroy(&f);
+}
+
+/* Checks unit u's unit-wide view against its tensors' addresses (leased) and counts. */
+static void check_unit_view(fx *f, size_t u)
+{
+    size_t n = 0;
+    const size_t *ts = ddo_plan_unit_tensors(f->plan, u, &n);
+    dl_managed *w = NULL;
+    T_EQ_INT(ddo_session_unit_dlpack(f->s, u, (void **)&w), 0);
+    T_REQUIRE(w != NULL);
+    T_CHECK(w->code == 1 && w->bits == 8 && w->lanes == 1 && w->ndim == 1 && w->strides == NULL);
+    T_CHECK(w->device_type == 1 && w->device_id == 0 && w->byte_offset == 0);
+    uint64_t end = 0;
+    for (size_t k = 0; k < n; k++) {
+        ddo_tensor_location loc;
+        T_REQUIRE(ddo_plan_tensor_location(f->plan, ts[k], &loc) == 0);
+        void *p = NULL;
+        T_EQ_INT(ddo_session_tensor_address(f->s, ts[k], &p), 0);
+        T_CHECK((char *)p == (char *)w->data + loc.offset); /* a tensor at its unit offset */
+        end = loc.offset + loc.nbytes > end ? loc.offset + loc.nbytes : end;
+    }
+    T_CHECK(w->shape[0] == (int64_t)end); /* to the end of its last tensor */
+    T_EQ_U64(ddo_session_unit_view_count(f->s, u), 1);
+    dl_managed *v = NULL; /* a tensor's own view counts for its unit too */
+    T_EQ_INT(ddo_session_tensor_dlpack(f->s, ts[0], 0, (void **)&v), 0);
+    T_EQ_U64(ddo_session_unit_view_count(f->s, u), 2);
+    T_EQ_U64(ddo_session_view_count(f->s), 2);
+    T_EQ_U64(ddo_session_unit_view_count(f->s, u == 0 ? 1 : 0), 0); /* another unit: none */
+    v->deleter(v);
+    T_EQ_U64(ddo_session_unit_view_count(f->s, u), 1);
+    w->deleter(w);
+    T_EQ_U64(ddo_session_unit_view_count(f->s, u), 0);
+    T_EQ_U64(ddo_session_view_count(f->s), 0);
+}
+
+/* One view of a unit's bytes (what the binding cuts every tensor of the unit from): its
+ * tensors at their offsets, counted per unit with the tensors' own views; refused where a
+ * unit is not one range (vmm_runtime), not leased on linear, unloaded, or out of range. */
+static void test_unit_dlpack_views(void)
+{
+    fx f;
+    T_REQUIRE(fx_create(&f, &vmm) == 0 && f.rc == 0);
+    size_t u = fx_unit(&f, 2);
+    dl_managed *w = NULL;
+    T_EQ_INT(ddo_session_unit_dlpack(f.s, ddo_plan_unit_count(f.plan), (void **)&w),
+             DDO_E_INVALID_ARGUMENT);
+    T_CONTAINS(ddo_session_error(f.s), "out of range");
+    T_EQ_INT(ddo_session_unit_dlpack(f.s, u, NULL), DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo_session_unit_dlpack(NULL, u, (void **)&w), DDO_E_INVALID_ARGUMENT);
+    T_EQ_U64(ddo_session_unit_view_count(f.s, (size_t)-1), 0);
+    T_EQ_U64(ddo_session_unit_view_count(NULL, u), 0);
+    T_REQUIRE(ddo_session_acquire(f.s, u, f.stream) == 0);
+    check_unit_view(&f, u);
+    /* A live unit view keeps the session after its handle is destroyed. */
+    T_EQ_INT(ddo_session_unit_dlpack(f.s, u, (void **)&w), 0);
+    T_REQUIRE(ddo_stream_synchronize(f.stream) == 0);
+    T_REQUIRE(ddo_session_release(f.s, u, f.stream) == 0);
+    ddo_session *s = f.s;
+    ddo_session_destroy(s);
+    f.s = NULL;
+    T_EQ_U64(ddo_session_unit_view_count(s, u), 1);
+    T_CHECK(fx_device_held(&f) > 0);
+    w->deleter(w); /* the last reference: the session is freed here */
+    T_EQ_U64(fx_device_held(&f), 0);
+    fx_destroy(&f);
+
+    T_REQUIRE(fx_create(&f, &linear) == 0 && f.rc == 0);
+    u = fx_unit(&f, 1);
+    T_EQ_INT(ddo_session_unit_dlpack(f.s, u, (void **)&w), DDO_E_STATE);
+    T_CONTAINS(ddo_session_error(f.s), "not leased");
+    T_REQUIRE(ddo_session_acquire(f.s, u, f.stream) == 0);
+    check_unit_view(&f, u);
+    T_REQUIRE(ddo_stream_synchronize(f.stream) == 0);
+    T_REQUIRE(ddo_session_release(f.s, u, f.stream) == 0);
+    T_REQUIRE(ddo_session_unload(f.s) == 0);
+    T_EQ_INT(ddo_session_unit_dlpack(f.s, u, (void **)&w), DDO_E_STATE);
+    T_CONTAINS(ddo_session_error(f.s), "unloaded");
+    fx_destroy(&f);
+
+    fx_opts pw = { .blocks = 4, .mode = "vmm_runtime", .file = true };
+    T_REQUIRE(fx_create(&f, &pw) == 0 && f.rc == 0);
+    u = fx_unit(&f, 0);
+    T_REQUIRE(ddo_session_acquire(f.s, u, f.stream) == 0);
+    T_EQ_INT(ddo_session_unit_dlpack(f.s, u, (void **)&w), DDO_E_UNSUPPORTED);
+    T_CONTAINS(ddo_session_error(f.s), "one by one");
+    T_REQUIRE(ddo_stream_synchronize(f.stream) == 0);
+    T_REQUIRE(ddo_session_release(f.s, u, f.stream) == 0);
     fx_destroy(&f);
 }
 
@@ -318,6 +406,7 @@ int main(void)
     T_RUN(test_calling_thread_stream_waits_for_the_upload);
     T_RUN(test_stable_and_unit_addresses);
     T_RUN(test_dlpack_views_keep_the_session);
+    T_RUN(test_unit_dlpack_views);
     T_RUN(test_tensor_loads_count_the_copies_from_the_host);
     T_RUN(test_plan_inputs_and_struct_sizes);
     T_RUN(test_device_from_config);

@@ -291,7 +291,7 @@ class Leases(Views):
         if n > 0:
             self._leases[u] = n + 1
             return
-        err = self._placeholder_writes(self._unit_tensors[u])
+        err = self._unit_placeholder_writes(u)
         if err is not None:
             raise err
         L = _native.lib()
@@ -311,13 +311,10 @@ class Leases(Views):
         self._leases[u] = 1
         if self._observed is not None and u not in self._observed:
             self._observed.append(u)
-        for t in self._unit_tensors[u]:
-            v = self._view(t)
-            for p in t.params:
-                p.data = v
+        self._bind_unit(u)
         if getattr(self, "_lora", None) is not None:
             self._lora.bound(self._unit_tensors[u])  # merged LoRAs replayed on fresh copies
-        self._versions[u] = [p._version for t in self._unit_tensors[u] for p in t.params]
+        self._versions[u] = [p._version for p in self._unit_params(u)[0]]
 
     def _release(self, u: int, check: bool = True, whole: bool = False) -> None:
         """One lease of u ends (whole: every one); the last checks the unit's versions."""
@@ -328,16 +325,13 @@ class Leases(Views):
             self._leases[u] = n - 1
             return
         del self._leases[u]
-        written = [p for t in self._unit_tensors[u] for p in t.params]
         before = self._versions.pop(u, None)
-        changed = before is not None and [p._version for p in written] != before
-        for t in self._unit_tensors[u]:
-            self._to_placeholder(t)
+        changed = before is not None and [p._version for p in self._unit_params(u)[0]] != before
+        self._unit_to_placeholder(u)
         if changed:
             self._dirty = True  # restored when no lease is held (_unclaim, _abort)
         L = _native.lib()
-        if any(L.ddo_session_tensor_view_count(self._session, t.index)
-               for t in self._unit_tensors[u]):
+        if L.ddo_session_unit_view_count(self._session, u):
             # A view of the unit escaped its lease (a hook, a cache kept p.data): the unit
             # stays leased in C, so its memory is neither reused nor remapped while the view
             # lives; released once it died (_release_pins), or re-leased by its next forward.
@@ -356,8 +350,7 @@ class Leases(Views):
         """Units kept leased for an escaped view: released in C once their views died."""
         L = _native.lib()
         for u in list(self._pinned):
-            if not any(L.ddo_session_tensor_view_count(self._session, t.index)
-                       for t in self._unit_tensors[u]):
+            if not L.ddo_session_unit_view_count(self._session, u):
                 del self._pinned[u]
                 _native.check(L.ddo_session_release(self._session, u, self._stream()),
                               L.ddo_session_error(self._session))

@@ -138,6 +138,7 @@ class Lifecycle(Setup):
         self._moved = []
         self._views.clear()
         self._placeholders.clear()
+        self._unit_ps.clear()
         if self.device is not None and self.device.type == "cuda" and self._session is not None:
             stream: Any = torch.cuda.current_stream(self.device)  # (unannotated in torch 1.13)
             stream.synchronize()

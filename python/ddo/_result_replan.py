@@ -107,6 +107,8 @@ class Replan(Lifecycle):
         self._entered = set()  # the hooked unit groups entered in this root forward
         self._hooked = []  # (module name, units) of every hooked module but the root
         self._view_ptrs = {}  # storage address of every live view -> its tensor's name
+        self._unit_cuts = {}  # per unit: its tensors cut from one unit view (_result_views)
+        self._unit_ps = {}  # per unit: its Parameters, their ids and placeholders
 
     def _commit(self) -> None:
         """The setup made: the module and its Parameters marked as managed by this result."""

@@ -201,7 +201,10 @@ class Setup(Hooks):
             _native.check(L.ddo_plan_tensor_location(self._plan, t.index, ctypes.byref(loc)))
             t.placement = loc.placement
             t.unit = loc.unit if loc.placement == _PLACEMENT_STREAMED else None
+            t.offset = int(loc.offset)
         self._unit_count = int(L.ddo_plan_unit_count(self._plan))
+        self._unit_cuts = {}  # made at a unit's first lease (_result_views)
+        self._unit_ps = {}
         self._unit_names = []
         self._unit_tensors = []
         info = _lib.UnitInfo()

@@ -121,7 +121,7 @@ def cleanup_boundary(unload: Callable[[], Any], value: Any = None) -> Iterator[A
 class _Param:
     """One ddo tensor and the Parameters (tied ones included) that show it."""
     __slots__ = ("index", "params", "dtype_name", "torch_dtype", "shape", "host", "placement",
-                 "unit", "name")
+                 "unit", "name", "offset")
 
     index: int
     name: str
@@ -132,6 +132,7 @@ class _Param:
     shape: Tuple[int, ...]
     placement: int
     unit: Optional[int]
+    offset: int  # its bytes' offset in its unit (streamed)
 
     def __init__(self, index: int, name: str, host: torch.Tensor, dtype_name: str) -> None:
         self.index = index
@@ -143,6 +144,7 @@ class _Param:
         self.shape = tuple(host.shape)
         self.placement = _PLACEMENT_STREAMED
         self.unit = None
+        self.offset = 0
 
 
 def _nbytes(t: _Param) -> int:
@@ -222,6 +224,11 @@ class ResultState:
     # ---- bindings: views, placeholders, versions ----
     _views: Dict[Tuple[int, Optional[int]], torch.Tensor]
     _view_ptrs: Dict[int, str]
+    # unit -> how its tensors are cut from one view of the unit (_result_views.UnitCut; None:
+    # a view per tensor, e.g. on a route that maps each weight apart)
+    _unit_cuts: Dict[int, Any]
+    # unit -> its Parameters (tied ones, wrappers' inner tensors), their ids and placeholders
+    _unit_ps: Dict[int, Any]
     _placeholders: Dict[Tuple[torch.dtype], torch.Tensor]
     _ph_versions: Dict[int, int]
     _res_versions: List[Tuple[torch.nn.Parameter, int, str]]

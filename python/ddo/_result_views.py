@@ -5,7 +5,7 @@ placeholder; writes to either are noticed by the Parameters' versions and refuse
 from __future__ import annotations
 
 import ctypes
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -13,6 +13,12 @@ from . import _native, _torch
 from ._native import DdoError
 from ._result_ownership import Ownership
 from ._result_state import _PLACEMENT_RESIDENT, _PLACEMENT_SKIPPED, _PLACEMENT_STREAMED, _Param
+
+# How a unit's tensors are cut from one view of the unit's bytes: per tensor (its record, its
+# dtype, its offset in elements of that dtype (-1: no bytes), its shape, its strides).
+UnitCut = List[Tuple[_Param, torch.dtype, int, Tuple[int, ...], Tuple[int, ...]]]
+# A unit's Parameters, their ids and their placeholders (_unit_params).
+UnitParams = Tuple[List[torch.Tensor], List[int], List[torch.Tensor]]
 
 
 class Views(Ownership):
@@ -46,6 +52,60 @@ class Views(Ownership):
             self._view_ptrs[v.data_ptr()] = t.name  # a fresh view starts its storage
         return v
 
+    def _unit_cut(self, u: int) -> Optional[UnitCut]:
+        """How u's tensors are cut from one view of the unit (made once; None: a tensor's
+        offset is not a multiple of its element size, so each tensor gets its own view)."""
+        cut: UnitCut = []
+        for t in self._unit_tensors[u]:
+            if 0 in t.shape:
+                cut.append((t, t.torch_dtype, -1, t.shape, ()))
+                continue
+            size = torch.empty((), dtype=t.torch_dtype).element_size()
+            if t.offset % size:
+                return None
+            strides = [1] * len(t.shape)
+            for k in range(len(t.shape) - 2, -1, -1):
+                strides[k] = strides[k + 1] * t.shape[k + 1]
+            cut.append((t, t.torch_dtype, t.offset // size, t.shape, tuple(strides)))
+        return cut
+
+    def _bind_unit(self, u: int) -> None:
+        """u's Parameters show its leased bytes: one DLPack view of the whole unit per lease
+        (ddo_session_unit_dlpack), each tensor a strided view of it, so the C calls and the
+        DLPack import are per unit, not per tensor. Every view shares the unit view's storage:
+        one kept past the lease keeps it alive, and ddo_session_unit_view_count sees it at
+        release. Routes that map each weight apart get a view per tensor (_view)."""
+        cut = self._unit_cuts.get(u, False)
+        if cut is False:
+            cut = self._unit_cuts[u] = self._unit_cut(u)
+        base: Optional[torch.Tensor] = None
+        if cut is not None:
+            try:
+                base = _torch.unit_view(self._session, u)
+            except DdoError as e:
+                if e.code not in ("DDO_E_UNSUPPORTED", "DDO_E_NOT_FOUND"):
+                    raise
+                cut = self._unit_cuts[u] = None
+        if cut is None or base is None:
+            for t in self._unit_tensors[u]:
+                v = self._view(t)
+                for p in t.params:
+                    p.data = v
+            return
+        typed: Dict[torch.dtype, torch.Tensor] = {}
+        for t, dt, off, shape, strides in cut:
+            if off < 0:
+                v = self._view(t)
+            else:
+                whole = typed.get(dt)
+                if whole is None:
+                    size = torch.empty((), dtype=dt).element_size()
+                    whole = typed[dt] = base[:base.numel() - base.numel() % size].view(dt)
+                v = whole.as_strided(shape, strides, off)
+            for p in t.params:
+                p.data = v
+        self._view_ptrs[base.data_ptr()] = self._unit_names[u]  # (saved-tensor hooks)
+
     def _make_views(self) -> None:
         """Nothing now: a streamed tensor's view is made per lease (on every route), so a view
         kept past its lease is seen at release (_release); resident views are made when bound.
@@ -66,6 +126,33 @@ class Views(Ownership):
         for p in t.params:
             p.data = ph
             self._ph_versions[id(p)] = p._version
+
+    def _unit_params(self, u: int) -> UnitParams:
+        """u's Parameters, their ids and their placeholders, in one flat list each (made at
+        its first lease, after the setup bound every Parameter)."""
+        got: Optional[UnitParams] = self._unit_ps.get(u)
+        if got is None:
+            ps: List[Tuple[torch.Tensor, torch.Tensor]] = [
+                (p, self._placeholder(t)) for t in self._unit_tensors[u] for p in t.params]
+            made: UnitParams = ([p for p, _ in ps], [id(p) for p, _ in ps], [ph for _, ph in ps])
+            self._unit_ps[u] = got = made
+        return got
+
+    def _unit_to_placeholder(self, u: int) -> None:
+        """_to_placeholder for every tensor of u, over its flat lists."""
+        ps, ids, phs = self._unit_params(u)
+        for p, ph in zip(ps, phs):
+            p.data = ph
+        self._ph_versions.update(zip(ids, [p._version for p in ps]))
+
+    def _unit_placeholder_writes(self, u: int) -> Optional[DdoError]:
+        """_placeholder_writes for u's tensors: the versions of its Parameters compared in one
+        pass; the per-tensor check only where one differs."""
+        ps, ids, _ = self._unit_params(u)
+        get = self._ph_versions.get
+        if [get(i) for i in ids] == [p._version for p in ps]:
+            return None
+        return self._placeholder_writes(self._unit_tensors[u])
 
     def _placeholder_writes(self, tensors: Sequence[_Param]) -> Optional[DdoError]:
         """The refusal of writes to tensors' Parameters while they showed the placeholder

@@ -58,26 +58,41 @@ def view(session: Any, tensor: int, dtype_name: str, torch_dtype: torch.dtype,
          shape: Sequence[int]) -> torch.Tensor:
     """A torch tensor over the session's device bytes of `tensor` (no copy).
 
-    The DLPack capsule is consumed exactly once: torch renames it "used_dltensor" when it
-    takes it (its deleter is then torch's to call); only a capsule torch did not take is
-    deleted here. The caller runs this inside _lease.shield(), so no interrupt falls between
-    the C view and its capsule."""
+    The caller runs this inside _lease.shield(), so no interrupt falls between the C view and
+    its capsule (_take)."""
     as_bytes = dtype_name in _AS_BYTES or dtype_name not in _TORCH_NAMES  # GGML blocks too
     p = ctypes.c_void_p()
     _native.check(_native.lib().ddo_session_tensor_dlpack(
         session, tensor, VIEW_BYTES if as_bytes else 0, ctypes.byref(p)),
         _native.lib().ddo_session_error(session))
+    t = _take(p)
+    if as_bytes:
+        t = t.view(torch_dtype).view(shape)
+    return t
+
+
+def unit_view(session: Any, unit: int) -> torch.Tensor:
+    """A uint8 torch tensor over the session's device bytes of a leased unit, from its start
+    (ddo_session_unit_dlpack); its tensors are slices of it at their offsets. Under a shield,
+    as view()."""
+    p = ctypes.c_void_p()
+    _native.check(_native.lib().ddo_session_unit_dlpack(session, unit, ctypes.byref(p)),
+                  _native.lib().ddo_session_error(session))
+    return _take(p)
+
+
+def _take(p: ctypes.c_void_p) -> torch.Tensor:
+    """torch's tensor over a DLManagedTensor. The DLPack capsule is consumed exactly once:
+    torch renames it "used_dltensor" when it takes it (its deleter is then torch's to call);
+    only a capsule torch did not take is deleted here."""
     cap = None
     try:
         cap = _PyCapsule_New(p, b"dltensor", None)
-        t = torch.utils.dlpack.from_dlpack(cap)
+        return torch.utils.dlpack.from_dlpack(cap)
     except BaseException:
         if cap is None or _PyCapsule_IsValid(cap, b"dltensor"):
             _Managed.from_address(p.value or 0).deleter(p.value)
         raise
-    if as_bytes:
-        t = t.view(torch_dtype).view(shape)
-    return t
 
 
 def current_stream_handle(device: torch.device) -> Optional[int]:

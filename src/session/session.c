@@ -265,6 +265,7 @@ void ddo__session_destroy_now(ddo_session *s)
     }
     free(s->bounce);
     free((void *)s->tensor_views);
+    free((void *)s->unit_views);
     free(s->units);
     free(s->slots);
     free(s->jobs);

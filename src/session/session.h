@@ -263,6 +263,7 @@ struct ddo_session {
      * destroys the session, so a view never outlives the memory it shows. */
     atomic_size_t refs;
     atomic_size_t *tensor_views; /* live views per checkpoint tensor (made with the first) */
+    atomic_size_t *unit_views;   /* live unit-wide views per unit (made with the first) */
     int view_device_id;          /* the DLPack device_id of views (-1: not known yet) */
 };
 

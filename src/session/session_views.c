@@ -45,7 +45,8 @@ typedef struct view {
     dl_managed m;
     int64_t shape[DDO_MAX_DIMS];
     ddo_session *s;
-    size_t tensor;
+    size_t tensor; /* DDO__NONE: a unit-wide view (of `unit`) */
+    size_t unit;
 } view;
 
 size_t ddo_session_view_count(const ddo_session *s)
@@ -61,6 +62,24 @@ size_t ddo_session_tensor_view_count(const ddo_session *s, size_t tensor)
     if (s == NULL || s->tensor_views == NULL || tensor >= ddo_checkpoint_tensor_count(s->ck))
         return 0;
     return atomic_load(&s->tensor_views[tensor]);
+}
+
+size_t ddo_session_unit_view_count(const ddo_session *s, size_t unit)
+{
+    if (s == NULL || unit >= s->unit_count)
+        return 0;
+    size_t n = s->unit_views != NULL ? atomic_load(&s->unit_views[unit]) : 0;
+    if (s->tensor_views == NULL)
+        return n;
+    size_t count = 0;
+    const size_t *tensors = ddo_plan_unit_tensors(s->plan, unit, &count);
+    for (size_t i = 0; i < count; i++) {
+        ddo_tensor_location loc;
+        if (ddo_plan_tensor_location(s->plan, tensors[i], &loc) == 0 &&
+            loc.placement == DDO_PLACEMENT_STREAMED) /* (a resident one's view lives on) */
+            n += atomic_load(&s->tensor_views[tensors[i]]);
+    }
+    return n;
 }
 
 int ddo_session_tensor_address(ddo_session *s, size_t tensor, void **device_ptr)
@@ -280,7 +299,10 @@ static void view_deleter(dl_managed *m)
 {
     view *v = (view *)m;
     ddo_session *s = v->s;
-    atomic_fetch_sub(&s->tensor_views[v->tensor], 1);
+    if (v->tensor == DDO__NONE)
+        atomic_fetch_sub(&s->unit_views[v->unit], 1);
+    else
+        atomic_fetch_sub(&s->tensor_views[v->tensor], 1);
     free(v);
     ddo_session_destroy(s);
 }
@@ -312,35 +334,13 @@ static int view_shape(ddo_session *s, const ddo_tensor_info *t, unsigned flags, 
     return 0;
 }
 
-int ddo_session_tensor_dlpack(ddo_session *s, size_t tensor, unsigned flags, void **managed)
+/* A view's device fields, data and deleter (the shape is the caller's). */
+static int view_fill(ddo_session *s, view *v, uint64_t addr)
 {
-    static const char fn[] = "ddo_session_tensor_dlpack";
-    if (s == NULL || managed == NULL)
-        return ddo__fail(s != NULL ? &s->err : NULL, DDO_E_INVALID_ARGUMENT,
-                         "%s: session and managed are required", fn);
-    uint64_t addr = 0;
-    int rc = address_of(s, tensor, false, fn, &addr);
-    if (rc != 0)
-        return rc;
-    if (s->tensor_views == NULL) { /* the host thread makes views; deleters only read it */
-        s->tensor_views = ddo__calloc(ddo_checkpoint_tensor_count(s->ck), sizeof(atomic_size_t));
-        if (s->tensor_views == NULL)
-            return ddo__fail(&s->err, DDO_E_NO_MEMORY, "%s: out of host memory", fn);
-    }
-    view *v = ddo__calloc(1, sizeof(*v));
-    if (v == NULL)
-        return ddo__fail(&s->err, DDO_E_NO_MEMORY, "%s: out of host memory", fn);
-    rc = view_shape(s, ddo_checkpoint_tensor(s->ck, tensor), flags, v);
-    if (rc != 0) {
-        free(v);
-        return rc;
-    }
     if (s->view_device_id < 0) {
         ddo_device_caps caps;
-        if (ddo_device_caps_get(s->dev, &caps) != 0) {
-            free(v);
+        if (ddo_device_caps_get(s->dev, &caps) != 0)
             return ddo__fail_from_last(&s->err, DDO_E_DEVICE);
-        }
         s->view_device_id = caps.is_cpu ? 0 : caps.ordinal;
     }
     v->m.dl_tensor.data = (void *)(uintptr_t)addr;
@@ -349,8 +349,122 @@ int ddo_session_tensor_dlpack(ddo_session *s, size_t tensor, unsigned flags, voi
     v->m.deleter = view_deleter;
     v->m.manager_ctx = v;
     v->s = s;
+    return 0;
+}
+
+/* The per-tensor and per-unit view counters (made with the first view; the host thread makes
+ * views, deleters only read the arrays). */
+static int view_counters(ddo_session *s, const char *fn)
+{
+    if (s->tensor_views == NULL)
+        s->tensor_views = ddo__calloc(ddo_checkpoint_tensor_count(s->ck), sizeof(atomic_size_t));
+    if (s->unit_views == NULL && s->unit_count > 0)
+        s->unit_views = ddo__calloc(s->unit_count, sizeof(atomic_size_t));
+    if (s->tensor_views == NULL || (s->unit_views == NULL && s->unit_count > 0))
+        return ddo__fail(&s->err, DDO_E_NO_MEMORY, "%s: out of host memory", fn);
+    return 0;
+}
+
+int ddo_session_tensor_dlpack(ddo_session *s, size_t tensor, unsigned flags, void **managed)
+{
+    static const char fn[] = "ddo_session_tensor_dlpack";
+    if (s == NULL || managed == NULL)
+        return ddo__fail(s != NULL ? &s->err : NULL, DDO_E_INVALID_ARGUMENT,
+                         "%s: session and managed are required", fn);
+    uint64_t addr = 0;
+    int rc = address_of(s, tensor, false, fn, &addr);
+    if (rc == 0)
+        rc = view_counters(s, fn);
+    if (rc != 0)
+        return rc;
+    view *v = ddo__calloc(1, sizeof(*v));
+    if (v == NULL)
+        return ddo__fail(&s->err, DDO_E_NO_MEMORY, "%s: out of host memory", fn);
+    rc = view_shape(s, ddo_checkpoint_tensor(s->ck, tensor), flags, v);
+    if (rc == 0)
+        rc = view_fill(s, v, addr);
+    if (rc != 0) {
+        free(v);
+        return rc;
+    }
     v->tensor = tensor;
     atomic_fetch_add(&s->tensor_views[tensor], 1);
+    atomic_fetch_add(&s->refs, 1);
+    *managed = &v->m;
+    return 0;
+}
+
+/* The device range of unit's streamed tensors: its start (offset 0 of the unit) and the end of
+ * its last tensor with bytes. */
+static int unit_range(ddo_session *s, size_t unit, const char *fn, uint64_t *start, uint64_t *bytes)
+{
+    size_t count = 0;
+    const size_t *tensors = ddo_plan_unit_tensors(s->plan, unit, &count);
+    uint64_t end = 0;
+    bool any = false;
+    for (size_t i = 0; i < count; i++) {
+        ddo_tensor_location loc;
+        if (ddo_plan_tensor_location(s->plan, tensors[i], &loc) != 0 ||
+            loc.placement != DDO_PLACEMENT_STREAMED || loc.nbytes == 0)
+            continue;
+        uint64_t a = 0;
+        int rc = address_of(s, tensors[i], false, fn, &a);
+        if (rc != 0)
+            return rc;
+        if (!any)
+            *start = a - loc.offset;
+        any = true;
+        end = loc.offset + loc.nbytes > end ? loc.offset + loc.nbytes : end;
+    }
+    if (!any)
+        return ddo__fail(&s->err, DDO_E_NOT_FOUND, "%s: unit \"%s\" streams no bytes", fn,
+                         s->units[unit].name);
+    *bytes = end;
+    return 0;
+}
+
+int ddo_session_unit_dlpack(ddo_session *s, size_t unit, void **managed)
+{
+    static const char fn[] = "ddo_session_unit_dlpack";
+    if (s == NULL || managed == NULL)
+        return ddo__fail(s != NULL ? &s->err : NULL, DDO_E_INVALID_ARGUMENT,
+                         "%s: session and managed are required", fn);
+    if (unit >= s->unit_count)
+        return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
+                         "%s: unit %zu out of range (the plan has %zu units)", fn, unit,
+                         s->unit_count);
+    if (s->unloaded)
+        return ddo__fail(&s->err, DDO_E_STATE, "%s: unit \"%s\": session unloaded", fn,
+                         s->units[unit].name);
+    if (ddo__route_per_weight(s->route))
+        return ddo__fail(&s->err, DDO_E_UNSUPPORTED,
+                         "%s: route %s maps each weight apart: view its tensors one by one "
+                         "(ddo_session_tensor_dlpack)",
+                         fn, s->route_name);
+    uint64_t start = 0, bytes = 0;
+    int rc = unit_range(s, unit, fn, &start, &bytes);
+    if (rc == 0)
+        rc = view_counters(s, fn);
+    if (rc != 0)
+        return rc;
+    if (bytes > (uint64_t)INT64_MAX)
+        return ddo__fail(&s->err, DDO_E_OVERFLOW, "%s: unit \"%s\" too large", fn,
+                         s->units[unit].name);
+    view *v = ddo__calloc(1, sizeof(*v));
+    if (v == NULL)
+        return ddo__fail(&s->err, DDO_E_NO_MEMORY, "%s: out of host memory", fn);
+    rc = view_fill(s, v, start);
+    if (rc != 0) {
+        free(v);
+        return rc;
+    }
+    v->m.dl_tensor.shape = v->shape;
+    v->m.dl_tensor.dtype = (dl_dtype){ 1, 8, 1 };
+    v->m.dl_tensor.ndim = 1;
+    v->shape[0] = (int64_t)bytes;
+    v->tensor = DDO__NONE;
+    v->unit = unit;
+    atomic_fetch_add(&s->unit_views[unit], 1);
     atomic_fetch_add(&s->refs, 1);
     *managed = &v->m;
     return 0;

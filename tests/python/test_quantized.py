@@ -6,6 +6,7 @@ kept across steps, unload/reload and state_dict; the plan's dequantization scrat
 Every quantized layer here is a STAND-IN written for these tests (no Diffusers, ComfyUI, gguf
 or TorchAO in CI): they follow the hosts' layouts and dequantize in their own forwards."""
 
+import gc
 import json
 import struct
 
@@ -250,6 +251,61 @@ def test_bit_identical_and_stored_bytes_every_route(backend, opts, storage):
     for n, p in quant_params(m).items():
         assert p is before[n][0] and p.__dict__ == before[n][1]
     assert torch.equal(steps(m, x, 1)[0], ref[0])  # unmanaged again, same values
+
+
+@pytest.mark.parametrize("backend", ["linear", "vmm"])
+def test_a_view_kept_past_its_lease_pins_the_unit_with_unit_wide_views(backend):
+    """Each streamed tensor is cut from one view of its unit's bytes per lease: a tensor a hook
+    keeps past the forward (here a view derived from a small scale, sharing the unit view's
+    storage) is still seen at release: the unit stays leased in C (pinned), the kept values
+    stay the weights' while other units come and go, and the pin ends once it dies."""
+    m = QuantNet(seed=7)
+    x = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(8))
+    ref = steps(m, x, 1)[0]
+    want = m.blocks[1].f.weight_scale.detach().clone()
+    kept = []
+    h = m.blocks[1].f.register_forward_hook(
+        lambda mod, a, o: kept.append(mod.weight_scale.view(-1)[:1]))
+    r = ddo.enable_offload(m, backend=backend, **ZERO_RESIDENT)
+    try:
+        steps(r.module, x, 1)
+        h.remove()
+        u = r._tensors[[t.name for t in r._tensors].index("blocks.1.f.weight_scale")].unit
+        assert r._unit_cuts.get(u) is not None  # the unit-wide view served this unit
+        assert u in r._pinned  # the kept view was seen at release
+        for _ in range(3):  # the other units come and go; the pinned one keeps its bytes
+            assert torch.equal(steps(r.module, x, 1)[0], ref)
+        assert torch.equal(kept[0], want[:1])
+        kept.clear()
+        gc.collect()
+        assert torch.equal(steps(r.module, x, 1)[0], ref)
+        assert not r._pinned  # released once the view died
+    finally:
+        r.close()
+    assert r.device_bytes_after_close == 0
+
+
+@pytest.mark.parametrize("backend", ["linear", "vmm"])
+def test_views_per_tensor_where_a_unit_view_is_not_used(backend):
+    """A unit whose tensors are not cut from a unit view (a route that maps each weight apart,
+    or a misaligned offset) gets one view per tensor: the same values, writes refused."""
+    m = QuantNet(seed=9)
+    x = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(10))
+    ref = steps(m, x, 1)[0]
+    r = ddo.enable_offload(m, backend=backend, **ZERO_RESIDENT)
+    try:
+        r._unit_cuts.update({u: None for u in range(len(r._unit_tensors))})
+        assert all(torch.equal(o, ref) for o in steps(r.module, x, 2))
+        assert all(v is None for v in r._unit_cuts.values())
+        def write(mod, args):
+            mod.weight_scale.mul_(2)  # in place, on ddo's device copy (grad off)
+        h = m.blocks[0].f.register_forward_pre_hook(write)
+        with pytest.raises(ddo.DdoError, match="written in place during the forward"):
+            steps(r.module, x, 1)
+        h.remove()
+        assert torch.equal(steps(r.module, x, 1)[0], ref)  # the device copy restored
+    finally:
+        r.close()
 
 
 def test_stored_bytes_are_the_quantized_bytes():
