@@ -441,6 +441,7 @@ int ddo__source_read_coded(ddo__source *src, size_t tensor, void *dst, size_t ds
     if (ddo__checkpoint_check_file(src->ck, ti->file_index) != 0)
         return ddo__fail_from_last(eb, DDO_E_FILE_CHANGED);
     int rc = ddo__os_pread_full(s->fd, dst, (size_t)len, e->stream->coded_off);
+    ddo__os_drop_cached(s->fd, e->stream->coded_off, len); /* no second copy in the cache */
     if (rc != 0)
         return ddo__fail(eb, DDO_E_IO, "sidecar %s: tensor `%s`: read of %llu bytes: %s", s->path,
                          ti->name, (unsigned long long)len, ddo__os_file_strerror(rc));
@@ -474,6 +475,7 @@ int ddo__source_read_stream(ddo__source *src, size_t tensor, uint64_t pos, size_
     if (ddo__checkpoint_check_file(src->ck, ti->file_index) != 0)
         return ddo__fail_from_last(eb, DDO_E_FILE_CHANGED);
     int rc = ddo__os_pread_full(s->fd, dst, len, e->stream->coded_off + pos);
+    ddo__os_drop_cached(s->fd, e->stream->coded_off + pos, len); /* no second copy in the cache */
     if (rc != 0)
         return ddo__fail(eb, DDO_E_IO, "sidecar %s: tensor `%s`: read of %zu bytes: %s", s->path,
                          ti->name, len, ddo__os_file_strerror(rc));
