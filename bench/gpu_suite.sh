@@ -31,7 +31,8 @@
 # flux_pipeline.json; the full run is skipped when the smoke test's resident case failed; do
 # not combine with TORCH=1, which adds two files to the eight),
 # LOWRAM=1 (issue 28: bench/lowram.py, larger than RAM, then the suite stops; section 2c;
-# LOWRAM_MODEL: its --model, wan (default: Wan 2.1 14B, 12 GiB) or qwen (Qwen-Image, 16 GiB)),
+# LOWRAM_MODEL: its --model, wan (default: Wan 2.1 14B, 12 GiB) or qwen (Qwen-Image, 16 GiB);
+# LOWRAM_ARGS: more of its arguments, e.g. "--cases sidecar-build,sidecar,auto --previous F"),
 # CODEC=1 (issue 13: the weight codec on the full-size layout, then the suite stops; see
 # section 2b; results suite.log build.log ctest.log bench.log bench.json trace.json
 # summary.txt), SUITE_BUDGET_S, BENCH_STEPS (5), BENCH_TOKENS (4608), SYNTH_SCALE (1), LAYOUT
@@ -225,7 +226,7 @@ if [ "${LOWRAM:-0}" = 1 ]; then
     left_s=$(left)
     step "bench/lowram.py" $((left_s - 15)) "$OUT/lowram.log" python3 "$ROOT/bench/lowram.py" \
         --ddo "$DDO" --dir "${LOWRAM_DIR:-$WORK/lowram}" --out "$OUT" --deadline-s $((left_s - 30)) \
-        --model "${LOWRAM_MODEL:-wan}" ||
+        --model "${LOWRAM_MODEL:-wan}" ${LOWRAM_ARGS:-} ||
         STATUS=1
     tail -n 8 "$OUT/lowram.log" | tee -a "$LOG"
     summary

@@ -28,7 +28,20 @@ Targets per case: step <= 1.1 x max(resident step, bus-fed bytes / bus, file-rea
 O_DIRECT rate) (ddo bench's bound); peak RSS <= the host limit; the sidecar's file bytes per
 step <= 0.7 x raw's; bit-identical to the reference. JSON to OUT/lowram.json.
 
+The sidecar check: what the sidecar case reads from the disk per step (from the checkpoint plus
+from the sidecar) over what raw reads from the checkpoint, <= 0.7; and every case that codes
+with a cache directory (sidecar-build, sidecar, auto when it chose ddoc1) must read its
+file-streamed tensors from the sidecar: at most 5 % of its disk bytes raw from the checkpoint
+(sidecar_read_ok; a case that fails it fails the run).
+
+The limited cases skip ddo bench's page-cache read of the whole checkpoint
+(--no-page-cache-read): it fills the page cache, which the case's cgroup counts, so its
+memory.peak would read the limit whatever ddo does. --cases picks the cases after the
+reference (always run: the rates and the checksum); --previous takes the cases not run from an
+earlier lowram.json (raw's file bytes for the sidecar check).
+
   H200:  python3 bench/lowram.py --ddo build/ddo --dir /tmp/lowram --out $OUT [--model qwen]
+         [--cases sidecar-build,sidecar,auto --previous OLD/lowram.json]
   tiny:  python3 bench/lowram.py --tiny --ddo build/ddo --out /tmp/x [--model qwen]   (the cpu
          device, 0.1 GiB of the layout, the same scaled limits for both models;
          tests/python/test_bench_lowram.py runs it)
@@ -179,6 +192,40 @@ def run_case(args, path, name, flags, extra, log, cgroup_limit=0):
     return res, maxrss_kib * 1024, wall
 
 
+CASES = ("raw", "sidecar-build", "sidecar", "auto")
+# A case that codes with a cache directory reads at most this share of its disk bytes raw.
+SIDE_FILE_SHARE = 0.05
+
+
+def sidecar_check(out):
+    """The sidecar's disk bytes against raw's (sidecar_over_raw_file_bytes: checkpoint plus
+    sidecar bytes of the sidecar case over raw's checkpoint bytes) and, per coding case, whether
+    its file-streamed tensors came from the sidecar (sidecar_read_ok). False when any fails."""
+    cases = out["cases"]
+    ok = True
+    for name in ("sidecar-build", "sidecar", "auto"):
+        c = cases.get(name, {})
+        if c.get("file_fed_bytes_per_step") is None or c.get("from_previous") or \
+                (name == "auto" and c.get("weight_codec") != "ddoc1"):
+            continue
+        disk = c["file_fed_bytes_per_step"] + (c.get("sidecar_fed_bytes_per_step") or 0.0)
+        share = c["file_fed_bytes_per_step"] / disk if disk > 0 else 1.0
+        c["raw_share_of_disk_bytes"] = share
+        c["sidecar_read_ok"] = (c.get("sidecar_fed_bytes_per_step") or 0) > 0 and \
+            share <= SIDE_FILE_SHARE
+        ok = ok and c["sidecar_read_ok"]
+    raw = cases.get("raw", {}).get("file_fed_bytes_per_step")
+    side = cases.get("sidecar", {})
+    ratio = None
+    if raw and side.get("file_fed_bytes_per_step") is not None:
+        ratio = (side["file_fed_bytes_per_step"] +
+                 (side.get("sidecar_fed_bytes_per_step") or 0.0)) / raw
+    out["sidecar_over_raw_file_bytes"] = ratio
+    out["sidecar_ok"] = ratio is not None and 0 < ratio <= 0.7 and \
+        side.get("sidecar_read_ok") is True
+    return ok
+
+
 def case_of(res, name):
     for c in (res or {}).get("cases", []):
         if c["name"] == name:
@@ -220,8 +267,15 @@ def main(argv=None):
                     help="cases not started by then are skipped (a running one is stopped)")
     ap.add_argument("--no-cgroup", action="store_true",
                     help="never put a case into a cgroup of the host limit")
+    ap.add_argument("--cases", default=",".join(CASES),
+                    help="comma-separated cases to run after the reference (default: all)")
+    ap.add_argument("--previous", default=None,
+                    help="an earlier lowram.json: the cases not run are taken from it")
     args = ap.parse_args(argv)
     args.deadline = time.time() + args.deadline_s
+    selected = [c for c in args.cases.split(",") if c]
+    if any(c not in CASES for c in selected):
+        ap.error("--cases: pick from " + ",".join(CASES))
     args.ddo = native_tool(args.ddo)
     layout = layout_path(args.model)
     if args.limit_gib is None:
@@ -271,13 +325,21 @@ def main(argv=None):
            "reference_checksum": base and base["checksum"], "cases": {}, "log": log}
     # The later cases measure nothing but their case: the bus and disk figures are the
     # reference's (passed on, so that every bound is computed alike).
-    nobus = ["--no-resident", "--direct-gib", "0"]
+    nobus = ["--no-resident", "--direct-gib", "0", "--no-page-cache-read"]
     if out["direct_read_bytes_per_s"]:  # what auto asks "disk-bound?" with (docs/codec.md)
         nobus += ["--file-read-gbps", "%.6g" % (out["direct_read_bytes_per_s"] / 1e9)]
     ddoc1 = low + ["--ddo-weight-codec", "ddoc1"] + codec
+    previous = {}
+    if args.previous:
+        with open(args.previous) as f:
+            previous = json.load(f).get("cases", {})
     for name, flags in (("raw", low), ("sidecar-build", ddoc1),
                         ("sidecar", ddoc1),
                         ("auto", low + ["--ddo-weight-codec", "auto"] + codec)):
+        if name not in selected:
+            if name in previous:
+                out["cases"][name] = dict(previous[name], from_previous=args.previous)
+            continue
         if time.time() > args.deadline - 30:
             out["cases"][name] = {"rc": None, "skipped": "deadline"}
             continue
@@ -306,11 +368,7 @@ def main(argv=None):
         out["cases"][name] = r
         with open(os.path.join(args.out, "lowram.json"), "w") as f:  # what a kill would lose
             json.dump(out, f, indent=1)
-    raw = out["cases"].get("raw", {}).get("file_fed_bytes_per_step")
-    side = out["cases"].get("sidecar", {}).get("sidecar_fed_bytes_per_step")
-    out["sidecar_over_raw_file_bytes"] = side / raw if raw and side is not None else None
-    out["sidecar_ok"] = out["sidecar_over_raw_file_bytes"] is not None and \
-        0 < out["sidecar_over_raw_file_bytes"] <= 0.7
+    read_ok = sidecar_check(out)
     out["total_s"] = time.time() - t0
     with open(os.path.join(args.out, "lowram.json"), "w") as f:
         json.dump(out, f, indent=1)
@@ -321,9 +379,16 @@ def main(argv=None):
         print(f"{name:14s} rc {r['rc']} step {r.get('step_s') or 0:.3f} s bound "
               f"{r.get('bound_s') or 0:.3f} s ratio {r.get('ratio') or 0:.3f} "
               f"rss {r['peak_rss_bytes'] / GIB:.2f} GiB identical {r.get('bit_identical')}")
-    print(f"sidecar file bytes / raw: {out['sidecar_over_raw_file_bytes']}; "
+    for name, r in out["cases"].items():
+        if "sidecar_read_ok" in r:
+            how = "read from the sidecar" if r["sidecar_read_ok"] else "NOT from the sidecar"
+            print(f"{name:14s} raw share of its disk bytes {r['raw_share_of_disk_bytes']:.3f}: "
+                  f"{how}")
+    print(f"sidecar disk bytes (checkpoint + sidecar) / raw's: "
+          f"{out['sidecar_over_raw_file_bytes']}; ok {out['sidecar_ok']}; "
           f"total {out['total_s']:.0f} s")
-    return 0 if all(r["rc"] == 0 for r in out["cases"].values()) and ref is not None else 1
+    return 0 if all(r["rc"] == 0 for r in out["cases"].values()) and ref is not None and \
+        read_ok else 1
 
 
 if __name__ == "__main__":

@@ -335,6 +335,86 @@ static uint8_t *make_fp8_normal(uint64_t n, bool e4m3)
 
 /* Round trips of FP8 streams: normal-derived codes smaller with no raw block, random bytes
  * and all 256 values uniformly stay raw, one repeated byte codes to ~1 bit per element. */
+/* The stream of coded (len) given to a reader in pieces of `piece` bytes (the last shorter);
+ * its finish's result, *plan on success. */
+static int read_in_pieces(const uint8_t *coded, uint64_t len, uint64_t piece,
+                          ddo__codec_plan **plan)
+{
+    ddo__codec_reader *r = NULL;
+    ddo__errbuf eb = { 0, "" };
+    if (ddo__codec_reader_create(len, "t.weight", &r, &eb) != 0)
+        return -1;
+    T_EQ_U64(ddo__codec_reader_total(r), len);
+    int rc = 0;
+    for (uint64_t at = 0; at < len && rc == 0; at += piece)
+        rc = ddo__codec_reader_feed(r, coded + at, len - at < piece ? len - at : piece, &eb);
+    int frc = ddo__codec_reader_finish(r, plan, &eb);
+    T_CHECK(rc == 0 || frc == rc); /* the first failure is kept */
+    T_CHECK(frc != 0 || strstr(eb.msg, "t.weight") != NULL || eb.msg[0] == '\0');
+    ddo__codec_reader_destroy(r);
+    return frc;
+}
+
+/* A stream read in pieces of any size (a header or block across two or more of them) gives
+ * the plan ddo__codec_plan_create gives for the whole stream; every metadata byte flipped is
+ * refused by both alike; a stream cut short or fed too much is refused. */
+static void test_reader_pieces(void)
+{
+    uint64_t len = 0, bytes = 0;
+    uint8_t *src = NULL, *coded = three_blocks(&len, &src, &bytes);
+    ddo__codec_plan *want = NULL;
+    T_REQUIRE(ddo__codec_plan_create(coded, len, "t.weight", &want, NULL) == 0);
+    static const uint64_t pieces[] = { 1, 7, 8, 48, 100, 3328, 65536, 65537, 1 << 20 };
+    for (size_t k = 0; k < DDO_ARRAY_LEN(pieces); k++) {
+        ddo__codec_plan *got = NULL;
+        T_EQ_INT(read_in_pieces(coded, len, pieces[k], &got), 0);
+        T_REQUIRE(got != NULL);
+        T_EQ_U64(got->coded_bytes, want->coded_bytes);
+        T_EQ_U64(got->decoded_bytes, want->decoded_bytes);
+        T_EQ_U64(got->raw_blocks, want->raw_blocks);
+        T_CHECK(got->dtype == want->dtype);
+        T_CHECK(memcmp(&got->launch, &want->launch, sizeof(got->launch)) == 0);
+        for (uint32_t b = 0; b < want->launch.n_blocks; b++) {
+            const ddo__codec_block *x = &got->blocks[b], *y = &want->blocks[b];
+            T_CHECK_MSG(x->coded_offset == y->coded_offset && x->coded_bytes == y->coded_bytes &&
+                            x->elems == y->elems && x->checksum == y->checksum &&
+                            x->mode == y->mode,
+                        "piece %llu block %u", (unsigned long long)pieces[k], b);
+        }
+        ddo__codec_plan_destroy(got);
+    }
+    /* every byte of the header, directory and block headers, every 97th of the rest */
+    int differ = 0, refused = 0;
+    for (uint64_t i = 0; i < len; i++) {
+        bool meta = i < want->blocks[0].coded_offset + 176 + 16 * 9 ||
+                    (i >= want->blocks[1].coded_offset && i < want->blocks[1].coded_offset + 48) ||
+                    (i >= want->blocks[2].coded_offset && i < want->blocks[2].coded_offset + 48);
+        if (!meta && i % 97 != 0)
+            continue;
+        coded[i] ^= (uint8_t)(1u << (i % 8));
+        ddo__codec_plan *a = NULL, *b = NULL;
+        int ra = ddo__codec_plan_create(coded, len, "t.weight", &a, NULL);
+        int rb = read_in_pieces(coded, len, 1000 + i % 3, &b);
+        differ += (ra == 0) != (rb == 0);
+        refused += rb != 0;
+        ddo__codec_plan_destroy(a);
+        ddo__codec_plan_destroy(b);
+        coded[i] ^= (uint8_t)(1u << (i % 8));
+    }
+    T_EQ_INT(differ, 0);
+    T_CHECK_MSG(refused > 100, "%d flips refused", refused);
+    ddo__codec_plan *p = NULL;
+    T_CHECK(read_in_pieces(coded, len - 16, 4096, &p) == DDO_E_FORMAT && p == NULL);
+    ddo__codec_reader *r = NULL;
+    T_REQUIRE(ddo__codec_reader_create(len - 16, "t.weight", &r, NULL) == 0);
+    T_CHECK(ddo__codec_reader_feed(r, coded, len, NULL) == DDO_E_FORMAT); /* more than its bytes */
+    T_CHECK(ddo__codec_reader_finish(r, &p, NULL) == DDO_E_FORMAT && p == NULL);
+    ddo__codec_reader_destroy(r);
+    ddo__codec_plan_destroy(want);
+    free(coded);
+    free(src);
+}
+
 static void test_fp8_round_trips(void)
 {
     static const uint64_t counts[] = { 1, 5, 31, 33, 1000, GROUP - 1, GROUP + 17, 3 * GROUP + 5 };
@@ -692,6 +772,7 @@ int main(void)
     T_RUN(test_ratio_and_raw_fallback);
     T_RUN(test_arguments);
     T_RUN(test_corruption_detected);
+    T_RUN(test_reader_pieces);
     T_RUN(test_fp8_round_trips);
     T_RUN(test_fp8_adversarial);
     T_RUN(test_fp8_forged_and_corrupted);

@@ -16,6 +16,7 @@
 #include "session_fx.h"
 
 #include "checkpoint/checkpoint.h"
+#include "session/session_codec.h"
 #include "store/source.h"
 #include "store/source_codec.h"
 #include "store/source_sidecar.h"
@@ -137,6 +138,55 @@ static void test_streams_from_sidecar(void)
         T_CHECK_MSG(fx_metric(&f, "codec_stream_fallbacks") == 0, "%s", what);
         char b[600];
         T_EQ_STR(fx_label(&f, "codec_stream_note", b, sizeof(b)), "");
+        fx_destroy(&f);
+    }
+}
+
+/* Streams longer than a window (a full-size tensor's: tens of MiB against the 32 MiB window),
+ * here with the window's share scaled down to 3333 bytes (ddo__session_codec_test_piece_cap):
+ * they are still read from the sidecar, in pieces straight into the decode area, none read raw
+ * (before, such a stream was read raw from the checkpoint: the full-size bug), the leased bytes
+ * identical; a corrupted one goes raw with a note. */
+static void test_long_streams_in_pieces(void)
+{
+    static const char *const routes[] = { "linear_runtime", "vmm_fast_runtime" };
+    for (size_t r = 0; r < DDO_ARRAY_LEN(routes); r++) {
+        const char *what = routes[r];
+        double raw = 0;
+        fx f;
+        setup(&f, what, r != 0, &raw);
+        replan(&f, SMALL_GB, cache);
+        fx_two_steps(&f, what);
+        double whole = fx_metric(&f, "bytes_staged_from_sidecar");
+        double whole_file = fx_metric(&f, "bytes_staged_from_file");
+        ddo__session_codec_test_piece_cap(3333);
+        replan(&f, SMALL_GB, cache);
+        fx_two_steps(&f, what);
+        double side = fx_metric(&f, "bytes_staged_from_sidecar");
+        double file = fx_metric(&f, "bytes_staged_from_file");
+        /* every streamed tensor's stream spans pieces, and none is read raw */
+        T_CHECK_MSG(whole > 4 * 3333.0 && whole_file == 0, "%s: %g + %g bytes", what, whole,
+                    whole_file);
+        T_CHECK_MSG(side > 4 * 3333.0 && file == 0, "%s: %g bytes in pieces, %g raw", what, side,
+                    file);
+        T_CHECK_MSG(side + file < raw, "%s: %g + %g bytes against %g raw", what, side, file, raw);
+        T_CHECK_MSG(fx_metric(&f, "codec_stream_fallbacks") == 0, "%s", what);
+        ddo_session_destroy(f.s);
+        f.s = NULL;
+        bool done = false;
+        corrupt_streamed(&f, &done);
+        T_REQUIRE(done);
+        ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
+        so.config = f.cfg;
+        T_REQUIRE(ddo_session_create(f.plan, f.ck, f.dev, &so, &f.s) == 0);
+        fx_two_steps(&f, what);
+        ddo__session_codec_test_piece_cap(0);
+        T_CHECK_MSG(fx_metric(&f, "codec_stream_fallbacks") == 1, "%s: %g fallbacks", what,
+                    fx_metric(&f, "codec_stream_fallbacks"));
+        T_CHECK_MSG(fx_metric(&f, "bytes_staged_from_sidecar") > 0, "%s", what);
+        char b[600];
+        T_CHECK_MSG(strstr(fx_label(&f, "codec_stream_note", b, sizeof(b)), "hash") != NULL,
+                    "%s: note \"%s\"", what, b);
         fx_destroy(&f);
     }
 }
@@ -330,6 +380,7 @@ int main(void)
     T_RUN(test_streams_from_sidecar);
     T_RUN(test_first_run_codes_streamed_tensors);
     T_RUN(test_failed_sidecar_build_is_a_note);
+    T_RUN(test_long_streams_in_pieces);
     T_RUN(test_corrupted_stream_reads_raw);
     T_RUN(test_changed_checkpoint_is_refused);
     T_RUN(test_vmm_runtime_streams_raw);

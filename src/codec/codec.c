@@ -315,13 +315,14 @@ static int check_huff(const uint8_t *blk, uint32_t n, uint32_t esize, uint64_t e
     return 0;
 }
 
-static int check_block(const uint8_t *c, const stream_hdr *h, uint32_t b, uint64_t off,
+/* Block b at offset off of the stream, its bytes at blk (the whole block: the caller checked
+ * that its header's length is inside the stream, or gives the stream from blk on). */
+static int check_block(const uint8_t *blk, const stream_hdr *h, uint32_t b, uint64_t off,
                        const char *nm, ddo__codec_block *out, ddo__errbuf *eb)
 {
     if (off % 16 != 0 || off > h->coded_bytes || h->coded_bytes - off < DDO_CODEC_BLOCK_HEADER)
         return BAD("codec: tensor `%s`: block %" PRIu32 ": offset %" PRIu64 " out of bounds", nm, b,
                    off);
-    const uint8_t *blk = c + off;
     uint32_t n = elems_of_block(h, b), len = ddo__codec_rd32(blk + 12);
     uint64_t exp_bytes = ddo__codec_rd32(blk + 16), bytes = (uint64_t)n * h->esize;
     uint8_t mode = blk[4];
@@ -396,7 +397,7 @@ int ddo__codec_plan_create(const void *coded, uint64_t coded_bytes, const char *
                      " (expected %" PRIu64 ")",
                      nm, b, at, off);
         else
-            rc = check_block(c, &h, b, off, nm, &blocks[b], eb);
+            rc = check_block(c + off, &h, b, off, nm, &blocks[b], eb);
         off += rc == 0 ? blocks[b].coded_bytes : 0;
         p->raw_blocks += rc == 0 && blocks[b].mode == DDO_CODEC_MODE_RAW;
     }
@@ -424,6 +425,206 @@ void ddo__codec_plan_destroy(ddo__codec_plan *plan)
         return;
     free(plan->blocks);
     free(plan);
+}
+
+/* ---- validating a stream read in pieces ---- */
+
+/* The most bytes of one unit (the header and directory, or a block) that spans two pieces. */
+#define READER_BUF_MAX ((uint64_t)16 << 20)
+
+struct ddo__codec_reader {
+    char name[160];
+    uint64_t coded_bytes;
+    uint64_t fed; /* bytes given so far */
+    uint64_t off; /* where the next unit starts: the header and directory, then block next */
+    bool head_done;
+    stream_hdr h;
+    ddo__codec_block *blocks; /* until checked: coded_offset is the directory's */
+    uint32_t next, raw_blocks;
+    uint8_t *buf; /* the part of a unit that began in an earlier piece */
+    uint64_t buf_cap, buf_len;
+    int err; /* the first failure; later pieces are ignored */
+};
+
+int ddo__codec_reader_create(uint64_t coded_bytes, const char *name, ddo__codec_reader **out,
+                             ddo__errbuf *eb)
+{
+    *out = ddo__calloc(1, sizeof(**out));
+    if (*out == NULL)
+        return ddo__fail(eb, DDO_E_NO_MEMORY, "codec: tensor `%s`: out of host memory",
+                         name ? name : "?");
+    snprintf((*out)->name, sizeof((*out)->name), "%s", name ? name : "?");
+    (*out)->coded_bytes = coded_bytes;
+    return 0;
+}
+
+uint64_t ddo__codec_reader_total(const ddo__codec_reader *r)
+{
+    return r->coded_bytes;
+}
+
+void ddo__codec_reader_destroy(ddo__codec_reader *r)
+{
+    if (r == NULL)
+        return;
+    free(r->blocks);
+    free(r->buf);
+    free(r);
+}
+
+/* The bytes the unit at r->off needs, given its first have bytes at u: its header's length
+ * while fewer are at hand; UINT64_MAX after the last block. */
+static uint64_t unit_need(const ddo__codec_reader *r, const uint8_t *u, uint64_t have)
+{
+    if (!r->head_done)
+        return have < DDO_CODEC_STREAM_HEADER ? DDO_CODEC_STREAM_HEADER
+                                              : ddo__codec_dir_end(ddo__codec_rd32(u + 12));
+    if (r->next >= r->h.n_blocks)
+        return UINT64_MAX;
+    if (have < DDO_CODEC_BLOCK_HEADER)
+        return DDO_CODEC_BLOCK_HEADER;
+    uint32_t len = ddo__codec_rd32(u + 12);
+    return len < DDO_CODEC_BLOCK_HEADER ? DDO_CODEC_BLOCK_HEADER : len;
+}
+
+/* Why a unit of need bytes cannot be at r->off (r->err set), or 0. */
+static int unit_bad(ddo__codec_reader *r, uint64_t need, uint64_t cap, ddo__errbuf *eb)
+{
+    const char *nm = r->name;
+    if (need == UINT64_MAX)
+        r->err = BAD("codec: tensor `%s`: %" PRIu64 " bytes after the last block", nm,
+                     r->coded_bytes - r->off);
+    else if (need > r->coded_bytes - r->off)
+        r->err =
+            BAD("codec: tensor `%s`: %s at %" PRIu64 " of %" PRIu64 " bytes runs past the stream",
+                nm, r->head_done ? "a block" : "the header", need, r->off);
+    else if (need > cap)
+        r->err = BAD("codec: tensor `%s`: a block of %" PRIu64
+                     " bytes spans two pieces (at most %" PRIu64 ")",
+                     nm, need, cap);
+    return r->err;
+}
+
+/* The unit at r->off, whole at u (need bytes), checked. */
+static int unit_done(ddo__codec_reader *r, const uint8_t *u, uint64_t need, ddo__errbuf *eb)
+{
+    const char *nm = r->name;
+    if (!r->head_done) {
+        int rc = parse_stream_header(u, r->coded_bytes, nm, &r->h, eb);
+        if (rc == 0 && (r->blocks = ddo__calloc(r->h.n_blocks + 1u, sizeof(*r->blocks))) == NULL)
+            rc = ddo__fail(eb, DDO_E_NO_MEMORY, "codec: tensor `%s`: out of host memory", nm);
+        for (uint32_t b = 0; rc == 0 && b < r->h.n_blocks; b++)
+            r->blocks[b].coded_offset = rd64(u + DDO_CODEC_STREAM_HEADER + 8 * (uint64_t)b);
+        r->head_done = rc == 0;
+        r->off += need;
+        return r->err = rc;
+    }
+    uint32_t b = r->next;
+    if (r->blocks[b].coded_offset != r->off)
+        return r->err = BAD("codec: tensor `%s`: block %" PRIu32 ": directory offset %" PRIu64
+                            " (expected %" PRIu64 ")",
+                            nm, b, r->blocks[b].coded_offset, r->off);
+    int rc = check_block(u, &r->h, b, r->off, nm, &r->blocks[b], eb);
+    if (rc != 0)
+        return r->err = rc;
+    r->raw_blocks += r->blocks[b].mode == DDO_CODEC_MODE_RAW;
+    r->off += need;
+    r->next++;
+    return 0;
+}
+
+/* The units wholly inside p (len bytes, r's buffer empty), checked where they lie; the bytes
+ * they took. */
+static uint64_t in_place(ddo__codec_reader *r, const uint8_t *p, uint64_t len, ddo__errbuf *eb)
+{
+    uint64_t at = 0;
+    while (r->err == 0 && at < len) {
+        uint64_t need = unit_need(r, p + at, len - at);
+        if (need > len - at || unit_bad(r, need, UINT64_MAX - 1, eb) != 0)
+            break;
+        if (unit_done(r, p + at, need, eb) == 0)
+            at += need;
+    }
+    return at;
+}
+
+/* Bytes of p (len) into the buffer until it holds the unit at r->off, which is then checked;
+ * the bytes taken. */
+static uint64_t to_buffer(ddo__codec_reader *r, const uint8_t *p, uint64_t len, ddo__errbuf *eb)
+{
+    uint64_t taken = 0;
+    while (r->err == 0) {
+        uint64_t need = unit_need(r, r->buf, r->buf_len);
+        if (unit_bad(r, need, READER_BUF_MAX, eb) != 0)
+            break;
+        if (r->buf_len >= need) {
+            r->buf_len = 0;
+            unit_done(r, r->buf, need, eb);
+            break;
+        }
+        if (need > r->buf_cap) {
+            uint8_t *nb = realloc(r->buf, (size_t)need);
+            if (nb == NULL) {
+                r->err = ddo__fail(eb, DDO_E_NO_MEMORY, "codec: tensor `%s`: out of host memory",
+                                   r->name);
+                break;
+            }
+            r->buf = nb;
+            r->buf_cap = need;
+        }
+        uint64_t n = need - r->buf_len < len - taken ? need - r->buf_len : len - taken;
+        if (n == 0)
+            break;
+        memcpy(r->buf + r->buf_len, p + taken, (size_t)n);
+        r->buf_len += n;
+        taken += n;
+    }
+    return taken;
+}
+
+int ddo__codec_reader_feed(ddo__codec_reader *r, const void *piece, uint64_t len, ddo__errbuf *eb)
+{
+    const uint8_t *p = piece;
+    if (r->err != 0)
+        return r->err;
+    if (len > r->coded_bytes - r->fed)
+        return r->err = BAD("codec: tensor `%s`: more than its %" PRIu64 " coded bytes", r->name,
+                            r->coded_bytes);
+    r->fed += len;
+    while (len > 0 && r->err == 0) {
+        uint64_t used = r->buf_len == 0 ? in_place(r, p, len, eb) : 0;
+        if (used < len && r->err == 0)
+            used += to_buffer(r, p + used, len - used, eb);
+        p += used;
+        len -= used;
+    }
+    return r->err;
+}
+
+int ddo__codec_reader_finish(ddo__codec_reader *r, ddo__codec_plan **out, ddo__errbuf *eb)
+{
+    *out = NULL;
+    if (r->err != 0)
+        return r->err;
+    if (!r->head_done || r->next != r->h.n_blocks || r->off != r->coded_bytes ||
+        r->fed != r->coded_bytes)
+        return r->err = BAD("codec: tensor `%s`: stream ends at %" PRIu64 " of %" PRIu64
+                            " bytes, in block %" PRIu32,
+                            r->name, r->fed, r->coded_bytes, r->next);
+    ddo__codec_plan *p = ddo__calloc(1, sizeof(*p));
+    if (p == NULL)
+        return r->err = ddo__fail(eb, DDO_E_NO_MEMORY, "codec: tensor `%s`: out of host memory",
+                                  r->name);
+    snprintf(p->name, sizeof(p->name), "%s", r->name);
+    p->dtype = r->h.dtype;
+    p->decoded_bytes = r->h.decoded_bytes;
+    p->coded_bytes = r->coded_bytes;
+    p->raw_blocks = r->raw_blocks;
+    p->blocks = r->blocks;
+    r->blocks = NULL;
+    fill_launch(p, &r->h);
+    *out = p;
+    return 0;
 }
 
 /* ---- decoding (what a device does) ---- */

@@ -182,6 +182,22 @@ int ddo__codec_plan_create(const void *coded, uint64_t coded_bytes, const char *
 void ddo__codec_plan_destroy(ddo__codec_plan *plan);
 
 /*
+ * The same checks on a stream of coded_bytes given in pieces, in order (a stream longer than
+ * the window it is read through): feed each piece as it arrives (a header or block that spans
+ * two pieces is kept in a buffer of its size, at most 16 MiB), then finish for the plan, as
+ * ddo__codec_plan_create would give it for the whole stream. The first failure is kept:
+ * later feeds return it, and finish too. destroy frees the reader (NULL is a no-op).
+ */
+typedef struct ddo__codec_reader ddo__codec_reader;
+int ddo__codec_reader_create(uint64_t coded_bytes, const char *name, ddo__codec_reader **out,
+                             ddo__errbuf *eb);
+int ddo__codec_reader_feed(ddo__codec_reader *r, const void *piece, uint64_t len, ddo__errbuf *eb);
+int ddo__codec_reader_finish(ddo__codec_reader *r, ddo__codec_plan **out, ddo__errbuf *eb);
+/* The coded_bytes the reader was created for. */
+uint64_t ddo__codec_reader_total(const ddo__codec_reader *r);
+void ddo__codec_reader_destroy(ddo__codec_reader *r);
+
+/*
  * The reference decoder: validates the stream (as plan_create), decodes it
  * into dst (dst_bytes at least its decoded length) and verifies every block's
  * checksum. Never writes outside dst[0, decoded length). Errors: DDO_E_FORMAT

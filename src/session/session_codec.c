@@ -119,6 +119,20 @@ void ddo__session_codec_test_area_cap(uint64_t bytes)
     atomic_store(&area_cap_test, bytes);
 }
 
+static _Atomic uint64_t piece_cap_test; /* 0: the staging window */
+
+void ddo__session_codec_test_piece_cap(uint64_t bytes)
+{
+    atomic_store(&piece_cap_test, bytes);
+}
+
+/* The most bytes of a sidecar stream one window takes (coded_file). */
+static size_t piece_cap(size_t window)
+{
+    uint64_t test = atomic_load(&piece_cap_test);
+    return test > 0 && test < window ? (size_t)test : window;
+}
+
 bool ddo__session_codec_wanted(const ddo_session *s)
 {
     return s->plan->weight_codec == DDO_WEIGHT_CODEC_DDOC1;
@@ -602,9 +616,105 @@ static int read_stream(ddo_session *s, const ddo__upload *up, ddo__window *w, co
     return 0;
 }
 
+/* One piece of a stream longer than a window (coded_pieces): read at *pos into a window,
+ * checked by r and copied to at + *pos in the decode area; *bad (why) when it must go raw. */
+static int stream_piece(ddo_session *s, const ddo__upload *up, ddo__codec_reader *r, uint64_t at,
+                        uint64_t *pos, uint64_t *sum, bool *bad, ddo__errbuf *why, ddo__errbuf *eb)
+{
+    ddo__window w;
+    int rc = ddo__window_get(s, &w, eb);
+    if (rc != 0)
+        return rc;
+    uint64_t left = ddo__codec_reader_total(r) - *pos;
+    size_t cap = piece_cap(w.cap);
+    size_t len = (size_t)(left < cap ? left : cap);
+    len -= left > len ? len % 8 : 0; /* every piece but the last a multiple of 8 (the hash) */
+    uint64_t part = 0;
+    int rrc = ddo__source_read_stream(s->source, up->tensor, *pos, len, w.p, &part, why);
+    if (rrc == DDO_E_FILE_CHANGED)
+        rc = ddo__fail(eb, rrc, "%s", why->msg);
+    else if (rrc != 0 || ddo__codec_reader_feed(r, w.p, len, why) != 0)
+        *bad = true;
+    else if ((rc = ddo__dev_copy_h2d(s->dev, at + *pos, w.p, len, s->copy_stream)) != 0)
+        rc = ddo__session_fail_ctx(eb, rc, "tensor \"%s\": upload of its coded stream",
+                                   ddo__session_tensor_name(s, up->tensor));
+    int prc = ddo__window_put(s, &w, eb); /* released after its copy (the ring's event) */
+    *sum += part;
+    *pos += len;
+    return rc != 0 ? rc : prc;
+}
+
+/* The stream of up, read in pieces and placed at `at`: its plan (*plan), or *bad and why. */
+static int stream_pieces(ddo_session *s, const ddo__upload *up, uint64_t cb, uint64_t at,
+                         ddo__codec_plan **plan, bool *bad, ddo__errbuf *why, ddo__errbuf *eb)
+{
+    const ddo_tensor_info *ti = ddo_checkpoint_tensor(s->ck, up->tensor);
+    ddo__codec_reader *r = NULL;
+    int rc = ddo__codec_reader_create(cb, ti->name, &r, eb);
+    uint64_t sum = 0;
+    for (uint64_t pos = 0; rc == 0 && !*bad && pos < cb;)
+        rc = stream_piece(s, up, r, at, &pos, &sum, bad, why, eb);
+    if (rc == 0 && !*bad && !ddo__source_stream_hash_ok(s->source, up->tensor, sum)) {
+        *bad = true;
+        snprintf(why->msg, sizeof(why->msg), "sidecar: tensor `%s`: stream hash differs", ti->name);
+    }
+    if (rc == 0 && !*bad)
+        *bad = ddo__codec_reader_finish(r, plan, why) != 0;
+    if (rc == 0 && !*bad &&
+        (!has_room(s->codec, (*plan)->coded_bytes, (*plan)->launch.status_bytes) ||
+         (*plan)->decoded_bytes != up->nbytes)) {
+        *bad = true;
+        snprintf(why->msg, sizeof(why->msg), "its stream does not fit the decode area");
+    }
+    ddo__codec_reader_destroy(r);
+    return rc;
+}
+
+/* coded_file for a stream longer than one window: read, checked and uploaded in window-sized
+ * pieces straight into its place in the decode area (no buffer of its size on the host); its
+ * plan from the pieces (ddo__codec_reader), its hash from their shares. Raw on a bad stream. */
+static int coded_pieces(ddo_session *s, const ddo__transport *t, const ddo__upload *up, uint64_t cb,
+                        ddo__errbuf *eb)
+{
+    ddo__session_codec *c = s->codec;
+    const ddo_tensor_info *ti = ddo_checkpoint_tensor(s->ck, up->tensor);
+    if (!has_room(c, cb, default_status_bytes(ti->dtype, ti->nbytes)))
+        return ddo__transport_staged(s, &ddo__transport_file, up, eb); /* as read_stream */
+    uint64_t at = 0;
+    ddo__codec_plan *plan = NULL;
+    ddo__errbuf why = { 0 };
+    bool bad = false;
+    int rc = batch_place(s, up->tensor, ddo__round_up(cb, AREA_ALIGN), &at, eb);
+    if (rc == 0)
+        rc = stream_pieces(s, up, cb, at, &plan, &bad, &why, eb);
+    if (rc != 0 || bad) {
+        ddo__codec_plan_destroy(plan);
+        if (rc != 0)
+            return rc;
+        stream_failed(s, up->tensor, why.msg);
+        return ddo__transport_staged(s, &ddo__transport_file, up, eb);
+    }
+    const ddo__codec_plan *cp = keep_plan(c, up->tensor, plan);
+    rc = ddo__dev_event_record(s->dev, c->filled[c->batch.area], s->copy_stream);
+    if (rc != 0)
+        return ddo__session_fail_ctx(eb, rc, "tensor \"%s\": upload of its coded stream",
+                                     ddo__session_tensor_name(s, up->tensor));
+    ddo__metrics_add(&s->metrics, t->metric, (double)cp->coded_bytes);
+    ddo__metrics_add(&s->metrics, DDO_M_copy_bytes, (double)cp->coded_bytes);
+    ddo__metrics_add(&s->metrics, DDO_M_copies, 1);
+    batch_add(s, up, cp, at);
+    return 0;
+}
+
 int ddo__transport_coded_file(ddo_session *s, const ddo__transport *t, const ddo__upload *up,
                               ddo__errbuf *eb)
 {
+    uint64_t cb = 0;
+    (void)ddo__source_has_stream(s->source, up->tensor, &cb);
+    size_t cap =
+        piece_cap(s->use_staging ? (size_t)s->b.staging_window_bytes : (size_t)DDO__BOUNCE_BYTES);
+    if (cb > cap) /* longer than one window: in pieces */
+        return coded_pieces(s, t, up, cb, eb);
     ddo__window w;
     int rc = ddo__window_get(s, &w, eb);
     if (rc != 0)

@@ -63,4 +63,9 @@ int ddo__session_codec_verify(ddo_session *s, size_t slot, bool *unsafe, ddo__er
  * the call, so a small unit splits into several batches. */
 void ddo__session_codec_test_area_cap(uint64_t bytes);
 
+/* Tests: sidecar streams (coded_file) longer than bytes are read in pieces of at most bytes
+ * (0: the staging window's), for the sessions' loads after the call: the way a stream longer
+ * than the 32 MiB window (a full-size tensor) goes, at the scale of a test. */
+void ddo__session_codec_test_piece_cap(uint64_t bytes);
+
 #endif /* DDO_SESSION_CODEC_H */

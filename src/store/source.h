@@ -152,6 +152,17 @@ bool ddo__source_has_stream(const ddo__source *src, size_t tensor, uint64_t *cod
 int ddo__source_read_coded(ddo__source *src, size_t tensor, void *dst, size_t dst_cap,
                            const void **data, struct ddo__codec_plan **plan, ddo__errbuf *eb);
 
+/*
+ * A stream longer than one window, read in pieces: bytes [pos, pos + len) of tensor's stream
+ * (pos a multiple of 8) into dst, the checkpoint's identity checked before and after
+ * (DDO_E_FILE_CHANGED), and *hash_part their share of the stream's hash; the caller adds the
+ * shares and asks ddo__source_stream_hash_ok at the end, and validates the stream itself
+ * (ddo__codec_reader). Any failure but DDO_E_FILE_CHANGED means "read it raw". Thread-safe.
+ */
+int ddo__source_read_stream(ddo__source *src, size_t tensor, uint64_t pos, size_t len, void *dst,
+                            uint64_t *hash_part, ddo__errbuf *eb);
+bool ddo__source_stream_hash_ok(const ddo__source *src, size_t tensor, uint64_t hash);
+
 /* Bytes needed in a staging window to read len bytes with O_DIRECT alignment (len + 2 pages). */
 size_t ddo__source_window_need(size_t len);
 

@@ -279,6 +279,11 @@ static int write_all_streams(void *user, int fd)
         if (keep && (e = ddo__os_pwrite_full(fd, coded, (size_t)len, at)) != 0)
             e = WHY("%s", ddo__os_fs_strerror(e));
         pos = keep ? at + len : pos;
+        /* Out of the page cache as soon as written back (a hint: starts the writeback of this
+         * stream, drops what is clean), so writing a sidecar of tens of GB leaves no copy of
+         * it charged to the process's memory cgroup. */
+        if (keep && e == 0)
+            ddo__os_drop_cached(fd, data_off, pos - data_off);
         const uint64_t v[] = { it->offset, it->raw_bytes, at, keep ? len : 0,
                                keep ? ddo__sidecar_hash(coded, len, 0) : 0 };
         uint8_t *en = t + i * DDO__SIDECAR_ENTRY;

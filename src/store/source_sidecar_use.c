@@ -441,6 +441,7 @@ int ddo__source_read_coded(ddo__source *src, size_t tensor, void *dst, size_t ds
     if (ddo__checkpoint_check_file(src->ck, ti->file_index) != 0)
         return ddo__fail_from_last(eb, DDO_E_FILE_CHANGED);
     int rc = ddo__os_pread_full(s->fd, dst, (size_t)len, e->stream->coded_off);
+    ddo__os_drop_cached(s->fd, e->stream->coded_off, len); /* no second copy in the cache */
     if (rc != 0)
         return ddo__fail(eb, DDO_E_IO, "sidecar %s: tensor `%s`: read of %llu bytes: %s", s->path,
                          ti->name, (unsigned long long)len, ddo__os_file_strerror(rc));
@@ -454,6 +455,40 @@ int ddo__source_read_coded(ddo__source *src, size_t tensor, void *dst, size_t ds
         return rc;
     *data = dst;
     return 0;
+}
+
+int ddo__source_read_stream(ddo__source *src, size_t tensor, uint64_t pos, size_t len, void *dst,
+                            uint64_t *hash_part, ddo__errbuf *eb)
+{
+    const entry *e = src != NULL && tensor < src->tensor_count ? &src->entries[tensor] : NULL;
+    if (e == NULL || dst == NULL || hash_part == NULL)
+        return ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "coded read: invalid argument");
+    const ddo_tensor_info *ti = ddo_checkpoint_tensor(src->ck, tensor);
+    if (e->stream == NULL)
+        return ddo__fail(eb, DDO_E_NOT_FOUND, "tensor `%s`: no stream in a sidecar", ti->name);
+    const ddo__sidecar *s = src->sidecars[ti->file_index];
+    uint64_t total = e->stream->coded_bytes;
+    if (pos % 8 != 0 || pos > total || len > total - pos)
+        return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
+                         "coded read: tensor `%s`: bytes %llu+%zu outside its stream of %llu",
+                         ti->name, (unsigned long long)pos, len, (unsigned long long)total);
+    if (ddo__checkpoint_check_file(src->ck, ti->file_index) != 0)
+        return ddo__fail_from_last(eb, DDO_E_FILE_CHANGED);
+    int rc = ddo__os_pread_full(s->fd, dst, len, e->stream->coded_off + pos);
+    ddo__os_drop_cached(s->fd, e->stream->coded_off + pos, len); /* no second copy in the cache */
+    if (rc != 0)
+        return ddo__fail(eb, DDO_E_IO, "sidecar %s: tensor `%s`: read of %zu bytes: %s", s->path,
+                         ti->name, len, ddo__os_file_strerror(rc));
+    if (ddo__checkpoint_check_file(src->ck, ti->file_index) != 0)
+        return ddo__fail_from_last(eb, DDO_E_FILE_CHANGED);
+    *hash_part = ddo__sidecar_hash(dst, len, pos / 8);
+    return 0;
+}
+
+bool ddo__source_stream_hash_ok(const ddo__source *src, size_t tensor, uint64_t hash)
+{
+    const entry *e = src != NULL && tensor < src->tensor_count ? &src->entries[tensor] : NULL;
+    return e != NULL && e->stream != NULL && e->stream->hash == hash;
 }
 
 void ddo__source_sidecar_release(ddo__source *src)

@@ -2,7 +2,8 @@
 page cache kept: other tests run alongside):
 every case runs in its own process under the scaled host limit and emulated card, its peak RSS
 within the limit, bit-identical to the resident reference; the raw case reads from the
-checkpoint, the sidecar cases read fewer bytes from the coded sidecar instead."""
+checkpoint, the sidecar cases read fewer bytes from the coded sidecar instead (and nothing raw
+from the checkpoint)."""
 
 import json
 import os
@@ -37,7 +38,37 @@ def test_tiny_run(tmp_path, model, layout):
     assert raw["file_fed_bytes_per_step"] > 0 and raw["weight_codec"] == "none"
     assert side["weight_codec"] == "ddoc1" and side["file_fed_bytes_per_step"] == 0
     assert 0 < side["sidecar_fed_bytes_per_step"] < raw["file_fed_bytes_per_step"]
+    assert side["sidecar_read_ok"] and r["cases"]["sidecar-build"]["sidecar_read_ok"]
+    assert r["sidecar_over_raw_file_bytes"] == pytest.approx(
+        (side["file_fed_bytes_per_step"] + side["sidecar_fed_bytes_per_step"]) /
+        raw["file_fed_bytes_per_step"])
     assert r["sidecar_over_raw_file_bytes"] < 1.0
+
+
+def test_sidecar_check():
+    """The check counts the sidecar case's disk bytes (checkpoint plus sidecar) against raw's,
+    and fails a coding case whose file-streamed tensors were read raw: the H200 run's figures
+    (Wan 2.1 14B, 12 GiB) passed the old check (1.38 MB / 15.46 GB) and fail this one."""
+    bench = load_bench("lowram")
+    h200 = {"file_fed_bytes_per_step": 16158556160.0, "sidecar_fed_bytes_per_step": 1377168.0,
+            "weight_codec": "ddoc1"}
+    out = {"cases": {"raw": {"file_fed_bytes_per_step": 15457970176.0},
+                     "sidecar-build": dict(h200), "sidecar": dict(h200),
+                     "auto": {"rc": None, "skipped": "deadline"}}}
+    assert not bench.sidecar_check(out)
+    assert out["sidecar_over_raw_file_bytes"] == pytest.approx(1.0454, abs=1e-3)
+    assert out["sidecar_ok"] is False
+    assert out["cases"]["sidecar"]["sidecar_read_ok"] is False
+    assert "sidecar_read_ok" not in out["cases"]["auto"]
+    good = {"file_fed_bytes_per_step": 1e8, "sidecar_fed_bytes_per_step": 10.2e9,
+            "weight_codec": "ddoc1"}
+    out["cases"].update({"sidecar-build": dict(good), "sidecar": dict(good),
+                         "auto": {"file_fed_bytes_per_step": 15e9, "weight_codec": "none"}})
+    assert bench.sidecar_check(out)
+    assert out["sidecar_ok"] is True and out["sidecar_over_raw_file_bytes"] < 0.7
+    out["cases"]["auto"] = dict(h200)  # auto chose ddoc1 but read raw: fails the run
+    assert not bench.sidecar_check(out)
+    assert out["sidecar_ok"] is True  # the sidecar case itself is fine
 
 
 def test_make_room(tmp_path):
