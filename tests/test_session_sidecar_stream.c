@@ -142,6 +142,28 @@ static void test_streams_from_sidecar(void)
     }
 }
 
+/* A new session over the sidecar with one streamed tensor's stream corrupted, two steps: that
+ * stream goes raw (one fallback, a note naming its hash), the others still come from the
+ * sidecar. */
+static void rerun_corrupted(fx *f, const char *what)
+{
+    ddo_session_destroy(f->s);
+    f->s = NULL;
+    bool done = false;
+    corrupt_streamed(f, &done);
+    T_REQUIRE(done);
+    ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
+    so.config = f->cfg;
+    T_REQUIRE(ddo_session_create(f->plan, f->ck, f->dev, &so, &f->s) == 0);
+    fx_two_steps(f, what);
+    T_CHECK_MSG(fx_metric(f, "codec_stream_fallbacks") == 1, "%s: %g fallbacks", what,
+                fx_metric(f, "codec_stream_fallbacks"));
+    T_CHECK_MSG(fx_metric(f, "bytes_staged_from_sidecar") > 0, "%s", what);
+    char b[600];
+    T_CHECK_MSG(strstr(fx_label(f, "codec_stream_note", b, sizeof(b)), "hash") != NULL,
+                "%s: note \"%s\"", what, b);
+}
+
 /* Streams longer than a window (a full-size tensor's: tens of MiB against the 32 MiB window),
  * here with the window's share scaled down to 3333 bytes (ddo__session_codec_test_piece_cap):
  * they are still read from the sidecar, in pieces straight into the decode area, none read raw
@@ -171,22 +193,8 @@ static void test_long_streams_in_pieces(void)
                     file);
         T_CHECK_MSG(side + file < raw, "%s: %g + %g bytes against %g raw", what, side, file, raw);
         T_CHECK_MSG(fx_metric(&f, "codec_stream_fallbacks") == 0, "%s", what);
-        ddo_session_destroy(f.s);
-        f.s = NULL;
-        bool done = false;
-        corrupt_streamed(&f, &done);
-        T_REQUIRE(done);
-        ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
-        so.config = f.cfg;
-        T_REQUIRE(ddo_session_create(f.plan, f.ck, f.dev, &so, &f.s) == 0);
-        fx_two_steps(&f, what);
+        rerun_corrupted(&f, what);
         ddo__session_codec_test_piece_cap(0);
-        T_CHECK_MSG(fx_metric(&f, "codec_stream_fallbacks") == 1, "%s: %g fallbacks", what,
-                    fx_metric(&f, "codec_stream_fallbacks"));
-        T_CHECK_MSG(fx_metric(&f, "bytes_staged_from_sidecar") > 0, "%s", what);
-        char b[600];
-        T_CHECK_MSG(strstr(fx_label(&f, "codec_stream_note", b, sizeof(b)), "hash") != NULL,
-                    "%s: note \"%s\"", what, b);
         fx_destroy(&f);
     }
 }
@@ -200,22 +208,8 @@ static void test_corrupted_stream_reads_raw(void)
         fx f;
         setup(&f, what, false, &raw);
         replan(&f, SMALL_GB, cache); /* plans for the small store, before the sidecar changes */
-        ddo_session_destroy(f.s);
-        f.s = NULL;
-        bool done = false;
-        corrupt_streamed(&f, &done);
-        T_REQUIRE(done);
-        ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
-        so.config = f.cfg;
-        T_REQUIRE(ddo_session_create(f.plan, f.ck, f.dev, &so, &f.s) == 0);
-        fx_two_steps(&f, what);
-        T_CHECK_MSG(fx_metric(&f, "codec_stream_fallbacks") == 1, "%s: %g fallbacks", what,
-                    fx_metric(&f, "codec_stream_fallbacks"));
-        T_CHECK_MSG(fx_metric(&f, "bytes_staged_from_sidecar") > 0, "%s", what);
+        rerun_corrupted(&f, what);
         T_CHECK_MSG(fx_metric(&f, "bytes_staged_from_file") > 0, "%s", what);
-        char b[600];
-        T_CHECK_MSG(strstr(fx_label(&f, "codec_stream_note", b, sizeof(b)), "hash") != NULL,
-                    "%s: note \"%s\"", what, b);
         fx_destroy(&f);
     }
 }
