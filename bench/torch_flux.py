@@ -748,7 +748,50 @@ def run_steps(module, inputs, case, spec, args, deadline, res, handle, cuda):
         res["streamed_bytes_source"] = "the model's bytes (group offload moves all of it)"
     else:
         res["streamed_bytes_per_step"] = 0
+    if args.torch_trace:
+        res["torch_trace"] = trace_one_step(module, inputs, case, args, cuda)
     compare(out, first, case, spec, args, res)
+
+
+def busy_union(spans):
+    """The seconds a set of (start, end) spans (microseconds) covers, overlaps counted once."""
+    total, end = 0.0, None
+    for a, b in sorted(spans):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total / 1e6
+
+
+def trace_one_step(module, inputs, case, args, cuda):
+    """One more step under torch.profiler (after the timed ones): its Chrome trace in the
+    workdir, and where the device's time went: the kernels' summed time, the union of the
+    spans any kernel ran (busy), the copies' union, and the step's wall time. Between two cases
+    the kernels' sum tells slower kernels (the copies contending with them) from a device left
+    waiting (busy below the step: uploads or launches the kernels wait on)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        t = time.perf_counter()
+        forward(module, inputs, args.toy, False)
+        if cuda:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+    path = os.path.join(args.workdir, f"torch_trace_{case}.json")
+    prof.export_chrome_trace(path)
+    kernels, copies = [], []
+    for e in prof.events():
+        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        span = (e.time_range.start, e.time_range.end)
+        (copies if "memcpy" in e.name.lower() else kernels).append(span)
+    return {"path": path, "step_s": wall, "kernels": len(kernels),
+            "kernel_sum_s": sum(b - a for a, b in kernels) / 1e6,
+            "kernel_busy_s": busy_union(kernels), "copy_busy_s": busy_union(copies)}
 
 
 def within_budget(res):
@@ -774,6 +817,8 @@ def case_command(case, args, result_path, deadline_epoch):
         cmd.append("--toy")
     if args.quant != "none":
         cmd += ["--quant", args.quant]
+    if args.torch_trace:
+        cmd.append("--torch-trace")
     return cmd
 
 
@@ -961,6 +1006,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (compile: >= 3)")
     p.add_argument("--device", default="cuda:0", help="execution device (cpu with --toy/--tiny)")
     p.add_argument("--bus-gib", type=float, default=4.0, help="size of the pinned bus copy")
+    p.add_argument("--torch-trace", action="store_true",
+                   help="one more step per case under torch.profiler: its trace in the workdir "
+                        "and the kernels' time against the step's (JSON: torch_trace)")
     p.add_argument("--image-tokens", type=int, default=4096)
     p.add_argument("--text-tokens", type=int, default=512)
     p.add_argument("--tiny", action="store_true", help="tiny Flux configuration (smoke test)")
