@@ -256,7 +256,10 @@ def build_model(args):
         fill_params(model, init_dev)
         info["model"] = "FluxTransformer2DModel"
         info["config"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.items()}
-    if getattr(args, "quant", "none") not in ("none", "gguf_file"):  # fast on the GPU
+    if getattr(args, "quant", "none") == "torchao_fp8":  # the real package, on the init device
+        t2 = time.perf_counter()
+        info["quant"] = dict(torchao_fp8(model), quantize_s=time.perf_counter() - t2)
+    elif getattr(args, "quant", "none") not in ("none", "gguf_file"):  # fast on the GPU
         t2 = time.perf_counter()
         info["quant"] = {"kind": args.quant, "layers": quant_layers().quantize_linears(
             model, args.quant, r"transformer_blocks\.")}
@@ -283,6 +286,24 @@ def stored(t):
     if not hasattr(type(t), "__tensor_flatten__"):
         return [t]
     return [x for name in t.__tensor_flatten__()[0] for x in stored(getattr(t, name))]
+
+
+def torchao_fp8(model):
+    """The blocks' linear layers quantized by TorchAO itself (quantize_ with
+    Float8WeightOnlyConfig: its Float8Tensor, float8 qdata and a per-row scale, a wrapper
+    subclass ddo streams by its inner tensors)."""
+    import re
+    import torch
+    import torchao
+    from torchao.quantization import Float8WeightOnlyConfig, quantize_
+    pat = re.compile(r"transformer_blocks\.")
+    names = [n for n, m in model.named_modules()
+             if isinstance(m, torch.nn.Linear) and pat.search(n)]
+    quantize_(model, Float8WeightOnlyConfig(),
+              filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear) and pat.search(fqn))
+    kinds = sorted({type(m.weight).__name__ for n, m in model.named_modules() if n in names})
+    return {"kind": "torchao_fp8", "torchao": getattr(torchao, "__version__", "unknown"),
+            "layers": len(names), "weight_types": kinds}
 
 
 def sibling(name):
@@ -1013,13 +1034,15 @@ def parse_args(argv=None):
     p.add_argument("--text-tokens", type=int, default=512)
     p.add_argument("--tiny", action="store_true", help="tiny Flux configuration (smoke test)")
     p.add_argument("--toy", action="store_true", help="built-in Flux-like module, no Diffusers")
-    p.add_argument("--quant", choices=("none", "q8_0", "q4_k", "fp8", "fp8_wrapper", "gguf_file"),
+    p.add_argument("--quant", choices=("none", "q8_0", "q4_k", "fp8", "fp8_wrapper", "gguf_file",
+                                       "torchao_fp8"),
                    default="none",
                    help="the blocks' linear layers as quantized stand-ins (bench/quant_layers.py: "
                         "GGUF-style Q8_0 or Q4_K, ComfyUI-style scaled FP8, or a TorchAO-style "
                         "float8 wrapper subclass), streamed as stored; gguf_file: the real "
                         "packages, a Q8_0 GGUF file written by gguf's writer and loaded by "
-                        "Diffusers' from_single_file (bench/gguf_real.py)")
+                        "Diffusers' from_single_file (bench/gguf_real.py); torchao_fp8: the "
+                        "blocks' linears by TorchAO's own quantize_(Float8WeightOnlyConfig())")
     p.add_argument("--deadline-s", type=float, default=510.0,
                    help="driver: global deadline for all cases (default 8.5 min)")
     p.add_argument("--case-timeout-s", type=float, default=300.0, help="driver: one case's limit")
