@@ -86,4 +86,6 @@ def test_make_room(tmp_path):
     d = bench.make_room(args, path, 1 << 62)
     assert d["removed"] == ["qwen-1.safetensors.part", "wan-1.safetensors"]
     assert sorted(os.listdir(tmp_path)) == ["mine.safetensors", "notes.txt"]
-    assert d["free_bytes_after"] >= d["free_bytes"]
+    # recorded, not compared: other processes writing to the same disk (CTest runs tests in
+    # parallel) move the free space by more than the two bytes removed here
+    assert isinstance(d["free_bytes_after"], int) and d["free_bytes_after"] > 0
