@@ -192,6 +192,13 @@ def e4m3_encode(w):
     return out.reshape(w.shape)
 
 
+def fp8_codes(x):
+    """x's E4M3 codes as float8_e4m3fn (as uint8 bytes on a torch without float8)."""
+    code = e4m3_encode(x)
+    fp8 = getattr(torch, "float8_e4m3fn", None)
+    return code.view(fp8) if fp8 is not None else code
+
+
 class FP8Linear(nn.Module):
     """STAND-IN for a ComfyUI scaled-FP8 linear (see the module docstring)."""
 
@@ -202,10 +209,7 @@ class FP8Linear(nn.Module):
         with torch.no_grad():
             w = lin.weight.float()
             scale = (w.abs().max() / 448).clamp_min(1e-12)
-            code = e4m3_encode(w / scale)
-            fp8 = getattr(torch, "float8_e4m3fn", None)
-            self.weight = nn.Parameter(code.view(fp8) if fp8 is not None else code,
-                                       requires_grad=False)
+            self.weight = nn.Parameter(fp8_codes(w / scale), requires_grad=False)
             self.weight_scale = nn.Parameter(scale.reshape(1), requires_grad=False)
             self.bias = None if lin.bias is None else nn.Parameter(
                 lin.bias.detach().to(compute_dtype), requires_grad=False)
@@ -293,9 +297,7 @@ class Float8WrapperLinear(nn.Module):
         with torch.no_grad():
             w = lin.weight.float()
             scale = (w.abs().amax(dim=1) / 448).clamp_min(1e-12)
-            code = e4m3_encode(w / scale[:, None])
-            fp8 = getattr(torch, "float8_e4m3fn", None)
-            qdata = code.view(fp8) if fp8 is not None else code
+            qdata = fp8_codes(w / scale[:, None])
             self.weight = nn.Parameter(Float8WeightOnlyTensor(qdata, scale, compute_dtype),
                                        requires_grad=False)
             self.bias = None if lin.bias is None else nn.Parameter(

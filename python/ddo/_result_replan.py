@@ -125,20 +125,20 @@ class Replan(Lifecycle):
     def replanned(self) -> bool:
         """True once the result was planned again with the reserve measured on the first
         forward (activation_replan says why or why not)."""
-        return bool(self._replan["replanned"])
+        return bool(self._replan["state"] == "replanned")
 
     @property
     def activation_replan(self) -> Dict[str, Any]:
         """The activation reserve: state (measuring, due, replanned, kept, off), the plan's
         estimated reserve, the measured need, the reserve planned with, the margin, the
         threshold (bytes) and a note."""
-        return dict(self._replan)
+        return dict(self._replan, replanned=self.replanned)
 
     def _arm_replan(self) -> None:
         """After the first setup: whether the first forward is measured."""
         info = self._plan_info  # (the plan's typed facts)
         est = int(info.activation_reserve_bytes)
-        self._replan = {"state": "off", "replanned": False,
+        self._replan = {"state": "off",
                         "estimated_bytes": est if info.activation_reserve_estimated else None,
                         "measured_bytes": None, "reserve_bytes": None, "margin_bytes": None,
                         "threshold_bytes": THRESHOLD, "note": ""}
@@ -228,7 +228,7 @@ class Replan(Lifecycle):
                               f"again)"
                 self._rebuild(last=True)
                 return
-            rp["state"], rp["replanned"] = "replanned", True
+            rp["state"] = "replanned"
             rp["note"] = rp["note"].replace("a re-plan is due", "re-planned")
             rp["plan_before"] = {k: before["budgets"]["device_weights"][k]
                                  for k in ("limit", "limit_source", "resident_bytes")}

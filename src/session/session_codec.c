@@ -616,6 +616,27 @@ static int read_stream(ddo_session *s, const ddo__upload *up, ddo__window *w, co
     return 0;
 }
 
+/* The batch's area is filled up to here: its event, recorded on the copy stream after the
+ * stream's upload (the decoder waits on it). */
+static int mark_filled(ddo_session *s, const ddo__upload *up, ddo__errbuf *eb)
+{
+    int rc = ddo__dev_event_record(s->dev, s->codec->filled[s->codec->batch.area], s->copy_stream);
+    if (rc != 0)
+        return ddo__session_fail_ctx(eb, rc, "tensor \"%s\": upload of its coded stream",
+                                     ddo__session_tensor_name(s, up->tensor));
+    return 0;
+}
+
+/* A coded stream uploaded at `at` of the decode area: counted, and one more of the batch. */
+static void coded_placed(ddo_session *s, const ddo__transport *t, const ddo__upload *up,
+                         const ddo__codec_plan *cp, uint64_t at)
+{
+    ddo__metrics_add(&s->metrics, t->metric, (double)cp->coded_bytes);
+    ddo__metrics_add(&s->metrics, DDO_M_copy_bytes, (double)cp->coded_bytes);
+    ddo__metrics_add(&s->metrics, DDO_M_copies, 1);
+    batch_add(s, up, cp, at);
+}
+
 /* One piece of a stream longer than a window (coded_pieces): read at *pos into a window,
  * checked by r and copied to at + *pos in the decode area; *bad (why) when it must go raw. */
 static int stream_piece(ddo_session *s, const ddo__upload *up, ddo__codec_reader *r, uint64_t at,
@@ -695,15 +716,10 @@ static int coded_pieces(ddo_session *s, const ddo__transport *t, const ddo__uplo
         return ddo__transport_staged(s, &ddo__transport_file, up, eb);
     }
     const ddo__codec_plan *cp = keep_plan(c, up->tensor, plan);
-    rc = ddo__dev_event_record(s->dev, c->filled[c->batch.area], s->copy_stream);
-    if (rc != 0)
-        return ddo__session_fail_ctx(eb, rc, "tensor \"%s\": upload of its coded stream",
-                                     ddo__session_tensor_name(s, up->tensor));
-    ddo__metrics_add(&s->metrics, t->metric, (double)cp->coded_bytes);
-    ddo__metrics_add(&s->metrics, DDO_M_copy_bytes, (double)cp->coded_bytes);
-    ddo__metrics_add(&s->metrics, DDO_M_copies, 1);
-    batch_add(s, up, cp, at);
-    return 0;
+    rc = mark_filled(s, up, eb);
+    if (rc == 0)
+        coded_placed(s, t, up, cp, at);
+    return rc;
 }
 
 int ddo__transport_coded_file(ddo_session *s, const ddo__transport *t, const ddo__upload *up,
@@ -728,12 +744,9 @@ int ddo__transport_coded_file(ddo_session *s, const ddo__transport *t, const ddo
         rc = batch_place(s, up->tensor, ddo__round_up(cp->coded_bytes, AREA_ALIGN), &at, eb);
     if (rc == 0 && !raw) {
         rc = ddo__dev_copy_h2d(s->dev, at, data, (size_t)cp->coded_bytes, s->copy_stream);
-        if (rc == 0)
-            rc = ddo__dev_event_record(s->dev, s->codec->filled[s->codec->batch.area],
-                                       s->copy_stream);
-        if (rc != 0)
-            rc = ddo__session_fail_ctx(eb, rc, "tensor \"%s\": upload of its coded stream",
-                                       ddo__session_tensor_name(s, up->tensor));
+        rc = rc == 0 ? mark_filled(s, up, eb)
+                     : ddo__session_fail_ctx(eb, rc, "tensor \"%s\": upload of its coded stream",
+                                             ddo__session_tensor_name(s, up->tensor));
     }
     int prc = ddo__window_put(s, &w, eb); /* released after its copy (the ring's event) */
     rc = rc != 0 ? rc : prc;
@@ -741,10 +754,7 @@ int ddo__transport_coded_file(ddo_session *s, const ddo__transport *t, const ddo
         return rc;
     if (raw) /* the checkpoint's raw bytes instead: never wrong weights */
         return ddo__transport_staged(s, &ddo__transport_file, up, eb);
-    ddo__metrics_add(&s->metrics, t->metric, (double)cp->coded_bytes);
-    ddo__metrics_add(&s->metrics, DDO_M_copy_bytes, (double)cp->coded_bytes);
-    ddo__metrics_add(&s->metrics, DDO_M_copies, 1);
-    batch_add(s, up, cp, at);
+    coded_placed(s, t, up, cp, at);
     return 0;
 }
 

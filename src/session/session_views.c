@@ -394,8 +394,9 @@ int ddo_session_tensor_dlpack(ddo_session *s, size_t tensor, unsigned flags, voi
     return 0;
 }
 
-/* The device range of unit's streamed tensors: its start (offset 0 of the unit) and the end of
- * its last tensor with bytes. */
+/* The device range of unit's streamed tensors: its start (offset 0 of the unit, from the
+ * address of its first streamed tensor: the others lie at their offsets from it) and the end
+ * of its last tensor with bytes. */
 static int unit_range(ddo_session *s, size_t unit, const char *fn, uint64_t *start, uint64_t *bytes)
 {
     size_t count = 0;
@@ -407,12 +408,13 @@ static int unit_range(ddo_session *s, size_t unit, const char *fn, uint64_t *sta
         if (ddo_plan_tensor_location(s->plan, tensors[i], &loc) != 0 ||
             loc.placement != DDO_PLACEMENT_STREAMED || loc.nbytes == 0)
             continue;
-        uint64_t a = 0;
-        int rc = address_of(s, tensors[i], false, fn, &a);
-        if (rc != 0)
-            return rc;
-        if (!any)
+        if (!any) {
+            uint64_t a = 0;
+            int rc = address_of(s, tensors[i], false, fn, &a);
+            if (rc != 0)
+                return rc;
             *start = a - loc.offset;
+        }
         any = true;
         end = loc.offset + loc.nbytes > end ? loc.offset + loc.nbytes : end;
     }

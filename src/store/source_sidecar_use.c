@@ -436,18 +436,11 @@ int ddo__source_read_coded(ddo__source *src, size_t tensor, void *dst, size_t ds
                          "coded read: tensor `%s`: its stream (%llu bytes) does not fit the "
                          "window (%zu bytes)",
                          ti->name, (unsigned long long)len, dst_cap);
-    /* The sidecar is named from the checkpoint's identity: a changed checkpoint is refused
-     * before and after, as in ddo__source_read_file. */
-    if (ddo__checkpoint_check_file(src->ck, ti->file_index) != 0)
-        return ddo__fail_from_last(eb, DDO_E_FILE_CHANGED);
-    int rc = ddo__os_pread_full(s->fd, dst, (size_t)len, e->stream->coded_off);
-    ddo__os_drop_cached(s->fd, e->stream->coded_off, len); /* no second copy in the cache */
+    uint64_t hash = 0;
+    int rc = ddo__source_read_stream(src, tensor, 0, (size_t)len, dst, &hash, eb);
     if (rc != 0)
-        return ddo__fail(eb, DDO_E_IO, "sidecar %s: tensor `%s`: read of %llu bytes: %s", s->path,
-                         ti->name, (unsigned long long)len, ddo__os_file_strerror(rc));
-    if (ddo__checkpoint_check_file(src->ck, ti->file_index) != 0)
-        return ddo__fail_from_last(eb, DDO_E_FILE_CHANGED);
-    if (ddo__sidecar_hash(dst, len, 0) != e->stream->hash)
+        return rc;
+    if (hash != e->stream->hash)
         return ddo__fail(eb, DDO_E_FORMAT, "sidecar %s: tensor `%s`: stream hash differs", s->path,
                          ti->name);
     rc = ddo__codec_plan_create(dst, len, ti->name, plan, eb);
@@ -472,6 +465,8 @@ int ddo__source_read_stream(ddo__source *src, size_t tensor, uint64_t pos, size_
         return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
                          "coded read: tensor `%s`: bytes %llu+%zu outside its stream of %llu",
                          ti->name, (unsigned long long)pos, len, (unsigned long long)total);
+    /* The sidecar is named from the checkpoint's identity: a changed checkpoint is refused
+     * before and after, as in ddo__source_read_file. */
     if (ddo__checkpoint_check_file(src->ck, ti->file_index) != 0)
         return ddo__fail_from_last(eb, DDO_E_FILE_CHANGED);
     int rc = ddo__os_pread_full(s->fd, dst, len, e->stream->coded_off + pos);
