@@ -11,13 +11,20 @@ random bf16 weights, 22.17 GiB; bench/torch_flux.py builds it) on two or more GP
   split  each GPU's weight intake when it copies 1/N of the model's bytes from pinned host
          memory and NCCL's all-gather completes them (ddo_device_measure_split; read back and
          compared on every GPU), against one link's measured rate (target >= 1.6 x on x2,
-         >= 3 x on x4). The session has no split transport yet: no step is measured for split.
+         >= 3 x on x4). The intake without a session.
+  share  the split as the binding runs it: one process per GPU (torch.distributed over NCCL;
+         gloo with --cpu), each running enable_offload(model, device_mode="split") zero
+         resident on its own GPU: each uploads its share of every streamed unit over its own
+         link and the group's all-gather completes the unit. Per rank: the median step against
+         max(resident step, host bytes per step / its link's measured rate), the weight intake
+         (streamed bytes per step / step) against that link, bit-identity to its resident run.
 
   GPU:   PYTHONPATH=.devbench/src:python DDO_LIBRARY=<build>/libddo.so \\
-         python3 bench/multi_gpu.py --out $OUT/multi_gpu.json          (--cases donor,split)
+         python3 bench/multi_gpu.py --out $OUT/multi_gpu.json    (--cases donor,split,share)
   Smoke: python3 bench/multi_gpu.py --toy --cpu      (cpu:0/cpu:1 emulate the set; no Diffusers)
 
-Everything runs in this one process (donor first, then split), within --deadline-s.
+Donor and split run in this one process; share starts one process per GPU (this script with
+--share-rank) and collects their results.
 """
 
 import argparse
@@ -189,9 +196,100 @@ def split_case(tf, args, devs):
     return res
 
 
+def share_case(tf, args, devs):
+    """Share mode: this script once per device (--share-rank), their results collected."""
+    import subprocess
+    import tempfile
+    n = len(devs)
+    res = {"case": "share", "devices": devs, "ranks": []}
+    passed = [f"--steps={args.steps}", f"--warmup={args.warmup}", f"--link-gib={args.link_gib}",
+              f"--image-tokens={args.image_tokens}", f"--text-tokens={args.text_tokens}",
+              f"--toy-dim={args.toy_dim}"]
+    passed += [f for f, on in (("--tiny", args.tiny), ("--toy", args.toy), ("--cpu", args.cpu))
+               if on]
+    env = dict(os.environ, NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE", "0"),
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # ddo as imported here
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--share-rank",
+                                   str(r), "--share-world", str(n), "--share-dir", tmp] + passed,
+                                  env=env) for r in range(n)]
+        rcs = [p.wait() for p in procs]
+        for r in range(n):
+            path = os.path.join(tmp, f"rank{r}.json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    res["ranks"].append(json.load(f))
+    if any(rcs) or len(res["ranks"]) < n:
+        res["error"] = f"rank exit codes {rcs}; {len(res['ranks'])} of {n} results"
+        return res
+    ranks = res["ranks"]
+    res["bit_identical"] = all(r["bit_identical"] for r in ranks)
+    res["ratio_max"] = max(r["ratio"] for r in ranks)
+    res["intake_ratio_min"] = min(r["intake_ratio"] for r in ranks)
+    res["same_gathers"] = len({r["gathers"] for r in ranks}) == 1
+    res["target_intake_ratio"] = TARGET_SPLIT.get(n)
+    return res
+
+
+def share_rank(args):
+    """One rank of the share case (a process of its own): resident step, then share mode."""
+    import torch
+    import torch.distributed as dist
+    import ddo
+    r, n, cuda = args.share_rank, args.share_world, not args.cpu
+    dev = f"cuda:{r}" if cuda else "cpu"
+    if cuda:
+        torch.cuda.set_device(r)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=r, world_size=n,
+                            init_method="file://" + os.path.join(args.share_dir, "store"))
+    res = {"rank": r, "device": dev}
+    res["one_link_bytes_per_s"] = one_link(dev, int(args.link_gib * GIB))
+    tf = torch_flux()
+    model, _info = tf.build_model(args)
+    inputs = tf.make_inputs(args, dev)
+    resident = model.to(dev) if cuda else model
+    ref, times = timed_steps(tf, resident, inputs, args, cuda)
+    res["resident_median_step_s"] = statistics.median(times)
+    ref = ref.detach().to("cpu")
+    model = resident.to("cpu")
+    del resident
+    if cuda:
+        torch.cuda.empty_cache()
+    opts = dict(DONOR_OPTIONS, pin_cpu_memory=True)
+    res["options"] = opts
+    off = ddo.enable_offload(model, backend="vmm", device_mode="split", execution_device=dev,
+                             **opts)
+    try:
+        snap0 = off.metrics_snapshot(collect_completed=True).as_dict()["devices"]
+        out, times = timed_steps(tf, off.module, inputs, args, cuda)
+        snap1 = off.metrics_snapshot(collect_completed=True).as_dict()["devices"]
+        steps = args.warmup + args.steps  # snap0 is taken before the warm-up
+        host = snap1["bytes_share_uploaded"] - snap0["bytes_share_uploaded"]
+        left = snap1["bytes_share_left"] - snap0["bytes_share_left"]
+        res["route"] = off.plan["route"]
+        res["median_step_s"] = statistics.median(times)
+        res["step_times_s"] = times
+        res["host_bytes_per_step"] = host / steps
+        res["streamed_bytes_per_step"] = (host + left) / steps
+        res["bound_s"] = max(res["resident_median_step_s"],
+                             res["host_bytes_per_step"] / res["one_link_bytes_per_s"])
+        res["ratio"] = res["median_step_s"] / res["bound_s"]
+        res["intake_bytes_per_s"] = res["streamed_bytes_per_step"] / res["median_step_s"]
+        res["intake_ratio"] = res["intake_bytes_per_s"] / res["one_link_bytes_per_s"]
+        res["gathers"] = off._share.gathers if off._share is not None else 0
+        res["plan_replaced"] = off._share.plan_replaced if off._share is not None else None
+        res["bit_identical"] = bool(torch.equal(out.detach().to("cpu"), ref))
+    finally:
+        off.close()
+        dist.destroy_process_group()
+    with open(os.path.join(args.share_dir, f"rank{r}.json"), "w") as f:
+        json.dump(res, f, default=str)
+    return 0
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Donor and split device sets (issue 30)")
-    p.add_argument("--cases", default="donor,split")
+    p.add_argument("--cases", default="donor,split,share")
     p.add_argument("--out", default=None, help="JSON results file")
     p.add_argument("--gpus", type=int, default=0, help="GPUs of the split case (0: all)")
     p.add_argument("--steps", type=int, default=6)
@@ -203,11 +301,17 @@ def parse_args(argv=None):
     p.add_argument("--tiny", action="store_true", help="tiny Flux configuration")
     p.add_argument("--toy", action="store_true", help="built-in Flux-like module, no Diffusers")
     p.add_argument("--cpu", action="store_true", help="cpu:0, cpu:1 emulate the set (smoke)")
+    p.add_argument("--toy-dim", type=int, default=64, help="the toy module's width")
+    p.add_argument("--share-rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--share-world", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--share-dir", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.share_rank is not None:
+        return share_rank(args)
     tf = torch_flux()
     if args.cpu:
         n = max(2, args.gpus)
@@ -226,8 +330,8 @@ def main(argv=None):
     for case in args.cases.split(","):
         log(f"case {case} on {devs}")
         try:
-            results[case] = donor_case(tf, args, devs) if case == "donor" else \
-                split_case(tf, args, devs)
+            case_fn = {"donor": donor_case, "split": split_case, "share": share_case}[case]
+            results[case] = case_fn(tf, args, devs)
         except Exception as e:  # the other case still runs; the error is recorded
             results[case] = {"case": case, "error": f"{type(e).__name__}: {e}"}
         log(json.dumps({k: v for k, v in results[case].items()

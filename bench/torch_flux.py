@@ -185,7 +185,7 @@ def fill_params(model, device):
                 b.normal_(0.0, 0.02, generator=g)
 
 
-def build_toy(torch):
+def build_toy(torch, d=64):
     nn = torch.nn
 
     class Block(nn.Module):
@@ -217,7 +217,7 @@ def build_toy(torch):
                 x = b(x)
             return (self.proj_out(x),)
 
-    return Toy()
+    return Toy(d)
 
 
 def build_model(args):
@@ -227,7 +227,7 @@ def build_model(args):
     t0 = time.perf_counter()
     init_dev = "cuda" if torch.cuda.is_available() else "cpu"
     if args.toy:
-        model = build_toy(torch).to(torch.bfloat16)
+        model = build_toy(torch, getattr(args, "toy_dim", 64)).to(torch.bfloat16)
         fill_params(model, "cpu")
         info["model"] = "toy"
     elif getattr(args, "quant", "none") == "gguf_file":

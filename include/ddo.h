@@ -929,6 +929,19 @@ typedef struct ddo_session_options {
      * other. */
     ddo_device *const *split_devices;
     size_t split_device_count;
+    /* Share mode (docs/multi-gpu.md, "One process per device"): this session is rank
+     * share_rank of share_count sessions, one per process and device, that run the same plan
+     * (one rank's, given to the others by ddo_plan_from_json) and whose host completes every
+     * streamed unit with its own all-gather (torch.distributed over NCCL, say). Of a streamed
+     * unit with a share (ddo_session_unit_share), the session uploads from host memory only
+     * bytes [share_rank x share, (share_rank + 1) x share) of the unit's view
+     * (ddo_session_unit_dlpack) and the tail past share_count shares; a tensor without host
+     * bytes (re-read from the file) is uploaded whole. After each acquire of such a unit, and
+     * before reading it, the host all-gathers the view's first share_count x share bytes in
+     * place, rank r contributing bytes [r x share, (r + 1) x share). share_count 0 or 1: whole
+     * units. Refused with a donor or split plan, on vmm_runtime and with weight_codec. */
+    size_t share_rank;
+    size_t share_count;
 } ddo_session_options;
 #define DDO_SESSION_OPTIONS_INIT DDO_STRUCT_INIT(ddo_session_options)
 
@@ -1075,6 +1088,15 @@ DDO_API int ddo_session_unit_dlpack(ddo_session *s, size_t unit, void **managed)
  * not its resident ones),
  * in one call: a binding that dropped its own views learns whether one escaped the lease. */
 DDO_API size_t ddo_session_unit_view_count(const ddo_session *s, size_t unit);
+/*
+ * Share mode (ddo_session_options.share_count > 1): *share_bytes is each rank's share of unit,
+ * the bytes from the start of its view (ddo_session_unit_dlpack) that the host all-gathers after
+ * each acquire (share_count shares, rank r's at r x *share_bytes); the same on every rank of the
+ * same plan. 0: the unit is uploaded whole and there is nothing to gather (not in share mode, a
+ * resident unit, or one under share_count x 64 KiB). Errors: DDO_E_INVALID_ARGUMENT (NULL
+ * argument, unit out of range).
+ */
+DDO_API int ddo_session_unit_share(const ddo_session *s, size_t unit, uint64_t *share_bytes);
 /* Declares the execution order (unit indices); otherwise learned on the first pass. With no
  * unit leased, the order's first `execution slots` streamed units start loading at once (as
  * after ddo_session_reload). Errors: DDO_E_INVALID_ARGUMENT (NULL or empty, more units than

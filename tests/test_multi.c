@@ -6,7 +6,9 @@
  * bytes, stable addresses and device budgets of a single-device session, and its failures;
  * split mode: one session over three cpu devices, every device's bytes equal to the host's
  * after each acquire, the same copies on every rank, budgets per device, unload/reload and a
- * failing all-gather or upload on one rank.
+ * failing all-gather or upload on one rank; share mode: two sessions of one plan, one per
+ * device (as one process per GPU runs them), each uploading its share of a unit, completed by
+ * the host's all-gather (emulated here by copies between the devices).
  *
  * ctest-labels: unit backend threads
  */
@@ -603,6 +605,173 @@ static void test_split_failures(void)
     fx_destroy(&f);
 }
 
+/* ---- share mode: one session per device, the host's all-gather ---- */
+
+#define SHARE_N 2
+
+/* The device address of unit's view in session s (leased; cpu device: host memory). */
+static unsigned char *share_view(fx *f, ddo_session *s, size_t unit)
+{
+    size_t n = 0;
+    const size_t *ts = ddo_plan_unit_tensors(f->plan, unit, &n);
+    for (size_t k = 0; k < n; k++) {
+        ddo_tensor_location loc;
+        void *p = NULL;
+        if (ddo_plan_tensor_location(f->plan, ts[k], &loc) == 0 &&
+            loc.placement == DDO_PLACEMENT_STREAMED && loc.nbytes > 0 &&
+            ddo_session_tensor_address(s, ts[k], &p) == 0)
+            return (unsigned char *)p - loc.offset;
+    }
+    return NULL;
+}
+
+/* Every streamed tensor of unit in s against the host's bytes: the count that differ. */
+static int share_differs(fx *f, ddo_session *s, size_t unit)
+{
+    int bad = 0;
+    for (size_t i = 0; i < f->nt; i++) {
+        size_t t = fx_tensor(f, f->names[i]);
+        ddo_tensor_location loc;
+        void *p = NULL;
+        if (ddo_plan_tensor_location(f->plan, t, &loc) != 0 ||
+            loc.placement != DDO_PLACEMENT_STREAMED || loc.unit != unit)
+            continue;
+        bad +=
+            ddo_session_tensor_address(s, t, &p) != 0 || memcmp(p, f->bytes[i], f->sizes[i]) != 0;
+    }
+    return bad;
+}
+
+/* Two sessions of f's plan on two cpu devices, ranks 0 and 1 of share mode (mode, from the
+ * file or retained memory): after each acquire the host's all-gather (here: each rank's share
+ * copied into the other's view) completes every unit on both; each rank took in about half of
+ * the streamed bytes from host memory (all of them from the file). */
+static void share_on(const char *mode, bool file)
+{
+    fx_opts o = base;
+    o.mode = mode;
+    o.file = file;
+    o.cols = 2048; /* 512 KiB per weight: shares cross the tensors, with a tail */
+    fx f;
+    T_REQUIRE(fx_create(&f, &o) == 0);
+    ddo_device *devs[SHARE_N] = { f.dev, cpu_dev("cpu:1", DDO_GIB, 0) };
+    ddo_stream *streams[SHARE_N] = { f.stream, NULL };
+    ddo_session *ss[SHARE_N] = { NULL, NULL };
+    T_REQUIRE(devs[1] != NULL && ddo_stream_create(devs[1], &streams[1]) == 0);
+    uint64_t before[SHARE_N], ops = 0, gathers = 0;
+    for (size_t r = 0; r < SHARE_N; r++) {
+        ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
+        so.config = f.cfg;
+        so.share_rank = r;
+        so.share_count = SHARE_N;
+        T_REQUIRE(ddo_session_create(f.plan, f.ck, devs[r], &so, &ss[r]) == 0);
+        T_REQUIRE(ddo_session_synchronize(ss[r]) == 0);
+        before[r] = h2d_bytes(devs[r], &ops, &gathers);
+    }
+    for (int step = 0; step < 2; step++)
+        for (int b = 0; b < f.o.blocks; b++) {
+            size_t u = fx_unit(&f, b);
+            uint64_t share[SHARE_N] = { 0, 0 };
+            unsigned char *view[SHARE_N];
+            for (size_t r = 0; r < SHARE_N; r++) {
+                int arc = ddo_session_acquire(ss[r], u, streams[r]);
+                if (arc != 0)
+                    fprintf(stderr, "  rank %zu: %s\n", r, ddo_session_error(ss[r]));
+                T_REQUIRE(arc == 0);
+                T_REQUIRE(ddo_stream_synchronize(streams[r]) == 0);
+                T_REQUIRE(ddo_session_unit_share(ss[r], u, &share[r]) == 0);
+                view[r] = share_view(&f, ss[r], u);
+                T_REQUIRE(view[r] != NULL);
+            }
+            T_EQ_U64(share[0], share[1]); /* one plan: one share on every rank */
+            T_CHECK(share[0] >= 64 * 1024 && share[0] % 4096 == 0);
+            for (size_t r = 0; r < SHARE_N; r++) /* the all-gather */
+                memcpy(view[1 - r] + r * share[0], view[r] + r * share[0], share[0]);
+            for (size_t r = 0; r < SHARE_N; r++) {
+                T_EQ_INT(share_differs(&f, ss[r], u), 0);
+                T_REQUIRE(ddo_session_release(ss[r], u, streams[r]) == 0);
+            }
+        }
+    double streamed = 0;
+    for (size_t r = 0; r < SHARE_N; r++) {
+        T_REQUIRE(ddo_session_synchronize(ss[r]) == 0);
+        ddo_metrics *m = NULL;
+        T_REQUIRE(ddo_session_metrics(ss[r], true, &m) == 0);
+        double up = 0, left = 0, count = 0;
+        T_REQUIRE(ddo_metrics_get(m, "bytes_share_uploaded", &up) == 0);
+        T_REQUIRE(ddo_metrics_get(m, "bytes_share_left", &left) == 0);
+        T_REQUIRE(ddo_metrics_get(m, "share_count", &count) == 0);
+        ddo_metrics_destroy(m);
+        T_NEAR(count, SHARE_N, 0);
+        uint64_t h2d = h2d_bytes(devs[r], &ops, &gathers) - before[r];
+        if (file) { /* nothing of the file's bytes is shared: whole on each rank */
+            T_NEAR(up + left, 0, 0);
+            T_CHECK(h2d > 0);
+        } else { /* about half of what streamed, from host memory */
+            streamed = up + left;
+            T_CHECK(up > 0 && left > 0);
+            T_NEAR((double)h2d, up, 0);
+            T_CHECK(up < streamed / SHARE_N + 4096.0 * SHARE_N * 2 * f.o.blocks);
+        }
+    }
+    for (size_t r = 0; r < SHARE_N; r++)
+        ddo_session_destroy(ss[r]);
+    ddo_stream_destroy(streams[1]);
+    ddo_device_destroy(devs[1]);
+    fx_destroy(&f);
+}
+
+static void test_share_linear(void)
+{
+    share_on("linear_runtime", false);
+}
+
+static void test_share_vmm_fast(void)
+{
+    share_on("vmm_fast_runtime", false);
+}
+
+static void test_share_vmm_fast_file(void)
+{
+    share_on("vmm_fast_runtime", true);
+}
+
+/* What share mode refuses; a session outside it has no shares. */
+static void test_share_failures(void)
+{
+    fx_opts o = base;
+    o.mode = "vmm_runtime";
+    o.cols = 2048;
+    fx f;
+    T_REQUIRE(fx_create(&f, &o) == 0);
+    ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
+    so.config = f.cfg;
+    so.share_count = SHARE_N;
+    so.share_rank = SHARE_N;
+    T_EQ_INT(ddo_session_create(f.plan, f.ck, f.dev, &so, &f.s), DDO_E_INVALID_ARGUMENT);
+    T_CONTAINS(ddo_last_error(), "share_rank 2 out of range");
+    so.share_rank = 1;
+    T_EQ_INT(ddo_session_create(f.plan, f.ck, f.dev, &so, &f.s), DDO_E_UNSUPPORTED);
+    T_CONTAINS(ddo_last_error(), "share mode runs on linear_runtime and vmm_fast_runtime");
+    fx_set(&f, "execution_mode", "linear_runtime");
+    fx_set(&f, "device_mode", "split");
+    T_REQUIRE(replan(&f, "cpu:0,cpu:1", NULL, 0) == 0);
+    T_EQ_INT(ddo_session_create(f.plan, f.ck, f.dev, &so, &f.s), DDO_E_INVALID_ARGUMENT);
+    T_CHECK(f.s == NULL);
+    fx_set(&f, "devices", "");
+    T_REQUIRE(replan(&f, "", NULL, 0) == 0);
+    T_REQUIRE(ddo_session_create(f.plan, f.ck, f.dev, NULL, &f.s) == 0);
+    uint64_t share = 1;
+    size_t u = fx_unit(&f, 0);
+    T_REQUIRE(ddo_session_unit_share(f.s, u, &share) == 0);
+    T_EQ_U64(share, 0); /* not in share mode */
+    T_EQ_INT(ddo_session_unit_share(f.s, ddo_plan_unit_count(f.plan), &share),
+             DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo_session_unit_share(f.s, u, NULL), DDO_E_INVALID_ARGUMENT);
+    T_EQ_INT(ddo_session_unit_share(NULL, u, &share), DDO_E_INVALID_ARGUMENT);
+    fx_destroy(&f);
+}
+
 int main(void)
 {
     T_RUN(test_cpu_instances);
@@ -617,5 +786,9 @@ int main(void)
     T_RUN(test_split_vmm_fast_file);
     T_RUN(test_split_prefetch_throttled);
     T_RUN(test_split_failures);
+    T_RUN(test_share_linear);
+    T_RUN(test_share_vmm_fast);
+    T_RUN(test_share_vmm_fast_file);
+    T_RUN(test_share_failures);
     return t_done();
 }

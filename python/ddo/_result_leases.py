@@ -309,12 +309,26 @@ class Leases(Views):
                 self._trace.span(self._trace_pid, _talk.TID_ACQUIRE, self._unit_names[u],
                                  "acquire", t0, time.monotonic_ns())
         self._leases[u] = 1
+        if self._share is not None:
+            self._gather(u)
         if self._observed is not None and u not in self._observed:
             self._observed.append(u)
         self._bind_unit(u)
         if getattr(self, "_lora", None) is not None:
             self._lora.bound(self._unit_tensors[u])  # merged LoRAs replayed on fresh copies
         self._versions[u] = [p._version for p in self._unit_params(u)[0]]
+
+    def _gather(self, u: int) -> None:
+        """Share mode: the group's all-gather completes the unit this rank holds a share of
+        (on every first lease, so every rank issues the same collectives in the same order)."""
+        share = self._unit_shares.get(u)
+        if share is None:
+            n = ctypes.c_uint64(0)
+            _native.check(_native.lib().ddo_session_unit_share(self._session, u, ctypes.byref(n)),
+                          _native.lib().ddo_session_error(self._session))
+            share = self._unit_shares[u] = n.value
+        if share and self._share is not None:
+            self._share.gather(_torch.unit_view(self._session, u), share)
 
     def _release(self, u: int, check: bool = True, whole: bool = False) -> None:
         """One lease of u ends (whole: every one); the last checks the unit's versions."""

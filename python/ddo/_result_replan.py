@@ -94,6 +94,8 @@ class Replan(Lifecycle):
         self._own_methods = []  # (module, name, own) of the methods refused while managed
         self._ck = self._dev = self._plan = self._session = self._setup_h = None
         self._store = None  # donor mode's store device (_devices.py)
+        self._share = None  # share mode's rank (_devices.py)
+        self._unit_shares = {}  # per unit: its share (ddo_session_unit_share), once asked
         self._streams = {}
         self._views = {}
         self._placeholders = {}
@@ -145,6 +147,9 @@ class Replan(Lifecycle):
         why = ""
         if self._cfg.get("activation_replan") != "true":
             why = "activation_replan=False: the first plan stays"
+        elif self._share is not None:
+            why = ("device_mode='split' over torch.distributed: every rank runs rank 0's plan, "
+                   "and a re-plan on one rank would part them, so the first plan stays")
         elif not info.activation_reserve_estimated:
             why = ("the device weights limit was not sized from the device with an estimated "
                    "activation reserve (a budget, yours or a preset's, auto_vram_headroom_gb or "

@@ -78,12 +78,21 @@ class Setup(Hooks):
                       L.ddo_setup_error(self._setup_h))
         self._measured_inputs(inputs)
         self._first_inputs(inputs)
+        self._share = _devices.open_share(self._cfg)  # device_mode='split': share mode
         self._store = _devices.open_store(self._cfg, dev, inputs)  # devices=[...]: donor mode
         plan = ctypes.c_void_p()
         _native.check(L.ddo_setup_plan(self._setup_h, self._ck, self._cfg.h,
                                        ctypes.byref(inputs), ctypes.byref(plan)),
                       L.ddo_setup_error(self._setup_h))
         self._plan = plan
+        if self._share is not None:  # every rank runs rank 0's plan
+            text = self._share.same_plan(self._plan_json())
+            if self._share.plan_replaced:
+                theirs = ctypes.c_void_p()
+                _native.check(L.ddo_plan_from_json(text.encode(), ctypes.byref(theirs)))
+                L.ddo_plan_destroy(plan)
+                self._plan = plan = theirs
+            self._unit_shares = {}
         self.plan = json.loads(self._plan_json())
         if self._before_session is not None:
             self._before_session(self)
@@ -94,6 +103,8 @@ class Setup(Hooks):
         opts.config = self._cfg.h
         if self._store is not None:
             opts.store_device = self._store.h
+        if self._share is not None:
+            opts.share_rank, opts.share_count = self._share.rank, self._share.world
         progress = _talk.Progress(self._label(), self._talk.get("progress"))
         opts.progress = progress.fn
         trace_units: List[str] = []

@@ -202,6 +202,8 @@ class ResultState:
     _plan: Optional[ctypes.c_void_p]
     _session: Optional[ctypes.c_void_p]
     _store: Optional[_devices.StoreDevice]
+    _share: Optional[_devices.Share]
+    _unit_shares: Dict[int, int]
     _streams: Dict[Optional[int], ctypes.c_void_p]
     _plan_info: _lib.PlanInfo
     _names: List[bytes]

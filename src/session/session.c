@@ -472,6 +472,8 @@ static int setup(ddo_session *s)
     rc = ddo__session_store_create(s, s->opts.store_device);
     if (rc == 0)
         rc = ddo__session_split_create(s);
+    if (rc == 0)
+        rc = ddo__session_share_create(s);
     if (rc != 0)
         return rc;
     uint64_t t_codec = ddo__now_ns();

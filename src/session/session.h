@@ -351,6 +351,9 @@ void ddo__session_queue_job(ddo_session *s, const ddo__job *job);
  * file. The loader, without mu. */
 int ddo__session_upload_unit(ddo_session *s, const ddo__job *job, uint64_t dst, uint64_t *ubytes,
                              bool *reread, ddo__errbuf *eb);
+/* The end of unit's streamed bytes in its slot (the largest offset + nbytes of its streamed
+ * tensors; 0: none) and, when first is not NULL and there is one, its first streamed tensor. */
+uint64_t ddo__session_unit_end(const ddo_session *s, size_t unit, size_t *first);
 /* Uploads every resident tensor into the arena (synchronously). */
 int ddo__session_upload_residents(ddo_session *s);
 
@@ -390,6 +393,15 @@ int ddo__session_split_address(const ddo_session *s, size_t device, size_t slot,
  * streamed tensor of job->unit to dst on the session's device and to job->slot on every other
  * device; returns once the other devices' copies are done. */
 int ddo__session_split_upload_unit(ddo_session *s, const ddo__job *job, uint64_t dst,
+                                   uint64_t *ubytes, bool *reread, ddo__errbuf *eb);
+/* Share mode (ddo_session_options.share_count > 1): the options against the plan and route. */
+int ddo__session_share_create(ddo_session *s);
+bool ddo__session_share_used(const ddo_session *s);
+/* Each rank's share of unit (ddo_session_unit_share; 0: uploaded whole). */
+uint64_t ddo__session_share_bytes(const ddo_session *s, size_t unit);
+/* The loader, in share mode instead of ddo__session_upload_unit (same contract): this rank's
+ * share of a unit with one, the whole unit otherwise. */
+int ddo__session_share_upload_unit(ddo_session *s, const ddo__job *job, uint64_t dst,
                                    uint64_t *ubytes, bool *reread, ddo__errbuf *eb);
 /* The split devices' figures into a metrics snapshot. */
 void ddo__session_split_metrics(ddo_session *s, ddo__metrics_acc *m);

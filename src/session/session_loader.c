@@ -179,8 +179,11 @@ static int run_job(ddo_session *s, ddo__job *job, ddo__errbuf *eb)
     uint64_t issue_ns = ddo__now_ns();
     uint64_t ubytes = 0;
     bool reread = false;
-    rc = ddo__session_split_used(s) /* every device of a split set (session_split.c) */
+    /* every device of a split set, or this rank's share (session_split.c) */
+    rc = ddo__session_split_used(s)
              ? ddo__session_split_upload_unit(s, job, dst, &ubytes, &reread, eb)
+         : ddo__session_share_used(s)
+             ? ddo__session_share_upload_unit(s, job, dst, &ubytes, &reread, eb)
              : ddo__session_upload_unit(s, job, dst, &ubytes, &reread, eb);
     if (rc != 0)
         return rc;

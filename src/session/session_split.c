@@ -196,6 +196,8 @@ void ddo__session_split_destroy(ddo_session *s)
 
 void ddo__session_split_metrics(ddo_session *s, ddo__metrics_acc *m)
 {
+    if (ddo__session_share_used(s))
+        ddo__metrics_set(m, DDO_M_share_count, (double)s->opts.share_count);
     if (s->split_n < 2)
         return;
     ddo__metrics_set(m, DDO_M_split_device_bytes, (double)ddo__account_used(&s->split_acc[1]));
@@ -216,39 +218,72 @@ int ddo__session_split_address(const ddo_session *s, size_t device, size_t slot,
     return 0;
 }
 
-/* Rank r's copy of bytes [pos, pos + len) of tensor (at host) to dst + pos, in pieces that never
- * cross a registration segment (see ddo__source_segment_left) nor exceed the copy piece. */
-static int h2d_range(ddo_session *s, size_t r, size_t tensor, const unsigned char *host,
-                     uint64_t dst, uint64_t pos, uint64_t len)
+/* The copy of len bytes of tensor, from byte pos of it, from src to dst on dev's stream, in
+ * pieces that never cross a registration segment (see ddo__source_segment_left) nor exceed the
+ * copy piece. */
+static int h2d_range(ddo_session *s, ddo_device *dev, void *stream, size_t tensor,
+                     const unsigned char *src, uint64_t dst, uint64_t pos, uint64_t len)
 {
-    for (uint64_t end = pos + len; pos < end;) {
-        uint64_t piece = end - pos < DDO__COPY_PIECE_BYTES ? end - pos : DDO__COPY_PIECE_BYTES;
-        uint64_t seg = ddo__source_segment_left(s->source, tensor, pos);
+    for (uint64_t done = 0; done < len;) {
+        uint64_t piece = len - done < DDO__COPY_PIECE_BYTES ? len - done : DDO__COPY_PIECE_BYTES;
+        uint64_t seg = ddo__source_segment_left(s->source, tensor, pos + done);
         if (seg < piece)
             piece = seg;
-        int rc = ddo__dev_copy_h2d(s->split_dev[r], dst + pos, host + pos, (size_t)piece,
-                                   s->split_stream[r]);
+        int rc = ddo__dev_copy_h2d(dev, dst + done, src + done, (size_t)piece, stream);
         if (rc != 0)
             return rc;
-        pos += piece;
+        done += piece;
+    }
+    return 0;
+}
+
+/* The bytes [lo, hi) of tensor (hi clipped to its nbytes) from its host bytes to dst (the
+ * tensor's device address) on dev's stream: from each piece of a host tensor registered in
+ * place (kind registered; ddo__source_host_pieces), else from host. Adds the bytes to *copied. */
+static int h2d_part(ddo_session *s, ddo_device *dev, void *stream, size_t tensor,
+                    ddo__transport_id kind, const unsigned char *host, uint64_t nbytes,
+                    uint64_t dst, uint64_t lo, uint64_t hi, uint64_t *copied)
+{
+    ddo__host_piece pieces[3];
+    size_t np =
+        kind == DDO__TRANSPORT_REGISTERED ? ddo__source_host_pieces(s->source, tensor, pieces) : 0;
+    if (np == 0) {
+        pieces[0] = (ddo__host_piece){ .offset = 0, .len = nbytes, .src = host };
+        np = 1;
+    }
+    hi = hi < nbytes ? hi : nbytes;
+    for (size_t i = 0; i < np; i++) {
+        uint64_t a = pieces[i].offset > lo ? pieces[i].offset : lo;
+        uint64_t b = pieces[i].offset + pieces[i].len < hi ? pieces[i].offset + pieces[i].len : hi;
+        if (a >= b)
+            continue;
+        const unsigned char *src = (const unsigned char *)pieces[i].src + (a - pieces[i].offset);
+        int rc = h2d_range(s, dev, stream, tensor, src, dst + a, a, b - a);
+        if (rc != 0)
+            return rc;
+        ddo__metrics_add(&s->metrics, DDO_M_copies, 1);
+        *copied += b - a;
     }
     return 0;
 }
 
 /* The split upload of tensor's nbytes at host: dst[r] on every rank (see the file's comment). */
-static int split_bytes(ddo_session *s, size_t tensor, const unsigned char *host, uint64_t nbytes,
-                       const uint64_t *dst, ddo__errbuf *eb)
+static int split_bytes(ddo_session *s, size_t tensor, ddo__transport_id kind,
+                       const unsigned char *host, uint64_t nbytes, const uint64_t *dst,
+                       ddo__errbuf *eb)
 {
     size_t n = s->split_n;
     uint64_t share = nbytes / n;
     if (share < SPLIT_MIN_SHARE)
         share = 0; /* whole, by every rank */
-    uint64_t tail = nbytes - share * n;
-    uint64_t send[DDO__SPLIT_MAX];
+    uint64_t send[DDO__SPLIT_MAX], copied = 0;
     for (size_t r = 0; r < n; r++) {
-        int rc = h2d_range(s, r, tensor, host, dst[r], r * share, share);
+        ddo_device *d = s->split_dev[r];
+        void *st = s->split_stream[r];
+        int rc = h2d_part(s, d, st, tensor, kind, host, nbytes, dst[r], r * share, (r + 1) * share,
+                          &copied);
         if (rc == 0)
-            rc = h2d_range(s, r, tensor, host, dst[r], share * n, tail);
+            rc = h2d_part(s, d, st, tensor, kind, host, nbytes, dst[r], share * n, nbytes, &copied);
         if (rc != 0)
             return ddo__session_fail_ctx(eb, rc, "split device %zu: upload", r);
         send[r] = dst[r] + r * share;
@@ -270,12 +305,11 @@ static int split_tensor(ddo_session *s, size_t slot, size_t tensor, const ddo_te
     ddo__transport_id kind = ddo__transport_for(s, tensor, &host);
     const char *name = ddo__session_tensor_name(s, tensor);
     if (kind == DDO__TRANSPORT_REGISTERED || kind == DDO__TRANSPORT_PAGEABLE) {
-        int rc = split_bytes(s, tensor, host, loc->nbytes, dst, eb);
+        int rc = split_bytes(s, tensor, kind, host, loc->nbytes, dst, eb);
         if (rc != 0)
             return ddo__session_fail_ctx(eb, rc, "tensor \"%s\": split upload", name);
         ddo__metrics_add(&s->metrics, DDO_M_bytes_split_uploaded, (double)loc->nbytes);
         ddo__metrics_add(&s->metrics, DDO_M_copy_bytes, (double)loc->nbytes);
-        ddo__metrics_add(&s->metrics, DDO_M_copies, 1);
         return 0;
     }
     /* Rank 0 by the tensor's own transport, then the others from rank 0. */
@@ -327,4 +361,120 @@ int ddo__session_split_upload_unit(ddo_session *s, const ddo__job *job, uint64_t
     }
     int frc = split_finish(s, rc == 0 ? eb : NULL);
     return rc != 0 ? rc : frc;
+}
+
+/* ---- share mode: one session per process and device, the host's all-gather ---- */
+
+/* A share's alignment: every share starts on it. */
+#define SHARE_ALIGN 4096
+
+bool ddo__session_share_used(const ddo_session *s)
+{
+    return s->opts.share_count > 1;
+}
+
+int ddo__session_share_create(ddo_session *s)
+{
+    size_t n = s->opts.share_count;
+    if (n < 2)
+        return 0;
+    ddo_plan_info info = DDO_PLAN_INFO_INIT;
+    if (ddo_plan_info_get(s->plan, &info) != 0)
+        return ddo__fail_from_last(&s->err, DDO_E_INTERNAL);
+    if (s->opts.share_rank >= n)
+        return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_create: share_rank %zu out of range (share_count %zu)",
+                         s->opts.share_rank, n);
+    if (info.device_mode != DDO_DEVICE_MODE_SINGLE)
+        return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_create: share mode takes a one-device plan (this one has "
+                         "devices %s): each process plans its own device",
+                         info.devices);
+    if (ddo__route_per_weight(s->route) || ddo__session_codec_wanted(s))
+        return ddo__fail(&s->err, DDO_E_UNSUPPORTED,
+                         "ddo_session_create: share mode runs on linear_runtime and "
+                         "vmm_fast_runtime without weight_codec (route %s)",
+                         s->route_name);
+    return 0;
+}
+
+uint64_t ddo__session_share_bytes(const ddo_session *s, size_t unit)
+{
+    size_t n = s->opts.share_count;
+    if (n < 2 || s->units[unit].resident)
+        return 0;
+    uint64_t share = ddo__session_unit_end(s, unit, NULL) / n / SHARE_ALIGN * SHARE_ALIGN;
+    return share < SPLIT_MIN_SHARE ? 0 : share;
+}
+
+int ddo_session_unit_share(const ddo_session *s, size_t unit, uint64_t *share_bytes)
+{
+    if (s == NULL || share_bytes == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_unit_share: session and share_bytes are required");
+    if (unit >= s->unit_count)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_unit_share: unit %zu out of range (the plan has %zu units)",
+                         unit, s->unit_count);
+    *share_bytes = ddo__session_share_bytes(s, unit);
+    return 0;
+}
+
+/* This rank's parts of tensor at loc (its host bytes; the unit at dst): where the tensor covers
+ * them, its share [r x share, (r + 1) x share) of the unit and the tail past count shares. */
+static int share_tensor(ddo_session *s, size_t tensor, ddo__transport_id kind,
+                        const unsigned char *host, const ddo_tensor_location *loc, uint64_t dst,
+                        uint64_t share, uint64_t *copied, ddo__errbuf *eb)
+{
+    uint64_t r = s->opts.share_rank, n = s->opts.share_count, off = loc->offset;
+    const uint64_t parts[2][2] = { { r * share, (r + 1) * share }, { n * share, UINT64_MAX } };
+    for (size_t k = 0; k < 2; k++) { /* the part in the tensor's own bytes */
+        uint64_t lo = parts[k][0] > off ? parts[k][0] - off : 0;
+        uint64_t hi = parts[k][1] > off ? parts[k][1] - off : 0;
+        int rc = lo < hi ? h2d_part(s, s->dev, s->copy_stream, tensor, kind, host, loc->nbytes,
+                                    dst + off, lo, hi, copied)
+                         : 0;
+        if (rc != 0)
+            return ddo__session_fail_ctx(eb, rc, "tensor \"%s\": share upload",
+                                         ddo__session_tensor_name(s, tensor));
+    }
+    return 0;
+}
+
+int ddo__session_share_upload_unit(ddo_session *s, const ddo__job *job, uint64_t dst,
+                                   uint64_t *ubytes, bool *reread, ddo__errbuf *eb)
+{
+    uint64_t share = ddo__session_share_bytes(s, job->unit);
+    if (share == 0)
+        return ddo__session_upload_unit(s, job, dst, ubytes, reread, eb);
+    size_t count = 0;
+    const size_t *tensors = ddo_plan_unit_tensors(s->plan, job->unit, &count);
+    for (size_t i = 0; i < count; i++) {
+        size_t t = tensors[i];
+        ddo_tensor_location loc;
+        if (ddo_plan_tensor_location(s->plan, t, &loc) != 0)
+            return ddo__fail_from_last(eb, DDO_E_INTERNAL);
+        if (loc.placement != DDO_PLACEMENT_STREAMED || loc.nbytes == 0)
+            continue;
+        const unsigned char *host = NULL;
+        ddo__transport_id kind = ddo__transport_for(s, t, &host);
+        int rc = 0;
+        if (kind == DDO__TRANSPORT_REGISTERED || kind == DDO__TRANSPORT_PAGEABLE) {
+            uint64_t copied = 0;
+            rc = share_tensor(s, t, kind, host, &loc, dst, share, &copied, eb);
+            ddo__metrics_add(&s->metrics, DDO_M_bytes_share_uploaded, (double)copied);
+            ddo__metrics_add(&s->metrics, DDO_M_bytes_share_left, (double)(loc.nbytes - copied));
+            ddo__metrics_add(&s->metrics, DDO_M_copy_bytes, (double)copied);
+            *ubytes += copied;
+        } else { /* no host bytes to share (re-read from the file): whole, by its transport */
+            const ddo__transport *tr = ddo__transport_get(kind);
+            ddo__upload up = { t, dst + loc.offset, loc.nbytes, host };
+            *reread = *reread || kind == DDO__TRANSPORT_FILE;
+            rc = tr->upload(s, tr, &up, eb);
+            *ubytes += loc.nbytes;
+        }
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
 }

@@ -55,6 +55,23 @@ ddo__transport_id ddo__transport_for(const ddo_session *s, size_t tensor,
 
 /* ---- uploads ---- */
 
+uint64_t ddo__session_unit_end(const ddo_session *s, size_t unit, size_t *first)
+{
+    size_t count = 0;
+    const size_t *tensors = ddo_plan_unit_tensors(s->plan, unit, &count);
+    uint64_t end = 0;
+    for (size_t i = 0; i < count; i++) {
+        ddo_tensor_location loc;
+        if (ddo_plan_tensor_location(s->plan, tensors[i], &loc) != 0 ||
+            loc.placement != DDO_PLACEMENT_STREAMED || loc.nbytes == 0)
+            continue;
+        if (end == 0 && first != NULL)
+            *first = tensors[i];
+        end = loc.offset + loc.nbytes > end ? loc.offset + loc.nbytes : end;
+    }
+    return end;
+}
+
 /* Uploads nbytes of tensor to dst on the copy stream by the given transport. */
 static int upload_tensor(ddo_session *s, size_t tensor, uint64_t dst, uint64_t nbytes,
                          ddo__transport_id kind, const unsigned char *host, ddo__errbuf *eb)

@@ -399,28 +399,19 @@ int ddo_session_tensor_dlpack(ddo_session *s, size_t tensor, unsigned flags, voi
  * of its last tensor with bytes. */
 static int unit_range(ddo_session *s, size_t unit, const char *fn, uint64_t *start, uint64_t *bytes)
 {
-    size_t count = 0;
-    const size_t *tensors = ddo_plan_unit_tensors(s->plan, unit, &count);
-    uint64_t end = 0;
-    bool any = false;
-    for (size_t i = 0; i < count; i++) {
-        ddo_tensor_location loc;
-        if (ddo_plan_tensor_location(s->plan, tensors[i], &loc) != 0 ||
-            loc.placement != DDO_PLACEMENT_STREAMED || loc.nbytes == 0)
-            continue;
-        if (!any) {
-            uint64_t a = 0;
-            int rc = address_of(s, tensors[i], false, fn, &a);
-            if (rc != 0)
-                return rc;
-            *start = a - loc.offset;
-        }
-        any = true;
-        end = loc.offset + loc.nbytes > end ? loc.offset + loc.nbytes : end;
-    }
-    if (!any)
+    size_t first = 0;
+    uint64_t end = ddo__session_unit_end(s, unit, &first);
+    if (end == 0)
         return ddo__fail(&s->err, DDO_E_NOT_FOUND, "%s: unit \"%s\" streams no bytes", fn,
                          s->units[unit].name);
+    ddo_tensor_location loc;
+    uint64_t a = 0;
+    if (ddo_plan_tensor_location(s->plan, first, &loc) != 0)
+        return ddo__fail_from_last(&s->err, DDO_E_INTERNAL);
+    int rc = address_of(s, first, false, fn, &a);
+    if (rc != 0)
+        return rc;
+    *start = a - loc.offset;
     *bytes = end;
     return 0;
 }
