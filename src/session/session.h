@@ -351,6 +351,10 @@ void ddo__session_queue_job(ddo_session *s, const ddo__job *job);
  * file. The loader, without mu. */
 int ddo__session_upload_unit(ddo_session *s, const ddo__job *job, uint64_t dst, uint64_t *ubytes,
                              bool *reread, ddo__errbuf *eb);
+/* The streamed tensors with bytes of unit in the plan's order: from *i (start at 0) the next
+ * one's index and location, *i advanced past it; false after the last. */
+bool ddo__session_unit_next(const ddo_session *s, size_t unit, size_t *i, size_t *tensor,
+                            ddo_tensor_location *loc);
 /* The end of unit's streamed bytes in its slot (the largest offset + nbytes of its streamed
  * tensors; 0: none) and, when first is not NULL and there is one, its first streamed tensor. */
 uint64_t ddo__session_unit_end(const ddo_session *s, size_t unit, size_t *first);

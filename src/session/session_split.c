@@ -342,21 +342,14 @@ static int split_finish(ddo_session *s, ddo__errbuf *eb)
 int ddo__session_split_upload_unit(ddo_session *s, const ddo__job *job, uint64_t dst,
                                    uint64_t *ubytes, bool *reread, ddo__errbuf *eb)
 {
-    size_t count = 0;
-    const size_t *tensors = ddo_plan_unit_tensors(s->plan, job->unit, &count);
     int rc = 0;
-    for (size_t i = 0; i < count && rc == 0; i++) {
-        ddo_tensor_location loc;
-        if (ddo_plan_tensor_location(s->plan, tensors[i], &loc) != 0) {
-            rc = ddo__fail_from_last(eb, DDO_E_INTERNAL);
-            break;
-        }
-        if (loc.placement != DDO_PLACEMENT_STREAMED || loc.nbytes == 0)
-            continue;
+    size_t t = 0;
+    ddo_tensor_location loc;
+    for (size_t i = 0; rc == 0 && ddo__session_unit_next(s, job->unit, &i, &t, &loc);) {
         const unsigned char *host = NULL;
-        ddo__transport_id kind = ddo__transport_for(s, tensors[i], &host);
+        ddo__transport_id kind = ddo__transport_for(s, t, &host);
         *reread = *reread || kind == DDO__TRANSPORT_FILE;
-        rc = split_tensor(s, job->slot, tensors[i], &loc, dst + loc.offset, eb);
+        rc = split_tensor(s, job->slot, t, &loc, dst + loc.offset, eb);
         *ubytes += loc.nbytes;
     }
     int frc = split_finish(s, rc == 0 ? eb : NULL);
@@ -447,15 +440,9 @@ int ddo__session_share_upload_unit(ddo_session *s, const ddo__job *job, uint64_t
     uint64_t share = ddo__session_share_bytes(s, job->unit);
     if (share == 0)
         return ddo__session_upload_unit(s, job, dst, ubytes, reread, eb);
-    size_t count = 0;
-    const size_t *tensors = ddo_plan_unit_tensors(s->plan, job->unit, &count);
-    for (size_t i = 0; i < count; i++) {
-        size_t t = tensors[i];
-        ddo_tensor_location loc;
-        if (ddo_plan_tensor_location(s->plan, t, &loc) != 0)
-            return ddo__fail_from_last(eb, DDO_E_INTERNAL);
-        if (loc.placement != DDO_PLACEMENT_STREAMED || loc.nbytes == 0)
-            continue;
+    size_t t = 0;
+    ddo_tensor_location loc;
+    for (size_t i = 0; ddo__session_unit_next(s, job->unit, &i, &t, &loc);) {
         const unsigned char *host = NULL;
         ddo__transport_id kind = ddo__transport_for(s, t, &host);
         int rc = 0;

@@ -55,18 +55,30 @@ ddo__transport_id ddo__transport_for(const ddo_session *s, size_t tensor,
 
 /* ---- uploads ---- */
 
-uint64_t ddo__session_unit_end(const ddo_session *s, size_t unit, size_t *first)
+bool ddo__session_unit_next(const ddo_session *s, size_t unit, size_t *i, size_t *tensor,
+                            ddo_tensor_location *loc)
 {
     size_t count = 0;
     const size_t *tensors = ddo_plan_unit_tensors(s->plan, unit, &count);
+    while (*i < count) {
+        size_t t = tensors[(*i)++];
+        if (ddo_plan_tensor_location(s->plan, t, loc) == 0 &&
+            loc->placement == DDO_PLACEMENT_STREAMED && loc->nbytes > 0) {
+            *tensor = t;
+            return true;
+        }
+    }
+    return false;
+}
+
+uint64_t ddo__session_unit_end(const ddo_session *s, size_t unit, size_t *first)
+{
     uint64_t end = 0;
-    for (size_t i = 0; i < count; i++) {
-        ddo_tensor_location loc;
-        if (ddo_plan_tensor_location(s->plan, tensors[i], &loc) != 0 ||
-            loc.placement != DDO_PLACEMENT_STREAMED || loc.nbytes == 0)
-            continue;
+    size_t t = 0;
+    ddo_tensor_location loc;
+    for (size_t i = 0; ddo__session_unit_next(s, unit, &i, &t, &loc);) {
         if (end == 0 && first != NULL)
-            *first = tensors[i];
+            *first = t;
         end = loc.offset + loc.nbytes > end ? loc.offset + loc.nbytes : end;
     }
     return end;
@@ -143,18 +155,12 @@ static int run_add(ddo_session *s, copy_run *r, size_t tensor, const ddo__host_p
 int ddo__session_upload_unit(ddo_session *s, const ddo__job *job, uint64_t dst, uint64_t *ubytes,
                              bool *reread, ddo__errbuf *eb)
 {
-    size_t count = 0;
-    const size_t *tensors = ddo_plan_unit_tensors(s->plan, job->unit, &count);
     copy_run run = { 0 };
     int rc = 0;
     ddo__session_codec_begin(s, job->slot);
-    for (size_t i = 0; i < count && rc == 0; i++) {
-        size_t t = tensors[i];
-        ddo_tensor_location loc;
-        if (ddo_plan_tensor_location(s->plan, t, &loc) != 0)
-            return ddo__fail_from_last(eb, DDO_E_INTERNAL);
-        if (loc.placement != DDO_PLACEMENT_STREAMED || loc.nbytes == 0)
-            continue;
+    size_t t = 0;
+    ddo_tensor_location loc;
+    for (size_t i = 0; rc == 0 && ddo__session_unit_next(s, job->unit, &i, &t, &loc);) {
         uint64_t to = ddo__route_per_weight(s->route) ? s->w_va[t] : dst + loc.offset;
         const unsigned char *host = NULL;
         ddo__transport_id kind = ddo__transport_for(s, t, &host);
