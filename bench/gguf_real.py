@@ -17,8 +17,8 @@ this script runs where they are importable (PYTHONPATH), and says so and exits 2
 
   The Flux transformer as a Diffusers user loads a GGUF checkpoint (used by bench/torch_flux.py
   --quant gguf_file): write_flux() writes the Flux.1-dev transformer's tensors, named as
-  Diffusers names them, with GGUFWriter (the blocks' linear weights Q8_0: random int8 quants and
-  one f16 scale per 32, every other tensor F32), and load_flux() loads it the user's way,
+  Diffusers names them, with GGUFWriter (the blocks' linear weights Q8_0 or Q4_K, random blocks
+  with finite small weights, every other tensor F32), and load_flux() loads it the user's way,
   FluxTransformer2DModel.from_single_file(path, config=<local config>,
   quantization_config=GGUFQuantizationConfig(compute_dtype=torch.bfloat16)): Diffusers' own
   GGUFParameter and GGUFLinear, dequantizing in their forwards.
@@ -198,26 +198,44 @@ def flux_tensors(cfg):
     return [(n, tuple(p.shape), n in linear) for n, p in m.state_dict().items()]
 
 
-def write_flux(path, cfg, pattern="transformer_blocks."):
+# The block types write_flux writes: (weights per block, bytes per block).
+BLOCKS = {"Q8_0": (32, 34), "Q4_K": (256, 144)}
+
+
+def quant_blocks(rng, rows, nblocks, qtype):
+    """Random blocks of qtype with finite, small weights: Q8_0 random int8 quants and one f16
+    scale of 1/64 per 32 weights; Q4_K random 4-bit quants and 6-bit scales and mins, its super
+    scales d and dmin f16 2^-13 (|w| < 0.12, standard deviation about 0.027)."""
+    per, size = BLOCKS[qtype]
+    b = rng.integers(0, 256, size=(rows, nblocks, size), dtype=np.uint8)
+    if qtype == "Q8_0":
+        b[:, :, 0:2] = np.frombuffer(np.float16(1.0 / 64).tobytes(), dtype=np.uint8)
+    else:
+        d = np.frombuffer(np.float16(2.0 ** -13).tobytes(), dtype=np.uint8)
+        b[:, :, 0:2] = d  # d
+        b[:, :, 2:4] = d  # dmin
+    return b.reshape(rows, nblocks * size)
+
+
+def write_flux(path, cfg, pattern="transformer_blocks.", qtype="Q8_0"):
     """The Flux transformer's tensors in a GGUF file written by gguf's GGUFWriter: the linear
-    weights of the blocks Q8_0 (random int8 quants, one f16 scale of 1/64 per 32 weights), every
-    other tensor F32 (normal, std 0.02; norms' weights 1). Written once (kept if present)."""
+    weights of the blocks in qtype (Q8_0 or Q4_K, random blocks: quant_blocks), every other
+    tensor F32 (normal, std 0.02; norms' weights 1). Written once (kept if present)."""
     gguf = need_gguf()
     if os.path.exists(path):
-        return {"written": False, "bytes": os.path.getsize(path)}
+        return {"written": False, "bytes": os.path.getsize(path), "qtype": qtype}
     t0 = time.perf_counter()
     rng = np.random.default_rng(SEED)
     tmp = path + ".part"
     w = gguf.GGUFWriter(tmp, "flux")
-    scale = np.frombuffer(np.float16(1.0 / 64).tobytes(), dtype=np.uint8)
+    per = BLOCKS[qtype][0]
     n_q = 0
     for name, shape, lin in flux_tensors(cfg):
-        if lin and pattern in name and len(shape) == 2 and shape[1] % 32 == 0:
+        if lin and pattern in name and len(shape) == 2 and shape[1] % per == 0:
             rows, cols = shape
-            q = rng.integers(-127, 128, size=(rows, cols // 32, 34), dtype=np.int8).view(np.uint8)
-            q[:, :, 0:2] = scale
-            q = q.reshape(rows, cols // 32 * 34)
-            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            q = quant_blocks(rng, rows, cols // per, qtype)
+            w.add_tensor(name, q, raw_shape=q.shape,
+                         raw_dtype=getattr(gguf.GGMLQuantizationType, qtype))
             n_q += 1
         elif name.endswith("norm.weight") or ".norm_" in name and name.endswith(".weight"):
             w.add_tensor(name, np.ones(shape, np.float32))
@@ -228,8 +246,8 @@ def write_flux(path, cfg, pattern="transformer_blocks."):
     w.write_tensors_to_file()
     w.close()
     os.replace(tmp, path)
-    return {"written": True, "bytes": os.path.getsize(path), "q8_0_tensors": n_q,
-            "write_s": time.perf_counter() - t0}
+    return {"written": True, "bytes": os.path.getsize(path), "qtype": qtype,
+            "quantized_tensors": n_q, "write_s": time.perf_counter() - t0}
 
 
 def load_flux(path, cfg, workdir):

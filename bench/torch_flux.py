@@ -235,9 +235,10 @@ def build_model(args):
         # loaded by Diffusers' from_single_file with its GGUF quantizer (bench/gguf_real.py)
         gr = sibling("gguf_real")
         cfg = flux_config(args)
-        path = os.path.join(args.workdir, "flux1-dev-q8_0.gguf")
+        qtype = getattr(args, "gguf_type", "Q8_0")
+        path = os.path.join(args.workdir, f"flux1-dev-{qtype.lower()}.gguf")
         os.makedirs(args.workdir, exist_ok=True)
-        info["gguf_file"] = dict(gr.write_flux(path, cfg), path=path)
+        info["gguf_file"] = dict(gr.write_flux(path, cfg, qtype=qtype), path=path)
         model, loaded = gr.load_flux(path, cfg, args.workdir)
         info["gguf_file"].update(loaded)
         info["model"] = "FluxTransformer2DModel.from_single_file (GGUF, Diffusers' quantizer)"
@@ -837,7 +838,7 @@ def case_command(case, args, result_path, deadline_epoch):
     if args.toy:
         cmd.append("--toy")
     if args.quant != "none":
-        cmd += ["--quant", args.quant]
+        cmd += ["--quant", args.quant, "--gguf-type", args.gguf_type]
     if args.torch_trace:
         cmd.append("--torch-trace")
     return cmd
@@ -955,7 +956,9 @@ def meta(args, names, wall):
          "TORCHINDUCTOR_DETERMINISTIC": os.environ.get("TORCHINDUCTOR_DETERMINISTIC"),
          "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cases": names,
          "driver_wall_s": wall, "steps": args.steps, "tokens": list(tokens(args)),
-         "tiny": args.tiny, "toy": args.toy, "quant": args.quant, "ddo_preset": DDO_PRESET,
+         "tiny": args.tiny, "toy": args.toy, "quant": args.quant,
+         "gguf_type": args.gguf_type if args.quant == "gguf_file" else None,
+         "ddo_preset": DDO_PRESET,
          "ddo_case_options": {k: {"backend": b, "overrides": o}
                               for k, (b, o) in DDO_CASE_OPTIONS.items()}}
     try:
@@ -1040,9 +1043,11 @@ def parse_args(argv=None):
                    help="the blocks' linear layers as quantized stand-ins (bench/quant_layers.py: "
                         "GGUF-style Q8_0 or Q4_K, ComfyUI-style scaled FP8, or a TorchAO-style "
                         "float8 wrapper subclass), streamed as stored; gguf_file: the real "
-                        "packages, a Q8_0 GGUF file written by gguf's writer and loaded by "
+                        "packages, a GGUF file (--gguf-type) written by gguf's writer, loaded by "
                         "Diffusers' from_single_file (bench/gguf_real.py); torchao_fp8: the "
                         "blocks' linears by TorchAO's own quantize_(Float8WeightOnlyConfig())")
+    p.add_argument("--gguf-type", choices=("Q8_0", "Q4_K"), default="Q8_0",
+                   help="--quant gguf_file: the block type of the blocks' linear weights")
     p.add_argument("--deadline-s", type=float, default=510.0,
                    help="driver: global deadline for all cases (default 8.5 min)")
     p.add_argument("--case-timeout-s", type=float, default=300.0, help="driver: one case's limit")

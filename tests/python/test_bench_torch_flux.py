@@ -181,3 +181,19 @@ def test_toy_cases_with_quant(tf, tmp_path, kind):
         assert r["identical"] is True, (case, r.get("reference"))
     streamed, stored = res["ddo_vmm0"]["streamed_bytes_per_step"], res["ddo_vmm0"]["model_bytes"]
     assert abs(streamed - stored) * 4 <= stored, (streamed, stored)
+
+
+def test_gguf_file_blocks_and_their_type_reach_the_cases(tf, tmp_path):
+    """--quant gguf_file --gguf-type Q4_K: the cases are told the type, and the blocks
+    bench/gguf_real.py writes carry finite f16 super scales (gguf itself is not here)."""
+    import numpy as np
+    args = tf.parse_args(["--all", "--tiny", "--quant", "gguf_file", "--gguf-type", "Q4_K"])
+    cmd = tf.case_command("resident", args, str(tmp_path / "r.json"), 0.0)
+    assert cmd[cmd.index("--gguf-type") + 1] == "Q4_K"
+    gr = load_bench("gguf_real")
+    for qtype, (per, size) in gr.BLOCKS.items():
+        b = gr.quant_blocks(np.random.default_rng(0), 4, 2, qtype)
+        assert b.shape == (4, 2 * size) and b.dtype == np.uint8
+        heads = b.reshape(4, 2, size)[:, :, 0:4 if qtype == "Q4_K" else 2]
+        scales = heads.copy().view(np.float16)
+        assert np.isfinite(scales).all() and (scales > 0).all()
