@@ -16,8 +16,10 @@ binding completes the unit with one all-gather of the group after each acquire
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
-from typing import Any, Dict, List, Optional, Tuple
+import hashlib
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed  # noqa: F401  (share mode's group; torch.distributed.is_available())
@@ -91,6 +93,36 @@ class Share:
         self.gathers = 0  # all-gathers issued (one per acquire of a unit with a share)
         self.plan_replaced = False  # this rank's own plan differed from rank 0's
 
+    def agree(self, what: str, failed: Optional[str], key: str) -> None:
+        """Every rank says whether it got past `what` (failed: its error, None when it did) and
+        gives its key, which every rank must share: another rank's failure, or a key unlike
+        rank 0's, fails this rank too with one line naming that rank, where it would otherwise
+        wait in the next collective for a rank that never comes."""
+        dist: Any = torch.distributed  # (torch 1.13 leaves it unannotated)
+        box: List[Any] = [None] * self.world
+        dist.all_gather_object(box, (failed, key), group=self.group)
+        for r, (err, k) in enumerate(box):
+            if err is not None and r != self.rank:
+                raise _native.DdoError("DDO_E_STATE",
+                                       f"device_mode='split': rank {r} failed {what}: {err}")
+            if k != box[0][1]:
+                raise _native.DdoError(
+                    "DDO_E_INVALID_ARGUMENT",
+                    f"device_mode='split': rank {r}'s module is not rank 0's (tensors {k} "
+                    f"against {box[0][1]}): every rank must hold the same model, since each "
+                    f"uploads its share of every block from its own copy")
+
+    @contextlib.contextmanager
+    def step(self, what: str, key: str = "") -> Iterator[None]:
+        """A setup step every rank passes or none does (agree)."""
+        try:
+            yield
+        except BaseException as e:
+            with contextlib.suppress(Exception):
+                self.agree(what, f"{type(e).__name__}: {e}", key)
+            raise
+        self.agree(what, None, key)
+
     def same_plan(self, text: str) -> str:
         """Rank 0's plan text (ddo_plan_to_json), on every rank: the collective calls of the
         ranks match only when they stream the same units in the same slots."""
@@ -116,6 +148,21 @@ class Share:
             dist.all_gather(parts, mine.clone(), group=self.group)
             whole.copy_(torch.cat(parts))
         self.gathers += 1
+
+
+def share_step(share: Optional[Share], what: str,
+               key: str = "") -> "contextlib.AbstractContextManager[None]":
+    """share.step(what, key), or nothing outside share mode."""
+    return share.step(what, key) if share is not None else contextlib.nullcontext()
+
+
+def fingerprint(tensors: Sequence[Tuple[str, str, Sequence[int]]]) -> str:
+    """A short digest of a module's tensors (name, dtype, shape), the same on every rank that
+    holds the same model."""
+    h = hashlib.sha256()
+    for name, dtype, shape in tensors:
+        h.update(f"{name}:{dtype}:{tuple(shape)};".encode())
+    return f"{len(tensors)} tensors, digest {h.hexdigest()[:12]}"
 
 
 def open_share(cfg: _native.Config) -> Optional[Share]:

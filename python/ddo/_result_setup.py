@@ -81,9 +81,12 @@ class Setup(Hooks):
         self._share = _devices.open_share(self._cfg)  # device_mode='split': share mode
         self._store = _devices.open_store(self._cfg, dev, inputs)  # devices=[...]: donor mode
         plan = ctypes.c_void_p()
-        _native.check(L.ddo_setup_plan(self._setup_h, self._ck, self._cfg.h,
-                                       ctypes.byref(inputs), ctypes.byref(plan)),
-                      L.ddo_setup_error(self._setup_h))
+        key = "" if self._share is None else _devices.fingerprint(
+            [(t.name, t.dtype_name, t.shape) for t in self._tensors])
+        with _devices.share_step(self._share, "planning", key):  # every rank, or none
+            _native.check(L.ddo_setup_plan(self._setup_h, self._ck, self._cfg.h,
+                                           ctypes.byref(inputs), ctypes.byref(plan)),
+                          L.ddo_setup_error(self._setup_h))
         self._plan = plan
         if self._share is not None:  # every rank runs rank 0's plan
             text = self._share.same_plan(self._plan_json())
@@ -113,8 +116,9 @@ class Setup(Hooks):
             opts.trace = self._trace.session_fn(self._trace_pid, trace_units)
         s = ctypes.c_void_p()
         try:
-            _native.check(L.ddo_session_create(plan, self._ck, dev, ctypes.byref(opts),
-                                               ctypes.byref(s)))
+            with _devices.share_step(self._share, "creating its session"):
+                _native.check(L.ddo_session_create(plan, self._ck, dev, ctypes.byref(opts),
+                                                   ctypes.byref(s)))
         finally:
             progress.close()
         self._session = s

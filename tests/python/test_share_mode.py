@@ -26,15 +26,22 @@ RANK = textwrap.dedent("""
     rank, world = int(rank), int(world)
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank,
                             world_size=world)
-    m = models.FluxLike(dim=256, dtype=torch.bfloat16, seed=21)  # units of ~1 MB
-    x = torch.randn(2, 8, 256, generator=torch.Generator().manual_seed(22 + rank)).to(
+    zero = json.loads(sys.argv[7])
+    mine = zero.pop("per_rank", {}).get(str(rank), {})
+    dim = mine.pop("dim", 256)
+    zero.update(mine)
+    m = models.FluxLike(dim=dim, dtype=torch.bfloat16, seed=21)  # units of ~1 MB
+    x = torch.randn(2, 8, dim, generator=torch.Generator().manual_seed(22 + rank)).to(
         torch.bfloat16)
     with torch.no_grad():
         ref = [m(x) for _ in range(3)]
-    zero = json.loads(sys.argv[7])
     if budget:  # ranks plan differently: rank 0's plan is the one run
         zero["device_memory_limit_gb"] = float(budget) * (1 + rank)
-    r = ddo.enable_offload(m, backend=route, device_mode="split", **zero)
+    try:
+        r = ddo.enable_offload(m, backend=route, device_mode="split", **zero)
+    except ddo.DdoError as e:  # every rank refuses together
+        json.dump(dict(error=e.code, message=str(e)), open(out, "w"))
+        sys.exit(0)
     with torch.no_grad():
         got = [r.module(x) for _ in range(3)]
     snap = r.metrics_snapshot(collect_completed=True).as_dict()
@@ -99,6 +106,26 @@ def test_ranks_with_different_plans_run_rank_0s(tmp_path):
     assert res[0]["gathers"] == res[1]["gathers"] > 0
     for r in res:
         assert r["same"], r
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed missing")
+def test_a_rank_with_another_model_fails_every_rank(tmp_path):
+    zero = dict(ZERO_RESIDENT, per_rank={"1": {"dim": 128}})
+    res = run_ranks(tmp_path, "vmm", zero=zero)
+    for r in res:
+        assert r.get("error") == "DDO_E_INVALID_ARGUMENT", r
+        assert "rank 1's module is not rank 0's" in r["message"]
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed missing")
+def test_a_rank_that_cannot_plan_fails_every_rank(tmp_path):
+    # rank 1's budget is below its largest block: it refuses the plan, rank 0 learns of it
+    zero = dict(ZERO_RESIDENT, per_rank={"1": {"device_memory_limit_gb": 0.001}})
+    res = run_ranks(tmp_path, "vmm", zero=zero)
+    assert res[1].get("error") == "DDO_E_BUDGET", res[1]
+    assert res[0].get("error") == "DDO_E_STATE", res[0]
+    assert "rank 1 failed planning" in res[0]["message"]
+    assert "DDO_E_BUDGET" in res[0]["message"]
 
 
 def test_split_without_torch_distributed_is_refused():
