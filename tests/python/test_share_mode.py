@@ -58,15 +58,50 @@ RANK = textwrap.dedent("""
     json.dump(res, open(out, "w"))
 """)
 
+# A file-backed module (from_pretrained_with_dynamic_offload) with a retained store smaller than
+# the model: the retained blocks are shared, the ones read from the file every step uploaded whole.
+FILE_RANK = textwrap.dedent("""
+    import json, sys
+    import torch
+    import torch.distributed as dist
+    import ddo, test_pipeline_loading as T
+    rank, world, store, out, ckpt = sys.argv[1:6]
+    rank, world = int(rank), int(world)
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank,
+                            world_size=world)
+    x = torch.randn(1, 4, 1024, generator=torch.Generator().manual_seed(rank)).to(
+        torch.bfloat16)
+    res = ddo.from_pretrained_with_dynamic_offload(ckpt, model_loader=lambda p: T.TinyDiT(
+        1024, 24, torch.bfloat16))
+    r = ddo.enable_offload(res.module, backend="vmm", device_mode="split",
+                           execution_device="cpu", device_budget_gb=0.0625,
+                           vmm_source_cache_gb=0.0625, environ={})
+    with torch.no_grad():
+        got = [r.module(x) for _ in range(2)]
+    snap = r.metrics_snapshot(collect_completed=True).as_dict()
+    info = dict(uploaded=snap["devices"]["bytes_share_uploaded"],
+                left=snap["devices"]["bytes_share_left"],
+                from_file=snap["bytes"]["bytes_staged_from_file"],
+                gathers=r._share.gathers,
+                store=r.plan["planner_decisions"].get("retained_store"))
+    r.close()
+    ref = ddo.loading.materialize(res.module, ckpt)
+    with torch.no_grad():
+        info["same"] = all(torch.equal(ref(x), o) for o in got)
+    dist.destroy_process_group()
+    json.dump(info, open(out, "w"))
+""")
 
-def run_ranks(tmp_path, route, budget="", world=2, zero=None):
+
+def run_ranks(tmp_path, route, budget="", world=2, zero=None, script=None, args=None):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     procs = []
     for rank in range(world):
-        args = [sys.executable, "-c", RANK, str(rank), str(world), str(tmp_path / "store"),
-                str(tmp_path / f"rank{rank}.json"), route, budget,
-                json.dumps(zero if zero is not None else ZERO_RESIDENT)]
-        procs.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE,
+        argv = [sys.executable, "-c", script or RANK, str(rank), str(world),
+                str(tmp_path / "store"), str(tmp_path / f"rank{rank}.json")]
+        argv += args if args is not None else [
+            route, budget, json.dumps(zero if zero is not None else ZERO_RESIDENT)]
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=240)[0] for p in procs]
     for p, o in zip(procs, outs):
@@ -126,6 +161,21 @@ def test_a_rank_that_cannot_plan_fails_every_rank(tmp_path):
     assert res[0].get("error") == "DDO_E_STATE", res[0]
     assert "rank 1 failed planning" in res[0]["message"]
     assert "DDO_E_BUDGET" in res[0]["message"]
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed missing")
+def test_file_backed_retained_blocks_shared_file_blocks_whole(tmp_path):
+    import test_pipeline_loading as T
+    ckpt = tmp_path / "big.safetensors"
+    T.write_big_checkpoint(ckpt, depth=24, seed=7)
+    res = run_ranks(tmp_path, "vmm", script=FILE_RANK, args=[str(ckpt)])
+    for r in res:
+        assert r["same"], r
+        assert r["store"] == "partial"  # 64 MiB of the blocks retained, the rest re-read
+        assert r["from_file"] > 0  # blocks read from the file: whole, on every rank
+        assert r["uploaded"] > 0 and r["left"] > 0  # retained blocks: shared
+        assert r["gathers"] > 0
+    assert res[0]["gathers"] == res[1]["gathers"]
 
 
 def test_split_without_torch_distributed_is_refused():
