@@ -538,14 +538,22 @@ static void test_split_prefetch_throttled(void)
     split_on("linear_runtime", false, 8, 3, 200e6);
 }
 
+/* f on mode (from the file, or host memory) with base's blocks and slots, 512 KiB per weight:
+ * a split or a share crosses the tensors, with a tail. */
+static int fx_wide(fx *f, const char *mode, bool file)
+{
+    fx_opts o = base;
+    o.mode = mode;
+    o.file = file;
+    o.cols = 2048;
+    return fx_create(f, &o);
+}
+
 /* What a split session refuses; a failed all-gather on one rank and a failed upload. */
 static void test_split_failures(void)
 {
-    fx_opts o = base;
-    o.mode = "linear_runtime";
-    o.cols = 2048;
     fx f;
-    T_REQUIRE(fx_create(&f, &o) == 0);
+    T_REQUIRE(fx_wide(&f, "linear_runtime", false) == 0);
     ddo_device *devs[SPLIT_N] = { f.dev, cpu_dev("cpu:1", DDO_GIB, 0),
                                   cpu_dev("cpu:2", DDO_GIB, 0) };
     T_REQUIRE(devs[1] != NULL && devs[2] != NULL);
@@ -648,12 +656,8 @@ static int share_differs(fx *f, ddo_session *s, size_t unit)
  * the streamed bytes from host memory (all of them from the file). */
 static void share_on(const char *mode, bool file)
 {
-    fx_opts o = base;
-    o.mode = mode;
-    o.file = file;
-    o.cols = 2048; /* 512 KiB per weight: shares cross the tensors, with a tail */
     fx f;
-    T_REQUIRE(fx_create(&f, &o) == 0);
+    T_REQUIRE(fx_wide(&f, mode, file) == 0);
     ddo_device *devs[SHARE_N] = { f.dev, cpu_dev("cpu:1", DDO_GIB, 0) };
     ddo_stream *streams[SHARE_N] = { f.stream, NULL };
     ddo_session *ss[SHARE_N] = { NULL, NULL };
@@ -739,11 +743,8 @@ static void test_share_vmm_fast_file(void)
 /* What share mode refuses; a session outside it has no shares. */
 static void test_share_failures(void)
 {
-    fx_opts o = base;
-    o.mode = "vmm_runtime";
-    o.cols = 2048;
     fx f;
-    T_REQUIRE(fx_create(&f, &o) == 0);
+    T_REQUIRE(fx_wide(&f, "vmm_runtime", false) == 0);
     ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
     so.config = f.cfg;
     so.share_count = SHARE_N;
