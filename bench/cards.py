@@ -57,17 +57,17 @@ def log(msg):
     print(f"[cards {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def load_layout(name, tiny):
+def load_layout(name, tiny, div=16):
     with open(os.path.join(tf.repo_root(), "data", "layouts", f"{name}.json")) as f:
         lay = json.load(f)
     tensors = lay["tensors"]
-    if tiny:  # a few blocks, every width over 64 divided by 16: the same structure, small
+    if tiny:  # a few blocks, every width over 64 divided by div: the same structure, small
         keep = []
         for t in tensors:
             parts = t["name"].split(".")
             if any(p.isdigit() and int(p) >= TINY_BLOCKS for p in parts[:2]):
                 continue
-            keep.append(dict(t, shape=[d // 16 if d >= 64 else d for d in t["shape"]]))
+            keep.append(dict(t, shape=[d // div if d >= 64 else d for d in t["shape"]]))
         tensors = keep
     return tensors
 
