@@ -36,7 +36,8 @@ class OptionFields:
         devices: Sequence[str]
         # ddo: with devices: donor (the second device stores the streamed weights; units arrive
         # by device-to-device copies) or split (each device reads 1/N of a unit; an all-gather
-        # completes it)
+        # completes it); in Python, split without devices under an initialised torch.distributed
+        # is one process per device (share mode)
         device_mode: Literal['donor', 'split']
         # ddo: donor mode: the most the store device may hold; 0 means its free memory when
         # known
