@@ -189,7 +189,7 @@ def summarize(res, args):
         bound = max(res["resident"][name]["step_s"], copied / bus if bus else 0.0, read / disk)
         e.update(step_s=step, copied_bytes_per_step=copied, file_bytes_per_step=read,
                  bound_s=bound, ratio=step / bound,
-                 bit_identical=e["output_sha"] == res["resident"][name]["output_sha"],
+                 bit_identical=e["bits"]["identical"],
                  inactive_held_bytes=max(s["held"][o] for s in steps for o in EXPERTS
                                          if o != name))
     limit = res["limit_bytes"] = st.get("limit_bytes", res["limit_bytes"])
@@ -231,15 +231,14 @@ def loader(tensors):
     return lambda path, **_: cards.build_model(tensors, "meta", torch.bfloat16)
 
 
-def output_sha(t):
-    import hashlib
-    return hashlib.sha256(t.detach().to("cpu").contiguous().view(-1).view(
-        __import__("torch").uint8).numpy().tobytes()).hexdigest()
+def ref_path(args, name):
+    """Where the resident run of expert name leaves its output (torch.save, as torch_flux)."""
+    return os.path.join(args.dir, f"{'tiny-' if args.tiny else ''}{name}-ref.pt")
 
 
 def resident_role(args):
     """One expert whole on the device (read from its file into host memory, then moved): its
-    median step and the digest of its output."""
+    median step, and its output saved for the staged run's comparison."""
     import torch
     import ddo
     tensors = layout_tensors(args)
@@ -250,7 +249,8 @@ def resident_role(args):
     x = make_input(args, tensors, device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     step, out = cards.run_steps(module, x, args, sync)
-    print(json.dumps({"step_s": step, "output_sha": output_sha(out), "device": device}))
+    torch.save(out.detach().to("cpu"), ref_path(args, args.expert))
+    print(json.dumps({"step_s": step, "device": device}))
     return 0
 
 
@@ -274,7 +274,7 @@ def staged_role(args):
         opts = dict(device_memory_limit_gb=args.card_gib, system_ram_headroom_gb=2.0)
     else:  # --tiny: this process as it is now, two staging windows and 96 MiB (room for one
         # expert's 64 MiB segment of retained store, not for two)
-        headroom = vm_kib("VmRSS:") * 1024 + (128 << 20)
+        headroom = tf.read_status_kib("VmRSS") * 1024 + (128 << 20)
         limit = headroom + (64 << 20) + (96 << 20)
         opts = dict(execution_device="cpu", device_budget_gb=0.05,
                     vmm_staging_buffer_gb=0.0625, system_ram_headroom_gb=headroom / GIB)
@@ -316,27 +316,15 @@ def staged_role(args):
                 out["steps"].append({"active": name, "timed": i >= args.warmup, "step_s": dt,
                                      "copied_bytes": c1 - c0, "file_bytes": f1 - f0,
                                      "held": {n: held(n) for n in EXPERTS}})
-            e["output_sha"] = output_sha(last)
+            e["bits"] = tf.same_bits(torch.load(ref_path(args, name)), last.detach().to("cpu"))
             e["plan_retained_bytes"] = sum(u["bytes"] for u in res[name].plan["units"]
                                            if u["retained"] and not u["resident"])
         out["events"] = [list(ev) for ev in st.events]
-        out["peak_rss_bytes"] = vm_kib("VmHWM:") * 1024
+        out["peak_rss_bytes"] = tf.read_status_kib("VmHWM") * 1024
     finally:
         ddo.close_pipeline_offload(pipe)
     with open(args.result, "w") as f:
         json.dump(out, f)
-    return 0
-
-
-def vm_kib(key):
-    """A figure of /proc/self/status in KiB (0 where there is none)."""
-    try:
-        with open("/proc/self/status") as f:
-            for ln in f:
-                if ln.startswith(key):
-                    return int(ln.split()[1])
-    except OSError:
-        pass
     return 0
 
 

@@ -327,7 +327,8 @@ class Leases(Views):
             _native.check(_native.lib().ddo_session_unit_share(self._session, u, ctypes.byref(n)),
                           _native.lib().ddo_session_error(self._session))
             share = self._unit_shares[u] = n.value
-        if share and self._share is not None:
+        if share:
+            assert self._share is not None  # (called in share mode only)
             self._share.gather(_torch.unit_view(self._session, u), share)
 
     def _release(self, u: int, check: bool = True, whole: bool = False) -> None:

@@ -280,6 +280,11 @@ static inline bool ddo__session_in_list(const size_t *list, size_t n, size_t v)
 
 /* Records "<context>: <the thread's last detail>" with code rc; returns rc. */
 int DDO_PRINTF(3, 4) ddo__session_fail_ctx(ddo__errbuf *eb, int rc, const char *fmt, ...);
+/* The checks a public call on one unit shares: a session and the call's other required
+ * arguments (given; the message names them all as `required`, "session and ..."), then a unit
+ * of the plan. 0, or DDO_E_INVALID_ARGUMENT recorded for fn. */
+int ddo__session_check_unit(ddo_session *s, bool given, size_t unit, const char *fn,
+                            const char *required);
 /* The checkpoint's name of tensor ("?" when it has none). */
 const char *ddo__session_tensor_name(const ddo_session *s, size_t tensor);
 /* Calls the session's trace hook (ddo_session_options.trace), if any. */

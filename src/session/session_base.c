@@ -1,7 +1,7 @@
 /*
  * session_base.c - what every file of the session uses, at the bottom of the session's layers
- * (docs/map.md): a failure recorded with its context, a tensor's name for messages, the
- * trace hook.
+ * (docs/map.md): a failure recorded with its context, the checks a public call on one unit
+ * shares, a tensor's name for messages, the trace hook.
  */
 #include "session/session.h"
 
@@ -20,6 +20,19 @@ int ddo__session_fail_ctx(ddo__errbuf *eb, int rc, const char *fmt, ...)
     if (last[0] == '\0')
         return ddo__fail(eb, rc, "%s: %s", ctx, ddo_strerror(rc));
     return ddo__fail(eb, rc, "%s: %s", ctx, last);
+}
+
+int ddo__session_check_unit(ddo_session *s, bool given, size_t unit, const char *fn,
+                            const char *required)
+{
+    if (s == NULL || !given)
+        return ddo__fail(s != NULL ? &s->err : NULL, DDO_E_INVALID_ARGUMENT, "%s: %s are required",
+                         fn, required);
+    if (unit >= s->unit_count)
+        return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
+                         "%s: unit %zu out of range (the plan has %zu units)", fn, unit,
+                         s->unit_count);
+    return 0;
 }
 
 const char *ddo__session_tensor_name(const ddo_session *s, size_t tensor)

@@ -169,14 +169,7 @@ again:
 /* The checks acquire and release share: a session, a stream, a unit of the plan. */
 static int check_lease_args(ddo_session *s, size_t unit, const ddo_stream *stream, const char *fn)
 {
-    if (s == NULL || stream == NULL)
-        return ddo__fail(s != NULL ? &s->err : NULL, DDO_E_INVALID_ARGUMENT,
-                         "%s: session and stream are required", fn);
-    if (unit >= s->unit_count)
-        return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
-                         "%s: unit %zu out of range (the plan has %zu units)", fn, unit,
-                         s->unit_count);
-    return 0;
+    return ddo__session_check_unit(s, stream != NULL, unit, fn, "session and stream");
 }
 
 /* A unit's acquire in its waits (mu held): whether it waited, and whether on the file. */

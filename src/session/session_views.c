@@ -243,13 +243,10 @@ int ddo_session_tensor_stable_address(ddo_session *s, size_t tensor, void **devi
 int ddo_session_unit_addresses(ddo_session *s, size_t unit, void **ptrs, size_t cap, size_t *n)
 {
     static const char fn[] = "ddo_session_unit_addresses";
-    if (s == NULL || n == NULL || (ptrs == NULL && cap > 0))
-        return ddo__fail(s != NULL ? &s->err : NULL, DDO_E_INVALID_ARGUMENT,
-                         "%s: session and n are required", fn);
-    if (unit >= s->unit_count)
-        return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
-                         "%s: unit %zu out of range (the plan has %zu units)", fn, unit,
-                         s->unit_count);
+    int rc = ddo__session_check_unit(s, n != NULL && (ptrs != NULL || cap == 0), unit, fn,
+                                     "session and n");
+    if (rc != 0)
+        return rc;
     if (s->unloaded)
         return ddo__fail(&s->err, DDO_E_STATE, "%s: unit \"%s\": session unloaded", fn,
                          s->units[unit].name);
@@ -263,7 +260,7 @@ int ddo_session_unit_addresses(ddo_session *s, size_t unit, void **ptrs, size_t 
     }
     for (size_t i = 0; i < count; i++) {
         uint64_t a = 0;
-        int rc = address_of(s, tensors[i], false, fn, &a);
+        rc = address_of(s, tensors[i], false, fn, &a);
         if (rc != 0)
             return rc;
         ptrs[i] = (void *)(uintptr_t)a;
@@ -419,13 +416,9 @@ static int unit_range(ddo_session *s, size_t unit, const char *fn, uint64_t *sta
 int ddo_session_unit_dlpack(ddo_session *s, size_t unit, void **managed)
 {
     static const char fn[] = "ddo_session_unit_dlpack";
-    if (s == NULL || managed == NULL)
-        return ddo__fail(s != NULL ? &s->err : NULL, DDO_E_INVALID_ARGUMENT,
-                         "%s: session and managed are required", fn);
-    if (unit >= s->unit_count)
-        return ddo__fail(&s->err, DDO_E_INVALID_ARGUMENT,
-                         "%s: unit %zu out of range (the plan has %zu units)", fn, unit,
-                         s->unit_count);
+    int rc = ddo__session_check_unit(s, managed != NULL, unit, fn, "session and managed");
+    if (rc != 0)
+        return rc;
     if (s->unloaded)
         return ddo__fail(&s->err, DDO_E_STATE, "%s: unit \"%s\": session unloaded", fn,
                          s->units[unit].name);
@@ -435,7 +428,7 @@ int ddo_session_unit_dlpack(ddo_session *s, size_t unit, void **managed)
                          "(ddo_session_tensor_dlpack)",
                          fn, s->route_name);
     uint64_t start = 0, bytes = 0;
-    int rc = unit_range(s, unit, fn, &start, &bytes);
+    rc = unit_range(s, unit, fn, &start, &bytes);
     if (rc == 0)
         rc = view_counters(s, fn);
     if (rc != 0)
