@@ -24,6 +24,17 @@ ZERO_RESIDENT = dict(execution_device="cpu", always_resident_modules_pattern="^$
                      small_tensor_threshold_bytes=0, resident_module_budget_gb=0)
 
 
+def ddo_tool():
+    """The ddo tool under test: DDO_BIN (CTest and the installed-wheel run set it), else the one
+    beside DDO_LIBRARY, else build/ddo; None where none is there."""
+    for p in (os.environ.get("DDO_BIN"),
+              os.path.join(os.path.dirname(os.environ.get("DDO_LIBRARY", "")), "ddo"),
+              str(ROOT / "build" / "ddo")):
+        if p and os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    return None
+
+
 def load_bench(name):
     """bench/<name>.py as a module (the benchmarks are scripts, not a package)."""
     import importlib.util

@@ -10,16 +10,7 @@ import os
 
 import pytest
 
-from conftest import ROOT, load_bench
-
-
-def ddo_tool():
-    for p in (os.environ.get("DDO_BIN"),
-              os.path.join(os.path.dirname(os.environ.get("DDO_LIBRARY", "")), "ddo"),
-              str(ROOT / "build" / "ddo")):
-        if p and os.path.isfile(p) and os.access(p, os.X_OK):
-            return p
-    return None
+from conftest import ddo_tool, load_bench
 
 
 @pytest.mark.skipif(ddo_tool() is None, reason="needs the ddo tool (DDO_BIN or the build's)")

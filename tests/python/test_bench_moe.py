@@ -6,14 +6,17 @@ limit."""
 
 import json
 
-from conftest import load_bench
+import pytest
+
+from conftest import ddo_tool, load_bench
 
 
+@pytest.mark.skipif(ddo_tool() is None, reason="needs the ddo tool (DDO_BIN or the build's)")
 def test_tiny_two_experts(tmp_path):
     moe = load_bench("moe")
     out = tmp_path / "moe.json"
-    assert moe.main(["--tiny", "--dir", str(tmp_path / "d"), "--out", str(out),
-                     "--steps", "1"]) == 0
+    assert moe.main(["--tiny", "--ddo", ddo_tool(), "--dir", str(tmp_path / "d"),
+                     "--out", str(out), "--steps", "1"]) == 0
     res = json.loads(out.read_text())
     assert res["within_limit_rss"] is True, res
     st = res["staged"]

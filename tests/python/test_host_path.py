@@ -15,6 +15,7 @@ import torch
 
 import ddo
 import models
+from conftest import ddo_tool
 from test_pipeline_loading import write_safetensors
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -22,11 +23,7 @@ GIB = float(1 << 30)
 
 
 def tool():
-    if os.environ.get("DDO_BIN"):
-        return os.environ["DDO_BIN"]
-    lib = os.environ.get("DDO_LIBRARY")
-    here = pathlib.Path(lib).parent / "ddo" if lib else None
-    return str(here if here is not None and here.is_file() else ROOT / "build" / "ddo")
+    return ddo_tool() or str(ROOT / "build" / "ddo")
 
 
 def tool_plan(ck, opts, inputs):
