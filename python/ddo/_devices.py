@@ -119,7 +119,7 @@ class Share:
             yield
         except BaseException as e:
             with contextlib.suppress(Exception):
-                self.agree(what, f"{type(e).__name__}: {e}", key)
+                self.agree(what, _native.exc_line(e), key)
             raise
         self.agree(what, None, key)
 

@@ -434,7 +434,7 @@ class Lora:
         except (RuntimeError, KeyError) as e:
             raise DdoError("DDO_E_INVALID_ARGUMENT", f"{lname}: adapter {op.name!r} cannot "
                            f"be merged into {t.name} {list(t.shape)}: its delta weight failed "
-                           f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+                           f"({_native.exc_line(e)}); "
                            f"nothing was merged") from None
         if tuple(delta.shape) != t.shape or delta.device != self.r.device:
             raise DdoError("DDO_E_INVALID_ARGUMENT", f"{lname}: adapter {op.name!r} does not "

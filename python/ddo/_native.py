@@ -26,6 +26,12 @@ def set_library(path: Union[str, "os.PathLike[str]", None]) -> Any:
     return _LIB
 
 
+def exc_line(e: BaseException) -> str:
+    """An exception in one line: its type and the first line of its message."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
 class DdoError(Exception):
     """An error from libddo: ``code`` is its name ("DDO_E_BUDGET"), ``detail`` its one line."""
 

@@ -19,6 +19,8 @@ from typing import Callable, ContextManager, Dict, List, Optional, Tuple, Type, 
 
 import torch
 
+from . import _native
+
 # GGML type id -> (name, elements per block, bytes per block): the block types of the GGUF
 # reader (docs/formats.md); the plain ones are listed for the scratch estimate only.
 GGML_BLOCKS: Dict[int, Tuple[str, int, int]] = {
@@ -107,7 +109,7 @@ def wrapper_inner(p: torch.Tensor) -> Tuple[List[Tuple[str, torch.Tensor]], str]
         flat = getattr(p, "__tensor_flatten__")()
         names = list(flat[0])
     except Exception as e:  # the protocol is a convention: whatever it raises is named
-        return [], f"its __tensor_flatten__() failed ({type(e).__name__}: {e})"
+        return [], f"its __tensor_flatten__() failed ({_native.exc_line(e)})"
     if not names:
         return [], "its __tensor_flatten__() names no inner tensors"
     out: List[Tuple[str, torch.Tensor]] = []

@@ -229,7 +229,7 @@ class Replan(Lifecycle):
             except Exception as e:  # the first plan again (the same inputs: it fitted)
                 self._teardown()
                 self._cfg = first_cfg
-                rp["note"] += f" (the re-plan failed, {type(e).__name__}: {e}; the first plan " \
+                rp["note"] += f" (the re-plan failed, {_native.exc_line(e)}; the first plan " \
                               f"again)"
                 self._rebuild(last=True)
                 return

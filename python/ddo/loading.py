@@ -91,10 +91,11 @@ def _build(model_loader: Any, path: Any, subfolder: Optional[str], torch_dtype: 
         try:
             from diffusers import AutoModel
             model_loader = AutoModel
-        except ImportError as e:
+        except Exception as e:  # a broken install raises more than ImportError
             raise _native.DdoError("DDO_E_UNSUPPORTED", f"from_pretrained_with_dynamic_offload: "
                                    f"no model_loader given and Diffusers' AutoModel cannot be "
-                                   f"imported ({e}): pass model_loader=YourModelClass") from None
+                                   f"imported ({_native.exc_line(e)}): pass "
+                                   f"model_loader=YourModelClass") from None
     if hasattr(model_loader, "load_config") and hasattr(model_loader, "from_config"):
         with init_empty_weights():
             cfg = model_loader.load_config(path, subfolder=subfolder) if subfolder else \

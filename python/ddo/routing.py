@@ -77,11 +77,11 @@ def _import_apply_group_offloading() -> Callable[..., Any]:
     """Diffusers' apply_group_offloading (imported only when a component needs it)."""
     try:
         from diffusers.hooks import apply_group_offloading
-    except ImportError as e:
+    except Exception as e:  # not only ImportError: a broken install raises anything on import
         raise _native.DdoError(
             "DDO_E_UNSUPPORTED", f"route diffusers_group_offload needs Diffusers' "
-            f"apply_group_offloading, which cannot be imported ({e}): install diffusers or "
-            f"choose route='dynamic_offload' or 'none'") from None
+            f"apply_group_offloading, which cannot be imported ({_native.exc_line(e)}): install "
+            f"or repair diffusers, or choose route='dynamic_offload' or 'none'") from None
     fn: Callable[..., Any] = apply_group_offloading
     return fn
 

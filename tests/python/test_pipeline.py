@@ -8,6 +8,7 @@ VAE policy), not outputs of this code.
 
 import importlib.util
 import json
+import sys
 
 import pytest
 import torch
@@ -240,6 +241,30 @@ def test_without_diffusers_group_route_fails_clearly():
                            route="diffusers_group_offload")
     assert "Diffusers" in str(e.value) and "\n" not in str(e.value)
     assert "component text_encoder" in str(e.value)
+    assert getattr(m, "_ddo_offload", None) is None
+
+
+def test_a_broken_diffusers_install_is_not_importable(tmp_path, monkeypatch):
+    """A Diffusers that raises something other than ImportError on import (a broken install:
+    seen on the GPU machine, where a TorchAO source tree without metadata made Diffusers' own
+    import raise InvalidVersion) counts as not importable: the default route is ddo's own, and a
+    requested group route fails in one line naming what the import raised."""
+    pkg = tmp_path / "broken" / "diffusers"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ValueError(\"Invalid version: 'unknown'\\nmore\")\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "broken"))
+    for name in [k for k in sys.modules if k == "diffusers" or k.startswith("diffusers.")]:
+        monkeypatch.delitem(sys.modules, name)
+    m = models.FluxLike(seed=6)
+    r = ddo.enable_offload(m, component="text_encoder", environ=CPU)
+    assert r.route == "dynamic_offload"
+    assert "Diffusers not importable" in r.route_policy["route_source"]
+    r.close()
+    with pytest.raises(ddo.DdoError) as e:
+        ddo.enable_offload(m, component="text_encoder", environ=CPU,
+                           route="diffusers_group_offload")
+    assert "ValueError: Invalid version: 'unknown'" in str(e.value), str(e.value)
+    assert "\n" not in str(e.value)
     assert getattr(m, "_ddo_offload", None) is None
 
 
