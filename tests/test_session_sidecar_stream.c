@@ -199,6 +199,62 @@ static void test_long_streams_in_pieces(void)
     }
 }
 
+/* Whether this cache directory's file system takes O_DIRECT (tmpfs does not). */
+static bool cache_takes_direct(void)
+{
+    char path[300];
+    snprintf(path, sizeof(path), "%s/probe", cache);
+    int fd = open(path, O_CREAT | O_WRONLY | O_TRUNC, 0600);
+    if (fd < 0)
+        return false;
+    close(fd);
+    int dfd = -1;
+    bool ok = ddo__os_file_open_direct(path, &dfd) == 0;
+    if (ok)
+        ddo__os_file_close(dfd);
+    unlink(path);
+    return ok;
+}
+
+/* Streams read with O_DIRECT (where the sidecar's file system takes it: the disk's rate, as
+ * raw file reads; every stream here, scaled down from the 1 MiB such reads start at), whole and
+ * in 3333-byte pieces (so most pieces start inside a page: the aligned range around them is
+ * read and the piece taken from inside it): the same bytes from the sidecar as the buffered
+ * reads, none raw, the leased bytes identical. */
+static void test_streams_read_direct(void)
+{
+    static const char *const routes[] = { "linear_runtime", "vmm_fast_runtime" };
+    bool direct = cache_takes_direct();
+    for (size_t r = 0; r < DDO_ARRAY_LEN(routes); r++) {
+        const char *what = routes[r];
+        double raw = 0;
+        fx f;
+        setup(&f, what, true, &raw);
+        replan(&f, SMALL_GB, cache);
+        fx_two_steps(&f, what);
+        double buffered = fx_metric(&f, "bytes_staged_from_sidecar");
+        ddo__source_test_stream_direct_min(1);
+        for (int pieces = 0; pieces < 2; pieces++) {
+            ddo__session_codec_test_piece_cap(pieces ? 3333 : 0);
+            uint64_t before = ddo__source_test_stream_direct_reads();
+            replan(&f, SMALL_GB, cache);
+            fx_two_steps(&f, what);
+            uint64_t reads = ddo__source_test_stream_direct_reads() - before;
+            T_CHECK_MSG(fx_metric(&f, "bytes_staged_from_sidecar") == buffered &&
+                            fx_metric(&f, "bytes_staged_from_file") == 0 &&
+                            fx_metric(&f, "codec_stream_fallbacks") == 0,
+                        "%s, pieces %d: %g bytes from the sidecar against %g", what, pieces,
+                        fx_metric(&f, "bytes_staged_from_sidecar"), buffered);
+            T_CHECK_MSG(!direct || reads > 0, "%s, pieces %d: no direct read", what, pieces);
+        }
+        ddo__session_codec_test_piece_cap(0);
+        ddo__source_test_stream_direct_min(0);
+        fx_destroy(&f);
+    }
+    if (!direct)
+        printf("  (this file system refuses O_DIRECT: the buffered reads were checked)\n");
+}
+
 static void test_corrupted_stream_reads_raw(void)
 {
     static const char *const routes[] = { "linear_runtime", "vmm_fast_runtime" };
@@ -375,6 +431,7 @@ int main(void)
     T_RUN(test_first_run_codes_streamed_tensors);
     T_RUN(test_failed_sidecar_build_is_a_note);
     T_RUN(test_long_streams_in_pieces);
+    T_RUN(test_streams_read_direct);
     T_RUN(test_corrupted_stream_reads_raw);
     T_RUN(test_changed_checkpoint_is_refused);
     T_RUN(test_vmm_runtime_streams_raw);

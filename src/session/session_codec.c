@@ -651,12 +651,14 @@ static int stream_piece(ddo_session *s, const ddo__upload *up, ddo__codec_reader
     size_t len = (size_t)(left < cap ? left : cap);
     len -= left > len ? len % 8 : 0; /* every piece but the last a multiple of 8 (the hash) */
     uint64_t part = 0;
-    int rrc = ddo__source_read_stream(s->source, up->tensor, *pos, len, w.p, &part, why);
+    const void *piece = NULL;
+    int rrc =
+        ddo__source_read_stream(s->source, up->tensor, *pos, len, w.p, w.cap, &piece, &part, why);
     if (rrc == DDO_E_FILE_CHANGED)
         rc = ddo__fail(eb, rrc, "%s", why->msg);
-    else if (rrc != 0 || ddo__codec_reader_feed(r, w.p, len, why) != 0)
+    else if (rrc != 0 || ddo__codec_reader_feed(r, piece, len, why) != 0)
         *bad = true;
-    else if ((rc = ddo__dev_copy_h2d(s->dev, at + *pos, w.p, len, s->copy_stream)) != 0)
+    else if ((rc = ddo__dev_copy_h2d(s->dev, at + *pos, piece, len, s->copy_stream)) != 0)
         rc = ddo__session_fail_ctx(eb, rc, "tensor \"%s\": upload of its coded stream",
                                    ddo__session_tensor_name(s, up->tensor));
     int prc = ddo__window_put(s, &w, eb); /* released after its copy (the ring's event) */

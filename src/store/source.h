@@ -144,7 +144,8 @@ bool ddo__source_has_stream(const ddo__source *src, size_t tensor, uint64_t *cod
 /*
  * Reads that stream into dst (dst_cap bytes, at least its length) with the checkpoint's
  * identity checked before and after (DDO_E_FILE_CHANGED), checks its hash (DDO_E_FORMAT) and
- * builds its plan: 0, *data == dst and *plan (the caller destroys it). The plan is built per
+ * builds its plan: 0, *data (where the stream starts in dst: ddo__source_read_stream) and
+ * *plan (the caller destroys it). The plan is built per
  * load: building them at setup would read every streamed tensor's stream once more, which
  * is the read streaming exists to avoid. DDO_E_NOT_FOUND: no stream; any failure but
  * DDO_E_FILE_CHANGED means "read this tensor raw instead". Thread-safe.
@@ -153,15 +154,22 @@ int ddo__source_read_coded(ddo__source *src, size_t tensor, void *dst, size_t ds
                            const void **data, struct ddo__codec_plan **plan, ddo__errbuf *eb);
 
 /*
- * A stream longer than one window, read in pieces: bytes [pos, pos + len) of tensor's stream
- * (pos a multiple of 8) into dst, the checkpoint's identity checked before and after
- * (DDO_E_FILE_CHANGED), and *hash_part their share of the stream's hash; the caller adds the
- * shares and asks ddo__source_stream_hash_ok at the end, and validates the stream itself
- * (ddo__codec_reader). Any failure but DDO_E_FILE_CHANGED means "read it raw". Thread-safe.
+ * Bytes [pos, pos + len) of tensor's stream (pos a multiple of 8) read into dst (dst_cap
+ * bytes): *at is where they start, dst itself or, for an O_DIRECT read of the aligned range
+ * around them (where the sidecar's file system takes it and it fits dst_cap), a little past
+ * it. The checkpoint's identity is checked before and after (DDO_E_FILE_CHANGED), and
+ * *hash_part is their share of the stream's hash; a stream longer than one window is read in
+ * such pieces: the caller adds the shares and asks ddo__source_stream_hash_ok at the end, and
+ * validates the stream itself (ddo__codec_reader). Any failure but DDO_E_FILE_CHANGED means
+ * "read it raw". Thread-safe.
  */
 int ddo__source_read_stream(ddo__source *src, size_t tensor, uint64_t pos, size_t len, void *dst,
-                            uint64_t *hash_part, ddo__errbuf *eb);
+                            size_t dst_cap, const void **at, uint64_t *hash_part, ddo__errbuf *eb);
 bool ddo__source_stream_hash_ok(const ddo__source *src, size_t tensor, uint64_t hash);
+/* Tests: stream reads of at least bytes go direct where they can (0: 1 MiB, DIRECT_MIN), and
+ * how many stream reads went direct in this process. */
+void ddo__source_test_stream_direct_min(uint64_t bytes);
+uint64_t ddo__source_test_stream_direct_reads(void);
 
 /* Bytes needed in a staging window to read len bytes with O_DIRECT alignment (len + 2 pages). */
 size_t ddo__source_window_need(size_t len);

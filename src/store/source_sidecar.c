@@ -178,6 +178,7 @@ int ddo__sidecar_open(const char *path, const ddo__file_id *id, uint64_t max_ent
     if (s == NULL)
         return WHY("out of memory");
     s->fd = -1;
+    s->direct_fd = -1;
     int e = ddo__os_file_open(path, &s->fd);
     if (e == ENOENT) {
         free(s);
@@ -226,12 +227,30 @@ const ddo__sidecar_entry *ddo__sidecar_find(const ddo__sidecar *s, uint64_t offs
                                                                                            : NULL;
 }
 
+void ddo__sidecar_open_direct(ddo__sidecar *s)
+{
+    if (s == NULL || s->direct_fd >= 0 || s->path == NULL)
+        return;
+    int fd = -1;
+    ddo__file_id a, b;
+    if (ddo__os_file_open_direct(s->path, &fd) != 0)
+        return;
+    if (ddo__os_file_identity(s->fd, &a) != 0 || ddo__os_file_identity(fd, &b) != 0 ||
+        !ddo__os_file_id_equal(&a, &b)) {
+        ddo__os_file_close(fd); /* replaced since it was opened: the buffered descriptor stays */
+        return;
+    }
+    s->direct_fd = fd;
+}
+
 void ddo__sidecar_close(ddo__sidecar *s)
 {
     if (s == NULL)
         return;
     if (s->fd >= 0)
         ddo__os_file_close(s->fd);
+    if (s->direct_fd >= 0)
+        ddo__os_file_close(s->direct_fd);
     free(s->entries);
     free(s->path);
     free(s);

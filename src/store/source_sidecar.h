@@ -24,6 +24,7 @@
 #include "base/common.h"
 #include "os/file.h"
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -45,6 +46,8 @@ typedef struct ddo__sidecar_entry {
 
 typedef struct ddo__sidecar {
     int fd;
+    int direct_fd;             /* the same file for O_DIRECT reads (ddo__sidecar_open_direct) */
+    atomic_bool direct_broken; /* a direct read was refused: buffered reads from then on */
     char *path;
     uint64_t bytes;
     size_t count;
@@ -90,6 +93,9 @@ int ddo__sidecar_open(const char *path, const ddo__file_id *id, uint64_t max_ent
 /* The entry of the tensor at offset with raw_bytes of dtype, or NULL. */
 const ddo__sidecar_entry *ddo__sidecar_find(const ddo__sidecar *s, uint64_t offset,
                                             uint64_t raw_bytes, ddo_dtype dtype);
+/* Opens s's file a second time for O_DIRECT reads (s->direct_fd) where the file system takes
+ * them and it is still the same file; -1 otherwise (reads are then buffered). */
+void ddo__sidecar_open_direct(ddo__sidecar *s);
 void ddo__sidecar_close(ddo__sidecar *s);
 
 /*

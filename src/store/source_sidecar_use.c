@@ -406,6 +406,8 @@ void ddo__source_sidecar_keep(ddo__source *src)
         if (used == NULL || !used[f]) {
             ddo__sidecar_close(src->sidecars[f]);
             src->sidecars[f] = NULL;
+        } else if (src->engine != DDO__READ_ENGINE_PREAD) {
+            ddo__sidecar_open_direct(src->sidecars[f]); /* streams read at the disk's rate */
         }
     }
     free(used);
@@ -437,29 +439,65 @@ int ddo__source_read_coded(ddo__source *src, size_t tensor, void *dst, size_t ds
                          "window (%zu bytes)",
                          ti->name, (unsigned long long)len, dst_cap);
     uint64_t hash = 0;
-    int rc = ddo__source_read_stream(src, tensor, 0, (size_t)len, dst, &hash, eb);
+    const void *at = NULL;
+    int rc = ddo__source_read_stream(src, tensor, 0, (size_t)len, dst, dst_cap, &at, &hash, eb);
     if (rc != 0)
         return rc;
     if (hash != e->stream->hash)
         return ddo__fail(eb, DDO_E_FORMAT, "sidecar %s: tensor `%s`: stream hash differs", s->path,
                          ti->name);
-    rc = ddo__codec_plan_create(dst, len, ti->name, plan, eb);
+    rc = ddo__codec_plan_create(at, len, ti->name, plan, eb);
     if (rc != 0)
         return rc;
-    *data = dst;
+    *data = at;
     return 0;
 }
 
+static _Atomic uint64_t direct_min_test;   /* 0: DIRECT_MIN */
+static _Atomic uint64_t direct_reads_test; /* direct stream reads since the process began */
+
+void ddo__source_test_stream_direct_min(uint64_t bytes)
+{
+    atomic_store(&direct_min_test, bytes);
+}
+
+uint64_t ddo__source_test_stream_direct_reads(void)
+{
+    return atomic_load(&direct_reads_test);
+}
+
+/* Bytes [off, off + len) of sidecar s into dst with O_DIRECT (the aligned range around them,
+ * through io_uring where the source uses it): true and *at where they landed, or false when
+ * the direct path cannot take them (the caller reads them buffered). */
+static bool read_direct(ddo__source *src, ddo__sidecar *s, uint64_t off, size_t len, void *dst,
+                        size_t dst_cap, const void **at)
+{
+    uint64_t a0 = ddo__source_align_down(off, IO_ALIGN), a1 = ddo__round_up(off + len, IO_ALIGN);
+    uint64_t min = atomic_load(&direct_min_test);
+    if (s->direct_fd < 0 || atomic_load(&s->direct_broken) || len < (min > 0 ? min : DIRECT_MIN) ||
+        (uintptr_t)dst % IO_ALIGN != 0 || a1 - a0 > dst_cap)
+        return false;
+    int64_t got = ddo__os_read_direct(s->direct_fd, a0, a1 - a0, dst, src->use_uring);
+    if (got >= 0 && (uint64_t)got >= off + len - a0) {
+        *at = (const uint8_t *)dst + (off - a0);
+        atomic_fetch_add(&direct_reads_test, 1);
+        return true;
+    }
+    if (got == -EINVAL || got == -EOPNOTSUPP)
+        atomic_store(&s->direct_broken, true);
+    return false; /* a short or failed direct read: the buffered read decides */
+}
+
 int ddo__source_read_stream(ddo__source *src, size_t tensor, uint64_t pos, size_t len, void *dst,
-                            uint64_t *hash_part, ddo__errbuf *eb)
+                            size_t dst_cap, const void **at, uint64_t *hash_part, ddo__errbuf *eb)
 {
     const entry *e = src != NULL && tensor < src->tensor_count ? &src->entries[tensor] : NULL;
-    if (e == NULL || dst == NULL || hash_part == NULL)
+    if (e == NULL || dst == NULL || at == NULL || hash_part == NULL || len > dst_cap)
         return ddo__fail(eb, DDO_E_INVALID_ARGUMENT, "coded read: invalid argument");
     const ddo_tensor_info *ti = ddo_checkpoint_tensor(src->ck, tensor);
     if (e->stream == NULL)
         return ddo__fail(eb, DDO_E_NOT_FOUND, "tensor `%s`: no stream in a sidecar", ti->name);
-    const ddo__sidecar *s = src->sidecars[ti->file_index];
+    ddo__sidecar *s = src->sidecars[ti->file_index];
     uint64_t total = e->stream->coded_bytes;
     if (pos % 8 != 0 || pos > total || len > total - pos)
         return ddo__fail(eb, DDO_E_INVALID_ARGUMENT,
@@ -469,14 +507,18 @@ int ddo__source_read_stream(ddo__source *src, size_t tensor, uint64_t pos, size_
      * before and after, as in ddo__source_read_file. */
     if (ddo__checkpoint_check_file(src->ck, ti->file_index) != 0)
         return ddo__fail_from_last(eb, DDO_E_FILE_CHANGED);
-    int rc = ddo__os_pread_full(s->fd, dst, len, e->stream->coded_off + pos);
-    ddo__os_drop_cached(s->fd, e->stream->coded_off + pos, len); /* no second copy in the cache */
-    if (rc != 0)
-        return ddo__fail(eb, DDO_E_IO, "sidecar %s: tensor `%s`: read of %zu bytes: %s", s->path,
-                         ti->name, len, ddo__os_file_strerror(rc));
+    uint64_t off = e->stream->coded_off + pos;
+    if (!read_direct(src, s, off, len, dst, dst_cap, at)) {
+        int rc = ddo__os_pread_full(s->fd, dst, len, off);
+        ddo__os_drop_cached(s->fd, off, len); /* no second copy in the cache */
+        if (rc != 0)
+            return ddo__fail(eb, DDO_E_IO, "sidecar %s: tensor `%s`: read of %zu bytes: %s",
+                             s->path, ti->name, len, ddo__os_file_strerror(rc));
+        *at = dst;
+    }
     if (ddo__checkpoint_check_file(src->ck, ti->file_index) != 0)
         return ddo__fail_from_last(eb, DDO_E_FILE_CHANGED);
-    *hash_part = ddo__sidecar_hash(dst, len, pos / 8);
+    *hash_part = ddo__sidecar_hash(*at, len, pos / 8);
     return 0;
 }
 
