@@ -94,6 +94,24 @@ def data():  # anonymous and shared pages: what holds data (code pages are file-
 if T.reset_peak() is None:  # not Linux's accounting (gVisor counts pages allocated, never touched)
     print("SKIP")
     sys.exit(0)
+
+
+def warm_up():  # torch's and ddo's lazily made state (imports, DLPack, the codec's tables) first,
+    w = T.TinyDiT(64, 2, torch.bfloat16)  # in both processes, so the base holds it: what is
+    r = ddo.enable_offload(w, component="transformer", environ={}, backend="vmm",  # measured
+                           weight_codec="ddoc1", **T.CPU_STREAM)  # after is the weights' only
+    with torch.no_grad():
+        r.module(torch.randn(1, 4, 64).to(torch.bfloat16))
+    r.close()
+    del w, r
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+warm_up()
 base = data()
 m = T.TinyDiT(1024, 40, torch.bfloat16)
 g = torch.Generator().manual_seed(3)
@@ -144,7 +162,11 @@ def test_host_ram_holds_the_coded_bytes():
     model). Measured in data pages (anonymous and shared: library code faulted in is not host
     RAM holding weights) above what a control process holds once it simply drops the same
     weights (torch's own memory and the heap's leftovers differ between torch versions: 2.11
-    left 70 MB more in malloc's heap than 1.13, docs/benchmarks.md)."""
+    left 70 MB more in malloc's heap than 1.13, docs/benchmarks.md). Both processes first run a
+    tiny module through the same call, so the state torch and ddo make once per process
+    (imports, DLPack, the codec's tables) is in their base, not counted as weights: on torch
+    2.11 this test failed with 115 MB above the coded bytes where 48 MiB are allowed, with the
+    module's copies let go (not yet run there since)."""
     model, held, after, coded = child("ddo")
     _, control_held, floor, _ = child("control")
     assert model > 300 << 20 and held >= 0.95 * model  # the module's copies were in RAM
