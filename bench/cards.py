@@ -38,6 +38,7 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -185,6 +186,13 @@ def ddo_case(model, x, opts, card_gib, args, ctx):
         after, _ = tf.ddo_bytes(r)
         res["activation_replan"] = getattr(r, "activation_replan", None)  # (a route result: none)
         dw = r.plan["budgets"]["device_weights"]
+        if args.torch_trace and not opts:  # the zero-configuration case: where its step goes
+            with torch.no_grad():
+                res["torch_trace"] = tf.trace_step(
+                    lambda: r.module(x), os.path.join(args.trace_dir, f"cards_{ctx['name']}_"
+                                                      f"{card_gib:g}.json"), cuda)
+        res.update(predicted_step_s=r.plan["budgets"].get("predicted_step_s"),
+                   slot_count=dw.get("slot_count"))
         res.update(step_s=step, plan_peak_bytes=dw["peak"], plan_limit_bytes=dw["limit"],
                    resident_set_rule=r.plan["planner_decisions"].get("resident_set_rule"),
                    plan_note=r.plan["planner_decisions"].get("plan_note"),
@@ -272,6 +280,7 @@ def sweep(card_gib, scale):
 def run_model(key, args, ctx):
     import torch
     name, tokens = MODELS[key]
+    ctx["name"] = name
     tensors = load_layout(name, args.tiny)
     if args.tiny:
         tokens = 16
@@ -350,6 +359,11 @@ def main(argv=None):
     p.add_argument("--tiny", action="store_true",
                    help="cpu device, small layouts, cards of GiB / 512 (a smoke test)")
     p.add_argument("--deadline-s", type=float, default=510.0)
+    p.add_argument("--torch-trace", action="store_true",
+                   help="one more step of each zero-configuration case under torch.profiler: "
+                        "the kernels' and copies' busy time against the step (JSON: torch_trace)")
+    p.add_argument("--trace-dir", default=tempfile.gettempdir(),
+                   help="where --torch-trace writes its Chrome traces")
     args = p.parse_args(argv)
     import torch
     cuda = not args.tiny and torch.cuda.is_available()

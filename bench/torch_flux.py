@@ -789,21 +789,26 @@ def busy_union(spans):
 
 
 def trace_one_step(module, inputs, case, args, cuda):
-    """One more step under torch.profiler (after the timed ones): its Chrome trace in the
-    workdir, and where the device's time went: the kernels' summed time, the union of the
-    spans any kernel ran (busy), the copies' union, and the step's wall time. Between two cases
-    the kernels' sum tells slower kernels (the copies contending with them) from a device left
-    waiting (busy below the step: uploads or launches the kernels wait on)."""
+    """One more step under torch.profiler (after the timed ones), traced by trace_step."""
+    return trace_step(lambda: forward(module, inputs, args.toy, False),
+                      os.path.join(args.workdir, f"torch_trace_{case}.json"), cuda)
+
+
+def trace_step(step, path, cuda):
+    """step() once under torch.profiler: its Chrome trace at path, and where the device's time
+    went: the kernels' summed time, the union of the spans any kernel ran (busy), the copies'
+    union, and the step's wall time. Between two cases the kernels' sum tells slower kernels
+    (the copies contending with them) from a device left waiting (busy below the step: uploads
+    or launches the kernels wait on)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=acts) as prof:
         t = time.perf_counter()
-        forward(module, inputs, args.toy, False)
+        step()
         if cuda:
             torch.cuda.synchronize()
         wall = time.perf_counter() - t
-    path = os.path.join(args.workdir, f"torch_trace_{case}.json")
     prof.export_chrome_trace(path)
     kernels, copies = [], []
     for e in prof.events():

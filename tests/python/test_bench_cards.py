@@ -2,7 +2,8 @@
 bit-identical to the resident run, within the emulated card; the small card streams, the large
 one streams nothing; the zero-configuration case re-plans in its warm-up (the measurement
 replaced: the cpu device has none) and records it; Diffusers' group offload is skipped with a
-note on the cpu device; the Qwen-Image layout (data/layouts/qwen-image.json) has its 20.4 B
+note on the cpu device; --torch-trace traces one more step of the zero-configuration case and
+the plan's predicted step and slot count are recorded; the Qwen-Image layout (data/layouts/qwen-image.json) has its 20.4 B
 parameters and the tiny Qwen-Image stand-in runs."""
 
 import json
@@ -37,7 +38,7 @@ def test_tiny_run(tmp_path, monkeypatch):
     cards = load_bench("cards")
     out = tmp_path / "cards.json"
     assert cards.main(["--tiny", "--models", "flux", "--cards", "8,24", "--steps", "1",
-                       "--out", str(out)]) == 0
+                       "--torch-trace", "--trace-dir", str(tmp_path), "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     m = r["models"]["flux"]
     assert m["resident_step_s"] > 0
@@ -49,6 +50,10 @@ def test_tiny_run(tmp_path, monkeypatch):
         assert z["within_card"] and z["plan_peak_bytes"] <= z["plan_limit_bytes"]
         assert z["plan_limit_bytes"] == int(gib / 512 * 2**30)  # the emulated card, whole
         assert c["ratio_zero_config_to_best"] > 0 and c["best_sweep"] in c["sweep"]
+        # the plan's own figures beside the step, and one traced step (no kernels on the cpu)
+        assert z["predicted_step_s"] is not None and z["slot_count"] is not None
+        tr = z["torch_trace"]
+        assert tr["step_s"] > 0 and (tmp_path / f"cards_flux1-dev_{gib}.json").is_file(), tr
         rp = z["activation_replan"]
         assert z["warmup_steps"] == 2 and rp["replanned"], rp
         assert rp["reserve_bytes"] == replan.MARGIN and rp["plan_before"]["limit"] > 0
