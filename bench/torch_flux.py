@@ -788,6 +788,43 @@ def busy_union(spans):
     return total / 1e6
 
 
+def idle_causes(events):
+    """Why the device sat idle between kernels, from a torch.profiler Chrome trace's events:
+    before each kernel that starts after every earlier kernel ended (a gap), the part of the gap
+    until its launch call returned on the host (cudaLaunchKernel or a driver launch, matched by
+    the correlation id) is the host's (the GPU waited for Python to launch it); the rest is the
+    device's own wait (an event: an upload not done yet, or the launch latency). Returns
+    seconds: idle (the gaps), idle_host, idle_wait, and the median launch lead (the kernel's
+    start after its launch returned: near zero when the host paces the step)."""
+    launch_end, kernels = {}, []
+    for e in events:
+        cat, a = e.get("cat", ""), e.get("args") or {}
+        corr = a.get("correlation")
+        if e.get("ph") != "X" or corr is None:
+            continue
+        if cat in ("cuda_runtime", "cuda_driver") and "aunch" in e.get("name", ""):
+            launch_end[corr] = float(e["ts"]) + float(e.get("dur", 0.0))
+        elif cat == "kernel":
+            kernels.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), corr))
+    kernels.sort()
+    idle = host = 0.0
+    leads, end = [], None
+    for a, b, corr in kernels:
+        le = launch_end.get(corr)
+        if le is not None:
+            leads.append(a - le)
+        if end is not None and a > end:
+            gap = a - end
+            idle += gap
+            if le is not None:
+                host += min(gap, max(0.0, le - end))
+        end = b if end is None or b > end else end
+    leads.sort()
+    return {"idle_s": idle / 1e6, "idle_host_s": host / 1e6, "idle_wait_s": (idle - host) / 1e6,
+            "launch_lead_median_s": leads[len(leads) // 2] / 1e6 if leads else None,
+            "kernels_matched": len(leads)}
+
+
 def trace_one_step(module, inputs, case, args, cuda):
     """One more step under torch.profiler (after the timed ones), traced by trace_step."""
     return trace_step(lambda: forward(module, inputs, args.toy, False),
@@ -798,8 +835,9 @@ def trace_step(step, path, cuda):
     """step() once under torch.profiler: its Chrome trace at path, and where the device's time
     went: the kernels' summed time, the union of the spans any kernel ran (busy), the copies'
     union, and the step's wall time. Between two cases the kernels' sum tells slower kernels
-    (the copies contending with them) from a device left waiting (busy below the step: uploads
-    or launches the kernels wait on)."""
+    (the copies contending with them) from a device left waiting (busy below the step), and
+    idle_causes splits that waiting into the host launching late and the device waiting on an
+    event (an upload)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -816,9 +854,16 @@ def trace_step(step, path, cuda):
             continue
         span = (e.time_range.start, e.time_range.end)
         (copies if "memcpy" in e.name.lower() else kernels).append(span)
-    return {"path": path, "step_s": wall, "kernels": len(kernels),
-            "kernel_sum_s": sum(b - a for a, b in kernels) / 1e6,
-            "kernel_busy_s": busy_union(kernels), "copy_busy_s": busy_union(copies)}
+    res = {"path": path, "step_s": wall, "kernels": len(kernels),
+           "kernel_sum_s": sum(b - a for a, b in kernels) / 1e6,
+           "kernel_busy_s": busy_union(kernels), "copy_busy_s": busy_union(copies)}
+    try:  # where the device's idle time went: the host launching late, or the device waiting
+        with open(path) as f:
+            data = json.load(f)  # torch 2: {"traceEvents": [...]}; some versions: the list
+        res.update(idle_causes(data.get("traceEvents", []) if isinstance(data, dict) else data))
+    except (OSError, ValueError) as e:
+        res["idle_causes_error"] = f"{type(e).__name__}: {e}"
+    return res
 
 
 def within_budget(res):

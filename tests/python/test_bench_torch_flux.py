@@ -197,3 +197,27 @@ def test_gguf_file_blocks_and_their_type_reach_the_cases(tf, tmp_path):
         heads = b.reshape(4, 2, size)[:, :, 0:4 if qtype == "Q4_K" else 2]
         scales = heads.copy().view(np.float16)
         assert np.isfinite(scales).all() and (scales > 0).all()
+
+
+def test_idle_causes_split_host_and_device_waits(tf):
+    """The trace's idle time between kernels, split: the part of a gap until the kernel's launch
+    returned on the host is the host's, the rest the device's own wait (an upload's event)."""
+    def k(ts, end, corr):
+        return {"ph": "X", "cat": "kernel", "name": "k", "ts": ts, "dur": end - ts,
+                "args": {"correlation": corr}}
+
+    def launch(end, corr, cat="cuda_runtime", name="cudaLaunchKernel"):
+        return {"ph": "X", "cat": cat, "name": name, "ts": end - 1, "dur": 1,
+                "args": {"correlation": corr}}
+    ev = [k(0, 10, 1), launch(-5, 1),
+          k(15, 20, 2), launch(14, 2),        # a 5 us gap, 4 of it until the launch returned
+          k(30, 40, 3), launch(12, 3),        # a 10 us gap, launched long before: the device's
+          k(35, 45, 4), launch(30, 4),        # overlaps: no gap
+          k(50, 55, 5), launch(49, 5, "cuda_driver", "cuLaunchKernel"),  # 5 us, 4 the host's
+          {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 20, "dur": 30,
+           "args": {"correlation": 9}}]
+    r = tf.idle_causes(ev)
+    assert abs(r["idle_s"] - 20e-6) < 1e-12 and abs(r["idle_host_s"] - 8e-6) < 1e-12
+    assert abs(r["idle_wait_s"] - 12e-6) < 1e-12
+    assert r["kernels_matched"] == 5 and abs(r["launch_lead_median_s"] - 5e-6) < 1e-12
+    assert tf.idle_causes([])["launch_lead_median_s"] is None
