@@ -219,8 +219,8 @@ static bool cache_takes_direct(void)
 /* Streams read with O_DIRECT (where the sidecar's file system takes it: the disk's rate, as
  * raw file reads; every stream here, scaled down from the 1 MiB such reads start at), whole and
  * in 3333-byte pieces (so most pieces start inside a page: the aligned range around them is
- * read and the piece taken from inside it): the same bytes from the sidecar as the buffered
- * reads, none raw, the leased bytes identical. */
+ * read and the piece taken from inside it): every stream from the sidecar, none raw and none
+ * falling back, the leased bytes those of the checkpoint. */
 static void test_streams_read_direct(void)
 {
     static const char *const routes[] = { "linear_runtime", "vmm_fast_runtime" };
@@ -230,21 +230,20 @@ static void test_streams_read_direct(void)
         double raw = 0;
         fx f;
         setup(&f, what, true, &raw);
-        replan(&f, SMALL_GB, cache);
-        fx_two_steps(&f, what);
-        double buffered = fx_metric(&f, "bytes_staged_from_sidecar");
         ddo__source_test_stream_direct_min(1);
         for (int pieces = 0; pieces < 2; pieces++) {
             ddo__session_codec_test_piece_cap(pieces ? 3333 : 0);
             uint64_t before = ddo__source_test_stream_direct_reads();
             replan(&f, SMALL_GB, cache);
-            fx_two_steps(&f, what);
+            fx_two_steps(&f, what); /* the leased bytes checked against the checkpoint's */
             uint64_t reads = ddo__source_test_stream_direct_reads() - before;
-            T_CHECK_MSG(fx_metric(&f, "bytes_staged_from_sidecar") == buffered &&
-                            fx_metric(&f, "bytes_staged_from_file") == 0 &&
+            /* (how many loads a pass makes moves with the prefetch's timing: bytes are not
+             * compared between runs) */
+            double side = fx_metric(&f, "bytes_staged_from_sidecar");
+            T_CHECK_MSG(side > 0 && fx_metric(&f, "bytes_staged_from_file") == 0 &&
                             fx_metric(&f, "codec_stream_fallbacks") == 0,
-                        "%s, pieces %d: %g bytes from the sidecar against %g", what, pieces,
-                        fx_metric(&f, "bytes_staged_from_sidecar"), buffered);
+                        "%s, pieces %d: %g bytes from the sidecar, %g raw", what, pieces, side,
+                        fx_metric(&f, "bytes_staged_from_file"));
             T_CHECK_MSG(!direct || reads > 0, "%s, pieces %d: no direct read", what, pieces);
         }
         ddo__session_codec_test_piece_cap(0);
