@@ -146,8 +146,9 @@ bool ddo__source_has_stream(const ddo__source *src, size_t tensor, uint64_t *cod
  * identity checked before and after (DDO_E_FILE_CHANGED), checks its hash (DDO_E_FORMAT) and
  * builds its plan: 0, *data (where the stream starts in dst: ddo__source_read_stream) and
  * *plan (the caller destroys it). The plan is built per load: building them at setup would
- * read every streamed tensor's stream once more, which is the read streaming exists to avoid. DDO_E_NOT_FOUND: no stream; any failure but
- * DDO_E_FILE_CHANGED means "read this tensor raw instead". Thread-safe.
+ * read every streamed tensor's stream once more, which is the read streaming exists to avoid.
+ * DDO_E_NOT_FOUND: no stream; any failure but DDO_E_FILE_CHANGED means "read this tensor raw
+ * instead". Thread-safe.
  */
 int ddo__source_read_coded(ddo__source *src, size_t tensor, void *dst, size_t dst_cap,
                            const void **data, struct ddo__codec_plan **plan, ddo__errbuf *eb);
