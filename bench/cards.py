@@ -191,9 +191,9 @@ def ddo_case(model, x, opts, card_gib, args, ctx):
                 res["torch_trace"] = tf.trace_step(
                     lambda: r.module(x), os.path.join(args.trace_dir, f"cards_{ctx['name']}_"
                                                       f"{card_gib:g}.json"), cuda)
-        res.update(predicted_step_s=r.plan["budgets"].get("predicted_step_s"),
-                   slot_count=dw.get("slot_count"))
         res.update(step_s=step, plan_peak_bytes=dw["peak"], plan_limit_bytes=dw["limit"],
+                   predicted_step_s=r.plan["budgets"].get("predicted_step_s"),
+                   slot_count=dw.get("slot_count"),
                    resident_set_rule=r.plan["planner_decisions"].get("resident_set_rule"),
                    plan_note=r.plan["planner_decisions"].get("plan_note"),
                    streamed_bytes_per_step=(after - before) / args.steps

@@ -96,6 +96,14 @@ if T.reset_peak() is None:  # not Linux's accounting (gVisor counts pages alloca
     sys.exit(0)
 
 
+def trim():  # glibc keeps freed heap pages until trimmed: what is left is what is in use
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def warm_up():  # torch's and ddo's lazily made state (imports, DLPack, the codec's tables) first,
     w = T.TinyDiT(64, 2, torch.bfloat16)  # in both processes, so the base holds it: what is
     r = ddo.enable_offload(w, component="transformer", environ={}, backend="vmm",  # measured
@@ -104,11 +112,7 @@ def warm_up():  # torch's and ddo's lazily made state (imports, DLPack, the code
         r.module(torch.randn(1, 4, 64).to(torch.bfloat16))
     r.close()
     del w, r
-    gc.collect()
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    trim()
 
 
 warm_up()
@@ -126,11 +130,7 @@ held = data() - base
 if sys.argv[3] == "control":  # the same process with the weights simply dropped, no ddo
     for p in m.parameters():
         p.data = torch.empty(0, dtype=p.dtype)
-    gc.collect()
-    try:  # glibc keeps freed heap pages until trimmed: the floor is what is still in use
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    trim()  # the floor is what is still in use
     print(model, held, data() - base, 0)
     sys.exit(0)
 r = ddo.enable_offload(m, component="transformer", environ={}, backend="vmm",
