@@ -28,6 +28,7 @@ warm-up (torch._dynamo.utils.counters, the cudagraph tree manager) and the ratio
 import argparse
 import contextlib
 import gc
+import io
 import json
 import os
 import statistics
@@ -772,6 +773,8 @@ def run_steps(module, inputs, case, spec, args, deadline, res, handle, cuda):
         res["streamed_bytes_per_step"] = 0
     if args.torch_trace:
         res["torch_trace"] = trace_one_step(module, inputs, case, args, cuda)
+    if getattr(args, "py_profile", False):
+        res["py_profile"] = py_profile_step(lambda: forward(module, inputs, args.toy, False), cuda)
     compare(out, first, case, spec, args, res)
 
 
@@ -831,6 +834,25 @@ def trace_one_step(module, inputs, case, args, cuda):
                       os.path.join(args.workdir, f"torch_trace_{case}.json"), cuda)
 
 
+def py_profile_step(step, cuda, top=30):
+    """step() once under cProfile: the host's time by function (the top by own time, as text),
+    to tell which Python work paces a host-bound step."""
+    import cProfile
+    import pstats
+    import torch
+    prof = cProfile.Profile()
+    t = time.perf_counter()
+    prof.enable()
+    step()
+    if cuda:
+        torch.cuda.synchronize()
+    prof.disable()
+    wall = time.perf_counter() - t
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    return {"step_s": wall, "top_by_tottime": out.getvalue()[-12000:]}
+
+
 def trace_step(step, path, cuda):
     """step() once under torch.profiler: its Chrome trace at path, and where the device's time
     went: the kernels' summed time, the union of the spans any kernel ran (busy), the copies'
@@ -847,6 +869,7 @@ def trace_step(step, path, cuda):
         if cuda:
             torch.cuda.synchronize()
         wall = time.perf_counter() - t
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # (torch only logs a miss)
     prof.export_chrome_trace(path)
     kernels, copies = [], []
     for e in prof.events():
@@ -891,6 +914,8 @@ def case_command(case, args, result_path, deadline_epoch):
         cmd += ["--quant", args.quant, "--gguf-type", args.gguf_type]
     if args.torch_trace:
         cmd.append("--torch-trace")
+    if args.py_profile:
+        cmd.append("--py-profile")
     return cmd
 
 
@@ -1080,6 +1105,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (compile: >= 3)")
     p.add_argument("--device", default="cuda:0", help="execution device (cpu with --toy/--tiny)")
     p.add_argument("--bus-gib", type=float, default=4.0, help="size of the pinned bus copy")
+    p.add_argument("--py-profile", action="store_true",
+                   help="one more step per case under cProfile: the host's top functions by own "
+                        "time (JSON: py_profile)")
     p.add_argument("--torch-trace", action="store_true",
                    help="one more step per case under torch.profiler: its trace in the workdir "
                         "and the kernels' time against the step's (JSON: torch_trace)")
