@@ -9,6 +9,13 @@ forward (never inside one) with activation_reserve_gb set to it: the module's ho
 registered again in place (no copy; on a GPU the driver pins their pages again), the resident
 weights are uploaded again, and more (or fewer) units are resident. ``result.activation_replan`` says what happened, ``result.replanned``
 whether it did; activation_replan=False keeps the first plan.
+
+The same first forward times each streamed unit's compute (profiles.UnitTimer, as a profile's
+calibration does). Until something measured them, the plan's cost model estimates the units'
+compute from their FLOPs, which leaves out attention and runs low (Flux on an H200: a
+predicted step below the resident step itself); a re-plan that happens plans with the
+measured compute instead (first_compute()), so its resident set and slot count are chosen for
+the step the device really runs. A profile that already measured the units keeps its figures.
 """
 
 from __future__ import annotations
@@ -16,11 +23,11 @@ from __future__ import annotations
 import ctypes
 import sys
 import weakref
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from . import _lease, _native
+from . import _lease, _native, profiles
 from ._result_lifecycle import Lifecycle
 from ._result_state import _MANAGED
 
@@ -65,6 +72,29 @@ def measure_activation(device: Optional[torch.device], baseline: int,
     out = call()
     cuda.synchronize(device)
     return out, max(0, int(cuda.max_memory_reserved(device)) - baseline)
+
+
+def first_compute(units: List[Dict[str, Any]], measured: Mapping[str, float]) -> Dict[str, float]:
+    """Every unit's compute for the re-plan ({unit name: seconds}; {} when nothing usable was
+    measured), from the plan's units (their estimated compute_s, flops_per_token and bytes) and
+    the first forward's timings. Units of one kind (the same FLOPs and bytes: a transformer's
+    blocks) take their kind's median, so a unit that ran a kernel for the first time (its
+    loading, a library's set-up) does not count as slow; a unit the forward did not time (a
+    resident one, a kind never streamed) keeps its estimate scaled by what the measured units
+    took against theirs."""
+    est = {u["name"]: float(u.get("compute_s") or 0.0) for u in units}
+    kind = {u["name"]: (u.get("flops_per_token"), u.get("bytes")) for u in units}
+    by_kind: Dict[Any, List[float]] = {}
+    took = planned = 0.0
+    for name, sec in measured.items():
+        if name in est and sec > 0.0 and est[name] > 0.0:
+            by_kind.setdefault(kind[name], []).append(sec)
+            took, planned = took + sec, planned + est[name]
+    if planned <= 0.0:
+        return {}
+    scale = took / planned
+    median = {k: sorted(v)[len(v) // 2] for k, v in by_kind.items()}
+    return {name: median.get(kind[name], e * scale) for name, e in est.items()}
 
 
 class Replan(Lifecycle):
@@ -133,7 +163,8 @@ class Replan(Lifecycle):
     def activation_replan(self) -> Dict[str, Any]:
         """The activation reserve: state (measuring, due, replanned, kept, off), the plan's
         estimated reserve, the measured need, the reserve planned with, the margin, the
-        threshold (bytes) and a note."""
+        threshold (bytes), a note, and unit_compute: "first_forward" when the re-plan took the
+        units' compute the first forward timed (else None)."""
         return dict(self._replan, replanned=self.replanned)
 
     def _arm_replan(self) -> None:
@@ -143,7 +174,7 @@ class Replan(Lifecycle):
         self._replan = {"state": "off",
                         "estimated_bytes": est if info.activation_reserve_estimated else None,
                         "measured_bytes": None, "reserve_bytes": None, "margin_bytes": None,
-                        "threshold_bytes": THRESHOLD, "note": ""}
+                        "threshold_bytes": THRESHOLD, "note": "", "unit_compute": None}
         why = ""
         if self._cfg.get("activation_replan") != "true":
             why = "activation_replan=False: the first plan stays"
@@ -173,8 +204,19 @@ class Replan(Lifecycle):
         if rp["state"] == "due":
             self._replan_now()
             return fn(*args, **kwargs)
-        out, need = measure_activation(self.device, getattr(self, "_torch_reserved", 0),
-                                       lambda: fn(*args, **kwargs))
+        timer = None
+        if self._timing is None and getattr(self, "_compute_measured", None) is None:
+            timer = self._timing = profiles.UnitTimer()
+        try:
+            out, need = measure_activation(self.device, getattr(self, "_torch_reserved", 0),
+                                           lambda: fn(*args, **kwargs))
+        finally:
+            if timer is not None and self._timing is timer:
+                self._timing = None
+        if timer is not None:
+            units = self.plan.get("units") or []
+            self._first_compute = first_compute(units, timer.medians(self._unit_names,
+                                                                     self.device))
         self._measured(need)
         return out
 
@@ -229,12 +271,16 @@ class Replan(Lifecycle):
             except Exception as e:  # the first plan again (the same inputs: it fitted)
                 self._teardown()
                 self._cfg = first_cfg
+                self._first_compute = {}  # (the first plan's estimates too)
                 rp["note"] += f" (the re-plan failed, {_native.exc_line(e)}; the first plan " \
                               f"again)"
                 self._rebuild(last=True)
                 return
             rp["state"] = "replanned"
             rp["note"] = rp["note"].replace("a re-plan is due", "re-planned")
+            if self._compute_measured == "first_forward":
+                rp["unit_compute"] = "first_forward"
+                rp["note"] += " with the units' compute timed on the first forward"
             rp["plan_before"] = {k: before["budgets"]["device_weights"][k]
                                  for k in ("limit", "limit_source", "resident_bytes")}
             if self._cfg.get("verbose") == "true":  # (the plan's summary was printed above)

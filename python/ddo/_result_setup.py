@@ -185,12 +185,16 @@ class Setup(Hooks):
         bus and compute): the decoder's rate and each unit's compute (docs/plan.md, "Cost
         model")."""
         prof = self._profile
-        if prof is None:
-            return
-        if not inputs.decode_bytes_per_s > 0 and prof.decode_bytes_per_s > 0:
+        if prof is not None and not inputs.decode_bytes_per_s > 0 and \
+                prof.decode_bytes_per_s > 0:
             inputs.decode_bytes_per_s = prof.decode_bytes_per_s
-        if prof.unit_compute:
-            self._unit_compute_text = json.dumps(prof.unit_compute).encode()
+        # A profile's calibration, else (a re-plan) what the first forward timed.
+        uc = prof.unit_compute if prof is not None and prof.unit_compute else \
+            getattr(self, "_first_compute", None)
+        self._compute_measured = "profile" if prof is not None and prof.unit_compute else \
+            "first_forward" if uc else None
+        if uc:
+            self._unit_compute_text = json.dumps(uc).encode()
             inputs.unit_compute_json = self._unit_compute_text
 
     def _first_inputs(self, inputs: _lib.PlanInputs) -> None:

@@ -190,7 +190,10 @@ class ResultState:
     _show_profile: Tuple[bool, bool]
     _before_session: Optional[Callable[[Any], None]]
     _profile: Any  # profiles.ProfileState
-    _timing: Any  # profiles.UnitTimer while profile_run() measures
+    _timing: Any  # profiles.UnitTimer while profile_run() or the first forward measures
+    _first_compute: Dict[str, float]  # the units' compute the first forward timed (_result_replan)
+    _compute_measured: Optional[str]  # where the plan's unit compute came from: profile,
+    # first_forward, or None (FLOP estimates)
     _source: Any  # a checkpoint path the parameters are read from (_source.py)
     _origin: torch.device  # where the module was (routing.py)
     _unit_compute_text: bytes

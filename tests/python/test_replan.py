@@ -76,7 +76,10 @@ def test_replanned_once_with_more_resident(measured, idle_device):
     r = ddo.enable_offload(m, device_memory_limit_gb=1.6, **CPU)
     try:
         before = r.budgets()
+        first_plan_compute = {"source": r.plan["planner_decisions"]["unit_compute_source"],
+                              "values": {u["compute_s"] for u in r.plan["units"]}}
         assert r.activation_replan["state"] == "measuring" and not r.replanned
+        assert r.activation_replan["unit_compute"] is None
         est = r.activation_replan["estimated_bytes"]
         assert est > GIB // 2  # 512 MiB + 4 x tokens x the widest row
         first = steps(m, x, 1)  # measured: 0 bytes + the margin, well under the estimate
@@ -96,6 +99,14 @@ def test_replanned_once_with_more_resident(measured, idle_device):
         assert r.activation_replan["reserve_bytes"] == replan.MARGIN
         assert r.activation_replan["plan_before"]["limit"] == before["device_weights_limit"]
         assert all(torch.equal(a, b) for a, b in zip(ref, first + rest[:2]))
+        # The re-plan planned with the compute the first forward timed (one kind of unit:
+        # their median, the same for each), not with the FLOP estimates of the first plan.
+        assert first_plan_compute["source"] == "flops"
+        assert dec["unit_compute_source"] == "measured"
+        assert r.activation_replan["unit_compute"] == "first_forward"
+        assert "compute timed on the first forward" in r.activation_replan["note"]
+        timed = {u["compute_s"] for u in r.plan["units"]}
+        assert len(timed) == 1 and timed != first_plan_compute["values"]
     finally:
         r.close()
     assert r.device_bytes_after_close == 0
@@ -213,3 +224,20 @@ def test_the_facts_survive_a_saved_plan():
             assert abs(info.activation_reserve_bytes - mine.activation_reserve_bytes) < (1 << 20)
         finally:
             r.close()
+
+
+def test_first_compute_takes_each_kinds_median_and_scales_the_rest():
+    """first_compute: blocks of one kind take their median (a first launch's slow unit does not
+    count); a unit not timed keeps its estimate times what the timed units took against
+    theirs; a unit of no compute stays at 0; nothing timed gives nothing."""
+    units = [dict(name="embed", compute_s=0.001, flops_per_token=10, bytes=100)] + [
+        dict(name=f"b{i}", compute_s=0.002, flops_per_token=50, bytes=900) for i in range(5)] + [
+        dict(name="norm", compute_s=0.0, flops_per_token=0, bytes=8)]
+    timed = {"b0": 0.030, "b1": 0.003, "b2": 0.003, "b3": 0.0031, "b4": 0.0029, "norm": 0.001}
+    got = replan.first_compute(units, timed)
+    assert {got[f"b{i}"] for i in range(5)} == {0.003}  # b0's first launch is not its cost
+    scale = sum(timed[f"b{i}"] for i in range(5)) / (5 * 0.002)
+    assert got["embed"] == pytest.approx(0.001 * scale)  # not timed (resident): scaled
+    assert got["norm"] == 0.0
+    assert replan.first_compute(units, {}) == {}
+    assert replan.first_compute(units, {"norm": 0.5, "missing": 1.0}) == {}
