@@ -23,6 +23,7 @@ import torch
 
 from . import _lease, _native, _talk, _torch
 from ._native import DdoError
+from ._quant import _no_torch_function
 from ._result_state import _PLACEMENT_SKIPPED, _shielded
 from ._result_views import Views
 
@@ -316,7 +317,8 @@ class Leases(Views):
         self._bind_unit(u)
         if getattr(self, "_lora", None) is not None:
             self._lora.bound(self._unit_tensors[u])  # merged LoRAs replayed on fresh copies
-        self._versions[u] = [p._version for p in self._unit_params(u)[0]]
+        with _no_torch_function():  # (see _result_views._unit_to_placeholder)
+            self._versions[u] = [p._version for p in self._unit_params(u)[0]]
 
     def _gather(self, u: int) -> None:
         """Share mode: the group's all-gather completes the unit this rank holds a share of
@@ -341,7 +343,9 @@ class Leases(Views):
             return
         del self._leases[u]
         before = self._versions.pop(u, None)
-        changed = before is not None and [p._version for p in self._unit_params(u)[0]] != before
+        with _no_torch_function():  # (see _result_views._unit_to_placeholder)
+            changed = before is not None and \
+                [p._version for p in self._unit_params(u)[0]] != before
         self._unit_to_placeholder(u)
         if changed:
             self._dirty = True  # restored when no lease is held (_unclaim, _abort)

@@ -10,6 +10,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import _native, _torch
+from ._quant import _no_torch_function
 from ._native import DdoError
 from ._result_ownership import Ownership
 from ._result_state import _PLACEMENT_RESIDENT, _PLACEMENT_SKIPPED, _PLACEMENT_STREAMED, _Param
@@ -89,21 +90,23 @@ class Views(Ownership):
         if cut is None or base is None:
             for t in self._unit_tensors[u]:
                 v = self._view(t)
-                for p in t.params:
-                    p.data = v
+                with _no_torch_function():  # (see _unit_to_placeholder)
+                    for p in t.params:
+                        p.data = v
             return
         typed: Dict[torch.dtype, torch.Tensor] = {}
-        for t, dt, off, shape, strides in cut:
-            if off < 0:
-                v = self._view(t)
-            else:
-                whole = typed.get(dt)
-                if whole is None:
-                    size = torch.empty((), dtype=dt).element_size()
-                    whole = typed[dt] = base[:base.numel() - base.numel() % size].view(dt)
-                v = whole.as_strided(shape, strides, off)
-            for p in t.params:
-                p.data = v
+        with _no_torch_function():  # (see _unit_to_placeholder)
+            for t, dt, off, shape, strides in cut:
+                if off < 0:
+                    v = self._view(t)
+                else:
+                    whole = typed.get(dt)
+                    if whole is None:
+                        size = torch.empty((), dtype=dt).element_size()
+                        whole = typed[dt] = base[:base.numel() - base.numel() % size].view(dt)
+                    v = whole.as_strided(shape, strides, off)
+                for p in t.params:
+                    p.data = v
         self._view_ptrs[base.data_ptr()] = self._unit_names[u]  # (saved-tensor hooks)
 
     def _make_views(self) -> None:
@@ -139,18 +142,25 @@ class Views(Ownership):
         return got
 
     def _unit_to_placeholder(self, u: int) -> None:
-        """_to_placeholder for every tensor of u, over its flat lists."""
+        """_to_placeholder for every tensor of u, over its flat lists. The per-lease loops
+        rebind .data and read ._version with torch-function dispatch off: a Parameter subclass
+        with its own __torch_function__ (Diffusers' GGUFParameter wraps every result) would
+        otherwise run it for each access, several microseconds a tensor and lease on the
+        host; both are plain attribute work on the Parameter object, the same either way."""
         ps, ids, phs = self._unit_params(u)
-        for p, ph in zip(ps, phs):
-            p.data = ph
-        self._ph_versions.update(zip(ids, [p._version for p in ps]))
+        with _no_torch_function():
+            for p, ph in zip(ps, phs):
+                p.data = ph
+            self._ph_versions.update(zip(ids, [p._version for p in ps]))
 
     def _unit_placeholder_writes(self, u: int) -> Optional[DdoError]:
         """_placeholder_writes for u's tensors: the versions of its Parameters compared in one
         pass; the per-tensor check only where one differs."""
         ps, ids, _ = self._unit_params(u)
         get = self._ph_versions.get
-        if [get(i) for i in ids] == [p._version for p in ps]:
+        with _no_torch_function():  # (see _unit_to_placeholder)
+            now = [p._version for p in ps]
+        if [get(i) for i in ids] == now:
             return None
         return self._placeholder_writes(self._unit_tensors[u])
 

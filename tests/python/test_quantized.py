@@ -6,6 +6,7 @@ kept across steps, unload/reload and state_dict; the plan's dequantization scrat
 Every quantized layer here is a STAND-IN written for these tests (no Diffusers, ComfyUI, gguf
 or TorchAO in CI): they follow the hosts' layouts and dequantize in their own forwards."""
 
+import collections
 import gc
 import json
 import struct
@@ -251,6 +252,36 @@ def test_bit_identical_and_stored_bytes_every_route(backend, opts, storage):
     for n, p in quant_params(m).items():
         assert p is before[n][0] and p.__dict__ == before[n][1]
     assert torch.equal(steps(m, x, 1)[0], ref[0])  # unmanaged again, same values
+
+
+@pytest.mark.parametrize("backend,opts", ROUTES[:3])
+def test_leases_never_run_the_subclass_torch_function(backend, opts, monkeypatch):
+    """A lease rebinds each Parameter's .data and reads its ._version with torch-function
+    dispatch off: a subclass's own __torch_function__ (Diffusers' GGUFParameter wraps every
+    result) runs for the layer's own ops only, as many times as without ddo, not once more per
+    tensor and lease (host time that a host-bound quantized step pays in full)."""
+    calls = []
+    orig = GGUFLikeParameter.__dict__["__torch_function__"].__func__
+
+    def counted(cls, func, types, args=(), kwargs=None):
+        calls.append(getattr(func, "__qualname__", None) or getattr(func, "__name__", ""))
+        return orig(cls, func, types, args, kwargs)
+    monkeypatch.setattr(GGUFLikeParameter, "__torch_function__", classmethod(counted))
+    m = QuantNet(seed=3)
+    x = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(4))
+    ref = steps(m, x, 2)
+    plain = list(calls)
+    assert plain  # the stand-in's forward does run it (its dequantization)
+    r = ddo.enable_offload(m, backend=backend, **opts)
+    try:
+        steps(r.module, x, 1)  # (the first forward's one-time work)
+        calls.clear()
+        outs = steps(r.module, x, 2)
+        assert all(torch.equal(a, b) for a, b in zip(outs, ref))
+        more = collections.Counter(calls) - collections.Counter(plain)
+        assert not more  # the forward's own (a few fewer on VMM), nothing for the leases
+    finally:
+        r.close()
 
 
 @pytest.mark.parametrize("backend", ["linear", "vmm"])
