@@ -773,7 +773,7 @@ def run_steps(module, inputs, case, spec, args, deadline, res, handle, cuda):
         res["streamed_bytes_per_step"] = 0
     if args.torch_trace:
         res["torch_trace"] = trace_one_step(module, inputs, case, args, cuda)
-    if getattr(args, "py_profile", False):
+    if args.py_profile:
         res["py_profile"] = py_profile_step(lambda: forward(module, inputs, args.toy, False), cuda)
     compare(out, first, case, spec, args, res)
 

@@ -189,10 +189,9 @@ class Setup(Hooks):
                 prof.decode_bytes_per_s > 0:
             inputs.decode_bytes_per_s = prof.decode_bytes_per_s
         # A profile's calibration, else (a re-plan) what the first forward timed.
-        uc = prof.unit_compute if prof is not None and prof.unit_compute else \
-            getattr(self, "_first_compute", None)
-        self._compute_measured = "profile" if prof is not None and prof.unit_compute else \
-            "first_forward" if uc else None
+        from_profile = prof is not None and bool(prof.unit_compute)
+        uc = prof.unit_compute if from_profile else getattr(self, "_first_compute", None)
+        self._compute_measured = "profile" if from_profile else "first_forward" if uc else None
         if uc:
             self._unit_compute_text = json.dumps(uc).encode()
             inputs.unit_compute_json = self._unit_compute_text

@@ -87,15 +87,14 @@ class Views(Ownership):
                 if e.code not in ("DDO_E_UNSUPPORTED", "DDO_E_NOT_FOUND"):
                     raise
                 cut = self._unit_cuts[u] = None
-        if cut is None or base is None:
-            for t in self._unit_tensors[u]:
-                v = self._view(t)
-                with _no_torch_function():  # (see _unit_to_placeholder)
+        with _no_torch_function():  # (see _unit_to_placeholder)
+            if cut is None or base is None:
+                for t in self._unit_tensors[u]:
+                    v = self._view(t)
                     for p in t.params:
                         p.data = v
-            return
-        typed: Dict[torch.dtype, torch.Tensor] = {}
-        with _no_torch_function():  # (see _unit_to_placeholder)
+                return
+            typed: Dict[torch.dtype, torch.Tensor] = {}
             for t, dt, off, shape, strides in cut:
                 if off < 0:
                     v = self._view(t)

@@ -92,6 +92,24 @@ static inline const char *ddo__source_file_name(const ddo__source *src, uint32_t
     return n ? n : "(file)";
 }
 
+/* Whether an O_DIRECT read of bytes [off, off + len) of fd into dst can be made: fd is open,
+ * no direct read of it was refused (*broken), len is at least min, dst is aligned and the
+ * aligned range around the bytes fits dst_cap. */
+static inline bool ddo__source_direct_takes(int fd, atomic_bool *broken, uint64_t off, size_t len,
+                                            uint64_t min, const void *dst, size_t dst_cap)
+{
+    uint64_t a0 = ddo__source_align_down(off, IO_ALIGN), a1 = ddo__round_up(off + len, IO_ALIGN);
+    return fd >= 0 && !atomic_load(broken) && len >= min && (uintptr_t)dst % IO_ALIGN == 0 &&
+           a1 - a0 <= dst_cap;
+}
+/* source_read.c: that read (ddo__source_direct_takes said it can be made), of the aligned range
+ * around the bytes, through io_uring where the source uses it: 1 and *at where the bytes landed
+ * in dst; 0 when it came back short or was refused (EINVAL, EOPNOTSUPP: *broken is set, buffered
+ * reads from then on), for the caller to read them buffered; a negative errno for another
+ * failed read. The checkpoint's reads and the sidecars' stream reads both go through it. */
+int ddo__source_read_direct(const ddo__source *src, int fd, atomic_bool *broken, uint64_t off,
+                            size_t len, void *dst, const void **at);
+
 /* source_read.c: the steps of ddo__source_create that read, register and pin */
 int ddo__source_read_all(ddo__source *src, const ddo__source_params *p,
                          const ddo__source_request *req, size_t count, ddo__errbuf *eb);

@@ -578,6 +578,20 @@ int ddo__source_pin_host_tensors(ddo__source *src, const ddo__source_params *p,
 static int read_file(ddo__source *src, size_t tensor, uint64_t offset, size_t len, void *dst,
                      size_t dst_cap, const void **data, ddo__errbuf *eb);
 
+int ddo__source_read_direct(const ddo__source *src, int fd, atomic_bool *broken, uint64_t off,
+                            size_t len, void *dst, const void **at)
+{
+    uint64_t a0 = ddo__source_align_down(off, IO_ALIGN), a1 = ddo__round_up(off + len, IO_ALIGN);
+    int64_t got = ddo__os_read_direct(fd, a0, a1 - a0, dst, src->use_uring);
+    if (got >= 0 && (uint64_t)got >= off + len - a0) {
+        *at = (const uint8_t *)dst + (off - a0);
+        return 1;
+    }
+    if (got == -EINVAL || got == -EOPNOTSUPP)
+        atomic_store(broken, true);
+    return got < 0 && got != -EINVAL && got != -EOPNOTSUPP ? (int)got : 0;
+}
+
 int ddo__source_read_file(ddo__source *src, size_t tensor, uint64_t offset, size_t len, void *dst,
                           size_t dst_cap, const void **data, ddo__errbuf *eb)
 {
@@ -616,28 +630,23 @@ static int read_file(ddo__source *src, size_t tensor, uint64_t offset, size_t le
         return ddo__fail(eb, DDO_E_IO,
                          "%s: tensor \"%s\": read of %zu bytes at %llu: injected fault",
                          ddo__source_file_name(src, file), t->name, len, (unsigned long long)abs);
-    uint64_t a0 = ddo__source_align_down(abs, IO_ALIGN);
-    uint64_t a1 = ddo__round_up(abs + len, IO_ALIGN);
     int fd = file < src->file_count ? src->direct_fd[file] : -1;
-    if (fd >= 0 && len >= DIRECT_MIN && !atomic_load(&src->direct_broken[file]) &&
-        (uintptr_t)dst % IO_ALIGN == 0 && a1 - a0 <= dst_cap) {
+    if (file < src->file_count && ddo__source_direct_takes(fd, &src->direct_broken[file], abs, len,
+                                                           DIRECT_MIN, dst, dst_cap)) {
         if (ddo__checkpoint_check_file(src->ck, file) != 0)
             return ddo__fail_from_last(eb, DDO_E_FILE_CHANGED);
-        int64_t got = ddo__os_read_direct(fd, a0, a1 - a0, dst, src->use_uring);
-        if (got >= 0 && (uint64_t)got >= abs + len - a0) {
+        int got = ddo__source_read_direct(src, fd, &src->direct_broken[file], abs, len, dst, data);
+        if (got > 0) {
             /* Checked after the read too: bytes written while it ran are never used. */
             if (ddo__checkpoint_check_file(src->ck, file) != 0)
                 return ddo__fail_from_last(eb, DDO_E_FILE_CHANGED);
-            *data = (const uint8_t *)dst + (abs - a0);
             return 0;
         }
-        if (got < 0 && got != -EINVAL && got != -EOPNOTSUPP)
+        if (got < 0)
             return ddo__fail(eb, DDO_E_IO, "%s: direct read of %zu bytes at %llu: %s",
                              ddo__source_file_name(src, file), len, (unsigned long long)abs,
-                             strerror((int)-got));
-        if (got < 0)
-            atomic_store(&src->direct_broken[file], true);
-        /* EINVAL or a short direct read: the page cache path below decides */
+                             strerror(-got));
+        /* refused or short: the page cache path below decides */
     }
     int rc = ddo__checkpoint_read_range(src->ck, file, abs, dst, len);
     if (rc != 0)

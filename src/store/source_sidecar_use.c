@@ -466,28 +466,6 @@ uint64_t ddo__source_test_stream_direct_reads(void)
     return atomic_load(&direct_reads_test);
 }
 
-/* Bytes [off, off + len) of sidecar s into dst with O_DIRECT (the aligned range around them,
- * through io_uring where the source uses it): true and *at where they landed, or false when
- * the direct path cannot take them (the caller reads them buffered). */
-static bool read_direct(ddo__source *src, ddo__sidecar *s, uint64_t off, size_t len, void *dst,
-                        size_t dst_cap, const void **at)
-{
-    uint64_t a0 = ddo__source_align_down(off, IO_ALIGN), a1 = ddo__round_up(off + len, IO_ALIGN);
-    uint64_t min = atomic_load(&direct_min_test);
-    if (s->direct_fd < 0 || atomic_load(&s->direct_broken) || len < (min > 0 ? min : DIRECT_MIN) ||
-        (uintptr_t)dst % IO_ALIGN != 0 || a1 - a0 > dst_cap)
-        return false;
-    int64_t got = ddo__os_read_direct(s->direct_fd, a0, a1 - a0, dst, src->use_uring);
-    if (got >= 0 && (uint64_t)got >= off + len - a0) {
-        *at = (const uint8_t *)dst + (off - a0);
-        atomic_fetch_add(&direct_reads_test, 1);
-        return true;
-    }
-    if (got == -EINVAL || got == -EOPNOTSUPP)
-        atomic_store(&s->direct_broken, true);
-    return false; /* a short or failed direct read: the buffered read decides */
-}
-
 int ddo__source_read_stream(ddo__source *src, size_t tensor, uint64_t pos, size_t len, void *dst,
                             size_t dst_cap, const void **at, uint64_t *hash_part, ddo__errbuf *eb)
 {
@@ -508,7 +486,13 @@ int ddo__source_read_stream(ddo__source *src, size_t tensor, uint64_t pos, size_
     if (ddo__checkpoint_check_file(src->ck, ti->file_index) != 0)
         return ddo__fail_from_last(eb, DDO_E_FILE_CHANGED);
     uint64_t off = e->stream->coded_off + pos;
-    if (!read_direct(src, s, off, len, dst, dst_cap, at)) {
+    uint64_t min = atomic_load(&direct_min_test);
+    /* A failed direct read is read again buffered: that read decides. */
+    if (ddo__source_direct_takes(s->direct_fd, &s->direct_broken, off, len,
+                                 min > 0 ? min : DIRECT_MIN, dst, dst_cap) &&
+        ddo__source_read_direct(src, s->direct_fd, &s->direct_broken, off, len, dst, at) > 0) {
+        atomic_fetch_add(&direct_reads_test, 1);
+    } else {
         int rc = ddo__os_pread_full(s->fd, dst, len, off);
         ddo__os_drop_cached(s->fd, off, len); /* no second copy in the cache */
         if (rc != 0)
