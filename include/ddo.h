@@ -675,6 +675,12 @@ typedef struct ddo_plan_inputs {
      * re-read from the file: the retained store then keeps the units whose re-read would
      * stall most (docs/plan.md, "Retained store and registration"). */
     double file_read_bytes_per_s;
+    /* Device memory that other parts of this process hold now and give back before this
+     * plan's session takes its own (a staged pipeline's other components, which its stager
+     * unloads first: docs/python.md, "Pipelines"); counted as free beside device_free_bytes,
+     * after device_memory_limit_gb's and the DXGI budget's caps, never above the device's
+     * memory. 0 = none. */
+    uint64_t device_reclaimable_bytes;
 } ddo_plan_inputs;
 #define DDO_PLAN_INPUTS_INIT DDO_STRUCT_INIT(ddo_plan_inputs)
 

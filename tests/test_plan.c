@@ -283,6 +283,45 @@ static void test_device_budget_refused(void)
     fx_free(&tb);
 }
 
+/* A staged pipeline's second component (ddo_plan_inputs.device_reclaimable_bytes): an 8 GiB
+ * card with 1.5 GiB free beside the first component, whose 6 GiB the stager unloads first. The
+ * plan sizes from 7.5 GiB, records what it counted, and never counts more than the card. */
+static void test_device_reclaimable(void)
+{
+    fx_table tb = { 0 };
+    gib_blocks(&tb, 4);
+    ddo_config *cfg = NULL;
+    T_REQUIRE(ddo_config_create(&cfg) == 0);
+    T_EQ_INT(ddo_config_set(cfg, "auto_budget_policy", "balanced"), 0); /* the binding's */
+    ddo_plan_inputs card = { .size = sizeof(ddo_plan_inputs),
+                             .device_total_bytes = 8 * fx_gib(1),
+                             .device_free_bytes = 3 * fx_gib(1) / 2 };
+    ddo_plan *p = build(&tb, cfg, &card, DDO_E_BUDGET);
+    T_CHECK(p == NULL);
+    T_CONTAINS(ddo_last_error(), "(free 1.50 GiB)");
+    card.device_reclaimable_bytes = 6 * fx_gib(1);
+    p = build(&tb, cfg, &card, 0);
+    T_REQUIRE(p != NULL);
+    ddo_plan_budgets bg;
+    ddo_plan_budgets_get(p, &bg);
+    T_CHECK(bg.device_weights_limit > 4 * fx_gib(1));
+    T_EQ_STR(fx_decision(p, "device_reclaimable_gb"), "6.0");
+    char *js = NULL;
+    T_EQ_INT(ddo_plan_to_json(p, &js), 0);
+    T_CONTAINS(js, "\"device_free_bytes\": 8053063680"); /* 7.5 GiB */
+    ddo_free(js);
+    ddo_plan_destroy(p);
+    card.device_reclaimable_bytes = 16 * fx_gib(1); /* capped at the card */
+    p = build(&tb, cfg, &card, 0);
+    T_REQUIRE(p != NULL);
+    ddo_plan_to_json(p, &js);
+    T_CONTAINS(js, "\"device_free_bytes\": 8589934592");
+    ddo_free(js);
+    ddo_plan_destroy(p);
+    ddo_config_destroy(cfg);
+    fx_free(&tb);
+}
+
 static void test_blocks_units_and_placement(void)
 {
     fx_table tb = { 0 };
@@ -1054,6 +1093,7 @@ int main(void)
     T_RUN(test_worked_example_skip_insufficient_ram);
     T_RUN(test_auto_budget_leaves_room_for_slots);
     T_RUN(test_device_budget_refused);
+    T_RUN(test_device_reclaimable);
     T_RUN(test_blocks_units_and_placement);
     T_RUN(test_edges);
     T_RUN(test_pattern_limits_and_ranges);

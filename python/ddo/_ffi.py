@@ -180,6 +180,7 @@ class PlanInputs(Extensible):
         ("store_free_bytes", c_uint64),
         ("peer_bytes_per_s", c_double),
         ("file_read_bytes_per_s", c_double),
+        ("device_reclaimable_bytes", c_uint64),
     ]
 
 

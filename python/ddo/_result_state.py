@@ -189,6 +189,7 @@ class ResultState:
     _trace_t: Dict[Tuple[int, ...], int]
     _show_profile: Tuple[bool, bool]
     _before_session: Optional[Callable[[Any], None]]
+    _device_room: Optional[Callable[[], int]]
     _profile: Any  # profiles.ProfileState
     _timing: Any  # profiles.UnitTimer while profile_run() or the first forward measures
     _first_compute: Dict[str, float]  # the units' compute the first forward timed (_result_replan)

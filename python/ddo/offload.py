@@ -45,6 +45,7 @@ class OffloadResult(Replan):
     def __init__(self, module: torch.nn.Module, cfg: _native.Config, source: Any = None,
                  profile: Any = None,
                  before_session: Optional[Callable[[OffloadResult], None]] = None,
+                 device_room: Optional[Callable[[], int]] = None,
                  talk: Optional[Dict[str, Any]] = None) -> None:
         self.module = module
         # talk: what the binding says (_talk): {"label", "progress", "trace", "trace_owner"}.
@@ -54,6 +55,9 @@ class OffloadResult(Replan):
         # before_session(self): called once the plan is built, before the session takes any
         # device memory (enable_pipeline_offload's stager makes room for it there).
         self._before_session = before_session
+        # device_room(): device bytes the pipeline's other components hold now that the stager
+        # unloads before this session takes its memory; the plan counts them as free.
+        self._device_room = device_room
         self._cfg = cfg
         # read now: close() can run from __del__, after the config's own handle is gone
         self._show_profile = (cfg.get("show_profile") == "true", cfg.get("verbose") == "true")

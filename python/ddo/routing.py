@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import time
 from typing import (Any, Callable, ContextManager, Dict, Iterator, Mapping, Optional, Sequence,
@@ -590,6 +591,8 @@ def _apply_route(module: torch.nn.Module, pol: Dict[str, Any], cfg: _native.Conf
         res = offload.OffloadResult(
             module, cfg, profile=prof, **({"source": source} if source else {}),
             before_session=stager.before_session(component) if stager is not None else None,
+            device_room=functools.partial(stager.reclaimable, component)
+            if stager is not None else None,
             talk=talk)
         res.ownership = owned
         res.route = r

@@ -212,6 +212,15 @@ class PipelineStager:
             self.host_held.remove(name)
         self.host_held.append(name)
 
+    def reclaimable(self, name: str) -> int:
+        """Device bytes the loaded other components hold that make_room can unload for name
+        (a busy one is not): name's plan counts them as free (ddo_plan_inputs'
+        device_reclaimable_bytes), so a component set up beside a loaded one plans for the
+        card, not for what the other leaves."""
+        return sum(self.need.get(n, 0) for n in self.active
+                   if n != name and self.results[n]._state != "closed"
+                   and not _busy(self.results[n]))
+
     def in_use(self, besides: Optional[str] = None) -> int:
         """Device bytes of the loaded components (besides: one left out)."""
         return sum(self.need.get(n, 0) for n in self.active if n != besides)

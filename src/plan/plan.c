@@ -368,6 +368,19 @@ int ddo_plan_build(const ddo_checkpoint *ck, const ddo_config *cfg, const ddo_pl
     return ddo__plan_build_on(ck, cfg, inputs, NULL, out);
 }
 
+/* Device memory other parts of the process give back before this plan's session (a staged
+ * pipeline's other components) counts as free, after the limit's and DXGI's caps. */
+static void device_reclaimable(builder *b)
+{
+    uint64_t r = b->in.device_reclaimable_bytes, f = b->in.device_free_bytes;
+    if (r == 0 || f == 0)
+        return; /* (0 free is "unknown": nothing to add to) */
+    uint64_t t = b->in.device_total_bytes;
+    f = f > UINT64_MAX - r ? UINT64_MAX : f + r;
+    b->in.device_free_bytes = t > 0 && f > t ? t : f;
+    ddo__decisions_set_gb(&b->p->decisions, "device_reclaimable_gb", r);
+}
+
 int ddo__plan_build_on(const ddo_checkpoint *ck, const ddo_config *cfg,
                        const ddo_plan_inputs *inputs, const ddo__platform *pf, ddo_plan **out)
 {
@@ -403,8 +416,10 @@ int ddo__plan_build_on(const ddo_checkpoint *ck, const ddo_config *cfg,
         goto out;
     }
     dxgi_budget(&b);
+    device_reclaimable(&b);
     b.p->inputs = b.in;
-    b.p->inputs.unit_compute_json = NULL; /* borrowed: the units keep what it said */
+    b.p->inputs.unit_compute_json = NULL;     /* borrowed: the units keep what it said */
+    b.p->inputs.device_reclaimable_bytes = 0; /* counted in device_free_bytes (decisions) */
     for (size_t i = 0; i < b.n; i++) {
         b.ti[i] = ddo_checkpoint_tensor(ck, i);
         if (b.ti[i] == NULL || b.ti[i]->name == NULL) {

@@ -128,6 +128,23 @@ def test_one_line_runs_one_component_at_a_time(staged):
     assert torch.equal(pipe(seed=1), want)
 
 
+def test_each_component_plans_for_the_card(staged):
+    """A component set up beside a loaded one counts that one's device weights as free (the
+    stager unloads it before the new session takes memory): the plan sizes from the card,
+    not from what the other left (Wan 2.2's second expert on a small card was refused)."""
+    pipe, results, want, meter = staged
+    need = results.stager.need
+    dec = {n: r.plan["planner_decisions"] for n, r in results.items()}
+    assert "device_reclaimable_gb" not in dec["text_encoder"]  # nothing loaded before it
+    for name, before in (("transformer", "text_encoder"), ("vae", "transformer")):
+        assert float(dec[name]["device_reclaimable_gb"]) == pytest.approx(
+            need[before] / 2**30, abs=1e-4)
+    assert torch.equal(pipe(seed=1), want)
+    # The stager's reclaimable bytes: the loaded others', never a busy or closed one.
+    st = results.stager
+    assert st.reclaimable("transformer") == sum(need[n] for n in st.active if n != "transformer")
+
+
 def test_route_none_is_staged_too():
     """A component on route none (moved to the device whole) is loaded and unloaded by the same
     rule, its need being its bytes."""
