@@ -160,8 +160,11 @@ int ddo__source_read_coded(ddo__source *src, size_t tensor, void *dst, size_t ds
  * it. The checkpoint's identity is checked before and after (DDO_E_FILE_CHANGED), and
  * *hash_part is their share of the stream's hash; a stream longer than one window is read in
  * such pieces: the caller adds the shares and asks ddo__source_stream_hash_ok at the end, and
- * validates the stream itself (ddo__codec_reader). Any failure but DDO_E_FILE_CHANGED means
- * "read it raw". Thread-safe.
+ * validates the stream itself (ddo__codec_reader). Once a stream's hash has passed
+ * (ddo__source_stream_hash_ok, at its first read in this source), later reads hash nothing
+ * (*hash_part 0, and the hash check passes): they check instead that the sidecar is still the
+ * file opened (device, inode, size, mtime, ctime; DDO_E_FORMAT "changed since it was opened"
+ * otherwise). Any failure but DDO_E_FILE_CHANGED means "read it raw". Thread-safe.
  */
 int ddo__source_read_stream(ddo__source *src, size_t tensor, uint64_t pos, size_t len, void *dst,
                             size_t dst_cap, const void **at, uint64_t *hash_part, ddo__errbuf *eb);
@@ -170,6 +173,8 @@ bool ddo__source_stream_hash_ok(const ddo__source *src, size_t tensor, uint64_t 
  * how many stream reads went direct in this process. */
 void ddo__source_test_stream_direct_min(uint64_t bytes);
 uint64_t ddo__source_test_stream_direct_reads(void);
+/* Tests: stream bytes hashed in this process (a stream is hashed at its first read only). */
+uint64_t ddo__source_test_stream_hashed_bytes(void);
 
 /* Bytes needed in a staging window to read len bytes with O_DIRECT alignment (len + 2 pages). */
 size_t ddo__source_window_need(size_t len);

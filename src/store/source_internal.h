@@ -75,6 +75,7 @@ struct ddo__source {
     ddo__sidecar **sidecars;         /* per file; NULL: none */
     atomic_uint_fast64_t *side_sums; /* per tensor: hash of its coded bytes as read */
     atomic_bool *side_failed;        /* per file: a read of its sidecar failed */
+    atomic_bool *stream_ok;          /* per tensor: its stream's hash checked (its first read) */
     size_t side_hits;                /* tensors stored from a sidecar */
     size_t encoded;                  /* tensors coded at setup */
     char codec_note[512];            /* what happened to the sidecars ("" when nothing) */

@@ -192,7 +192,7 @@ int ddo__sidecar_open(const char *path, const ddo__file_id *id, uint64_t max_ent
         e = WHY("stat: %s", strerror(e));
     else if (st.size < DDO__SIDECAR_HEADER)
         e = WHY("truncated (%llu bytes)", (unsigned long long)st.size);
-    else if ((s->bytes = st.size, e = ddo__os_pread_full(s->fd, h, sizeof(h), 0)) != 0)
+    else if ((s->bytes = st.size, s->id = st, e = ddo__os_pread_full(s->fd, h, sizeof(h), 0)) != 0)
         e = WHY("reading the header: %s", strerror(e));
     else
         e = table_read(s, h, id, max_entries, why, why_len);

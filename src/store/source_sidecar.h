@@ -50,6 +50,7 @@ typedef struct ddo__sidecar {
     atomic_bool direct_broken; /* a direct read was refused: buffered reads from then on */
     char *path;
     uint64_t bytes;
+    ddo__file_id id; /* the file as opened: a stream read after its first checks it is unchanged */
     size_t count;
     ddo__sidecar_entry *entries; /* by increasing offset */
 } ddo__sidecar;
