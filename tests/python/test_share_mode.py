@@ -41,6 +41,9 @@ RANK = textwrap.dedent("""
         r = ddo.enable_offload(m, backend=route, device_mode="split", **zero)
     except ddo.DdoError as e:  # every rank refuses together
         json.dump(dict(error=e.code, message=str(e)), open(out, "w"))
+        # (leaving with the group still up can abort at exit in gloo's threads, "terminate
+        # called without an active exception": seen once in CI under load)
+        dist.destroy_process_group()
         sys.exit(0)
     with torch.no_grad():
         got = [r.module(x) for _ in range(3)]
