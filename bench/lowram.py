@@ -386,7 +386,8 @@ def main(argv=None):
             continue
         print(f"{name:14s} rc {r['rc']} step {r.get('step_s') or 0:.3f} s bound "
               f"{r.get('bound_s') or 0:.3f} s ratio {r.get('ratio') or 0:.3f} "
-              f"(adjacent disk {r.get('ratio_adjacent') or 0:.3f}) rss {r['peak_rss_bytes'] / GIB:.2f} GiB identical {r.get('bit_identical')}")
+              f"(adjacent disk {r.get('ratio_adjacent') or 0:.3f}) "
+              f"rss {r['peak_rss_bytes'] / GIB:.2f} GiB identical {r.get('bit_identical')}")
     for name, r in out["cases"].items():
         if "sidecar_read_ok" in r:
             how = "read from the sidecar" if r["sidecar_read_ok"] else "NOT from the sidecar"
