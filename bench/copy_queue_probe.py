@@ -32,6 +32,23 @@ def percentile(xs, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+def cuda_torch(name):
+    """torch, or None (said on stderr) without a CUDA device: the probes then exit 77."""
+    import torch
+    if not torch.cuda.is_available():
+        print(f"{name}: no CUDA device: nothing to measure", file=sys.stderr)
+        return None
+    return torch
+
+
+def report(res, path):
+    """The probe's result on stdout, and in path (JSON) when given."""
+    print(json.dumps(res, indent=1))
+    if path:
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+
+
 def small_copies(torch, dev, n):
     """n latencies (seconds) of a small pageable host->device copy the host waits for."""
     vals = [float(i) for i in range(64)]
@@ -50,9 +67,8 @@ def main():
     ap.add_argument("--total-gib", type=float, default=2.0, help="pinned source, cycled")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    import torch
-    if not torch.cuda.is_available():
-        print("copy_queue_probe: no CUDA device: nothing to measure", file=sys.stderr)
+    torch = cuda_torch("copy_queue_probe")
+    if torch is None:
         return 77
     dev = torch.device("cuda:0")
     torch.cuda.init()
@@ -92,10 +108,7 @@ def main():
            "beside_median_s": statistics.median(beside), "beside_p90_s": percentile(beside, 0.9),
            "upload_gbps": moved[0] / wall / 1e9}
     res["beside_over_alone"] = res["beside_median_s"] / res["alone_median_s"]
-    print(json.dumps(res, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+    report(res, args.json)
     return 0
 
 

@@ -25,10 +25,11 @@ Exits 77 without a CUDA device (nothing to measure).
 """
 
 import argparse
-import json
 import mmap
 import statistics
 import sys
+
+from copy_queue_probe import cuda_torch, report  # (bench/ is this script's folder)
 
 GIB = 1 << 30
 
@@ -116,9 +117,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    import torch
-    if not torch.cuda.is_available():
-        print("copy_rate_probe: no CUDA device: nothing to measure", file=sys.stderr)
+    torch = cuda_torch("copy_rate_probe")
+    if torch is None:
         return 77
     dev = torch.device("cuda:0")
     n = int(args.total_gib * GIB) // 4096 * 4096
@@ -153,10 +153,7 @@ def main():
            "anon_huge_kib_before_after_huge": [huge0, huge1], "rates_gbps": rates}
     base = rates["pinned/whole/idle"]
     res["over_pinned_whole_idle"] = {k: v / base for k, v in rates.items()}
-    print(json.dumps(res, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+    report(res, args.json)
     del keep
     return 0
 

@@ -469,11 +469,17 @@ static inline const char *fx_label(fx *f, const char *key, char *buf, size_t len
 }
 
 /* Streams every unit twice, each lease checked against the raw bytes. */
+/* One step: every block used in order, each lease checked byte for byte. */
+static inline void fx_step(fx *f, const char *what, int step)
+{
+    for (int b = 0; b < f->o.blocks; b++)
+        T_CHECK_MSG(fx_use(f, fx_unit(f, b)) == 0, "%s: step %d block %d", what, step, b);
+}
+
 static inline void fx_two_steps(fx *f, const char *what)
 {
     for (int step = 0; step < 2; step++)
-        for (int b = 0; b < f->o.blocks; b++)
-            T_CHECK_MSG(fx_use(f, fx_unit(f, b)) == 0, "%s: step %d block %d", what, step, b);
+        fx_step(f, what, step);
 }
 
 /* The coded sidecars (*.ddoc) in dir: their count, and the path of the last one seen. */

@@ -269,12 +269,6 @@ static void test_corrupted_stream_reads_raw(void)
     }
 }
 
-static void one_step(fx *f, const char *what, int step)
-{
-    for (int b = 0; b < f->o.blocks; b++)
-        T_CHECK_MSG(fx_use(f, fx_unit(f, b)) == 0, "%s: step %d block %d", what, step, b);
-}
-
 /* A stream's hash is checked at its first read only: the second step hashes nothing (hashing
  * every load ran in series with the disk at about 2 GB/s). A sidecar changed in place after
  * that is caught by its identity: the next loads go raw with a note, the leased bytes exact
@@ -289,9 +283,9 @@ static void test_streams_hashed_once(void)
         setup(&f, what, false, &raw);
         replan(&f, SMALL_GB, cache);
         uint64_t h0 = ddo__source_test_stream_hashed_bytes();
-        one_step(&f, what, 0);
+        fx_step(&f, what, 0);
         uint64_t h1 = ddo__source_test_stream_hashed_bytes();
-        one_step(&f, what, 1);
+        fx_step(&f, what, 1);
         uint64_t h2 = ddo__source_test_stream_hashed_bytes();
         T_CHECK_MSG(h1 > h0, "%s: the first step hashed %llu bytes", what,
                     (unsigned long long)(h1 - h0));
@@ -304,7 +298,7 @@ static void test_streams_hashed_once(void)
         bool done = false;
         corrupt_streamed(&f, &done);
         T_REQUIRE(done);
-        one_step(&f, what, 2);
+        fx_step(&f, what, 2);
         T_CHECK_MSG(fx_metric(&f, "codec_stream_fallbacks") >= 1, "%s: %g fallbacks", what,
                     fx_metric(&f, "codec_stream_fallbacks"));
         char b[600];

@@ -77,8 +77,6 @@ class Setup(Hooks):
         _native.check(L.ddo_setup_plan_inputs(self._setup_h, ctypes.byref(inputs)),
                       L.ddo_setup_error(self._setup_h))
         self._measured_inputs(inputs)
-        if getattr(self, "_first_used", None) is None and self._device_room is not None:
-            inputs.device_reclaimable_bytes = int(self._device_room())
         self._first_inputs(inputs)
         self._share = _devices.open_share(self._cfg)  # device_mode='split': share mode
         self._store = _devices.open_store(self._cfg, dev, inputs)  # devices=[...]: donor mode
@@ -209,8 +207,10 @@ class Setup(Hooks):
             if free > 0:
                 inputs.device_free_bytes = max(0, total - used) if total > 0 else free
             return
-        # (memory a staged pipeline's other components give back first is not in use)
-        room = int(inputs.device_reclaimable_bytes)
+        # Memory a staged pipeline's other components give back before this session (the
+        # stager unloads them) counts as free in the first plan, and is not in use after it.
+        room = int(self._device_room()) if self._device_room is not None else 0
+        inputs.device_reclaimable_bytes = room
         self._first_used = max(0, total - free - room) if free > 0 and total > free else 0
         cuda: Any = torch.cuda  # (torch 1.13 leaves parts unannotated)
         self._torch_reserved = int(cuda.memory_reserved(self.device)) \
