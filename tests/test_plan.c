@@ -787,6 +787,66 @@ static void flux_like(fx_table *tb, char *uc, size_t len)
     snprintf(uc + at, len - at, "}");
 }
 
+/* Automatic slots with room for more than three: a run of units whose transfer exceeds their
+ * compute (six 64 MiB blocks, 0.13 s of bus against 0.03 s of compute) after a run of the
+ * opposite kind (twelve 24 MiB blocks, 0.05 s against 0.12 s) waits on the bus unless the ring
+ * loads more of the run ahead; the simulation picks the deeper ring, and keeps three where
+ * every transfer hides behind the compute before it. */
+static void test_auto_slots_simulated(void)
+{
+    fx_table tb = { 0 };
+    char uc[2048];
+    size_t at = (size_t)snprintf(uc, sizeof(uc), "{");
+    for (int b = 0; b < 18; b++) {
+        bool big = b < 6;
+        fx_addf(&tb, DDO_DTYPE_BF16, 2, 4096, big ? 8192 : 3072, "blocks.%d.linear.weight", b);
+        at += (size_t)snprintf(uc + at, sizeof(uc) - at, "%s\"blocks.%d\": %s", b ? ", " : "",
+                               b, big ? "0.03" : "0.12");
+    }
+    snprintf(uc + at, sizeof(uc) - at, "}");
+    ddo_config *cfg = NULL;
+    T_REQUIRE(ddo_config_create(&cfg) == 0);
+    T_EQ_INT(ddo_config_set(cfg, "execution_device", "cpu"), 0);
+    T_EQ_INT(ddo_config_set(cfg, "resident_module_budget_gb", "0"), 0);
+    T_EQ_INT(ddo_config_set(cfg, "vmm_resident_weight_budget_gb", "1"), 0);
+    ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs),
+                           .bus_bytes_per_s = 5e8,
+                           .unit_compute_json = uc };
+    ddo_plan *p = build(&tb, cfg, &in, 0);
+    T_REQUIRE(p != NULL);
+    ddo_plan_budgets bg;
+    ddo_plan_budgets_get(p, &bg);
+    T_EQ_STR(fx_decision(p, "slot_count_decision"), "simulated");
+    T_CHECK_MSG(bg.slot_count > 3 && bg.slot_count <= 6, "%zu slots", (size_t)bg.slot_count);
+    T_EQ_U64(bg.resident_bytes, 0);
+    T_CHECK(bg.device_weights_peak <= bg.device_weights_limit);
+    double deeper = bg.predicted_step_s;
+    ddo_plan_destroy(p);
+    T_EQ_INT(ddo_config_set(cfg, "execution_slots", "3"), 0);
+    p = build(&tb, cfg, &in, 0);
+    T_REQUIRE(p != NULL);
+    ddo_plan_budgets_get(p, &bg);
+    T_CHECK_MSG(deeper < bg.predicted_step_s * 0.99, "deeper %.4f s, three %.4f s", deeper,
+                bg.predicted_step_s);
+    ddo_plan_destroy(p);
+    /* No room beyond three slots: three. */
+    T_EQ_INT(ddo_config_set(cfg, "execution_slots", "0"), 0);
+    T_EQ_INT(ddo_config_set(cfg, "vmm_resident_weight_budget_gb", "0.2"), 0);
+    p = build(&tb, cfg, &in, 0);
+    T_REQUIRE(p != NULL);
+    T_EQ_STR(fx_decision(p, "slot_count_decision"), "auto_three");
+    ddo_plan_destroy(p);
+    /* Every transfer hidden behind the compute before it: three. */
+    T_EQ_INT(ddo_config_set(cfg, "vmm_resident_weight_budget_gb", "1"), 0);
+    in.bus_bytes_per_s = 5e10;
+    p = build(&tb, cfg, &in, 0);
+    T_REQUIRE(p != NULL);
+    T_EQ_STR(fx_decision(p, "slot_count_decision"), "auto_three");
+    ddo_plan_destroy(p);
+    ddo_config_destroy(cfg);
+    fx_free(&tb);
+}
+
 /* The "cost" selection simulates the step: with measured compute that the FLOP estimate gets
  * wrong (large units that compute as briefly as small ones, as a Flux double block), it finds
  * a resident set whose predicted step is no slower than first, spread or largest, and here
@@ -1103,6 +1163,7 @@ int main(void)
     T_RUN(test_retained_by_reread_stall);
     T_RUN(test_cost_selection_simulates_the_step);
     T_RUN(test_cost_selection_fits_the_slots);
+    T_RUN(test_auto_slots_simulated);
     T_RUN(test_simulated_step_counts_the_wrap);
     T_RUN(test_json_schema_and_determinism);
     T_RUN(test_speed_3500_tensors);
