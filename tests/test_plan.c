@@ -800,8 +800,8 @@ static void test_auto_slots_simulated(void)
     for (int b = 0; b < 18; b++) {
         bool big = b < 6;
         fx_addf(&tb, DDO_DTYPE_BF16, 2, 4096, big ? 8192 : 3072, "blocks.%d.linear.weight", b);
-        at += (size_t)snprintf(uc + at, sizeof(uc) - at, "%s\"blocks.%d\": %s", b ? ", " : "",
-                               b, big ? "0.03" : "0.12");
+        at += (size_t)snprintf(uc + at, sizeof(uc) - at, "%s\"blocks.%d\": %s", b ? ", " : "", b,
+                               big ? "0.03" : "0.12");
     }
     snprintf(uc + at, sizeof(uc) - at, "}");
     ddo_config *cfg = NULL;
