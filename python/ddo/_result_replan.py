@@ -16,18 +16,25 @@ compute from their FLOPs, which leaves out attention and runs low (Flux on an H2
 predicted step below the resident step itself); a re-plan that happens plans with the
 measured compute instead (first_compute()), so its resident set and slot count are chosen for
 the step the device really runs. A profile that already measured the units keeps its figures.
+
+Where a budget was given (the limit is the user's: nothing to re-plan for the reserve), the
+first forward on a CUDA device still times the units (mode "compute"): a trial plan with that
+compute (nothing allocated) calls for the one re-plan only where its slot count or resident
+units differ from the first plan's.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import sys
 import weakref
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from . import _lease, _native, profiles
+from . import _lease, _lib, _native, _torch, profiles
+from ._native import DdoError
 from ._result_lifecycle import Lifecycle
 from ._result_state import _MANAGED
 
@@ -95,6 +102,27 @@ def first_compute(units: List[Dict[str, Any]], measured: Mapping[str, float]) ->
     scale = took / planned
     median = {k: sorted(v)[len(v) // 2] for k, v in by_kind.items()}
     return {name: median.get(kind[name], e * scale) for name, e in est.items()}
+
+
+def times_compute(device: Optional[torch.device]) -> bool:
+    """Whether a budgeted plan is made again with the compute its first forward timed: on a
+    CUDA device (CUDA events time the units); the cpu device's host clock is the reference
+    device's, not a planning figure. Tests replace this function."""
+    return device is not None and device.type == "cuda"
+
+
+def plan_shape(plan: ctypes.c_void_p) -> Tuple[int, Tuple[str, ...]]:
+    """A plan's slot count and the names of its resident units."""
+    L = _native.lib()
+    b = _lib.PlanBudgets()
+    _native.check(L.ddo_plan_budgets_get(plan, ctypes.byref(b)))
+    info = _lib.UnitInfo()
+    names = []
+    for u in range(int(L.ddo_plan_unit_count(plan))):
+        _native.check(L.ddo_plan_unit(plan, u, ctypes.byref(info)))
+        if info.resident:
+            names.append(info.name.decode())
+    return int(b.slot_count), tuple(names)
 
 
 class Replan(Lifecycle):
@@ -176,23 +204,30 @@ class Replan(Lifecycle):
                         "measured_bytes": None, "reserve_bytes": None, "margin_bytes": None,
                         "threshold_bytes": THRESHOLD, "note": "", "unit_compute": None}
         why = ""
+        compute = False  # only the units' compute is to be measured (a budget was given)
         if self._cfg.get("activation_replan") != "true":
             why = "activation_replan=False: the first plan stays"
         elif self._share is not None:
             why = ("device_mode='split' over torch.distributed: every rank runs rank 0's plan, "
                    "and a re-plan on one rank would part them, so the first plan stays")
-        elif not info.activation_reserve_estimated:
-            why = ("the device weights limit was not sized from the device with an estimated "
-                   "activation reserve (a budget, yours or a preset's, auto_vram_headroom_gb or "
-                   "activation_reserve_gb was given): nothing to re-plan")
         elif self._source is not None or self.host_bytes_released or self._store is not None:
             why = ("the session holds weights it read or coded itself (a checkpoint file, "
                    "weight_codec or a store device): a re-plan would read them again, so the "
                    "first plan stays")
+        elif not info.activation_reserve_estimated:
+            compute = times_compute(self.device) and self._compute_measured is None and \
+                self.budgets()["slot_count"] > 0 and self.budgets()["predicted_step_s"] > 0.0
+            if not compute:
+                why = ("the device weights limit was not sized from the device with an "
+                       "estimated activation reserve (a budget, yours or a preset's, "
+                       "auto_vram_headroom_gb or activation_reserve_gb was given), and the "
+                       "units' compute is not re-measured here (a profile measured it, nothing "
+                       "streams, no cost model, or not a CUDA device): nothing to re-plan")
         if why:
             self._replan["note"] = why
         else:
             self._replan["state"] = "measuring"
+            self._replan["mode"] = "compute" if compute else "reserve"
 
     def _root_call(self, fn: Callable[..., Any], args: Tuple[Any, ...],
                    kwargs: Dict[str, Any]) -> Any:
@@ -222,6 +257,9 @@ class Replan(Lifecycle):
 
     def _measured(self, need: Optional[int]) -> None:
         rp = self._replan
+        if rp.get("mode") == "compute":
+            self._compute_measured_now()
+            return
         if need is None:
             rp["state"] = "kept"
             rp["note"] = (f"no allocator statistics on the {self.device} device: the "
@@ -241,6 +279,56 @@ class Replan(Lifecycle):
         rp["state"] = "due"
         rp["note"] = f"{said}: a re-plan is due before the next forward"
 
+    def _compute_measured_now(self) -> None:
+        """A budget was given: the plan is made again with the timed compute (a trial plan,
+        nothing allocated), and a re-plan is due only where that plan differs from this one
+        (its slot count or its resident units)."""
+        rp = self._replan
+        rp["state"] = "kept"
+        uc = getattr(self, "_first_compute", None)
+        if not uc:
+            rp["note"] = "the first forward timed no streamed unit: the plan stays"
+            return
+        try:
+            change = self._trial_differs(uc)
+        except DdoError as e:
+            rp["note"] = f"a plan with the units' compute timed on the first forward failed " \
+                         f"({_native.exc_line(e)}): the plan stays"
+            return
+        if not change:
+            rp["note"] = ("planned again with the units' compute timed on the first forward: "
+                          "the same slots and resident units, the plan stays")
+            return
+        rp["state"] = "due"
+        rp["note"] = (f"the units' compute timed on the first forward changes the plan "
+                      f"({change}): a re-plan is due before the next forward")
+
+    def _trial_differs(self, uc: Dict[str, float]) -> str:
+        """The plan the setup would make with compute uc against this one: "" when its slot
+        count and resident units are the same, else what differs."""
+        if self._plan is None:
+            return ""
+        L = _native.lib()
+        inputs = _lib.PlanInputs()
+        _native.check(L.ddo_setup_plan_inputs(self._setup_h, ctypes.byref(inputs)),
+                      L.ddo_setup_error(self._setup_h))
+        self._first_inputs(inputs)
+        text = json.dumps(uc).encode()
+        inputs.unit_compute_json = text
+        trial = ctypes.c_void_p()
+        _native.check(L.ddo_setup_plan(self._setup_h, self._ck, self._cfg.h, ctypes.byref(inputs),
+                                       ctypes.byref(trial)), L.ddo_setup_error(self._setup_h))
+        try:
+            mine, theirs = plan_shape(self._plan), plan_shape(trial)
+        finally:
+            L.ddo_plan_destroy(trial)
+        said = []
+        if mine[0] != theirs[0]:
+            said.append(f"{mine[0]} -> {theirs[0]} slots")
+        if mine[1] != theirs[1]:
+            said.append(f"{len(mine[1])} -> {len(theirs[1])} resident units")
+        return ", ".join(said)
+
     def _replan_now(self) -> None:
         """The re-plan, between two forwards: the session torn down (the module holds its host
         tensors again) and set up again with activation_reserve_gb; once only."""
@@ -248,6 +336,9 @@ class Replan(Lifecycle):
         rp["state"] = "kept"
         if self._state != "ready":
             rp["note"] += " (not done: the result was unloaded)"
+            return
+        if self.device is not None and _torch.capturing(self.device):
+            rp["note"] += " (not done: the second forward ran inside a CUDA-graph capture)"
             return
         lora = getattr(self, "_lora", None)
         if lora is not None and any(lora.logs.values()):
@@ -264,7 +355,8 @@ class Replan(Lifecycle):
             _native.check(_native.lib().ddo_config_clone(first_cfg.h, ctypes.byref(h)))
             cfg = _native.Config(h)
             setattr(cfg, "_ddo_auto_scratch", getattr(first_cfg, "_ddo_auto_scratch", False))
-            cfg.override("activation_reserve_gb", f"{rp['reserve_bytes'] / GIB:.6f}")
+            if rp.get("mode") != "compute":  # (a budget given keeps its limit)
+                cfg.override("activation_reserve_gb", f"{rp['reserve_bytes'] / GIB:.6f}")
             self._cfg = cfg
             try:
                 self._rebuild(last=False)

@@ -188,6 +188,65 @@ def test_never_when_the_user_decided(measured, given):
         assert r.plan["planner_decisions"]["device_activation_reserve_gb"] == 0.3
 
 
+@pytest.fixture
+def timed(monkeypatch):
+    """A budgeted plan is timed as on a CUDA device (times_compute), and the first forward's
+    timings are replaced: each unit takes its FLOP estimate times state["scale"]."""
+    state = {"scale": 1.0}
+    monkeypatch.setattr(replan, "times_compute", lambda device: True)
+    monkeypatch.setattr(replan, "first_compute", lambda units, measured: {
+        u["name"]: float(u["compute_s"]) * state["scale"] for u in units})
+    return state
+
+
+def test_a_budget_replans_with_the_timed_compute(measured, timed):
+    """A budget given: the limit stays, and the first forward's compute (here a thousandth of
+    the estimate: the step becomes copy-bound) plans again with two resident blocks and two
+    slots where the estimate kept one and three."""
+    m = Stack()
+    x = torch.randn(2, 8192, generator=torch.Generator().manual_seed(2))
+    ref = steps(m, x)
+    timed["scale"] = 1e-3
+    r = ddo.enable_offload(m, device_memory_limit_gb=1.25, device_budget_gb=1, **CPU)
+    try:
+        before = r.budgets()
+        assert replan.plan_shape(r._plan) == (3, ("blocks.0",))
+        rp = r.activation_replan
+        assert rp["state"] == "measuring" and rp["mode"] == "compute"
+        first = steps(m, x, 1)
+        rp = r.activation_replan
+        assert rp["state"] == "due" and "3 -> 2 slots, 1 -> 2 resident units" in rp["note"]
+        rest = steps(m, x, 2)
+        assert r.replanned and r.activation_replan["unit_compute"] == "first_forward"
+        assert replan.plan_shape(r._plan) == (2, ("blocks.0", "blocks.1"))
+        assert r.budgets()["device_weights_limit"] == before["device_weights_limit"]
+        dec = r.plan["planner_decisions"]
+        assert dec["unit_compute_source"] == "measured"
+        assert not str(dec.get("device_activation_reserve_source", "")).startswith("measured")
+        assert r.plan["budgets"]["device_weights"]["limit_source"].startswith("device_budget_gb")
+        assert all(torch.equal(a, b) for a, b in zip(ref, first + rest))
+    finally:
+        r.close()
+
+
+def test_a_budget_keeps_its_plan_when_the_compute_changes_nothing(measured, timed):
+    m = Stack()
+    x = torch.randn(2, 8192, generator=torch.Generator().manual_seed(2))
+    ref = steps(m, x)
+    timed["scale"] = 100.0
+    r = ddo.enable_offload(m, device_memory_limit_gb=1.25, device_budget_gb=1, **CPU)
+    try:
+        shape = replan.plan_shape(r._plan)
+        out = steps(m, x)
+        rp = r.activation_replan
+        assert rp["state"] == "kept" and not r.replanned
+        assert "the same slots and resident units" in rp["note"]
+        assert replan.plan_shape(r._plan) == shape
+        assert all(torch.equal(a, b) for a, b in zip(ref, out))
+    finally:
+        r.close()
+
+
 def test_no_statistics_keeps_the_estimate():
     m, x = flux()  # the real measurement: the cpu device has no allocator statistics
     r = ddo.enable_offload(m, device_memory_limit_gb=1.25, **CPU)
