@@ -468,7 +468,6 @@ static inline const char *fx_label(fx *f, const char *key, char *buf, size_t len
     return buf;
 }
 
-/* Streams every unit twice, each lease checked against the raw bytes. */
 /* One step: every block used in order, each lease checked byte for byte. */
 static inline void fx_step(fx *f, const char *what, int step)
 {
@@ -476,6 +475,7 @@ static inline void fx_step(fx *f, const char *what, int step)
         T_CHECK_MSG(fx_use(f, fx_unit(f, b)) == 0, "%s: step %d block %d", what, step, b);
 }
 
+/* Streams every unit twice, each lease checked against the raw bytes. */
 static inline void fx_two_steps(fx *f, const char *what)
 {
     for (int step = 0; step < 2; step++)

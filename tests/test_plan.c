@@ -774,17 +774,25 @@ static void test_retained_by_reread_stall(void)
 
 /* A Flux-like stack: 6 large units (64 MiB) that compute about as long as the 10 small ones
  * (24 MiB), as a Flux double block against a single one; uc: their measured compute (JSON). */
-static void flux_like(fx_table *tb, char *uc, size_t len)
+/* count blocks: the first six of 64 MiB (4096 x 8192 BF16), the rest of 24 MiB, and in uc
+ * their measured compute (big_s and small_s seconds) as unit_compute_json. */
+static void two_kinds(fx_table *tb, char *uc, size_t len, int count, const char *big_s,
+                      const char *small_s)
 {
     size_t at = 0;
     at += (size_t)snprintf(uc + at, len - at, "{");
-    for (int b = 0; b < 16; b++) {
+    for (int b = 0; b < count; b++) {
         bool big = b < 6;
         fx_addf(tb, DDO_DTYPE_BF16, 2, 4096, big ? 8192 : 3072, "blocks.%d.linear.weight", b);
         at += (size_t)snprintf(uc + at, len - at, "%s\"blocks.%d\": %s", b ? ", " : "", b,
-                               big ? "0.032" : "0.029");
+                               big ? big_s : small_s);
     }
     snprintf(uc + at, len - at, "}");
+}
+
+static void flux_like(fx_table *tb, char *uc, size_t len)
+{
+    two_kinds(tb, uc, len, 16, "0.032", "0.029");
 }
 
 /* Automatic slots with room for more than three: a run of units whose transfer exceeds their
@@ -796,14 +804,7 @@ static void test_auto_slots_simulated(void)
 {
     fx_table tb = { 0 };
     char uc[2048];
-    size_t at = (size_t)snprintf(uc, sizeof(uc), "{");
-    for (int b = 0; b < 18; b++) {
-        bool big = b < 6;
-        fx_addf(&tb, DDO_DTYPE_BF16, 2, 4096, big ? 8192 : 3072, "blocks.%d.linear.weight", b);
-        at += (size_t)snprintf(uc + at, sizeof(uc) - at, "%s\"blocks.%d\": %s", b ? ", " : "", b,
-                               big ? "0.03" : "0.12");
-    }
-    snprintf(uc + at, sizeof(uc) - at, "}");
+    two_kinds(&tb, uc, sizeof(uc), 18, "0.03", "0.12");
     ddo_config *cfg = NULL;
     T_REQUIRE(ddo_config_create(&cfg) == 0);
     T_EQ_INT(ddo_config_set(cfg, "execution_device", "cpu"), 0);

@@ -215,8 +215,9 @@ class Replan(Lifecycle):
                    "weight_codec or a store device): a re-plan would read them again, so the "
                    "first plan stays")
         elif not info.activation_reserve_estimated:
+            b = self.budgets()
             compute = times_compute(self.device) and self._compute_measured is None and \
-                self.budgets()["slot_count"] > 0 and self.budgets()["predicted_step_s"] > 0.0
+                b["slot_count"] > 0 and b["predicted_step_s"] > 0.0
             if not compute:
                 why = ("the device weights limit was not sized from the device with an "
                        "estimated activation reserve (a budget, yours or a preset's, "
