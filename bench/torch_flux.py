@@ -90,10 +90,14 @@ DDO_CASE_OPTIONS = {
     # fill_params, so they code like trained ones).
     "ddo_vmm0_codec": ("vmm", dict(DDO_VMM_COMMON, **DDO_ZERO_RESIDENT,
                                    vmm_resident_weight_budget_gb=4, weight_codec="ddoc1")),
+    # The zero-resident case with the slot count fixed at three (the automatic count before
+    # ee2500e), beside ddo_vmm0's automatic count in the same call.
+    "ddo_vmm0_slots3": ("vmm", dict(DDO_VMM_COMMON, **DDO_ZERO_RESIDENT, **DDO_PROFILE,
+                                    vmm_resident_weight_budget_gb=4, execution_slots=3)),
 }
 # The device-weight budget each ddo case must stay under (GiB), for the "never over budget" check.
 DDO_CASE_BUDGET_GIB = {"ddo_vmm0": 4, "ddo_vmm16": 16, "ddo_vmm16_spread": 16,
-                       "ddo_linear0": None, "ddo_vmm0_codec": 4}
+                       "ddo_linear0": None, "ddo_vmm0_codec": 4, "ddo_vmm0_slots3": 4}
 
 # case name -> what it runs. ref: which resident output it is compared with (and resident cases
 # write). compile: None, "default" (compile_repeated_blocks) or "reduce-overhead" (CUDA graphs).
@@ -106,6 +110,7 @@ CASES = {
     "ddo_vmm16_spread": dict(kind="ddo", ref="eager", compile=None),
     "ddo_linear0": dict(kind="ddo", ref="eager", compile=None),
     "ddo_vmm0_codec": dict(kind="ddo", ref="eager", compile=None),
+    "ddo_vmm0_slots3": dict(kind="ddo", ref="eager", compile=None),
     "resident_compile": dict(kind="resident", ref="compile", compile="default",
                              eager="resident"),
     "ddo_vmm0_compile": dict(kind="ddo", base="ddo_vmm0", ref="compile", compile="default",
