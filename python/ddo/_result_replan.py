@@ -111,6 +111,20 @@ def times_compute(device: Optional[torch.device]) -> bool:
     return device is not None and device.type == "cuda"
 
 
+def shape_change(mine: Tuple[int, Tuple[str, ...]], theirs: Tuple[int, Tuple[str, ...]]) -> str:
+    """What differs between two plan_shape()s, in words ("" when nothing does): the slot count
+    and the resident units' count, or how many of them a same-sized set swapped."""
+    said = []
+    if mine[0] != theirs[0]:
+        said.append(f"{mine[0]} -> {theirs[0]} slots")
+    if len(mine[1]) != len(theirs[1]):
+        said.append(f"{len(mine[1])} -> {len(theirs[1])} resident units")
+    elif mine[1] != theirs[1]:
+        moved = len(set(mine[1]) - set(theirs[1]))
+        said.append(f"{moved} of the {len(mine[1])} resident units swapped for others")
+    return ", ".join(said)
+
+
 def plan_shape(plan: ctypes.c_void_p) -> Tuple[int, Tuple[str, ...]]:
     """A plan's slot count and the names of its resident units."""
     L = _native.lib()
@@ -323,12 +337,7 @@ class Replan(Lifecycle):
             mine, theirs = plan_shape(self._plan), plan_shape(trial)
         finally:
             L.ddo_plan_destroy(trial)
-        said = []
-        if mine[0] != theirs[0]:
-            said.append(f"{mine[0]} -> {theirs[0]} slots")
-        if mine[1] != theirs[1]:
-            said.append(f"{len(mine[1])} -> {len(theirs[1])} resident units")
-        return ", ".join(said)
+        return shape_change(mine, theirs)
 
     def _replan_now(self) -> None:
         """The re-plan, between two forwards: the session torn down (the module holds its host

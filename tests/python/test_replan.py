@@ -247,6 +247,19 @@ def test_a_budget_keeps_its_plan_when_the_compute_changes_nothing(measured, time
         r.close()
 
 
+def test_the_note_names_what_the_timed_compute_changed():
+    """The re-plan's note: slots and resident counts that change, or a same-sized resident set
+    whose members change (said as such, not "13 -> 13 resident units")."""
+    a = (3, ("blocks.0", "blocks.1", "blocks.2"))
+    assert replan.shape_change(a, a) == ""
+    assert replan.shape_change(a, (2, a[1])) == "3 -> 2 slots"
+    assert replan.shape_change(a, (3, ("blocks.0",))) == "3 -> 1 resident units"
+    assert replan.shape_change(a, (3, ("blocks.0", "blocks.5", "blocks.6"))) == \
+        "2 of the 3 resident units swapped for others"
+    assert replan.shape_change(a, (2, ("blocks.0", "blocks.1", "blocks.9"))) == \
+        "3 -> 2 slots, 1 of the 3 resident units swapped for others"
+
+
 def test_no_statistics_keeps_the_estimate():
     m, x = flux()  # the real measurement: the cpu device has no allocator statistics
     r = ddo.enable_offload(m, device_memory_limit_gb=1.25, **CPU)
