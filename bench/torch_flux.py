@@ -807,15 +807,24 @@ def idle_causes(events):
     the correlation id) is the host's (the GPU waited for Python to launch it); the rest is the
     device's own wait (an event: an upload not done yet, or the launch latency). Returns
     seconds: idle (the gaps), idle_host, idle_wait, and the median launch lead (the kernel's
-    start after its launch returned: near zero when the host paces the step)."""
-    launch_end, kernels = {}, []
+    start after its launch returned: near zero when the host paces the step). Also the host's
+    side of the CUDA API: each kernel launch call's duration (median, 90th percentile: a launch
+    that waits on the driver's lock, held by another thread's calls, takes longer), and per
+    thread the API calls' count and seconds (api_threads, the busiest first)."""
+    launch_end, kernels, launch_dur = {}, [], []
+    api: dict = {}
     for e in events:
         cat, a = e.get("cat", ""), e.get("args") or {}
+        if e.get("ph") == "X" and cat in ("cuda_runtime", "cuda_driver"):
+            t = api.setdefault(str(e.get("tid")), [0, 0.0])
+            t[0] += 1
+            t[1] += float(e.get("dur", 0.0))
         corr = a.get("correlation")
         if e.get("ph") != "X" or corr is None:
             continue
         if cat in ("cuda_runtime", "cuda_driver") and "aunch" in e.get("name", ""):
             launch_end[corr] = float(e["ts"]) + float(e.get("dur", 0.0))
+            launch_dur.append(float(e.get("dur", 0.0)))
         elif cat == "kernel":
             kernels.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), corr))
     kernels.sort()
@@ -832,9 +841,14 @@ def idle_causes(events):
                 host += min(gap, max(0.0, le - end))
         end = b if end is None or b > end else end
     leads.sort()
+    launch_dur.sort()
+    threads = sorted(api.items(), key=lambda kv: -kv[1][1])[:4]
     return {"idle_s": idle / 1e6, "idle_host_s": host / 1e6, "idle_wait_s": (idle - host) / 1e6,
             "launch_lead_median_s": leads[len(leads) // 2] / 1e6 if leads else None,
-            "kernels_matched": len(leads)}
+            "kernels_matched": len(leads),
+            "launch_call_median_us": launch_dur[len(launch_dur) // 2] if launch_dur else None,
+            "launch_call_p90_us": launch_dur[len(launch_dur) * 9 // 10] if launch_dur else None,
+            "api_threads": [{"tid": tid, "calls": n, "s": us / 1e6} for tid, (n, us) in threads]}
 
 
 def trace_one_step(module, inputs, case, args, cuda):

@@ -220,4 +220,12 @@ def test_idle_causes_split_host_and_device_waits(tf):
     assert abs(r["idle_s"] - 20e-6) < 1e-12 and abs(r["idle_host_s"] - 8e-6) < 1e-12
     assert abs(r["idle_wait_s"] - 12e-6) < 1e-12
     assert r["kernels_matched"] == 5 and abs(r["launch_lead_median_s"] - 5e-6) < 1e-12
-    assert tf.idle_causes([])["launch_lead_median_s"] is None
+    assert r["launch_call_median_us"] == 1 and r["launch_call_p90_us"] == 1
+    assert r["api_threads"] == [{"tid": "None", "calls": 5, "s": 5e-6}]
+    ev.append({"ph": "X", "cat": "cuda_driver", "name": "cuMemcpyHtoDAsync_v2", "ts": 3, "dur": 40,
+               "tid": 7})
+    r = tf.idle_causes(ev)
+    assert [t["tid"] for t in r["api_threads"]] == ["7", "None"]
+    assert r["api_threads"][0] == {"tid": "7", "calls": 1, "s": 40e-6}
+    e = tf.idle_causes([])
+    assert e["launch_lead_median_s"] is None and e["launch_call_median_us"] is None
