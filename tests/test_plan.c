@@ -772,8 +772,6 @@ static void test_retained_by_reread_stall(void)
     fx_free(&tb);
 }
 
-/* A Flux-like stack: 6 large units (64 MiB) that compute about as long as the 10 small ones
- * (24 MiB), as a Flux double block against a single one; uc: their measured compute (JSON). */
 /* count blocks: the first six of 64 MiB (4096 x 8192 BF16), the rest of 24 MiB, and in uc
  * their measured compute (big_s and small_s seconds) as unit_compute_json. */
 static void two_kinds(fx_table *tb, char *uc, size_t len, int count, const char *big_s,
@@ -790,6 +788,8 @@ static void two_kinds(fx_table *tb, char *uc, size_t len, int count, const char 
     snprintf(uc + at, len - at, "}");
 }
 
+/* A Flux-like stack: 6 large units (64 MiB) that compute about as long as the 10 small ones
+ * (24 MiB), as a Flux double block against a single one; uc: their measured compute (JSON). */
 static void flux_like(fx_table *tb, char *uc, size_t len)
 {
     two_kinds(tb, uc, len, 16, "0.032", "0.029");
