@@ -94,10 +94,18 @@ DDO_CASE_OPTIONS = {
     # ee2500e), beside ddo_vmm0's automatic count in the same call.
     "ddo_vmm0_slots3": ("vmm", dict(DDO_VMM_COMMON, **DDO_ZERO_RESIDENT, **DDO_PROFILE,
                                     vmm_resident_weight_budget_gb=4, execution_slots=3)),
+    # The zero-resident case with the ten small root leaves (embedders, norm_out, proj_out:
+    # about 0.1 GB of 12.7 in GGUF Q8_0) kept resident: each of them otherwise takes a whole slot of
+    # the ring, so at a step's end the ring holds them instead of the next step's first blocks
+    # (docs/benchmarks.md, the trace of 2026-12-06's fifth session).
+    "ddo_vmm0_rootres": ("vmm", dict(DDO_VMM_COMMON, **dict(DDO_ZERO_RESIDENT,
+                                     always_resident_modules_pattern=DDO_ROOT_LEAVES),
+                                     vmm_resident_weight_budget_gb=4)),
 }
 # The device-weight budget each ddo case must stay under (GiB), for the "never over budget" check.
 DDO_CASE_BUDGET_GIB = {"ddo_vmm0": 4, "ddo_vmm16": 16, "ddo_vmm16_spread": 16,
-                       "ddo_linear0": None, "ddo_vmm0_codec": 4, "ddo_vmm0_slots3": 4}
+                       "ddo_linear0": None, "ddo_vmm0_codec": 4, "ddo_vmm0_slots3": 4,
+                       "ddo_vmm0_rootres": 4}
 
 # case name -> what it runs. ref: which resident output it is compared with (and resident cases
 # write). compile: None, "default" (compile_repeated_blocks) or "reduce-overhead" (CUDA graphs).
@@ -111,6 +119,7 @@ CASES = {
     "ddo_linear0": dict(kind="ddo", ref="eager", compile=None),
     "ddo_vmm0_codec": dict(kind="ddo", ref="eager", compile=None),
     "ddo_vmm0_slots3": dict(kind="ddo", ref="eager", compile=None),
+    "ddo_vmm0_rootres": dict(kind="ddo", ref="eager", compile=None),
     "resident_compile": dict(kind="resident", ref="compile", compile="default",
                              eager="resident"),
     "ddo_vmm0_compile": dict(kind="ddo", base="ddo_vmm0", ref="compile", compile="default",
@@ -767,6 +776,10 @@ def run_steps(module, inputs, case, spec, args, deadline, res, handle, cuda):
         if after is not None and bytes_before is not None:
             res["streamed_bytes_per_step"] = (after - bytes_before) / len(times)
             res["streamed_bytes_source"] = "metrics copy_bytes delta over the timed steps"
+            for key in ("vmm_maps", "copies", "uploads", "stall_ns"):  # per timed step
+                a, b = find_key(metrics_before, key), find_key(metrics, key)
+                if a is not None and b is not None:
+                    res[f"{key}_per_step"] = (b - a) / len(times)
             raw = raw_streamed_bytes(metrics_before, metrics, after - bytes_before)
             if raw is not None:  # weight_codec: what the same steps move raw
                 res["raw_streamed_bytes_per_step"] = raw / len(times)
@@ -800,6 +813,20 @@ def busy_union(spans):
     return total / 1e6
 
 
+def overlap(kernels, copies):
+    """How copies and kernels ((start, end) spans, microseconds) overlapped over the device's
+    span from the first to the last of them: the time neither ran, copies with no kernel
+    beside them, kernels with no copy (seconds); {} without both."""
+    if not kernels or not copies:
+        return {}
+    spans = kernels + copies
+    window = (max(b for _, b in spans) - min(a for a, _ in spans)) / 1e6
+    either = busy_union(spans)
+    return {"device_window_s": window, "neither_busy_s": window - either,
+            "copy_only_s": either - busy_union(kernels),
+            "kernel_only_s": either - busy_union(copies)}
+
+
 def idle_causes(events):
     """Why the device sat idle between kernels, from a torch.profiler Chrome trace's events:
     before each kernel that starts after every earlier kernel ended (a gap), the part of the gap
@@ -810,15 +837,19 @@ def idle_causes(events):
     start after its launch returned: near zero when the host paces the step). Also the host's
     side of the CUDA API: each kernel launch call's duration (median, 90th percentile: a launch
     that waits on the driver's lock, held by another thread's calls, takes longer), and per
-    thread the API calls' count and seconds (api_threads, the busiest first)."""
+    thread the API calls' count and seconds, and its six costliest calls by name (api_threads,
+    the busiest thread first)."""
     launch_end, kernels, launch_dur = {}, [], []
     api: dict = {}
     for e in events:
         cat, a = e.get("cat", ""), e.get("args") or {}
         if e.get("ph") == "X" and cat in ("cuda_runtime", "cuda_driver"):
-            t = api.setdefault(str(e.get("tid")), [0, 0.0])
+            t = api.setdefault(str(e.get("tid")), [0, 0.0, {}])
             t[0] += 1
             t[1] += float(e.get("dur", 0.0))
+            n = t[2].setdefault(e.get("name", "?"), [0, 0.0])
+            n[0] += 1
+            n[1] += float(e.get("dur", 0.0))
         corr = a.get("correlation")
         if e.get("ph") != "X" or corr is None:
             continue
@@ -848,7 +879,10 @@ def idle_causes(events):
             "kernels_matched": len(leads),
             "launch_call_median_us": launch_dur[len(launch_dur) // 2] if launch_dur else None,
             "launch_call_p90_us": launch_dur[len(launch_dur) * 9 // 10] if launch_dur else None,
-            "api_threads": [{"tid": tid, "calls": n, "s": us / 1e6} for tid, (n, us) in threads]}
+            "api_threads": [{"tid": tid, "calls": n, "s": us / 1e6,
+                             "top": [[name, c, round(t / 1e6, 6)] for name, (c, t) in
+                                     sorted(names.items(), key=lambda kv: -kv[1][1])[:6]]}
+                            for tid, (n, us, names) in threads]}
 
 
 def trace_one_step(module, inputs, case, args, cuda):
@@ -858,8 +892,9 @@ def trace_one_step(module, inputs, case, args, cuda):
 
 
 def py_profile_step(step, cuda, top=30):
-    """step() once under cProfile: the host's time by function (the top by own time, as text),
-    to tell which Python work paces a host-bound step."""
+    """step() once under cProfile: the host's time by function (the top by own time, as text;
+    and the binding's own functions by cumulative time), to tell which Python work paces a
+    host-bound step."""
     import cProfile
     import pstats
     import torch
@@ -873,7 +908,10 @@ def py_profile_step(step, cuda, top=30):
     wall = time.perf_counter() - t
     out = io.StringIO()
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
-    return {"step_s": wall, "top_by_tottime": out.getvalue()[-12000:]}
+    ddo = io.StringIO()  # the binding's share: its functions by cumulative time
+    pstats.Stats(prof, stream=ddo).sort_stats("cumtime").print_stats("ddo/", top)
+    return {"step_s": wall, "top_by_tottime": out.getvalue()[-12000:],
+            "ddo_by_cumtime": ddo.getvalue()[-8000:]}
 
 
 def trace_step(step, path, cuda):
@@ -882,7 +920,10 @@ def trace_step(step, path, cuda):
     union, and the step's wall time. Between two cases the kernels' sum tells slower kernels
     (the copies contending with them) from a device left waiting (busy below the step), and
     idle_causes splits that waiting into the host launching late and the device waiting on an
-    event (an upload)."""
+    event (an upload). Where copies ran too: the device's span from its first kernel or copy
+    to its last, the time in it when neither ran (neither_busy_s: nothing issued, the host or
+    the loader late), copies with no kernel (copy_only_s: kernels waiting on uploads) and
+    kernels with no copy (kernel_only_s: the copy engine idle, the ring full or nothing left)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -903,6 +944,7 @@ def trace_step(step, path, cuda):
     res = {"path": path, "step_s": wall, "kernels": len(kernels),
            "kernel_sum_s": sum(b - a for a, b in kernels) / 1e6,
            "kernel_busy_s": busy_union(kernels), "copy_busy_s": busy_union(copies)}
+    res.update(overlap(kernels, copies))
     try:  # where the device's idle time went: the host launching late, or the device waiting
         with open(path) as f:
             data = json.load(f)  # torch 2: {"traceEvents": [...]}; some versions: the list

@@ -221,11 +221,24 @@ def test_idle_causes_split_host_and_device_waits(tf):
     assert abs(r["idle_wait_s"] - 12e-6) < 1e-12
     assert r["kernels_matched"] == 5 and abs(r["launch_lead_median_s"] - 5e-6) < 1e-12
     assert r["launch_call_median_us"] == 1 and r["launch_call_p90_us"] == 1
-    assert r["api_threads"] == [{"tid": "None", "calls": 5, "s": 5e-6}]
+    top = [["cudaLaunchKernel", 4, 4e-6], ["cuLaunchKernel", 1, 1e-6]]
+    assert r["api_threads"] == [{"tid": "None", "calls": 5, "s": 5e-6, "top": top}]
     ev.append({"ph": "X", "cat": "cuda_driver", "name": "cuMemcpyHtoDAsync_v2", "ts": 3, "dur": 40,
                "tid": 7})
     r = tf.idle_causes(ev)
     assert [t["tid"] for t in r["api_threads"]] == ["7", "None"]
-    assert r["api_threads"][0] == {"tid": "7", "calls": 1, "s": 40e-6}
+    assert r["api_threads"][0] == {"tid": "7", "calls": 1, "s": 40e-6,
+                                   "top": [["cuMemcpyHtoDAsync_v2", 1, 40e-6]]}
     e = tf.idle_causes([])
     assert e["launch_lead_median_s"] is None and e["launch_call_median_us"] is None
+
+
+def test_overlap_of_copies_and_kernels(tf):
+    """Over the span from the first kernel or copy to the last: neither running, copies alone
+    (kernels waiting on them), kernels alone (the copy engine idle)."""
+    r = tf.overlap([(0, 10), (30, 40)], [(5, 20), (35, 50)])
+    assert r["device_window_s"] == pytest.approx(50e-6)
+    assert r["neither_busy_s"] == pytest.approx(10e-6)   # 20..30
+    assert r["copy_only_s"] == pytest.approx(20e-6)      # 10..20 and 40..50
+    assert r["kernel_only_s"] == pytest.approx(10e-6)    # 0..5 and 30..35
+    assert tf.overlap([(0, 1)], []) == {}
