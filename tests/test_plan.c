@@ -346,17 +346,25 @@ static void test_blocks_units_and_placement(void)
     T_EQ_INT(ddo_config_set(cfg, "vmm_module_pattern", "attn"), 0);
     ddo_plan *p = build(&tb, cfg, NULL, 0);
     T_REQUIRE(p != NULL);
-    /* Units in checkpoint order: the leaf x_embedder, 3 + 2 blocks, conv and proj_out. The
-     * 16 KiB default threshold keeps the biases resident; the skipped lora has no unit. */
-    T_EQ_U64(ddo_plan_unit_count(p), 8);
-    T_EQ_U64(find_unit(p, "x_embedder"), 0);
+    /* Units in checkpoint order: the modules outside the blocks (x_embedder, conv, proj_out:
+     * 10 MB against a 113 MB block) gathered into one unit "" where x_embedder comes, then
+     * 3 + 2 blocks. The 16 KiB default threshold keeps the biases resident; the skipped lora
+     * has no unit. */
+    T_EQ_U64(ddo_plan_unit_count(p), 6);
+    T_EQ_U64(find_unit(p, ""), 0);
     T_EQ_U64(find_unit(p, "transformer_blocks.0"), 1);
     T_EQ_U64(find_unit(p, "single_transformer_blocks.1"), 5);
-    T_EQ_U64(find_unit(p, "conv"), 6);
-    T_EQ_U64(find_unit(p, "proj_out"), 7);
+    T_EQ_U64(find_unit(p, "x_embedder"), SIZE_MAX);
+    T_EQ_U64(find_unit(p, "conv"), SIZE_MAX);
     T_EQ_U64(find_unit(p, "lora"), SIZE_MAX);
     size_t n = 0;
-    const size_t *ts = ddo_plan_unit_tensors(p, 1, &n);
+    const size_t *ts = ddo_plan_unit_tensors(p, 0, &n);
+    T_REQUIRE(ts != NULL && n == 3); /* x_embedder.weight, conv.weight, proj_out.weight */
+    T_EQ_U64(ts[0], 0);
+    T_EQ_U64(ts[1], 17);
+    T_EQ_U64(ts[2], 18);
+    T_EQ_STR(fx_decision(p, "outside_blocks"), "one_unit");
+    ts = ddo_plan_unit_tensors(p, 1, &n);
     T_REQUIRE(ts != NULL && n == 3); /* to_q.weight, ff.proj.weight, norm.table */
     T_EQ_U64(ts[0], 2);
     T_EQ_U64(ts[1], 4);
@@ -416,6 +424,51 @@ static void test_blocks_units_and_placement(void)
     ddo_plan_destroy(p);
     ddo_config_destroy(cfg);
     fx_free(&tb);
+}
+
+/* The modules outside the blocks stay units of their own where gathering them would cost: more
+ * than half the largest block's bytes, one module alone, or leaf granularity. */
+static void test_outside_blocks_kept_apart(void)
+{
+    fx_table tb = { 0 };
+    const ddo_dtype B = DDO_DTYPE_BF16;
+    fx_add(&tb, B, "embed.weight", 2, (uint64_t)4096, (uint64_t)4096); /* 32 MiB */
+    for (int b = 0; b < 2; b++)
+        fx_addf(&tb, B, 2, 4096, 4096, "blocks.%d.proj.weight", b); /* 32 MiB each */
+    fx_add(&tb, B, "norm.weight", 2, (uint64_t)64, (uint64_t)4096);
+    ddo_config *cfg = NULL;
+    T_REQUIRE(ddo_config_create(&cfg) == 0);
+    ddo_plan *p = build(&tb, cfg, NULL, 0);
+    T_REQUIRE(p != NULL);
+    T_EQ_U64(ddo_plan_unit_count(p), 4); /* embed, 2 blocks, norm: 32.5 MiB outside > 16 */
+    T_EQ_U64(find_unit(p, "embed"), 0);
+    T_EQ_U64(find_unit(p, "norm"), 3);
+    T_EQ_STR(fx_decision(p, "outside_blocks"), "(absent)");
+    ddo_plan_destroy(p);
+    fx_free(&tb);
+
+    fx_table one = { 0 };
+    for (int b = 0; b < 2; b++)
+        fx_addf(&one, B, 2, 4096, 4096, "blocks.%d.proj.weight", b);
+    fx_add(&one, B, "norm.weight", 2, (uint64_t)64, (uint64_t)4096);
+    p = build(&one, cfg, NULL, 0);
+    T_REQUIRE(p != NULL);
+    T_EQ_U64(find_unit(p, "norm"), 2); /* one module outside: nothing to gather */
+    ddo_plan_destroy(p);
+    fx_add(&one, B, "head.weight", 2, (uint64_t)64, (uint64_t)4096);
+    p = build(&one, cfg, NULL, 0);
+    T_REQUIRE(p != NULL);
+    T_EQ_U64(ddo_plan_unit_count(p), 3);
+    T_EQ_U64(find_unit(p, ""), 2); /* where norm, the first of them, comes */
+    ddo_plan_destroy(p);
+    T_EQ_INT(ddo_config_set(cfg, "unit_granularity", "leaf"), 0);
+    p = build(&one, cfg, NULL, 0);
+    T_REQUIRE(p != NULL);
+    T_EQ_U64(find_unit(p, "norm"), 2);
+    T_EQ_U64(find_unit(p, "head"), 3);
+    ddo_plan_destroy(p);
+    ddo_config_destroy(cfg);
+    fx_free(&one);
 }
 
 static void test_edges(void)
@@ -1156,6 +1209,7 @@ int main(void)
     T_RUN(test_device_budget_refused);
     T_RUN(test_device_reclaimable);
     T_RUN(test_blocks_units_and_placement);
+    T_RUN(test_outside_blocks_kept_apart);
     T_RUN(test_edges);
     T_RUN(test_pattern_limits_and_ranges);
     T_RUN(test_routes);

@@ -70,6 +70,11 @@ class Hooks(Leases):
         by_ddo = {v: k for k, v in self._ddo_path.items()}
         needs: _Needs = {}
         for u, name in enumerate(self._unit_names):
+            members = self._outside_readers(u) if not name else None
+            if members:  # the modules outside the blocks, gathered: hooked where each is read
+                for m in members:
+                    needs.setdefault(id(m), (m, []))[1].append(u)
+                continue
             tname = by_ddo.get(name, name)
             try:
                 m = self.module.get_submodule(tname) if tname else self.module
@@ -95,6 +100,23 @@ class Hooks(Leases):
                             units.append(t.unit)
         self._shared_readers(needs)
         return list(needs.values())
+
+    def _outside_readers(self, u: int) -> Optional[List[torch.nn.Module]]:
+        """The modules that read unit u's weights, u being the plan's unit named "" (the root):
+        the modules outside every block gathered into one (docs/plan.md, "Units"). Each is
+        hooked for u, so u loads where its weights are used and goes through the slots like a
+        block, not held around the whole forward. None where the root's forward reads one of
+        u's weights itself (a Parameter of its own): then the root holds u around the call."""
+        names = {id(m): n for n, m in self.module.named_modules()}
+        out: Dict[int, torch.nn.Module] = {}
+        for t in self._unit_tensors[u]:
+            for p in t.params:
+                for m in self._modules_of.get(id(p), []):
+                    r = m if m is self.module else self._reader_of(self._caller_of(names[id(m)]), m)
+                    if r is self.module:
+                        return None
+                    out[id(r)] = r
+        return list(out.values()) or None
 
     def _shared_readers(self, needs: _Needs) -> None:
         """A submodule object in two hooked modules' trees (one module shared by two blocks) is

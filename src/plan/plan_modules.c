@@ -260,6 +260,50 @@ int ddo__plan_resolve_resident_patterns(builder *b)
                          "resident_module_patterns");
 }
 
+/*
+ * Block granularity: the modules outside every block (embedders, final norms and projections)
+ * become one block named "" (the root), so their streamed tensors load as one unit and are one
+ * resident candidate, when there are at least two of them, their bytes are at most half the
+ * largest block's (the slot does not grow, and a unit used at a step's start and end is cheap
+ * to hold) and the resident patterns take all of them or none. As units of their own each would
+ * take a whole slot while loaded: zero-resident, Flux's ten small leaves sit between a step's
+ * last block and the next step's first, and the prefetch window never reaches past them
+ * (docs/plan.md, "Units"). Runs after the blocks' sizes and matches are known.
+ */
+static int gather_outside_blocks(builder *b)
+{
+    if (b->leaf || b->block_count == 0)
+        return 0;
+    uint64_t outside = 0, largest = 0;
+    size_t count = 0, matching = 0;
+    for (size_t k = 0; k < b->block_count; k++)
+        largest = b->blocks[k].full_bytes > largest ? b->blocks[k].full_bytes : largest;
+    for (size_t i = 0; i < b->mod_count; i++) {
+        const pmod *m = &b->mods[i];
+        if (m->skipped || m->block != NONE)
+            continue;
+        bool hit = b->fill;
+        if (m->len > 0) {
+            int rc = rxset_search(&b->resident, m->name, m->len, &hit);
+            if (rc != 0)
+                return rc;
+        }
+        outside = ddo__sat_add_u64(outside, m->full_bytes);
+        count++;
+        matching += hit ? 1 : 0;
+    }
+    if (count < 2 || outside > largest / 2 || (matching != 0 && matching != count))
+        return 0;
+    pblock *g = &b->blocks[b->block_count]; /* room: count >= 2 modules are not blocks */
+    *g = (pblock){ "", 0, matching == count, false, NONE, NONE, outside };
+    for (size_t i = 0; i < b->mod_count; i++)
+        if (!b->mods[i].skipped && b->mods[i].block == NONE)
+            b->mods[i].block = b->block_count;
+    b->block_count++;
+    ddo__decisions_set_str(&b->p->decisions, "outside_blocks", "one_unit");
+    return 0;
+}
+
 /* The resident candidates ("scopes") in traversal order and their full sizes. */
 int ddo__plan_build_scopes(builder *b)
 {
@@ -278,6 +322,9 @@ int ddo__plan_build_scopes(builder *b)
         if (rc != 0)
             return rc;
     }
+    int grc = gather_outside_blocks(b);
+    if (grc != 0)
+        return grc;
     b->scopes = ddo__calloc(b->mod_count ? b->mod_count : 1, sizeof(*b->scopes));
     bool *block_seen = ddo__calloc(b->block_count ? b->block_count : 1, sizeof(bool));
     if (b->scopes == NULL || block_seen == NULL) {

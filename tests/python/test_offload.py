@@ -225,6 +225,46 @@ def test_block_units_from_the_module_tree_and_fused_readers():
     r.close()
 
 
+class _RootShift(models.FluxLike):
+    """FluxLike with a Parameter of the root's own, read by the root's forward."""
+
+    def __init__(self):
+        super().__init__(seed=3)
+        self.shift = nn.Parameter(torch.full((64,), 0.25, dtype=torch.bfloat16))
+
+    def forward(self, x):
+        return super().forward(x) + self.shift
+
+
+def test_modules_outside_the_blocks_are_one_unit():
+    """x_embedder, norm_out and proj_out (zero-resident: each would be a unit taking a slot)
+    are one unit "", hooked on each of them: not held around the forward, and a direct call
+    of one outside the forward still finds its weights; with a Parameter of the root's own,
+    the root's forward holds it."""
+    m = models.FluxLike(seed=2)
+    x = torch.randn(2, 5, 64).to(torch.bfloat16)
+    ref = steps(m, x, 1)[0]
+    emb = m.x_embedder(x)
+    r = ddo.enable_offload(m, backend="vmm", **ZERO_RESIDENT)
+    assert "" in r._unit_names and "x_embedder" not in r._unit_names
+    assert r._unit_names.index("") not in r._root_units
+    assert r.plan["planner_decisions"]["outside_blocks"] == "one_unit"
+    assert torch.equal(steps(r.module, x, 2)[-1], ref)
+    with torch.no_grad():
+        assert torch.equal(m.x_embedder(x), emb)  # the hook on x_embedder leases ""
+    r.close()
+
+    m = _RootShift()
+    ref = steps(m, x, 1)[0]
+    # (the pattern "^$" matches the root's own name, "": it would keep shift resident)
+    r = ddo.enable_offload(m, backend="vmm", **dict(ZERO_RESIDENT,
+                                                    always_resident_modules_pattern="^none$"))
+    assert "shift" in [t.name for t in r._unit_tensors[r._unit_names.index("")]]
+    assert r._unit_names.index("") in r._root_units
+    assert torch.equal(steps(r.module, x, 2)[-1], ref)
+    r.close()
+
+
 def test_tied_weights_are_one_tensor():
     m = models.Tied()
     ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(1))
