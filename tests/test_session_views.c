@@ -401,6 +401,41 @@ static void test_settled_slots_keep_their_mappings(void)
     fx_destroy(&f);
 }
 
+/* vmm_fast_runtime with 7 units in 3 slots (no multiple): the units take home slots round the
+ * ring, so settled passes map nothing, and the short round's seam, where a unit's home is still
+ * held by one needed before it, sits mid-order: the window is full across the pass boundary
+ * (the last units' acquires keep the next pass's first units loading), shallower mid-pass. */
+static void test_the_ring_seam_sits_mid_order(void)
+{
+    enum { N = 7, K = 3 };
+    fx_opts o = { .blocks = N, .slots = K };
+    fx f;
+    T_REQUIRE(fx_create(&f, &o) == 0 && f.rc == 0);
+    size_t order[N];
+    for (int b = 0; b < N; b++)
+        order[b] = fx_unit(&f, b);
+    T_REQUIRE(ddo_session_declare_order(f.s, order, N) == 0);
+    double maps_before = 0, depth[N] = { 0 };
+    for (int pass = 0; pass < 4; pass++) {
+        if (pass == 3)
+            maps_before = fx_metric(&f, "vmm_maps");
+        for (int b = 0; b < N; b++) {
+            double d0 = fx_metric(&f, "prefetch_depth_sum");
+            T_CHECK_MSG(fx_use(&f, fx_unit(&f, b)) == 0, "pass %d block %d", pass, b);
+            depth[b] = fx_metric(&f, "prefetch_depth_sum") - d0;
+        }
+    }
+    T_NEAR(fx_metric(&f, "vmm_maps"), maps_before, 0); /* settled: no upload maps */
+    for (int b = N - K; b < N; b++)
+        T_NEAR(depth[b], K - 1, 0); /* the pass end */
+    T_NEAR(depth[0], K - 1, 0);
+    double shallow = 0;
+    for (int b = 1; b < N - K; b++)
+        shallow += (K - 1) - depth[b];
+    T_CHECK(shallow > 0); /* the seam is somewhere: mid-pass */
+    fx_destroy(&f);
+}
+
 int main(void)
 {
     T_RUN(test_calling_thread_stream_waits_for_the_upload);
@@ -412,5 +447,6 @@ int main(void)
     T_RUN(test_device_from_config);
     T_RUN(test_host_tensors_move_in_merged_copies);
     T_RUN(test_settled_slots_keep_their_mappings);
+    T_RUN(test_the_ring_seam_sits_mid_order);
     return t_done();
 }

@@ -272,6 +272,7 @@ void ddo__session_destroy_now(ddo_session *s)
     free(s->resident);
     free(s->order.units);
     free(s->order.pos);
+    free(s->order.home);
     free(s->order.learn);
     free(s->order.learn_seen);
     free(s->w_va);
@@ -367,6 +368,7 @@ static int alloc_tables(ddo_session *s)
     s->jobs = ddo__calloc(m, sizeof(*s->jobs));
     s->order.units = ddo__calloc(n, sizeof(*s->order.units));
     s->order.pos = ddo__calloc(n, sizeof(*s->order.pos));
+    s->order.home = ddo__calloc(n, sizeof(*s->order.home));
     s->order.learn = ddo__calloc(2 * n + 2, sizeof(*s->order.learn));
     s->order.learn_seen = ddo__calloc(n, sizeof(*s->order.learn_seen));
     size_t tc = ddo_checkpoint_tensor_count(s->ck);
@@ -379,7 +381,7 @@ static int alloc_tables(ddo_session *s)
             return ddo__fail(&s->err, DDO_E_NO_MEMORY, "session: out of memory");
     }
     if (s->units == NULL || s->slots == NULL || s->jobs == NULL || s->order.units == NULL ||
-        s->order.pos == NULL || s->order.learn == NULL || s->order.learn_seen == NULL ||
+        s->order.pos == NULL || s->order.home == NULL || s->order.learn == NULL || s->order.learn_seen == NULL ||
         s->resident == NULL)
         return ddo__fail(&s->err, DDO_E_NO_MEMORY, "session: out of memory");
     for (size_t u = 0; u < n; u++) {
@@ -389,8 +391,10 @@ static int alloc_tables(ddo_session *s)
         s->units[u].slot = DDO__NONE;
         s->units[u].alias_slot = DDO__NONE;
         s->units[u].resident = info.resident;
+        s->units[u].bytes = info.bytes;
         s->units[u].name = info.name != NULL ? info.name : "?";
         s->order.pos[u] = DDO__NONE;
+        s->order.home[u] = DDO__NONE;
     }
     for (size_t i = 0; i < m; i++) {
         s->slots[i].unit = DDO__NONE;

@@ -102,6 +102,7 @@ typedef struct ddo__unit_rt {
     size_t slot;   /* slot holding the unit (DDO__NONE: none) */
     bool leased;   /* between acquire and release */
     bool resident; /* the whole unit is resident: no slot */
+    uint64_t bytes; /* its streamed bytes (the plan's) */
     bool has_va;   /* VMM: range(s) reserved */
     uint64_t va;   /* VMM: the unit's own virtual range (slot_bytes); unused per weight */
     /* vmm_fast_runtime: a slot whose handle this range still maps although the slot has moved
@@ -155,6 +156,11 @@ typedef struct ddo__order {
     bool declared;
     uint64_t epoch; /* counts the orders set: aliases made under an older one do not bind */
     size_t *pos;    /* unit -> position in units, DDO__NONE if absent */
+    /* vmm_fast_runtime: unit -> the slot it loads into under this order (DDO__NONE: any).
+     * Streamed units take slots round the ring so that a unit's range keeps mapping one
+     * slot's handle; where their count is no multiple of the slots, the seam of the round
+     * sits mid-order, away from the pass boundary (session_prefetch.c). */
+    size_t *home;
     size_t *learn;
     size_t learn_count;
     bool *learn_seen;

@@ -5,11 +5,59 @@
  * `slots - 1` units of that order are kept loading; on vmm_runtime only when they fit the
  * mapped budget without displacing a leased, loading or prefetched unit. When an order is
  * declared, and again after a reload, the first `slots` units of it start loading at once, so
- * the first pass does not begin by waiting for its first unit.
+ * the first pass does not begin by waiting for its first unit. On vmm_fast_runtime each unit
+ * of the order has a home slot (place_homes), so that settled uploads map nothing.
  */
 #include "session/session.h"
 
 #include <string.h>
+
+/*
+ * vmm_fast_runtime: the home slot of each streamed unit of the order (mu held). The r-th
+ * streamed unit from the seam takes slot r mod slots, so that the unit loading into a slot is
+ * the one the window reaches as that slot's unit is released, and once every unit has settled
+ * no upload maps anything. When the streamed units are no multiple of the slots, the last
+ * round is short: where it meets the first, a unit's home is still held by a unit needed
+ * before it, and the prefetch there reaches fewer units ahead. The seam goes where that costs
+ * least: where the 2 x slots units around it hold the fewest bytes (their copies have slack),
+ * nearest the middle of the order on ties, and never within a window of the pass boundary:
+ * the next pass's first units load at the end of this one, as the bank its first (often
+ * largest) units draw on, and a caller that synchronizes after each pass waits for them.
+ */
+static void place_homes(ddo_session *s)
+{
+    size_t k = s->slot_count, m = 0;
+    size_t *by_rank = s->order.learn + s->unit_count; /* scratch after the learn list */
+    for (size_t u = 0; u < s->unit_count; u++)
+        s->order.home[u] = DDO__NONE;
+    if (!ddo__route_maps(s->route) || ddo__route_per_weight(s->route) || k == 0)
+        return;
+    for (size_t i = 0; i < s->order.count; i++) {
+        size_t u = s->order.units[i];
+        if (!s->units[u].resident)
+            by_rank[m++] = u;
+    }
+    size_t seam = 0;
+    if (m > k && m % k != 0) {
+        bool inside = m > 2 * k;
+        size_t lo = inside ? k : 0, hi = inside ? m - k : m - 1;
+        uint64_t best_bytes = UINT64_MAX;
+        size_t best_dist = SIZE_MAX;
+        for (size_t c = lo; c <= hi; c++) {
+            uint64_t bytes = 0;
+            for (size_t j = 0; j < 2 * k; j++)
+                bytes += s->units[by_rank[(c + m - k + j) % m]].bytes;
+            size_t dist = 2 * c > m ? 2 * c - m : m - 2 * c;
+            if (bytes < best_bytes || (bytes == best_bytes && dist < best_dist)) {
+                best_bytes = bytes;
+                best_dist = dist;
+                seam = c;
+            }
+        }
+    }
+    for (size_t r = 0; r < m; r++)
+        s->order.home[by_rank[r]] = ((r + m - seam) % m) % k;
+}
 
 static void set_order(ddo_session *s, const size_t *units, size_t count)
 {
@@ -26,6 +74,7 @@ static void set_order(ddo_session *s, const size_t *units, size_t count)
         if (s->order.pos[units[i]] == DDO__NONE)
             s->order.pos[units[i]] = i;
     s->order.known = true;
+    place_homes(s);
 }
 
 void ddo__session_learn(ddo_session *s, size_t unit)

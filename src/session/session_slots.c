@@ -39,11 +39,14 @@ enum ddo__pick ddo__session_pick_slot(ddo_session *s, size_t unit, bool prefetch
                                       const size_t *keep, size_t keep_count, size_t *out)
 {
     size_t best[5] = { DDO__NONE, DDO__NONE, DDO__NONE, DDO__NONE, DDO__NONE };
-    /* The slot the unit's range still maps, if the alias was made under the order in force
-     * (after an order change, slots are chosen as before until they settle again). */
+    /* The unit's home under the order in force (vmm_fast_runtime, session_prefetch.c), else
+     * the slot its range still maps if that alias was made under this order. */
     size_t own = DDO__NONE;
-    if (unit != DDO__NONE && s->order.known && s->units[unit].alias_epoch == s->order.epoch)
-        own = s->units[unit].alias_slot;
+    if (unit != DDO__NONE && s->order.known) {
+        own = s->order.home[unit];
+        if (own == DDO__NONE && s->units[unit].alias_epoch == s->order.epoch)
+            own = s->units[unit].alias_slot;
+    }
     bool own_ok = false;
     bool unissued = false;
     for (size_t i = 0; i < s->slot_count; i++) {

@@ -36,6 +36,23 @@ def test_raw_bound_of_a_coded_case(tf):
     assert r["ratio_raw_bound"] == pytest.approx(0.75)
 
 
+def test_chained_ratio_against_the_resident_chained_step(tf):
+    results = {"resident": {"median_step_s": 0.25, "chained_step_s": 0.24},
+               "ddo_vmm0": {"median_step_s": 0.28, "chained_step_s": 0.26, "bus_gbps": 1e-6,
+                            "streamed_bytes_per_step": 230.0},
+               "ddo_linear0": {"median_step_s": 0.3, "bus_gbps": 1e-6,
+                               "streamed_bytes_per_step": 230.0}}
+    tf.bounds(results)
+    r = results["ddo_vmm0"]
+    assert r["ratio"] == pytest.approx(0.28 / 0.25)
+    assert r["chained_bound_s"] == pytest.approx(0.24)
+    assert r["ratio_chained"] == pytest.approx(0.26 / 0.24)
+    assert "ratio_chained" not in results["ddo_linear0"]  # not measured back to back
+    results["resident"]["chained_step_s"] = 0.2  # the bus bound is the larger: 0.23 s
+    tf.bounds(results)
+    assert results["ddo_vmm0"]["ratio_chained"] == pytest.approx(0.26 / 0.23)
+
+
 def test_every_reference_is_compared(tf, tmp_path):
     import argparse
     import torch
