@@ -381,8 +381,8 @@ static int alloc_tables(ddo_session *s)
             return ddo__fail(&s->err, DDO_E_NO_MEMORY, "session: out of memory");
     }
     if (s->units == NULL || s->slots == NULL || s->jobs == NULL || s->order.units == NULL ||
-        s->order.pos == NULL || s->order.home == NULL || s->order.learn == NULL || s->order.learn_seen == NULL ||
-        s->resident == NULL)
+        s->order.pos == NULL || s->order.home == NULL || s->order.learn == NULL ||
+        s->order.learn_seen == NULL || s->resident == NULL)
         return ddo__fail(&s->err, DDO_E_NO_MEMORY, "session: out of memory");
     for (size_t u = 0; u < n; u++) {
         ddo_unit_info info;

@@ -99,12 +99,12 @@ typedef struct ddo__upload_note {
 #define DDO__UPLOAD_NOTES 64
 
 typedef struct ddo__unit_rt {
-    size_t slot;   /* slot holding the unit (DDO__NONE: none) */
-    bool leased;   /* between acquire and release */
-    bool resident; /* the whole unit is resident: no slot */
+    size_t slot;    /* slot holding the unit (DDO__NONE: none) */
+    bool leased;    /* between acquire and release */
+    bool resident;  /* the whole unit is resident: no slot */
     uint64_t bytes; /* its streamed bytes (the plan's) */
-    bool has_va;   /* VMM: range(s) reserved */
-    uint64_t va;   /* VMM: the unit's own virtual range (slot_bytes); unused per weight */
+    bool has_va;    /* VMM: range(s) reserved */
+    uint64_t va;    /* VMM: the unit's own virtual range (slot_bytes); unused per weight */
     /* vmm_fast_runtime: a slot whose handle this range still maps although the slot has moved
      * on to another unit (DDO__NONE: none). A mapping kept as a cache, never a sign that the
      * slot holds this unit's bytes: loading the unit into that slot again needs no remap.
