@@ -750,15 +750,22 @@ def run_steps(module, inputs, case, spec, args, deadline, res, handle, cuda):
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t)
             out = out.detach().cpu()
-        if cuda and len(times) >= 2:
-            # The same steps back to back, as a pipeline's loop runs them: one synchronize
-            # before and one after, so the next step's first loads may overlap this one's end.
+    if cuda and len(times) >= 2:
+        # The same steps back to back, as a pipeline's loop runs them: one synchronize before
+        # and one after, so the next step's first loads may overlap this one's end (after the
+        # counters are read: the per-step figures stay the synchronized steps').
+        metrics_chained = ddo_bytes(handle) if handle is not None else (None, None)
+        gc.collect()
+        gc.disable()
+        with gc_enabled_after():
             torch.cuda.synchronize()
             t = time.perf_counter()
             for _ in range(len(times)):
                 forward(module, inputs, args.toy, graphs)
             torch.cuda.synchronize()
             res["chained_step_s"] = (time.perf_counter() - t) / len(times)
+    else:
+        metrics_chained = None
     if prof is not None:
         d = handle.plan.get("planner_decisions", {})
         res["profile"] = {"status": prof.status, "saved": prof.saved_path,
@@ -782,7 +789,7 @@ def run_steps(module, inputs, case, spec, args, deadline, res, handle, cuda):
         res["dynamo_counters_total"] = {g: v for g, v in dynamo_counters().items()
                                         if g in ("recompiles", "stats", "inductor", "frames")}
     if handle is not None:
-        after, metrics = ddo_bytes(handle)
+        after, metrics = metrics_chained if metrics_chained is not None else ddo_bytes(handle)
         res["ddo_metrics"] = metrics
         if after is not None and bytes_before is not None:
             res["streamed_bytes_per_step"] = (after - bytes_before) / len(times)
