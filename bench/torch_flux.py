@@ -103,11 +103,19 @@ DDO_CASE_OPTIONS = {
     "ddo_vmm0_rootres": ("vmm", dict(DDO_VMM_COMMON, **dict(DDO_ZERO_RESIDENT,
                                      always_resident_modules_pattern=DDO_ROOT_LEAVES),
                                      vmm_resident_weight_budget_gb=4)),
+    # The zero-resident case with consecutive small blocks packed into one unit up to the
+    # largest block's bytes (unit_pack_blocks: Flux's single blocks in pairs), so a slot holds
+    # as much as it can and the ring reaches the next step's first blocks in time (the sixth
+    # session's lever, bench/ring_model.py --pack).
+    "ddo_vmm0_pack": ("vmm", dict(DDO_VMM_COMMON, **DDO_ZERO_RESIDENT,
+                                  vmm_resident_weight_budget_gb=4, unit_pack_blocks=True)),
+    "ddo_linear0_pack": ("linear", dict(DDO_ZERO_RESIDENT, execution_device="cuda:0",
+                                        auto_budget_policy="off", unit_pack_blocks=True)),
 }
 # The device-weight budget each ddo case must stay under (GiB), for the "never over budget" check.
 DDO_CASE_BUDGET_GIB = {"ddo_vmm0": 4, "ddo_vmm16": 16, "ddo_vmm16_spread": 16,
                        "ddo_linear0": None, "ddo_vmm0_codec": 4, "ddo_vmm0_slots3": 4,
-                       "ddo_vmm0_rootres": 4}
+                       "ddo_vmm0_rootres": 4, "ddo_vmm0_pack": 4, "ddo_linear0_pack": None}
 
 # case name -> what it runs. ref: which resident output it is compared with (and resident cases
 # write). compile: None, "default" (compile_repeated_blocks) or "reduce-overhead" (CUDA graphs).
@@ -122,6 +130,8 @@ CASES = {
     "ddo_vmm0_codec": dict(kind="ddo", ref="eager", compile=None),
     "ddo_vmm0_slots3": dict(kind="ddo", ref="eager", compile=None),
     "ddo_vmm0_rootres": dict(kind="ddo", ref="eager", compile=None),
+    "ddo_vmm0_pack": dict(kind="ddo", ref="eager", compile=None),
+    "ddo_linear0_pack": dict(kind="ddo", ref="eager", compile=None),
     "resident_compile": dict(kind="resident", ref="compile", compile="default",
                              eager="resident"),
     "ddo_vmm0_compile": dict(kind="ddo", base="ddo_vmm0", ref="compile", compile="default",
@@ -1148,7 +1158,8 @@ def print_table(results, m):
     print(f"\ntorch_flux: torch {m.get('torch')}, diffusers {m.get('diffusers')}, "
           f"{m.get('gpu', 'no gpu')}, tokens {m['tokens']}, {m['steps']} timed steps")
     hdr = (f"{'case':18} {'enable s':>8} {'first s':>8} {'median s':>8} {'bus GB/s':>8} "
-           f"{'strm GiB':>8} {'bound s':>8} {'ratio':>6} {'chain':>6} {'dev GiB':>8} {'alloc GiB':>9} "
+           f"{'strm GiB':>8} {'bound s':>8} {'ratio':>6} {'chain':>6} {'dev GiB':>8} "
+           f"{'alloc GiB':>9} "
            f"{'RSS GiB':>8} {'same':>5}  note")
     print(hdr)
     for name, r in results.items():

@@ -471,6 +471,67 @@ static void test_outside_blocks_kept_apart(void)
     fx_free(&one);
 }
 
+/* unit_pack_blocks: consecutive blocks of one list small beside the largest block share a unit
+ * up to its bytes, by number (not by the checkpoint's lexicographic order); a block the
+ * resident patterns treat otherwise stays apart; off by default. */
+static void test_small_blocks_packed(void)
+{
+    fx_table tb = { 0 };
+    const ddo_dtype B = DDO_DTYPE_BF16;
+    for (int b = 0; b < 2; b++)
+        fx_addf(&tb, B, 2, 4096, 8192, "double_blocks.%d.proj.weight", b); /* 64 MiB */
+    static const int order[] = { 0, 1, 10, 11, 2, 3, 4, 5, 6, 7, 8, 9 }; /* as a file sorts */
+    for (int k = 0; k < 12; k++)
+        fx_addf(&tb, B, 2, 4096, 2048, "single_blocks.%d.proj.weight", order[k]); /* 16 MiB */
+    ddo_config *cfg = NULL;
+    T_REQUIRE(ddo_config_create(&cfg) == 0);
+    T_EQ_INT(ddo_config_set(cfg, "resident_module_budget_gb", "0"), 0);
+    ddo_plan *p = build(&tb, cfg, NULL, 0);
+    T_REQUIRE(p != NULL);
+    T_EQ_U64(ddo_plan_unit_count(p), 14); /* off by default */
+    T_EQ_STR(fx_decision(p, "packed_blocks"), "(absent)");
+    ddo_plan_destroy(p);
+
+    T_EQ_INT(ddo_config_set(cfg, "unit_pack_blocks", "true"), 0);
+    p = build(&tb, cfg, NULL, 0);
+    T_REQUIRE(p != NULL);
+    T_EQ_U64(ddo_plan_unit_count(p), 5);
+    T_EQ_STR(fx_decision(p, "packed_blocks"), "12 blocks in 3 units");
+    const char *packs[] = { "single_blocks.0-3", "single_blocks.4-7", "single_blocks.8-11" };
+    for (int k = 0; k < 3; k++) {
+        size_t u = find_unit(p, packs[k]);
+        T_CHECK_MSG(u != SIZE_MAX, "%s", packs[k]);
+        ddo_unit_info ui;
+        T_REQUIRE(u != SIZE_MAX && ddo_plan_unit(p, u, &ui) == 0);
+        T_EQ_U64(ui.tensor_count, 4);
+        T_EQ_U64(ui.bytes, (uint64_t)64 << 20); /* the largest block's bytes, no more */
+    }
+    ddo_tensor_location loc; /* tensor 4, single_blocks.10's weight, is in 8-11's unit */
+    T_EQ_INT(ddo_plan_tensor_location(p, 4, &loc), 0);
+    T_EQ_U64(loc.unit, find_unit(p, "single_blocks.8-11"));
+    ddo_plan_destroy(p);
+
+    /* single_blocks.5 resident by pattern: 4 and 5 stay apart, 0-3, 6-9 and 10-11 pack */
+    T_EQ_INT(ddo_config_set(cfg, "resident_module_patterns", "^single_blocks\\.5$"), 0);
+    T_EQ_INT(ddo_config_set(cfg, "resident_module_budget_gb", "1"), 0);
+    p = build(&tb, cfg, NULL, 0);
+    T_REQUIRE(p != NULL);
+    T_CHECK(find_unit(p, "single_blocks.0-3") != SIZE_MAX);
+    T_CHECK(find_unit(p, "single_blocks.4") != SIZE_MAX);
+    T_CHECK(find_unit(p, "single_blocks.6-9") != SIZE_MAX);
+    T_CHECK(find_unit(p, "single_blocks.10-11") != SIZE_MAX);
+    T_EQ_STR(fx_decision(p, "packed_blocks"), "10 blocks in 3 units");
+    ddo_plan_destroy(p);
+
+    T_EQ_INT(ddo_config_set(cfg, "unit_granularity", "leaf"), 0); /* leaves: nothing packs */
+    p = build(&tb, cfg, NULL, 0);
+    T_REQUIRE(p != NULL);
+    T_EQ_STR(fx_decision(p, "packed_blocks"), "(absent)");
+    ddo_plan_destroy(p);
+    ddo_config_destroy(cfg);
+    fx_free(&tb);
+}
+
 static void test_edges(void)
 {
     ddo_config *cfg = NULL;
@@ -1209,6 +1270,7 @@ int main(void)
     T_RUN(test_device_budget_refused);
     T_RUN(test_device_reclaimable);
     T_RUN(test_blocks_units_and_placement);
+    T_RUN(test_small_blocks_packed);
     T_RUN(test_outside_blocks_kept_apart);
     T_RUN(test_edges);
     T_RUN(test_pattern_limits_and_ranges);

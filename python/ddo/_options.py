@@ -194,6 +194,10 @@ class OptionFields:
         dequant_scratch_bytes: int
         # ddo: what the host acquires together: a block (prefix.N) or a single module (leaf)
         unit_granularity: Literal['block', 'leaf']
+        # ddo: with block units, consecutive blocks of one list that are small beside the
+        # largest block share one unit ("prefix.A-B"), up to the largest block's bytes, so a
+        # slot holds as much as it can (docs/plan.md, "Units")
+        unit_pack_blocks: bool
         # ddo: file reads for the retained store and staging: io_uring with O_DIRECT where
         # available, or pread
         read_engine: Literal['auto', 'io_uring', 'pread']
@@ -278,6 +282,7 @@ class OptionFields:
                      execution_slots: int = ...,
                      dequant_scratch_bytes: int = ...,
                      unit_granularity: Literal['block', 'leaf'] = ...,
+                     unit_pack_blocks: bool = ...,
                      read_engine: Literal['auto', 'io_uring', 'pread'] = ...,
                      weight_codec: Literal['none', 'auto', 'ddoc1'] = ...,
                      weight_codec_cache_dir: str = ...,

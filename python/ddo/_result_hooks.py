@@ -62,6 +62,16 @@ def _reads_params(anc: torch.nn.Module, rel: List[str], params: Set[int]) -> boo
     return False
 
 
+def packed_blocks(name: str) -> Optional[List[str]]:
+    """The blocks of a unit that packs several (unit_pack_blocks: "prefix.A-B" names blocks
+    prefix.A to prefix.B, docs/plan.md, "Units"), or None for any other unit."""
+    head, dot, last = name.rpartition(".")
+    first, dash, end = last.partition("-")
+    if not dash or not first.isdigit() or not end.isdigit() or int(end) <= int(first):
+        return None
+    return [f"{head}{dot}{i}" for i in range(int(first), int(end) + 1)]
+
+
 class Hooks(Leases):
     """Installs the hooks, the root forward and the refusals."""
 
@@ -75,14 +85,15 @@ class Hooks(Leases):
                 for m in members:
                     needs.setdefault(id(m), (m, []))[1].append(u)
                 continue
-            tname = by_ddo.get(name, name)
-            try:
-                m = self.module.get_submodule(tname) if tname else self.module
-            except AttributeError:
-                raise DdoError("DDO_E_INTERNAL", f"unit {name}: no module {tname!r} in "
-                               f"{type(self.module).__name__}") from None
-            m = self._reader_of(self._caller_of(tname), m)
-            needs.setdefault(id(m), (m, []))[1].append(u)
+            for block in packed_blocks(name) or [name]:  # a packed unit: on each of its blocks
+                tname = by_ddo.get(block, block)
+                try:
+                    m = self.module.get_submodule(tname) if tname else self.module
+                except AttributeError:
+                    raise DdoError("DDO_E_INTERNAL", f"unit {name}: no module {tname!r} in "
+                                   f"{type(self.module).__name__}") from None
+                m = self._reader_of(self._caller_of(tname), m)
+                needs.setdefault(id(m), (m, []))[1].append(u)
         inside: Dict[int, Set[int]] = {}  # unit -> ids of every module under the modules hooked for it
         for m, units in needs.values():
             ids = {id(x) for x in m.modules()}

@@ -185,6 +185,8 @@ class Leases(Views):
         try:
             if self._in_root == 1:
                 self._entered = set()
+                if self._timing is not None:
+                    self._timing.next_pass()
                 self._release_pins()
                 if self._dirty and not self._leases:  # a restore a live view put off
                     self._restore()

@@ -147,7 +147,14 @@ class UnitTimer:
 
     def __init__(self) -> None:
         self._open: Dict[int, Any] = {}
-        self.samples: Dict[int, List[Tuple[Any, Any]]] = {}  # unit -> [start, end] pairs
+        self._pass = 0
+        # unit -> [(pass, start, end)]: a unit leased several times in one pass (the gathered
+        # unit, a packed one: hooked on each module it serves) sums its leases of that pass
+        self.samples: Dict[int, List[Tuple[int, Any, Any]]] = {}
+
+    def next_pass(self) -> None:
+        """A root forward begins: the leases from here on belong to the next pass."""
+        self._pass += 1
 
     def begin(self, unit: int, device: Any) -> None:
         import torch
@@ -168,19 +175,21 @@ class UnitTimer:
             ev = _cuda_event(torch)
         else:
             ev = time.perf_counter()
-        self.samples.setdefault(unit, []).append((start, ev))
+        self.samples.setdefault(unit, []).append((self._pass, start, ev))
 
     def medians(self, names: Sequence[str], device: Any) -> Dict[str, float]:
-        """{unit name: median seconds}: the median over the steps measured."""
+        """{unit name: median seconds}: the median over the passes measured of each unit's
+        time in a pass (all its leases of that pass)."""
         import torch
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         out: Dict[str, float] = {}
         for u, pairs in self.samples.items():
-            if device.type == "cuda":
-                xs = sorted(a.elapsed_time(b) / 1e3 for a, b in pairs)
-            else:
-                xs = sorted(b - a for a, b in pairs)
+            per_pass: Dict[int, float] = {}
+            for k, a, b in pairs:
+                s = a.elapsed_time(b) / 1e3 if device.type == "cuda" else b - a
+                per_pass[k] = per_pass.get(k, 0.0) + s
+            xs = sorted(per_pass.values())
             out[names[u]] = xs[len(xs) // 2]
         return out
 

@@ -25,6 +25,7 @@ static int build_tables(builder *b)
     const ddo__options *o = b->o;
     ddo_plan *p = b->p;
     b->leaf = o->unit_granularity != NULL && strcmp(o->unit_granularity, "leaf") == 0;
+    b->pack = !b->leaf && o->unit_pack_blocks;
     b->threshold =
         o->small_tensor_threshold_bytes > 0 ? (uint64_t)o->small_tensor_threshold_bytes : 0;
     p->unit_granularity = ddo__strdup(b->leaf ? "leaf" : "block");
@@ -436,6 +437,8 @@ out:
     free(b.ti);
     free(b.tmod);
     free(b.mods);
+    for (size_t k = 0; b.blocks != NULL && k < b.block_count; k++)
+        free(b.blocks[k].owned);
     free(b.blocks);
     free(b.scopes);
     if (rc != 0) {

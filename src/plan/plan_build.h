@@ -46,6 +46,7 @@ typedef struct pblock {
     size_t unit;
     size_t scope;
     uint64_t full_bytes;
+    char *owned; /* a packed unit's name ("prefix.A-B"), which name points to; else NULL */
 } pblock;
 
 typedef struct pscope {
@@ -71,6 +72,7 @@ typedef struct builder {
     size_t scope_count;
     rxset skip, always, vmm, resident;
     bool leaf;
+    bool pack; /* unit_pack_blocks: consecutive small blocks share a unit (plan_modules.c) */
     bool clear_always;
     uint64_t threshold;
     uint64_t device_limit; /* the device-weights limit (0: none), once ddo__plan_device_limit ran */

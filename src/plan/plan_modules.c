@@ -8,6 +8,7 @@
 
 #include "base/strmap.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -304,6 +305,135 @@ static int gather_outside_blocks(builder *b)
     return 0;
 }
 
+/* Block k's list ("prefix" of "prefix.N": the length before the last dot, 0 without one) and
+ * its number N. */
+static size_t block_list_len(const pblock *k)
+{
+    size_t d = k->len;
+    while (d > 0 && k->name[d - 1] != '.')
+        d--;
+    return d > 0 ? d - 1 : 0;
+}
+
+static uint64_t block_number(const pblock *k)
+{
+    size_t at = block_list_len(k);
+    uint64_t v = 0;
+    for (size_t i = at + (at > 0 ? 1 : 0); i < k->len; i++)
+        v = v * 10 + (uint64_t)(k->name[i] - '0');
+    return v;
+}
+
+/* Whether block x comes before block y: by list, then by number. */
+static bool block_before(const pblock *x, const pblock *y)
+{
+    size_t lx = block_list_len(x), ly = block_list_len(y);
+    int c = memcmp(x->name, y->name, lx < ly ? lx : ly);
+    if (c != 0 || lx != ly)
+        return c != 0 ? c < 0 : lx < ly;
+    return block_number(x) < block_number(y);
+}
+
+/*
+ * unit_pack_blocks (block granularity): consecutive blocks of one list (prefix.N, prefix.N+1,
+ * ...) that are small beside the largest block share one unit, packed greedily up to the
+ * largest block's bytes where at least two fit and the resident patterns take all of them or
+ * none. A slot holds one unit: a block a fraction of the largest leaves the rest of its slot
+ * empty, and the prefetch window (slots - 1 units) reaches fewer bytes ahead (docs/plan.md,
+ * "Units"). The unit is named by its list and its first and last number ("prefix.A-B"); the
+ * Python binding hooks it on each of its blocks. Runs once the blocks' sizes and matches are
+ * known, before the modules outside the blocks are gathered.
+ */
+static int pack_small_blocks(builder *b)
+{
+    size_t n = b->block_count;
+    if (!b->pack || n < 2)
+        return 0;
+    uint64_t largest = 0;
+    for (size_t k = 0; k < n; k++)
+        largest = b->blocks[k].full_bytes > largest ? b->blocks[k].full_bytes : largest;
+    size_t *ord = ddo__calloc(n, sizeof(*ord)), *into = ddo__calloc(n, sizeof(*into));
+    if (ord == NULL || into == NULL) {
+        free(ord);
+        free(into);
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: %zu blocks", n);
+    }
+    for (size_t k = 0; k < n; k++) { /* insertion sort: a model has tens to hundreds of blocks */
+        size_t j = k;
+        while (j > 0 && block_before(&b->blocks[k], &b->blocks[ord[j - 1]])) {
+            ord[j] = ord[j - 1];
+            j--;
+        }
+        ord[j] = k;
+        into[k] = k;
+    }
+    size_t packed = 0, units = 0;
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0;) {
+        pblock *h = &b->blocks[ord[i]];
+        uint64_t sum = h->full_bytes;
+        size_t j = i + 1;
+        while (j < n) {
+            const pblock *x = &b->blocks[ord[j]], *prev = &b->blocks[ord[j - 1]];
+            if (block_list_len(x) != block_list_len(h) ||
+                memcmp(x->name, h->name, block_list_len(h)) != 0 ||
+                block_number(x) != block_number(prev) + 1 || x->matches != h->matches ||
+                x->full_bytes > largest - sum)
+                break;
+            sum += x->full_bytes;
+            j++;
+        }
+        if (j - i >= 2) {
+            size_t head = ord[i]; /* the group's first block in checkpoint order */
+            for (size_t g = i; g < j; g++)
+                head = ord[g] < head ? ord[g] : head;
+            size_t pl = block_list_len(h);
+            char name[512];
+            int w = snprintf(name, sizeof name, "%.*s%s%llu-%llu", (int)pl, h->name,
+                             pl > 0 ? "." : "", (unsigned long long)block_number(h),
+                             (unsigned long long)block_number(&b->blocks[ord[j - 1]]));
+            char *owned = w > 0 && (size_t)w < sizeof name ? ddo__strdup(name) : NULL;
+            if (owned == NULL) {
+                rc = w > 0 && (size_t)w < sizeof name
+                         ? ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: unit names")
+                         : 0; /* a list name too long to print: its blocks stay apart */
+                i = j;
+                continue;
+            }
+            for (size_t g = i; g < j; g++)
+                into[ord[g]] = head;
+            b->blocks[head].owned = owned;
+            b->blocks[head].name = owned;
+            b->blocks[head].len = (size_t)w;
+            b->blocks[head].full_bytes = sum;
+            packed += j - i;
+            units++;
+        }
+        i = j;
+    }
+    if (rc == 0 && packed > 0) {
+        size_t kept = 0; /* compact: heads and lone blocks keep their order */
+        for (size_t k = 0; k < n; k++) {
+            if (into[k] != k)
+                continue;
+            b->blocks[kept] = b->blocks[k];
+            ord[k] = kept++; /* ord now maps an old index to its new one */
+        }
+        for (size_t k = 0; k < n; k++)
+            ord[k] = ord[into[k]];
+        for (size_t i = 0; i < b->mod_count; i++)
+            if (b->mods[i].block != NONE)
+                b->mods[i].block = ord[b->mods[i].block];
+        b->block_count = kept;
+        char text[96];
+        snprintf(text, sizeof text, "%zu blocks in %zu units", packed, units);
+        ddo__decisions_set_str(&b->p->decisions, "packed_blocks", text);
+    }
+    free(ord);
+    free(into);
+    return rc;
+}
+
 /* The resident candidates ("scopes") in traversal order and their full sizes. */
 int ddo__plan_build_scopes(builder *b)
 {
@@ -322,7 +452,9 @@ int ddo__plan_build_scopes(builder *b)
         if (rc != 0)
             return rc;
     }
-    int grc = gather_outside_blocks(b);
+    int grc = pack_small_blocks(b);
+    if (grc == 0)
+        grc = gather_outside_blocks(b);
     if (grc != 0)
         return grc;
     b->scopes = ddo__calloc(b->mod_count ? b->mod_count : 1, sizeof(*b->scopes));

@@ -265,6 +265,67 @@ def test_modules_outside_the_blocks_are_one_unit():
     r.close()
 
 
+class _BigAndSmall(nn.Module):
+    """Two large blocks, then six blocks a quarter of their size (Flux's double and single
+    blocks in miniature)."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(5)
+        self.big = nn.ModuleList(nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64))
+                                 for _ in range(2))
+        self.small = nn.ModuleList(nn.Sequential(nn.Linear(64, 32), nn.GELU(), nn.Linear(32, 64))
+                                   for _ in range(6))
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+
+    def forward(self, x):
+        for b in list(self.big) + list(self.small):
+            x = x + b(x)
+        return x
+
+
+@pytest.mark.parametrize("backend,preset,route", ROUTES)
+def test_small_blocks_packed_into_one_unit(backend, preset, route):
+    """unit_pack_blocks: three small blocks fill one unit about the size of a large one (four,
+    with their biases, would exceed it): "small.0-2" and "small.3-5", hooked on each of its
+    blocks (leased once per block, loaded once a pass); bit-identical on every route, and a
+    packed block called alone still finds its weights."""
+    m = _BigAndSmall().to(torch.bfloat16)
+    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    ref = steps(m, x)
+    one = m.small[1](x)
+    r = ddo.enable_offload(m, preset, backend=backend, unit_pack_blocks=True, **ZERO_RESIDENT)
+    assert r.plan["route"] == route
+    assert set(r._unit_names) == {"big.0", "big.1", "small.0-2", "small.3-5"}
+    assert r.plan["planner_decisions"]["packed_blocks"] == "6 blocks in 2 units"
+    outs = steps(r.module, x, 2)
+    before = r.metrics_snapshot().as_dict()["leases"]
+    outs += steps(r.module, x, 1)
+    after = r.metrics_snapshot().as_dict()["leases"]
+    assert all(torch.equal(a, b) for a, b in zip(outs, ref))
+    assert after["acquires"] - before["acquires"] == 8  # one lease per block
+    with torch.no_grad():
+        assert torch.equal(m.small[1](x), one)
+    r.close()
+
+
+def test_a_packed_units_compute_sums_its_leases_of_a_pass(monkeypatch):
+    from ddo import profiles
+    clock = iter([0.0, 1.0, 1.0, 3.0, 10.0, 11.0, 20.0, 20.5, 20.5, 21.0])
+    monkeypatch.setattr(profiles.time, "perf_counter", lambda: next(clock))
+    t = profiles.UnitTimer()
+    cpu = torch.device("cpu")
+    for p, leases in ((1, 2), (2, 1), (3, 2)):
+        t.next_pass()
+        for _ in range(leases):
+            t.begin(0 if p != 2 else 1, cpu)
+            t.end(0 if p != 2 else 1, cpu)
+    # unit 0: 1 + 2 s in pass 1, 0.5 + 0.5 s in pass 3 -> median of (3, 1); unit 1: 1 s
+    assert t.medians(["a", "b"], cpu) == {"a": 3.0, "b": 1.0}
+
+
 def test_tied_weights_are_one_tensor():
     m = models.Tied()
     ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(1))
