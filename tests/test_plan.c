@@ -480,7 +480,7 @@ static void test_small_blocks_packed(void)
     const ddo_dtype B = DDO_DTYPE_BF16;
     for (int b = 0; b < 2; b++)
         fx_addf(&tb, B, 2, 4096, 8192, "double_blocks.%d.proj.weight", b); /* 64 MiB */
-    static const int order[] = { 0, 1, 10, 11, 2, 3, 4, 5, 6, 7, 8, 9 }; /* as a file sorts */
+    static const int order[] = { 0, 1, 10, 11, 2, 3, 4, 5, 6, 7, 8, 9 };   /* as a file sorts */
     for (int k = 0; k < 12; k++)
         fx_addf(&tb, B, 2, 4096, 2048, "single_blocks.%d.proj.weight", order[k]); /* 16 MiB */
     ddo_config *cfg = NULL;
