@@ -85,7 +85,7 @@ class Hooks(Leases):
                 for m in members:
                     needs.setdefault(id(m), (m, []))[1].append(u)
                 continue
-            for block in packed_blocks(name) or [name]:  # a packed unit: on each of its blocks
+            for block in self._blocks_of(name, by_ddo):
                 tname = by_ddo.get(block, block)
                 try:
                     m = self.module.get_submodule(tname) if tname else self.module
@@ -111,6 +111,17 @@ class Hooks(Leases):
                             units.append(t.unit)
         self._shared_readers(needs)
         return list(needs.values())
+
+    def _blocks_of(self, name: str, by_ddo: Dict[str, str]) -> List[str]:
+        """[name], or a packed unit's blocks (unit_pack_blocks) where no module is named so."""
+        members = packed_blocks(name)
+        if members is None:
+            return [name]
+        try:
+            self.module.get_submodule(by_ddo.get(name, name))
+            return [name]  # a module of that very name (a ModuleDict key "1-2")
+        except AttributeError:
+            return members
 
     def _outside_readers(self, u: int) -> Optional[List[torch.nn.Module]]:
         """The modules that read unit u's weights, u being the plan's unit named "" (the root):
