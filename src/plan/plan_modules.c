@@ -296,7 +296,7 @@ static int gather_outside_blocks(builder *b)
     if (count < 2 || outside > largest / 2 || (matching != 0 && matching != count))
         return 0;
     pblock *g = &b->blocks[b->block_count]; /* room: count >= 2 modules are not blocks */
-    *g = (pblock){ "", 0, matching == count, false, NONE, NONE, outside };
+    *g = (pblock){ "", 0, matching == count, false, NONE, NONE, outside, NULL };
     for (size_t i = 0; i < b->mod_count; i++)
         if (!b->mods[i].skipped && b->mods[i].block == NONE)
             b->mods[i].block = b->block_count;
@@ -334,6 +334,72 @@ static bool block_before(const pblock *x, const pblock *y)
     return block_number(x) < block_number(y);
 }
 
+/* The end of the group of consecutive blocks (by ord, from i) that fit beside the largest
+ * block's bytes in one unit: blocks i..end-1 of one list, numbered one after another, matched
+ * alike by the resident patterns; *sum gets their bytes. */
+static size_t group_end(const builder *b, const size_t *ord, size_t i, uint64_t largest,
+                        uint64_t *sum)
+{
+    const pblock *h = &b->blocks[ord[i]];
+    size_t pl = block_list_len(h), j = i + 1;
+    *sum = h->full_bytes;
+    for (; j < b->block_count; j++) {
+        const pblock *x = &b->blocks[ord[j]], *prev = &b->blocks[ord[j - 1]];
+        if (block_list_len(x) != pl || memcmp(x->name, h->name, pl) != 0 ||
+            block_number(x) != block_number(prev) + 1 || x->matches != h->matches ||
+            x->full_bytes > largest - *sum)
+            break;
+        *sum += x->full_bytes;
+    }
+    return j;
+}
+
+/* Makes blocks ord[i..j) one block named "prefix.A-B" at the first of them in checkpoint
+ * order (into[] records it); 1 when packed, 0 when the name is too long to print (the blocks
+ * stay apart), negative on failure. */
+static int pack_group(builder *b, const size_t *ord, size_t i, size_t j, uint64_t sum, size_t *into)
+{
+    const pblock *h = &b->blocks[ord[i]];
+    size_t pl = block_list_len(h), head = ord[i];
+    for (size_t g = i; g < j; g++)
+        head = ord[g] < head ? ord[g] : head;
+    char name[512];
+    int w = snprintf(name, sizeof name, "%.*s%s%llu-%llu", (int)pl, h->name, pl > 0 ? "." : "",
+                     (unsigned long long)block_number(h),
+                     (unsigned long long)block_number(&b->blocks[ord[j - 1]]));
+    if (w <= 0 || (size_t)w >= sizeof name)
+        return 0;
+    char *owned = ddo__strdup(name);
+    if (owned == NULL)
+        return ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: unit names");
+    for (size_t g = i; g < j; g++)
+        into[ord[g]] = head;
+    b->blocks[head].owned = owned;
+    b->blocks[head].name = owned;
+    b->blocks[head].len = (size_t)w;
+    b->blocks[head].full_bytes = sum;
+    return 1;
+}
+
+/* Drops the blocks packed into another (into[k] != k), keeping the order of the rest, and
+ * points every module at its block's new index (map: scratch of block_count entries). */
+static void compact_packed(builder *b, const size_t *into, size_t *map)
+{
+    size_t kept = 0;
+    for (size_t k = 0; k < b->block_count; k++) {
+        if (into[k] != k)
+            continue;
+        b->blocks[kept] = b->blocks[k];
+        map[k] = kept++;
+    }
+    for (size_t k = 0; k < b->block_count; k++)
+        map[k] = map[into[k]]; /* a head's entry is set above and not changed here */
+    for (size_t i = 0; i < b->mod_count; i++)
+        if (b->mods[i].block != NONE)
+            b->mods[i].block = map[b->mods[i].block];
+    b->block_count = kept;
+}
+
 /*
  * unit_pack_blocks (block granularity): consecutive blocks of one list (prefix.N, prefix.N+1,
  * ...) that are small beside the largest block share one unit, packed greedily up to the
@@ -369,69 +435,22 @@ static int pack_small_blocks(builder *b)
     }
     size_t packed = 0, units = 0;
     int rc = 0;
-    for (size_t i = 0; i < n && rc == 0;) {
-        pblock *h = &b->blocks[ord[i]];
-        uint64_t sum = h->full_bytes;
-        size_t j = i + 1;
-        while (j < n) {
-            const pblock *x = &b->blocks[ord[j]], *prev = &b->blocks[ord[j - 1]];
-            if (block_list_len(x) != block_list_len(h) ||
-                memcmp(x->name, h->name, block_list_len(h)) != 0 ||
-                block_number(x) != block_number(prev) + 1 || x->matches != h->matches ||
-                x->full_bytes > largest - sum)
-                break;
-            sum += x->full_bytes;
-            j++;
-        }
-        if (j - i >= 2) {
-            size_t head = ord[i]; /* the group's first block in checkpoint order */
-            for (size_t g = i; g < j; g++)
-                head = ord[g] < head ? ord[g] : head;
-            size_t pl = block_list_len(h);
-            char name[512];
-            int w = snprintf(name, sizeof name, "%.*s%s%llu-%llu", (int)pl, h->name,
-                             pl > 0 ? "." : "", (unsigned long long)block_number(h),
-                             (unsigned long long)block_number(&b->blocks[ord[j - 1]]));
-            char *owned = w > 0 && (size_t)w < sizeof name ? ddo__strdup(name) : NULL;
-            if (owned == NULL) {
-                rc = w > 0 && (size_t)w < sizeof name
-                         ? ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: unit names")
-                         : 0; /* a list name too long to print: its blocks stay apart */
-                i = j;
-                continue;
-            }
-            for (size_t g = i; g < j; g++)
-                into[ord[g]] = head;
-            b->blocks[head].owned = owned;
-            b->blocks[head].name = owned;
-            b->blocks[head].len = (size_t)w;
-            b->blocks[head].full_bytes = sum;
-            packed += j - i;
-            units++;
-        }
-        i = j;
+    for (size_t i = 0, j; i < n && rc >= 0; i = j) {
+        uint64_t sum = 0;
+        j = group_end(b, ord, i, largest, &sum);
+        rc = j - i >= 2 ? pack_group(b, ord, i, j, sum, into) : 0;
+        packed += rc > 0 ? j - i : 0;
+        units += rc > 0 ? 1 : 0;
     }
-    if (rc == 0 && packed > 0) {
-        size_t kept = 0; /* compact: heads and lone blocks keep their order */
-        for (size_t k = 0; k < n; k++) {
-            if (into[k] != k)
-                continue;
-            b->blocks[kept] = b->blocks[k];
-            ord[k] = kept++; /* ord now maps an old index to its new one */
-        }
-        for (size_t k = 0; k < n; k++)
-            ord[k] = ord[into[k]];
-        for (size_t i = 0; i < b->mod_count; i++)
-            if (b->mods[i].block != NONE)
-                b->mods[i].block = ord[b->mods[i].block];
-        b->block_count = kept;
+    if (rc >= 0 && packed > 0) {
+        compact_packed(b, into, ord);
         char text[96];
         snprintf(text, sizeof text, "%zu blocks in %zu units", packed, units);
         ddo__decisions_set_str(&b->p->decisions, "packed_blocks", text);
     }
     free(ord);
     free(into);
-    return rc;
+    return rc < 0 ? rc : 0;
 }
 
 /* The resident candidates ("scopes") in traversal order and their full sizes. */

@@ -77,6 +77,7 @@ static ddo_config *fp_config(fp_reader *r, ddo_plan_inputs *in)
     rc |= fp_set(cfg, "vmm_source_cache_gb", "%g", fp_byte(r) / 64.0);
     rc |= fp_set(cfg, "vmm_source_registered_gb", "%g", fp_byte(r) / 128.0);
     rc |= fp_set(cfg, "vmm_staging_buffer_gb", "%g", fp_byte(r) / 256.0);
+    rc |= ddo_config_set(cfg, "unit_pack_blocks", (fp_byte(r) & 1) ? "true" : "false");
     if (rc != 0) {
         ddo_config_destroy(cfg);
         return NULL;
