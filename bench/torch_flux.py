@@ -764,7 +764,7 @@ def run_steps(module, inputs, case, spec, args, deadline, res, handle, cuda):
         # The same steps back to back, as a pipeline's loop runs them: one synchronize before
         # and one after, so the next step's first loads may overlap this one's end (after the
         # counters are read: the per-step figures stay the synchronized steps').
-        metrics_chained = ddo_bytes(handle) if handle is not None else (None, None)
+        timed_counts = ddo_bytes(handle) if handle is not None else (None, None)
         gc.collect()
         gc.disable()
         with gc_enabled_after():
@@ -775,7 +775,7 @@ def run_steps(module, inputs, case, spec, args, deadline, res, handle, cuda):
             torch.cuda.synchronize()
             res["chained_step_s"] = (time.perf_counter() - t) / len(times)
     else:
-        metrics_chained = None
+        timed_counts = None
     if prof is not None:
         d = handle.plan.get("planner_decisions", {})
         res["profile"] = {"status": prof.status, "saved": prof.saved_path,
@@ -799,7 +799,7 @@ def run_steps(module, inputs, case, spec, args, deadline, res, handle, cuda):
         res["dynamo_counters_total"] = {g: v for g, v in dynamo_counters().items()
                                         if g in ("recompiles", "stats", "inductor", "frames")}
     if handle is not None:
-        after, metrics = metrics_chained if metrics_chained is not None else ddo_bytes(handle)
+        after, metrics = timed_counts if timed_counts is not None else ddo_bytes(handle)
         res["ddo_metrics"] = metrics
         if after is not None and bytes_before is not None:
             res["streamed_bytes_per_step"] = (after - bytes_before) / len(times)
