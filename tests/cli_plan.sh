@@ -29,8 +29,11 @@ check_layout() {
         { fail "$name: plan --json: $(cat "$T/err")"; return; }
     for pair in "$@"; do
         local group=${pair%%:*} count=${pair##*:} got
-        got=$(grep -cE "^      \"name\": \"$group\.[0-9]+\",$" "$T/$name.json")
-        [ "$got" -eq "$count" ] || fail "$name: $group: $got units, expected $count"
+        # blocks in units of their own or packed ("group.A-B", unit_pack_blocks)
+        got=$(grep -oE "^      \"name\": \"$group\.[0-9]+(-[0-9]+)?\",$" "$T/$name.json" |
+            sed -E 's/.*\.([0-9]+)(-([0-9]+))?",$/\1 \3/' |
+            awk '{ n += ($2 == "" ? 1 : $2 - $1 + 1) } END { print n + 0 }')
+        [ "$got" -eq "$count" ] || fail "$name: $group: $got blocks in units, expected $count"
         grep -qF "\"^$group\\\\.\\\\d+\$\"" "$T/$name.json" ||
             fail "$name: auto did not expand to ^$group\\.\\d+\$"
     done

@@ -348,12 +348,14 @@ static void test_blocks_units_and_placement(void)
     T_REQUIRE(p != NULL);
     /* Units in checkpoint order: the modules outside the blocks (x_embedder, conv, proj_out:
      * 10 MB against a 113 MB block) gathered into one unit "" where x_embedder comes, then
-     * 3 + 2 blocks. The 16 KiB default threshold keeps the biases resident; the skipped lora
-     * has no unit. */
-    T_EQ_U64(ddo_plan_unit_count(p), 6);
+     * 3 blocks and the 2 single blocks (18 MiB each) packed into one (unit_pack_blocks, on by
+     * default). The 16 KiB default threshold keeps the biases resident; the skipped lora has no
+     * unit. */
+    T_EQ_U64(ddo_plan_unit_count(p), 5);
     T_EQ_U64(find_unit(p, ""), 0);
     T_EQ_U64(find_unit(p, "transformer_blocks.0"), 1);
-    T_EQ_U64(find_unit(p, "single_transformer_blocks.1"), 5);
+    T_EQ_U64(find_unit(p, "single_transformer_blocks.0-1"), 4);
+    T_EQ_STR(fx_decision(p, "packed_blocks"), "2 blocks in 1 unit");
     T_EQ_U64(find_unit(p, "x_embedder"), SIZE_MAX);
     T_EQ_U64(find_unit(p, "conv"), SIZE_MAX);
     T_EQ_U64(find_unit(p, "lora"), SIZE_MAX);
@@ -407,7 +409,7 @@ static void test_blocks_units_and_placement(void)
     T_CONTAINS(json, "\"^transformer_blocks\\\\.\\\\d+$\"");
     T_CONTAINS(json, "\"^single_transformer_blocks\\\\.\\\\d+$\"");
     ddo_free(json);
-    for (size_t u = 1; u <= 5; u++) {
+    for (size_t u = 1; u <= 4; u++) {
         T_EQ_INT(ddo_plan_unit(p, u, &ui), 0);
         T_CHECK(ui.resident);
     }
@@ -473,7 +475,7 @@ static void test_outside_blocks_kept_apart(void)
 
 /* unit_pack_blocks: consecutive blocks of one list small beside the largest block share a unit
  * up to its bytes, by number (not by the checkpoint's lexicographic order); a block the
- * resident patterns treat otherwise stays apart; off by default. */
+ * resident patterns treat otherwise stays apart; on by default. */
 static void test_small_blocks_packed(void)
 {
     fx_table tb = { 0 };
@@ -488,14 +490,7 @@ static void test_small_blocks_packed(void)
     T_EQ_INT(ddo_config_set(cfg, "resident_module_budget_gb", "0"), 0);
     ddo_plan *p = build(&tb, cfg, NULL, 0);
     T_REQUIRE(p != NULL);
-    T_EQ_U64(ddo_plan_unit_count(p), 14); /* off by default */
-    T_EQ_STR(fx_decision(p, "packed_blocks"), "(absent)");
-    ddo_plan_destroy(p);
-
-    T_EQ_INT(ddo_config_set(cfg, "unit_pack_blocks", "true"), 0);
-    p = build(&tb, cfg, NULL, 0);
-    T_REQUIRE(p != NULL);
-    T_EQ_U64(ddo_plan_unit_count(p), 5);
+    T_EQ_U64(ddo_plan_unit_count(p), 5); /* on by default */
     T_EQ_STR(fx_decision(p, "packed_blocks"), "12 blocks in 3 units");
     const char *packs[] = { "single_blocks.0-3", "single_blocks.4-7", "single_blocks.8-11" };
     for (int k = 0; k < 3; k++) {
@@ -510,6 +505,13 @@ static void test_small_blocks_packed(void)
     T_EQ_INT(ddo_plan_tensor_location(p, 4, &loc), 0);
     T_EQ_U64(loc.unit, find_unit(p, "single_blocks.8-11"));
     ddo_plan_destroy(p);
+    T_EQ_INT(ddo_config_set(cfg, "unit_pack_blocks", "false"), 0);
+    p = build(&tb, cfg, NULL, 0);
+    T_REQUIRE(p != NULL);
+    T_EQ_U64(ddo_plan_unit_count(p), 14);
+    T_EQ_STR(fx_decision(p, "packed_blocks"), "(absent)");
+    ddo_plan_destroy(p);
+    T_EQ_INT(ddo_config_set(cfg, "unit_pack_blocks", "true"), 0);
 
     /* single_blocks.5 resident by pattern: 4 and 5 stay apart, 0-3, 6-9 and 10-11 pack */
     T_EQ_INT(ddo_config_set(cfg, "resident_module_patterns", "^single_blocks\\.5$"), 0);
@@ -1032,6 +1034,9 @@ static void test_cost_selection_fits_the_slots(void)
     T_CHECK(bg.slot_count >= 2 && bg.slot_count <= 6);
     T_CHECK(bg.device_weights_peak <= bg.device_weights_limit);
     T_EQ_U64(bg.slot_bytes, (uint64_t)24 << 20); /* only small units stream */
+    /* packed in pairs, they would take 48 MiB slots: the plan built without packing is kept */
+    T_CHECK_MSG(strncmp(fx_decision(p, "packed_blocks"), "none: unpacked predicted", 24) == 0,
+                "%s", fx_decision(p, "packed_blocks"));
     for (int b = 0; b < 6; b++) {
         char name[32];
         snprintf(name, sizeof(name), "blocks.%d", b);
@@ -1049,6 +1054,47 @@ static void test_cost_selection_fits_the_slots(void)
     ddo_plan_budgets_get(p, &bg);
     T_CHECK_MSG(fitted < bg.predicted_step_s - 1e-6, "fitted %.4f vs %.4f", fitted,
                 bg.predicted_step_s);
+    ddo_plan_destroy(p);
+    ddo_config_destroy(cfg);
+    fx_free(&tb);
+}
+
+/* The plan is built packed and unpacked where blocks pack, and the packed one is kept unless
+ * the other is predicted shorter or the packed one is refused. Zero resident, both stream the
+ * large blocks through 64 MiB slots: the packed plan, its units timed as the sum of the blocks
+ * a profile measured one by one. The large blocks resident by pattern under a limit with room
+ * for their slots at 24 MiB and not at 48: the packed plan is refused, the unpacked one kept. */
+static void test_packing_kept_where_it_pays(void)
+{
+    fx_table tb = { 0 };
+    char uc[2048];
+    flux_like(&tb, uc, sizeof(uc));
+    ddo_config *cfg = NULL;
+    T_REQUIRE(ddo_config_create(&cfg) == 0);
+    T_EQ_INT(ddo_config_set(cfg, "execution_device", "cpu"), 0);
+    T_EQ_INT(ddo_config_set(cfg, "resident_module_budget_gb", "0"), 0);
+    ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs),
+                           .bus_bytes_per_s = 5e8,
+                           .unit_compute_json = uc };
+    ddo_plan *p = build(&tb, cfg, &in, 0);
+    T_REQUIRE(p != NULL);
+    T_EQ_STR(fx_decision(p, "packed_blocks"), "10 blocks in 5 units");
+    T_EQ_STR(fx_decision(p, "unit_compute_source"), "measured");
+    ddo_unit_info ui;
+    T_REQUIRE(ddo_plan_unit(p, find_unit(p, "blocks.6-7"), &ui) == 0);
+    T_NEAR(ui.compute_s, 0.058, 1e-12);
+    ddo_plan_destroy(p);
+
+    T_EQ_INT(ddo_config_set(cfg, "resident_module_patterns", "^blocks\\.[0-5]$"), 0);
+    T_EQ_INT(ddo_config_set(cfg, "resident_module_budget_gb", "1"), 0);
+    T_EQ_INT(ddo_config_set(cfg, "vmm_resident_weight_budget_gb", "0.46"), 0); /* 471 MiB */
+    p = build(&tb, cfg, NULL, 0);
+    T_REQUIRE(p != NULL);
+    T_EQ_STR(fx_decision(p, "packed_blocks"), "none: the packed plan was refused");
+    ddo_plan_budgets bg;
+    ddo_plan_budgets_get(p, &bg);
+    T_EQ_U64(bg.slot_bytes, (uint64_t)24 << 20);
+    T_CHECK(bg.device_weights_peak <= bg.device_weights_limit);
     ddo_plan_destroy(p);
     ddo_config_destroy(cfg);
     fx_free(&tb);
@@ -1080,6 +1126,7 @@ static void test_simulated_step_counts_the_wrap(void)
         ddo_config *cfg = NULL;
         T_REQUIRE(ddo_config_create(&cfg) == 0);
         T_EQ_INT(ddo_config_set(cfg, "execution_slots", "2"), 0);
+        T_EQ_INT(ddo_config_set(cfg, "unit_pack_blocks", "false"), 0); /* 6 and 7 apart */
         T_EQ_INT(ddo_config_set(cfg, "resident_module_patterns", resident[k]), 0);
         T_EQ_INT(ddo_config_set(cfg, "resident_module_budget_gb", "1"), 0);
         T_EQ_INT(ddo_config_set(cfg, "resident_module_selection", "first"), 0);
@@ -1281,6 +1328,7 @@ int main(void)
     T_RUN(test_cost_selection_simulates_the_step);
     T_RUN(test_cost_selection_fits_the_slots);
     T_RUN(test_auto_slots_simulated);
+    T_RUN(test_packing_kept_where_it_pays);
     T_RUN(test_simulated_step_counts_the_wrap);
     T_RUN(test_json_schema_and_determinism);
     T_RUN(test_speed_3500_tensors);

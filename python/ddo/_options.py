@@ -196,7 +196,8 @@ class OptionFields:
         unit_granularity: Literal['block', 'leaf']
         # ddo: with block units, consecutive blocks of one list that are small beside the
         # largest block share one unit ("prefix.A-B"), up to the largest block's bytes, so a
-        # slot holds as much as it can (docs/plan.md, "Units")
+        # slot holds as much as it can; the plan is also built unpacked and that one kept where
+        # it is predicted shorter or the packed one is refused (docs/plan.md, "Units")
         unit_pack_blocks: bool
         # ddo: file reads for the retained store and staging: io_uring with O_DIRECT where
         # available, or pread

@@ -25,7 +25,7 @@ static int build_tables(builder *b)
     const ddo__options *o = b->o;
     ddo_plan *p = b->p;
     b->leaf = o->unit_granularity != NULL && strcmp(o->unit_granularity, "leaf") == 0;
-    b->pack = !b->leaf && o->unit_pack_blocks;
+    b->pack = !b->leaf && o->unit_pack_blocks && !b->no_pack;
     b->threshold =
         o->small_tensor_threshold_bytes > 0 ? (uint64_t)o->small_tensor_threshold_bytes : 0;
     p->unit_granularity = ddo__strdup(b->leaf ? "leaf" : "block");
@@ -382,23 +382,18 @@ static void device_reclaimable(builder *b)
     ddo__decisions_set_gb(&b->p->decisions, "device_reclaimable_gb", r);
 }
 
-int ddo__plan_build_on(const ddo_checkpoint *ck, const ddo_config *cfg,
-                       const ddo_plan_inputs *inputs, const ddo__platform *pf, ddo_plan **out)
+/* One build of the plan; no_pack leaves consecutive small blocks in units of their own. */
+static int plan_once(const ddo_checkpoint *ck, const ddo_config *cfg, const ddo__options *o,
+                     const ddo_plan_inputs *inputs, const ddo__platform *pf, bool no_pack,
+                     ddo_plan **out)
 {
-    if (ck == NULL || cfg == NULL || out == NULL)
-        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
-                         "ddo_plan_build: checkpoint, config and out are required");
-    const ddo__options *o = ddo__config_options(cfg);
-    if (o == NULL)
-        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_plan_build: config has no options");
-    int rc = ddo__config_check_ranges(cfg);
-    if (rc != 0)
-        return rc;
+    int rc = 0;
     builder b;
     memset(&b, 0, sizeof(b));
     b.ck = ck;
     b.o = o;
     b.pf = pf;
+    b.no_pack = no_pack;
     if (inputs != NULL && (rc = DDO__ABI_IN(ddo_plan_inputs, inputs, &b.in)) != 0)
         return rc;
     if (ddo_config_settings(cfg, &b.settings) != 0) {
@@ -446,6 +441,73 @@ out:
         return rc;
     }
     *out = b.p;
+    return 0;
+}
+
+/* A packed unit is as large as the largest block (unit_pack_blocks, plan_modules.c), so where
+ * the plan streams only small blocks its slots grow, and with them the device memory the
+ * residents cannot have. Where blocks were packed the plan is built again without packing, and
+ * the unpacked one is kept where it is predicted at least PACK_MARGIN shorter (the cost model
+ * on) or, with the cost model off, where it keeps more bytes resident; or where the packed plan
+ * was refused. Ties go to the packed plan: the simulation reads a ring of many small units as
+ * faster than it runs (docs/plan.md, "Units"). */
+#define PACK_MARGIN 0.005
+
+static bool unpacked_wins(const ddo_plan *packed, const ddo_plan *plain, char *why, size_t len)
+{
+    const ddo_plan_budgets *a = &packed->budgets, *c = &plain->budgets;
+    if (packed->cost_enabled && plain->cost_enabled && a->predicted_step_s > 0.0) {
+        snprintf(why, len, "none: unpacked predicted %.4f s against %.4f s packed",
+                 c->predicted_step_s, a->predicted_step_s);
+        return c->predicted_step_s < a->predicted_step_s * (1.0 - PACK_MARGIN);
+    }
+    char v1[32], v2[32];
+    snprintf(why, len, "none: unpacked keeps %s resident against %s packed",
+             ddo__format_bytes(c->resident_bytes, v1, sizeof(v1)),
+             ddo__format_bytes(a->resident_bytes, v2, sizeof(v2)));
+    return c->resident_bytes > a->resident_bytes;
+}
+
+int ddo__plan_build_on(const ddo_checkpoint *ck, const ddo_config *cfg,
+                       const ddo_plan_inputs *inputs, const ddo__platform *pf, ddo_plan **out)
+{
+    if (ck == NULL || cfg == NULL || out == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo_plan_build: checkpoint, config and out are required");
+    const ddo__options *o = ddo__config_options(cfg);
+    if (o == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_plan_build: config has no options");
+    int rc = ddo__config_check_ranges(cfg);
+    if (rc != 0)
+        return rc;
+    ddo_plan *packed = NULL, *plain = NULL;
+    rc = plan_once(ck, cfg, o, inputs, pf, false, &packed);
+    if (rc == 0 && ddo__decisions_get(&packed->decisions, "packed_blocks") == NULL) {
+        *out = packed; /* nothing packed (or unit_pack_blocks off) */
+        return 0;
+    }
+    if (rc != 0 && !o->unit_pack_blocks)
+        return rc;
+    int rc2 = plan_once(ck, cfg, o, inputs, pf, true, &plain);
+    if (rc2 != 0) { /* the unpacked plan's refusal names the smallest units */
+        *out = packed;
+        return rc != 0 ? rc2 : 0;
+    }
+    char why[160];
+    if (rc != 0)
+        snprintf(why, sizeof(why), "none: the packed plan was refused");
+    if (rc != 0 || unpacked_wins(packed, plain, why, sizeof(why))) {
+        ddo_plan_destroy(packed);
+        ddo__decisions_set_str(&plain->decisions, "packed_blocks", why);
+        if (plain->decisions.failed) {
+            ddo_plan_destroy(plain);
+            return ddo__fail(NULL, DDO_E_NO_MEMORY, "plan: decisions");
+        }
+        *out = plain;
+        return 0;
+    }
+    ddo_plan_destroy(plain);
+    *out = packed;
     return 0;
 }
 

@@ -72,7 +72,8 @@ typedef struct builder {
     size_t scope_count;
     rxset skip, always, vmm, resident;
     bool leaf;
-    bool pack; /* unit_pack_blocks: consecutive small blocks share a unit (plan_modules.c) */
+    bool pack;    /* unit_pack_blocks: consecutive small blocks share a unit (plan_modules.c) */
+    bool no_pack; /* this build leaves them apart (plan.c: a plan built twice) */
     bool clear_always;
     uint64_t threshold;
     uint64_t device_limit; /* the device-weights limit (0: none), once ddo__plan_device_limit ran */

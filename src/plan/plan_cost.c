@@ -27,6 +27,7 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,6 +39,30 @@ static const double transfer_scales[] = { 0.9, 1.0, 1.1 };
 
 /* A measured figure above this (seconds per unit) is refused as nonsense. */
 #define MAX_UNIT_COMPUTE_S 1e6
+
+/* A packed unit ("prefix.A-B", unit_pack_blocks) a profile measured block by block: the sum of
+ * its blocks' figures, NULL where one is missing or the name is no packed range. The number is
+ * stored in *own, the JSON value returned. */
+static json_t *packed_compute(json_t *root, const char *name, json_t *own)
+{
+    const char *dot = strrchr(name, '.');
+    unsigned long first = 0, last = 0;
+    int used = 0;
+    if (dot == NULL || sscanf(dot + 1, "%lu-%lu%n", &first, &last, &used) != 2 ||
+        dot[1 + used] != '\0' || last <= first || last - first > 4096)
+        return NULL;
+    double sum = 0.0;
+    char key[512];
+    for (unsigned long k = first; k <= last; k++) {
+        snprintf(key, sizeof(key), "%.*s.%lu", (int)(dot - name), name, k);
+        json_t *v = json_object_get(root, key);
+        if (v == NULL || !json_is_number(v))
+            return NULL;
+        sum += json_number_value(v);
+    }
+    json_real_set(own, sum);
+    return own;
+}
 
 int ddo__plan_measured_compute(builder *b, size_t *measured)
 {
@@ -54,8 +79,11 @@ int ddo__plan_measured_compute(builder *b, size_t *measured)
                          "plan inputs: unit_compute_json is not a JSON object of seconds");
     }
     int rc = 0;
-    for (size_t u = 0; u < p->unit_count && rc == 0; u++) {
+    json_t *own = json_real(0.0);
+    for (size_t u = 0; u < p->unit_count && rc == 0 && own != NULL; u++) {
         json_t *v = json_object_get(root, p->units[u].name);
+        if (v == NULL)
+            v = packed_compute(root, p->units[u].name, own);
         if (v == NULL)
             continue;
         double s = json_is_number(v) ? json_number_value(v) : -1.0;
@@ -70,6 +98,9 @@ int ddo__plan_measured_compute(builder *b, size_t *measured)
         p->units[u].compute_measured = true;
         (*measured)++;
     }
+    if (own == NULL)
+        rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "plan inputs: unit_compute_json");
+    json_decref(own);
     json_decref(root);
     return rc;
 }
