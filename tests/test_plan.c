@@ -1035,8 +1035,8 @@ static void test_cost_selection_fits_the_slots(void)
     T_CHECK(bg.device_weights_peak <= bg.device_weights_limit);
     T_EQ_U64(bg.slot_bytes, (uint64_t)24 << 20); /* only small units stream */
     /* packed in pairs, they would take 48 MiB slots: the plan built without packing is kept */
-    T_CHECK_MSG(strncmp(fx_decision(p, "packed_blocks"), "none: unpacked predicted", 24) == 0,
-                "%s", fx_decision(p, "packed_blocks"));
+    T_CHECK_MSG(strncmp(fx_decision(p, "packed_blocks"), "none: unpacked predicted", 24) == 0, "%s",
+                fx_decision(p, "packed_blocks"));
     for (int b = 0; b < 6; b++) {
         char name[32];
         snprintf(name, sizeof(name), "blocks.%d", b);

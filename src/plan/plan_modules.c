@@ -445,7 +445,8 @@ static int pack_small_blocks(builder *b)
     if (rc >= 0 && packed > 0) {
         compact_packed(b, into, ord);
         char text[96];
-        snprintf(text, sizeof text, "%zu blocks in %zu unit%s", packed, units, units == 1 ? "" : "s");
+        snprintf(text, sizeof text, "%zu blocks in %zu unit%s", packed, units,
+                 units == 1 ? "" : "s");
         ddo__decisions_set_str(&b->p->decisions, "packed_blocks", text);
     }
     free(ord);
