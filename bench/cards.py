@@ -196,6 +196,8 @@ def ddo_case(model, x, opts, card_gib, args, ctx):
                    slot_count=dw.get("slot_count"),
                    resident_set_rule=r.plan["planner_decisions"].get("resident_set_rule"),
                    plan_note=r.plan["planner_decisions"].get("plan_note"),
+                   packed_blocks=r.plan["planner_decisions"].get("packed_blocks"),
+                   unit_count=len(r.plan.get("units") or []),
                    streamed_bytes_per_step=(after - before) / args.steps
                    if None not in (before, after) else None,
                    bits=tf.same_bits(ctx["ref"], out.to("cpu")))

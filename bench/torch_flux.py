@@ -801,6 +801,12 @@ def run_steps(module, inputs, case, spec, args, deadline, res, handle, cuda):
     if handle is not None:
         after, metrics = timed_counts if timed_counts is not None else ddo_bytes(handle)
         res["ddo_metrics"] = metrics
+        # the plan the timed steps ran (a re-plan after the first forward replaces the first)
+        final = getattr(handle, "plan", None) or {}
+        dec = final.get("planner_decisions") or {}
+        res["plan_final"] = {"unit_count": len(final.get("units") or []),
+                             **{k: dec.get(k) for k in ("packed_blocks", "slot_count_decision",
+                                                        "unit_compute_source")}}
         if after is not None and bytes_before is not None:
             res["streamed_bytes_per_step"] = (after - bytes_before) / len(times)
             res["streamed_bytes_source"] = "metrics copy_bytes delta over the timed steps"

@@ -41,8 +41,8 @@ static const double transfer_scales[] = { 0.9, 1.0, 1.1 };
 #define MAX_UNIT_COMPUTE_S 1e6
 
 /* A packed unit ("prefix.A-B", unit_pack_blocks) a profile measured block by block: the sum of
- * its blocks' figures, NULL where one is missing or the name is no packed range. The number is
- * stored in *own, the JSON value returned. */
+ * its blocks' figures (and the other way round, packed_share below), NULL where one is missing or
+ * the name is no packed range. The number is stored in *own, the JSON value returned. */
 static json_t *packed_compute(json_t *root, const char *name, json_t *own)
 {
     const char *dot = strrchr(name, '.');
@@ -62,6 +62,56 @@ static json_t *packed_compute(json_t *root, const char *name, json_t *own)
     }
     json_real_set(own, sum);
     return own;
+}
+
+/* The FLOPs of the units named prefix.first .. prefix.last (prefix: the first plen bytes of
+ * name), and how many of them the plan has. */
+static double range_flops(const ddo_plan *p, const char *name, size_t plen, unsigned long first,
+                          unsigned long last, size_t *found)
+{
+    double f = 0.0;
+    *found = 0;
+    char key[512];
+    for (unsigned long k = first; k <= last; k++) {
+        snprintf(key, sizeof(key), "%.*s.%lu", (int)plen, name, k);
+        for (size_t u = 0; u < p->unit_count; u++)
+            if (strcmp(p->units[u].name, key) == 0) {
+                f += (double)p->units[u].flops_per_token;
+                (*found)++;
+                break;
+            }
+    }
+    return f;
+}
+
+/* A block ("prefix.K") a profile measured packed with others ("prefix.A-B", A <= K <= B): its
+ * share of that figure, by FLOPs among the plan's units of the range (equal shares where the
+ * plan lacks one of them or they compute nothing). False where no packed figure names it. */
+static bool packed_share(json_t *root, const ddo_plan *p, size_t u, double *s)
+{
+    const char *name = p->units[u].name, *dot = strrchr(name, '.');
+    unsigned long k = 0, first = 0, last = 0;
+    int used = 0;
+    if (dot == NULL || sscanf(dot + 1, "%lu%n", &k, &used) != 1 || dot[1 + used] != '\0')
+        return false;
+    size_t plen = (size_t)(dot - name);
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v)
+    {
+        const char *kd = strrchr(key, '.');
+        if (kd == NULL || (size_t)(kd - key) != plen || strncmp(key, name, plen) != 0 ||
+            sscanf(kd + 1, "%lu-%lu%n", &first, &last, &used) != 2 || kd[1 + used] != '\0' ||
+            k < first || k > last || last - first > 4096 || !json_is_number(v))
+            continue;
+        size_t found = 0;
+        double f = range_flops(p, name, plen, first, last, &found);
+        bool by_flops = found == last - first + 1 && f > 0.0;
+        *s = json_number_value(v) * (by_flops ? (double)p->units[u].flops_per_token / f
+                                              : 1.0 / (double)(last - first + 1));
+        return true;
+    }
+    return false;
 }
 
 int ddo__plan_measured_compute(builder *b, size_t *measured)
@@ -94,6 +144,16 @@ int ddo__plan_measured_compute(builder *b, size_t *measured)
                            p->units[u].name, MAX_UNIT_COMPUTE_S);
             break;
         }
+        p->units[u].compute_s = s;
+        p->units[u].compute_measured = true;
+        (*measured)++;
+    }
+    for (size_t u = 0; u < p->unit_count && rc == 0; u++) {
+        double s = 0.0;
+        if (p->units[u].compute_measured || !packed_share(root, p, u, &s))
+            continue;
+        if (!(s >= 0.0 && s <= MAX_UNIT_COMPUTE_S))
+            continue; /* (a packed figure out of range: refused above where a unit is named so) */
         p->units[u].compute_s = s;
         p->units[u].compute_measured = true;
         (*measured)++;
