@@ -1100,34 +1100,80 @@ static void test_packing_kept_where_it_pays(void)
     fx_free(&tb);
 }
 
-/* Flux in GGUF Q8_0, zero-resident under 4 GiB: 19 double blocks (363 MB) that copy longer
- * than they compute (5.6 ms against 6.6 ms at 55 GB/s) and 38 single blocks (150 MB, 3.7 ms
- * against 2.7 ms). Packed in pairs, the singles fill a slot each and the window reaches twice
- * as far: the simulation keeps the packed plan, whether the measured compute names the blocks
- * one by one (a profile made unpacked) or the packed units (the first forward of a packed
- * plan, which the unpacked plan it is compared with shares out by FLOPs). */
+/* Flux in GGUF Q8_0: 19 double blocks (363 MB) that copy longer than they compute (5.6 ms
+ * against 6.6 ms at 55 GB/s) and 38 single blocks (150 MB, 3.7 ms against 2.7 ms); uc: their
+ * measured compute, naming the single blocks one by one or, packed_names, in pairs
+ * ("single_transformer_blocks.0-1", as a packed plan's first forward times them). */
+static void q8_flux(fx_table *tb, char *uc, size_t len, bool packed_names)
+{
+    size_t at = (size_t)snprintf(uc, len, "{");
+    for (int b = 0; b < 19; b++) {
+        fx_addf(tb, DDO_DTYPE_BF16, 2, 4096, 44311, "transformer_blocks.%d.linear.weight", b);
+        at += (size_t)snprintf(uc + at, len - at, "%s\"transformer_blocks.%d\": 0.0056",
+                               b ? ", " : "", b);
+    }
+    for (int b = 0; b < 38; b++) {
+        fx_addf(tb, DDO_DTYPE_BF16, 2, 4096, 18310, "single_transformer_blocks.%d.linear.weight",
+                b);
+        if (!packed_names)
+            at += (size_t)snprintf(uc + at, len - at, ", \"single_transformer_blocks.%d\": 0.0037",
+                                   b);
+        else if (b % 2 == 0)
+            at += (size_t)snprintf(uc + at, len - at,
+                                   ", \"single_transformer_blocks.%d-%d\": 0.0074", b, b + 1);
+    }
+    snprintf(uc + at, len - at, "}");
+}
+
+/* The vmm_fast_runtime ring in the simulation: each streamed unit in its home slot round the
+ * ring from the session's seam (ddo__ring_seam), which puts the short round of 57 units over 5
+ * slots among the small single blocks mid-order. With the seam at the step boundary (the
+ * linear route's ring, slot j mod slots) the next step's first double blocks load late, and the
+ * step is longer: the simulation tells the two apart as the runtime does (docs/benchmarks.md,
+ * the sixth session of 2026-12-06: 1.125 against 1.106 x). */
+static void test_simulated_ring_has_the_sessions_seam(void)
+{
+    fx_table tb = { 0 };
+    static char uc[8192];
+    q8_flux(&tb, uc, sizeof(uc), false);
+    ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs),
+                           .bus_bytes_per_s = 55e9,
+                           .unit_compute_json = uc };
+    double step[2] = { 0.0, 0.0 };
+    static const char *const modes[] = { "vmm_fast_runtime", "linear_runtime" };
+    for (int k = 0; k < 2; k++) {
+        ddo_config *cfg = NULL;
+        T_REQUIRE(ddo_config_create(&cfg) == 0);
+        T_EQ_INT(ddo_config_set(cfg, "execution_mode", modes[k]), 0);
+        T_EQ_INT(ddo_config_set(cfg, "execution_device", "cpu"), 0);
+        T_EQ_INT(ddo_config_set(cfg, "resident_module_budget_gb", "0"), 0);
+        T_EQ_INT(ddo_config_set(cfg, "unit_pack_blocks", "false"), 0);
+        T_EQ_INT(ddo_config_set(cfg, "execution_slots", "5"), 0);
+        ddo_plan *p = build(&tb, cfg, &in, 0);
+        T_REQUIRE(p != NULL);
+        T_EQ_STR(ddo_plan_route(p), modes[k]);
+        ddo_plan_budgets bg;
+        ddo_plan_budgets_get(p, &bg);
+        step[k] = bg.predicted_step_s;
+        ddo_plan_destroy(p);
+        ddo_config_destroy(cfg);
+    }
+    T_CHECK_MSG(step[0] < step[1] * 0.99, "homes %.4f s, boundary seam %.4f s", step[0], step[1]);
+    T_CHECK(step[0] >= 19 * 0.0056 + 38 * 0.0037 - 1e-9); /* never below the compute */
+    fx_free(&tb);
+}
+
+/* Flux in GGUF Q8_0 (q8_flux), zero-resident under 4 GiB. Packed in pairs, the singles fill a slot
+ * each and the window reaches twice as far: the simulation keeps the packed plan, whether the
+ * measured compute names the blocks one by one (a profile made unpacked) or the packed units (the
+ * first forward of a packed plan, which the unpacked plan it is compared with shares out by FLOPs).
+ */
 static void test_packing_kept_with_either_names(void)
 {
     for (int packed_names = 0; packed_names < 2; packed_names++) {
         fx_table tb = { 0 };
         static char uc[8192];
-        size_t at = (size_t)snprintf(uc, sizeof(uc), "{");
-        for (int b = 0; b < 19; b++) {
-            fx_addf(&tb, DDO_DTYPE_BF16, 2, 4096, 44311, "transformer_blocks.%d.linear.weight", b);
-            at += (size_t)snprintf(uc + at, sizeof(uc) - at, "%s\"transformer_blocks.%d\": 0.0056",
-                                   b ? ", " : "", b);
-        }
-        for (int b = 0; b < 38; b++) {
-            fx_addf(&tb, DDO_DTYPE_BF16, 2, 4096, 18310,
-                    "single_transformer_blocks.%d.linear.weight", b);
-            if (!packed_names)
-                at += (size_t)snprintf(uc + at, sizeof(uc) - at,
-                                       ", \"single_transformer_blocks.%d\": 0.0037", b);
-            else if (b % 2 == 0)
-                at += (size_t)snprintf(uc + at, sizeof(uc) - at,
-                                       ", \"single_transformer_blocks.%d-%d\": 0.0074", b, b + 1);
-        }
-        snprintf(uc + at, sizeof(uc) - at, "}");
+        q8_flux(&tb, uc, sizeof(uc), packed_names != 0);
         ddo_config *cfg = NULL;
         T_REQUIRE(ddo_config_create(&cfg) == 0);
         T_EQ_INT(ddo_config_set(cfg, "execution_device", "cpu"), 0);
@@ -1390,6 +1436,7 @@ int main(void)
     T_RUN(test_auto_slots_simulated);
     T_RUN(test_packing_kept_where_it_pays);
     T_RUN(test_packing_kept_with_either_names);
+    T_RUN(test_simulated_ring_has_the_sessions_seam);
     T_RUN(test_simulated_step_counts_the_wrap);
     T_RUN(test_json_schema_and_determinism);
     T_RUN(test_speed_3500_tensors);

@@ -301,4 +301,15 @@ int ddo__plan_build_on(const ddo_checkpoint *ck, const ddo_config *cfg,
                        const ddo_plan_inputs *inputs, const struct ddo__platform *pf,
                        ddo_plan **out);
 
+/* The seam of the ring of home slots (vmm_fast_runtime; docs/map.md, step 4): where the r-th of
+ * m streamed units of the order takes slot ((r + m - seam) mod m) mod k. Where k does not
+ * divide m the last round is short, and where it meets the first a unit's home is still held by
+ * a unit needed before it: the seam goes where the 2k units around it hold the fewest bytes
+ * (bytes_at(ctx, r): the r-th unit's), nearest the middle of the order on ties, and never within
+ * k units of the pass boundary (the next pass's first units load at this one's end). 0 where k
+ * divides m or m <= k. The session places its units so (session_prefetch.c) and the plan's
+ * simulated step models the same ring (plan_step.c). */
+size_t ddo__ring_seam(size_t m, size_t k, uint64_t (*bytes_at)(const void *ctx, size_t r),
+                      const void *ctx);
+
 #endif /* DDO_PLAN_H */

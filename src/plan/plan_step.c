@@ -21,25 +21,52 @@ double ddo__plan_unit_transfer_s(const builder *b, const ddo__plan_unit *un, dou
     return t;
 }
 
+size_t ddo__ring_seam(size_t m, size_t k, uint64_t (*bytes_at)(const void *ctx, size_t r),
+                      const void *ctx)
+{
+    size_t seam = 0;
+    if (k == 0 || m <= k || m % k == 0)
+        return 0;
+    bool inside = m > 2 * k;
+    size_t lo = inside ? k : 0, hi = inside ? m - k : m - 1;
+    uint64_t best_bytes = UINT64_MAX;
+    size_t best_dist = SIZE_MAX;
+    for (size_t c = lo; c <= hi; c++) {
+        uint64_t bytes = 0;
+        for (size_t j = 0; j < 2 * k; j++)
+            bytes += bytes_at(ctx, (c + m - k + j) % m);
+        size_t dist = 2 * c > m ? 2 * c - m : m - 2 * c;
+        if (bytes < best_bytes || (bytes == best_bytes && dist < best_dist)) {
+            best_bytes = bytes;
+            best_dist = dist;
+            seam = c;
+        }
+    }
+    return seam;
+}
+
 /* Predicted step time: copies serial on one engine, compute serial, a slot reused only after
  * the unit that held it has computed (prefetch depth slots - 1); the second of two simulated
- * steps is the steady state. Streamed unit j of a step uses slot j mod slots in every step (a
- * count of streamed units that slots does not divide costs depth at the wrap). A step ends
+ * steps is the steady state. Streamed unit j of a step uses the same slot in every step,
+ * (j + m - seam) mod m mod slots of m streamed units (a count that slots does not divide costs
+ * depth at the seam; the seam is 0 but on vmm_fast_runtime). A step ends
  * when both its compute and its copies have (the host synchronizes between steps, as every
  * benchmark here does). The prefetch window of a step's last units reaches into the next
  * step, as the session's does: the next step's first slots - 1 streamed units load in this one
  * (after the unit that held their slot has computed), and this step's end waits for them,
  * except the one whose slot the last streamed unit holds (leased when its window is issued,
  * so it loads at its own acquire, in the next step); the next step starts with the others
- * loaded. */
+ * loaded. On vmm_fast_runtime a unit's slot is its home, round the ring from the session's
+ * seam (ddo__ring_seam): the short round then sits mid-order, not at the step boundary. */
 double ddo__plan_simulate(const ddo_plan *p, size_t slots)
 {
     return ddo__plan_simulate_scaled(p, slots, 1.0);
 }
 
-/* The transfer times of the first `max` streamed units, in order; returns how many there are
- * in all (not only the first max). */
-static size_t first_streamed(const ddo_plan *p, double *transfer, size_t max, double scale)
+/* The transfer times of the first `max` streamed units, in order, and every streamed unit's
+ * index (rank[], unit_count long); returns how many there are. */
+static size_t first_streamed(const ddo_plan *p, double *transfer, size_t max, double scale,
+                             size_t *rank)
 {
     size_t n = 0;
     for (size_t u = 0; u < p->unit_count; u++) {
@@ -47,9 +74,26 @@ static size_t first_streamed(const ddo_plan *p, double *transfer, size_t max, do
             continue;
         if (n < max)
             transfer[n] = p->units[u].transfer_s * scale;
-        n++;
+        rank[n++] = u;
     }
     return n;
+}
+
+typedef struct ring_ctx {
+    const ddo_plan *p;
+    const size_t *rank;
+} ring_ctx;
+
+static uint64_t ring_bytes(const void *ctx, size_t r)
+{
+    const ring_ctx *c = ctx;
+    return c->p->units[c->rank[r]].bytes;
+}
+
+/* The slot of streamed unit j of m (the session's home slots, ddo__ring_seam). */
+static size_t slot_of(size_t j, size_t m, size_t seam, size_t slots)
+{
+    return ((j + m - seam) % m) % slots;
 }
 
 /* One copy of transfer seconds into a slot free at slot_free: it starts when both the copy
@@ -69,13 +113,20 @@ double ddo__plan_simulate_scaled(const ddo_plan *p, size_t slots, double transfe
     double *ring = calloc(ring_n, sizeof(double));
     double *head = calloc(ring_n, sizeof(double)); /* the first streamed units' transfers */
     bool *loaded = calloc(ring_n, sizeof(bool));   /* ... loaded by the step before */
-    if (ring == NULL || head == NULL || loaded == NULL) {
+    size_t *rank = calloc(p->unit_count, sizeof(size_t));
+    if (ring == NULL || head == NULL || loaded == NULL || rank == NULL) {
         free(ring);
         free(head);
         free(loaded);
+        free(rank);
         return 0.0;
     }
-    size_t streamed = first_streamed(p, head, ring_n, transfer_scale);
+    size_t streamed = first_streamed(p, head, ring_n, transfer_scale, rank);
+    ring_ctx rc = { p, rank };
+    size_t seam = ddo__route_maps(p->route) && !ddo__route_per_weight(p->route)
+                      ? ddo__ring_seam(streamed, slots, ring_bytes, &rc)
+                      : 0;
+    free(rank);
     /* With no more streamed units than slots, each keeps a slot of its own (no window wraps
      * onto a busy slot): the model below still copies each unit every step. */
     size_t wrap = slots > 1 && streamed > slots ? slots - 1 : 0;
@@ -90,19 +141,21 @@ double ddo__plan_simulate_scaled(const ddo_plan *p, size_t slots, double transfe
                 continue;
             }
             double ce = 0.0; /* loaded by the step before: its copy ended by this step's start */
+            size_t at = slot_of(j, streamed, seam, slots);
             if (!(j < wrap && loaded[j]))
-                ce = copy_into(&copy_free, ring[j % slots], un->transfer_s * transfer_scale);
+                ce = copy_into(&copy_free, ring[at], un->transfer_s * transfer_scale);
             double start = compute_free > ce ? compute_free : ce;
             compute_free = start + un->compute_s;
-            ring[j % slots] = compute_free;
+            ring[at] = compute_free;
             j++;
         }
         /* The last units' window: the next step's first units (not the one whose slot the
          * last streamed unit, j - 1, holds). */
         for (size_t k = 0; k < wrap; k++) {
-            loaded[k] = (j - 1) % slots != k % slots;
+            size_t at = slot_of(k, streamed, seam, slots);
+            loaded[k] = slot_of(j - 1, streamed, seam, slots) != at;
             if (loaded[k])
-                copy_into(&copy_free, ring[k % slots], head[k]);
+                copy_into(&copy_free, ring[at], head[k]);
         }
         compute_free = copy_free = compute_free > copy_free ? compute_free : copy_free;
         step_end[step] = compute_free;

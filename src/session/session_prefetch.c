@@ -12,18 +12,16 @@
 
 #include <string.h>
 
-/*
- * vmm_fast_runtime: the home slot of each streamed unit of the order (mu held). The r-th
- * streamed unit from the seam takes slot r mod slots, so that the unit loading into a slot is
- * the one the window reaches as that slot's unit is released, and once every unit has settled
- * no upload maps anything. When the streamed units are no multiple of the slots, the last
- * round is short: where it meets the first, a unit's home is still held by a unit needed
- * before it, and the prefetch there reaches fewer units ahead. The seam goes where that costs
- * least: where the 2 x slots units around it hold the fewest bytes (their copies have slack),
- * nearest the middle of the order on ties, and never within a window of the pass boundary:
- * the next pass's first units load at the end of this one, as the bank its first (often
- * largest) units draw on, and a caller that synchronizes after each pass waits for them.
- */
+static uint64_t rank_bytes(const void *ctx, size_t r)
+{
+    const ddo_session *s = ctx;
+    return s->units[s->order.learn[s->unit_count + r]].bytes;
+}
+
+/* vmm_fast_runtime: the home slot of each streamed unit of the order (mu held), round the ring
+ * from its seam (ddo__ring_seam), so that the unit loading into a slot is the one the window
+ * reaches as that slot's unit is released, and once every unit has settled no upload maps
+ * anything. */
 static void place_homes(ddo_session *s)
 {
     size_t k = s->slot_count, m = 0;
@@ -37,24 +35,7 @@ static void place_homes(ddo_session *s)
         if (!s->units[u].resident)
             by_rank[m++] = u;
     }
-    size_t seam = 0;
-    if (m > k && m % k != 0) {
-        bool inside = m > 2 * k;
-        size_t lo = inside ? k : 0, hi = inside ? m - k : m - 1;
-        uint64_t best_bytes = UINT64_MAX;
-        size_t best_dist = SIZE_MAX;
-        for (size_t c = lo; c <= hi; c++) {
-            uint64_t bytes = 0;
-            for (size_t j = 0; j < 2 * k; j++)
-                bytes += s->units[by_rank[(c + m - k + j) % m]].bytes;
-            size_t dist = 2 * c > m ? 2 * c - m : m - 2 * c;
-            if (bytes < best_bytes || (bytes == best_bytes && dist < best_dist)) {
-                best_bytes = bytes;
-                best_dist = dist;
-                seam = c;
-            }
-        }
-    }
+    size_t seam = ddo__ring_seam(m, k, rank_bytes, s);
     for (size_t r = 0; r < m; r++)
         s->order.home[by_rank[r]] = ((r + m - seam) % m) % k;
 }
