@@ -311,5 +311,7 @@ int ddo__plan_build_on(const ddo_checkpoint *ck, const ddo_config *cfg,
  * simulated step models the same ring (plan_step.c). */
 size_t ddo__ring_seam(size_t m, size_t k, uint64_t (*bytes_at)(const void *ctx, size_t r),
                       const void *ctx);
+/* The home slot of the r-th of m streamed units over k slots, round the ring from seam. */
+size_t ddo__ring_home(size_t r, size_t m, size_t seam, size_t k);
 
 #endif /* DDO_PLAN_H */

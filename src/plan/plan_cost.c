@@ -40,32 +40,46 @@ static const double transfer_scales[] = { 0.9, 1.0, 1.1 };
 /* A measured figure above this (seconds per unit) is refused as nonsense. */
 #define MAX_UNIT_COMPUTE_S 1e6
 
-/* A packed unit ("prefix.A-B", unit_pack_blocks) a profile measured block by block: the sum of
- * its blocks' figures (and the other way round, packed_share below), NULL where one is missing or
- * the name is no packed range. The number is stored in *own, the JSON value returned. */
-static json_t *packed_compute(json_t *root, const char *name, json_t *own)
+/* A packed unit's name ("prefix.A-B", unit_pack_blocks, A < B): the prefix's length and the
+ * range; false for any other name. */
+static bool packed_range(const char *name, size_t *plen, unsigned long *first, unsigned long *last)
 {
     const char *dot = strrchr(name, '.');
-    unsigned long first = 0, last = 0;
     int used = 0;
-    if (dot == NULL || sscanf(dot + 1, "%lu-%lu%n", &first, &last, &used) != 2 ||
-        dot[1 + used] != '\0' || last <= first || last - first > 4096)
-        return NULL;
-    double sum = 0.0;
-    char key[512];
-    for (unsigned long k = first; k <= last; k++) {
-        snprintf(key, sizeof(key), "%.*s.%lu", (int)(dot - name), name, k);
-        json_t *v = json_object_get(root, key);
-        if (v == NULL || !json_is_number(v))
-            return NULL;
-        sum += json_number_value(v);
-    }
-    json_real_set(own, sum);
-    return own;
+    if (dot == NULL || sscanf(dot + 1, "%lu-%lu%n", first, last, &used) != 2 ||
+        dot[1 + used] != '\0' || *last <= *first || *last - *first > 4096)
+        return false;
+    *plen = (size_t)(dot - name);
+    return true;
 }
 
-/* The FLOPs of the units named prefix.first .. prefix.last (prefix: the first plen bytes of
- * name), and how many of them the plan has. */
+/* The name of block k of prefix (the first plen bytes of name) into key. */
+static void block_key(char *key, size_t len, const char *name, size_t plen, unsigned long k)
+{
+    snprintf(key, len, "%.*s.%lu", (int)plen, name, k);
+}
+
+/* A packed unit a profile measured block by block: the sum of its blocks' figures in *s; false
+ * where one is missing (or not a number) or the name is no packed range. */
+static bool packed_sum(json_t *root, const char *name, double *s)
+{
+    size_t plen = 0;
+    unsigned long first = 0, last = 0;
+    if (!packed_range(name, &plen, &first, &last))
+        return false;
+    char key[512];
+    *s = 0.0;
+    for (unsigned long k = first; k <= last; k++) {
+        block_key(key, sizeof(key), name, plen, k);
+        json_t *v = json_object_get(root, key);
+        if (v == NULL || !json_is_number(v))
+            return false;
+        *s += json_number_value(v);
+    }
+    return true;
+}
+
+/* The FLOPs of the plan's units prefix.first .. prefix.last, and how many of them it has. */
 static double range_flops(const ddo_plan *p, const char *name, size_t plen, unsigned long first,
                           unsigned long last, size_t *found)
 {
@@ -73,7 +87,7 @@ static double range_flops(const ddo_plan *p, const char *name, size_t plen, unsi
     *found = 0;
     char key[512];
     for (unsigned long k = first; k <= last; k++) {
-        snprintf(key, sizeof(key), "%.*s.%lu", (int)plen, name, k);
+        block_key(key, sizeof(key), name, plen, k);
         for (size_t u = 0; u < p->unit_count; u++)
             if (strcmp(p->units[u].name, key) == 0) {
                 f += (double)p->units[u].flops_per_token;
@@ -84,9 +98,10 @@ static double range_flops(const ddo_plan *p, const char *name, size_t plen, unsi
     return f;
 }
 
-/* A block ("prefix.K") a profile measured packed with others ("prefix.A-B", A <= K <= B): its
- * share of that figure, by FLOPs among the plan's units of the range (equal shares where the
- * plan lacks one of them or they compute nothing). False where no packed figure names it. */
+/* The other way round: a block ("prefix.K") a profile measured packed with others
+ * ("prefix.A-B", A <= K <= B) takes its share of that figure, by FLOPs among the plan's units
+ * of the range (equal shares where the plan lacks one of them or they compute nothing). False
+ * where no packed figure names it. */
 static bool packed_share(json_t *root, const ddo_plan *p, size_t u, double *s)
 {
     const char *name = p->units[u].name, *dot = strrchr(name, '.');
@@ -94,15 +109,13 @@ static bool packed_share(json_t *root, const ddo_plan *p, size_t u, double *s)
     int used = 0;
     if (dot == NULL || sscanf(dot + 1, "%lu%n", &k, &used) != 1 || dot[1 + used] != '\0')
         return false;
-    size_t plen = (size_t)(dot - name);
+    size_t plen = (size_t)(dot - name), klen = 0;
     const char *key;
     json_t *v;
     json_object_foreach(root, key, v)
     {
-        const char *kd = strrchr(key, '.');
-        if (kd == NULL || (size_t)(kd - key) != plen || strncmp(key, name, plen) != 0 ||
-            sscanf(kd + 1, "%lu-%lu%n", &first, &last, &used) != 2 || kd[1 + used] != '\0' ||
-            k < first || k > last || last - first > 4096 || !json_is_number(v))
+        if (!packed_range(key, &klen, &first, &last) || klen != plen ||
+            strncmp(key, name, plen) != 0 || k < first || k > last || !json_is_number(v))
             continue;
         size_t found = 0;
         double f = range_flops(p, name, plen, first, last, &found);
@@ -129,14 +142,13 @@ int ddo__plan_measured_compute(builder *b, size_t *measured)
                          "plan inputs: unit_compute_json is not a JSON object of seconds");
     }
     int rc = 0;
-    json_t *own = json_real(0.0);
-    for (size_t u = 0; u < p->unit_count && rc == 0 && own != NULL; u++) {
+    for (size_t u = 0; u < p->unit_count && rc == 0; u++) {
         json_t *v = json_object_get(root, p->units[u].name);
-        if (v == NULL)
-            v = packed_compute(root, p->units[u].name, own);
-        if (v == NULL)
+        double s = 0.0;
+        if (v != NULL)
+            s = json_is_number(v) ? json_number_value(v) : -1.0;
+        else if (!packed_sum(root, p->units[u].name, &s))
             continue;
-        double s = json_is_number(v) ? json_number_value(v) : -1.0;
         if (!(s >= 0.0 && s <= MAX_UNIT_COMPUTE_S)) {
             rc = ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
                            "plan inputs: unit_compute_json: unit \"%s\": not a number of "
@@ -158,9 +170,6 @@ int ddo__plan_measured_compute(builder *b, size_t *measured)
         p->units[u].compute_measured = true;
         (*measured)++;
     }
-    if (own == NULL)
-        rc = ddo__fail(NULL, DDO_E_NO_MEMORY, "plan inputs: unit_compute_json");
-    json_decref(own);
     json_decref(root);
     return rc;
 }

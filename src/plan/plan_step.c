@@ -90,10 +90,9 @@ static uint64_t ring_bytes(const void *ctx, size_t r)
     return c->p->units[c->rank[r]].bytes;
 }
 
-/* The slot of streamed unit j of m (the session's home slots, ddo__ring_seam). */
-static size_t slot_of(size_t j, size_t m, size_t seam, size_t slots)
+size_t ddo__ring_home(size_t r, size_t m, size_t seam, size_t k)
 {
-    return ((j + m - seam) % m) % slots;
+    return ((r + m - seam) % m) % k;
 }
 
 /* One copy of transfer seconds into a slot free at slot_free: it starts when both the copy
@@ -141,7 +140,7 @@ double ddo__plan_simulate_scaled(const ddo_plan *p, size_t slots, double transfe
                 continue;
             }
             double ce = 0.0; /* loaded by the step before: its copy ended by this step's start */
-            size_t at = slot_of(j, streamed, seam, slots);
+            size_t at = ddo__ring_home(j, streamed, seam, slots);
             if (!(j < wrap && loaded[j]))
                 ce = copy_into(&copy_free, ring[at], un->transfer_s * transfer_scale);
             double start = compute_free > ce ? compute_free : ce;
@@ -152,8 +151,8 @@ double ddo__plan_simulate_scaled(const ddo_plan *p, size_t slots, double transfe
         /* The last units' window: the next step's first units (not the one whose slot the
          * last streamed unit, j - 1, holds). */
         for (size_t k = 0; k < wrap; k++) {
-            size_t at = slot_of(k, streamed, seam, slots);
-            loaded[k] = slot_of(j - 1, streamed, seam, slots) != at;
+            size_t at = ddo__ring_home(k, streamed, seam, slots);
+            loaded[k] = ddo__ring_home(j - 1, streamed, seam, slots) != at;
             if (loaded[k])
                 copy_into(&copy_free, ring[at], head[k]);
         }

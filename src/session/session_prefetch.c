@@ -37,7 +37,7 @@ static void place_homes(ddo_session *s)
     }
     size_t seam = ddo__ring_seam(m, k, rank_bytes, s);
     for (size_t r = 0; r < m; r++)
-        s->order.home[by_rank[r]] = ((r + m - seam) % m) % k;
+        s->order.home[by_rank[r]] = ddo__ring_home(r, m, seam, k);
 }
 
 static void set_order(ddo_session *s, const size_t *units, size_t count)
