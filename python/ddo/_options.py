@@ -183,8 +183,8 @@ class OptionFields:
         activation_reserve_gb: float
         # ddo: measure the first forward on a CUDA device and re-plan once before the next
         # forward: with no budget given, when the measured activation reserve differs from the
-        # estimate; with a budget, when the units' timed compute changes the plan's slots or
-        # resident units (false keeps the first plan)
+        # estimate; with a budget, when the units' timed compute changes the plan's slots, units
+        # (packing) or resident units (false keeps the first plan)
         activation_replan: bool
         # ddo: execution slots; 0 lets the planner choose (at least two when anything streams)
         execution_slots: int

@@ -111,12 +111,18 @@ def times_compute(device: Optional[torch.device]) -> bool:
     return device is not None and device.type == "cuda"
 
 
-def shape_change(mine: Tuple[int, Tuple[str, ...]], theirs: Tuple[int, Tuple[str, ...]]) -> str:
-    """What differs between two plan_shape()s, in words ("" when nothing does): the slot count
-    and the resident units' count, or how many of them a same-sized set swapped."""
+Shape = Tuple[int, Tuple[str, ...], int]
+
+
+def shape_change(mine: Shape, theirs: Shape) -> str:
+    """What differs between two plan_shape()s, in words ("" when nothing does): the slot count,
+    the unit count (blocks packed or not), and the resident units' count, or how many of them
+    a same-sized set swapped."""
     said = []
     if mine[0] != theirs[0]:
         said.append(f"{mine[0]} -> {theirs[0]} slots")
+    if mine[2] != theirs[2]:
+        said.append(f"{mine[2]} -> {theirs[2]} units")
     if len(mine[1]) != len(theirs[1]):
         said.append(f"{len(mine[1])} -> {len(theirs[1])} resident units")
     elif mine[1] != theirs[1]:
@@ -125,18 +131,19 @@ def shape_change(mine: Tuple[int, Tuple[str, ...]], theirs: Tuple[int, Tuple[str
     return ", ".join(said)
 
 
-def plan_shape(plan: ctypes.c_void_p) -> Tuple[int, Tuple[str, ...]]:
-    """A plan's slot count and the names of its resident units."""
+def plan_shape(plan: ctypes.c_void_p) -> Shape:
+    """A plan's slot count, the names of its resident units and its unit count."""
     L = _native.lib()
     b = _lib.PlanBudgets()
     _native.check(L.ddo_plan_budgets_get(plan, ctypes.byref(b)))
     info = _lib.UnitInfo()
     names = []
-    for u in range(int(L.ddo_plan_unit_count(plan))):
+    count = int(L.ddo_plan_unit_count(plan))
+    for u in range(count):
         _native.check(L.ddo_plan_unit(plan, u, ctypes.byref(info)))
         if info.resident:
             names.append(info.name.decode())
-    return int(b.slot_count), tuple(names)
+    return int(b.slot_count), tuple(names), count
 
 
 class Replan(Lifecycle):
@@ -312,7 +319,7 @@ class Replan(Lifecycle):
             return
         if not change:
             rp["note"] = ("planned again with the units' compute timed on the first forward: "
-                          "the same slots and resident units, the plan stays")
+                          "the same slots, units and resident units, the plan stays")
             return
         rp["state"] = "due"
         rp["note"] = (f"the units' compute timed on the first forward changes the plan "
@@ -320,7 +327,7 @@ class Replan(Lifecycle):
 
     def _trial_differs(self, uc: Dict[str, float]) -> str:
         """The plan the setup would make with compute uc against this one: "" when its slot
-        count and resident units are the same, else what differs."""
+        count, unit count and resident units are the same, else what differs."""
         if self._plan is None:
             return ""
         L = _native.lib()

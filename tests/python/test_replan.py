@@ -222,7 +222,7 @@ def test_a_budget_replans_with_the_timed_compute(measured, timed):
     r = ddo.enable_offload(m, device_memory_limit_gb=1.25, device_budget_gb=1, **CPU)
     try:
         before = r.budgets()
-        assert replan.plan_shape(r._plan) == (3, ("blocks.0",))
+        assert replan.plan_shape(r._plan) == (3, ("blocks.0",), 5)
         rp = r.activation_replan
         assert rp["state"] == "measuring" and rp["mode"] == "compute"
         first = steps(m, x, 1)
@@ -230,7 +230,7 @@ def test_a_budget_replans_with_the_timed_compute(measured, timed):
         assert rp["state"] == "due" and "3 -> 2 slots, 1 -> 2 resident units" in rp["note"], rp
         rest = steps(m, x, 2)
         assert r.replanned and r.activation_replan["unit_compute"] == "first_forward"
-        assert replan.plan_shape(r._plan) == (2, ("blocks.0", "blocks.1"))
+        assert replan.plan_shape(r._plan) == (2, ("blocks.0", "blocks.1"), 5)
         assert r.budgets()["device_weights_limit"] == before["device_weights_limit"]
         dec = r.plan["planner_decisions"]
         assert dec["unit_compute_source"] == "measured"
@@ -252,7 +252,7 @@ def test_a_budget_keeps_its_plan_when_the_compute_changes_nothing(measured, time
         out = steps(m, x)
         rp = r.activation_replan
         assert rp["state"] == "kept" and not r.replanned
-        assert "the same slots and resident units" in rp["note"]
+        assert "the same slots, units and resident units" in rp["note"]
         assert replan.plan_shape(r._plan) == shape
         assert all(torch.equal(a, b) for a, b in zip(ref, out))
     finally:
@@ -262,14 +262,16 @@ def test_a_budget_keeps_its_plan_when_the_compute_changes_nothing(measured, time
 def test_the_note_names_what_the_timed_compute_changed():
     """The re-plan's note: slots and resident counts that change, or a same-sized resident set
     whose members change (said as such, not "13 -> 13 resident units")."""
-    a = (3, ("blocks.0", "blocks.1", "blocks.2"))
+    a = (3, ("blocks.0", "blocks.1", "blocks.2"), 12)
     assert replan.shape_change(a, a) == ""
-    assert replan.shape_change(a, (2, a[1])) == "3 -> 2 slots"
-    assert replan.shape_change(a, (3, ("blocks.0",))) == "3 -> 1 resident units"
-    assert replan.shape_change(a, (3, ("blocks.0", "blocks.5", "blocks.6"))) == \
+    assert replan.shape_change(a, (2, a[1], 12)) == "3 -> 2 slots"
+    assert replan.shape_change(a, (3, ("blocks.0",), 12)) == "3 -> 1 resident units"
+    assert replan.shape_change(a, (3, ("blocks.0", "blocks.5", "blocks.6"), 12)) == \
         "2 of the 3 resident units swapped for others"
-    assert replan.shape_change(a, (2, ("blocks.0", "blocks.1", "blocks.9"))) == \
+    assert replan.shape_change(a, (2, ("blocks.0", "blocks.1", "blocks.9"), 12)) == \
         "3 -> 2 slots, 1 of the 3 resident units swapped for others"
+    # Only the packing differs: blocks packed in one plan and not in the other.
+    assert replan.shape_change(a, (3, a[1], 9)) == "12 -> 9 units"
 
 
 def test_no_statistics_keeps_the_estimate():
