@@ -12,7 +12,9 @@ with torch.cuda.set_per_process_memory_fraction for torch's own allocations):
       note where Diffusers is not importable or there is no CUDA device.
 Per case: the median step, the bytes streamed per step, the device peak (the driver's free
 memory sampled, above the baseline) and bit-identity against the resident run. Per model and
-card: (a)/(b) and (a)/max(resident step, streamed bytes / measured bus); (c)/max(resident step,
+card: (a)/(b) and (a)/max(resident step, streamed bytes / measured bus), and (a) back to back
+(the same steps with one synchronize each side, as a pipeline's loop runs them) against the
+resident run's back-to-back step the same way; (c)/max(resident step,
 model bytes / measured bus) and (a)/(c). (a) runs at least two warm-up forwards: the first
 measures the activations and, where the reserve differs from the plan's estimate, the second
 re-plans before it runs (the JSON's activation_replan: whether it re-planned, the reserve and
@@ -24,7 +26,8 @@ parameter of a module tree of the same names, and the forward runs every 2-D wei
 matmul over the tokens (the running hidden state cut or tiled to the weight's input width), so
 the bytes, the units and the FLOPs are the real model's, the wiring is not.
 
-  H200:  PYTHONPATH=python DDO_LIBRARY=<build>/libddo.so python3 bench/cards.py --out $OUT/cards.json
+  H200:  PYTHONPATH=python DDO_LIBRARY=<build>/libddo.so \
+          python3 bench/cards.py --out $OUT/cards.json
   Smoke: python3 bench/cards.py --tiny --out /tmp/cards.json   (cpu device, torch 1.13 too)
 
 Models run one after another and are freed in between (Wan 14B and Qwen-Image need ~29 and
@@ -138,7 +141,10 @@ def hidden_dim(tensors):
     return statistics.mode(widths)
 
 
-def run_steps(module, x, args, sync, warmup=None):
+def run_steps(module, x, args, sync, warmup=None, chained=None):
+    """The median step with a synchronize around each; where chained is a dict, the same count
+    of steps again back to back (one synchronize each side, as a pipeline's loop runs them)
+    goes in chained["step_s"]."""
     import torch
     times, out = [], None
     warmup = args.warmup if warmup is None else warmup
@@ -150,6 +156,13 @@ def run_steps(module, x, args, sync, warmup=None):
             sync()
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
+        if chained is not None:
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                module(x)
+            sync()
+            chained["step_s"] = (time.perf_counter() - t0) / args.steps
     return statistics.median(times), out
 
 
@@ -184,6 +197,9 @@ def ddo_case(model, x, opts, card_gib, args, ctx):
         before, _ = tf.ddo_bytes(r)
         step, out = run_steps(r.module, x, args, ctx["sync"], warmup=0)
         after, _ = tf.ddo_bytes(r)
+        chained = {}
+        run_steps(r.module, x, args, lambda: None, warmup=0, chained=chained)
+        res["chained_step_s"] = chained["step_s"]
         res["activation_replan"] = getattr(r, "activation_replan", None)  # (a route result: none)
         dw = r.plan["budgets"]["device_weights"]
         if args.torch_trace and not opts:  # the zero-configuration case: where its step goes
@@ -295,9 +311,11 @@ def run_model(key, args, ctx):
     x = torch.randn(tokens, hidden_dim(tensors), generator=g).to(dtype).to(ctx["device"])
     out = {"model": name, "tokens": tokens, "build_s": time.perf_counter() - t0,
            "model_bytes": tf.model_bytes(model), "cards": {}}
-    resident_step, ref = run_steps(model, x, args, ctx["sync"])
+    chained = {}
+    resident_step, ref = run_steps(model, x, args, ctx["sync"], chained=chained)
     ctx["ref"] = ref.to("cpu")
     out["resident_step_s"] = resident_step
+    out["resident_chained_step_s"] = chained["step_s"]
     model.to("cpu")
     if ctx["cuda"]:
         torch.cuda.empty_cache()
@@ -323,9 +341,14 @@ def run_model(key, args, ctx):
         sb = c["zero_config"].get("streamed_bytes_per_step")
         if a and ctx["bus_bps"] and sb is not None:
             c["ratio_zero_config_to_bound"] = a / max(resident_step, sb / ctx["bus_bps"])
+            ac = c["zero_config"].get("chained_step_s")
+            if ac:  # back to back, against the resident run's back-to-back step
+                c["ratio_zero_config_chained_to_bound"] = ac / max(
+                    out["resident_chained_step_s"], sb / ctx["bus_bps"])
         log(f"{name} on {card}: zero-config {a}, best sweep {c.get('best_sweep')} "
             f"ratio {c.get('ratio_zero_config_to_best')}, bound ratio "
-            f"{c.get('ratio_zero_config_to_bound')}")
+            f"{c.get('ratio_zero_config_to_bound')} (back to back "
+            f"{c.get('ratio_zero_config_chained_to_bound')})")
         out["cards"][str(card)] = c
     # (c) last: Diffusers' hooks and pinned copies never touch the ddo cases' model.
     for card in ctx["group_cards"]:

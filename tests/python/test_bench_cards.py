@@ -3,7 +3,8 @@ bit-identical to the resident run, within the emulated card; the small card stre
 one streams nothing; the zero-configuration case re-plans in its warm-up (the measurement
 replaced: the cpu device has none) and records it; Diffusers' group offload is skipped with a
 note on the cpu device; --torch-trace traces one more step of the zero-configuration case and
-the plan's predicted step and slot count are recorded; the Qwen-Image layout (data/layouts/qwen-image.json) has its 20.4 B
+the plan's predicted step and slot count are recorded, and the steps back to back beside the
+synchronized ones; the Qwen-Image layout (data/layouts/qwen-image.json) has its 20.4 B
 parameters and the tiny Qwen-Image stand-in runs."""
 
 import json
@@ -41,7 +42,7 @@ def test_tiny_run(tmp_path, monkeypatch):
                        "--torch-trace", "--trace-dir", str(tmp_path), "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     m = r["models"]["flux"]
-    assert m["resident_step_s"] > 0
+    assert m["resident_step_s"] > 0 and m["resident_chained_step_s"] > 0
     small, large = m["cards"]["8"], m["cards"]["24"]
     for gib, c in ((8, small), (24, large)):
         z = c["zero_config"]
@@ -52,6 +53,7 @@ def test_tiny_run(tmp_path, monkeypatch):
         assert c["ratio_zero_config_to_best"] > 0 and c["best_sweep"] in c["sweep"]
         # the plan's own figures beside the step, and one traced step (no kernels on the cpu)
         assert z["predicted_step_s"] is not None and z["slot_count"] is not None
+        assert z["chained_step_s"] > 0  # the same steps back to back
         tr = z["torch_trace"]
         assert tr["step_s"] > 0 and (tmp_path / f"cards_flux1-dev_{gib}.json").is_file(), tr
         assert tr["idle_s"] == 0 and tr["kernels_matched"] == 0, tr  # no device kernels here
