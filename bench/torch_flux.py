@@ -116,12 +116,16 @@ DDO_CASE_OPTIONS = {
     "ddo_vmm0_pack6": ("vmm", dict(DDO_VMM_COMMON, **DDO_ZERO_RESIDENT,
                                    vmm_resident_weight_budget_gb=4, unit_pack_blocks=True,
                                    execution_slots=6)),
+    # ... and eight (2.9 GB of slots, within the 4 GiB budget): the slope of the step in depth.
+    "ddo_vmm0_pack8": ("vmm", dict(DDO_VMM_COMMON, **DDO_ZERO_RESIDENT,
+                                   vmm_resident_weight_budget_gb=4, unit_pack_blocks=True,
+                                   execution_slots=8)),
 }
 # The device-weight budget each ddo case must stay under (GiB), for the "never over budget" check.
 DDO_CASE_BUDGET_GIB = {"ddo_vmm0": 4, "ddo_vmm16": 16, "ddo_vmm16_spread": 16,
                        "ddo_linear0": None, "ddo_vmm0_codec": 4, "ddo_vmm0_slots3": 4,
                        "ddo_vmm0_rootres": 4, "ddo_vmm0_pack": 4, "ddo_linear0_pack": None,
-                       "ddo_vmm0_pack6": 4}
+                       "ddo_vmm0_pack6": 4, "ddo_vmm0_pack8": 4}
 
 # case name -> what it runs. ref: which resident output it is compared with (and resident cases
 # write). compile: None, "default" (compile_repeated_blocks) or "reduce-overhead" (CUDA graphs).
@@ -139,6 +143,7 @@ CASES = {
     "ddo_vmm0_pack": dict(kind="ddo", ref="eager", compile=None),
     "ddo_linear0_pack": dict(kind="ddo", ref="eager", compile=None),
     "ddo_vmm0_pack6": dict(kind="ddo", ref="eager", compile=None),
+    "ddo_vmm0_pack8": dict(kind="ddo", ref="eager", compile=None),
     "resident_compile": dict(kind="resident", ref="compile", compile="default",
                              eager="resident"),
     "ddo_vmm0_compile": dict(kind="ddo", base="ddo_vmm0", ref="compile", compile="default",
