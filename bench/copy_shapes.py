@@ -130,7 +130,9 @@ def main():
 
     pinned = torch.empty(total, dtype=torch.uint8, pin_memory=True)
     pinned.fill_(1)
-    at = lambda buf: (lambda s, n: buf[s:s + n])
+
+    def at(buf):
+        return lambda s, n: buf[s:s + n]
     rate("pinned-1", runs(at(pinned), [(0, 0, total)]), copies=1)
     p64 = [(o, o, min(64 << 20, total - o)) for o in range(0, total, 64 << 20)]
     rate("pinned-64M", runs(at(pinned), p64), copies=len(p64))

@@ -314,7 +314,8 @@ def ddo_budgets(component_tensors, ddo_bytes, resident_override=None, threshold=
         out[name] = {"plan": plan, "limit_bytes": limit, "options": opts}
     phase = {ph: sum(limits[c] for c in comps) for ph, comps in PHASES}
     bad = [f"{c}: {out[c]['plan']['peak_bound_bytes'] / GIB:.2f} GiB planned over its "
-           f"{out[c]['limit_bytes'] / GIB:.2f} GiB limit" for c in out if not out[c]["plan"]["fits"]]
+           f"{out[c]['limit_bytes'] / GIB:.2f} GiB limit"
+           for c in out if not out[c]["plan"]["fits"]]
     bad += [f"phase {ph}: {b / GIB:.2f} GiB of ddo budgets over {ddo_bytes / GIB:.2f} GiB"
             for ph, b in phase.items() if b > ddo_bytes]
     return {"components": out, "phase_bytes": phase, "ddo_bytes": ddo_bytes, "ok": not bad,
@@ -1072,7 +1073,6 @@ class PythonProbe:
                 [k, round(dt * 1e3, 3), round(dc * 1e3, 3), n1, n2]
                 for k, (dt, dc, n1, n2) in sorted(diff.items(), key=lambda kv: -kv[1][1])[:top]]
         return out
-
 
 
 def run_pipeline(pipe, mode, args, res, write):

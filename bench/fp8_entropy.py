@@ -27,7 +27,6 @@ import argparse
 import ctypes
 import heapq
 import json
-import math
 import os
 import struct
 import subprocess

@@ -105,7 +105,8 @@ def drop_caches():
 # forked image's high-water mark across exec). With a cgroup directory as its first argument
 # ("-": none) the child joins that cgroup before it execs.
 LAUNCH = ("import os, sys\ncg = sys.argv.pop(1)\npid = os.fork()\nif pid == 0:\n"
-          "    if cg != '-':\n        open(os.path.join(cg, 'cgroup.procs'), 'w').write(str(os.getpid()))\n"
+          "    if cg != '-':\n"
+          "        open(os.path.join(cg, 'cgroup.procs'), 'w').write(str(os.getpid()))\n"
           "    os.execv(sys.argv[1], sys.argv[1:])\n"
           "_p, st, ru = os.wait4(pid, 0)\nsys.stdout.write('\\nlowram-peak-rss-kib %d\\n' % "
           "ru.ru_maxrss)\nsys.exit(os.waitstatus_to_exitcode(st))\n")
@@ -360,11 +361,10 @@ def main(argv=None):
             fed = c["file_fed_bytes_per_step"] + c.get("sidecar_fed_bytes_per_step", 0.0)
             bound = max(rs, c["copy_bytes_per_step"] / bus if bus else 0.0,
                         fed / disk if disk else 0.0)
-            r.update({k: c.get(k) for k in ("step_s", "weight_codec", "read_engine",
-                                             "file_fed_bytes_per_step",
-                                             "sidecar_fed_bytes_per_step",
-                                             "copy_bytes_per_step", "stall_s_per_step",
-                                             "setup_s", "checksum")})
+            keys = ("step_s", "weight_codec", "read_engine", "file_fed_bytes_per_step",
+                    "sidecar_fed_bytes_per_step", "copy_bytes_per_step", "stall_s_per_step",
+                    "setup_s", "checksum")
+            r.update({k: c.get(k) for k in keys})
             r.update({"bound_s": bound, "ratio": c["step_s"] / bound if bound else None,
                       "step_ok": c["step_s"] <= 1.1 * bound,
                       "bit_identical": c["checksum"] == out["reference_checksum"]})
