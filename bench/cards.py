@@ -141,10 +141,7 @@ def hidden_dim(tensors):
     return statistics.mode(widths)
 
 
-def run_steps(module, x, args, sync, warmup=None, chained=None):
-    """The median step with a synchronize around each; where chained is a dict, the same count
-    of steps again back to back (one synchronize each side, as a pipeline's loop runs them)
-    goes in chained["step_s"]."""
+def run_steps(module, x, args, sync, warmup=None):
     import torch
     times, out = [], None
     warmup = args.warmup if warmup is None else warmup
@@ -156,14 +153,14 @@ def run_steps(module, x, args, sync, warmup=None, chained=None):
             sync()
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
-        if chained is not None:
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(args.steps):
-                module(x)
-            sync()
-            chained["step_s"] = (time.perf_counter() - t0) / args.steps
     return statistics.median(times), out
+
+
+def chained_step(module, x, args, sync):
+    """args.steps steps back to back (torch_flux.chained_step)."""
+    import torch
+    with torch.no_grad():
+        return tf.chained_step(lambda: module(x), args.steps, sync)
 
 
 def ddo_case(model, x, opts, card_gib, args, ctx):
@@ -197,9 +194,7 @@ def ddo_case(model, x, opts, card_gib, args, ctx):
         before, _ = tf.ddo_bytes(r)
         step, out = run_steps(r.module, x, args, ctx["sync"], warmup=0)
         after, _ = tf.ddo_bytes(r)
-        chained = {}
-        run_steps(r.module, x, args, lambda: None, warmup=0, chained=chained)
-        res["chained_step_s"] = chained["step_s"]
+        res["chained_step_s"] = chained_step(r.module, x, args, ctx["sync"])
         res["activation_replan"] = getattr(r, "activation_replan", None)  # (a route result: none)
         dw = r.plan["budgets"]["device_weights"]
         if args.torch_trace and not opts:  # the zero-configuration case: where its step goes
@@ -311,11 +306,10 @@ def run_model(key, args, ctx):
     x = torch.randn(tokens, hidden_dim(tensors), generator=g).to(dtype).to(ctx["device"])
     out = {"model": name, "tokens": tokens, "build_s": time.perf_counter() - t0,
            "model_bytes": tf.model_bytes(model), "cards": {}}
-    chained = {}
-    resident_step, ref = run_steps(model, x, args, ctx["sync"], chained=chained)
+    resident_step, ref = run_steps(model, x, args, ctx["sync"])
     ctx["ref"] = ref.to("cpu")
     out["resident_step_s"] = resident_step
-    out["resident_chained_step_s"] = chained["step_s"]
+    out["resident_chained_step_s"] = chained_step(model, x, args, ctx["sync"])
     model.to("cpu")
     if ctx["cuda"]:
         torch.cuda.empty_cache()

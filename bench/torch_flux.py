@@ -735,6 +735,20 @@ def gc_enabled_after():
         gc.enable()
 
 
+def chained_step(step, n, sync):
+    """The mean of n calls of step back to back, one sync each side, as a pipeline's loop runs
+    them (the garbage collector off, as for the synchronized steps)."""
+    gc.collect()
+    gc.disable()
+    with gc_enabled_after():
+        sync()
+        t = time.perf_counter()
+        for _ in range(n):
+            step()
+        sync()
+    return (time.perf_counter() - t) / n
+
+
 def run_steps(module, inputs, case, spec, args, deadline, res, handle, cuda):
     cc_before = cg_before = None
     if handle is not None:
@@ -777,15 +791,8 @@ def run_steps(module, inputs, case, spec, args, deadline, res, handle, cuda):
         # and one after, so the next step's first loads may overlap this one's end (after the
         # counters are read: the per-step figures stay the synchronized steps').
         timed_counts = ddo_bytes(handle) if handle is not None else (None, None)
-        gc.collect()
-        gc.disable()
-        with gc_enabled_after():
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(len(times)):
-                forward(module, inputs, args.toy, graphs)
-            torch.cuda.synchronize()
-            res["chained_step_s"] = (time.perf_counter() - t) / len(times)
+        res["chained_step_s"] = chained_step(
+            lambda: forward(module, inputs, args.toy, graphs), len(times), torch.cuda.synchronize)
     else:
         timed_counts = None
     if prof is not None:
