@@ -13,6 +13,9 @@ kernels running beside the copies. This probe measures each alone, on the machin
            huge        anonymous memory advised MADV_HUGEPAGE, touched, then registered
   shapes   whole       one copy of --total-gib
            pieces      the same bytes in --piece-mib copies queued back to back
+  dest     alloc       torch's device allocation (cudaMalloc), as the bus figure
+           vmm         one physical handle (cuMemCreate) mapped into a reserved range
+                       (cuMemMap), as a slot of ddo's vmm routes is (--no-vmm skips it)
   load     idle        nothing else on the device
            matmul      bf16 matrix products queued on another stream, running throughout
            stream      a bandwidth-bound elementwise kernel on another stream, throughout
@@ -25,6 +28,7 @@ Exits 77 without a CUDA device (nothing to measure).
 """
 
 import argparse
+import ctypes
 import mmap
 import statistics
 import sys
@@ -63,6 +67,61 @@ def anon_huge_kib():
     except OSError:
         pass
     return None
+
+
+class _VmmRange:
+    """n bytes of device memory mapped through the driver's VMM calls: one handle (cuMemCreate)
+    mapped read/write into a reserved range; a torch tensor views it through
+    __cuda_array_interface__. close() unmaps and releases it."""
+
+    class _Loc(ctypes.Structure):
+        _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+    class _Prop(ctypes.Structure):
+        pass
+
+    class _Access(ctypes.Structure):
+        pass
+
+    _Prop._fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int),
+                      ("location", _Loc), ("win32HandleMetaData", ctypes.c_void_p),
+                      ("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
+                      ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
+    _Access._fields_ = [("location", _Loc), ("flags", ctypes.c_int)]
+
+    def __init__(self, n, device_index):
+        cu = ctypes.CDLL("libcuda.so.1")
+        self.cu = cu
+        prop = self._Prop(type=1, location=self._Loc(type=1, id=device_index))  # pinned, device
+        gran = ctypes.c_size_t(0)
+        self._check(cu.cuMemGetAllocationGranularity(ctypes.byref(gran), ctypes.byref(prop), 0),
+                    "cuMemGetAllocationGranularity")
+        self.size = (n + gran.value - 1) // gran.value * gran.value
+        self.handle = ctypes.c_ulonglong(0)
+        self.ptr = ctypes.c_ulonglong(0)
+        self._check(cu.cuMemCreate(ctypes.byref(self.handle), ctypes.c_size_t(self.size),
+                                   ctypes.byref(prop), ctypes.c_ulonglong(0)), "cuMemCreate")
+        self._check(cu.cuMemAddressReserve(ctypes.byref(self.ptr), ctypes.c_size_t(self.size),
+                                           ctypes.c_size_t(0), ctypes.c_ulonglong(0),
+                                           ctypes.c_ulonglong(0)), "cuMemAddressReserve")
+        self._check(cu.cuMemMap(self.ptr, ctypes.c_size_t(self.size), ctypes.c_size_t(0),
+                                self.handle, ctypes.c_ulonglong(0)), "cuMemMap")
+        acc = self._Access(location=self._Loc(type=1, id=device_index), flags=3)  # read/write
+        self._check(cu.cuMemSetAccess(self.ptr, ctypes.c_size_t(self.size), ctypes.byref(acc),
+                                      ctypes.c_size_t(1)), "cuMemSetAccess")
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "|u1",
+                                         "data": (self.ptr.value, False), "strides": None,
+                                         "version": 2}
+
+    @staticmethod
+    def _check(rc, what):
+        if rc != 0:
+            raise RuntimeError(f"{what} failed: CUresult {rc}")
+
+    def close(self):
+        self.cu.cuMemUnmap(self.ptr, ctypes.c_size_t(self.size))
+        self.cu.cuMemAddressFree(self.ptr, ctypes.c_size_t(self.size))
+        self.cu.cuMemRelease(self.handle)
 
 
 def load_kernels(torch, dev, kind, stream, seconds):
@@ -115,6 +174,8 @@ def main():
     ap.add_argument("--piece-mib", type=float, default=18.0,
                     help="the pieces' size (Flux's 3072x3072 bf16 projection is 18 MiB)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--no-vmm", action="store_true",
+                    help="skip the VMM-mapped destination (only torch's allocation)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     torch = cuda_torch("copy_rate_probe")
@@ -133,24 +194,38 @@ def main():
     huge1 = anon_huge_kib()
     undo.append(register(torch, huge))
     sources["huge"] = huge
-    dst = torch.empty(n, dtype=torch.uint8, device=dev)
+    dests = {"alloc": torch.empty(n, dtype=torch.uint8, device=dev)}
+    vmm, vmm_error = None, None
+    if not args.no_vmm:
+        try:
+            vmm = _VmmRange(n, dev.index or 0)
+            dests["vmm"] = torch.as_tensor(vmm, device=dev)
+        except (OSError, RuntimeError, TypeError, AttributeError) as e:
+            vmm_error = f"{type(e).__name__}: {e}"  # the alloc rows still run
     copy_stream, load_stream = torch.cuda.Stream(device=dev), torch.cuda.Stream(device=dev)
     rates = {}
-    for load in ("idle", "matmul", "stream"):
-        for name, src in sources.items():
-            for shape, p in (("whole", n), ("pieces", piece)):
-                timed_copy(torch, dst, src, p, copy_stream)  # warm-up
-                xs = []
-                for _ in range(args.repeats):
-                    load_kernels(torch, dev, load, load_stream, 0.15)
-                    xs.append(timed_copy(torch, dst, src, p, copy_stream))
-                    load_stream.synchronize()
-                rates[f"{name}/{shape}/{load}"] = statistics.median(xs)
+    for dname, dst in dests.items():
+        for load in ("idle", "matmul", "stream"):
+            for name, src in sources.items():
+                for shape, p in (("whole", n), ("pieces", piece)):
+                    timed_copy(torch, dst, src, p, copy_stream)  # warm-up
+                    xs = []
+                    for _ in range(args.repeats):
+                        load_kernels(torch, dev, load, load_stream, 0.15)
+                        xs.append(timed_copy(torch, dst, src, p, copy_stream))
+                        load_stream.synchronize()
+                    key = f"{name}/{shape}/{load}"
+                    rates[key if dname == "alloc" else f"{key}/vmm"] = statistics.median(xs)
     for u in undo:
         u()
+    dests.clear()
+    torch.cuda.synchronize()
+    if vmm is not None:
+        vmm.close()
     res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
            "bytes": n, "piece_bytes": piece, "repeats": args.repeats,
-           "anon_huge_kib_before_after_huge": [huge0, huge1], "rates_gbps": rates}
+           "anon_huge_kib_before_after_huge": [huge0, huge1], "rates_gbps": rates,
+           "vmm_error": vmm_error}
     base = rates["pinned/whole/idle"]
     res["over_pinned_whole_idle"] = {k: v / base for k, v in rates.items()}
     report(res, args.json)
