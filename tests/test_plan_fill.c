@@ -216,7 +216,8 @@ static void test_user_resident_rule_wins(void)
     T_EQ_STR(fx_decision(p, "resident_set_rule"), "resident_module_budget_gb");
     ddo_plan_budgets bg;
     T_REQUIRE(ddo_plan_budgets_get(p, &bg) == 0);
-    T_CHECK(bg.device_weights_peak < 4 * fx_gib(1));
+    T_CHECK(bg.resident_bytes < ((uint64_t)64 << 20)); /* small tensors only: no block */
+    T_CHECK(bg.device_weights_peak <= 16 * fx_gib(1));
     ddo_plan_destroy(p);
     /* The same budget alone: ~14 GiB of blocks resident (the Wan 2.1 case). */
     ddo_config_destroy(cfg);

@@ -470,7 +470,7 @@ static void search(sim_sel *x, size_t *order, size_t *chosen, bool *best_in)
 /* With the device fit known and execution_slots automatic, the slot count is part of the
  * choice: fewer slots leave room for more residents, more slots prefetch deeper. Tried in this
  * order, a later count only on a shorter step; b->chosen_slots takes the winner. */
-static const size_t slot_choices[] = { 3, 2, 4, 5, 6 };
+static const size_t slot_choices[] = { 3, 2, 4, 5, 6, 7, 8 };
 
 static void search_slots(sim_sel *x, size_t *order, size_t *chosen, bool *best_in)
 {
