@@ -111,6 +111,11 @@ DDO_CASE_OPTIONS = {
                                   vmm_resident_weight_budget_gb=4, unit_pack_blocks=True)),
     "ddo_linear0_pack": ("linear", dict(DDO_ZERO_RESIDENT, execution_device="cuda:0",
                                         auto_budget_policy="off", unit_pack_blocks=True)),
+    # The packed case with five slots (what the simulation chose on GGUF Q8_0 while automatic
+    # counts stopped at six), beside the automatic count of ddo_vmm0 in the same call.
+    "ddo_vmm0_pack5": ("vmm", dict(DDO_VMM_COMMON, **DDO_ZERO_RESIDENT,
+                                   vmm_resident_weight_budget_gb=4, unit_pack_blocks=True,
+                                   execution_slots=5)),
     # The packed case with six slots, one more than the simulation chose on GGUF Q8_0 (a deeper
     # window, 0.36 GB more device memory): whether depth is what the packed ring still lacks.
     "ddo_vmm0_pack6": ("vmm", dict(DDO_VMM_COMMON, **DDO_ZERO_RESIDENT,
@@ -125,7 +130,7 @@ DDO_CASE_OPTIONS = {
 DDO_CASE_BUDGET_GIB = {"ddo_vmm0": 4, "ddo_vmm16": 16, "ddo_vmm16_spread": 16,
                        "ddo_linear0": None, "ddo_vmm0_codec": 4, "ddo_vmm0_slots3": 4,
                        "ddo_vmm0_rootres": 4, "ddo_vmm0_pack": 4, "ddo_linear0_pack": None,
-                       "ddo_vmm0_pack6": 4, "ddo_vmm0_pack8": 4}
+                       "ddo_vmm0_pack5": 4, "ddo_vmm0_pack6": 4, "ddo_vmm0_pack8": 4}
 
 # case name -> what it runs. ref: which resident output it is compared with (and resident cases
 # write). compile: None, "default" (compile_repeated_blocks) or "reduce-overhead" (CUDA graphs).
@@ -142,6 +147,7 @@ CASES = {
     "ddo_vmm0_rootres": dict(kind="ddo", ref="eager", compile=None),
     "ddo_vmm0_pack": dict(kind="ddo", ref="eager", compile=None),
     "ddo_linear0_pack": dict(kind="ddo", ref="eager", compile=None),
+    "ddo_vmm0_pack5": dict(kind="ddo", ref="eager", compile=None),
     "ddo_vmm0_pack6": dict(kind="ddo", ref="eager", compile=None),
     "ddo_vmm0_pack8": dict(kind="ddo", ref="eager", compile=None),
     "resident_compile": dict(kind="resident", ref="compile", compile="default",
