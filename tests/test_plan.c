@@ -1206,6 +1206,44 @@ static void test_packing_kept_with_either_names(void)
     }
 }
 
+/* Flux in GGUF Q8_0 (q8_flux, packed names), zero-resident under 4 GiB: the double blocks copy
+ * longer than they compute, and the next step's first ones load at the end of a step, so a deeper
+ * ring is shorter. Automatic counts reach 8 (2.9 GB of slots): the simulation takes 8, at least 1 %
+ * shorter than 5, the deepest count before it that saved 1 % (docs/plan.md, "Device geometry"). */
+static void test_deeper_ring_up_to_eight(void)
+{
+    fx_table tb = { 0 };
+    static char uc[8192];
+    q8_flux(&tb, uc, sizeof(uc), true);
+    ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs),
+                           .bus_bytes_per_s = 55e9,
+                           .unit_compute_json = uc };
+    double step[2] = { 0.0, 0.0 };
+    for (int k = 0; k < 2; k++) {
+        ddo_config *cfg = NULL;
+        T_REQUIRE(ddo_config_create(&cfg) == 0);
+        T_EQ_INT(ddo_config_set(cfg, "execution_device", "cpu"), 0);
+        T_EQ_INT(ddo_config_set(cfg, "resident_module_budget_gb", "0"), 0);
+        T_EQ_INT(ddo_config_set(cfg, "vmm_resident_weight_budget_gb", "4"), 0);
+        if (k == 1)
+            T_EQ_INT(ddo_config_set(cfg, "execution_slots", "5"), 0);
+        ddo_plan *p = build(&tb, cfg, &in, 0);
+        T_REQUIRE(p != NULL);
+        ddo_plan_budgets bg;
+        ddo_plan_budgets_get(p, &bg);
+        if (k == 0) {
+            T_EQ_INT((int)bg.slot_count, 8);
+            T_EQ_STR(fx_decision(p, "slot_count_decision"), "simulated");
+            T_CHECK(bg.device_weights_peak <= bg.device_weights_limit);
+        }
+        step[k] = bg.predicted_step_s;
+        ddo_plan_destroy(p);
+        ddo_config_destroy(cfg);
+    }
+    T_CHECK_MSG(step[0] < step[1] * 0.99, "8 slots %.4f s, 5 slots %.4f s", step[0], step[1]);
+    fx_free(&tb);
+}
+
 /* The simulated step counts the prefetch that reaches into the next step, as the session's
  * window does, where the benchmarks synchronize between steps: 8 units of 10 ms compute, 2
  * slots, unit 2 large (64 MiB: 13.42 ms over the bus), the others 24 MiB (5.03 ms). Streaming
@@ -1436,6 +1474,7 @@ int main(void)
     T_RUN(test_auto_slots_simulated);
     T_RUN(test_packing_kept_where_it_pays);
     T_RUN(test_packing_kept_with_either_names);
+    T_RUN(test_deeper_ring_up_to_eight);
     T_RUN(test_simulated_ring_has_the_sessions_seam);
     T_RUN(test_simulated_step_counts_the_wrap);
     T_RUN(test_json_schema_and_determinism);
