@@ -911,6 +911,32 @@ static void flux_like(fx_table *tb, char *uc, size_t len)
     two_kinds(tb, uc, len, 16, "0.032", "0.029");
 }
 
+/* The automatic slot count (the plan built with cfg, which leaves execution_slots automatic):
+ * the deeper-ring rule's (`simulated`), within the limit, and at least 1 % shorter than the fixed
+ * count; *deeper takes its budgets (zero where a plan was not built), and cfg's execution_slots
+ * is automatic again. */
+static void simulated_deeper_than(fx_table *tb, ddo_config *cfg, const ddo_plan_inputs *in,
+                                  const char *fixed, ddo_plan_budgets *deeper)
+{
+    *deeper = (ddo_plan_budgets){ 0 };
+    ddo_plan *p = build(tb, cfg, in, 0);
+    T_REQUIRE(p != NULL);
+    ddo_plan_budgets_get(p, deeper);
+    T_EQ_STR(fx_decision(p, "slot_count_decision"), "simulated");
+    T_CHECK(deeper->device_weights_peak <= deeper->device_weights_limit);
+    ddo_plan_destroy(p);
+    T_EQ_INT(ddo_config_set(cfg, "execution_slots", fixed), 0);
+    p = build(tb, cfg, in, 0);
+    T_EQ_INT(ddo_config_set(cfg, "execution_slots", "0"), 0);
+    T_REQUIRE(p != NULL);
+    ddo_plan_budgets bg;
+    ddo_plan_budgets_get(p, &bg);
+    T_CHECK_MSG(deeper->predicted_step_s < bg.predicted_step_s * 0.99,
+                "%zu slots %.4f s, %s slots %.4f s", (size_t)deeper->slot_count,
+                deeper->predicted_step_s, fixed, bg.predicted_step_s);
+    ddo_plan_destroy(p);
+}
+
 /* Automatic slots with room for more than three: a run of units whose transfer exceeds their
  * compute (six 64 MiB blocks, 0.13 s of bus against 0.03 s of compute) after a run of the
  * opposite kind (twelve 24 MiB blocks, 0.05 s against 0.12 s) waits on the bus unless the ring
@@ -929,27 +955,13 @@ static void test_auto_slots_simulated(void)
     ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs),
                            .bus_bytes_per_s = 5e8,
                            .unit_compute_json = uc };
-    ddo_plan *p = build(&tb, cfg, &in, 0);
-    T_REQUIRE(p != NULL);
     ddo_plan_budgets bg;
-    ddo_plan_budgets_get(p, &bg);
-    T_EQ_STR(fx_decision(p, "slot_count_decision"), "simulated");
+    simulated_deeper_than(&tb, cfg, &in, "3", &bg);
     T_CHECK_MSG(bg.slot_count > 3 && bg.slot_count <= 6, "%zu slots", (size_t)bg.slot_count);
     T_EQ_U64(bg.resident_bytes, 0);
-    T_CHECK(bg.device_weights_peak <= bg.device_weights_limit);
-    double deeper = bg.predicted_step_s;
-    ddo_plan_destroy(p);
-    T_EQ_INT(ddo_config_set(cfg, "execution_slots", "3"), 0);
-    p = build(&tb, cfg, &in, 0);
-    T_REQUIRE(p != NULL);
-    ddo_plan_budgets_get(p, &bg);
-    T_CHECK_MSG(deeper < bg.predicted_step_s * 0.99, "deeper %.4f s, three %.4f s", deeper,
-                bg.predicted_step_s);
-    ddo_plan_destroy(p);
     /* No room beyond three slots: three. */
-    T_EQ_INT(ddo_config_set(cfg, "execution_slots", "0"), 0);
     T_EQ_INT(ddo_config_set(cfg, "vmm_resident_weight_budget_gb", "0.2"), 0);
-    p = build(&tb, cfg, &in, 0);
+    ddo_plan *p = build(&tb, cfg, &in, 0);
     T_REQUIRE(p != NULL);
     T_EQ_STR(fx_decision(p, "slot_count_decision"), "auto_three");
     ddo_plan_destroy(p);
@@ -1218,29 +1230,15 @@ static void test_deeper_ring_up_to_eight(void)
     ddo_plan_inputs in = { .size = sizeof(ddo_plan_inputs),
                            .bus_bytes_per_s = 55e9,
                            .unit_compute_json = uc };
-    double step[2] = { 0.0, 0.0 };
-    for (int k = 0; k < 2; k++) {
-        ddo_config *cfg = NULL;
-        T_REQUIRE(ddo_config_create(&cfg) == 0);
-        T_EQ_INT(ddo_config_set(cfg, "execution_device", "cpu"), 0);
-        T_EQ_INT(ddo_config_set(cfg, "resident_module_budget_gb", "0"), 0);
-        T_EQ_INT(ddo_config_set(cfg, "vmm_resident_weight_budget_gb", "4"), 0);
-        if (k == 1)
-            T_EQ_INT(ddo_config_set(cfg, "execution_slots", "5"), 0);
-        ddo_plan *p = build(&tb, cfg, &in, 0);
-        T_REQUIRE(p != NULL);
-        ddo_plan_budgets bg;
-        ddo_plan_budgets_get(p, &bg);
-        if (k == 0) {
-            T_EQ_INT((int)bg.slot_count, 8);
-            T_EQ_STR(fx_decision(p, "slot_count_decision"), "simulated");
-            T_CHECK(bg.device_weights_peak <= bg.device_weights_limit);
-        }
-        step[k] = bg.predicted_step_s;
-        ddo_plan_destroy(p);
-        ddo_config_destroy(cfg);
-    }
-    T_CHECK_MSG(step[0] < step[1] * 0.99, "8 slots %.4f s, 5 slots %.4f s", step[0], step[1]);
+    ddo_config *cfg = NULL;
+    T_REQUIRE(ddo_config_create(&cfg) == 0);
+    T_EQ_INT(ddo_config_set(cfg, "execution_device", "cpu"), 0);
+    T_EQ_INT(ddo_config_set(cfg, "resident_module_budget_gb", "0"), 0);
+    T_EQ_INT(ddo_config_set(cfg, "vmm_resident_weight_budget_gb", "4"), 0);
+    ddo_plan_budgets bg;
+    simulated_deeper_than(&tb, cfg, &in, "5", &bg);
+    T_EQ_INT((int)bg.slot_count, 8);
+    ddo_config_destroy(cfg);
     fx_free(&tb);
 }
 

@@ -129,6 +129,9 @@ bool ddo__plan_ends_with(const char *s, const char *suffix);
 /* A unit's transfer: its bus bytes (coded_bytes when coded) / bus, for a coded unit at least
  * its decoded bytes / decode_rate (the upload and the decode overlap). */
 double ddo__plan_unit_transfer_s(const builder *b, const ddo__plan_unit *un, double decode_rate);
+/* The deepest ring an automatic slot count takes (the deeper-ring rule of plan_device.c and the
+ * cost selection's slot search of plan_cost.c); execution_slots may set more. */
+#define DDO__AUTO_SLOTS_MAX 8
 /* The predicted step time with slots execution slots (0 when the cost model is off). */
 double ddo__plan_simulate(const ddo_plan *p, size_t slots);
 /* The same with every transfer taking transfer_scale times as long. */

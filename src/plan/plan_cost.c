@@ -468,17 +468,23 @@ static void search(sim_sel *x, size_t *order, size_t *chosen, bool *best_in)
 }
 
 /* With the device fit known and execution_slots automatic, the slot count is part of the
- * choice: fewer slots leave room for more residents, more slots prefetch deeper. Tried in this
- * order, a later count only on a shorter step; b->chosen_slots takes the winner. */
-static const size_t slot_choices[] = { 3, 2, 4, 5, 6, 7, 8 };
+ * choice: fewer slots leave room for more residents, more slots prefetch deeper. Tried in the
+ * order 3, 2, 4, 5, ... DDO__AUTO_SLOTS_MAX (slot_choice(k)), a later count only on a shorter
+ * step; b->chosen_slots takes the winner. */
+#define SLOT_CHOICES (DDO__AUTO_SLOTS_MAX - 1)
+
+static size_t slot_choice(size_t k)
+{
+    return k < 2 ? 3 - k : k + 2;
+}
 
 static void search_slots(sim_sel *x, size_t *order, size_t *chosen, bool *best_in)
 {
     size_t n = x->b->scope_count, best_slots = 0;
     double best = INFINITY;
     bool *keep = ddo__calloc(n ? n : 1, sizeof(bool));
-    for (size_t k = 0; k < DDO_ARRAY_LEN(slot_choices) && keep != NULL; k++) {
-        x->slots = slot_choices[k];
+    for (size_t k = 0; k < SLOT_CHOICES && keep != NULL; k++) {
+        x->slots = slot_choice(k);
         search(x, order, chosen, best_in);
         double t = fits(x) ? step_of(x) : INFINITY;
         /* (A count whose set fits always beats one whose does not: same_step cannot compare

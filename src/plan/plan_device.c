@@ -325,12 +325,12 @@ int ddo__plan_slot_page(const builder *b, uint64_t *page)
     return slot_page(b->o->vmm_page_mb, gran, page);
 }
 
-/* With room for more than 3 slots and the cost model on: the count of 4..8 that fits the room
- * and whose simulated step is shorter than the count before's by at least DEEPER_GAIN (deeper
- * prefetch evens out runs of units whose transfer and compute differ; a slot more costs device
- * memory for no gain otherwise), while the streamed units outnumber twice the slots (a ring
- * holding most of them keeps units loaded from step to step, which the simulation does not
- * model). True when one is, *slots taking it. */
+/* With room for more than 3 slots and the cost model on: the count of 4..DDO__AUTO_SLOTS_MAX
+ * that fits the room and whose simulated step is shorter than the count before's by at least
+ * DEEPER_GAIN (deeper prefetch evens out runs of units whose transfer and compute differ; a
+ * slot more costs device memory for no gain otherwise), while the streamed units outnumber
+ * twice the slots (a ring holding most of them keeps units loaded from step to step, which the
+ * simulation does not model). True when one is, *slots taking it. */
 #define DEEPER_GAIN 0.01
 
 static bool deeper_slots(const ddo_plan *p, uint64_t arena, uint64_t room, size_t *slots)
@@ -339,7 +339,7 @@ static bool deeper_slots(const ddo_plan *p, uint64_t arena, uint64_t room, size_
     for (size_t u = 0; u < p->unit_count; u++)
         streamed += !p->units[u].resident;
     double best = ddo__plan_simulate(p, 3);
-    for (size_t n = 4; n <= 8 && streamed > 2 * n; n++) {
+    for (size_t n = 4; n <= DDO__AUTO_SLOTS_MAX && streamed > 2 * n; n++) {
         if (ddo__sat_add_u64(arena, ddo__sat_mul_u64(n, p->budgets.slot_bytes)) > room)
             break;
         double t = ddo__plan_simulate(p, n);
