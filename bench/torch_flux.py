@@ -829,9 +829,11 @@ def run_steps(module, inputs, case, spec, args, deadline, res, handle, cuda):
         # the plan the timed steps ran (a re-plan after the first forward replaces the first)
         final = getattr(handle, "plan", None) or {}
         dec = final.get("planner_decisions") or {}
+        dw = (final.get("budgets") or {}).get("device_weights") or {}
         res["plan_final"] = {"unit_count": len(final.get("units") or []),
+                             "slot_count": dw.get("slot_count"),
                              **{k: dec.get(k) for k in ("packed_blocks", "slot_count_decision",
-                                                        "unit_compute_source")}}
+                                                        "slot_search", "unit_compute_source")}}
         if after is not None and bytes_before is not None:
             res["streamed_bytes_per_step"] = (after - bytes_before) / len(times)
             res["streamed_bytes_source"] = "metrics copy_bytes delta over the timed steps"

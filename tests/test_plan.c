@@ -924,6 +924,14 @@ static void simulated_deeper_than(fx_table *tb, ddo_config *cfg, const ddo_plan_
     ddo_plan_budgets_get(p, deeper);
     T_EQ_STR(fx_decision(p, "slot_count_decision"), "simulated");
     T_CHECK(deeper->device_weights_peak <= deeper->device_weights_limit);
+    /* slot_search lists each count tried with its simulated step, the one taken among them */
+    const char *search = fx_decision(p, "slot_search");
+    char took[24];
+    snprintf(took, sizeof(took), ", %zu %.4f s", (size_t)deeper->slot_count,
+             deeper->predicted_step_s);
+    T_REQUIRE(search != NULL);
+    T_CHECK_MSG(strncmp(search, "3 ", 2) == 0 && strstr(search, took) != NULL, "%s (took %s)",
+                search, took);
     ddo_plan_destroy(p);
     T_EQ_INT(ddo_config_set(cfg, "execution_slots", fixed), 0);
     p = build(tb, cfg, in, 0);
@@ -971,6 +979,8 @@ static void test_auto_slots_simulated(void)
     p = build(&tb, cfg, &in, 0);
     T_REQUIRE(p != NULL);
     T_EQ_STR(fx_decision(p, "slot_count_decision"), "auto_three");
+    const char *search = fx_decision(p, "slot_search"); /* deeper counts tried, none taken */
+    T_CHECK_MSG(search != NULL && strstr(search, ", 4 ") != NULL, "%s", search ? search : "-");
     ddo_plan_destroy(p);
     ddo_config_destroy(cfg);
     fx_free(&tb);

@@ -330,19 +330,24 @@ int ddo__plan_slot_page(const builder *b, uint64_t *page)
  * DEEPER_GAIN (deeper prefetch evens out runs of units whose transfer and compute differ; a
  * slot more costs device memory for no gain otherwise), while the streamed units outnumber
  * twice the slots (a ring holding most of them keeps units loaded from step to step, which the
- * simulation does not model). True when one is, *slots taking it. */
+ * simulation does not model). True when one is, *slots taking it; search gets each count tried
+ * with its simulated step (decision slot_search, e.g. "3 0.2576 s, 4 0.2551 s, ..."). */
 #define DEEPER_GAIN 0.01
 
-static bool deeper_slots(const ddo_plan *p, uint64_t arena, uint64_t room, size_t *slots)
+static bool deeper_slots(const ddo_plan *p, uint64_t arena, uint64_t room, size_t *slots,
+                         char *search, size_t len)
 {
     size_t streamed = 0, pick = 3;
     for (size_t u = 0; u < p->unit_count; u++)
         streamed += !p->units[u].resident;
     double best = ddo__plan_simulate(p, 3);
+    size_t at = (size_t)snprintf(search, len, "3 %.4f s", best);
     for (size_t n = 4; n <= DDO__AUTO_SLOTS_MAX && streamed > 2 * n; n++) {
         if (ddo__sat_add_u64(arena, ddo__sat_mul_u64(n, p->budgets.slot_bytes)) > room)
             break;
         double t = ddo__plan_simulate(p, n);
+        if (at < len)
+            at += (size_t)snprintf(search + at, len - at, ", %zu %.4f s", n, t);
         if (t > 0.0 && t < best * (1.0 - DEEPER_GAIN)) {
             best = t;
             pick = n;
@@ -382,8 +387,11 @@ int ddo__plan_device_side(builder *b, uint64_t limit, const char *limit_source)
         if (limit > 0 && ddo__sat_add_u64(arena, ddo__sat_mul_u64(3, bg->slot_bytes)) > room) {
             slots = 2;
             how = "auto_two";
-        } else if (limit > 0 && p->cost_enabled && deeper_slots(p, arena, room, &slots)) {
-            how = "simulated";
+        } else if (limit > 0 && p->cost_enabled) {
+            char search[256];
+            if (deeper_slots(p, arena, room, &slots, search, sizeof(search)))
+                how = "simulated";
+            ddo__decisions_set_str(d, "slot_search", search);
         }
     }
     /* vmm_runtime: not even the largest unit's weights fit; a session refuses the same. */
