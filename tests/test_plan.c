@@ -1152,7 +1152,8 @@ static void q8_flux(fx_table *tb, char *uc, size_t len, bool packed_names)
  * slots among the small single blocks mid-order. With the seam at the step boundary (the
  * linear route's ring, slot j mod slots) the next step's first double blocks load late, and the
  * step is longer: the simulation tells the two apart as the runtime does (docs/benchmarks.md,
- * the sixth session of 2026-12-06: 1.125 against 1.106 x). */
+ * the sixth session of 2026-12-06: 1.125 against 1.106 x). Since the simulation skips a busy
+ * home as the session does, the short round costs less either way (0.2594 against 0.2613 s). */
 static void test_simulated_ring_has_the_sessions_seam(void)
 {
     fx_table tb = { 0 };
@@ -1180,7 +1181,7 @@ static void test_simulated_ring_has_the_sessions_seam(void)
         ddo_plan_destroy(p);
         ddo_config_destroy(cfg);
     }
-    T_CHECK_MSG(step[0] < step[1] * 0.99, "homes %.4f s, boundary seam %.4f s", step[0], step[1]);
+    T_CHECK_MSG(step[0] < step[1] * 0.995, "homes %.4f s, boundary seam %.4f s", step[0], step[1]);
     T_CHECK(step[0] >= 19 * 0.0056 + 38 * 0.0037 - 1e-9); /* never below the compute */
     fx_free(&tb);
 }
@@ -1230,9 +1231,11 @@ static void test_packing_kept_with_either_names(void)
 
 /* Flux in GGUF Q8_0 (q8_flux, packed names), zero-resident under 4 GiB: the double blocks copy
  * longer than they compute, and the next step's first ones load at the end of a step, so a deeper
- * ring is shorter. Automatic counts reach 8 (2.9 GB of slots): the simulation takes 8, at least 1 %
- * shorter than 5, the deepest count before it that saved 1 % (docs/plan.md, "Device geometry"). */
-static void test_deeper_ring_up_to_eight(void)
+ * ring is shorter. The simulation tries every count up to 8 and takes 6, at least 1 % shorter
+ * than 5; on an H100, back to back, 5 slots ran 1.054 x the bound and 6, 7 and 8 slots
+ * 1.033-1.035 x (docs/benchmarks.md, 2026-12-07). Before the simulation skipped a prefetch whose
+ * home slot is busy, as the session does, it called 6 and 7 slower than 5 and took 8. */
+static void test_deeper_ring_on_q8(void)
 {
     fx_table tb = { 0 };
     static char uc[8192];
@@ -1247,7 +1250,12 @@ static void test_deeper_ring_up_to_eight(void)
     T_EQ_INT(ddo_config_set(cfg, "vmm_resident_weight_budget_gb", "4"), 0);
     ddo_plan_budgets bg;
     simulated_deeper_than(&tb, cfg, &in, "5", &bg);
-    T_EQ_INT((int)bg.slot_count, 8);
+    T_EQ_INT((int)bg.slot_count, 6);
+    ddo_plan *p = build(&tb, cfg, &in, 0);
+    T_REQUIRE(p != NULL);
+    const char *search = fx_decision(p, "slot_search");
+    T_CHECK_MSG(search != NULL && strstr(search, ", 8 ") != NULL, "%s", search ? search : "-");
+    ddo_plan_destroy(p);
     ddo_config_destroy(cfg);
     fx_free(&tb);
 }
@@ -1482,7 +1490,7 @@ int main(void)
     T_RUN(test_auto_slots_simulated);
     T_RUN(test_packing_kept_where_it_pays);
     T_RUN(test_packing_kept_with_either_names);
-    T_RUN(test_deeper_ring_up_to_eight);
+    T_RUN(test_deeper_ring_on_q8);
     T_RUN(test_simulated_ring_has_the_sessions_seam);
     T_RUN(test_simulated_step_counts_the_wrap);
     T_RUN(test_json_schema_and_determinism);

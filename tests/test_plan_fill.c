@@ -218,6 +218,10 @@ static void test_user_resident_rule_wins(void)
     T_REQUIRE(ddo_plan_budgets_get(p, &bg) == 0);
     T_CHECK(bg.resident_bytes < ((uint64_t)64 << 20)); /* small tensors only: no block */
     T_CHECK(bg.device_weights_peak <= 16 * fx_gib(1));
+    /* The deepest automatic ring: the embedders between the last block and the next step's
+     * first fill a shallower window at the seam (docs/plan.md, "Device geometry"). */
+    T_EQ_INT((int)bg.slot_count, 8);
+    T_EQ_STR(fx_decision(p, "slot_count_decision"), "simulated");
     ddo_plan_destroy(p);
     /* The same budget alone: ~14 GiB of blocks resident (the Wan 2.1 case). */
     ddo_config_destroy(cfg);

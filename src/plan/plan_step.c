@@ -48,16 +48,17 @@ size_t ddo__ring_seam(size_t m, size_t k, uint64_t (*bytes_at)(const void *ctx, 
 /* Predicted step time: copies serial on one engine, compute serial, a slot reused only after
  * the unit that held it has computed (prefetch depth slots - 1); the second of two simulated
  * steps is the steady state. Streamed unit j of a step uses the same slot in every step,
- * (j + m - seam) mod m mod slots of m streamed units (a count that slots does not divide costs
- * depth at the seam; the seam is 0 but on vmm_fast_runtime). A step ends
- * when both its compute and its copies have (the host synchronizes between steps, as every
- * benchmark here does). The prefetch window of a step's last units reaches into the next
- * step, as the session's does: the next step's first slots - 1 streamed units load in this one
- * (after the unit that held their slot has computed), and this step's end waits for them,
- * except the one whose slot the last streamed unit holds (leased when its window is issued,
- * so it loads at its own acquire, in the next step); the next step starts with the others
- * loaded. On vmm_fast_runtime a unit's slot is its home, round the ring from the session's
- * seam (ddo__ring_seam): the short round then sits mid-order, not at the step boundary. */
+ * (j + m - seam) mod m mod slots of m streamed units (the seam is 0 but on vmm_fast_runtime).
+ * Copies are issued as the session issues them: at each streamed unit's acquire, the window of
+ * the next slots - 1 streamed units, wrapping into the next step; a unit whose slot still holds
+ * a unit of the window (the current one or a later one: where slots does not divide m, in the
+ * short round at the seam) is skipped and tried at the next acquire, and the window goes on, so
+ * the copy engine keeps working on the units behind it. A step ends when both its compute and
+ * its copies have (the host synchronizes between steps, as every benchmark here does), the
+ * next step's first units that this step's window issued among them; the one whose slot the
+ * last streamed unit holds loads in the next step. On vmm_fast_runtime a unit's slot is its
+ * home, round the ring from the session's seam (ddo__ring_seam): the short round then sits
+ * mid-order, not at the step boundary. */
 double ddo__plan_simulate(const ddo_plan *p, size_t slots)
 {
     return ddo__plan_simulate_scaled(p, slots, 1.0);
@@ -95,72 +96,104 @@ size_t ddo__ring_home(size_t r, size_t m, size_t seam, size_t k)
     return ((r + m - seam) % m) % k;
 }
 
-/* One copy of transfer seconds into a slot free at slot_free: it starts when both the copy
- * engine (*copy_free) and the slot are free; returns its end, which frees the engine. */
-static double copy_into(double *copy_free, double slot_free, double transfer)
+/* The ring as the simulation runs it: each streamed unit's transfer and home slot, the slots'
+ * occupants (global positions: step * streamed + rank) and when they free, the engines. */
+typedef struct sim_ring {
+    size_t m, k;
+    const double *transfer; /* m */
+    const size_t *home;     /* m */
+    int64_t *issued;        /* m: the global position a unit's last copy was issued for */
+    double *ready;          /* m: that copy's end */
+    int64_t *occupant;      /* k */
+    double *slot_free;      /* k: its occupant's compute end */
+    double copy_free;
+} sim_ring;
+
+/* Issues the copy of global position g: it starts when the copy engine and its home slot are
+ * free (the occupant computed) and frees the engine at its end. */
+static void issue(sim_ring *r, int64_t g)
 {
-    double cs = *copy_free > slot_free ? *copy_free : slot_free;
-    *copy_free = cs + transfer;
-    return *copy_free;
+    size_t j = (size_t)(g % (int64_t)r->m), h = r->home[j];
+    double cs = r->copy_free > r->slot_free[h] ? r->copy_free : r->slot_free[h];
+    r->copy_free = cs + r->transfer[j];
+    r->ready[j] = r->copy_free;
+    r->issued[j] = g;
+    r->occupant[h] = g;
+}
+
+/* At the acquire of global position g: the window g + 1 .. g + k - 1 (within the step where
+ * the ring holds every streamed unit), a unit issued unless its home slot's occupant is
+ * still in the window (g or later: leased or loading), as the session skips it
+ * (session_slots.c DDO__PICK_SKIP) and goes on; a skipped unit is tried at the next acquire. */
+static void window(sim_ring *r, int64_t g)
+{
+    int64_t m = (int64_t)r->m;
+    for (size_t d = 1; d < r->k; d++) {
+        int64_t w = g + (int64_t)d;
+        if (r->m <= r->k && w / m != g / m)
+            break;
+        size_t j = (size_t)(w % m);
+        if (r->issued[j] != w && r->occupant[r->home[j]] < g)
+            issue(r, w);
+    }
 }
 
 double ddo__plan_simulate_scaled(const ddo_plan *p, size_t slots, double transfer_scale)
 {
     if (!p->cost_enabled || p->unit_count == 0)
         return 0.0;
-    size_t ring_n = slots ? slots : 1;
-    double *ring = calloc(ring_n, sizeof(double));
-    double *head = calloc(ring_n, sizeof(double)); /* the first streamed units' transfers */
-    bool *loaded = calloc(ring_n, sizeof(bool));   /* ... loaded by the step before */
-    size_t *rank = calloc(p->unit_count, sizeof(size_t));
-    if (ring == NULL || head == NULL || loaded == NULL || rank == NULL) {
-        free(ring);
-        free(head);
-        free(loaded);
-        free(rank);
-        return 0.0;
-    }
-    size_t streamed = first_streamed(p, head, ring_n, transfer_scale, rank);
+    size_t n = p->unit_count, k = slots ? slots : 1;
+    size_t *rank = calloc(n, sizeof(size_t)), *home = calloc(n, sizeof(size_t));
+    double *transfer = calloc(n, sizeof(double)), *ready = calloc(n, sizeof(double));
+    int64_t *issued = calloc(n, sizeof(int64_t)), *occupant = calloc(k, sizeof(int64_t));
+    double *slot_free = calloc(k, sizeof(double));
+    double result = 0.0;
+    if (rank == NULL || home == NULL || transfer == NULL || ready == NULL || issued == NULL ||
+        occupant == NULL || slot_free == NULL)
+        goto done;
+    size_t m = first_streamed(p, transfer, n, transfer_scale, rank);
     ring_ctx rc = { p, rank };
     size_t seam = ddo__route_maps(p->route) && !ddo__route_per_weight(p->route)
-                      ? ddo__ring_seam(streamed, slots, ring_bytes, &rc)
+                      ? ddo__ring_seam(m, slots, ring_bytes, &rc)
                       : 0;
-    free(rank);
-    /* With no more streamed units than slots, each keeps a slot of its own (no window wraps
-     * onto a busy slot): the model below still copies each unit every step. */
-    size_t wrap = slots > 1 && streamed > slots ? slots - 1 : 0;
-    double copy_free = 0.0, compute_free = 0.0, step_end[2] = { 0.0, 0.0 };
+    for (size_t j = 0; j < m; j++) {
+        home[j] = ddo__ring_home(j, m, seam, k);
+        issued[j] = -1;
+    }
+    for (size_t i = 0; i < k; i++)
+        occupant[i] = -1;
+    sim_ring r = { m, k, transfer, home, issued, ready, occupant, slot_free, 0.0 };
+    double compute_free = 0.0, step_end[2] = { 0.0, 0.0 };
     for (int step = 0; step < 2; step++) {
-        size_t j = 0; /* a streamed unit keeps its slot from step to step (its position mod
-                       * slots), as vmm_fast_runtime's mapped slots do */
-        for (size_t u = 0; u < p->unit_count; u++) {
+        size_t j = 0;
+        for (size_t u = 0; u < n; u++) {
             const ddo__plan_unit *un = &p->units[u];
             if (un->resident || slots == 0) {
                 compute_free += un->compute_s;
                 continue;
             }
-            double ce = 0.0; /* loaded by the step before: its copy ended by this step's start */
-            size_t at = ddo__ring_home(j, streamed, seam, slots);
-            if (!(j < wrap && loaded[j]))
-                ce = copy_into(&copy_free, ring[at], un->transfer_s * transfer_scale);
-            double start = compute_free > ce ? compute_free : ce;
+            int64_t g = (int64_t)step * (int64_t)m + (int64_t)j;
+            if (issued[j] != g)
+                issue(&r, g); /* on demand */
+            window(&r, g);
+            double start = compute_free > ready[j] ? compute_free : ready[j];
             compute_free = start + un->compute_s;
-            ring[at] = compute_free;
+            slot_free[home[j]] = compute_free;
             j++;
         }
-        /* The last units' window: the next step's first units (not the one whose slot the
-         * last streamed unit, j - 1, holds). */
-        for (size_t k = 0; k < wrap; k++) {
-            size_t at = ddo__ring_home(k, streamed, seam, slots);
-            loaded[k] = ddo__ring_home(j - 1, streamed, seam, slots) != at;
-            if (loaded[k])
-                copy_into(&copy_free, ring[at], head[k]);
-        }
-        compute_free = copy_free = compute_free > copy_free ? compute_free : copy_free;
+        /* The host synchronizes between steps: the step ends when its compute and every copy
+         * issued in it (the next step's first units among them) have. */
+        compute_free = r.copy_free = compute_free > r.copy_free ? compute_free : r.copy_free;
         step_end[step] = compute_free;
     }
-    free(ring);
-    free(head);
-    free(loaded);
-    return step_end[1] - step_end[0];
+    result = step_end[1] - step_end[0];
+done:
+    free(rank);
+    free(home);
+    free(transfer);
+    free(ready);
+    free(issued);
+    free(occupant);
+    free(slot_free);
+    return result;
 }
