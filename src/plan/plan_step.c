@@ -64,17 +64,15 @@ double ddo__plan_simulate(const ddo_plan *p, size_t slots)
     return ddo__plan_simulate_scaled(p, slots, 1.0);
 }
 
-/* The transfer times of the first `max` streamed units, in order, and every streamed unit's
- * index (rank[], unit_count long); returns how many there are. */
-static size_t first_streamed(const ddo_plan *p, double *transfer, size_t max, double scale,
-                             size_t *rank)
+/* Every streamed unit's index (rank[]) and transfer time, in order (both unit_count long);
+ * returns how many there are. */
+static size_t streamed_units(const ddo_plan *p, double *transfer, double scale, size_t *rank)
 {
     size_t n = 0;
     for (size_t u = 0; u < p->unit_count; u++) {
         if (p->units[u].resident)
             continue;
-        if (n < max)
-            transfer[n] = p->units[u].transfer_s * scale;
+        transfer[n] = p->units[u].transfer_s * scale;
         rank[n++] = u;
     }
     return n;
@@ -151,7 +149,7 @@ double ddo__plan_simulate_scaled(const ddo_plan *p, size_t slots, double transfe
     if (rank == NULL || home == NULL || transfer == NULL || ready == NULL || issued == NULL ||
         occupant == NULL || slot_free == NULL)
         goto done;
-    size_t m = first_streamed(p, transfer, n, transfer_scale, rank);
+    size_t m = streamed_units(p, transfer, transfer_scale, rank);
     ring_ctx rc = { p, rank };
     size_t seam = ddo__route_maps(p->route) && !ddo__route_per_weight(p->route)
                       ? ddo__ring_seam(m, slots, ring_bytes, &rc)
