@@ -15,10 +15,11 @@ memory sampled, above the baseline) and bit-identity against the resident run. P
 card: (a)/(b) and (a)/max(resident step, streamed bytes / measured bus), and (a) back to back
 (the same steps with one synchronize each side, as a pipeline's loop runs them) against the
 resident run's back-to-back step the same way; (c)/max(resident step,
-model bytes / measured bus) and (a)/(c). (a) runs at least two warm-up forwards: the first
-measures the activations and, where the reserve differs from the plan's estimate, the second
-re-plans before it runs (the JSON's activation_replan: whether it re-planned, the reserve and
-the device limit before and after), so the timed steps run the final plan.
+model bytes / measured bus) and (a)/(c). (a) runs at least three warm-up forwards: the first
+measures the activations, the second times the units' compute on a GPU, and where the reserve
+differs from the plan's estimate (or the timed compute changes the plan) the third re-plans
+before it runs (the JSON's activation_replan: whether it re-planned, the reserve and the device
+limit before and after), so the timed steps run the final plan.
 
 The models are stand-ins of the same tensor shapes: every tensor of the architecture's layout
 (data/layouts/*.json; Qwen-Image's written from its published configuration) is a
@@ -182,10 +183,12 @@ def ddo_case(model, x, opts, card_gib, args, ctx):
         r = ddo.enable_offload(model, device_memory_limit_gb=ctx["limit_gb"](card_gib),
                                **where, **opts)
         res["enable_s"] = time.perf_counter() - t0
-        # The zero-config call re-plans (at most once) before its second forward: two warm-up
-        # forwards at least, so the timed ones run the final plan.
-        # (The bytes streamed are counted over the timed steps: a re-plan starts a new session.)
-        warmup = max(args.warmup, 2) if not opts else args.warmup
+        # A result re-plans (at most once) before its third forward on a GPU (the zero-config
+        # call for the activations the first measured, any for the units' compute the second
+        # timed; before its second on the cpu device): three warm-up forwards at least, so the
+        # timed ones run the final plan. (The bytes streamed are counted over the timed steps:
+        # a re-plan starts a new session.)
+        warmup = max(args.warmup, 3)
         res["warmup_steps"] = warmup
         with torch.no_grad():
             for _ in range(warmup):

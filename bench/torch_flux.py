@@ -125,12 +125,18 @@ DDO_CASE_OPTIONS = {
     "ddo_vmm0_pack8": ("vmm", dict(DDO_VMM_COMMON, **DDO_ZERO_RESIDENT,
                                    vmm_resident_weight_budget_gb=4, unit_pack_blocks=True,
                                    execution_slots=8)),
+    # The zero-resident case planned with the profile ddo_vmm0 saved earlier in the same call
+    # (its timed steps' per-unit compute) instead of the compute its own first forward timed:
+    # the automatic slot count on steady-state figures.
+    "ddo_vmm0_profiled": ("vmm", dict(DDO_VMM_COMMON, **DDO_ZERO_RESIDENT, **DDO_PROFILE,
+                                      vmm_resident_weight_budget_gb=4)),
 }
 # The device-weight budget each ddo case must stay under (GiB), for the "never over budget" check.
 DDO_CASE_BUDGET_GIB = {"ddo_vmm0": 4, "ddo_vmm16": 16, "ddo_vmm16_spread": 16,
                        "ddo_linear0": None, "ddo_vmm0_codec": 4, "ddo_vmm0_slots3": 4,
                        "ddo_vmm0_rootres": 4, "ddo_vmm0_pack": 4, "ddo_linear0_pack": None,
-                       "ddo_vmm0_pack5": 4, "ddo_vmm0_pack6": 4, "ddo_vmm0_pack8": 4}
+                       "ddo_vmm0_pack5": 4, "ddo_vmm0_pack6": 4, "ddo_vmm0_pack8": 4,
+                       "ddo_vmm0_profiled": 4}
 
 # case name -> what it runs. ref: which resident output it is compared with (and resident cases
 # write). compile: None, "default" (compile_repeated_blocks) or "reduce-overhead" (CUDA graphs).
@@ -150,6 +156,7 @@ CASES = {
     "ddo_vmm0_pack5": dict(kind="ddo", ref="eager", compile=None),
     "ddo_vmm0_pack6": dict(kind="ddo", ref="eager", compile=None),
     "ddo_vmm0_pack8": dict(kind="ddo", ref="eager", compile=None),
+    "ddo_vmm0_profiled": dict(kind="ddo", ref="eager", compile=None),
     "resident_compile": dict(kind="resident", ref="compile", compile="default",
                              eager="resident"),
     "ddo_vmm0_compile": dict(kind="ddo", base="ddo_vmm0", ref="compile", compile="default",
@@ -669,11 +676,11 @@ def run_case(case, args):
     res = {"case": case, "pid": os.getpid()}
     spec = CASES[case]
     res.update(kind=spec["kind"], compile=spec["compile"])
-    # A ddo result may plan once more before its second forward (the activation reserve or,
-    # with a budget, the units' compute timed on the first: docs/python.md): that forward is
-    # warm-up too.
-    res["warmup_steps"] = (max(args.warmup, 3) if spec["compile"] is not None
-                           else max(args.warmup, 2) if spec["kind"] == "ddo" else args.warmup)
+    # A ddo result may plan once more before its third forward (the activation reserve the
+    # first measured, the units' compute the second timed: docs/python.md): that forward is
+    # warm-up too (and one more for a compiled case, whose graphs the re-plan makes again).
+    res["warmup_steps"] = (max(args.warmup, 4) if spec["compile"] is not None
+                           else max(args.warmup, 3) if spec["kind"] == "ddo" else args.warmup)
     deadline = args.deadline_epoch or (time.time() + 1e9)
     handle = None
     try:
@@ -807,7 +814,14 @@ def run_steps(module, inputs, case, spec, args, deadline, res, handle, cuda):
                           "unit_compute_source": d.get("unit_compute_source"),
                           "resident_module_selection": d.get("resident_module_selection"),
                           "measured_units": len(prof.unit_compute or {}),
-                          "selected_resident": handle.plan.get("selected_resident_modules")}
+                          "selected_resident": handle.plan.get("selected_resident_modules"),
+                          # the units' compute summed: as the calibration's timed steps measured
+                          # it (medians) and as the plan took it (a profile, the first forward)
+                          "calibrated_compute_s": sum(
+                              ((prof.recommendation or {}).get("unit_compute_s") or {}).values()),
+                          "planned_compute_s": sum(
+                              float(u.get("compute_s") or 0.0)
+                              for u in handle.plan.get("units") or [])}
     res["step_times_s"] = times
     res["median_step_s"] = statistics.median(times)
     res["mean_step_s"] = statistics.fmean(times)
@@ -833,7 +847,11 @@ def run_steps(module, inputs, case, spec, args, deadline, res, handle, cuda):
         res["plan_final"] = {"unit_count": len(final.get("units") or []),
                              "slot_count": dw.get("slot_count"),
                              **{k: dec.get(k) for k in ("packed_blocks", "slot_count_decision",
-                                                        "slot_search", "unit_compute_source")}}
+                                                        "slot_search", "unit_compute_source")},
+                             "predicted_step_s": (final.get("budgets") or {}).get(
+                                 "predicted_step_s"),
+                             "replan": {k: v for k, v in handle.activation_replan.items()
+                                        if k in ("state", "mode", "note", "unit_compute")}}
         if after is not None and bytes_before is not None:
             res["streamed_bytes_per_step"] = (after - bytes_before) / len(times)
             res["streamed_bytes_source"] = "metrics copy_bytes delta over the timed steps"
@@ -1236,7 +1254,8 @@ def parse_args(argv=None):
     p.add_argument("--workdir", default=os.environ.get("TORCH_FLUX_WORKDIR", "/tmp/torch_flux"),
                    help="reference outputs, plans and per-case results")
     p.add_argument("--steps", type=int, default=6, help="timed steps per case (>= 5 for figures)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps first (compile: >= 3)")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="untimed steps first (ddo: >= 3, compile: >= 4)")
     p.add_argument("--device", default="cuda:0", help="execution device (cpu with --toy/--tiny)")
     p.add_argument("--bus-gib", type=float, default=4.0, help="size of the pinned bus copy")
     p.add_argument("--py-profile", action="store_true",

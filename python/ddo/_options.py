@@ -181,10 +181,11 @@ class OptionFields:
         # limit (the Python binding sets it from the first forward's measured need when it re-
         # plans); 0 = estimated from the plan's units
         activation_reserve_gb: float
-        # ddo: measure the first forward on a CUDA device and re-plan once before the next
-        # forward: with no budget given, when the measured activation reserve differs from the
-        # estimate; with a budget, when the units' timed compute changes the plan's slots, units
-        # (packing) or resident units (false keeps the first plan)
+        # ddo: on a CUDA device, measure the first forward's activations and time the second's
+        # units, and re-plan once before the third forward: with no budget given, when the
+        # measured activation reserve differs from the estimate; with or without one, when the
+        # units' timed compute changes the plan's slots, units (packing) or resident units
+        # (false keeps the first plan)
         activation_replan: bool
         # ddo: execution slots; 0 lets the planner choose (at least two when anything streams)
         execution_slots: int

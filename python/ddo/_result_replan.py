@@ -4,23 +4,29 @@ With no budget given, the plan's device weights limit is the device's free memor
 activation reserve estimated from the plan's units (decision device_activation_reserve_gb). The
 first complete root forward measures what the forward really needed on the device
 (measure_activation: on a CUDA device, torch's allocator); when that need plus its margin
-(margin()) differs from the plan's reserve by more than THRESHOLD, the result is planned once more before the next
-forward (never inside one) with activation_reserve_gb set to it: the module's host tensors are
-registered again in place (no copy; on a GPU the driver pins their pages again), the resident
-weights are uploaded again, and more (or fewer) units are resident. ``result.activation_replan`` says what happened, ``result.replanned``
-whether it did; activation_replan=False keeps the first plan.
+(margin()) differs from the plan's reserve by more than THRESHOLD, the result is planned once
+more (never inside a forward) with activation_reserve_gb set to it: the module's host tensors
+are registered again in place (no copy; on a GPU the driver pins their pages again), the
+resident weights are uploaded again, and more (or fewer) units are resident.
+``result.activation_replan`` says what happened, ``result.replanned`` whether it did;
+activation_replan=False keeps the first plan.
 
-The same first forward times each streamed unit's compute (profiles.UnitTimer, as a profile's
-calibration does). Until something measured them, the plan's cost model estimates the units'
+On a CUDA device the second forward times each streamed unit's compute (profiles.UnitTimer, as
+a profile's calibration does); the first is not timed, since it runs well above the later ones
+(GGUF Q8_0 Flux on an H100: its units summed 0.349 s where the later steps' summed 0.256 s,
+docs/benchmarks.md). Until something measured them, the plan's cost model estimates the units'
 compute from their FLOPs, which leaves out attention and runs low (Flux on an H200: a
-predicted step below the resident step itself); a re-plan that happens plans with the
-measured compute instead (first_compute()), so its resident set and slot count are chosen for
-the step the device really runs. A profile that already measured the units keeps its figures.
+predicted step below the resident step itself); the re-plan plans with the timed compute
+instead (timed_compute()), so its resident set and slot count are chosen for the step the
+device really runs. A profile that already measured the units keeps its figures. Where the
+units are timed, the re-plan (if any) happens before the third forward, once, with the reserve
+the first forward measured and the compute the second timed; elsewhere before the second.
 
 Where a budget was given (the limit is the user's: nothing to re-plan for the reserve), the
-first forward on a CUDA device still times the units (mode "compute"): a trial plan with that
+second forward on a CUDA device still times the units (mode "compute"): a trial plan with that
 compute (nothing allocated) calls for the one re-plan only where its slot count or resident
-units differ from the first plan's.
+units differ from the first plan's. Without a budget, a reserve within the threshold is put to
+the same trial.
 """
 
 from __future__ import annotations
@@ -81,10 +87,10 @@ def measure_activation(device: Optional[torch.device], baseline: int,
     return out, max(0, int(cuda.max_memory_reserved(device)) - baseline)
 
 
-def first_compute(units: List[Dict[str, Any]], measured: Mapping[str, float]) -> Dict[str, float]:
+def timed_compute(units: List[Dict[str, Any]], measured: Mapping[str, float]) -> Dict[str, float]:
     """Every unit's compute for the re-plan ({unit name: seconds}; {} when nothing usable was
     measured), from the plan's units (their estimated compute_s, flops_per_token and bytes) and
-    the first forward's timings. Units of one kind (the same FLOPs and bytes: a transformer's
+    the second forward's timings. Units of one kind (the same FLOPs and bytes: a transformer's
     blocks) take their kind's median, so a unit that ran a kernel for the first time (its
     loading, a library's set-up) does not count as slow; a unit the forward did not time (a
     resident one, a kind never streamed) keeps its estimate scaled by what the measured units
@@ -105,9 +111,10 @@ def first_compute(units: List[Dict[str, Any]], measured: Mapping[str, float]) ->
 
 
 def times_compute(device: Optional[torch.device]) -> bool:
-    """Whether a budgeted plan is made again with the compute its first forward timed: on a
-    CUDA device (CUDA events time the units); the cpu device's host clock is the reference
-    device's, not a planning figure. Tests replace this function."""
+    """Whether the second forward times the units' compute for the re-plan (a budgeted plan's
+    trial, or the reserve's re-plan): on a CUDA device (CUDA events time the units); the cpu
+    device's host clock is the reference device's, not a planning figure. Tests replace this
+    function."""
     return device is not None and device.type == "cuda"
 
 
@@ -147,7 +154,8 @@ def plan_shape(plan: ctypes.c_void_p) -> Shape:
 
 
 class Replan(Lifecycle):
-    """The first forward's measurement and the one re-plan it can call for."""
+    """The first forward's activation need, the second's compute, and the one re-plan they can
+    call for."""
 
     _replan: Dict[str, Any]
 
@@ -205,21 +213,25 @@ class Replan(Lifecycle):
     @property
     def replanned(self) -> bool:
         """True once the result was planned again with the reserve measured on the first
-        forward (activation_replan says why or why not)."""
+        forward or the compute timed on the second (activation_replan says why or why not)."""
         return bool(self._replan["state"] == "replanned")
 
     @property
     def activation_replan(self) -> Dict[str, Any]:
-        """The activation reserve: state (measuring, due, replanned, kept, off), the plan's
-        estimated reserve, the measured need, the reserve planned with, the margin, the
-        threshold (bytes), a note, and unit_compute: "first_forward" when the re-plan took the
-        units' compute the first forward timed (else None)."""
+        """The activation reserve: state (measuring: the first forward is next; timing: the
+        second; due, replanned, kept, off), the plan's estimated reserve, the measured need,
+        the reserve planned with, the margin, the threshold (bytes), a note, and unit_compute:
+        "second_forward" when the re-plan took the units' compute the second forward timed
+        (else None)."""
         return dict(self._replan, replanned=self.replanned)
 
     def _arm_replan(self) -> None:
-        """After the first setup: whether the first forward is measured."""
+        """After the first setup: whether the first forward is measured (and the second
+        timed)."""
         info = self._plan_info  # (the plan's typed facts)
         est = int(info.activation_reserve_bytes)
+        self._reserve_due = False  # the first forward's reserve calls for the re-plan
+        self._reserve_said = ""  # what the first forward's reserve said (the note's start)
         self._replan = {"state": "off",
                         "estimated_bytes": est if info.activation_reserve_estimated else None,
                         "measured_bytes": None, "reserve_bytes": None, "margin_bytes": None,
@@ -256,32 +268,41 @@ class Replan(Lifecycle):
         rp = self._replan
         with self._lock:
             busy = self._owner is not None  # a forward (or a unit's hook) is running
-        if busy or rp["state"] not in ("measuring", "due"):
+        if busy or rp["state"] not in ("measuring", "timing", "due"):
             return fn(*args, **kwargs)
         if rp["state"] == "due":
             self._replan_now()
             return fn(*args, **kwargs)
-        timer = None
-        if self._timing is None and getattr(self, "_compute_measured", None) is None:
-            timer = self._timing = profiles.UnitTimer()
-        try:
+        if rp["state"] == "measuring":  # the first forward
+            if rp.get("mode") == "compute":  # (warm-up: kernels loaded, caches filled)
+                out = fn(*args, **kwargs)
+                rp["state"] = "timing"
+                rp["note"] = "the units' compute is timed on the second forward"
+                return out
             out, need = measure_activation(self.device, getattr(self, "_torch_reserved", 0),
                                            lambda: fn(*args, **kwargs))
+            self._measured(need)
+            return out
+        # The second forward: each unit's compute timed (unless a calibration times them).
+        timer = None
+        if self._timing is None:
+            timer = self._timing = profiles.UnitTimer()
+        try:
+            out = fn(*args, **kwargs)
         finally:
             if timer is not None and self._timing is timer:
                 self._timing = None
         if timer is not None:
             units = self.plan.get("units") or []
-            self._first_compute = first_compute(units, timer.medians(self._unit_names,
-                                                                     self.device))
-        self._measured(need)
+            took = timer.medians(self._unit_names, self.device)
+            self._timed_compute = timed_compute(units, took)
+        self._compute_timed()
         return out
 
     def _measured(self, need: Optional[int]) -> None:
+        """The first forward's activation need: a re-plan due (or not) for the reserve, and
+        the units timed on the second forward where no profile measured them."""
         rp = self._replan
-        if rp.get("mode") == "compute":
-            self._compute_measured_now()
-            return
         if need is None:
             rp["state"] = "kept"
             rp["note"] = (f"no allocator statistics on the {self.device} device: the "
@@ -294,35 +315,45 @@ class Replan(Lifecycle):
         est = rp["estimated_bytes"] or 0
         said = (f"measured on the first forward: {need / GIB:.2f} GiB + {pad / GIB:.2f} GiB "
                 f"margin against the estimated {est / GIB:.2f} GiB")
-        if abs(reserve - est) <= THRESHOLD:
-            rp["state"] = "kept"
-            rp["note"] = f"{said}: within {THRESHOLD / GIB:.3f} GiB, the plan stays"
+        self._reserve_due = abs(reserve - est) > THRESHOLD
+        self._reserve_said = (f"{said}: a re-plan is due" if self._reserve_due else
+                              f"{said}: within {THRESHOLD / GIB:.3f} GiB")
+        if getattr(self, "_compute_measured", None) is None and times_compute(self.device):
+            rp["state"] = "timing"
+            rp["note"] = f"{self._reserve_said}; the units' compute is timed on the second forward"
             return
-        rp["state"] = "due"
-        rp["note"] = f"{said}: a re-plan is due before the next forward"
+        rp["state"] = "due" if self._reserve_due else "kept"
+        rp["note"] = self._reserve_said + (" before the next forward" if self._reserve_due else
+                                           ", the plan stays")
 
-    def _compute_measured_now(self) -> None:
-        """A budget was given: the plan is made again with the timed compute (a trial plan,
-        nothing allocated), and a re-plan is due only where that plan differs from this one
-        (its slot count or its resident units)."""
+    def _compute_timed(self) -> None:
+        """After the second forward: the re-plan is due for the reserve (it plans with the
+        timed compute too), or, where the reserve is not (or a budget was given), only where a
+        trial plan with the timed compute (nothing allocated) differs from this one (its slot
+        count, unit count or resident units)."""
         rp = self._replan
+        said = f"{self._reserve_said}; " if self._reserve_said else ""
         rp["state"] = "kept"
-        uc = getattr(self, "_first_compute", None)
+        uc = getattr(self, "_timed_compute", None)
+        if self._reserve_due:
+            rp["state"] = "due"
+            rp["note"] = f"{self._reserve_said} before the next forward"
+            return
         if not uc:
-            rp["note"] = "the first forward timed no streamed unit: the plan stays"
+            rp["note"] = f"{said}the second forward timed no streamed unit: the plan stays"
             return
         try:
             change = self._trial_differs(uc)
         except DdoError as e:
-            rp["note"] = f"a plan with the units' compute timed on the first forward failed " \
-                         f"({_native.exc_line(e)}): the plan stays"
+            rp["note"] = f"{said}a plan with the units' compute timed on the second forward " \
+                         f"failed ({_native.exc_line(e)}): the plan stays"
             return
         if not change:
-            rp["note"] = ("planned again with the units' compute timed on the first forward: "
-                          "the same slots, units and resident units, the plan stays")
+            rp["note"] = (f"{said}planned again with the units' compute timed on the second "
+                          f"forward: the same slots, units and resident units, the plan stays")
             return
         rp["state"] = "due"
-        rp["note"] = (f"the units' compute timed on the first forward changes the plan "
+        rp["note"] = (f"{said}the units' compute timed on the second forward changes the plan "
                       f"({change}): a re-plan is due before the next forward")
 
     def _trial_differs(self, uc: Dict[str, float]) -> str:
@@ -355,7 +386,7 @@ class Replan(Lifecycle):
             rp["note"] += " (not done: the result was unloaded)"
             return
         if self.device is not None and _torch.capturing(self.device):
-            rp["note"] += " (not done: the second forward ran inside a CUDA-graph capture)"
+            rp["note"] += " (not done: the forward due to re-plan ran inside a CUDA-graph capture)"
             return
         lora = getattr(self, "_lora", None)
         if lora is not None and any(lora.logs.values()):
@@ -372,7 +403,8 @@ class Replan(Lifecycle):
             _native.check(_native.lib().ddo_config_clone(first_cfg.h, ctypes.byref(h)))
             cfg = _native.Config(h)
             setattr(cfg, "_ddo_auto_scratch", getattr(first_cfg, "_ddo_auto_scratch", False))
-            if rp.get("mode") != "compute":  # (a budget given keeps its limit)
+            if self._reserve_due:  # (a budget given keeps its limit; a reserve within the
+                # threshold, its estimate: the trial that called for this re-plan kept it)
                 cfg.override("activation_reserve_gb", f"{rp['reserve_bytes'] / GIB:.6f}")
             self._cfg = cfg
             try:
@@ -380,16 +412,16 @@ class Replan(Lifecycle):
             except Exception as e:  # the first plan again (the same inputs: it fitted)
                 self._teardown()
                 self._cfg = first_cfg
-                self._first_compute = {}  # (the first plan's estimates too)
+                self._timed_compute = {}  # (the first plan's estimates too)
                 rp["note"] += f" (the re-plan failed, {_native.exc_line(e)}; the first plan " \
                               f"again)"
                 self._rebuild(last=True)
                 return
             rp["state"] = "replanned"
             rp["note"] = rp["note"].replace("a re-plan is due", "re-planned")
-            if self._compute_measured == "first_forward":
-                rp["unit_compute"] = "first_forward"
-                rp["note"] += " with the units' compute timed on the first forward"
+            if self._compute_measured == "second_forward":
+                rp["unit_compute"] = "second_forward"
+                rp["note"] += " with the units' compute timed on the second forward"
             rp["plan_before"] = {k: before["budgets"]["device_weights"][k]
                                  for k in ("limit", "limit_source", "resident_bytes")}
             if self._cfg.get("verbose") == "true":  # (the plan's summary was printed above)

@@ -188,10 +188,10 @@ class Setup(Hooks):
         if prof is not None and not inputs.decode_bytes_per_s > 0 and \
                 prof.decode_bytes_per_s > 0:
             inputs.decode_bytes_per_s = prof.decode_bytes_per_s
-        # A profile's calibration, else (a re-plan) what the first forward timed.
+        # A profile's calibration, else (a re-plan) what the second forward timed.
         from_profile = prof is not None and bool(prof.unit_compute)
-        uc = prof.unit_compute if from_profile else getattr(self, "_first_compute", None)
-        self._compute_measured = "profile" if from_profile else "first_forward" if uc else None
+        uc = prof.unit_compute if from_profile else getattr(self, "_timed_compute", None)
+        self._compute_measured = "profile" if from_profile else "second_forward" if uc else None
         if uc:
             self._unit_compute_text = json.dumps(uc).encode()
             inputs.unit_compute_json = self._unit_compute_text

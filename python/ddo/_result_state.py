@@ -191,10 +191,12 @@ class ResultState:
     _before_session: Optional[Callable[[Any], None]]
     _device_room: Optional[Callable[[], int]]
     _profile: Any  # profiles.ProfileState
-    _timing: Any  # profiles.UnitTimer while profile_run() or the first forward measures
-    _first_compute: Dict[str, float]  # the units' compute the first forward timed (_result_replan)
+    _timing: Any  # profiles.UnitTimer while profile_run() or the second forward measures
+    _timed_compute: Dict[str, float]  # the units' compute the 2nd forward timed (_result_replan)
+    _reserve_due: bool  # the first forward's measured reserve calls for the re-plan
+    _reserve_said: str  # what the first forward's reserve measurement said ("" if none)
     _compute_measured: Optional[str]  # where the plan's unit compute came from: profile,
-    # first_forward, or None (FLOP estimates)
+    # second_forward, or None (FLOP estimates)
     _source: Any  # a checkpoint path the parameters are read from (_source.py)
     _origin: torch.device  # where the module was (routing.py)
     _unit_compute_text: bytes

@@ -1,8 +1,10 @@
 """The activation reserve measured on the first forward (cpu device: the measurement, which reads
 torch's CUDA allocator on a GPU, is replaced): with no budget given, a measured reserve that
-differs from the plan's estimate re-plans once, before the next forward, with more units
-resident when it is smaller; one within the threshold keeps the plan; a budget the user gave,
-or activation_replan=False, is never re-planned; outputs stay bit-identical throughout."""
+differs from the plan's estimate re-plans once, with more units resident when it is smaller
+(before the second forward, or, where the units' compute is timed as on a CUDA device, before
+the third, with the compute the second forward timed); one within the threshold keeps the plan
+unless the timed compute changes it; a budget the user gave, or activation_replan=False, is
+never re-planned for the reserve; outputs stay bit-identical throughout."""
 
 import pytest
 import torch
@@ -69,11 +71,17 @@ def flux():
     return m, x
 
 
-def test_replanned_once_with_more_resident(measured, idle_device):
+@pytest.mark.parametrize("timing", [False, True])
+def test_replanned_once_with_more_resident(measured, idle_device, monkeypatch, timing):
+    """timing: the units' compute timed as on a CUDA device (times_compute), on the second
+    forward only (the first, slower, is not), and the re-plan before the third with it."""
+    monkeypatch.setattr(replan, "times_compute", lambda device: timing)
     m = Stack()
     x = torch.randn(2, 8192, generator=torch.Generator().manual_seed(2))
     ref = steps(m, x)
     r = ddo.enable_offload(m, device_memory_limit_gb=1.6, **CPU)
+    timers = []  # per forward into the first block: whether a UnitTimer was running
+    m.blocks[0].register_forward_pre_hook(lambda mod, a: timers.append(r._timing is not None))
     try:
         before = r.budgets()
         first_plan_compute = {"source": r.plan["planner_decisions"]["unit_compute_source"],
@@ -83,11 +91,16 @@ def test_replanned_once_with_more_resident(measured, idle_device):
         est = r.activation_replan["estimated_bytes"]
         assert est > GIB // 2  # 512 MiB + 4 x tokens x the widest row
         first = steps(m, x, 1)  # measured: 0 bytes + the margin, well under the estimate
+        if timing:
+            assert r.activation_replan["state"] == "timing" and not r.replanned
+            assert "timed on the second forward" in r.activation_replan["note"]
+            first += steps(m, x, 1)
         assert r.activation_replan["state"] == "due" and not r.replanned
         assert r.budgets() == before  # never inside a forward: before the next one
         rest = steps(m, x, 4)
         assert r.replanned and r.activation_replan["state"] == "replanned"
         assert measured["calls"] == 1  # measured once, re-planned once
+        assert timers == [False, timing, False, False, False, False][:len(timers)]
         after = r.budgets()
         assert after["device_weights_limit"] > before["device_weights_limit"]
         assert after["resident_bytes"] > before["resident_bytes"]
@@ -99,12 +112,16 @@ def test_replanned_once_with_more_resident(measured, idle_device):
         assert r.activation_replan["reserve_bytes"] == replan.MARGIN
         assert r.activation_replan["plan_before"]["limit"] == before["device_weights_limit"]
         assert all(torch.equal(a, b) for a, b in zip(ref, first + rest[:2]))
-        # The re-plan planned with the compute the first forward timed (one kind of unit:
-        # their median, the same for each), not with the FLOP estimates of the first plan.
         assert first_plan_compute["source"] == "flops"
+        if not timing:  # the cpu device's clock is no planning figure: the estimates stay
+            assert dec["unit_compute_source"] == "flops"
+            assert r.activation_replan["unit_compute"] is None
+            return
+        # The re-plan planned with the compute the second forward timed (one kind of unit:
+        # their median, the same for each), not with the FLOP estimates of the first plan.
         assert dec["unit_compute_source"] == "measured"
-        assert r.activation_replan["unit_compute"] == "first_forward"
-        assert "compute timed on the first forward" in r.activation_replan["note"]
+        assert r.activation_replan["unit_compute"] == "second_forward"
+        assert "compute timed on the second forward" in r.activation_replan["note"]
         timed = {u["compute_s"] for u in r.plan["units"]}
         assert len(timed) == 1 and timed != first_plan_compute["values"]
     finally:
@@ -190,7 +207,7 @@ def test_never_when_the_user_decided(measured, given):
 
 @pytest.fixture
 def timed(monkeypatch):
-    """A budgeted plan is timed as on a CUDA device (times_compute), and the first forward's
+    """A budgeted plan is timed as on a CUDA device (times_compute), and the second forward's
     timings are replaced: each unit takes its FLOP estimate times state["scale"]."""
     state = {"scale": 1.0}
     monkeypatch.setattr(replan, "times_compute", lambda device: True)
@@ -206,13 +223,13 @@ def timed(monkeypatch):
         inputs.host_available_bytes = 16 << 30
         first(self, inputs)
     monkeypatch.setattr(result_setup.Setup, "_first_inputs", rates)
-    monkeypatch.setattr(replan, "first_compute", lambda units, measured: {
+    monkeypatch.setattr(replan, "timed_compute", lambda units, measured: {
         u["name"]: float(u["compute_s"]) * state["scale"] for u in units})
     return state
 
 
 def test_a_budget_replans_with_the_timed_compute(measured, timed):
-    """A budget given: the limit stays, and the first forward's compute (here a thousandth of
+    """A budget given: the limit stays, and the second forward's compute (here a thousandth of
     the estimate: the step becomes copy-bound) plans again with two resident blocks and two
     slots where the estimate kept one and three."""
     m = Stack()
@@ -225,11 +242,13 @@ def test_a_budget_replans_with_the_timed_compute(measured, timed):
         assert replan.plan_shape(r._plan) == (3, ("blocks.0",), 5)
         rp = r.activation_replan
         assert rp["state"] == "measuring" and rp["mode"] == "compute"
-        first = steps(m, x, 1)
+        first = steps(m, x, 1)  # (warm-up: not timed)
+        assert r.activation_replan["state"] == "timing" and measured["calls"] == 0
+        first += steps(m, x, 1)
         rp = r.activation_replan
         assert rp["state"] == "due" and "3 -> 2 slots, 1 -> 2 resident units" in rp["note"], rp
-        rest = steps(m, x, 2)
-        assert r.replanned and r.activation_replan["unit_compute"] == "first_forward"
+        rest = steps(m, x, 1)
+        assert r.replanned and r.activation_replan["unit_compute"] == "second_forward"
         assert replan.plan_shape(r._plan) == (2, ("blocks.0", "blocks.1"), 5)
         assert r.budgets()["device_weights_limit"] == before["device_weights_limit"]
         dec = r.plan["planner_decisions"]
@@ -254,6 +273,36 @@ def test_a_budget_keeps_its_plan_when_the_compute_changes_nothing(measured, time
         assert rp["state"] == "kept" and not r.replanned
         assert "the same slots, units and resident units" in rp["note"]
         assert replan.plan_shape(r._plan) == shape
+        assert all(torch.equal(a, b) for a, b in zip(ref, out))
+    finally:
+        r.close()
+
+
+def test_a_reserve_within_the_threshold_replans_for_the_timed_compute(
+        measured, timed, idle_device):
+    """No budget, and the first forward's reserve within the threshold of the estimate: the
+    second forward's compute (a thousandth of the estimate) still calls for the re-plan, which
+    keeps the estimated reserve (the one its trial planned with)."""
+    m = Stack()
+    x = torch.randn(2, 8192, generator=torch.Generator().manual_seed(2))
+    ref = steps(m, x)
+    timed["scale"] = 1e-3
+    r = ddo.enable_offload(m, device_memory_limit_gb=1.6, **CPU)
+    try:
+        before, shape = r.budgets(), replan.plan_shape(r._plan)
+        est = r.activation_replan["estimated_bytes"]
+        measured["need"] = est - replan.MARGIN - replan.THRESHOLD // 2
+        out = steps(m, x, 2)
+        rp = r.activation_replan
+        assert rp["state"] == "due" and rp["mode"] == "reserve", rp
+        assert rp["note"].startswith("measured on the first forward") and "within" in rp["note"]
+        assert "the units' compute timed on the second forward changes the plan" in rp["note"]
+        out += steps(m, x, 1)
+        assert r.replanned and r.activation_replan["unit_compute"] == "second_forward"
+        assert replan.plan_shape(r._plan) != shape
+        dec = r.plan["planner_decisions"]
+        assert not str(dec["device_activation_reserve_source"]).startswith("measured")
+        assert r.budgets()["device_weights_limit"] == before["device_weights_limit"]
         assert all(torch.equal(a, b) for a, b in zip(ref, out))
     finally:
         r.close()
@@ -312,18 +361,18 @@ def test_the_facts_survive_a_saved_plan():
             r.close()
 
 
-def test_first_compute_takes_each_kinds_median_and_scales_the_rest():
-    """first_compute: blocks of one kind take their median (a first launch's slow unit does not
+def test_timed_compute_takes_each_kinds_median_and_scales_the_rest():
+    """timed_compute: blocks of one kind take their median (a first launch's slow unit does not
     count); a unit not timed keeps its estimate times what the timed units took against
     theirs; a unit of no compute stays at 0; nothing timed gives nothing."""
     units = [dict(name="embed", compute_s=0.001, flops_per_token=10, bytes=100)] + [
         dict(name=f"b{i}", compute_s=0.002, flops_per_token=50, bytes=900) for i in range(5)] + [
         dict(name="norm", compute_s=0.0, flops_per_token=0, bytes=8)]
     timed = {"b0": 0.030, "b1": 0.003, "b2": 0.003, "b3": 0.0031, "b4": 0.0029, "norm": 0.001}
-    got = replan.first_compute(units, timed)
+    got = replan.timed_compute(units, timed)
     assert {got[f"b{i}"] for i in range(5)} == {0.003}  # b0's first launch is not its cost
     scale = sum(timed[f"b{i}"] for i in range(5)) / (5 * 0.002)
     assert got["embed"] == pytest.approx(0.001 * scale)  # not timed (resident): scaled
     assert got["norm"] == 0.0
-    assert replan.first_compute(units, {}) == {}
-    assert replan.first_compute(units, {"norm": 0.5, "missing": 1.0}) == {}
+    assert replan.timed_compute(units, {}) == {}
+    assert replan.timed_compute(units, {"norm": 0.5, "missing": 1.0}) == {}
