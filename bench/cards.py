@@ -211,6 +211,9 @@ def ddo_case(model, x, opts, card_gib, args, ctx):
                    resident_set_rule=r.plan["planner_decisions"].get("resident_set_rule"),
                    plan_note=r.plan["planner_decisions"].get("plan_note"),
                    packed_blocks=r.plan["planner_decisions"].get("packed_blocks"),
+                   slot_count_decision=r.plan["planner_decisions"].get("slot_count_decision"),
+                   slot_search=r.plan["planner_decisions"].get("slot_search"),
+                   resident_bytes=dw.get("resident_bytes"),
                    unit_count=len(r.plan.get("units") or []),
                    streamed_bytes_per_step=(after - before) / args.steps
                    if None not in (before, after) else None,
