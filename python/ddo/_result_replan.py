@@ -138,6 +138,13 @@ def shape_change(mine: Shape, theirs: Shape) -> str:
     return ", ".join(said)
 
 
+def predicted_step(plan: ctypes.c_void_p) -> float:
+    """A plan's predicted step (seconds; 0 without a cost model)."""
+    b = _lib.PlanBudgets()
+    _native.check(_native.lib().ddo_plan_budgets_get(plan, ctypes.byref(b)))
+    return float(b.predicted_step_s)
+
+
 def plan_shape(plan: ctypes.c_void_p) -> Shape:
     """A plan's slot count, the names of its resident units and its unit count."""
     L = _native.lib()
@@ -222,7 +229,7 @@ class Replan(Lifecycle):
         second; due, replanned, kept, off), the plan's estimated reserve, the measured need,
         the reserve planned with, the margin, the threshold (bytes), a note, and unit_compute:
         "second_forward" when the re-plan took the units' compute the second forward timed
-        (else None)."""
+        (else None); where a trial with that compute kept the plan, trial_predicted_step_s."""
         return dict(self._replan, replanned=self.replanned)
 
     def _arm_replan(self) -> None:
@@ -343,24 +350,29 @@ class Replan(Lifecycle):
             rp["note"] = f"{said}the second forward timed no streamed unit: the plan stays"
             return
         try:
-            change = self._trial_differs(uc)
+            change, first_s, trial_s = self._trial_differs(uc)
         except DdoError as e:
             rp["note"] = f"{said}a plan with the units' compute timed on the second forward " \
                          f"failed ({_native.exc_line(e)}): the plan stays"
             return
         if not change:
+            # The plan that runs keeps its own figures: the trial's step, said beside them.
+            rp["trial_predicted_step_s"] = trial_s
             rp["note"] = (f"{said}planned again with the units' compute timed on the second "
-                          f"forward: the same slots, units and resident units, the plan stays")
+                          f"forward: the same slots, units and resident units, the plan stays "
+                          f"(its predicted step {first_s:.4f} s; with the timed compute "
+                          f"{trial_s:.4f} s)")
             return
         rp["state"] = "due"
         rp["note"] = (f"{said}the units' compute timed on the second forward changes the plan "
                       f"({change}): a re-plan is due before the next forward")
 
-    def _trial_differs(self, uc: Dict[str, float]) -> str:
-        """The plan the setup would make with compute uc against this one: "" when its slot
-        count, unit count and resident units are the same, else what differs."""
+    def _trial_differs(self, uc: Dict[str, float]) -> Tuple[str, float, float]:
+        """The plan the setup would make with compute uc against this one: what differs ("" when
+        its slot count, unit count and resident units are the same), and the predicted step of
+        this plan and of the trial."""
         if self._plan is None:
-            return ""
+            return "", 0.0, 0.0
         L = _native.lib()
         inputs = _lib.PlanInputs()
         _native.check(L.ddo_setup_plan_inputs(self._setup_h, ctypes.byref(inputs)),
@@ -373,9 +385,10 @@ class Replan(Lifecycle):
                                        ctypes.byref(trial)), L.ddo_setup_error(self._setup_h))
         try:
             mine, theirs = plan_shape(self._plan), plan_shape(trial)
+            steps = predicted_step(self._plan), predicted_step(trial)
         finally:
             L.ddo_plan_destroy(trial)
-        return shape_change(mine, theirs)
+        return shape_change(mine, theirs), steps[0], steps[1]
 
     def _replan_now(self) -> None:
         """The re-plan, between two forwards: the session torn down (the module holds its host

@@ -273,6 +273,11 @@ def test_a_budget_keeps_its_plan_when_the_compute_changes_nothing(measured, time
         assert rp["state"] == "kept" and not r.replanned
         assert "the same slots, units and resident units" in rp["note"]
         assert replan.plan_shape(r._plan) == shape
+        # The plan that runs keeps its figures; the trial's step (a hundred times the units'
+        # estimated compute: a longer step) is said beside them.
+        first_s = r.budgets()["predicted_step_s"]
+        assert rp["trial_predicted_step_s"] > 10 * first_s > 0, rp
+        assert f"its predicted step {first_s:.4f} s; with the timed compute " in rp["note"]
         assert all(torch.equal(a, b) for a, b in zip(ref, out))
     finally:
         r.close()
