@@ -1002,7 +1002,8 @@ def trace_step(step, path, cuda):
     event (an upload). Where copies ran too: the device's span from its first kernel or copy
     to its last, the time in it when neither ran (neither_busy_s: nothing issued, the host or
     the loader late), copies with no kernel (copy_only_s: kernels waiting on uploads) and
-    kernels with no copy (kernel_only_s: the copy engine idle, the ring full or nothing left)."""
+    kernels with no copy (kernel_only_s: the copy engine idle, the ring full or nothing left),
+    and the copies' tail after the last kernel (copy_tail_s)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -1022,7 +1023,11 @@ def trace_step(step, path, cuda):
         (copies if "memcpy" in e.name.lower() else kernels).append(span)
     res = {"path": path, "step_s": wall, "kernels": len(kernels),
            "kernel_sum_s": sum(b - a for a, b in kernels) / 1e6,
-           "kernel_busy_s": busy_union(kernels), "copy_busy_s": busy_union(copies)}
+           "kernel_busy_s": busy_union(kernels), "copy_busy_s": busy_union(copies),
+           # the copies still running after the step's last kernel: what the synchronize at
+           # the step's end waits for (the next step's first units, loading)
+           "copy_tail_s": max(0, max(b for _, b in copies) - max(b for _, b in kernels)) / 1e6
+           if kernels and copies else None}
     res.update(overlap(kernels, copies))
     try:  # where the device's idle time went: the host launching late, or the device waiting
         with open(path) as f:

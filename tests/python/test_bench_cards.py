@@ -57,6 +57,7 @@ def test_tiny_run(tmp_path, monkeypatch):
         tr = z["torch_trace"]
         assert tr["step_s"] > 0 and (tmp_path / f"cards_flux1-dev_{gib}.json").is_file(), tr
         assert tr["idle_s"] == 0 and tr["kernels_matched"] == 0, tr  # no device kernels here
+        assert tr["copy_tail_s"] is None, tr  # (nor copies: the tail needs both)
         rp = z["activation_replan"]
         assert z["warmup_steps"] == 3 and rp["replanned"], rp
         assert rp["reserve_bytes"] == replan.MARGIN and rp["plan_before"]["limit"] > 0
