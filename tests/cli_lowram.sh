@@ -211,6 +211,10 @@ autorun() { # NAME FILE_GBPS DIR [flags]: ddo run of the five blocks with weight
         --steps 2 --tokens 1 --cpu-memory-gb 1 --ddo-available-system-ram-gb 0.375 --verify \
         --show-profile --file-read-gbps "$gbps" --ddo-weight-codec auto \
         --ddo-weight-codec-cache-dir "$dir" --metrics "$T/$name.metrics" "$@" >"$T/$name.out" 2>&1
+    local rc=$?
+    # A run that fails shows why (one failed once under Wine in CI, with -j 2, and not again).
+    [ $rc -eq 0 ] || { echo "--- $name: ddo run exit $rc, its last lines:"; tail -n 15 "$T/$name.out"; }
+    return $rc
 }
 sidecar_bytes() { $PY -c "import json,sys; print(int(json.loads(open(sys.argv[1]).read().splitlines()[-1])['bytes']['bytes_staged_from_sidecar']))" "$1"; }
 autorun disk1 0.05 "$T/side"
