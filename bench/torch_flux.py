@@ -126,7 +126,7 @@ DDO_CASE_OPTIONS = {
                                    vmm_resident_weight_budget_gb=4, unit_pack_blocks=True,
                                    execution_slots=8)),
     # The zero-resident case planned with the profile ddo_vmm0 saved earlier in the same call
-    # (its timed steps' per-unit compute) instead of the compute its own first forward timed:
+    # (its timed steps' per-unit compute) instead of the compute its own warm-up forwards time:
     # the automatic slot count on steady-state figures.
     "ddo_vmm0_profiled": ("vmm", dict(DDO_VMM_COMMON, **DDO_ZERO_RESIDENT, **DDO_PROFILE,
                                       vmm_resident_weight_budget_gb=4)),
@@ -816,7 +816,7 @@ def run_steps(module, inputs, case, spec, args, deadline, res, handle, cuda):
                           "measured_units": len(prof.unit_compute or {}),
                           "selected_resident": handle.plan.get("selected_resident_modules"),
                           # the units' compute summed: as the calibration's timed steps measured
-                          # it (medians) and as the plan took it (a profile, the first forward)
+                          # it (medians) and as the plan took it (a profile, the second forward)
                           "calibrated_compute_s": sum(
                               ((prof.recommendation or {}).get("unit_compute_s") or {}).values()),
                           "planned_compute_s": sum(
