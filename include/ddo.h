@@ -1108,6 +1108,14 @@ DDO_API int ddo_session_unit_share(const ddo_session *s, size_t unit, uint64_t *
  * after ddo_session_reload). Errors: DDO_E_INVALID_ARGUMENT (NULL or empty, more units than
  * the plan's, out of range, listed twice). */
 DDO_API int ddo_session_declare_order(ddo_session *s, const size_t *units, size_t count);
+/* Marks the start of a pass (one forward of the host's model). From then on a unit acquired
+ * again before the next mark does not move the prefetch window, which its first acquire of the
+ * pass moved: a module read at a pass's start and at its end (the gathered unit of the modules
+ * outside the blocks) would otherwise, at the end, start loading the next pass's unit whose
+ * slot the pass's last block still computes in, and a synchronize after the pass would wait
+ * for that copy. A host that marks no pass keeps a window move at every acquire. Errors:
+ * DDO_E_INVALID_ARGUMENT (NULL). */
+DDO_API int ddo_session_begin_pass(ddo_session *s);
 /* What one unit's acquires waited for since the session was created (docs/io.md, "Which units
  * waited on the file"): a host reads it to see which units a disk slower than planned stalls,
  * and for how long. */

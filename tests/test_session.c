@@ -252,6 +252,47 @@ static void test_prefetch_declared_order_wraps(void)
     fx_destroy(&f);
 }
 
+/* A unit read at a pass's start and again at its end (the gathered unit of the modules outside
+ * the blocks): with the host's passes marked, the second acquire moves no window, so the slot
+ * the pass's last block just released is not loaded before the next pass; unmarked, it is. */
+static void reacquire_at_pass_end(bool marked)
+{
+    fx_opts o = vmm_mem;
+    o.blocks = 6;
+    fx f;
+    T_REQUIRE(fx_create(&f, &o) == 0);
+    T_REQUIRE(f.rc == 0);
+    size_t order[6];
+    for (int i = 0; i < 6; i++)
+        order[i] = fx_unit(&f, i);
+    T_REQUIRE(ddo_session_declare_order(f.s, order, 6) == 0);
+    for (int pass = 0; pass < 3; pass++) {
+        if (marked)
+            T_REQUIRE(ddo_session_begin_pass(f.s) == 0);
+        for (int i = 0; i < 6; i++)
+            T_CHECK(fx_use(&f, order[i]) == 0);
+        T_REQUIRE(ddo_session_acquire(f.s, order[0], f.stream) == 0); /* the pass's end */
+        unsigned want = (1u << 0) | (1u << 1) | (marked ? 0u : 1u << 2);
+        T_EQ_INT(held_blocks(&f, 6), want);
+        T_REQUIRE(ddo_session_release(f.s, order[0], f.stream) == 0);
+    }
+    if (marked) { /* the next pass's first acquire moves the window: block 2 starts loading */
+        T_REQUIRE(ddo_session_begin_pass(f.s) == 0);
+        T_REQUIRE(ddo_session_acquire(f.s, order[0], f.stream) == 0);
+        T_EQ_INT(held_blocks(&f, 6), (1u << 0) | (1u << 1) | (1u << 2));
+        T_REQUIRE(ddo_session_release(f.s, order[0], f.stream) == 0);
+    }
+    T_NEAR(fx_metric(&f, "misses"), 0, 0);
+    T_EQ_INT(ddo_session_begin_pass(NULL), DDO_E_INVALID_ARGUMENT);
+    fx_destroy(&f);
+}
+
+static void test_pass_reacquire_moves_no_window(void)
+{
+    reacquire_at_pass_end(true);
+    reacquire_at_pass_end(false);
+}
+
 static void test_prefetch_learned_order(void)
 {
     fx_opts o = vmm_mem;
@@ -1118,6 +1159,7 @@ int main(void)
     T_RUN(test_lease_errors);
     T_RUN(test_prefetch_declared_order_wraps);
     T_RUN(test_prefetch_learned_order);
+    T_RUN(test_pass_reacquire_moves_no_window);
     T_RUN(test_reclaim_explicit);
     T_RUN(test_reclaim_pressure);
     T_RUN(test_unload_reload);

@@ -517,6 +517,7 @@ FUNCTIONS: Dict[str, Tuple[Any, List[Any]]] = {
     "ddo_session_unit_view_count": (c_size_t, [P, c_size_t]),
     "ddo_session_unit_share": (c_int, [P, c_size_t, POINTER(c_uint64)]),
     "ddo_session_declare_order": (c_int, [P, POINTER(c_size_t), c_size_t]),
+    "ddo_session_begin_pass": (c_int, [P]),
     "ddo_session_unit_waits": (c_int, [P, c_size_t, POINTER(UnitWaits)]),
     "ddo_session_reclaim": (c_int, [P, POINTER(c_uint64)]),
     "ddo_session_unload": (c_int, [P]),

@@ -187,6 +187,9 @@ class Leases(Views):
                 self._entered = set()
                 if self._timing is not None:
                     self._timing.next_pass()
+                L = _native.lib()  # a unit's later leases of this pass move no window
+                _native.check(L.ddo_session_begin_pass(self._session),
+                              L.ddo_session_error(self._session))
                 self._release_pins()
                 if self._dirty and not self._leases:  # a restore a live view put off
                     self._restore()

@@ -112,6 +112,7 @@ typedef struct ddo__unit_rt {
     size_t alias_slot;
     uint64_t alias_epoch; /* the order's epoch when the alias was made */
     uint64_t loads;       /* loads started into a slot (ddo_session_tensor_loads); under mu */
+    uint64_t pass;        /* order.pass at its last acquire (under mu) */
     const char *name;
     ddo_unit_waits waits; /* what its acquires waited for (written under mu) */
 } ddo__unit_rt;
@@ -164,6 +165,9 @@ typedef struct ddo__order {
     size_t *learn;
     size_t learn_count;
     bool *learn_seen;
+    /* The host's passes (ddo_session_begin_pass), 0 while it marks none: a unit acquired again
+     * in the pass of its last acquire moves no prefetch window. */
+    uint64_t pass;
 } ddo__order;
 
 /* Each group names the file that writes it; every other file only reads it. */

@@ -217,7 +217,14 @@ int ddo_session_acquire(ddo_session *s, size_t unit, ddo_stream *stream)
     int rc = acquire_locked(s, unit, native, &stall);
     if (rc == 0) {
         note_waits(s, unit, stall);
-        ddo__session_prefetch(s, unit);
+        /* Again in one pass (a module read at its start and its end, the next block of a
+         * packed unit): the window moved at the pass's first acquire. From here, at a pass's
+         * end it would load the unit whose slot the last block holds, and the host's
+         * synchronize would wait for that copy with nothing left to compute. */
+        bool again = s->order.pass != 0 && s->units[unit].pass == s->order.pass;
+        s->units[unit].pass = s->order.pass;
+        if (!again)
+            ddo__session_prefetch(s, unit);
     }
     ddo__mutex_unlock(&s->mu);
     if (stall > 0)

@@ -3,10 +3,11 @@
  * (ddo_session_declare_order), else learned from the first pass of acquires (a unit seen
  * twice closes the cycle), else the plan's unit order. After every acquire the next
  * `slots - 1` units of that order are kept loading; on vmm_runtime only when they fit the
- * mapped budget without displacing a leased, loading or prefetched unit. When an order is
- * declared, and again after a reload, the first `slots` units of it start loading at once, so
- * the first pass does not begin by waiting for its first unit. On vmm_fast_runtime each unit
- * of the order has a home slot (place_homes), so that settled uploads map nothing.
+ * mapped budget without displacing a leased, loading or prefetched unit; where the host marks
+ * its passes (ddo_session_begin_pass), only after a unit's first acquire of the pass. When an
+ * order is declared, and again after a reload, the first `slots` units of it start loading at once,
+ * so the first pass does not begin by waiting for its first unit. On vmm_fast_runtime each unit of
+ * the order has a home slot (place_homes), so that settled uploads map nothing.
  */
 #include "session/session.h"
 
@@ -198,6 +199,18 @@ int ddo_session_declare_order(ddo_session *s, const size_t *units, size_t count)
     set_order(s, units, count);
     s->order.declared = true;
     ddo__session_prefetch_head(s);
+    ddo__mutex_unlock(&s->mu);
+    return 0;
+}
+
+int ddo_session_begin_pass(ddo_session *s)
+{
+    if (s == NULL)
+        return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
+                         "ddo_session_begin_pass: a session is "
+                         "required");
+    ddo__mutex_lock(&s->mu);
+    s->order.pass++;
     ddo__mutex_unlock(&s->mu);
     return 0;
 }
