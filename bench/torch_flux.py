@@ -967,7 +967,8 @@ def idle_causes(events):
 def trace_one_step(module, inputs, case, args, cuda):
     """One more step under torch.profiler (after the timed ones), traced by trace_step."""
     return trace_step(lambda: forward(module, inputs, args.toy, False),
-                      os.path.join(args.workdir, f"torch_trace_{case}.json"), cuda)
+                      os.path.join(args.workdir, f"torch_trace_{case}.json"), cuda,
+                      cpu=args.torch_trace != "cuda")
 
 
 def py_profile_step(step, cuda, top=30):
@@ -993,7 +994,7 @@ def py_profile_step(step, cuda, top=30):
             "ddo_by_cumtime": ddo.getvalue()[-8000:]}
 
 
-def trace_step(step, path, cuda):
+def trace_step(step, path, cuda, cpu=True):
     """step() once under torch.profiler: its Chrome trace at path, and where the device's time
     went: the kernels' summed time, the union of the spans any kernel ran (busy), the copies'
     union, and the step's wall time. Between two cases the kernels' sum tells slower kernels
@@ -1006,7 +1007,10 @@ def trace_step(step, path, cuda):
     and the copies' tail after the last kernel (copy_tail_s)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    # cpu=False: the device's activity and the CUDA API calls only, without torch's operators,
+    # whose recording slows the host enough to make a host-paced step of a streamed one
+    acts = ([ProfilerActivity.CPU] if cpu or not cuda else []) + \
+        ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=acts) as prof:
         t = time.perf_counter()
         step()
@@ -1062,7 +1066,7 @@ def case_command(case, args, result_path, deadline_epoch):
     if args.quant != "none":
         cmd += ["--quant", args.quant, "--gguf-type", args.gguf_type]
     if args.torch_trace:
-        cmd.append("--torch-trace")
+        cmd.append(f"--torch-trace={args.torch_trace}")
     if args.py_profile:
         cmd.append("--py-profile")
     return cmd
@@ -1266,9 +1270,11 @@ def parse_args(argv=None):
     p.add_argument("--py-profile", action="store_true",
                    help="one more step per case under cProfile: the host's top functions by own "
                         "time (JSON: py_profile)")
-    p.add_argument("--torch-trace", action="store_true",
+    p.add_argument("--torch-trace", nargs="?", const="all", choices=("all", "cuda"),
                    help="one more step per case under torch.profiler: its trace in the workdir "
-                        "and the kernels' time against the step's (JSON: torch_trace)")
+                        "and the kernels' time against the step's (JSON: torch_trace); 'cuda' "
+                        "records the device and the CUDA calls only, not torch's operators, "
+                        "which slow the host")
     p.add_argument("--image-tokens", type=int, default=4096)
     p.add_argument("--text-tokens", type=int, default=512)
     p.add_argument("--tiny", action="store_true", help="tiny Flux configuration (smoke test)")
