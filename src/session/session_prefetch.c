@@ -207,8 +207,7 @@ int ddo_session_begin_pass(ddo_session *s)
 {
     if (s == NULL)
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT,
-                         "ddo_session_begin_pass: a session is "
-                         "required");
+                         "ddo_session_begin_pass: a session is required");
     ddo__mutex_lock(&s->mu);
     s->order.pass++;
     ddo__mutex_unlock(&s->mu);
