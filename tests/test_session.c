@@ -272,8 +272,9 @@ static void reacquire_at_pass_end(bool marked)
         for (int i = 0; i < 6; i++)
             T_CHECK(fx_use(&f, order[i]) == 0);
         T_REQUIRE(ddo_session_acquire(f.s, order[0], f.stream) == 0); /* the pass's end */
+        /* (block 5's slot, released, may read idle-ready or still retiring: not compared) */
         unsigned want = (1u << 0) | (1u << 1) | (marked ? 0u : 1u << 2);
-        T_EQ_INT(held_blocks(&f, 6), want);
+        T_EQ_INT(held_blocks(&f, 6) & ~(1u << 5), want);
         T_REQUIRE(ddo_session_release(f.s, order[0], f.stream) == 0);
     }
     if (marked) { /* the next pass's first acquire moves the window: block 2 starts loading */
