@@ -208,18 +208,25 @@ static unsigned held_blocks(fx *f, int blocks)
     return m;
 }
 
-static void test_prefetch_declared_order_wraps(void)
+/* vmm_mem over 6 blocks with the order ob declared (order[i]: block ob[i]'s unit); 0 when
+ * created and declared. */
+static int create_declared(fx *f, const int ob[6], size_t order[6])
 {
     fx_opts o = vmm_mem;
     o.blocks = 6;
+    if (fx_create(f, &o) != 0 || f->rc != 0)
+        return -1;
+    for (int i = 0; i < 6; i++)
+        order[i] = fx_unit(f, ob[i]);
+    return ddo_session_declare_order(f->s, order, 6);
+}
+
+static void test_prefetch_declared_order_wraps(void)
+{
     fx f;
-    T_REQUIRE(fx_create(&f, &o) == 0);
-    T_REQUIRE(f.rc == 0);
     size_t order[6];
     int ob[6] = { 5, 3, 1, 0, 2, 4 };
-    for (int i = 0; i < 6; i++)
-        order[i] = fx_unit(&f, ob[i]);
-    T_REQUIRE(ddo_session_declare_order(f.s, order, 6) == 0);
+    T_REQUIRE(create_declared(&f, ob, order) == 0);
     /* declaring the order starts the first three of it loading: 5, 3 and 1 */
     T_EQ_INT(held_blocks(&f, 6), (1u << 5) | (1u << 3) | (1u << 1));
     /* acquiring block 5 keeps the next two of the declared order loading: 3 and 1 */
@@ -257,15 +264,10 @@ static void test_prefetch_declared_order_wraps(void)
  * the pass's last block just released is not loaded before the next pass; unmarked, it is. */
 static void reacquire_at_pass_end(bool marked)
 {
-    fx_opts o = vmm_mem;
-    o.blocks = 6;
     fx f;
-    T_REQUIRE(fx_create(&f, &o) == 0);
-    T_REQUIRE(f.rc == 0);
     size_t order[6];
-    for (int i = 0; i < 6; i++)
-        order[i] = fx_unit(&f, i);
-    T_REQUIRE(ddo_session_declare_order(f.s, order, 6) == 0);
+    int ob[6] = { 0, 1, 2, 3, 4, 5 };
+    T_REQUIRE(create_declared(&f, ob, order) == 0);
     for (int pass = 0; pass < 3; pass++) {
         if (marked)
             T_REQUIRE(ddo_session_begin_pass(f.s) == 0);
