@@ -638,6 +638,9 @@ int ddo_tool_synth_values(const char *layout_path, const char *out_path, double 
         rc = tool_fail(err, err_len, DDO_E_INVALID_ARGUMENT, "%s: path too long", out_path);
         goto out;
     }
+    /* Registered before it is created: a signal between the open and the registration
+     * would leave the file behind (the name holds this process's id, so nothing else's). */
+    tmp_slot = in_place ? -1 : tool_cleanup_add(tmp_path, false);
     fd = in_place ? open(out_path, O_WRONLY | O_CLOEXEC)
                   : open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) {
@@ -645,7 +648,6 @@ int ddo_tool_synth_values(const char *layout_path, const char *out_path, double 
         goto out;
     }
     created = !in_place;
-    tmp_slot = in_place ? -1 : tool_cleanup_add(tmp_path, false);
     if ((gguf ? write_all(fd, (const uint8_t *)header, hlen)
               : put_header(fd, header, hlen, padded)) != 0 ||
         write_values(fd, ts, n, off, seed, values, threads, gguf) != 0)
