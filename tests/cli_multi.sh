@@ -35,6 +35,8 @@ check "plan with a device set exits 0" '[ $rc -eq 0 ]'
 check "plan shows the donor set, the store and the link" \
     'grep -q "device set *donor: cpu:0,cpu:1" "$T/plan.out" && grep -q "store device" "$T/plan.out" &&
      grep -q "device link *250.0 GB/s" "$T/plan.out"'
+check "the donor plan keeps no host copy of the streamed units (they live on the store)" \
+    'grep -qE "retained_store +none_donor" "$T/plan.out" && grep -qE "^  retained host +0.00 GiB" "$T/plan.out"'
 "$DDO_BIN" plan "$T/m.safetensors" "${SET[@]}" --json >"$T/plan.json" 2>&1; rc=$?
 check "the plan JSON has its device_set" \
     '[ $rc -eq 0 ] && grep -q "\"device_set\"" "$T/plan.json" && grep -q "\"mode\": \"donor\"" "$T/plan.json"'

@@ -268,6 +268,19 @@ static void donor_on(const char *mode, bool file)
     T_EQ_U64(su.pinned_bytes, 0); /* the fill window is given back */
     ddo__device_usage(f.dev, &cu);
     T_EQ_U64(cu.device_bytes, one.device_bytes); /* the computing device: as one device */
+    if (file) {
+        /* Read from a file, the streamed units live on the store only: no host copy retained,
+         * registered or staged (one device retains and registers them). */
+        T_CHECK(strcmp(ddo__plan_decision_get(f.plan, "retained_store"), "none_donor") == 0);
+        ddo_plan_budgets bg;
+        T_REQUIRE(ddo_plan_budgets_get(f.plan, &bg) == 0);
+        T_EQ_U64(bg.retained_peak, 0);
+        T_EQ_U64(bg.registered_peak, 0);
+        T_EQ_U64(bg.staging_peak, 0);
+        T_NEAR(fx_metric(&f, "retained_peak_bytes"), 0, 0);
+        T_EQ_U64(cu.pinned_bytes, 0);
+        T_CHECK(one.pinned_bytes > 0);
+    }
 
     void *first[8] = { 0 };
     run_steps(&f, first);

@@ -287,6 +287,9 @@ struct json_t;
 /* The set of the devices option into p (after placement): DDO_E_CONFIG for a set it cannot
  * use, DDO_E_BUDGET when the donor store exceeds its limit. */
 int ddo__plan_devset(ddo_plan *p, const struct ddo__options *o);
+/* Whether the devices option names a donor set (two or more devices, device_mode not split):
+ * the host side then retains no streamed unit, since they come from the store device. */
+bool ddo__plan_devset_donor(const struct ddo__options *o);
 /* Adds "device_set" to the plan's JSON object (nothing for one device); 0 or DDO_E_NO_MEMORY. */
 int ddo__plan_devset_json(const ddo_plan *p, struct json_t *root);
 /* Reads "device_set" back (absent: one device); NULL, or the field at fault. */

@@ -97,6 +97,12 @@ static int check_donor(ddo_plan *p, const ddo__options *o)
     return 0;
 }
 
+bool ddo__plan_devset_donor(const ddo__options *o)
+{
+    return o->devices.count >= 2 &&
+           (o->device_mode == NULL || strcmp(o->device_mode, "split") != 0);
+}
+
 int ddo__plan_devset(ddo_plan *p, const ddo__options *o)
 {
     const ddo__strlist *l = &o->devices;
@@ -113,7 +119,7 @@ int ddo__plan_devset(ddo_plan *p, const ddo__options *o)
     if (rc != 0)
         return rc;
     p->device_count = l->count;
-    bool donor = o->device_mode == NULL || strcmp(o->device_mode, "split") != 0;
+    bool donor = ddo__plan_devset_donor(o);
     p->device_mode = donor ? DDO_DEVICE_MODE_DONOR : DDO_DEVICE_MODE_SPLIT;
     p->peer_bytes_per_s =
         o->peer_link_gbps > 0 ? o->peer_link_gbps * 1e9 : p->inputs.peer_bytes_per_s;

@@ -249,6 +249,10 @@ static int retained_store(builder *b, host_ctx *h, uint64_t available)
         for (size_t k = 0; k < h->streamed; k++)
             p->units[h->list[k]].retained = true;
         ddo__decisions_set_str(d, "retained_store", "host_memory");
+    } else if (ddo__plan_devset_donor(o)) {
+        /* Donor mode: the store device holds every streamed unit, filled once from the file, and
+         * each load, reload included, copies from there; a host copy would never be read. */
+        ddo__decisions_set_str(d, "retained_store", "none_donor");
     } else if (retain) {
         uint64_t total = bytes_of(p, false, false);
         if (retain_limit == 0 || ddo__round_up(total, DDO_SEGMENT_BYTES) <= retain_limit) {
@@ -381,12 +385,13 @@ static int staging(builder *b, const host_ctx *h, uint64_t available)
     uint64_t staging_bytes =
         floor_to(ddo__gb_to_bytes(b->o->vmm_staging_buffer_gb), DDO_STAGING_WINDOW_BYTES);
     size_t windows = (size_t)(staging_bytes / DDO_STAGING_WINDOW_BYTES);
-    bool staging_needed = false;
-    for (size_t u = 0; u < p->unit_count; u++)
+    /* In donor mode the streamed units come from the store device, never through staging. */
+    bool donor = ddo__plan_devset_donor(b->o), staging_needed = false;
+    for (size_t u = 0; u < p->unit_count && !donor; u++)
         if (!p->units[u].resident && !p->units[u].registered)
             staging_needed = true;
     bg->staging_window_bytes = DDO_STAGING_WINDOW_BYTES;
-    if (h->vmm_nvme && h->streamed > 0) {
+    if (h->vmm_nvme && h->streamed > 0 && !donor) {
         if (windows < 1)
             windows = 1;
         bg->staging_windows = 2 * windows;
