@@ -58,6 +58,16 @@ check "a store over its budget is refused naming store_device_budget_gb" \
 check "an execution_device other than the set's first is refused" \
     '[ $rc -ne 0 ] && grep -q "first device" "$T/e.out"'
 
+# `ddo bench` in donor mode: the store opened once, its link measured, every case bit-identical,
+# the streamed bytes from the store and the bound taken at the link's rate.
+"$DDO_BIN" bench "$T/m.safetensors" "${SET[@]}" --bus-gib 0.05 --direct-gib 0 --steps 2 \
+    --json "$T/db.json" >"$T/dbench.out" 2>&1; rc=$?
+cat "$T/dbench.out"
+check "donor bench exits 0, the store and its link named, every case bit-identical" \
+    '[ $rc -eq 0 ] && [ "$(grep -c "store device: cpu:1 (donor mode), link to the computing device [0-9.]* GB/s$" "$T/dbench.out")" -eq 1 ] &&
+     grep -q "\"bit_identical\": true" "$T/db.json" && ! grep -q "\"bit_identical\": false" "$T/db.json" &&
+     grep -qE "\"bytes_from_store\": [1-9]" "$T/db.json" && grep -qE "\"peer_bytes_per_s\": [1-9]" "$T/db.json"'
+
 # Split mode: one session over three cpu devices; every other device's bytes are compared with
 # the first's after each acquire, and the streamed bytes arrived by split uploads.
 SPLIT=(--ddo-devices cpu:0,cpu:1,cpu:2 --ddo-device-mode split --ddo-execution-mode linear_runtime

@@ -25,6 +25,7 @@
  */
 #include "cleanup.h"
 #include "compat.h"
+#include "devset.h"
 #include "host.h"
 #include "order.h"
 #include "os/thread.h"
@@ -306,7 +307,11 @@ static void usage(FILE *out)
         "  --direct-gib G   bytes read with O_DIRECT to measure the file (default 2; 0 = off)\n"
         "  --file-read-gbps F  the file's read rate the plans are given, GB/s (default: the\n"
         "                   O_DIRECT rate measured here; weight_codec=auto reads a sidecar\n"
-        "                   when the plan is disk-bound, docs/codec.md)\n");
+        "                   when the plan is disk-bound, docs/codec.md)\n\n"
+        "A device set (--ddo-devices A,B[,...], docs/multi-gpu.md): donor mode opens the\n"
+        "second device as the store once and measures its link, which bounds the bytes that\n"
+        "came from it; split mode (--ddo-device-mode split) opens every device after the\n"
+        "first and compares every other device's bytes with the first's in each case.\n");
 }
 
 /* Splits a case's text "NAME --flag v ..." (whitespace separated; no quoting). */
@@ -387,6 +392,7 @@ typedef struct case_result {
     /* split mode: every tensor on every other device against the first device's bytes */
     size_t split_devices; /* 0: not a split case */
     uint64_t split_checked, split_differ;
+    double store_bytes; /* donor mode, per step: copied from the store device */
 } case_result;
 
 /* ---- the bench context ------------------------------------------------------------- */
@@ -409,8 +415,8 @@ typedef struct bench {
     uint64_t resident_checksum;
     bool have_resident;
     trace tr;
-    ddo_device *split[15]; /* split mode: the set's devices after the first (opened once) */
-    size_t split_count;
+    tool_devset set; /* the set's devices after the first (opened once) */
+    double peer_bps; /* donor mode: the store device -> this device rate, measured; 0 unknown */
 } bench;
 
 static int fail_case(case_result *r, const char *what, int rc, const char *detail)
@@ -533,25 +539,22 @@ static int verify_step(bench *b, ddo_session *s, const ddo_plan *plan, uint64_t 
     return 0;
 }
 
-/* Split mode (docs/multi-gpu.md): opens the set's devices after the first, once per bench;
- * *is_split tells whether plan is a split plan. */
-static int open_split(bench *b, const ddo_plan *plan, bool *is_split, case_result *r)
+/* A device set (docs/multi-gpu.md): opens the set's devices after the first, once per bench (donor
+ * mode: the store, and its link to this device measured once); *is_split tells whether plan is
+ * a split plan. */
+static int open_set(bench *b, const ddo_plan *plan, bool *is_split, case_result *r)
 {
-    ddo_plan_info info = DDO_PLAN_INFO_INIT;
-    *is_split = ddo_plan_info_get(plan, &info) == 0 && info.device_mode == DDO_DEVICE_MODE_SPLIT;
-    if (!*is_split || b->split_count > 0)
+    bool had = b->set.count > 0;
+    int rc = tool_devset_open(&b->set, plan);
+    if (rc != 0)
+        return fail_case(r, "device set", rc, ddo_last_error());
+    *is_split = tool_devset_split(&b->set, plan);
+    if (had || b->set.mode != DDO_DEVICE_MODE_DONOR)
         return 0;
-    for (const char *p = strchr(info.devices, ','); p != NULL; p = strchr(p + 1, ',')) {
-        char spec[64];
-        snprintf(spec, sizeof(spec), "%s", p + 1);
-        spec[strcspn(spec, ",")] = '\0';
-        if (b->split_count == sizeof b->split / sizeof b->split[0])
-            break;
-        int rc = ddo_device_create(spec, NULL, &b->split[b->split_count]);
-        if (rc != 0)
-            return fail_case(r, "split device", rc, ddo_last_error());
-        b->split_count++;
-    }
+    if (ddo_device_measure_peer(b->dev, b->set.dev[0], 64 * (uint64_t)1048576, &b->peer_bps) != 0)
+        b->peer_bps = 0;
+    printf("store device: %s (donor mode), link to the computing device %.2f GB/s%s\n",
+           b->set.names, b->peer_bps / 1e9, b->peer_bps > 0 ? "" : " (not measured)");
     return 0;
 }
 
@@ -561,7 +564,7 @@ static int split_compare(bench *b, ddo_session *s, const ddo_plan *plan, case_re
 {
     size_t n = ddo_checkpoint_tensor_count(b->ck), held = SIZE_MAX;
     int rc = 0;
-    r->split_devices = b->split_count + 1;
+    r->split_devices = b->set.count + 1;
     for (size_t t = 0; t < n && rc == 0; t++) {
         ddo_placement pl = tool_placement(plan, t);
         const ddo_tensor_info *ti = ddo_checkpoint_tensor(b->ck, t);
@@ -578,18 +581,7 @@ static int split_compare(bench *b, ddo_session *s, const ddo_plan *plan, case_re
             if (rc != 0)
                 break;
         }
-        size_t len = (size_t)ti->nbytes;
-        unsigned char *first = malloc(len ? len : 1), *other = malloc(len ? len : 1);
-        rc = first == NULL || other == NULL ? DDO_E_NO_MEMORY
-                                            : ddo_session_device_tensor_read(s, 0, t, first, len);
-        for (size_t k = 1; k <= b->split_count && rc == 0; k++) {
-            rc = ddo_session_device_tensor_read(s, k, t, other, len);
-            r->split_checked++;
-            if (rc == 0 && memcmp(first, other, len) != 0)
-                r->split_differ++;
-        }
-        free(first);
-        free(other);
+        rc = tool_devset_compare(s, b->ck, t, b->set.count, &r->split_checked, &r->split_differ);
     }
     int rc2 = held != SIZE_MAX ? ddo_session_release(s, held, b->stream) : 0;
     rc = rc != 0 ? rc : rc2;
@@ -659,7 +651,7 @@ static int timed_steps(bench *b, ddo_session *s, const exec_order *o, uint64_t s
         fail_case(r, "metrics", rc, ddo_session_error(s));
         return rc;
     }
-    double m0[10] = { tool_metric(m, "stall_ns"),
+    double m0[11] = { tool_metric(m, "stall_ns"),
                       tool_metric(m, "bytes_from_registered") +
                           tool_metric(m, "bytes_staged_from_retained"),
                       tool_metric(m, "bytes_staged_from_file"),
@@ -669,7 +661,8 @@ static int timed_steps(bench *b, ddo_session *s, const exec_order *o, uint64_t s
                       tool_metric(m, "bytes_decoded"),
                       tool_metric(m, "codec_decode_timed_bytes"),
                       tool_metric(m, "codec_decode_ns"),
-                      tool_metric(m, "bytes_staged_from_sidecar") };
+                      tool_metric(m, "bytes_staged_from_sidecar"),
+                      tool_metric(m, "bytes_from_store") };
     ddo_metrics_destroy(m);
     m = NULL;
     double total = 0, best = 0;
@@ -696,6 +689,7 @@ static int timed_steps(bench *b, ddo_session *s, const exec_order *o, uint64_t s
     r->file_bytes = (tool_metric(m, "bytes_staged_from_file") - m0[2]) / ns;
     r->sidecar_bytes = (tool_metric(m, "bytes_staged_from_sidecar") - m0[9]) / ns;
     r->copy_bytes = (tool_metric(m, "copy_bytes") - m0[3]) / ns;
+    r->store_bytes = (tool_metric(m, "bytes_from_store") - m0[10]) / ns;
     r->hits = (tool_metric(m, "hits") - m0[4]) / ns;
     r->coded_bytes = (tool_metric(m, "bytes_coded_uploaded") - m0[5]) / ns;
     r->decoded_bytes = (tool_metric(m, "bytes_decoded") - m0[6]) / ns;
@@ -780,14 +774,13 @@ static int run_case(bench *b, ddo_config *cfg, uint64_t steps, uint64_t trace_st
     if (rc != 0)
         goto out;
     bool split = false;
-    if ((rc = open_split(b, plan, &split, r)) != 0)
+    if ((rc = open_set(b, plan, &split, r)) != 0)
         goto out;
     base_free = device_free(b->dev);
     min_free = base_free;
     ddo_session_options so = DDO_SESSION_OPTIONS_INIT;
     so.config = cfg;
-    so.split_devices = split ? b->split : NULL;
-    so.split_device_count = split ? b->split_count : 0;
+    tool_devset_session(&b->set, plan, &so);
     if (b->a->trace_path != NULL) {
         so.trace = session_trace_fn;
         so.trace_user = &b->tr;
@@ -844,8 +837,12 @@ static void finish_result(const bench *b, case_result *r)
     if (!r->ran)
         return;
     double bound = b->compute_s;
-    if (b->bus_bps > 0 && r->copy_bytes / b->bus_bps > bound)
-        bound = r->copy_bytes / b->bus_bps;
+    /* Donor mode: what came from the store crossed the device->device link, not the bus. */
+    double over_bus = r->copy_bytes - r->store_bytes;
+    if (b->bus_bps > 0 && over_bus / b->bus_bps > bound)
+        bound = over_bus / b->bus_bps;
+    if (b->peer_bps > 0 && r->store_bytes / b->peer_bps > bound)
+        bound = r->store_bytes / b->peer_bps;
     double file_bps =
         strcmp(r->read_engine, "pread") != 0 && b->direct_bps > 0 ? b->direct_bps : b->read_bps;
     if (file_bps <= 0 && b->a->file_gbps > 0) /* neither measured: the rate the plans were given */
@@ -1091,6 +1088,10 @@ static int write_json(const bench *b, const case_result *res, size_t n, const ch
         json_object_set_new(o, "checksum", json_string(sum));
         json_object_set_new(o, "bit_identical",
                             r->identical < 0 ? json_null() : json_boolean(r->identical == 1));
+        if (r->store_bytes > 0) {
+            json_object_set_new(o, "bytes_from_store", json_real(r->store_bytes));
+            json_object_set_new(o, "peer_bytes_per_s", json_real(b->peer_bps));
+        }
         if (r->split_devices > 0) {
             json_object_set_new(o, "split_devices", json_integer((json_int_t)r->split_devices));
             json_object_set_new(o, "split_devices_identical",
@@ -1528,8 +1529,7 @@ out:
         unlink(synth_path);
     tool_cleanup_forget(synth_slot);
     ddo_stream_destroy(b.stream);
-    for (size_t k = 0; k < b.split_count; k++)
-        ddo_device_destroy(b.split[k]);
+    tool_devset_close(&b.set);
     ddo_setup_destroy(b.setup);
     ddo_config_destroy(b.cfg);
     for (size_t i = 0; i < a.ncases; i++)

@@ -12,6 +12,7 @@
  * and each component's session is destroyed before the next one loads, so
  * the device peak is the largest component's, not the sum.
  */
+#include "devset.h"
 #include "host.h"
 #include "order.h"
 #include "profile_run.h"
@@ -228,12 +229,11 @@ typedef struct run_ctx {
     ddo_device *dev;  /* the setup's */
     ddo_device_caps caps;
     uint64_t baseline_used;
-    ddo_device *store; /* donor mode: the store device (the set's second), opened for a session */
-    /* split mode: the set's devices after the first, opened for a session; the tally of the
-     * per-device checks (every other device's bytes against the first's; through `tally`,
-     * which run_step's const context may write) */
-    ddo_device *split[15];
-    size_t split_count;
+    /* The set's devices after the first (donor: the store; split: the others), opened for a
+     * session; in split mode the tally of the per-device checks (every other device's bytes
+     * against the first's; through `tally`, which run_step's const context may write) */
+    tool_devset set;
+    size_t split_count; /* set.count in split mode, else 0 */
     const ddo_checkpoint *ck;
     struct split_tally {
         uint64_t checked, differ;
@@ -429,58 +429,35 @@ static void sample_used(const run_ctx *ctx, run_result *res)
         res->device_used_peak = used - ctx->baseline_used;
 }
 
-/* Donor mode (docs/multi-gpu.md): opens the set's second device as the store; 0 otherwise. */
-static int open_store(run_ctx *ctx, const ddo_plan *plan)
+/* Donor mode (docs/multi-gpu.md): the set's second device as the store; split mode: every
+ * device after the first. 0 for one device. */
+static int open_set(run_ctx *ctx, const ddo_plan *plan)
 {
-    ddo_plan_info info = DDO_PLAN_INFO_INIT;
-    if (ctx->store != NULL || ddo_plan_info_get(plan, &info) != 0 ||
-        info.device_mode != DDO_DEVICE_MODE_DONOR)
-        return 0;
-    char spec[64];
-    const char *comma = strchr(info.devices, ',');
-    snprintf(spec, sizeof(spec), "%s", comma != NULL ? comma + 1 : "");
-    spec[strcspn(spec, ",")] = '\0';
-    int rc = ddo_device_create(spec, NULL, &ctx->store);
+    bool had = ctx->set.count > 0;
+    int rc = tool_devset_open(&ctx->set, plan);
     if (rc != 0) {
-        ctx->store = NULL;
-        fail_msg("store device", rc, ddo_last_error());
+        ddo_plan_info info = DDO_PLAN_INFO_INIT;
+        bool donor =
+            ddo_plan_info_get(plan, &info) == 0 && info.device_mode == DDO_DEVICE_MODE_DONOR;
+        fail_msg(donor ? "store device" : "split device", rc, ddo_last_error());
         return rc;
     }
-    printf("store device: %s (donor mode)\n", spec);
-    return 0;
-}
-
-/* Split mode (docs/multi-gpu.md): opens the set's devices after the first; 0 otherwise. */
-static int open_split(run_ctx *ctx, const ddo_plan *plan)
-{
-    ddo_plan_info info = DDO_PLAN_INFO_INIT;
-    if (ctx->split_count > 0 || ddo_plan_info_get(plan, &info) != 0 ||
-        info.device_mode != DDO_DEVICE_MODE_SPLIT)
+    if (had || ctx->set.count == 0)
         return 0;
-    const char *p = strchr(info.devices, ',');
-    while (p != NULL && ctx->split_count < sizeof ctx->split / sizeof ctx->split[0]) {
-        char spec[64];
-        snprintf(spec, sizeof(spec), "%s", p + 1);
-        spec[strcspn(spec, ",")] = '\0';
-        int rc = ddo_device_create(spec, NULL, &ctx->split[ctx->split_count]);
-        if (rc != 0) {
-            fail_msg("split device", rc, ddo_last_error());
-            return rc;
-        }
-        ctx->split_count++;
-        p = strchr(p + 1, ',');
+    if (ctx->set.mode == DDO_DEVICE_MODE_DONOR) {
+        printf("store device: %s (donor mode)\n", ctx->set.names);
+        return 0;
     }
-    printf("split devices: %s (split mode: every device holds every unit)\n",
-           strchr(info.devices, ',') + 1);
+    printf("split devices: %s (split mode: every device holds every unit)\n", ctx->set.names);
+    ctx->split_count = ctx->set.count;
     memset(&ctx->split_tally, 0, sizeof ctx->split_tally);
     ctx->tally = &ctx->split_tally;
     return 0;
 }
 
-static void close_split(run_ctx *ctx)
+static void close_set(run_ctx *ctx)
 {
-    for (size_t k = 0; k < ctx->split_count; k++)
-        ddo_device_destroy(ctx->split[k]);
+    tool_devset_close(&ctx->set);
     ctx->split_count = 0;
     ctx->tally = NULL;
 }
@@ -510,25 +487,9 @@ static int check_split(const run_ctx *ctx, ddo_session *s, const exec_group *g, 
     if (ctx->split_count == 0 || ctx->tally == NULL || (!ctx->caps.is_cpu && !ctx->args->verify))
         return 0;
     int rc = ctx->caps.is_cpu ? 0 : ddo_stream_synchronize(stream);
-    for (size_t j = 0; j < g->count && rc == 0; j++) {
-        const ddo_tensor_info *ti = ddo_checkpoint_tensor(ctx->ck, g->tensors[j]);
-        void *p0 = NULL;
-        if (ti == NULL || ddo_session_device_tensor_address(s, 0, g->tensors[j], &p0) != 0)
-            continue; /* skipped */
-        size_t n = (size_t)ti->nbytes;
-        unsigned char *first = malloc(n ? n : 1), *other = malloc(n ? n : 1);
-        rc = first == NULL || other == NULL
-                 ? DDO_E_NO_MEMORY
-                 : ddo_session_device_tensor_read(s, 0, g->tensors[j], first, n);
-        for (size_t k = 1; k <= ctx->split_count && rc == 0; k++) {
-            rc = ddo_session_device_tensor_read(s, k, g->tensors[j], other, n);
-            ctx->tally->checked++;
-            if (rc == 0 && memcmp(first, other, n) != 0)
-                ctx->tally->differ++;
-        }
-        free(first);
-        free(other);
-    }
+    for (size_t j = 0; j < g->count && rc == 0; j++)
+        rc = tool_devset_compare(s, ctx->ck, g->tensors[j], ctx->split_count, &ctx->tally->checked,
+                                 &ctx->tally->differ);
     if (rc != 0)
         fail_msg("split: reading a device's bytes back", rc, ddo_session_error(s));
     return rc;
@@ -546,15 +507,10 @@ static int create_session(run_ctx *ctx, const ddo_plan *plan, const ddo_checkpoi
     }
     so.config = cfg; /* workers, read engine, registration fallback, reclaim */
     ctx->ck = ck;
-    int src = open_store(ctx, plan);
+    int src = open_set(ctx, plan);
     if (src != 0)
         return src;
-    so.store_device = ctx->store;
-    src = open_split(ctx, plan);
-    if (src != 0)
-        return src;
-    so.split_devices = ctx->split;
-    so.split_device_count = ctx->split_count;
+    tool_devset_session(&ctx->set, plan, &so);
     uint64_t t_setup = tool_now_ns();
     int rc = ddo_session_create(plan, ck, ctx->dev, &so, s);
     if (ps->phase[0] != '\0' && ps->last_percent < 100)
@@ -948,9 +904,7 @@ out:
     ddo_metrics_destroy(m);
     ref_host_destroy(host);
     ddo_session_destroy(s);
-    ddo_device_destroy(ctx->store); /* after the session that used it */
-    ctx->store = NULL;
-    close_split(ctx);
+    close_set(ctx); /* after the session that used its devices */
     ddo_stream_destroy(stream);
     if (ctx->dev != NULL) {
         used = device_used(ctx->dev);
