@@ -86,3 +86,38 @@ def test_split_mode_refused_with_its_reason():
     assert e.value.code == "DDO_E_UNSUPPORTED" and "split_devices" in str(e.value)
     # nothing is left managed: the module works as before
     ddo.enable_offload(m, backend="vmm", devices=["cpu:0", "cpu:1"], **DONOR).close()
+
+
+def test_donor_from_files_keeps_no_host_copy(tmp_path):
+    """A model built from its files (from_pretrained_with_dynamic_offload) in donor mode: the
+    store device holds the streamed units, filled from the file, so the plan retains, registers
+    and stages nothing for them; outputs equal the model read into host tensors, before and
+    after a reload."""
+    import test_pipeline_loading as T
+    path = tmp_path / "m.safetensors"
+    T.write_big_checkpoint(path, depth=6, seed=7, dim=256)
+    def load():
+        return ddo.from_pretrained_with_dynamic_offload(
+            str(path), model_loader=lambda p: T.TinyDiT(256, 6, torch.bfloat16))
+
+    x = torch.randn(1, 4, 256, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    ref = steps(ddo.loading.materialize(load().module, str(path)), x)  # read into host tensors
+    res = load()
+    r = ddo.enable_offload(res.module, backend="vmm", devices=["cpu:0", "cpu:1"], environ={},
+                           **DONOR)
+    try:
+        assert r.plan["planner_decisions"]["retained_store"] == "none_donor"
+        budgets = r.plan["budgets"]
+        assert budgets["retained_host"]["peak"] == budgets["registered_host"]["peak"] == 0
+        assert budgets["staging"]["peak"] == 0
+        for a, b in zip(steps(r.module, x), ref):
+            assert torch.equal(a, b)
+        r.unload()
+        r.reload()
+        for a, b in zip(steps(r.module, x, 2), ref):
+            assert torch.equal(a, b)
+        snap = r.metrics_snapshot(collect_completed=True).as_dict()
+        assert snap["devices"]["bytes_from_store"] > 0
+        assert snap["capacities"]["retained_peak_bytes"] == 0
+    finally:
+        r.close()
