@@ -67,6 +67,14 @@ check "donor bench exits 0, the store and its link named, every case bit-identic
     '[ $rc -eq 0 ] && [ "$(grep -c "store device: cpu:1 (donor mode), link to the computing device [0-9.]* GB/s$" "$T/dbench.out")" -eq 1 ] &&
      grep -q "\"bit_identical\": true" "$T/db.json" && ! grep -q "\"bit_identical\": false" "$T/db.json" &&
      grep -qE "\"bytes_from_store\": [1-9]" "$T/db.json" && grep -qE "\"peer_bytes_per_s\": [1-9]" "$T/db.json"'
+# Cases of both modes in one bench: each gets its mode's devices (the set reopened between them).
+"$DDO_BIN" bench "$T/m.safetensors" "${SET[@]}" --bus-gib 0.05 --direct-gib 0 --steps 2 \
+    --case donor --case "split --ddo-device-mode split --ddo-vmm-source-cache-gb 1" \
+    --case donor_again --json "$T/mb.json" >"$T/mbench.out" 2>&1; rc=$?
+check "a bench mixing donor and split cases runs each on its devices, bit-identical" \
+    '[ $rc -eq 0 ] && [ "$(grep -c "\"bit_identical\": true" "$T/mb.json")" -eq 4 ] &&
+     grep -q "split over 2 devices: 0 of [1-9]" "$T/mbench.out" &&
+     [ "$(grep -c "\"bytes_from_store\"" "$T/mb.json")" -eq 2 ]'
 
 # Split mode: one session over three cpu devices; every other device's bytes are compared with
 # the first's after each acquire, and the streamed bytes arrived by split uploads.

@@ -544,12 +544,12 @@ static int verify_step(bench *b, ddo_session *s, const ddo_plan *plan, uint64_t 
  * a split plan. */
 static int open_set(bench *b, const ddo_plan *plan, bool *is_split, case_result *r)
 {
-    bool had = b->set.count > 0;
+    ddo_device_mode had = b->set.count > 0 ? b->set.mode : DDO_DEVICE_MODE_SINGLE;
     int rc = tool_devset_open(&b->set, plan);
     if (rc != 0)
         return fail_case(r, "device set", rc, ddo_last_error());
     *is_split = tool_devset_split(&b->set, plan);
-    if (had || b->set.mode != DDO_DEVICE_MODE_DONOR)
+    if (had == DDO_DEVICE_MODE_DONOR || b->set.mode != DDO_DEVICE_MODE_DONOR)
         return 0;
     if (ddo_device_measure_peer(b->dev, b->set.dev[0], 64 * (uint64_t)1048576, &b->peer_bps) != 0)
         b->peer_bps = 0;

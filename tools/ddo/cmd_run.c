@@ -433,7 +433,7 @@ static void sample_used(const run_ctx *ctx, run_result *res)
  * device after the first. 0 for one device. */
 static int open_set(run_ctx *ctx, const ddo_plan *plan)
 {
-    bool had = ctx->set.count > 0;
+    bool had = ctx->set.count > 0; /* one set per checkpoint: closed after its session */
     int rc = tool_devset_open(&ctx->set, plan);
     if (rc != 0) {
         ddo_plan_info info = DDO_PLAN_INFO_INIT;

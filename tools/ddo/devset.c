@@ -10,9 +10,10 @@
 int tool_devset_open(tool_devset *d, const ddo_plan *plan)
 {
     ddo_plan_info info = DDO_PLAN_INFO_INIT;
-    if (d->count > 0 || ddo_plan_info_get(plan, &info) != 0 ||
-        info.device_mode == DDO_DEVICE_MODE_SINGLE)
+    if (ddo_plan_info_get(plan, &info) != 0 || info.device_mode == DDO_DEVICE_MODE_SINGLE ||
+        (d->count > 0 && d->mode == info.device_mode))
         return 0;
+    tool_devset_close(d); /* a case of the other mode: its devices differ */
     const char *rest = strchr(info.devices, ',');
     snprintf(d->names, sizeof d->names, "%s", rest != NULL ? rest + 1 : "");
     /* Donor mode takes the store (the set's second device) alone. */

@@ -21,9 +21,10 @@ typedef struct tool_devset {
     char names[256]; /* the opened devices' specs, comma-separated */
 } tool_devset;
 
-/* Opens the devices of plan's set after the first, unless d holds them already; nothing for a
- * single-device plan. 0, or a ddo error code with ddo_last_error() ("store device: ...",
- * "split device: ..." in what the caller prints). */
+/* Opens the devices of plan's set after the first, unless d holds them already for that mode
+ * (held for the other mode, they are closed first); nothing for a single-device plan. 0, or a ddo
+ * error code with ddo_last_error() ("store device: ...", "split device: ..." in what the caller
+ * prints). */
 int tool_devset_open(tool_devset *d, const ddo_plan *plan);
 /* The devices a session of plan takes (store_device, split_devices) into so; none where plan
  * is not of d's mode, so a single-device case of the same command runs alone. */
