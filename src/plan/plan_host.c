@@ -184,6 +184,7 @@ typedef struct host_ctx {
     size_t streamed;
     ddo_selection how;
     bool vmm_fast, vmm_nvme;
+    bool donor; /* the streamed units come from the store device (never the host's) */
 } host_ctx;
 
 /* A retained store smaller than the streamed units: by the re-read stall where the plan
@@ -249,7 +250,7 @@ static int retained_store(builder *b, host_ctx *h, uint64_t available)
         for (size_t k = 0; k < h->streamed; k++)
             p->units[h->list[k]].retained = true;
         ddo__decisions_set_str(d, "retained_store", "host_memory");
-    } else if (ddo__plan_devset_donor(o)) {
+    } else if (h->donor) {
         /* Donor mode: the store device holds every streamed unit, filled once from the file, and
          * each load, reload included, copies from there; a host copy would never be read. */
         ddo__decisions_set_str(d, "retained_store", "none_donor");
@@ -385,13 +386,12 @@ static int staging(builder *b, const host_ctx *h, uint64_t available)
     uint64_t staging_bytes =
         floor_to(ddo__gb_to_bytes(b->o->vmm_staging_buffer_gb), DDO_STAGING_WINDOW_BYTES);
     size_t windows = (size_t)(staging_bytes / DDO_STAGING_WINDOW_BYTES);
-    /* In donor mode the streamed units come from the store device, never through staging. */
-    bool donor = ddo__plan_devset_donor(b->o), staging_needed = false;
-    for (size_t u = 0; u < p->unit_count && !donor; u++)
+    bool staging_needed = false; /* (in donor mode no streamed unit travels through staging) */
+    for (size_t u = 0; u < p->unit_count && !h->donor; u++)
         if (!p->units[u].resident && !p->units[u].registered)
             staging_needed = true;
     bg->staging_window_bytes = DDO_STAGING_WINDOW_BYTES;
-    if (h->vmm_nvme && h->streamed > 0 && !donor) {
+    if (h->vmm_nvme && h->streamed > 0 && !h->donor) {
         if (windows < 1)
             windows = 1;
         bg->staging_windows = 2 * windows;
@@ -456,6 +456,7 @@ int ddo__plan_host_side(builder *b, uint64_t available, const ddo__pin_resolutio
     memset(&h, 0, sizeof(h));
     h.vmm_fast = p->route == DDO__ROUTE_VMM_FAST;
     h.vmm_nvme = p->route == DDO__ROUTE_VMM_RUNTIME;
+    h.donor = ddo__plan_devset_donor(o);
     h.how = DDO_SELECTION_SPREAD;
     if (!ddo__selection_from_name(o->pin_weight_selection, &h.how) || h.how == DDO_SELECTION_COST)
         return ddo__fail(NULL, DDO_E_CONFIG,

@@ -567,8 +567,7 @@ static int split_compare(bench *b, ddo_session *s, const ddo_plan *plan, case_re
     r->split_devices = b->set.count + 1;
     for (size_t t = 0; t < n && rc == 0; t++) {
         ddo_placement pl = tool_placement(plan, t);
-        const ddo_tensor_info *ti = ddo_checkpoint_tensor(b->ck, t);
-        if (pl == DDO_PLACEMENT_SKIPPED || ti == NULL)
+        if (pl == DDO_PLACEMENT_SKIPPED)
             continue;
         size_t u = pl == DDO_PLACEMENT_STREAMED ? tool_unit(plan, t) : SIZE_MAX;
         if (u != SIZE_MAX && u != held) {

@@ -233,7 +233,6 @@ typedef struct run_ctx {
      * session; in split mode the tally of the per-device checks (every other device's bytes
      * against the first's; through `tally`, which run_step's const context may write) */
     tool_devset set;
-    size_t split_count; /* set.count in split mode, else 0 */
     const ddo_checkpoint *ck;
     struct split_tally {
         uint64_t checked, differ;
@@ -449,7 +448,6 @@ static int open_set(run_ctx *ctx, const ddo_plan *plan)
         return 0;
     }
     printf("split devices: %s (split mode: every device holds every unit)\n", ctx->set.names);
-    ctx->split_count = ctx->set.count;
     memset(&ctx->split_tally, 0, sizeof ctx->split_tally);
     ctx->tally = &ctx->split_tally;
     return 0;
@@ -458,7 +456,6 @@ static int open_set(run_ctx *ctx, const ddo_plan *plan)
 static void close_set(run_ctx *ctx)
 {
     tool_devset_close(&ctx->set);
-    ctx->split_count = 0;
     ctx->tally = NULL;
 }
 
@@ -466,7 +463,7 @@ static void close_set(run_ctx *ctx)
  * compared. */
 static int split_report(const run_ctx *ctx)
 {
-    if (ctx->split_count == 0)
+    if (ctx->tally == NULL)
         return 0;
     if (!ctx->caps.is_cpu && !ctx->args->verify) {
         printf("split: the other devices' bytes are compared with --verify\n");
@@ -476,7 +473,7 @@ static int split_report(const run_ctx *ctx)
     bool ok = t->differ == 0 && t->checked > 0;
     printf("split: %s: %" PRIu64 " of %" PRIu64 " tensor copies on %zu other devices differ "
            "from the first device's\n",
-           ok ? "OK" : "FAILED", t->differ, t->checked, ctx->split_count);
+           ok ? "OK" : "FAILED", t->differ, t->checked, ctx->set.count);
     return ok ? 0 : 1;
 }
 
@@ -484,11 +481,11 @@ static int split_report(const run_ctx *ctx)
  * it against the first device's bytes (read back; the upload complete first). */
 static int check_split(const run_ctx *ctx, ddo_session *s, const exec_group *g, ddo_stream *stream)
 {
-    if (ctx->split_count == 0 || ctx->tally == NULL || (!ctx->caps.is_cpu && !ctx->args->verify))
+    if (ctx->tally == NULL || (!ctx->caps.is_cpu && !ctx->args->verify))
         return 0;
     int rc = ctx->caps.is_cpu ? 0 : ddo_stream_synchronize(stream);
     for (size_t j = 0; j < g->count && rc == 0; j++)
-        rc = tool_devset_compare(s, ctx->ck, g->tensors[j], ctx->split_count, &ctx->tally->checked,
+        rc = tool_devset_compare(s, ctx->ck, g->tensors[j], ctx->set.count, &ctx->tally->checked,
                                  &ctx->tally->differ);
     if (rc != 0)
         fail_msg("split: reading a device's bytes back", rc, ddo_session_error(s));
