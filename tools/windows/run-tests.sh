@@ -20,6 +20,7 @@ shift
 : "${WINEDEBUG:=-all}" "${WINEDLLOVERRIDES:=winedbg.exe=d}"
 export WINEDEBUG WINEDLLOVERRIDES
 server=${WINESERVER:-wineserver}
+wine=${WINE:-wine}
 
 "$server" -k >/dev/null 2>&1
 "$server" -w >/dev/null 2>&1
@@ -27,12 +28,13 @@ server=${WINESERVER:-wineserver}
     echo "run-tests: the Wine server did not start" >&2
     exit 1
 }
-timeout 600 wine cmd /c exit 0 </dev/null >/dev/null 2>&1 ||
+timeout 600 "$wine" cmd /c exit 0 </dev/null >/dev/null 2>&1 ||
     echo "run-tests: the warm-up program failed under Wine; the tests run anyway" >&2
 
+failed=$build/Testing/Temporary/LastTestsFailed.log
+rm -f "$failed" # (an earlier run's list is not this one's)
 rc=0
 ctest --test-dir "$build" --output-on-failure "$@" || rc=$?
-failed=$build/Testing/Temporary/LastTestsFailed.log
 if [ $rc -ne 0 ] && [ -s "$failed" ]; then
     echo "run-tests: tests failed under Wine (above); running them once more, one at a time:"
     sed -n 's/^[0-9]*:/run-tests:   /p' "$failed"
