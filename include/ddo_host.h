@@ -267,8 +267,8 @@ typedef struct ddo_setup_options {
     ddo_device_choice device;                 /* 0 = DDO_DEVICE_CHOICE_AUTO */
     const ddo_device_options *device_options; /* the device's options; NULL = defaults */
     /* The host's environment block ("NAME=VALUE", NULL-terminated; pass environ), of which
-     * only DDO_PROFILE_DIR and HOME are read (and copied) during create, for the profile
-     * directory (ddo_profile_dir). NULL = neither is set. */
+     * only DDO_PROFILE_DIR and HOME (else USERPROFILE, Windows' home) are read (and copied)
+     * during create, for the profile directory (ddo_profile_dir). NULL = none is set. */
     const char *const *envp;
 } ddo_setup_options;
 #define DDO_SETUP_OPTIONS_INIT DDO_STRUCT_INIT(ddo_setup_options)
@@ -311,7 +311,8 @@ DDO_API int ddo_setup_plan(ddo_setup *setup, const ddo_checkpoint *ck, const ddo
                            const ddo_plan_inputs *inputs, ddo_plan **out);
 /*
  * Applies the workload profile cfg names (profile_name, build_profile) for ck to cfg before
- * planning: ddo_profile_dir (profile_dir, else DDO_PROFILE_DIR, else HOME/.ddo/profiles),
+ * planning: ddo_profile_dir (profile_dir, else DDO_PROFILE_DIR, else HOME/.ddo/profiles, with
+ * USERPROFILE for HOME where HOME is unset),
  * ddo_profile_workload_context(profile_name, ck), for a calibration ddo_profile_check_writable
  * (so a calibration that could not save is refused before it runs), then ddo_profile_apply.
  * The setup keeps the directory, the context and whether this is a calibration for

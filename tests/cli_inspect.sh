@@ -66,6 +66,15 @@ expect_line "$TMP/out" '^BF16 +126 +297888$' "BF16 total"
 rows=$(grep -cE '^[a-z_.0-9]+ +BF16 +\[' "$TMP/out")
 [ "$rows" -eq 126 ] && ok || fail "sharded: $rows tensor rows, wanted 126"
 
+# A directory whose name is outside any single-byte code page (a user name, a Chinese
+# folder): paths are UTF-8 throughout. On Windows ddo.exe's manifest makes UTF-8 the process
+# code page; without it this path reached ddo in the ANSI code page ("cannot open").
+U="$TMP/Zoë 模型"
+mkdir -p "$U" && cp "$ST/tiny_flux/diffusion_pytorch_model.safetensors" "$U/m.safetensors"
+run inspect "$U/m.safetensors"
+expect_rc 0 "a UTF-8 path"
+expect_line "$TMP/out" "^$U/m.safetensors: 126 tensors, 297888 bytes" "a UTF-8 path echoed as given"
+
 # ---- --json: the exact document ----
 run inspect --json "$ST/valid/edge_shapes.safetensors"
 expect_rc 0 "edge_shapes --json"

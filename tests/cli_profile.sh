@@ -12,6 +12,15 @@ export DDO_PROFILE_DIR="$dir/profiles"
 out=$("$DDO_BIN" profile list 2>&1); rc=$?
 check '[ $rc -eq 0 ] && grep -q "no profiles in $DDO_PROFILE_DIR" <<<"$out"' "empty list"
 
+# Without DDO_PROFILE_DIR the directory is under HOME, else USERPROFILE (Windows' home). Not
+# under Wine, which sets USERPROFILE itself.
+if [ -z "${TEST_ON_WINDOWS:-}" ]; then
+    out=$(env -u DDO_PROFILE_DIR -u HOME USERPROFILE="$dir/up" "$DDO_BIN" profile list 2>&1); rc=$?
+    check '[ $rc -eq 0 ] && grep -q "no profiles in $dir/up/.ddo/profiles" <<<"$out"' "USERPROFILE without HOME"
+    out=$(env -u DDO_PROFILE_DIR HOME="$dir/h" USERPROFILE="$dir/up" "$DDO_BIN" profile list 2>&1)
+    check 'grep -q "no profiles in $dir/h/.ddo/profiles" <<<"$out"' "HOME before USERPROFILE"
+fi
+
 mkdir -p "$DDO_PROFILE_DIR"
 cat >"$DDO_PROFILE_DIR/ddo-capacity-v1-000000000000000000000000.json" <<'JSON'
 {"schema_version": 1, "profile_key": "ddo-capacity-v1-000000000000000000000000",

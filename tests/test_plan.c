@@ -249,7 +249,7 @@ static void test_device_budget_refused(void)
     ddo_plan *p = build(&tb, cfg, NULL, DDO_E_BUDGET);
     T_CHECK(p == NULL);
     T_EQ_STR(ddo_last_error(),
-             "device weights need 4.00 GiB (resident 1.00 GiB + 3 slots × 1.00 GiB) but the "
+             "device weights need 4.00 GiB (resident 1.00 GiB + 3 slots x 1.00 GiB) but the "
              "limit is 3.00 GiB (vmm_resident_weight_budget_gb); raise "
              "vmm_resident_weight_budget_gb, lower resident_module_budget_gb or lower "
              "execution_slots");

@@ -315,6 +315,44 @@ static void test_profile_cycle(void)
     free(dir);
 }
 
+/* The home for the default directory: HOME, else USERPROFILE (Windows sets that one). */
+static void test_profile_dir_home(void)
+{
+    char path[512];
+    ddo_checkpoint *ck = NULL;
+    T_REQUIRE(ddo_checkpoint_create(t_data(path, sizeof path, "safetensors/tiny_flux"),
+                                    DDO_READ_DEFAULT, &ck) == 0);
+    static const struct {
+        const char *envp[3];
+        const char *dir; /* NULL: refused, no home */
+    } cases[] = {
+        { { "USERPROFILE=/u/prof", NULL }, "/u/prof/.ddo/profiles" },
+        { { "HOME=/h/me", "USERPROFILE=/u/prof" }, "/h/me/.ddo/profiles" },
+        { { "HOME=", "USERPROFILE=/u/prof" }, "/u/prof/.ddo/profiles" },
+        { { NULL }, NULL },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ddo_setup_options so = DDO_SETUP_OPTIONS_INIT;
+        so.envp = cases[i].envp;
+        ddo_config *cfg = profile_config(false);
+        T_REQUIRE(cfg != NULL);
+        ddo_setup *s = NULL;
+        T_REQUIRE(ddo_setup_create(cfg, &so, &s) == 0);
+        ddo_profile_status st = DDO_PROFILE_APPLIED;
+        int rc = ddo_setup_profile_apply(s, cfg, ck, &st, NULL, NULL);
+        if (cases[i].dir == NULL) {
+            T_EQ_INT(rc, DDO_E_INVALID_ARGUMENT);
+            T_CONTAINS(ddo_last_error(), "home directory");
+        } else {
+            T_EQ_INT(rc, 0); /* the directory does not exist: no profile yet */
+            T_EQ_STR(ddo_setup_profile_dir(s), cases[i].dir);
+        }
+        ddo_setup_destroy(s);
+        ddo_config_destroy(cfg);
+    }
+    ddo_checkpoint_destroy(ck);
+}
+
 int main(void)
 {
     T_RUN(test_default_device_stands_down_to_cpu);
@@ -323,5 +361,6 @@ int main(void)
     T_RUN(test_plan_inputs_and_plan);
     T_RUN(test_checkpoint_backend_from_config);
     T_RUN(test_profile_cycle);
+    T_RUN(test_profile_dir_home);
     return t_done();
 }

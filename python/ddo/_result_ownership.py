@@ -6,6 +6,7 @@ tensors moved to the device once."""
 from __future__ import annotations
 
 import ctypes
+import sys
 from typing import Any, Dict, List, Tuple
 
 import torch
@@ -18,10 +19,13 @@ from ._result_state import _PLACEMENT_SKIPPED, _PLACEMENT_STREAMED, ResultState,
 def _trim_host_heap() -> None:
     """Gives the pages of freed host tensors back to the system where the C library can
     (glibc's malloc_trim): torch's tensors of a few MiB live in malloc's heap, whose free
-    pages below its top stay in RSS until trimmed. A no-op elsewhere."""
+    pages below its top stay in RSS until trimmed. A no-op elsewhere (on Windows
+    ``ctypes.CDLL(None)`` itself raises TypeError)."""
+    if not sys.platform.startswith("linux"):
+        return
     try:
         trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
+    except (OSError, AttributeError):  # another C library (musl has no malloc_trim)
         return
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     trim(0)

@@ -21,7 +21,7 @@ from ._result_state import _PLACEMENT_STREAMED, _managed_by, _nbytes
 def _open_setup(cfg: _native.Config) -> ctypes.c_void_p:
     """ddo_setup_create for cfg (execution_device, cuda:0 replaced by cpu when none answers),
     with this process's DDO_PROFILE_DIR and HOME for the profile directory."""
-    env = [f"{k}={os.environ[k]}".encode() for k in ("DDO_PROFILE_DIR", "HOME")
+    env = [f"{k}={os.environ[k]}".encode() for k in ("DDO_PROFILE_DIR", "HOME", "USERPROFILE")
            if k in os.environ]
     envp = (ctypes.c_char_p * (len(env) + 1))(*env, None)
     opts = _lib.SetupOptions()

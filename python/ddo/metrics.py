@@ -33,7 +33,9 @@ class MetricsTracker:
         if component:
             d["component"] = component
         line = json.dumps(d, sort_keys=True, separators=(",", ":")) + "\n"
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # one write of whole lines, appended; binary, or Windows would write "\r\n"
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_BINARY", 0)
+        fd = os.open(self.path, flags, 0o644)
         try:
             os.write(fd, line.encode())
         finally:

@@ -45,11 +45,13 @@ class ProfileState:
 
 def profile_dir(explicit: Optional[str] = None,
                 environ: Optional[Mapping[str, str]] = None) -> str:
-    env = (os.environ if environ is None else environ).get("DDO_PROFILE_DIR", "")
+    e = os.environ if environ is None else environ
+    # the home the library's setup reads: HOME, else USERPROFILE (Windows)
+    home = e.get("HOME") or e.get("USERPROFILE") or os.path.expanduser("~")
     p = ctypes.c_void_p()
     _native.check(_native.lib().ddo_profile_dir(
-        (explicit or "").encode() or None, env.encode() or None,
-        os.path.expanduser("~").encode(), ctypes.byref(p)))
+        (explicit or "").encode() or None, e.get("DDO_PROFILE_DIR", "").encode() or None,
+        home.encode(), ctypes.byref(p)))
     return _native.take_text(p)
 
 

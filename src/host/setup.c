@@ -162,6 +162,14 @@ static int open_device(ddo_setup *s, const ddo_config *cfg, const ddo_setup_opti
     return rc;
 }
 
+/* The home directory for profiles: HOME, else USERPROFILE (Windows sets that one, and HOME
+ * only where a user or a POSIX shell did). */
+static const char *home_value(const char *const *envp)
+{
+    const char *h = env_value(envp, "HOME");
+    return h != NULL && h[0] != '\0' ? h : env_value(envp, "USERPROFILE");
+}
+
 int ddo_setup_create(const ddo_config *cfg, const ddo_setup_options *opts, ddo_setup **out)
 {
     if (out == NULL)
@@ -179,7 +187,7 @@ int ddo_setup_create(const ddo_config *cfg, const ddo_setup_options *opts, ddo_s
                          (int)o.device);
     ddo_setup *s = ddo__calloc(1, sizeof(*s));
     if (s == NULL || !copy_or_null(env_value(o.envp, "DDO_PROFILE_DIR"), &s->profile_env) ||
-        !copy_or_null(env_value(o.envp, "HOME"), &s->home)) {
+        !copy_or_null(home_value(o.envp), &s->home)) {
         ddo_setup_destroy(s);
         return ddo__fail(NULL, DDO_E_NO_MEMORY, "ddo_setup_create: out of memory");
     }

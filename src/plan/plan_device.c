@@ -264,7 +264,7 @@ static int refuse_device_weights(const builder *b, int64_t want, uint64_t page, 
     const char *advice = want > 2 ? ", lower resident_module_budget_gb or lower execution_slots"
                                   : " or lower resident_module_budget_gb";
     return ddo__fail(NULL, DDO_E_BUDGET,
-                     "device weights need %s (resident %s + %zu slots × %s) but the limit "
+                     "device weights need %s (resident %s + %zu slots x %s) but the limit "
                      "is %s (%s); raise %s%s",
                      ddo__format_bytes(bg->device_weights_peak, a, sizeof(a)),
                      ddo__format_bytes(bg->resident_bytes, r, sizeof(r)), bg->slot_count,

@@ -61,6 +61,24 @@ def test_calibrate_save_then_apply(tmp_path):
     r3.close()
 
 
+def test_profile_dir_from_userprofile_without_home(tmp_path, monkeypatch):
+    """Windows sets USERPROFILE and seldom HOME: the binding's setup and profile_dir() both
+    take it, as the tool does (tests/cli_profile.sh)."""
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.delenv("DDO_PROFILE_DIR", raising=False)
+    monkeypatch.setenv("USERPROFILE", str(tmp_path / "user"))
+    want = str(tmp_path / "user" / ".ddo" / "profiles")
+    assert ddo.profiles.profile_dir() == want
+    r = ddo.enable_offload(models.FluxLike(seed=13), component="transformer", environ=CPU,
+                           profile_name="up", build_profile=True)
+    with r.profile_run():
+        run(r, 1)
+    assert r._profile.saved_path.startswith(want + "/")
+    r.close()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert ddo.profiles.profile_dir() == str(tmp_path / "home" / ".ddo" / "profiles")
+
+
 def test_profile_dir_from_environment_and_manual_budget(tmp_path):
     env = dict(CPU, DDO_PROFILE_DIR=str(tmp_path / "env-dir"))
     m = models.FluxLike(seed=12)

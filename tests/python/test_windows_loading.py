@@ -159,3 +159,21 @@ def test_bootstrap_finds_the_package_dll_on_windows(monkeypatch, tmp_path):
     assert boot.resolve_library(environ={}) == (str(tmp_path / "ddo" / "ddo.dll"), "package")
     assert boot.resolve_library(environ={"DDO_VMM_LIBRARY_PATH": "X"}) == \
         ("X", "DDO_VMM_LIBRARY_PATH")
+
+
+def test_heap_trim_is_linux_only(monkeypatch):
+    """glibc's malloc_trim after enable_offload lets go of host copies: on Windows
+    ctypes.CDLL(None) raises TypeError (the name is required there), so it is not tried."""
+    import ctypes
+    from ddo import _result_ownership
+
+    def windows_cdll(name, *a, **k):
+        if name is None:
+            raise TypeError("argument of type 'NoneType' is not iterable")
+        raise AssertionError(name)
+    monkeypatch.setattr(ctypes, "CDLL", windows_cdll)
+    monkeypatch.setattr(sys, "platform", "win32")
+    _result_ownership._trim_host_heap()  # returns, no TypeError
+    monkeypatch.setattr(sys, "platform", "linux")
+    with pytest.raises(TypeError):
+        _result_ownership._trim_host_heap()  # the stand-in really raises where it is called

@@ -162,7 +162,10 @@ int ddo_cmd_profile(int argc, char **argv)
         return DDO_EXIT_OK;
     }
     char *dir = NULL;
-    if (ddo_profile_dir(explicit_dir, getenv("DDO_PROFILE_DIR"), getenv("HOME"), &dir) != 0) {
+    const char *home = getenv("HOME"); /* else Windows' USERPROFILE, as ddo_setup_create reads */
+    if (home == NULL || home[0] == '\0')
+        home = getenv("USERPROFILE");
+    if (ddo_profile_dir(explicit_dir, getenv("DDO_PROFILE_DIR"), home, &dir) != 0) {
         fprintf(stderr, "ddo profile: %s\n", ddo_last_error());
         return DDO_EXIT_FAILURE;
     }

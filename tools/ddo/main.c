@@ -9,6 +9,15 @@
 #if defined(_WIN32)
 #    include <fcntl.h>
 #    include <io.h>
+#    include <stdlib.h>
+#    include <windows.h>
+
+static UINT console_cp; /* the console's output code page before ddo set UTF-8's */
+
+static void console_cp_restore(void)
+{
+    SetConsoleOutputCP(console_cp);
+}
 #endif
 
 struct command {
@@ -41,6 +50,11 @@ int main(int argc, char **argv)
     /* Output is bytes: no CRLF translation of '\n' on stdout and stderr. */
     _setmode(_fileno(stdout), _O_BINARY);
     _setmode(_fileno(stderr), _O_BINARY);
+    /* Text is UTF-8 (the manifest makes it the process code page: tools/windows/ddo.manifest);
+     * a console shows it as such while ddo runs, and gets its own code page back at exit. */
+    console_cp = GetConsoleOutputCP(); /* 0: no console (a pipe, a file) */
+    if (console_cp != 0 && console_cp != CP_UTF8 && SetConsoleOutputCP(CP_UTF8))
+        atexit(console_cp_restore);
 #endif
     if (argc < 2) {
         usage(stderr);
