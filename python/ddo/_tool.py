@@ -38,9 +38,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     if _on_windows():
-        return subprocess.call([str(tool), *args])
+        return _run_child([str(tool), *args])
     os.execv(str(tool), ["ddo", *args])
     return 1  # not reached
+
+
+def _run_child(cmd: List[str]) -> int:
+    """Windows: the tool as a child on this console. A Ctrl-C reaches both processes; this one
+    keeps waiting while the tool removes its partial outputs and ends (its exit status says
+    so), where subprocess.call would kill it in the middle of that."""
+    p = subprocess.Popen(cmd)
+    while True:
+        try:
+            return p.wait()
+        except KeyboardInterrupt:
+            continue
 
 
 def _launched_as_command() -> bool:

@@ -21,6 +21,7 @@ BACKEND = ROOT / "python" / "build_backend" / "ddo_build.py"
 @pytest.fixture
 def windows(monkeypatch, tmp_path):
     """The Windows order with an empty package folder (tmp_path/ddo) outside any checkout."""
+    ddo.library_version()  # the real library loaded first, by the Linux order (this file alone)
     pkg = tmp_path / "site" / "ddo"
     pkg.mkdir(parents=True)
     monkeypatch.setattr(_lib, "_on_windows", lambda: True)
@@ -104,6 +105,39 @@ def test_windows_tool_runs_ddo_exe_as_a_child(monkeypatch, tmp_path, capfd):
     assert _tool.main(["version"]) == 1
     err = capfd.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "ddo.exe absent" in err
+
+
+def test_windows_tool_child_finishes_its_cleanup_on_ctrl_c(monkeypatch, tmp_path):
+    """On Windows a Ctrl-C reaches the `ddo` command and the tool it started (one console):
+    the command waits for the tool's own cleanup and returns its status. Here the interrupt
+    is given to both as the console would: SIGINT to the stand-in child, KeyboardInterrupt
+    in this process's wait."""
+    import signal
+    import time
+    (tmp_path / "bin").mkdir()
+    exe = tmp_path / "bin" / "ddo.exe"
+    done = tmp_path / "cleaned"
+    exe.write_text(f"#!/bin/sh\ntrap 'sleep 0.3; touch {done}; exit 130' INT\n"
+                   f"touch {tmp_path}/started\nwhile :; do sleep 0.05; done\n")
+    exe.chmod(0o755)
+    monkeypatch.setattr(_tool, "_on_windows", lambda: True)
+    monkeypatch.setattr(_tool, "_HERE", tmp_path)
+    real = subprocess.Popen
+
+    class Console(real):  # the first wait is interrupted by the console's Ctrl-C
+        interrupted = False
+
+        def wait(self, timeout=None):
+            if not Console.interrupted:
+                Console.interrupted = True
+                while not (tmp_path / "started").exists():
+                    time.sleep(0.01)
+                self.send_signal(signal.SIGINT)
+                raise KeyboardInterrupt
+            return super().wait(timeout)
+    monkeypatch.setattr(subprocess, "Popen", Console)
+    assert _tool.main(["run", "x"]) == 130
+    assert Console.interrupted and done.exists()  # not killed in the middle of its cleanup
 
 
 def _backend(*args):
