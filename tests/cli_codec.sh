@@ -84,9 +84,15 @@ check "auto keeps a compute-bound plan raw, saying why" \
 "$DDO_BIN" plan "${PA[@]}" --bandwidth-gbps 100 --tflops 1000 --decode-gbps 0.25 >"$T/auto3.json" 2>&1
 check "auto keeps the weights raw when the decoder is slower than the bus" \
     'grep -q "\"weight_codec\": *\"none\"" "$T/auto3.json" && grep -q "coding would not pay" "$T/auto3.json"'
-"$DDO_BIN" plan "${PA[@]}" >"$T/auto4.json" 2>&1
+# A given device memory replaces the device: no measured rates, no cost model.
+"$DDO_BIN" plan "${PA[@]}" --device-memory-gb 64 >"$T/auto4.json" 2>&1
 check "auto without a cost model codes where a decoder is" \
     'grep -q "\"weight_codec\": *\"ddoc1\"" "$T/auto4.json"'
+# The cpu device opened as `ddo run` opens it: its own rates price the choice (its decoder,
+# 0.25 GB/s, is slower than any memcpy: raw, saying why), not the no-cost-model default above.
+"$DDO_BIN" plan "${PA[@]}" >"$T/auto5.json" 2>&1
+check "auto on the cpu device decides by the cost model" \
+    'grep -q "\"weight_codec_note\": *\"auto: weights move raw: coding would not pay here (predicted step" "$T/auto5.json"'
 "$DDO_BIN" run "$T/model.safetensors" "${BASE[@]}" --ddo-weight-codec zstd >"$T/bad.out" 2>&1; rc=$?
 check "an unknown codec is refused naming the option" \
     '[ $rc -ne 0 ] && grep -qi "weight.codec" "$T/bad.out"'

@@ -78,9 +78,19 @@ done
 "$DDO" synth --layout "$SRC/data/layouts/flux1-dev.json" --out "$T/th0.safetensors" --threads 0 \
     >/dev/null 2>&1 && fail "synth --threads 0 accepted"
 
-# Without a device limit the plan says so.
-"$DDO" plan "$ck" --ddo-execution-device cpu --host-memory-gb 32 >"$T/nolimit.txt" 2>&1 ||
+# Without a device limit (an explicit device that does not open: the plan is made without its
+# figures) the plan says so.
+"$DDO" plan "$ck" --ddo-execution-device cuda:63 --host-memory-gb 32 >"$T/nolimit.txt" 2>&1 ||
     fail "plan without a device limit"
+# The cpu device, as `ddo run` would open it: its memory is the limit, and a model that fits
+# streams nothing; the default cuda:0 stands down to it where no GPU answers, said on stderr.
+"$DDO" plan "$ck" --ddo-execution-device cpu >"$T/cpu.txt" 2>&1 || fail "plan on the cpu device"
+grep -qF "the whole model fits the device budget: nothing streams" "$T/cpu.txt" ||
+    fail "cpu device plan: $(grep -E "fits|device weights" "$T/cpu.txt")"
+grep -qE "device weights .* / [0-9.]+ GiB .*limit: device memory" "$T/cpu.txt" ||
+    fail "cpu device plan has no device limit"
+"$DDO" run "$ck" --ddo-execution-device cpu --steps 1 >"$T/cpurun.txt" 2>&1 || fail "run on the cpu device"
+grep -qE "tensors +[0-9]+ resident, 0 streamed" "$T/cpurun.txt" || fail "run streams where plan did not"
 grep -qF "no device limit known" "$T/nolimit.txt" || fail "no-limit plan does not say so"
 grep -qF "cost model off" "$T/nolimit.txt" || fail "cost model off is not explained"
 

@@ -266,20 +266,20 @@ static void auto_plan(doctor *D)
     }
     if (D->ck == NULL)
         return;
-    /* No device is kept: the plan is made for the first GPU as probed (its measured bus), or
-     * for the cpu device without a device limit. */
+    /* The plan `ddo run` would make: for the first GPU as probed (its measured bus; no device
+     * is kept), or without one for the cpu device (its memory, the setup's rates). */
     ddo_setup_options so = DDO_SETUP_OPTIONS_INIT;
-    so.device = DDO_DEVICE_CHOICE_NONE;
+    so.device = D->ngpu > 0 ? DDO_DEVICE_CHOICE_NONE : DDO_DEVICE_CHOICE_EXACT;
     ddo_setup *setup = NULL;
     ddo_plan_inputs in = DDO_PLAN_INPUTS_INIT;
     rc = ddo_setup_create(D->cfg, &so, &setup);
-    if (rc == 0)
-        rc = ddo_plan_inputs_from_caps(D->ngpu > 0 ? &D->gpus[0].caps : NULL, &in);
+    if (rc == 0 && D->ngpu > 0) {
+        rc = ddo_plan_inputs_from_caps(&D->gpus[0].caps, &in);
+        in.bus_bytes_per_s = D->gpus[0].bw.pinned_bytes_per_s;
+    } else if (rc == 0) {
+        rc = ddo_setup_plan_inputs(setup, &in);
+    }
     if (rc == 0) {
-        if (D->ngpu > 0)
-            in.bus_bytes_per_s = D->gpus[0].bw.pinned_bytes_per_s;
-        else
-            in.device_is_cpu = true;
         in.host_available_bytes = D->host.ram_available_bytes;
         rc = ddo_setup_plan(setup, D->ck, D->cfg, &in, &D->plan);
     }

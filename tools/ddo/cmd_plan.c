@@ -31,7 +31,7 @@ static void usage(FILE *out)
         "Prints the plan for a checkpoint: units in execution order with their bytes,\n"
         "placement, retention and predicted transfer/compute time; the predicted peak of\n"
         "every budget; the planner's decisions. Nothing is allocated.\n"
-        "  --device-memory-gb N  device memory in GiB (default: the GPU's, when one opens)\n"
+        "  --device-memory-gb N  device memory in GiB (default: the device `ddo run` opens)\n"
         "  --host-memory-gb N    available host RAM in GiB (default: MemAvailable)\n"
         "  --bandwidth-gbps B    host->device bus bandwidth, GB/s (1e9 bytes/s)\n"
         "  --tflops T            compute rate, TFLOP/s\n"
@@ -296,9 +296,10 @@ static int parse_flags(int argc, char **argv, plan_flags *f)
 }
 
 /*
- * The setup the plan is made for and its inputs: the configured device when it is a cuda one
- * that opens and --device-memory-gb does not replace it, else none (the plan is made without
- * the device's figures); the flags' figures over them. -1 after a message.
+ * The setup the plan is made for and its inputs: the device `ddo run` would use (the configured
+ * one; the default cuda:0 stands down to the cpu device, said on stderr) unless
+ * --device-memory-gb replaces it, else none (an explicit device that does not open: the plan
+ * is made without the device's figures); the flags' figures over them. -1 after a message.
  */
 static int plan_setup(ddo_config *cfg, const plan_flags *f, ddo_setup **setup, ddo_plan_inputs *in)
 {
@@ -307,13 +308,15 @@ static int plan_setup(ddo_config *cfg, const plan_flags *f, ddo_setup **setup, d
         spec = "cpu";
     ddo__device_spec ds;
     bool is_cpu = !ddo__device_spec_parse(spec, &ds) || !ds.cuda;
-    bool device = !is_cpu && f->device_gb < 0.0;
     ddo_setup_options so = DDO_SETUP_OPTIONS_INIT;
-    so.device = DDO_DEVICE_CHOICE_EXACT;
-    if (device && ddo_setup_create(cfg, &so, setup) == 0 &&
-        ddo_setup_plan_inputs(*setup, in) != 0) {
-        ddo_setup_destroy(*setup); /* the device did not answer: plan without its figures */
-        *setup = NULL;
+    so.device = DDO_DEVICE_CHOICE_AUTO;
+    if (f->device_gb < 0.0 && ddo_setup_create(cfg, &so, setup) == 0) {
+        if (ddo_setup_plan_inputs(*setup, in) != 0) {
+            ddo_setup_destroy(*setup); /* the device did not answer: plan without its figures */
+            *setup = NULL;
+        } else if (ddo_setup_note(*setup)[0] != '\0') {
+            fprintf(stderr, "ddo plan: %s\n", ddo_setup_note(*setup));
+        }
     }
     so.device = DDO_DEVICE_CHOICE_NONE;
     if (*setup == NULL &&
