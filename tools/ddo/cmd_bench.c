@@ -1274,7 +1274,9 @@ static int open_device(bench *b, bench_args *a)
     so.device = DDO_DEVICE_CHOICE_EXACT;
     so.device_options = &dopt;
     if (ddo_setup_create(b->cfg, &so, &b->setup) != 0) {
-        fprintf(stderr, "ddo bench: device %s: %s\n", spec_buf, ddo_last_error());
+        bool cuda = strncmp(spec_buf, "cuda", 4) == 0;
+        fprintf(stderr, "ddo bench: device %s: %s%s\n", spec_buf, ddo_last_error(),
+                cuda ? " (--ddo-execution-device cpu benches the cpu reference device)" : "");
         return -1;
     }
     b->dev = ddo_setup_device(b->setup);
