@@ -4,7 +4,7 @@ pipe(...). Each component is loaded when the pipeline first calls it, and the ot
 unloaded when their device memory is needed (nothing is unloaded where everything fits).
 
     python examples/flux_pipeline.py --model /models/FLUX.1-dev --prompt "a fox" \
-        --ddo-backend vmm --ddo-vmm-resident-weight-budget-gb 8 --show-profile
+        --ddo-backend vmm --ddo-device-budget-gb 8 --show-profile
     python examples/flux_pipeline.py --stand-in --show-metrics     # no Diffusers needed
 
 --model loads a Diffusers FluxPipeline folder (Diffusers and transformers required): the
