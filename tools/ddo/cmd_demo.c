@@ -180,8 +180,8 @@ static int pick_device(const char *device_arg, char device[64], const char **why
             ddo_setup_destroy(*setup);
             *setup = NULL;
             snprintf(device, 64, "cpu");
-            *why = "a GPU answered but this build has no cuBLASLt reference host; using host "
-                   "memory as device memory";
+            *why = "a GPU answered but cuBLASLt (the reference host's products on cuda) was "
+                   "not found; using host memory as device memory";
         }
     } else {
         snprintf(device, 64, "cpu");

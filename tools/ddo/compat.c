@@ -55,7 +55,11 @@ static char dl_error[128];
 void *dlopen(const char *name, int flags)
 {
     (void)flags;
-    HMODULE m = LoadLibraryExA(name, NULL, LOAD_LIBRARY_SEARCH_DEFAULT_DIRS);
+    /* A full path's own folder is searched for its dependencies too. */
+    DWORD search = LOAD_LIBRARY_SEARCH_DEFAULT_DIRS;
+    if (strchr(name, '\\') != NULL || strchr(name, '/') != NULL)
+        search |= LOAD_LIBRARY_SEARCH_DLL_LOAD_DIR;
+    HMODULE m = LoadLibraryExA(name, NULL, search);
     if (m == NULL)
         snprintf(dl_error, sizeof(dl_error), "%s: LoadLibraryExA: error %lu", name,
                  (unsigned long)GetLastError());

@@ -115,7 +115,7 @@ static tool_lt g_lt;
 static int g_cu_state; /* 0 not tried, 1 loaded, <0 the failure */
 static int g_lt_state;
 static char g_cu_err[512];
-static char g_lt_err[512];
+static char g_lt_err[1024];
 
 static int sym(void *lib, const char *name, void *slot)
 {
@@ -164,6 +164,25 @@ static int load_cu(void)
     return 0;
 }
 
+#    if defined(_WIN32)
+#        define DDO_LT_WHERE "ddo.exe's folder, System32 and CUDA_PATH"
+#    else
+#        define DDO_LT_WHERE "the loader's path: LD_LIBRARY_PATH, ld.so.cache"
+#    endif
+
+/* dlopen(name), or NULL with why appended to tried. */
+static void *try_lt(const char *name, char *tried, size_t len)
+{
+    void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) {
+        const char *e = dlerror();
+        size_t n = strlen(tried);
+        if (n < len)
+            snprintf(tried + n, len - n, "%s%s", n ? "; " : "", e != NULL ? e : name);
+    }
+    return lib;
+}
+
 static int load_lt(void)
 {
     if (g_lt_state != 0)
@@ -175,17 +194,26 @@ static int load_lt(void)
                                         "libcublasLt.so" };
 #    endif
     void *lib = NULL;
-    char tried[400] = "";
-    for (size_t i = 0; i < sizeof(libs) / sizeof(libs[0]) && lib == NULL; i++) {
-        lib = dlopen(libs[i], RTLD_NOW | RTLD_LOCAL);
-        if (lib == NULL) {
-            const char *e = dlerror();
-            size_t n = strlen(tried);
-            snprintf(tried + n, sizeof(tried) - n, "%s%s", n ? "; " : "", e != NULL ? e : libs[i]);
+    char tried[700] = "";
+    for (size_t i = 0; i < sizeof(libs) / sizeof(libs[0]) && lib == NULL; i++)
+        lib = try_lt(libs[i], tried, sizeof(tried));
+#    if defined(_WIN32)
+    /* The default DLL directories are ddo.exe's folder and System32; the CUDA toolkit's
+     * installer names its folder in CUDA_PATH (its DLLs in bin, from CUDA 13 in bin\x64). */
+    const char *cuda = getenv("CUDA_PATH");
+    static const char *const sub[] = { "bin\\x64", "bin" };
+    for (size_t j = 0; cuda != NULL && cuda[0] != '\0' && j < 2 && lib == NULL; j++)
+        for (size_t i = 0; i < sizeof(libs) / sizeof(libs[0]) && lib == NULL; i++) {
+            char path[600];
+            snprintf(path, sizeof(path), "%s\\%s\\%s", cuda, sub[j], libs[i]);
+            lib = try_lt(path, tried, sizeof(tried));
         }
-    }
+#    endif
     if (lib == NULL) {
-        snprintf(g_lt_err, sizeof(g_lt_err), "no cuBLASLt: %s", tried);
+        snprintf(g_lt_err, sizeof(g_lt_err),
+                 "no cuBLASLt (the reference host's products on cuda: the CUDA toolkit's, "
+                 "found through %s): %s",
+                 DDO_LT_WHERE, tried);
         return g_lt_state = DDO_E_NO_DEVICE;
     }
     static const struct {
