@@ -360,6 +360,7 @@ out:
 static int check_prefix(const char *fname, const uint8_t prefix[8], uint64_t file_size,
                         uint64_t *hdr_len)
 {
+    *hdr_len = 0;
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--)
         n = (n << 8) | prefix[i];

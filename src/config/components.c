@@ -131,7 +131,7 @@ int ddo_config_component_value(const ddo_config *cfg, const char *component, con
 {
     if (cfg == NULL || option == NULL || value == NULL)
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "ddo_config_component_value: NULL argument");
-    char comp[96], opt[64], src[128];
+    char comp[96], opt[64], src[208]; /* "env:" and a variable of up to 199 */
     normalize_component(component, comp, sizeof(comp));
     if (normalize_option(option, opt, sizeof(opt)) != 0)
         return ddo__fail(NULL, DDO_E_NOT_FOUND, "component %s: unknown policy option \"%s\"", comp,

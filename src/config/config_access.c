@@ -36,6 +36,7 @@ bool ddo__config_range(const char *key, double *lo, double *hi)
 
 static int lookup(const ddo_config *cfg, const char *key, const char *fn, int *id)
 {
+    *id = -1;
     if (cfg == NULL || key == NULL)
         return ddo__fail(NULL, DDO_E_INVALID_ARGUMENT, "%s: NULL argument", fn);
     int i = ddo__config_find(key);

@@ -60,6 +60,8 @@ static int parse_object(const char *text, const char *what, json_t **out)
 
 static int context_canonical(const char *context_json, json_t **ctx, char **canon)
 {
+    *ctx = NULL;
+    *canon = NULL;
     json_t *j;
     int rc = parse_object(context_json, "context", &j);
     if (rc != 0)
