@@ -18,6 +18,15 @@ static void console_cp_restore(void)
 {
     SetConsoleOutputCP(console_cp);
 }
+
+/* Ctrl-C, Ctrl-Break, a closed console: the code page back before the default handler (after
+ * the cleanup's, tools/ddo/cleanup_win.c) ends the process. */
+static BOOL WINAPI console_cp_on_control(DWORD type)
+{
+    (void)type;
+    console_cp_restore();
+    return FALSE;
+}
 #endif
 
 struct command {
@@ -53,8 +62,10 @@ int main(int argc, char **argv)
     /* Text is UTF-8 (the manifest makes it the process code page: tools/windows/ddo.manifest);
      * a console shows it as such while ddo runs, and gets its own code page back at exit. */
     console_cp = GetConsoleOutputCP(); /* 0: no console (a pipe, a file) */
-    if (console_cp != 0 && console_cp != CP_UTF8 && SetConsoleOutputCP(CP_UTF8))
+    if (console_cp != 0 && console_cp != CP_UTF8 && SetConsoleOutputCP(CP_UTF8)) {
         atexit(console_cp_restore);
+        SetConsoleCtrlHandler(console_cp_on_control, TRUE);
+    }
 #endif
     if (argc < 2) {
         usage(stderr);
